@@ -1,0 +1,11 @@
+# Every third-party dependency, found once here (all from Debian packages; see scripts/setup.sh).
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(spdlog REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(HDF5 REQUIRED COMPONENTS C CXX)
+find_package(Protobuf REQUIRED)
+find_package(ONNX REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SentencePiece REQUIRED IMPORTED_TARGET sentencepiece)
+find_package(GTest REQUIRED)

@@ -1,0 +1,61 @@
+// ParameterArena<T>: every parameter and its gradient in two flat, contiguous buffers, so an optimizer
+// step (and, later, an all-reduce across processes) is one pass over memory.
+//
+// Two phases: declare parameters with add(), then allocate() once; after that parameters are views
+// into the arena and no more can be added.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/tensor.h"
+
+namespace bert {
+
+using ParamId = int32_t;
+
+template <typename T>
+struct Parameter {
+  const std::string* name = nullptr;
+  TensorView<T> value;
+  TensorView<T> grad;
+};
+
+template <typename T>
+class ParameterArena {
+ public:
+  // Declares a parameter; names are unique (Hugging Face state-dict names in the model).
+  ParamId add(const std::string& name, Shape shape);
+  void allocate();  // values and gradients start at zero
+  bool allocated() const { return allocated_; }
+
+  Parameter<T> get(ParamId id);
+  Parameter<T> get(const std::string& name);  // throws UserError naming the unknown parameter
+  bool contains(const std::string& name) const { return index_.count(name) > 0; }
+  int32_t size() const { return static_cast<int32_t>(entries_.size()); }
+  const std::string& name(ParamId id) const { return entries_.at(id).name; }
+  const Shape& shape(ParamId id) const { return entries_.at(id).shape; }
+
+  // The flat buffers. Parameters start on 64-byte boundaries; the padding between them stays zero.
+  TensorView<T> values();
+  TensorView<T> grads();
+  int64_t num_elements() const;  // sum of the parameters' element counts (without padding)
+  void zero_grad();
+
+ private:
+  struct Entry {
+    std::string name;
+    Shape shape;
+    int64_t offset = 0;
+  };
+  std::vector<Entry> entries_;
+  std::unordered_map<std::string, ParamId> index_;
+  AlignedVector<T> values_, grads_;
+  int64_t padded_size_ = 0;
+  bool allocated_ = false;
+};
+
+}  // namespace bert

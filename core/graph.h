@@ -1,0 +1,111 @@
+// Graph<T>: the reverse-mode autograd tape. The caller owns it (there is no global graph); ops record
+// a node per output and, when gradients are wanted, a backward closure beside it. backward() runs the
+// closures in reverse and then frees the graph (nodes, activations, saved tensors) in one go, keeping
+// the workspace's memory for the next step.
+//
+// Gradients of leaves go to buffers the caller owns (the parameter arena, or a test's buffer) and
+// ACCUMULATE across backward() calls until the caller zeroes them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/tensor.h"
+#include "core/workspace.h"
+
+namespace bert {
+
+// A handle to a node of one graph, valid until that graph is next cleared (checked).
+struct Var {
+  int32_t index = -1;
+  uint32_t generation = 0;
+  bool valid() const { return index >= 0; }
+};
+
+template <typename T>
+class Graph {
+ public:
+  using BackwardFn = std::function<void(Graph&)>;
+
+  explicit Graph(std::size_t initial_workspace_bytes = 0) : workspace_(initial_workspace_bytes) {}
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // --- leaves
+  Var constant(TensorView<T> value);                  // never receives a gradient
+  Var leaf(TensorView<T> value, TensorView<T> grad);  // gradient accumulates into `grad`
+  Var param(const Parameter<T>& p) { return leaf(p.value, p.grad); }
+
+  // --- used by op implementations
+  // A new node whose output lives in the workspace (uninitialised); it requires a gradient when
+  // gradients are enabled and any input requires one.
+  Var emit(Shape shape, std::initializer_list<Var> inputs);
+  // A new node whose output aliases existing storage (a reshape); its gradient is its own buffer.
+  Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs);
+  // Records how to propagate out's gradient to its inputs. A no-op unless out requires a gradient.
+  void on_backward(Var out, BackwardFn fn);
+  // Storage valid until the graph is cleared: for what a forward saves for its backward.
+  template <typename U>
+  U* scratch(std::size_t n) {
+    return workspace_.allocate<U>(n);
+  }
+
+  TensorView<T> value(Var v) const { return node(v).value; }
+  const Shape& shape(Var v) const { return node(v).value.shape(); }
+  bool requires_grad(Var v) const { return node(v).requires_grad; }
+  // The gradient buffer of v (zero-filled on first use for inner nodes). Only for nodes that
+  // require a gradient.
+  TensorView<T> grad(Var v);
+
+  // --- modes and lifetime
+  bool grad_enabled() const { return grad_enabled_; }
+  void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
+  // Back-propagates from a scalar (one-element) loss with d(loss)/d(loss) = 1, then clear()s.
+  void backward(Var loss);
+  // Frees every node and all workspace memory handed out; handles taken before become invalid.
+  void clear();
+
+  std::size_t num_nodes() const { return nodes_.size(); }
+  std::size_t num_backward_closures() const { return closures_.size(); }
+  const Workspace& workspace() const { return workspace_; }
+
+ private:
+  struct Node {
+    TensorView<T> value;
+    TensorView<T> grad;     // empty until first needed (inner nodes)
+    bool requires_grad = false;
+    bool is_leaf = false;
+    bool has_closure = false;
+  };
+  const Node& node(Var v) const;
+  Node& node(Var v) { return const_cast<Node&>(static_cast<const Graph*>(this)->node(v)); }
+  Var push(Node n);
+  bool any_requires_grad(std::initializer_list<Var> inputs) const;
+
+  Workspace workspace_;
+  std::vector<Node> nodes_;
+  std::vector<std::pair<int32_t, BackwardFn>> closures_;  // in recording (topological) order
+  uint32_t generation_ = 1;
+  bool grad_enabled_ = true;
+};
+
+// Disables gradient recording for a scope (evaluation), restoring the previous mode on exit.
+template <typename T>
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Graph<T>& graph) : graph_(graph), previous_(graph.grad_enabled()) {
+    graph_.set_grad_enabled(false);
+  }
+  ~NoGradGuard() { graph_.set_grad_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  Graph<T>& graph_;
+  bool previous_;
+};
+
+}  // namespace bert

@@ -1,0 +1,84 @@
+// The primitive ops. Each records its output node and, when gradients are wanted, its backward
+// beside the forward in the same function (core/ops_*.cpp). Backward closures accumulate (+=) into
+// input gradients. Implemented for T = float (training) and T = double (gradient checks).
+//
+// Shape letters: B batch, T sequence, H heads, D head size, C channels, V vocabulary, N rows.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+
+#include "core/graph.h"
+#include "core/rng.h"
+
+namespace bert::ops {
+
+// Matrix product of the last two axes: op(a) (.., M, K) x op(b) (.., K, N) -> (.., M, N), where op
+// transposes when asked. Either a and b have the same rank and equal leading (batch) axes, or b is 2-D
+// and shared by every row of a (then trans_a must be false).
+template <typename T>
+Var matmul(Graph<T>& g, Var a, Var b, bool trans_a = false, bool trans_b = false);
+
+// x (.., in) W^T (out, in) + bias (out) -> (.., out). `bias` may be Var{} (none).
+template <typename T>
+Var linear(Graph<T>& g, Var x, Var weight, Var bias);
+
+// Elementwise with NumPy broadcasting (axes aligned from the right, size-1 axes stretch).
+template <typename T>
+Var add(Graph<T>& g, Var a, Var b);
+template <typename T>
+Var mul(Graph<T>& g, Var a, Var b);
+// alpha * x for a constant alpha.
+template <typename T>
+Var scale(Graph<T>& g, Var x, double alpha);
+
+// The same elements under a new shape (no copy: the output aliases x's storage).
+template <typename T>
+Var reshape(Graph<T>& g, Var x, Shape shape);
+// Output axis i is input axis perm[i] (copies). E.g. (B, T, H, D) -> (B, H, T, D) is {0, 2, 1, 3}.
+template <typename T>
+Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm);
+template <typename T>
+Var transpose(Graph<T>& g, Var x, int axis0, int axis1);
+
+// Rows of a 2-D table picked by ids: table (V, C), ids with shape ids_shape -> ids_shape + (C).
+// Embedding lookup, and selecting positions (masked tokens, [CLS]) from a (N, C) activation. Backward
+// scatters into the table (repeated ids add up). Ids must lie in [0, V).
+template <typename T>
+Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_shape);
+
+// GELU, exact erf form as BERT uses: 0.5 x (1 + erf(x / sqrt(2))).
+template <typename T>
+Var gelu(Graph<T>& g, Var x);
+template <typename T>
+Var tanh(Graph<T>& g, Var x);
+
+// Softmax over the last axis of x (B, .., K), after adding mask (B, K) to every row of batch item b.
+// `mask` may be Var{} (none); it is a constant (an additive padding mask), never differentiated.
+template <typename T>
+Var softmax(Graph<T>& g, Var x, Var mask = Var{});
+
+// LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta; gamma, beta (C).
+template <typename T>
+Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps = 1e-12);
+
+// Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p).
+// Identity when !training or p == 0. The mask comes from `rng` and is recomputed, not stored.
+template <typename T>
+Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng);
+
+// Mean cross-entropy of logits (N, C) against integer targets (N): rows whose target equals
+// ignore_index are skipped; optional per-row weights (N) give sum_i w_i CE_i / sum_i w_i. With no
+// active rows the loss is 0. Returns a scalar.
+template <typename T>
+Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights = {},
+                  int32_t ignore_index = -1);
+
+// Sum and mean of all elements -> scalar.
+template <typename T>
+Var sum(Graph<T>& g, Var x);
+template <typename T>
+Var mean(Graph<T>& g, Var x);
+
+}  // namespace bert::ops

@@ -1,0 +1,224 @@
+// Elementwise ops (add, mul with broadcasting; scale, gelu, tanh, dropout): forward and backward side
+// by side.
+#include <array>
+#include <cmath>
+
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace bert::ops {
+
+namespace {
+
+constexpr int64_t kElementwiseGrain = 1 << 15;  // elements per thread below which threading does not pay
+
+// NumPy broadcasting of two shapes, padded on the left to rank 4. Strides of size-1 axes are 0, so
+// one index walk serves both operands.
+struct Broadcast {
+  Shape out;
+  std::array<int64_t, 4> dims{1, 1, 1, 1}, stride_a{}, stride_b{};
+  bool same_shape = false;
+};
+
+std::array<int64_t, 4> padded_dims(const Shape& s) {
+  std::array<int64_t, 4> d{1, 1, 1, 1};
+  for (int i = 0; i < s.rank(); ++i) d[4 - s.rank() + i] = s[i];
+  return d;
+}
+
+std::array<int64_t, 4> broadcast_strides(const std::array<int64_t, 4>& d, const std::array<int64_t, 4>& out) {
+  std::array<int64_t, 4> s{};
+  int64_t stride = 1;
+  for (int i = 3; i >= 0; --i) {
+    s[i] = (d[i] == 1 && out[i] != 1) ? 0 : stride;
+    stride *= d[i];
+  }
+  return s;
+}
+
+Broadcast plan_broadcast(const Shape& a, const Shape& b) {
+  Broadcast p;
+  p.same_shape = a == b;
+  auto da = padded_dims(a), db = padded_dims(b);
+  int rank = std::max(a.rank(), b.rank());
+  for (int i = 0; i < 4; ++i) {
+    BERT_CHECK(da[i] == db[i] || da[i] == 1 || db[i] == 1, "cannot broadcast " + a.str() + " with " + b.str());
+    p.dims[i] = std::max(da[i], db[i]);
+  }
+  p.out = a.rank() >= b.rank() ? a : b;
+  for (int i = 0; i < rank; ++i) p.out[i] = p.dims[4 - rank + i];
+  p.stride_a = broadcast_strides(da, p.dims);
+  p.stride_b = broadcast_strides(db, p.dims);
+  return p;
+}
+
+// Calls fn(out_index, a_offset, b_offset) for every output element, in order.
+template <typename Fn>
+void walk(const Broadcast& p, Fn fn) {
+  int64_t o = 0;
+  for (int64_t i0 = 0; i0 < p.dims[0]; ++i0)
+    for (int64_t i1 = 0; i1 < p.dims[1]; ++i1)
+      for (int64_t i2 = 0; i2 < p.dims[2]; ++i2) {
+        int64_t a = i0 * p.stride_a[0] + i1 * p.stride_a[1] + i2 * p.stride_a[2];
+        int64_t b = i0 * p.stride_b[0] + i1 * p.stride_b[1] + i2 * p.stride_b[2];
+        for (int64_t i3 = 0; i3 < p.dims[3]; ++i3, ++o) fn(o, a + i3 * p.stride_a[3], b + i3 * p.stride_b[3]);
+      }
+}
+
+// out[i] = f(x[i]) over n elements, threaded when large.
+template <typename T, typename F>
+void map_unary(int64_t n, T* out, const T* x, F f) {
+  parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = f(x[i]);
+  });
+}
+
+}  // namespace
+
+template <typename T>
+Var add(Graph<T>& g, Var a, Var b) {
+  const Broadcast p = plan_broadcast(g.shape(a), g.shape(b));
+  Var y = g.emit(p.out, {a, b});
+  const T* av = g.value(a).data();
+  const T* bv = g.value(b).data();
+  T* yv = g.value(y).data();
+  if (p.same_shape) {
+    parallel_for(p.out.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) yv[i] = av[i] + bv[i];
+    });
+  } else {
+    walk(p, [&](int64_t o, int64_t ia, int64_t ib) { yv[o] = av[ia] + bv[ib]; });
+  }
+  g.on_backward(y, [a, b, y, p](Graph<T>& g) {
+    const T* dy = g.grad(y).data();
+    for (auto [v, stride_of] : {std::pair{a, 0}, std::pair{b, 1}}) {
+      if (!g.requires_grad(v)) continue;
+      T* dv = g.grad(v).data();
+      if (p.same_shape) {
+        parallel_for(p.out.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) dv[i] += dy[i];
+        });
+      } else {  // sum over the broadcast axes
+        walk(p, [&](int64_t o, int64_t ia, int64_t ib) { dv[stride_of == 0 ? ia : ib] += dy[o]; });
+      }
+    }
+  });
+  return y;
+}
+
+template <typename T>
+Var mul(Graph<T>& g, Var a, Var b) {
+  const Broadcast p = plan_broadcast(g.shape(a), g.shape(b));
+  Var y = g.emit(p.out, {a, b});
+  const T* av = g.value(a).data();
+  const T* bv = g.value(b).data();
+  T* yv = g.value(y).data();
+  walk(p, [&](int64_t o, int64_t ia, int64_t ib) { yv[o] = av[ia] * bv[ib]; });
+  g.on_backward(y, [a, b, y, p](Graph<T>& g) {
+    const T* dy = g.grad(y).data();
+    const T* av = g.value(a).data();
+    const T* bv = g.value(b).data();
+    if (g.requires_grad(a)) {  // da += dy * b, summed over a's broadcast axes
+      T* da = g.grad(a).data();
+      walk(p, [&](int64_t o, int64_t ia, int64_t ib) { da[ia] += dy[o] * bv[ib]; });
+    }
+    if (g.requires_grad(b)) {
+      T* db = g.grad(b).data();
+      walk(p, [&](int64_t o, int64_t ia, int64_t ib) { db[ib] += dy[o] * av[ia]; });
+    }
+  });
+  return y;
+}
+
+template <typename T>
+Var scale(Graph<T>& g, Var x, double alpha) {
+  Var y = g.emit(g.shape(x), {x});
+  const T s = static_cast<T>(alpha);
+  map_unary(g.value(x).numel(), g.value(y).data(), g.value(x).data(), [s](T v) { return s * v; });
+  g.on_backward(y, [x, y, s](Graph<T>& g) {
+    T* dx = g.grad(x).data();
+    const T* dy = g.grad(y).data();
+    parallel_for(g.value(y).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) dx[i] += s * dy[i];
+    });
+  });
+  return y;
+}
+
+template <typename T>
+Var gelu(Graph<T>& g, Var x) {
+  Var y = g.emit(g.shape(x), {x});
+  const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
+  map_unary(g.value(x).numel(), g.value(y).data(), g.value(x).data(),
+            [inv_sqrt2](T v) { return T(0.5) * v * (T(1) + std::erf(v * inv_sqrt2)); });
+  g.on_backward(y, [x, y, inv_sqrt2](Graph<T>& g) {
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi the normal CDF and phi its density.
+    const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
+    const T* xv = g.value(x).data();
+    const T* dy = g.grad(y).data();
+    T* dx = g.grad(x).data();
+    parallel_for(g.value(x).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        T v = xv[i];
+        T cdf = T(0.5) * (T(1) + std::erf(v * inv_sqrt2));
+        dx[i] += dy[i] * (cdf + v * inv_sqrt_2pi * std::exp(T(-0.5) * v * v));
+      }
+    });
+  });
+  return y;
+}
+
+template <typename T>
+Var tanh(Graph<T>& g, Var x) {
+  Var y = g.emit(g.shape(x), {x});
+  map_unary(g.value(x).numel(), g.value(y).data(), g.value(x).data(), [](T v) { return std::tanh(v); });
+  g.on_backward(y, [x, y](Graph<T>& g) {
+    const T* yv = g.value(y).data();
+    const T* dy = g.grad(y).data();
+    T* dx = g.grad(x).data();
+    parallel_for(g.value(y).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * (T(1) - yv[i] * yv[i]);
+    });
+  });
+  return y;
+}
+
+template <typename T>
+Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
+  BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
+  if (!training || p == 0.0) return x;
+  const int64_t n = g.value(x).numel();
+  const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
+  const Rng stream = rng;  // bits() depends only on the seed: the mask can be recomputed in backward
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - p));
+  auto factor = [stream, first, p, keep_scale](int64_t i) {
+    return stream.uniform(first + static_cast<uint64_t>(i)) < p ? T(0) : keep_scale;
+  };
+  Var y = g.emit(g.shape(x), {x});
+  const T* xv = g.value(x).data();
+  T* yv = g.value(y).data();
+  parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) yv[i] = xv[i] * factor(i);
+  });
+  g.on_backward(y, [x, y, n, factor](Graph<T>& g) {
+    const T* dy = g.grad(y).data();
+    T* dx = g.grad(x).data();
+    parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * factor(i);
+    });
+  });
+  return y;
+}
+
+#define BERT_INSTANTIATE(T)                        \
+  template Var add<T>(Graph<T>&, Var, Var);        \
+  template Var mul<T>(Graph<T>&, Var, Var);        \
+  template Var scale<T>(Graph<T>&, Var, double);   \
+  template Var gelu<T>(Graph<T>&, Var);            \
+  template Var tanh<T>(Graph<T>&, Var);            \
+  template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&);
+BERT_INSTANTIATE(float)
+BERT_INSTANTIATE(double)
+#undef BERT_INSTANTIATE
+
+}  // namespace bert::ops

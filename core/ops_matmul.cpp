@@ -1,0 +1,145 @@
+// matmul and linear: forward and backward side by side, on core/gemm.
+#include <Eigen/Core>
+
+#include "core/gemm.h"
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace bert::ops {
+
+namespace {
+
+// How a matmul maps onto `batch` GEMMs of (M, K) x (K, N).
+struct MatmulPlan {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0;              // row strides of a and b as stored
+  int64_t stride_a = 0, stride_b = 0;    // elements between batch items (0: shared)
+  Shape out;
+};
+
+MatmulPlan plan_matmul(const Shape& a, const Shape& b, bool trans_a, bool trans_b) {
+  BERT_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul needs rank >= 2, got " + a.str() + " x " + b.str());
+  MatmulPlan p;
+  p.lda = a[-1];
+  p.ldb = b[-1];
+  p.k = trans_b ? b[-1] : b[-2];
+  p.n = trans_b ? b[-2] : b[-1];
+  if (b.rank() == 2 && a.rank() > 2) {  // b shared by every row of a: fold a's leading axes into M
+    BERT_CHECK(!trans_a, "matmul with a shared 2-D b cannot transpose a");
+    p.m = a.rows();
+    BERT_CHECK(a[-1] == p.k, "matmul inner sizes differ: " + a.str() + " x " + b.str());
+    p.out = a.with_last(p.n);
+    return p;
+  }
+  BERT_CHECK(a.rank() == b.rank(), "matmul ranks differ: " + a.str() + " x " + b.str());
+  for (int i = 0; i < a.rank() - 2; ++i)
+    BERT_CHECK(a[i] == b[i], "matmul batch axes differ: " + a.str() + " x " + b.str());
+  p.m = trans_a ? a[-1] : a[-2];
+  int64_t ka = trans_a ? a[-2] : a[-1];
+  BERT_CHECK(ka == p.k, "matmul inner sizes differ: " + a.str() + " x " + b.str());
+  p.batch = a.numel() / (a[-1] * a[-2]);
+  p.stride_a = a[-1] * a[-2];
+  p.stride_b = b[-1] * b[-2];
+  p.out = a;
+  p.out[-2] = p.m;
+  p.out[-1] = p.n;
+  return p;
+}
+
+// Runs fn(item) for every batch item; items in parallel, each GEMM then single-threaded (Eigen does
+// not nest threads inside a parallel region).
+template <typename Fn>
+void for_each_item(int64_t batch, Fn fn) {
+  if (batch == 1) {
+    fn(0);
+    return;
+  }
+  parallel_for(batch, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) fn(i);
+  });
+}
+
+}  // namespace
+
+template <typename T>
+Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
+  const MatmulPlan p = plan_matmul(g.shape(a), g.shape(b), trans_a, trans_b);
+  Var c = g.emit(p.out, {a, b});
+  const int64_t stride_c = p.m * p.n;
+  {
+    const T* av = g.value(a).data();
+    const T* bv = g.value(b).data();
+    T* cv = g.value(c).data();
+    for_each_item(p.batch, [&](int64_t i) {
+      gemm<T>({trans_a, trans_b, p.m, p.n, p.k}, T(1), av + i * p.stride_a, p.lda, bv + i * p.stride_b, p.ldb,
+              T(0), cv + i * stride_c, p.n);
+    });
+  }
+  g.on_backward(c, [a, b, c, p, trans_a, trans_b, stride_c](Graph<T>& g) {
+    const T* dc = g.grad(c).data();
+    const T* av = g.value(a).data();
+    const T* bv = g.value(b).data();
+    if (g.requires_grad(a)) {
+      T* da = g.grad(a).data();
+      for_each_item(p.batch, [&](int64_t i) {
+        const T* dci = dc + i * stride_c;
+        const T* bi = bv + i * p.stride_b;
+        T* dai = da + i * p.stride_a;
+        if (!trans_a)  // dA (M, K) += dC (M, N) op(B)^T
+          gemm<T>({false, !trans_b, p.m, p.k, p.n}, T(1), dci, p.n, bi, p.ldb, T(1), dai, p.lda);
+        else  // dA (K, M) += op(B) (K, N) dC^T
+          gemm<T>({trans_b, true, p.k, p.m, p.n}, T(1), bi, p.ldb, dci, p.n, T(1), dai, p.lda);
+      });
+    }
+    if (g.requires_grad(b)) {
+      T* db = g.grad(b).data();
+      for_each_item(p.batch, [&](int64_t i) {
+        const T* dci = dc + i * stride_c;
+        const T* ai = av + i * p.stride_a;
+        T* dbi = db + i * p.stride_b;
+        if (!trans_b)  // dB (K, N) += op(A)^T (K, M) dC
+          gemm<T>({!trans_a, false, p.k, p.n, p.m}, T(1), ai, p.lda, dci, p.n, T(1), dbi, p.ldb);
+        else  // dB (N, K) += dC^T (N, M) op(A)
+          gemm<T>({true, trans_a, p.n, p.k, p.m}, T(1), dci, p.n, ai, p.lda, T(1), dbi, p.ldb);
+      });
+    }
+  });
+  return c;
+}
+
+template <typename T>
+Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
+  const Shape& xs = g.shape(x);
+  const Shape& ws = g.shape(weight);
+  BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
+             "linear: x " + xs.str() + " does not fit weight " + ws.str());
+  const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({out}), "linear bias " + g.shape(bias).str());
+  using Rows = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+  using Vec = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
+
+  Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
+  T* yv = g.value(y).data();
+  gemm<T>({false, true, rows, out, in}, T(1), g.value(x).data(), in, g.value(weight).data(), in, T(0), yv, out);
+  if (bias.valid()) Rows(yv, rows, out).rowwise() += Vec(g.value(bias).data(), out);
+
+  g.on_backward(y, [x, weight, bias, y, rows, in, out](Graph<T>& g) {
+    const T* dy = g.grad(y).data();
+    if (g.requires_grad(x))  // dx (N, in) += dy (N, out) W (out, in)
+      gemm<T>({false, false, rows, in, out}, T(1), dy, out, g.value(weight).data(), in, T(1), g.grad(x).data(), in);
+    if (g.requires_grad(weight))  // dW (out, in) += dy^T (out, N) x (N, in)
+      gemm<T>({true, false, out, in, rows}, T(1), dy, out, g.value(x).data(), in, T(1), g.grad(weight).data(), in);
+    if (bias.valid() && g.requires_grad(bias))
+      Vec(g.grad(bias).data(), out) += Rows(const_cast<T*>(dy), rows, out).colwise().sum();
+  });
+  return y;
+}
+
+#define BERT_INSTANTIATE(T)                                 \
+  template Var matmul<T>(Graph<T>&, Var, Var, bool, bool); \
+  template Var linear<T>(Graph<T>&, Var, Var, Var);
+BERT_INSTANTIATE(float)
+BERT_INSTANTIATE(double)
+#undef BERT_INSTANTIATE
+
+}  // namespace bert::ops

@@ -1,0 +1,147 @@
+// Row-wise normalisations (softmax with an additive mask, LayerNorm): fused forward and backward side
+// by side.
+#include <algorithm>
+#include <cmath>
+
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace bert::ops {
+
+namespace {
+constexpr int64_t kRowGrain = 16;  // rows per thread below which threading does not pay
+}
+
+template <typename T>
+Var softmax(Graph<T>& g, Var x, Var mask) {
+  const Shape& xs = g.shape(x);
+  const int64_t k = xs.last(), rows = xs.rows();
+  const T* mv = nullptr;
+  int64_t rows_per_item = rows;
+  if (mask.valid()) {
+    const Shape& ms = g.shape(mask);
+    BERT_CHECK(!g.requires_grad(mask), "softmax: the mask is a constant; its gradient is not supported");
+    BERT_CHECK(xs.rank() >= 2 && ms == Shape({xs[0], k}),
+               "softmax: mask " + ms.str() + " must be (B, K) for x " + xs.str());
+    rows_per_item = rows / xs[0];
+    mv = g.value(mask).data();
+  }
+  Var y = g.emit(xs, {x});
+  const T* xv = g.value(x).data();
+  T* yv = g.value(y).data();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* in = xv + r * k;
+      const T* m = mv ? mv + (r / rows_per_item) * k : nullptr;
+      T* out = yv + r * k;
+      T max = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < k; ++j) {
+        out[j] = m ? in[j] + m[j] : in[j];
+        max = std::max(max, out[j]);
+      }
+      T total = 0;
+      for (int64_t j = 0; j < k; ++j) total += (out[j] = std::exp(out[j] - max));
+      const T inv = T(1) / total;
+      for (int64_t j = 0; j < k; ++j) out[j] *= inv;
+    }
+  });
+  g.on_backward(y, [x, y, k, rows](Graph<T>& g) {
+    // dx = y * (dy - sum_j dy_j y_j), row by row.
+    const T* yv = g.value(y).data();
+    const T* dy = g.grad(y).data();
+    T* dx = g.grad(x).data();
+    parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* yr = yv + r * k;
+        const T* dyr = dy + r * k;
+        T dot = 0;
+        for (int64_t j = 0; j < k; ++j) dot += dyr[j] * yr[j];
+        for (int64_t j = 0; j < k; ++j) dx[r * k + j] += yr[j] * (dyr[j] - dot);
+      }
+    });
+  });
+  return y;
+}
+
+template <typename T>
+Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
+  const Shape& xs = g.shape(x);
+  const int64_t c = xs.last(), rows = xs.rows();
+  BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),
+             "layer_norm: gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " + xs.str());
+  Var y = g.emit(xs, {x, gamma, beta});
+  // Saved for backward: per-row mean and reciprocal standard deviation, (N).
+  T* mean = g.template scratch<T>(rows);
+  T* rstd = g.template scratch<T>(rows);
+  const T* xv = g.value(x).data();
+  const T* gv = g.value(gamma).data();
+  const T* bv = g.value(beta).data();
+  T* yv = g.value(y).data();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* in = xv + r * c;
+      T m = 0;
+      for (int64_t j = 0; j < c; ++j) m += in[j];
+      m /= static_cast<T>(c);
+      T var = 0;
+      for (int64_t j = 0; j < c; ++j) var += (in[j] - m) * (in[j] - m);
+      var /= static_cast<T>(c);
+      const T rs = T(1) / std::sqrt(var + static_cast<T>(eps));
+      mean[r] = m;
+      rstd[r] = rs;
+      for (int64_t j = 0; j < c; ++j) yv[r * c + j] = (in[j] - m) * rs * gv[j] + bv[j];
+    }
+  });
+  g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c](Graph<T>& g) {
+    // With n = (x - mean) * rstd and dn = dy * gamma:
+    //   dx = rstd * (dn - mean(dn) - n * mean(dn * n)),  dgamma = sum_rows dy * n,  dbeta = sum_rows dy.
+    const T* xv = g.value(x).data();
+    const T* gv = g.value(gamma).data();
+    const T* dy = g.grad(y).data();
+    if (g.requires_grad(x)) {
+      T* dx = g.grad(x).data();
+      parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const T* in = xv + r * c;
+          const T* dyr = dy + r * c;
+          T mean_dn = 0, mean_dn_n = 0;
+          for (int64_t j = 0; j < c; ++j) {
+            T dn = dyr[j] * gv[j];
+            mean_dn += dn;
+            mean_dn_n += dn * (in[j] - mean[r]) * rstd[r];
+          }
+          mean_dn /= static_cast<T>(c);
+          mean_dn_n /= static_cast<T>(c);
+          for (int64_t j = 0; j < c; ++j) {
+            T n = (in[j] - mean[r]) * rstd[r];
+            dx[r * c + j] += rstd[r] * (dyr[j] * gv[j] - mean_dn - n * mean_dn_n);
+          }
+        }
+      });
+    }
+    // Parameter gradients: threads split the channels, each walks all rows (no write conflicts).
+    T* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
+    T* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
+    if (!dgamma && !dbeta) return;
+    parallel_for(c, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* in = xv + r * c;
+        const T* dyr = dy + r * c;
+        for (int64_t j = lo; j < hi; ++j) {
+          if (dgamma) dgamma[j] += dyr[j] * (in[j] - mean[r]) * rstd[r];
+          if (dbeta) dbeta[j] += dyr[j];
+        }
+      }
+    });
+  });
+  return y;
+}
+
+#define BERT_INSTANTIATE(T)                      \
+  template Var softmax<T>(Graph<T>&, Var, Var); \
+  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);
+BERT_INSTANTIATE(float)
+BERT_INSTANTIATE(double)
+#undef BERT_INSTANTIATE
+
+}  // namespace bert::ops

@@ -1,0 +1,100 @@
+// Reductions to a scalar (sum, mean, cross-entropy): forward and backward side by side.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace bert::ops {
+
+template <typename T>
+Var sum(Graph<T>& g, Var x) {
+  Var y = g.emit(Shape{}, {x});
+  double total = 0;  // accumulate in double: a sum of many float terms
+  for (T v : g.value(x)) total += v;
+  g.value(y)[0] = static_cast<T>(total);
+  g.on_backward(y, [x, y](Graph<T>& g) {
+    const T d = g.grad(y)[0];
+    for (T& v : g.grad(x)) v += d;
+  });
+  return y;
+}
+
+template <typename T>
+Var mean(Graph<T>& g, Var x) {
+  const int64_t n = g.value(x).numel();
+  BERT_CHECK(n > 0, "mean of an empty tensor");
+  return scale(g, sum(g, x), 1.0 / static_cast<double>(n));
+}
+
+template <typename T>
+Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights,
+                  int32_t ignore_index) {
+  const Shape& ls = g.shape(logits);
+  BERT_CHECK(ls.rank() == 2, "cross_entropy: logits must be (N, C), got " + ls.str());
+  const int64_t n = ls[0], c = ls[1];
+  BERT_CHECK(static_cast<int64_t>(targets.size()) == n,
+             "cross_entropy: " + std::to_string(targets.size()) + " targets for " + std::to_string(n) + " rows");
+  BERT_CHECK(weights.empty() || static_cast<int64_t>(weights.size()) == n, "cross_entropy: weights size");
+
+  // Saved for backward: targets, each row's weight / total weight (0 when skipped) and logsumexp.
+  int32_t* target = g.template scratch<int32_t>(n);
+  T* row_weight = g.template scratch<T>(n);
+  T* logsumexp = g.template scratch<T>(n);
+  double total_weight = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    target[i] = targets[i];
+    const bool active = targets[i] != ignore_index;
+    if (active)
+      BERT_CHECK(targets[i] >= 0 && targets[i] < c,
+                 "cross_entropy: target " + std::to_string(targets[i]) + " outside [0, " + std::to_string(c) + ")");
+    row_weight[i] = active ? (weights.empty() ? T(1) : weights[i]) : T(0);
+    total_weight += row_weight[i];
+  }
+  const T inv_total = total_weight > 0 ? static_cast<T>(1.0 / total_weight) : T(0);
+  for (int64_t i = 0; i < n; ++i) row_weight[i] *= inv_total;
+
+  const T* z = g.value(logits).data();
+  parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (row_weight[i] == T(0)) continue;
+      const T* row = z + i * c;
+      const T max = *std::max_element(row, row + c);
+      T s = 0;
+      for (int64_t j = 0; j < c; ++j) s += std::exp(row[j] - max);
+      logsumexp[i] = max + std::log(s);
+    }
+  });
+  double loss = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (row_weight[i] != T(0)) loss += double(row_weight[i]) * (double(logsumexp[i]) - double(z[i * c + target[i]]));
+
+  Var y = g.emit(Shape{}, {logits});
+  g.value(y)[0] = static_cast<T>(loss);
+  g.on_backward(y, [logits, y, target, row_weight, logsumexp, n, c](Graph<T>& g) {
+    // d/dz_ij = upstream * w_i / W * (softmax(z_i)_j - [j == target_i])
+    const T upstream = g.grad(y)[0];
+    const T* z = g.value(logits).data();
+    T* dz = g.grad(logits).data();
+    parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        if (row_weight[i] == T(0)) continue;
+        const T w = upstream * row_weight[i];
+        for (int64_t j = 0; j < c; ++j) dz[i * c + j] += w * std::exp(z[i * c + j] - logsumexp[i]);
+        dz[i * c + target[i]] -= w;
+      }
+    });
+  });
+  return y;
+}
+
+#define BERT_INSTANTIATE(T)             \
+  template Var sum<T>(Graph<T>&, Var);  \
+  template Var mean<T>(Graph<T>&, Var); \
+  template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t);
+BERT_INSTANTIATE(float)
+BERT_INSTANTIATE(double)
+#undef BERT_INSTANTIATE
+
+}  // namespace bert::ops

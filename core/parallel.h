@@ -1,0 +1,27 @@
+// parallel_for: split [0, n) into contiguous chunks, one per thread (OpenMP). Each index is handled
+// by exactly one thread in a fixed order, so results do not depend on the thread count.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace bert {
+
+inline int num_threads() { return omp_get_max_threads(); }
+
+// body(lo, hi) handles indices [lo, hi). Runs serially when n < 2 * min_per_thread: threading a
+// small loop costs more than it saves.
+template <typename Body>
+void parallel_for(int64_t n, int64_t min_per_thread, Body&& body) {
+  int64_t chunks = std::min<int64_t>(num_threads(), n / std::max<int64_t>(min_per_thread, 1));
+  if (chunks <= 1 || omp_in_parallel()) {
+    if (n > 0) body(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static, 1)
+  for (int64_t c = 0; c < chunks; ++c) body(n * c / chunks, n * (c + 1) / chunks);
+}
+
+}  // namespace bert

@@ -1,0 +1,54 @@
+#include "core/workspace.h"
+
+#include <cstdint>
+
+namespace bert {
+
+namespace {
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+Workspace::Workspace(std::size_t initial_bytes) {
+  if (initial_bytes > 0) add_block(initial_bytes);
+}
+
+void Workspace::add_block(std::size_t bytes) {
+  Block b;
+  b.size = round_up(bytes, kAlignment);
+  b.memory = std::make_unique_for_overwrite<std::byte[]>(b.size + kAlignment);
+  auto address = reinterpret_cast<std::uintptr_t>(b.memory.get());
+  b.begin = b.memory.get() + (round_up(address, kAlignment) - address);
+  blocks_.push_back(std::move(b));
+  ++system_allocations_;
+}
+
+void* Workspace::allocate_bytes(std::size_t bytes) {
+  bytes = round_up(bytes == 0 ? 1 : bytes, kAlignment);
+  if (blocks_.empty() || blocks_.back().size - blocks_.back().used < bytes) {
+    std::size_t grow = blocks_.empty() ? std::size_t{1} << 20 : blocks_.back().size * 2;
+    add_block(bytes > grow ? bytes : grow);
+  }
+  Block& b = blocks_.back();
+  void* p = b.begin + b.used;
+  b.used += bytes;
+  in_use_ += bytes;
+  return p;
+}
+
+void Workspace::reset() {
+  if (blocks_.size() > 1) {
+    std::size_t total = capacity();
+    blocks_.clear();
+    add_block(total);
+  }
+  for (Block& b : blocks_) b.used = 0;
+  in_use_ = 0;
+}
+
+std::size_t Workspace::capacity() const {
+  std::size_t total = 0;
+  for (const Block& b : blocks_) total += b.size;
+  return total;
+}
+
+}  // namespace bert

@@ -1,0 +1,47 @@
+// Workspace: a bump allocator for one graph's activations, gradients and saved tensors. reset()
+// releases everything at once and keeps the memory, so a training loop that builds the same graph
+// every step stops allocating after the first step.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace bert {
+
+class Workspace {
+ public:
+  static constexpr std::size_t kAlignment = 64;  // one cache line; whole AVX-512 vectors
+
+  explicit Workspace(std::size_t initial_bytes = 0);
+
+  // Uninitialised, kAlignment-aligned storage for n objects of trivial type U, valid until reset().
+  template <typename U>
+  U* allocate(std::size_t n) {
+    return static_cast<U*>(allocate_bytes(n * sizeof(U)));
+  }
+  void* allocate_bytes(std::size_t bytes);
+
+  // Frees every allocation. If the last cycle needed more than one block, the blocks are merged into
+  // one of the combined size, so the next cycle of the same size fits without allocating.
+  void reset();
+
+  std::size_t bytes_in_use() const { return in_use_; }
+  std::size_t capacity() const;
+  std::size_t system_allocations() const { return system_allocations_; }  // for tests and logs
+
+ private:
+  struct Block {
+    std::unique_ptr<std::byte[]> memory;  // over-allocated by kAlignment to align the start
+    std::byte* begin = nullptr;
+    std::size_t size = 0;
+    std::size_t used = 0;
+  };
+  void add_block(std::size_t bytes);
+
+  std::vector<Block> blocks_;
+  std::size_t in_use_ = 0;
+  std::size_t system_allocations_ = 0;
+};
+
+}  // namespace bert

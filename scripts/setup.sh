@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and tests need. Idempotent: installs only what is missing,
+# and runs `apt-get update` only when something must be installed.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libeigen3-dev
+  libsentencepiece-dev sentencepiece
+  libhdf5-dev hdf5-tools
+  libspdlog-dev libcli11-dev
+  libprotobuf-dev protobuf-compiler libonnx-dev
+  libgtest-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "[setup] all ${#packages[@]} Debian packages present"
+  exit 0
+fi
+
+echo "[setup] installing: ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "[setup] error: not root and no sudo; install: ${missing[*]}" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "[setup] done"

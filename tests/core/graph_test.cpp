@@ -1,0 +1,147 @@
+// The autograd graph's lifetime and modes: freed after backward, no-grad records nothing, leaf
+// gradients accumulate, stale handles are caught, memory is reused across steps.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include "core/arena.h"
+#include "core/graph.h"
+#include "core/ops.h"
+#include "tests/core/gradcheck.h"
+
+namespace bert {
+namespace {
+
+// A small model step: loss = mean(gelu(x W^T + b)) over a parameter arena.
+struct TinyModel {
+  ParameterArena<float> arena;
+  ParamId weight = arena.add("dense.weight", {4, 3});
+  ParamId bias = arena.add("dense.bias", {4});
+  TinyModel() {
+    arena.allocate();
+    Rng rng(1);
+    for (float& v : arena.values()) v = static_cast<float>(rng.next_normal());
+  }
+  Var loss(Graph<float>& g, TensorView<float> x) {
+    Var y = ops::linear(g, g.constant(x), g.param(arena.get(weight)), g.param(arena.get(bias)));
+    return ops::mean(g, ops::gelu(g, y));
+  }
+};
+
+TEST(Graph, IsFreedAfterBackward) {
+  TinyModel model;
+  Tensor<float> x = testing::to_float(testing::random_tensor({5, 3}, 2));
+  Graph<float> g;
+  Var loss = model.loss(g, x.view());
+  EXPECT_GT(g.num_nodes(), 0u);
+  EXPECT_GT(g.num_backward_closures(), 0u);
+  EXPECT_GT(g.workspace().bytes_in_use(), 0u);
+  g.backward(loss);
+  EXPECT_EQ(g.num_nodes(), 0u);
+  EXPECT_EQ(g.num_backward_closures(), 0u);
+  EXPECT_EQ(g.workspace().bytes_in_use(), 0u);
+  EXPECT_THROW(g.value(loss), InternalError) << "a handle from before backward() is stale";
+}
+
+TEST(Graph, NoGradModeRecordsNothingAndRestoresTheMode) {
+  TinyModel model;
+  Tensor<float> x = testing::to_float(testing::random_tensor({5, 3}, 2));
+  Graph<float> g;
+  float eval_loss = 0;
+  {
+    NoGradGuard<float> no_grad(g);
+    Var loss = model.loss(g, x.view());
+    EXPECT_EQ(g.num_backward_closures(), 0u);
+    EXPECT_FALSE(g.requires_grad(loss));
+    EXPECT_THROW(g.backward(loss), InternalError);  // nothing to differentiate
+    eval_loss = g.value(model.loss(g, x.view()))[0];
+  }
+  EXPECT_TRUE(g.grad_enabled());
+  for (float v : model.arena.grads()) EXPECT_EQ(v, 0.0f);
+  Var loss = model.loss(g, x.view());
+  EXPECT_EQ(g.value(loss)[0], eval_loss) << "no-grad changes bookkeeping, not values";
+  EXPECT_GT(g.num_backward_closures(), 0u);
+}
+
+TEST(Graph, LeafGradientsAccumulateAcrossBackwardCalls) {
+  TinyModel model;
+  Tensor<float> x = testing::to_float(testing::random_tensor({5, 3}, 2));
+  Graph<float> g;
+  g.backward(model.loss(g, x.view()));
+  std::vector<float> once(model.arena.grads().begin(), model.arena.grads().end());
+  g.backward(model.loss(g, x.view()));
+  auto grads = model.arena.grads();
+  bool any_nonzero = false;
+  for (int64_t i = 0; i < grads.numel(); ++i) {
+    EXPECT_FLOAT_EQ(grads[i], 2 * once[i]);
+    any_nonzero |= once[i] != 0.0f;
+  }
+  EXPECT_TRUE(any_nonzero);
+  model.arena.zero_grad();
+  for (float v : model.arena.grads()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Graph, BackwardNeedsAScalarAndConstantsHaveNoGradient) {
+  Graph<double> g;
+  Tensor<double> x = testing::random_tensor({2, 2}, 3), gx({2, 2});
+  Var leaf = g.leaf(x.view(), gx.view());
+  Var c = g.constant(x.view());
+  Var y = ops::add(g, leaf, c);
+  EXPECT_THROW(g.grad(c), InternalError);
+  EXPECT_THROW(g.backward(y), InternalError);  // (2, 2) is not a scalar
+}
+
+TEST(Graph, SteadyStateStepsDoNotAllocate) {
+  TinyModel model;
+  Tensor<float> x = testing::to_float(testing::random_tensor({64, 3}, 4));
+  Graph<float> g;
+  for (int step = 0; step < 2; ++step) g.backward(model.loss(g, x.view()));
+  const std::size_t allocations = g.workspace().system_allocations();
+  for (int step = 0; step < 3; ++step) g.backward(model.loss(g, x.view()));
+  EXPECT_EQ(g.workspace().system_allocations(), allocations);
+}
+
+// Gradients of a small chain over the arena, computed with a given number of threads.
+std::vector<float> chain_gradients(int threads, bool with_gemm) {
+  omp_set_num_threads(threads);
+  ParameterArena<float> arena;
+  ParamId w = arena.add("w", {256, 128}), gamma = arena.add("g", {256}), beta = arena.add("b", {256});
+  arena.allocate();
+  Rng init(5);
+  for (float& v : arena.values()) v = static_cast<float>(0.1 * init.next_normal());
+  Tensor<float> x = testing::to_float(testing::random_tensor({512, 256}, 6));
+  Graph<float> g;
+  Rng dropout_rng(8);
+  Var h = g.constant(x.view());
+  if (with_gemm) h = ops::linear(g, g.constant(x.view().reshaped({1024, 128})), g.param(arena.get(w)), Var{});
+  h = ops::layer_norm(g, ops::gelu(g, h), g.param(arena.get(gamma)), g.param(arena.get(beta)));
+  h = ops::dropout(g, ops::softmax(g, h), 0.1, true, dropout_rng);
+  g.backward(ops::sum(g, ops::mul(g, h, h)));
+  return std::vector<float>(arena.grads().begin(), arena.grads().end());
+}
+
+// Our own kernels split work so that each output is computed by one thread in a fixed order:
+// results are bit-identical whatever the thread count.
+TEST(Threads, OwnKernelsGiveIdenticalResultsOnOneAndTwoThreads) {
+  const int saved = omp_get_max_threads();
+  std::vector<float> one = chain_gradients(1, false), two = chain_gradients(2, false);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
+}
+
+// Eigen's GEMM chooses its blocking (hence summation order) by thread count: runs are bit-identical
+// at a fixed thread count and agree to float rounding across thread counts.
+TEST(Threads, GemmChainIsReproducibleAndCloseAcrossThreadCounts) {
+  const int saved = omp_get_max_threads();
+  std::vector<float> two_a = chain_gradients(2, true), two_b = chain_gradients(2, true);
+  std::vector<float> one = chain_gradients(1, true);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(two_a, two_b);
+  ASSERT_EQ(one.size(), two_a.size());
+  float max_abs = 0;
+  for (float v : one) max_abs = std::max(max_abs, std::abs(v));
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(one[i], two_a[i], 1e-4f * max_abs) << i;
+}
+
+}  // namespace
+}  // namespace bert

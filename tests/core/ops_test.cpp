@@ -1,0 +1,566 @@
+// Every primitive op: forward against a plain reference loop, backward against central finite
+// differences in double precision, at several shapes.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "core/ops.h"
+#include "tests/core/gradcheck.h"
+
+namespace bert {
+namespace {
+
+using testing::expect_gradients_match;
+using testing::GradCheckOptions;
+using testing::random_tensor;
+using Leaves = std::vector<Var>;
+
+// Forward tolerance of the double-precision op against its double reference loop.
+constexpr double kForwardTolerance = 1e-12;
+
+// Runs `build` on constant inputs (no gradients) and returns a copy of the output.
+Tensor<double> run_forward(std::vector<Tensor<double>>& inputs, const testing::BuildFn& build) {
+  Graph<double> g;
+  Leaves leaves;
+  for (auto& t : inputs) leaves.push_back(g.constant(t.view()));
+  TensorView<double> out = g.value(build(g, leaves));
+  Tensor<double> copy(out.shape());
+  copy.view().copy_from(out);
+  return copy;
+}
+
+void expect_tensors_near(const Tensor<double>& actual, const Tensor<double>& expected, double tol) {
+  ASSERT_EQ(actual.shape(), expected.shape());
+  for (int64_t i = 0; i < actual.numel(); ++i) EXPECT_NEAR(actual[i], expected[i], tol) << "element " << i;
+}
+
+// Multi-index helpers for the references, independent of the ops' own index arithmetic.
+std::vector<int64_t> unravel(int64_t flat, const Shape& s) {
+  std::vector<int64_t> idx(s.rank());
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    idx[d] = flat % s[d];
+    flat /= s[d];
+  }
+  return idx;
+}
+int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
+  int64_t flat = 0;
+  for (int d = 0; d < s.rank(); ++d) flat = flat * s[d] + idx[d];
+  return flat;
+}
+
+// ---------------------------------------------------------------- matmul
+
+double matrix_at(const Tensor<double>& t, int64_t batch, int64_t r, int64_t c, bool trans) {
+  const int64_t rows = t.shape()[-2], cols = t.shape()[-1];
+  return trans ? t[batch * rows * cols + c * cols + r] : t[batch * rows * cols + r * cols + c];
+}
+
+Tensor<double> matmul_reference(const Tensor<double>& a, const Tensor<double>& b, bool ta, bool tb) {
+  const Shape& as = a.shape();
+  const Shape& bs = b.shape();
+  const int64_t m = ta ? as[-1] : as[-2], k = ta ? as[-2] : as[-1], n = tb ? bs[-2] : bs[-1];
+  const int64_t batch = as.numel() / (as[-1] * as[-2]);
+  Shape out = as;
+  out[-2] = m;
+  out[-1] = n;
+  Tensor<double> c(out);
+  for (int64_t bi = 0; bi < batch; ++bi)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; ++p) acc += matrix_at(a, bi, i, p, ta) * matrix_at(b, bi, p, j, tb);
+        c[bi * m * n + i * n + j] = acc;
+      }
+  return c;
+}
+
+struct MatmulCase {
+  Shape a, b;
+  bool trans_a, trans_b;
+};
+
+class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
+
+TEST_P(MatmulTest, ForwardMatchesReferenceAndGradientsMatchFiniteDifferences) {
+  const MatmulCase c = GetParam();
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor(c.a, 1));
+  in.push_back(random_tensor(c.b, 2));
+  auto build = [&](Graph<double>& g, const Leaves& x) { return ops::matmul(g, x[0], x[1], c.trans_a, c.trans_b); };
+  expect_tensors_near(run_forward(in, build), matmul_reference(in[0], in[1], c.trans_a, c.trans_b), kForwardTolerance);
+  expect_gradients_match(in, build);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
+                         ::testing::Values(MatmulCase{{3, 4}, {4, 5}, false, false},
+                                           MatmulCase{{4, 3}, {4, 5}, true, false},
+                                           MatmulCase{{3, 4}, {5, 4}, false, true},
+                                           MatmulCase{{4, 3}, {5, 4}, true, true},
+                                           MatmulCase{{1, 7}, {7, 1}, false, false},
+                                           MatmulCase{{2, 3, 4, 5}, {2, 3, 5, 2}, false, false},
+                                           MatmulCase{{2, 3, 5, 4}, {2, 3, 2, 5}, true, true},
+                                           MatmulCase{{3, 4, 6}, {3, 4, 6}, false, true},   // Q K^T
+                                           MatmulCase{{3, 4, 4}, {3, 4, 6}, false, false}));  // P V
+
+TEST(Matmul, SharedRightOperandFoldsLeadingAxes) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({2, 3, 4}, 3));
+  in.push_back(random_tensor({4, 5}, 4));
+  auto build = [](Graph<double>& g, const Leaves& x) { return ops::matmul(g, x[0], x[1]); };
+  Tensor<double> out = run_forward(in, build);
+  ASSERT_EQ(out.shape(), Shape({2, 3, 5}));
+  Tensor<double> a2 = in[0].clone();
+  Tensor<double> flat(Shape{6, 4}, std::vector<double>(a2.data(), a2.data() + 24));
+  Tensor<double> expected = matmul_reference(flat, in[1], false, false);
+  for (int64_t i = 0; i < out.numel(); ++i) EXPECT_NEAR(out[i], expected[i], kForwardTolerance);
+  expect_gradients_match(in, build);
+}
+
+TEST(Matmul, RejectsMismatchedShapes) {
+  Graph<double> g;
+  Tensor<double> a({3, 4}), b({5, 6});
+  EXPECT_THROW(ops::matmul(g, g.constant(a.view()), g.constant(b.view())), InternalError);
+}
+
+// ---------------------------------------------------------------- linear
+
+Tensor<double> linear_reference(const Tensor<double>& x, const Tensor<double>& w, const Tensor<double>* b) {
+  const int64_t in = w.shape()[1], out = w.shape()[0], rows = x.numel() / in;
+  Tensor<double> y(x.shape().with_last(out));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = b ? (*b)[o] : 0.0;
+      for (int64_t i = 0; i < in; ++i) acc += x[r * in + i] * w[o * in + i];
+      y[r * out + o] = acc;
+    }
+  return y;
+}
+
+TEST(Linear, WithAndWithoutBiasAtSeveralShapes) {
+  for (Shape xs : {Shape{5, 4}, Shape{2, 3, 4}, Shape{2, 2, 3, 4}}) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(xs.str() + (with_bias ? " with bias" : " without bias"));
+      std::vector<Tensor<double>> in;
+      in.push_back(random_tensor(xs, 5));
+      in.push_back(random_tensor({3, 4}, 6));
+      in.push_back(random_tensor({3}, 7));
+      auto build = [&](Graph<double>& g, const Leaves& x) {
+        return ops::linear(g, x[0], x[1], with_bias ? x[2] : Var{});
+      };
+      expect_tensors_near(run_forward(in, build), linear_reference(in[0], in[1], with_bias ? &in[2] : nullptr),
+                          kForwardTolerance);
+      expect_gradients_match(in, build);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- add / mul with broadcasting
+
+// NumPy broadcasting written out with multi-indices.
+Tensor<double> broadcast_reference(const Tensor<double>& a, const Tensor<double>& b, bool multiply) {
+  const int rank = std::max(a.shape().rank(), b.shape().rank());
+  auto dim = [&](const Shape& s, int d) { return d - (rank - s.rank()) >= 0 ? s[d - (rank - s.rank())] : 1; };
+  Shape out = a.shape().rank() == rank ? a.shape() : b.shape();
+  for (int d = 0; d < rank; ++d) out[d] = std::max(dim(a.shape(), d), dim(b.shape(), d));
+  Tensor<double> y(out);
+  for (int64_t f = 0; f < out.numel(); ++f) {
+    std::vector<int64_t> idx = unravel(f, out);
+    auto value = [&](const Tensor<double>& t) {
+      const int off = rank - t.shape().rank();
+      std::vector<int64_t> sub(t.shape().rank());
+      for (int d = 0; d < t.shape().rank(); ++d) sub[d] = t.shape()[d] == 1 ? 0 : idx[d + off];
+      return t[ravel(sub, t.shape())];
+    };
+    y[f] = multiply ? value(a) * value(b) : value(a) + value(b);
+  }
+  return y;
+}
+
+class BroadcastTest : public ::testing::TestWithParam<std::pair<Shape, Shape>> {};
+
+TEST_P(BroadcastTest, AddAndMulMatchReferenceAndFiniteDifferences) {
+  const auto [as, bs] = GetParam();
+  for (bool multiply : {false, true}) {
+    SCOPED_TRACE(multiply ? "mul" : "add");
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor(as, 8));
+    in.push_back(random_tensor(bs, 9));
+    auto build = [&](Graph<double>& g, const Leaves& x) {
+      return multiply ? ops::mul(g, x[0], x[1]) : ops::add(g, x[0], x[1]);
+    };
+    expect_tensors_near(run_forward(in, build), broadcast_reference(in[0], in[1], multiply), kForwardTolerance);
+    expect_gradients_match(in, build);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BroadcastTest,
+                         ::testing::Values(std::pair{Shape{3, 4}, Shape{3, 4}},
+                                           std::pair{Shape{2, 3, 4}, Shape{4}},         // bias
+                                           std::pair{Shape{2, 1, 4}, Shape{3, 1}},      // both stretch
+                                           std::pair{Shape{2, 3, 4, 5}, Shape{2, 1, 1, 5}},  // mask-like
+                                           std::pair{Shape{}, Shape{3, 2}},             // scalar
+                                           std::pair{Shape{5}, Shape{2, 3, 5}}));
+
+TEST(Broadcast, SameInputTwiceAccumulatesBothPaths) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({3, 4}, 10));
+  expect_gradients_match(in, [](Graph<double>& g, const Leaves& x) {
+    return ops::add(g, ops::mul(g, x[0], x[0]), x[0]);  // x^2 + x
+  });
+}
+
+TEST(Broadcast, RejectsIncompatibleShapes) {
+  Graph<double> g;
+  Tensor<double> a({3, 4}), b({3});
+  EXPECT_THROW(ops::add(g, g.constant(a.view()), g.constant(b.view())), InternalError);
+}
+
+// ---------------------------------------------------------------- scale, gelu, tanh
+
+TEST(Scale, MatchesReferenceAndFiniteDifferences) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({2, 3, 4}, 11));
+  auto build = [](Graph<double>& g, const Leaves& x) { return ops::scale(g, x[0], -0.125); };
+  Tensor<double> expected = in[0].clone();
+  for (int64_t i = 0; i < expected.numel(); ++i) expected[i] *= -0.125;
+  expect_tensors_near(run_forward(in, build), expected, kForwardTolerance);
+  expect_gradients_match(in, build);
+}
+
+TEST(Gelu, MatchesPublishedValuesAndFiniteDifferences) {
+  // x * Phi(x) at a few points, Phi from tables of the normal CDF (Phi(-3) = 0.0013498980316301).
+  Tensor<double> points(Shape{5}, {-3.0, -1.0, 0.0, 1.0, 2.0});
+  const std::array<double, 5> expected{-0.0040496940948903, -0.15865525393145707, 0.0, 0.8413447460685429,
+                                       1.9544997361036416};
+  std::vector<Tensor<double>> in;
+  in.push_back(points.clone());
+  auto build = [](Graph<double>& g, const Leaves& x) { return ops::gelu(g, x[0]); };
+  Tensor<double> out = run_forward(in, build);
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(out[i], expected[i], 1e-12) << "gelu(" << points[i] << ")";
+  for (Shape s : {Shape{7}, Shape{3, 5}, Shape{2, 3, 4}}) {
+    std::vector<Tensor<double>> r;
+    r.push_back(random_tensor(s, 12, 2.0));
+    expect_gradients_match(r, build);
+  }
+}
+
+TEST(Tanh, MatchesReferenceAndFiniteDifferences) {
+  for (Shape s : {Shape{7}, Shape{3, 5}, Shape{2, 3, 4}}) {
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor(s, 13, 1.5));
+    auto build = [](Graph<double>& g, const Leaves& x) { return ops::tanh(g, x[0]); };
+    Tensor<double> expected = in[0].clone();
+    for (int64_t i = 0; i < expected.numel(); ++i)
+      expected[i] = (std::exp(2 * in[0][i]) - 1) / (std::exp(2 * in[0][i]) + 1);
+    expect_tensors_near(run_forward(in, build), expected, kForwardTolerance);
+    expect_gradients_match(in, build);
+  }
+}
+
+// ---------------------------------------------------------------- reshape, permute, transpose
+
+TEST(Reshape, AliasesStorageAndPassesGradientsThrough) {
+  Tensor<double> x = random_tensor({2, 3, 4}, 14);
+  Graph<double> g;
+  Var v = g.constant(x.view());
+  Var r = ops::reshape(g, v, Shape{6, 4});
+  EXPECT_EQ(g.value(r).data(), x.data()) << "reshape must not copy";
+  EXPECT_EQ(g.shape(r), Shape({6, 4}));
+  EXPECT_THROW(ops::reshape(g, v, Shape{5, 5}), InternalError);
+
+  std::vector<Tensor<double>> in;
+  in.push_back(x.clone());
+  in.push_back(random_tensor({4, 3}, 15));
+  // Reshape in the middle of a chain so its gradient has somewhere to come from.
+  expect_gradients_match(in, [](Graph<double>& g, const Leaves& x) {
+    return ops::matmul(g, ops::reshape(g, x[0], Shape{6, 4}), x[1]);
+  });
+}
+
+Tensor<double> permute_reference(const Tensor<double>& x, const std::vector<int>& perm) {
+  Shape out = x.shape();
+  for (size_t i = 0; i < perm.size(); ++i) out[static_cast<int>(i)] = x.shape()[perm[i]];
+  Tensor<double> y(out);
+  for (int64_t f = 0; f < x.numel(); ++f) {
+    std::vector<int64_t> src = unravel(f, x.shape()), dst(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) dst[i] = src[perm[i]];
+    y[ravel(dst, out)] = x[f];
+  }
+  return y;
+}
+
+TEST(Permute, MatchesReferenceAndFiniteDifferences) {
+  struct Case {
+    Shape s;
+    std::vector<int> perm;
+  };
+  for (const Case& c : {Case{{2, 3, 4, 5}, {0, 2, 1, 3}}, Case{{2, 3, 4, 5}, {3, 1, 0, 2}},
+                        Case{{3, 4, 5}, {2, 0, 1}}, Case{{3, 4}, {1, 0}}}) {
+    SCOPED_TRACE(c.s.str());
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor(c.s, 16));
+    auto build = [&](Graph<double>& g, const Leaves& x) {
+      switch (c.perm.size()) {
+        case 2: return ops::permute(g, x[0], {c.perm[0], c.perm[1]});
+        case 3: return ops::permute(g, x[0], {c.perm[0], c.perm[1], c.perm[2]});
+        default: return ops::permute(g, x[0], {c.perm[0], c.perm[1], c.perm[2], c.perm[3]});
+      }
+    };
+    expect_tensors_near(run_forward(in, build), permute_reference(in[0], c.perm), 0.0);
+    expect_gradients_match(in, build);
+  }
+}
+
+TEST(Transpose, SwapsTwoAxes) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({2, 3, 4}, 17));
+  auto build = [](Graph<double>& g, const Leaves& x) { return ops::transpose(g, x[0], -1, 0); };
+  expect_tensors_near(run_forward(in, build), permute_reference(in[0], {2, 1, 0}), 0.0);
+  expect_gradients_match(in, build);
+}
+
+// ---------------------------------------------------------------- gather_rows (embedding)
+
+TEST(GatherRows, PicksRowsAndScattersRepeatedIdsInBackward) {
+  const std::vector<int32_t> ids{3, 0, 3, 6, 1, 3};  // 3 repeats: its gradient row sums three
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({7, 5}, 18));
+  auto build = [&](Graph<double>& g, const Leaves& x) { return ops::gather_rows(g, x[0], ids, Shape{2, 3}); };
+  Tensor<double> out = run_forward(in, build);
+  ASSERT_EQ(out.shape(), Shape({2, 3, 5}));
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int c = 0; c < 5; ++c) EXPECT_EQ(out[i * 5 + c], in[0][ids[i] * 5 + c]);
+  expect_gradients_match(in, build);
+
+  Graph<double> g;
+  const std::vector<int32_t> bad{7};
+  EXPECT_THROW(ops::gather_rows(g, g.constant(in[0].view()), bad, Shape{1}), InternalError);
+}
+
+// ---------------------------------------------------------------- softmax
+
+Tensor<double> softmax_reference(const Tensor<double>& x, const Tensor<double>* mask) {
+  const int64_t k = x.shape().last(), rows = x.numel() / k, per_item = rows / x.shape()[0];
+  Tensor<double> y(x.shape());
+  for (int64_t r = 0; r < rows; ++r) {
+    double total = 0;
+    for (int64_t j = 0; j < k; ++j) total += std::exp(x[r * k + j] + (mask ? (*mask)[(r / per_item) * k + j] : 0));
+    for (int64_t j = 0; j < k; ++j)
+      y[r * k + j] = std::exp(x[r * k + j] + (mask ? (*mask)[(r / per_item) * k + j] : 0)) / total;
+  }
+  return y;
+}
+
+TEST(Softmax, WithoutMaskMatchesReferenceAndFiniteDifferences) {
+  for (Shape s : {Shape{4, 6}, Shape{2, 3, 6}, Shape{2, 2, 3, 5}}) {
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor(s, 19, 2.0));
+    auto build = [](Graph<double>& g, const Leaves& x) { return ops::softmax(g, x[0]); };
+    expect_tensors_near(run_forward(in, build), softmax_reference(in[0], nullptr), kForwardTolerance);
+    expect_gradients_match(in, build);
+  }
+}
+
+TEST(Softmax, AdditivePaddingMaskSendsMaskedProbabilityToZero) {
+  // (B=2, H=2, T=3, K=5), mask (B, K): item 0 masks its last two keys, item 1 none.
+  Tensor<double> mask(Shape{2, 5}, {0, 0, 0, -1e4, -1e4, 0, 0, 0, 0, 0});
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({2, 2, 3, 5}, 20));
+  in.push_back(mask.clone());
+  auto build = [](Graph<double>& g, const Leaves& x) { return ops::softmax(g, x[0], x[1]); };
+  Tensor<double> out = run_forward(in, build);
+  expect_tensors_near(out, softmax_reference(in[0], &in[1]), kForwardTolerance);
+  for (int64_t r = 0; r < 6; ++r) {  // item 0's rows
+    EXPECT_LT(out[r * 5 + 3], 1e-12);
+    EXPECT_LT(out[r * 5 + 4], 1e-12);
+  }
+  GradCheckOptions options;
+  options.differentiable = {true, false};
+  expect_gradients_match(in, build, options);
+
+  // The mask is a constant: asking for its gradient is an error, not a silent zero.
+  Graph<double> g;
+  Tensor<double> mask_grad(mask.shape());
+  EXPECT_THROW(ops::softmax(g, g.constant(in[0].view()), g.leaf(mask.view(), mask_grad.view())), InternalError);
+}
+
+// ---------------------------------------------------------------- layer_norm
+
+Tensor<double> layer_norm_reference(const Tensor<double>& x, const Tensor<double>& gamma, const Tensor<double>& beta,
+                                    double eps) {
+  const int64_t c = x.shape().last(), rows = x.numel() / c;
+  Tensor<double> y(x.shape());
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < c; ++j) mean += x[r * c + j] / c;
+    for (int64_t j = 0; j < c; ++j) var += (x[r * c + j] - mean) * (x[r * c + j] - mean) / c;
+    for (int64_t j = 0; j < c; ++j) y[r * c + j] = (x[r * c + j] - mean) / std::sqrt(var + eps) * gamma[j] + beta[j];
+  }
+  return y;
+}
+
+TEST(LayerNorm, MatchesReferenceAndFiniteDifferences) {
+  for (double eps : {1e-12, 1e-5}) {
+    for (Shape s : {Shape{4, 6}, Shape{2, 3, 8}, Shape{1, 2, 2, 5}}) {
+      SCOPED_TRACE(s.str() + " eps " + std::to_string(eps));
+      std::vector<Tensor<double>> in;
+      in.push_back(random_tensor(s, 21, 3.0));
+      in.push_back(random_tensor({s.last()}, 22));
+      in.push_back(random_tensor({s.last()}, 23));
+      auto build = [eps](Graph<double>& g, const Leaves& x) { return ops::layer_norm(g, x[0], x[1], x[2], eps); };
+      expect_tensors_near(run_forward(in, build), layer_norm_reference(in[0], in[1], in[2], eps), 1e-11);
+      expect_gradients_match(in, build);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dropout
+
+TEST(Dropout, IdentityInEvalAndWithZeroProbability) {
+  Tensor<double> x = random_tensor({4, 5}, 24);
+  Graph<double> g;
+  Rng rng(1);
+  Var v = g.constant(x.view());
+  EXPECT_EQ(ops::dropout(g, v, 0.5, /*training=*/false, rng).index, v.index);
+  EXPECT_EQ(ops::dropout(g, v, 0.0, /*training=*/true, rng).index, v.index);
+  EXPECT_EQ(rng.state().counter, 0u) << "an identity dropout must not consume random numbers";
+  EXPECT_THROW(ops::dropout(g, v, 1.0, true, rng), InternalError);
+}
+
+TEST(Dropout, DropsAboutPAndScalesSurvivors) {
+  const double p = 0.3;
+  const int64_t n = 200000;
+  Tensor<double> ones(Shape{n}, std::vector<double>(n, 1.0));
+  Graph<double> g;
+  Rng rng(7);
+  TensorView<double> y = g.value(ops::dropout(g, g.constant(ones.view()), p, true, rng));
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (y[i] == 0.0) {
+      ++zeros;
+    } else {
+      ASSERT_NEAR(y[i], 1.0 / (1.0 - p), 1e-15);
+    }
+  }
+  // Binomial(n, p): standard deviation ~205; allow 5 of them.
+  EXPECT_NEAR(static_cast<double>(zeros), p * n, 5 * std::sqrt(n * p * (1 - p)));
+  EXPECT_EQ(rng.state().counter, static_cast<uint64_t>(n));
+}
+
+TEST(Dropout, SameSeedSameMaskAndFiniteDifferences) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({3, 4, 5}, 25));
+  // Each forward gets a fresh generator with the same seed, so every evaluation uses one mask.
+  auto build = [](Graph<double>& g, const Leaves& x) {
+    Rng rng(99);
+    return ops::dropout(g, x[0], 0.25, true, rng);
+  };
+  Tensor<double> a = run_forward(in, build), b = run_forward(in, build);
+  expect_tensors_near(a, b, 0.0);
+  expect_gradients_match(in, build);
+}
+
+// ---------------------------------------------------------------- cross_entropy, sum, mean
+
+double cross_entropy_reference(const Tensor<double>& z, const std::vector<int32_t>& t, const std::vector<double>& w,
+                               int32_t ignore) {
+  const int64_t c = z.shape()[1];
+  double loss = 0, total = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == ignore) continue;
+    double denom = 0;
+    for (int64_t j = 0; j < c; ++j) denom += std::exp(z[i * c + j]);
+    const double wi = w.empty() ? 1.0 : w[i];
+    loss += wi * -std::log(std::exp(z[i * c + t[i]]) / denom);
+    total += wi;
+  }
+  return loss / total;
+}
+
+TEST(CrossEntropy, IgnoredRowsAndWeightsMatchReferenceAndFiniteDifferences) {
+  const std::vector<int32_t> targets{2, -1, 0, 4, -1, 1};
+  const std::vector<double> weights{1.0, 5.0, 0.5, 2.0, 1.0, 0.25};
+  for (bool weighted : {false, true}) {
+    SCOPED_TRACE(weighted ? "weighted" : "unweighted");
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor({6, 5}, 26, 2.0));
+    auto build = [&](Graph<double>& g, const Leaves& x) {
+      return weighted ? ops::cross_entropy<double>(g, x[0], targets, weights)
+                      : ops::cross_entropy<double>(g, x[0], targets);
+    };
+    Tensor<double> out = run_forward(in, build);
+    ASSERT_EQ(out.shape(), Shape{});
+    EXPECT_NEAR(out[0], cross_entropy_reference(in[0], targets, weighted ? weights : std::vector<double>{}, -1),
+                kForwardTolerance);
+    expect_gradients_match(in, build);
+  }
+}
+
+TEST(CrossEntropy, AllRowsIgnoredGivesZeroLoss) {
+  const std::vector<int32_t> targets{-1, -1};
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({2, 3}, 27));
+  auto build = [&](Graph<double>& g, const Leaves& x) { return ops::cross_entropy<double>(g, x[0], targets); };
+  EXPECT_EQ(run_forward(in, build)[0], 0.0);
+  expect_gradients_match(in, build);
+}
+
+TEST(CrossEntropy, RejectsTargetOutsideClasses) {
+  Graph<double> g;
+  Tensor<double> z({2, 3});
+  const std::vector<int32_t> targets{0, 3};
+  EXPECT_THROW(ops::cross_entropy<double>(g, g.constant(z.view()), targets), InternalError);
+}
+
+TEST(SumMean, MatchReferenceAndFiniteDifferences) {
+  for (Shape s : {Shape{5}, Shape{3, 4}, Shape{2, 3, 4}}) {
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor(s, 28));
+    double total = 0;
+    for (int64_t i = 0; i < in[0].numel(); ++i) total += in[0][i];
+    auto build_sum = [](Graph<double>& g, const Leaves& x) { return ops::sum(g, x[0]); };
+    auto build_mean = [](Graph<double>& g, const Leaves& x) { return ops::mean(g, x[0]); };
+    EXPECT_NEAR(run_forward(in, build_sum)[0], total, kForwardTolerance);
+    EXPECT_NEAR(run_forward(in, build_mean)[0], total / in[0].numel(), kForwardTolerance);
+    expect_gradients_match(in, build_sum);
+    expect_gradients_match(in, build_mean);
+  }
+}
+
+// ---------------------------------------------------------------- composition
+
+TEST(Composition, AttentionBlockGradientsMatchFiniteDifferences) {
+  // softmax(Q K^T / sqrt(D) + mask) V with heads split by reshape + permute: the ops as BERT chains them.
+  const int64_t B = 2, T = 3, H = 2, D = 2, C = H * D;
+  Tensor<double> mask(Shape{B, T}, {0, 0, -1e4, 0, 0, 0});
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({B, T, C}, 29));
+  in.push_back(random_tensor({3 * C, C}, 30, 0.5));
+  in.push_back(random_tensor({3 * C}, 31));
+  in.push_back(mask.clone());
+  auto build = [&](Graph<double>& g, const Leaves& x) {
+    Var qkv = ops::linear(g, x[0], x[1], x[2]);  // (B, T, 3C)
+    auto head = [&](int part) {
+      // Pick Q, K or V from the packed projection by a tiny gather over the 3C axis.
+      Var flat = ops::reshape(g, qkv, Shape{B * T, 3, C});
+      Var parts = ops::permute(g, flat, {1, 0, 2});  // (3, B*T, C)
+      Var one = ops::reshape(g, parts, Shape{3, B * T * C});
+      std::vector<int32_t> id{part};
+      Var picked = ops::gather_rows(g, one, id, Shape{});
+      return ops::permute(g, ops::reshape(g, picked, Shape{B, T, H, D}), {0, 2, 1, 3});  // (B, H, T, D)
+    };
+    Var q = head(0), k = head(1), v = head(2);
+    Var scores = ops::scale(g, ops::matmul(g, q, k, false, true), 1.0 / std::sqrt(double(D)));
+    Var probs = ops::softmax(g, scores, x[3]);
+    return ops::matmul(g, probs, v);  // (B, H, T, D)
+  };
+  GradCheckOptions options;
+  options.differentiable = {true, true, true, false};
+  expect_gradients_match(in, build, options);
+}
+
+}  // namespace
+}  // namespace bert
