@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 
 namespace bert {
 
@@ -20,8 +21,19 @@ void parallel_for(int64_t n, int64_t min_per_thread, Body&& body) {
     if (n > 0) body(int64_t{0}, n);
     return;
   }
+  // An exception must not leave an OpenMP region (that terminates the program): the first one is
+  // caught, the other chunks finish, and it is rethrown here.
+  std::exception_ptr error;
 #pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static, 1)
-  for (int64_t c = 0; c < chunks; ++c) body(n * c / chunks, n * (c + 1) / chunks);
+  for (int64_t c = 0; c < chunks; ++c) {
+    try {
+      body(n * c / chunks, n * (c + 1) / chunks);
+    } catch (...) {
+#pragma omp critical(bert_parallel_for_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace bert

@@ -1,0 +1,115 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace bert::data {
+
+std::vector<std::string> expand_shard_paths(const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& entry : std::filesystem::directory_iterator(p)) {
+        const std::string ext = entry.path().extension().string();
+        if (entry.is_regular_file() && (ext == ".hdf5" || ext == ".h5")) found.push_back(entry.path().string());
+      }
+      if (found.empty()) throw UserError("shard folder '" + p + "' holds no .hdf5 or .h5 files");
+      std::sort(found.begin(), found.end());
+      out.insert(out.end(), found.begin(), found.end());
+    } else if (std::filesystem::is_regular_file(p, ec)) {
+      out.push_back(p);
+    } else {
+      throw UserError("shard path '" + p + "' does not exist");
+    }
+  }
+  if (out.empty()) throw UserError("no shards given");
+  return out;
+}
+
+ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
+  if (options_.shards.empty()) throw UserError("no shards given to the loader");
+  if (options_.batch_size < 1) throw UserError("batch size must be at least 1");
+  restore(State{});
+  seq_len_ = shard_.seq_len;
+  max_predictions_ = shard_.max_predictions;
+  metadata_ = shard_.metadata;
+}
+
+std::vector<int64_t> ShardLoader::permutation(int64_t n, uint64_t stream) const {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (!options_.shuffle) return order;
+  Rng rng(Rng(options_.seed).bits(stream));
+  for (int64_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng.next_below(i)]);
+  return order;
+}
+
+void ShardLoader::restore(State state) {
+  state_ = state;
+  shard_order_ = permutation(static_cast<int64_t>(options_.shards.size()), state_.epoch * 2);
+  loaded_ = -1;
+  if (state_.shard < static_cast<int64_t>(shard_order_.size())) load_current_shard();
+}
+
+void ShardLoader::load_current_shard() {
+  const int64_t index = shard_order_[state_.shard];
+  if (index == loaded_) return;
+  const std::string& path = options_.shards[index];
+  shard_ = read_shard(path);
+  if (loaded_ >= 0 || seq_len_ > 0) {
+    if (shard_.seq_len != seq_len_ || shard_.max_predictions != max_predictions_)
+      throw UserError("shard '" + path + "' has sequence length " + std::to_string(shard_.seq_len) + " and " +
+                      std::to_string(shard_.max_predictions) + " predictions; the first shard has " +
+                      std::to_string(seq_len_) + " and " + std::to_string(max_predictions_));
+  }
+  loaded_ = index;
+  example_order_ = permutation(shard_.size, (state_.epoch * 1000003 + static_cast<uint64_t>(index)) * 2 + 1);
+}
+
+bool ShardLoader::next(Batch& batch) {
+  const int64_t l = seq_len_, p = max_predictions_;
+  batch.size = 0;
+  batch.seq_len = l;
+  batch.max_predictions = p;
+  batch.input_ids.resize(options_.batch_size * l);
+  batch.input_mask.resize(options_.batch_size * l);
+  batch.segment_ids.resize(options_.batch_size * l);
+  batch.masked_lm_positions.resize(options_.batch_size * p);
+  batch.masked_lm_ids.resize(options_.batch_size * p);
+  batch.next_sentence_labels.resize(options_.batch_size);
+  while (batch.size < options_.batch_size) {
+    if (state_.shard >= static_cast<int64_t>(shard_order_.size())) {  // end of an epoch
+      if (!options_.repeat) break;
+      restore(State{state_.epoch + 1, 0, 0});
+    }
+    if (state_.example >= shard_.size) {
+      state_.example = 0;
+      ++state_.shard;
+      if (state_.shard < static_cast<int64_t>(shard_order_.size())) load_current_shard();
+      continue;
+    }
+    const int64_t src = example_order_[state_.example++], dst = batch.size++;
+    std::copy_n(shard_.input_ids.begin() + src * l, l, batch.input_ids.begin() + dst * l);
+    std::copy_n(shard_.input_mask.begin() + src * l, l, batch.input_mask.begin() + dst * l);
+    std::copy_n(shard_.segment_ids.begin() + src * l, l, batch.segment_ids.begin() + dst * l);
+    std::copy_n(shard_.masked_lm_positions.begin() + src * p, p, batch.masked_lm_positions.begin() + dst * p);
+    std::copy_n(shard_.masked_lm_ids.begin() + src * p, p, batch.masked_lm_ids.begin() + dst * p);
+    batch.next_sentence_labels[dst] = shard_.next_sentence_labels[src];
+  }
+  // A short final batch keeps only its real rows.
+  batch.input_ids.resize(batch.size * l);
+  batch.input_mask.resize(batch.size * l);
+  batch.segment_ids.resize(batch.size * l);
+  batch.masked_lm_positions.resize(batch.size * p);
+  batch.masked_lm_ids.resize(batch.size * p);
+  batch.next_sentence_labels.resize(batch.size);
+  return batch.size > 0;
+}
+
+}  // namespace bert::data

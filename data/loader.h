@@ -1,0 +1,66 @@
+// ShardLoader: streams batches from many shards, shuffled, with bounded memory (one shard at a time).
+// Order is a pure function of (seed, epoch): shards are visited in a permuted order each epoch and a
+// shard's examples in a permuted order, so State (epoch, shard, example) is all a resumed run needs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/shard.h"
+
+namespace bert::data {
+
+// B examples in the shard layout, row-major: input_ids etc. (B, L); masked_lm_* (B, P); labels (B).
+struct Batch {
+  int64_t size = 0, seq_len = 0, max_predictions = 0;
+  std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
+  std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
+};
+
+struct LoaderOptions {
+  std::vector<std::string> shards;
+  int64_t batch_size = 32;
+  uint64_t seed = 1;
+  bool shuffle = true;
+  bool repeat = true;  // training: cycle over epochs; evaluation: one pass (last batch may be short)
+};
+
+class ShardLoader {
+ public:
+  struct State {
+    uint64_t epoch = 0;
+    int64_t shard = 0;    // position in this epoch's shard order
+    int64_t example = 0;  // position in that shard's example order
+    bool operator==(const State&) const = default;
+  };
+
+  explicit ShardLoader(LoaderOptions options);
+
+  // Fills `batch`; false when a non-repeating loader has nothing left.
+  bool next(Batch& batch);
+  State state() const { return state_; }
+  void restore(State state);  // continue exactly where `state` was taken
+  // Layout of the first shard (all shards must agree); its metadata if it has any.
+  int64_t seq_len() const { return seq_len_; }
+  int64_t max_predictions() const { return max_predictions_; }
+  const std::optional<ShardMetadata>& metadata() const { return metadata_; }
+
+ private:
+  void load_current_shard();
+  std::vector<int64_t> permutation(int64_t n, uint64_t stream) const;
+
+  LoaderOptions options_;
+  State state_;
+  std::vector<int64_t> shard_order_;
+  Shard shard_;
+  std::vector<int64_t> example_order_;
+  int64_t loaded_ = -1;  // index into options_.shards of the shard in memory
+  int64_t seq_len_ = 0, max_predictions_ = 0;
+  std::optional<ShardMetadata> metadata_;
+};
+
+// Expands folders into their *.hdf5 / *.h5 files (sorted); files pass through. UserError if empty.
+std::vector<std::string> expand_shard_paths(const std::vector<std::string>& paths);
+
+}  // namespace bert::data

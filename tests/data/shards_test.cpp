@@ -1,0 +1,434 @@
+// Example creation and HDF5 shards on the fixture corpus: exact layout, per-example invariants,
+// masking and random-next statistics, determinism, reader/loader round trips, and bad input.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "data/corpus.h"
+#include "data/examples.h"
+#include "data/loader.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "tests/common/temp_dir.h"
+
+namespace bert::data {
+namespace {
+
+const std::string kFixture = std::string(BERT_TEST_FIXTURES_DIR) + "/kjv_paragraphs.txt";
+
+// One tokenizer and one set of shards from the fixture, shared by the tests of this file.
+class FixtureData : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    SentencePieceTrainOptions t;
+    t.inputs = {kFixture};
+    t.corpus_format = "paragraphs";
+    t.output_prefix = dir_->file("spm");
+    t.vocab_size = 800;
+    train_sentencepiece(t);
+    tokenizer_ = load_tokenizer(dir_->file("spm.model")).release();
+    stats_ = new ShardBuildStats(build_shards(options(dir_->file("shards"))));
+  }
+  static void TearDownTestSuite() {
+    delete stats_;
+    delete tokenizer_;
+    delete dir_;
+  }
+  static ShardBuildOptions options(const std::string& out) {
+    ShardBuildOptions o;
+    o.inputs = {kFixture};
+    o.corpus_format = "paragraphs";
+    o.tokenizer_path = dir_->file("spm.model");
+    o.output_dir = out;
+    o.examples_per_shard = 700;
+    o.window_documents = 25;
+    o.examples.dupe_factor = 3;
+    o.examples.max_seq_len = 64;
+    o.examples.max_predictions = 10;
+    return o;
+  }
+  static std::vector<Shard> all_shards(const ShardBuildStats& stats) {
+    std::vector<Shard> shards;
+    for (const std::string& p : stats.shard_paths) shards.push_back(read_shard(p));
+    return shards;
+  }
+
+  static testing::TempDir* dir_;
+  static Tokenizer* tokenizer_;
+  static ShardBuildStats* stats_;
+};
+testing::TempDir* FixtureData::dir_ = nullptr;
+Tokenizer* FixtureData::tokenizer_ = nullptr;
+ShardBuildStats* FixtureData::stats_ = nullptr;
+
+TEST_F(FixtureData, TokenizerHasSpecialTokensAtFixedIdsAndRoundTrips) {
+  EXPECT_EQ(tokenizer_->vocab_size(), 800);
+  EXPECT_EQ(tokenizer_->piece(0), "[PAD]");
+  EXPECT_EQ(tokenizer_->piece(1), "[UNK]");
+  EXPECT_EQ(tokenizer_->piece(2), "[CLS]");
+  EXPECT_EQ(tokenizer_->piece(3), "[SEP]");
+  EXPECT_EQ(tokenizer_->piece(4), "[MASK]");
+  std::vector<int32_t> ids = tokenizer_->encode("In the beginning God created the heaven");
+  ASSERT_FALSE(ids.empty());
+  for (int32_t id : ids) EXPECT_GE(id, tokenizer_->specials().first_regular);
+  EXPECT_EQ(tokenizer_->decode(ids), "in the beginning god created the heaven");  // case-folded
+  EXPECT_TRUE(tokenizer_->is_word_start(ids[0]));
+  EXPECT_EQ(tokenizer_->file_sha256().size(), 64u);
+}
+
+TEST_F(FixtureData, ShardLayoutIsExactlyNvidias) {
+  ASSERT_EQ(stats_->shard_paths.size(), static_cast<size_t>(stats_->shards));
+  ASSERT_GE(stats_->shards, 2);
+  // h5dump -H shows the datasets with their exact types and shapes.
+  const std::string path = stats_->shard_paths[0];
+  FILE* pipe = popen(("h5dump -H " + path).c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string header;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) header.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << "h5dump failed";
+  auto expect_dataset = [&](const std::string& name, const std::string& type, const std::string& space) {
+    const size_t at = header.find("DATASET \"" + name + "\"");
+    ASSERT_NE(at, std::string::npos) << name << " missing in:\n" << header;
+    const std::string block = header.substr(at, header.find('}', header.find("DATASPACE", at)) - at);
+    EXPECT_NE(block.find("DATATYPE  " + type), std::string::npos) << block;
+    EXPECT_NE(block.find("SIMPLE { " + space), std::string::npos) << block;
+  };
+  expect_dataset("input_ids", "H5T_STD_I32LE", "( 700, 64 )");
+  expect_dataset("input_mask", "H5T_STD_I8LE", "( 700, 64 )");
+  expect_dataset("segment_ids", "H5T_STD_I8LE", "( 700, 64 )");
+  expect_dataset("masked_lm_positions", "H5T_STD_I32LE", "( 700, 10 )");
+  expect_dataset("masked_lm_ids", "H5T_STD_I32LE", "( 700, 10 )");
+  expect_dataset("next_sentence_labels", "H5T_STD_I8LE", "( 700 )");
+  // gzip-compressed, checked through the API.
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, "input_ids", H5P_DEFAULT);
+  hid_t p = H5Dget_create_plist(d);
+  unsigned flags = 0, info = 0;
+  size_t n_values = 1;
+  unsigned values[1] = {0};
+  EXPECT_EQ(H5Pget_filter2(p, 0, &flags, &n_values, values, 0, nullptr, &info), H5Z_FILTER_DEFLATE);
+  H5Pclose(p), H5Dclose(d), H5Fclose(f);
+}
+
+TEST_F(FixtureData, EveryExampleSatisfiesTheInvariants) {
+  const SpecialTokens& sp = tokenizer_->specials();
+  int64_t checked = 0;
+  for (const Shard& s : all_shards(*stats_)) {
+    ASSERT_TRUE(s.metadata.has_value());
+    EXPECT_EQ(s.metadata->vocab_size, 800);
+    EXPECT_EQ(s.metadata->tokenizer_sha256, tokenizer_->file_sha256());
+    const int64_t L = s.seq_len, P = s.max_predictions;
+    for (int64_t i = 0; i < s.size; ++i, ++checked) {
+      const int32_t* ids = &s.input_ids[i * L];
+      const int8_t* mask = &s.input_mask[i * L];
+      const int8_t* seg = &s.segment_ids[i * L];
+      int64_t len = 0;
+      while (len < L && mask[len]) ++len;
+      for (int64_t j = len; j < L; ++j) ASSERT_TRUE(mask[j] == 0 && ids[j] == sp.pad && seg[j] == 0) << "padding";
+      ASSERT_GE(len, 5);
+      ASSERT_EQ(ids[0], sp.cls);
+      ASSERT_EQ(ids[len - 1], sp.sep);
+      std::vector<int64_t> seps;
+      for (int64_t j = 0; j < len; ++j)
+        if (ids[j] == sp.sep) seps.push_back(j);
+      ASSERT_EQ(seps.size(), 2u) << "exactly two [SEP]";
+      ASSERT_GE(seps[0], 2);  // A is not empty
+      ASSERT_LE(seps[0], len - 3);  // B is not empty
+      for (int64_t j = 0; j < len; ++j) ASSERT_EQ(seg[j], j <= seps[0] ? 0 : 1) << "segment ids";
+      for (int64_t j = 1; j < len; ++j) ASSERT_NE(ids[j], sp.cls);
+      // Masked positions: sorted, unique, never special, the expected count; the first 0 ends the list.
+      const int32_t* pos = &s.masked_lm_positions[i * P];
+      const int32_t* orig = &s.masked_lm_ids[i * P];
+      int64_t n = 0;
+      while (n < P && pos[n] != 0) ++n;
+      for (int64_t j = n; j < P; ++j) ASSERT_TRUE(pos[j] == 0 && orig[j] == 0);
+      const int64_t expected =
+          std::min<int64_t>(P, std::max<int64_t>(1, static_cast<int64_t>(std::nearbyint(len * 0.15))));
+      ASSERT_EQ(n, expected) << "length " << len;
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_TRUE(pos[j] > 0 && pos[j] < len - 1 && pos[j] != seps[0]) << "position " << pos[j];
+        if (j > 0) ASSERT_LT(pos[j - 1], pos[j]) << "sorted and unique";
+        ASSERT_GE(orig[j], sp.first_regular) << "the original token is never special";
+      }
+      ASSERT_TRUE(s.next_sentence_labels[i] == 0 || s.next_sentence_labels[i] == 1);
+    }
+  }
+  EXPECT_EQ(checked, stats_->examples);
+}
+
+TEST_F(FixtureData, AboutHalfRandomNextAndMaskingIsAbout80_10_10) {
+  int64_t random_next = 0, examples = 0, masked = 0, kept = 0, replaced = 0, total = 0;
+  for (const Shard& s : all_shards(*stats_)) {
+    for (int64_t i = 0; i < s.size; ++i) {
+      random_next += s.next_sentence_labels[i];
+      ++examples;
+      for (int64_t j = 0; j < s.max_predictions; ++j) {
+        const int32_t p = s.masked_lm_positions[i * s.max_predictions + j];
+        if (p == 0) break;
+        const int32_t now = s.input_ids[i * s.seq_len + p], was = s.masked_lm_ids[i * s.max_predictions + j];
+        ++total;
+        if (now == tokenizer_->specials().mask) ++masked;
+        else if (now == was) ++kept;
+        else ++replaced;
+      }
+    }
+  }
+  ASSERT_GT(total, 10000);
+  // Random-next is 50% plus the chunks of a single sentence, which must take a random B.
+  EXPECT_NEAR(double(random_next) / examples, 0.5, 0.08);
+  EXPECT_NEAR(double(masked) / total, 0.8, 0.02);
+  EXPECT_NEAR(double(kept) / total, 0.1, 0.02);
+  EXPECT_NEAR(double(replaced) / total, 0.1, 0.02);
+}
+
+TEST_F(FixtureData, SameSeedGivesIdenticalShardsWhateverTheThreadCount) {
+  testing::TempDir out;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  ShardBuildStats one = build_shards(options(out.file("one")));
+  omp_set_num_threads(saved);
+  std::vector<Shard> a = all_shards(*stats_), b = all_shards(one);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].input_ids, b[i].input_ids);
+    EXPECT_EQ(a[i].segment_ids, b[i].segment_ids);
+    EXPECT_EQ(a[i].masked_lm_positions, b[i].masked_lm_positions);
+    EXPECT_EQ(a[i].next_sentence_labels, b[i].next_sentence_labels);
+  }
+  ShardBuildOptions other = options(out.file("other"));
+  other.examples.seed = 777;
+  std::vector<Shard> c = all_shards(build_shards(other));
+  EXPECT_NE(a[0].input_ids, c[0].input_ids) << "another seed gives other examples";
+}
+
+TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
+  testing::TempDir out;
+  ShardBuildOptions o = options(out.file("wwm"));
+  o.examples.whole_word_mask = true;
+  o.examples.dupe_factor = 1;
+  int64_t continuation_masked = 0;
+  for (const Shard& s : all_shards(build_shards(o))) {
+    for (int64_t i = 0; i < s.size; ++i) {
+      std::set<int32_t> masked;
+      std::map<int32_t, int32_t> original;
+      for (int64_t j = 0; j < s.max_predictions && s.masked_lm_positions[i * s.max_predictions + j]; ++j) {
+        masked.insert(s.masked_lm_positions[i * s.max_predictions + j]);
+        original[s.masked_lm_positions[i * s.max_predictions + j]] = s.masked_lm_ids[i * s.max_predictions + j];
+      }
+      auto token_at = [&](int32_t p) { return masked.count(p) ? original[p] : s.input_ids[i * s.seq_len + p]; };
+      for (int32_t p : masked) {
+        // A masked word-continuation token has its predecessor masked too (unless that is [SEP]/[CLS]).
+        if (!tokenizer_->is_word_start(original[p]) && token_at(p - 1) >= tokenizer_->specials().first_regular) {
+          ++continuation_masked;
+          ASSERT_TRUE(masked.count(p - 1)) << "example " << i << " position " << p;
+        }
+        // ... and a masked token followed by a continuation has that continuation masked.
+        if (p + 1 < s.seq_len && s.input_mask[i * s.seq_len + p + 1] && token_at(p + 1) >= tokenizer_->specials().first_regular &&
+            !tokenizer_->is_word_start(token_at(p + 1)))
+          ASSERT_TRUE(masked.count(p + 1)) << "example " << i << " position " << p + 1;
+      }
+    }
+  }
+  EXPECT_GT(continuation_masked, 0) << "the fixture has multi-piece words";
+}
+
+TEST_F(FixtureData, ReaderRoundTripsWhatTheWriterWrote) {
+  testing::TempDir out;
+  Shard s(8, 2);
+  Example e;
+  e.tokens = {2, 10, 11, 3, 12, 3};
+  e.segment_ids = {0, 0, 0, 0, 1, 1};
+  e.masked_positions = {2};
+  e.masked_ids = {99};
+  e.random_next = true;
+  s.append(e);
+  s.append(e);
+  s.metadata = ShardMetadata{800, "abc", 8, 2, 5};
+  write_shard(out.file("s.hdf5"), s);
+  Shard r = read_shard(out.file("s.hdf5"));
+  EXPECT_EQ(r.size, 2);
+  EXPECT_EQ(r.input_ids, s.input_ids);
+  EXPECT_EQ(r.input_mask, s.input_mask);
+  EXPECT_EQ(r.segment_ids, s.segment_ids);
+  EXPECT_EQ(r.masked_lm_positions, s.masked_lm_positions);
+  EXPECT_EQ(r.masked_lm_ids, s.masked_lm_ids);
+  EXPECT_EQ(r.next_sentence_labels, s.next_sentence_labels);
+  ASSERT_TRUE(r.metadata);
+  EXPECT_EQ(r.metadata->tokenizer_sha256, "abc");
+  EXPECT_EQ(r.input_ids, (std::vector<int32_t>{2, 10, 11, 3, 12, 3, 0, 0, 2, 10, 11, 3, 12, 3, 0, 0}));
+  EXPECT_EQ(std::filesystem::directory_iterator(out.path())->path().filename(), "s.hdf5") << "no temporary left";
+}
+
+TEST_F(FixtureData, LoaderVisitsEveryExampleOncePerEpochAndResumesExactly) {
+  LoaderOptions o;
+  o.shards = expand_shard_paths({dir_->file("shards")});
+  o.batch_size = 64;
+  o.repeat = false;
+  ShardLoader once(o);
+  EXPECT_EQ(once.seq_len(), 64);
+  std::multiset<std::vector<int32_t>> seen, expected;
+  Batch b;
+  int64_t rows = 0;
+  while (once.next(b)) {
+    for (int64_t i = 0; i < b.size; ++i) seen.insert({b.input_ids.begin() + i * 64, b.input_ids.begin() + (i + 1) * 64});
+    rows += b.size;
+  }
+  for (const Shard& s : all_shards(*stats_))
+    for (int64_t i = 0; i < s.size; ++i) expected.insert({s.input_ids.begin() + i * 64, s.input_ids.begin() + (i + 1) * 64});
+  EXPECT_EQ(rows, stats_->examples);
+  EXPECT_TRUE(seen == expected) << "one epoch yields every example exactly once";
+
+  // Repeating loader: take a state mid-way (across a shard boundary), continue, and compare.
+  o.repeat = true;
+  ShardLoader a(o), b2(o);
+  for (int i = 0; i < 13; ++i) a.next(b);
+  const ShardLoader::State mid = a.state();
+  std::vector<std::vector<int32_t>> continued, resumed;
+  for (int i = 0; i < 40; ++i) {  // runs past the end of the epoch
+    a.next(b);
+    continued.push_back(b.input_ids);
+  }
+  b2.restore(mid);
+  for (int i = 0; i < 40; ++i) {
+    b2.next(b);
+    resumed.push_back(b.input_ids);
+  }
+  EXPECT_EQ(continued, resumed);
+  EXPECT_GT(a.state().epoch, 0u);
+}
+
+// ---------------------------------------------------------------- bad input
+
+void expect_user_error(const std::function<void()>& f, const std::string& fragment) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a UserError containing '" << fragment << "'";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+bool folder_is_empty_or_missing(const std::string& path) {
+  return !std::filesystem::exists(path) || std::filesystem::is_empty(path);
+}
+
+TEST_F(FixtureData, BadBuildInputsFailClearlyAndWriteNothing) {
+  testing::TempDir out;
+  ShardBuildOptions o = options(out.file("shards"));
+  o.tokenizer_path = out.file("missing.model");
+  expect_user_error([&] { build_shards(o); }, "missing.model' does not exist");
+  EXPECT_TRUE(folder_is_empty_or_missing(o.output_dir));
+
+  std::ofstream(out.file("not_a_model.model")) << "hello";
+  o.tokenizer_path = out.file("not_a_model.model");
+  expect_user_error([&] { build_shards(o); }, "is not a SentencePiece model");
+
+  o = options(out.file("shards"));
+  std::ofstream(out.file("empty.txt")).close();
+  o.inputs = {out.file("empty.txt")};
+  expect_user_error([&] { build_shards(o); }, "empty.txt' is empty");
+  std::ofstream(out.file("binary.txt"), std::ios::binary) << std::string("\x7f" "ELF\x02\x01\x01\x00\x00", 9);
+  o.inputs = {out.file("binary.txt")};
+  expect_user_error([&] { build_shards(o); }, "not UTF-8 text");
+  EXPECT_TRUE(folder_is_empty_or_missing(o.output_dir));
+
+  o = options(out.file("shards"));
+  o.examples.max_predictions = 0;
+  expect_user_error([&] { build_shards(o); }, "--max-predictions 0");
+  o.examples.max_predictions = 10;
+  o.examples.masked_lm_prob = 1.5;
+  expect_user_error([&] { build_shards(o); }, "--masked-lm-prob");
+}
+
+TEST_F(FixtureData, SingleSentenceDocumentsAndOverlongLinesStillGiveValidExamples) {
+  testing::TempDir out;
+  std::string longline;
+  for (int i = 0; i < 300; ++i) longline += "and the word went on ";
+  std::ofstream(out.file("odd.txt")) << "Only one sentence here.\n\nAnother lonely sentence.\n\n"
+                                     << longline << "end.\nA short one.\n\n";
+  ShardBuildOptions o = options(out.file("shards"));
+  o.inputs = {out.file("odd.txt")};
+  o.corpus_format = "sentences";
+  ShardBuildStats stats = build_shards(o);
+  EXPECT_EQ(stats.single_sentence_documents, 2);
+  for (const Shard& s : all_shards(stats))
+    for (int64_t i = 0; i < s.size; ++i) {
+      EXPECT_EQ(s.input_ids[i * s.seq_len], tokenizer_->specials().cls);
+      if (s.input_mask[i * s.seq_len + s.seq_len - 1]) EXPECT_EQ(s.input_ids[i * s.seq_len + s.seq_len - 1], 3);
+    }
+}
+
+// Writes an HDF5 file in the shard layout with one dataset altered.
+void write_custom_shard(const std::string& path, const std::string& skip, const std::string& as_float) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  auto put = [&](const char* name, hid_t type, std::vector<hsize_t> dims) {
+    if (skip == name) return;
+    hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+    hid_t t = as_float == name ? H5T_IEEE_F32LE : type;
+    hid_t d = H5Dcreate2(f, name, t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    std::vector<char> zeros(4 * 4 * 8, 0);
+    H5Dwrite(d, as_float == name ? H5T_NATIVE_FLOAT : (type == H5T_STD_I32LE ? H5T_NATIVE_INT32 : H5T_NATIVE_INT8),
+             H5S_ALL, H5S_ALL, H5P_DEFAULT, zeros.data());
+    H5Dclose(d);
+    H5Sclose(space);
+  };
+  put("input_ids", H5T_STD_I32LE, {4, 8});
+  put("input_mask", H5T_STD_I8LE, {4, 8});
+  put("segment_ids", H5T_STD_I8LE, {4, 8});
+  put("masked_lm_positions", H5T_STD_I32LE, {4, 2});
+  put("masked_lm_ids", H5T_STD_I32LE, {4, 2});
+  put("next_sentence_labels", H5T_STD_I8LE, {4});
+  H5Fclose(f);
+}
+
+TEST(ShardReader, RejectsBadShardsNamingFileDatasetAndProblem) {
+  testing::TempDir out;
+  write_custom_shard(out.file("ok.h5"), "", "");
+  EXPECT_EQ(read_shard(out.file("ok.h5")).size, 4) << "a shard without our metadata (another tool's) reads fine";
+  write_custom_shard(out.file("missing.h5"), "masked_lm_ids", "");
+  expect_user_error([&] { read_shard(out.file("missing.h5")); }, "missing.h5': dataset 'masked_lm_ids' is missing");
+  write_custom_shard(out.file("float.h5"), "", "input_ids");
+  expect_user_error([&] { read_shard(out.file("float.h5")); }, "dataset 'input_ids' has dtype float, expected int32");
+  expect_user_error([&] { read_shard(out.file("nothing.h5")); }, "nothing.h5' does not exist");
+  std::ofstream(out.file("text.h5")) << "not hdf5 at all";
+  expect_user_error([&] { read_shard(out.file("text.h5")); }, "is not an HDF5 file");
+  // Truncated: the first half of a valid file.
+  const auto size = std::filesystem::file_size(out.file("ok.h5"));
+  std::filesystem::copy_file(out.file("ok.h5"), out.file("cut.h5"));
+  std::filesystem::resize_file(out.file("cut.h5"), size / 2);
+  EXPECT_THROW(read_shard(out.file("cut.h5")), UserError);
+}
+
+TEST(ShardReader, RejectsIdsOutsideTheVocabularyAndIncompatibleShards) {
+  testing::TempDir out;
+  Shard s(8, 2);
+  Example e;
+  e.tokens = {2, 10, 3, 900, 3};
+  e.segment_ids = {0, 0, 0, 1, 1};
+  e.masked_positions = {1};
+  e.masked_ids = {10};
+  s.append(e);
+  s.metadata = ShardMetadata{800, "aaaa", 8, 2, 1};
+  write_shard(out.file("bad_id.hdf5"), s);
+  expect_user_error([&] { read_shard(out.file("bad_id.hdf5")); }, "= 900 outside [0, vocab_size=800)");
+  s.input_ids[3] = 500;
+  write_shard(out.file("ok.hdf5"), s);
+  Shard r = read_shard(out.file("ok.hdf5"));
+  expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 400, 128, ""); }, "vocabulary of 800 tokens; the model has 400");
+  expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 800, 4, ""); }, "longer than the model's max_position_embeddings 4");
+  expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 800, 128, "bbbb"); }, "made with another tokenizer");
+  check_shard_compatible(r, "ok.hdf5", 800, 128, "aaaa");
+}
+
+}  // namespace
+}  // namespace bert::data
