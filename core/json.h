@@ -1,0 +1,64 @@
+// Json: a small JSON value (null, bool, number, string, array, object) with a strict parser and a
+// writer. For configs, checkpoint/export metadata, metrics logs and, later, safetensors headers.
+// Objects keep their keys in insertion order (files read back the way they were written).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace bert {
+
+class Json {
+ public:
+  using Array = std::vector<Json>;
+  using Object = std::vector<std::pair<std::string, Json>>;
+
+  Json() = default;  // null
+  Json(std::nullptr_t) {}
+  Json(bool b) : value_(b) {}
+  Json(double d) : value_(d) {}
+  Json(int i) : value_(static_cast<double>(i)) {}
+  Json(int64_t i) : value_(static_cast<double>(i)) {}
+  Json(uint64_t i) : value_(static_cast<double>(i)) {}
+  Json(const char* s) : value_(std::string(s)) {}
+  Json(std::string s) : value_(std::move(s)) {}
+  Json(Array a) : value_(std::move(a)) {}
+  Json(Object o) : value_(std::move(o)) {}
+
+  // Parses a whole document. Throws UserError "line L, column C: <what was expected>"; nesting deeper
+  // than 256 levels is rejected.
+  static Json parse(std::string_view text);
+  // Compact when indent < 0, else pretty-printed with `indent` spaces.
+  std::string dump(int indent = -1) const;
+
+  bool is_null() const { return std::holds_alternative<std::monostate>(value_); }
+  bool is_bool() const { return std::holds_alternative<bool>(value_); }
+  bool is_number() const { return std::holds_alternative<double>(value_); }
+  bool is_string() const { return std::holds_alternative<std::string>(value_); }
+  bool is_array() const { return std::holds_alternative<Array>(value_); }
+  bool is_object() const { return std::holds_alternative<Object>(value_); }
+
+  // Typed access; throws UserError naming the expected type.
+  bool as_bool() const;
+  double as_number() const;
+  int64_t as_int() const;  // a number with no fractional part
+  const std::string& as_string() const;
+  const Array& as_array() const;
+  const Object& as_object() const;
+  Array& as_array();
+  Object& as_object();
+
+  // Object member or nullptr. Throws if this is not an object.
+  const Json* find(std::string_view key) const;
+  // Object member, inserted as null if absent (this becomes an object if it was null).
+  Json& operator[](std::string_view key);
+
+ private:
+  std::variant<std::monostate, bool, double, std::string, Array, Object> value_;
+};
+
+}  // namespace bert

@@ -1,0 +1,140 @@
+#include "model/bert.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace bert::model {
+
+BertForPreTraining::BertForPreTraining(const BertConfig& config) : config_(config) {
+  config_.validate();
+  const int64_t c = config_.hidden_size;
+  const double eps = config_.layer_norm_eps;
+  word_embeddings_ = params_.add("bert.embeddings.word_embeddings.weight", {config_.vocab_size, c});
+  position_embeddings_ = params_.add("bert.embeddings.position_embeddings.weight", {config_.max_position_embeddings, c});
+  token_type_embeddings_ = params_.add("bert.embeddings.token_type_embeddings.weight", {config_.type_vocab_size, c});
+  embedding_norm_ = LayerNorm::declare(params_, "bert.embeddings.LayerNorm", c, eps);
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
+    Layer l;
+    l.query = Linear::declare(params_, p + "attention.self.query", c, c);
+    l.key = Linear::declare(params_, p + "attention.self.key", c, c);
+    l.value = Linear::declare(params_, p + "attention.self.value", c, c);
+    l.attention_output = Linear::declare(params_, p + "attention.output.dense", c, c);
+    l.attention_norm = LayerNorm::declare(params_, p + "attention.output.LayerNorm", c, eps);
+    l.intermediate = Linear::declare(params_, p + "intermediate.dense", c, config_.intermediate_size);
+    l.output = Linear::declare(params_, p + "output.dense", config_.intermediate_size, c);
+    l.output_norm = LayerNorm::declare(params_, p + "output.LayerNorm", c, eps);
+    layers_.push_back(std::move(l));
+  }
+  pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c);
+  transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c);
+  transform_norm_ = LayerNorm::declare(params_, "cls.predictions.transform.LayerNorm", c, eps);
+  decoder_bias_ = params_.add("cls.predictions.bias", {config_.vocab_size});
+  seq_relationship_ = Linear::declare(params_, "cls.seq_relationship", c, 2);
+  params_.allocate();
+}
+
+void BertForPreTraining::initialize(uint64_t seed) {
+  Rng rng(seed);
+  for (ParamId id = 0; id < params_.size(); ++id) {
+    Parameter<float> p = params_.get(id);
+    const std::string& name = *p.name;
+    if (name.ends_with("LayerNorm.weight")) {
+      p.value.fill(1.0f);
+    } else if (name.ends_with(".bias")) {
+      p.value.fill(0.0f);
+    } else {
+      for (float& v : p.value) v = static_cast<float>(config_.initializer_range * rng.next_normal());
+    }
+  }
+  Parameter<float> words = params_.get(word_embeddings_);
+  std::fill_n(words.value.data() + config_.pad_token_id * config_.hidden_size, config_.hidden_size, 0.0f);
+}
+
+bool BertForPreTraining::decays(ParamId id) const {
+  const std::string& name = params_.name(id);
+  return !name.ends_with(".bias") && name.find("LayerNorm") == std::string::npos;
+}
+
+Var BertForPreTraining::attention(Graph<float>& g, const Layer& l, Var x, Var mask, int64_t b, int64_t t,
+                                  bool training, Rng& rng) {
+  const int64_t h = config_.num_attention_heads, d = config_.head_size();
+  auto heads = [&](const Linear& proj) {  // (B, T, C) -> (B, H, T, D)
+    return ops::permute(g, ops::reshape(g, proj.forward(g, params_, x), Shape{b, t, h, d}), {0, 2, 1, 3});
+  };
+  Var q = heads(l.query), k = heads(l.key), v = heads(l.value);
+  Var scores = ops::scale(g, ops::matmul(g, q, k, false, true), 1.0 / std::sqrt(static_cast<double>(d)));  // (B,H,T,T)
+  Var probs = ops::dropout(g, ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, training, rng);
+  Var context = ops::reshape(g, ops::permute(g, ops::matmul(g, probs, v), {0, 2, 1, 3}), Shape{b, t, h * d});
+  Var out = ops::dropout(g, l.attention_output.forward(g, params_, context), config_.hidden_dropout_prob, training, rng);
+  return l.attention_norm.forward(g, params_, ops::add(g, out, x));
+}
+
+Var BertForPreTraining::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
+  const int64_t b = in.batch, t = in.seq_len;
+  BERT_CHECK(t <= config_.max_position_embeddings, "sequence length " + std::to_string(t) +
+                                                        " > max_position_embeddings " +
+                                                        std::to_string(config_.max_position_embeddings));
+  BERT_CHECK(static_cast<int64_t>(in.input_ids.size()) == b * t && static_cast<int64_t>(in.attention_mask.size()) == b * t &&
+                 static_cast<int64_t>(in.token_type_ids.size()) == b * t,
+             "batch arrays do not match (B, T) = (" + std::to_string(b) + ", " + std::to_string(t) + ")");
+  // Embeddings: word + position + token type, LayerNorm, dropout.
+  std::vector<int32_t> positions(t), types(in.token_type_ids.begin(), in.token_type_ids.end());
+  std::iota(positions.begin(), positions.end(), 0);
+  Var words = ops::gather_rows(g, g.param(params_.get(word_embeddings_)), in.input_ids, Shape{b, t});
+  Var pos = ops::gather_rows(g, g.param(params_.get(position_embeddings_)), positions, Shape{t});
+  Var type = ops::gather_rows(g, g.param(params_.get(token_type_embeddings_)), types, Shape{b, t});
+  Var x = embedding_norm_.forward(g, params_, ops::add(g, ops::add(g, words, pos), type));
+  x = ops::dropout(g, x, config_.hidden_dropout_prob, training, rng);
+
+  // Additive padding mask (B, T): 0 for real tokens, -10000 for padding (as the original BERT).
+  float* mask_values = g.scratch<float>(static_cast<size_t>(b * t));
+  for (int64_t i = 0; i < b * t; ++i) mask_values[i] = in.attention_mask[i] ? 0.0f : -10000.0f;
+  Var mask = g.constant(TensorView<float>(mask_values, Shape{b, t}));
+
+  for (const Layer& l : layers_) {
+    Var a = attention(g, l, x, mask, b, t, training, rng);
+    Var ff = l.output.forward(g, params_, ops::gelu(g, l.intermediate.forward(g, params_, a)));
+    ff = ops::dropout(g, ff, config_.hidden_dropout_prob, training, rng);
+    x = l.output_norm.forward(g, params_, ops::add(g, ff, a));
+  }
+  return x;
+}
+
+PretrainingOutputs BertForPreTraining::forward(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
+  const int64_t b = in.batch, t = in.seq_len, p = in.max_predictions, c = config_.hidden_size;
+  PretrainingOutputs out;
+  Var hidden = ops::reshape(g, encode(g, in, training, rng), Shape{b * t, c});
+
+  // MLM head at the real masked positions only.
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < p; ++j) {
+      const int32_t position = in.masked_positions[i * p + j];
+      if (position == 0) break;  // 0 is [CLS]: the list ends
+      BERT_CHECK(position < t, "masked position " + std::to_string(position) + " >= sequence length");
+      out.mlm_rows.push_back(static_cast<int32_t>(i * t + position));
+      out.mlm_targets.push_back(in.masked_ids[i * p + j]);
+    }
+  const auto m = static_cast<int64_t>(out.mlm_rows.size());
+  Var selected = ops::gather_rows(g, hidden, out.mlm_rows, Shape{m});
+  Var transformed = transform_norm_.forward(g, params_, ops::gelu(g, transform_.forward(g, params_, selected)));
+  out.mlm_logits = ops::linear(g, transformed, g.param(params_.get(word_embeddings_)), g.param(params_.get(decoder_bias_)));
+  out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
+
+  // NSP head on [CLS].
+  std::vector<int32_t> cls_rows(b);
+  for (int64_t i = 0; i < b; ++i) cls_rows[i] = static_cast<int32_t>(i * t);
+  Var pooled = ops::tanh(g, pooler_.forward(g, params_, ops::gather_rows(g, hidden, cls_rows, Shape{b})));
+  out.nsp_logits = seq_relationship_.forward(g, params_, pooled);
+  if (!in.next_sentence_labels.empty()) {
+    std::vector<int32_t> labels(in.next_sentence_labels.begin(), in.next_sentence_labels.end());
+    out.nsp_loss = ops::cross_entropy<float>(g, out.nsp_logits, labels);
+    out.loss = ops::add(g, out.mlm_loss, out.nsp_loss);
+  }
+  return out;
+}
+
+}  // namespace bert::model

@@ -1,0 +1,79 @@
+// BertForPreTraining as in the original paper and Hugging Face transformers: embeddings, N post-LN
+// encoder layers, pooler + NSP head, MLM head (transform + decoder tied to the word embeddings + bias)
+// evaluated only at the masked positions. Parameters live in one arena under Hugging Face names
+// (bert.encoder.layer.0.attention.self.query.weight, ...); the tied decoder has no parameter of its own.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/graph.h"
+#include "core/rng.h"
+#include "model/config.h"
+#include "model/layers.h"
+
+namespace bert::model {
+
+// One batch, in the shard layout. B batch, T sequence, P max predictions.
+struct BertBatch {
+  int64_t batch = 0, seq_len = 0, max_predictions = 0;
+  std::span<const int32_t> input_ids;             // (B, T)
+  std::span<const int8_t> attention_mask;         // (B, T): 1 real token, 0 padding
+  std::span<const int8_t> token_type_ids;         // (B, T): segment A 0, B 1
+  std::span<const int32_t> masked_positions;      // (B, P): 0-padded (the first 0 ends a row's list)
+  std::span<const int32_t> masked_ids;            // (B, P): original tokens there
+  std::span<const int8_t> next_sentence_labels;   // (B) or empty: 1 = random next
+};
+
+struct PretrainingOutputs {
+  Var mlm_logits;                  // (M, V) at the M real masked positions, row-major over (b, j)
+  Var nsp_logits;                  // (B, 2)
+  Var mlm_loss, nsp_loss, loss;    // scalars; nsp_loss and loss need next_sentence_labels
+  std::vector<int32_t> mlm_targets;  // (M)
+  std::vector<int32_t> mlm_rows;     // (M) b * T + position, the rows of the sequence output used
+};
+
+class BertForPreTraining {
+ public:
+  explicit BertForPreTraining(const BertConfig& config);  // parameters declared and allocated (zero)
+  BertForPreTraining(const BertForPreTraining&) = delete;
+  BertForPreTraining& operator=(const BertForPreTraining&) = delete;
+
+  const BertConfig& config() const { return config_; }
+  ParameterArena<float>& parameters() { return params_; }
+  // BERT's initialisation: weights and embeddings normal(0, initializer_range), biases 0,
+  // LayerNorm 1 and 0, the padding token's embedding 0.
+  void initialize(uint64_t seed);
+  // Weight decay applies to weights and embeddings, not to biases and LayerNorm parameters.
+  bool decays(ParamId id) const;
+
+  // Final hidden states (B, T, C).
+  Var encode(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
+  // Encoder, MLM head at the masked positions, NSP head, and the losses.
+  PretrainingOutputs forward(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
+
+ private:
+  struct Layer {
+    Linear query, key, value, attention_output;
+    LayerNorm attention_norm;
+    Linear intermediate, output;
+    LayerNorm output_norm;
+  };
+  Var attention(Graph<float>& g, const Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training,
+                Rng& rng);
+
+  BertConfig config_;
+  ParameterArena<float> params_;
+  ParamId word_embeddings_ = -1, position_embeddings_ = -1, token_type_embeddings_ = -1;
+  LayerNorm embedding_norm_;
+  std::vector<Layer> layers_;
+  Linear pooler_;
+  Linear transform_;
+  LayerNorm transform_norm_;
+  ParamId decoder_bias_ = -1;  // cls.predictions.bias; the decoder weight is the word embeddings
+  Linear seq_relationship_;
+};
+
+}  // namespace bert::model

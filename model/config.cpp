@@ -1,0 +1,123 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace bert::model {
+
+void BertConfig::validate() const {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw UserError("invalid model config: " + what);
+  };
+  need(vocab_size >= 8, "vocab_size " + std::to_string(vocab_size) + " must be at least 8");
+  need(hidden_size >= 2, "hidden_size " + std::to_string(hidden_size) + " must be at least 2");
+  need(num_hidden_layers >= 1, "num_hidden_layers must be at least 1");
+  need(num_attention_heads >= 1, "num_attention_heads must be at least 1");
+  need(hidden_size % num_attention_heads == 0, "hidden_size " + std::to_string(hidden_size) +
+                                                   " is not divisible by num_attention_heads " +
+                                                   std::to_string(num_attention_heads));
+  need(intermediate_size >= 1, "intermediate_size must be at least 1");
+  need(max_position_embeddings >= 2, "max_position_embeddings must be at least 2");
+  need(type_vocab_size >= 2, "type_vocab_size must be at least 2 (segments A and B)");
+  need(hidden_act == "gelu", "hidden_act '" + hidden_act + "' is not supported (only 'gelu', the erf form)");
+  need(layer_norm_eps > 0 && std::isfinite(layer_norm_eps), "layer_norm_eps must be positive");
+  need(hidden_dropout_prob >= 0 && hidden_dropout_prob < 1, "hidden_dropout_prob must be in [0, 1)");
+  need(attention_probs_dropout_prob >= 0 && attention_probs_dropout_prob < 1,
+       "attention_probs_dropout_prob must be in [0, 1)");
+  need(initializer_range > 0 && std::isfinite(initializer_range), "initializer_range must be positive");
+  need(pad_token_id >= 0 && pad_token_id < vocab_size, "pad_token_id must lie inside the vocabulary");
+}
+
+Json BertConfig::to_json() const {
+  Json j;
+  j["model_type"] = "bert";
+  j["architectures"] = Json::Array{Json("BertForPreTraining")};
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["intermediate_size"] = intermediate_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["type_vocab_size"] = type_vocab_size;
+  j["hidden_act"] = hidden_act;
+  j["layer_norm_eps"] = layer_norm_eps;
+  j["hidden_dropout_prob"] = hidden_dropout_prob;
+  j["attention_probs_dropout_prob"] = attention_probs_dropout_prob;
+  j["initializer_range"] = initializer_range;
+  j["pad_token_id"] = pad_token_id;
+  return j;
+}
+
+BertConfig BertConfig::from_json(const Json& j) {
+  if (!j.is_object()) throw UserError("model config must be a JSON object");
+  BertConfig c;
+  auto integer = [&](const char* key, int64_t& field) {
+    if (const Json* v = j.find(key)) {
+      if (!v->is_number()) throw UserError(std::string("model config field '") + key + "' must be a number");
+      try {
+        field = v->as_int();
+      } catch (const UserError&) {
+        throw UserError(std::string("model config field '") + key + "' must be an integer");
+      }
+    }
+  };
+  auto real = [&](const char* key, double& field) {
+    if (const Json* v = j.find(key)) {
+      if (!v->is_number()) throw UserError(std::string("model config field '") + key + "' must be a number");
+      field = v->as_number();
+    }
+  };
+  integer("vocab_size", c.vocab_size);
+  integer("hidden_size", c.hidden_size);
+  integer("num_hidden_layers", c.num_hidden_layers);
+  integer("num_attention_heads", c.num_attention_heads);
+  integer("intermediate_size", c.intermediate_size);
+  integer("max_position_embeddings", c.max_position_embeddings);
+  integer("type_vocab_size", c.type_vocab_size);
+  integer("pad_token_id", c.pad_token_id);
+  if (const Json* v = j.find("hidden_act")) {
+    if (!v->is_string()) throw UserError("model config field 'hidden_act' must be a string");
+    c.hidden_act = v->as_string();
+  }
+  real("layer_norm_eps", c.layer_norm_eps);
+  real("hidden_dropout_prob", c.hidden_dropout_prob);
+  real("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  real("initializer_range", c.initializer_range);
+  c.validate();
+  return c;
+}
+
+BertConfig BertConfig::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UserError("cannot read model config '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return from_json(Json::parse(text.str()));
+  } catch (const UserError& e) {
+    throw UserError("model config '" + path + "': " + e.what());
+  }
+}
+
+BertConfig preset(const std::string& name) {
+  struct Size {
+    const char* name;
+    int64_t layers, hidden;
+  };
+  static const Size sizes[] = {{"tiny", 2, 128}, {"mini", 4, 256}, {"small", 4, 512}, {"medium", 8, 512}, {"base", 12, 768}};
+  for (const Size& s : sizes) {
+    if (name != s.name) continue;
+    BertConfig c;
+    c.num_hidden_layers = s.layers;
+    c.hidden_size = s.hidden;
+    c.num_attention_heads = std::max<int64_t>(2, s.hidden / 64);
+    c.intermediate_size = 4 * s.hidden;
+    return c;
+  }
+  throw UserError("unknown model preset '" + name + "': expected tiny, mini, small, medium or base");
+}
+
+}  // namespace bert::model

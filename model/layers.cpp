@@ -1,0 +1,34 @@
+#include "model/layers.h"
+
+#include "core/ops.h"
+
+namespace bert::model {
+
+Linear Linear::declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out) {
+  Linear l;
+  l.name = name;
+  l.in = in;
+  l.out = out;
+  l.weight = params.add(name + ".weight", {out, in});
+  l.bias = params.add(name + ".bias", {out});
+  return l;
+}
+
+Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) const {
+  return ops::linear(g, x, g.param(params.get(weight)), g.param(params.get(bias)));
+}
+
+LayerNorm LayerNorm::declare(ParameterArena<float>& params, const std::string& name, int64_t size, double eps) {
+  LayerNorm n;
+  n.name = name;
+  n.eps = eps;
+  n.gamma = params.add(name + ".weight", {size});
+  n.beta = params.add(name + ".bias", {size});
+  return n;
+}
+
+Var LayerNorm::forward(Graph<float>& g, ParameterArena<float>& params, Var x) const {
+  return ops::layer_norm(g, x, g.param(params.get(gamma)), g.param(params.get(beta)), eps);
+}
+
+}  // namespace bert::model

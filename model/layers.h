@@ -1,0 +1,33 @@
+// The model's parametrised building blocks, each declaring its parameters in the arena under Hugging
+// Face state-dict names and applying core ops in forward().
+#pragma once
+
+#include <string>
+
+#include "core/arena.h"
+#include "core/graph.h"
+
+namespace bert::model {
+
+// y = x W^T + b with <name>.weight (out, in) and <name>.bias (out). Every weight product in BERT goes
+// through this type, so quantizing the model (input and weight quantizers) is a change here only.
+struct Linear {
+  std::string name;
+  ParamId weight = -1, bias = -1;
+  int64_t in = 0, out = 0;
+
+  static Linear declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out);
+  Var forward(Graph<float>& g, ParameterArena<float>& params, Var x) const;
+};
+
+// LayerNorm over the last axis with <name>.weight (gamma) and <name>.bias (beta).
+struct LayerNorm {
+  std::string name;
+  ParamId gamma = -1, beta = -1;
+  double eps = 1e-12;
+
+  static LayerNorm declare(ParameterArena<float>& params, const std::string& name, int64_t size, double eps);
+  Var forward(Graph<float>& g, ParameterArena<float>& params, Var x) const;
+};
+
+}  // namespace bert::model

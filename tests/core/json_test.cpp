@@ -1,0 +1,66 @@
+// JSON: parsing (valid and invalid documents), access, and writing that round-trips.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/json.h"
+
+namespace bert {
+namespace {
+
+TEST(Json, ParsesEveryKindOfValue) {
+  Json j = Json::parse(R"( {"a": 1, "b": [true, false, null], "c": {"d": -2.5e-3}, "e": "x\ny\u00e9\ud83d\ude00"} )");
+  EXPECT_EQ(j.find("a")->as_int(), 1);
+  ASSERT_EQ(j.find("b")->as_array().size(), 3u);
+  EXPECT_TRUE(j.find("b")->as_array()[0].as_bool());
+  EXPECT_TRUE(j.find("b")->as_array()[2].is_null());
+  EXPECT_DOUBLE_EQ(j.find("c")->find("d")->as_number(), -2.5e-3);
+  EXPECT_EQ(j.find("e")->as_string(), "x\ny\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_EQ(j.find("missing"), nullptr);
+  EXPECT_EQ(Json::parse("0").as_int(), 0);
+  EXPECT_EQ(Json::parse("[]").as_array().size(), 0u);
+}
+
+TEST(Json, DumpRoundTripsAndKeepsKeyOrder) {
+  Json j;
+  j["zeta"] = 1;
+  j["alpha"] = Json::Array{Json(0.1), Json("q\"uote"), Json(nullptr)};
+  j["mid"]["inner"] = 1e-12;
+  j["big"] = int64_t{1} << 40;
+  const std::string compact = j.dump();
+  EXPECT_EQ(compact, R"({"zeta":1,"alpha":[0.10000000000000001,"q\"uote",null],"mid":{"inner":9.9999999999999998e-13},"big":1099511627776})");
+  Json back = Json::parse(j.dump(2));
+  EXPECT_EQ(back.dump(), compact);
+  EXPECT_DOUBLE_EQ(back.find("alpha")->as_array()[0].as_number(), 0.1);
+}
+
+TEST(Json, RejectsMalformedDocumentsWithLineAndColumn) {
+  auto error_of = [](const std::string& text) {
+    try {
+      Json::parse(text);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of("{\"a\": 1,\n \"b\" 2}"), "invalid JSON at line 2, column 6: expected ':'");
+  EXPECT_NE(error_of("[1, 2"), "no error");
+  EXPECT_NE(error_of("{\"a\": 01}"), "no error");
+  EXPECT_NE(error_of("\"unterminated"), "no error");
+  EXPECT_NE(error_of("[1] trailing"), "no error");
+  EXPECT_NE(error_of("{'single': 1}"), "no error");
+  EXPECT_NE(error_of("nul"), "no error");
+  EXPECT_NE(error_of("\"\\ud800\""), "no error");  // lone surrogate
+  EXPECT_NE(error_of("1e999"), "no error");       // not finite
+  EXPECT_NE(error_of(""), "no error");
+  EXPECT_EQ(error_of(std::string(300, '[') + std::string(300, ']')).find("256 levels") != std::string::npos, true);
+}
+
+TEST(Json, TypedAccessNamesTheExpectedType) {
+  Json j = Json::parse(R"({"n": 1.5, "s": "x"})");
+  EXPECT_THROW(j.find("n")->as_int(), UserError);
+  EXPECT_THROW(j.find("s")->as_number(), UserError);
+  EXPECT_THROW(Json::parse("[1]").find("a"), UserError);
+}
+
+}  // namespace
+}  // namespace bert

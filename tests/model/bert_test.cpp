@@ -1,0 +1,221 @@
+// The model against golden values from an independent PyTorch implementation (float64, stored in
+// tests/fixtures/bert_golden.h5 by tests/golden/make_bert_golden.py): logits, losses and every
+// parameter gradient. Also the config: JSON, presets, validation.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+#include "core/graph.h"
+#include "model/bert.h"
+#include "model/config.h"
+
+namespace bert::model {
+namespace {
+
+const std::string kGolden = std::string(BERT_TEST_FIXTURES_DIR) + "/bert_golden.h5";
+
+// Reads a dataset of any numeric type, converted by HDF5 to T.
+template <typename T>
+std::vector<T> read_all(hid_t file, const std::string& name) {
+  hid_t d = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  EXPECT_GE(d, 0) << name;
+  hid_t space = H5Dget_space(d);
+  std::vector<T> out(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+  H5Dread(d, std::is_same_v<T, float> ? H5T_NATIVE_FLOAT : std::is_same_v<T, double> ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT32,
+          H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
+  H5Sclose(space);
+  H5Dclose(d);
+  return out;
+}
+
+std::string read_string_attribute(hid_t file, const char* name) {
+  hid_t a = H5Aopen(file, name, H5P_DEFAULT);
+  hid_t type = H5Aget_type(a);
+  std::string value;
+  if (H5Tis_variable_str(type) > 0) {
+    char* s = nullptr;
+    hid_t mem = H5Tcopy(H5T_C_S1);
+    H5Tset_size(mem, H5T_VARIABLE);
+    H5Tset_cset(mem, H5Tget_cset(type));
+    H5Aread(a, mem, &s);
+    value = s;
+    H5free_memory(s);
+    H5Tclose(mem);
+  } else {
+    value.resize(H5Tget_size(type));
+    H5Aread(a, type, value.data());
+  }
+  H5Tclose(type);
+  H5Aclose(a);
+  return value;
+}
+
+// Relative error of a tensor: max |actual - expected| / max |expected|.
+double relative_error(std::span<const float> actual, const std::vector<double>& expected) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff = std::max(diff, std::abs(double(actual[i]) - expected[i]));
+    scale = std::max(scale, std::abs(expected[i]));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+constexpr double kGoldenTolerance = 1e-4;  // float32 engine against a float64 reference
+
+TEST(BertGolden, LogitsLossesAndAllGradientsMatchPyTorch) {
+  hid_t f = H5Fopen(kGolden.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << "missing fixture " << kGolden;
+  BertForPreTraining model(BertConfig::from_json(Json::parse(read_string_attribute(f, "config"))));
+  ParameterArena<float>& params = model.parameters();
+  for (ParamId id = 0; id < params.size(); ++id) {
+    std::vector<float> values = read_all<float>(f, "params/" + params.name(id));
+    ASSERT_EQ(static_cast<int64_t>(values.size()), params.get(id).value.numel()) << params.name(id);
+    std::copy(values.begin(), values.end(), params.get(id).value.data());
+  }
+  // Every parameter of the reference exists in the model (the decoder is tied, so it has none).
+  hsize_t count = 0;
+  hid_t group = H5Gopen2(f, "params", H5P_DEFAULT);
+  H5Gget_num_objs(group, &count);
+  H5Gclose(group);
+  EXPECT_EQ(static_cast<int32_t>(count), params.size());
+
+  std::vector<int32_t> ids = read_all<int32_t>(f, "inputs/input_ids"), positions = read_all<int32_t>(f, "inputs/masked_positions"),
+                       masked = read_all<int32_t>(f, "inputs/masked_ids");
+  std::vector<int8_t> mask, types, labels;
+  for (int32_t v : read_all<int32_t>(f, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
+  for (int32_t v : read_all<int32_t>(f, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
+  for (int32_t v : read_all<int32_t>(f, "inputs/next_sentence_labels")) labels.push_back(static_cast<int8_t>(v));
+  BertBatch batch{2, 8, 3, ids, mask, types, positions, masked, labels};
+
+  Graph<float> g;
+  Rng rng(1);
+  PretrainingOutputs out = model.forward(g, batch, /*training=*/true, rng);  // dropout is 0 in this config
+  EXPECT_EQ(out.mlm_rows, (std::vector<int32_t>{2, 5, 9, 11, 13}));
+  auto view = [&](Var v) { return std::span<const float>(g.value(v).data(), g.value(v).numel()); };
+  EXPECT_LT(relative_error(view(out.mlm_logits), read_all<double>(f, "expected/mlm_logits")), kGoldenTolerance);
+  EXPECT_LT(relative_error(view(out.nsp_logits), read_all<double>(f, "expected/nsp_logits")), kGoldenTolerance);
+  EXPECT_LT(relative_error(view(out.mlm_loss), read_all<double>(f, "expected/mlm_loss")), kGoldenTolerance);
+  EXPECT_LT(relative_error(view(out.nsp_loss), read_all<double>(f, "expected/nsp_loss")), kGoldenTolerance);
+  EXPECT_LT(relative_error(view(out.loss), read_all<double>(f, "expected/loss")), kGoldenTolerance);
+
+  g.backward(out.loss);
+  // Scale of the model's gradients, for tensors whose exact gradient is zero: the attention key biases
+  // (softmax ignores a shift shared by a row's scores), about 1e-17 in the float64 reference, where a
+  // relative error is meaningless. Those are held to 1e-4 of the largest gradient instead.
+  double largest = 0;
+  for (ParamId id = 0; id < params.size(); ++id)
+    for (double v : read_all<double>(f, "grads/" + params.name(id))) largest = std::max(largest, std::abs(v));
+  int zero_gradient_tensors = 0;
+  for (ParamId id = 0; id < params.size(); ++id) {
+    TensorView<float> grad = params.get(id).grad;
+    const std::vector<double> expected = read_all<double>(f, "grads/" + params.name(id));
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      scale = std::max(scale, std::abs(expected[i]));
+      diff = std::max(diff, std::abs(double(grad[i]) - expected[i]));
+    }
+    if (scale < 1e-12 * largest) {
+      ++zero_gradient_tensors;
+      EXPECT_TRUE(params.name(id).ends_with("attention.self.key.bias")) << params.name(id);
+      EXPECT_LT(diff, kGoldenTolerance * largest) << params.name(id);
+    } else {
+      EXPECT_LT(diff / scale, kGoldenTolerance) << params.name(id);
+    }
+  }
+  EXPECT_EQ(zero_gradient_tensors, 2) << "one key bias per layer";
+  H5Fclose(f);
+}
+
+TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
+  BertConfig c = preset("tiny");
+  c.vocab_size = 50;
+  c.max_position_embeddings = 16;
+  BertForPreTraining model(c);
+  model.initialize(3);
+  std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0}, positions{1, 5}, masked{7, 10};
+  std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0}, types{0, 0, 0, 0, 1, 1, 1, 0}, labels{1};
+  BertBatch batch{1, 8, 2, ids, mask, types, positions, masked, labels};
+  Graph<float> g;
+  Rng rng(1);
+  std::vector<float> eval_logits;
+  {
+    NoGradGuard<float> no_grad(g);
+    PretrainingOutputs out = model.forward(g, batch, false, rng);
+    EXPECT_EQ(g.num_backward_closures(), 0u);
+    eval_logits.assign(g.value(out.mlm_logits).begin(), g.value(out.mlm_logits).end());
+    g.clear();
+  }
+  PretrainingOutputs out = model.forward(g, batch, false, rng);
+  EXPECT_EQ(std::vector<float>(g.value(out.mlm_logits).begin(), g.value(out.mlm_logits).end()), eval_logits);
+  // Training mode with dropout changes the output; evaluation mode is deterministic.
+  g.clear();
+  PretrainingOutputs train = model.forward(g, batch, true, rng);
+  EXPECT_NE(std::vector<float>(g.value(train.mlm_logits).begin(), g.value(train.mlm_logits).end()), eval_logits);
+}
+
+TEST(BertModel, InitializationFollowsBert) {
+  BertConfig c = preset("tiny");
+  c.vocab_size = 100;
+  BertForPreTraining model(c);
+  model.initialize(7);
+  ParameterArena<float>& p = model.parameters();
+  for (float v : p.get("bert.encoder.layer.1.output.LayerNorm.weight").value) EXPECT_EQ(v, 1.0f);
+  for (float v : p.get("bert.encoder.layer.1.output.LayerNorm.bias").value) EXPECT_EQ(v, 0.0f);
+  for (float v : p.get("cls.predictions.bias").value) EXPECT_EQ(v, 0.0f);
+  TensorView<float> words = p.get("bert.embeddings.word_embeddings.weight").value;
+  for (int64_t j = 0; j < c.hidden_size; ++j) EXPECT_EQ(words[j], 0.0f) << "[PAD]'s embedding is zero";
+  double s2 = 0;
+  int64_t n = 0;
+  for (int64_t i = c.hidden_size; i < words.numel(); ++i, ++n) s2 += double(words[i]) * words[i];
+  EXPECT_NEAR(std::sqrt(s2 / n), 0.02, 0.001);
+  int decaying = 0;
+  for (ParamId id = 0; id < p.size(); ++id) {
+    const bool expected = !p.name(id).ends_with(".bias") && p.name(id).find("LayerNorm") == std::string::npos;
+    EXPECT_EQ(model.decays(id), expected) << p.name(id);
+    decaying += expected;
+  }
+  EXPECT_EQ(decaying, 3 + 2 * 6 + 3);  // 3 embeddings, 6 linear weights per layer, pooler + transform + NSP
+}
+
+TEST(BertConfig, JsonRoundTripPresetsAndValidation) {
+  BertConfig mini = preset("mini");
+  EXPECT_EQ(mini.num_hidden_layers, 4);
+  EXPECT_EQ(mini.hidden_size, 256);
+  EXPECT_EQ(mini.num_attention_heads, 4);
+  EXPECT_EQ(mini.intermediate_size, 1024);
+  EXPECT_EQ(preset("base").num_attention_heads, 12);
+  EXPECT_EQ(preset("tiny").num_attention_heads, 2);
+  EXPECT_THROW(preset("huge"), UserError);
+  BertConfig back = BertConfig::from_json(Json::parse(mini.to_json().dump()));
+  EXPECT_EQ(back.to_json().dump(), mini.to_json().dump());
+
+  // A Hugging Face config.json, with fields we do not use.
+  BertConfig hf = BertConfig::from_json(Json::parse(R"({"architectures": ["BertForMaskedLM"], "hidden_size": 768,
+      "num_attention_heads": 12, "num_hidden_layers": 12, "intermediate_size": 3072, "vocab_size": 30522,
+      "layer_norm_eps": 1e-12, "position_embedding_type": "absolute", "transformers_version": "4.30.0"})"));
+  EXPECT_EQ(hf.vocab_size, 30522);
+
+  auto error_of = [](const std::string& json) {
+    try {
+      BertConfig::from_json(Json::parse(json));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of(R"({"hidden_size": 100, "num_attention_heads": 3})"),
+            "invalid model config: hidden_size 100 is not divisible by num_attention_heads 3");
+  EXPECT_EQ(error_of(R"({"hidden_act": "relu"})"),
+            "invalid model config: hidden_act 'relu' is not supported (only 'gelu', the erf form)");
+  EXPECT_EQ(error_of(R"({"hidden_size": "big"})"), "model config field 'hidden_size' must be a number");
+  EXPECT_EQ(error_of(R"({"num_hidden_layers": 2.5})"), "model config field 'num_hidden_layers' must be an integer");
+  EXPECT_NE(error_of(R"({"hidden_dropout_prob": 1.0})"), "no error");
+  EXPECT_THROW(BertConfig::load("/nonexistent/config.json"), UserError);
+}
+
+}  // namespace
+}  // namespace bert::model
