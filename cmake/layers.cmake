@@ -1,12 +1,13 @@
 # One library per folder, with a one-way dependency order the build enforces:
-#   core -> model -> quant -> {train, eval, export};  data -> core only;  train/eval may use data.
+#   core -> model -> quant -> eval -> train;  quant -> export;  data -> core only (eval, train, export read it).
+#   train uses eval for its periodic held-out evaluation.
 # A library may link only the project libraries listed for it here; anything else is a configure
 # error, so a layering violation cannot slip in unnoticed.
 set(BERT_ALLOWED_DEPS_core   "")
 set(BERT_ALLOWED_DEPS_data   "core")
 set(BERT_ALLOWED_DEPS_model  "core")
 set(BERT_ALLOWED_DEPS_quant  "core;model")
-set(BERT_ALLOWED_DEPS_train  "core;model;quant;data")
+set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval")
 set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data")
 set(BERT_ALLOWED_DEPS_export "core;model;quant;data")
 

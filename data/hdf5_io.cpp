@@ -1,0 +1,192 @@
+#include "data/hdf5_io.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <type_traits>
+
+#include "core/error.h"
+
+namespace bert::data::hdf5 {
+
+Quiet::Quiet() {
+  H5Eget_auto2(H5E_DEFAULT, &old_func_, &old_data_);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+Quiet::~Quiet() { H5Eset_auto2(H5E_DEFAULT, old_func_, old_data_); }
+
+Handle open_read(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw UserError(what + " '" + path + "' does not exist");
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw UserError(what + " '" + path + "' is not an HDF5 file (truncated or corrupt?)");
+  Handle h(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!h.ok()) throw UserError(what + " '" + path + "' cannot be opened as HDF5 (truncated or corrupt?)");
+  return h;
+}
+
+Handle create(const std::string& path, const std::string& display_path) {
+  Handle h(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!h.ok()) throw UserError("cannot create '" + display_path + "' (missing folder or no permission?)");
+  return h;
+}
+
+void write_attribute(hid_t object, const char* name, int64_t value) {
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attr(H5Acreate2(object, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0)
+    throw UserError(std::string("cannot write attribute '") + name + "'");
+}
+
+void write_attribute(hid_t object, const char* name, const std::string& value) {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<size_t>(value.size(), 1));
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attr(H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  std::string padded = value.empty() ? std::string(1, '\0') : value;
+  if (!attr.ok() || H5Awrite(attr.get(), type.get(), padded.c_str()) < 0)
+    throw UserError(std::string("cannot write attribute '") + name + "'");
+}
+
+std::optional<int64_t> read_int_attribute(hid_t object, const char* name) {
+  if (H5Aexists(object, name) <= 0) return std::nullopt;
+  Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_INTEGER) return std::nullopt;
+  int64_t value = 0;
+  if (H5Aread(attr.get(), H5T_NATIVE_INT64, &value) < 0) return std::nullopt;
+  return value;
+}
+
+std::optional<std::string> read_string_attribute(hid_t object, const char* name) {
+  if (H5Aexists(object, name) <= 0) return std::nullopt;
+  Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING) return std::nullopt;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
+    char* s = nullptr;
+    if (H5Aread(attr.get(), mem.get(), &s) < 0 || !s) return std::nullopt;
+    std::string value(s);
+    H5free_memory(s);
+    return value;
+  }
+  std::string value(H5Tget_size(type.get()), '\0');
+  if (H5Aread(attr.get(), type.get(), value.data()) < 0) return std::nullopt;
+  value.erase(std::find(value.begin(), value.end(), '\0'), value.end());
+  return value;
+}
+
+hid_t link_creation_properties() {
+  static thread_local Handle props = [] {
+    Handle p(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5Pset_create_intermediate_group(p.get(), 1);
+    return p;
+  }();
+  return props.get();
+}
+
+bool exists(hid_t file, const std::string& name) {
+  size_t at = 0;
+  while (true) {  // every prefix must exist before H5Lexists may be asked about the next
+    at = name.find('/', at + 1);
+    const std::string prefix = name.substr(0, at);
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (at == std::string::npos) return true;
+  }
+}
+
+std::string dims_str(const std::vector<hsize_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+namespace {
+template <typename T>
+hid_t file_type() {
+  if constexpr (std::is_same_v<T, float>) return H5T_IEEE_F32LE;
+  if constexpr (std::is_same_v<T, int64_t>) return H5T_STD_I64LE;
+  if constexpr (std::is_same_v<T, int32_t>) return H5T_STD_I32LE;
+  if constexpr (std::is_same_v<T, int8_t>) return H5T_STD_I8LE;
+}
+template <typename T>
+hid_t memory_type() {
+  if constexpr (std::is_same_v<T, float>) return H5T_NATIVE_FLOAT;
+  if constexpr (std::is_same_v<T, int64_t>) return H5T_NATIVE_INT64;
+  if constexpr (std::is_same_v<T, int32_t>) return H5T_NATIVE_INT32;
+  if constexpr (std::is_same_v<T, int8_t>) return H5T_NATIVE_INT8;
+}
+template <typename T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, float>) return "float32";
+  return "int" + std::to_string(8 * sizeof(T));
+}
+}  // namespace
+
+template <typename T>
+void write_dataset(hid_t file, const std::string& name, const T* data, const std::vector<hsize_t>& dims,
+                   const std::string& path, int compression) {
+  Handle space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+               H5Sclose);
+  Handle props(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (compression > 0 && !dims.empty() && dims[0] > 0) {  // chunked + gzip (empty datasets cannot be chunked)
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = std::min<hsize_t>(dims[0], 1024);
+    H5Pset_chunk(props.get(), static_cast<int>(chunk.size()), chunk.data());
+    H5Pset_deflate(props.get(), static_cast<unsigned>(compression));
+  }
+  Handle set(H5Dcreate2(file, name.c_str(), file_type<T>(), space.get(), link_creation_properties(), props.get(),
+                        H5P_DEFAULT),
+             H5Dclose);
+  if (!set.ok() || H5Dwrite(set.get(), memory_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    throw UserError("cannot write dataset '" + name + "' to '" + path + "' (disk full?)");
+}
+
+template <typename T>
+std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vector<T>& out, const std::string& path,
+                                  const std::string& what) {
+  const std::string where = what + " '" + path + "': dataset '" + name + "'";
+  if (!exists(file, name)) throw UserError(where + " is missing");
+  Handle set(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!set.ok()) throw UserError(where + " cannot be opened");
+  Handle type(H5Dget_type(set.get()), H5Tclose);
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const size_t size = H5Tget_size(type.get());
+  const bool want_float = std::is_same_v<T, float>;
+  const bool ok = want_float ? (cls == H5T_FLOAT && size == 4)
+                             : (cls == H5T_INTEGER && size == sizeof(T) && H5Tget_sign(type.get()) == H5T_SGN_2);
+  if (!ok) {
+    std::string found = cls == H5T_FLOAT ? "float" + std::to_string(8 * size)
+                        : cls == H5T_INTEGER ? std::string(H5Tget_sign(type.get()) == H5T_SGN_2 ? "int" : "uint") +
+                                                   std::to_string(8 * size)
+                                             : "non-numeric";
+    if (cls == H5T_FLOAT && !want_float) found = "float";
+    throw UserError(where + " has dtype " + found + ", expected " + type_name<T>());
+  }
+  Handle space(H5Dget_space(set.get()), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(std::max(rank, 0));
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  hsize_t n = 1;
+  for (hsize_t d : dims) n *= d;
+  out.resize(n);
+  if (n > 0 && H5Dread(set.get(), memory_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
+    throw UserError(where + " cannot be read (truncated or corrupt file?)");
+  return dims;
+}
+
+#define BERT_INSTANTIATE(T)                                                                                   \
+  template void write_dataset<T>(hid_t, const std::string&, const T*, const std::vector<hsize_t>&,          \
+                                 const std::string&, int);                                                    \
+  template std::vector<hsize_t> read_dataset<T>(hid_t, const std::string&, std::vector<T>&, const std::string&, \
+                                                const std::string&);
+BERT_INSTANTIATE(float)
+BERT_INSTANTIATE(int64_t)
+BERT_INSTANTIATE(int32_t)
+BERT_INSTANTIATE(int8_t)
+#undef BERT_INSTANTIATE
+
+}  // namespace bert::data::hdf5

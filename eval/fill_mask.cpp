@@ -1,0 +1,65 @@
+#include "eval/fill_mask.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace bert::eval {
+
+std::vector<MaskPrediction> fill_mask(model::BertForPreTraining& model, const data::Tokenizer& tokenizer,
+                                      const std::string& text, int top_k, Graph<float>& g) {
+  const data::SpecialTokens& sp = tokenizer.specials();
+  // Split on the literal marker and tokenize the pieces between masks (the tokenizer's normaliser
+  // would otherwise case-fold the marker itself).
+  static const std::string kMarker = "[MASK]";
+  std::vector<int32_t> ids{sp.cls};
+  size_t start = 0;
+  while (true) {
+    const size_t at = text.find(kMarker, start);
+    const std::vector<int32_t> piece = tokenizer.encode(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    ids.insert(ids.end(), piece.begin(), piece.end());
+    if (at == std::string::npos) break;
+    ids.push_back(sp.mask);
+    start = at + kMarker.size();
+  }
+  ids.push_back(sp.sep);
+  const int64_t t = static_cast<int64_t>(ids.size());
+  if (t > model.config().max_position_embeddings)
+    throw UserError("--fill-mask text is " + std::to_string(t) + " tokens, longer than the model's " +
+                    std::to_string(model.config().max_position_embeddings));
+  std::vector<int32_t> positions;
+  for (int32_t i = 0; i < t; ++i)
+    if (ids[i] == sp.mask) positions.push_back(i);
+  if (positions.empty()) throw UserError("--fill-mask text holds no [MASK]");
+
+  std::vector<int8_t> mask(t, 1), types(t, 0);
+  std::vector<int32_t> masked_ids(positions.size(), 0);
+  model::BertBatch batch{1, t, static_cast<int64_t>(positions.size()), ids, mask, types, positions, masked_ids, {}};
+  NoGradGuard<float> no_grad(g);
+  Rng unused(0);
+  model::PretrainingOutputs out = model.forward(g, batch, false, unused);
+  TensorView<float> logits = g.value(out.mlm_logits);
+  const int64_t v = logits.shape()[1];
+  std::vector<MaskPrediction> result;
+  for (size_t m = 0; m < positions.size(); ++m) {
+    const float* row = logits.data() + m * v;
+    const float max = *std::max_element(row, row + v);
+    double total = 0;
+    for (int64_t j = 0; j < v; ++j) total += std::exp(double(row[j]) - max);
+    std::vector<int32_t> order(v);
+    std::iota(order.begin(), order.end(), 0);
+    const int k = std::min<int>(top_k, static_cast<int>(v));
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    MaskPrediction p;
+    p.position = positions[m];
+    for (int i = 0; i < k; ++i)
+      p.candidates.emplace_back(tokenizer.piece(order[i]), std::exp(double(row[order[i]]) - max) / total);
+    result.push_back(std::move(p));
+  }
+  g.clear();
+  return result;
+}
+
+}  // namespace bert::eval

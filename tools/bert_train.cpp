@@ -1,0 +1,73 @@
+// bert-train: pretrain BERT (MLM + NSP) on HDF5 shards.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "train/trainer.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
+
+void on_signal(int signal) {
+  if (g_stop.exchange(true)) std::_Exit(128 + signal);  // a second Ctrl-C: leave at once
+  g_signal = signal;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace bert;
+  train::TrainOptions o;
+  std::string preset = "tiny", config_path;
+  int threads = 0;
+  double dropout = -1;
+  CLI::App app{"bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
+               "(NVIDIA's layout, e.g. from `bert-data shards`). Writes OUT/config.json, OUT/tokenizer.model, "
+               "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues."};
+  app.add_option("--train", o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
+  app.add_option("--eval", o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
+  app.add_option("--tokenizer", o.tokenizer_path, "tokenizer the shards were made with (default on --resume: OUT/tokenizer.model)");
+  app.add_option("--out", o.output_dir, "output folder")->required();
+  app.add_option("--preset", preset, "model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512), base (L12/H768)")->capture_default_str();
+  app.add_option("--config", config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
+  app.add_option("--dropout", dropout, "hidden and attention dropout (default: the config's, 0.1)")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "sequences per micro-batch")->capture_default_str();
+  app.add_option("--accumulate", o.accumulation, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--lr", o.learning_rate, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", o.warmup_fraction, "fraction of steps for linear warmup")->capture_default_str();
+  app.add_option("--schedule", o.schedule, "decay after warmup: linear | poly")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer.name, "adamw | lamb")->capture_default_str();
+  app.add_option("--weight-decay", o.optimizer.weight_decay, "decoupled weight decay (not on biases and LayerNorm)")->capture_default_str();
+  app.add_option("--clip", o.clip_norm, "global gradient-norm clipping (0: off)")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for initialisation, data order and dropout")->capture_default_str();
+  app.add_option("--log-every", o.log_every, "steps between progress lines")->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "steps between evaluations (0: only at the end)")->capture_default_str();
+  app.add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
+  app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
+  app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (threads > 0) omp_set_num_threads(threads);
+    o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
+    if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    train::TrainResult r = train::train(o, &g_stop);
+    if (r.stopped_early) return 128 + g_signal.load();
+  } catch (const UserError& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("internal error: {}", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,127 @@
+#include "train/checkpoint.h"
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "data/hdf5_io.h"
+
+namespace bert::train {
+
+namespace hdf5 = data::hdf5;
+
+namespace {
+
+constexpr const char* kFormat = "bert-qat checkpoint 1";
+
+std::vector<hsize_t> dims_of(const Shape& s) {
+  std::vector<hsize_t> d;
+  for (int i = 0; i < s.rank(); ++i) d.push_back(static_cast<hsize_t>(s[i]));
+  return d;
+}
+
+int64_t required_int(hid_t file, const char* name, const std::string& path) {
+  auto v = hdf5::read_int_attribute(file, name);
+  if (!v) throw UserError("checkpoint '" + path + "' lacks attribute '" + name + "' (not a bert-qat checkpoint?)");
+  return *v;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer,
+                     const TrainingState& state) {
+  hdf5::Quiet quiet;
+  AtomicFile file(path);
+  {
+    hdf5::Handle h = hdf5::create(file.temp_path(), path);
+    ParameterArena<float>& params = model.parameters();
+    float* base = params.values().data();
+    for (ParamId id = 0; id < params.size(); ++id) {
+      Parameter<float> p = params.get(id);
+      const std::vector<hsize_t> dims = dims_of(p.value.shape());
+      hdf5::write_dataset(h.get(), "model/" + *p.name, p.value.data(), dims, path);
+      if (optimizer) {
+        const int64_t offset = p.value.data() - base;
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg/" + *p.name, optimizer->first_moment().data() + offset, dims, path);
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset, dims,
+                            path);
+      }
+    }
+    const hid_t root = h.get();
+    hdf5::write_attribute(root, "format", std::string(kFormat));
+    hdf5::write_attribute(root, "config", model.config().to_json().dump());
+    hdf5::write_attribute(root, "step", state.step);
+    hdf5::write_attribute(root, "dropout_rng_seed", static_cast<int64_t>(state.dropout_rng.seed));
+    hdf5::write_attribute(root, "dropout_rng_counter", static_cast<int64_t>(state.dropout_rng.counter));
+    hdf5::write_attribute(root, "loader_epoch", static_cast<int64_t>(state.loader.epoch));
+    hdf5::write_attribute(root, "loader_shard", state.loader.shard);
+    hdf5::write_attribute(root, "loader_example", state.loader.example);
+    hdf5::write_attribute(root, "tokenizer_sha256", state.tokenizer_sha256);
+    hdf5::write_attribute(root, "run", state.run.dump());
+    if (optimizer) {
+      hdf5::write_attribute(root, "optimizer", optimizer->options().name);
+      hdf5::write_attribute(root, "optimizer_steps", optimizer->steps());
+    }
+    if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0) throw UserError("cannot write checkpoint '" + path + "' (disk full?)");
+  }
+  file.commit();
+}
+
+model::BertConfig read_checkpoint_config(const std::string& path) {
+  hdf5::Quiet quiet;
+  hdf5::Handle h = hdf5::open_read(path, "checkpoint");
+  auto config = hdf5::read_string_attribute(h.get(), "config");
+  if (!config) throw UserError("checkpoint '" + path + "' has no model config (not a bert-qat checkpoint?)");
+  try {
+    return model::BertConfig::from_json(Json::parse(*config));
+  } catch (const UserError& e) {
+    throw UserError("checkpoint '" + path + "': " + e.what());
+  }
+}
+
+TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer) {
+  hdf5::Quiet quiet;
+  hdf5::Handle h = hdf5::open_read(path, "checkpoint");
+  const hid_t root = h.get();
+  if (hdf5::read_string_attribute(root, "format").value_or("") != kFormat)
+    throw UserError("checkpoint '" + path + "' is not a bert-qat checkpoint (format attribute missing or different)");
+  ParameterArena<float>& params = model.parameters();
+  float* base = params.values().data();
+  std::vector<float> buffer;
+  auto load_into = [&](const std::string& name, float* dst, const Shape& shape) {
+    const std::vector<hsize_t> dims = hdf5::read_dataset(root, name, buffer, path, "checkpoint");
+    if (dims != dims_of(shape))
+      throw UserError("checkpoint '" + path + "': tensor '" + name + "' has shape " + hdf5::dims_str(dims) +
+                      ", the model expects " + shape.str());
+    std::copy(buffer.begin(), buffer.end(), dst);
+  };
+  const bool has_optimizer_state = hdf5::exists(root, "optimizer");
+  if (optimizer && !has_optimizer_state)
+    throw UserError("checkpoint '" + path + "' holds no optimizer state (a model-only checkpoint cannot resume training)");
+  for (ParamId id = 0; id < params.size(); ++id) {
+    Parameter<float> p = params.get(id);
+    load_into("model/" + *p.name, p.value.data(), p.value.shape());
+    if (optimizer) {
+      const int64_t offset = p.value.data() - base;
+      load_into("optimizer/exp_avg/" + *p.name, optimizer->first_moment().data() + offset, p.value.shape());
+      load_into("optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset, p.value.shape());
+    }
+  }
+  TrainingState s;
+  s.step = required_int(root, "step", path);
+  s.dropout_rng.seed = static_cast<uint64_t>(required_int(root, "dropout_rng_seed", path));
+  s.dropout_rng.counter = static_cast<uint64_t>(required_int(root, "dropout_rng_counter", path));
+  s.loader.epoch = static_cast<uint64_t>(required_int(root, "loader_epoch", path));
+  s.loader.shard = required_int(root, "loader_shard", path);
+  s.loader.example = required_int(root, "loader_example", path);
+  s.tokenizer_sha256 = hdf5::read_string_attribute(root, "tokenizer_sha256").value_or("");
+  s.run = Json::parse(hdf5::read_string_attribute(root, "run").value_or("{}"));
+  if (optimizer) {
+    if (hdf5::read_string_attribute(root, "optimizer").value_or("") != optimizer->options().name)
+      throw UserError("checkpoint '" + path + "' was trained with optimizer '" +
+                      hdf5::read_string_attribute(root, "optimizer").value_or("?") + "', not '" +
+                      optimizer->options().name + "'");
+    optimizer->set_steps(required_int(root, "optimizer_steps", path));
+  }
+  return s;
+}
+
+}  // namespace bert::train

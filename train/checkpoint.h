@@ -1,0 +1,35 @@
+// Checkpoints in HDF5: model parameters under Hugging Face state-dict names (/model/<name>), the
+// optimizer's moments (/optimizer/exp_avg/<name>, /optimizer/exp_avg_sq/<name>) and, as root
+// attributes, everything a resumed run needs: step, RNG and loader state, config, tokenizer hash and
+// the run's options. Written atomically: a failed write leaves the previous checkpoint intact.
+#pragma once
+
+#include <string>
+
+#include "core/json.h"
+#include "core/rng.h"
+#include "data/loader.h"
+#include "model/bert.h"
+#include "train/optimizer.h"
+
+namespace bert::train {
+
+struct TrainingState {
+  int64_t step = 0;
+  Rng::State dropout_rng;
+  data::ShardLoader::State loader;
+  std::string tokenizer_sha256;
+  Json run;  // the options the run was started with
+};
+
+void save_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer,
+                     const TrainingState& state);
+
+// The model config a checkpoint was made with (to build the model before loading into it).
+model::BertConfig read_checkpoint_config(const std::string& path);
+
+// Loads every parameter (each must be present with its shape; UserError naming the tensor otherwise)
+// and, when `optimizer` is given, its moments and step count.
+TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer);
+
+}  // namespace bert::train

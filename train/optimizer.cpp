@@ -1,0 +1,95 @@
+#include "train/optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace bert::train {
+
+namespace {
+constexpr int64_t kGrain = 1 << 16;
+}
+
+void OptimizerOptions::validate() const {
+  if (name != "adamw" && name != "lamb") throw UserError("--optimizer '" + name + "': expected adamw or lamb");
+  if (!(beta1 >= 0 && beta1 < 1)) throw UserError("--beta1 must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) throw UserError("--beta2 must be in [0, 1)");
+  if (!(epsilon > 0)) throw UserError("--adam-epsilon must be positive");
+  if (!(weight_decay >= 0 && std::isfinite(weight_decay))) throw UserError("--weight-decay must be >= 0");
+}
+
+Optimizer::Optimizer(OptimizerOptions options, ParameterArena<float>& params, std::vector<bool> decays)
+    : options_(std::move(options)), params_(params), decays_(std::move(decays)) {
+  options_.validate();
+  BERT_CHECK(static_cast<int32_t>(decays_.size()) == params.size(), "one decay flag per parameter");
+  m_.assign(params.values().numel(), 0.0f);
+  v_.assign(params.values().numel(), 0.0f);
+}
+
+void Optimizer::step(double lr) {
+  ++steps_;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(b1, steps_)));
+  const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(b2, steps_)));
+  const float eps = static_cast<float>(options_.epsilon), lrf = static_cast<float>(lr);
+  const float b1f = static_cast<float>(b1), b2f = static_cast<float>(b2);
+  float* base = params_.values().data();
+  const bool lamb = options_.name == "lamb";
+  for (ParamId id = 0; id < params_.size(); ++id) {
+    Parameter<float> p = params_.get(id);
+    const int64_t offset = p.value.data() - base, n = p.value.numel();
+    float* w = p.value.data();
+    const float* g = p.grad.data();
+    float* m = m_.data() + offset;
+    float* v = v_.data() + offset;
+    const float wd = decays_[id] ? static_cast<float>(options_.weight_decay) : 0.0f;
+    if (!lamb) {
+      parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          m[i] = b1f * m[i] + (1 - b1f) * g[i];
+          v[i] = b2f * v[i] + (1 - b2f) * g[i] * g[i];
+          w[i] -= lrf * (wd * w[i]);  // decoupled decay first, as torch.optim.AdamW
+          w[i] -= lrf * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps);
+        }
+      });
+    } else {
+      // First pass: moments and the norms of w and of the update u; second pass: apply u scaled by the
+      // trust ratio |w| / |u| (u is recomputed rather than stored).
+      double w_norm2 = 0, u_norm2 = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        m[i] = b1f * m[i] + (1 - b1f) * g[i];
+        v[i] = b2f * v[i] + (1 - b2f) * g[i] * g[i];
+        const float u = (m[i] * c1) / (std::sqrt(v[i] * c2) + eps) + wd * w[i];
+        w_norm2 += double(w[i]) * w[i];
+        u_norm2 += double(u) * u;
+      }
+      const double trust = (w_norm2 > 0 && u_norm2 > 0) ? std::sqrt(w_norm2 / u_norm2) : 1.0;
+      const float scale = static_cast<float>(lr * trust);
+      for (int64_t i = 0; i < n; ++i) w[i] -= scale * ((m[i] * c1) / (std::sqrt(v[i] * c2) + eps) + wd * w[i]);
+    }
+  }
+}
+
+double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, const std::string& schedule) {
+  if (step <= warmup && warmup > 0) return peak * static_cast<double>(step) / static_cast<double>(warmup);
+  if (step >= total) return 0.0;
+  const double remaining = static_cast<double>(total - step) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
+  if (schedule == "linear") return peak * remaining;
+  if (schedule == "poly") return peak * std::sqrt(remaining);
+  throw UserError("--schedule '" + schedule + "': expected linear or poly");
+}
+
+double clip_grad_norm(ParameterArena<float>& params, double max_norm) {
+  TensorView<float> g = params.grads();
+  double sum = 0;
+  for (float v : g) sum += double(v) * v;
+  const double norm = std::sqrt(sum);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / norm);
+    for (float& v : g) v *= scale;
+  }
+  return norm;
+}
+
+}  // namespace bert::train

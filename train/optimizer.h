@@ -1,0 +1,56 @@
+// Optimizers over the parameter arena (AdamW, LAMB), the learning-rate schedule and global-norm
+// gradient clipping. The optimizer's moments are two flat buffers shaped like the arena, so a step is
+// one pass over memory (LAMB adds a per-tensor norm pass).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/arena.h"
+
+namespace bert::train {
+
+struct OptimizerOptions {
+  std::string name = "adamw";  // adamw | lamb
+  double beta1 = 0.9, beta2 = 0.999;
+  double epsilon = 1e-6;        // BERT's value
+  double weight_decay = 0.01;   // decoupled; only on parameters marked in `decays`
+  void validate() const;        // UserError naming the flag
+};
+
+class Optimizer {
+ public:
+  // `decays[id]`: whether parameter id gets weight decay (not biases and LayerNorm parameters).
+  Optimizer(OptimizerOptions options, ParameterArena<float>& params, std::vector<bool> decays);
+
+  // One update from the gradients in the arena, at learning rate lr.
+  //  AdamW (Loshchilov & Hutter, as torch.optim.AdamW): w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
+  //  LAMB (You et al.): u = m_hat / (sqrt(v_hat) + eps) + wd * w;  w -= lr * (|w| / |u|) * u, per tensor
+  void step(double lr);
+  int64_t steps() const { return steps_; }
+  const OptimizerOptions& options() const { return options_; }
+
+  // Moments, for checkpoints: flat buffers in the arena's layout.
+  TensorView<float> first_moment() { return TensorView<float>(m_.data(), Shape{static_cast<int64_t>(m_.size())}); }
+  TensorView<float> second_moment() { return TensorView<float>(v_.data(), Shape{static_cast<int64_t>(v_.size())}); }
+  void set_steps(int64_t steps) { steps_ = steps; }
+
+ private:
+  OptimizerOptions options_;
+  ParameterArena<float>& params_;
+  std::vector<bool> decays_;
+  AlignedVector<float> m_, v_;
+  int64_t steps_ = 0;
+};
+
+// Linear warmup from 0 to `peak` over `warmup` steps, then linear ("linear") or polynomial
+// ("poly", power 0.5 as in NVIDIA's BERT recipe) decay to 0 at `total`. Steps count from 1.
+double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, const std::string& schedule = "linear");
+
+// Global L2 norm of all gradients; if it exceeds max_norm (> 0), scales them to max_norm. Returns the
+// norm before clipping (inf/NaN when a gradient is not finite, left unscaled for the caller to see).
+double clip_grad_norm(ParameterArena<float>& params, double max_norm);
+
+}  // namespace bert::train

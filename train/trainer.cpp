@@ -1,0 +1,279 @@
+#include "train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/parallel.h"
+#include "data/sha256.h"
+#include "data/tokenizer.h"
+#include "train/checkpoint.h"
+
+namespace bert::train {
+
+namespace fs = std::filesystem;
+
+void TrainOptions::validate() const {
+  auto fail = [](const std::string& msg) { throw UserError(msg); };
+  if (train_shards.empty()) fail("--train: no training shards given");
+  if (output_dir.empty()) fail("--out: an output folder is required");
+  if (steps < 1) fail("--steps " + std::to_string(steps) + ": expected at least 1");
+  if (batch_size < 1) fail("--batch-size " + std::to_string(batch_size) + ": expected at least 1");
+  if (accumulation < 1) fail("--accumulate " + std::to_string(accumulation) + ": expected at least 1");
+  if (!(learning_rate > 0) || !std::isfinite(learning_rate)) fail("--lr: expected a positive finite number");
+  if (!(warmup_fraction >= 0 && warmup_fraction < 1)) fail("--warmup: expected a fraction in [0, 1)");
+  if (schedule != "linear" && schedule != "poly") fail("--schedule '" + schedule + "': expected linear or poly");
+  if (!std::isfinite(clip_norm)) fail("--clip: expected a finite number");
+  if (log_every < 1) fail("--log-every: expected at least 1");
+  optimizer.validate();
+  config.validate();
+}
+
+Json TrainOptions::to_json() const {
+  Json j;
+  Json::Array train_list, eval_list;
+  for (const auto& s : train_shards) train_list.emplace_back(s);
+  for (const auto& s : eval_shards) eval_list.emplace_back(s);
+  j["train_shards"] = train_list;
+  j["eval_shards"] = eval_list;
+  j["tokenizer"] = tokenizer_path;
+  j["steps"] = steps;
+  j["batch_size"] = batch_size;
+  j["accumulation"] = accumulation;
+  j["learning_rate"] = learning_rate;
+  j["warmup_fraction"] = warmup_fraction;
+  j["schedule"] = schedule;
+  j["optimizer"] = optimizer.name;
+  j["weight_decay"] = optimizer.weight_decay;
+  j["clip_norm"] = clip_norm;
+  j["seed"] = seed;
+  return j;
+}
+
+namespace {
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(s / 3600), (long long)(s / 60 % 60), (long long)(s % 60));
+  return buf;
+}
+
+// Keeps metrics.jsonl lines up to `step` (used on resume: later lines belong to the interrupted run).
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    try {
+      const Json j = Json::parse(line);
+      if (const Json* s = j.find("step"); s && s->as_int() <= step) kept += line + "\n";
+    } catch (const UserError&) {  // a half-written last line of a killed run
+    }
+  }
+  in.close();
+  AtomicFile out(path);
+  std::ofstream(out.temp_path()) << kept;
+  out.commit();
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
+  o.validate();
+  std::error_code ec;
+  fs::create_directories(o.output_dir, ec);
+  if (ec) throw UserError("cannot create output folder '" + o.output_dir + "': " + ec.message());
+  const std::string checkpoint_path = (fs::path(o.output_dir) / "checkpoint.h5").string();
+  const std::string metrics_path = (fs::path(o.output_dir) / "metrics.jsonl").string();
+  const std::string tokenizer_copy = (fs::path(o.output_dir) / "tokenizer.model").string();
+
+  // Tokenizer: the given one, or on resume the copy in the output folder.
+  std::string tokenizer_path = o.tokenizer_path;
+  if (tokenizer_path.empty() && fs::exists(tokenizer_copy)) tokenizer_path = tokenizer_copy;
+  if (tokenizer_path.empty()) throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
+  std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(tokenizer_path);
+
+  model::BertConfig config = o.config;
+  if (config.vocab_size != tokenizer->vocab_size()) {
+    spdlog::info("vocab_size set to the tokenizer's {} (config had {})", tokenizer->vocab_size(), config.vocab_size);
+    config.vocab_size = tokenizer->vocab_size();
+  }
+  if (o.resume) {
+    if (!fs::exists(checkpoint_path))
+      throw UserError("--resume: no checkpoint at '" + checkpoint_path + "' to resume from");
+    config = read_checkpoint_config(checkpoint_path);
+  }
+  model::BertForPreTraining model(config);
+  std::vector<bool> decays;
+  for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
+  Optimizer optimizer(o.optimizer, model.parameters(), decays);
+
+  data::LoaderOptions loader_options;
+  loader_options.shards = data::expand_shard_paths(o.train_shards);
+  loader_options.batch_size = o.batch_size;
+  loader_options.seed = o.seed;
+  data::ShardLoader loader(loader_options);
+  if (loader.seq_len() > config.max_position_embeddings)
+    throw UserError("training shards have sequence length " + std::to_string(loader.seq_len()) +
+                    ", longer than max_position_embeddings " + std::to_string(config.max_position_embeddings));
+  if (loader.metadata()) {
+    data::Shard header;  // check the first shard's recorded tokenizer and vocabulary
+    header.seq_len = loader.seq_len();
+    header.metadata = loader.metadata();
+    data::check_shard_compatible(header, loader_options.shards.front(), config.vocab_size, config.max_position_embeddings,
+                                 tokenizer->file_sha256());
+  } else {
+    spdlog::warn("training shards carry no tokenizer metadata (made by another tool?): cannot check they match '{}'",
+                 tokenizer_path);
+  }
+  std::vector<std::string> eval_paths;
+  if (!o.eval_shards.empty()) eval_paths = data::expand_shard_paths(o.eval_shards);
+
+  Rng dropout_rng(Rng(o.seed).bits(0xD7));
+  TrainingState state;
+  state.tokenizer_sha256 = tokenizer->file_sha256();
+  state.run = o.to_json();
+  if (o.resume) {
+    TrainingState loaded = load_checkpoint(checkpoint_path, model, &optimizer);
+    if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != tokenizer->file_sha256())
+      throw UserError("--resume: the checkpoint was trained with another tokenizer than '" + tokenizer_path + "'");
+    state.step = loaded.step;
+    loader.restore(loaded.loader);
+    dropout_rng = Rng(loaded.dropout_rng);
+    truncate_metrics(metrics_path, state.step);
+    spdlog::info("resuming from '{}' at step {}", checkpoint_path, state.step);
+  } else {
+    model.initialize(o.seed);
+    if (fs::absolute(tokenizer_path) != fs::absolute(tokenizer_copy)) fs::copy_file(tokenizer_path, tokenizer_copy, fs::copy_options::overwrite_existing);
+    AtomicFile config_file((fs::path(o.output_dir) / "config.json").string());
+    std::ofstream(config_file.temp_path()) << config.to_json().dump(2) << "\n";
+    config_file.commit();
+    std::ofstream(metrics_path, std::ios::trunc).close();
+  }
+  if (state.step >= o.steps) {
+    spdlog::info("nothing to do: the checkpoint is at step {} of {}", state.step, o.steps);
+    return TrainResult{state.step, false, 0, 0, {}, {}};
+  }
+
+  const int64_t warmup = static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps));
+  const int64_t params_count = model.parameters().num_elements();
+  spdlog::info("training BERT L{}/H{}/A{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
+               "{} lr {:g} (warmup {}, {} decay), {} threads",
+               config.num_hidden_layers, config.hidden_size, config.num_attention_heads, params_count / 1e6,
+               config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(), o.optimizer.name,
+               o.learning_rate, warmup, o.schedule, num_threads());
+
+  std::ofstream metrics_log(metrics_path, std::ios::app);
+  auto save = [&] {
+    state.loader = loader.state();
+    state.dropout_rng = dropout_rng.state();
+    save_checkpoint(checkpoint_path, model, &optimizer, state);
+  };
+  auto run_eval = [&](TrainResult& result) {
+    if (eval_paths.empty()) return;
+    data::LoaderOptions eo;
+    eo.shards = eval_paths;
+    eo.batch_size = o.batch_size;
+    eo.shuffle = false;
+    eo.repeat = false;
+    data::ShardLoader eval_loader(eo);
+    Graph<float> eval_graph;
+    result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
+    const auto& m = result.last_eval;
+    spdlog::info("eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
+                 "(majority {:.4f}) over {} predictions",
+                 state.step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
+                 m.nsp_majority_accuracy(), m.predictions);
+    Json line;
+    line["step"] = state.step;
+    line["eval"] = m.to_json();
+    metrics_log << line.dump() << "\n" << std::flush;
+  };
+
+  TrainResult result;
+  Graph<float> g;
+  data::Batch batch;
+  eval::PretrainingMetrics window;
+  double window_seconds = 0, window_grad_norm = 0;
+  int64_t window_steps = 0;
+  const int64_t first_step = state.step + 1;
+  const auto start = std::chrono::steady_clock::now();
+  for (state.step = first_step; state.step <= o.steps; ++state.step) {
+    const auto step_start = std::chrono::steady_clock::now();
+    model.parameters().zero_grad();
+    double step_loss = 0;
+    for (int64_t micro = 0; micro < o.accumulation; ++micro) {
+      loader.next(batch);
+      const model::BertBatch b = eval::as_model_batch(batch);
+      model::PretrainingOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
+      const double loss = g.value(out.loss)[0];
+      if (!std::isfinite(loss))
+        throw UserError("loss is " + std::to_string(loss) + " at step " + std::to_string(state.step) +
+                        "; the last checkpoint ('" + checkpoint_path + "') was left as it was. Try a lower --lr.");
+      step_loss += loss / o.accumulation;
+      window.add(g, out, b);
+      g.backward(o.accumulation == 1 ? out.loss : ops::scale(g, out.loss, 1.0 / o.accumulation));
+    }
+    const double grad_norm = clip_grad_norm(model.parameters(), o.clip_norm);
+    if (!std::isfinite(grad_norm))
+      throw UserError("gradient norm is " + std::to_string(grad_norm) + " at step " + std::to_string(state.step) +
+                      "; the last checkpoint was left as it was");
+    const double lr = learning_rate(state.step, o.steps, warmup, o.learning_rate, o.schedule);
+    optimizer.step(lr);
+    result.losses.push_back(step_loss);
+    window_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    window_grad_norm += grad_norm;
+    ++window_steps;
+
+    if (state.step % o.log_every == 0 || state.step == o.steps) {
+      const double seq_per_s = window_steps * o.batch_size * o.accumulation / window_seconds;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double eta = elapsed / (state.step - first_step + 1) * (o.steps - state.step);
+      spdlog::info("step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}",
+                   state.step, o.steps, window.mlm_loss() + window.nsp_loss(),
+                   window.mlm_accuracy(), window.nsp_accuracy(), lr, window_grad_norm / window_steps, seq_per_s,
+                   format_duration(eta));
+      Json line;
+      line["step"] = state.step;
+      line["loss"] = window.mlm_loss() + window.nsp_loss();
+      line["mlm_loss"] = window.mlm_loss();
+      line["mlm_accuracy"] = window.mlm_accuracy();
+      line["nsp_loss"] = window.nsp_loss();
+      line["nsp_accuracy"] = window.nsp_accuracy();
+      line["learning_rate"] = lr;
+      line["grad_norm"] = window_grad_norm / window_steps;
+      line["sequences_per_second"] = seq_per_s;
+      line["elapsed_seconds"] = elapsed;
+      metrics_log << line.dump() << "\n" << std::flush;
+      window = {};
+      window_seconds = window_grad_norm = 0;
+      window_steps = 0;
+    }
+    const bool stopping = stop && stop->load();
+    const bool last = state.step == o.steps;
+    if (o.eval_every > 0 && state.step % o.eval_every == 0 && !last) run_eval(result);
+    if ((o.save_every > 0 && state.step % o.save_every == 0) || last || stopping) save();
+    if (stopping) {
+      spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step, checkpoint_path);
+      result.stopped_early = true;
+      break;
+    }
+  }
+  state.step = result.steps_done = std::min(state.step, o.steps);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.sequences_per_second = result.losses.size() * o.batch_size * o.accumulation / std::max(result.seconds, 1e-9);
+  if (!result.stopped_early) run_eval(result);
+  spdlog::info("done: {} steps in {} ({:.1f} sequences/s); checkpoint '{}'", result.losses.size(),
+               format_duration(result.seconds), result.sequences_per_second, checkpoint_path);
+  return result;
+}
+
+}  // namespace bert::train

@@ -1,0 +1,57 @@
+// The pretraining loop: MLM + NSP on shards through the loader, AdamW or LAMB with warmup and decay,
+// global-norm clipping, gradient accumulation, a progress line, a JSON-lines metrics log, periodic
+// held-out evaluation, atomic checkpoints and exact resume.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "eval/metrics.h"
+#include "model/config.h"
+#include "train/optimizer.h"
+
+namespace bert::train {
+
+struct TrainOptions {
+  std::vector<std::string> train_shards;  // files or folders
+  std::vector<std::string> eval_shards;   // optional held-out shards
+  std::string output_dir;                 // config.json, tokenizer.model, checkpoint.h5, metrics.jsonl
+  std::string tokenizer_path;
+  model::BertConfig config;
+
+  int64_t steps = 2000;
+  int64_t batch_size = 128;
+  int64_t accumulation = 1;  // micro-batches per optimizer step (batch_size each)
+  double learning_rate = 1e-3;
+  double warmup_fraction = 0.1;
+  std::string schedule = "linear";  // linear | poly
+  OptimizerOptions optimizer;
+  double clip_norm = 1.0;           // <= 0: no clipping
+  uint64_t seed = 1;                // initialisation, data order and dropout all derive from it
+
+  int64_t log_every = 10;
+  int64_t eval_every = 500;   // <= 0: only at the end
+  int64_t eval_batches = 20;  // <= 0: the whole evaluation set
+  int64_t save_every = 500;   // <= 0: only at the end
+  bool resume = false;        // continue from output_dir/checkpoint.h5
+
+  void validate() const;  // UserError naming the flag
+  Json to_json() const;
+};
+
+struct TrainResult {
+  int64_t steps_done = 0;
+  bool stopped_early = false;  // stop was requested; a checkpoint was written
+  double seconds = 0, sequences_per_second = 0;
+  eval::PretrainingMetrics last_eval;
+  std::vector<double> losses;  // per optimizer step, from this run's first step
+};
+
+// Runs training. `stop` (e.g. set by a SIGINT handler) is checked after every step; when set, a
+// checkpoint is written and the run returns with stopped_early.
+TrainResult train(const TrainOptions& options, const std::atomic<bool>* stop = nullptr);
+
+}  // namespace bert::train
