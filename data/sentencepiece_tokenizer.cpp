@@ -117,7 +117,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
 }
 
 int64_t train_sentencepiece(const SentencePieceTrainOptions& o) {
-  if (o.vocab_size < 100) throw UserError("--vocab-size " + std::to_string(o.vocab_size) + " is too small (>= 100)");
+  if (o.vocab_size < 16) throw UserError("--vocab-size " + std::to_string(o.vocab_size) + " is too small (>= 16)");
   if (o.model_type != "unigram" && o.model_type != "bpe")
     throw UserError("--model-type '" + o.model_type + "': expected 'unigram' or 'bpe'");
   CorpusSentenceIterator sentences(o);  // validates the inputs before anything is written

@@ -11,18 +11,12 @@ namespace bert::eval {
 std::vector<MaskPrediction> fill_mask(model::BertForPreTraining& model, const data::Tokenizer& tokenizer,
                                       const std::string& text, int top_k, Graph<float>& g) {
   const data::SpecialTokens& sp = tokenizer.specials();
-  // Split on the literal marker and tokenize the pieces between masks (the tokenizer's normaliser
-  // would otherwise case-fold the marker itself).
-  static const std::string kMarker = "[MASK]";
+  // The tokenizer matches "[MASK]" itself. SentencePiece puts a lone word-start piece before it, but in
+  // training a masked word's own word-start piece was what [MASK] replaced: drop that lone piece.
   std::vector<int32_t> ids{sp.cls};
-  size_t start = 0;
-  while (true) {
-    const size_t at = text.find(kMarker, start);
-    const std::vector<int32_t> piece = tokenizer.encode(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    ids.insert(ids.end(), piece.begin(), piece.end());
-    if (at == std::string::npos) break;
-    ids.push_back(sp.mask);
-    start = at + kMarker.size();
+  for (int32_t id : tokenizer.encode(text)) {
+    if (id == sp.mask && ids.size() > 1 && tokenizer.piece(ids.back()) == "\xE2\x96\x81") ids.pop_back();
+    ids.push_back(id);
   }
   ids.push_back(sp.sep);
   const int64_t t = static_cast<int64_t>(ids.size());

@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   tokenizer->add_option("--input", tok.inputs, "corpus files")->required()->expected(1, -1);
   tokenizer->add_option("--format", tok.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
   tokenizer->add_option("--output", tok.output_prefix, "writes PREFIX.model and PREFIX.vocab")->required();
-  tokenizer->add_option("--vocab-size", tok.vocab_size, "vocabulary size")->check(CLI::Range(100, 1000000))->capture_default_str();
+  tokenizer->add_option("--vocab-size", tok.vocab_size, "vocabulary size")->check(CLI::Range(16, 1000000))->capture_default_str();
   tokenizer->add_option("--model-type", tok.model_type, "unigram | bpe")->capture_default_str();
   tokenizer->add_flag("--cased", cased, "keep case (default: case-folded, like bert-base-uncased)");
   tokenizer->add_option("--max-sentences", tok.max_sentences, "sentences sampled for training")->check(CLI::Range(int64_t{1000}, int64_t{1} << 40))->capture_default_str();

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
   app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
+  app.add_option("--stop-at", o.stop_at_step, "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
 

@@ -32,6 +32,7 @@ void TrainOptions::validate() const {
   if (schedule != "linear" && schedule != "poly") fail("--schedule '" + schedule + "': expected linear or poly");
   if (!std::isfinite(clip_norm)) fail("--clip: expected a finite number");
   if (log_every < 1) fail("--log-every: expected at least 1");
+  if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
   optimizer.validate();
   config.validate();
 }
@@ -233,7 +234,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     window_grad_norm += grad_norm;
     ++window_steps;
 
-    if (state.step % o.log_every == 0 || state.step == o.steps) {
+    const bool stopping = (stop && stop->load()) || (o.stop_at_step > 0 && state.step == o.stop_at_step);
+    if (state.step % o.log_every == 0 || state.step == o.steps || stopping) {
       const double seq_per_s = window_steps * o.batch_size * o.accumulation / window_seconds;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double eta = elapsed / (state.step - first_step + 1) * (o.steps - state.step);
@@ -257,7 +259,6 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       window_seconds = window_grad_norm = 0;
       window_steps = 0;
     }
-    const bool stopping = stop && stop->load();
     const bool last = state.step == o.steps;
     if (o.eval_every > 0 && state.step % o.eval_every == 0 && !last) run_eval(result);
     if ((o.save_every > 0 && state.step % o.save_every == 0) || last || stopping) save();

@@ -37,6 +37,7 @@ struct TrainOptions {
   int64_t eval_batches = 20;  // <= 0: the whole evaluation set
   int64_t save_every = 500;   // <= 0: only at the end
   bool resume = false;        // continue from output_dir/checkpoint.h5
+  int64_t stop_at_step = 0;   // > 0: stop after this step with a checkpoint, as if interrupted
 
   void validate() const;  // UserError naming the flag
   Json to_json() const;

@@ -1,0 +1,354 @@
+// Training: optimizers against a reference computation, schedules, clipping, checkpoints (round trip,
+// errors), resume equal to an uninterrupted run, bad training inputs, and fill-mask on a model trained
+// here on a small corpus of facts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "data/examples.h"
+#include "data/tokenizer.h"
+#include "eval/fill_mask.h"
+#include "tests/common/temp_dir.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+namespace bert::train {
+namespace {
+
+void expect_user_error(const std::function<void()>& f, const std::string& fragment) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a UserError containing '" << fragment << "'";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- optimizers
+
+// The update rules written out in double, one element at a time.
+struct ReferenceOptimizer {
+  std::string name;
+  double b1 = 0.9, b2 = 0.999, eps = 1e-6, wd = 0.01;
+  std::vector<std::vector<double>> w, m, v;
+  std::vector<bool> decays;
+  int t = 0;
+  void step(const std::vector<std::vector<double>>& g, double lr) {
+    ++t;
+    for (size_t p = 0; p < w.size(); ++p) {
+      const double decay = decays[p] ? wd : 0.0;
+      std::vector<double> u(w[p].size());
+      double wn = 0, un = 0;
+      for (size_t i = 0; i < w[p].size(); ++i) {
+        m[p][i] = b1 * m[p][i] + (1 - b1) * g[p][i];
+        v[p][i] = b2 * v[p][i] + (1 - b2) * g[p][i] * g[p][i];
+        const double mh = m[p][i] / (1 - std::pow(b1, t)), vh = v[p][i] / (1 - std::pow(b2, t));
+        u[i] = mh / (std::sqrt(vh) + eps);
+        if (name == "lamb") u[i] += decay * w[p][i];
+        wn += w[p][i] * w[p][i];
+        un += u[i] * u[i];
+      }
+      const double trust = name == "lamb" && wn > 0 && un > 0 ? std::sqrt(wn / un) : 1.0;
+      for (size_t i = 0; i < w[p].size(); ++i) {
+        if (name == "adamw") w[p][i] -= lr * decay * w[p][i];
+        w[p][i] -= lr * trust * u[i];
+      }
+    }
+  }
+};
+
+TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
+  for (const std::string name : {"adamw", "lamb"}) {
+    SCOPED_TRACE(name);
+    ParameterArena<float> arena;
+    arena.add("dense.weight", {3, 5});
+    arena.add("dense.bias", {3});
+    arena.allocate();
+    Rng rng(11);
+    ReferenceOptimizer ref{name};
+    ref.decays = {true, false};
+    for (ParamId id = 0; id < arena.size(); ++id) {
+      std::vector<double> values;
+      for (float& x : arena.get(id).value) values.push_back(x = static_cast<float>(rng.next_normal()));
+      ref.w.push_back(values);
+      ref.m.emplace_back(values.size(), 0.0);
+      ref.v.emplace_back(values.size(), 0.0);
+    }
+    OptimizerOptions options;
+    options.name = name;
+    options.weight_decay = 0.1;
+    ref.wd = 0.1;
+    Optimizer opt(options, arena, {true, false});
+    for (int step = 1; step <= 6; ++step) {
+      std::vector<std::vector<double>> grads;
+      for (ParamId id = 0; id < arena.size(); ++id) {
+        std::vector<double> g;
+        for (float& x : arena.get(id).grad) g.push_back(x = static_cast<float>(rng.next_normal()));
+        grads.push_back(g);
+      }
+      opt.step(1e-2 * step);
+      ref.step(grads, 1e-2 * step);
+    }
+    EXPECT_EQ(opt.steps(), 6);
+    for (ParamId id = 0; id < arena.size(); ++id)
+      for (int64_t i = 0; i < arena.get(id).value.numel(); ++i)
+        EXPECT_NEAR(arena.get(id).value[i], ref.w[id][i], 2e-6 * (1 + std::abs(ref.w[id][i]))) << id << "," << i;
+  }
+}
+
+TEST(Optimizer, RejectsBadOptions) {
+  OptimizerOptions o;
+  o.name = "sgd";
+  expect_user_error([&] { o.validate(); }, "--optimizer 'sgd'");
+  o = {};
+  o.weight_decay = -1;
+  expect_user_error([&] { o.validate(); }, "--weight-decay");
+}
+
+TEST(Schedule, LinearWarmupThenLinearOrPolynomialDecay) {
+  EXPECT_DOUBLE_EQ(learning_rate(1, 100, 10, 1e-3), 1e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(10, 100, 10, 1e-3), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(55, 100, 10, 1e-3), 0.5e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(100, 100, 10, 1e-3), 0.0);
+  EXPECT_DOUBLE_EQ(learning_rate(55, 100, 10, 1e-3, "poly"), 1e-3 * std::sqrt(0.5));
+  EXPECT_DOUBLE_EQ(learning_rate(1, 100, 0, 1e-3), 1e-3 * 99.0 / 100.0);
+  EXPECT_THROW(learning_rate(50, 100, 10, 1e-3, "cosine"), UserError);
+}
+
+TEST(Clipping, ScalesToMaxNormAndReportsTheNormBefore) {
+  ParameterArena<float> arena;
+  arena.add("a", {2});
+  arena.add("b", {1});
+  arena.allocate();
+  arena.get("a").grad[0] = 3;
+  arena.get("a").grad[1] = 0;
+  arena.get("b").grad[0] = 4;
+  EXPECT_DOUBLE_EQ(clip_grad_norm(arena, 10.0), 5.0);
+  EXPECT_FLOAT_EQ(arena.get("b").grad[0], 4.0f) << "under the limit: unchanged";
+  EXPECT_DOUBLE_EQ(clip_grad_norm(arena, 1.0), 5.0);
+  EXPECT_FLOAT_EQ(arena.get("a").grad[0], 0.6f);
+  EXPECT_FLOAT_EQ(arena.get("b").grad[0], 0.8f);
+  arena.get("b").grad[0] = std::nanf("");
+  EXPECT_TRUE(std::isnan(clip_grad_norm(arena, 1.0)));
+}
+
+// ---------------------------------------------------------------- a small corpus of facts
+
+// A corpus a tiny model learns in a second: documents of "The capital of X is Y." and "The color of
+// the Z is W." sentences.
+class FactsCorpus : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    const std::vector<std::pair<std::string, std::string>> capitals = {
+        {"france", "paris"}, {"italy", "rome"}, {"spain", "madrid"}, {"japan", "tokyo"},
+        {"egypt", "cairo"},  {"peru", "lima"},  {"kenya", "nairobi"}, {"norway", "oslo"}};
+    const std::vector<std::pair<std::string, std::string>> colors = {
+        {"sky", "blue"}, {"grass", "green"}, {"snow", "white"}, {"coal", "black"}};
+    Rng rng(1);
+    std::ofstream out(dir_->file("facts.txt"));
+    for (int d = 0; d < 300; ++d) {
+      for (int s = 0; s < 8; ++s) {
+        if (rng.next_uniform() < 0.6) {
+          const auto& [c, k] = capitals[rng.next_below(capitals.size())];
+          out << "The capital of " << c << " is " << k << ".\n";
+        } else {
+          const auto& [a, b] = colors[rng.next_below(colors.size())];
+          out << "The color of the " << a << " is " << b << ".\n";
+        }
+      }
+      out << "\n";
+    }
+    out.close();
+    data::SentencePieceTrainOptions t;
+    t.inputs = {dir_->file("facts.txt")};
+    t.output_prefix = dir_->file("spm");
+    t.vocab_size = 150;
+    t.model_type = "bpe";  // whole words as single pieces on this tiny corpus
+    data::train_sentencepiece(t);
+    data::ShardBuildOptions s;
+    s.inputs = {dir_->file("facts.txt")};
+    s.tokenizer_path = dir_->file("spm.model");
+    s.output_dir = dir_->file("shards");
+    s.examples.max_seq_len = 32;
+    s.examples.max_predictions = 5;
+    s.examples.dupe_factor = 10;
+    data::build_shards(s);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static TrainOptions options(const std::string& out) {
+    TrainOptions o;
+    o.train_shards = {dir_->file("shards")};
+    o.tokenizer_path = dir_->file("spm.model");
+    o.output_dir = out;
+    o.config.hidden_size = 32;
+    o.config.num_hidden_layers = 1;
+    o.config.num_attention_heads = 2;
+    o.config.intermediate_size = 64;
+    o.config.max_position_embeddings = 32;
+    o.steps = 12;
+    o.batch_size = 16;
+    o.learning_rate = 1e-2;
+    o.log_every = 4;
+    o.eval_every = 0;
+    o.save_every = 0;
+    return o;
+  }
+  static testing::TempDir* dir_;
+};
+testing::TempDir* FactsCorpus::dir_ = nullptr;
+
+std::vector<float> parameters_of(const std::string& checkpoint) {
+  model::BertForPreTraining m(read_checkpoint_config(checkpoint));
+  load_checkpoint(checkpoint, m, nullptr);
+  return {m.parameters().values().begin(), m.parameters().values().end()};
+}
+
+TEST_F(FactsCorpus, ResumeContinuesExactlyAsTheUninterruptedRun) {
+  testing::TempDir out;
+  TrainOptions full = options(out.file("full"));
+  full.config.hidden_dropout_prob = full.config.attention_probs_dropout_prob = 0.1;  // the RNG state matters
+  const TrainResult uninterrupted = train(full);
+  ASSERT_EQ(uninterrupted.losses.size(), 12u);
+
+  TrainOptions first = full;
+  first.output_dir = out.file("resumed");
+  first.stop_at_step = 5;
+  const TrainResult part1 = train(first);
+  EXPECT_TRUE(part1.stopped_early);
+  ASSERT_EQ(part1.losses.size(), 5u);
+  TrainOptions second = full;
+  second.output_dir = out.file("resumed");
+  second.resume = true;
+  const TrainResult part2 = train(second);
+  ASSERT_EQ(part2.losses.size(), 7u);
+
+  std::vector<double> joined = part1.losses;
+  joined.insert(joined.end(), part2.losses.begin(), part2.losses.end());
+  EXPECT_EQ(joined, uninterrupted.losses) << "bit-identical loss sequence";
+  EXPECT_EQ(parameters_of(out.file("full") + "/checkpoint.h5"), parameters_of(out.file("resumed") + "/checkpoint.h5"));
+  // The metrics log holds each step once.
+  std::ifstream log(out.file("resumed") + "/metrics.jsonl");
+  std::string line;
+  std::vector<int64_t> steps;
+  while (std::getline(log, line)) steps.push_back(Json::parse(line).find("step")->as_int());
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 5, 8, 12}));
+}
+
+TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
+  testing::TempDir out;
+  model::BertConfig c = options("").config;
+  c.vocab_size = 100;
+  model::BertForPreTraining a(c);
+  a.initialize(5);
+  std::vector<bool> decays(a.parameters().size(), true);
+  Optimizer opt_a({}, a.parameters(), decays);
+  for (float& g : a.parameters().grads()) g = 0.5f;
+  opt_a.step(1e-3);
+  TrainingState state;
+  state.step = 42;
+  state.dropout_rng = {7, 123456789};
+  state.loader = {2, 3, 17};
+  state.tokenizer_sha256 = "abc";
+  state.run["note"] = "hello";
+  save_checkpoint(out.file("c.h5"), a, &opt_a, state);
+
+  model::BertForPreTraining b(read_checkpoint_config(out.file("c.h5")));
+  Optimizer opt_b({}, b.parameters(), decays);
+  TrainingState back = load_checkpoint(out.file("c.h5"), b, &opt_b);
+  EXPECT_EQ(std::vector<float>(a.parameters().values().begin(), a.parameters().values().end()),
+            std::vector<float>(b.parameters().values().begin(), b.parameters().values().end()));
+  EXPECT_EQ(std::vector<float>(opt_a.second_moment().begin(), opt_a.second_moment().end()),
+            std::vector<float>(opt_b.second_moment().begin(), opt_b.second_moment().end()));
+  EXPECT_EQ(opt_b.steps(), 1);
+  EXPECT_EQ(back.step, 42);
+  EXPECT_EQ(back.dropout_rng, state.dropout_rng);
+  EXPECT_EQ(back.loader, state.loader);
+  EXPECT_EQ(back.tokenizer_sha256, "abc");
+  EXPECT_EQ(back.run.find("note")->as_string(), "hello");
+
+  // A model of another shape: the error names the tensor.
+  model::BertConfig wider = c;
+  wider.hidden_size = 64;
+  model::BertForPreTraining other(wider);
+  expect_user_error([&] { load_checkpoint(out.file("c.h5"), other, nullptr); },
+                    "tensor 'model/bert.embeddings.word_embeddings.weight' has shape [100, 32], the model expects [100, 64]");
+  // Model-only resume is refused; not-a-checkpoint files are named.
+  save_checkpoint(out.file("model_only.h5"), a, nullptr, state);
+  expect_user_error([&] { load_checkpoint(out.file("model_only.h5"), b, &opt_b); }, "holds no optimizer state");
+  std::ofstream(out.file("junk.h5")) << "junk";
+  expect_user_error([&] { read_checkpoint_config(out.file("junk.h5")); }, "junk.h5' is not an HDF5 file");
+  expect_user_error([&] { read_checkpoint_config(out.file("none.h5")); }, "none.h5' does not exist");
+}
+
+TEST_F(FactsCorpus, BadTrainingInputsAreRejectedBeforeAnythingIsWritten) {
+  testing::TempDir out;
+  TrainOptions o = options(out.file("run"));
+  o.learning_rate = std::nan("");
+  expect_user_error([&] { train(o); }, "--lr");
+  o = options(out.file("run"));
+  o.batch_size = 0;
+  expect_user_error([&] { train(o); }, "--batch-size 0");
+  o = options(out.file("run"));
+  o.config.max_position_embeddings = 16;  // shards have 32 tokens
+  expect_user_error([&] { train(o); }, "longer than max_position_embeddings 16");
+  o = options(out.file("run"));
+  o.resume = true;
+  expect_user_error([&] { train(o); }, "no checkpoint at");
+  // Shards made with another tokenizer.
+  data::SentencePieceTrainOptions t;
+  t.inputs = {dir_->file("facts.txt")};
+  t.output_prefix = out.file("other");
+  t.vocab_size = 150;
+  t.model_type = "bpe";
+  t.lowercase = false;
+  data::train_sentencepiece(t);
+  o = options(out.file("run"));
+  o.tokenizer_path = out.file("other.model");
+  expect_user_error([&] { train(o); }, "made with another tokenizer");
+  EXPECT_FALSE(std::filesystem::exists(out.file("run") + "/checkpoint.h5"));
+}
+
+TEST_F(FactsCorpus, FillMaskOnATrainedModelPutsAPlausibleTokenFirst) {
+  testing::TempDir out;
+  TrainOptions o = options(out.file("run"));
+  o.steps = 600;
+  o.batch_size = 32;
+  o.log_every = 600;
+  train(o);
+  model::BertForPreTraining model(read_checkpoint_config(out.file("run") + "/checkpoint.h5"));
+  load_checkpoint(out.file("run") + "/checkpoint.h5", model, nullptr);
+  auto tokenizer = data::load_tokenizer(out.file("run") + "/tokenizer.model");
+  Graph<float> g;
+  auto best = [&](const std::string& text) {
+    auto predictions = eval::fill_mask(model, *tokenizer, text, 3, g);
+    EXPECT_EQ(predictions.size(), 1u);
+    return predictions.at(0).candidates.at(0).first;
+  };
+  // Plausible = the first piece of a word of the right kind, as this tokenizer splits it.
+  auto first_pieces = [&](std::initializer_list<const char*> words) {
+    std::set<std::string> pieces;
+    for (const char* w : words) pieces.insert(tokenizer->piece(tokenizer->encode(w).at(0)));
+    return pieces;
+  };
+  EXPECT_EQ(best("The [MASK] of italy is rome."), *first_pieces({"capital"}).begin());
+  const std::string color = best("The color of the snow is [MASK].");
+  EXPECT_TRUE(first_pieces({"blue", "green", "white", "black"}).count(color)) << color;
+  const std::string capital = best("The capital of france is [MASK].");
+  auto pieces_of = [&](const std::string& text) {
+    std::string out;
+    for (int32_t id : tokenizer->encode(text)) out += tokenizer->piece(id) + "|";
+    return out;
+  };
+  EXPECT_TRUE(first_pieces({"paris", "rome", "madrid", "tokyo", "cairo", "lima", "nairobi", "oslo"}).count(capital))
+      << capital << " (tokenized: " << pieces_of("The capital of spain is madrid.") << " " << pieces_of("madrid") << ")";
+  expect_user_error([&] { eval::fill_mask(model, *tokenizer, "no mask here", 3, g); }, "holds no [MASK]");
+}
+
+}  // namespace
+}  // namespace bert::train
