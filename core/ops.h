@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <vector>
 
 #include "core/graph.h"
 #include "core/rng.h"
@@ -80,5 +81,20 @@ template <typename T>
 Var sum(Graph<T>& g, Var x);
 template <typename T>
 Var mean(Graph<T>& g, Var x);
+
+}  // namespace bert::ops
+
+namespace bert::ops {
+
+// Fake quantization (symmetric, zero point 0): q(x) = clamp(nearbyint(x / s), qmin, qmax) * s, with
+// nearbyint rounding halves to even exactly as ONNX/TensorRT QuantizeLinear does. `scale` is (1)
+// per-tensor, or (R) with one scale per row of x viewed as (R, numel / R): per output channel for a
+// (out, in) weight. Backward (LSQ, Esser et al. 2020):
+//   dx = dy where qmin <= x / s <= qmax, else 0 (straight-through estimator);
+//   ds = grad_scale * sum dy * (round(x/s) - x/s inside, qmin below, qmax above).
+// Scales must be positive. If `clipped` is given, it receives the number of elements that saturated.
+template <typename T>
+Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale = 1.0,
+                  int64_t* clipped = nullptr);
 
 }  // namespace bert::ops
