@@ -6,7 +6,7 @@
 set(BERT_ALLOWED_DEPS_core   "")
 set(BERT_ALLOWED_DEPS_data   "core")
 set(BERT_ALLOWED_DEPS_model  "core")
-set(BERT_ALLOWED_DEPS_quant  "core;model")
+set(BERT_ALLOWED_DEPS_quant  "core;model;data")
 set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval")
 set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data")
 set(BERT_ALLOWED_DEPS_export "core;model;quant;data")

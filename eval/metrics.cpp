@@ -6,12 +6,6 @@
 
 namespace bert::eval {
 
-model::BertBatch as_model_batch(const data::Batch& b) {
-  return model::BertBatch{b.size,          b.seq_len,     b.max_predictions,       b.input_ids,
-                          b.input_mask,    b.segment_ids, b.masked_lm_positions,   b.masked_lm_ids,
-                          b.next_sentence_labels};
-}
-
 namespace {
 // Argmax of each row of a (rows, cols) matrix.
 std::vector<int32_t> row_argmax(const float* x, int64_t rows, int64_t cols) {
@@ -97,7 +91,7 @@ PretrainingMetrics evaluate(model::BertForPreTraining& model, data::ShardLoader&
   data::Batch batch;
   Rng unused(0);  // dropout is off in evaluation and draws nothing
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
-    const model::BertBatch b = as_model_batch(batch);
+    const model::BertBatch b = quant::as_model_batch(batch);
     model::PretrainingOutputs out = model.forward(g, b, /*training=*/false, unused);
     metrics.add(g, out, b);
     g.clear();

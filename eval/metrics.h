@@ -10,11 +10,9 @@
 #include "core/json.h"
 #include "data/loader.h"
 #include "model/bert.h"
+#include "quant/model_batch.h"
 
 namespace bert::eval {
-
-// The model's view of a loader batch (spans into `batch`, which must outlive the result).
-model::BertBatch as_model_batch(const data::Batch& batch);
 
 struct PretrainingMetrics {
   int64_t predictions = 0, mlm_correct = 0;

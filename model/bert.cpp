@@ -27,13 +27,21 @@ BertForPreTraining::BertForPreTraining(const BertConfig& config) : config_(confi
     l.intermediate = Linear::declare(params_, p + "intermediate.dense", c, config_.intermediate_size);
     l.output = Linear::declare(params_, p + "output.dense", config_.intermediate_size, c);
     l.output_norm = LayerNorm::declare(params_, p + "output.LayerNorm", c, eps);
+    l.matmul_q = Quantizer::activation(params_, p + "attention.self.matmul_q_input_quantizer");
+    l.matmul_k = Quantizer::activation(params_, p + "attention.self.matmul_k_input_quantizer");
+    l.matmul_v = Quantizer::activation(params_, p + "attention.self.matmul_v_input_quantizer");
+    l.matmul_a = Quantizer::activation(params_, p + "attention.self.matmul_a_input_quantizer");
+    l.attention_add_input = Quantizer::activation(params_, p + "attention.output.add_input_quantizer");
+    l.attention_add_residual = Quantizer::activation(params_, p + "attention.output.add_residual_quantizer");
+    l.output_add_input = Quantizer::activation(params_, p + "output.add_input_quantizer");
+    l.output_add_residual = Quantizer::activation(params_, p + "output.add_residual_quantizer");
     layers_.push_back(std::move(l));
   }
   pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c);
   transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c);
   transform_norm_ = LayerNorm::declare(params_, "cls.predictions.transform.LayerNorm", c, eps);
   decoder_bias_ = params_.add("cls.predictions.bias", {config_.vocab_size});
-  seq_relationship_ = Linear::declare(params_, "cls.seq_relationship", c, 2);
+  seq_relationship_ = Linear::declare(params_, "cls.seq_relationship", c, 2, /*quantizable=*/false);
   params_.allocate();
 }
 
@@ -42,7 +50,9 @@ void BertForPreTraining::initialize(uint64_t seed) {
   for (ParamId id = 0; id < params_.size(); ++id) {
     Parameter<float> p = params_.get(id);
     const std::string& name = *p.name;
-    if (name.ends_with("LayerNorm.weight")) {
+    if (is_quantizer_scale(name)) {
+      p.value.fill(1.0f);  // placeholder until calibrated
+    } else if (name.ends_with("LayerNorm.weight")) {
       p.value.fill(1.0f);
     } else if (name.ends_with(".bias")) {
       p.value.fill(0.0f);
@@ -56,21 +66,50 @@ void BertForPreTraining::initialize(uint64_t seed) {
 
 bool BertForPreTraining::decays(ParamId id) const {
   const std::string& name = params_.name(id);
-  return !name.ends_with(".bias") && name.find("LayerNorm") == std::string::npos;
+  return !name.ends_with(".bias") && name.find("LayerNorm") == std::string::npos && !is_quantizer_scale(name);
 }
 
-Var BertForPreTraining::attention(Graph<float>& g, const Layer& l, Var x, Var mask, int64_t b, int64_t t,
+std::vector<Quantizer*> BertForPreTraining::quantizers() {
+  std::vector<Quantizer*> all;
+  auto linear = [&all](Linear& l) {
+    if (!l.quantizable) return;
+    all.push_back(&l.input_quantizer);
+    all.push_back(&l.weight_quantizer);
+  };
+  for (Layer& l : layers_) {
+    linear(l.query);
+    linear(l.key);
+    linear(l.value);
+    for (Quantizer* q : {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a}) all.push_back(q);
+    linear(l.attention_output);
+    all.push_back(&l.attention_add_input);
+    all.push_back(&l.attention_add_residual);
+    linear(l.intermediate);
+    linear(l.output);
+    all.push_back(&l.output_add_input);
+    all.push_back(&l.output_add_residual);
+  }
+  linear(pooler_);
+  linear(transform_);
+  return all;
+}
+
+Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t,
                                   bool training, Rng& rng) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
-  auto heads = [&](const Linear& proj) {  // (B, T, C) -> (B, H, T, D)
+  auto heads = [&](Linear& proj) {  // (B, T, C) -> (B, H, T, D)
     return ops::permute(g, ops::reshape(g, proj.forward(g, params_, x), Shape{b, t, h, d}), {0, 2, 1, 3});
   };
-  Var q = heads(l.query), k = heads(l.key), v = heads(l.value);
+  Var q = l.matmul_q.apply(g, params_, heads(l.query));
+  Var k = l.matmul_k.apply(g, params_, heads(l.key));
+  Var v = l.matmul_v.apply(g, params_, heads(l.value));
   Var scores = ops::scale(g, ops::matmul(g, q, k, false, true), 1.0 / std::sqrt(static_cast<double>(d)));  // (B,H,T,T)
   Var probs = ops::dropout(g, ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, training, rng);
+  probs = l.matmul_a.apply(g, params_, probs);
   Var context = ops::reshape(g, ops::permute(g, ops::matmul(g, probs, v), {0, 2, 1, 3}), Shape{b, t, h * d});
   Var out = ops::dropout(g, l.attention_output.forward(g, params_, context), config_.hidden_dropout_prob, training, rng);
-  return l.attention_norm.forward(g, params_, ops::add(g, out, x));
+  out = l.attention_add_input.apply(g, params_, out);
+  return l.attention_norm.forward(g, params_, ops::add(g, out, l.attention_add_residual.apply(g, params_, x)));
 }
 
 Var BertForPreTraining::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
@@ -95,11 +134,11 @@ Var BertForPreTraining::encode(Graph<float>& g, const BertBatch& in, bool traini
   for (int64_t i = 0; i < b * t; ++i) mask_values[i] = in.attention_mask[i] ? 0.0f : -10000.0f;
   Var mask = g.constant(TensorView<float>(mask_values, Shape{b, t}));
 
-  for (const Layer& l : layers_) {
+  for (Layer& l : layers_) {
     Var a = attention(g, l, x, mask, b, t, training, rng);
     Var ff = l.output.forward(g, params_, ops::gelu(g, l.intermediate.forward(g, params_, a)));
-    ff = ops::dropout(g, ff, config_.hidden_dropout_prob, training, rng);
-    x = l.output_norm.forward(g, params_, ops::add(g, ff, a));
+    ff = l.output_add_input.apply(g, params_, ops::dropout(g, ff, config_.hidden_dropout_prob, training, rng));
+    x = l.output_norm.forward(g, params_, ops::add(g, ff, l.output_add_residual.apply(g, params_, a)));
   }
   return x;
 }

@@ -46,8 +46,13 @@ class BertForPreTraining {
   // BERT's initialisation: weights and embeddings normal(0, initializer_range), biases 0,
   // LayerNorm 1 and 0, the padding token's embedding 0.
   void initialize(uint64_t seed);
-  // Weight decay applies to weights and embeddings, not to biases and LayerNorm parameters.
+  // Weight decay applies to weights and embeddings, not to biases, LayerNorm parameters and
+  // quantizer scales.
   bool decays(ParamId id) const;
+  // Every quantizer, in forward order: per layer the Q/K/V/attention-output/FFN linears' input and
+  // weight quantizers, the four attention-matmul input quantizers (matmul_q/k/v/a) and the four
+  // residual-add input quantizers; then the pooler and the MLM transform. All start in kFloat.
+  std::vector<Quantizer*> quantizers();
 
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
@@ -60,8 +65,11 @@ class BertForPreTraining {
     LayerNorm attention_norm;
     Linear intermediate, output;
     LayerNorm output_norm;
+    // Inputs of Q K^T and of probs V (QDQBERT's names), and both inputs of each residual add.
+    Quantizer matmul_q, matmul_k, matmul_v, matmul_a;
+    Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;
   };
-  Var attention(Graph<float>& g, const Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training,
+  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training,
                 Rng& rng);
 
   BertConfig config_;

@@ -4,18 +4,29 @@
 
 namespace bert::model {
 
-Linear Linear::declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out) {
+Linear Linear::declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
+                       bool quantizable) {
   Linear l;
   l.name = name;
   l.in = in;
   l.out = out;
   l.weight = params.add(name + ".weight", {out, in});
   l.bias = params.add(name + ".bias", {out});
+  l.quantizable = quantizable;
+  if (quantizable) {
+    l.input_quantizer = Quantizer::activation(params, name + ".input_quantizer");
+    l.weight_quantizer = Quantizer::weight(params, name + ".weight_quantizer", out);
+  }
   return l;
 }
 
-Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) const {
-  return ops::linear(g, x, g.param(params.get(weight)), g.param(params.get(bias)));
+Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
+  Var w = g.param(params.get(weight));
+  if (quantizable) {
+    x = input_quantizer.apply(g, params, x);
+    w = weight_quantizer.apply(g, params, w);
+  }
+  return ops::linear(g, x, w, g.param(params.get(bias)));
 }
 
 LayerNorm LayerNorm::declare(ParameterArena<float>& params, const std::string& name, int64_t size, double eps) {

@@ -6,18 +6,23 @@
 
 #include "core/arena.h"
 #include "core/graph.h"
+#include "model/quantizer.h"
 
 namespace bert::model {
 
-// y = x W^T + b with <name>.weight (out, in) and <name>.bias (out). Every weight product in BERT goes
-// through this type, so quantizing the model (input and weight quantizers) is a change here only.
+// y = x W^T + b with <name>.weight (out, in) and <name>.bias (out): a QuantLinear. When quantizable, its
+// input passes through <name>.input_quantizer (per tensor) and its weight through
+// <name>.weight_quantizer (per output channel); both are pass-through until enabled.
 struct Linear {
   std::string name;
   ParamId weight = -1, bias = -1;
   int64_t in = 0, out = 0;
+  bool quantizable = false;
+  Quantizer input_quantizer, weight_quantizer;
 
-  static Linear declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out);
-  Var forward(Graph<float>& g, ParameterArena<float>& params, Var x) const;
+  static Linear declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
+                        bool quantizable = true);
+  Var forward(Graph<float>& g, ParameterArena<float>& params, Var x);
 };
 
 // LayerNorm over the last axis with <name>.weight (gamma) and <name>.bias (beta).

@@ -1,5 +1,7 @@
 #include "train/checkpoint.h"
 
+#include <algorithm>
+
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "data/hdf5_io.h"
@@ -56,6 +58,11 @@ void save_checkpoint(const std::string& path, model::BertForPreTraining& model, 
     hdf5::write_attribute(root, "loader_example", state.loader.example);
     hdf5::write_attribute(root, "tokenizer_sha256", state.tokenizer_sha256);
     hdf5::write_attribute(root, "run", state.run.dump());
+    Json::Array enabled;
+    for (const model::Quantizer* q : model.quantizers())
+      if (q->mode == model::QuantMode::kQuantize) enabled.emplace_back(q->name);
+    hdf5::write_attribute(root, "quantizers_enabled", Json(enabled).dump());
+    hdf5::write_attribute(root, "quantization", state.quantization.dump());
     if (optimizer) {
       hdf5::write_attribute(root, "optimizer", optimizer->options().name);
       hdf5::write_attribute(root, "optimizer_steps", optimizer->steps());
@@ -98,8 +105,9 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
     throw UserError("checkpoint '" + path + "' holds no optimizer state (a model-only checkpoint cannot resume training)");
   for (ParamId id = 0; id < params.size(); ++id) {
     Parameter<float> p = params.get(id);
+    if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) continue;  // FP32 checkpoint
     load_into("model/" + *p.name, p.value.data(), p.value.shape());
-    if (optimizer) {
+    if (optimizer && hdf5::exists(root, "optimizer/exp_avg/" + *p.name)) {
       const int64_t offset = p.value.data() - base;
       load_into("optimizer/exp_avg/" + *p.name, optimizer->first_moment().data() + offset, p.value.shape());
       load_into("optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset, p.value.shape());
@@ -114,6 +122,18 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
   s.loader.example = required_int(root, "loader_example", path);
   s.tokenizer_sha256 = hdf5::read_string_attribute(root, "tokenizer_sha256").value_or("");
   s.run = Json::parse(hdf5::read_string_attribute(root, "run").value_or("{}"));
+  s.quantization = Json::parse(hdf5::read_string_attribute(root, "quantization").value_or("null"));
+  const Json enabled = Json::parse(hdf5::read_string_attribute(root, "quantizers_enabled").value_or("[]"));
+  std::vector<model::Quantizer*> quantizers = model.quantizers();
+  for (model::Quantizer* q : quantizers) q->mode = model::QuantMode::kFloat;
+  for (const Json& name : enabled.as_array()) {
+    auto it = std::find_if(quantizers.begin(), quantizers.end(), [&](auto* q) { return q->name == name.as_string(); });
+    if (it == quantizers.end())
+      throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "', which this model lacks");
+    if (!hdf5::exists(root, "model/" + (*it)->name + ".scale"))
+      throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "' but holds no scale for it");
+    (*it)->mode = model::QuantMode::kQuantize;
+  }
   if (optimizer) {
     if (hdf5::read_string_attribute(root, "optimizer").value_or("") != optimizer->options().name)
       throw UserError("checkpoint '" + path + "' was trained with optimizer '" +

@@ -19,7 +19,8 @@ struct TrainingState {
   Rng::State dropout_rng;
   data::ShardLoader::State loader;
   std::string tokenizer_sha256;
-  Json run;  // the options the run was started with
+  Json run;           // the options the run was started with
+  Json quantization;  // the quantization recipe (calibrator, QAT steps, ...); null for FP32
 };
 
 void save_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer,
@@ -29,7 +30,9 @@ void save_checkpoint(const std::string& path, model::BertForPreTraining& model, 
 model::BertConfig read_checkpoint_config(const std::string& path);
 
 // Loads every parameter (each must be present with its shape; UserError naming the tensor otherwise)
-// and, when `optimizer` is given, its moments and step count.
+// and, when `optimizer` is given, its moments and step count. The names of the quantizers that were
+// enabled are stored too: they come back in kQuantize mode, every other quantizer in kFloat. Quantizer
+// scales may be absent (an FP32 checkpoint): they keep their placeholder value.
 TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer);
 
 }  // namespace bert::train

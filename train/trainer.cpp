@@ -213,7 +213,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     double step_loss = 0;
     for (int64_t micro = 0; micro < o.accumulation; ++micro) {
       loader.next(batch);
-      const model::BertBatch b = eval::as_model_batch(batch);
+      const model::BertBatch b = quant::as_model_batch(batch);
       model::PretrainingOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
       const double loss = g.value(out.loss)[0];
       if (!std::isfinite(loss))

@@ -1,0 +1,48 @@
+// Quantizer: one fake-quantization point in the model, with a stable readable name (the same name is
+// used by logs, the sensitivity table, plan files, the calibration cache and the ONNX export), a
+// learnable scale parameter "<name>.scale" in the arena, and a mode. Calibration algorithms, the
+// registry operations (enable by name or glob) and sensitivity analysis live in quant/.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "core/arena.h"
+#include "core/graph.h"
+
+namespace bert::model {
+
+enum class QuantMode {
+  kFloat,      // pass-through: the model runs in FP32 at this point
+  kCalibrate,  // pass-through, and the observer sees the values (to choose a scale)
+  kQuantize,   // fake-quantize with the scale parameter (LSQ gradient when training)
+};
+
+// Receives the values a quantizer sees while calibrating. Implemented by quant/'s calibrators.
+class QuantObserver {
+ public:
+  virtual ~QuantObserver() = default;
+  virtual void observe(std::span<const float> values) = 0;
+};
+
+struct Quantizer {
+  std::string name;
+  ParamId scale = -1;      // (channels): 1 for per-tensor activations, out for per-channel weights
+  int64_t channels = 1;
+  bool is_weight = false;  // weights: per output channel, narrow range [-127, 127]
+  int qmin = -128, qmax = 127;
+  QuantMode mode = QuantMode::kFloat;
+  QuantObserver* observer = nullptr;  // used in kCalibrate mode
+  int64_t clipped = 0, seen = 0;      // saturated / total elements since the last reset_counts()
+
+  static Quantizer activation(ParameterArena<float>& params, const std::string& name);
+  static Quantizer weight(ParameterArena<float>& params, const std::string& name, int64_t out_channels);
+  Var apply(Graph<float>& g, ParameterArena<float>& params, Var x);
+  void reset_counts() { clipped = seen = 0; }
+};
+
+// True for the arena names of quantizer scales (no weight decay; optional in FP32 checkpoints).
+bool is_quantizer_scale(const std::string& parameter_name);
+
+}  // namespace bert::model

@@ -1,0 +1,148 @@
+#include "quant/calibrator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace bert::quant {
+
+Method parse_method(const std::string& name) {
+  if (name == "max") return Method::kMax;
+  if (name == "percentile") return Method::kPercentile;
+  if (name == "entropy") return Method::kEntropy;
+  if (name == "mse") return Method::kMse;
+  throw UserError("unknown calibrator '" + name + "': expected max, percentile, entropy or mse");
+}
+
+std::string method_name(Method m) {
+  switch (m) {
+    case Method::kMax: return "max";
+    case Method::kPercentile: return "percentile";
+    case Method::kEntropy: return "entropy";
+    case Method::kMse: return "mse";
+  }
+  return "?";
+}
+
+float scale_for_amax(double amax) {
+  constexpr double kSmallestAmax = 1e-8;  // an all-zero tensor still gets a legal scale
+  return static_cast<float>(std::max(amax, kSmallestAmax) / 127.0);
+}
+
+void AbsHistogram::observe(std::span<const float> values) {
+  float batch_max = 0;
+  for (float v : values) {
+    const float a = std::abs(v);
+    if (!(a <= std::numeric_limits<float>::max()))  // NaN compares false: checked value by value
+      throw UserError("calibration saw a non-finite activation (NaN or Inf)");
+    batch_max = std::max(batch_max, a);
+  }
+  max_ = std::max<double>(max_, batch_max);
+  total_ += static_cast<int64_t>(values.size());
+  if (batch_max == 0 && range_ == 0) {
+    bins_[0] += static_cast<double>(values.size());
+    return;
+  }
+  if (range_ == 0) range_ = batch_max;
+  while (batch_max > range_) {  // double the range: bin i of the new histogram = bins 2i, 2i+1 of the old
+    for (int i = 0; i < kBins / 2; ++i) bins_[i] = bins_[2 * i] + bins_[2 * i + 1];
+    std::fill(bins_.begin() + kBins / 2, bins_.end(), 0.0);
+    range_ *= 2;
+  }
+  const double inv_width = kBins / range_;
+  for (float v : values) {
+    const int bin = std::min(kBins - 1, static_cast<int>(std::abs(v) * inv_width));
+    bins_[bin] += 1;
+  }
+}
+
+double AbsHistogram::amax(Method method, double percentile) const {
+  if (range_ == 0) return max_;
+  switch (method) {
+    case Method::kMax: return max_;
+    case Method::kPercentile: return percentile_amax(percentile);
+    case Method::kEntropy: return entropy_amax();
+    case Method::kMse: return mse_amax();
+  }
+  return max_;
+}
+
+double AbsHistogram::percentile_amax(double percentile) const {
+  if (!(percentile > 0 && percentile <= 100)) throw UserError("--percentile must be in (0, 100]");
+  if (range_ == 0) return max_;
+  const double target = static_cast<double>(total_) * percentile / 100.0;
+  double cumulative = 0;
+  for (int i = 0; i < kBins; ++i) {
+    cumulative += bins_[i];
+    if (cumulative >= target) return std::min(max_, (i + 1) * bin_width());
+  }
+  return max_;
+}
+
+double AbsHistogram::entropy_amax() const {
+  if (range_ == 0) return max_;
+  // Thresholds at bin edges i in [128, 2048]: P = bins[0:i] with the outliers folded into bin i-1;
+  // Q = bins[0:i] merged into 128 levels and expanded back over the non-empty bins. Smallest KL(P||Q).
+  constexpr int kLevels = 128;
+  int last_nonzero = kBins;
+  while (last_nonzero > 0 && bins_[last_nonzero - 1] == 0) --last_nonzero;
+  double best_kl = std::numeric_limits<double>::infinity();
+  int best_i = kBins;
+  std::vector<double> p, q;
+  for (int i = kLevels; i <= std::min(kBins, std::max(last_nonzero, kLevels)); ++i) {  // beyond the last
+    // non-empty bin nothing changes
+    double outliers = 0;
+    for (int j = i; j < kBins; ++j) outliers += bins_[j];
+    p.assign(bins_.begin(), bins_.begin() + i);
+    p[i - 1] += outliers;
+    q.assign(i, 0.0);
+    for (int level = 0; level < kLevels; ++level) {
+      const int start = static_cast<int>(static_cast<int64_t>(level) * i / kLevels);
+      const int end = static_cast<int>(static_cast<int64_t>(level + 1) * i / kLevels);
+      double sum = 0;
+      int nonzero = 0;
+      for (int j = start; j < end; ++j) {
+        sum += bins_[j];
+        nonzero += bins_[j] > 0;
+      }
+      if (nonzero == 0) continue;
+      for (int j = start; j < end; ++j)
+        if (bins_[j] > 0) q[j] = sum / nonzero;
+    }
+    double p_total = 0, q_total = 0;
+    for (int j = 0; j < i; ++j) p_total += p[j], q_total += q[j];
+    if (p_total == 0 || q_total == 0) continue;
+    double kl = 0;
+    for (int j = 0; j < i; ++j) {
+      if (p[j] == 0) continue;
+      const double pj = p[j] / p_total;
+      const double qj = q[j] > 0 ? q[j] / q_total : 1e-12;  // P has mass Q lacks (the folded outliers)
+      kl += pj * std::log(pj / qj);
+    }
+    if (kl < best_kl) best_kl = kl, best_i = i;
+  }
+  return std::min(max_, best_i * bin_width());
+}
+
+double AbsHistogram::mse_amax() const {
+  if (range_ == 0) return max_;
+  // Candidate thresholds at bin edges; error of each bin centre against its fake-quantized value.
+  const double width = bin_width();
+  double best_error = std::numeric_limits<double>::infinity(), best = max_;
+  for (int i = 128; i <= kBins; ++i) {
+    const double amax = i * width, s = amax / 127.0;
+    double error = 0;
+    for (int j = 0; j < kBins; ++j) {
+      if (bins_[j] == 0) continue;
+      const double centre = (j + 0.5) * width;
+      const double quantized = std::min(std::nearbyint(centre / s), 127.0) * s;
+      error += bins_[j] * (centre - quantized) * (centre - quantized);
+    }
+    if (error < best_error) best_error = error, best = amax;
+  }
+  return std::min(max_, best);
+}
+
+}  // namespace bert::quant

@@ -1,0 +1,195 @@
+#include "quant/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "quant/model_batch.h"
+
+namespace bert::quant {
+
+bool glob_match(const std::string& pattern, const std::string& name) {
+  // Iterative wildcard matching with backtracking to the last '*'.
+  size_t p = 0, n = 0, star = std::string::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p, ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = n;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+std::vector<model::Quantizer*> select(model::BertForPreTraining& model, const std::string& globs) {
+  std::vector<std::string> patterns;
+  std::stringstream in(globs);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) patterns.push_back(item);
+  std::vector<model::Quantizer*> chosen;
+  for (const std::string& pattern : patterns) {
+    bool matched = false;
+    for (model::Quantizer* q : model.quantizers()) {
+      if (!glob_match(pattern, q->name)) continue;
+      matched = true;
+      if (std::find(chosen.begin(), chosen.end(), q) == chosen.end()) chosen.push_back(q);
+    }
+    if (!matched) throw UserError("no quantizer matches '" + pattern + "' (names look like "
+                                  "bert.encoder.layer.0.attention.self.query.input_quantizer)");
+  }
+  return chosen;
+}
+
+std::vector<model::Quantizer*> default_quantizers(model::BertForPreTraining& model, bool residuals) {
+  std::vector<model::Quantizer*> chosen;
+  for (model::Quantizer* q : model.quantizers())
+    if (residuals || q->name.find(".add_") == std::string::npos) chosen.push_back(q);
+  return chosen;
+}
+
+void CalibrationOptions::validate() const {
+  parse_method(method);
+  if (!(percentile > 0 && percentile <= 100)) throw UserError("--percentile must be in (0, 100]");
+  if (batches < 1) throw UserError("--calib-batches must be at least 1");
+}
+
+namespace {
+std::vector<model::Quantizer*> chosen_set(model::BertForPreTraining& model, const CalibrationOptions& o) {
+  std::vector<model::Quantizer*> chosen = default_quantizers(model, o.residuals);
+  std::set<std::string> all;
+  for (model::Quantizer* q : model.quantizers()) all.insert(q->name);
+  for (const std::string& name : o.keep_float)
+    if (!all.count(name)) throw UserError("plan keeps '" + name + "' in float, but the model has no such quantizer");
+  std::erase_if(chosen, [&](model::Quantizer* q) {
+    return std::find(o.keep_float.begin(), o.keep_float.end(), q->name) != o.keep_float.end();
+  });
+  return chosen;
+}
+}  // namespace
+
+CalibrationStatistics collect_statistics(model::BertForPreTraining& model, data::ShardLoader& loader,
+                                         const CalibrationOptions& o, Graph<float>& g) {
+  o.validate();
+  CalibrationStatistics stats;
+  stats.quantizers = chosen_set(model, o);
+  disable_all(model);
+  for (model::Quantizer* q : stats.quantizers) {
+    if (q->is_weight) continue;
+    q->observer = &stats.activations[q->name];
+    q->mode = model::QuantMode::kCalibrate;
+  }
+  NoGradGuard<float> no_grad(g);
+  data::Batch batch;
+  Rng unused(0);
+  while (stats.batches < o.batches && loader.next(batch)) {
+    model.forward(g, as_model_batch(batch), /*training=*/false, unused);
+    g.clear();
+    ++stats.batches;
+    stats.sequences += batch.size;
+  }
+  for (model::Quantizer* q : stats.quantizers) {
+    q->observer = nullptr;
+    q->mode = model::QuantMode::kFloat;
+  }
+  if (stats.batches == 0) throw UserError("calibration found no batches in the given shards");
+  return stats;
+}
+
+std::map<std::string, double> apply_calibration(model::BertForPreTraining& model, const CalibrationStatistics& stats,
+                                                Method method, double percentile) {
+  disable_all(model);
+  std::map<std::string, double> amax;
+  ParameterArena<float>& params = model.parameters();
+  for (model::Quantizer* q : stats.quantizers) {
+    TensorView<float> scale = params.get(q->scale).value;
+    if (q->is_weight) {
+      // The weight belongs to the Linear named by the quantizer's prefix.
+      const std::string linear = q->name.substr(0, q->name.size() - std::string(".weight_quantizer").size());
+      TensorView<float> w = params.get(linear + ".weight").value;
+      const int64_t per_row = w.numel() / q->channels;
+      double largest = 0;
+      for (int64_t c = 0; c < q->channels; ++c) {
+        float m = 0;
+        for (int64_t i = 0; i < per_row; ++i) m = std::max(m, std::abs(w[c * per_row + i]));
+        scale[c] = scale_for_amax(m);
+        largest = std::max<double>(largest, m);
+      }
+      amax[q->name] = largest;
+    } else {
+      const double a = stats.activations.at(q->name).amax(method, percentile);
+      scale[0] = scale_for_amax(a);
+      amax[q->name] = a;
+    }
+    q->mode = model::QuantMode::kQuantize;
+  }
+  return amax;
+}
+
+std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::ShardLoader& loader,
+                                        const CalibrationOptions& options, Graph<float>& g) {
+  return apply_calibration(model, collect_statistics(model, loader, options, g), parse_method(options.method),
+                           options.percentile);
+}
+
+void clamp_scales(model::BertForPreTraining& model, float minimum) {
+  for (model::Quantizer* q : model.quantizers()) {
+    if (q->mode != model::QuantMode::kQuantize) continue;
+    for (float& s : model.parameters().get(q->scale).value)
+      if (!(s >= minimum)) s = minimum;  // also catches NaN
+  }
+}
+
+void disable_all(model::BertForPreTraining& model) {
+  for (model::Quantizer* q : model.quantizers()) {
+    q->mode = model::QuantMode::kFloat;
+    q->observer = nullptr;
+  }
+}
+
+std::vector<std::string> read_plan(const std::string& path, model::BertForPreTraining& model) {
+  std::ifstream in(path);
+  if (!in) throw UserError("cannot read plan file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  Json plan;
+  try {
+    plan = Json::parse(text.str());
+  } catch (const UserError& e) {
+    throw UserError("plan file '" + path + "': " + e.what());
+  }
+  const Json* keep = plan.is_object() ? plan.find("keep_float") : nullptr;
+  if (!keep || !keep->is_array()) throw UserError("plan file '" + path + "' has no \"keep_float\" list");
+  std::set<std::string> all;
+  for (model::Quantizer* q : model.quantizers()) all.insert(q->name);
+  std::vector<std::string> names;
+  for (const Json& n : keep->as_array()) {
+    if (!n.is_string() || !all.count(n.as_string()))
+      throw UserError("plan file '" + path + "' names '" + (n.is_string() ? n.as_string() : n.dump()) +
+                      "', which is not a quantizer of this model");
+    names.push_back(n.as_string());
+  }
+  return names;
+}
+
+void write_plan(const std::string& path, const std::vector<std::string>& keep_float, const Json& details) {
+  Json plan = details.is_object() ? details : Json();
+  Json::Array names;
+  for (const std::string& n : keep_float) names.emplace_back(n);
+  plan["keep_float"] = names;
+  AtomicFile file(path);
+  std::ofstream(file.temp_path()) << plan.dump(2) << "\n";
+  file.commit();
+}
+
+}  // namespace bert::quant

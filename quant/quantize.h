@@ -1,0 +1,67 @@
+// Quantizing a model: choosing quantizers by name or glob, calibrating them on batches (PTQ, and the
+// start of QAT), keeping scales positive, and plan files (which quantizers stay in float).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/json.h"
+#include "data/loader.h"
+#include "model/bert.h"
+#include "quant/calibrator.h"
+
+namespace bert::quant {
+
+// Quantizers whose names match any of the comma-separated globs (* and ? wildcards). UserError naming a
+// glob that matches nothing.
+std::vector<model::Quantizer*> select(model::BertForPreTraining& model, const std::string& globs);
+bool glob_match(const std::string& pattern, const std::string& name);
+
+// The default set for BERT, as NVIDIA's QDQBERT: every Linear's input and weight, and the inputs of
+// both attention matmuls. The residual-add quantizers join when `residuals` is true.
+std::vector<model::Quantizer*> default_quantizers(model::BertForPreTraining& model, bool residuals);
+
+struct CalibrationOptions {
+  std::string method = "percentile";  // max | percentile | entropy | mse (activations; weights use max)
+  double percentile = 99.99;
+  int64_t batches = 16;
+  bool residuals = false;               // also quantize both inputs of each residual add
+  std::vector<std::string> keep_float;  // names kept in float (a sensitivity plan)
+  void validate() const;
+};
+
+// Statistics of every activation quantizer in the chosen set, from one pass over calibration batches
+// (no gradients, no dropout). Weights need no batches.
+struct CalibrationStatistics {
+  std::vector<model::Quantizer*> quantizers;  // the chosen set (weights and activations)
+  std::map<std::string, AbsHistogram> activations;
+  int64_t batches = 0, sequences = 0;
+};
+CalibrationStatistics collect_statistics(model::BertForPreTraining& model, data::ShardLoader& loader,
+                                         const CalibrationOptions& options, Graph<float>& g);
+
+// Sets every chosen quantizer's scale (weights: per-channel max |w| / 127; activations: amax of
+// `method` / 127) and enables it; every other quantizer goes to float. Returns {name: amax} (the
+// largest channel's amax for weights).
+std::map<std::string, double> apply_calibration(model::BertForPreTraining& model, const CalibrationStatistics& stats,
+                                                Method method, double percentile);
+
+// All in one: collect, then apply `options.method`.
+std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::ShardLoader& loader,
+                                        const CalibrationOptions& options, Graph<float>& g);
+
+// Scales learned by LSQ must stay positive: clamps every enabled scale to at least `minimum`.
+void clamp_scales(model::BertForPreTraining& model, float minimum = 1e-8f);
+
+// Every quantizer to float.
+void disable_all(model::BertForPreTraining& model);
+
+// Plan files: {"keep_float": [names...], ...}; reading checks every name exists in the model.
+std::vector<std::string> read_plan(const std::string& path, model::BertForPreTraining& model);
+void write_plan(const std::string& path, const std::vector<std::string>& keep_float, const Json& details);
+
+}  // namespace bert::quant

@@ -1,0 +1,168 @@
+// Calibrators on synthetic distributions whose right answer is known; quantizer selection and plans;
+// calibrating a model end to end.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "quant/calibrator.h"
+#include "quant/quantize.h"
+#include "tests/common/temp_dir.h"
+
+namespace bert::quant {
+namespace {
+
+std::vector<float> sample(int n, uint64_t seed, const std::function<double(Rng&)>& draw) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(draw(rng));
+  return v;
+}
+
+TEST(Calibrator, MaxIsTheLargestMagnitudeSeen) {
+  AbsHistogram h;
+  std::vector<float> a{0.5f, -3.25f, 1.0f}, b{2.0f, -0.1f};
+  h.observe(a);
+  h.observe(b);
+  EXPECT_EQ(h.amax(Method::kMax), 3.25);
+  EXPECT_EQ(h.count(), 5);
+}
+
+TEST(Calibrator, PercentileOfAKnownDistribution) {
+  // |x| uniform on [0, 1): the p-th percentile is p / 100, to within one bin.
+  AbsHistogram h;
+  h.observe(sample(1'000'000, 1, [](Rng& r) { return r.next_uniform(); }));
+  for (double p : {50.0, 90.0, 99.0, 99.99}) EXPECT_NEAR(h.percentile_amax(p), p / 100, 2 * h.bin_width()) << p;
+  EXPECT_EQ(h.percentile_amax(100.0), h.max());
+  EXPECT_THROW(h.percentile_amax(0.0), UserError);
+}
+
+TEST(Calibrator, EntropyAndMseClipHeavyTailsButKeepAUniformRange) {
+  // A unit normal with rare outliers 40x larger: entropy (distribution shape) clips far below the max.
+  // MSE rightly keeps the outliers here (clipping 200 values by ~35 costs more squared error than all
+  // the bulk's rounding), so it is tested on a dense heavy tail instead.
+  AbsHistogram outliers;
+  outliers.observe(sample(200'000, 2, [](Rng& r) { return r.next_uniform() < 0.001 ? 40 * r.next_normal() : r.next_normal(); }));
+  EXPECT_LT(outliers.amax(Method::kEntropy), 0.5 * outliers.max());
+  EXPECT_GT(outliers.amax(Method::kEntropy), 2.0) << "must still cover the bulk of the normal";
+  // Laplace(1): the 8-bit MSE-optimal clip is about 9.9 (ACIQ, Banner et al. 2019); the max of 10^6
+  // samples is about 14.
+  AbsHistogram laplace;
+  laplace.observe(sample(1'000'000, 6, [](Rng& r) {
+    const double u = r.next_uniform() - 0.5;
+    return (u < 0 ? 1 : -1) * std::log(1 - 2 * std::abs(u));
+  }));
+  EXPECT_NEAR(laplace.amax(Method::kMse), 9.9, 1.5);
+  EXPECT_LT(laplace.amax(Method::kMse), 0.85 * laplace.max());
+  EXPECT_LT(laplace.amax(Method::kEntropy), 0.85 * laplace.max());
+  // Uniform: every value matters as much as any other; the threshold stays near the max.
+  AbsHistogram uniform;
+  uniform.observe(sample(200'000, 3, [](Rng& r) { return 2 * r.next_uniform() - 1; }));
+  for (Method m : {Method::kEntropy, Method::kMse}) EXPECT_GT(uniform.amax(m), 0.9 * uniform.max()) << method_name(m);
+}
+
+TEST(Calibrator, HistogramGrowsWithLaterBatchesAndBarelyDependsOnOrder) {
+  const std::vector<float> small = sample(50'000, 4, [](Rng& r) { return 0.1 * r.next_normal(); });
+  const std::vector<float> large = sample(50'000, 5, [](Rng& r) { return 3.0 * r.next_normal(); });
+  AbsHistogram a, b;
+  a.observe(small);
+  a.observe(large);
+  b.observe(large);
+  b.observe(small);
+  EXPECT_EQ(a.max(), b.max());
+  EXPECT_GE(a.range(), a.max());
+  EXPECT_EQ(a.count(), b.count());
+  double total = 0;
+  for (double c : a.bins()) total += c;
+  EXPECT_EQ(total, 100'000) << "re-binning keeps every count";
+  for (Method m : {Method::kPercentile, Method::kEntropy, Method::kMse})
+    EXPECT_NEAR(a.amax(m), b.amax(m), 0.05 * b.amax(m) + 2 * std::max(a.bin_width(), b.bin_width())) << method_name(m);
+}
+
+TEST(Calibrator, DegenerateInputsStillGiveALegalScale) {
+  AbsHistogram zeros;
+  std::vector<float> z(10, 0.0f);
+  zeros.observe(z);
+  EXPECT_EQ(zeros.amax(Method::kEntropy), 0.0);
+  EXPECT_GT(scale_for_amax(0.0), 0.0f);
+  EXPECT_FLOAT_EQ(scale_for_amax(127.0), 1.0f);
+  std::vector<float> bad{1.0f, std::nanf("")};
+  EXPECT_THROW(zeros.observe(bad), UserError);
+  EXPECT_THROW(parse_method("minmax"), UserError);
+}
+
+TEST(Glob, MatchesStarsAndQuestionMarks) {
+  EXPECT_TRUE(glob_match("*", "anything"));
+  EXPECT_TRUE(glob_match("bert.encoder.layer.*.attention.self.query.*", "bert.encoder.layer.1.attention.self.query.input_quantizer"));
+  EXPECT_TRUE(glob_match("*layer.?.output*", "bert.encoder.layer.3.output.dense.weight_quantizer"));
+  EXPECT_FALSE(glob_match("*layer.?.output*", "bert.encoder.layer.13.output.dense.weight_quantizer"));
+  EXPECT_FALSE(glob_match("query", "query2"));
+  EXPECT_TRUE(glob_match("a*b*c", "aXXbYYc"));
+  EXPECT_FALSE(glob_match("a*b*c", "aXXbYY"));
+}
+
+model::BertForPreTraining& small_model() {
+  static model::BertForPreTraining* m = [] {
+    model::BertConfig c = model::preset("tiny");
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.max_position_embeddings = 16;
+    auto* model = new model::BertForPreTraining(c);
+    model->initialize(1);
+    return model;
+  }();
+  return *m;
+}
+
+TEST(Select, ByNameAndGlobWithClearErrors) {
+  model::BertForPreTraining& m = small_model();
+  // Per layer: 6 linears x 2 + 4 attention matmul inputs + 4 residual inputs; pooler and transform 2 each.
+  EXPECT_EQ(m.quantizers().size(), 2u * (12 + 4 + 4) + 4);
+  EXPECT_EQ(default_quantizers(m, false).size(), 2u * (12 + 4) + 4);
+  EXPECT_EQ(select(m, "*.weight_quantizer").size(), 2u * 6 + 2);
+  EXPECT_EQ(select(m, "bert.encoder.layer.0.attention.self.matmul_?_input_quantizer").size(), 4u);
+  EXPECT_EQ(select(m, "bert.pooler.dense.input_quantizer,bert.pooler.dense.*").size(), 2u);
+  try {
+    select(m, "*.nonexistent_quantizer");
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no quantizer matches '*.nonexistent_quantizer'"), std::string::npos);
+  }
+}
+
+TEST(Plan, WriteReadAndRejectUnknownNames) {
+  model::BertForPreTraining& m = small_model();
+  testing::TempDir dir;
+  Json details;
+  details["max_mlm_accuracy_drop"] = 0.005;
+  write_plan(dir.file("plan.json"), {"bert.pooler.dense.input_quantizer"}, details);
+  EXPECT_EQ(read_plan(dir.file("plan.json"), m), std::vector<std::string>{"bert.pooler.dense.input_quantizer"});
+  std::ofstream(dir.file("bad.json")) << R"({"keep_float": ["bert.encoder.layer.9.output.dense.input_quantizer"]})";
+  EXPECT_THROW(read_plan(dir.file("bad.json"), m), UserError);
+  std::ofstream(dir.file("junk.json")) << "{";
+  EXPECT_THROW(read_plan(dir.file("junk.json"), m), UserError);
+}
+
+TEST(Calibrate, WeightScalesArePerChannelMaxOver127AndKeptFloatStaysFloat) {
+  model::BertForPreTraining& m = small_model();
+  CalibrationStatistics stats;
+  stats.quantizers = select(m, "*.weight_quantizer");
+  apply_calibration(m, stats, Method::kMax, 99.99);
+  const TensorView<float> w = m.parameters().get("bert.encoder.layer.0.intermediate.dense.weight").value;
+  const TensorView<float> s = m.parameters().get("bert.encoder.layer.0.intermediate.dense.weight_quantizer.scale").value;
+  for (int64_t c = 0; c < s.numel(); ++c) {
+    float largest = 0;
+    for (int64_t i = 0; i < 32; ++i) largest = std::max(largest, std::abs(w[c * 32 + i]));
+    EXPECT_EQ(s[c], static_cast<float>(largest / 127.0)) << c;
+  }
+  int enabled = 0;
+  for (model::Quantizer* q : m.quantizers()) enabled += q->mode == model::QuantMode::kQuantize;
+  EXPECT_EQ(enabled, 2 * 6 + 2);
+  disable_all(m);
+}
+
+}  // namespace
+}  // namespace bert::quant
