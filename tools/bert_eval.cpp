@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -11,6 +12,8 @@
 #include "data/tokenizer.h"
 #include "eval/fill_mask.h"
 #include "eval/metrics.h"
+#include "eval/quantized.h"
+#include "quant/quantize.h"
 #include "train/checkpoint.h"
 
 int main(int argc, char** argv) {
@@ -20,6 +23,11 @@ int main(int argc, char** argv) {
   bool mlm = false, nsp = false, json = false;
   int64_t batch_size = 64, max_batches = 0;
   int top_k = 5, threads = 0;
+  bool compare = false, sensitivity = false;
+  std::string calibrators = "max,percentile,entropy,mse", plan_path, plan_out;
+  std::vector<std::string> calib_shards;
+  quant::CalibrationOptions calibration;
+  double max_drop = 0.005;
   CLI::App app{"bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
                "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
   app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (from bert-train), or its output folder")->required();
@@ -31,6 +39,17 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path, "tokenizer (default: tokenizer.model beside the checkpoint)");
   app.add_option("--batch-size", batch_size, "sequences per batch")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   app.add_option("--max-batches", max_batches, "stop after this many batches (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_flag("--compare", compare, "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
+  app.add_flag("--sensitivity", sensitivity, "per-quantizer sensitivity (MLM accuracy with only it / all but it quantized)");
+  app.add_option("--calibrators", calibrators, "PTQ methods for --compare")->capture_default_str();
+  app.add_option("--calibrator", calibration.method, "method for --sensitivity")->capture_default_str();
+  app.add_option("--percentile", calibration.percentile, "percentile for the percentile calibrator")->capture_default_str();
+  app.add_option("--calib-shards", calib_shards, "calibration shards (default: --shards)")->expected(1, -1);
+  app.add_option("--calib-batches", calibration.batches, "calibration batches")->capture_default_str();
+  app.add_flag("--quantize-residuals", calibration.residuals, "also quantize both inputs of each residual add");
+  app.add_option("--plan", plan_path, "plan file: quantizers kept in float for PTQ");
+  app.add_option("--max-drop", max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")->capture_default_str();
+  app.add_option("--plan-out", plan_out, "--sensitivity: write the plan here");
   app.add_flag("--json", json, "print JSON instead of a table");
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
@@ -42,6 +61,7 @@ int main(int argc, char** argv) {
     if (tokenizer_path.empty()) tokenizer_path = (fs::path(checkpoint).parent_path() / "tokenizer.model").string();
     if (fill_text.empty() && shards.empty()) throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
     if ((mlm || nsp) && shards.empty()) throw UserError("--mlm-accuracy / --nsp-accuracy need --shards");
+    if ((compare || sensitivity) && shards.empty()) throw UserError("--compare / --sensitivity need --shards");
     if (!shards.empty() && !mlm && !nsp) mlm = nsp = true;
 
     model::BertForPreTraining model(train::read_checkpoint_config(checkpoint));
@@ -65,10 +85,87 @@ int main(int argc, char** argv) {
         data::check_shard_compatible(header, lo.shards.front(), model.config().vocab_size,
                                      model.config().max_position_embeddings, state.tokenizer_sha256);
       }
-      const eval::PretrainingMetrics m = eval::evaluate(model, loader, max_batches, g);
+      auto make_loader = [lo] { return data::ShardLoader(lo); };
+      auto calibration_statistics = [&] {
+        data::LoaderOptions co = lo;
+        co.shards = calib_shards.empty() ? lo.shards : data::expand_shard_paths(calib_shards);
+        data::ShardLoader calibration_loader(co);
+        if (!plan_path.empty()) calibration.keep_float = quant::read_plan(plan_path, model);
+        return quant::collect_statistics(model, calibration_loader, calibration, g);
+      };
+      if (compare || sensitivity) {
+        // Calibrating changes quantizer modes; remember the checkpoint's (QAT) state to compare with it.
+        std::vector<std::pair<model::Quantizer*, model::QuantMode>> modes;
+        for (model::Quantizer* q : model.quantizers()) modes.emplace_back(q, q->mode);
+        const quant::CalibrationStatistics stats = calibration_statistics();
+        for (auto [q, mode] : modes) q->mode = mode;
+        if (compare) {
+          std::vector<quant::Method> methods;
+          std::stringstream list(calibrators);
+          for (std::string m; std::getline(list, m, ',');) methods.push_back(quant::parse_method(m));
+          const auto results = eval::compare_modes(model, stats, methods, calibration.percentile, make_loader, max_batches, g);
+          Json::Array rows;
+          if (!json) std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
+          for (const auto& r : results) {
+            if (!json)
+              std::printf("%-16s %10.4f %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.metrics.mlm_accuracy(),
+                          r.metrics.mlm_loss(), r.metrics.nsp_accuracy(), r.metrics.nsp_loss());
+            Json row = r.metrics.to_json();
+            row["mode"] = r.mode;
+            rows.push_back(row);
+          }
+          if (!json && !results.empty())
+            std::printf("(%lld predictions; baselines: most-frequent-token %.4f, NSP majority %.4f; calibration: %lld batches)\n",
+                        (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
+                        results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
+          report["compare"] = rows;
+        }
+        if (sensitivity) {
+          const auto r = eval::sensitivity(model, stats, quant::parse_method(calibration.method), calibration.percentile,
+                                           make_loader, max_batches, max_drop, g,
+                                           [](const std::string& name) { spdlog::info("sensitivity: {}", name); });
+          Json::Array rows;
+          if (!json) {
+            std::printf("FP32 MLM accuracy %.4f; all %zu quantizers (%s) %.4f\n", r.fp32, r.rows.size(),
+                        calibration.method.c_str(), r.all_quantized);
+            std::printf("%-64s %10s %12s\n", "quantizer (most sensitive first)", "only this", "all but this");
+          }
+          for (const auto& row : r.rows) {
+            if (!json) std::printf("%-64s %10.4f %12.4f\n", row.name.c_str(), row.only_this, row.all_but_this);
+            Json j;
+            j["name"] = row.name;
+            j["only_this"] = row.only_this;
+            j["all_but_this"] = row.all_but_this;
+            rows.push_back(j);
+          }
+          Json::Array kept;
+          for (const auto& n : r.keep_float) kept.emplace_back(n);
+          if (!json)
+            std::printf("plan: keep %zu in float -> MLM accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n", r.keep_float.size(),
+                        r.planned, r.fp32, max_drop);
+          Json s;
+          s["fp32"] = r.fp32;
+          s["all_quantized"] = r.all_quantized;
+          s["rows"] = rows;
+          s["keep_float"] = kept;
+          s["planned"] = r.planned;
+          report["sensitivity"] = s;
+          if (!plan_out.empty()) {
+            Json details;
+            details["calibrator"] = calibration.method;
+            details["max_mlm_accuracy_drop"] = max_drop;
+            details["fp32_mlm_accuracy"] = r.fp32;
+            details["planned_mlm_accuracy"] = r.planned;
+            quant::write_plan(plan_out, r.keep_float, details);
+            if (!json) std::printf("plan written to %s\n", plan_out.c_str());
+          }
+        }
+      }
+      const eval::PretrainingMetrics m = compare || sensitivity ? eval::PretrainingMetrics{}
+                                                                : eval::evaluate(model, loader, max_batches, g);
       report["shards"] = static_cast<int64_t>(lo.shards.size());
-      report["metrics"] = m.to_json();
-      if (!json) {
+      if (!compare && !sensitivity) report["metrics"] = m.to_json();
+      if (!json && !compare && !sensitivity) {
         std::printf("checkpoint %s (step %lld) on %zu shard(s)\n", checkpoint.c_str(), (long long)state.step, lo.shards.size());
         std::printf("%-22s %10s %12s %12s\n", "metric", "value", "baseline", "count");
         if (mlm) {

@@ -50,6 +50,14 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", o.eval_every, "steps between evaluations (0: only at the end)")->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
   app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
+  app.add_option("--init-from", o.init_from, "start from this checkpoint's weights (fine-tuning, QAT)");
+  app.add_flag("--qat", o.qat, "quantization-aware training: calibrate the quantizers, then train weights and LSQ scales");
+  app.add_option("--calibrator", o.calibration.method, "QAT scale initialisation: max | percentile | entropy | mse")->capture_default_str();
+  app.add_option("--percentile", o.calibration.percentile, "percentile for --calibrator percentile")->capture_default_str();
+  app.add_option("--calib-batches", o.calibration.batches, "calibration batches")->capture_default_str();
+  app.add_flag("--quantize-residuals", o.calibration.residuals, "also quantize both inputs of each residual add");
+  app.add_option("--plan", o.plan_path, "sensitivity plan (from bert-eval --sensitivity): quantizers kept in float");
+  app.add_option("--scale-lr-mult", o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
   app.add_option("--stop-at", o.stop_at_step, "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));

@@ -23,6 +23,7 @@ Optimizer::Optimizer(OptimizerOptions options, ParameterArena<float>& params, st
     : options_(std::move(options)), params_(params), decays_(std::move(decays)) {
   options_.validate();
   BERT_CHECK(static_cast<int32_t>(decays_.size()) == params.size(), "one decay flag per parameter");
+  lr_multiplier_.assign(decays_.size(), 1.0);
   m_.assign(params.values().numel(), 0.0f);
   v_.assign(params.values().numel(), 0.0f);
 }
@@ -32,7 +33,7 @@ void Optimizer::step(double lr) {
   const double b1 = options_.beta1, b2 = options_.beta2;
   const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(b1, steps_)));
   const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(b2, steps_)));
-  const float eps = static_cast<float>(options_.epsilon), lrf = static_cast<float>(lr);
+  const float eps = static_cast<float>(options_.epsilon);
   const float b1f = static_cast<float>(b1), b2f = static_cast<float>(b2);
   float* base = params_.values().data();
   const bool lamb = options_.name == "lamb";
@@ -44,6 +45,8 @@ void Optimizer::step(double lr) {
     float* m = m_.data() + offset;
     float* v = v_.data() + offset;
     const float wd = decays_[id] ? static_cast<float>(options_.weight_decay) : 0.0f;
+    const double param_lr = lr * lr_multiplier_[id];
+    const float lrf = static_cast<float>(param_lr);
     if (!lamb) {
       parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
@@ -65,7 +68,7 @@ void Optimizer::step(double lr) {
         u_norm2 += double(u) * u;
       }
       const double trust = (w_norm2 > 0 && u_norm2 > 0) ? std::sqrt(w_norm2 / u_norm2) : 1.0;
-      const float scale = static_cast<float>(lr * trust);
+      const float scale = static_cast<float>(param_lr * trust);
       for (int64_t i = 0; i < n; ++i) w[i] -= scale * ((m[i] * c1) / (std::sqrt(v[i] * c2) + eps) + wd * w[i]);
     }
   }

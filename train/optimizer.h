@@ -29,6 +29,8 @@ class Optimizer {
   //  AdamW (Loshchilov & Hutter, as torch.optim.AdamW): w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
   //  LAMB (You et al.): u = m_hat / (sqrt(v_hat) + eps) + wd * w;  w -= lr * (|w| / |u|) * u, per tensor
   void step(double lr);
+  // Parameter `id` learns at lr * multiplier (e.g. quantizer scales at their own rate). Default 1.
+  void set_lr_multiplier(ParamId id, double multiplier) { lr_multiplier_.at(id) = multiplier; }
   int64_t steps() const { return steps_; }
   const OptimizerOptions& options() const { return options_; }
 
@@ -41,6 +43,7 @@ class Optimizer {
   OptimizerOptions options_;
   ParameterArena<float>& params_;
   std::vector<bool> decays_;
+  std::vector<double> lr_multiplier_;
   AlignedVector<float> m_, v_;
   int64_t steps_ = 0;
 };

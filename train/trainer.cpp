@@ -31,6 +31,9 @@ void TrainOptions::validate() const {
   if (!(warmup_fraction >= 0 && warmup_fraction < 1)) fail("--warmup: expected a fraction in [0, 1)");
   if (schedule != "linear" && schedule != "poly") fail("--schedule '" + schedule + "': expected linear or poly");
   if (!std::isfinite(clip_norm)) fail("--clip: expected a finite number");
+  if (qat) calibration.validate();
+  if (!(scale_lr_multiplier > 0) || !std::isfinite(scale_lr_multiplier)) fail("--scale-lr-mult: expected a positive number");
+  if (qat && init_from.empty() && !resume) fail("--qat needs --init-from (an FP32 checkpoint to start from)");
   if (log_every < 1) fail("--log-every: expected at least 1");
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
   optimizer.validate();
@@ -55,6 +58,16 @@ Json TrainOptions::to_json() const {
   j["weight_decay"] = optimizer.weight_decay;
   j["clip_norm"] = clip_norm;
   j["seed"] = seed;
+  j["init_from"] = init_from;
+  j["qat"] = qat;
+  if (qat) {
+    j["calibrator"] = calibration.method;
+    j["percentile"] = calibration.percentile;
+    j["calib_batches"] = calibration.batches;
+    j["quantize_residuals"] = calibration.residuals;
+    j["plan"] = plan_path;
+    j["scale_lr_multiplier"] = scale_lr_multiplier;
+  }
   return j;
 }
 
@@ -111,6 +124,13 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     if (!fs::exists(checkpoint_path))
       throw UserError("--resume: no checkpoint at '" + checkpoint_path + "' to resume from");
     config = read_checkpoint_config(checkpoint_path);
+  } else if (!o.init_from.empty()) {
+    config = read_checkpoint_config(o.init_from);
+    config.hidden_dropout_prob = o.config.hidden_dropout_prob;
+    config.attention_probs_dropout_prob = o.config.attention_probs_dropout_prob;
+    if (config.vocab_size != tokenizer->vocab_size())
+      throw UserError("--init-from '" + o.init_from + "' has vocab_size " + std::to_string(config.vocab_size) +
+                      ", the tokenizer " + std::to_string(tokenizer->vocab_size()));
   }
   model::BertForPreTraining model(config);
   std::vector<bool> decays;
@@ -149,16 +169,58 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     state.step = loaded.step;
     loader.restore(loaded.loader);
     dropout_rng = Rng(loaded.dropout_rng);
+    state.quantization = loaded.quantization;
     truncate_metrics(metrics_path, state.step);
     spdlog::info("resuming from '{}' at step {}", checkpoint_path, state.step);
   } else {
-    model.initialize(o.seed);
+    if (o.init_from.empty()) {
+      model.initialize(o.seed);
+    } else {
+      const TrainingState init = load_checkpoint(o.init_from, model, nullptr);
+      if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != tokenizer->file_sha256())
+        throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path + "'");
+      spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
+    }
+    if (o.qat) {
+      quant::CalibrationOptions calibration = o.calibration;
+      if (!o.plan_path.empty()) calibration.keep_float = quant::read_plan(o.plan_path, model);
+      data::LoaderOptions co = loader_options;
+      co.repeat = false;
+      co.seed = o.seed + 1;
+      data::ShardLoader calibration_loader(co);
+      Graph<float> calibration_graph;
+      const auto amax = quant::calibrate(model, calibration_loader, calibration, calibration_graph);
+      spdlog::info("calibrated {} quantizers ({} calibrator, {} batches; {} kept in float)", amax.size(),
+                   calibration.method, calibration.batches, calibration.keep_float.size());
+      Json recipe;
+      recipe["qat"] = true;
+      recipe["calibrator"] = calibration.method;
+      recipe["percentile"] = calibration.percentile;
+      recipe["calib_batches"] = calibration.batches;
+      recipe["quantize_residuals"] = calibration.residuals;
+      Json::Array kept;
+      for (const auto& n : calibration.keep_float) kept.emplace_back(n);
+      recipe["keep_float"] = kept;
+      recipe["init_from"] = o.init_from;
+      recipe["qat_steps"] = o.steps;
+      recipe["learning_rate"] = o.learning_rate;
+      recipe["scale_lr_multiplier"] = o.scale_lr_multiplier;
+      state.quantization = recipe;
+    }
     if (fs::absolute(tokenizer_path) != fs::absolute(tokenizer_copy)) fs::copy_file(tokenizer_path, tokenizer_copy, fs::copy_options::overwrite_existing);
     AtomicFile config_file((fs::path(o.output_dir) / "config.json").string());
     std::ofstream(config_file.temp_path()) << config.to_json().dump(2) << "\n";
     config_file.commit();
     std::ofstream(metrics_path, std::ios::trunc).close();
   }
+  // Quantizers enabled (calibrated now, or restored from a QAT checkpoint): scales get their own
+  // learning rate and stay positive.
+  std::vector<model::Quantizer*> active;
+  for (model::Quantizer* q : model.quantizers())
+    if (q->mode == model::QuantMode::kQuantize) active.push_back(q);
+  for (model::Quantizer* q : active) optimizer.set_lr_multiplier(q->scale, o.scale_lr_multiplier);
+  if (!active.empty()) spdlog::info("quantization-aware training with {} quantizers enabled", active.size());
+
   if (state.step >= o.steps) {
     spdlog::info("nothing to do: the checkpoint is at step {} of {}", state.step, o.steps);
     return TrainResult{state.step, false, 0, 0, {}, {}};
@@ -229,6 +291,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
                       "; the last checkpoint was left as it was");
     const double lr = learning_rate(state.step, o.steps, warmup, o.learning_rate, o.schedule);
     optimizer.step(lr);
+    if (!active.empty()) quant::clamp_scales(model);
     result.losses.push_back(step_loss);
     window_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     window_grad_norm += grad_norm;
@@ -254,6 +317,20 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       line["grad_norm"] = window_grad_norm / window_steps;
       line["sequences_per_second"] = seq_per_s;
       line["elapsed_seconds"] = elapsed;
+      if (!active.empty()) {
+        // Clipping per quantizer over the window: the share of values that saturated.
+        Json clip;
+        double worst = 0;
+        std::string worst_name;
+        for (model::Quantizer* q : active) {
+          const double fraction = q->seen ? double(q->clipped) / q->seen : 0.0;
+          clip[q->name] = fraction;
+          if (fraction >= worst) worst = fraction, worst_name = q->name;
+          q->reset_counts();
+        }
+        line["clip_fraction"] = clip;
+        spdlog::info("  clipping: at most {:.4f}% of values, at {}", 100 * worst, worst_name);
+      }
       metrics_log << line.dump() << "\n" << std::flush;
       window = {};
       window_seconds = window_grad_norm = 0;

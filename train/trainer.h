@@ -11,6 +11,7 @@
 #include "core/json.h"
 #include "eval/metrics.h"
 #include "model/config.h"
+#include "quant/quantize.h"
 #include "train/optimizer.h"
 
 namespace bert::train {
@@ -36,6 +37,14 @@ struct TrainOptions {
   int64_t eval_every = 500;   // <= 0: only at the end
   int64_t eval_batches = 20;  // <= 0: the whole evaluation set
   int64_t save_every = 500;   // <= 0: only at the end
+  // Quantization-aware training: start from init_from's weights, calibrate the quantizers on training
+  // batches (calibration.method) to initialise the scales, then train weights and LSQ scales together.
+  std::string init_from;           // checkpoint whose weights start the run (optimizer starts fresh)
+  bool qat = false;
+  quant::CalibrationOptions calibration;
+  std::string plan_path;           // sensitivity plan: quantizers kept in float
+  double scale_lr_multiplier = 1.0;  // scales learn at learning_rate * this
+
   bool resume = false;        // continue from output_dir/checkpoint.h5
   int64_t stop_at_step = 0;   // > 0: stop after this step with a checkpoint, as if interrupted
 

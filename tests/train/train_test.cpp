@@ -11,6 +11,7 @@
 #include "data/examples.h"
 #include "data/tokenizer.h"
 #include "eval/fill_mask.h"
+#include "eval/quantized.h"
 #include "tests/common/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
@@ -348,6 +349,99 @@ TEST_F(FactsCorpus, FillMaskOnATrainedModelPutsAPlausibleTokenFirst) {
   EXPECT_TRUE(first_pieces({"paris", "rome", "madrid", "tokyo", "cairo", "lima", "nairobi", "oslo"}).count(capital))
       << capital << " (tokenized: " << pieces_of("The capital of spain is madrid.") << " " << pieces_of("madrid") << ")";
   expect_user_error([&] { eval::fill_mask(model, *tokenizer, "no mask here", 3, g); }, "holds no [MASK]");
+}
+
+TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq) {
+  testing::TempDir out;
+  TrainOptions fp32 = options(out.file("fp32"));
+  fp32.steps = 300;
+  fp32.batch_size = 32;
+  fp32.log_every = 300;
+  train(fp32);
+
+  TrainOptions qat = options(out.file("qat"));
+  qat.init_from = out.file("fp32") + "/checkpoint.h5";
+  qat.qat = true;
+  qat.calibration.method = "percentile";
+  qat.calibration.batches = 4;
+  qat.steps = 10;
+  qat.learning_rate = 1e-3;
+  qat.scale_lr_multiplier = 10;
+  qat.config.hidden_dropout_prob = qat.config.attention_probs_dropout_prob = 0.1;
+  const TrainResult full = train(qat);
+  // The same QAT run, interrupted and resumed, gives the same losses bit for bit.
+  TrainOptions first = qat;
+  first.output_dir = out.file("qat_resumed");
+  first.stop_at_step = 4;
+  const TrainResult part1 = train(first);
+  TrainOptions second = qat;
+  second.output_dir = out.file("qat_resumed");
+  second.resume = true;
+  second.init_from.clear();
+  const TrainResult part2 = train(second);
+  std::vector<double> joined = part1.losses;
+  joined.insert(joined.end(), part2.losses.begin(), part2.losses.end());
+  EXPECT_EQ(joined, full.losses);
+
+  // The QAT checkpoint comes back with its quantizers enabled, its scales learned and positive.
+  const std::string path = out.file("qat") + "/checkpoint.h5";
+  model::BertForPreTraining m(read_checkpoint_config(path));
+  const TrainingState state = load_checkpoint(path, m, nullptr);
+  ASSERT_TRUE(state.quantization.is_object());
+  EXPECT_EQ(state.quantization.find("calibrator")->as_string(), "percentile");
+  int enabled = 0;
+  for (model::Quantizer* q : m.quantizers()) {
+    if (q->mode != model::QuantMode::kQuantize) continue;
+    ++enabled;
+    for (float scale : m.parameters().get(q->scale).value) EXPECT_GT(scale, 0.0f) << q->name;
+  }
+  EXPECT_EQ(enabled, static_cast<int>(quant::default_quantizers(m, false).size()));
+  {  // The learned scales moved away from the calibrated ones (LSQ trains them).
+    model::BertForPreTraining calibrated(read_checkpoint_config(path));
+    load_checkpoint(out.file("fp32") + "/checkpoint.h5", calibrated, nullptr);
+    data::LoaderOptions lo;
+    lo.shards = data::expand_shard_paths({dir_->file("shards")});
+    lo.batch_size = 16;
+    lo.repeat = false;
+    lo.seed = qat.seed + 1;
+    data::ShardLoader loader(lo);
+    Graph<float> g;
+    quant::CalibrationOptions co = qat.calibration;
+    quant::calibrate(calibrated, loader, co, g);
+    const char* name = "bert.encoder.layer.0.output.dense.input_quantizer.scale";
+    EXPECT_NE(calibrated.parameters().get(name).value[0], m.parameters().get(name).value[0]);
+  }
+
+  // FP32 vs PTQ vs QAT side by side, and sensitivity with a plan.
+  data::LoaderOptions lo;
+  lo.shards = data::expand_shard_paths({dir_->file("shards")});
+  lo.batch_size = 64;
+  lo.shuffle = false;
+  lo.repeat = false;
+  eval::LoaderFactory make = [lo] { return data::ShardLoader(lo); };
+  Graph<float> g;
+  data::ShardLoader calibration_loader = make();
+  quant::CalibrationOptions co;
+  co.batches = 4;
+  std::vector<std::pair<model::Quantizer*, model::QuantMode>> modes;
+  for (model::Quantizer* q : m.quantizers()) modes.emplace_back(q, q->mode);
+  const quant::CalibrationStatistics stats = quant::collect_statistics(m, calibration_loader, co, g);
+  for (auto [q, mode] : modes) q->mode = mode;
+  const auto results = eval::compare_modes(m, stats, {quant::Method::kMax, quant::Method::kPercentile}, 99.99, make, 3, g);
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_EQ(results[0].mode, "fp32");
+  EXPECT_EQ(results[1].mode, "ptq-max");
+  EXPECT_EQ(results[3].mode, "qat");
+  for (const auto& r : results) EXPECT_GT(r.metrics.mlm_accuracy(), 0.2) << r.mode << ": far above chance on this corpus";
+  for (auto [q, mode] : modes) EXPECT_EQ(q->mode, mode) << "compare_modes leaves the model as it came";
+
+  const eval::SensitivityReport loose = eval::sensitivity(m, stats, quant::Method::kMax, 99.99, make, 2, 1.0, g);
+  EXPECT_EQ(loose.rows.size(), stats.quantizers.size());
+  EXPECT_TRUE(loose.keep_float.empty()) << "a drop of 1.0 is always allowed";
+  for (size_t i = 1; i < loose.rows.size(); ++i) EXPECT_LE(loose.rows[i - 1].only_this, loose.rows[i].only_this);
+  const eval::SensitivityReport strict = eval::sensitivity(m, stats, quant::Method::kMax, 99.99, make, 2, -1.0, g);
+  EXPECT_EQ(strict.keep_float.size(), stats.quantizers.size()) << "an impossible bar keeps everything in float";
+  EXPECT_DOUBLE_EQ(strict.planned, strict.fp32) << "everything in float is the FP32 model";
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+#include "eval/quantized.h"
+
+#include <algorithm>
+#include <map>
+
+namespace bert::eval {
+
+namespace {
+
+struct SavedModes {
+  std::vector<std::pair<model::Quantizer*, model::QuantMode>> modes;
+  std::vector<float> scales;
+  explicit SavedModes(model::BertForPreTraining& m) {
+    for (model::Quantizer* q : m.quantizers()) modes.emplace_back(q, q->mode);
+    for (model::Quantizer* q : m.quantizers())
+      for (float s : m.parameters().get(q->scale).value) scales.push_back(s);
+  }
+  void restore(model::BertForPreTraining& m) const {
+    for (auto [q, mode] : modes) q->mode = mode;
+    size_t i = 0;
+    for (model::Quantizer* q : m.quantizers())
+      for (float& s : m.parameters().get(q->scale).value) s = scales[i++];
+  }
+};
+
+double mlm_accuracy(model::BertForPreTraining& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+  data::ShardLoader loader = make();
+  return evaluate(model, loader, max_batches, g).mlm_accuracy();
+}
+
+}  // namespace
+
+std::vector<ModeResult> compare_modes(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
+                                      const std::vector<quant::Method>& methods, double percentile,
+                                      const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+  const SavedModes saved(model);
+  const bool came_quantized = std::any_of(saved.modes.begin(), saved.modes.end(),
+                                          [](const auto& p) { return p.second == model::QuantMode::kQuantize; });
+  std::vector<ModeResult> results;
+  quant::disable_all(model);
+  {
+    data::ShardLoader loader = make();
+    results.push_back({"fp32", evaluate(model, loader, max_batches, g)});
+  }
+  for (quant::Method m : methods) {
+    quant::apply_calibration(model, stats, m, percentile);
+    data::ShardLoader loader = make();
+    results.push_back({"ptq-" + quant::method_name(m), evaluate(model, loader, max_batches, g)});
+    saved.restore(model);
+    quant::disable_all(model);
+  }
+  saved.restore(model);
+  if (came_quantized) {
+    data::ShardLoader loader = make();
+    results.push_back({"qat", evaluate(model, loader, max_batches, g)});
+  }
+  return results;
+}
+
+SensitivityReport sensitivity(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
+                              quant::Method method, double percentile, const LoaderFactory& make,
+                              int64_t max_batches, double max_drop, Graph<float>& g,
+                              const std::function<void(const std::string&)>& progress) {
+  const SavedModes saved(model);
+  SensitivityReport report;
+  quant::disable_all(model);
+  report.fp32 = mlm_accuracy(model, make, max_batches, g);
+  quant::apply_calibration(model, stats, method, percentile);  // scales for every chosen quantizer
+  const std::vector<model::Quantizer*>& chosen = stats.quantizers;
+  auto set_all = [&](model::QuantMode mode) {
+    for (model::Quantizer* q : chosen) q->mode = mode;
+  };
+  report.all_quantized = mlm_accuracy(model, make, max_batches, g);
+  for (model::Quantizer* q : chosen) {
+    SensitivityRow row{q->name};
+    set_all(model::QuantMode::kFloat);
+    q->mode = model::QuantMode::kQuantize;
+    row.only_this = mlm_accuracy(model, make, max_batches, g);
+    set_all(model::QuantMode::kQuantize);
+    q->mode = model::QuantMode::kFloat;
+    row.all_but_this = mlm_accuracy(model, make, max_batches, g);
+    report.rows.push_back(row);
+    if (progress) progress(q->name);
+  }
+  std::stable_sort(report.rows.begin(), report.rows.end(),
+                   [](const SensitivityRow& a, const SensitivityRow& b) { return a.only_this < b.only_this; });
+
+  // Greedy plan: keep in float, one at a time, the quantizer whose removal recovered the most.
+  std::vector<SensitivityRow> by_gain = report.rows;
+  std::stable_sort(by_gain.begin(), by_gain.end(),
+                   [](const SensitivityRow& a, const SensitivityRow& b) { return a.all_but_this > b.all_but_this; });
+  set_all(model::QuantMode::kQuantize);
+  report.planned = report.all_quantized;
+  for (const SensitivityRow& row : by_gain) {
+    if (report.fp32 - report.planned <= max_drop) break;
+    report.keep_float.push_back(row.name);
+    for (model::Quantizer* q : chosen)
+      if (q->name == row.name) q->mode = model::QuantMode::kFloat;
+    report.planned = mlm_accuracy(model, make, max_batches, g);
+  }
+  saved.restore(model);
+  return report;
+}
+
+}  // namespace bert::eval

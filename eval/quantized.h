@@ -1,0 +1,49 @@
+// Evaluating quantized models: FP32 vs PTQ (each calibrator) vs the checkpoint's own quantization (QAT)
+// side by side, and per-quantizer sensitivity with a plan of quantizers to keep in float.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "eval/metrics.h"
+#include "quant/quantize.h"
+
+namespace bert::eval {
+
+// Makes a fresh, non-repeating loader over the evaluation shards (each evaluation starts over).
+using LoaderFactory = std::function<data::ShardLoader()>;
+
+struct ModeResult {
+  std::string mode;  // "fp32", "ptq-max", "ptq-percentile", ..., "qat"
+  PretrainingMetrics metrics;
+};
+
+// FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model
+// came with quantizers enabled (a QAT checkpoint), that state. Leaves the model as it came.
+std::vector<ModeResult> compare_modes(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
+                                      const std::vector<quant::Method>& methods, double percentile,
+                                      const LoaderFactory& eval_loader, int64_t max_batches, Graph<float>& g);
+
+struct SensitivityRow {
+  std::string name;
+  double only_this = 0;     // MLM accuracy with only this quantizer enabled
+  double all_but_this = 0;  // MLM accuracy with every chosen quantizer but this one
+};
+
+struct SensitivityReport {
+  double fp32 = 0, all_quantized = 0;
+  std::vector<SensitivityRow> rows;     // most sensitive first (largest drop with only it enabled)
+  std::vector<std::string> keep_float;  // the plan: kept in float to stay within max_drop of FP32
+  double planned = 0;                   // MLM accuracy with the plan applied
+};
+
+// For each quantizer of the calibration set: accuracy with only it, and with all but it, enabled
+// (scales from `method`). The plan greedily keeps in float the quantizer whose removal recovers the
+// most accuracy, until all-quantized accuracy is within max_drop (absolute) of FP32.
+SensitivityReport sensitivity(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
+                              quant::Method method, double percentile, const LoaderFactory& eval_loader,
+                              int64_t max_batches, double max_drop, Graph<float>& g,
+                              const std::function<void(const std::string&)>& progress = {});
+
+}  // namespace bert::eval
