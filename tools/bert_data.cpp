@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "tools/tool_main.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/loader.h"
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
   inspect->add_option("--show", inspect_show, "examples to print per shard")->check(CLI::Range(0, 1000))->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
-  try {
+  return tools::run_tool([&] {
     if (*split) run_split(split_inputs, split_output);
     if (*tokenizer) {
       tok.lowercase = !cased;
@@ -164,12 +165,6 @@ int main(int argc, char** argv) {
         spdlog::info("shards: {} single-sentence documents gave random-next pairs only", stats.single_sentence_documents);
     }
     if (*inspect) run_inspect(inspect_paths, inspect_tokenizer, inspect_show);
-  } catch (const UserError& e) {
-    spdlog::error("{}", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    spdlog::error("internal error: {}", e.what());
-    return 2;
-  }
-  return 0;
+    return 0;
+  });
 }

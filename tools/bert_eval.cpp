@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "tools/tool_main.h"
 #include "core/parallel.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
 
-  try {
+  return tools::run_tool([&] {
     if (threads > 0) omp_set_num_threads(threads);
     namespace fs = std::filesystem;
     if (fs::is_directory(checkpoint)) checkpoint = (fs::path(checkpoint) / "checkpoint.h5").string();
@@ -203,12 +204,6 @@ int main(int argc, char** argv) {
       report["fill_mask"] = masks;
     }
     if (json) std::printf("%s\n", report.dump(2).c_str());
-  } catch (const UserError& e) {
-    spdlog::error("{}", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    spdlog::error("internal error: {}", e.what());
-    return 2;
-  }
-  return 0;
+    return 0;
+  });
 }

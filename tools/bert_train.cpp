@@ -5,6 +5,7 @@
 #include <csignal>
 
 #include "core/error.h"
+#include "tools/tool_main.h"
 #include "core/parallel.h"
 #include "train/trainer.h"
 
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
 
-  try {
+  return tools::run_tool([&] {
     if (threads > 0) omp_set_num_threads(threads);
     o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
     if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
@@ -71,12 +72,6 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, on_signal);
     train::TrainResult r = train::train(o, &g_stop);
     if (r.stopped_early) return 128 + g_signal.load();
-  } catch (const UserError& e) {
-    spdlog::error("{}", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    spdlog::error("internal error: {}", e.what());
-    return 2;
-  }
-  return 0;
+    return 0;
+  });
 }

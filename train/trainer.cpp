@@ -102,9 +102,6 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   o.validate();
-  std::error_code ec;
-  fs::create_directories(o.output_dir, ec);
-  if (ec) throw UserError("cannot create output folder '" + o.output_dir + "': " + ec.message());
   const std::string checkpoint_path = (fs::path(o.output_dir) / "checkpoint.h5").string();
   const std::string metrics_path = (fs::path(o.output_dir) / "metrics.jsonl").string();
   const std::string tokenizer_copy = (fs::path(o.output_dir) / "tokenizer.model").string();
@@ -157,6 +154,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   }
   std::vector<std::string> eval_paths;
   if (!o.eval_shards.empty()) eval_paths = data::expand_shard_paths(o.eval_shards);
+  // Inputs are checked: only now does anything get written.
+  std::error_code ec;
+  fs::create_directories(o.output_dir, ec);
+  if (ec) throw UserError("cannot create output folder '" + o.output_dir + "': " + ec.message());
 
   Rng dropout_rng(Rng(o.seed).bits(0xD7));
   TrainingState state;

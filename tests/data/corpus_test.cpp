@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "data/corpus.h"
 #include "data/sha256.h"
+#include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 
 namespace bert::data {
@@ -73,14 +74,7 @@ TEST(CorpusReader, SplitsParagraphFormatIntoSentences) {
   EXPECT_EQ(doc, (Sentences{"Mr. Four here.", "Five."}));
 }
 
-void expect_user_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a UserError containing '" << fragment << "'";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using testing::expect_user_error;
 
 TEST(CorpusReader, RejectsMissingEmptyBlankAndBinaryFilesNamingThem) {
   testing::TempDir dir;

@@ -17,6 +17,7 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 
 namespace bert::data {
@@ -309,14 +310,7 @@ TEST_F(FixtureData, LoaderVisitsEveryExampleOncePerEpochAndResumesExactly) {
 
 // ---------------------------------------------------------------- bad input
 
-void expect_user_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a UserError containing '" << fragment << "'";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using testing::expect_user_error;
 
 bool folder_is_empty_or_missing(const std::string& path) {
   return !std::filesystem::exists(path) || std::filesystem::is_empty(path);

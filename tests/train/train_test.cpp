@@ -12,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "eval/fill_mask.h"
 #include "eval/quantized.h"
+#include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
@@ -20,14 +21,7 @@
 namespace bert::train {
 namespace {
 
-void expect_user_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a UserError containing '" << fragment << "'";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using testing::expect_user_error;
 
 // ---------------------------------------------------------------- optimizers
 

@@ -1,0 +1,158 @@
+// train-step-bench: time of one full training step (forward, backward, clipping, AdamW) for FP32 and
+// QAT, and evaluation throughput, for BERT presets at sequence length 128, with achieved GFLOP/s from an
+// analytic FLOP count and the SGEMM ceiling of the machine measured in the same run. Median of timed
+// steps after warm-up. Synthetic batches with the shard layout (20 masked positions per sequence).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+#include "core/gemm.h"
+#include "core/parallel.h"
+#include "data/loader.h"
+#include "model/bert.h"
+#include "quant/calibrator.h"
+#include "quant/model_batch.h"
+#include "quant/quantize.h"
+#include "train/optimizer.h"
+
+namespace {
+
+using namespace bert;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+data::Batch synthetic_batch(int64_t b, int64_t t, int64_t p, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  data::Batch batch;
+  batch.size = b, batch.seq_len = t, batch.max_predictions = p;
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < t; ++j) {
+      batch.input_ids.push_back(j == 0 ? 2 : static_cast<int32_t>(5 + rng.next_below(vocab - 5)));
+      batch.input_mask.push_back(1);
+      batch.segment_ids.push_back(j < t / 2 ? 0 : 1);
+    }
+    for (int64_t k = 0; k < p; ++k) {  // sorted distinct positions in [1, t - 1)
+      batch.masked_lm_positions.push_back(static_cast<int32_t>(1 + k * (t - 2) / p));
+      batch.masked_lm_ids.push_back(static_cast<int32_t>(5 + rng.next_below(vocab - 5)));
+    }
+    batch.next_sentence_labels.push_back(static_cast<int8_t>(rng.next_below(2)));
+  }
+  return batch;
+}
+
+// Forward GEMM FLOPs of one sequence (the step costs 3x: forward, and two products per GEMM backward).
+double forward_flops(const model::BertConfig& c, double t, double p) {
+  const double h = c.hidden_size, i = c.intermediate_size, v = c.vocab_size;
+  const double layer = 2 * t * h * h * 4 + 2 * t * h * i * 2 + 2 * t * t * h * 2;
+  return c.num_hidden_layers * layer + 2 * p * h * h + 2 * p * h * v + 2 * h * h;
+}
+
+void enable_quantization(model::BertForPreTraining& model, const data::Batch& batch, Graph<float>& g) {
+  quant::CalibrationStatistics stats;
+  stats.quantizers = quant::default_quantizers(model, false);
+  for (model::Quantizer* q : stats.quantizers)
+    if (!q->is_weight) {
+      q->observer = &stats.activations[q->name];
+      q->mode = model::QuantMode::kCalibrate;
+    }
+  {
+    NoGradGuard<float> no_grad(g);
+    Rng unused(0);
+    model.forward(g, quant::as_model_batch(batch), false, unused);
+    g.clear();
+  }
+  quant::apply_calibration(model, stats, quant::Method::kMax, 99.99);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string presets = "tiny,mini", batches = "32,128";
+  int steps = 5, warmup = 2;
+  int64_t vocab = 16000;
+  CLI::App app{"train-step-bench: training-step and evaluation speed of BERT presets (FP32 and QAT)"};
+  app.add_option("--presets", presets, "comma-separated presets")->capture_default_str();
+  app.add_option("--batches", batches, "comma-separated batch sizes")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps (median reported)")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000))->capture_default_str();
+  app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::Range(int64_t{100}, int64_t{1} << 20))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const int64_t t = 128, p = 20;
+  {  // The SGEMM ceiling through the same kernel path.
+    const int64_t n = 2048;
+    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+    std::vector<double> times;
+    for (int r = 0; r < 4; ++r) {
+      auto start = std::chrono::steady_clock::now();
+      gemm<float>({false, false, n, n, n}, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      if (r > 0) times.push_back(seconds_since(start));
+    }
+    std::printf("threads %d; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(), 2.0 * n * n * n / median(times) / 1e9);
+  }
+  std::printf("step FLOPs = 3 x B x [L (8 T H^2 + 4 T H I + 4 T^2 H) + 2 P H^2 + 2 P H V + 2 H^2], T=%lld, P=%lld, V=%lld\n",
+              (long long)t, (long long)p, (long long)vocab);
+  std::printf("%-6s %6s %-5s %12s %10s %10s %12s\n", "preset", "batch", "mode", "step (s)", "seq/s", "GFLOP/s", "eval seq/s");
+
+  std::stringstream preset_list(presets);
+  for (std::string name; std::getline(preset_list, name, ',');) {
+    model::BertConfig config = model::preset(name);
+    config.vocab_size = vocab;
+    std::stringstream batch_list(batches);
+    for (std::string bs; std::getline(batch_list, bs, ',');) {
+      const int64_t b = std::stoll(bs);
+      const data::Batch batch = synthetic_batch(b, t, p, vocab, 7);
+      const model::BertBatch input = quant::as_model_batch(batch);
+      double fp32_step = 0;
+      for (const char* mode : {"fp32", "qat"}) {
+        model::BertForPreTraining model(config);
+        model.initialize(1);
+        std::vector<bool> decays;
+        for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
+        train::Optimizer optimizer({}, model.parameters(), decays);
+        Graph<float> g;
+        Rng dropout(3);
+        if (std::string(mode) == "qat") enable_quantization(model, batch, g);
+        std::vector<double> times;
+        for (int s = 0; s < warmup + steps; ++s) {
+          const auto start = std::chrono::steady_clock::now();
+          model.parameters().zero_grad();
+          model::PretrainingOutputs out = model.forward(g, input, true, dropout);
+          g.backward(out.loss);
+          train::clip_grad_norm(model.parameters(), 1.0);
+          optimizer.step(1e-4);
+          if (std::string(mode) == "qat") quant::clamp_scales(model);
+          if (s >= warmup) times.push_back(seconds_since(start));
+        }
+        const double step = median(times);
+        if (std::string(mode) == "fp32") fp32_step = step;
+        std::vector<double> eval_times;
+        for (int s = 0; s < warmup + steps; ++s) {
+          const auto start = std::chrono::steady_clock::now();
+          NoGradGuard<float> no_grad(g);
+          model.forward(g, input, false, dropout);
+          g.clear();
+          if (s >= warmup) eval_times.push_back(seconds_since(start));
+        }
+        const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
+        std::printf("%-6s %6lld %-5s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode, step, b / step,
+                    gflops, b / median(eval_times));
+        if (std::string(mode) == "qat") std::printf("   QAT/FP32 step %.2f", step / fp32_step);
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
