@@ -9,3 +9,9 @@ find_package(ONNX REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SentencePiece REQUIRED IMPORTED_TARGET sentencepiece)
 find_package(GTest REQUIRED)
+
+# Debian's libsentencepiece.so carries (and exports) its own copy of protobuf-lite. If a program loads
+# it before libprotobuf.so, protobuf's static initialisers bind to that copy and crash at start-up (seen
+# with ONNX + SentencePiece in one binary). Making libprotobuf the first library every program loads
+# lets its symbols win; tokenizer and ONNX tests then run in the same process.
+add_link_options("LINKER:--push-state,--no-as-needed" "-lprotobuf" "LINKER:--pop-state")

@@ -9,7 +9,7 @@ set(BERT_ALLOWED_DEPS_model  "core")
 set(BERT_ALLOWED_DEPS_quant  "core;model;data")
 set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval")
 set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data")
-set(BERT_ALLOWED_DEPS_export "core;model;quant;data")
+set(BERT_ALLOWED_DEPS_export "core;model;quant;data;eval")
 
 # bert_add_library(<folder> SOURCES ... [DEPENDS <project libs>] [LIBS <third-party targets>])
 # creates target bert_<folder>.

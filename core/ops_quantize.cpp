@@ -24,10 +24,10 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
   std::vector<int64_t> saturated(static_cast<size_t>(channels), 0);
   parallel_for(channels, std::max<int64_t>(1, (int64_t{1} << 14) / per_channel), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      const T s = sv[c], inv = T(1) / s;
+      const T s = sv[c];
       int64_t count = 0;
       for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i) {
-        const T q = std::nearbyint(xv[i] * inv);
+        const T q = std::nearbyint(xv[i] / s);  // divide, as QuantizeLinear does: x * (1/s) can round differently
         count += (q < lo) | (q > hi);
         yv[i] = std::min(std::max(q, lo), hi) * s;
       }
@@ -47,10 +47,10 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
     const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
     parallel_for(channels, std::max<int64_t>(1, (int64_t{1} << 14) / per_channel), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        const T inv = T(1) / sv[c];
+        const T s = sv[c];
         double scale_grad = 0;
         for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i) {
-          const T v = xv[i] * inv;
+          const T v = xv[i] / s;
           if (v < lo) {
             scale_grad += double(dy[i]) * lo;
           } else if (v > hi) {

@@ -25,16 +25,28 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "[setup] all ${#packages[@]} Debian packages present"
-  exit 0
+else
+  echo "[setup] installing: ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "[setup] error: not root and no sudo; install: ${missing[*]}" >&2; exit 1; }
+    sudo_cmd=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "[setup] installing: ${missing[*]}"
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "[setup] error: not root and no sudo; install: ${missing[*]}" >&2; exit 1; }
-  sudo_cmd=(sudo)
+# ONNX Runtime for verifying exports (CPU library inside the npm package; the flag skips its download).
+ORT_VERSION=1.30.0
+ort_dir="$(cd "$(dirname "$0")/.." && pwd)/cache/ort"
+if [ ! -f "$ort_dir/node_modules/onnxruntime-node/package.json" ] ||
+   ! grep -q "\"version\": \"$ORT_VERSION\"" "$ort_dir/node_modules/onnxruntime-node/package.json"; then
+  echo "[setup] installing onnxruntime-node $ORT_VERSION into $ort_dir"
+  mkdir -p "$ort_dir"
+  npm install --prefix "$ort_dir" --no-save --no-audit --no-fund --loglevel=error \
+    "onnxruntime-node@$ORT_VERSION" --onnxruntime-node-install=skip
+else
+  echo "[setup] onnxruntime-node $ORT_VERSION present"
 fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "[setup] done"

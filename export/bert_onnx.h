@@ -1,0 +1,32 @@
+// ONNX export of BertForPreTraining: FP32, or explicit Q/DQ at exactly the model's enabled quantizers
+// (../shared/design/QDQ_EXPORT_RULES.md). Inputs input_ids, attention_mask, token_type_ids (int64,
+// dynamic batch and sequence); outputs prediction_logits [B, T, V] and seq_relationship_logits [B, 2].
+// Node and tensor names follow the model's module names.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <string>
+
+#include "core/json.h"
+#include "model/bert.h"
+
+namespace bert::exporter {
+
+struct ExportOptions {
+  int opset = 17;        // 13 or 17 (17: LayerNorm as one LayerNormalization node)
+  bool qdq = false;      // Q/DQ for every enabled quantizer; false: a pure FP32 graph
+  Json metadata;         // string-valued entries go to metadata_props (objects are written as JSON)
+  void validate() const;
+};
+
+onnx::ModelProto export_bert(model::BertForPreTraining& model, const ExportOptions& options);
+
+// Checks the model with ONNX's checker (full check, with shape inference); UserError with its message.
+void check_onnx(const onnx::ModelProto& model);
+
+// Serialises atomically (temporary file, then rename).
+void write_onnx(const onnx::ModelProto& model, const std::string& path);
+onnx::ModelProto read_onnx(const std::string& path);
+
+}  // namespace bert::exporter
