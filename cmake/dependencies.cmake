@@ -10,8 +10,9 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(SentencePiece REQUIRED IMPORTED_TARGET sentencepiece)
 find_package(GTest REQUIRED)
 
-# Debian's libsentencepiece.so carries (and exports) its own copy of protobuf-lite. If a program loads
-# it before libprotobuf.so, protobuf's static initialisers bind to that copy and crash at start-up (seen
-# with ONNX + SentencePiece in one binary). Making libprotobuf the first library every program loads
-# lets its symbols win; tokenizer and ONNX tests then run in the same process.
-add_link_options("LINKER:--push-state,--no-as-needed" "-lprotobuf" "LINKER:--pop-state")
+# Debian's libsentencepiece.so carries (and exports) its own copy of protobuf-lite 3.14; the system
+# libprotobuf is 3.21. A process that loads both crashes or aborts in protobuf's start-up checks, so no
+# program may load both: SentencePiece is linked only where text is tokenized (data's tokenizer code),
+# and ONNX/protobuf only by export/. tests/CMakeLists.txt checks that no binary needs both.
+# Link a shared library only into programs that use it (keeps SentencePiece out of export/ programs).
+add_link_options("LINKER:--as-needed")

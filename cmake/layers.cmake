@@ -5,6 +5,7 @@
 # error, so a layering violation cannot slip in unnoticed.
 set(BERT_ALLOWED_DEPS_core   "")
 set(BERT_ALLOWED_DEPS_data   "core")
+set(BERT_ALLOWED_DEPS_tokenizer "core;data")
 set(BERT_ALLOWED_DEPS_model  "core")
 set(BERT_ALLOWED_DEPS_quant  "core;model;data")
 set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval")

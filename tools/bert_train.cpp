@@ -3,10 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <filesystem>
 
 #include "core/error.h"
 #include "tools/tool_main.h"
 #include "core/parallel.h"
+#include "data/tokenizer.h"
 #include "train/trainer.h"
 
 namespace {
@@ -68,6 +70,13 @@ int main(int argc, char** argv) {
     if (threads > 0) omp_set_num_threads(threads);
     o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
     if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
+    // The tokenizer: the given one, or on --resume the copy in the output folder.
+    const std::string copy = (std::filesystem::path(o.output_dir) / "tokenizer.model").string();
+    if (o.tokenizer_path.empty() && std::filesystem::exists(copy)) o.tokenizer_path = copy;
+    if (o.tokenizer_path.empty()) throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
+    const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(o.tokenizer_path);
+    o.tokenizer_vocab_size = tokenizer->vocab_size();
+    o.tokenizer_sha256 = tokenizer->file_sha256();
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     train::TrainResult r = train::train(o, &g_stop);

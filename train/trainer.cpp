@@ -13,7 +13,6 @@
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "data/sha256.h"
-#include "data/tokenizer.h"
 #include "train/checkpoint.h"
 
 namespace bert::train {
@@ -106,16 +105,13 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   const std::string metrics_path = (fs::path(o.output_dir) / "metrics.jsonl").string();
   const std::string tokenizer_copy = (fs::path(o.output_dir) / "tokenizer.model").string();
 
-  // Tokenizer: the given one, or on resume the copy in the output folder.
-  std::string tokenizer_path = o.tokenizer_path;
-  if (tokenizer_path.empty() && fs::exists(tokenizer_copy)) tokenizer_path = tokenizer_copy;
-  if (tokenizer_path.empty()) throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
-  std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(tokenizer_path);
-
+  if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
+    throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
+  const std::string& tokenizer_path = o.tokenizer_path;
   model::BertConfig config = o.config;
-  if (config.vocab_size != tokenizer->vocab_size()) {
-    spdlog::info("vocab_size set to the tokenizer's {} (config had {})", tokenizer->vocab_size(), config.vocab_size);
-    config.vocab_size = tokenizer->vocab_size();
+  if (config.vocab_size != o.tokenizer_vocab_size) {
+    spdlog::info("vocab_size set to the tokenizer's {} (config had {})", o.tokenizer_vocab_size, config.vocab_size);
+    config.vocab_size = o.tokenizer_vocab_size;
   }
   if (o.resume) {
     if (!fs::exists(checkpoint_path))
@@ -125,9 +121,9 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     config = read_checkpoint_config(o.init_from);
     config.hidden_dropout_prob = o.config.hidden_dropout_prob;
     config.attention_probs_dropout_prob = o.config.attention_probs_dropout_prob;
-    if (config.vocab_size != tokenizer->vocab_size())
+    if (config.vocab_size != o.tokenizer_vocab_size)
       throw UserError("--init-from '" + o.init_from + "' has vocab_size " + std::to_string(config.vocab_size) +
-                      ", the tokenizer " + std::to_string(tokenizer->vocab_size()));
+                      ", the tokenizer " + std::to_string(o.tokenizer_vocab_size));
   }
   model::BertForPreTraining model(config);
   std::vector<bool> decays;
@@ -147,7 +143,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     header.seq_len = loader.seq_len();
     header.metadata = loader.metadata();
     data::check_shard_compatible(header, loader_options.shards.front(), config.vocab_size, config.max_position_embeddings,
-                                 tokenizer->file_sha256());
+                                 o.tokenizer_sha256);
   } else {
     spdlog::warn("training shards carry no tokenizer metadata (made by another tool?): cannot check they match '{}'",
                  tokenizer_path);
@@ -161,11 +157,11 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
 
   Rng dropout_rng(Rng(o.seed).bits(0xD7));
   TrainingState state;
-  state.tokenizer_sha256 = tokenizer->file_sha256();
+  state.tokenizer_sha256 = o.tokenizer_sha256;
   state.run = o.to_json();
   if (o.resume) {
     TrainingState loaded = load_checkpoint(checkpoint_path, model, &optimizer);
-    if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != tokenizer->file_sha256())
+    if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != o.tokenizer_sha256)
       throw UserError("--resume: the checkpoint was trained with another tokenizer than '" + tokenizer_path + "'");
     state.step = loaded.step;
     loader.restore(loaded.loader);
@@ -178,7 +174,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       model.initialize(o.seed);
     } else {
       const TrainingState init = load_checkpoint(o.init_from, model, nullptr);
-      if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != tokenizer->file_sha256())
+      if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != o.tokenizer_sha256)
         throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path + "'");
       spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
     }

@@ -51,13 +51,14 @@ TEST(FakeQuantize, TiesRoundToEvenAndValuesSaturateLikeQuantizeLinear) {
 }
 
 TEST(FakeQuantize, PerChannelScalesApplyRowByRow) {
-  // x (2, 3) with one scale per row.
-  Tensor<double> y = run({0.3, 0.6, 10.0, 0.3, 0.6, 10.0}, {0.2, 0.5}, -127, 127);
-  EXPECT_DOUBLE_EQ(y[0], 0.4);  // 1.5 -> 2 (to even)
-  EXPECT_DOUBLE_EQ(y[1], 0.6);  // 3 * 0.2
-  EXPECT_DOUBLE_EQ(y[3], 0.5);  // 0.6 -> 1
-  EXPECT_DOUBLE_EQ(y[4], 0.5);  // 1.2 -> 1
-  EXPECT_DOUBLE_EQ(y[5], 10.0);  // 20 * 0.5
+  // x (2, 3) with one scale per row; powers of two make the ties exact.
+  Tensor<double> y = run({0.375, 0.75, 10.0, 0.375, 0.75, 10.0}, {0.25, 0.5}, -127, 127);
+  EXPECT_DOUBLE_EQ(y[0], 0.5);   // 1.5 -> 2 (to even)
+  EXPECT_DOUBLE_EQ(y[1], 0.75);  // 3
+  EXPECT_DOUBLE_EQ(y[2], 10.0);  // 40
+  EXPECT_DOUBLE_EQ(y[3], 0.5);   // 0.75 -> 1
+  EXPECT_DOUBLE_EQ(y[4], 1.0);   // 1.5 -> 2 (to even)
+  EXPECT_DOUBLE_EQ(y[5], 10.0);  // 20
   Graph<double> g;
   Tensor<double> x({2, 3}), bad(Shape{4}, {1, 1, 1, 1}), zero(Shape{1}, {0.0});
   EXPECT_THROW(ops::fake_quantize(g, g.constant(x.view()), g.constant(bad.view()), -128, 127), InternalError);

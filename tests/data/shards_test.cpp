@@ -29,6 +29,7 @@ const std::string kFixture = std::string(BERT_TEST_FIXTURES_DIR) + "/kjv_paragra
 class FixtureData : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    ready_ = false;
     dir_ = new testing::TempDir();
     SentencePieceTrainOptions t;
     t.inputs = {kFixture};
@@ -38,7 +39,12 @@ class FixtureData : public ::testing::Test {
     train_sentencepiece(t);
     tokenizer_ = load_tokenizer(dir_->file("spm.model")).release();
     stats_ = new ShardBuildStats(build_shards(options(dir_->file("shards"))));
+    ready_ = true;
   }
+  // GoogleTest reports the tests of a suite whose set-up threw as "skipped"; make them fail instead.
+  void SetUp() override { ASSERT_TRUE(ready_) << "the test suite's set-up failed (see above)"; }
+  static inline bool ready_ = false;
+
   static void TearDownTestSuite() {
     delete stats_;
     delete tokenizer_;

@@ -133,11 +133,20 @@ TEST(Clipping, ScalesToMaxNormAndReportsTheNormBefore) {
 
 // ---------------------------------------------------------------- a small corpus of facts
 
+// What bert-train does with --tokenizer: the trainer gets the file, its vocabulary size and hash.
+void use_tokenizer(TrainOptions& o, const std::string& path) {
+  const auto tokenizer = data::load_tokenizer(path);
+  o.tokenizer_path = path;
+  o.tokenizer_vocab_size = tokenizer->vocab_size();
+  o.tokenizer_sha256 = tokenizer->file_sha256();
+}
+
 // A corpus a tiny model learns in a second: documents of "The capital of X is Y." and "The color of
 // the Z is W." sentences.
 class FactsCorpus : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    ready_ = false;
     dir_ = new testing::TempDir();
     const std::vector<std::pair<std::string, std::string>> capitals = {
         {"france", "paris"}, {"italy", "rome"}, {"spain", "madrid"}, {"japan", "tokyo"},
@@ -173,13 +182,18 @@ class FactsCorpus : public ::testing::Test {
     s.examples.max_predictions = 5;
     s.examples.dupe_factor = 10;
     data::build_shards(s);
+    ready_ = true;
   }
+  // GoogleTest reports the tests of a suite whose set-up threw as "skipped"; make them fail instead.
+  void SetUp() override { ASSERT_TRUE(ready_) << "the test suite's set-up failed (see above)"; }
+  static inline bool ready_ = false;
+
   static void TearDownTestSuite() { delete dir_; }
 
   static TrainOptions options(const std::string& out) {
     TrainOptions o;
     o.train_shards = {dir_->file("shards")};
-    o.tokenizer_path = dir_->file("spm.model");
+    use_tokenizer(o, dir_->file("spm.model"));
     o.output_dir = out;
     o.config.hidden_size = 32;
     o.config.num_hidden_layers = 1;
@@ -304,7 +318,7 @@ TEST_F(FactsCorpus, BadTrainingInputsAreRejectedBeforeAnythingIsWritten) {
   t.lowercase = false;
   data::train_sentencepiece(t);
   o = options(out.file("run"));
-  o.tokenizer_path = out.file("other.model");
+  use_tokenizer(o, out.file("other.model"));
   expect_user_error([&] { train(o); }, "made with another tokenizer");
   EXPECT_FALSE(std::filesystem::exists(out.file("run") + "/checkpoint.h5"));
 }
