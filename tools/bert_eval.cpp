@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
   double max_drop = 0.005;
+  std::string save_calibrated;
   CLI::App app{"bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
                "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
   app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (from bert-train), or its output folder")->required();
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
   app.add_option("--plan", plan_path, "plan file: quantizers kept in float for PTQ");
   app.add_option("--max-drop", max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")->capture_default_str();
   app.add_option("--plan-out", plan_out, "--sensitivity: write the plan here");
+  app.add_option("--save-calibrated", save_calibrated,
+                 "post-training quantization: calibrate with --calibrator on --calib-shards (or --shards) and save "
+                 "the model with its scales and quantizers enabled as a checkpoint (then evaluate or export it)");
   app.add_flag("--json", json, "print JSON instead of a table");
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
@@ -63,6 +67,8 @@ int main(int argc, char** argv) {
     if (fill_text.empty() && shards.empty()) throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
     if ((mlm || nsp) && shards.empty()) throw UserError("--mlm-accuracy / --nsp-accuracy need --shards");
     if ((compare || sensitivity) && shards.empty()) throw UserError("--compare / --sensitivity need --shards");
+    if (!save_calibrated.empty() && shards.empty())
+      throw UserError("--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
     if (!shards.empty() && !mlm && !nsp) mlm = nsp = true;
 
     model::BertForPreTraining model(train::read_checkpoint_config(checkpoint));
@@ -94,6 +100,25 @@ int main(int argc, char** argv) {
         if (!plan_path.empty()) calibration.keep_float = quant::read_plan(plan_path, model);
         return quant::collect_statistics(model, calibration_loader, calibration, g);
       };
+      if (!save_calibrated.empty()) {
+        const quant::CalibrationStatistics stats = calibration_statistics();
+        const auto amax = quant::apply_calibration(model, stats, quant::parse_method(calibration.method), calibration.percentile);
+        train::TrainingState ptq = state;
+        Json recipe;
+        recipe["qat"] = false;
+        recipe["calibrator"] = calibration.method;
+        recipe["percentile"] = calibration.percentile;
+        recipe["calib_batches"] = stats.batches;
+        recipe["quantize_residuals"] = calibration.residuals;
+        Json::Array kept;
+        for (const auto& n : calibration.keep_float) kept.emplace_back(n);
+        recipe["keep_float"] = kept;
+        recipe["source_checkpoint"] = checkpoint;
+        ptq.quantization = recipe;
+        train::save_checkpoint(save_calibrated, model, nullptr, ptq);
+        spdlog::info("calibrated {} quantizers ({}, {} batches) -> {}", amax.size(), calibration.method, stats.batches,
+                     save_calibrated);
+      }
       if (compare || sensitivity) {
         // Calibrating changes quantizer modes; remember the checkpoint's (QAT) state to compare with it.
         std::vector<std::pair<model::Quantizer*, model::QuantMode>> modes;
@@ -167,7 +192,10 @@ int main(int argc, char** argv) {
       report["shards"] = static_cast<int64_t>(lo.shards.size());
       if (!compare && !sensitivity) report["metrics"] = m.to_json();
       if (!json && !compare && !sensitivity) {
-        std::printf("checkpoint %s (step %lld) on %zu shard(s)\n", checkpoint.c_str(), (long long)state.step, lo.shards.size());
+        int quantized = 0;
+        for (model::Quantizer* q : model.quantizers()) quantized += q->mode == model::QuantMode::kQuantize;
+        std::printf("checkpoint %s (step %lld) on %zu shard(s), %s\n", checkpoint.c_str(), (long long)state.step,
+                    lo.shards.size(), quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str() : "FP32");
         std::printf("%-22s %10s %12s %12s\n", "metric", "value", "baseline", "count");
         if (mlm) {
           std::printf("%-22s %10.4f %12.4f %12lld   (baseline: most frequent token)\n", "MLM accuracy", m.mlm_accuracy(),

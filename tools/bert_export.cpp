@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "export/bert_onnx.h"
+#include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
 
@@ -22,12 +23,18 @@ int main(int argc, char** argv) {
   app.add_option("--onnx", output, "output .onnx file")->required();
   app.add_flag("--qdq", options.qdq, "explicit quantization: Q/DQ at every enabled quantizer");
   app.add_option("--opset", options.opset, "ONNX opset: 17 (LayerNormalization) or 13")->capture_default_str();
+  std::string plan;
+  app.add_option("--plan", plan, "sensitivity plan: its quantizers stay in float (no Q/DQ)");
   CLI11_PARSE(app, argc, argv);
   return tools::run_tool([&] {
     namespace fs = std::filesystem;
     if (fs::is_directory(checkpoint)) checkpoint = (fs::path(checkpoint) / "checkpoint.h5").string();
     model::BertForPreTraining model(train::read_checkpoint_config(checkpoint));
     const train::TrainingState state = train::load_checkpoint(checkpoint, model, nullptr);
+    if (!plan.empty())
+      for (const std::string& name : quant::read_plan(plan, model))
+        for (model::Quantizer* q : model.quantizers())
+          if (q->name == name) q->mode = model::QuantMode::kFloat;
     int enabled = 0;
     for (model::Quantizer* q : model.quantizers()) enabled += q->mode == model::QuantMode::kQuantize;
     if (options.qdq && enabled == 0)
