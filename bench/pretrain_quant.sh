@@ -16,16 +16,13 @@ D=cache/data/shards
 OUT=$RUN/bench
 mkdir -p "$OUT"
 echo "== FP32 on held-out training documents (in-domain; NSP is judged here)"
-$B/bert-eval --checkpoint "$RUN" --shards $D/heldout --json > "$OUT/fp32_heldout.json"
-$B/bert-eval --checkpoint "$RUN" --shards $D/heldout
+$B/bert-eval --checkpoint "$RUN" --shards $D/heldout --json-out "$OUT/fp32_heldout.json"
 echo "== FP32 on Brown (another genre)"
-$B/bert-eval --checkpoint "$RUN" --shards $D/brown --json > "$OUT/fp32_brown.json"
-$B/bert-eval --checkpoint "$RUN" --shards $D/brown
+$B/bert-eval --checkpoint "$RUN" --shards $D/brown --json-out "$OUT/fp32_brown.json"
 for set in heldout brown; do
   echo "== FP32 vs PTQ (each calibrator; 16 calibration batches of training data) on $set"
   $B/bert-eval --checkpoint "$RUN" --shards $D/$set --compare --calib-shards $D/train --calib-batches 16 \
-    --json > "$OUT/ptq_$set.json"
-  $B/bert-eval --checkpoint "$RUN" --shards $D/$set --compare --calib-shards $D/train --calib-batches 16
+    --json-out "$OUT/ptq_$set.json"
 done
 echo "== QAT: $QAT_STEPS steps from the FP32 checkpoint (percentile 99.99 init, lr 1e-4, scales x10)"
 rm -rf "$RUN-qat"
@@ -36,13 +33,10 @@ rm -rf "$RUN-qat"
 for set in heldout brown; do
   echo "== FP32 vs PTQ vs QAT on $set"
   $B/bert-eval --checkpoint "$RUN-qat" --shards $D/$set --compare --calib-shards $D/train --calib-batches 16 \
-    --json > "$OUT/qat_$set.json"
-  $B/bert-eval --checkpoint "$RUN-qat" --shards $D/$set --compare --calib-shards $D/train --calib-batches 16
+    --json-out "$OUT/qat_$set.json"
 done
 echo "== Sensitivity (percentile calibrator) on held-out"
 $B/bert-eval --checkpoint "$RUN" --shards $D/heldout --sensitivity --calibrator percentile --calib-shards $D/train \
-  --calib-batches 16 --max-drop 0.005 --plan-out "$OUT/plan.json" --json > "$OUT/sensitivity.json"
-$B/bert-eval --checkpoint "$RUN" --shards $D/heldout --sensitivity --calibrator percentile --calib-shards $D/train \
-  --calib-batches 16 --max-drop 0.005 2>/dev/null | tail -8
+  --calib-batches 16 --max-drop 0.005 --plan-out "$OUT/plan.json" --json-out "$OUT/sensitivity.json" 2>/dev/null
 echo "== Training-step speed, FP32 vs QAT"
 ./build/bench/train-step-bench --presets tiny,mini --batches 32,128 --steps 5 --warmup 2

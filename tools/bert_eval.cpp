@@ -4,8 +4,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "tools/tool_main.h"
 #include "core/parallel.h"
@@ -56,6 +58,8 @@ int main(int argc, char** argv) {
                  "post-training quantization: calibrate with --calibrator on --calib-shards (or --shards) and save "
                  "the model with its scales and quantizers enabled as a checkpoint (then evaluate or export it)");
   app.add_flag("--json", json, "print JSON instead of a table");
+  std::string json_out;
+  app.add_option("--json-out", json_out, "also write the JSON report to this file");
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
 
@@ -232,6 +236,11 @@ int main(int argc, char** argv) {
       report["fill_mask"] = masks;
     }
     if (json) std::printf("%s\n", report.dump(2).c_str());
+    if (!json_out.empty()) {
+      AtomicFile file(json_out);
+      std::ofstream(file.temp_path()) << report.dump(2) << "\n";
+      file.commit();
+    }
     return 0;
   });
 }
