@@ -1,10 +1,26 @@
 // Fake quantization with the LSQ scale gradient: forward and backward side by side.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/ops.h"
 #include "core/parallel.h"
 
 namespace bert::ops {
+
+namespace {
+// Work is split into blocks of at most kBlock elements that never straddle a channel, independent of
+// the thread count, so results (the scale gradient's sum order included) are identical on any number of
+// threads and a per-tensor scale still spreads over all cores.
+constexpr int64_t kBlock = int64_t{1} << 14;
+struct Blocks {
+  int64_t per_channel, blocks_per_channel;
+  int64_t count(int64_t channels) const { return channels * blocks_per_channel; }
+  int64_t channel(int64_t b) const { return b / blocks_per_channel; }
+  int64_t begin(int64_t b) const { return channel(b) * per_channel + (b % blocks_per_channel) * kBlock; }
+  int64_t end(int64_t b) const { return std::min(begin(b) + kBlock, (channel(b) + 1) * per_channel); }
+};
+}  // namespace
 
 template <typename T>
 Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
@@ -14,6 +30,7 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
              "fake_quantize: scale " + g.shape(scale).str() + " does not divide x " + g.shape(x).str());
   BERT_CHECK(qmin < 0 && qmax > 0, "fake_quantize: need qmin < 0 < qmax");
   const int64_t per_channel = n / channels;  // elements sharing one scale
+  const Blocks blocks{per_channel, std::max<int64_t>(1, (per_channel + kBlock - 1) / kBlock)};
   const T* sv = g.value(scale).data();
   for (int64_t c = 0; c < channels; ++c)
     BERT_CHECK(sv[c] > T(0) && std::isfinite(double(sv[c])), "fake_quantize: scale must be positive and finite");
@@ -21,35 +38,37 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
   const T* xv = g.value(x).data();
   T* yv = g.value(y).data();
   const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
-  std::vector<int64_t> saturated(static_cast<size_t>(channels), 0);
-  parallel_for(channels, std::max<int64_t>(1, (int64_t{1} << 14) / per_channel), [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const T s = sv[c];
+  const int64_t n_blocks = blocks.count(channels);
+  std::vector<int64_t> saturated(static_cast<size_t>(n_blocks), 0);
+  parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const T s = sv[blocks.channel(b)];
       int64_t count = 0;
-      for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i) {
+      for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
         const T q = std::nearbyint(xv[i] / s);  // divide, as QuantizeLinear does: x * (1/s) can round differently
         count += (q < lo) | (q > hi);
         yv[i] = std::min(std::max(q, lo), hi) * s;
       }
-      saturated[c] = count;
+      saturated[b] = count;
     }
   });
   if (clipped) {
     *clipped = 0;
     for (int64_t c : saturated) *clipped += c;
   }
-  g.on_backward(y, [x, scale, y, qmin, qmax, grad_scale, per_channel, channels](Graph<T>& g) {
+  g.on_backward(y, [x, scale, y, qmin, qmax, grad_scale, channels, blocks, n_blocks](Graph<T>& g) {
     const T* xv = g.value(x).data();
     const T* sv = g.value(scale).data();
     const T* dy = g.grad(y).data();
     T* dx = g.requires_grad(x) ? g.grad(x).data() : nullptr;
     T* ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
     const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
-    parallel_for(channels, std::max<int64_t>(1, (int64_t{1} << 14) / per_channel), [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const T s = sv[c];
+    std::vector<double> partial(static_cast<size_t>(n_blocks), 0.0);
+    parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const T s = sv[blocks.channel(b)];
         double scale_grad = 0;
-        for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i) {
+        for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
           const T v = xv[i] / s;
           if (v < lo) {
             scale_grad += double(dy[i]) * lo;
@@ -60,9 +79,15 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
             scale_grad += double(dy[i]) * (std::nearbyint(v) - v);
           }
         }
-        if (ds) ds[c] += static_cast<T>(grad_scale * scale_grad);
+        partial[b] = scale_grad;
       }
     });
+    if (!ds) return;
+    for (int64_t c = 0; c < channels; ++c) {  // in block order: the same sum on any thread count
+      double total = 0;
+      for (int64_t b = c * blocks.blocks_per_channel; b < (c + 1) * blocks.blocks_per_channel; ++b) total += partial[b];
+      ds[c] += static_cast<T>(grad_scale * total);
+    }
   });
   return y;
 }

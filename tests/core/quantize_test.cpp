@@ -2,6 +2,8 @@
 // straight-through and LSQ gradients against finite differences (inputs off rounding and clamp edges).
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 
 #include "core/ops.h"
@@ -163,6 +165,33 @@ TEST(FakeQuantize, ScaleGradientIsTheGradScaleTimesTheLsqSum) {
   EXPECT_EQ(gx[0], 1.0);
   EXPECT_EQ(gx[1], 0.0);
   EXPECT_EQ(gx[2], 0.0);
+}
+
+}  // namespace
+}  // namespace bert
+
+namespace bert {
+namespace {
+
+// A per-tensor scale over several work blocks: the result and the scale gradient do not depend on the
+// number of threads (blocks are fixed-size, partial sums added in block order).
+TEST(FakeQuantize, LargePerTensorInputGivesIdenticalResultsOnOneAndTwoThreads) {
+  auto run_with = [](int threads) {
+    omp_set_num_threads(threads);
+    Tensor<float> x = testing::to_float(testing::random_tensor({5, 40000}, 31, 3.0));
+    Tensor<float> s(Shape{1}, {0.05f}), gx(x.shape()), gs({1});
+    Graph<float> g;
+    Var y = ops::fake_quantize(g, g.leaf(x.view(), gx.view()), g.leaf(s.view(), gs.view()), -128, 127, 0.01);
+    std::vector<float> out(g.value(y).begin(), g.value(y).end());
+    g.backward(ops::sum(g, y));
+    out.push_back(gs[0]);
+    out.insert(out.end(), gx.data(), gx.data() + 100);
+    return out;
+  };
+  const int saved = omp_get_max_threads();
+  const std::vector<float> one = run_with(1), two = run_with(2);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
 }
 
 }  // namespace
