@@ -64,9 +64,10 @@ void CalibrationOptions::validate() const {
   if (batches < 1) throw UserError("--calib-batches must be at least 1");
 }
 
-namespace {
-std::vector<model::Quantizer*> chosen_set(model::BertForPreTraining& model, const CalibrationOptions& o) {
-  std::vector<model::Quantizer*> chosen = default_quantizers(model, o.residuals);
+std::vector<model::Quantizer*> chosen_quantizers(model::BertForPreTraining& model, const CalibrationOptions& o) {
+  std::vector<model::Quantizer*> chosen = o.include.empty() ? default_quantizers(model, o.residuals) : select(model, o.include);
+  if (!o.keep_float_globs.empty())
+    for (model::Quantizer* q : select(model, o.keep_float_globs)) std::erase(chosen, q);
   std::set<std::string> all;
   for (model::Quantizer* q : model.quantizers()) all.insert(q->name);
   for (const std::string& name : o.keep_float)
@@ -76,13 +77,12 @@ std::vector<model::Quantizer*> chosen_set(model::BertForPreTraining& model, cons
   });
   return chosen;
 }
-}  // namespace
 
 CalibrationStatistics collect_statistics(model::BertForPreTraining& model, data::ShardLoader& loader,
                                          const CalibrationOptions& o, Graph<float>& g) {
   o.validate();
   CalibrationStatistics stats;
-  stats.quantizers = chosen_set(model, o);
+  stats.quantizers = chosen_quantizers(model, o);
   disable_all(model);
   for (model::Quantizer* q : stats.quantizers) {
     if (q->is_weight) continue;

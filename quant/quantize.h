@@ -30,9 +30,15 @@ struct CalibrationOptions {
   double percentile = 99.99;
   int64_t batches = 16;
   bool residuals = false;               // also quantize both inputs of each residual add
+  std::string include;                  // comma-separated globs choosing the set instead of the default
+  std::string keep_float_globs;         // comma-separated globs kept in float
   std::vector<std::string> keep_float;  // names kept in float (a sensitivity plan)
   void validate() const;
 };
+
+// The quantizers a calibration enables: options.include (globs) or the default set, minus
+// keep_float_globs and the plan's keep_float names (UserError for a name the model lacks).
+std::vector<model::Quantizer*> chosen_quantizers(model::BertForPreTraining& model, const CalibrationOptions& options);
 
 // Statistics of every activation quantizer in the chosen set, from one pass over calibration batches
 // (no gradients, no dropout). Weights need no batches.

@@ -51,6 +51,8 @@ int main(int argc, char** argv) {
   app.add_option("--calib-shards", calib_shards, "calibration shards (default: --shards)")->expected(1, -1);
   app.add_option("--calib-batches", calibration.batches, "calibration batches")->capture_default_str();
   app.add_flag("--quantize-residuals", calibration.residuals, "also quantize both inputs of each residual add");
+  app.add_option("--quantize", calibration.include, "comma-separated globs of the quantizers to enable (default set otherwise)");
+  app.add_option("--keep-float", calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
   app.add_option("--plan", plan_path, "plan file: quantizers kept in float for PTQ");
   app.add_option("--max-drop", max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")->capture_default_str();
   app.add_option("--plan-out", plan_out, "--sensitivity: write the plan here");

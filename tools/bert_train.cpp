@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
   app.add_option("--calib-batches", o.calibration.batches, "calibration batches")->capture_default_str();
   app.add_flag("--quantize-residuals", o.calibration.residuals, "also quantize both inputs of each residual add");
   app.add_option("--plan", o.plan_path, "sensitivity plan (from bert-eval --sensitivity): quantizers kept in float");
+  app.add_option("--quantize", o.calibration.include,
+                 "comma-separated globs of the quantizers to enable (default: every Linear's input and weight and the "
+                 "attention matmul inputs), e.g. '*.weight_quantizer,*matmul_*'");
+  app.add_option("--keep-float", o.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
   app.add_option("--scale-lr-mult", o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
   app.add_option("--stop-at", o.stop_at_step, "stop after this step with a checkpoint (a time-boxed run; --resume continues)");

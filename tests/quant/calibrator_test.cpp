@@ -164,5 +164,21 @@ TEST(Calibrate, WeightScalesArePerChannelMaxOver127AndKeptFloatStaysFloat) {
   disable_all(m);
 }
 
+TEST(Calibrate, ChosenSetFollowsIncludeKeepFloatGlobsAndPlan) {
+  model::BertForPreTraining& m = small_model();
+  CalibrationOptions o;
+  EXPECT_EQ(chosen_quantizers(m, o).size(), default_quantizers(m, false).size());
+  o.include = "*.weight_quantizer,*matmul_a*";
+  o.keep_float_globs = "bert.encoder.layer.1.*";
+  o.keep_float = {"bert.pooler.dense.weight_quantizer"};
+  // 14 weights + 2 matmul_a, minus layer 1's 6 weights and matmul_a, minus the pooler's weight.
+  EXPECT_EQ(chosen_quantizers(m, o).size(), 16u - 7u - 1u);
+  o.keep_float_globs = "*.nothing_quantizer";
+  EXPECT_THROW(chosen_quantizers(m, o), UserError);
+  o.keep_float_globs.clear();
+  o.keep_float = {"no.such.quantizer"};
+  EXPECT_THROW(chosen_quantizers(m, o), UserError);
+}
+
 }  // namespace
 }  // namespace bert::quant
