@@ -13,6 +13,7 @@
 #include "core/graph.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "train/optimizer.h"
 
 namespace {
 
@@ -84,28 +85,14 @@ struct Block {
   }
 };
 
-// Adam over the flat arena: one pass over memory (the real optimizers live in train/).
-struct Adam {
-  std::vector<float> m, v;
-  int step = 0;
-  void update(ParameterArena<float>& arena, double lr) {
-    TensorView<float> w = arena.values(), gr = arena.grads();
-    if (m.empty()) m.assign(w.numel(), 0.0f), v.assign(w.numel(), 0.0f);
-    ++step;
-    const double c1 = 1 - std::pow(0.9, step), c2 = 1 - std::pow(0.999, step);
-    for (int64_t i = 0; i < w.numel(); ++i) {
-      m[i] = 0.9f * m[i] + 0.1f * gr[i];
-      v[i] = 0.999f * v[i] + 0.001f * gr[i] * gr[i];
-      w[i] -= static_cast<float>(lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + 1e-8));
-    }
-  }
-};
-
 int run(const Options& o) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
   Rng rng(o.seed);
   Block model(o, rng);
-  Adam adam;
+  train::OptimizerOptions adam;
+  adam.weight_decay = 0;
+  adam.epsilon = 1e-8;
+  train::Optimizer optimizer(adam, model.arena, std::vector<bool>(model.arena.size(), false));
   Graph<float> g;
   spdlog::info("bert-smoke: 1 encoder block, hidden {}, seq {}, vocab {}, batch {}, {} parameters, {} threads",
                o.hidden, o.seq, o.vocab, o.batch, model.arena.num_elements(), num_threads());
@@ -125,7 +112,7 @@ int run(const Options& o) {
       return 1;
     }
     g.backward(loss);
-    adam.update(model.arena, o.lr);
+    optimizer.step(o.lr);
     model.arena.zero_grad();
     if (step == 1) first_loss = value;
     recent = step == 1 ? value : 0.9 * recent + 0.1 * value;
