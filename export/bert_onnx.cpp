@@ -35,6 +35,7 @@ class BertEmitter {
     g_.input("input_ids", kInt64, {"batch", "sequence"});
     g_.input("attention_mask", kInt64, {"batch", "sequence"});
     g_.input("token_type_ids", kInt64, {"batch", "sequence"});
+    if (options_.masked_positions) g_.input("masked_lm_positions", kInt64, {"batch", "predictions"});
     std::string x = embeddings();
     const std::string mask = additive_mask();
     for (int64_t i = 0; i < c_.num_hidden_layers; ++i) x = layer(i, x, mask);
@@ -92,7 +93,8 @@ class BertEmitter {
   // y = x W^T + b as MatMul with the weight stored as [in, out], plus Add. With Q/DQ: the input's pair
   // and the weight's per-output-channel pair (axis 1 of [in, out]); the FP32 weight is clamped to the
   // narrow range [-127 s, 127 s] first, so QuantizeLinear never produces -128.
-  std::string linear(const std::string& name, const std::string& x, bool quantizable = true) {
+  std::string linear(const std::string& name, const std::string& x, bool quantizable = true,
+                     const std::string& output = "") {
     Parameter<float> w = params_.get(name + ".weight");
     const int64_t out = w.value.shape()[0], in = w.value.shape()[1];
     const bool qw = quantizable && quantized(name + ".weight_quantizer");
@@ -114,7 +116,7 @@ class BertEmitter {
     }
     const std::string input = quantizable ? qdq(x, name + ".input_quantizer") : x;
     const std::string product = g_.node("MatMul", {input, weight}, name + ".matmul");
-    return g_.node("Add", {product, param(name + ".bias")}, name);
+    return g_.node("Add", {product, param(name + ".bias")}, output.empty() ? name : output);
   }
 
   std::string layer_norm(const std::string& name, const std::string& x) {
@@ -211,27 +213,31 @@ class BertEmitter {
     return layer_norm(p + "output.LayerNorm", res2);
   }
 
-  void prediction_head(const std::string& x) {
+  void prediction_head(std::string x) {
     const std::string p = "cls.predictions.";
+    if (options_.masked_positions) {  // [B, T, C] -> [B, P, C] at the given positions
+      const std::string index = g_.node("Unsqueeze", {"masked_lm_positions", ints(p + "last_axis", {-1})}, p + "position_index");
+      x = g_.node("GatherND", {x, index}, p + "masked_states",
+                  [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "batch_dims", int64_t{1}); });
+    }
     const std::string t = layer_norm(p + "transform.LayerNorm", gelu(p + "transform.gelu", linear(p + "transform.dense", x)));
     // The decoder is tied to the word embeddings [V, C]: Gemm with transB on the flattened hidden states
     // reuses that initializer instead of storing a transposed copy.
     const std::string flat = g_.node("Reshape", {t, ints(p + "flat_shape", {-1, c_.hidden_size})}, p + "flat");
     const std::string logits = g_.node("Gemm", {flat, param("bert.embeddings.word_embeddings.weight"), param(p + "bias")},
                                        p + "decoder", [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "transB", int64_t{1}); });
-    const std::string shape = g_.node("Concat", {g_.node("Shape", {"input_ids"}, p + "input_shape"),
+    const std::string shape = g_.node("Concat", {g_.node("Shape", {options_.masked_positions ? "masked_lm_positions" : "input_ids"}, p + "input_shape"),
                                                  ints(p + "vocab", {c_.vocab_size})},
                                       p + "logits_shape", [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{0}); });
     g_.node("Reshape", {logits, shape}, "prediction_logits");
-    g_.output("prediction_logits", kFloat, {"batch", "sequence", c_.vocab_size});
+    g_.output("prediction_logits", kFloat, {"batch", options_.masked_positions ? "predictions" : "sequence", c_.vocab_size});
   }
 
   void nsp_head(const std::string& x) {
     const std::string cls = g_.node("Gather", {x, g_.int64s("bert.pooler.first_token", {0}, {})}, "bert.pooler.first_token_state",
                                     [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{1}); });
     const std::string pooled = g_.node("Tanh", {linear("bert.pooler.dense", cls)}, "bert.pooler.activation");
-    const std::string logits = linear("cls.seq_relationship", pooled, /*quantizable=*/false);
-    g_.node("Identity", {logits}, "seq_relationship_logits");
+    linear("cls.seq_relationship", pooled, /*quantizable=*/false, "seq_relationship_logits");
     g_.output("seq_relationship_logits", kFloat, {"batch", 2});
   }
 

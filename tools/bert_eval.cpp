@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "eval/fill_mask.h"
 #include "eval/metrics.h"
+#include "eval/onnx_runtime.h"
 #include "eval/quantized.h"
 #include "quant/quantize.h"
 #include "train/checkpoint.h"
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
   double max_drop = 0.005;
-  std::string save_calibrated;
+  std::string save_calibrated, onnx_model, ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
   CLI::App app{"bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
                "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
   app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (from bert-train), or its output folder")->required();
@@ -56,6 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("--plan", plan_path, "plan file: quantizers kept in float for PTQ");
   app.add_option("--max-drop", max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")->capture_default_str();
   app.add_option("--plan-out", plan_out, "--sensitivity: write the plan here");
+  app.add_option("--onnx", onnx_model, "also evaluate this ONNX export (made with --masked-positions) in ONNX Runtime on --shards");
+  app.add_option("--ort-script", ort_script, "the ONNX Runtime runner (scripts/ort_run.js)")->capture_default_str();
   app.add_option("--save-calibrated", save_calibrated,
                  "post-training quantization: calibrate with --calibrator on --calib-shards (or --shards) and save "
                  "the model with its scales and quantizers enabled as a checkpoint (then evaluate or export it)");
@@ -195,6 +198,15 @@ int main(int argc, char** argv) {
       }
       const eval::PretrainingMetrics m = compare || sensitivity ? eval::PretrainingMetrics{}
                                                                 : eval::evaluate(model, loader, max_batches, g);
+      if (!onnx_model.empty()) {
+        data::ShardLoader onnx_loader(lo);
+        const eval::PretrainingMetrics o = eval::evaluate_onnx(onnx_model, onnx_loader, max_batches, ort_script,
+                                                               std::filesystem::temp_directory_path().string());
+        report["onnx"] = o.to_json();
+        if (!json)
+          std::printf("ONNX Runtime (%s): MLM accuracy %.4f over %lld predictions, NSP accuracy %.4f\n", onnx_model.c_str(),
+                      o.mlm_accuracy(), (long long)o.predictions, o.nsp_accuracy());
+      }
       report["shards"] = static_cast<int64_t>(lo.shards.size());
       if (!compare && !sensitivity) report["metrics"] = m.to_json();
       if (!json && !compare && !sensitivity) {

@@ -5,7 +5,10 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/atomic_file.h"
+#include "data/sha256.h"
 #include "export/bert_onnx.h"
+#include "export/qdq_rules.h"
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
@@ -22,8 +25,11 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (or its folder)")->required();
   app.add_option("--onnx", output, "output .onnx file")->required();
   app.add_flag("--qdq", options.qdq, "explicit quantization: Q/DQ at every enabled quantizer");
+  app.add_flag("--masked-positions", options.masked_positions,
+               "extra input masked_lm_positions [B, P]: prediction_logits only there ([B, P, V])");
   app.add_option("--opset", options.opset, "ONNX opset: 17 (LayerNormalization) or 13")->capture_default_str();
-  std::string plan;
+  std::string plan, tokenizer;
+  app.add_option("--tokenizer", tokenizer, "tokenizer to ship with the export (default: tokenizer.model beside the checkpoint)");
   app.add_option("--plan", plan, "sensitivity plan: its quantizers stay in float (no Q/DQ)");
   CLI11_PARSE(app, argc, argv);
   return tools::run_tool([&] {
@@ -39,16 +45,44 @@ int main(int argc, char** argv) {
     for (model::Quantizer* q : model.quantizers()) enabled += q->mode == model::QuantMode::kQuantize;
     if (options.qdq && enabled == 0)
       throw UserError("--qdq: checkpoint '" + checkpoint + "' has no enabled quantizers (train with --qat first)");
+    // The tokenizer travels with the export: copied beside it, its hash in the metadata.
+    if (tokenizer.empty()) tokenizer = (fs::path(checkpoint).parent_path() / "tokenizer.model").string();
+    if (!fs::exists(tokenizer)) throw UserError("--tokenizer: '" + tokenizer + "' does not exist (the tokenizer the model was trained with)");
+    const std::string tokenizer_hash = data::sha256_file(tokenizer);
+    if (!state.tokenizer_sha256.empty() && tokenizer_hash != state.tokenizer_sha256)
+      throw UserError("--tokenizer: '" + tokenizer + "' is not the tokenizer the checkpoint was trained with");
+    fs::path output_path(output);
+    const fs::path tokenizer_copy = output_path.parent_path() / (output_path.stem().string() + ".tokenizer.model");
     options.metadata["model_config"] = model.config().to_json().dump();
     options.metadata["quantization"] = state.quantization.dump();
-    options.metadata["tokenizer_sha256"] = state.tokenizer_sha256;
+    Json::Array enabled_names;
+    for (model::Quantizer* q : model.quantizers())
+      if (options.qdq && q->mode == model::QuantMode::kQuantize) enabled_names.emplace_back(q->name);
+    options.metadata["quantizers_enabled"] = Json(enabled_names).dump();
+    options.metadata["tokenizer_sha256"] = tokenizer_hash;
+    options.metadata["tokenizer_file"] = tokenizer_copy.filename().string();
+    options.metadata["source_checkpoint_step"] = std::to_string(state.step);
     options.metadata["framework"] = "bert-qat 0.1.0";
-    onnx::ModelProto m = exporter::export_bert(model, options);
-    exporter::check_onnx(m);
-    exporter::write_onnx(m, output);
-    spdlog::info("wrote {} ({} nodes, {} initializers, opset {}, {}{})", output, m.graph().node_size(),
-                 m.graph().initializer_size(), options.opset, options.qdq ? "Q/DQ, " : "FP32",
-                 options.qdq ? std::to_string(enabled) + " quantizers" : "");
+    const onnx::ModelProto m = exporter::export_bert(model, options);
+
+    // Write to a temporary file, check what was written, and only then put it in place.
+    AtomicFile file(output);
+    exporter::write_onnx(m, file.temp_path());
+    const onnx::ModelProto written = exporter::read_onnx(file.temp_path());
+    exporter::check_onnx(written);
+    if (options.qdq) {
+      const auto violations = exporter::check_qdq_rules(written);
+      if (!violations.empty())
+        throw UserError("the Q/DQ export breaks TensorRT's rules; nothing was written:\n" + exporter::describe(violations));
+    }
+    AtomicFile tokenizer_file(tokenizer_copy.string());
+    fs::copy_file(tokenizer, tokenizer_file.temp_path(), fs::copy_options::overwrite_existing);
+    tokenizer_file.commit();
+    file.commit();
+    spdlog::info("wrote {} ({} nodes, {} initializers, opset {}, {}{}); checker{} passed; tokenizer copied to {}", output,
+                 m.graph().node_size(), m.graph().initializer_size(), options.opset, options.qdq ? "Q/DQ, " : "FP32",
+                 options.qdq ? std::to_string(enabled) + " quantizers" : "", options.qdq ? " and TensorRT rules" : "",
+                 tokenizer_copy.string());
     return 0;
   });
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -11,6 +12,9 @@
 
 #include "core/json.h"
 #include "export/bert_onnx.h"
+#include "export/qdq_rules.h"
+#include "eval/onnx_runtime.h"
+#include "data/shard.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
 #include "tests/common/temp_dir.h"
@@ -180,6 +184,133 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
   EXPECT_GT(ops["QLinearMatMul"] + ops["MatMulInteger"] + ops["MatMulIntegerToFloat"] + ops["DynamicQuantizeMatMul"], 0)
       << listing;
   std::cout << "[ info ] ONNX Runtime optimized Q/DQ graph: " << listing << "\n";
+}
+
+// bert-eval --onnx's path: a masked-positions export scored in ONNX Runtime gives the accuracy our
+// engine gives on the same shard (FP32 and Q/DQ).
+TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
+  testing::TempDir dir;
+  data::Shard shard(16, 3);
+  Rng rng(3);
+  for (int i = 0; i < 96; ++i) {
+    data::Example e;
+    e.tokens.push_back(2);
+    for (int j = 1; j < 15; ++j) e.tokens.push_back(static_cast<int32_t>(5 + rng.next_below(55)));
+    e.tokens.push_back(3);
+    e.segment_ids.assign(16, 0);
+    e.masked_positions = {2, 7, 11};
+    e.masked_ids = {e.tokens[2], e.tokens[7], e.tokens[11]};
+    e.random_next = rng.next_below(2) == 1;
+    shard.append(e);
+  }
+  write_shard(dir.file("s.hdf5"), shard);
+  data::LoaderOptions lo;
+  lo.shards = {dir.file("s.hdf5")};
+  lo.batch_size = 32;
+  lo.shuffle = false;
+  lo.repeat = false;
+  model::BertForPreTraining m(small_config());
+  m.initialize(9);
+  for (bool qdq : {false, true}) {
+    SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
+    if (qdq) quantize_all(m, make_inputs(4, 12, 60, 3));
+    ExportOptions options;
+    options.qdq = qdq;
+    options.masked_positions = true;
+    write_onnx(export_bert(m, options), dir.file("m.onnx"));
+    data::ShardLoader a(lo), b(lo);
+    Graph<float> g;
+    const eval::PretrainingMetrics ours = eval::evaluate(m, a, 0, g);
+    const eval::PretrainingMetrics ort = eval::evaluate_onnx(dir.file("m.onnx"), b, 0,
+                                                             std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", dir.path().string());
+    EXPECT_EQ(ort.predictions, 288);
+    EXPECT_EQ(ort.sequences, 96);
+    EXPECT_NEAR(ort.mlm_accuracy(), ours.mlm_accuracy(), 2.0 / 288) << "at most two argmax ties may fall differently";
+    EXPECT_NEAR(ort.nsp_accuracy(), ours.nsp_accuracy(), 1.0 / 96);
+  }
+}
+
+onnx::TensorProto* initializer(onnx::ModelProto& m, const std::string& name) {
+  for (auto& t : *m.mutable_graph()->mutable_initializer())
+    if (t.name() == name) return &t;
+  return nullptr;
+}
+onnx::NodeProto* node(onnx::ModelProto& m, const std::string& name) {
+  for (auto& n : *m.mutable_graph()->mutable_node())
+    if (n.name() == name) return &n;
+  return nullptr;
+}
+bool flags_rule(const std::vector<RuleViolation>& v, int rule) {
+  for (const auto& r : v)
+    if (r.rule == rule) return true;
+  return false;
+}
+
+TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
+  model::BertForPreTraining m(small_config());
+  m.initialize(7);
+  quantize_all(m, make_inputs(4, 12, 60, 2));
+  // LSQ can shrink a weight scale below max|w| / 127: the exporter clamps, so no weight reaches -128.
+  m.parameters().get("bert.encoder.layer.0.attention.self.query.weight_quantizer.scale").value[0] *= 0.5f;
+  ExportOptions options;
+  options.qdq = true;
+  const onnx::ModelProto good = export_bert(m, options);
+  EXPECT_EQ(describe(check_qdq_rules(good)), "") << "a fresh export breaks no rule";
+  for (const auto& n : good.graph().node()) EXPECT_NE(n.op_type(), "Identity") << "no redundant nodes";
+  options.qdq = false;
+  EXPECT_EQ(describe(check_qdq_rules(export_bert(m, options))), "");
+
+  const std::string weight_q = "bert.encoder.layer.0.attention.self.query.weight_quantizer";
+  const std::string input_q = "bert.encoder.layer.0.attention.self.query.input_quantizer";
+  {  // A nonzero zero point.
+    onnx::ModelProto bad = good;
+    initializer(bad, input_q + ".zero_point")->set_raw_data(std::string(1, '\x05'));
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 2));
+  }
+  {  // A UINT8 zero point.
+    onnx::ModelProto bad = good;
+    initializer(bad, input_q + ".zero_point")->set_data_type(onnx::TensorProto::UINT8);
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 1));
+  }
+  {  // A missing axis on a per-channel weight.
+    onnx::ModelProto bad = good;
+    node(bad, weight_q + ".quantize")->clear_attribute();
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 5));
+  }
+  {  // The wrong axis (0 on a MatMul [in, out] weight).
+    onnx::ModelProto bad = good;
+    node(bad, weight_q + ".quantize")->mutable_attribute(0)->set_i(0);
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 5));
+  }
+  {  // A zero scale.
+    onnx::ModelProto bad = good;
+    initializer(bad, input_q + ".scale")->set_raw_data(std::string(4, '\0'));
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 3));
+  }
+  {  // A QOperator op.
+    onnx::ModelProto bad = good;
+    node(bad, "bert.encoder.layer.0.attention.self.query.matmul")->set_op_type("MatMulInteger");
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 8));
+  }
+  {  // One DequantizeLinear shared by two consumers.
+    onnx::ModelProto bad = good;
+    node(bad, "bert.encoder.layer.0.attention.self.key.matmul")->set_input(0, input_q + ".dequantize");
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
+  }
+  {  // A weight that would quantize to -128 (not clamped).
+    onnx::ModelProto bad = good;
+    onnx::TensorProto* w = initializer(bad, "bert.encoder.layer.0.attention.self.query.weight_transposed");
+    std::string raw = w->raw_data();
+    const float big = -1e3f;
+    std::memcpy(raw.data(), &big, 4);
+    w->set_raw_data(raw);
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 9));
+  }
+  {  // Opset 12.
+    onnx::ModelProto bad = good;
+    bad.mutable_opset_import(0)->set_version(12);
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 6));
+  }
 }
 
 }  // namespace
