@@ -1,16 +1,30 @@
-// Evaluating an exported ONNX model in ONNX Runtime (through scripts/ort_run.js and node, out of
-// process: this library never links ONNX or protobuf). The model must have been exported with
-// --masked-positions. Only accuracies come back (predictions, not logits): losses stay 0.
+// Running exported ONNX models in ONNX Runtime, out of process (scripts/ort_run.js under node): this
+// library never links ONNX or protobuf. Used to score exports (evaluate_onnx) and to calibrate the
+// FP32 graph's tensors for TensorRT's calibration cache.
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "core/json.h"
 #include "data/loader.h"
 #include "eval/metrics.h"
 
 namespace bert::eval {
 
-// `script` is scripts/ort_run.js; `work_dir` holds the exchanged JSON files.
+// Up to max_batches (<= 0: all) batches of the loader.
+std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_batches);
+
+// The int64 feeds of the exported graph's inputs, one object per batch (masked_lm_positions when the
+// export was made with --masked-positions).
+Json batch_feeds(const std::vector<data::Batch>& batches, bool masked_positions);
+
+// Runs `model` on the feeds with `mode` ("" for raw outputs, "--argmax" or "--histograms"; see the
+// script) and returns its parsed JSON. UserError with ONNX Runtime's message when it fails.
+Json run_onnx_runtime(const std::string& script, const std::string& mode, const std::string& model, const Json& feeds,
+                      const std::string& work_dir);
+
+// MLM and NSP accuracy of an export made with --masked-positions (argmax only: losses stay 0).
 PretrainingMetrics evaluate_onnx(const std::string& onnx_path, data::ShardLoader& loader, int64_t max_batches,
                                  const std::string& script, const std::string& work_dir);
 

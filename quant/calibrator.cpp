@@ -58,6 +58,18 @@ void AbsHistogram::observe(std::span<const float> values) {
   }
 }
 
+AbsHistogram AbsHistogram::from_bins(double range, double max, int64_t count, const std::vector<double>& bins) {
+  if (static_cast<int>(bins.size()) != kBins || !(range >= 0) || !(max >= 0) || max > range * (1 + 1e-6) + 1e-30)
+    throw UserError("histogram has " + std::to_string(bins.size()) + " bins (expected " + std::to_string(kBins) +
+                    ") or an inconsistent range");
+  AbsHistogram h;
+  h.bins_ = bins;
+  h.range_ = range;
+  h.max_ = max;
+  h.total_ = count;
+  return h;
+}
+
 double AbsHistogram::amax(Method method, double percentile) const {
   if (range_ == 0) return max_;
   switch (method) {

@@ -25,6 +25,9 @@ class AbsHistogram final : public model::QuantObserver {
   // pairs of bins, so no count moves between bins' sums) whenever a later value exceeds it.
   void observe(std::span<const float> values) override;
 
+  // A histogram collected elsewhere with the same algorithm (ONNX Runtime calibration, scripts/ort_run.js).
+  static AbsHistogram from_bins(double range, double max, int64_t count, const std::vector<double>& bins);
+
   double max() const { return max_; }
   double range() const { return range_; }
   int64_t count() const { return total_; }

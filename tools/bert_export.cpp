@@ -9,6 +9,8 @@
 #include "data/sha256.h"
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
+#include "export/trt_cache.h"
+#include <unistd.h>
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
@@ -28,7 +30,21 @@ int main(int argc, char** argv) {
   app.add_flag("--masked-positions", options.masked_positions,
                "extra input masked_lm_positions [B, P]: prediction_logits only there ([B, P, V])");
   app.add_option("--opset", options.opset, "ONNX opset: 17 (LayerNormalization) or 13")->capture_default_str();
-  std::string plan, tokenizer;
+  std::string plan, tokenizer, cache_path;
+  std::vector<std::string> calib_shards;
+  exporter::CacheOptions cache;
+  cache.ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
+  int64_t calib_batch_size = 32;
+  app.add_option("--trt-calib-cache", cache_path,
+                 "also write TensorRT's calibration cache (implicit INT8 path) for the FP32 graph: every float "
+                 "activation tensor, calibrated in ONNX Runtime on --calib-shards");
+  app.add_option("--calib-shards", calib_shards, "calibration shards for --trt-calib-cache")->expected(1, -1);
+  app.add_option("--calibrator", cache.calibrator, "max | percentile | entropy | mse")->capture_default_str();
+  app.add_option("--percentile", cache.percentile, "percentile for --calibrator percentile")->capture_default_str();
+  app.add_option("--calib-batches", cache.batches, "calibration batches")->capture_default_str();
+  app.add_option("--calib-batch-size", calib_batch_size, "sequences per calibration batch")->capture_default_str();
+  app.add_option("--trt-version", cache.trt_version, "TensorRT version in the cache header (major*1000+minor*100+patch)")->capture_default_str();
+  app.add_option("--ort-script", cache.ort_script, "the ONNX Runtime runner (scripts/ort_run.js)")->capture_default_str();
   app.add_option("--tokenizer", tokenizer, "tokenizer to ship with the export (default: tokenizer.model beside the checkpoint)");
   app.add_option("--plan", plan, "sensitivity plan: its quantizers stay in float (no Q/DQ)");
   CLI11_PARSE(app, argc, argv);
@@ -74,6 +90,26 @@ int main(int argc, char** argv) {
       const auto violations = exporter::check_qdq_rules(written);
       if (!violations.empty())
         throw UserError("the Q/DQ export breaks TensorRT's rules; nothing was written:\n" + exporter::describe(violations));
+    }
+    if (!cache_path.empty()) {
+      if (calib_shards.empty()) throw UserError("--trt-calib-cache needs --calib-shards (real batches to calibrate on)");
+      data::LoaderOptions lo;
+      lo.shards = data::expand_shard_paths(calib_shards);
+      lo.batch_size = calib_batch_size;
+      lo.repeat = false;
+      data::ShardLoader loader(lo);
+      for (model::Quantizer* q : model.quantizers()) q->mode = model::QuantMode::kFloat;  // the FP32 graph
+      exporter::ExportOptions fp32_options;
+      fp32_options.opset = options.opset;
+      const onnx::ModelProto fp32 = exporter::export_bert(model, fp32_options);
+      const std::string work = (fs::temp_directory_path() / ("bert-export-" + std::to_string(::getpid()))).string();
+      fs::create_directories(work);
+      cache.work_dir = work;
+      const auto amax = exporter::calibrate_tensors(fp32, loader, cache);
+      fs::remove_all(work);
+      exporter::write_trt_cache(cache_path, amax, cache);
+      spdlog::info("wrote TensorRT calibration cache {} ({} tensors of the FP32 graph, {} calibrator, {} batches)",
+                   cache_path, amax.size(), cache.calibrator, cache.batches);
     }
     AtomicFile tokenizer_file(tokenizer_copy.string());
     fs::copy_file(tokenizer, tokenizer_file.temp_path(), fs::copy_options::overwrite_existing);

@@ -7,12 +7,15 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/json.h"
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
+#include "export/trt_cache.h"
 #include "eval/onnx_runtime.h"
 #include "data/shard.h"
 #include "quant/calibrator.h"
@@ -57,8 +60,12 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::BertForPreTraini
 }
 
 // ONNX Runtime's outputs, in the same layout as engine().
+// `optimization`: ONNX Runtime's graph optimisation level. "all" fuses Q/DQ + MatMul into integer kernels
+// (MatMulIntegerToFloat, QLinearMatMul with requantized outputs), which round differently from float
+// fake quantization; "basic" keeps the graph's own arithmetic.
 std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string& model_path, const Inputs& in,
-                                                               const testing::TempDir& dir, const std::string& optimized = "") {
+                                                               const testing::TempDir& dir, const std::string& optimized = "",
+                                                               const std::string& optimization = "all") {
   Json feeds;
   auto tensor = [&](auto const& values) {
     Json t;
@@ -72,7 +79,7 @@ std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string
   feeds["attention_mask"] = tensor(in.mask);
   feeds["token_type_ids"] = tensor(in.types);
   std::ofstream(dir.file("in.json")) << feeds.dump();
-  const std::string command = "node " + std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js " + model_path + " " +
+  const std::string command = "BERT_ORT_OPTIMIZATION=" + optimization + " node " + std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js " + model_path + " " +
                               dir.file("in.json") + " " + dir.file("out.json") + " " + optimized + " 2>" + dir.file("ort.log");
   if (std::system(command.c_str()) != 0) {
     std::ifstream log(dir.file("ort.log"));
@@ -152,6 +159,35 @@ TEST(OnnxExport, Fp32MatchesOurEngineInOnnxRuntimeAtTwoShapes) {
   }
 }
 
+// Real inputs: the first 32 sequences of a shard made by bert-data from the KJV fixture (tokenizer of
+// 800 pieces; tests/fixtures/README.md), FP32 and Q/DQ.
+TEST(OnnxExport, MatchesOurEngineOnRealShardInputs) {
+  data::LoaderOptions lo;
+  lo.shards = {std::string(BERT_SOURCE_DIR) + "/tests/fixtures/kjv_seq32_vocab800.hdf5"};
+  lo.batch_size = 32;
+  lo.shuffle = false;
+  data::ShardLoader loader(lo);
+  data::Batch batch;
+  ASSERT_TRUE(loader.next(batch));
+  const Inputs in{batch.size, batch.seq_len, batch.input_ids, batch.input_mask, batch.segment_ids};
+  model::BertConfig c = small_config();
+  c.vocab_size = 800;
+  model::BertForPreTraining m(c);
+  m.initialize(12);
+  testing::TempDir dir;
+  for (bool qdq : {false, true}) {
+    SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
+    if (qdq) quantize_all(m, in);
+    ExportOptions options;
+    options.qdq = qdq;
+    write_onnx(export_bert(m, options), dir.file("m.onnx"));
+    auto [ours_mlm, ours_nsp] = engine(m, in);
+    auto [ort_mlm, ort_nsp] = onnx_runtime(dir.file("m.onnx"), in, dir, "", qdq ? "basic" : "all");
+    EXPECT_LT(relative_error(ort_mlm, ours_mlm), qdq ? 2e-3 : 1e-4);
+    EXPECT_LT(relative_error(ort_nsp, ours_nsp), qdq ? 2e-3 : 1e-4);
+  }
+}
+
 TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
   model::BertForPreTraining m(small_config());
   m.initialize(5);
@@ -169,13 +205,14 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
   for (auto [b, t] : {std::pair<int64_t, int64_t>{2, 8}, {3, 13}}) {
     const Inputs in = make_inputs(b, t, 60, 21 + b);
     auto [ours_mlm, ours_nsp] = engine(m, in);
-    auto [ort_mlm, ort_nsp] = onnx_runtime(dir.file("qdq.onnx"), in, dir, dir.file("optimized.onnx"));
+    auto [ort_mlm, ort_nsp] = onnx_runtime(dir.file("qdq.onnx"), in, dir, "", "basic");
     // Same quantization grid, ops in a different order: float rounding can move a value across a rounding
     // boundary now and then, so the bar is a small fraction of the logits' scale, not 1e-4.
     EXPECT_LT(relative_error(ort_mlm, ours_mlm), 2e-3) << b << "x" << t;
     EXPECT_LT(relative_error(ort_nsp, ours_nsp), 2e-3) << b << "x" << t;
   }
-  // ONNX Runtime's optimised graph runs the quantized MatMuls with integer kernels.
+  // ONNX Runtime's fully optimised graph runs the quantized MatMuls with integer kernels.
+  onnx_runtime(dir.file("qdq.onnx"), make_inputs(2, 8, 60, 5), dir, dir.file("optimized.onnx"), "all");
   std::map<std::string, int> ops;
   const onnx::ModelProto optimized = read_onnx(dir.file("optimized.onnx"));  // kept alive for the loop
   for (const auto& n : optimized.graph().node()) ++ops[n.op_type()];
@@ -188,8 +225,8 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
 
 // bert-eval --onnx's path: a masked-positions export scored in ONNX Runtime gives the accuracy our
 // engine gives on the same shard (FP32 and Q/DQ).
-TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
-  testing::TempDir dir;
+// 96 random sequences of 16 tokens with 3 masked positions each, written as a shard.
+std::string synthetic_shard(const testing::TempDir& dir) {
   data::Shard shard(16, 3);
   Rng rng(3);
   for (int i = 0; i < 96; ++i) {
@@ -204,6 +241,12 @@ TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
     shard.append(e);
   }
   write_shard(dir.file("s.hdf5"), shard);
+  return dir.file("s.hdf5");
+}
+
+TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
+  testing::TempDir dir;
+  synthetic_shard(dir);
   data::LoaderOptions lo;
   lo.shards = {dir.file("s.hdf5")};
   lo.batch_size = 32;
@@ -228,6 +271,53 @@ TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
     EXPECT_NEAR(ort.mlm_accuracy(), ours.mlm_accuracy(), 2.0 / 288) << "at most two argmax ties may fall differently";
     EXPECT_NEAR(ort.nsp_accuracy(), ours.nsp_accuracy(), 1.0 / 96);
   }
+}
+
+TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
+  EXPECT_EQ(float_hex(1.0f / 127.0f), "3c010204");
+  EXPECT_EQ(hex_float("3c010204"), 1.0f / 127.0f);
+  testing::TempDir dir;
+  data::LoaderOptions lo;
+  lo.shards = {synthetic_shard(dir)};
+  lo.batch_size = 32;
+  lo.repeat = false;
+  model::BertForPreTraining m(small_config());
+  m.initialize(4);
+  const onnx::ModelProto fp32 = export_bert(m, {});
+  const std::vector<std::string> names = activation_tensors(fp32);
+  std::set<std::string> ops_covered;
+  for (const auto& n : fp32.graph().node())
+    if (std::find(names.begin(), names.end(), n.output(0)) != names.end()) ops_covered.insert(n.op_type());
+  for (const char* op : {"LayerNormalization", "Softmax", "Erf", "Add", "MatMul", "Gather", "Gemm", "Tanh"})
+    EXPECT_TRUE(ops_covered.count(op)) << op << " outputs must be in the cache";
+  EXPECT_TRUE(std::find(names.begin(), names.end(), "bert.encoder.layer.0.output.residual") != names.end());
+  EXPECT_TRUE(std::find(names.begin(), names.end(), "bert.encoder.layer.1.intermediate.gelu") != names.end());
+
+  CacheOptions options;
+  options.batches = 2;
+  options.ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
+  options.work_dir = dir.path().string();
+  for (const std::string calibrator : {"entropy", "max"}) {
+    SCOPED_TRACE(calibrator);
+    options.calibrator = calibrator;
+    data::ShardLoader loader(lo);
+    const std::map<std::string, double> amax = calibrate_tensors(fp32, loader, options);
+    EXPECT_EQ(amax.size(), names.size());
+    write_trt_cache(dir.file("model.cache"), amax, options);
+    std::string header;
+    const std::map<std::string, float> scales = read_trt_cache(dir.file("model.cache"), &header);
+    EXPECT_EQ(header, calibrator == "max" ? "TRT-8601-MinMaxCalibration" : "TRT-8601-EntropyCalibration2");
+    ASSERT_EQ(scales.size(), names.size());
+    for (const std::string& name : names) {
+      ASSERT_TRUE(scales.count(name)) << name;
+      EXPECT_EQ(float_hex(scales.at(name)), float_hex(quant::scale_for_amax(amax.at(name)))) << name;
+      EXPECT_GT(scales.at(name), 0.0f) << name;
+    }
+  }
+  std::ofstream(dir.file("bad.cache")) << "TRT-8601-EntropyCalibration2\nsome.tensor: 3c0102\n";
+  EXPECT_THROW(read_trt_cache(dir.file("bad.cache")), UserError);
+  std::ofstream(dir.file("nohdr.cache")) << "some.tensor: 3c010204\n";
+  EXPECT_THROW(read_trt_cache(dir.file("nohdr.cache")), UserError);
 }
 
 onnx::TensorProto* initializer(onnx::ModelProto& m, const std::string& name) {
@@ -256,7 +346,15 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
   options.qdq = true;
   const onnx::ModelProto good = export_bert(m, options);
   EXPECT_EQ(describe(check_qdq_rules(good)), "") << "a fresh export breaks no rule";
-  for (const auto& n : good.graph().node()) EXPECT_NE(n.op_type(), "Identity") << "no redundant nodes";
+  std::set<std::string> constants;
+  for (const auto& t : good.graph().initializer()) constants.insert(t.name());
+  for (const auto& n : good.graph().node()) {
+    EXPECT_NE(n.op_type(), "Identity") << "no redundant nodes";
+    if (n.op_type() == "QuantizeLinear") continue;  // rule 7 wants FP32 weight -> Q -> DQ, unfolded
+    const bool all_constant =
+        std::all_of(n.input().begin(), n.input().end(), [&](const std::string& i) { return constants.count(i) > 0; });
+    EXPECT_FALSE(all_constant) << n.name() << " has only constant inputs: it could be folded";
+  }
   options.qdq = false;
   EXPECT_EQ(describe(check_qdq_rules(export_bert(m, options))), "");
 

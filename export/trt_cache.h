@@ -1,0 +1,48 @@
+// TensorRT's calibration cache for the implicit INT8 path (../shared/design/QDQ_EXPORT_RULES.md): a
+// header line, then "<tensor name>: <hex>" per tensor, <hex> the IEEE-754 float32 bits of scale =
+// amax / 127, most significant byte first. Keyed by the FP32 export's tensor names and covering every
+// floating-point activation tensor of that graph (LayerNorm, GELU, softmax and residual outputs too),
+// so TensorRT does not fall back to float for any of them.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/loader.h"
+
+namespace bert::exporter {
+
+// Every float tensor a node of the graph computes (types from ONNX shape inference).
+std::vector<std::string> activation_tensors(const onnx::ModelProto& model);
+
+// A copy of the model with these tensors added as graph outputs (to observe them in ONNX Runtime).
+onnx::ModelProto with_outputs(const onnx::ModelProto& model, const std::vector<std::string>& names);
+
+struct CacheOptions {
+  std::string calibrator = "entropy";  // max | percentile | entropy | mse
+  double percentile = 99.99;
+  int64_t batches = 16;
+  int trt_version = 8601;              // major*1000 + minor*100 + patch
+  std::string ort_script;              // scripts/ort_run.js
+  std::string work_dir;                // for the files exchanged with ONNX Runtime
+};
+
+// Calibrates every activation tensor of the FP32 export on the loader's batches (histograms collected
+// in ONNX Runtime, amax by the chosen calibrator here) and returns {tensor name: amax}.
+std::map<std::string, double> calibrate_tensors(const onnx::ModelProto& fp32, data::ShardLoader& loader,
+                                                const CacheOptions& options);
+
+// Writes the cache atomically; the header names the algorithm TensorRT's calibrator class expects.
+void write_trt_cache(const std::string& path, const std::map<std::string, double>& amax, const CacheOptions& options);
+
+// {tensor name: scale} from a cache file (UserError naming the file and line on a malformed entry).
+std::map<std::string, float> read_trt_cache(const std::string& path, std::string* header = nullptr);
+
+// The 8 hex digits of a float's bits, most significant first ("3c010204" for 1/127), and back.
+std::string float_hex(float value);
+float hex_float(const std::string& hex);
+
+}  // namespace bert::exporter
