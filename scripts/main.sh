@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job on its built-in default: set-up, build, then run. Today it runs the core smoke
-# example (a transformer block trained through our autograd); it grows into the full pipeline.
+# The main job on its built-in default: set-up, build, then the whole pipeline on the demo corpus
+# (raw text -> tokenizer -> shards -> FP32 pretraining of the tiny preset -> sensitivity -> QAT ->
+# Q/DQ and FP32 ONNX export with the TensorRT calibration cache -> ONNX Runtime verification -> report).
+# Arguments go to scripts/pipeline.sh (e.g. --steps 2000, or --fixture for a one-minute version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-./build/tools/bert-smoke "$@"
+bash scripts/pipeline.sh "$@"

@@ -86,6 +86,23 @@ int main(int argc, char** argv) {
     Json report;
     report["checkpoint"] = checkpoint;
     report["step"] = state.step;
+    {  // Sizes: all parameters in FP32, and with the enabled weight quantizers' weights stored as INT8.
+      int64_t parameters = 0, int8_weights = 0;
+      ParameterArena<float>& arena = model.parameters();
+      for (ParamId id = 0; id < arena.size(); ++id)
+        if (!model::is_quantizer_scale(arena.name(id))) parameters += arena.shape(id).numel();
+      for (model::Quantizer* q : model.quantizers())
+        if (q->is_weight && q->mode == model::QuantMode::kQuantize) {
+          const std::string linear = q->name.substr(0, q->name.size() - std::string(".weight_quantizer").size());
+          int8_weights += arena.get(linear + ".weight").value.numel();
+        }
+      Json size;
+      size["parameters"] = parameters;
+      size["int8_weight_parameters"] = int8_weights;
+      size["fp32_megabytes"] = parameters * 4 / 1e6;
+      size["deployed_megabytes"] = ((parameters - int8_weights) * 4 + int8_weights) / 1e6;
+      report["model"] = size;
+    }
 
     if (!shards.empty()) {
       data::LoaderOptions lo;

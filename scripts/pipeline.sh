@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The whole pipeline, raw text to a verified INT8 ONNX model: corpus -> tokenizer -> shards -> FP32
+# pretraining -> PTQ comparison -> sensitivity -> QAT -> evaluation -> FP32 and Q/DQ ONNX export (+ the
+# TensorRT calibration cache) -> ONNX Runtime verification -> report. Assumes a build (scripts/build.sh).
+#
+# Usage: bash scripts/pipeline.sh [--fixture] [--out DIR] [--steps N] [--qat-steps N]
+#   default: the demo corpus (Debian docs + KJV, Brown held out), tiny preset, 600 + 100 steps (~15 min on 2 cores)
+#   --fixture: the committed KJV fixture and a minuscule model, for CI (about a minute)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FIXTURE=0 OUT=runs/pipeline STEPS=600 QAT_STEPS=100
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --fixture) FIXTURE=1; OUT=runs/pipeline-fixture; STEPS=60; QAT_STEPS=20 ;;
+    --out) OUT=$2; shift ;;
+    --steps) STEPS=$2; shift ;;
+    --qat-steps) QAT_STEPS=$2; shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "pipeline: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+B=${BERT_BIN:-./build/tools}
+START=$(date +%s)
+step() { echo; echo "=== [$(( $(date +%s) - START ))s] $*"; }
+mkdir -p "$OUT"
+
+if [ "$FIXTURE" = 1 ]; then
+  step "data: fixture corpus -> tokenizer -> shards"
+  D=$OUT/data
+  mkdir -p "$D"
+  $B/bert-data split --input tests/fixtures/kjv_paragraphs.txt --output "$D/corpus.txt"
+  $B/bert-data tokenizer --input "$D/corpus.txt" --output "$D/spm" --vocab-size 800 2>/dev/null
+  for part in train heldout; do
+    rm -rf "$D/shards/$part"
+    $B/bert-data shards --input "$D/corpus.txt" --tokenizer "$D/spm.model" --output "$D/shards/$part" --prefix "$part" \
+      --max-seq-len 64 --max-predictions 10 --dupe-factor $([ $part = train ] && echo 3 || echo 1) \
+      --seed $([ $part = train ] && echo 1 || echo 2)
+  done
+  TOKENIZER=$D/spm.model TRAIN=$D/shards/train HELDOUT=$D/shards/heldout OTHER=""
+  cat > "$OUT/model.json" <<'JSON'
+{"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
+JSON
+  MODEL=(--config "$OUT/model.json") BATCH=32 LR=5e-3 CALIB=4 EVAL_BATCHES=0 SENSITIVITY_BATCHES=0
+else
+  step "data: demo corpus -> tokenizer -> shards (cached after the first run)"
+  bash scripts/demo_data.sh
+  TOKENIZER=cache/data/spm.model TRAIN=cache/data/shards/train HELDOUT=cache/data/shards/heldout OTHER=cache/data/shards/brown
+  MODEL=(--preset tiny) BATCH=128 LR=1e-3 CALIB=16 EVAL_BATCHES=40 SENSITIVITY_BATCHES=8
+fi
+
+step "FP32 pretraining: $STEPS steps"
+rm -rf "$OUT/fp32"
+$B/bert-train --train "$TRAIN" --eval "$HELDOUT" --tokenizer "$TOKENIZER" --out "$OUT/fp32" "${MODEL[@]}" \
+  --steps "$STEPS" --batch-size $BATCH --lr $LR --warmup 0.1 --log-every $(( STEPS / 10 > 0 ? STEPS / 10 : 1 )) \
+  --eval-every $(( STEPS / 2 )) --eval-batches 0 --save-every 0
+
+step "sensitivity (percentile) and plan"
+$B/bert-eval --checkpoint "$OUT/fp32" --shards "$HELDOUT" --sensitivity --calibrator percentile \
+  --calib-shards "$TRAIN" --calib-batches $CALIB --max-batches $SENSITIVITY_BATCHES --max-drop 0.005 --plan-out "$OUT/plan.json" \
+  --json-out "$OUT/sensitivity.json" 2>/dev/null | tail -3
+
+step "QAT: $QAT_STEPS steps from the FP32 checkpoint"
+rm -rf "$OUT/qat"
+$B/bert-train --init-from "$OUT/fp32/checkpoint.h5" --qat --calibrator percentile --calib-batches $CALIB \
+  --plan "$OUT/plan.json" --train "$TRAIN" --eval "$HELDOUT" --tokenizer "$TOKENIZER" --out "$OUT/qat" \
+  --steps "$QAT_STEPS" --batch-size $BATCH --lr $(echo "$LR" | awk '{print $1 / 10}') --scale-lr-mult 10 \
+  --log-every $(( QAT_STEPS / 4 > 0 ? QAT_STEPS / 4 : 1 )) --eval-every 0 --eval-batches 0 --save-every 0
+
+step "export: FP32 and Q/DQ ONNX (checked), TensorRT calibration cache"
+mkdir -p "$OUT/export"
+$B/bert-export --checkpoint "$OUT/fp32" --onnx "$OUT/export/bert-fp32.onnx" --masked-positions \
+  --trt-calib-cache "$OUT/export/bert-fp32.trt.cache" --calib-shards "$TRAIN" --calib-batches $CALIB --calibrator entropy
+$B/bert-export --checkpoint "$OUT/qat" --onnx "$OUT/export/bert-int8-qdq.onnx" --qdq --masked-positions --plan "$OUT/plan.json"
+
+for set in heldout $([ -n "$OTHER" ] && echo brown); do
+  shards=$([ $set = heldout ] && echo "$HELDOUT" || echo "$OTHER")
+  step "evaluation on $set: FP32 vs PTQ (4 calibrators), QAT, and both exports in ONNX Runtime"
+  $B/bert-eval --checkpoint "$OUT/fp32" --shards "$shards" --compare --calib-shards "$TRAIN" --calib-batches $CALIB \
+    --max-batches $EVAL_BATCHES --json-out "$OUT/compare_$set.json"
+  $B/bert-eval --checkpoint "$OUT/fp32" --shards "$shards" --max-batches $EVAL_BATCHES \
+    --onnx "$OUT/export/bert-fp32.onnx" --json-out "$OUT/onnx_fp32_$set.json" | head -1
+  $B/bert-eval --checkpoint "$OUT/qat" --shards "$shards" --max-batches $EVAL_BATCHES \
+    --onnx "$OUT/export/bert-int8-qdq.onnx" --json-out "$OUT/onnx_int8_$set.json" | head -1
+done
+
+step "report"
+python3 scripts/report.py "$OUT"
+echo "=== done in $(( $(date +%s) - START ))s: $OUT/report.md"

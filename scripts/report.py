@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Collects a pipeline run's JSON results (scripts/pipeline.sh) into report.json and report.md, and prints
+the comparison table: FP32, PTQ (each calibrator), QAT, and both exports in ONNX Runtime, with MLM and NSP
+accuracy, MLM loss, model size, and the sensitivity ranking's top entries. Standard library only."""
+import json
+import os
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "runs/pipeline"
+    sets = [s for s in ("heldout", "brown") if os.path.exists(os.path.join(out, f"compare_{s}.json"))]
+    if not sets:
+        sys.exit(f"report: no results in {out} (run scripts/pipeline.sh first)")
+    rows = {}  # mode -> {set: metrics}
+    sizes = {}
+    for s in sets:
+        for r in load(os.path.join(out, f"compare_{s}.json"))["compare"]:
+            rows.setdefault(r["mode"], {})[s] = r
+        fp32_onnx = load(os.path.join(out, f"onnx_fp32_{s}.json"))
+        int8_onnx = load(os.path.join(out, f"onnx_int8_{s}.json"))
+        rows.setdefault("qat", {})[s] = int8_onnx["metrics"]
+        rows.setdefault("onnx-fp32 (ORT)", {})[s] = fp32_onnx["onnx"]
+        rows.setdefault("onnx-int8-qdq (ORT)", {})[s] = int8_onnx["onnx"]
+        sizes = {"fp32": fp32_onnx["model"], "int8": int8_onnx["model"]}
+    sensitivity = load(os.path.join(out, "sensitivity.json")).get("sensitivity", {})
+    top = sorted(sensitivity.get("rows", []), key=lambda r: r["only_this"])[:5]
+    plan = sensitivity.get("keep_float", [])
+
+    order = ["fp32"] + sorted(m for m in rows if m.startswith("ptq-")) + ["qat", "onnx-fp32 (ORT)", "onnx-int8-qdq (ORT)"]
+    report = {"sets": sets, "modes": {m: rows[m] for m in order if m in rows}, "model_size": sizes,
+              "sensitivity_top": top, "plan_keep_float": plan}
+    with open(os.path.join(out, "report.json.tmp"), "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(os.path.join(out, "report.json.tmp"), os.path.join(out, "report.json"))
+
+    def cell(m, s, key):
+        v = rows.get(m, {}).get(s, {}).get(key)
+        return "-" if v is None or (key == "mlm_loss" and m.endswith("(ORT)")) else f"{v:.4f}"
+
+    header = "| mode | " + " | ".join(f"{s} MLM acc | {s} MLM loss | {s} NSP acc" for s in sets) + " |"
+    lines = ["# Pipeline report", "", f"Results in `{out}`.", "", header,
+             "|---|" + "---:|" * (3 * len(sets))]
+    for m in order:
+        if m in rows:
+            lines.append(f"| {m} | " + " | ".join(
+                f"{cell(m, s, 'mlm_accuracy')} | {cell(m, s, 'mlm_loss')} | {cell(m, s, 'nsp_accuracy')}" for s in sets) + " |")
+    base = rows["fp32"][sets[0]]
+    lines += ["", f"Baselines ({sets[0]}): most-frequent-token MLM accuracy "
+                  f"{base['mlm_baseline_most_frequent_token_accuracy']:.4f}, NSP majority {base['nsp_baseline_majority_accuracy']:.4f}. "
+                  "ONNX Runtime rows are argmax accuracies (no loss).", ""]
+    if sizes:
+        lines.append(f"Model size: {sizes['fp32']['parameters']:,} parameters, {sizes['fp32']['fp32_megabytes']:.1f} MB in FP32; "
+                     f"{sizes['int8']['deployed_megabytes']:.1f} MB with the {sizes['int8']['int8_weight_parameters']:,} "
+                     "quantized weights in INT8.")
+    lines += ["", "Most sensitive quantizers (MLM accuracy with only this one quantized):", ""]
+    lines += [f"- `{r['name']}`: {r['only_this']:.4f} (all but this: {r['all_but_this']:.4f})" for r in top]
+    lines += ["", f"Plan: {len(plan)} quantizer(s) kept in float" + (": " + ", ".join(f"`{p}`" for p in plan) if plan else "."), ""]
+    with open(os.path.join(out, "report.md.tmp"), "w") as f:
+        f.write("\n".join(lines))
+    os.replace(os.path.join(out, "report.md.tmp"), os.path.join(out, "report.md"))
+
+    print(f"{'mode':<22}" + "".join(f"{s + ' MLM':>14}{s + ' NSP':>14}" for s in sets))
+    for m in order:
+        if m in rows:
+            print(f"{m:<22}" + "".join(f"{cell(m, s, 'mlm_accuracy'):>14}{cell(m, s, 'nsp_accuracy'):>14}" for s in sets))
+    if sizes:
+        print(f"size: FP32 {sizes['fp32']['fp32_megabytes']:.1f} MB, INT8 weights {sizes['int8']['deployed_megabytes']:.1f} MB")
+    print(f"report: {os.path.join(out, 'report.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# CI smoke test of the main job: the whole pipeline on the committed fixture corpus with a minuscule model,
+# then a check of every artifact: shards pass the layout check, both ONNX files were written (bert-export
+# checks them with the ONNX checker and, for Q/DQ, the TensorRT rules before putting them in place) and
+# ran in ONNX Runtime, the calibration cache parses, and the report is valid JSON with every mode.
+# Usage: tests/pipeline_smoke.sh BIN_DIR OUT_DIR
+set -euo pipefail
+BIN=$1 OUT=$2
+cd "$(dirname "$0")/.."
+rm -rf "$OUT"
+BERT_BIN=$BIN bash scripts/pipeline.sh --fixture --out "$OUT" > "$OUT.log" 2>&1 || { tail -40 "$OUT.log"; exit 1; }
+fail() { echo "FAIL: $*"; exit 1; }
+"$BIN/bert-data" inspect "$OUT/data/shards/train" "$OUT/data/shards/heldout" --tokenizer "$OUT/data/spm.model" --show 0 >/dev/null \
+  || fail "shards do not pass the layout check"
+for f in export/bert-fp32.onnx export/bert-int8-qdq.onnx export/bert-fp32.tokenizer.model export/bert-fp32.trt.cache \
+         fp32/checkpoint.h5 qat/checkpoint.h5 report.md plan.json; do
+  [ -s "$OUT/$f" ] || fail "$f missing or empty"
+done
+head -1 "$OUT/export/bert-fp32.trt.cache" | grep -q '^TRT-[0-9]*-EntropyCalibration2$' || fail "calibration cache header"
+grep -qE '^[^:]+: [0-9a-f]{8}$' "$OUT/export/bert-fp32.trt.cache" || fail "calibration cache entries"
+python3 - "$OUT/report.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+modes = r["modes"]
+for m in ["fp32", "ptq-max", "ptq-percentile", "ptq-entropy", "ptq-mse", "qat", "onnx-fp32 (ORT)", "onnx-int8-qdq (ORT)"]:
+    assert m in modes, f"report lacks {m}"
+h = "heldout"
+# The exports score what our engine scores (argmax ties aside).
+assert abs(modes["onnx-fp32 (ORT)"][h]["mlm_accuracy"] - modes["fp32"][h]["mlm_accuracy"]) < 0.005, "FP32 export disagrees"
+assert abs(modes["onnx-int8-qdq (ORT)"][h]["mlm_accuracy"] - modes["qat"][h]["mlm_accuracy"]) < 0.01, "Q/DQ export disagrees"
+assert r["model_size"]["int8"]["deployed_megabytes"] < r["model_size"]["fp32"]["fp32_megabytes"]
+print("report ok:", {m: round(v[h]["mlm_accuracy"], 4) for m, v in modes.items()})
+PY
+echo "pipeline smoke test passed ($(grep -o 'done in [0-9]*s' "$OUT.log"))"
