@@ -71,7 +71,8 @@ step "export: FP32 and Q/DQ ONNX (checked), TensorRT calibration cache"
 mkdir -p "$OUT/export"
 $B/bert-export --checkpoint "$OUT/fp32" --onnx "$OUT/export/bert-fp32.onnx" --masked-positions \
   --trt-calib-cache "$OUT/export/bert-fp32.trt.cache" --calib-shards "$TRAIN" --calib-batches $CALIB --calibrator entropy
-$B/bert-export --checkpoint "$OUT/qat" --onnx "$OUT/export/bert-int8-qdq.onnx" --qdq --masked-positions --plan "$OUT/plan.json"
+$B/bert-export --checkpoint "$OUT/qat" --onnx "$OUT/export/bert-int8-qdq.onnx" --qdq --masked-positions --plan "$OUT/plan.json" \
+  --triton-repo "$OUT/triton" --triton-name bert_int8
 
 for set in heldout $([ -n "$OTHER" ] && echo brown); do
   shards=$([ $set = heldout ] && echo "$HELDOUT" || echo "$OTHER")
@@ -85,5 +86,6 @@ for set in heldout $([ -n "$OTHER" ] && echo brown); do
 done
 
 step "report"
+python3 scripts/plots.py "$OUT"
 python3 scripts/report.py "$OUT"
 echo "=== done in $(( $(date +%s) - START ))s: $OUT/report.md"

@@ -61,6 +61,12 @@ def main():
     lines += ["", "Most sensitive quantizers (MLM accuracy with only this one quantized):", ""]
     lines += [f"- `{r['name']}`: {r['only_this']:.4f} (all but this: {r['all_but_this']:.4f})" for r in top]
     lines += ["", f"Plan: {len(plan)} quantizer(s) kept in float" + (": " + ", ".join(f"`{p}`" for p in plan) if plan else "."), ""]
+    for png, title in (("training_curves.png", "Training curves"), ("sensitivity.png", "Sensitivity")):
+        if os.path.exists(os.path.join(out, png)):
+            lines += [f"![{title}]({png})", ""]
+    lines += ["Artifacts: `export/bert-fp32.onnx` (+ `bert-fp32.trt.cache`, TensorRT calibration cache), "
+              "`export/bert-int8-qdq.onnx` (explicit Q/DQ), tokenizers beside them, and a Triton model repository "
+              "in `triton/`.", ""]
     with open(os.path.join(out, "report.md.tmp"), "w") as f:
         f.write("\n".join(lines))
     os.replace(os.path.join(out, "report.md.tmp"), os.path.join(out, "report.md"))

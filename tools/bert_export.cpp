@@ -10,6 +10,7 @@
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
 #include "export/trt_cache.h"
+#include "export/triton.h"
 #include <unistd.h>
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
@@ -30,7 +31,12 @@ int main(int argc, char** argv) {
   app.add_flag("--masked-positions", options.masked_positions,
                "extra input masked_lm_positions [B, P]: prediction_logits only there ([B, P, V])");
   app.add_option("--opset", options.opset, "ONNX opset: 17 (LayerNormalization) or 13")->capture_default_str();
-  std::string plan, tokenizer, cache_path;
+  std::string plan, tokenizer, cache_path, triton_repo, triton_name;
+  int triton_max_batch = 64;
+  app.add_option("--triton-repo", triton_repo, "also write a Triton Inference Server model repository here "
+                                                "(<repo>/<name>/1/model.onnx + config.pbtxt, ONNX Runtime backend)");
+  app.add_option("--triton-name", triton_name, "model name in the Triton repository (default: the --onnx file's stem)");
+  app.add_option("--triton-max-batch", triton_max_batch, "Triton max_batch_size")->capture_default_str();
   std::vector<std::string> calib_shards;
   exporter::CacheOptions cache;
   cache.ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
@@ -110,6 +116,12 @@ int main(int argc, char** argv) {
       exporter::write_trt_cache(cache_path, amax, cache);
       spdlog::info("wrote TensorRT calibration cache {} ({} tensors of the FP32 graph, {} calibrator, {} batches)",
                    cache_path, amax.size(), cache.calibrator, cache.batches);
+    }
+    if (!triton_repo.empty()) {
+      const std::string name = triton_name.empty() ? output_path.stem().string() : triton_name;
+      const std::string folder = exporter::write_triton_repository(written, triton_repo, name, triton_max_batch);
+      fs::copy_file(tokenizer, fs::path(folder) / "tokenizer.model", fs::copy_options::overwrite_existing);
+      spdlog::info("wrote Triton model repository {} (config.pbtxt, 1/model.onnx, tokenizer.model)", folder);
     }
     AtomicFile tokenizer_file(tokenizer_copy.string());
     fs::copy_file(tokenizer, tokenizer_file.temp_path(), fs::copy_options::overwrite_existing);

@@ -16,6 +16,7 @@
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
 #include "export/trt_cache.h"
+#include "export/triton.h"
 #include "eval/onnx_runtime.h"
 #include "data/shard.h"
 #include "quant/calibrator.h"
@@ -318,6 +319,28 @@ TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
   EXPECT_THROW(read_trt_cache(dir.file("bad.cache")), UserError);
   std::ofstream(dir.file("nohdr.cache")) << "some.tensor: 3c010204\n";
   EXPECT_THROW(read_trt_cache(dir.file("nohdr.cache")), UserError);
+}
+
+TEST(Triton, RepositoryHasTheModelAndAConfigMatchingItsInputsAndOutputs) {
+  model::BertForPreTraining m(small_config());
+  m.initialize(2);
+  ExportOptions options;
+  options.masked_positions = true;
+  const onnx::ModelProto proto = export_bert(m, options);
+  testing::TempDir dir;
+  const std::string folder = write_triton_repository(proto, dir.path().string(), "bert_int8", 16);
+  EXPECT_EQ(read_onnx(folder + "/1/model.onnx").graph().node_size(), proto.graph().node_size());
+  std::ifstream f(folder + "/config.pbtxt");
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string config = text.str();
+  for (const char* expected :
+       {"name: \"bert_int8\"", "backend: \"onnxruntime\"", "max_batch_size: 16", "name: \"input_ids\"\n    data_type: TYPE_INT64\n    dims: [ -1 ]",
+        "name: \"masked_lm_positions\"\n    data_type: TYPE_INT64\n    dims: [ -1 ]",
+        "name: \"prediction_logits\"\n    data_type: TYPE_FP32\n    dims: [ -1, 60 ]",
+        "name: \"seq_relationship_logits\"\n    data_type: TYPE_FP32\n    dims: [ 2 ]", "dynamic_batching"})
+    EXPECT_NE(config.find(expected), std::string::npos) << expected << "\nin:\n" << config;
+  EXPECT_THROW(triton_config(proto, "x", 0), UserError);
 }
 
 onnx::TensorProto* initializer(onnx::ModelProto& m, const std::string& name) {
