@@ -45,7 +45,11 @@ class Parser {
     return false;
   }
   void expect_word(std::string_view w) {
-    if (s_.substr(pos_, w.size()) != w) fail("'" + std::string(w) + "'");
+    if (s_.substr(pos_, w.size()) != w) {
+      std::string expected(1, '\'');  // built step by step: GCC 12 warns falsely on "'" + string&& (bug 105329)
+      expected.append(w).push_back('\'');
+      fail(expected);
+    }
     pos_ += w.size();
   }
 

@@ -164,7 +164,9 @@ TEST_F(FixtureData, EveryExampleSatisfiesTheInvariants) {
       ASSERT_EQ(n, expected) << "length " << len;
       for (int64_t j = 0; j < n; ++j) {
         ASSERT_TRUE(pos[j] > 0 && pos[j] < len - 1 && pos[j] != seps[0]) << "position " << pos[j];
-        if (j > 0) ASSERT_LT(pos[j - 1], pos[j]) << "sorted and unique";
+        if (j > 0) {
+          ASSERT_LT(pos[j - 1], pos[j]) << "sorted and unique";
+        }
         ASSERT_GE(orig[j], sp.first_regular) << "the original token is never special";
       }
       ASSERT_TRUE(s.next_sentence_labels[i] == 0 || s.next_sentence_labels[i] == 1);
@@ -241,8 +243,9 @@ TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
         }
         // ... and a masked token followed by a continuation has that continuation masked.
         if (p + 1 < s.seq_len && s.input_mask[i * s.seq_len + p + 1] && token_at(p + 1) >= tokenizer_->specials().first_regular &&
-            !tokenizer_->is_word_start(token_at(p + 1)))
+            !tokenizer_->is_word_start(token_at(p + 1))) {
           ASSERT_TRUE(masked.count(p + 1)) << "example " << i << " position " << p + 1;
+        }
       }
     }
   }
@@ -364,7 +367,9 @@ TEST_F(FixtureData, SingleSentenceDocumentsAndOverlongLinesStillGiveValidExample
   for (const Shard& s : all_shards(stats))
     for (int64_t i = 0; i < s.size; ++i) {
       EXPECT_EQ(s.input_ids[i * s.seq_len], tokenizer_->specials().cls);
-      if (s.input_mask[i * s.seq_len + s.seq_len - 1]) EXPECT_EQ(s.input_ids[i * s.seq_len + s.seq_len - 1], 3);
+      if (s.input_mask[i * s.seq_len + s.seq_len - 1]) {
+        EXPECT_EQ(s.input_ids[i * s.seq_len + s.seq_len - 1], 3);
+      }
     }
 }
 

@@ -64,7 +64,8 @@ TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
     arena.add("dense.bias", {3});
     arena.allocate();
     Rng rng(11);
-    ReferenceOptimizer ref{name};
+    ReferenceOptimizer ref;
+    ref.name = name;
     ref.decays = {true, false};
     for (ParamId id = 0; id < arena.size(); ++id) {
       std::vector<double> values;
