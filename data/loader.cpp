@@ -32,6 +32,19 @@ std::vector<std::string> expand_shard_paths(const std::vector<std::string>& path
   return out;
 }
 
+bool check_loader_compatible(const ShardLoader& loader, const std::string& first_shard, int64_t vocab_size,
+                             int64_t max_seq_len, const std::string& tokenizer_sha256) {
+  if (loader.seq_len() > max_seq_len)
+    throw UserError("shards have sequence length " + std::to_string(loader.seq_len()) +
+                    ", longer than max_position_embeddings " + std::to_string(max_seq_len));
+  if (!loader.metadata()) return false;
+  Shard header;  // the recorded facts of the first shard, without its data
+  header.seq_len = loader.seq_len();
+  header.metadata = loader.metadata();
+  check_shard_compatible(header, first_shard, vocab_size, max_seq_len, tokenizer_sha256);
+  return true;
+}
+
 ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
   if (options_.shards.empty()) throw UserError("no shards given to the loader");
   if (options_.batch_size < 1) throw UserError("batch size must be at least 1");

@@ -60,6 +60,11 @@ class ShardLoader {
   std::optional<ShardMetadata> metadata_;
 };
 
+// Checks the loader's shards (their recorded metadata, if any) against a model and tokenizer: see
+// check_shard_compatible. Returns false when the shards carry no metadata (nothing could be checked).
+bool check_loader_compatible(const ShardLoader& loader, const std::string& first_shard, int64_t vocab_size,
+                             int64_t max_seq_len, const std::string& tokenizer_sha256);
+
 // Expands folders into their *.hdf5 / *.h5 files (sorted); files pass through. UserError if empty.
 std::vector<std::string> expand_shard_paths(const std::vector<std::string>& paths);
 

@@ -142,6 +142,20 @@ std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::
                            options.percentile);
 }
 
+Json describe_calibration(const CalibrationOptions& o, int64_t batches_used) {
+  Json recipe;
+  recipe["calibrator"] = o.method;
+  recipe["percentile"] = o.percentile;
+  recipe["calib_batches"] = batches_used;
+  recipe["quantize_residuals"] = o.residuals;
+  recipe["quantize"] = o.include;
+  recipe["keep_float_globs"] = o.keep_float_globs;
+  Json::Array kept;
+  for (const auto& n : o.keep_float) kept.emplace_back(n);
+  recipe["keep_float"] = kept;
+  return recipe;
+}
+
 void clamp_scales(model::BertForPreTraining& model, float minimum) {
   for (model::Quantizer* q : model.quantizers()) {
     if (q->mode != model::QuantMode::kQuantize) continue;

@@ -40,6 +40,10 @@ struct CalibrationOptions {
 // keep_float_globs and the plan's keep_float names (UserError for a name the model lacks).
 std::vector<model::Quantizer*> chosen_quantizers(model::BertForPreTraining& model, const CalibrationOptions& options);
 
+// The calibration part of a quantization recipe, as recorded in checkpoints and exports: calibrator,
+// percentile, batches used, residuals, selection globs and the names kept in float.
+Json describe_calibration(const CalibrationOptions& options, int64_t batches_used);
+
 // Statistics of every activation quantizer in the chosen set, from one pass over calibration batches
 // (no gradients, no dropout). Weights need no batches.
 struct CalibrationStatistics {

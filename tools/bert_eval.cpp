@@ -111,13 +111,8 @@ int main(int argc, char** argv) {
       lo.shuffle = false;
       lo.repeat = false;
       data::ShardLoader loader(lo);
-      if (loader.metadata()) {
-        data::Shard header;
-        header.seq_len = loader.seq_len();
-        header.metadata = loader.metadata();
-        data::check_shard_compatible(header, lo.shards.front(), model.config().vocab_size,
-                                     model.config().max_position_embeddings, state.tokenizer_sha256);
-      }
+      data::check_loader_compatible(loader, lo.shards.front(), model.config().vocab_size,
+                                    model.config().max_position_embeddings, state.tokenizer_sha256);
       auto make_loader = [lo] { return data::ShardLoader(lo); };
       auto calibration_statistics = [&] {
         data::LoaderOptions co = lo;
@@ -130,15 +125,8 @@ int main(int argc, char** argv) {
         const quant::CalibrationStatistics stats = calibration_statistics();
         const auto amax = quant::apply_calibration(model, stats, quant::parse_method(calibration.method), calibration.percentile);
         train::TrainingState ptq = state;
-        Json recipe;
+        Json recipe = quant::describe_calibration(calibration, stats.batches);
         recipe["qat"] = false;
-        recipe["calibrator"] = calibration.method;
-        recipe["percentile"] = calibration.percentile;
-        recipe["calib_batches"] = stats.batches;
-        recipe["quantize_residuals"] = calibration.residuals;
-        Json::Array kept;
-        for (const auto& n : calibration.keep_float) kept.emplace_back(n);
-        recipe["keep_float"] = kept;
         recipe["source_checkpoint"] = checkpoint;
         ptq.quantization = recipe;
         train::save_checkpoint(save_calibrated, model, nullptr, ptq);

@@ -135,19 +135,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   loader_options.batch_size = o.batch_size;
   loader_options.seed = o.seed;
   data::ShardLoader loader(loader_options);
-  if (loader.seq_len() > config.max_position_embeddings)
-    throw UserError("training shards have sequence length " + std::to_string(loader.seq_len()) +
-                    ", longer than max_position_embeddings " + std::to_string(config.max_position_embeddings));
-  if (loader.metadata()) {
-    data::Shard header;  // check the first shard's recorded tokenizer and vocabulary
-    header.seq_len = loader.seq_len();
-    header.metadata = loader.metadata();
-    data::check_shard_compatible(header, loader_options.shards.front(), config.vocab_size, config.max_position_embeddings,
-                                 o.tokenizer_sha256);
-  } else {
+  if (!data::check_loader_compatible(loader, loader_options.shards.front(), config.vocab_size,
+                                     config.max_position_embeddings, o.tokenizer_sha256))
     spdlog::warn("training shards carry no tokenizer metadata (made by another tool?): cannot check they match '{}'",
                  tokenizer_path);
-  }
   std::vector<std::string> eval_paths;
   if (!o.eval_shards.empty()) eval_paths = data::expand_shard_paths(o.eval_shards);
   // Inputs are checked: only now does anything get written.
@@ -189,15 +180,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       const auto amax = quant::calibrate(model, calibration_loader, calibration, calibration_graph);
       spdlog::info("calibrated {} quantizers ({} calibrator, {} batches; {} kept in float)", amax.size(),
                    calibration.method, calibration.batches, calibration.keep_float.size());
-      Json recipe;
+      Json recipe = quant::describe_calibration(calibration, calibration.batches);
       recipe["qat"] = true;
-      recipe["calibrator"] = calibration.method;
-      recipe["percentile"] = calibration.percentile;
-      recipe["calib_batches"] = calibration.batches;
-      recipe["quantize_residuals"] = calibration.residuals;
-      Json::Array kept;
-      for (const auto& n : calibration.keep_float) kept.emplace_back(n);
-      recipe["keep_float"] = kept;
       recipe["init_from"] = o.init_from;
       recipe["qat_steps"] = o.steps;
       recipe["learning_rate"] = o.learning_rate;
