@@ -90,12 +90,13 @@ bool ShardLoader::next(Batch& batch) {
   batch.size = 0;
   batch.seq_len = l;
   batch.max_predictions = p;
-  batch.input_ids.resize(options_.batch_size * l);
-  batch.input_mask.resize(options_.batch_size * l);
-  batch.segment_ids.resize(options_.batch_size * l);
-  batch.masked_lm_positions.resize(options_.batch_size * p);
-  batch.masked_lm_ids.resize(options_.batch_size * p);
-  batch.next_sentence_labels.resize(options_.batch_size);
+  auto resize_rows = [&](int64_t rows) {
+    for (auto* v : {&batch.input_ids, &batch.masked_lm_positions, &batch.masked_lm_ids})
+      v->resize(rows * (v == &batch.input_ids ? l : p));
+    for (auto* v : {&batch.input_mask, &batch.segment_ids}) v->resize(rows * l);
+    batch.next_sentence_labels.resize(rows);
+  };
+  resize_rows(options_.batch_size);
   while (batch.size < options_.batch_size) {
     if (state_.shard >= static_cast<int64_t>(shard_order_.size())) {  // end of an epoch
       if (!options_.repeat) break;
@@ -115,13 +116,7 @@ bool ShardLoader::next(Batch& batch) {
     std::copy_n(shard_.masked_lm_ids.begin() + src * p, p, batch.masked_lm_ids.begin() + dst * p);
     batch.next_sentence_labels[dst] = shard_.next_sentence_labels[src];
   }
-  // A short final batch keeps only its real rows.
-  batch.input_ids.resize(batch.size * l);
-  batch.input_mask.resize(batch.size * l);
-  batch.segment_ids.resize(batch.size * l);
-  batch.masked_lm_positions.resize(batch.size * p);
-  batch.masked_lm_ids.resize(batch.size * p);
-  batch.next_sentence_labels.resize(batch.size);
+  resize_rows(batch.size);  // a short final batch keeps only its real rows
   return batch.size > 0;
 }
 
