@@ -10,6 +10,7 @@
 #include "data/corpus.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
+#include "data/wordpiece_tokenizer.h"
 
 namespace bert::data {
 
@@ -113,6 +114,15 @@ class CorpusSentenceIterator final : public sentencepiece::SentenceIterator {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // a Hugging Face model directory, or a run's output folder
+    for (const char* name : {"vocab.txt", "tokenizer.model"}) {
+      const std::string inside = (std::filesystem::path(path) / name).string();
+      if (std::filesystem::is_regular_file(inside, ec)) return load_tokenizer(inside);
+    }
+    throw UserError("tokenizer directory '" + path + "' holds neither vocab.txt nor tokenizer.model");
+  }
+  if (is_wordpiece_vocab(path)) return load_wordpiece(path);
   return std::make_unique<SentencePieceTokenizer>(path);
 }
 

@@ -1,5 +1,5 @@
-// Tokenizer: text <-> token ids, with BERT's special tokens. Implementations: SentencePiece (here);
-// WordPiece for Hugging Face vocabularies comes with the import work.
+// Tokenizer: text <-> token ids, with BERT's special tokens. Implementations: SentencePiece (models we
+// train) and WordPiece (Hugging Face vocab.txt, data/wordpiece_tokenizer.h).
 #pragma once
 
 #include <cstdint>
@@ -34,8 +34,9 @@ class Tokenizer {
   virtual const std::string& path() const = 0;
 };
 
-// Loads a tokenizer file: a SentencePiece model (*.model). Throws UserError naming the file if it is
-// missing, unreadable, or lacks the special tokens at the expected ids.
+// Loads a tokenizer: a WordPiece vocabulary (*.txt), a SentencePiece model (any other file), or a
+// directory holding vocab.txt or tokenizer.model (a Hugging Face model, a run's output). Throws
+// UserError naming the file if it is missing, unreadable, or lacks the special tokens.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 struct SentencePieceTrainOptions {

@@ -4,6 +4,8 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <cmath>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -289,7 +291,9 @@ void write_onnx(const onnx::ModelProto& model, const std::string& path) {
   AtomicFile file(path);
   {
     std::ofstream out(file.temp_path(), std::ios::binary);
-    if (!out || !model.SerializeToOstream(&out)) throw UserError("cannot write '" + path + "' (disk full?)");
+    if (!out) throw UserError("cannot create '" + file.temp_path() + "' (" + std::strerror(errno) + ")");
+    if (!model.SerializeToOstream(&out) || !out.flush())
+      throw UserError("cannot write '" + path + "' (disk full?); any previous file was left unchanged");
   }
   file.commit();
 }

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   auto* shards = app.add_subcommand("shards", "create MLM+NSP examples (Google's algorithm) and write HDF5 shards");
   shards->add_option("--input", sh.inputs, "corpus files")->required()->expected(1, -1);
   shards->add_option("--format", sh.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
-  shards->add_option("--tokenizer", sh.tokenizer_path, "SentencePiece model")->required();
+  shards->add_option("--tokenizer", sh.tokenizer_path, "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")->required();
   shards->add_option("--output", sh.output_dir, "output folder")->required();
   shards->add_option("--prefix", sh.prefix, "shard file prefix")->capture_default_str();
   shards->add_option("--max-seq-len", sh.examples.max_seq_len, "tokens per example")->capture_default_str();
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   shards->add_option("--masked-lm-prob", sh.examples.masked_lm_prob, "fraction of tokens to mask")->capture_default_str();
   shards->add_option("--short-seq-prob", sh.examples.short_seq_prob, "probability of a shorter target length")->capture_default_str();
   shards->add_option("--dupe-factor", sh.examples.dupe_factor, "passes over the corpus with fresh masks")->capture_default_str();
-  shards->add_flag("--whole-word-mask", sh.examples.whole_word_mask, "mask whole words (SentencePiece word starts)");
+  shards->add_flag("--whole-word-mask", sh.examples.whole_word_mask, "mask whole words (a word: a SentencePiece word start, or a WordPiece token and its ## continuations)");
   shards->add_option("--seed", sh.examples.seed, "random seed")->capture_default_str();
   shards->add_option("--examples-per-shard", sh.examples_per_shard, "examples per shard file")->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->capture_default_str();
   shards->add_option("--window-docs", sh.window_documents, "documents in memory at once (bounds memory)")->check(CLI::Range(int64_t{2}, int64_t{1} << 30))->capture_default_str();

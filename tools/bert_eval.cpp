@@ -19,6 +19,7 @@
 #include "eval/quantized.h"
 #include "quant/quantize.h"
 #include "train/checkpoint.h"
+#include "train/model_source.h"
 
 int main(int argc, char** argv) {
   using namespace bert;
@@ -35,13 +36,15 @@ int main(int argc, char** argv) {
   std::string save_calibrated, onnx_model, ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
   CLI::App app{"bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
                "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
-  app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (from bert-train), or its output folder")->required();
+  app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (from bert-train), its output folder, or a Hugging Face "
+                 "model directory (config.json + model.safetensors)")->required();
   app.add_option("--shards", shards, "evaluation shards (files or folders)")->expected(1, -1);
   app.add_flag("--mlm-accuracy", mlm, "masked-LM accuracy and loss");
   app.add_flag("--nsp-accuracy", nsp, "next-sentence-prediction accuracy and loss");
   app.add_option("--fill-mask", fill_text, "text with [MASK] tokens to fill");
   app.add_option("--top-k", top_k, "candidates per mask")->check(CLI::Range(1, 100))->capture_default_str();
-  app.add_option("--tokenizer", tokenizer_path, "tokenizer (default: tokenizer.model beside the checkpoint)");
+  app.add_option("--tokenizer", tokenizer_path, "tokenizer: SentencePiece .model or WordPiece vocab.txt (default: the one "
+                 "beside the checkpoint)");
   app.add_option("--batch-size", batch_size, "sequences per batch")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   app.add_option("--max-batches", max_batches, "stop after this many batches (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_flag("--compare", compare, "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
@@ -71,8 +74,9 @@ int main(int argc, char** argv) {
   return tools::run_tool([&] {
     if (threads > 0) omp_set_num_threads(threads);
     namespace fs = std::filesystem;
-    if (fs::is_directory(checkpoint)) checkpoint = (fs::path(checkpoint) / "checkpoint.h5").string();
-    if (tokenizer_path.empty()) tokenizer_path = (fs::path(checkpoint).parent_path() / "tokenizer.model").string();
+    const train::ModelSource source = train::find_model(checkpoint);
+    checkpoint = source.path;
+    if (tokenizer_path.empty()) tokenizer_path = source.tokenizer;
     if (fill_text.empty() && shards.empty()) throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
     if ((mlm || nsp) && shards.empty()) throw UserError("--mlm-accuracy / --nsp-accuracy need --shards");
     if ((compare || sensitivity) && shards.empty()) throw UserError("--compare / --sensitivity need --shards");
@@ -80,12 +84,17 @@ int main(int argc, char** argv) {
       throw UserError("--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
     if (!shards.empty() && !mlm && !nsp) mlm = nsp = true;
 
-    model::BertForPreTraining model(train::read_checkpoint_config(checkpoint));
-    const train::TrainingState state = train::load_checkpoint(checkpoint, model, nullptr);
+    model::BertForPreTraining model(train::read_model_config(source));
+    const train::TrainingState state = train::load_model(source, model);
     Graph<float> g;
     Json report;
     report["checkpoint"] = checkpoint;
     report["step"] = state.step;
+    {
+      int64_t enabled = 0;
+      for (model::Quantizer* q : model.quantizers()) enabled += q->mode == model::QuantMode::kQuantize;
+      report["quantizers_enabled"] = enabled;
+    }
     {  // Sizes: all parameters in FP32, and with the enabled weight quantizers' weights stored as INT8.
       int64_t parameters = 0, int8_weights = 0;
       ParameterArena<float>& arena = model.parameters();

@@ -1,4 +1,4 @@
-// bert-export: a checkpoint to ONNX (FP32, or explicit Q/DQ for a QAT/PTQ checkpoint).
+// bert-export: a checkpoint to ONNX (FP32, or explicit Q/DQ for a QAT/PTQ checkpoint), or to a Hugging Face model directory.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -15,6 +15,9 @@
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
+#include "train/model_source.h"
+#include "data/wordpiece_tokenizer.h"
+#include "hf/checkpoint.h"
 
 int main(int argc, char** argv) {
   using namespace bert;
@@ -25,8 +28,11 @@ int main(int argc, char** argv) {
                "--qdq adds QuantizeLinear/DequantizeLinear at the checkpoint's enabled quantizers (INT8, "
                "symmetric, per-channel weights) for TensorRT's explicit INT8 path. The file is checked by the "
                "ONNX checker before it is put in place."};
-  app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (or its folder)")->required();
-  app.add_option("--onnx", output, "output .onnx file")->required();
+  std::string hf_dir;
+  app.add_option("--checkpoint", checkpoint, "checkpoint .h5, its run folder, or a Hugging Face model directory")->required();
+  app.add_option("--onnx", output, "output .onnx file");
+  app.add_option("--hf", hf_dir, "also (or only) write a Hugging Face model directory: config.json + model.safetensors "
+                                 "(+ quantization.json with the learned scales of a QAT/PTQ model) + the tokenizer");
   app.add_flag("--qdq", options.qdq, "explicit quantization: Q/DQ at every enabled quantizer");
   app.add_flag("--masked-positions", options.masked_positions,
                "extra input masked_lm_positions [B, P]: prediction_logits only there ([B, P, V])");
@@ -51,30 +57,50 @@ int main(int argc, char** argv) {
   app.add_option("--calib-batch-size", calib_batch_size, "sequences per calibration batch")->capture_default_str();
   app.add_option("--trt-version", cache.trt_version, "TensorRT version in the cache header (major*1000+minor*100+patch)")->capture_default_str();
   app.add_option("--ort-script", cache.ort_script, "the ONNX Runtime runner (scripts/ort_run.js)")->capture_default_str();
-  app.add_option("--tokenizer", tokenizer, "tokenizer to ship with the export (default: tokenizer.model beside the checkpoint)");
+  app.add_option("--tokenizer", tokenizer, "tokenizer to ship with the export (default: the one beside the checkpoint)");
   app.add_option("--plan", plan, "sensitivity plan: its quantizers stay in float (no Q/DQ)");
   CLI11_PARSE(app, argc, argv);
   return tools::run_tool([&] {
     namespace fs = std::filesystem;
-    if (fs::is_directory(checkpoint)) checkpoint = (fs::path(checkpoint) / "checkpoint.h5").string();
-    model::BertForPreTraining model(train::read_checkpoint_config(checkpoint));
-    const train::TrainingState state = train::load_checkpoint(checkpoint, model, nullptr);
+    if (output.empty() && hf_dir.empty()) throw UserError("nothing to do: give --onnx FILE and/or --hf DIR");
+    const train::ModelSource source = train::find_model(checkpoint);
+    checkpoint = source.path;
+    model::BertForPreTraining model(train::read_model_config(source));
+    const train::TrainingState state = train::load_model(source, model);
     if (!plan.empty())
       for (const std::string& name : quant::read_plan(plan, model))
         for (model::Quantizer* q : model.quantizers())
           if (q->name == name) q->mode = model::QuantMode::kFloat;
     int enabled = 0;
     for (model::Quantizer* q : model.quantizers()) enabled += q->mode == model::QuantMode::kQuantize;
-    if (options.qdq && enabled == 0)
-      throw UserError("--qdq: checkpoint '" + checkpoint + "' has no enabled quantizers (train with --qat first)");
-    // The tokenizer travels with the export: copied beside it, its hash in the metadata.
-    if (tokenizer.empty()) tokenizer = (fs::path(checkpoint).parent_path() / "tokenizer.model").string();
-    if (!fs::exists(tokenizer)) throw UserError("--tokenizer: '" + tokenizer + "' does not exist (the tokenizer the model was trained with)");
+    if (tokenizer.empty()) tokenizer = source.tokenizer;
+    if (tokenizer.empty() || !fs::exists(tokenizer))
+      throw UserError("--tokenizer: '" + tokenizer + "' does not exist (the tokenizer the model was trained with)");
     const std::string tokenizer_hash = data::sha256_file(tokenizer);
     if (!state.tokenizer_sha256.empty() && tokenizer_hash != state.tokenizer_sha256)
       throw UserError("--tokenizer: '" + tokenizer + "' is not the tokenizer the checkpoint was trained with");
+    const bool wordpiece = data::is_wordpiece_vocab(tokenizer);
+    if (!hf_dir.empty()) {
+      hf::export_model(hf_dir, model, state.quantization);
+      AtomicFile copy((fs::path(hf_dir) / (wordpiece ? "vocab.txt" : "tokenizer.model")).string());
+      fs::copy_file(tokenizer, copy.temp_path(), fs::copy_options::overwrite_existing);
+      copy.commit();
+      const fs::path settings = fs::path(tokenizer).parent_path() / "tokenizer_config.json";
+      if (wordpiece && fs::is_regular_file(settings) && !fs::equivalent(settings.parent_path(), hf_dir))
+        fs::copy_file(settings, fs::path(hf_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+      spdlog::info("wrote Hugging Face model {} (config.json, model.safetensors{}, {}){}", hf_dir,
+                   enabled ? ", quantization.json" : "", wordpiece ? "vocab.txt" : "tokenizer.model",
+                   wordpiece ? "" : "; transformers' BertTokenizer reads only WordPiece vocabularies, so load "
+                                    "tokenizer.model with the sentencepiece package");
+      if (output.empty()) return 0;
+    }
+    if (options.qdq && enabled == 0)
+      throw UserError("--qdq: checkpoint '" + checkpoint + "' has no enabled quantizers (train with --qat first)");
+    // The tokenizer travels with the export: copied beside it, its hash in the metadata.
     fs::path output_path(output);
-    const fs::path tokenizer_copy = output_path.parent_path() / (output_path.stem().string() + ".tokenizer.model");
+    if (output_path.has_parent_path()) fs::create_directories(output_path.parent_path());
+    const fs::path tokenizer_copy =
+        output_path.parent_path() / (output_path.stem().string() + (wordpiece ? ".vocab.txt" : ".tokenizer.model"));
     options.metadata["model_config"] = model.config().to_json().dump();
     options.metadata["quantization"] = state.quantization.dump();
     Json::Array enabled_names;
@@ -120,8 +146,9 @@ int main(int argc, char** argv) {
     if (!triton_repo.empty()) {
       const std::string name = triton_name.empty() ? output_path.stem().string() : triton_name;
       const std::string folder = exporter::write_triton_repository(written, triton_repo, name, triton_max_batch);
-      fs::copy_file(tokenizer, fs::path(folder) / "tokenizer.model", fs::copy_options::overwrite_existing);
-      spdlog::info("wrote Triton model repository {} (config.pbtxt, 1/model.onnx, tokenizer.model)", folder);
+      const char* tokenizer_name = wordpiece ? "vocab.txt" : "tokenizer.model";
+      fs::copy_file(tokenizer, fs::path(folder) / tokenizer_name, fs::copy_options::overwrite_existing);
+      spdlog::info("wrote Triton model repository {} (config.pbtxt, 1/model.onnx, {})", folder, tokenizer_name);
     }
     AtomicFile tokenizer_file(tokenizer_copy.string());
     fs::copy_file(tokenizer, tokenizer_file.temp_path(), fs::copy_options::overwrite_existing);

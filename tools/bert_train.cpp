@@ -9,6 +9,7 @@
 #include "tools/tool_main.h"
 #include "core/parallel.h"
 #include "data/tokenizer.h"
+#include "train/model_source.h"
 #include "train/trainer.h"
 
 namespace {
@@ -30,11 +31,12 @@ int main(int argc, char** argv) {
   int threads = 0;
   double dropout = -1;
   CLI::App app{"bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
-               "(NVIDIA's layout, e.g. from `bert-data shards`). Writes OUT/config.json, OUT/tokenizer.model, "
+               "(NVIDIA's layout, e.g. from `bert-data shards`). Writes OUT/config.json, the tokenizer (OUT/tokenizer.model or OUT/vocab.txt), "
                "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues."};
   app.add_option("--train", o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
   app.add_option("--eval", o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
-  app.add_option("--tokenizer", o.tokenizer_path, "tokenizer the shards were made with (default on --resume: OUT/tokenizer.model)");
+  app.add_option("--tokenizer", o.tokenizer_path, "tokenizer the shards were made with: SentencePiece .model or WordPiece vocab.txt "
+                 "(default: OUT's copy on --resume, else the one beside --init-from)");
   app.add_option("--out", o.output_dir, "output folder")->required();
   app.add_option("--preset", preset, "model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512), base (L12/H768)")->capture_default_str();
   app.add_option("--config", config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
@@ -53,7 +55,8 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", o.eval_every, "steps between evaluations (0: only at the end)")->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
   app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
-  app.add_option("--init-from", o.init_from, "start from this checkpoint's weights (fine-tuning, QAT)");
+  app.add_option("--init-from", o.init_from, "start from these weights (fine-tuning, QAT): a checkpoint, a run folder, or a "
+                 "Hugging Face model directory (config.json + model.safetensors, sharded or not)");
   app.add_flag("--qat", o.qat, "quantization-aware training: calibrate the quantizers, then train weights and LSQ scales");
   app.add_option("--calibrator", o.calibration.method, "QAT scale initialisation: max | percentile | entropy | mse")->capture_default_str();
   app.add_option("--percentile", o.calibration.percentile, "percentile for --calibrator percentile")->capture_default_str();
@@ -74,9 +77,14 @@ int main(int argc, char** argv) {
     if (threads > 0) omp_set_num_threads(threads);
     o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
     if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
-    // The tokenizer: the given one, or on --resume the copy in the output folder.
-    const std::string copy = (std::filesystem::path(o.output_dir) / "tokenizer.model").string();
-    if (o.tokenizer_path.empty() && std::filesystem::exists(copy)) o.tokenizer_path = copy;
+    // The tokenizer: the given one, else the copy in the output folder (--resume), else the one shipped
+    // with --init-from (a Hugging Face directory's vocab.txt).
+    namespace fs = std::filesystem;
+    for (const char* name : {"vocab.txt", "tokenizer.model"}) {
+      const fs::path copy = fs::path(o.output_dir) / name;
+      if (o.tokenizer_path.empty() && o.resume && fs::exists(copy)) o.tokenizer_path = copy.string();
+    }
+    if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = train::find_model(o.init_from).tokenizer;
     if (o.tokenizer_path.empty()) throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
     const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(o.tokenizer_path);
     o.tokenizer_vocab_size = tokenizer->vocab_size();

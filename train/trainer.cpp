@@ -14,6 +14,8 @@
 #include "core/parallel.h"
 #include "data/sha256.h"
 #include "train/checkpoint.h"
+#include "train/model_source.h"
+#include "data/wordpiece_tokenizer.h"
 
 namespace bert::train {
 
@@ -103,7 +105,9 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   o.validate();
   const std::string checkpoint_path = (fs::path(o.output_dir) / "checkpoint.h5").string();
   const std::string metrics_path = (fs::path(o.output_dir) / "metrics.jsonl").string();
-  const std::string tokenizer_copy = (fs::path(o.output_dir) / "tokenizer.model").string();
+  // The tokenizer travels with the run: vocab.txt (WordPiece) or tokenizer.model (SentencePiece).
+  const std::string tokenizer_copy =
+      (fs::path(o.output_dir) / (data::is_wordpiece_vocab(o.tokenizer_path) ? "vocab.txt" : "tokenizer.model")).string();
 
   if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
@@ -118,7 +122,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       throw UserError("--resume: no checkpoint at '" + checkpoint_path + "' to resume from");
     config = read_checkpoint_config(checkpoint_path);
   } else if (!o.init_from.empty()) {
-    config = read_checkpoint_config(o.init_from);
+    config = read_model_config(find_model(o.init_from));
     config.hidden_dropout_prob = o.config.hidden_dropout_prob;
     config.attention_probs_dropout_prob = o.config.attention_probs_dropout_prob;
     if (config.vocab_size != o.tokenizer_vocab_size)
@@ -164,7 +168,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     if (o.init_from.empty()) {
       model.initialize(o.seed);
     } else {
-      const TrainingState init = load_checkpoint(o.init_from, model, nullptr);
+      const TrainingState init = load_model(find_model(o.init_from), model, o.seed);
       if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != o.tokenizer_sha256)
         throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path + "'");
       spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
@@ -188,7 +192,13 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       recipe["scale_lr_multiplier"] = o.scale_lr_multiplier;
       state.quantization = recipe;
     }
-    if (fs::absolute(tokenizer_path) != fs::absolute(tokenizer_copy)) fs::copy_file(tokenizer_path, tokenizer_copy, fs::copy_options::overwrite_existing);
+    if (fs::absolute(tokenizer_path) != fs::absolute(tokenizer_copy)) {
+      fs::copy_file(tokenizer_path, tokenizer_copy, fs::copy_options::overwrite_existing);
+      // WordPiece's casing settings live beside the vocabulary.
+      const fs::path settings = fs::path(tokenizer_path).parent_path() / "tokenizer_config.json";
+      if (data::is_wordpiece_vocab(tokenizer_path) && fs::is_regular_file(settings))
+        fs::copy_file(settings, fs::path(o.output_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+    }
     AtomicFile config_file((fs::path(o.output_dir) / "config.json").string());
     std::ofstream(config_file.temp_path()) << config.to_json().dump(2) << "\n";
     config_file.commit();

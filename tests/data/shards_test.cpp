@@ -220,13 +220,11 @@ TEST_F(FixtureData, SameSeedGivesIdenticalShardsWhateverTheThreadCount) {
   EXPECT_NE(a[0].input_ids, c[0].input_ids) << "another seed gives other examples";
 }
 
-TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
-  testing::TempDir out;
-  ShardBuildOptions o = options(out.file("wwm"));
-  o.examples.whole_word_mask = true;
-  o.examples.dupe_factor = 1;
+// Checks whole-word masking in `shards` and returns how many masked word-continuation tokens it saw.
+int64_t check_whole_words_masked(const std::vector<Shard>& shards, const Tokenizer& tokenizer) {
   int64_t continuation_masked = 0;
-  for (const Shard& s : all_shards(build_shards(o))) {
+  const int32_t first_regular = tokenizer.specials().first_regular;
+  for (const Shard& s : shards) {
     for (int64_t i = 0; i < s.size; ++i) {
       std::set<int32_t> masked;
       std::map<int32_t, int32_t> original;
@@ -237,19 +235,44 @@ TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
       auto token_at = [&](int32_t p) { return masked.count(p) ? original[p] : s.input_ids[i * s.seq_len + p]; };
       for (int32_t p : masked) {
         // A masked word-continuation token has its predecessor masked too (unless that is [SEP]/[CLS]).
-        if (!tokenizer_->is_word_start(original[p]) && token_at(p - 1) >= tokenizer_->specials().first_regular) {
+        if (!tokenizer.is_word_start(original[p]) && token_at(p - 1) >= first_regular) {
           ++continuation_masked;
-          ASSERT_TRUE(masked.count(p - 1)) << "example " << i << " position " << p;
+          EXPECT_TRUE(masked.count(p - 1)) << "example " << i << " position " << p;
         }
         // ... and a masked token followed by a continuation has that continuation masked.
-        if (p + 1 < s.seq_len && s.input_mask[i * s.seq_len + p + 1] && token_at(p + 1) >= tokenizer_->specials().first_regular &&
-            !tokenizer_->is_word_start(token_at(p + 1))) {
-          ASSERT_TRUE(masked.count(p + 1)) << "example " << i << " position " << p + 1;
+        if (p + 1 < s.seq_len && s.input_mask[i * s.seq_len + p + 1] && token_at(p + 1) >= first_regular &&
+            !tokenizer.is_word_start(token_at(p + 1))) {
+          EXPECT_TRUE(masked.count(p + 1)) << "example " << i << " position " << p + 1;
         }
       }
     }
   }
-  EXPECT_GT(continuation_masked, 0) << "the fixture has multi-piece words";
+  return continuation_masked;
+}
+
+TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
+  testing::TempDir out;
+  ShardBuildOptions o = options(out.file("wwm"));
+  o.examples.whole_word_mask = true;
+  o.examples.dupe_factor = 1;
+  EXPECT_GT(check_whole_words_masked(all_shards(build_shards(o)), *tokenizer_), 0) << "the fixture has multi-piece words";
+}
+
+// The same with a WordPiece vocabulary (vocab.txt), where "##" marks a word's continuation.
+TEST_F(FixtureData, WholeWordMaskingWithWordPiece) {
+  testing::TempDir out;
+  ShardBuildOptions o = options(out.file("wwm-wordpiece"));
+  o.tokenizer_path = std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt";
+  o.examples.whole_word_mask = true;
+  o.examples.dupe_factor = 1;
+  const std::unique_ptr<Tokenizer> wordpiece = load_tokenizer(o.tokenizer_path);
+  const std::vector<Shard> shards = all_shards(build_shards(o));
+  ASSERT_FALSE(shards.empty());
+  ASSERT_TRUE(shards[0].metadata.has_value());
+  EXPECT_EQ(shards[0].metadata->tokenizer_sha256, wordpiece->file_sha256());
+  for (const Shard& s : shards)
+    for (int32_t id : s.input_ids) ASSERT_LT(id, wordpiece->vocab_size());
+  EXPECT_GT(check_whole_words_masked(shards, *wordpiece), 0) << "rare KJV words split into ## pieces";
 }
 
 TEST_F(FixtureData, ReaderRoundTripsWhatTheWriterWrote) {

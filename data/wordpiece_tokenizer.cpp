@@ -1,0 +1,339 @@
+#include "data/wordpiece_tokenizer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "data/sha256.h"
+
+namespace bert::data {
+
+namespace {
+
+struct CodeRange {
+  char32_t first, last;
+};
+struct CodeMapping {
+  char32_t code_point;
+  uint32_t offset, count;
+};
+#include "data/unicode_tables.inc"
+
+template <size_t N>
+bool in_ranges(const CodeRange (&table)[N], char32_t c) {
+  auto it = std::upper_bound(std::begin(table), std::end(table), c,
+                             [](char32_t v, const CodeRange& r) { return v < r.first; });
+  return it != std::begin(table) && c <= std::prev(it)->last;
+}
+
+// The mapped sequence of `c`, or false if `c` maps to itself.
+template <size_t N>
+bool mapped(const CodeMapping (&table)[N], char32_t c, std::u32string& out) {
+  auto it = std::lower_bound(std::begin(table), std::end(table), c,
+                             [](const CodeMapping& m, char32_t v) { return m.code_point < v; });
+  if (it == std::end(table) || it->code_point != c) return false;
+  out.append(kMappedCodePoints + it->offset, kMappedCodePoints + it->offset + it->count);
+  return true;
+}
+
+bool is_whitespace(char32_t c) { return in_ranges(kWhitespaceRanges, c); }
+bool is_control(char32_t c) { return in_ranges(kControlRanges, c); }
+bool is_punctuation(char32_t c) { return in_ranges(kPunctuationRanges, c); }
+bool is_nonspacing_mark(char32_t c) { return in_ranges(kNonspacingMarkRanges, c); }
+
+// The CJK Unified Ideograph blocks BERT treats as one word per character (not Hangul, Hiragana or
+// Katakana, which are written with spaces or handled by WordPiece).
+bool is_cjk(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+std::u32string decode_utf8(std::string_view s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    char32_t c = len == 1 ? b : len == 2 ? (b & 0x1f) : len == 3 ? (b & 0x0f) : (b & 0x07);
+    bool ok = len > 0 && i + len <= s.size();
+    for (int k = 1; ok && k < len; ++k) {
+      const auto cont = static_cast<unsigned char>(s[i + k]);
+      ok = (cont >> 6) == 2;
+      c = (c << 6) | (cont & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are invalid as well.
+    static constexpr char32_t kMinimum[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (ok && (c < kMinimum[len] || (c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF)) ok = false;
+    if (!ok) {
+      out.push_back(0xFFFD);
+      ++i;
+      continue;
+    }
+    out.push_back(c);
+    i += len;
+  }
+  return out;
+}
+
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  }
+}
+
+std::string encode_utf8(const std::u32string& s) {
+  std::string out;
+  for (char32_t c : s) append_utf8(out, c);
+  return out;
+}
+
+// NFD with the nonspacing marks removed (BERT's _run_strip_accents). Hangul syllables decompose
+// algorithmically into their jamo.
+std::u32string strip_accents(const std::u32string& word) {
+  std::u32string out;
+  for (char32_t c : word) {
+    if (c >= 0xAC00 && c <= 0xD7A3) {
+      const char32_t index = c - 0xAC00;
+      out.push_back(0x1100 + index / (21 * 28));
+      out.push_back(0x1161 + (index % (21 * 28)) / 28);
+      if (index % 28) out.push_back(0x11A7 + index % 28);
+    } else if (!mapped(kStrippedDecomposition, c, out) && !is_nonspacing_mark(c)) {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::u32string to_lower(const std::u32string& word) {
+  std::u32string out;
+  for (char32_t c : word)
+    if (!mapped(kLowercase, c, out)) out.push_back(c);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& options) {
+  // Clean (drop NUL, U+FFFD and control characters; whitespace becomes a space) and isolate CJK ideographs.
+  std::u32string cleaned;
+  for (char32_t c : decode_utf8(text)) {
+    if (c == 0 || c == 0xFFFD || is_control(c)) continue;
+    if (is_whitespace(c)) {
+      cleaned.push_back(U' ');
+    } else if (is_cjk(c)) {
+      cleaned.push_back(U' ');
+      cleaned.push_back(c);
+      cleaned.push_back(U' ');
+    } else {
+      cleaned.push_back(c);
+    }
+  }
+  std::vector<std::string> tokens;
+  std::u32string word;
+  auto split_word = [&]() {
+    if (word.empty()) return;
+    if (options.lowercase) word = to_lower(word);
+    if (options.strip_accents) word = strip_accents(word);
+    std::u32string piece;
+    for (char32_t c : word) {
+      if (is_punctuation(c)) {
+        if (!piece.empty()) tokens.push_back(encode_utf8(piece));
+        piece.clear();
+        tokens.push_back(encode_utf8(std::u32string(1, c)));
+      } else {
+        piece.push_back(c);
+      }
+    }
+    if (!piece.empty()) tokens.push_back(encode_utf8(piece));
+    word.clear();
+  };
+  for (char32_t c : cleaned) {
+    if (c == U' ') split_word();
+    else word.push_back(c);
+  }
+  split_word();
+  return tokens;
+}
+
+namespace {
+
+constexpr size_t kMaxWordChars = 100;
+
+class WordPieceTokenizer final : public Tokenizer {
+ public:
+  WordPieceTokenizer(const std::string& path, std::optional<BasicTokenizerOptions> options) : path_(path) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) throw UserError("vocabulary file '" + path + "' does not exist");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UserError("cannot read vocabulary file '" + path + "'");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      // Tokens are whole lines; the reference strips surrounding whitespace.
+      const size_t b = line.find_first_not_of(" \t"), e = line.find_last_not_of(" \t");
+      std::string token = b == std::string::npos ? std::string() : line.substr(b, e - b + 1);
+      const int32_t id = static_cast<int32_t>(pieces_.size());
+      if (token.empty())
+        throw UserError("vocabulary '" + path + "': line " + std::to_string(id + 1) + " is empty (one token per line)");
+      if (!ids_.emplace(token, id).second)
+        throw UserError("vocabulary '" + path + "': token '" + token + "' appears twice (line " + std::to_string(id + 1) + ")");
+      pieces_.push_back(std::move(token));
+    }
+    if (pieces_.size() < 8) throw UserError("vocabulary '" + path + "' has " + std::to_string(pieces_.size()) + " tokens; not a WordPiece vocab.txt?");
+
+    // Special tokens, which must precede every regular token (BERT's layout: [PAD], [unused..], [UNK],
+    // [CLS], [SEP], [MASK], [unused..], then the regular tokens).
+    int32_t* slots[] = {&specials_.pad, &specials_.unk, &specials_.cls, &specials_.sep, &specials_.mask};
+    const char* names[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    int32_t first_regular = 0;
+    while (first_regular < vocab_size() && pieces_[first_regular].size() > 2 && pieces_[first_regular].front() == '[' &&
+           pieces_[first_regular].back() == ']')
+      ++first_regular;
+    specials_.first_regular = first_regular;
+    for (int k = 0; k < 5; ++k) {
+      auto it = ids_.find(names[k]);
+      if (it == ids_.end()) throw UserError("vocabulary '" + path + "' lacks the special token " + names[k]);
+      if (it->second >= first_regular)
+        throw UserError("vocabulary '" + path + "': special token " + names[k] + " is at id " + std::to_string(it->second) +
+                        ", after the first regular token (id " + std::to_string(first_regular) + ")");
+      *slots[k] = it->second;
+    }
+
+    if (options) {
+      options_ = *options;
+    } else {
+      const auto config = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+      bool lowercase = true;
+      const Json* strip = nullptr;
+      Json json;
+      if (std::filesystem::is_regular_file(config, ec)) {
+        std::ifstream cin(config);
+        std::stringstream text;
+        text << cin.rdbuf();
+        try {
+          json = Json::parse(text.str());
+        } catch (const UserError& e) {
+          throw UserError("tokenizer config '" + config.string() + "': " + e.what());
+        }
+        const Json* lower = json.is_object() ? json.find("do_lower_case") : nullptr;
+        lowercase = lower && lower->is_bool() ? lower->as_bool() : vocabulary_is_uncased();
+        strip = json.is_object() ? json.find("strip_accents") : nullptr;
+      } else {
+        lowercase = vocabulary_is_uncased();
+      }
+      options_.lowercase = lowercase;
+      options_.strip_accents = strip && strip->is_bool() ? strip->as_bool() : lowercase;
+    }
+    sha256_ = sha256_file(path);
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> ids;
+    // Special tokens written in the text (e.g. [MASK] for fill-mask) are kept whole.
+    while (!text.empty()) {
+      size_t at = std::string_view::npos;
+      int32_t special = -1;
+      size_t special_len = 0;
+      for (int32_t id : {specials_.mask, specials_.cls, specials_.sep, specials_.pad, specials_.unk}) {
+        const size_t p = text.find(pieces_[id]);
+        if (p < at) at = p, special = id, special_len = pieces_[id].size();
+      }
+      for (const std::string& word : basic_tokenize(text.substr(0, at), options_)) wordpiece(word, ids);
+      if (at == std::string_view::npos) break;
+      ids.push_back(special);
+      text.remove_prefix(at + special_len);
+    }
+    return ids;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    for (int32_t id : ids) {
+      const std::string& p = pieces_.at(id);
+      if (p.starts_with("##") && !out.empty()) {
+        out += p.substr(2);
+      } else {
+        if (!out.empty()) out += ' ';
+        out += p;
+      }
+    }
+    return out;
+  }
+  std::string piece(int32_t id) const override { return pieces_.at(id); }
+  int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
+  bool is_word_start(int32_t id) const override { return !pieces_.at(id).starts_with("##"); }
+  const SpecialTokens& specials() const override { return specials_; }
+  const std::string& file_sha256() const override { return sha256_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  bool vocabulary_is_uncased() const {
+    for (int32_t id = specials_.first_regular; id < vocab_size(); ++id)
+      for (char c : pieces_[id])
+        if (c >= 'A' && c <= 'Z') return false;
+    return true;
+  }
+
+  // Greedy longest-match-first; the whole word becomes [UNK] if any part cannot be matched.
+  void wordpiece(const std::string& word, std::vector<int32_t>& ids) const {
+    const std::u32string chars = decode_utf8(word);
+    if (chars.size() > kMaxWordChars) {
+      ids.push_back(specials_.unk);
+      return;
+    }
+    std::vector<int32_t> pieces;
+    size_t start = 0;
+    while (start < chars.size()) {
+      size_t end = chars.size();
+      int32_t found = -1;
+      for (; end > start; --end) {
+        std::string candidate = start > 0 ? "##" : "";
+        candidate += encode_utf8(chars.substr(start, end - start));
+        if (auto it = ids_.find(candidate); it != ids_.end()) {
+          found = it->second;
+          break;
+        }
+      }
+      if (found < 0) {
+        ids.push_back(specials_.unk);
+        return;
+      }
+      pieces.push_back(found);
+      start = end;
+    }
+    ids.insert(ids.end(), pieces.begin(), pieces.end());
+  }
+
+  std::string path_, sha256_;
+  std::vector<std::string> pieces_;
+  std::unordered_map<std::string, int32_t> ids_;
+  SpecialTokens specials_;
+  BasicTokenizerOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_wordpiece(const std::string& vocab_path, std::optional<BasicTokenizerOptions> options) {
+  return std::make_unique<WordPieceTokenizer>(vocab_path, options);
+}
+
+bool is_wordpiece_vocab(const std::string& path) { return path.ends_with(".txt"); }
+
+}  // namespace bert::data

@@ -1,0 +1,373 @@
+// Hugging Face interoperability: the safetensors format, and checkpoint import/export against fixtures
+// written by PyTorch (tests/golden/make_hf_fixture.py): logits of the imported model against an
+// independent float64 implementation for F32, BF16 (old gamma/beta names) and sharded F16 weights;
+// export -> import bit exact; a bare BertModel; bad checkpoints.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "tests/common/expect_user_error.h"
+#include "tests/common/temp_dir.h"
+#include "core/error.h"
+#include "hf/checkpoint.h"
+#include "hf/safetensors.h"
+#include "model/bert.h"
+#include "train/model_source.h"
+
+namespace bert::hf {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::expect_user_error;
+using testing::TempDir;
+
+const std::string kFixtures = std::string(BERT_TEST_FIXTURES_DIR) + "/hf";
+
+std::vector<float> read_tensor(const std::string& path, const std::string& name) {
+  SafetensorsFile f(path);
+  const TensorEntry* e = f.find(name);
+  if (!e) throw std::runtime_error("fixture lacks " + name);
+  return f.read(*e);
+}
+
+// The fixture's inputs and the logits PyTorch computed for weight set `tag` (f32, bf16, f16).
+struct Expected {
+  std::vector<int32_t> input_ids, masked_positions, masked_ids;
+  std::vector<int8_t> attention_mask, token_type_ids;
+  std::vector<float> mlm, nsp;
+  int64_t batch = 2, seq = 12, predictions = 3;
+
+  explicit Expected(const std::string& tag) {
+    const std::string path = kFixtures + "/expected.safetensors";
+    for (float v : read_tensor(path, "input_ids")) input_ids.push_back(static_cast<int32_t>(v));
+    for (float v : read_tensor(path, "masked_positions")) masked_positions.push_back(static_cast<int32_t>(v));
+    for (float v : read_tensor(path, "attention_mask")) attention_mask.push_back(static_cast<int8_t>(v));
+    for (float v : read_tensor(path, "token_type_ids")) token_type_ids.push_back(static_cast<int8_t>(v));
+    masked_ids.assign(masked_positions.size(), 0);
+    mlm = read_tensor(path, "mlm_logits_" + tag);
+    nsp = read_tensor(path, "nsp_logits_" + tag);
+  }
+  model::BertBatch batch_view() const {
+    return {batch, seq, predictions, input_ids, attention_mask, token_type_ids, masked_positions, masked_ids, {}};
+  }
+};
+
+double relative_error(TensorView<float> actual, const std::vector<float>& expected) {
+  EXPECT_EQ(actual.numel(), static_cast<int64_t>(expected.size()));
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < expected.size() && static_cast<int64_t>(i) < actual.numel(); ++i) {
+    diff = std::max(diff, std::abs(double(actual[i]) - expected[i]));
+    scale = std::max(scale, std::abs(double(expected[i])));
+  }
+  return diff / scale;
+}
+
+// Imports `dir` and checks the logits against PyTorch's for the same weights.
+ImportReport expect_logits_match(const std::string& dir, const std::string& tag) {
+  model::BertForPreTraining m(read_config(dir));
+  ImportReport report = import_model(dir, m);
+  Expected e(tag);
+  Graph<float> g;
+  NoGradGuard<float> no_grad(g);
+  Rng unused(0);
+  const model::BertBatch batch = e.batch_view();
+  model::PretrainingOutputs out = m.forward(g, batch, false, unused);
+  EXPECT_LT(relative_error(g.value(out.mlm_logits), e.mlm), 1e-4) << dir;
+  EXPECT_LT(relative_error(g.value(out.nsp_logits), e.nsp), 1e-4) << dir;
+  return report;
+}
+
+TEST(Safetensors, WriterRoundTripsValuesAndMetadata) {
+  TempDir dir;
+  SafetensorsWriter w;
+  const std::vector<float> a = {1.5f, -2.25f, 3e-38f, 7.0f, 0.1f, -0.0f};
+  const std::vector<float> b = {42.0f};
+  w.add("a", {2, 3}, a.data());
+  w.add("b", {}, b.data());
+  w.set_metadata("format", "pt");
+  w.write(dir.file("x.safetensors"));
+  SafetensorsFile f(dir.file("x.safetensors"));
+  ASSERT_EQ(f.tensors().size(), 2u);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  const TensorEntry* ea = f.find("a");
+  ASSERT_NE(ea, nullptr);
+  EXPECT_EQ(ea->shape, (std::vector<int64_t>{2, 3}));
+  const std::vector<float> ra = f.read(*ea);
+  EXPECT_EQ(std::memcmp(ra.data(), a.data(), a.size() * 4), 0);
+  EXPECT_EQ(f.read(*f.find("b")), b);
+  // The data section starts 8-byte aligned.
+  std::ifstream in(dir.file("x.safetensors"), std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  EXPECT_EQ((8 + n) % 8, 0u);
+}
+
+TEST(Safetensors, HalfAndBfloat16DecodeExactly) {
+  EXPECT_EQ(half_to_float(0x3C00), 1.0f);
+  EXPECT_EQ(half_to_float(0xC000), -2.0f);
+  EXPECT_EQ(half_to_float(0x7BFF), 65504.0f);
+  EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(half_to_float(0x03FF), std::ldexp(1023.0f, -24));
+  EXPECT_TRUE(std::isinf(half_to_float(0x7C00)));
+  EXPECT_TRUE(std::isnan(half_to_float(0x7E00)));
+  EXPECT_EQ(half_to_float(0x3555), 0.333251953125f);
+  EXPECT_EQ(bfloat16_to_float(0x3F80), 1.0f);
+  EXPECT_EQ(bfloat16_to_float(0x4049), 3.140625f);
+  EXPECT_EQ(bfloat16_to_float(0xC2F7), -123.5f);
+}
+
+// Writes a file with the given header text and `data_bytes` bytes of data.
+std::string write_raw(const TempDir& dir, const std::string& header, size_t data_bytes, uint64_t claimed = 0) {
+  const std::string path = dir.file("raw.safetensors");
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint64_t n = claimed ? claimed : header.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << std::string(data_bytes, '\0');
+  return path;
+}
+
+TEST(Safetensors, CorruptFilesAreRejectedWithTheReason) {
+  TempDir dir;
+  expect_user_error([&] { SafetensorsFile f(dir.file("none.safetensors")); }, "does not exist");
+  {
+    std::ofstream(dir.file("short.safetensors")) << "abc";
+    expect_user_error([&] { SafetensorsFile f(dir.file("short.safetensors")); }, "shorter than its 8-byte header");
+  }
+  const std::string ok = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
+  EXPECT_NO_THROW(SafetensorsFile(write_raw(dir, ok, 16)));
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, ok, 16, 1u << 30)); }, "header length");
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, ok, 8)); }, "truncated file?");
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, "{\"w\":", 0)); }, "not valid JSON");
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[3,2],"data_offsets":[0,16]}})", 16)); },
+                    "tensor 'w': data_offsets hold 16 bytes, but shape and dtype need 24");
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8)); },
+                    "dtype 'C64' is not supported");
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8)); },
+                    "are not a range");
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[1]}})", 8)); },
+                    "needs dtype, shape and data_offsets");
+  expect_user_error(
+      [&] {
+        SafetensorsFile f(write_raw(dir, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
+      },
+      "overlap");
+  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"__metadata__":{"k":1}})", 0)); }, "is not a string");
+}
+
+TEST(HfImport, F32CheckpointMatchesPyTorch) {
+  const ImportReport r = expect_logits_match(kFixtures + "/tiny", "f32");
+  EXPECT_EQ(r.tensors_loaded, 46);
+  EXPECT_TRUE(r.unexpected.empty());
+  EXPECT_TRUE(r.initialized.empty());
+  EXPECT_TRUE(r.warnings.empty());
+  EXPECT_EQ(r.dtypes, std::vector<std::string>{"F32"});
+  EXPECT_EQ(r.quantizers_enabled, 0);
+}
+
+TEST(HfImport, Bfloat16CheckpointWithLegacyNamesLoads) {
+  const ImportReport r = expect_logits_match(kFixtures + "/tiny-bf16", "bf16");
+  EXPECT_EQ(r.legacy_names.size(), 12u);  // gamma and beta of 6 LayerNorms
+  EXPECT_EQ(r.dtypes, (std::vector<std::string>{"BF16", "I64"}));
+  EXPECT_TRUE(r.unexpected.empty()) << "position_ids is a known buffer";
+  EXPECT_TRUE(r.warnings.empty()) << "the tied decoder equals the word embeddings";
+  // Values are the F32 fixture's rounded to bfloat16.
+  model::BertForPreTraining f32(read_config(kFixtures + "/tiny")), bf16(read_config(kFixtures + "/tiny-bf16"));
+  import_model(kFixtures + "/tiny", f32);
+  import_model(kFixtures + "/tiny-bf16", bf16);
+  Parameter<float> a = f32.parameters().get("bert.encoder.layer.1.output.LayerNorm.weight");
+  Parameter<float> b = bf16.parameters().get("bert.encoder.layer.1.output.LayerNorm.weight");
+  for (int64_t i = 0; i < a.value.numel(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &b.value[i], 4);
+    EXPECT_EQ(bits & 0xffff, 0u);
+    EXPECT_NEAR(b.value[i], a.value[i], std::abs(a.value[i]) * (1.0 / 256));
+  }
+}
+
+TEST(HfImport, ShardedF16CheckpointLoads) {
+  const ImportReport r = expect_logits_match(kFixtures + "/tiny-sharded", "f16");
+  EXPECT_EQ(r.files.size(), 2u);
+  EXPECT_EQ(r.tensors_loaded, 46);
+  EXPECT_EQ(r.dtypes, std::vector<std::string>{"F16"});
+}
+
+TEST(HfImport, ModelSourceFindsHuggingFaceDirectories) {
+  const train::ModelSource s = train::find_model(kFixtures + "/tiny");
+  EXPECT_TRUE(s.hugging_face);
+  EXPECT_EQ(fs::path(s.tokenizer).filename(), "vocab.txt");
+  train::TrainingState state;
+  auto m = train::open_model(kFixtures + "/tiny", nullptr, &state);
+  EXPECT_EQ(m->config().vocab_size, 384);
+  EXPECT_EQ(state.tokenizer_sha256.size(), 64u);
+  expect_user_error([&] { train::find_model(kFixtures); }, "neither a run folder");
+  expect_user_error([&] { train::find_model(kFixtures + "/nope"); }, "does not exist");
+}
+
+// Copies a parameter set into a writer, under possibly changed names.
+void add_all(SafetensorsWriter& w, model::BertForPreTraining& m, const std::function<std::string(const std::string&)>& rename) {
+  ParameterArena<float>& p = m.parameters();
+  for (ParamId id = 0; id < p.size(); ++id) {
+    if (model::is_quantizer_scale(p.name(id))) continue;
+    const std::string name = rename(p.name(id));
+    if (name.empty()) continue;
+    std::vector<int64_t> shape;
+    for (int i = 0; i < p.shape(id).rank(); ++i) shape.push_back(p.shape(id)[i]);
+    w.add(name, shape, p.get(id).value.data());
+  }
+}
+
+void copy_config(const std::string& to) {
+  fs::create_directories(to);
+  fs::copy_file(kFixtures + "/tiny/config.json", fs::path(to) / "config.json", fs::copy_options::overwrite_existing);
+}
+
+TEST(HfImport, BareBertModelGetsFreshHeadsAndAWarning) {
+  TempDir dir;
+  model::BertForPreTraining source(read_config(kFixtures + "/tiny"));
+  import_model(kFixtures + "/tiny", source);
+  SafetensorsWriter w;
+  add_all(w, source, [](const std::string& n) {
+    if (n.starts_with("cls.") || n.starts_with("bert.pooler.")) return std::string();
+    return n.substr(5);  // BertModel's own names: no "bert." prefix
+  });
+  copy_config(dir.file("bare"));
+  w.write(dir.file("bare/model.safetensors"));
+  model::BertForPreTraining m(read_config(dir.file("bare")));
+  const ImportReport r = import_model(dir.file("bare"), m);
+  EXPECT_EQ(r.initialized.size(), 9u);  // pooler (2), transform dense + LayerNorm (4), bias, seq_relationship (2)
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("freshly initialised"), std::string::npos) << r.warnings[0];
+  Parameter<float> a = source.parameters().get("bert.encoder.layer.0.attention.self.query.weight");
+  Parameter<float> b = m.parameters().get("bert.encoder.layer.0.attention.self.query.weight");
+  EXPECT_TRUE(std::equal(a.value.begin(), a.value.end(), b.value.begin()));
+  // Heads get BERT's initialisation: LayerNorm weight 1, biases 0.
+  Parameter<float> gamma = m.parameters().get("cls.predictions.transform.LayerNorm.weight");
+  EXPECT_EQ(gamma.value[0], 1.0f);
+}
+
+TEST(HfImport, BadCheckpointsNameTheProblem) {
+  TempDir dir;
+  model::BertForPreTraining source(read_config(kFixtures + "/tiny"));
+  import_model(kFixtures + "/tiny", source);
+  auto write_variant = [&](const std::string& name, const std::function<std::string(const std::string&)>& rename) {
+    SafetensorsWriter w;
+    add_all(w, source, rename);
+    copy_config(dir.file(name));
+    w.write(dir.file(name + "/model.safetensors"));
+    return dir.file(name);
+  };
+  // An encoder tensor missing.
+  const std::string missing = write_variant("missing", [](const std::string& n) {
+    return n == "bert.encoder.layer.1.intermediate.dense.weight" ? std::string() : n;
+  });
+  expect_user_error([&] {
+    model::BertForPreTraining m(read_config(missing));
+    import_model(missing, m);
+  }, "lacks 1 tensor(s) the encoder needs: bert.encoder.layer.1.intermediate.dense.weight");
+  // A wrong shape: config.json claims intermediate_size 96, the tensors have 64.
+  const std::string wrong = write_variant("wrong", [](const std::string& n) { return n; });
+  {
+    std::string text;
+    std::ifstream in(kFixtures + "/tiny/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+    const size_t at = text.find("\"intermediate_size\": 64");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 23, "\"intermediate_size\": 96");
+    std::ofstream(wrong + "/config.json", std::ios::trunc) << text;
+  }
+  expect_user_error([&] {
+    model::BertForPreTraining m(read_config(wrong));
+    import_model(wrong, m);
+  }, "tensor 'bert.encoder.layer.0.intermediate.dense.weight' has shape (64, 32), the model (config.json) expects (96, 32)");
+  // Unsupported configurations.
+  fs::create_directories(dir.file("relative"));
+  std::ofstream(dir.file("relative/config.json")) << R"({"model_type": "bert", "position_embedding_type": "relative_key"})";
+  expect_user_error([&] { read_config(dir.file("relative")); }, "position_embedding_type \"relative_key\" is not supported");
+  std::ofstream(dir.file("relative/config.json"), std::ios::trunc) << R"({"model_type": "roberta"})";
+  expect_user_error([&] { read_config(dir.file("relative")); }, "model_type \"roberta\" is not supported");
+  std::ofstream(dir.file("relative/config.json"), std::ios::trunc) << R"({"hidden_size": 30, "num_attention_heads": 4})";
+  expect_user_error([&] { read_config(dir.file("relative")); }, "not divisible by num_attention_heads");
+  // No weights, or only a pickle.
+  copy_config(dir.file("empty"));
+  model::BertForPreTraining m(read_config(kFixtures + "/tiny"));
+  expect_user_error([&] { import_model(dir.file("empty"), m); }, "has neither model.safetensors");
+  std::ofstream(dir.file("empty/pytorch_model.bin")) << "pickle";
+  expect_user_error([&] { import_model(dir.file("empty"), m); }, "holds only pytorch_model.bin");
+  // An untied decoder that differs is reported.
+  const std::string untied = write_variant("untied", [](const std::string& n) { return n; });
+  {
+    SafetensorsWriter w;
+    add_all(w, source, [](const std::string& n) { return n; });
+    Parameter<float> words = source.parameters().get("bert.embeddings.word_embeddings.weight");
+    std::vector<float> other(words.value.begin(), words.value.end());
+    other[5] += 1.0f;
+    w.add("cls.predictions.decoder.weight", {words.value.shape()[0], words.value.shape()[1]}, other.data());
+    w.add("unrelated.tensor", {1}, other.data());
+    w.write(untied + "/model.safetensors");
+  }
+  model::BertForPreTraining u(read_config(untied));
+  const ImportReport r = import_model(untied, u);
+  ASSERT_EQ(r.warnings.size(), 2u);
+  EXPECT_NE(r.warnings[0].find("cls.predictions.decoder.weight differs"), std::string::npos) << r.warnings[0];
+  EXPECT_EQ(r.unexpected, std::vector<std::string>{"unrelated.tensor"});
+}
+
+TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
+  TempDir dir;
+  model::BertForPreTraining m(read_config(kFixtures + "/tiny"));
+  import_model(kFixtures + "/tiny", m);
+  // As after QAT: some quantizers enabled with learned (odd) scales.
+  Rng rng(7);
+  int enabled = 0;
+  for (model::Quantizer* q : m.quantizers()) {
+    if (q->name.find("layer.1") == std::string::npos) continue;
+    q->mode = model::QuantMode::kQuantize;
+    for (float& s : m.parameters().get(q->scale).value) s = static_cast<float>(0.001 + 0.1 * rng.next_uniform());
+    ++enabled;
+  }
+  ASSERT_GT(enabled, 10);
+  Json recipe;
+  recipe["qat"] = true;
+  export_model(dir.file("out"), m, recipe);
+  EXPECT_TRUE(fs::exists(dir.file("out/quantization.json")));
+  SafetensorsFile written(dir.file("out/model.safetensors"));
+  EXPECT_EQ(written.metadata().at("format"), "pt");
+  EXPECT_EQ(written.tensors().size(), 46u) << "no quantizer scales among the weights";
+
+  model::BertForPreTraining back(read_config(dir.file("out")));
+  const ImportReport r = import_model(dir.file("out"), back);
+  EXPECT_EQ(r.quantizers_enabled, enabled);
+  EXPECT_TRUE(r.quantization.find("qat")->as_bool());
+  ASSERT_EQ(back.parameters().values().numel(), m.parameters().values().numel());
+  EXPECT_EQ(std::memcmp(back.parameters().values().data(), m.parameters().values().data(),
+                        m.parameters().values().numel() * sizeof(float)), 0);
+  auto qa = m.quantizers(), qb = back.quantizers();
+  for (size_t i = 0; i < qa.size(); ++i) EXPECT_EQ(qa[i]->mode, qb[i]->mode) << qa[i]->name;
+
+  // The side file alone restores the scales too (metadata stripped by another tool).
+  {
+    SafetensorsWriter w;
+    add_all(w, m, [](const std::string& n) { return n; });
+    w.write(dir.file("out/model.safetensors"));
+  }
+  model::BertForPreTraining side(read_config(dir.file("out")));
+  EXPECT_EQ(import_model(dir.file("out"), side).quantizers_enabled, enabled);
+  EXPECT_EQ(std::memcmp(side.parameters().values().data(), m.parameters().values().data(),
+                        m.parameters().values().numel() * sizeof(float)), 0);
+
+  // An FP32 export over it removes the stale side file, so nothing comes back quantized.
+  for (model::Quantizer* q : m.quantizers()) q->mode = model::QuantMode::kFloat;
+  export_model(dir.file("out"), m, Json());
+  EXPECT_FALSE(fs::exists(dir.file("out/quantization.json")));
+  model::BertForPreTraining plain(read_config(dir.file("out")));
+  EXPECT_EQ(import_model(dir.file("out"), plain).quantizers_enabled, 0);
+}
+
+}  // namespace
+}  // namespace bert::hf
