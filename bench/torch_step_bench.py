@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The PyTorch side of the training-speed benchmark (issue 9): the same BertForPreTraining as ours
+(post-LN, erf GELU, tied MLM decoder evaluated at the masked positions, NSP head), written with
+torch.nn.functional only (no Hugging Face), the same shapes and synthetic batches, one full training
+step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup, and
+evaluation throughput (forward, no grad). Prints one JSON object per configuration.
+
+Run with Debian's Python (python3-torch), e.g.
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_step_bench.py --threads 1
+bench/speed.sh runs it beside train-step-bench and prints the ratios.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+PRESETS = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
+
+
+def make_model(layers, hidden, vocab, seq=512):
+    heads = max(2, hidden // 64)
+    inter = 4 * hidden
+    g = torch.Generator().manual_seed(1)
+    params = {}
+
+    def p(name, *shape, kind="w"):
+        if kind == "one":
+            t = torch.ones(*shape)
+        elif kind == "zero":
+            t = torch.zeros(*shape)
+        else:
+            t = torch.randn(*shape, generator=g) * 0.02
+        params[name] = torch.nn.Parameter(t)
+
+    def linear(name, n_in, n_out):
+        p(name + ".weight", n_out, n_in)
+        p(name + ".bias", n_out, kind="zero")
+
+    def norm(name):
+        p(name + ".weight", hidden, kind="one")
+        p(name + ".bias", hidden, kind="zero")
+
+    p("word", vocab, hidden)
+    p("position", seq, hidden)
+    p("type", 2, hidden)
+    norm("emb_ln")
+    for i in range(layers):
+        for n in ("q", "k", "v", "ao"):
+            linear(f"{i}.{n}", hidden, hidden)
+        norm(f"{i}.ln1")
+        linear(f"{i}.ffn_in", hidden, inter)
+        linear(f"{i}.ffn_out", inter, hidden)
+        norm(f"{i}.ln2")
+    linear("pooler", hidden, hidden)
+    linear("transform", hidden, hidden)
+    norm("transform_ln")
+    p("mlm_bias", vocab, kind="zero")
+    linear("nsp", hidden, 2)
+    return params, heads
+
+
+def forward(w, heads, batch, training, dropout=0.1):
+    ids, mask, types, positions, masked_ids, nsp_labels = batch
+    b, t = ids.shape
+    h = w["word"].shape[1]
+    d = h // heads
+    drop = (lambda x: F.dropout(x, dropout, True)) if training else (lambda x: x)
+    lin = lambda x, n: F.linear(x, w[n + ".weight"], w[n + ".bias"])
+    ln = lambda x, n: F.layer_norm(x, (h,), w[n + ".weight"], w[n + ".bias"], eps=1e-12)
+    x = F.embedding(ids, w["word"]) + w["position"][:t] + F.embedding(types, w["type"])
+    x = drop(ln(x, "emb_ln"))
+    additive = (1.0 - mask.float())[:, None, None, :] * -10000.0
+    layers = sum(1 for k in w if k.endswith(".q.weight"))
+    for i in range(layers):
+        split = lambda y: y.view(b, t, heads, d).transpose(1, 2)
+        q, k, v = (split(lin(x, f"{i}.{n}")) for n in ("q", "k", "v"))
+        probs = drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + additive, dim=-1))
+        ctx = (probs @ v).transpose(1, 2).reshape(b, t, h)
+        a = ln(drop(lin(ctx, f"{i}.ao")) + x, f"{i}.ln1")
+        x = ln(drop(lin(F.gelu(lin(a, f"{i}.ffn_in")), f"{i}.ffn_out")) + a, f"{i}.ln2")
+    hidden = x.reshape(b * t, h)
+    rows = (torch.arange(b)[:, None] * t + positions).reshape(-1)
+    m = ln(F.gelu(lin(hidden[rows], "transform")), "transform_ln")
+    mlm = F.linear(m, w["word"], w["mlm_bias"])
+    nsp = lin(torch.tanh(lin(hidden[torch.arange(b) * t], "pooler")), "nsp")
+    return F.cross_entropy(mlm, masked_ids.reshape(-1)) + F.cross_entropy(nsp, nsp_labels)
+
+
+def synthetic_batch(b, t, p, vocab, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (b, t), generator=g)
+    ids[:, 0] = 2
+    mask = torch.ones(b, t, dtype=torch.long)
+    types = torch.zeros(b, t, dtype=torch.long)
+    types[:, t // 2:] = 1
+    positions = torch.tensor([1 + k * (t - 2) // p for k in range(p)]).repeat(b, 1)
+    masked_ids = torch.randint(5, vocab, (b, p), generator=g)
+    nsp = torch.randint(0, 2, (b,), generator=g)
+    return ids, mask, types, positions, masked_ids, nsp
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--presets", default="tiny,mini")
+    ap.add_argument("--batches", default="32,128")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=16000)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    t, p = 128, 20
+    for name in a.presets.split(","):
+        layers, hidden = PRESETS[name]
+        for b in map(int, a.batches.split(",")):
+            w, heads = make_model(layers, hidden, a.vocab)
+            opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01)
+            batch = synthetic_batch(b, t, p, a.vocab)
+            times = []
+            for s in range(a.warmup + a.steps):
+                start = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss = forward(w, heads, batch, True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
+                opt.step()
+                if s >= a.warmup:
+                    times.append(time.perf_counter() - start)
+            eval_times = []
+            with torch.no_grad():
+                for s in range(a.warmup + a.steps):
+                    start = time.perf_counter()
+                    forward(w, heads, batch, False)
+                    if s >= a.warmup:
+                        eval_times.append(time.perf_counter() - start)
+            step = statistics.median(times)
+            print(json.dumps({"preset": name, "batch": b, "step_s": step, "seq_per_s": b / step,
+                              "eval_seq_per_s": b / statistics.median(eval_times), "threads": a.threads,
+                              "omp": os.environ.get("OMP_NUM_THREADS"), "openblas": os.environ.get("OPENBLAS_NUM_THREADS"),
+                              "torch": torch.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
