@@ -196,16 +196,22 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   const T* xv = g.value(x).data();
   T* yv = g.value(y).data();
   parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      keep[i] = (stream.bits(first + static_cast<uint64_t>(i)) >> 11) >= threshold;
-      yv[i] = keep[i] ? xv[i] * keep_scale : T(0);
-    }
+    // Two branch-free passes over local copies (byte stores may alias anything, which would stop
+    // the compiler from vectorising; the hash needs 64-bit multiplies: AVX-512DQ).
+    const Rng local = stream;
+    const uint64_t base = first, below = threshold;
+    uint8_t* k = keep;
+    const T* in = xv;
+    T* out = yv;
+    const T scale = keep_scale;
+    for (int64_t i = lo; i < hi; ++i) k[i] = (local.bits(base + static_cast<uint64_t>(i)) >> 11) >= below;
+    for (int64_t i = lo; i < hi; ++i) out[i] = in[i] * (k[i] ? scale : T(0));
   });
   g.on_backward(y, [x, y, n, keep, keep_scale](Graph<T>& g) {
     const T* dy = g.grad(y).data();
     T* dx = g.grad(x).data();
     parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dx[i] += keep[i] ? dy[i] * keep_scale : T(0);
+      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * (keep[i] ? keep_scale : T(0));
     });
   });
   return y;
