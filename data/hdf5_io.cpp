@@ -9,6 +9,12 @@
 namespace bert::data::hdf5 {
 
 Quiet::Quiet() {
+  // HDF5 1.10 closes still-open files in an exit handler; after a write failed (a full disk) the file
+  // it could not close makes that handler crash (seen: SIGSEGV in H5F__close_cb). Every handle here is
+  // closed by RAII, so the handler is not needed: turn it off before the library initialises (a later
+  // call only returns an error, which is harmless).
+  static const bool no_exit_handler = H5dont_atexit() >= 0;
+  (void)no_exit_handler;
   H5Eget_auto2(H5E_DEFAULT, &old_func_, &old_data_);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }

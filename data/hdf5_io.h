@@ -39,7 +39,8 @@ class Handle {
   herr_t (*close_)(hid_t) = nullptr;
 };
 
-// Silences HDF5's automatic error-stack printing for its lifetime.
+// Silences HDF5's automatic error-stack printing for its lifetime. Every use of the library starts
+// with one (the first also turns off HDF5's exit handler; see hdf5_io.cpp).
 class Quiet {
  public:
   Quiet();

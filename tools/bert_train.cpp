@@ -70,6 +70,11 @@ int main(int argc, char** argv) {
   app.add_option("--scale-lr-mult", o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
   app.add_option("--stop-at", o.stop_at_step, "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "checkpoints kept: 1 keeps checkpoint.h5 only; K > 1 also keeps checkpoint-<step>.h5 of the last K saves")->capture_default_str();
+  app.add_option("--on-nonfinite", o.on_nonfinite,
+                 "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")->capture_default_str();
+  app.add_option("--max-skips", o.max_consecutive_skips, "with --on-nonfinite skip: stop after this many skipped steps in a row")->capture_default_str();
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   CLI11_PARSE(app, argc, argv);
 

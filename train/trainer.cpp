@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -37,6 +38,9 @@ void TrainOptions::validate() const {
   if (qat && init_from.empty() && !resume) fail("--qat needs --init-from (an FP32 checkpoint to start from)");
   if (log_every < 1) fail("--log-every: expected at least 1");
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
+  if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
+  if (on_nonfinite != "stop" && on_nonfinite != "skip") fail("--on-nonfinite '" + on_nonfinite + "': expected stop or skip");
+  if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");
   optimizer.validate();
   config.validate();
 }
@@ -60,6 +64,8 @@ Json TrainOptions::to_json() const {
   j["clip_norm"] = clip_norm;
   j["seed"] = seed;
   j["init_from"] = init_from;
+  j["keep_checkpoints"] = keep_checkpoints;
+  j["on_nonfinite"] = on_nonfinite;
   j["qat"] = qat;
   if (qat) {
     j["calibrator"] = calibration.method;
@@ -97,6 +103,54 @@ void truncate_metrics(const std::string& path, int64_t step) {
   AtomicFile out(path);
   std::ofstream(out.temp_path()) << kept;
   out.commit();
+}
+
+// The first parameter whose gradient (or value) holds a NaN or infinity, or "".
+std::string first_nonfinite(ParameterArena<float>& params, bool gradients) {
+  for (ParamId id = 0; id < params.size(); ++id) {
+    Parameter<float> p = params.get(id);
+    const TensorView<float> t = gradients ? p.grad : p.value;
+    for (float v : t)
+      if (!std::isfinite(v)) return *p.name;
+  }
+  return "";
+}
+
+// For a non-finite loss: the first non-finite weight, or else the largest one (overflowing activations
+// come from weights that grew too large).
+std::string describe_weights(ParameterArena<float>& params) {
+  const std::string bad = first_nonfinite(params, false);
+  if (!bad.empty()) return "first non-finite weight: " + bad;
+  float largest = 0;
+  std::string where;
+  for (ParamId id = 0; id < params.size(); ++id)
+    for (float v : params.get(id).value)
+      if (std::abs(v) > largest) largest = std::abs(v), where = params.name(id);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3g", largest);
+  return "weights finite, the largest |w| = " + std::string(text) + " in " + where;
+}
+
+// checkpoint.h5 is always the newest; with keep > 1 the last `keep` saves also stay as
+// checkpoint-<step>.h5 (hard links where possible, so they cost no space until superseded).
+void keep_numbered_checkpoints(const std::string& output_dir, const std::string& latest, int64_t step, int64_t keep) {
+  if (keep <= 1) return;
+  const fs::path dir(output_dir);
+  const fs::path numbered = dir / ("checkpoint-" + std::to_string(step) + ".h5");
+  std::error_code ec;
+  fs::remove(numbered, ec);
+  fs::create_hard_link(latest, numbered, ec);
+  if (ec) fs::copy_file(latest, numbered, fs::copy_options::overwrite_existing);
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("checkpoint-") || !name.ends_with(".h5")) continue;
+    const std::string number = name.substr(11, name.size() - 14);
+    if (number.empty() || number.find_first_not_of("0123456789") != std::string::npos) continue;
+    all.emplace_back(std::stoll(number), entry.path());
+  }
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i].second, ec);
 }
 
 }  // namespace
@@ -214,7 +268,9 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
 
   if (state.step >= o.steps) {
     spdlog::info("nothing to do: the checkpoint is at step {} of {}", state.step, o.steps);
-    return TrainResult{state.step, false, 0, 0, {}, {}};
+    TrainResult done;
+    done.steps_done = state.step;
+    return done;
   }
 
   const int64_t warmup = static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps));
@@ -230,6 +286,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     state.loader = loader.state();
     state.dropout_rng = dropout_rng.state();
     save_checkpoint(checkpoint_path, model, &optimizer, state);
+    keep_numbered_checkpoints(o.output_dir, checkpoint_path, state.step, o.keep_checkpoints);
   };
   auto run_eval = [&](TrainResult& result) {
     if (eval_paths.empty()) return;
@@ -259,37 +316,60 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   double window_seconds = 0, window_grad_norm = 0;
   int64_t window_steps = 0;
   const int64_t first_step = state.step + 1;
+  int64_t consecutive_skips = 0;
+  int64_t last_saved_step = o.resume ? state.step : -1;
   const auto start = std::chrono::steady_clock::now();
   for (state.step = first_step; state.step <= o.steps; ++state.step) {
     const auto step_start = std::chrono::steady_clock::now();
     model.parameters().zero_grad();
     double step_loss = 0;
-    for (int64_t micro = 0; micro < o.accumulation; ++micro) {
+    std::string nonfinite;  // what went non-finite in this step, for the message
+    for (int64_t micro = 0; micro < o.accumulation && nonfinite.empty(); ++micro) {
       loader.next(batch);
       const model::BertBatch b = quant::as_model_batch(batch);
       model::PretrainingOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
       const double loss = g.value(out.loss)[0];
-      if (!std::isfinite(loss))
-        throw UserError("loss is " + std::to_string(loss) + " at step " + std::to_string(state.step) +
-                        "; the last checkpoint ('" + checkpoint_path + "') was left as it was. Try a lower --lr.");
+      if (!std::isfinite(loss)) {
+        const double mlm = g.value(out.mlm_loss)[0], nsp = g.value(out.nsp_loss)[0];
+        nonfinite = "loss is " + std::to_string(loss) + " (MLM " + std::to_string(mlm) + ", NSP " + std::to_string(nsp) +
+                    "), " + describe_weights(model.parameters());
+        g.clear();
+        break;
+      }
       step_loss += loss / o.accumulation;
       window.add(g, out, b);
       g.backward(o.accumulation == 1 ? out.loss : ops::scale(g, out.loss, 1.0 / o.accumulation));
     }
-    const double grad_norm = clip_grad_norm(model.parameters(), o.clip_norm);
-    if (!std::isfinite(grad_norm))
-      throw UserError("gradient norm is " + std::to_string(grad_norm) + " at step " + std::to_string(state.step) +
-                      "; the last checkpoint was left as it was");
+    double grad_norm = 0;
+    if (nonfinite.empty()) {
+      grad_norm = clip_grad_norm(model.parameters(), o.clip_norm);
+      if (!std::isfinite(grad_norm))
+        nonfinite = "gradient norm is " + std::to_string(grad_norm) + ", first non-finite gradient: " +
+                    first_nonfinite(model.parameters(), true);
+    }
     const double lr = learning_rate(state.step, o.steps, warmup, o.learning_rate, o.schedule);
-    optimizer.step(lr);
-    if (!active.empty()) quant::clamp_scales(model);
-    result.losses.push_back(step_loss);
+    if (!nonfinite.empty()) {
+      const std::string saved = last_saved_step >= 0 ? "at step " + std::to_string(last_saved_step) : "none written yet";
+      if (o.on_nonfinite == "stop" || ++consecutive_skips > o.max_consecutive_skips)
+        throw UserError(nonfinite + " at step " + std::to_string(state.step) +
+                        (o.on_nonfinite == "skip" ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)" : "") +
+                        "; stopped without writing a checkpoint, the last one ('" + checkpoint_path + "', " + saved +
+                        ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
+      ++result.skipped_steps;
+      spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", state.step, nonfinite, consecutive_skips);
+      model.parameters().zero_grad();
+    } else {
+      consecutive_skips = 0;
+      optimizer.step(lr);
+      if (!active.empty()) quant::clamp_scales(model);
+      result.losses.push_back(step_loss);
+      window_grad_norm += grad_norm;
+      ++window_steps;
+    }
     window_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-    window_grad_norm += grad_norm;
-    ++window_steps;
 
     const bool stopping = (stop && stop->load()) || (o.stop_at_step > 0 && state.step == o.stop_at_step);
-    if (state.step % o.log_every == 0 || state.step == o.steps || stopping) {
+    if ((state.step % o.log_every == 0 || state.step == o.steps || stopping) && window_steps > 0) {
       const double seq_per_s = window_steps * o.batch_size * o.accumulation / window_seconds;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double eta = elapsed / (state.step - first_step + 1) * (o.steps - state.step);
@@ -329,7 +409,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     }
     const bool last = state.step == o.steps;
     if (o.eval_every > 0 && state.step % o.eval_every == 0 && !last) run_eval(result);
-    if ((o.save_every > 0 && state.step % o.save_every == 0) || last || stopping) save();
+    if ((o.save_every > 0 && state.step % o.save_every == 0) || last || stopping) {
+      save();
+      last_saved_step = state.step;
+    }
     if (stopping) {
       spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step, checkpoint_path);
       result.stopped_early = true;

@@ -52,6 +52,14 @@ struct TrainOptions {
 
   bool resume = false;        // continue from output_dir/checkpoint.h5
   int64_t stop_at_step = 0;   // > 0: stop after this step with a checkpoint, as if interrupted
+  // Checkpoints kept: 1 keeps only checkpoint.h5; K > 1 also keeps checkpoint-<step>.h5 for the last K
+  // saves (hard links to the same data where the file system allows).
+  int64_t keep_checkpoints = 1;
+  // A non-finite loss or gradient: "stop" (UserError naming the step and the tensor; the last
+  // checkpoint stays as it was) or "skip" (drop that step's update and go on; after
+  // max_consecutive_skips skipped steps in a row the run stops as with "stop").
+  std::string on_nonfinite = "stop";
+  int64_t max_consecutive_skips = 10;
 
   void validate() const;  // UserError naming the flag
   Json to_json() const;
@@ -61,6 +69,7 @@ struct TrainResult {
   int64_t steps_done = 0;
   bool stopped_early = false;  // stop was requested; a checkpoint was written
   double seconds = 0, sequences_per_second = 0;
+  int64_t skipped_steps = 0;  // updates dropped for a non-finite loss or gradient (--on-nonfinite skip)
   eval::PretrainingMetrics last_eval;
   std::vector<double> losses;  // per optimizer step, from this run's first step
 };

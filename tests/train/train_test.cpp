@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "core/error.h"
 #include "data/examples.h"
@@ -322,6 +323,77 @@ TEST_F(FactsCorpus, BadTrainingInputsAreRejectedBeforeAnythingIsWritten) {
   use_tokenizer(o, out.file("other.model"));
   expect_user_error([&] { train(o); }, "made with another tokenizer");
   EXPECT_FALSE(std::filesystem::exists(out.file("run") + "/checkpoint.h5"));
+}
+
+// A learning rate of 1e30 blows the weights up after the first update: a real, not injected, NaN.
+TEST_F(FactsCorpus, NonFiniteLossStopsAndLeavesTheLastCheckpointIntact) {
+  testing::TempDir out;
+  TrainOptions good = options(out.file("run"));
+  good.steps = 3;
+  train(good);
+  const std::vector<float> before = parameters_of(out.file("run") + "/checkpoint.h5");
+  std::ifstream in(out.file("run") + "/checkpoint.h5", std::ios::binary);
+  const std::string bytes_before((std::istreambuf_iterator<char>(in)), {});
+
+  TrainOptions exploding = options(out.file("run"));
+  exploding.steps = 8;
+  exploding.resume = true;
+  exploding.learning_rate = 1e30;
+  exploding.clip_norm = 0;
+  exploding.save_every = 0;
+  try {
+    train(exploding);
+    FAIL() << "expected the run to stop";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(" at step "), std::string::npos) << m;
+    EXPECT_TRUE(m.find("loss is") != std::string::npos || m.find("first non-finite gradient: ") != std::string::npos) << m;
+    EXPECT_TRUE(m.find("first non-finite weight: ") != std::string::npos || m.find(" in bert.") != std::string::npos ||
+                m.find(" in cls.") != std::string::npos || m.find("first non-finite gradient: bert.") != std::string::npos ||
+                m.find("first non-finite gradient: cls.") != std::string::npos)
+        << "names the tensor: " << m;
+    EXPECT_NE(m.find("at step 3) was left as it was"), std::string::npos) << m;
+  }
+  std::ifstream again(out.file("run") + "/checkpoint.h5", std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(again)), {}), bytes_before) << "checkpoint untouched";
+  EXPECT_EQ(parameters_of(out.file("run") + "/checkpoint.h5"), before);
+}
+
+TEST_F(FactsCorpus, NonFiniteStepsCanBeSkippedUpToALimit) {
+  testing::TempDir out;
+  TrainOptions o = options(out.file("skip"));
+  o.steps = 6;
+  o.learning_rate = 1e30;
+  o.clip_norm = 0;
+  o.on_nonfinite = "skip";
+  o.max_consecutive_skips = 3;
+  // Every step after the first is non-finite: three are skipped, the fourth in a row stops the run.
+  expect_user_error([&] { train(o); }, "(3 steps skipped in a row)");
+  o.max_consecutive_skips = 10;
+  o.output_dir = out.file("skip2");
+  const TrainResult r = train(o);
+  EXPECT_GE(r.skipped_steps, 4);
+  EXPECT_EQ(r.skipped_steps + static_cast<int64_t>(r.losses.size()), 6);
+  o.on_nonfinite = "ignore";
+  expect_user_error([&] { train(o); }, "--on-nonfinite 'ignore': expected stop or skip");
+}
+
+TEST_F(FactsCorpus, KeepsTheLastKCheckpoints) {
+  testing::TempDir out;
+  TrainOptions o = options(out.file("keep"));
+  o.steps = 8;  // saves at 2, 4, 6, 8 (the last step has learning rate 0: 7 would equal 6)
+  o.save_every = 2;
+  o.keep_checkpoints = 2;
+  train(o);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(out.file("keep")))
+    if (e.path().extension() == ".h5") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-6.h5", "checkpoint-8.h5", "checkpoint.h5"}));
+  EXPECT_EQ(parameters_of(out.file("keep") + "/checkpoint-8.h5"), parameters_of(out.file("keep") + "/checkpoint.h5"));
+  EXPECT_NE(parameters_of(out.file("keep") + "/checkpoint-6.h5"), parameters_of(out.file("keep") + "/checkpoint.h5"));
+  o.keep_checkpoints = 0;
+  expect_user_error([&] { train(o); }, "--keep-checkpoints 0: expected at least 1");
 }
 
 TEST_F(FactsCorpus, FillMaskOnATrainedModelPutsAPlausibleTokenFirst) {

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Tool-level reliability (issue 8), on the fixture corpus and a minute model:
+#   bad input   every tool exits non-zero with a message naming the file or flag, and writes nothing;
+#   signals     SIGINT / SIGTERM during training: checkpoint, exit 130 / 143; --resume then finishes
+#               with exactly the model of an uninterrupted run;
+#   disk full   a write that fails (file-size limit: ulimit -f, the same EFBIG/ENOSPC path as a full
+#               disk) during a checkpoint, a shard or an export leaves the previous file intact and
+#               no temporary behind, and the error says so.
+# Usage: tests/reliability.sh BIN_DIR OUT_DIR
+set -uo pipefail
+BIN=$1 OUT=$2
+cd "$(dirname "$0")/.."
+rm -rf "$OUT" && mkdir -p "$OUT"
+FAILED=0
+fail() { echo "FAIL: $*"; FAILED=1; }
+CORPUS=tests/fixtures/kjv_paragraphs.txt
+VOCAB=tests/fixtures/hf/tiny/vocab.txt
+cat > "$OUT/tiny.json" <<'JSON'
+{"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+ "max_position_embeddings": 64, "vocab_size": 384}
+JSON
+"$BIN/bert-data" shards --input $CORPUS --format paragraphs --tokenizer $VOCAB --output "$OUT/shards" \
+  --max-seq-len 64 --max-predictions 10 --dupe-factor 1 > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+SHARD=$(ls "$OUT"/shards/*.hdf5 | head -1)
+T=("$BIN/bert-train" --log-every 50)
+SH=(--train "$OUT/shards")
+TOK=(--tokenizer $VOCAB)
+CFG=(--config "$OUT/tiny.json")
+TRAIN=("${T[@]}" "${SH[@]}" "${TOK[@]}" "${CFG[@]}" --batch-size 32)
+
+# expect_error NAME FRAGMENT MUST_NOT_EXIST -- COMMAND...: non-zero exit, FRAGMENT in the output, and
+# MUST_NOT_EXIST (a path the command would have created) absent afterwards.
+expect_error() {
+  local name=$1 fragment=$2 absent=$3
+  shift 4
+  local log="$OUT/bad-$name.log"
+  "$@" > "$log" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] || fail "$name: exit code 0"
+  [ $rc -lt 128 ] || fail "$name: killed by a signal (exit $rc), not a clean error"
+  grep -qF -- "$fragment" "$log" || fail "$name: message lacks '$fragment': $(tail -2 "$log")"
+  [ -z "$absent" ] || [ ! -e "$absent" ] || fail "$name: '$absent' was written"
+}
+
+# ---- bad input
+N="$OUT/never"  # no bad-input command may create it
+expect_error missing-shards "does-not-exist" "$N" -- "${T[@]}" "${TOK[@]}" "${CFG[@]}" --train "$OUT/does-not-exist" --out "$N" --steps 5
+printf 'not an HDF5 file at all' > "$OUT/corrupt.hdf5"
+expect_error corrupt-shard "corrupt.hdf5' is not an HDF5 file" "$N" -- "${T[@]}" "${TOK[@]}" "${CFG[@]}" --train "$OUT/corrupt.hdf5" --out "$N" --steps 5
+head -c 3000 "$SHARD" > "$OUT/truncated.hdf5"
+expect_error truncated-shard "truncated.hdf5" "$N" -- "${T[@]}" "${TOK[@]}" "${CFG[@]}" --train "$OUT/truncated.hdf5" --out "$N" --steps 5
+expect_error missing-tokenizer "no-such-vocab.txt' does not exist" "$N" -- "${T[@]}" "${SH[@]}" "${CFG[@]}" --tokenizer "$OUT/no-such-vocab.txt" --out "$N" --steps 5
+sed 's/"max_position_embeddings": 64/"max_position_embeddings": 32/' "$OUT/tiny.json" > "$OUT/short.json"
+expect_error seq-longer-than-model "longer than" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/short.json" --out "$N" --steps 5
+sed 's/"num_attention_heads": 2/"num_attention_heads": 3/' "$OUT/tiny.json" > "$OUT/heads.json"
+expect_error heads-do-not-divide "hidden_size 32 is not divisible by num_attention_heads 3" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/heads.json" --out "$N" --steps 5
+printf '{"hidden_size": ' > "$OUT/broken.json"
+expect_error broken-config "broken.json" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/broken.json" --out "$N" --steps 5
+expect_error unknown-preset "unknown model preset 'huge'" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --preset huge --out "$N" --steps 5
+expect_error negative-steps "--steps -5" "$N" -- "${TRAIN[@]}" --out "$N" --steps -5
+expect_error zero-batch "--batch-size 0" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" "${CFG[@]}" --out "$N" --steps 5 --batch-size 0
+expect_error nan-lr "--lr" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --lr nan
+sed '300s/.*/zzzzz/' $VOCAB > "$OUT/vocab.txt"  # same size, another vocabulary
+expect_error other-tokenizer "made with another tokenizer" "$N" -- "${T[@]}" "${SH[@]}" "${CFG[@]}" --tokenizer "$OUT/vocab.txt" --out "$N" --steps 5
+expect_error bad-on-nonfinite "--on-nonfinite 'maybe'" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --on-nonfinite maybe
+expect_error data-missing-input "nowhere.txt" "$OUT/never-shards" -- "$BIN/bert-data" shards --input "$OUT/nowhere.txt" --tokenizer $VOCAB --output "$OUT/never-shards"
+expect_error data-bad-seq "--max-seq-len" "$OUT/never-shards" -- "$BIN/bert-data" shards --input $CORPUS --tokenizer $VOCAB --output "$OUT/never-shards" --max-seq-len 3
+expect_error data-inspect-corrupt "corrupt.hdf5" "" -- "$BIN/bert-data" inspect "$OUT/corrupt.hdf5"
+
+# A small trained model for the evaluation, export and interruption cases.
+"${TRAIN[@]}" --out "$OUT/run" --steps 20 > "$OUT/run.log" 2>&1 || { tail "$OUT/run.log"; exit 1; }
+expect_error eval-missing-checkpoint "nothing.h5" "" -- "$BIN/bert-eval" --checkpoint "$OUT/nothing.h5" --shards "$OUT/shards"
+expect_error eval-corrupt-checkpoint "corrupt.hdf5' is not an HDF5 file" "" -- "$BIN/bert-eval" --checkpoint "$OUT/corrupt.hdf5" --shards "$OUT/shards"
+expect_error eval-unknown-quantizer "no-such-quantizer" "$OUT/never.h5" -- "$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --quantize 'no-such-quantizer*' --save-calibrated "$OUT/never.h5"
+expect_error eval-wrong-shards "vocabulary of 800 tokens; the model has 384" "" -- "$BIN/bert-eval" --checkpoint tests/fixtures/hf/tiny-bf16 --shards tests/fixtures/kjv_seq32_vocab800.hdf5
+expect_error export-no-quantizers "has no enabled quantizers" "$OUT/never.onnx" -- "$BIN/bert-export" --checkpoint "$OUT/run" --onnx "$OUT/never.onnx" --qdq
+expect_error export-bad-opset "--opset" "$OUT/never.onnx" -- "$BIN/bert-export" --checkpoint "$OUT/run" --onnx "$OUT/never.onnx" --opset 7
+expect_error export-nothing "nothing to do" "" -- "$BIN/bert-export" --checkpoint "$OUT/run"
+
+# ---- signals: interrupt a long run, resume it, compare with the uninterrupted run.
+STEPS=400
+"${TRAIN[@]}" --out "$OUT/full" --steps $STEPS --save-every 0 --seed 3 > "$OUT/full.log" 2>&1 || fail "uninterrupted run"
+for sig in INT TERM; do
+  want=$([ $sig = INT ] && echo 130 || echo 143)
+  "${TRAIN[@]}" --out "$OUT/sig-$sig" --steps $STEPS --save-every 0 --seed 3 > "$OUT/sig-$sig.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do grep -q "step .*50/$STEPS" "$OUT/sig-$sig.log" 2>/dev/null && break; sleep 0.1; done
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  [ $rc -eq $want ] || fail "SIG$sig: exit $rc, expected $want"
+  grep -q "continue with --resume" "$OUT/sig-$sig.log" || fail "SIG$sig: no stop message"
+  [ -s "$OUT/sig-$sig/checkpoint.h5" ] || fail "SIG$sig: no checkpoint"
+  "${TRAIN[@]}" --out "$OUT/sig-$sig" --steps $STEPS --save-every 0 --seed 3 --resume >> "$OUT/sig-$sig.log" 2>&1 || fail "SIG$sig: resume"
+  for run in full sig-$sig; do
+    "$BIN/bert-eval" --checkpoint "$OUT/$run" --shards "$OUT/shards" --json-out "$OUT/$run.json" > /dev/null 2>&1 || fail "eval $run"
+  done
+  python3 - "$OUT/full.json" "$OUT/sig-$sig.json" <<'PY' || fail "SIG$sig: the resumed model differs from the uninterrupted one"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert a["step"] == b["step"], (a["step"], b["step"])
+assert a["metrics"] == b["metrics"], (a["metrics"], b["metrics"])
+PY
+done
+
+# ---- disk full: a file-size limit makes the next write fail with EFBIG, as ENOSPC would.
+limited() { (ulimit -f "$1"; trap '' XFSZ; shift; "$@"); }
+sum() { sha256sum "$1" | cut -d' ' -f1; }
+before=$(sum "$OUT/run/checkpoint.h5")
+limited 64 "${TRAIN[@]}" --out "$OUT/run" --steps 25 --resume > "$OUT/full-checkpoint.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] || fail "checkpoint: exit $rc under the limit, expected 1 (a clean error)"
+grep -qE "disk full|File too large|cannot (write|flush)" "$OUT/full-checkpoint.log" || fail "checkpoint: no disk-full message: $(tail -2 "$OUT/full-checkpoint.log")"
+[ "$(sum "$OUT/run/checkpoint.h5")" = "$before" ] || fail "checkpoint: the previous checkpoint changed"
+ls "$OUT"/run/*.tmp.* > /dev/null 2>&1 && fail "checkpoint: a temporary file was left behind"
+"$BIN/bert-export" --checkpoint "$OUT/run" --onnx "$OUT/export/model.onnx" > "$OUT/export.log" 2>&1 || fail "export"
+before=$(sum "$OUT/export/model.onnx")
+limited 8 "$BIN/bert-export" --checkpoint "$OUT/run" --onnx "$OUT/export/model.onnx" > "$OUT/full-export.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] || fail "export: exit $rc under the limit, expected 1"
+grep -qE "disk full|cannot write" "$OUT/full-export.log" || fail "export: no disk-full message: $(tail -2 "$OUT/full-export.log")"
+[ "$(sum "$OUT/export/model.onnx")" = "$before" ] || fail "export: the previous file changed"
+ls "$OUT"/export/*.tmp.* > /dev/null 2>&1 && fail "export: a temporary file was left behind"
+before=$(sum "$SHARD")
+limited 16 "$BIN/bert-data" shards --input $CORPUS --format paragraphs --tokenizer $VOCAB --output "$OUT/shards" \
+  --max-seq-len 64 --max-predictions 10 --dupe-factor 1 > "$OUT/full-shards.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] || fail "shards: exit $rc under the limit, expected 1"
+grep -qE "disk full|cannot write|File too large" "$OUT/full-shards.log" || fail "shards: no disk-full message: $(tail -2 "$OUT/full-shards.log")"
+[ "$(sum "$SHARD")" = "$before" ] || fail "shards: the previous shard changed"
+ls "$OUT"/shards/*.tmp.* > /dev/null 2>&1 && fail "shards: a temporary file was left behind"
+
+[ $FAILED -eq 0 ] && echo "reliability checks passed" || exit 1
