@@ -92,8 +92,9 @@ Var add(Graph<T>& g, Var a, Var b) {
   }
   g.on_backward(y, [a, b, y, p](Graph<T>& g) {
     const T* dy = g.grad(y).data();
-    for (auto [v, stride_of] : {std::pair{a, 0}, std::pair{b, 1}}) {
+    for (auto [v, which] : {std::pair{a, 0}, std::pair{b, 1}}) {
       if (!g.requires_grad(v)) continue;
+      const int stride_of = which;  // a plain variable: lambdas may not capture structured bindings before C++20 in clang 14
       T* dv = g.grad(v).data();
       if (p.same_shape) {
         parallel_for(p.out.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {

@@ -153,7 +153,7 @@ void write_dataset(hid_t file, const std::string& name, const T* data, const std
 
 template <typename T>
 std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vector<T>& out, const std::string& path,
-                                  const std::string& what) {
+                                  const std::string& what, const std::vector<hsize_t>* expected) {
   const std::string where = what + " '" + path + "': dataset '" + name + "'";
   if (!exists(file, name)) throw UserError(where + " is missing");
   Handle set(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
@@ -176,8 +176,19 @@ std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vect
   const int rank = H5Sget_simple_extent_ndims(space.get());
   std::vector<hsize_t> dims(std::max(rank, 0));
   if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (expected && dims != *expected)
+    throw UserError(where + " has shape " + dims_str(dims) + ", expected " + dims_str(*expected));
+  // Allocate only what the file can hold: its stored bytes, at most deflate's 1032:1 ratio, so a
+  // corrupt header cannot ask for terabytes (found by fuzzing).
   hsize_t n = 1;
-  for (hsize_t d : dims) n *= d;
+  for (hsize_t d : dims) {
+    if (d != 0 && n > (hsize_t(1) << 40) / d) throw UserError(where + " has an impossible shape " + dims_str(dims));
+    n *= d;
+  }
+  const hsize_t stored = H5Dget_storage_size(set.get());
+  if (n * sizeof(T) > stored * 1032 + 65536)
+    throw UserError(where + " claims " + std::to_string(n) + " elements but stores only " + std::to_string(stored) +
+                    " bytes (truncated or corrupt file?)");
   out.resize(n);
   if (n > 0 && H5Dread(set.get(), memory_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
     throw UserError(where + " cannot be read (truncated or corrupt file?)");
@@ -188,7 +199,7 @@ std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vect
   template void write_dataset<T>(hid_t, const std::string&, const T*, const std::vector<hsize_t>&,          \
                                  const std::string&, int);                                                    \
   template std::vector<hsize_t> read_dataset<T>(hid_t, const std::string&, std::vector<T>&, const std::string&, \
-                                                const std::string&);
+                                                const std::string&, const std::vector<hsize_t>*);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(int64_t)
 BERT_INSTANTIATE(int32_t)

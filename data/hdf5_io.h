@@ -71,10 +71,11 @@ template <typename T>
 void write_dataset(hid_t file, const std::string& name, const T* data, const std::vector<hsize_t>& dims,
                    const std::string& path, int compression = 0);
 // Reads a whole dataset whose type must be exactly T's (int8/int32/int64 signed integers, float32);
-// returns its dims. UserError naming path and dataset on a missing dataset or another type.
+// returns its dims. UserError naming path and dataset on a missing dataset, another type, dims other
+// than `expected` (when given), or a size the file cannot hold (checked before allocating).
 template <typename T>
 std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vector<T>& out, const std::string& path,
-                                  const std::string& what);
+                                  const std::string& what, const std::vector<hsize_t>* expected = nullptr);
 bool exists(hid_t file, const std::string& name);  // a link at this path (intermediate groups checked)
 std::string dims_str(const std::vector<hsize_t>& dims);
 

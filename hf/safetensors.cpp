@@ -99,7 +99,9 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     throw bad(std::string("header is not valid JSON: ") + e.what());
   }
   if (!json.is_object()) throw bad("header is not a JSON object");
-  for (const auto& [name, value] : json.as_object()) {
+  for (const auto& member : json.as_object()) {
+    const std::string& name = member.first;  // named, not a structured binding: clang 14 lambdas cannot capture those
+    const Json& value = member.second;
     if (name == "__metadata__") {
       if (!value.is_object()) throw bad("__metadata__ is not an object");
       for (const auto& [key, text] : value.as_object()) {

@@ -94,10 +94,8 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
   float* base = params.values().data();
   std::vector<float> buffer;
   auto load_into = [&](const std::string& name, float* dst, const Shape& shape) {
-    const std::vector<hsize_t> dims = hdf5::read_dataset(root, name, buffer, path, "checkpoint");
-    if (dims != dims_of(shape))
-      throw UserError("checkpoint '" + path + "': tensor '" + name + "' has shape " + hdf5::dims_str(dims) +
-                      ", the model expects " + shape.str());
+    const std::vector<hsize_t> expected = dims_of(shape);  // checked before anything is allocated
+    hdf5::read_dataset(root, name, buffer, path, "checkpoint", &expected);
     std::copy(buffer.begin(), buffer.end(), dst);
   };
   const bool has_optimizer_state = hdf5::exists(root, "optimizer");

@@ -288,7 +288,7 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   wider.hidden_size = 64;
   model::BertForPreTraining other(wider);
   expect_user_error([&] { load_checkpoint(out.file("c.h5"), other, nullptr); },
-                    "tensor 'model/bert.embeddings.word_embeddings.weight' has shape [100, 32], the model expects [100, 64]");
+                    "dataset 'model/bert.embeddings.word_embeddings.weight' has shape [100, 32], expected [100, 64]");
   // Model-only resume is refused; not-a-checkpoint files are named.
   save_checkpoint(out.file("model_only.h5"), a, nullptr, state);
   expect_user_error([&] { load_checkpoint(out.file("model_only.h5"), b, &opt_b); }, "holds no optimizer state");
