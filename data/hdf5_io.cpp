@@ -185,8 +185,27 @@ std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vect
     if (d != 0 && n > (hsize_t(1) << 40) / d) throw UserError(where + " has an impossible shape " + dims_str(dims));
     n *= d;
   }
-  const hsize_t stored = H5Dget_storage_size(set.get());
-  if (n * sizeof(T) > stored * 1032 + 65536)
+  // Only chunked datasets can be compressed; the others must store every byte. The stored size comes
+  // from the file's own index, so it is capped by the file's size too.
+  hsize_t stored = H5Dget_storage_size(set.get());
+  hsize_t file_size = 0;
+  if (Handle owner(H5Iget_file_id(set.get()), H5Fclose); owner.ok()) H5Fget_filesize(owner.get(), &file_size);
+  stored = std::min(stored, file_size);
+  Handle create_plist(H5Dget_create_plist(set.get()), H5Pclose);
+  const bool chunked = create_plist.ok() && H5Pget_layout(create_plist.get()) == H5D_CHUNKED;
+  if (chunked) {
+    // A chunk shape that disagrees with the dataspace sends libhdf5's reader into multi-GB allocations
+    // (found by fuzzing): the chunk must have the dataset's rank and fit what the file can hold.
+    std::vector<hsize_t> chunk(std::max(rank, 1));
+    const int chunk_rank = H5Pget_chunk(create_plist.get(), static_cast<int>(chunk.size()), chunk.data());
+    hsize_t chunk_elements = 1;
+    for (int i = 0; i < std::max(chunk_rank, 0) && i < static_cast<int>(chunk.size()); ++i)
+      chunk_elements *= std::max<hsize_t>(chunk[i], 1);
+    if (chunk_rank != rank || rank < 1 || chunk_elements * sizeof(T) > std::min(stored, file_size) * 1032 + 4096)
+      throw UserError(where + " has an inconsistent chunk layout (truncated or corrupt file?)");
+  }
+  const hsize_t bytes = n * sizeof(T);
+  if (chunked ? bytes > stored * 1032 + 4096 : bytes > stored)
     throw UserError(where + " claims " + std::to_string(n) + " elements but stores only " + std::to_string(stored) +
                     " bytes (truncated or corrupt file?)");
   out.resize(n);

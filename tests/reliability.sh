@@ -54,6 +54,11 @@ sed 's/"max_position_embeddings": 64/"max_position_embeddings": 32/' "$OUT/tiny.
 expect_error seq-longer-than-model "longer than" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/short.json" --out "$N" --steps 5
 sed 's/"num_attention_heads": 2/"num_attention_heads": 3/' "$OUT/tiny.json" > "$OUT/heads.json"
 expect_error heads-do-not-divide "hidden_size 32 is not divisible by num_attention_heads 3" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/heads.json" --out "$N" --steps 5
+expect_error config-is-a-directory "cannot read model config" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/shards" --out "$N" --steps 5
+if [ "$(id -u)" -ne 0 ]; then  # root reads any file: only an ordinary user can test permissions
+  cp "$OUT/tiny.json" "$OUT/unreadable.json" && chmod 000 "$OUT/unreadable.json"
+  expect_error unreadable-config "unreadable.json" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/unreadable.json" --out "$N" --steps 5
+fi
 printf '{"hidden_size": ' > "$OUT/broken.json"
 expect_error broken-config "broken.json" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --config "$OUT/broken.json" --out "$N" --steps 5
 expect_error unknown-preset "unknown model preset 'huge'" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" --preset huge --out "$N" --steps 5

@@ -397,10 +397,14 @@ TEST_F(FixtureData, SingleSentenceDocumentsAndOverlongLinesStillGiveValidExample
 }
 
 // Writes an HDF5 file in the shard layout with one dataset altered.
-void write_custom_shard(const std::string& path, const std::string& skip, const std::string& as_float) {
+// A shard written through the HDF5 API directly: `skip` leaves a dataset out, `as_float` stores one as
+// float32, `short_rows` gives one 3 rows instead of 4.
+void write_custom_shard(const std::string& path, const std::string& skip, const std::string& as_float,
+                        const std::string& short_rows = "") {
   hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   auto put = [&](const char* name, hid_t type, std::vector<hsize_t> dims) {
     if (skip == name) return;
+    if (short_rows == name) dims[0] = 3;
     hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
     hid_t t = as_float == name ? H5T_IEEE_F32LE : type;
     hid_t d = H5Dcreate2(f, name, t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -427,6 +431,10 @@ TEST(ShardReader, RejectsBadShardsNamingFileDatasetAndProblem) {
   expect_user_error([&] { read_shard(out.file("missing.h5")); }, "missing.h5': dataset 'masked_lm_ids' is missing");
   write_custom_shard(out.file("float.h5"), "", "input_ids");
   expect_user_error([&] { read_shard(out.file("float.h5")); }, "dataset 'input_ids' has dtype float, expected int32");
+  write_custom_shard(out.file("short.h5"), "", "", "segment_ids");
+  expect_user_error([&] { read_shard(out.file("short.h5")); }, "dataset 'segment_ids' has shape [3, 8], expected [4, 8]");
+  write_custom_shard(out.file("short_labels.h5"), "", "", "next_sentence_labels");
+  expect_user_error([&] { read_shard(out.file("short_labels.h5")); }, "dataset 'next_sentence_labels' has shape [3], expected [4]");
   expect_user_error([&] { read_shard(out.file("nothing.h5")); }, "nothing.h5' does not exist");
   std::ofstream(out.file("text.h5")) << "not hdf5 at all";
   expect_user_error([&] { read_shard(out.file("text.h5")); }, "is not an HDF5 file");
