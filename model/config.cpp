@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -91,6 +92,10 @@ BertConfig BertConfig::from_json(const Json& j) {
 }
 
 BertConfig BertConfig::load(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw UserError("cannot read model config '" + path + "': " +
+                    (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
   std::ifstream in(path);
   if (!in) throw UserError("cannot read model config '" + path + "'");
   std::stringstream text;
