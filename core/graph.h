@@ -54,7 +54,9 @@ class Graph {
   }
 
   TensorView<T> value(Var v) const { return node(v).value; }
-  const Shape& shape(Var v) const { return node(v).value.shape(); }
+  // By value: nodes live in a growing vector, so a reference would dangle after the next emit (ASan
+  // caught one such use in the quantizer).
+  Shape shape(Var v) const { return node(v).value.shape(); }
   bool requires_grad(Var v) const { return node(v).requires_grad; }
   // The gradient buffer of v (zero-filled on first use for inner nodes). Only for nodes that
   // require a gradient.

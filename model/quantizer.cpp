@@ -35,7 +35,7 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
       return x;
     }
     case QuantMode::kQuantize: {
-      const Shape& s = g.shape(x);
+      const Shape s = g.shape(x);
       // LSQ's gradient scale 1 / sqrt(N * qmax), N = elements per scale: a weight row, or one example
       // of an activation (the first axis is the batch).
       const int64_t per_scale = is_weight ? s.numel() / channels : s.numel() / std::max<int64_t>(s[0], 1);
