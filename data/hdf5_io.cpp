@@ -192,7 +192,13 @@ std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vect
   if (Handle owner(H5Iget_file_id(set.get()), H5Fclose); owner.ok()) H5Fget_filesize(owner.get(), &file_size);
   stored = std::min(stored, file_size);
   Handle create_plist(H5Dget_create_plist(set.get()), H5Pclose);
-  const bool chunked = create_plist.ok() && H5Pget_layout(create_plist.get()) == H5D_CHUNKED;
+  const H5D_layout_t layout = create_plist.ok() ? H5Pget_layout(create_plist.get()) : H5D_LAYOUT_ERROR;
+  // Compact storage (data inside the object header) is never written by this project or by h5py's
+  // defaults, and libhdf5 1.10 overflows its buffer on corrupt compact datasets (found by fuzzing).
+  if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED)
+    throw UserError(where + " has " + (layout == H5D_COMPACT ? "compact" : "an unknown") +
+                    " storage layout (expected contiguous or chunked)");
+  const bool chunked = layout == H5D_CHUNKED;
   if (chunked) {
     // A chunk shape that disagrees with the dataspace sends libhdf5's reader into multi-GB allocations
     // (found by fuzzing): the chunk must have the dataset's rank and fit what the file can hold.
@@ -205,6 +211,13 @@ std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vect
       throw UserError(where + " has an inconsistent chunk layout (truncated or corrupt file?)");
   }
   const hsize_t bytes = n * sizeof(T);
+  if (!chunked && bytes > 0) {
+    // Contiguous data must lie inside the file (libhdf5 trusts the address and its sieve buffer
+    // overflows on a corrupt one: found by fuzzing).
+    const haddr_t offset = H5Dget_offset(set.get());
+    if (offset == HADDR_UNDEF || offset > file_size || bytes > file_size - offset)
+      throw UserError(where + " lies outside the file (truncated or corrupt file?)");
+  }
   // Without a filter nothing is compressed, chunked or not: every byte must be stored (libhdf5 trusts
   // its chunk index and reads past a short chunk: a heap overflow found by fuzzing).
   const bool filtered = create_plist.ok() && H5Pget_nfilters(create_plist.get()) > 0;
