@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace bert {
 
@@ -119,24 +120,6 @@ class Parser {
     return v;
   }
 
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
   uint32_t hex4() {
     if (pos_ + 4 > s_.size()) fail("4 hex digits");
     uint32_t v = 0;
@@ -185,7 +168,7 @@ class Parser {
           } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
             fail("a high surrogate before a low one");
           }
-          append_utf8(out, cp);
+          utf8::append(out, cp);
           break;
         }
         default: fail("a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u)");

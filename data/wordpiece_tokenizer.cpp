@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/utf8.h"
 #include "data/sha256.h"
 
 namespace bert::data {
@@ -53,57 +54,6 @@ bool is_cjk(char32_t c) {
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
-std::u32string decode_utf8(std::string_view s) {
-  std::u32string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    char32_t c = len == 1 ? b : len == 2 ? (b & 0x1f) : len == 3 ? (b & 0x0f) : (b & 0x07);
-    bool ok = len > 0 && i + len <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const auto cont = static_cast<unsigned char>(s[i + k]);
-      ok = (cont >> 6) == 2;
-      c = (c << 6) | (cont & 0x3f);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are invalid as well.
-    static constexpr char32_t kMinimum[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (ok && (c < kMinimum[len] || (c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF)) ok = false;
-    if (!ok) {
-      out.push_back(0xFFFD);
-      ++i;
-      continue;
-    }
-    out.push_back(c);
-    i += len;
-  }
-  return out;
-}
-
-void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  }
-}
-
-std::string encode_utf8(const std::u32string& s) {
-  std::string out;
-  for (char32_t c : s) append_utf8(out, c);
-  return out;
-}
-
 // NFD with the nonspacing marks removed (BERT's _run_strip_accents). Hangul syllables decompose
 // algorithmically into their jamo.
 std::u32string strip_accents(const std::u32string& word) {
@@ -133,7 +83,7 @@ std::u32string to_lower(const std::u32string& word) {
 std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& options) {
   // Clean (drop NUL, U+FFFD and control characters; whitespace becomes a space) and isolate CJK ideographs.
   std::u32string cleaned;
-  for (char32_t c : decode_utf8(text)) {
+  for (char32_t c : utf8::decode(text)) {
     if (c == 0 || c == 0xFFFD || is_control(c)) continue;
     if (is_whitespace(c)) {
       cleaned.push_back(U' ');
@@ -154,14 +104,14 @@ std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokeni
     std::u32string piece;
     for (char32_t c : word) {
       if (is_punctuation(c)) {
-        if (!piece.empty()) tokens.push_back(encode_utf8(piece));
+        if (!piece.empty()) tokens.push_back(utf8::encode(piece));
         piece.clear();
-        tokens.push_back(encode_utf8(std::u32string(1, c)));
+        tokens.push_back(utf8::encode(std::u32string(1, c)));
       } else {
         piece.push_back(c);
       }
     }
-    if (!piece.empty()) tokens.push_back(encode_utf8(piece));
+    if (!piece.empty()) tokens.push_back(utf8::encode(piece));
     word.clear();
   };
   for (char32_t c : cleaned) {
@@ -293,7 +243,7 @@ class WordPieceTokenizer final : public Tokenizer {
 
   // Greedy longest-match-first; the whole word becomes [UNK] if any part cannot be matched.
   void wordpiece(const std::string& word, std::vector<int32_t>& ids) const {
-    const std::u32string chars = decode_utf8(word);
+    const std::u32string chars = utf8::decode(word);
     if (chars.size() > kMaxWordChars) {
       ids.push_back(specials_.unk);
       return;
@@ -305,7 +255,7 @@ class WordPieceTokenizer final : public Tokenizer {
       int32_t found = -1;
       for (; end > start; --end) {
         std::string candidate = start > 0 ? "##" : "";
-        candidate += encode_utf8(chars.substr(start, end - start));
+        candidate += utf8::encode(chars.substr(start, end - start));
         if (auto it = ids_.find(candidate); it != ids_.end()) {
           found = it->second;
           break;

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/utf8.h"
 
 namespace bert {
 namespace {
@@ -60,6 +61,25 @@ TEST(Json, TypedAccessNamesTheExpectedType) {
   EXPECT_THROW(j.find("n")->as_int(), UserError);
   EXPECT_THROW(j.find("s")->as_number(), UserError);
   EXPECT_THROW(Json::parse("[1]").find("a"), UserError);
+}
+
+}  // namespace
+}  // namespace bert
+
+namespace bert {
+namespace {
+
+TEST(Utf8, RoundTripsEveryLengthAndReplacesInvalidBytes) {
+  const std::u32string points = {U'a', 0x7F, 0x80, 0x7FF, 0x800, 0xFFFD, 0xFFFF, 0x10000, 0x10FFFF};
+  const std::string bytes = utf8::encode(points);
+  EXPECT_EQ(bytes.size(), 1u + 1 + 2 + 2 + 3 + 3 + 3 + 4 + 4);
+  EXPECT_EQ(utf8::decode(bytes), points);
+  // Lone continuation byte, truncated sequence, overlong '/', UTF-16 surrogate, past U+10FFFF.
+  EXPECT_EQ(utf8::decode("a\x80z"), (std::u32string{U'a', 0xFFFD, U'z'}));
+  EXPECT_EQ(utf8::decode("\xE2\x82"), (std::u32string{0xFFFD, 0xFFFD}));
+  EXPECT_EQ(utf8::decode("\xC0\xAF"), (std::u32string{0xFFFD, 0xFFFD}));
+  EXPECT_EQ(utf8::decode("\xED\xA0\x80"), (std::u32string{0xFFFD, 0xFFFD, 0xFFFD}));
+  EXPECT_EQ(utf8::decode("\xF4\x90\x80\x80"), (std::u32string{0xFFFD, 0xFFFD, 0xFFFD, 0xFFFD}));
 }
 
 }  // namespace
