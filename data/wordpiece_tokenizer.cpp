@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "core/json.h"
 #include "core/utf8.h"
 #include "data/sha256.h"
@@ -174,11 +175,9 @@ class WordPieceTokenizer final : public Tokenizer {
       const Json* strip = nullptr;
       Json json;
       if (std::filesystem::is_regular_file(config, ec)) {
-        std::ifstream cin(config);
-        std::stringstream text;
-        text << cin.rdbuf();
+        const std::string text = read_text_file(config.string(), "tokenizer config");
         try {
-          json = Json::parse(text.str());
+          json = Json::parse(text);
         } catch (const UserError& e) {
           throw UserError("tokenizer config '" + config.string() + "': " + e.what());
         }

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/atomic_file.h"
+#include "core/text_file.h"
 #include "core/error.h"
 #include "export/bert_onnx.h"
 
@@ -53,9 +54,7 @@ std::string write_triton_repository(const onnx::ModelProto& model, const std::st
   fs::create_directories(folder / "1", ec);
   if (ec) throw UserError("cannot create Triton repository folder '" + (folder / "1").string() + "': " + ec.message());
   write_onnx(model, (folder / "1" / "model.onnx").string());
-  AtomicFile config((folder / "config.pbtxt").string());
-  std::ofstream(config.temp_path()) << triton_config(model, name, max_batch_size);
-  config.commit();
+  write_text_file((folder / "config.pbtxt").string(), triton_config(model, name, max_batch_size));
   return folder.string();
 }
 

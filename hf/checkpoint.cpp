@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/text_file.h"
 #include "core/error.h"
 #include "hf/safetensors.h"
 #include "model/quantizer.h"
@@ -25,26 +26,12 @@ constexpr const char* kQuantizationFile = "quantization.json";
 constexpr const char* kQuantizationKey = "bert_qat.quantization";  // safetensors metadata key
 
 Json read_json_file(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  if (!in) throw UserError(std::string("cannot read ") + what + " '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_text_file(path, what);
   try {
-    return Json::parse(text.str());
+    return Json::parse(text);
   } catch (const UserError& e) {
     throw UserError(std::string(what) + " '" + path + "': " + e.what());
   }
-}
-
-void write_text_atomically(const std::string& path, const std::string& text) {
-  AtomicFile file(path);
-  {
-    std::ofstream out(file.temp_path(), std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw UserError("cannot write '" + path + "' (disk full?); any previous file was left unchanged");
-  }
-  file.commit();
 }
 
 bool is_head(const std::string& name) { return name.starts_with("cls.") || name.starts_with("bert.pooler."); }
@@ -293,8 +280,8 @@ void export_model(const std::string& dir, model::BertForPreTraining& model, cons
     writer.set_metadata(kQuantizationKey, record.dump());
   }
   writer.write((root / kWeights).string());
-  write_text_atomically((root / "config.json").string(), config.dump(2) + "\n");
-  if (quantized) write_text_atomically((root / kQuantizationFile).string(), record.dump(2) + "\n");
+  write_text_file((root / "config.json").string(), config.dump(2) + "\n");
+  if (quantized) write_text_file((root / kQuantizationFile).string(), record.dump(2) + "\n");
   else fs::remove(root / kQuantizationFile, ec);  // a stale one would re-enable quantizers on import
 }
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace bert::model {
 
@@ -92,16 +93,9 @@ BertConfig BertConfig::from_json(const Json& j) {
 }
 
 BertConfig BertConfig::load(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw UserError("cannot read model config '" + path + "': " +
-                    (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
-  std::ifstream in(path);
-  if (!in) throw UserError("cannot read model config '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_text_file(path, "model config");
   try {
-    return from_json(Json::parse(text.str()));
+    return from_json(Json::parse(text));
   } catch (const UserError& e) {
     throw UserError("model config '" + path + "': " + e.what());
   }

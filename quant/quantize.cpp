@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/text_file.h"
 #include "core/error.h"
 #include "quant/model_batch.h"
 
@@ -172,13 +173,10 @@ void disable_all(model::BertForPreTraining& model) {
 }
 
 std::vector<std::string> read_plan(const std::string& path, model::BertForPreTraining& model) {
-  std::ifstream in(path);
-  if (!in) throw UserError("cannot read plan file '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_text_file(path, "plan file");
   Json plan;
   try {
-    plan = Json::parse(text.str());
+    plan = Json::parse(text);
   } catch (const UserError& e) {
     throw UserError("plan file '" + path + "': " + e.what());
   }
@@ -201,9 +199,7 @@ void write_plan(const std::string& path, const std::vector<std::string>& keep_fl
   Json::Array names;
   for (const std::string& n : keep_float) names.emplace_back(n);
   plan["keep_float"] = names;
-  AtomicFile file(path);
-  std::ofstream(file.temp_path()) << plan.dump(2) << "\n";
-  file.commit();
+  write_text_file(path, plan.dump(2) + "\n");
 }
 
 }  // namespace bert::quant

@@ -126,6 +126,15 @@ rc=$?
 grep -qE "disk full|cannot write" "$OUT/full-export.log" || fail "export: no disk-full message: $(tail -2 "$OUT/full-export.log")"
 [ "$(sum "$OUT/export/model.onnx")" = "$before" ] || fail "export: the previous file changed"
 ls "$OUT"/export/*.tmp.* > /dev/null 2>&1 && fail "export: a temporary file was left behind"
+EVAL_JSON=("$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --fill-mask "and god [MASK] the light" --top-k 40 --json-out "$OUT/report.json")
+"${EVAL_JSON[@]}" > "$OUT/report.log" 2>&1 || fail "eval --json-out"
+before=$(sum "$OUT/report.json")
+[ "$(stat -c %s "$OUT/report.json")" -gt 1024 ] || fail "report.json is too small to exceed the 1 KB limit"
+limited 1 "${EVAL_JSON[@]}" 2>&1 | cat > "$OUT/full-json.log"  # through a pipe: the log itself is not limited
+rc=${PIPESTATUS[0]}
+[ $rc -eq 1 ] || fail "json-out: exit $rc under the limit, expected 1"
+grep -qE "disk full" "$OUT/full-json.log" || fail "json-out: no disk-full message: $(tail -2 "$OUT/full-json.log")"
+[ "$(sum "$OUT/report.json")" = "$before" ] || fail "json-out: the previous report changed"
 before=$(sum "$SHARD")
 limited 16 "$BIN/bert-data" shards --input $CORPUS --format paragraphs --tokenizer $VOCAB --output "$OUT/shards" \
   --max-seq-len 64 --max-predictions 10 --dupe-factor 1 > "$OUT/full-shards.log" 2>&1

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/text_file.h"
 #include "core/error.h"
 #include "tools/tool_main.h"
 #include "core/parallel.h"
@@ -265,9 +266,7 @@ int main(int argc, char** argv) {
     }
     if (json) std::printf("%s\n", report.dump(2).c_str());
     if (!json_out.empty()) {
-      AtomicFile file(json_out);
-      std::ofstream(file.temp_path()) << report.dump(2) << "\n";
-      file.commit();
+      write_text_file(json_out, report.dump(2) + "\n");
     }
     return 0;
   });

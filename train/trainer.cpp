@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/text_file.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/parallel.h"
@@ -100,9 +101,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
     }
   }
   in.close();
-  AtomicFile out(path);
-  std::ofstream(out.temp_path()) << kept;
-  out.commit();
+  write_text_file(path, kept);
 }
 
 // The first parameter whose gradient (or value) holds a NaN or infinity, or "".
@@ -253,9 +252,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       if (data::is_wordpiece_vocab(tokenizer_path) && fs::is_regular_file(settings))
         fs::copy_file(settings, fs::path(o.output_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
     }
-    AtomicFile config_file((fs::path(o.output_dir) / "config.json").string());
-    std::ofstream(config_file.temp_path()) << config.to_json().dump(2) << "\n";
-    config_file.commit();
+    write_text_file((fs::path(o.output_dir) / "config.json").string(), config.to_json().dump(2) + "\n");
     std::ofstream(metrics_path, std::ios::trunc).close();
   }
   // Quantizers enabled (calibrated now, or restored from a QAT checkpoint): scales get their own
