@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/text_file.h"
 #include "core/error.h"
 #include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
@@ -89,14 +90,9 @@ float hex_float(const std::string& hex) {
 
 void write_trt_cache(const std::string& path, const std::map<std::string, double>& amax, const CacheOptions& o) {
   const std::string algorithm = o.calibrator == "max" ? "MinMaxCalibration" : "EntropyCalibration2";
-  AtomicFile file(path);
-  {
-    std::ofstream out(file.temp_path());
-    out << "TRT-" << o.trt_version << "-" << algorithm << "\n";
-    for (const auto& [name, a] : amax) out << name << ": " << float_hex(quant::scale_for_amax(a)) << "\n";
-    if (!out) throw UserError("cannot write '" + path + "' (disk full?)");
-  }
-  file.commit();
+  std::string text = "TRT-" + std::to_string(o.trt_version) + "-" + algorithm + "\n";
+  for (const auto& [name, a] : amax) text += name + ": " + float_hex(quant::scale_for_amax(a)) + "\n";
+  write_text_file(path, text);
 }
 
 std::map<std::string, float> read_trt_cache(const std::string& path, std::string* header) {
