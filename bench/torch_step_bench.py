@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""The PyTorch side of the training-speed benchmark (issue 9): the same BertForPreTraining as ours
+"""The PyTorch side of the training-speed benchmark: the same BertForPreTraining as ours
 (post-LN, erf GELU, tied MLM decoder evaluated at the masked positions, NSP head), written with
 torch.nn.functional only (no Hugging Face), the same shapes and synthetic batches, one full training
 step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup, and
-evaluation throughput (forward, no grad). Prints one JSON object per configuration.
+evaluation throughput (forward, no grad). Prints one JSON object per configuration. On a GPU
+(--device cuda): --dtype fp32 (strict), tf32 (TF32 matmuls) or bf16 (autocast to bfloat16, FP32 master
+weights), and --compile for torch.compile.
 
 Run with Debian's Python (python3-torch), e.g.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_step_bench.py --threads 1
@@ -84,10 +86,10 @@ def forward(w, heads, batch, training, dropout=0.1):
         a = ln(drop(lin(ctx, f"{i}.ao")) + x, f"{i}.ln1")
         x = ln(drop(lin(F.gelu(lin(a, f"{i}.ffn_in")), f"{i}.ffn_out")) + a, f"{i}.ln2")
     hidden = x.reshape(b * t, h)
-    rows = (torch.arange(b)[:, None] * t + positions).reshape(-1)
+    rows = (torch.arange(b, device=ids.device)[:, None] * t + positions).reshape(-1)
     m = ln(F.gelu(lin(hidden[rows], "transform")), "transform_ln")
     mlm = F.linear(m, w["word"], w["mlm_bias"])
-    nsp = lin(torch.tanh(lin(hidden[torch.arange(b) * t], "pooler")), "nsp")
+    nsp = lin(torch.tanh(lin(hidden[torch.arange(b, device=ids.device) * t], "pooler")), "nsp")
     return F.cross_entropy(mlm, masked_ids.reshape(-1)) + F.cross_entropy(nsp, nsp_labels)
 
 
@@ -112,34 +114,55 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=16000)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = a.dtype == "tf32"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if a.dtype == "bf16" else (
+        lambda: torch.autocast("cuda", enabled=False) if cuda else torch.autocast("cpu", enabled=False))
+    fwd = torch.compile(forward) if a.compile else forward
     t, p = 128, 20
     for name in a.presets.split(","):
         layers, hidden = PRESETS[name]
         for b in map(int, a.batches.split(",")):
             w, heads = make_model(layers, hidden, a.vocab)
-            opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01)
-            batch = synthetic_batch(b, t, p, a.vocab)
+            w = {k: torch.nn.Parameter(v.detach().to(dev)) for k, v in w.items()}
+            opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01, **({"fused": True} if cuda else {}))
+            batch = tuple(x.to(dev) for x in synthetic_batch(b, t, p, a.vocab))
             times = []
             for s in range(a.warmup + a.steps):
                 start = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
-                loss = forward(w, heads, batch, True)
+                with autocast():
+                    loss = fwd(w, heads, batch, True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
                 opt.step()
+                sync()
                 if s >= a.warmup:
                     times.append(time.perf_counter() - start)
             eval_times = []
             with torch.no_grad():
                 for s in range(a.warmup + a.steps):
                     start = time.perf_counter()
-                    forward(w, heads, batch, False)
+                    with autocast():
+                        fwd(w, heads, batch, False)
+                    sync()
                     if s >= a.warmup:
                         eval_times.append(time.perf_counter() - start)
             step = statistics.median(times)
-            print(json.dumps({"preset": name, "batch": b, "step_s": step, "seq_per_s": b / step,
+            mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            print(json.dumps({"preset": name, "batch": b, "device": a.device, "dtype": a.dtype, "compile": a.compile,
+                              "gpu_mem_gib": round(mem, 2), "step_s": step, "seq_per_s": b / step,
                               "eval_seq_per_s": b / statistics.median(eval_times), "threads": a.threads,
                               "omp": os.environ.get("OMP_NUM_THREADS"), "openblas": os.environ.get("OPENBLAS_NUM_THREADS"),
                               "torch": torch.__version__}), flush=True)

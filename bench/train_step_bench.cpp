@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   std::string presets = "tiny,mini", batches = "32,128";
   int steps = 5, warmup = 2;
   int64_t vocab = 16000;
-  std::string json_path, modes = "fp32,qat";
+  std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32";
   CLI::App app{"train-step-bench: training-step and evaluation speed of BERT presets (FP32 and QAT)"};
   app.add_option("--presets", presets, "comma-separated presets")->capture_default_str();
   app.add_option("--batches", batches, "comma-separated batch sizes")->capture_default_str();
@@ -90,7 +90,11 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::Range(int64_t{100}, int64_t{1} << 20))->capture_default_str();
   app.add_option("--modes", modes, "fp32, qat or both")->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
+  app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
+  app.add_option("--precision", precision, "GEMM precision on a GPU: fp32, tf32, bf16")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
+  std::printf("device: %s\n", device->is_cuda() ? device->name().c_str() : "cpu");
   std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (!json_path.empty() && !json) {
     std::fprintf(stderr, "error: cannot write --json '%s'\n", json_path.c_str());
@@ -98,7 +102,7 @@ int main(int argc, char** argv) {
   }
 
   const int64_t t = 128, p = 20;
-  {  // The SGEMM ceiling through the same kernel path.
+  if (!device->is_cuda()) {  // The SGEMM ceiling through the same kernel path.
     const int64_t n = 2048;
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
     std::vector<double> times;
@@ -129,12 +133,18 @@ int main(int argc, char** argv) {
         if (modes.find(mode) == std::string::npos) continue;
         model::BertForPreTraining model(config);
         model.initialize(1);
+        model.place_on(*device);
         std::vector<bool> decays;
         for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
         train::Optimizer optimizer({}, model.parameters(), decays);
-        Graph<float> g;
+        Graph<float> g(*device);
         Rng dropout(3);
-        if (std::string(mode) == "qat") enable_quantization(model, batch, g);
+        if (std::string(mode) == "qat") {
+          enable_quantization(model, batch, g);
+          model.parameters().upload_values();
+          for (model::Quantizer* q : model.quantizers())
+            if (q->mode == model::QuantMode::kQuantize) optimizer.set_minimum(q->scale, quant::kMinimumScale);
+        }
         std::vector<double> times;
         for (int s = 0; s < warmup + steps; ++s) {
           const auto start = std::chrono::steady_clock::now();
@@ -143,7 +153,7 @@ int main(int argc, char** argv) {
           g.backward(out.loss);
           train::clip_grad_norm(model.parameters(), 1.0);
           optimizer.step(1e-4);
-          if (std::string(mode) == "qat") quant::clamp_scales(model);
+          device->synchronize();
           if (s >= warmup) times.push_back(seconds_since(start));
         }
         const double step = median(times);
@@ -154,6 +164,7 @@ int main(int argc, char** argv) {
           NoGradGuard<float> no_grad(g);
           model.forward(g, input, false, dropout);
           g.clear();
+          device->synchronize();
           if (s >= warmup) eval_times.push_back(seconds_since(start));
         }
         const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
@@ -166,6 +177,10 @@ int main(int argc, char** argv) {
                        "\"seq_per_s\": %.3f, \"gflops\": %.3f, \"step_gflop\": %.3f, \"eval_seq_per_s\": %.3f}\n",
                        name.c_str(), (long long)b, mode, step, b / step, gflops, 3 * b * forward_flops(config, t, p) / 1e9,
                        b / median(eval_times));
+        if (device->is_cuda()) {
+          const auto [used, total] = device->memory_use();
+          std::printf("   GPU memory %.2f GiB", used / double(1 << 30));
+        }
         std::printf("\n");
         std::fflush(stdout);
       }

@@ -30,8 +30,13 @@ Parameter<T> ParameterArena<T>::get(ParamId id) {
   BERT_CHECK(allocated_, "get() before allocate()");
   BERT_CHECK(id >= 0 && id < size(), "parameter id " + std::to_string(id) + " out of range");
   const Entry& e = entries_[id];
-  return {&e.name, TensorView<T>(values_.data() + e.offset, e.shape),
-          TensorView<T>(grads_.data() + e.offset, e.shape)};
+  Parameter<T> p{&e.name, TensorView<T>(values_.data() + e.offset, e.shape),
+                 TensorView<T>(grads_.data() + e.offset, e.shape), {}, {}};
+  if (device_->is_cuda()) {
+    p.device_value = TensorView<T>(device_values_.as<T>() + e.offset, e.shape);
+    p.device_grad = TensorView<T>(device_grads_.as<T>() + e.offset, e.shape);
+  }
+  return p;
 }
 
 template <typename T>
@@ -62,7 +67,49 @@ int64_t ParameterArena<T>::num_elements() const {
 
 template <typename T>
 void ParameterArena<T>::zero_grad() {
+  if (device_->is_cuda()) return device_->fill_zero(device_grads_.data(), device_grads_.bytes());
   std::fill(grads_.begin(), grads_.end(), T(0));
+}
+
+template <typename T>
+void ParameterArena<T>::place_on(const Device& device) {
+  BERT_CHECK(allocated_, "place_on() before allocate()");
+  device_ = &device;
+  device_values_.reset();
+  device_grads_.reset();
+  if (!device.is_cuda()) return;
+  const std::size_t bytes = static_cast<std::size_t>(padded_size_) * sizeof(T);
+  device_values_ = DeviceBuffer(device, bytes);
+  device_grads_ = DeviceBuffer(device, bytes);
+  device.fill_zero(device_grads_.data(), bytes);
+  upload_values();
+}
+
+template <typename T>
+void ParameterArena<T>::upload_values() {
+  if (device_->is_cuda()) device_->copy_to_device(device_values_.data(), values_.data(), device_values_.bytes());
+}
+
+template <typename T>
+void ParameterArena<T>::download_values() {
+  if (device_->is_cuda()) device_->copy_to_host(values_.data(), device_values_.data(), device_values_.bytes());
+}
+
+template <typename T>
+void ParameterArena<T>::download_grads() {
+  if (device_->is_cuda()) device_->copy_to_host(grads_.data(), device_grads_.data(), device_grads_.bytes());
+}
+
+template <typename T>
+TensorView<T> ParameterArena<T>::device_values() {
+  if (!device_->is_cuda()) return values();
+  return TensorView<T>(device_values_.as<T>(), Shape{padded_size_});
+}
+
+template <typename T>
+TensorView<T> ParameterArena<T>::device_grads() {
+  if (!device_->is_cuda()) return grads();
+  return TensorView<T>(device_grads_.as<T>(), Shape{padded_size_});
 }
 
 template class ParameterArena<float>;

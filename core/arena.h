@@ -3,6 +3,10 @@
 //
 // Two phases: declare parameters with add(), then allocate() once; after that parameters are views
 // into the arena and no more can be added.
+//
+// The host buffers are where parameters are initialised, loaded and saved. place_on(cuda) adds a
+// mirror of both buffers on the GPU (same layout) where training runs; values move between the two
+// only when asked (upload_values, download_values), never behind the caller's back.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +15,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/device.h"
 #include "core/tensor.h"
 
 namespace bert {
@@ -20,8 +25,10 @@ using ParamId = int32_t;
 template <typename T>
 struct Parameter {
   const std::string* name = nullptr;
-  TensorView<T> value;
+  TensorView<T> value;  // host
   TensorView<T> grad;
+  TensorView<T> device_value;  // the device mirror, empty unless the arena was placed on a GPU
+  TensorView<T> device_grad;
 };
 
 template <typename T>
@@ -43,7 +50,21 @@ class ParameterArena {
   TensorView<T> values();
   TensorView<T> grads();
   int64_t num_elements() const;  // sum of the parameters' element counts (without padding)
+  int64_t offset(ParamId id) const { return entries_.at(id).offset; }  // into the flat buffers
+  // Zeroes the gradients where training runs (the device mirror when there is one).
   void zero_grad();
+
+  // --- the device mirror
+  // Allocates value and gradient buffers on `device` (nothing for the CPU), copies the values there
+  // and zeroes the gradients. The device must outlive the arena.
+  void place_on(const Device& device);
+  const Device& device() const { return *device_; }
+  bool on_cuda() const { return device_->is_cuda(); }
+  void upload_values();    // host values -> device (after loading or initialising on the host)
+  void download_values();  // device values -> host (before saving or reading them on the host)
+  void download_grads();   // device gradients -> host (for diagnostics)
+  TensorView<T> device_values();  // the flat buffers where training runs (the host ones on the CPU)
+  TensorView<T> device_grads();
 
  private:
   struct Entry {
@@ -54,6 +75,8 @@ class ParameterArena {
   std::vector<Entry> entries_;
   std::unordered_map<std::string, ParamId> index_;
   AlignedVector<T> values_, grads_;
+  const Device* device_ = &Device::cpu();
+  DeviceBuffer device_values_, device_grads_;
   int64_t padded_size_ = 0;
   bool allocated_ = false;
 };

@@ -1,8 +1,47 @@
 #include "core/graph.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace bert {
+
+template <typename T>
+Graph<T>::Graph(const Device& device, std::size_t initial_workspace_bytes)
+    : device_(&device), workspace_(initial_workspace_bytes, device) {
+  BERT_CHECK((!device.is_cuda() || std::is_same_v<T, float>), "a CUDA graph computes in float only");
+}
+
+template <typename T>
+Var Graph<T>::param(const Parameter<T>& p) {
+  if (!device_->is_cuda()) return leaf(p.value, p.grad);
+  BERT_CHECK(!p.device_value.empty(), "parameter '" + *p.name + "' is not on " + device_->name() +
+                                          " (place the arena on the graph's device first)");
+  return leaf(p.device_value, p.device_grad);
+}
+
+template <typename T>
+Var Graph<T>::input(std::span<const T> host_values, Shape shape) {
+  BERT_CHECK(static_cast<int64_t>(host_values.size()) == shape.numel(),
+             std::to_string(host_values.size()) + " values for input shape " + shape.str());
+  return constant(TensorView<T>(upload(host_values.data(), host_values.size()), shape));
+}
+
+template <typename T>
+T Graph<T>::item(Var v) const {
+  const TensorView<T> value = node(v).value;
+  BERT_CHECK(value.numel() == 1, "item() of a node of shape " + value.shape().str());
+  T result;
+  device_->copy_to_host(&result, value.data(), sizeof(T));
+  return result;
+}
+
+template <typename T>
+std::vector<T> Graph<T>::to_host(Var v) const {
+  const TensorView<T> value = node(v).value;
+  std::vector<T> result(static_cast<size_t>(value.numel()));
+  device_->copy_to_host(result.data(), value.data(), result.size() * sizeof(T));
+  return result;
+}
 
 template <typename T>
 const typename Graph<T>::Node& Graph<T>::node(Var v) const {
@@ -73,7 +112,7 @@ TensorView<T> Graph<T>::grad(Var v) {
   BERT_CHECK(n.requires_grad, "grad() of a node that does not require a gradient");
   if (n.grad.empty()) {
     n.grad = TensorView<T>(workspace_.allocate<T>(n.value.numel()), n.value.shape());
-    n.grad.fill(T(0));
+    device_->fill_zero(n.grad.data(), n.value.numel() * sizeof(T));
   }
   return n.grad;
 }
@@ -90,7 +129,13 @@ void Graph<T>::backward(Var loss) {
   BERT_CHECK(root.requires_grad, "backward() from a loss that does not depend on anything requiring a gradient");
   for (const Node& n : nodes_)
     BERT_CHECK(n.is_leaf || !n.requires_grad || n.has_closure, "an op recorded a node without its backward");
-  grad(loss)[0] += T(1);
+  if (!device_->is_cuda()) {
+    grad(loss)[0] += T(1);
+  } else {  // an inner node's gradient starts at zero: set it
+    BERT_CHECK(!root.is_leaf, "backward() from a leaf on a device");
+    const T one(1);
+    device_->copy_to_device(grad(loss).data(), &one, sizeof(T));
+  }
   for (auto it = closures_.rbegin(); it != closures_.rend(); ++it) {
     // A node whose gradient was never touched contributes nothing: skip its closure.
     if (nodes_[it->first].grad.empty()) continue;
@@ -103,6 +148,7 @@ void Graph<T>::clear() {
   nodes_.clear();
   closures_.clear();
   workspace_.reset();
+  host_workspace_.reset();
   ++generation_;
 }
 

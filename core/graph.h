@@ -3,6 +3,9 @@
 // closures in reverse and then frees the graph (nodes, activations, saved tensors) in one go, keeping
 // the workspace's memory for the next step.
 //
+// A graph lives on one Device (the CPU unless one is given): its nodes' values and gradients are in
+// that device's memory and its ops run there. Reading a value on the host is explicit (item, to_host).
+//
 // Gradients of leaves go to buffers the caller owns (the parameter arena, or a test's buffer) and
 // ACCUMULATE across backward() calls until the caller zeroes them.
 #pragma once
@@ -10,9 +13,11 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "core/arena.h"
+#include "core/device.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
 
@@ -30,14 +35,18 @@ class Graph {
  public:
   using BackwardFn = std::function<void(Graph&)>;
 
-  explicit Graph(std::size_t initial_workspace_bytes = 0) : workspace_(initial_workspace_bytes) {}
+  explicit Graph(std::size_t initial_workspace_bytes = 0) : Graph(Device::cpu(), initial_workspace_bytes) {}
+  explicit Graph(const Device& device, std::size_t initial_workspace_bytes = 0);
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
   // --- leaves
   Var constant(TensorView<T> value);                  // never receives a gradient
   Var leaf(TensorView<T> value, TensorView<T> grad);  // gradient accumulates into `grad`
-  Var param(const Parameter<T>& p) { return leaf(p.value, p.grad); }
+  // A parameter of an arena, on this graph's device (the arena must have been placed there).
+  Var param(const Parameter<T>& p);
+  // A constant holding a copy of host values (token ids turned into masks, weights), on this device.
+  Var input(std::span<const T> host_values, Shape shape);
 
   // --- used by op implementations
   // A new node whose output lives in the workspace (uninitialised); it requires a gradient when
@@ -47,11 +56,32 @@ class Graph {
   Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs);
   // Records how to propagate out's gradient to its inputs. A no-op unless out requires a gradient.
   void on_backward(Var out, BackwardFn fn);
-  // Storage valid until the graph is cleared: for what a forward saves for its backward.
+  // Storage on this graph's device, valid until the graph is cleared: for what a forward saves for
+  // its backward.
   template <typename U>
   U* scratch(std::size_t n) {
     return workspace_.allocate<U>(n);
   }
+  // Host storage valid until the graph is cleared (the same as scratch() on the CPU): for what an op
+  // prepares on the host before copying it to the device.
+  template <typename U>
+  U* host_scratch(std::size_t n) {
+    return device_->is_cuda() ? host_workspace_.allocate<U>(n) : workspace_.allocate<U>(n);
+  }
+  // Copies n host values into this device's scratch memory and returns the device pointer.
+  template <typename U>
+  U* upload(const U* host, std::size_t n) {
+    U* p = scratch<U>(n);
+    device_->copy_to_device(p, host, n * sizeof(U));
+    return p;
+  }
+
+  const Device& device() const { return *device_; }
+  bool on_cuda() const { return device_->is_cuda(); }
+  // The value of a one-element node, read on the host (waits for the device).
+  T item(Var v) const;
+  // All of v's values, copied to the host (waits for the device).
+  std::vector<T> to_host(Var v) const;
 
   TensorView<T> value(Var v) const { return node(v).value; }
   // By value: nodes live in a growing vector, so a reference would dangle after the next emit (ASan
@@ -87,7 +117,9 @@ class Graph {
   Var push(Node n);
   bool any_requires_grad(std::initializer_list<Var> inputs) const;
 
-  Workspace workspace_;
+  const Device* device_;
+  Workspace workspace_;       // on device_
+  Workspace host_workspace_;  // host staging for a device graph (unused on the CPU)
   std::vector<Node> nodes_;
   std::vector<std::pair<int32_t, BackwardFn>> closures_;  // in recording (topological) order
   uint32_t generation_ = 1;

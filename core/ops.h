@@ -76,6 +76,11 @@ template <typename T>
 Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights = {},
                   int32_t ignore_index = -1);
 
+// The index of the largest value in each row of x (.., C) (the first on ties), read on the host. A
+// query, not recorded in the graph.
+template <typename T>
+std::vector<int32_t> row_argmax(const Graph<T>& g, Var x);
+
 // Sum and mean of all elements -> scalar.
 template <typename T>
 Var sum(Graph<T>& g, Var x);
@@ -92,7 +97,9 @@ namespace bert::ops {
 // (out, in) weight. Backward (LSQ, Esser et al. 2020):
 //   dx = dy where qmin <= x / s <= qmax, else 0 (straight-through estimator);
 //   ds = grad_scale * sum dy * (round(x/s) - x/s inside, qmin below, qmax above).
-// Scales must be positive. If `clipped` is given, it receives the number of elements that saturated.
+// Scales must be positive. If `clipped` is given, the number of elements that saturated is ADDED to
+// it: a host counter for a CPU graph, a counter in device memory for a GPU graph (so counting never
+// waits for the GPU).
 template <typename T>
 Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale = 1.0,
                   int64_t* clipped = nullptr);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 #include "core/vector_math.h"
 
@@ -78,6 +79,7 @@ void map_unary(int64_t n, T* out, const T* x, F f) {
 
 template <typename T>
 Var add(Graph<T>& g, Var a, Var b) {
+  BERT_DISPATCH_CUDA(g, add(g, a, b))
   const Broadcast p = plan_broadcast(g.shape(a), g.shape(b));
   Var y = g.emit(p.out, {a, b});
   const T* av = g.value(a).data();
@@ -110,6 +112,7 @@ Var add(Graph<T>& g, Var a, Var b) {
 
 template <typename T>
 Var mul(Graph<T>& g, Var a, Var b) {
+  BERT_DISPATCH_CUDA(g, mul(g, a, b))
   const Broadcast p = plan_broadcast(g.shape(a), g.shape(b));
   Var y = g.emit(p.out, {a, b});
   const T* av = g.value(a).data();
@@ -134,6 +137,7 @@ Var mul(Graph<T>& g, Var a, Var b) {
 
 template <typename T>
 Var scale(Graph<T>& g, Var x, double alpha) {
+  BERT_DISPATCH_CUDA(g, scale(g, x, alpha))
   Var y = g.emit(g.shape(x), {x});
   const T s = static_cast<T>(alpha);
   map_unary(g.value(x).numel(), g.value(y).data(), g.value(x).data(), [s](T v) { return s * v; });
@@ -149,6 +153,7 @@ Var scale(Graph<T>& g, Var x, double alpha) {
 
 template <typename T>
 Var gelu(Graph<T>& g, Var x) {
+  BERT_DISPATCH_CUDA(g, gelu(g, x))
   Var y = g.emit(g.shape(x), {x});
   const T* xv = g.value(x).data();
   T* yv = g.value(y).data();
@@ -168,6 +173,7 @@ Var gelu(Graph<T>& g, Var x) {
 
 template <typename T>
 Var tanh(Graph<T>& g, Var x) {
+  BERT_DISPATCH_CUDA(g, tanh(g, x))
   Var y = g.emit(g.shape(x), {x});
   map_unary(g.value(x).numel(), g.value(y).data(), g.value(x).data(), [](T v) { return std::tanh(v); });
   g.on_backward(y, [x, y](Graph<T>& g) {
@@ -185,6 +191,7 @@ template <typename T>
 Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
   if (!training || p == 0.0) return x;
+  BERT_DISPATCH_CUDA(g, dropout(g, x, p, rng))
   const int64_t n = g.value(x).numel();
   const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
   const Rng stream = rng;

@@ -3,6 +3,7 @@
 
 #include "core/gemm.h"
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace bert::ops {
@@ -63,6 +64,7 @@ void for_each_item(int64_t batch, Fn fn) {
 
 template <typename T>
 Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
+  BERT_DISPATCH_CUDA(g, matmul(g, a, b, trans_a, trans_b))
   const MatmulPlan p = plan_matmul(g.shape(a), g.shape(b), trans_a, trans_b);
   Var c = g.emit(p.out, {a, b});
   const int64_t stride_c = p.m * p.n;
@@ -109,6 +111,7 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
 
 template <typename T>
 Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
+  BERT_DISPATCH_CUDA(g, linear(g, x, weight, bias))
   const Shape& xs = g.shape(x);
   const Shape& ws = g.shape(weight);
   BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 #include "core/vector_math.h"
 
@@ -15,6 +16,7 @@ constexpr int64_t kRowGrain = 16;  // rows per thread below which threading does
 
 template <typename T>
 Var softmax(Graph<T>& g, Var x, Var mask) {
+  BERT_DISPATCH_CUDA(g, softmax(g, x, mask))
   const Shape& xs = g.shape(x);
   const int64_t k = xs.last(), rows = xs.rows();
   const T* mv = nullptr;
@@ -61,6 +63,7 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
 
 template <typename T>
 Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
+  BERT_DISPATCH_CUDA(g, layer_norm(g, x, gamma, beta, eps))
   const Shape& xs = g.shape(x);
   const int64_t c = xs.last(), rows = xs.rows();
   BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),

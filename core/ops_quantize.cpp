@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace bert::ops {
@@ -24,6 +25,7 @@ struct Blocks {
 
 template <typename T>
 Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
+  BERT_DISPATCH_CUDA(g, fake_quantize(g, x, scale, qmin, qmax, grad_scale, clipped))
   const int64_t n = g.value(x).numel();
   const int64_t channels = g.value(scale).numel();
   BERT_CHECK(g.shape(scale).rank() == 1 && channels >= 1 && n % channels == 0,
@@ -52,10 +54,8 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
       saturated[b] = count;
     }
   });
-  if (clipped) {
-    *clipped = 0;
+  if (clipped)
     for (int64_t c : saturated) *clipped += c;
-  }
   g.on_backward(y, [x, scale, y, qmin, qmax, grad_scale, channels, blocks, n_blocks](Graph<T>& g) {
     const T* xv = g.value(x).data();
     const T* sv = g.value(scale).data();

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 #include "core/vector_math.h"
 
@@ -11,6 +12,7 @@ namespace bert::ops {
 
 template <typename T>
 Var sum(Graph<T>& g, Var x) {
+  BERT_DISPATCH_CUDA(g, sum(g, x))
   Var y = g.emit(Shape{}, {x});
   double total = 0;  // accumulate in double: a sum of many float terms
   for (T v : g.value(x)) total += v;
@@ -32,6 +34,7 @@ Var mean(Graph<T>& g, Var x) {
 template <typename T>
 Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights,
                   int32_t ignore_index) {
+  BERT_DISPATCH_CUDA(g, cross_entropy(g, logits, targets, weights, ignore_index))
   const Shape& ls = g.shape(logits);
   BERT_CHECK(ls.rank() == 2, "cross_entropy: logits must be (N, C), got " + ls.str());
   const int64_t n = ls[0], c = ls[1];
@@ -88,10 +91,25 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
   return y;
 }
 
+template <typename T>
+std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
+  BERT_DISPATCH_CUDA(g, row_argmax(g, x))
+  const TensorView<T> v = g.value(x);
+  const int64_t cols = v.shape().last(), rows = v.shape().rows();
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  const T* data = v.data();
+  parallel_for(rows, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      out[r] = static_cast<int32_t>(std::max_element(data + r * cols, data + (r + 1) * cols) - (data + r * cols));
+  });
+  return out;
+}
+
 #define BERT_INSTANTIATE(T)             \
   template Var sum<T>(Graph<T>&, Var);  \
   template Var mean<T>(Graph<T>&, Var); \
-  template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t);
+  template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t); \
+  template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

@@ -5,12 +5,14 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace bert::ops {
 
 template <typename T>
 Var reshape(Graph<T>& g, Var x, Shape shape) {
+  BERT_DISPATCH_CUDA(g, reshape(g, x, shape))
   Var y = g.emit_alias(g.value(x).reshaped(shape), {x});
   g.on_backward(y, [x, y](Graph<T>& g) {
     T* dx = g.grad(x).data();
@@ -75,6 +77,7 @@ void walk_permute(const PermutePlan& p, Fn fn) {
 
 template <typename T>
 Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm) {
+  BERT_DISPATCH_CUDA(g, permute(g, x, perm))
   const PermutePlan p = plan_permute(g.shape(x), perm);
   Var y = g.emit(p.out, {x});
   const T* xv = g.value(x).data();
@@ -104,6 +107,7 @@ Var transpose(Graph<T>& g, Var x, int axis0, int axis1) {
 
 template <typename T>
 Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_shape) {
+  BERT_DISPATCH_CUDA(g, gather_rows(g, table, ids, ids_shape))
   const Shape& ts = g.shape(table);
   BERT_CHECK(ts.rank() == 2, "gather_rows table must be 2-D, got " + ts.str());
   BERT_CHECK(ids_shape.numel() == static_cast<int64_t>(ids.size()) && ids_shape.rank() < 4,

@@ -8,16 +8,15 @@ namespace {
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-Workspace::Workspace(std::size_t initial_bytes) {
+Workspace::Workspace(std::size_t initial_bytes, const Device& device) : device_(&device) {
   if (initial_bytes > 0) add_block(initial_bytes);
 }
 
 void Workspace::add_block(std::size_t bytes) {
   Block b;
   b.size = round_up(bytes, kAlignment);
-  b.memory = std::make_unique_for_overwrite<std::byte[]>(b.size + kAlignment);
-  auto address = reinterpret_cast<std::uintptr_t>(b.memory.get());
-  b.begin = b.memory.get() + (round_up(address, kAlignment) - address);
+  b.memory = DeviceBuffer(*device_, b.size);
+  b.begin = b.memory.as<std::byte>();
   blocks_.push_back(std::move(b));
   ++system_allocations_;
 }

@@ -1,11 +1,14 @@
 // Workspace: a bump allocator for one graph's activations, gradients and saved tensors. reset()
 // releases everything at once and keeps the memory, so a training loop that builds the same graph
-// every step stops allocating after the first step.
+// every step stops allocating after the first step. Its memory lives on the device it was given (host
+// memory for the CPU): on a GPU, after the first step, no cudaMalloc either.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <vector>
+
+#include "core/device.h"
 
 namespace bert {
 
@@ -13,7 +16,8 @@ class Workspace {
  public:
   static constexpr std::size_t kAlignment = 64;  // one cache line; whole AVX-512 vectors
 
-  explicit Workspace(std::size_t initial_bytes = 0);
+  explicit Workspace(std::size_t initial_bytes = 0, const Device& device = Device::cpu());
+  const Device& device() const { return *device_; }
 
   // Uninitialised, kAlignment-aligned storage for n objects of trivial type U, valid until reset().
   template <typename U>
@@ -32,13 +36,14 @@ class Workspace {
 
  private:
   struct Block {
-    std::unique_ptr<std::byte[]> memory;  // over-allocated by kAlignment to align the start
+    DeviceBuffer memory;  // aligned by the device's allocator
     std::byte* begin = nullptr;
     std::size_t size = 0;
     std::size_t used = 0;
   };
   void add_block(std::size_t bytes);
 
+  const Device* device_;
   std::vector<Block> blocks_;
   std::size_t in_use_ = 0;
   std::size_t system_allocations_ = 0;

@@ -34,8 +34,8 @@ std::vector<MaskPrediction> fill_mask(model::BertForPreTraining& model, const da
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
   model::PretrainingOutputs out = model.forward(g, batch, false, unused);
-  TensorView<float> logits = g.value(out.mlm_logits);
-  const int64_t v = logits.shape()[1];
+  const int64_t v = g.shape(out.mlm_logits)[1];
+  const std::vector<float> logits = g.to_host(out.mlm_logits);
   std::vector<MaskPrediction> result;
   for (size_t m = 0; m < positions.size(); ++m) {
     const float* row = logits.data() + m * v;

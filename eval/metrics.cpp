@@ -2,41 +2,29 @@
 
 #include <algorithm>
 
-#include "core/parallel.h"
+#include "core/ops.h"
 
 namespace bert::eval {
 
-namespace {
-// Argmax of each row of a (rows, cols) matrix.
-std::vector<int32_t> row_argmax(const float* x, int64_t rows, int64_t cols) {
-  std::vector<int32_t> out(rows);
-  parallel_for(rows, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) out[r] = static_cast<int32_t>(std::max_element(x + r * cols, x + (r + 1) * cols) - (x + r * cols));
-  });
-  return out;
-}
-}  // namespace
-
 void PretrainingMetrics::add(const Graph<float>& g, const model::PretrainingOutputs& out, const model::BertBatch& batch) {
-  TensorView<float> logits = g.value(out.mlm_logits);
   const int64_t m = static_cast<int64_t>(out.mlm_targets.size());
   if (m > 0) {
-    const std::vector<int32_t> predicted = row_argmax(logits.data(), m, logits.shape()[1]);
+    const std::vector<int32_t> predicted = ops::row_argmax(g, out.mlm_logits);
     for (int64_t i = 0; i < m; ++i) {
       mlm_correct += predicted[i] == out.mlm_targets[i];
       ++target_counts[out.mlm_targets[i]];
     }
     predictions += m;
-    mlm_loss_sum += double(g.value(out.mlm_loss)[0]) * m;
+    mlm_loss_sum += double(g.item(out.mlm_loss)) * m;
   }
   if (!batch.next_sentence_labels.empty()) {
-    const std::vector<int32_t> predicted = row_argmax(g.value(out.nsp_logits).data(), batch.batch, 2);
+    const std::vector<int32_t> predicted = ops::row_argmax(g, out.nsp_logits);
     for (int64_t i = 0; i < batch.batch; ++i) {
       nsp_correct += predicted[i] == batch.next_sentence_labels[i];
       nsp_random_next += batch.next_sentence_labels[i];
     }
     sequences += batch.batch;
-    nsp_loss_sum += double(g.value(out.nsp_loss)[0]) * batch.batch;
+    nsp_loss_sum += double(g.item(out.nsp_loss)) * batch.batch;
   }
 }
 

@@ -45,6 +45,26 @@ BertForPreTraining::BertForPreTraining(const BertConfig& config) : config_(confi
   params_.allocate();
 }
 
+void BertForPreTraining::place_on(const Device& device) {
+  params_.place_on(device);
+  std::vector<Quantizer*> all = quantizers();
+  clip_counters_ = DeviceBuffer();
+  for (Quantizer* q : all) q->device_clipped = nullptr;
+  if (!device.is_cuda()) return;
+  clip_counters_ = DeviceBuffer(device, all.size() * sizeof(int64_t));
+  device.fill_zero(clip_counters_.data(), clip_counters_.bytes());
+  for (size_t i = 0; i < all.size(); ++i) all[i]->device_clipped = clip_counters_.as<int64_t>() + i;
+}
+
+void BertForPreTraining::collect_clip_counts() {
+  if (!params_.on_cuda()) return;
+  std::vector<Quantizer*> all = quantizers();
+  std::vector<int64_t> counts(all.size());
+  params_.device().copy_to_host(counts.data(), clip_counters_.data(), clip_counters_.bytes());
+  params_.device().fill_zero(clip_counters_.data(), clip_counters_.bytes());
+  for (size_t i = 0; i < all.size(); ++i) all[i]->clipped += counts[i];
+}
+
 void BertForPreTraining::initialize(uint64_t seed) {
   Rng rng(seed);
   for (ParamId id = 0; id < params_.size(); ++id) {
@@ -130,9 +150,9 @@ Var BertForPreTraining::encode(Graph<float>& g, const BertBatch& in, bool traini
   x = ops::dropout(g, x, config_.hidden_dropout_prob, training, rng);
 
   // Additive padding mask (B, T): 0 for real tokens, -10000 for padding (as the original BERT).
-  float* mask_values = g.scratch<float>(static_cast<size_t>(b * t));
+  std::vector<float> mask_values(static_cast<size_t>(b * t));
   for (int64_t i = 0; i < b * t; ++i) mask_values[i] = in.attention_mask[i] ? 0.0f : -10000.0f;
-  Var mask = g.constant(TensorView<float>(mask_values, Shape{b, t}));
+  Var mask = g.input(std::span<const float>(mask_values), Shape{b, t});
 
   for (Layer& l : layers_) {
     Var a = attention(g, l, x, mask, b, t, training, rng);

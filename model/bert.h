@@ -46,6 +46,13 @@ class BertForPreTraining {
   // BERT's initialisation: weights and embeddings normal(0, initializer_range), biases 0,
   // LayerNorm 1 and 0, the padding token's embedding 0.
   void initialize(uint64_t seed);
+  // Puts the parameters (and the quantizers' saturation counters) on `device` for training or
+  // evaluation there; the host copy stays the one initialize() and checkpoints use (see
+  // ParameterArena). The device must outlive the model.
+  void place_on(const Device& device);
+  // On a GPU, adds the saturation counts gathered on the device to each quantizer's `clipped` (one
+  // copy for all quantizers); nothing to do on the CPU, where they are counted directly.
+  void collect_clip_counts();
   // Weight decay applies to weights and embeddings, not to biases, LayerNorm parameters and
   // quantizer scales.
   bool decays(ParamId id) const;
@@ -82,6 +89,7 @@ class BertForPreTraining {
   LayerNorm transform_norm_;
   ParamId decoder_bias_ = -1;  // cls.predictions.bias; the decoder weight is the word embeddings
   Linear seq_relationship_;
+  DeviceBuffer clip_counters_;  // one int64 per quantizer, on the GPU
 };
 
 }  // namespace bert::model

@@ -30,8 +30,13 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
       return x;
     case QuantMode::kCalibrate: {
       BERT_CHECK(observer, "quantizer '" + name + "' is calibrating without an observer");
-      TensorView<float> v = g.value(x);
-      observer->observe(std::span<const float>(v.data(), static_cast<size_t>(v.numel())));
+      if (g.on_cuda()) {  // observers are host code
+        const std::vector<float> values = g.to_host(x);
+        observer->observe(values);
+      } else {
+        TensorView<float> v = g.value(x);
+        observer->observe(std::span<const float>(v.data(), static_cast<size_t>(v.numel())));
+      }
       return x;
     }
     case QuantMode::kQuantize: {
@@ -40,9 +45,12 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
       // of an activation (the first axis is the batch).
       const int64_t per_scale = is_weight ? s.numel() / channels : s.numel() / std::max<int64_t>(s[0], 1);
       const double grad_scale = 1.0 / std::sqrt(static_cast<double>(per_scale) * qmax);
-      int64_t n_clipped = 0;
-      Var y = ops::fake_quantize(g, x, g.param(params.get(scale)), qmin, qmax, grad_scale, &n_clipped);
-      clipped += n_clipped;
+      int64_t* counter = &clipped;
+      if (g.on_cuda()) {
+        BERT_CHECK(device_clipped, "quantizer '" + name + "' has no counter on the GPU (BertForPreTraining::place_on)");
+        counter = device_clipped;
+      }
+      Var y = ops::fake_quantize(g, x, g.param(params.get(scale)), qmin, qmax, grad_scale, counter);
       seen += s.numel();
       return y;
     }

@@ -65,7 +65,8 @@ std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::
                                         const CalibrationOptions& options, Graph<float>& g);
 
 // Scales learned by LSQ must stay positive: clamps every enabled scale to at least `minimum`.
-void clamp_scales(model::BertForPreTraining& model, float minimum = 1e-8f);
+constexpr float kMinimumScale = 1e-8f;
+void clamp_scales(model::BertForPreTraining& model, float minimum = kMinimumScale);
 
 // Every quantizer to float.
 void disable_all(model::BertForPreTraining& model);

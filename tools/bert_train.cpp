@@ -76,6 +76,11 @@ int main(int argc, char** argv) {
                  "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")->capture_default_str();
   app.add_option("--max-skips", o.max_consecutive_skips, "with --on-nonfinite skip: stop after this many skipped steps in a row")->capture_default_str();
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  o.device = "auto";
+  app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")->capture_default_str();
+  app.add_option("--precision", o.precision,
+                 "GEMM precision on a GPU: fp32, tf32 (TF32 tensor cores) or bf16 (BF16 tensor cores, FP32 accumulation "
+                 "and master weights); elementwise ops, reductions and fake quantization stay FP32")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   return tools::run_tool([&] {

@@ -4,6 +4,9 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#if BERT_WITH_CUDA
+#include "train/optimizer_cuda.h"
+#endif
 
 namespace bert::train {
 
@@ -24,15 +27,65 @@ Optimizer::Optimizer(OptimizerOptions options, ParameterArena<float>& params, st
   options_.validate();
   BERT_CHECK(static_cast<int32_t>(decays_.size()) == params.size(), "one decay flag per parameter");
   lr_multiplier_.assign(decays_.size(), 1.0);
+  minimum_.assign(decays_.size(), -INFINITY);
   m_.assign(params.values().numel(), 0.0f);
   v_.assign(params.values().numel(), 0.0f);
+  if (params.on_cuda()) {
+    const std::size_t bytes = m_.size() * sizeof(float);
+    device_m_ = DeviceBuffer(params.device(), bytes);
+    device_v_ = DeviceBuffer(params.device(), bytes);
+    params.device().fill_zero(device_m_.data(), bytes);
+    params.device().fill_zero(device_v_.data(), bytes);
+  }
 }
+
+void Optimizer::download_moments() {
+  if (!params_.on_cuda()) return;
+  params_.device().copy_to_host(m_.data(), device_m_.data(), device_m_.bytes());
+  params_.device().copy_to_host(v_.data(), device_v_.data(), device_v_.bytes());
+}
+
+void Optimizer::upload_moments() {
+  if (!params_.on_cuda()) return;
+  params_.device().copy_to_device(device_m_.data(), m_.data(), device_m_.bytes());
+  params_.device().copy_to_device(device_v_.data(), v_.data(), device_v_.bytes());
+}
+
+#if BERT_WITH_CUDA
+void Optimizer::step_on_device(double lr, float c1, float c2) {
+  if (segments_dirty_) {  // the per-parameter table, uploaded once (and again after a change)
+    std::vector<cuda_impl::Segment> segments(static_cast<size_t>(params_.size()));
+    largest_ = 0;
+    for (ParamId id = 0; id < params_.size(); ++id) {
+      cuda_impl::Segment& s = segments[id];
+      s.offset = params_.offset(id);
+      s.size = params_.shape(id).numel();
+      s.weight_decay = decays_[id] ? static_cast<float>(options_.weight_decay) : 0.0f;
+      s.lr_multiplier = static_cast<float>(lr_multiplier_[id]);
+      s.has_minimum = std::isfinite(minimum_[id]);
+      s.minimum = s.has_minimum ? minimum_[id] : 0.0f;
+      largest_ = std::max(largest_, s.size);
+    }
+    device_segments_ = DeviceBuffer(params_.device(), segments.size() * sizeof(cuda_impl::Segment));
+    params_.device().copy_to_device(device_segments_.data(), segments.data(), device_segments_.bytes());
+    segments_dirty_ = false;
+  }
+  const cuda_impl::AdamHyper h{static_cast<float>(lr), static_cast<float>(options_.beta1),
+                               static_cast<float>(options_.beta2), c1, c2, static_cast<float>(options_.epsilon)};
+  auto* step = options_.name == "lamb" ? &cuda_impl::lamb_step : &cuda_impl::adamw_step;
+  step(params_.device(), params_.device_values().data(), params_.device_grads().data(), device_m_.as<float>(),
+       device_v_.as<float>(), device_segments_.as<cuda_impl::Segment>(), static_cast<int>(params_.size()), largest_, h);
+}
+#else
+void Optimizer::step_on_device(double, float, float) { BERT_CHECK(false, "a CPU-only build has no GPU optimizer"); }
+#endif
 
 void Optimizer::step(double lr) {
   ++steps_;
   const double b1 = options_.beta1, b2 = options_.beta2;
   const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(b1, steps_)));
   const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(b2, steps_)));
+  if (params_.on_cuda()) return step_on_device(lr, c1, c2);
   const float eps = static_cast<float>(options_.epsilon);
   const float b1f = static_cast<float>(b1), b2f = static_cast<float>(b2);
   float* base = params_.values().data();
@@ -47,6 +100,8 @@ void Optimizer::step(double lr) {
     const float wd = decays_[id] ? static_cast<float>(options_.weight_decay) : 0.0f;
     const double param_lr = lr * lr_multiplier_[id];
     const float lrf = static_cast<float>(param_lr);
+    const float floor_value = minimum_[id];
+    const bool has_floor = std::isfinite(floor_value);
     if (!lamb) {
       parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
@@ -54,6 +109,7 @@ void Optimizer::step(double lr) {
           v[i] = b2f * v[i] + (1 - b2f) * g[i] * g[i];
           w[i] -= lrf * (wd * w[i]);  // decoupled decay first, as torch.optim.AdamW
           w[i] -= lrf * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps);
+          if (has_floor && !(w[i] >= floor_value)) w[i] = floor_value;
         }
       });
     } else {
@@ -69,7 +125,10 @@ void Optimizer::step(double lr) {
       }
       const double trust = (w_norm2 > 0 && u_norm2 > 0) ? std::sqrt(w_norm2 / u_norm2) : 1.0;
       const float scale = static_cast<float>(param_lr * trust);
-      for (int64_t i = 0; i < n; ++i) w[i] -= scale * ((m[i] * c1) / (std::sqrt(v[i] * c2) + eps) + wd * w[i]);
+      for (int64_t i = 0; i < n; ++i) {
+        w[i] -= scale * ((m[i] * c1) / (std::sqrt(v[i] * c2) + eps) + wd * w[i]);
+        if (has_floor && !(w[i] >= floor_value)) w[i] = floor_value;
+      }
     }
   }
 }
@@ -84,6 +143,10 @@ double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, c
 }
 
 double clip_grad_norm(ParameterArena<float>& params, double max_norm) {
+#if BERT_WITH_CUDA
+  if (params.on_cuda())
+    return cuda_impl::clip_grad_norm(params.device(), params.device_grads().data(), params.device_grads().numel(), max_norm);
+#endif
   TensorView<float> g = params.grads();
   double sum = 0;
   for (float v : g) sum += double(v) * v;

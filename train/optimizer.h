@@ -1,6 +1,8 @@
 // Optimizers over the parameter arena (AdamW, LAMB), the learning-rate schedule and global-norm
 // gradient clipping. The optimizer's moments are two flat buffers shaped like the arena, so a step is
-// one pass over memory (LAMB adds a per-tensor norm pass).
+// one pass over memory (LAMB adds a per-tensor norm pass). When the arena is on a GPU, the moments live
+// there too and a step is one kernel launch (train/optimizer.cu); the host copies of the moments are
+// for checkpoints and are synchronised only when asked (download_moments, upload_moments).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,16 @@ class Optimizer {
   //  LAMB (You et al.): u = m_hat / (sqrt(v_hat) + eps) + wd * w;  w -= lr * (|w| / |u|) * u, per tensor
   void step(double lr);
   // Parameter `id` learns at lr * multiplier (e.g. quantizer scales at their own rate). Default 1.
-  void set_lr_multiplier(ParamId id, double multiplier) { lr_multiplier_.at(id) = multiplier; }
+  void set_lr_multiplier(ParamId id, double multiplier) {
+    lr_multiplier_.at(id) = multiplier;
+    segments_dirty_ = true;
+  }
+  // After each update parameter `id` is clamped to at least `minimum` (NaN included): quantizer scales
+  // stay positive.
+  void set_minimum(ParamId id, float minimum) {
+    minimum_.at(id) = minimum;
+    segments_dirty_ = true;
+  }
   int64_t steps() const { return steps_; }
   const OptimizerOptions& options() const { return options_; }
 
@@ -38,13 +49,21 @@ class Optimizer {
   TensorView<float> first_moment() { return TensorView<float>(m_.data(), Shape{static_cast<int64_t>(m_.size())}); }
   TensorView<float> second_moment() { return TensorView<float>(v_.data(), Shape{static_cast<int64_t>(v_.size())}); }
   void set_steps(int64_t steps) { steps_ = steps; }
+  // The device moments to and from the host copies above (no-ops on the CPU).
+  void download_moments();
+  void upload_moments();
 
  private:
   OptimizerOptions options_;
   ParameterArena<float>& params_;
   std::vector<bool> decays_;
   std::vector<double> lr_multiplier_;
+  std::vector<float> minimum_;  // -inf: none
   AlignedVector<float> m_, v_;
+  DeviceBuffer device_m_, device_v_, device_segments_;  // on the arena's GPU
+  bool segments_dirty_ = true;
+  int64_t largest_ = 0;
+  void step_on_device(double lr, float c1, float c2);
   int64_t steps_ = 0;
 };
 
@@ -52,8 +71,9 @@ class Optimizer {
 // ("poly", power 0.5 as in NVIDIA's BERT recipe) decay to 0 at `total`. Steps count from 1.
 double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, const std::string& schedule = "linear");
 
-// Global L2 norm of all gradients; if it exceeds max_norm (> 0), scales them to max_norm. Returns the
-// norm before clipping (inf/NaN when a gradient is not finite, left unscaled for the caller to see).
+// Global L2 norm of all gradients (on the arena's device); if it exceeds max_norm (> 0), scales them to
+// max_norm. Returns the norm before clipping (inf/NaN when a gradient is not finite, left unscaled for
+// the caller to see).
 double clip_grad_norm(ParameterArena<float>& params, double max_norm);
 
 }  // namespace bert::train

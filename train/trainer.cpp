@@ -42,6 +42,7 @@ void TrainOptions::validate() const {
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
   if (on_nonfinite != "stop" && on_nonfinite != "skip") fail("--on-nonfinite '" + on_nonfinite + "': expected stop or skip");
   if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");
+  parse_precision(precision);
   optimizer.validate();
   config.validate();
 }
@@ -64,6 +65,8 @@ Json TrainOptions::to_json() const {
   j["weight_decay"] = optimizer.weight_decay;
   j["clip_norm"] = clip_norm;
   j["seed"] = seed;
+  j["device"] = device;
+  j["precision"] = precision;
   j["init_from"] = init_from;
   j["keep_checkpoints"] = keep_checkpoints;
   j["on_nonfinite"] = on_nonfinite;
@@ -182,7 +185,12 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       throw UserError("--init-from '" + o.init_from + "' has vocab_size " + std::to_string(config.vocab_size) +
                       ", the tokenizer " + std::to_string(o.tokenizer_vocab_size));
   }
+  const std::unique_ptr<Device> device = Device::open(o.device, parse_precision(o.precision));
   model::BertForPreTraining model(config);
+  // On a GPU the arena gets its device mirror now, so the optimizer's moments live there too; values
+  // are loaded or initialised on the host and uploaded below.
+  model.place_on(*device);
+  ParameterArena<float>& params = model.parameters();
   std::vector<bool> decays;
   for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
   Optimizer optimizer(o.optimizer, model.parameters(), decays);
@@ -209,6 +217,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   state.run = o.to_json();
   if (o.resume) {
     TrainingState loaded = load_checkpoint(checkpoint_path, model, &optimizer);
+    params.upload_values();
+    optimizer.upload_moments();
     if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != o.tokenizer_sha256)
       throw UserError("--resume: the checkpoint was trained with another tokenizer than '" + tokenizer_path + "'");
     state.step = loaded.step;
@@ -226,6 +236,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
         throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path + "'");
       spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
     }
+    params.upload_values();
     if (o.qat) {
       quant::CalibrationOptions calibration = o.calibration;
       if (!o.plan_path.empty()) calibration.keep_float = quant::read_plan(o.plan_path, model);
@@ -233,8 +244,9 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       co.repeat = false;
       co.seed = o.seed + 1;
       data::ShardLoader calibration_loader(co);
-      Graph<float> calibration_graph;
+      Graph<float> calibration_graph(*device);
       const auto amax = quant::calibrate(model, calibration_loader, calibration, calibration_graph);
+      params.upload_values();  // the calibrated scales
       spdlog::info("calibrated {} quantizers ({} calibrator, {} batches; {} kept in float)", amax.size(),
                    calibration.method, calibration.batches, calibration.keep_float.size());
       Json recipe = quant::describe_calibration(calibration, calibration.batches);
@@ -260,7 +272,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   std::vector<model::Quantizer*> active;
   for (model::Quantizer* q : model.quantizers())
     if (q->mode == model::QuantMode::kQuantize) active.push_back(q);
-  for (model::Quantizer* q : active) optimizer.set_lr_multiplier(q->scale, o.scale_lr_multiplier);
+  for (model::Quantizer* q : active) {
+    optimizer.set_lr_multiplier(q->scale, o.scale_lr_multiplier);
+    optimizer.set_minimum(q->scale, quant::kMinimumScale);
+  }
   if (!active.empty()) spdlog::info("quantization-aware training with {} quantizers enabled", active.size());
 
   if (state.step >= o.steps) {
@@ -273,15 +288,18 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   const int64_t warmup = static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps));
   const int64_t params_count = model.parameters().num_elements();
   spdlog::info("training BERT L{}/H{}/A{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
-               "{} lr {:g} (warmup {}, {} decay), {} threads",
+               "{} lr {:g} (warmup {}, {} decay), on {}",
                config.num_hidden_layers, config.hidden_size, config.num_attention_heads, params_count / 1e6,
                config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(), o.optimizer.name,
-               o.learning_rate, warmup, o.schedule, num_threads());
+               o.learning_rate, warmup, o.schedule,
+               device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
 
   std::ofstream metrics_log(metrics_path, std::ios::app);
   auto save = [&] {
     state.loader = loader.state();
     state.dropout_rng = dropout_rng.state();
+    params.download_values();
+    optimizer.download_moments();
     save_checkpoint(checkpoint_path, model, &optimizer, state);
     keep_numbered_checkpoints(o.output_dir, checkpoint_path, state.step, o.keep_checkpoints);
   };
@@ -293,7 +311,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     eo.shuffle = false;
     eo.repeat = false;
     data::ShardLoader eval_loader(eo);
-    Graph<float> eval_graph;
+    Graph<float> eval_graph(*device);
     result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
     const auto& m = result.last_eval;
     spdlog::info("eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
@@ -307,7 +325,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   };
 
   TrainResult result;
-  Graph<float> g;
+  Graph<float> g(*device);
   data::Batch batch;
   eval::PretrainingMetrics window;
   double window_seconds = 0, window_grad_norm = 0;
@@ -325,9 +343,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       loader.next(batch);
       const model::BertBatch b = quant::as_model_batch(batch);
       model::PretrainingOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
-      const double loss = g.value(out.loss)[0];
+      const double loss = g.item(out.loss);
       if (!std::isfinite(loss)) {
-        const double mlm = g.value(out.mlm_loss)[0], nsp = g.value(out.nsp_loss)[0];
+        const double mlm = g.item(out.mlm_loss), nsp = g.item(out.nsp_loss);
+        params.download_values();
         nonfinite = "loss is " + std::to_string(loss) + " (MLM " + std::to_string(mlm) + ", NSP " + std::to_string(nsp) +
                     "), " + describe_weights(model.parameters());
         g.clear();
@@ -340,6 +359,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     double grad_norm = 0;
     if (nonfinite.empty()) {
       grad_norm = clip_grad_norm(model.parameters(), o.clip_norm);
+      if (!std::isfinite(grad_norm)) params.download_grads();
       if (!std::isfinite(grad_norm))
         nonfinite = "gradient norm is " + std::to_string(grad_norm) + ", first non-finite gradient: " +
                     first_nonfinite(model.parameters(), true);
@@ -357,8 +377,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       model.parameters().zero_grad();
     } else {
       consecutive_skips = 0;
-      optimizer.step(lr);
-      if (!active.empty()) quant::clamp_scales(model);
+      optimizer.step(lr);  // scales are kept positive by their minimum
       result.losses.push_back(step_loss);
       window_grad_norm += grad_norm;
       ++window_steps;
@@ -370,10 +389,15 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       const double seq_per_s = window_steps * o.batch_size * o.accumulation / window_seconds;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double eta = elapsed / (state.step - first_step + 1) * (o.steps - state.step);
-      spdlog::info("step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}",
+      std::string memory;
+      if (device->is_cuda()) {
+        const auto [used, total] = device->memory_use();
+        memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
+      }
+      spdlog::info("step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
                    state.step, o.steps, window.mlm_loss() + window.nsp_loss(),
                    window.mlm_accuracy(), window.nsp_accuracy(), lr, window_grad_norm / window_steps, seq_per_s,
-                   format_duration(eta));
+                   format_duration(eta), memory);
       Json line;
       line["step"] = state.step;
       line["loss"] = window.mlm_loss() + window.nsp_loss();
@@ -390,6 +414,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
         Json clip;
         double worst = 0;
         std::string worst_name;
+        model.collect_clip_counts();
         for (model::Quantizer* q : active) {
           const double fraction = q->seen ? double(q->clipped) / q->seen : 0.0;
           clip[q->name] = fraction;

@@ -28,6 +28,11 @@ struct TrainOptions {
   std::string tokenizer_sha256;
   model::BertConfig config;
 
+  // Where training runs: auto (a GPU when one is present), cpu, cuda or cuda:N; and the GEMM precision
+  // on a GPU (fp32, tf32, bf16; the CPU trains in fp32).
+  std::string device = "cpu";
+  std::string precision = "fp32";
+
   int64_t steps = 2000;
   int64_t batch_size = 128;
   int64_t accumulation = 1;  // micro-batches per optimizer step (batch_size each)

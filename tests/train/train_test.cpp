@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "data/examples.h"
 #include "data/tokenizer.h"
@@ -249,6 +250,93 @@ TEST_F(FactsCorpus, ResumeContinuesExactlyAsTheUninterruptedRun) {
   std::vector<int64_t> steps;
   while (std::getline(log, line)) steps.push_back(Json::parse(line).find("step")->as_int());
   EXPECT_EQ(steps, (std::vector<int64_t>{4, 5, 8, 12}));
+}
+
+// The same runs on a GPU: a 300-step FP32 run follows the CPU's loss curve, QAT likewise, a run
+// interrupted and resumed on the GPU repeats the uninterrupted one bit for bit, and a GPU checkpoint
+// resumes on the CPU. Skipped without a GPU.
+TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices) {
+  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a GPU machine";
+  testing::TempDir out;
+  auto run = [&](const std::string& name, const std::string& device, int64_t steps) {
+    TrainOptions o = options(out.file(name));
+    o.device = device;
+    o.steps = steps;
+    o.batch_size = 32;
+    o.log_every = 100;
+    o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = 0.1;
+    return o;
+  };
+  const TrainResult cpu = train(run("cpu", "cpu", 300));
+  const TrainResult gpu = train(run("gpu", "cuda", 300));
+  ASSERT_EQ(cpu.losses.size(), 300u);
+  ASSERT_EQ(gpu.losses.size(), 300u);
+  // Same data, same dropout masks, FP32 on both: the first steps agree to rounding, and the curves stay
+  // together (each 50-step mean within 2%) as rounding differences grow.
+  for (int s = 0; s < 10; ++s) EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << "step " << s + 1;
+  for (int w = 0; w < 6; ++w) {
+    double c = 0, g = 0;
+    for (int s = 50 * w; s < 50 * (w + 1); ++s) c += cpu.losses[s] / 50, g += gpu.losses[s] / 50;
+    EXPECT_NEAR(g, c, 0.02 * c) << "steps " << 50 * w + 1 << "-" << 50 * (w + 1);
+  }
+  EXPECT_LT(gpu.losses.back(), 0.5 * gpu.losses.front()) << "it learned";
+
+  // Interrupted at step 5 and resumed on the GPU: bit for bit the uninterrupted GPU run.
+  TrainOptions full = run("gpu_full", "cuda", 12);
+  const TrainResult uninterrupted = train(full);
+  TrainOptions first = full;
+  first.output_dir = out.file("gpu_resumed");
+  first.stop_at_step = 5;
+  const TrainResult part1 = train(first);
+  TrainOptions second = full;
+  second.output_dir = out.file("gpu_resumed");
+  second.resume = true;
+  const TrainResult part2 = train(second);
+  std::vector<double> joined = part1.losses;
+  joined.insert(joined.end(), part2.losses.begin(), part2.losses.end());
+  EXPECT_EQ(joined, uninterrupted.losses);
+
+  // A GPU checkpoint resumes on the CPU (and the CPU continues as the GPU did, within rounding).
+  TrainOptions gpu_part1 = first;
+  gpu_part1.output_dir = out.file("gpu_then_cpu");
+  train(gpu_part1);
+  TrainOptions on_cpu = full;
+  on_cpu.device = "cpu";
+  on_cpu.output_dir = out.file("gpu_then_cpu");
+  on_cpu.resume = true;
+  const TrainResult cpu_part2 = train(on_cpu);
+  ASSERT_EQ(cpu_part2.losses.size(), part2.losses.size());
+  for (size_t s = 0; s < part2.losses.size(); ++s) EXPECT_NEAR(cpu_part2.losses[s], part2.losses[s], 1e-3 * part2.losses[s]);
+
+  // QAT from the CPU's FP32 checkpoint, on each device: calibration and the first steps agree.
+  auto qat = [&](const std::string& name, const std::string& device) {
+    TrainOptions o = run(name, device, 20);
+    o.init_from = out.file("cpu") + "/checkpoint.h5";
+    o.qat = true;
+    o.calibration.method = "percentile";
+    o.calibration.batches = 4;
+    o.learning_rate = 1e-3;
+    o.log_every = 5;
+    o.eval_shards = {dir_->file("shards")};
+    o.eval_batches = 4;
+    return train(o);
+  };
+  const TrainResult qat_cpu = qat("qat_cpu", "cpu"), qat_gpu = qat("qat_gpu", "cuda");
+  ASSERT_EQ(qat_gpu.losses.size(), qat_cpu.losses.size());
+  // Fake quantization turns a rounding difference near a step boundary into a whole quantization
+  // step, so QAT curves part sooner: the first 10 steps within 0.2%, the 20-step mean within 1%.
+  double qat_cpu_mean = 0, qat_gpu_mean = 0;
+  for (size_t s = 0; s < qat_cpu.losses.size(); ++s) {
+    if (s < 10) {
+      EXPECT_NEAR(qat_gpu.losses[s], qat_cpu.losses[s], 2e-3 * qat_cpu.losses[s]) << "QAT step " << s + 1;
+    }
+    qat_cpu_mean += qat_cpu.losses[s] / qat_cpu.losses.size();
+    qat_gpu_mean += qat_gpu.losses[s] / qat_gpu.losses.size();
+  }
+  EXPECT_NEAR(qat_gpu_mean, qat_cpu_mean, 0.01 * qat_cpu_mean);
+  ASSERT_GT(qat_cpu.last_eval.predictions, 0);
+  EXPECT_EQ(qat_gpu.last_eval.predictions, qat_cpu.last_eval.predictions);
+  EXPECT_NEAR(qat_gpu.last_eval.mlm_accuracy(), qat_cpu.last_eval.mlm_accuracy(), 0.02);
 }
 
 TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {

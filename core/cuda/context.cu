@@ -1,0 +1,148 @@
+// The CUDA device context: stream, cuBLAS handle, shared buffers, memory and copies.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "core/cuda/context.h"
+#include "core/error.h"
+
+namespace bert::cuda {
+
+void check(int status, const char* what, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  const auto error = static_cast<cudaError_t>(status);
+  throw_internal_error(file, line, what, std::string("CUDA error: ") + cudaGetErrorName(error) + ": " +
+                                             cudaGetErrorString(error));
+}
+
+void check_cublas(int status, const char* what, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw_internal_error(file, line, what,
+                       std::string("cuBLAS error: ") + cublasGetStatusName(static_cast<cublasStatus_t>(status)));
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no driver" state
+    return 0;
+  }
+  return n;
+}
+
+std::string why_no_device() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  (void)cudaGetLastError();
+  return e == cudaSuccess ? "the driver reports no devices" : cudaGetErrorString(e);
+}
+
+CudaContext* create_context(int ordinal, Precision precision) {
+  auto* c = new CudaContext;
+  c->ordinal = ordinal;
+  c->precision = precision;
+  BERT_CUDA_CHECK(cudaSetDevice(ordinal));
+  cudaDeviceProp prop{};
+  BERT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  c->device_name = prop.name;
+  c->total_memory = prop.totalGlobalMem;
+  cudaStream_t stream;
+  BERT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  c->stream = stream;
+  cublasHandle_t handle;
+  BERT_CUBLAS_CHECK(cublasCreate(&handle));
+  c->cublas = handle;
+  BERT_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // TF32 only when asked: FP32 must reproduce the CPU within FP32 rounding.
+  BERT_CUBLAS_CHECK(cublasSetMathMode(handle, precision == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                              : CUBLAS_DEFAULT_MATH));
+  c->cublas_workspace_bytes = std::size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+  BERT_CUDA_CHECK(cudaMalloc(&c->cublas_workspace, c->cublas_workspace_bytes));
+  BERT_CUBLAS_CHECK(cublasSetWorkspace(handle, c->cublas_workspace, c->cublas_workspace_bytes));
+  std::vector<float> ones(CudaContext::kOnes, 1.0f);
+  BERT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->ones), CudaContext::kOnes * sizeof(float)));
+  BERT_CUDA_CHECK(cudaMemcpy(c->ones, ones.data(), CudaContext::kOnes * sizeof(float), cudaMemcpyHostToDevice));
+  BERT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->reduce_scratch), CudaContext::kReduceScratch * sizeof(double)));
+  BERT_CUDA_CHECK(cudaMallocHost(&c->host_staging, CudaContext::kHostStaging));
+  return c;
+}
+
+void destroy_context(CudaContext* c) {
+  if (!c) return;
+  cudaSetDevice(c->ordinal);
+  cudaStreamSynchronize(c->stream);
+  cublasDestroy(c->cublas);
+  cudaFree(c->cublas_workspace);
+  cudaFree(c->ones);
+  cudaFree(c->reduce_scratch);
+  cudaFreeHost(c->host_staging);
+  cudaStreamDestroy(c->stream);
+  delete c;
+}
+
+std::string describe(const CudaContext& c) {
+  char text[160];
+  std::snprintf(text, sizeof text, "cuda:%d (%s, %.1f GiB, %s)", c.ordinal, c.device_name.c_str(),
+                c.total_memory / double(1 << 30), precision_name(c.precision).c_str());
+  return text;
+}
+
+void* allocate(const CudaContext& c, std::size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, c.stream);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    auto [used, total] = memory_use(c);
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "out of GPU memory: %.2f GiB requested with %.2f of %.2f GiB in use on %s; "
+                  "lower --batch-size (and raise --accumulate to keep the global batch) or the sequence length",
+                  bytes / double(1 << 30), used / double(1 << 30), total / double(1 << 30), c.device_name.c_str());
+    throw UserError(text);
+  }
+  BERT_CUDA_CHECK(e);
+  return p;
+}
+
+void free(const CudaContext& c, void* p) { cudaFreeAsync(p, c.stream); }
+
+void fill_zero(const CudaContext& c, void* p, std::size_t bytes) {
+  BERT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c.stream));
+}
+
+void copy_to_host(const CudaContext& c, void* host, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (bytes <= CudaContext::kHostStaging) {  // through pinned memory: one fast copy, then one memcpy
+    BERT_CUDA_CHECK(cudaMemcpyAsync(c.host_staging, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+    BERT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    std::memcpy(host, c.host_staging, bytes);
+    return;
+  }
+  BERT_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+  BERT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+}
+
+void copy_to_device(const CudaContext& c, void* dst, const void* host, std::size_t bytes) {
+  if (bytes == 0) return;
+  // From pageable memory the runtime stages the data before returning, so the caller may reuse its
+  // buffer at once, and the copy stays ordered on the stream without waiting for it.
+  BERT_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c.stream));
+}
+
+void copy_on_device(const CudaContext& c, void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  BERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c.stream));
+}
+
+void synchronize(const CudaContext& c) { BERT_CUDA_CHECK(cudaStreamSynchronize(c.stream)); }
+
+std::pair<std::size_t, std::size_t> memory_use(const CudaContext& c) {
+  std::size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return {0, c.total_memory};
+  return {total - free_bytes, total};
+}
+
+}  // namespace bert::cuda

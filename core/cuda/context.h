@@ -1,0 +1,59 @@
+// The CUDA side of a Device: its stream, cuBLAS handle and a few small buffers kernels share. Only
+// the files of a CUDA build include this (core/device.cpp and the core/ops_*.cu kernels).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "core/device.h"
+
+struct CUstream_st;
+struct cublasContext;
+
+namespace bert {
+
+struct CudaContext {
+  int ordinal = 0;
+  Precision precision = Precision::kFp32;
+  CUstream_st* stream = nullptr;
+  cublasContext* cublas = nullptr;
+  void* cublas_workspace = nullptr;
+  std::size_t cublas_workspace_bytes = 0;
+  float* ones = nullptr;          // kOnes floats of 1 (column sums as a GEMV)
+  static constexpr std::size_t kOnes = std::size_t{1} << 20;
+  double* reduce_scratch = nullptr;  // kReduceScratch doubles for two-pass reductions
+  static constexpr std::size_t kReduceScratch = std::size_t{1} << 16;
+  void* host_staging = nullptr;   // pinned, kHostStaging bytes: small device -> host reads
+  static constexpr std::size_t kHostStaging = std::size_t{1} << 20;
+  std::string device_name;
+  std::size_t total_memory = 0;
+};
+
+namespace cuda {
+
+int device_count();           // 0 when no driver or no GPU
+std::string why_no_device();  // the runtime's explanation when device_count() is 0
+CudaContext* create_context(int ordinal, Precision precision);
+void destroy_context(CudaContext* context);
+std::string describe(const CudaContext& context);
+
+void* allocate(const CudaContext& c, std::size_t bytes);
+void free(const CudaContext& c, void* p);
+void fill_zero(const CudaContext& c, void* p, std::size_t bytes);
+void copy_to_host(const CudaContext& c, void* host, const void* src, std::size_t bytes);
+void copy_to_device(const CudaContext& c, void* dst, const void* host, std::size_t bytes);
+void copy_on_device(const CudaContext& c, void* dst, const void* src, std::size_t bytes);
+void synchronize(const CudaContext& c);
+std::pair<std::size_t, std::size_t> memory_use(const CudaContext& c);
+
+// Throws InternalError naming the call and CUDA's message; kernels are checked after each launch.
+void check(int status, const char* what, const char* file, int line);
+void check_cublas(int status, const char* what, const char* file, int line);
+
+}  // namespace cuda
+}  // namespace bert
+
+#define BERT_CUDA_CHECK(call) ::bert::cuda::check(static_cast<int>(call), #call, __FILE__, __LINE__)
+#define BERT_CUBLAS_CHECK(call) ::bert::cuda::check_cublas(static_cast<int>(call), #call, __FILE__, __LINE__)
+#define BERT_CUDA_LAUNCHED() ::bert::cuda::check(static_cast<int>(cudaGetLastError()), "kernel launch", __FILE__, __LINE__)

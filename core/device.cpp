@@ -1,0 +1,128 @@
+#include "core/device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+#if BERT_WITH_CUDA
+#include "core/cuda/context.h"
+#endif
+
+namespace bert {
+
+Precision parse_precision(const std::string& name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "tf32") return Precision::kTf32;
+  if (name == "bf16") return Precision::kBf16;
+  throw UserError("--precision '" + name + "': expected fp32, tf32 or bf16");
+}
+
+std::string precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+const Device& Device::cpu() {
+  static const Device device(DeviceKind::kCpu, Precision::kFp32);  // immutable: no state to share
+  return device;
+}
+
+bool Device::built_with_cuda() { return BERT_WITH_CUDA != 0; }
+
+Device::~Device() = default;
+
+namespace {
+constexpr std::size_t kHostAlignment = 256;
+}
+
+#if BERT_WITH_CUDA
+
+bool Device::cuda_available() { return cuda::device_count() > 0; }
+
+std::unique_ptr<Device> Device::cuda(int ordinal, Precision precision) {
+  const int count = cuda::device_count();
+  if (count == 0)
+    throw UserError("--device cuda: no CUDA GPU is visible (" + cuda::why_no_device() + ")");
+  if (ordinal < 0 || ordinal >= count)
+    throw UserError("--device cuda:" + std::to_string(ordinal) + ": only " + std::to_string(count) + " GPU(s) visible");
+  std::unique_ptr<Device> d(new Device(DeviceKind::kCuda, precision));
+  d->cuda_ = {cuda::create_context(ordinal, precision), &cuda::destroy_context};
+  return d;
+}
+
+std::string Device::name() const { return is_cuda() ? cuda::describe(*cuda_) : "cpu"; }
+
+void* Device::allocate(std::size_t bytes) const {
+  if (!is_cuda()) return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kHostAlignment));
+  return cuda::allocate(*cuda_, bytes);
+}
+void Device::free(void* p) const {
+  if (!is_cuda()) return ::operator delete(p, std::align_val_t(kHostAlignment));
+  cuda::free(*cuda_, p);
+}
+void Device::fill_zero(void* p, std::size_t bytes) const {
+  if (!is_cuda()) return (void)std::memset(p, 0, bytes);
+  cuda::fill_zero(*cuda_, p, bytes);
+}
+void Device::copy_to_host(void* host, const void* src, std::size_t bytes) const {
+  if (!is_cuda()) return (void)std::memcpy(host, src, bytes);
+  cuda::copy_to_host(*cuda_, host, src, bytes);
+}
+void Device::copy_to_device(void* dst, const void* host, std::size_t bytes) const {
+  if (!is_cuda()) return (void)std::memcpy(dst, host, bytes);
+  cuda::copy_to_device(*cuda_, dst, host, bytes);
+}
+void Device::copy_on_device(void* dst, const void* src, std::size_t bytes) const {
+  if (!is_cuda()) return (void)std::memmove(dst, src, bytes);
+  cuda::copy_on_device(*cuda_, dst, src, bytes);
+}
+void Device::synchronize() const {
+  if (is_cuda()) cuda::synchronize(*cuda_);
+}
+std::pair<std::size_t, std::size_t> Device::memory_use() const {
+  if (!is_cuda()) return {0, 0};
+  return cuda::memory_use(*cuda_);
+}
+
+#else  // a CPU-only build
+
+bool Device::cuda_available() { return false; }
+std::unique_ptr<Device> Device::cuda(int, Precision) {
+  throw UserError("--device cuda: this build has no CUDA support (configure with nvcc present, -DBERT_CUDA=ON)");
+}
+std::string Device::name() const { return "cpu"; }
+void* Device::allocate(std::size_t bytes) const {
+  return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kHostAlignment));
+}
+void Device::free(void* p) const { ::operator delete(p, std::align_val_t(kHostAlignment)); }
+void Device::fill_zero(void* p, std::size_t bytes) const { std::memset(p, 0, bytes); }
+void Device::copy_to_host(void* host, const void* src, std::size_t bytes) const { std::memcpy(host, src, bytes); }
+void Device::copy_to_device(void* dst, const void* host, std::size_t bytes) const { std::memcpy(dst, host, bytes); }
+void Device::copy_on_device(void* dst, const void* src, std::size_t bytes) const { std::memmove(dst, src, bytes); }
+void Device::synchronize() const {}
+std::pair<std::size_t, std::size_t> Device::memory_use() const { return {0, 0}; }
+
+#endif
+
+std::unique_ptr<Device> Device::open(const std::string& spec, Precision precision) {
+  if (spec == "cpu") {
+    if (precision != Precision::kFp32)
+      throw UserError("--precision " + precision_name(precision) + " needs --device cuda (the CPU trains in fp32)");
+    return std::unique_ptr<Device>(new Device(DeviceKind::kCpu, Precision::kFp32));
+  }
+  if (spec == "auto") return cuda_available() ? cuda(0, precision) : open("cpu", precision);
+  if (spec == "cuda") return cuda(0, precision);
+  if (spec.starts_with("cuda:")) {
+    const std::string n = spec.substr(5);
+    if (!n.empty() && n.find_first_not_of("0123456789") == std::string::npos) return cuda(std::stoi(n), precision);
+  }
+  throw UserError("--device '" + spec + "': expected auto, cpu, cuda or cuda:N");
+}
+
+}  // namespace bert

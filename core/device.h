@@ -1,0 +1,99 @@
+// Device: where a graph's tensors live and its ops run. The CPU device is a plain value; a CUDA
+// device owns a stream, a cuBLAS handle and the GEMM precision setting. The caller creates one and
+// passes it to the graphs, the parameter arena and the optimizer that use it (there is no global
+// device). Moving data between host and device goes through the functions below, which name the
+// direction; nothing copies implicitly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace bert {
+
+enum class DeviceKind { kCpu, kCuda };
+
+// How GEMMs on a CUDA device compute: strict FP32, TF32 tensor cores (FP32 accumulation), or BF16
+// tensor cores (inputs rounded to BF16, FP32 accumulation and output). Elementwise ops, reductions,
+// fake quantization and the optimizer stay in FP32 in every mode.
+enum class Precision { kFp32, kTf32, kBf16 };
+Precision parse_precision(const std::string& name);  // fp32 | tf32 | bf16; UserError otherwise
+std::string precision_name(Precision precision);
+
+struct CudaContext;  // stream, cuBLAS handle, small staging buffers (core/cuda/context.cu)
+
+class Device {
+ public:
+  // The host CPU (the default everywhere).
+  static const Device& cpu();
+  // CUDA device `ordinal`. UserError when the build has no CUDA support or no such GPU is present.
+  static std::unique_ptr<Device> cuda(int ordinal = 0, Precision precision = Precision::kFp32);
+  // "auto" (a GPU when one is present, else the CPU), "cpu", "cuda" or "cuda:N".
+  static std::unique_ptr<Device> open(const std::string& spec, Precision precision = Precision::kFp32);
+  // Whether this build can use CUDA and at least one GPU answers (never throws).
+  static bool cuda_available();
+  static bool built_with_cuda();
+
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  DeviceKind kind() const { return kind_; }
+  bool is_cuda() const { return kind_ == DeviceKind::kCuda; }
+  Precision precision() const { return precision_; }
+  std::string name() const;  // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)"
+  CudaContext* cuda_context() const { return cuda_.get(); }
+
+  // --- memory on this device (host memory for the CPU device)
+  void* allocate(std::size_t bytes) const;  // 256-byte aligned; UserError naming the size when out of memory
+  void free(void* p) const;
+  void fill_zero(void* p, std::size_t bytes) const;
+  void copy_to_host(void* host, const void* on_device, std::size_t bytes) const;  // waits for the copy
+  void copy_to_device(void* on_device, const void* host, std::size_t bytes) const;
+  void copy_on_device(void* dst, const void* src, std::size_t bytes) const;
+  void synchronize() const;  // waits for all work queued on this device
+  // Bytes of device memory in use by this process and in total (0, 0 on the CPU).
+  std::pair<std::size_t, std::size_t> memory_use() const;
+
+ private:
+  Device(DeviceKind kind, Precision precision) : kind_(kind), precision_(precision) {}
+  DeviceKind kind_;
+  Precision precision_;
+  std::unique_ptr<CudaContext, void (*)(CudaContext*)> cuda_{nullptr, nullptr};
+};
+
+// Memory owned on a device, freed by the device that gave it (RAII).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const Device& device, std::size_t bytes) : device_(&device), bytes_(bytes), data_(device.allocate(bytes)) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      device_ = o.device_, bytes_ = o.bytes_, data_ = o.data_;
+      o.device_ = nullptr, o.bytes_ = 0, o.data_ = nullptr;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  void reset() {
+    if (data_) device_->free(data_);
+    data_ = nullptr, bytes_ = 0;
+  }
+
+ private:
+  const Device* device_ = nullptr;
+  std::size_t bytes_ = 0;
+  void* data_ = nullptr;
+};
+
+}  // namespace bert

@@ -1,0 +1,45 @@
+// The CUDA implementations of the primitive ops (core/ops_*.cu), one per op of core/ops.h with the
+// same contract, for graphs on a CUDA device. The ops of core/ops.h dispatch here on their own; call
+// these directly only in tests. Compiled only in a CUDA build (BERT_WITH_CUDA).
+#pragma once
+
+#include <initializer_list>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/rng.h"
+
+namespace bert::ops::cuda_impl {
+
+Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b);
+Var linear(Graph<float>& g, Var x, Var weight, Var bias);
+Var add(Graph<float>& g, Var a, Var b);
+Var mul(Graph<float>& g, Var a, Var b);
+Var scale(Graph<float>& g, Var x, double alpha);
+Var reshape(Graph<float>& g, Var x, Shape shape);
+Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm);
+Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape ids_shape);
+Var gelu(Graph<float>& g, Var x);
+Var tanh(Graph<float>& g, Var x);
+Var softmax(Graph<float>& g, Var x, Var mask);
+Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps);
+Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
+Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
+                  int32_t ignore_index);
+Var sum(Graph<float>& g, Var x);
+Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped);
+std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
+
+}  // namespace bert::ops::cuda_impl
+
+// Inside a CPU op template: hand a float graph on a CUDA device to the CUDA implementation.
+#if BERT_WITH_CUDA
+#define BERT_DISPATCH_CUDA(g, call)                 \
+  if constexpr (std::is_same_v<T, float>) {         \
+    if ((g).on_cuda()) return ops::cuda_impl::call; \
+  }
+#else
+#define BERT_DISPATCH_CUDA(g, call)
+#endif

@@ -1,0 +1,208 @@
+// Elementwise ops on a CUDA device (add, mul with broadcasting; scale, gelu, tanh, dropout), forward
+// and backward side by side like core/ops_elementwise.cpp. Dropout draws the same counter-based
+// random bits as the CPU, so both devices drop the same elements.
+#include <cmath>
+
+#include "core/cuda/common.cuh"
+#include "core/ops_cuda.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+// NumPy broadcasting, padded on the left to rank 4; strides of broadcast axes are 0.
+struct Broadcast {
+  int64_t dims[4], stride[2][4], operand_dims[2][4];
+  bool same_shape;
+};
+
+Broadcast plan_broadcast(const Shape& a, const Shape& b, Shape* out) {
+  Broadcast p{};
+  p.same_shape = a == b;
+  const Shape* in[2] = {&a, &b};
+  for (int w = 0; w < 2; ++w)
+    for (int i = 0; i < 4; ++i) {
+      const int axis = i - (4 - in[w]->rank());
+      p.operand_dims[w][i] = axis >= 0 ? (*in[w])[axis] : 1;
+    }
+  for (int i = 0; i < 4; ++i) {
+    const int64_t da = p.operand_dims[0][i], db = p.operand_dims[1][i];
+    BERT_CHECK(da == db || da == 1 || db == 1, "cannot broadcast " + a.str() + " with " + b.str());
+    p.dims[i] = std::max(da, db);
+  }
+  for (int w = 0; w < 2; ++w) {
+    int64_t s = 1;
+    for (int i = 3; i >= 0; --i) {
+      p.stride[w][i] = (p.operand_dims[w][i] == 1 && p.dims[i] != 1) ? 0 : s;
+      s *= p.operand_dims[w][i];
+    }
+  }
+  const int rank = std::max(a.rank(), b.rank());
+  *out = a.rank() >= b.rank() ? a : b;
+  for (int i = 0; i < rank; ++i) (*out)[i] = p.dims[4 - rank + i];
+  return p;
+}
+
+__device__ __forceinline__ int64_t offset_of(const Broadcast& p, int w, int64_t o) {
+  int64_t off = 0;
+  for (int i = 3; i >= 0; --i) {
+    off += (o % p.dims[i]) * p.stride[w][i];
+    o /= p.dims[i];
+  }
+  return off;
+}
+
+template <bool kMul>
+__global__ void broadcast_forward(float* y, const float* a, const float* b, Broadcast p, int64_t n) {
+  BERT_GRID_STRIDE(o, n) {
+    const float x = a[offset_of(p, 0, o)], z = b[offset_of(p, 1, o)];
+    y[o] = kMul ? x * z : x + z;
+  }
+}
+
+// d(operand w) += sum over the output elements it feeds of dy (times the other operand for mul).
+// One thread per operand element walks its broadcast axes in order: deterministic, no atomics.
+__global__ void broadcast_backward(float* dv, const float* dy, const float* other, Broadcast p, int w, int64_t n) {
+  BERT_GRID_STRIDE(e, n) {
+    int64_t coord[4], rest = e;
+    for (int i = 3; i >= 0; --i) {
+      coord[i] = rest % p.operand_dims[w][i];
+      rest /= p.operand_dims[w][i];
+    }
+    int64_t lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+      const bool broadcast = p.operand_dims[w][i] == 1 && p.dims[i] != 1;
+      lo[i] = broadcast ? 0 : coord[i];
+      hi[i] = broadcast ? p.dims[i] : coord[i] + 1;
+    }
+    float acc = 0;
+    for (int64_t i0 = lo[0]; i0 < hi[0]; ++i0)
+      for (int64_t i1 = lo[1]; i1 < hi[1]; ++i1)
+        for (int64_t i2 = lo[2]; i2 < hi[2]; ++i2)
+          for (int64_t i3 = lo[3]; i3 < hi[3]; ++i3) {
+            const int64_t o = ((i0 * p.dims[1] + i1) * p.dims[2] + i2) * p.dims[3] + i3;
+            acc += other ? dy[o] * other[offset_of(p, 1 - w, o)] : dy[o];
+          }
+    dv[e] += acc;
+  }
+}
+
+__global__ void scale_kernel(float* y, const float* x, float alpha, int64_t n) {
+  BERT_GRID_STRIDE(i, n) y[i] = alpha * x[i];
+}
+
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+
+__global__ void gelu_forward(float* y, const float* x, int64_t n) {
+  BERT_GRID_STRIDE(i, n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kInvSqrt2));
+}
+__global__ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  BERT_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+    dx[i] += dy[i] * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v));
+  }
+}
+__global__ void tanh_forward(float* y, const float* x, int64_t n) {
+  BERT_GRID_STRIDE(i, n) y[i] = tanhf(x[i]);
+}
+__global__ void tanh_backward(float* dx, const float* dy, const float* y, int64_t n) {
+  BERT_GRID_STRIDE(i, n) dx[i] += dy[i] * (1.0f - y[i] * y[i]);
+}
+
+// Rng::bits of core/rng.h, on the device (splitmix64's finaliser of seed ^ mix(index + constant)).
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__global__ void dropout_forward(float* y, uint8_t* keep, const float* x, uint64_t seed, uint64_t first,
+                                uint64_t threshold, float keep_scale, int64_t n) {
+  BERT_GRID_STRIDE(i, n) {
+    const uint64_t bits = mix(seed ^ mix(first + uint64_t(i) + 0x632BE59BD9B4E019ull));
+    const bool k = (bits >> 11) >= threshold;
+    keep[i] = k;
+    y[i] = x[i] * (k ? keep_scale : 0.0f);
+  }
+}
+__global__ void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float keep_scale, int64_t n) {
+  BERT_GRID_STRIDE(i, n) dx[i] += dy[i] * (keep[i] ? keep_scale : 0.0f);
+}
+
+template <bool kMul>
+Var broadcast_op(Graph<float>& g, Var a, Var b) {
+  Shape out;
+  const Broadcast p = plan_broadcast(g.shape(a), g.shape(b), &out);
+  Var y = g.emit(out, {a, b});
+  const int64_t n = out.numel();
+  BERT_LAUNCH(broadcast_forward<kMul>, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), p, n);
+  g.on_backward(y, [a, b, y, p](Graph<float>& g) {
+    const float* dy = g.grad(y).data();
+    const Var operands[2] = {a, b};
+    for (int w = 0; w < 2; ++w) {
+      if (!g.requires_grad(operands[w])) continue;
+      float* dv = g.grad(operands[w]).data();
+      const int64_t n = g.value(operands[w]).numel();
+      if (p.same_shape && !kMul) {
+        BERT_LAUNCH(cuda::accumulate_kernel<float>, n, g, dv, dy, 1.0f, n);
+      } else {
+        const float* other = kMul ? g.value(operands[1 - w]).data() : nullptr;
+        BERT_LAUNCH(broadcast_backward, n, g, dv, dy, other, p, w, n);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+Var add(Graph<float>& g, Var a, Var b) { return broadcast_op<false>(g, a, b); }
+Var mul(Graph<float>& g, Var a, Var b) { return broadcast_op<true>(g, a, b); }
+
+Var scale(Graph<float>& g, Var x, double alpha) {
+  Var y = g.emit(g.shape(x), {x});
+  const float s = static_cast<float>(alpha);
+  const int64_t n = g.value(x).numel();
+  BERT_LAUNCH(scale_kernel, n, g, g.value(y).data(), g.value(x).data(), s, n);
+  g.on_backward(y, [x, y, s, n](Graph<float>& g) { BERT_LAUNCH(cuda::accumulate_kernel<float>, n, g, g.grad(x).data(), g.grad(y).data(), s, n); });
+  return y;
+}
+
+Var gelu(Graph<float>& g, Var x) {
+  Var y = g.emit(g.shape(x), {x});
+  const int64_t n = g.value(x).numel();
+  BERT_LAUNCH(gelu_forward, n, g, g.value(y).data(), g.value(x).data(), n);
+  g.on_backward(y, [x, y, n](Graph<float>& g) {
+    BERT_LAUNCH(gelu_backward, n, g, g.grad(x).data(), g.grad(y).data(), g.value(x).data(), n);
+  });
+  return y;
+}
+
+Var tanh(Graph<float>& g, Var x) {
+  Var y = g.emit(g.shape(x), {x});
+  const int64_t n = g.value(x).numel();
+  BERT_LAUNCH(tanh_forward, n, g, g.value(y).data(), g.value(x).data(), n);
+  g.on_backward(y, [x, y, n](Graph<float>& g) {
+    BERT_LAUNCH(tanh_backward, n, g, g.grad(x).data(), g.grad(y).data(), g.value(y).data(), n);
+  });
+  return y;
+}
+
+Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
+  const int64_t n = g.value(x).numel();
+  const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
+  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  uint8_t* keep = g.scratch<uint8_t>(n);
+  Var y = g.emit(g.shape(x), {x});
+  BERT_LAUNCH(dropout_forward, n, g, g.value(y).data(), keep, g.value(x).data(), rng.state().seed, first, threshold,
+              keep_scale, n);
+  g.on_backward(y, [x, y, n, keep, keep_scale](Graph<float>& g) {
+    BERT_LAUNCH(dropout_backward, n, g, g.grad(x).data(), g.grad(y).data(), keep, keep_scale, n);
+  });
+  return y;
+}
+
+}  // namespace bert::ops::cuda_impl

@@ -1,0 +1,130 @@
+// matmul and linear on a CUDA device: cuBLAS GEMMs (FP32, TF32 or BF16 tensor cores as the device's
+// precision says, FP32 in and out), forward and backward side by side like core/ops_matmul.cpp.
+#include "core/cuda/common.cuh"
+#include "core/ops_cuda.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+cublasComputeType_t compute_type(const Graph<float>& g) {
+  switch (g.device().precision()) {
+    case Precision::kTf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case Precision::kBf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    default: return CUBLAS_COMPUTE_32F;
+  }
+}
+
+// Row-major C (M, N) = alpha op(A) op(B) + beta C for `batch` items at the given element strides.
+// cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T on the same memory.
+void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta,
+          float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    BERT_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, CUDA_R_32F, int(ldb),
+                                   a, CUDA_R_32F, int(lda), &beta, c, CUDA_R_32F, int(ldc), compute_type(g),
+                                   CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, CUDA_R_32F,
+                                               int(ldb), stride_b, a, CUDA_R_32F, int(lda), stride_a, &beta, c,
+                                               CUDA_R_32F, int(ldc), stride_c, int(batch), compute_type(g),
+                                               CUBLAS_GEMM_DEFAULT));
+}
+
+// out (rows, cols) += bias (cols) broadcast over rows.
+__global__ void add_row_vector(float* out, const float* bias, int64_t rows, int64_t cols) {
+  BERT_GRID_STRIDE(i, rows * cols) out[i] += bias[i % cols];
+}
+
+// dbias (cols) += sum over rows of dy (rows, cols), as a GEMV with a vector of ones (deterministic).
+void add_column_sums(const Graph<float>& g, const float* dy, int64_t rows, int64_t cols, float* dbias) {
+  const CudaContext& c = cuda::context(g.device());
+  const float one = 1.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += int64_t(CudaContext::kOnes)) {
+    const int64_t r = std::min<int64_t>(rows - r0, CudaContext::kOnes);
+    BERT_CUBLAS_CHECK(cublasSgemv(cuda::cublas(g), CUBLAS_OP_N, int(cols), int(r), &one, dy + r0 * cols, int(cols),
+                                  c.ones, 1, &one, dbias, 1));
+  }
+}
+
+}  // namespace
+
+Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b) {
+  const Shape as = g.shape(a), bs = g.shape(b);
+  BERT_CHECK(as.rank() >= 2 && bs.rank() >= 2, "matmul needs rank >= 2, got " + as.str() + " x " + bs.str());
+  const int64_t lda = as[-1], ldb = bs[-1];
+  const int64_t k = trans_b ? bs[-1] : bs[-2], n = trans_b ? bs[-2] : bs[-1];
+  int64_t m, batch = 1, stride_a = 0, stride_b = 0;
+  Shape out;
+  if (bs.rank() == 2 && as.rank() > 2) {  // b shared by every row of a
+    BERT_CHECK(!trans_a, "matmul with a shared 2-D b cannot transpose a");
+    BERT_CHECK(as[-1] == k, "matmul inner sizes differ: " + as.str() + " x " + bs.str());
+    m = as.rows();
+    out = as.with_last(n);
+  } else {
+    BERT_CHECK(as.rank() == bs.rank(), "matmul ranks differ: " + as.str() + " x " + bs.str());
+    for (int i = 0; i < as.rank() - 2; ++i)
+      BERT_CHECK(as[i] == bs[i], "matmul batch axes differ: " + as.str() + " x " + bs.str());
+    m = trans_a ? as[-1] : as[-2];
+    BERT_CHECK((trans_a ? as[-2] : as[-1]) == k, "matmul inner sizes differ: " + as.str() + " x " + bs.str());
+    batch = as.numel() / (as[-1] * as[-2]);
+    stride_a = as[-1] * as[-2];
+    stride_b = bs[-1] * bs[-2];
+    out = as;
+    out[-2] = m;
+    out[-1] = n;
+  }
+  const int64_t stride_c = m * n;
+  Var c = g.emit(out, {a, b});
+  gemm(g, trans_a, trans_b, m, n, k, 1.0f, g.value(a).data(), lda, stride_a, g.value(b).data(), ldb, stride_b, 0.0f,
+       g.value(c).data(), n, stride_c, batch);
+  g.on_backward(c, [=](Graph<float>& g) {
+    const float* dc = g.grad(c).data();
+    if (g.requires_grad(a)) {
+      if (!trans_a)  // dA (M, K) += dC (M, N) op(B)^T
+        gemm(g, false, !trans_b, m, k, n, 1.0f, dc, n, stride_c, g.value(b).data(), ldb, stride_b, 1.0f,
+             g.grad(a).data(), lda, stride_a, batch);
+      else  // dA (K, M) += op(B) (K, N) dC^T
+        gemm(g, trans_b, true, k, m, n, 1.0f, g.value(b).data(), ldb, stride_b, dc, n, stride_c, 1.0f,
+             g.grad(a).data(), lda, stride_a, batch);
+    }
+    if (g.requires_grad(b)) {
+      if (!trans_b)  // dB (K, N) += op(A)^T (K, M) dC
+        gemm(g, !trans_a, false, k, n, m, 1.0f, g.value(a).data(), lda, stride_a, dc, n, stride_c, 1.0f,
+             g.grad(b).data(), ldb, stride_b, batch);
+      else  // dB (N, K) += dC^T (N, M) op(A)
+        gemm(g, true, trans_a, n, k, m, 1.0f, dc, n, stride_c, g.value(a).data(), lda, stride_a, 1.0f,
+             g.grad(b).data(), ldb, stride_b, batch);
+    }
+  });
+  return c;
+}
+
+Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
+  const Shape xs = g.shape(x), ws = g.shape(weight);
+  BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
+             "linear: x " + xs.str() + " does not fit weight " + ws.str());
+  const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({out}), "linear bias " + g.shape(bias).str());
+  Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
+  float* yv = g.value(y).data();
+  gemm(g, false, true, rows, out, in, 1.0f, g.value(x).data(), in, 0, g.value(weight).data(), in, 0, 0.0f, yv, out, 0, 1);
+  if (bias.valid()) {
+    add_row_vector<<<cuda::blocks_for(rows * out), cuda::kThreads, 0, cuda::stream(g)>>>(yv, g.value(bias).data(), rows, out);
+    BERT_CUDA_LAUNCHED();
+  }
+  g.on_backward(y, [=](Graph<float>& g) {
+    const float* dy = g.grad(y).data();
+    if (g.requires_grad(x))  // dx (N, in) += dy (N, out) W (out, in)
+      gemm(g, false, false, rows, in, out, 1.0f, dy, out, 0, g.value(weight).data(), in, 0, 1.0f, g.grad(x).data(), in, 0, 1);
+    if (g.requires_grad(weight))  // dW (out, in) += dy^T (out, N) x (N, in)
+      gemm(g, true, false, out, in, rows, 1.0f, dy, out, 0, g.value(x).data(), in, 0, 1.0f, g.grad(weight).data(), in, 0, 1);
+    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, rows, out, g.grad(bias).data());
+  });
+  return y;
+}
+
+}  // namespace bert::ops::cuda_impl

@@ -1,0 +1,181 @@
+// Row-wise normalisations on a CUDA device (softmax with an additive mask, LayerNorm), forward and
+// backward side by side like core/ops_normalize.cpp. One warp per row; LayerNorm's parameter gradients
+// are column sums taken in two fixed-order passes (deterministic).
+#include "core/cuda/common.cuh"
+#include "core/ops_cuda.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+__global__ void softmax_forward(float* y, const float* x, const float* mask, int64_t rows, int64_t k,
+                                int64_t rows_per_item) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* in = x + r * k;
+  const float* m = mask ? mask + (r / rows_per_item) * k : nullptr;
+  float* out = y + r * k;
+  float max = -INFINITY;
+  for (int64_t j = lane; j < k; j += 32) max = fmaxf(max, in[j] + (m ? m[j] : 0.0f));
+  max = cuda::warp_max(max);
+  float sum = 0;
+  for (int64_t j = lane; j < k; j += 32) {
+    const float e = expf(in[j] + (m ? m[j] : 0.0f) - max);
+    out[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / cuda::warp_sum(sum);
+  for (int64_t j = lane; j < k; j += 32) out[j] *= inv;
+}
+
+__global__ void softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t k) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float *yr = y + r * k, *dyr = dy + r * k;
+  float dot = 0;
+  for (int64_t j = lane; j < k; j += 32) dot += dyr[j] * yr[j];
+  dot = cuda::warp_sum(dot);
+  for (int64_t j = lane; j < k; j += 32) dx[r * k + j] += yr[j] * (dyr[j] - dot);
+}
+
+__global__ void layer_norm_forward(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma,
+                                   const float* beta, int64_t rows, int64_t c, float eps) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* in = x + r * c;
+  float sum = 0;
+  for (int64_t j = lane; j < c; j += 32) sum += in[j];
+  const float mean = cuda::warp_sum(sum) / float(c);
+  float var = 0;
+  for (int64_t j = lane; j < c; j += 32) var += (in[j] - mean) * (in[j] - mean);
+  const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
+  for (int64_t j = lane; j < c; j += 32) y[r * c + j] = (in[j] - mean) * rstd * gamma[j] + beta[j];
+  if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+}
+
+__global__ void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* gamma,
+                                          const float* mean, const float* rstd, int64_t rows, int64_t c) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float *in = x + r * c, *dyr = dy + r * c;
+  const float m = mean[r], rs = rstd[r];
+  float mean_dn = 0, mean_dn_n = 0;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float dn = dyr[j] * gamma[j];
+    mean_dn += dn;
+    mean_dn_n += dn * (in[j] - m) * rs;
+  }
+  mean_dn = cuda::warp_sum(mean_dn) / float(c);
+  mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
+  for (int64_t j = lane; j < c; j += 32) {
+    const float n = (in[j] - m) * rs;
+    dx[r * c + j] += rs * (dyr[j] * gamma[j] - mean_dn - n * mean_dn_n);
+  }
+}
+
+// Pass 1: partial[chunk][col] of sum dy * n (gamma) and sum dy (beta) over the chunk's rows. Block (32,
+// 8): 32 columns, 8 row lanes.
+constexpr int64_t kRowsPerChunk = 256;
+__global__ void layer_norm_param_partials(float* partial_gamma, float* partial_beta, const float* dy,
+                                          const float* x, const float* mean, const float* rstd, int64_t rows,
+                                          int64_t c) {
+  __shared__ float sg[8][33], sb[8][33];
+  const int64_t col = blockIdx.x * 32 + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  float ag = 0, ab = 0;
+  if (col < c) {
+    const int64_t end = min(rows, (chunk + 1) * kRowsPerChunk);
+    for (int64_t r = chunk * kRowsPerChunk + threadIdx.y; r < end; r += 8) {
+      const float d = dy[r * c + col];
+      ag += d * (x[r * c + col] - mean[r]) * rstd[r];
+      ab += d;
+    }
+  }
+  sg[threadIdx.y][threadIdx.x] = ag;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    for (int k = 1; k < 8; ++k) ag += sg[k][threadIdx.x], ab += sb[k][threadIdx.x];
+    partial_gamma[chunk * c + col] = ag;
+    partial_beta[chunk * c + col] = ab;
+  }
+}
+
+// Pass 2: sum the chunks of each column in order.
+__global__ void layer_norm_param_sums(float* dgamma, float* dbeta, const float* partial_gamma,
+                                      const float* partial_beta, int64_t chunks, int64_t c) {
+  BERT_GRID_STRIDE(col, c) {
+    float ag = 0, ab = 0;
+    for (int64_t k = 0; k < chunks; ++k) ag += partial_gamma[k * c + col], ab += partial_beta[k * c + col];
+    if (dgamma) dgamma[col] += ag;
+    if (dbeta) dbeta[col] += ab;
+  }
+}
+
+}  // namespace
+
+Var softmax(Graph<float>& g, Var x, Var mask) {
+  const Shape xs = g.shape(x);
+  const int64_t k = xs.last(), rows = xs.rows();
+  const float* mv = nullptr;
+  int64_t rows_per_item = rows;
+  if (mask.valid()) {
+    const Shape ms = g.shape(mask);
+    BERT_CHECK(!g.requires_grad(mask), "softmax: the mask is a constant; its gradient is not supported");
+    BERT_CHECK(xs.rank() >= 2 && ms == Shape({xs[0], k}), "softmax: mask " + ms.str() + " must be (B, K) for x " + xs.str());
+    rows_per_item = rows / xs[0];
+    mv = g.value(mask).data();
+  }
+  Var y = g.emit(xs, {x});
+  softmax_forward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(),
+                                                                                mv, rows, k, rows_per_item);
+  BERT_CUDA_LAUNCHED();
+  g.on_backward(y, [x, y, k, rows](Graph<float>& g) {
+    softmax_backward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(g.grad(x).data(), g.grad(y).data(),
+                                                                                   g.value(y).data(), rows, k);
+    BERT_CUDA_LAUNCHED();
+  });
+  return y;
+}
+
+Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps) {
+  const Shape xs = g.shape(x);
+  const int64_t c = xs.last(), rows = xs.rows();
+  BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),
+             "layer_norm: gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " + xs.str());
+  Var y = g.emit(xs, {x, gamma, beta});
+  float* mean = g.scratch<float>(rows);
+  float* rstd = g.scratch<float>(rows);
+  layer_norm_forward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+      g.value(y).data(), mean, rstd, g.value(x).data(), g.value(gamma).data(), g.value(beta).data(), rows, c,
+      static_cast<float>(eps));
+  BERT_CUDA_LAUNCHED();
+  g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c](Graph<float>& g) {
+    const float* dy = g.grad(y).data();
+    if (g.requires_grad(x)) {
+      layer_norm_backward_input<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+          g.grad(x).data(), dy, g.value(x).data(), g.value(gamma).data(), mean, rstd, rows, c);
+      BERT_CUDA_LAUNCHED();
+    }
+    float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
+    float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
+    if (!dgamma && !dbeta) return;
+    const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+    float* partial_gamma = g.scratch<float>(chunks * c);
+    float* partial_beta = g.scratch<float>(chunks * c);
+    layer_norm_param_partials<<<dim3(unsigned((c + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, cuda::stream(g)>>>(
+        partial_gamma, partial_beta, dy, g.value(x).data(), mean, rstd, rows, c);
+    BERT_CUDA_LAUNCHED();
+    BERT_LAUNCH(layer_norm_param_sums, c, g, dgamma, dbeta, partial_gamma, partial_beta, chunks, c);
+  });
+  return y;
+}
+
+}  // namespace bert::ops::cuda_impl

@@ -1,0 +1,102 @@
+// Fake quantization with the LSQ scale gradient on a CUDA device, forward and backward side by side
+// like core/ops_quantize.cpp. It divides by the scale and rounds half to even (rintf) exactly as
+// QuantizeLinear does, so the GPU agrees bit for bit with the CPU and the ONNX export. The scale
+// gradient is summed per channel in fixed-size blocks in double, in a fixed order.
+#include "core/cuda/common.cuh"
+#include "core/ops_cuda.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+constexpr int64_t kBlock = int64_t{1} << 14;  // elements per block of work, never straddling a channel
+constexpr int kThreads = 256;
+
+// Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kBlock, (b+1) kBlock).
+__global__ void fake_quantize_forward(float* y, const float* x, const float* scale, int64_t per_channel, float lo,
+                                      float hi, unsigned long long* clipped) {
+  __shared__ int64_t shared[32];
+  const int64_t c = blockIdx.y;
+  const int64_t begin = c * per_channel + blockIdx.x * kBlock;
+  const int64_t end = min(begin + kBlock, (c + 1) * per_channel);
+  const float s = scale[c];
+  int64_t count = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float q = rintf(x[i] / s);
+    count += (q < lo) | (q > hi);
+    y[i] = fminf(fmaxf(q, lo), hi) * s;
+  }
+  if (clipped) {
+    count = cuda::block_sum(count, shared);
+    if (threadIdx.x == 0 && count) atomicAdd(clipped, static_cast<unsigned long long>(count));
+  }
+}
+
+__global__ void fake_quantize_backward(float* dx, double* partial, const float* dy, const float* x, const float* scale,
+                                       int64_t per_channel, float lo, float hi) {
+  __shared__ double shared[32];
+  const int64_t c = blockIdx.y;
+  const int64_t begin = c * per_channel + blockIdx.x * kBlock;
+  const int64_t end = min(begin + kBlock, (c + 1) * per_channel);
+  const float s = scale[c];
+  double acc = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = x[i] / s;
+    if (v < lo) {
+      acc += double(dy[i]) * lo;
+    } else if (v > hi) {
+      acc += double(dy[i]) * hi;
+    } else {
+      if (dx) dx[i] += dy[i];
+      acc += double(dy[i]) * (rintf(v) - v);
+    }
+  }
+  if (partial) {
+    acc = cuda::block_sum(acc, shared);
+    if (threadIdx.x == 0) partial[c * gridDim.x + blockIdx.x] = acc;
+  }
+}
+
+__global__ void scale_gradient_sums(float* ds, const double* partial, int64_t blocks_per_channel, int64_t channels,
+                                    double grad_scale) {
+  BERT_GRID_STRIDE(c, channels) {
+    double total = 0;
+    for (int64_t b = 0; b < blocks_per_channel; ++b) total += partial[c * blocks_per_channel + b];
+    ds[c] += static_cast<float>(grad_scale * total);
+  }
+}
+
+}  // namespace
+
+Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
+  const int64_t n = g.value(x).numel();
+  const int64_t channels = g.value(scale).numel();
+  BERT_CHECK(g.shape(scale).rank() == 1 && channels >= 1 && n % channels == 0,
+             "fake_quantize: scale " + g.shape(scale).str() + " does not divide x " + g.shape(x).str());
+  BERT_CHECK(qmin < 0 && qmax > 0, "fake_quantize: need qmin < 0 < qmax");
+  const int64_t per_channel = n / channels;
+  const int64_t blocks_per_channel = std::max<int64_t>(1, (per_channel + kBlock - 1) / kBlock);
+  BERT_CHECK(channels <= 65535, "fake_quantize on a GPU: at most 65535 channels");
+  const dim3 grid(static_cast<unsigned>(blocks_per_channel), static_cast<unsigned>(channels));
+  const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
+  Var y = g.emit(g.shape(x), {x, scale});
+  if (n > 0) {
+    fake_quantize_forward<<<grid, kThreads, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(),
+                                                                   g.value(scale).data(), per_channel, lo, hi,
+                                                                   reinterpret_cast<unsigned long long*>(clipped));
+    BERT_CUDA_LAUNCHED();
+  }
+  g.on_backward(y, [=](Graph<float>& g) {
+    if (n == 0) return;
+    float* dx = g.requires_grad(x) ? g.grad(x).data() : nullptr;
+    float* ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
+    double* partial = ds ? g.scratch<double>(blocks_per_channel * channels) : nullptr;
+    fake_quantize_backward<<<grid, kThreads, 0, cuda::stream(g)>>>(dx, partial, g.grad(y).data(), g.value(x).data(),
+                                                                    g.value(scale).data(), per_channel, lo, hi);
+    BERT_CUDA_LAUNCHED();
+    if (ds) BERT_LAUNCH(scale_gradient_sums, channels, g, ds, partial, blocks_per_channel, channels, grad_scale);
+  });
+  return y;
+}
+
+}  // namespace bert::ops::cuda_impl

@@ -1,0 +1,166 @@
+// Reductions on a CUDA device (sum, cross-entropy) and the row argmax query, forward and backward side
+// by side like core/ops_reduce.cpp. Sums over many elements accumulate in double in a fixed order.
+#include "core/cuda/common.cuh"
+#include "core/ops_cuda.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+constexpr int kReduceThreads = 1024;
+
+__global__ void sum_kernel(float* y, const float* x, int64_t n) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+  acc = cuda::block_sum(acc, shared);
+  if (threadIdx.x == 0) y[0] = static_cast<float>(acc);
+}
+
+__global__ void broadcast_scalar_add(float* dx, const float* dy, int64_t n) {
+  BERT_GRID_STRIDE(i, n) dx[i] += dy[0];
+}
+
+// One block per row: logsumexp of the row and the row's weighted loss (0 for skipped rows).
+__global__ void cross_entropy_rows(float* logsumexp, double* row_loss, const float* z, const int32_t* target,
+                                   const float* row_weight, int64_t c) {
+  __shared__ float shared_f[32];
+  const int64_t r = blockIdx.x;
+  if (row_weight[r] == 0.0f) {  // uniform per block: every thread returns
+    if (threadIdx.x == 0) row_loss[r] = 0.0, logsumexp[r] = 0.0f;
+    return;
+  }
+  const float* row = z + r * c;
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) max = fmaxf(max, row[j]);
+  max = cuda::warp_max(max);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) shared_f[threadIdx.x / 32] = max;
+  __syncthreads();
+  max = threadIdx.x % 32 < blockDim.x / 32 ? shared_f[threadIdx.x % 32] : -INFINITY;  // every warp
+  max = cuda::warp_max(max);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(row[j] - max);
+  sum = cuda::block_sum(sum, shared_f);
+  if (threadIdx.x == 0) {
+    const float lse = max + logf(sum);
+    logsumexp[r] = lse;
+    row_loss[r] = double(row_weight[r]) * (double(lse) - double(row[target[r]]));
+  }
+}
+
+__global__ void sum_rows_kernel(float* y, const double* row_loss, int64_t n) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += row_loss[i];
+  acc = cuda::block_sum(acc, shared);
+  if (threadIdx.x == 0) y[0] = static_cast<float>(acc);
+}
+
+__global__ void cross_entropy_backward(float* dz, const float* z, const float* upstream, const int32_t* target,
+                                       const float* row_weight, const float* logsumexp, int64_t c) {
+  const int64_t r = blockIdx.x;
+  if (row_weight[r] == 0.0f) return;
+  const float w = upstream[0] * row_weight[r], lse = logsumexp[r];
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    float d = w * expf(z[r * c + j] - lse);
+    if (j == target[r]) d -= w;
+    dz[r * c + j] += d;
+  }
+}
+
+// One block per row: the index of the largest value, the first one on ties (as std::max_element).
+__global__ void row_argmax_kernel(int32_t* out, const float* x, int64_t c) {
+  __shared__ float best_value[32];
+  __shared__ int64_t best_index[32];
+  const int64_t r = blockIdx.x;
+  float v = -INFINITY;
+  int64_t idx = c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float e = x[r * c + j];
+    if (e > v || idx == c) v = e, idx = j;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, offset);
+    if (ov > v || (ov == v && oi < idx)) v = ov, idx = oi;
+  }
+  if (threadIdx.x % 32 == 0) best_value[threadIdx.x / 32] = v, best_index[threadIdx.x / 32] = idx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned w = 1; w < blockDim.x / 32; ++w)
+      if (best_value[w] > v || (best_value[w] == v && best_index[w] < idx)) v = best_value[w], idx = best_index[w];
+    out[r] = static_cast<int32_t>(idx);
+  }
+}
+
+}  // namespace
+
+Var sum(Graph<float>& g, Var x) {
+  Var y = g.emit(Shape{}, {x});
+  sum_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(), g.value(x).numel());
+  BERT_CUDA_LAUNCHED();
+  g.on_backward(y, [x, y](Graph<float>& g) {
+    const int64_t n = g.value(x).numel();
+    BERT_LAUNCH(broadcast_scalar_add, n, g, g.grad(x).data(), g.grad(y).data(), n);
+  });
+  return y;
+}
+
+Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
+                  int32_t ignore_index) {
+  const Shape ls = g.shape(logits);
+  BERT_CHECK(ls.rank() == 2, "cross_entropy: logits must be (N, C), got " + ls.str());
+  const int64_t n = ls[0], c = ls[1];
+  BERT_CHECK(static_cast<int64_t>(targets.size()) == n,
+             "cross_entropy: " + std::to_string(targets.size()) + " targets for " + std::to_string(n) + " rows");
+  BERT_CHECK(weights.empty() || static_cast<int64_t>(weights.size()) == n, "cross_entropy: weights size");
+  // Row weights normalised on the host exactly as on the CPU; targets of skipped rows become 0.
+  std::vector<int32_t> target(static_cast<size_t>(n));
+  std::vector<float> row_weight(static_cast<size_t>(n));
+  double total_weight = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool active = targets[i] != ignore_index;
+    if (active)
+      BERT_CHECK(targets[i] >= 0 && targets[i] < c,
+                 "cross_entropy: target " + std::to_string(targets[i]) + " outside [0, " + std::to_string(c) + ")");
+    target[i] = active ? targets[i] : 0;
+    row_weight[i] = active ? (weights.empty() ? 1.0f : weights[i]) : 0.0f;
+    total_weight += row_weight[i];
+  }
+  const float inv_total = total_weight > 0 ? static_cast<float>(1.0 / total_weight) : 0.0f;
+  for (float& w : row_weight) w *= inv_total;
+  const int32_t* d_target = g.upload(target.data(), target.size());
+  const float* d_weight = g.upload(row_weight.data(), row_weight.size());
+  float* logsumexp = g.scratch<float>(std::max<int64_t>(n, 1));
+  double* row_loss = g.scratch<double>(std::max<int64_t>(n, 1));
+  Var y = g.emit(Shape{}, {logits});
+  const float* z = g.value(logits).data();
+  if (n > 0) {
+    cross_entropy_rows<<<unsigned(n), 256, 0, cuda::stream(g)>>>(logsumexp, row_loss, z, d_target, d_weight, c);
+    BERT_CUDA_LAUNCHED();
+  }
+  sum_rows_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), row_loss, n);
+  BERT_CUDA_LAUNCHED();
+  g.on_backward(y, [logits, y, d_target, d_weight, logsumexp, n, c](Graph<float>& g) {
+    if (n == 0) return;
+    cross_entropy_backward<<<unsigned(n), 256, 0, cuda::stream(g)>>>(g.grad(logits).data(), g.value(logits).data(),
+                                                                     g.grad(y).data(), d_target, d_weight, logsumexp, c);
+    BERT_CUDA_LAUNCHED();
+  });
+  return y;
+}
+
+std::vector<int32_t> row_argmax(const Graph<float>& g, Var x) {
+  const TensorView<float> v = g.value(x);
+  const int64_t c = v.shape().last(), rows = v.shape().rows();
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  if (rows == 0) return out;
+  DeviceBuffer result(g.device(), out.size() * sizeof(int32_t));
+  row_argmax_kernel<<<unsigned(rows), 256, 0, cuda::stream(g)>>>(result.as<int32_t>(), v.data(), c);
+  BERT_CUDA_LAUNCHED();
+  g.device().copy_to_host(out.data(), result.data(), out.size() * sizeof(int32_t));
+  return out;
+}
+
+}  // namespace bert::ops::cuda_impl

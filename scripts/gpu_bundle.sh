@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds the GPU-capable programs and tests here (CUDA + a CPU target any x86-64-v3 machine runs) and
+# gathers them with the shared libraries they need into one folder, for a GPU machine that lacks the
+# build's Debian packages:
+#   bash scripts/gpu_bundle.sh [OUT]          # default OUT: gpu-bundle/ (bin/, lib/, run.sh)
+# On the GPU machine, from a copy of the repository root:
+#   bash gpu-bundle/run.sh tests               # every GPU test (ops vs CPU, golden model, training)
+#   bash gpu-bundle/run.sh bert-train --help   # any bundled program
+# The CUDA driver and cuBLAS are expected on the GPU machine (they are not bundled).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-bundle}
+jobs=$(nproc 2>/dev/null || echo 2)
+build=build-gpu
+mkdir -p "$build"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBERT_ARCH=avx2 -DBERT_CUDA=ON > "$build/configure.log" 2>&1 ||
+  { tail -20 "$build/configure.log"; exit 1; }
+programs=(bert-train bert-eval bert-data train-step-bench)
+tests=(cuda_tests model_tests train_tests)
+cmake --build "$build" -j "$jobs" --target "${programs[@]}" "${tests[@]}" > "$build/build.log" 2>&1 ||
+  { grep -E "error|Error" -A3 "$build/build.log" | head -40; exit 1; }
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+for p in "${programs[@]}"; do cp "$build/tools/$p" "$out/bin/" 2>/dev/null || cp "$build/bench/$p" "$out/bin/"; done
+for t in "${tests[@]}"; do cp "$build/tests/$t" "$out/bin/"; done
+# Every non-glibc shared library the binaries load, except the GPU driver's and cuBLAS (the GPU
+# machine's own must match its driver).
+for f in "$out"/bin/*; do
+  ldd "$f" | awk '/=> \//{print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcublas*|libresolv.so*) ;;
+    *) cp -L "$lib" "$out/lib/" ;;
+  esac
+done
+cat > "$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs a bundled program, or `tests` for every bundled GPU test, with the bundled libraries.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export BERT_TEST_FIXTURES="${BERT_TEST_FIXTURES:-$here/../tests/fixtures}"
+if [ "${1:-}" = tests ]; then
+  shift
+  status=0
+  for t in cuda_tests model_tests train_tests; do
+    "$here/bin/$t" --gtest_brief=1 "$@" || status=1
+  done
+  exit $status
+fi
+program=$1
+shift
+exec "$here/bin/$program" "$@"
+RUN
+chmod +x "$out/run.sh"
+echo "[gpu-bundle] $(du -sh "$out" | cut -f1) in $out (programs: ${programs[*]}; tests: ${tests[*]})"

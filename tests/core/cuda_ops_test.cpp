@@ -1,0 +1,276 @@
+// Every primitive op on a CUDA GPU against the same op on the CPU: forward values and the gradients
+// of every input (from a random upstream gradient), at several shapes including odd sizes, broadcast
+// axes, repeated ids and ignored rows. Tolerances are named per op. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/device.h"
+#include "core/ops.h"
+
+namespace bert {
+namespace {
+
+using Build = std::function<Var(Graph<float>&, const std::vector<Var>&)>;
+
+// Relative tolerances (max |gpu - cpu| / max |cpu|) per op family, FP32 on both sides.
+constexpr double kExact = 0;              // same arithmetic in the same order: bit for bit
+constexpr double kElementwise = 2e-6;     // erf/exp/tanh differ by an ulp or two between libm and CUDA
+constexpr double kReduction = 1e-5;       // sums in another order (rows, columns, blocks)
+constexpr double kGemm = 1e-5;            // cuBLAS FP32 vs Eigen: other blocking, other sum order
+
+struct Result {
+  std::vector<float> value;
+  std::vector<std::vector<float>> grads;  // one per input (empty when the input takes no gradient)
+};
+
+std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+// Runs build on `device` with the inputs as leaves, back-propagates sum(y * upstream) and returns the
+// output and every input's gradient, on the host.
+Result run_on(const Device& device, const std::vector<Shape>& shapes, const std::vector<std::vector<float>>& inputs,
+              const std::vector<bool>& differentiable, const Build& build, uint32_t upstream_seed) {
+  Graph<float> g(device);
+  std::vector<DeviceBuffer> values, grads;
+  std::vector<Var> leaves;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const size_t bytes = inputs[i].size() * sizeof(float);
+    values.emplace_back(device, bytes);
+    grads.emplace_back(device, bytes);
+    device.copy_to_device(values.back().data(), inputs[i].data(), bytes);
+    device.fill_zero(grads.back().data(), bytes);
+    const TensorView<float> v(values.back().as<float>(), shapes[i]);
+    leaves.push_back(differentiable[i] ? g.leaf(v, TensorView<float>(grads.back().as<float>(), shapes[i])) : g.constant(v));
+  }
+  Var y = build(g, leaves);
+  Result r;
+  r.value = g.to_host(y);
+  const std::vector<float> upstream = random_values(static_cast<int64_t>(r.value.size()), upstream_seed);
+  Var loss = ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(upstream), g.shape(y))));
+  g.backward(loss);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<float> grad(differentiable[i] ? inputs[i].size() : 0);
+    device.copy_to_host(grad.data(), grads[i].data(), grad.size() * sizeof(float));
+    r.grads.push_back(std::move(grad));
+  }
+  return r;
+}
+
+double relative_difference(const std::vector<float>& actual, const std::vector<float>& expected) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < expected.size() && i < actual.size(); ++i) {
+    diff = std::max(diff, std::abs(double(actual[i]) - double(expected[i])));
+    scale = std::max(scale, std::abs(double(expected[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): these tests run on a GPU machine";
+    gpu_ = Device::cuda(0, Precision::kFp32);
+  }
+  // Compares the op on both devices: forward within forward_tol, each gradient within backward_tol.
+  void compare(const std::vector<Shape>& shapes, const Build& build, double forward_tol, double backward_tol,
+               std::vector<bool> differentiable = {}, float scale = 1.0f) {
+    if (differentiable.empty()) differentiable.assign(shapes.size(), true);
+    std::vector<std::vector<float>> inputs;
+    for (size_t i = 0; i < shapes.size(); ++i) inputs.push_back(random_values(shapes[i].numel(), 11 + uint32_t(i), scale));
+    const Result cpu = run_on(Device::cpu(), shapes, inputs, differentiable, build, 99);
+    const Result gpu = run_on(*gpu_, shapes, inputs, differentiable, build, 99);
+    EXPECT_LE(relative_difference(gpu.value, cpu.value), forward_tol) << "forward";
+    for (size_t i = 0; i < shapes.size(); ++i)
+      if (differentiable[i]) {
+        EXPECT_LE(relative_difference(gpu.grads[i], cpu.grads[i]), backward_tol) << "gradient of input " << i;
+      }
+  }
+  std::unique_ptr<Device> gpu_;
+};
+
+TEST_F(CudaOps, MatmulEveryTransposeBatchedAndShared) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(std::to_string(ta) + std::to_string(tb));
+      const Shape a = ta ? Shape{3, 2, 17, 13} : Shape{3, 2, 13, 17};
+      const Shape b = tb ? Shape{3, 2, 9, 17} : Shape{3, 2, 17, 9};
+      compare({a, b}, [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); },
+              kGemm, kGemm);
+      compare({ta ? Shape{17, 13} : Shape{13, 17}, tb ? Shape{9, 17} : Shape{17, 9}},
+              [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); }, kGemm, kGemm);
+    }
+  for (bool tb : {false, true})  // a 2-D b shared by every row of a 3-D a
+    compare({Shape{4, 5, 33}, tb ? Shape{7, 33} : Shape{33, 7}},
+            [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], false, tb); }, kGemm, kGemm);
+}
+
+TEST_F(CudaOps, LinearWithAndWithoutBias) {
+  compare({Shape{3, 5, 24}, Shape{10, 24}, Shape{10}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare({Shape{7, 3}, Shape{5, 3}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
+}
+
+TEST_F(CudaOps, AddAndMulWithBroadcasting) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{4, 6, 8}, {4, 6, 8}}, {{4, 6, 8}, {6, 8}}, {{4, 6, 8}, {8}}, {{4, 1, 8}, {4, 6, 1}}, {{2, 3, 5, 7}, {3, 1, 7}}, {{5}, {1}}};
+  for (const auto& [a, b] : cases) {
+    SCOPED_TRACE(a.str() + " " + b.str());
+    compare({a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }, kExact, kReduction);
+    compare({a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }, kExact, kReduction);
+  }
+}
+
+TEST_F(CudaOps, ScaleReshapePermuteTranspose) {
+  compare({Shape{3, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -0.37); }, kExact, kExact);
+  compare({Shape{6, 10}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::reshape(g, in[0], Shape{3, 4, 5}); },
+          kExact, kExact);
+  compare({Shape{2, 3, 5, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {0, 2, 1, 3}); },
+          kExact, kExact);
+  compare({Shape{2, 3, 5, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {3, 1, 0, 2}); },
+          kExact, kExact);
+  compare({Shape{9, 4}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::transpose(g, in[0], 0, 1); }, kExact, kExact);
+}
+
+TEST_F(CudaOps, GatherRowsWithRepeatedIds) {
+  const std::vector<int32_t> ids = {3, 0, 3, 7, 1, 3, 0, 8, 8, 2, 5, 3};
+  compare({Shape{9, 13}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::gather_rows(g, in[0], ids, Shape{3, 4}); },
+          kExact, kReduction);
+  compare({Shape{9, 13}}, [&](Graph<float>& g, const std::vector<Var>& in) {
+    return ops::gather_rows(g, in[0], std::span<const int32_t>(ids).first(1), Shape{});
+  }, kExact, kExact);
+}
+
+TEST_F(CudaOps, GeluAndTanh) {
+  compare({Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::gelu(g, in[0]); }, kElementwise,
+          kElementwise, {}, 3.0f);
+  compare({Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::tanh(g, in[0]); }, kElementwise,
+          kElementwise, {}, 2.0f);
+}
+
+TEST_F(CudaOps, SoftmaxWithAndWithoutMask) {
+  compare({Shape{3, 2, 5, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); },
+          kElementwise, kReduction, {}, 3.0f);
+  std::vector<float> mask(3 * 37, 0.0f);
+  for (int i = 30; i < 37; ++i) mask[i] = mask[2 * 37 + i - 20] = -10000.0f;
+  compare({Shape{3, 2, 5, 37}}, [&](Graph<float>& g, const std::vector<Var>& in) {
+    return ops::softmax(g, in[0], g.input(std::span<const float>(mask), Shape{3, 37}));
+  }, kElementwise, kReduction, {}, 3.0f);
+  compare({Shape{4, 700}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }, kElementwise,
+          kReduction);
+}
+
+TEST_F(CudaOps, LayerNormOddWidthsAndManyRows) {
+  for (const Shape& x : {Shape{3, 7, 45}, Shape{600, 64}, Shape{2, 1000}}) {
+    SCOPED_TRACE(x.str());
+    compare({x, Shape{x.last()}, Shape{x.last()}},
+            [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-12); },
+            kReduction, kReduction);
+  }
+}
+
+TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
+  for (double p : {0.1, 0.5}) {
+    compare({Shape{7, 1001}}, [p](Graph<float>& g, const std::vector<Var>& in) {
+      Rng rng(1234);
+      rng.reserve(17);  // a stream that has been used before
+      return ops::dropout(g, in[0], p, /*training=*/true, rng);
+    }, kExact, kExact);
+  }
+}
+
+TEST_F(CudaOps, CrossEntropyWithIgnoredRowsAndWeights) {
+  const std::vector<int32_t> targets = {3, -1, 0, 9, 9, -1, 4};
+  compare({Shape{7, 10}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); },
+          kReduction, kReduction, {}, 4.0f);
+  const std::vector<float> weights = {0.5f, 1.0f, 2.0f, 1.0f, 0.25f, 3.0f, 1.0f};
+  compare({Shape{7, 10}}, [&](Graph<float>& g, const std::vector<Var>& in) {
+    return ops::cross_entropy<float>(g, in[0], targets, weights);
+  }, kReduction, kReduction, {}, 4.0f);
+  const std::vector<int32_t> wide = {1, 30000, 12345};  // a vocabulary-sized row
+  compare({Shape{3, 30522}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], wide); },
+          kReduction, kReduction);
+  const std::vector<int32_t> none = {-1, -1};  // no active row: loss 0, no gradient
+  compare({Shape{2, 5}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], none); },
+          kExact, kExact);
+}
+
+TEST_F(CudaOps, SumAndMean) {
+  compare({Shape{1000, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }, kReduction, kExact);
+  compare({Shape{3, 5}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mean(g, in[0]); }, kReduction, kExact);
+}
+
+TEST_F(CudaOps, FakeQuantizeRoundsLikeTheCpuBitForBit) {
+  // Per tensor and per channel; values spread so that some saturate; scales positive.
+  for (int64_t channels : {int64_t{1}, int64_t{6}}) {
+    SCOPED_TRACE(channels);
+    std::vector<float> scale_values(static_cast<size_t>(channels));
+    for (int64_t c = 0; c < channels; ++c) scale_values[c] = 0.01f * float(c + 1);
+    compare({Shape{6, 4001}}, [&](Graph<float>& g, const std::vector<Var>& in) {
+      Var s = g.input(std::span<const float>(scale_values), Shape{channels});
+      return ops::fake_quantize(g, in[0], s, -128, 127, 0.5);
+    }, kExact, kExact, {}, 2.0f);
+  }
+}
+
+TEST_F(CudaOps, FakeQuantizeScaleGradientAndSaturationCount) {
+  const std::vector<float> x = random_values(5 * 40000, 3, 1.5f);
+  const std::vector<float> scales = {0.004f, 0.01f, 0.02f, 0.005f, 0.03f};
+  auto run = [&](const Device& device, int64_t channels, std::vector<float>* grad_scale, int64_t* clipped) {
+    Graph<float> g(device);
+    DeviceBuffer xv(device, x.size() * 4), sv(device, channels * 4), sg(device, channels * 4), counter(device, 8);
+    device.copy_to_device(xv.data(), x.data(), x.size() * 4);
+    device.copy_to_device(sv.data(), scales.data(), channels * 4);
+    device.fill_zero(sg.data(), channels * 4);
+    device.fill_zero(counter.data(), 8);
+    Var xin = g.constant(TensorView<float>(xv.as<float>(), Shape{5, 40000}));
+    Var s = g.leaf(TensorView<float>(sv.as<float>(), Shape{channels}), TensorView<float>(sg.as<float>(), Shape{channels}));
+    Var y = ops::fake_quantize(g, xin, s, -128, 127, 0.25, counter.as<int64_t>());
+    const std::vector<float> up = random_values(5 * 40000, 8);
+    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), Shape{5, 40000}))));
+    grad_scale->resize(channels);
+    device.copy_to_host(grad_scale->data(), sg.data(), channels * 4);
+    device.copy_to_host(clipped, counter.data(), 8);
+  };
+  for (int64_t channels : {int64_t{1}, int64_t{5}}) {
+    std::vector<float> cpu_grad, gpu_grad;
+    int64_t cpu_clipped = 0, gpu_clipped = 0;
+    run(Device::cpu(), channels, &cpu_grad, &cpu_clipped);
+    run(*gpu_, channels, &gpu_grad, &gpu_clipped);
+    EXPECT_GT(cpu_clipped, 0);
+    EXPECT_EQ(gpu_clipped, cpu_clipped);
+    EXPECT_LE(relative_difference(gpu_grad, cpu_grad), kReduction);
+  }
+}
+
+TEST_F(CudaOps, RowArgmaxFirstOnTies) {
+  std::vector<float> v = random_values(9 * 30522, 5);
+  v[2 * 30522 + 7] = v[2 * 30522 + 900] = 100.0f;  // a tie: the first wins
+  Graph<float> cpu, gpu(*gpu_);
+  DeviceBuffer d(*gpu_, v.size() * 4);
+  gpu_->copy_to_device(d.data(), v.data(), v.size() * 4);
+  const std::vector<int32_t> expected = ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{9, 30522})));
+  EXPECT_EQ(ops::row_argmax(gpu, gpu.constant(TensorView<float>(d.as<float>(), Shape{9, 30522}))), expected);
+  EXPECT_EQ(expected[2], 7);
+}
+
+TEST_F(CudaOps, TheDeviceNamesItselfAndReportsMemory) {
+  EXPECT_NE(gpu_->name().find("cuda:0"), std::string::npos);
+  const auto [used, total] = gpu_->memory_use();
+  EXPECT_GT(total, used);
+  EXPECT_GT(used, 0u);
+}
+
+}  // namespace
+}  // namespace bert

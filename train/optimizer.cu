@@ -1,0 +1,145 @@
+// AdamW, LAMB and global-norm clipping on the GPU: the same arithmetic as train/optimizer.cpp, over
+// the arena's flat device buffers. Block row y of the grid walks parameter y, so one launch updates
+// every parameter with its own decay, learning-rate multiplier and floor. Norms are summed in double
+// in a fixed order.
+#include <cmath>
+#include <vector>
+
+#include "core/cuda/common.cuh"
+#include "train/optimizer_cuda.h"
+
+namespace bert::train::cuda_impl {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kChunk = 8192;  // elements per block along a parameter
+
+unsigned chunks_for(int64_t largest) { return static_cast<unsigned>(std::max<int64_t>(1, (largest + kChunk - 1) / kChunk)); }
+
+__device__ __forceinline__ float apply_floor(float w, const Segment& s) {
+  return (s.has_minimum && !(w >= s.minimum)) ? s.minimum : w;  // also catches NaN
+}
+
+__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, const Segment* segments, AdamHyper h) {
+  const Segment s = segments[blockIdx.y];
+  const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
+  const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
+  for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
+    const int64_t i = s.offset + j;
+    const float gi = g[i];
+    const float mi = h.beta1 * m[i] + (1 - h.beta1) * gi;
+    const float vi = h.beta2 * v[i] + (1 - h.beta2) * gi * gi;
+    m[i] = mi, v[i] = vi;
+    float wi = w[i];
+    wi -= lr * (wd * wi);  // decoupled decay first, as torch.optim.AdamW
+    wi -= lr * (mi * h.bias_correction1) / (sqrtf(vi * h.bias_correction2) + h.epsilon);
+    w[i] = apply_floor(wi, s);
+  }
+}
+
+// LAMB pass 1: moments, and per block the sums of w^2 and u^2 (u the Adam update plus decay).
+__global__ void lamb_moments(float* w, const float* g, float* m, float* v, const Segment* segments, AdamHyper h,
+                             double* partial_w, double* partial_u) {
+  __shared__ double shared[32];
+  const Segment s = segments[blockIdx.y];
+  const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
+  double w2 = 0, u2 = 0;
+  for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
+    const int64_t i = s.offset + j;
+    const float gi = g[i];
+    const float mi = h.beta1 * m[i] + (1 - h.beta1) * gi;
+    const float vi = h.beta2 * v[i] + (1 - h.beta2) * gi * gi;
+    m[i] = mi, v[i] = vi;
+    const float u = (mi * h.bias_correction1) / (sqrtf(vi * h.bias_correction2) + h.epsilon) + s.weight_decay * w[i];
+    w2 += double(w[i]) * w[i];
+    u2 += double(u) * u;
+  }
+  w2 = cuda::block_sum(w2, shared);
+  u2 = cuda::block_sum(u2, shared);
+  if (threadIdx.x == 0) {
+    partial_w[blockIdx.y * gridDim.x + blockIdx.x] = w2;
+    partial_u[blockIdx.y * gridDim.x + blockIdx.x] = u2;
+  }
+}
+
+// LAMB pass 2: the trust ratio |w| / |u| of each parameter (partials summed in order), then the update.
+__global__ void lamb_apply(float* w, const float* m, const float* v, const Segment* segments, AdamHyper h,
+                           const double* partial_w, const double* partial_u) {
+  const Segment s = segments[blockIdx.y];
+  double w2 = 0, u2 = 0;
+  for (unsigned b = 0; b < gridDim.x; ++b) {
+    w2 += partial_w[blockIdx.y * gridDim.x + b];
+    u2 += partial_u[blockIdx.y * gridDim.x + b];
+  }
+  const double trust = (w2 > 0 && u2 > 0) ? sqrt(w2 / u2) : 1.0;
+  const float scale = static_cast<float>(double(h.lr) * s.lr_multiplier * trust);
+  const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
+  for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
+    const int64_t i = s.offset + j;
+    const float wi = w[i];
+    w[i] = apply_floor(wi - scale * ((m[i] * h.bias_correction1) / (sqrtf(v[i] * h.bias_correction2) + h.epsilon) +
+                                     s.weight_decay * wi),
+                       s);
+  }
+}
+
+constexpr int kNormBlocks = 1024;
+__global__ void sum_squares_partial(double* partial, const float* g, int64_t n) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(blockDim.x) * gridDim.x)
+    acc += double(g[i]) * g[i];
+  acc = cuda::block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+__global__ void sum_partials(double* out, const double* partial, int n) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = cuda::block_sum(acc, shared);
+  if (threadIdx.x == 0) out[0] = acc;
+}
+__global__ void scale_kernel(float* g, float s, int64_t n) {
+  BERT_GRID_STRIDE(i, n) g[i] *= s;
+}
+
+}  // namespace
+
+void adamw_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
+                int n_segments, int64_t largest, AdamHyper h) {
+  adamw_kernel<<<dim3(chunks_for(largest), unsigned(n_segments)), kThreads, 0, cuda::stream(device)>>>(w, g, m, v,
+                                                                                                     segments, h);
+  BERT_CUDA_LAUNCHED();
+}
+
+void lamb_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
+               int n_segments, int64_t largest, AdamHyper h) {
+  const dim3 grid(chunks_for(largest), unsigned(n_segments));
+  DeviceBuffer partials(device, 2 * sizeof(double) * grid.x * grid.y);
+  double* partial_w = partials.as<double>();
+  double* partial_u = partial_w + grid.x * grid.y;
+  lamb_moments<<<grid, kThreads, 0, cuda::stream(device)>>>(w, g, m, v, segments, h, partial_w, partial_u);
+  BERT_CUDA_LAUNCHED();
+  lamb_apply<<<grid, kThreads, 0, cuda::stream(device)>>>(w, m, v, segments, h, partial_w, partial_u);
+  BERT_CUDA_LAUNCHED();
+}
+
+double clip_grad_norm(const Device& device, float* g, int64_t n, double max_norm) {
+  const CudaContext& c = cuda::context(device);
+  static_assert(kNormBlocks + 1 <= CudaContext::kReduceScratch);
+  sum_squares_partial<<<kNormBlocks, kThreads, 0, c.stream>>>(c.reduce_scratch, g, n);
+  BERT_CUDA_LAUNCHED();
+  sum_partials<<<1, 1024, 0, c.stream>>>(c.reduce_scratch + kNormBlocks, c.reduce_scratch, kNormBlocks);
+  BERT_CUDA_LAUNCHED();
+  double sum = 0;
+  device.copy_to_host(&sum, c.reduce_scratch + kNormBlocks, sizeof(double));
+  const double norm = std::sqrt(sum);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    scale_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, c.stream>>>(g, static_cast<float>(max_norm / norm), n);
+    BERT_CUDA_LAUNCHED();
+  }
+  return norm;
+}
+
+}  // namespace bert::train::cuda_impl

@@ -1,0 +1,32 @@
+// The optimizer's CUDA kernels (train/optimizer.cu): AdamW and LAMB over the flat parameter buffers
+// on the GPU, one launch for all parameters, and global-norm clipping. Used by train/optimizer.cpp in
+// a CUDA build only.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+
+namespace bert::train::cuda_impl {
+
+// One parameter of the flat buffers: where it is and how it is updated.
+struct Segment {
+  int64_t offset = 0, size = 0;
+  float weight_decay = 0, lr_multiplier = 1;
+  float minimum = 0;  // values are clamped to at least this after the update when has_minimum
+  int has_minimum = 0;
+};
+
+struct AdamHyper {
+  float lr, beta1, beta2, bias_correction1, bias_correction2, epsilon;
+};
+
+// segments: device array of n_segments; largest: the largest segment's size.
+void adamw_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
+                int n_segments, int64_t largest, AdamHyper h);
+void lamb_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
+               int n_segments, int64_t largest, AdamHyper h);
+// The L2 norm of g (n elements); when it exceeds max_norm > 0 (and is finite), g is scaled to max_norm.
+double clip_grad_norm(const Device& device, float* g, int64_t n, double max_norm);
+
+}  // namespace bert::train::cuda_impl
