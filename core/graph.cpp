@@ -98,6 +98,15 @@ Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs)
 }
 
 template <typename T>
+Var Graph<T>::emit_view(Var x, Shape shape) {
+  Node n;
+  n.value = node(x).value.reshaped(shape);
+  n.requires_grad = any_requires_grad({x});
+  n.gradient_of = x.index;
+  return push(n);
+}
+
+template <typename T>
 void Graph<T>::on_backward(Var out, BackwardFn fn) {
   Node& n = node(out);
   if (!n.requires_grad) return;
@@ -110,6 +119,9 @@ template <typename T>
 TensorView<T> Graph<T>::grad(Var v) {
   Node& n = node(v);
   BERT_CHECK(n.requires_grad, "grad() of a node that does not require a gradient");
+  if (n.grad.empty() && n.gradient_of >= 0) {
+    n.grad = grad(Var{n.gradient_of, generation_}).reshaped(n.value.shape());  // nodes_ does not grow here
+  }
   if (n.grad.empty()) {
     n.grad = TensorView<T>(workspace_.allocate<T>(n.value.numel()), n.value.shape());
     device_->fill_zero(n.grad.data(), n.value.numel() * sizeof(T));
@@ -128,7 +140,8 @@ void Graph<T>::backward(Var loss) {
   BERT_CHECK(root.value.numel() == 1, "backward() needs a scalar loss, got shape " + root.value.shape().str());
   BERT_CHECK(root.requires_grad, "backward() from a loss that does not depend on anything requiring a gradient");
   for (const Node& n : nodes_)
-    BERT_CHECK(n.is_leaf || !n.requires_grad || n.has_closure, "an op recorded a node without its backward");
+    BERT_CHECK(n.is_leaf || !n.requires_grad || n.has_closure || n.gradient_of >= 0,
+               "an op recorded a node without its backward");
   if (!device_->is_cuda()) {
     grad(loss)[0] += T(1);
   } else {  // an inner node's gradient starts at zero: set it

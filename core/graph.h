@@ -54,6 +54,9 @@ class Graph {
   Var emit(Shape shape, std::initializer_list<Var> inputs);
   // A new node whose output aliases existing storage (a reshape); its gradient is its own buffer.
   Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs);
+  // A node whose value AND gradient are x's under another shape (a reshape that needs no backward:
+  // gradients flowing into it land in x's gradient directly).
+  Var emit_view(Var x, Shape shape);
   // Records how to propagate out's gradient to its inputs. A no-op unless out requires a gradient.
   void on_backward(Var out, BackwardFn fn);
   // Storage on this graph's device, valid until the graph is cleared: for what a forward saves for
@@ -111,6 +114,7 @@ class Graph {
     bool requires_grad = false;
     bool is_leaf = false;
     bool has_closure = false;
+    int32_t gradient_of = -1;  // emit_view: the node whose gradient this one shares
   };
   const Node& node(Var v) const;
   Node& node(Var v) { return const_cast<Node&>(static_cast<const Graph*>(this)->node(v)); }

@@ -43,19 +43,26 @@ Broadcast plan_broadcast(const Shape& a, const Shape& b, Shape* out) {
   return p;
 }
 
-__device__ __forceinline__ int64_t offset_of(const Broadcast& p, int w, int64_t o) {
-  int64_t off = 0;
+// I: the index type, 32-bit whenever the tensor allows (64-bit division costs several times more).
+template <typename I>
+__device__ __forceinline__ I offset_of(const Broadcast& p, int w, I o) {
+  I off = 0;
   for (int i = 3; i >= 0; --i) {
-    off += (o % p.dims[i]) * p.stride[w][i];
-    o /= p.dims[i];
+    off += (o % static_cast<I>(p.dims[i])) * static_cast<I>(p.stride[w][i]);
+    o /= static_cast<I>(p.dims[i]);
   }
   return off;
 }
 
 template <bool kMul>
+__global__ void same_shape_forward(float* y, const float* a, const float* b, int64_t n) {
+  BERT_GRID_STRIDE(i, n) y[i] = kMul ? a[i] * b[i] : a[i] + b[i];
+}
+
+template <bool kMul, typename I>
 __global__ void broadcast_forward(float* y, const float* a, const float* b, Broadcast p, int64_t n) {
   BERT_GRID_STRIDE(o, n) {
-    const float x = a[offset_of(p, 0, o)], z = b[offset_of(p, 1, o)];
+    const float x = a[offset_of<I>(p, 0, static_cast<I>(o))], z = b[offset_of<I>(p, 1, static_cast<I>(o))];
     y[o] = kMul ? x * z : x + z;
   }
 }
@@ -81,7 +88,7 @@ __global__ void broadcast_backward(float* dv, const float* dy, const float* othe
         for (int64_t i2 = lo[2]; i2 < hi[2]; ++i2)
           for (int64_t i3 = lo[3]; i3 < hi[3]; ++i3) {
             const int64_t o = ((i0 * p.dims[1] + i1) * p.dims[2] + i2) * p.dims[3] + i3;
-            acc += other ? dy[o] * other[offset_of(p, 1 - w, o)] : dy[o];
+            acc += other ? dy[o] * other[offset_of<int64_t>(p, 1 - w, o)] : dy[o];
           }
     dv[e] += acc;
   }
@@ -137,7 +144,11 @@ Var broadcast_op(Graph<float>& g, Var a, Var b) {
   const Broadcast p = plan_broadcast(g.shape(a), g.shape(b), &out);
   Var y = g.emit(out, {a, b});
   const int64_t n = out.numel();
-  BERT_LAUNCH(broadcast_forward<kMul>, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), p, n);
+  if (p.same_shape) BERT_LAUNCH(same_shape_forward<kMul>, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), n);
+  else {
+    auto* kernel = n < (int64_t{1} << 31) ? &broadcast_forward<kMul, int32_t> : &broadcast_forward<kMul, int64_t>;
+    BERT_LAUNCH(kernel, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), p, n);
+  }
   g.on_backward(y, [a, b, y, p](Graph<float>& g) {
     const float* dy = g.grad(y).data();
     const Var operands[2] = {a, b};

@@ -1,5 +1,7 @@
 // matmul and linear on a CUDA device: cuBLAS GEMMs (FP32, TF32 or BF16 tensor cores as the device's
 // precision says, FP32 in and out), forward and backward side by side like core/ops_matmul.cpp.
+#include <cublasLt.h>
+
 #include "core/cuda/common.cuh"
 #include "core/ops_cuda.h"
 
@@ -34,9 +36,53 @@ void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t 
                                                CUBLAS_GEMM_DEFAULT));
 }
 
-// out (rows, cols) += bias (cols) broadcast over rows.
+// y (rows, out) = x (rows, in) W^T + bias, the bias added in the GEMM's epilogue (cuBLASLt), so y is
+// written once. Column-major view: y^T (out, rows) = W (out, in) x^T, the bias running along y^T's rows.
+// Returns false when cuBLASLt has no algorithm for the shape (the caller then adds the bias itself).
+bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const float* x, const float* w,
+               const float* bias, float* y) {
+  const CudaContext& c = cuda::context(g.device());
+  auto lt = reinterpret_cast<cublasLtHandle_t>(c.cublas_lt);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(g), CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_layout, CUDA_R_32F, uint64_t(in), uint64_t(out), int64_t(in)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_layout, CUDA_R_32F, uint64_t(in), uint64_t(rows), int64_t(in)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_layout, CUDA_R_32F, uint64_t(out), uint64_t(rows), int64_t(out)));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc, w_layout, x_layout, y_layout, y_layout,
+                                                               preference, 1, &heuristic, &found);
+  const bool ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (ok) {
+    const float one = 1.0f, zero = 0.0f;
+    BERT_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, w, w_layout, x, x_layout, &zero, y, y_layout, y, y_layout,
+                                     &heuristic.algo, c.cublas_workspace, c.cublas_workspace_bytes, c.stream));
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(y_layout);
+  cublasLtMatrixLayoutDestroy(x_layout);
+  cublasLtMatrixLayoutDestroy(w_layout);
+  cublasLtMatmulDescDestroy(desc);
+  return ok;
+}
+
+// out (rows, cols) += bias (cols) broadcast over rows: blockIdx.y walks rows, x the columns.
 __global__ void add_row_vector(float* out, const float* bias, int64_t rows, int64_t cols) {
-  BERT_GRID_STRIDE(i, rows * cols) out[i] += bias[i % cols];
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const float b = bias[c];
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) out[r * cols + c] += b;
 }
 
 // dbias (cols) += sum over rows of dy (rows, cols), as a GEMV with a vector of ones (deterministic).
@@ -111,9 +157,14 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
   if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({out}), "linear bias " + g.shape(bias).str());
   Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
   float* yv = g.value(y).data();
-  gemm(g, false, true, rows, out, in, 1.0f, g.value(x).data(), in, 0, g.value(weight).data(), in, 0, 0.0f, yv, out, 0, 1);
-  if (bias.valid()) {
-    add_row_vector<<<cuda::blocks_for(rows * out), cuda::kThreads, 0, cuda::stream(g)>>>(yv, g.value(bias).data(), rows, out);
+  const bool fused = bias.valid() && gemm_bias(g, rows, in, out, g.value(x).data(), g.value(weight).data(),
+                                               g.value(bias).data(), yv);
+  if (!fused)
+    gemm(g, false, true, rows, out, in, 1.0f, g.value(x).data(), in, 0, g.value(weight).data(), in, 0, 0.0f, yv, out, 0, 1);
+  if (bias.valid() && !fused) {
+    const dim3 grid(static_cast<unsigned>((out + cuda::kThreads - 1) / cuda::kThreads),
+                    static_cast<unsigned>(std::min<int64_t>(rows, 4096)));
+    add_row_vector<<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(yv, g.value(bias).data(), rows, out);
     BERT_CUDA_LAUNCHED();
   }
   g.on_backward(y, [=](Graph<float>& g) {

@@ -9,7 +9,9 @@ namespace bert::ops::cuda_impl {
 
 namespace {
 
-constexpr int64_t kBlock = int64_t{1} << 14;  // elements per block of work, never straddling a channel
+// Elements per thread block, never straddling a channel: small enough that a per-tensor scale spreads
+// over thousands of blocks (the GPU needs them to hide memory latency).
+constexpr int64_t kBlock = int64_t{1} << 12;
 constexpr int kThreads = 256;
 
 // Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kBlock, (b+1) kBlock).
@@ -57,13 +59,14 @@ __global__ void fake_quantize_backward(float* dx, double* partial, const float* 
   }
 }
 
-__global__ void scale_gradient_sums(float* ds, const double* partial, int64_t blocks_per_channel, int64_t channels,
-                                    double grad_scale) {
-  BERT_GRID_STRIDE(c, channels) {
-    double total = 0;
-    for (int64_t b = 0; b < blocks_per_channel; ++b) total += partial[c * blocks_per_channel + b];
-    ds[c] += static_cast<float>(grad_scale * total);
-  }
+// One block per channel sums its partials (a fixed tree: deterministic).
+__global__ void scale_gradient_sums(float* ds, const double* partial, int64_t blocks_per_channel, double grad_scale) {
+  __shared__ double shared[32];
+  const int64_t c = blockIdx.x;
+  double total = 0;
+  for (int64_t b = threadIdx.x; b < blocks_per_channel; b += blockDim.x) total += partial[c * blocks_per_channel + b];
+  total = cuda::block_sum(total, shared);
+  if (threadIdx.x == 0) ds[c] += static_cast<float>(grad_scale * total);
 }
 
 }  // namespace
@@ -94,7 +97,11 @@ Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double 
     fake_quantize_backward<<<grid, kThreads, 0, cuda::stream(g)>>>(dx, partial, g.grad(y).data(), g.value(x).data(),
                                                                     g.value(scale).data(), per_channel, lo, hi);
     BERT_CUDA_LAUNCHED();
-    if (ds) BERT_LAUNCH(scale_gradient_sums, channels, g, ds, partial, blocks_per_channel, channels, grad_scale);
+    if (ds) {
+      scale_gradient_sums<<<static_cast<unsigned>(channels), blocks_per_channel > 32 ? 256 : 32, 0, cuda::stream(g)>>>(
+          ds, partial, blocks_per_channel, grad_scale);
+      BERT_CUDA_LAUNCHED();
+    }
   });
   return y;
 }

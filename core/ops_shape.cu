@@ -16,15 +16,40 @@ struct Permute {
   int64_t in_stride[4];  // input stride walked by each output axis
 };
 
+// I: the index type, 32-bit whenever the tensor allows (64-bit division costs several times more).
+template <typename I>
 __global__ void permute_kernel(float* out, const float* in, Permute p, int64_t n, bool backward) {
   BERT_GRID_STRIDE(o, n) {
-    int64_t rest = o, i = 0;
+    I rest = static_cast<I>(o), i = 0;
     for (int axis = 3; axis >= 0; --axis) {
-      i += (rest % p.out_dims[axis]) * p.in_stride[axis];
-      rest /= p.out_dims[axis];
+      i += (rest % static_cast<I>(p.out_dims[axis])) * static_cast<I>(p.in_stride[axis]);
+      rest /= static_cast<I>(p.out_dims[axis]);
     }
     if (backward) out[i] += in[o];  // a bijection: no write conflicts
     else out[o] = in[i];
+  }
+}
+
+// The same permutation when the innermost axis stays innermost and holds a multiple of 4 floats:
+// whole float4s move, and the index arithmetic is done once per 4 elements.
+__global__ void permute_rows_kernel(float4* out, const float4* in, Permute p, int64_t n4, bool backward) {
+  const int32_t d3 = static_cast<int32_t>(p.out_dims[3] / 4);
+  BERT_GRID_STRIDE(o, n4) {
+    int32_t rest = static_cast<int32_t>(o / d3), i = 0;
+    const int32_t inner = static_cast<int32_t>(o % d3);
+    for (int axis = 2; axis >= 0; --axis) {
+      i += (rest % static_cast<int32_t>(p.out_dims[axis])) * static_cast<int32_t>(p.in_stride[axis] / 4);
+      rest /= static_cast<int32_t>(p.out_dims[axis]);
+    }
+    i += inner;
+    if (backward) {
+      float4 a = out[i];
+      const float4 b = in[o];
+      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+      out[i] = a;
+    } else {
+      out[o] = in[i];
+    }
   }
 }
 
@@ -32,27 +57,37 @@ __global__ void gather_forward(float* y, const float* table, const int32_t* ids,
   BERT_GRID_STRIDE(e, n * cols) y[e] = table[int64_t(ids[e / cols]) * cols + e % cols];
 }
 
-// Row `unique[u]` of the table gets the sum of dy's rows order[begin[u] .. begin[u + 1]), in order.
-__global__ void gather_backward(float* dtable, const float* dy, const int32_t* unique, const int32_t* begin,
-                                const int32_t* order, int64_t n_unique, int64_t cols) {
+// The positions of one id are summed in chunks of at most kGatherChunk (in parallel), then the chunks
+// of each id in order: a fixed order whatever the id frequencies, and no long serial loop for a
+// frequent id (padding, segment ids).
+constexpr int64_t kGatherChunk = 64;
+
+// Pass 1: partial[k] (a row of cols) = sum of dy's rows order[chunk_begin[k] .. chunk_begin[k + 1]).
+__global__ void gather_backward_chunks(float* partial, const float* dy, const int32_t* chunk_begin,
+                                       const int32_t* order, int64_t n_chunks, int64_t cols) {
+  BERT_GRID_STRIDE(e, n_chunks * cols) {
+    const int64_t k = e / cols, c = e % cols;
+    float acc = 0;
+    for (int32_t i = chunk_begin[k]; i < chunk_begin[k + 1]; ++i) acc += dy[int64_t(order[i]) * cols + c];
+    partial[e] = acc;
+  }
+}
+
+// Pass 2: row unique[u] of the table += the sum of its chunks first_chunk[u] .. first_chunk[u + 1].
+__global__ void gather_backward_rows(float* dtable, const float* partial, const int32_t* unique,
+                                     const int32_t* first_chunk, int64_t n_unique, int64_t cols) {
   BERT_GRID_STRIDE(e, n_unique * cols) {
     const int64_t u = e / cols, c = e % cols;
     float acc = 0;
-    for (int32_t k = begin[u]; k < begin[u + 1]; ++k) acc += dy[int64_t(order[k]) * cols + c];
+    for (int32_t k = first_chunk[u]; k < first_chunk[u + 1]; ++k) acc += partial[int64_t(k) * cols + c];
     dtable[int64_t(unique[u]) * cols + c] += acc;
   }
 }
 
 }  // namespace
 
-Var reshape(Graph<float>& g, Var x, Shape shape) {
-  Var y = g.emit_alias(g.value(x).reshaped(shape), {x});
-  g.on_backward(y, [x, y](Graph<float>& g) {
-    const int64_t n = g.value(y).numel();
-    BERT_LAUNCH(cuda::accumulate_kernel<float>, n, g, g.grad(x).data(), g.grad(y).data(), 1.0f, n);
-  });
-  return y;
-}
+// No copy either way: the output's value and gradient are views of x's.
+Var reshape(Graph<float>& g, Var x, Shape shape) { return g.emit_view(x, shape); }
 
 Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
   const Shape in = g.shape(x);
@@ -77,10 +112,21 @@ Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
   }
   Var y = g.emit(out, {x});
   const int64_t n = in.numel();
-  BERT_LAUNCH(permute_kernel, n, g, g.value(y).data(), g.value(x).data(), p, n, false);
-  g.on_backward(y, [x, y, p, n](Graph<float>& g) {
-    BERT_LAUNCH(permute_kernel, n, g, g.grad(x).data(), g.grad(y).data(), p, n, true);
-  });
+  const bool small = n < (int64_t{1} << 31);
+  // Rows: the innermost axis stays put (its input stride is 1) and is a multiple of 4 (workspace
+  // buffers are 64-byte aligned, so float4 accesses are aligned).
+  const bool rows = small && p.in_stride[3] == 1 && p.out_dims[3] % 4 == 0;
+  auto launch = [p, n, small, rows](const Graph<float>& g, float* out, const float* in, bool backward) {
+    if (rows && reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0)
+      BERT_LAUNCH(permute_rows_kernel, n / 4, g, reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(in), p,
+                  n / 4, backward);
+    else if (small)
+      BERT_LAUNCH(permute_kernel<int32_t>, n, g, out, in, p, n, backward);
+    else
+      BERT_LAUNCH(permute_kernel<int64_t>, n, g, out, in, p, n, backward);
+  };
+  launch(g, g.value(y).data(), g.value(x).data(), false);
+  g.on_backward(y, [x, y, launch](Graph<float>& g) { launch(g, g.grad(x).data(), g.grad(y).data(), true); });
   return y;
 }
 
@@ -102,23 +148,33 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
   Var y = g.emit(out, {table});
   BERT_LAUNCH(gather_forward, n * cols, g, g.value(y).data(), g.value(table).data(), device_ids, n, cols);
   if (!g.requires_grad(y)) return y;
-  // For backward: the positions of each distinct id, grouped (a counting sort on the host).
+  // For backward: the positions of each distinct id, grouped (sorted on the host), cut into chunks.
   std::vector<int32_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
-  std::vector<int32_t> unique, begin;
-  for (int64_t k = 0; k < n; ++k)
-    if (k == 0 || ids[order[k]] != ids[order[k - 1]]) {
+  std::vector<int32_t> unique, first_chunk, chunk_begin;
+  for (int64_t k = 0; k < n; ++k) {
+    const bool new_id = k == 0 || ids[order[k]] != ids[order[k - 1]];
+    if (new_id) {
       unique.push_back(ids[order[k]]);
-      begin.push_back(static_cast<int32_t>(k));
+      first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
     }
-  begin.push_back(static_cast<int32_t>(n));
+    if (new_id || k - chunk_begin.back() == kGatherChunk) chunk_begin.push_back(static_cast<int32_t>(k));
+  }
+  first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
+  chunk_begin.push_back(static_cast<int32_t>(n));
   const int64_t n_unique = static_cast<int64_t>(unique.size());
+  const int64_t n_chunks = static_cast<int64_t>(chunk_begin.size()) - 1;
   const int32_t* d_unique = g.upload(unique.data(), unique.size());
-  const int32_t* d_begin = g.upload(begin.data(), begin.size());
+  const int32_t* d_first_chunk = g.upload(first_chunk.data(), first_chunk.size());
+  const int32_t* d_chunk_begin = g.upload(chunk_begin.data(), chunk_begin.size());
   const int32_t* d_order = g.upload(order.data(), order.size());
-  g.on_backward(y, [table, y, d_unique, d_begin, d_order, n_unique, cols](Graph<float>& g) {
-    BERT_LAUNCH(gather_backward, n_unique * cols, g, g.grad(table).data(), g.grad(y).data(), d_unique, d_begin, d_order,
+  g.on_backward(y, [=](Graph<float>& g) {
+    if (n_chunks == 0) return;
+    float* partial = g.scratch<float>(n_chunks * cols);
+    BERT_LAUNCH(gather_backward_chunks, n_chunks * cols, g, partial, g.grad(y).data(), d_chunk_begin, d_order, n_chunks,
+                cols);
+    BERT_LAUNCH(gather_backward_rows, n_unique * cols, g, g.grad(table).data(), partial, d_unique, d_first_chunk,
                 n_unique, cols);
   });
   return y;

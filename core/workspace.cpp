@@ -1,5 +1,6 @@
 #include "core/workspace.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace bert {
@@ -24,7 +25,9 @@ void Workspace::add_block(std::size_t bytes) {
 void* Workspace::allocate_bytes(std::size_t bytes) {
   bytes = round_up(bytes == 0 ? 1 : bytes, kAlignment);
   if (blocks_.empty() || blocks_.back().size - blocks_.back().used < bytes) {
-    std::size_t grow = blocks_.empty() ? std::size_t{1} << 20 : blocks_.back().size * 2;
+    // Grow by an eighth of what is held (at least 1 MiB), not by doubling: on a GPU the merged block
+    // below is what stays allocated, so over-allocation costs device memory.
+    const std::size_t grow = std::max(std::size_t{1} << 20, capacity() / 8);
     add_block(bytes > grow ? bytes : grow);
   }
   Block& b = blocks_.back();
@@ -35,8 +38,8 @@ void* Workspace::allocate_bytes(std::size_t bytes) {
 }
 
 void Workspace::reset() {
-  if (blocks_.size() > 1) {
-    std::size_t total = capacity();
+  if (blocks_.size() > 1) {  // one block for the whole cycle, with 1/16 headroom for a slightly larger one
+    const std::size_t total = in_use_ + in_use_ / 16;
     blocks_.clear();
     add_block(total);
   }

@@ -26,8 +26,9 @@ class Workspace {
   }
   void* allocate_bytes(std::size_t bytes);
 
-  // Frees every allocation. If the last cycle needed more than one block, the blocks are merged into
-  // one of the combined size, so the next cycle of the same size fits without allocating.
+  // Frees every allocation. If the last cycle needed more than one block, they are replaced by one
+  // block of what the cycle used (plus 1/16), so the next cycle of the same size fits without
+  // allocating.
   void reset();
 
   std::size_t bytes_in_use() const { return in_use_; }

@@ -1,4 +1,5 @@
 // The CUDA device context: stream, cuBLAS handle, shared buffers, memory and copies.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -56,6 +57,9 @@ CudaContext* create_context(int ordinal, Precision precision) {
   BERT_CUBLAS_CHECK(cublasCreate(&handle));
   c->cublas = handle;
   BERT_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  cublasLtHandle_t lt;
+  BERT_CUBLAS_CHECK(cublasLtCreate(&lt));
+  c->cublas_lt = lt;
   // TF32 only when asked: FP32 must reproduce the CPU within FP32 rounding.
   BERT_CUBLAS_CHECK(cublasSetMathMode(handle, precision == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                                               : CUBLAS_DEFAULT_MATH));
@@ -75,6 +79,7 @@ void destroy_context(CudaContext* c) {
   cudaSetDevice(c->ordinal);
   cudaStreamSynchronize(c->stream);
   cublasDestroy(c->cublas);
+  cublasLtDestroy(c->cublas_lt);
   cudaFree(c->cublas_workspace);
   cudaFree(c->ones);
   cudaFree(c->reduce_scratch);

@@ -10,6 +10,7 @@
 
 struct CUstream_st;
 struct cublasContext;
+struct cublasLtContext;
 
 namespace bert {
 
@@ -18,6 +19,7 @@ struct CudaContext {
   Precision precision = Precision::kFp32;
   CUstream_st* stream = nullptr;
   cublasContext* cublas = nullptr;
+  cublasLtContext* cublas_lt = nullptr;  // for GEMMs with a fused bias epilogue
   void* cublas_workspace = nullptr;
   std::size_t cublas_workspace_bytes = 0;
   float* ones = nullptr;          // kOnes floats of 1 (column sums as a GEMV)
