@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training speed, ours against PyTorch, in one run (issue 9): train-step-bench (FP32 and QAT steps,
+# Training speed, ours against PyTorch, in one run: train-step-bench (FP32 and QAT steps,
 # evaluation, the SGEMM ceiling), then the same model and shapes in PyTorch 1.13 (Debian's
 # python3-torch, installed if missing) with two thread settings, then the table of ratios
 # (OUT/speed.md). About 6 minutes on 2 cores; keep the machine otherwise idle.

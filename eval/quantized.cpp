@@ -20,6 +20,7 @@ struct SavedModes {
     size_t i = 0;
     for (model::Quantizer* q : m.quantizers())
       for (float& s : m.parameters().get(q->scale).value) s = scales[i++];
+    m.parameters().upload_values();  // the restored scales, on a GPU
   }
 };
 

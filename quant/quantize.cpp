@@ -134,6 +134,7 @@ std::map<std::string, double> apply_calibration(model::BertForPreTraining& model
     }
     q->mode = model::QuantMode::kQuantize;
   }
+  params.upload_values();  // the new scales, where the model runs (a no-op on the CPU)
   return amax;
 }
 

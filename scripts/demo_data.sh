@@ -2,7 +2,7 @@
 # Demo pretraining data from packages this machine can reach: corpus -> sentences -> SentencePiece
 # tokenizer -> MLM+NSP shards (train, held-out train documents, Brown). Each step is skipped when its
 # output already exists (delete the output, or set FORCE=1, to redo it). Assumes a build (scripts/build.sh).
-# Environment: OUT (default cache), VOCAB (16000), SEQ (128), DUPE (5).
+# Environment: OUT (default cache), VOCAB (16000), SEQ (128), DUPE (5), BERT_DATA (the bert-data command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-cache}
@@ -10,7 +10,7 @@ VOCAB=${VOCAB:-16000}
 SEQ=${SEQ:-128}
 DUPE=${DUPE:-5}
 PRED=$(( SEQ >= 512 ? 80 : 20 ))
-BIN=./build/tools/bert-data
+BIN=${BERT_DATA:-./build/tools/bert-data}  # e.g. BERT_DATA="bash gpu-bundle/run.sh bert-data"
 step() { [ "${FORCE:-0}" = 1 ] || [ ! -e "$1" ]; }
 
 python3 scripts/demo_corpus.py --out "$OUT/corpus"

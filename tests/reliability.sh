@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tool-level reliability (issue 8), on the fixture corpus and a minute model:
+# Tool-level reliability, on the fixture corpus and a minute model:
 #   bad input   every tool exits non-zero with a message naming the file or flag, and writes nothing;
 #   signals     SIGINT / SIGTERM during training: checkpoint, exit 130 / 143; --resume then finishes
 #               with exactly the model of an uninterrupted run;

@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
   std::string json_out;
   app.add_option("--json-out", json_out, "also write the JSON report to this file");
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  std::string device_spec = "auto", precision = "fp32";
+  app.add_option("--device", device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")->capture_default_str();
+  app.add_option("--precision", precision, "GEMM precision on a GPU: fp32, tf32, bf16")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   return tools::run_tool([&] {
@@ -85,9 +88,12 @@ int main(int argc, char** argv) {
       throw UserError("--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
     if (!shards.empty() && !mlm && !nsp) mlm = nsp = true;
 
+    // The device first: the model's device memory must be freed before the device goes.
+    const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
     model::BertForPreTraining model(train::read_model_config(source));
     const train::TrainingState state = train::load_model(source, model);
-    Graph<float> g;
+    model.place_on(*device);
+    Graph<float> g(*device);
     Json report;
     report["checkpoint"] = checkpoint;
     report["step"] = state.step;
