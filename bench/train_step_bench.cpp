@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   app.add_option("--modes", modes, "fp32, qat or both")->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
-  app.add_option("--precision", precision, "GEMM precision on a GPU: fp32, tf32, bf16")->capture_default_str();
+  app.add_option("--precision", precision, "GEMM precision on a GPU: fp32 or tf32")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
   std::printf("device: %s\n", device->is_cuda() ? device->name().c_str() : "cpu");

@@ -14,11 +14,11 @@ namespace bert {
 
 enum class DeviceKind { kCpu, kCuda };
 
-// How GEMMs on a CUDA device compute: strict FP32, TF32 tensor cores (FP32 accumulation), or BF16
-// tensor cores (inputs rounded to BF16, FP32 accumulation and output). Elementwise ops, reductions,
-// fake quantization and the optimizer stay in FP32 in every mode.
-enum class Precision { kFp32, kTf32, kBf16 };
-Precision parse_precision(const std::string& name);  // fp32 | tf32 | bf16; UserError otherwise
+// How GEMMs on a CUDA device compute: strict FP32, or TF32 tensor cores (inputs rounded to 10 mantissa
+// bits, FP32 accumulation and output). Elementwise ops, reductions, fake quantization and the optimizer
+// stay in FP32. BF16 mixed precision (BF16 activations) is not built: "bf16" is refused by name.
+enum class Precision { kFp32, kTf32 };
+Precision parse_precision(const std::string& name);  // fp32 | tf32; UserError otherwise
 std::string precision_name(Precision precision);
 
 struct CudaContext;  // stream, cuBLAS handle, small staging buffers (core/cuda/context.cu)

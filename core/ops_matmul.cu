@@ -1,4 +1,4 @@
-// matmul and linear on a CUDA device: cuBLAS GEMMs (FP32, TF32 or BF16 tensor cores as the device's
+// matmul and linear on a CUDA device: cuBLAS GEMMs (FP32, or TF32 tensor cores as the device's
 // precision says, FP32 in and out), forward and backward side by side like core/ops_matmul.cpp.
 #include <cublasLt.h>
 
@@ -12,7 +12,6 @@ namespace {
 cublasComputeType_t compute_type(const Graph<float>& g) {
   switch (g.device().precision()) {
     case Precision::kTf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case Precision::kBf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
     default: return CUBLAS_COMPUTE_32F;
   }
 }

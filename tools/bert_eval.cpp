@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   std::string device_spec = "auto", precision = "fp32";
   app.add_option("--device", device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")->capture_default_str();
-  app.add_option("--precision", precision, "GEMM precision on a GPU: fp32, tf32, bf16")->capture_default_str();
+  app.add_option("--precision", precision, "GEMM precision on a GPU: fp32 or tf32")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   return tools::run_tool([&] {

@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
   o.device = "auto";
   app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")->capture_default_str();
   app.add_option("--precision", o.precision,
-                 "GEMM precision on a GPU: fp32, tf32 (TF32 tensor cores) or bf16 (BF16 tensor cores, FP32 accumulation "
-                 "and master weights); elementwise ops, reductions and fake quantization stay FP32")->capture_default_str();
+                 "GEMM precision on a GPU: fp32, or tf32 (TF32 tensor cores, FP32 accumulation); elementwise ops, "
+                 "reductions, fake quantization and the weights stay FP32")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   return tools::run_tool([&] {

@@ -29,7 +29,7 @@ struct TrainOptions {
   model::BertConfig config;
 
   // Where training runs: auto (a GPU when one is present), cpu, cuda or cuda:N; and the GEMM precision
-  // on a GPU (fp32, tf32, bf16; the CPU trains in fp32).
+  // on a GPU (fp32 or tf32; the CPU trains in fp32).
   std::string device = "cpu";
   std::string precision = "fp32";
 

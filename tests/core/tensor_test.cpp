@@ -5,6 +5,8 @@
 #include <set>
 
 #include "core/arena.h"
+#include "core/device.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
@@ -45,6 +47,28 @@ TEST(TensorView, SharesStorageAndReshapesWithoutCopying) {
   TensorView<float> r = v.reshaped({3, 2});
   EXPECT_EQ(r.data(), t.data());
   EXPECT_THROW(v.reshaped({4, 2}), InternalError);
+}
+
+TEST(Device, OpensByNameAndRefusesWhatItCannotDo) {
+  EXPECT_FALSE(Device::cpu().is_cuda());
+  EXPECT_EQ(Device::open("cpu")->name(), "cpu");
+  EXPECT_EQ(Device::open("auto")->is_cuda(), Device::cuda_available());
+  EXPECT_THROW(Device::open("gpu"), UserError);
+  EXPECT_THROW(Device::open("cuda:x"), UserError);
+  EXPECT_THROW(Device::open("cpu", Precision::kTf32), UserError);  // TF32 is a GPU setting
+  if (!Device::cuda_available()) {
+    EXPECT_THROW(Device::open("cuda"), UserError);
+  } else {
+    EXPECT_THROW(Device::open("cuda:999"), UserError);
+  }
+  EXPECT_EQ(parse_precision("tf32"), Precision::kTf32);
+  EXPECT_THROW(parse_precision("bf16"), UserError);  // not built: refused by name, never run as something else
+  EXPECT_THROW(parse_precision("fp16"), UserError);
+  // Host memory through the CPU device: aligned, zeroed, copied.
+  DeviceBuffer b(Device::cpu(), 100);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % 256, 0u);
+  Device::cpu().fill_zero(b.data(), 100);
+  EXPECT_EQ(b.as<char>()[99], 0);
 }
 
 TEST(Workspace, AlignsAndStopsAllocatingOnceWarm) {

@@ -5,6 +5,7 @@
 #include <hdf5.h>
 
 #include <cmath>
+#include <iostream>
 #include <set>
 
 #include "core/error.h"
@@ -66,9 +67,12 @@ double relative_error(std::span<const float> actual, const std::vector<double>& 
 }
 
 constexpr double kGoldenTolerance = 1e-4;  // float32 engine against a float64 reference
+// TF32 tensor cores round GEMM inputs to 10 mantissa bits (relative steps of 2^-11), accumulating in
+// FP32; measured on an H100: logits 9.2e-4, gradients 5.4e-3.
+constexpr double kTf32Tolerance = 1e-2;
 
 // Runs the golden batch on `device` and compares everything with the reference.
-void check_golden(const Device& device) {
+void check_golden(const Device& device, double tolerance = kGoldenTolerance) {
   hid_t f = H5Fopen(kGolden.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0) << "missing fixture " << kGolden;
   BertForPreTraining model(BertConfig::from_json(Json::parse(read_string_attribute(f, "config"))));
@@ -102,11 +106,13 @@ void check_golden(const Device& device) {
   PretrainingOutputs out = model.forward(g, batch, /*training=*/true, rng);  // dropout is 0 in this config
   EXPECT_EQ(out.mlm_rows, (std::vector<int32_t>{2, 5, 9, 11, 13}));
   auto view = [&](Var v) { return g.to_host(v); };
-  EXPECT_LT(relative_error(view(out.mlm_logits), read_all<double>(f, "expected/mlm_logits")), kGoldenTolerance);
-  EXPECT_LT(relative_error(view(out.nsp_logits), read_all<double>(f, "expected/nsp_logits")), kGoldenTolerance);
-  EXPECT_LT(relative_error(view(out.mlm_loss), read_all<double>(f, "expected/mlm_loss")), kGoldenTolerance);
-  EXPECT_LT(relative_error(view(out.nsp_loss), read_all<double>(f, "expected/nsp_loss")), kGoldenTolerance);
-  EXPECT_LT(relative_error(view(out.loss), read_all<double>(f, "expected/loss")), kGoldenTolerance);
+  std::cout << "[ info ] " << device.name() << ": MLM logits relative error "
+            << relative_error(view(out.mlm_logits), read_all<double>(f, "expected/mlm_logits")) << "\n";
+  EXPECT_LT(relative_error(view(out.mlm_logits), read_all<double>(f, "expected/mlm_logits")), tolerance);
+  EXPECT_LT(relative_error(view(out.nsp_logits), read_all<double>(f, "expected/nsp_logits")), tolerance);
+  EXPECT_LT(relative_error(view(out.mlm_loss), read_all<double>(f, "expected/mlm_loss")), tolerance);
+  EXPECT_LT(relative_error(view(out.nsp_loss), read_all<double>(f, "expected/nsp_loss")), tolerance);
+  EXPECT_LT(relative_error(view(out.loss), read_all<double>(f, "expected/loss")), tolerance);
 
   g.backward(out.loss);
   params.download_grads();
@@ -118,6 +124,7 @@ void check_golden(const Device& device) {
     if (!is_quantizer_scale(params.name(id)))
       for (double v : read_all<double>(f, "grads/" + params.name(id))) largest = std::max(largest, std::abs(v));
   int zero_gradient_tensors = 0;
+  double worst_gradient = 0;
   for (ParamId id = 0; id < params.size(); ++id) {
     if (is_quantizer_scale(params.name(id))) continue;
     TensorView<float> grad = params.get(id).grad;
@@ -130,12 +137,14 @@ void check_golden(const Device& device) {
     if (scale < 1e-12 * largest) {
       ++zero_gradient_tensors;
       EXPECT_TRUE(params.name(id).ends_with("attention.self.key.bias")) << params.name(id);
-      EXPECT_LT(diff, kGoldenTolerance * largest) << params.name(id);
+      EXPECT_LT(diff, tolerance * largest) << params.name(id);
     } else {
-      EXPECT_LT(diff / scale, kGoldenTolerance) << params.name(id);
+      EXPECT_LT(diff / scale, tolerance) << params.name(id);
+      worst_gradient = std::max(worst_gradient, diff / scale);
     }
   }
   EXPECT_EQ(zero_gradient_tensors, 2) << "one key bias per layer";
+  std::cout << "[ info ] " << device.name() << ": largest gradient relative error " << worst_gradient << "\n";
   H5Fclose(f);
 }
 
@@ -145,6 +154,11 @@ TEST(BertGolden, OnTheGpuInFp32) {
   if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
   const std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kFp32);
   check_golden(*gpu);
+}
+
+TEST(BertGolden, OnTheGpuInTf32WithinItsTolerance) {
+  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+  check_golden(*Device::cuda(0, Precision::kTf32), kTf32Tolerance);
 }
 
 TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
