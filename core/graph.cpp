@@ -161,7 +161,6 @@ void Graph<T>::clear() {
   nodes_.clear();
   closures_.clear();
   workspace_.reset();
-  host_workspace_.reset();
   ++generation_;
 }
 

@@ -65,12 +65,6 @@ class Graph {
   U* scratch(std::size_t n) {
     return workspace_.allocate<U>(n);
   }
-  // Host storage valid until the graph is cleared (the same as scratch() on the CPU): for what an op
-  // prepares on the host before copying it to the device.
-  template <typename U>
-  U* host_scratch(std::size_t n) {
-    return device_->is_cuda() ? host_workspace_.allocate<U>(n) : workspace_.allocate<U>(n);
-  }
   // Copies n host values into this device's scratch memory and returns the device pointer.
   template <typename U>
   U* upload(const U* host, std::size_t n) {
@@ -122,8 +116,7 @@ class Graph {
   bool any_requires_grad(std::initializer_list<Var> inputs) const;
 
   const Device* device_;
-  Workspace workspace_;       // on device_
-  Workspace host_workspace_;  // host staging for a device graph (unused on the CPU)
+  Workspace workspace_;  // on device_
   std::vector<Node> nodes_;
   std::vector<std::pair<int32_t, BackwardFn>> closures_;  // in recording (topological) order
   uint32_t generation_ = 1;

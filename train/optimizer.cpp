@@ -53,6 +53,7 @@ void Optimizer::upload_moments() {
 
 #if BERT_WITH_CUDA
 void Optimizer::step_on_device(double lr, float c1, float c2) {
+  BERT_CHECK(device_m_.data(), "the optimizer was made before its arena was placed on the GPU");
   if (segments_dirty_) {  // the per-parameter table, uploaded once (and again after a change)
     std::vector<cuda_impl::Segment> segments(static_cast<size_t>(params_.size()));
     largest_ = 0;
