@@ -83,57 +83,68 @@ double AbsHistogram::amax(Method method, double percentile) const {
 
 double AbsHistogram::percentile_amax(double percentile) const {
   if (!(percentile > 0 && percentile <= 100)) throw UserError("--percentile must be in (0, 100]");
-  if (range_ == 0) return max_;
+  if (range_ == 0 || percentile == 100) return max_;  // 100: everything, the max itself
   const double target = static_cast<double>(total_) * percentile / 100.0;
   double cumulative = 0;
   for (int i = 0; i < kBins; ++i) {
     cumulative += bins_[i];
-    if (cumulative >= target) return std::min(max_, (i + 1) * bin_width());
+    // The bin's lower edge, as pytorch-quantization's _compute_amax_percentile (searchsorted on the CDF).
+    if (cumulative >= target) return std::min(max_, i * bin_width());
   }
   return max_;
 }
 
 double AbsHistogram::entropy_amax() const {
   if (range_ == 0) return max_;
-  // Thresholds at bin edges i in [128, 2048]: P = bins[0:i] with the outliers folded into bin i-1;
-  // Q = bins[0:i] merged into 128 levels and expanded back over the non-empty bins. Smallest KL(P||Q).
+  // TensorRT's entropy calibration as pytorch-quantization computes it (_compute_amax_entropy):
+  //  - bin 0 takes bin 1's count (a spike of exact zeros, e.g. softmax over padded keys, says nothing
+  //    about where to clip);
+  //  - for every threshold i in [128, 2048]: P = bins[0:i] with everything beyond folded into bin i-1;
+  //    Q = bins[0:i] merged into 128 levels, bin j in level floor(128 j / i), each level's mass spread
+  //    evenly over its non-empty bins (empty bins stay empty);
+  //  - KL(P || Q), infinite where P has mass and Q has none; the LAST threshold with the smallest
+  //    divergence wins; amax is that threshold's bin edge.
   constexpr int kLevels = 128;
-  int last_nonzero = kBins;
-  while (last_nonzero > 0 && bins_[last_nonzero - 1] == 0) --last_nonzero;
+  std::vector<double> bins = bins_;
+  bins[0] = bins[1];
   double best_kl = std::numeric_limits<double>::infinity();
   int best_i = kBins;
-  std::vector<double> p, q;
-  for (int i = kLevels; i <= std::min(kBins, std::max(last_nonzero, kLevels)); ++i) {  // beyond the last
-    // non-empty bin nothing changes
-    double outliers = 0;
-    for (int j = i; j < kBins; ++j) outliers += bins_[j];
-    p.assign(bins_.begin(), bins_.begin() + i);
-    p[i - 1] += outliers;
+  std::vector<double> level_sum(kLevels), p, q;
+  std::vector<int> level_count(kLevels);
+  double beyond = 0;  // sum of bins[i:], updated as i falls
+  for (int j = kLevels; j < kBins; ++j) beyond += bins[j];
+  for (int i = kLevels; i <= kBins; ++i) {
+    if (i > kLevels) beyond -= bins[i - 1];
+    std::fill(level_sum.begin(), level_sum.end(), 0.0);
+    std::fill(level_count.begin(), level_count.end(), 0);
+    for (int j = 0; j < i; ++j) {
+      if (bins[j] == 0) continue;
+      const int level = static_cast<int>(int64_t{kLevels} * j / i);
+      level_sum[level] += bins[j];
+      ++level_count[level];
+    }
+    p.assign(bins.begin(), bins.begin() + i);
+    p[i - 1] += beyond;
     q.assign(i, 0.0);
-    for (int level = 0; level < kLevels; ++level) {
-      const int start = static_cast<int>(static_cast<int64_t>(level) * i / kLevels);
-      const int end = static_cast<int>(static_cast<int64_t>(level + 1) * i / kLevels);
-      double sum = 0;
-      int nonzero = 0;
-      for (int j = start; j < end; ++j) {
-        sum += bins_[j];
-        nonzero += bins_[j] > 0;
-      }
-      if (nonzero == 0) continue;
-      for (int j = start; j < end; ++j)
-        if (bins_[j] > 0) q[j] = sum / nonzero;
+    for (int j = 0; j < i; ++j) {
+      if (bins[j] == 0) continue;
+      const int level = static_cast<int>(int64_t{kLevels} * j / i);
+      q[j] = level_sum[level] / level_count[level];
     }
     double p_total = 0, q_total = 0;
     for (int j = 0; j < i; ++j) p_total += p[j], q_total += q[j];
     if (p_total == 0 || q_total == 0) continue;
     double kl = 0;
-    for (int j = 0; j < i; ++j) {
+    for (int j = 0; j < i && std::isfinite(kl); ++j) {
       if (p[j] == 0) continue;
-      const double pj = p[j] / p_total;
-      const double qj = q[j] > 0 ? q[j] / q_total : 1e-12;  // P has mass Q lacks (the folded outliers)
-      kl += pj * std::log(pj / qj);
+      if (q[j] == 0) {
+        kl = std::numeric_limits<double>::infinity();
+      } else {
+        const double pj = p[j] / p_total, qj = q[j] / q_total;
+        kl += pj * std::log(pj / qj);
+      }
     }
-    if (kl < best_kl) best_kl = kl, best_i = i;
+    if (kl <= best_kl) best_kl = kl, best_i = i;  // <=: the last minimum, as the reference
   }
   return std::min(max_, best_i * bin_width());
 }

@@ -6,9 +6,12 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json.h"
+#include "core/text_file.h"
 #include "core/rng.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
+#include "tests/common/fixtures.h"
 #include "tests/common/temp_dir.h"
 
 namespace bert::quant {
@@ -61,6 +64,23 @@ TEST(Calibrator, EntropyAndMseClipHeavyTailsButKeepAUniformRange) {
   AbsHistogram uniform;
   uniform.observe(sample(200'000, 3, [](Rng& r) { return 2 * r.next_uniform() - 1; }));
   for (Method m : {Method::kEntropy, Method::kMse}) EXPECT_GT(uniform.amax(m), 0.9 * uniform.max()) << method_name(m);
+}
+
+// The entropy calibrator against pytorch-quantization's _compute_amax_entropy (TensorRT's method), run
+// by tests/golden/make_entropy_fixture.py on the same histograms: a spike of exact zeros with a tail
+// (softmax over padded keys), normal, normal with outliers, Laplace, uniform, and a sparse histogram.
+TEST(Calibrator, EntropyMatchesTheReferenceImplementation) {
+  const Json fixture = Json::parse(read_text_file(testing::fixtures_dir() + "/entropy_reference.json", "fixture"));
+  int cases = 0;
+  for (const Json& c : fixture.find("cases")->as_array()) {
+    std::vector<double> bins;
+    for (const Json& b : c.find("bins")->as_array()) bins.push_back(b.as_number());
+    const double range = c.find("range")->as_number(), expected = c.find("amax")->as_number();
+    const AbsHistogram h = AbsHistogram::from_bins(range, range, c.find("count")->as_int(), bins);
+    EXPECT_NEAR(h.amax(Method::kEntropy), expected, 1e-9 * range) << c.find("name")->as_string();
+    ++cases;
+  }
+  EXPECT_EQ(cases, 6);
 }
 
 TEST(Calibrator, HistogramGrowsWithLaterBatchesAndBarelyDependsOnOrder) {
