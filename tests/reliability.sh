@@ -100,6 +100,9 @@ for sig in INT TERM; do
   for run in full sig-$sig; do
     "$BIN/bert-eval" --checkpoint "$OUT/$run" --shards "$OUT/shards" --json-out "$OUT/$run.json" > /dev/null 2>&1 || fail "eval $run"
   done
+  # --json: stdout is the JSON report alone (logs go to stderr), so it pipes into a JSON reader.
+  "$BIN/bert-eval" --checkpoint "$OUT/full" --shards "$OUT/shards" --json 2> /dev/null |
+    python3 -c 'import json, sys; json.load(sys.stdin)' || fail "bert-eval --json: stdout is not JSON alone"
   python3 - "$OUT/full.json" "$OUT/sig-$sig.json" <<'PY' || fail "SIG$sig: the resumed model differs from the uninterrupted one"
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:])

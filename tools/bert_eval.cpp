@@ -1,5 +1,6 @@
 // bert-eval: masked-LM and NSP accuracy (with baselines) of a checkpoint on shards; fill-mask.
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")->capture_default_str();
   app.add_option("--precision", precision, "GEMM precision on a GPU: fp32 or tf32")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // With --json, stdout carries the JSON alone (for `| jq`): progress and errors go to stderr.
+  if (json) spdlog::set_default_logger(spdlog::stderr_color_st("bert-eval"));
 
   return tools::run_tool([&] {
     if (threads > 0) omp_set_num_threads(threads);
