@@ -20,6 +20,13 @@ run "$BIN/bert-eval" --checkpoint "$HF" --shards "$OUT/shards" --json-out "$OUT/
   || { cat "$OUT/fill.txt"; fail "fill-mask"; }
 # [CLS] in the be ##g ##i ##n ##n ##ing god [MASK]: the mask is token 10.
 grep -q "\[MASK\] at position 10:" "$OUT/fill.txt" || { cat "$OUT/fill.txt"; fail "fill-mask did not find [MASK] at token 10"; }
+# A model directory without its vocabulary, the tokenizer named by --tokenizer: the calibrated checkpoint
+# carries the tokenizer, so bert-export needs no --tokenizer.
+mkdir -p "$OUT/bare" && cp "$HF"/config.json "$HF"/model.safetensors "$OUT/bare/"
+run "$BIN/bert-eval" --checkpoint "$OUT/bare" --tokenizer "$HF/vocab.txt" --shards "$OUT/shards" --max-batches 2 \
+  --calib-batches 2 --save-calibrated "$OUT/ptq/checkpoint.h5"
+[ -s "$OUT/ptq/vocab.txt" ] || fail "the calibrated checkpoint does not carry the tokenizer"
+run "$BIN/bert-export" --checkpoint "$OUT/ptq/checkpoint.h5" --onnx "$OUT/ptq.onnx" --qdq
 run "$BIN/bert-train" --train "$OUT/shards" --init-from "$HF" --qat --out "$OUT/qat" --steps 300 --batch-size 16 \
   --lr 1e-3 --calib-batches 4 --log-every 100
 [ -s "$OUT/qat/vocab.txt" ] || fail "the run does not carry the WordPiece vocabulary"
