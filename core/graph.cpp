@@ -130,6 +130,32 @@ TensorView<T> Graph<T>::grad(Var v) {
 }
 
 template <typename T>
+typename Graph<T>::Node& Graph<T>::grad_owner(Var v) {
+  Node* n = &node(v);
+  while (n->gradient_of >= 0) n = &nodes_[n->gradient_of];
+  return *n;
+}
+
+template <typename T>
+typename Graph<T>::GradTarget Graph<T>::grad_target(Var v) {
+  BERT_CHECK(node(v).requires_grad, "grad_target() of a node that does not require a gradient");
+  Node& owner = grad_owner(v);
+  if (!owner.grad.empty()) return {owner.grad.data(), true};
+  owner.grad = TensorView<T>(workspace_.allocate<T>(owner.value.numel()), owner.value.shape());
+  return {owner.grad.data(), false};
+}
+
+template <typename T>
+bool Graph<T>::pass_grad_through(Var x, Var y) {
+  BERT_CHECK(node(x).requires_grad, "pass_grad_through() to a node that does not require a gradient");
+  Node& owner = grad_owner(x);
+  const TensorView<T> dy = grad_owner(y).grad;
+  if (owner.is_leaf || !owner.grad.empty() || dy.empty() || dy.numel() != owner.value.numel()) return false;
+  owner.grad = dy.reshaped(owner.value.shape());
+  return true;
+}
+
+template <typename T>
 void Graph<T>::backward(Var loss) {
   struct ClearOnExit {
     Graph* g;

@@ -88,6 +88,20 @@ class Graph {
   // The gradient buffer of v (zero-filled on first use for inner nodes). Only for nodes that
   // require a gradient.
   TensorView<T> grad(Var v);
+  // The gradient buffer of v for an op whose backward writes EVERY element of it. `accumulate` is
+  // true when the buffer already holds a gradient to add to (always for leaves); false when it was just
+  // allocated and is uninitialised, so the op must store, not add and not read. This saves
+  // zero-filling each gradient and reading it back once.
+  struct GradTarget {
+    T* data;
+    bool accumulate;
+  };
+  GradTarget grad_target(Var v);
+  // Makes the gradient of y (same number of elements) x's gradient as well, when x has none yet and
+  // may take one: for an op whose backward passes dy through unchanged (a same-shape add), called
+  // from y's own backward (nothing reads y's gradient after it). Returns false when it could not, and
+  // then the op copies dy itself.
+  bool pass_grad_through(Var x, Var y);
 
   // --- modes and lifetime
   bool grad_enabled() const { return grad_enabled_; }
@@ -112,6 +126,8 @@ class Graph {
   };
   const Node& node(Var v) const;
   Node& node(Var v) { return const_cast<Node&>(static_cast<const Graph*>(this)->node(v)); }
+  // The node that owns v's gradient buffer (v itself, or what an emit_view chain points at).
+  Node& grad_owner(Var v);
   Var push(Node n);
   bool any_requires_grad(std::initializer_list<Var> inputs) const;
 

@@ -21,6 +21,11 @@ namespace bert::ops {
 template <typename T>
 Var matmul(Graph<T>& g, Var a, Var b, bool trans_a = false, bool trans_b = false);
 
+// alpha * matmul(a, b): on the CPU exactly scale(matmul(a, b), alpha); on a GPU alpha is the GEMM's
+// own factor, forward and backward (a pass over the product fewer each way; attention scores).
+template <typename T>
+Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a = false, bool trans_b = false);
+
 // x (.., in) W^T (out, in) + bias (out) -> (.., out). `bias` may be Var{} (none).
 template <typename T>
 Var linear(Graph<T>& g, Var x, Var weight, Var bias);

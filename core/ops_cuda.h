@@ -13,7 +13,7 @@
 
 namespace bert::ops::cuda_impl {
 
-Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b);
+Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha = 1.0);
 Var linear(Graph<float>& g, Var x, Var weight, Var bias);
 Var add(Graph<float>& g, Var a, Var b);
 Var mul(Graph<float>& g, Var a, Var b);

@@ -69,7 +69,8 @@ __global__ void broadcast_forward(float* y, const float* a, const float* b, Broa
 
 // d(operand w) += sum over the output elements it feeds of dy (times the other operand for mul).
 // One thread per operand element walks its broadcast axes in order: deterministic, no atomics.
-__global__ void broadcast_backward(float* dv, const float* dy, const float* other, Broadcast p, int w, int64_t n) {
+__global__ void broadcast_backward(float* dv, const float* dy, const float* other, Broadcast p, int w, int64_t n,
+                                   bool accumulate) {
   BERT_GRID_STRIDE(e, n) {
     int64_t coord[4], rest = e;
     for (int i = 3; i >= 0; --i) {
@@ -90,7 +91,7 @@ __global__ void broadcast_backward(float* dv, const float* dy, const float* othe
             const int64_t o = ((i0 * p.dims[1] + i1) * p.dims[2] + i2) * p.dims[3] + i3;
             acc += other ? dy[o] * other[offset_of<int64_t>(p, 1 - w, o)] : dy[o];
           }
-    dv[e] += acc;
+    cuda::store_grad(dv, e, acc, accumulate);
   }
 }
 
@@ -104,18 +105,18 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 __global__ void gelu_forward(float* y, const float* x, int64_t n) {
   BERT_GRID_STRIDE(i, n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kInvSqrt2));
 }
-__global__ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+__global__ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate) {
   BERT_GRID_STRIDE(i, n) {
     const float v = x[i];
     const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-    dx[i] += dy[i] * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v));
+    cuda::store_grad(dx, i, dy[i] * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v)), accumulate);
   }
 }
 __global__ void tanh_forward(float* y, const float* x, int64_t n) {
   BERT_GRID_STRIDE(i, n) y[i] = tanhf(x[i]);
 }
-__global__ void tanh_backward(float* dx, const float* dy, const float* y, int64_t n) {
-  BERT_GRID_STRIDE(i, n) dx[i] += dy[i] * (1.0f - y[i] * y[i]);
+__global__ void tanh_backward(float* dx, const float* dy, const float* y, int64_t n, bool accumulate) {
+  BERT_GRID_STRIDE(i, n) cuda::store_grad(dx, i, dy[i] * (1.0f - y[i] * y[i]), accumulate);
 }
 
 // Rng::bits of core/rng.h, on the device (splitmix64's finaliser of seed ^ mix(index + constant)).
@@ -134,8 +135,9 @@ __global__ void dropout_forward(float* y, uint8_t* keep, const float* x, uint64_
     y[i] = x[i] * (k ? keep_scale : 0.0f);
   }
 }
-__global__ void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float keep_scale, int64_t n) {
-  BERT_GRID_STRIDE(i, n) dx[i] += dy[i] * (keep[i] ? keep_scale : 0.0f);
+__global__ void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float keep_scale, int64_t n,
+                                 bool accumulate) {
+  BERT_GRID_STRIDE(i, n) cuda::store_grad(dx, i, dy[i] * (keep[i] ? keep_scale : 0.0f), accumulate);
 }
 
 template <bool kMul>
@@ -154,13 +156,15 @@ Var broadcast_op(Graph<float>& g, Var a, Var b) {
     const Var operands[2] = {a, b};
     for (int w = 0; w < 2; ++w) {
       if (!g.requires_grad(operands[w])) continue;
-      float* dv = g.grad(operands[w]).data();
+      // A same-shape add passes dy through: the first operand without a gradient yet takes dy's buffer.
+      if (p.same_shape && !kMul && g.pass_grad_through(operands[w], y)) continue;
+      const auto dv = g.grad_target(operands[w]);
       const int64_t n = g.value(operands[w]).numel();
       if (p.same_shape && !kMul) {
-        BERT_LAUNCH(cuda::accumulate_kernel<float>, n, g, dv, dy, 1.0f, n);
+        BERT_LAUNCH(cuda::scaled_grad_kernel<float>, n, g, dv.data, dy, 1.0f, n, dv.accumulate);
       } else {
         const float* other = kMul ? g.value(operands[1 - w]).data() : nullptr;
-        BERT_LAUNCH(broadcast_backward, n, g, dv, dy, other, p, w, n);
+        BERT_LAUNCH(broadcast_backward, n, g, dv.data, dy, other, p, w, n, dv.accumulate);
       }
     }
   });
@@ -177,7 +181,10 @@ Var scale(Graph<float>& g, Var x, double alpha) {
   const float s = static_cast<float>(alpha);
   const int64_t n = g.value(x).numel();
   BERT_LAUNCH(scale_kernel, n, g, g.value(y).data(), g.value(x).data(), s, n);
-  g.on_backward(y, [x, y, s, n](Graph<float>& g) { BERT_LAUNCH(cuda::accumulate_kernel<float>, n, g, g.grad(x).data(), g.grad(y).data(), s, n); });
+  g.on_backward(y, [x, y, s, n](Graph<float>& g) {
+    const auto dx = g.grad_target(x);
+    BERT_LAUNCH(cuda::scaled_grad_kernel<float>, n, g, dx.data, g.grad(y).data(), s, n, dx.accumulate);
+  });
   return y;
 }
 
@@ -186,7 +193,8 @@ Var gelu(Graph<float>& g, Var x) {
   const int64_t n = g.value(x).numel();
   BERT_LAUNCH(gelu_forward, n, g, g.value(y).data(), g.value(x).data(), n);
   g.on_backward(y, [x, y, n](Graph<float>& g) {
-    BERT_LAUNCH(gelu_backward, n, g, g.grad(x).data(), g.grad(y).data(), g.value(x).data(), n);
+    const auto dx = g.grad_target(x);
+    BERT_LAUNCH(gelu_backward, n, g, dx.data, g.grad(y).data(), g.value(x).data(), n, dx.accumulate);
   });
   return y;
 }
@@ -196,7 +204,8 @@ Var tanh(Graph<float>& g, Var x) {
   const int64_t n = g.value(x).numel();
   BERT_LAUNCH(tanh_forward, n, g, g.value(y).data(), g.value(x).data(), n);
   g.on_backward(y, [x, y, n](Graph<float>& g) {
-    BERT_LAUNCH(tanh_backward, n, g, g.grad(x).data(), g.grad(y).data(), g.value(y).data(), n);
+    const auto dx = g.grad_target(x);
+    BERT_LAUNCH(tanh_backward, n, g, dx.data, g.grad(y).data(), g.value(y).data(), n, dx.accumulate);
   });
   return y;
 }
@@ -211,7 +220,8 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
   BERT_LAUNCH(dropout_forward, n, g, g.value(y).data(), keep, g.value(x).data(), rng.state().seed, first, threshold,
               keep_scale, n);
   g.on_backward(y, [x, y, n, keep, keep_scale](Graph<float>& g) {
-    BERT_LAUNCH(dropout_backward, n, g, g.grad(x).data(), g.grad(y).data(), keep, keep_scale, n);
+    const auto dx = g.grad_target(x);
+    BERT_LAUNCH(dropout_backward, n, g, dx.data, g.grad(y).data(), keep, keep_scale, n, dx.accumulate);
   });
   return y;
 }

@@ -63,6 +63,12 @@ void for_each_item(int64_t batch, Fn fn) {
 }  // namespace
 
 template <typename T>
+Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a, bool trans_b) {
+  BERT_DISPATCH_CUDA(g, matmul(g, a, b, trans_a, trans_b, alpha))
+  return scale(g, matmul(g, a, b, trans_a, trans_b), alpha);
+}
+
+template <typename T>
 Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
   BERT_DISPATCH_CUDA(g, matmul(g, a, b, trans_a, trans_b))
   const MatmulPlan p = plan_matmul(g.shape(a), g.shape(b), trans_a, trans_b);
@@ -139,7 +145,8 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
 }
 
 #define BERT_INSTANTIATE(T)                                 \
-  template Var matmul<T>(Graph<T>&, Var, Var, bool, bool); \
+  template Var matmul<T>(Graph<T>&, Var, Var, bool, bool);                 \
+  template Var scaled_matmul<T>(Graph<T>&, Var, Var, double, bool, bool); \
   template Var linear<T>(Graph<T>&, Var, Var, Var);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

@@ -97,7 +97,8 @@ void add_column_sums(const Graph<float>& g, const float* dy, int64_t rows, int64
 
 }  // namespace
 
-Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b) {
+Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha_d) {
+  const float alpha = static_cast<float>(alpha_d);
   const Shape as = g.shape(a), bs = g.shape(b);
   BERT_CHECK(as.rank() >= 2 && bs.rank() >= 2, "matmul needs rank >= 2, got " + as.str() + " x " + bs.str());
   const int64_t lda = as[-1], ldb = bs[-1];
@@ -124,25 +125,29 @@ Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b) {
   }
   const int64_t stride_c = m * n;
   Var c = g.emit(out, {a, b});
-  gemm(g, trans_a, trans_b, m, n, k, 1.0f, g.value(a).data(), lda, stride_a, g.value(b).data(), ldb, stride_b, 0.0f,
+  gemm(g, trans_a, trans_b, m, n, k, alpha, g.value(a).data(), lda, stride_a, g.value(b).data(), ldb, stride_b, 0.0f,
        g.value(c).data(), n, stride_c, batch);
   g.on_backward(c, [=](Graph<float>& g) {
     const float* dc = g.grad(c).data();
     if (g.requires_grad(a)) {
-      if (!trans_a)  // dA (M, K) += dC (M, N) op(B)^T
-        gemm(g, false, !trans_b, m, k, n, 1.0f, dc, n, stride_c, g.value(b).data(), ldb, stride_b, 1.0f,
-             g.grad(a).data(), lda, stride_a, batch);
-      else  // dA (K, M) += op(B) (K, N) dC^T
-        gemm(g, trans_b, true, k, m, n, 1.0f, g.value(b).data(), ldb, stride_b, dc, n, stride_c, 1.0f,
-             g.grad(a).data(), lda, stride_a, batch);
+      const auto da = g.grad_target(a);
+      const float beta = da.accumulate ? 1.0f : 0.0f;  // cuBLAS does not read C when beta is 0
+      if (!trans_a)  // dA (M, K) (+)= dC (M, N) op(B)^T
+        gemm(g, false, !trans_b, m, k, n, alpha, dc, n, stride_c, g.value(b).data(), ldb, stride_b, beta, da.data, lda,
+             stride_a, batch);
+      else  // dA (K, M) (+)= op(B) (K, N) dC^T
+        gemm(g, trans_b, true, k, m, n, alpha, g.value(b).data(), ldb, stride_b, dc, n, stride_c, beta, da.data, lda,
+             stride_a, batch);
     }
     if (g.requires_grad(b)) {
-      if (!trans_b)  // dB (K, N) += op(A)^T (K, M) dC
-        gemm(g, !trans_a, false, k, n, m, 1.0f, g.value(a).data(), lda, stride_a, dc, n, stride_c, 1.0f,
-             g.grad(b).data(), ldb, stride_b, batch);
-      else  // dB (N, K) += dC^T (N, M) op(A)
-        gemm(g, true, trans_a, n, k, m, 1.0f, dc, n, stride_c, g.value(a).data(), lda, stride_a, 1.0f,
-             g.grad(b).data(), ldb, stride_b, batch);
+      const auto db = g.grad_target(b);
+      const float beta = db.accumulate ? 1.0f : 0.0f;
+      if (!trans_b)  // dB (K, N) (+)= op(A)^T (K, M) dC
+        gemm(g, !trans_a, false, k, n, m, alpha, g.value(a).data(), lda, stride_a, dc, n, stride_c, beta, db.data, ldb,
+             stride_b, batch);
+      else  // dB (N, K) (+)= dC^T (N, M) op(A)
+        gemm(g, true, trans_a, n, k, m, alpha, dc, n, stride_c, g.value(a).data(), lda, stride_a, beta, db.data, ldb,
+             stride_b, batch);
     }
   });
   return c;
@@ -168,10 +173,16 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
   }
   g.on_backward(y, [=](Graph<float>& g) {
     const float* dy = g.grad(y).data();
-    if (g.requires_grad(x))  // dx (N, in) += dy (N, out) W (out, in)
-      gemm(g, false, false, rows, in, out, 1.0f, dy, out, 0, g.value(weight).data(), in, 0, 1.0f, g.grad(x).data(), in, 0, 1);
-    if (g.requires_grad(weight))  // dW (out, in) += dy^T (out, N) x (N, in)
-      gemm(g, true, false, out, in, rows, 1.0f, dy, out, 0, g.value(x).data(), in, 0, 1.0f, g.grad(weight).data(), in, 0, 1);
+    if (g.requires_grad(x)) {  // dx (N, in) (+)= dy (N, out) W (out, in)
+      const auto dx = g.grad_target(x);
+      gemm(g, false, false, rows, in, out, 1.0f, dy, out, 0, g.value(weight).data(), in, 0, dx.accumulate ? 1.0f : 0.0f,
+           dx.data, in, 0, 1);
+    }
+    if (g.requires_grad(weight)) {  // dW (out, in) (+)= dy^T (out, N) x (N, in)
+      const auto dw = g.grad_target(weight);
+      gemm(g, true, false, out, in, rows, 1.0f, dy, out, 0, g.value(x).data(), in, 0, dw.accumulate ? 1.0f : 0.0f,
+           dw.data, in, 0, 1);
+    }
     if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, rows, out, g.grad(bias).data());
   });
   return y;

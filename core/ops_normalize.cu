@@ -32,7 +32,7 @@ __global__ void softmax_forward(float* y, const float* x, const float* mask, int
   for (int64_t j = lane; j < k; j += 32) out[j] *= inv;
 }
 
-__global__ void softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t k) {
+__global__ void softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t k, bool accumulate) {
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -40,7 +40,7 @@ __global__ void softmax_backward(float* dx, const float* dy, const float* y, int
   float dot = 0;
   for (int64_t j = lane; j < k; j += 32) dot += dyr[j] * yr[j];
   dot = cuda::warp_sum(dot);
-  for (int64_t j = lane; j < k; j += 32) dx[r * k + j] += yr[j] * (dyr[j] - dot);
+  for (int64_t j = lane; j < k; j += 32) cuda::store_grad(dx, r * k + j, yr[j] * (dyr[j] - dot), accumulate);
 }
 
 __global__ void layer_norm_forward(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma,
@@ -60,7 +60,8 @@ __global__ void layer_norm_forward(float* y, float* mean_out, float* rstd_out, c
 }
 
 __global__ void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* gamma,
-                                          const float* mean, const float* rstd, int64_t rows, int64_t c) {
+                                          const float* mean, const float* rstd, int64_t rows, int64_t c,
+                                          bool accumulate) {
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -76,7 +77,7 @@ __global__ void layer_norm_backward_input(float* dx, const float* dy, const floa
   mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
   for (int64_t j = lane; j < c; j += 32) {
     const float n = (in[j] - m) * rs;
-    dx[r * c + j] += rs * (dyr[j] * gamma[j] - mean_dn - n * mean_dn_n);
+    cuda::store_grad(dx, r * c + j, rs * (dyr[j] * gamma[j] - mean_dn - n * mean_dn_n), accumulate);
   }
 }
 
@@ -138,8 +139,10 @@ Var softmax(Graph<float>& g, Var x, Var mask) {
                                                                                 mv, rows, k, rows_per_item);
   BERT_CUDA_LAUNCHED();
   g.on_backward(y, [x, y, k, rows](Graph<float>& g) {
-    softmax_backward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(g.grad(x).data(), g.grad(y).data(),
-                                                                                   g.value(y).data(), rows, k);
+    const auto dx = g.grad_target(x);
+    softmax_backward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dx.data, g.grad(y).data(),
+                                                                                   g.value(y).data(), rows, k,
+                                                                                   dx.accumulate);
     BERT_CUDA_LAUNCHED();
   });
   return y;
@@ -160,8 +163,9 @@ Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps) {
   g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c](Graph<float>& g) {
     const float* dy = g.grad(y).data();
     if (g.requires_grad(x)) {
+      const auto dx = g.grad_target(x);
       layer_norm_backward_input<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-          g.grad(x).data(), dy, g.value(x).data(), g.value(gamma).data(), mean, rstd, rows, c);
+          dx.data, dy, g.value(x).data(), g.value(gamma).data(), mean, rstd, rows, c, dx.accumulate);
       BERT_CUDA_LAUNCHED();
     }
     float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;

@@ -35,7 +35,7 @@ __global__ void fake_quantize_forward(float* y, const float* x, const float* sca
 }
 
 __global__ void fake_quantize_backward(float* dx, double* partial, const float* dy, const float* x, const float* scale,
-                                       int64_t per_channel, float lo, float hi) {
+                                       int64_t per_channel, float lo, float hi, bool accumulate) {
   __shared__ double shared[32];
   const int64_t c = blockIdx.y;
   const int64_t begin = c * per_channel + blockIdx.x * kBlock;
@@ -44,12 +44,13 @@ __global__ void fake_quantize_backward(float* dx, double* partial, const float* 
   double acc = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float v = x[i] / s;
+    const bool inside = !(v < lo) && !(v > hi);  // the straight-through estimator passes dy inside the range
+    if (dx) cuda::store_grad(dx, i, inside ? dy[i] : 0.0f, accumulate);
     if (v < lo) {
       acc += double(dy[i]) * lo;
     } else if (v > hi) {
       acc += double(dy[i]) * hi;
     } else {
-      if (dx) dx[i] += dy[i];
       acc += double(dy[i]) * (rintf(v) - v);
     }
   }
@@ -91,11 +92,13 @@ Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double 
   }
   g.on_backward(y, [=](Graph<float>& g) {
     if (n == 0) return;
-    float* dx = g.requires_grad(x) ? g.grad(x).data() : nullptr;
+    const auto dx_target = g.requires_grad(x) ? g.grad_target(x) : Graph<float>::GradTarget{nullptr, false};
+    float* dx = dx_target.data;
     float* ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
     double* partial = ds ? g.scratch<double>(blocks_per_channel * channels) : nullptr;
     fake_quantize_backward<<<grid, kThreads, 0, cuda::stream(g)>>>(dx, partial, g.grad(y).data(), g.value(x).data(),
-                                                                    g.value(scale).data(), per_channel, lo, hi);
+                                                                    g.value(scale).data(), per_channel, lo, hi,
+                                                                    dx_target.accumulate);
     BERT_CUDA_LAUNCHED();
     if (ds) {
       scale_gradient_sums<<<static_cast<unsigned>(channels), blocks_per_channel > 32 ? 256 : 32, 0, cuda::stream(g)>>>(

@@ -17,8 +17,8 @@ __global__ void sum_kernel(float* y, const float* x, int64_t n) {
   if (threadIdx.x == 0) y[0] = static_cast<float>(acc);
 }
 
-__global__ void broadcast_scalar_add(float* dx, const float* dy, int64_t n) {
-  BERT_GRID_STRIDE(i, n) dx[i] += dy[0];
+__global__ void broadcast_scalar_add(float* dx, const float* dy, int64_t n, bool accumulate) {
+  BERT_GRID_STRIDE(i, n) cuda::store_grad(dx, i, dy[0], accumulate);
 }
 
 // One block per row: logsumexp of the row and the row's weighted loss (0 for skipped rows).
@@ -58,14 +58,18 @@ __global__ void sum_rows_kernel(float* y, const double* row_loss, int64_t n) {
 }
 
 __global__ void cross_entropy_backward(float* dz, const float* z, const float* upstream, const int32_t* target,
-                                       const float* row_weight, const float* logsumexp, int64_t c) {
+                                       const float* row_weight, const float* logsumexp, int64_t c, bool accumulate) {
   const int64_t r = blockIdx.x;
-  if (row_weight[r] == 0.0f) return;
+  if (row_weight[r] == 0.0f) {  // a skipped row: its gradient is zero
+    if (!accumulate)
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dz[r * c + j] = 0.0f;
+    return;
+  }
   const float w = upstream[0] * row_weight[r], lse = logsumexp[r];
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
     float d = w * expf(z[r * c + j] - lse);
     if (j == target[r]) d -= w;
-    dz[r * c + j] += d;
+    cuda::store_grad(dz, r * c + j, d, accumulate);
   }
 }
 
@@ -102,7 +106,8 @@ Var sum(Graph<float>& g, Var x) {
   BERT_CUDA_LAUNCHED();
   g.on_backward(y, [x, y](Graph<float>& g) {
     const int64_t n = g.value(x).numel();
-    BERT_LAUNCH(broadcast_scalar_add, n, g, g.grad(x).data(), g.grad(y).data(), n);
+    const auto dx = g.grad_target(x);
+    BERT_LAUNCH(broadcast_scalar_add, n, g, dx.data, g.grad(y).data(), n, dx.accumulate);
   });
   return y;
 }
@@ -144,8 +149,9 @@ Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets,
   BERT_CUDA_LAUNCHED();
   g.on_backward(y, [logits, y, d_target, d_weight, logsumexp, n, c](Graph<float>& g) {
     if (n == 0) return;
-    cross_entropy_backward<<<unsigned(n), 256, 0, cuda::stream(g)>>>(g.grad(logits).data(), g.value(logits).data(),
-                                                                     g.grad(y).data(), d_target, d_weight, logsumexp, c);
+    const auto dz = g.grad_target(logits);
+    cross_entropy_backward<<<unsigned(n), 256, 0, cuda::stream(g)>>>(dz.data, g.value(logits).data(), g.grad(y).data(),
+                                                                     d_target, d_weight, logsumexp, c, dz.accumulate);
     BERT_CUDA_LAUNCHED();
   });
   return y;

@@ -18,21 +18,22 @@ struct Permute {
 
 // I: the index type, 32-bit whenever the tensor allows (64-bit division costs several times more).
 template <typename I>
-__global__ void permute_kernel(float* out, const float* in, Permute p, int64_t n, bool backward) {
+__global__ void permute_kernel(float* out, const float* in, Permute p, int64_t n, bool backward, bool accumulate) {
   BERT_GRID_STRIDE(o, n) {
     I rest = static_cast<I>(o), i = 0;
     for (int axis = 3; axis >= 0; --axis) {
       i += (rest % static_cast<I>(p.out_dims[axis])) * static_cast<I>(p.in_stride[axis]);
       rest /= static_cast<I>(p.out_dims[axis]);
     }
-    if (backward) out[i] += in[o];  // a bijection: no write conflicts
+    if (backward) cuda::store_grad(out, i, in[o], accumulate);  // a bijection: no write conflicts
     else out[o] = in[i];
   }
 }
 
 // The same permutation when the innermost axis stays innermost and holds a multiple of 4 floats:
 // whole float4s move, and the index arithmetic is done once per 4 elements.
-__global__ void permute_rows_kernel(float4* out, const float4* in, Permute p, int64_t n4, bool backward) {
+__global__ void permute_rows_kernel(float4* out, const float4* in, Permute p, int64_t n4, bool backward,
+                                    bool accumulate) {
   const int32_t d3 = static_cast<int32_t>(p.out_dims[3] / 4);
   BERT_GRID_STRIDE(o, n4) {
     int32_t rest = static_cast<int32_t>(o / d3), i = 0;
@@ -42,11 +43,13 @@ __global__ void permute_rows_kernel(float4* out, const float4* in, Permute p, in
       rest /= static_cast<int32_t>(p.out_dims[axis]);
     }
     i += inner;
-    if (backward) {
+    if (backward && accumulate) {
       float4 a = out[i];
       const float4 b = in[o];
       a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
       out[i] = a;
+    } else if (backward) {
+      out[i] = in[o];
     } else {
       out[o] = in[i];
     }
@@ -116,17 +119,20 @@ Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
   // Rows: the innermost axis stays put (its input stride is 1) and is a multiple of 4 (workspace
   // buffers are 64-byte aligned, so float4 accesses are aligned).
   const bool rows = small && p.in_stride[3] == 1 && p.out_dims[3] % 4 == 0;
-  auto launch = [p, n, small, rows](const Graph<float>& g, float* out, const float* in, bool backward) {
+  auto launch = [p, n, small, rows](const Graph<float>& g, float* out, const float* in, bool backward, bool accumulate) {
     if (rows && reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0)
       BERT_LAUNCH(permute_rows_kernel, n / 4, g, reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(in), p,
-                  n / 4, backward);
+                  n / 4, backward, accumulate);
     else if (small)
-      BERT_LAUNCH(permute_kernel<int32_t>, n, g, out, in, p, n, backward);
+      BERT_LAUNCH(permute_kernel<int32_t>, n, g, out, in, p, n, backward, accumulate);
     else
-      BERT_LAUNCH(permute_kernel<int64_t>, n, g, out, in, p, n, backward);
+      BERT_LAUNCH(permute_kernel<int64_t>, n, g, out, in, p, n, backward, accumulate);
   };
-  launch(g, g.value(y).data(), g.value(x).data(), false);
-  g.on_backward(y, [x, y, launch](Graph<float>& g) { launch(g, g.grad(x).data(), g.grad(y).data(), true); });
+  launch(g, g.value(y).data(), g.value(x).data(), false, false);
+  g.on_backward(y, [x, y, launch](Graph<float>& g) {
+    const auto dx = g.grad_target(x);
+    launch(g, dx.data, g.grad(y).data(), true, dx.accumulate);
+  });
   return y;
 }
 

@@ -123,7 +123,7 @@ Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, in
   Var q = l.matmul_q.apply(g, params_, heads(l.query));
   Var k = l.matmul_k.apply(g, params_, heads(l.key));
   Var v = l.matmul_v.apply(g, params_, heads(l.value));
-  Var scores = ops::scale(g, ops::matmul(g, q, k, false, true), 1.0 / std::sqrt(static_cast<double>(d)));  // (B,H,T,T)
+  Var scores = ops::scaled_matmul(g, q, k, 1.0 / std::sqrt(static_cast<double>(d)), false, true);  // (B,H,T,T)
   Var probs = ops::dropout(g, ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, training, rng);
   probs = l.matmul_a.apply(g, params_, probs);
   Var context = ops::reshape(g, ops::permute(g, ops::matmul(g, probs, v), {0, 2, 1, 3}), Shape{b, t, h * d});

@@ -34,10 +34,17 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
     BERT_CUDA_LAUNCHED();                                                                \
   } while (0)
 
-// y += alpha x (a template so each kernel file has its own copy without relocatable device code).
+// Stores one gradient element: added to what the buffer holds, or written when the buffer is fresh
+// (Graph::grad_target; an uninitialised buffer must not be read).
 template <typename V>
-__global__ void accumulate_kernel(V* y, const V* x, V alpha, int64_t n) {
-  BERT_GRID_STRIDE(i, n) y[i] += alpha * x[i];
+__device__ __forceinline__ void store_grad(V* d, int64_t i, V v, bool accumulate) {
+  d[i] = accumulate ? d[i] + v : v;
+}
+
+// dx (+)= alpha dy (a template so each kernel file has its own copy without relocatable device code).
+template <typename V>
+__global__ void scaled_grad_kernel(V* dx, const V* dy, V alpha, int64_t n, bool accumulate) {
+  BERT_GRID_STRIDE(i, n) store_grad(dx, i, alpha * dy[i], accumulate);
 }
 
 template <typename V>

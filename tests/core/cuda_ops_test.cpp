@@ -40,7 +40,13 @@ std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {
 // output and every input's gradient, on the host.
 Result run_on(const Device& device, const std::vector<Shape>& shapes, const std::vector<std::vector<float>>& inputs,
               const std::vector<bool>& differentiable, const Build& build, uint32_t upstream_seed) {
-  Graph<float> g(device);
+  // Poison the workspace first: a backward that reads a gradient buffer it should only write (see
+  // Graph::grad_target) then picks up NaNs instead of the zeros fresh device memory tends to hold.
+  constexpr int64_t kPoisoned = int64_t{4} << 20;
+  Graph<float> g(device, kPoisoned * sizeof(float));
+  const std::vector<float> nans(static_cast<size_t>(kPoisoned), std::nanf(""));
+  device.copy_to_device(g.scratch<float>(kPoisoned), nans.data(), nans.size() * sizeof(float));
+  g.clear();
   std::vector<DeviceBuffer> values, grads;
   std::vector<Var> leaves;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -113,6 +119,62 @@ TEST_F(CudaOps, MatmulEveryTransposeBatchedAndShared) {
   for (bool tb : {false, true})  // a 2-D b shared by every row of a 3-D a
     compare({Shape{4, 5, 33}, tb ? Shape{7, 33} : Shape{33, 7}},
             [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], false, tb); }, kGemm, kGemm);
+}
+
+TEST_F(CudaOps, ScaledMatmulFoldsTheScaleIntoTheGemm) {
+  compare({Shape{2, 3, 11, 8}, Shape{2, 3, 11, 8}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::scaled_matmul(g, in[0], in[1], 0.125, false, true); },
+          kGemm, kGemm);
+}
+
+// Each op's inputs are inner nodes that a second op also reads, recorded before or after it, so the
+// op's backward both writes a fresh (poisoned) gradient buffer and adds to one that holds a gradient.
+TEST_F(CudaOps, InnerGradientsAreWrittenFreshOrAccumulatedInEitherOrder) {
+  const std::vector<int32_t> targets = {3, -1, 0, 9};
+  const std::vector<float> scales = {0.05f};
+  const std::vector<std::pair<std::vector<Shape>, Build>> cases = {
+      {{Shape{2, 5, 6}, Shape{2, 6, 3}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1]); }},
+      {{Shape{2, 5, 6}, Shape{2, 7, 6}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::scaled_matmul(g, in[0], in[1], 0.3, false, true); }},
+      {{Shape{5, 6}, Shape{4, 6}, Shape{4}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }},
+      {{Shape{4, 6}, Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
+      {{Shape{4, 6}, Shape{4, 6}},  // both operands the same node: the add passes dy through, then adds it again
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], ops::add(g, in[1], in[1])); }},
+      {{Shape{4, 6}, Shape{6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
+      {{Shape{4, 6}, Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -1.5); }},
+      {{Shape{2, 3, 4, 8}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {0, 2, 1, 3}); }},
+      {{Shape{2, 3, 4, 5}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {0, 2, 1, 3}); }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::gelu(g, in[0]); }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::tanh(g, in[0]); }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }},
+      {{Shape{4, 6}, Shape{6}, Shape{6}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-5); }},
+      {{Shape{4, 60}}, [](Graph<float>& g, const std::vector<Var>& in) {
+         Rng rng(7);
+         return ops::dropout(g, in[0], 0.3, /*training=*/true, rng);
+       }},
+      {{Shape{4, 10}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); }},
+      {{Shape{4, 60}}, [&](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::fake_quantize(g, in[0], g.input(std::span<const float>(scales), Shape{1}), -8, 7);
+       }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }},
+  };
+  for (bool other_first : {false, true})
+    for (size_t c = 0; c < cases.size(); ++c) {
+      SCOPED_TRACE("case " + std::to_string(c) + (other_first ? ", other reader first" : ", op first"));
+      const Build& op = cases[c].second;
+      compare(cases[c].first, [&](Graph<float>& g, const std::vector<Var>& in) {
+        std::vector<Var> inner;
+        for (Var v : in) inner.push_back(ops::scale(g, v, 0.5));
+        Var other = other_first ? ops::sum(g, inner[0]) : Var{};
+        Var y = op(g, inner);
+        for (size_t i = other_first ? 1 : 0; i < inner.size(); ++i)
+          other = other.valid() ? ops::add(g, other, ops::sum(g, inner[i])) : ops::sum(g, inner[i]);
+        return ops::add(g, y, other);
+      }, kGemm, kGemm, {}, 2.0f);
+    }
 }
 
 TEST_F(CudaOps, LinearWithAndWithoutBias) {

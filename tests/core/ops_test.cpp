@@ -119,6 +119,18 @@ TEST(Matmul, SharedRightOperandFoldsLeadingAxes) {
   expect_gradients_match(in, build);
 }
 
+TEST(Matmul, ScaledMatmulIsTheScaledProduct) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({2, 3, 4, 5}, 5));
+  in.push_back(random_tensor({2, 3, 6, 5}, 6));
+  auto build = [](Graph<double>& g, const Leaves& x) { return ops::scaled_matmul(g, x[0], x[1], 0.125, false, true); };
+  Tensor<double> out = run_forward(in, build);
+  Tensor<double> plain = run_forward(in, [](Graph<double>& g, const Leaves& x) { return ops::matmul(g, x[0], x[1], false, true); });
+  ASSERT_EQ(out.shape(), plain.shape());
+  for (int64_t i = 0; i < out.numel(); ++i) EXPECT_NEAR(out[i], 0.125 * plain[i], kForwardTolerance);
+  expect_gradients_match(in, build);
+}
+
 TEST(Matmul, RejectsMismatchedShapes) {
   Graph<double> g;
   Tensor<double> a({3, 4}), b({5, 6});
