@@ -54,9 +54,14 @@ __device__ __forceinline__ I offset_of(const Broadcast& p, int w, I o) {
   return off;
 }
 
-template <bool kMul>
+template <bool kMul, int W>
 __global__ void same_shape_forward(float* y, const float* a, const float* b, int64_t n) {
-  BERT_GRID_STRIDE(i, n) y[i] = kMul ? a[i] * b[i] : a[i] + b[i];
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    const cuda::Pack<float, W> pa = cuda::load_pack<W>(a + i), pb = cuda::load_pack<W>(b + i);
+    cuda::Pack<float, W> out;
+    for (int j = 0; j < W; ++j) out.v[j] = kMul ? pa.v[j] * pb.v[j] : pa.v[j] + pb.v[j];
+    cuda::store_pack<W>(y + i, out);
+  }
 }
 
 template <bool kMul, typename I>
@@ -102,14 +107,26 @@ __global__ void scale_kernel(float* y, const float* x, float alpha, int64_t n) {
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
+template <int W>
 __global__ void gelu_forward(float* y, const float* x, int64_t n) {
-  BERT_GRID_STRIDE(i, n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kInvSqrt2));
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    cuda::Pack<float, W> p = cuda::load_pack<W>(x + i);
+    for (int j = 0; j < W; ++j) p.v[j] = 0.5f * p.v[j] * (1.0f + erff(p.v[j] * kInvSqrt2));
+    cuda::store_pack<W>(y + i, p);
+  }
 }
+template <int W>
 __global__ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate) {
-  BERT_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-    cuda::store_grad(dx, i, dy[i] * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v)), accumulate);
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    const cuda::Pack<float, W> px = cuda::load_pack<W>(x + i), pdy = cuda::load_pack<W>(dy + i);
+    cuda::Pack<float, W> out = accumulate ? cuda::load_pack<W>(dx + i) : cuda::Pack<float, W>{};
+    for (int j = 0; j < W; ++j) {
+      const float v = px.v[j];
+      const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+      const float d = pdy.v[j] * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v));
+      out.v[j] = accumulate ? out.v[j] + d : d;
+    }
+    cuda::store_pack<W>(dx + i, out);
   }
 }
 __global__ void tanh_forward(float* y, const float* x, int64_t n) {
@@ -126,18 +143,34 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+template <int W>
 __global__ void dropout_forward(float* y, uint8_t* keep, const float* x, uint64_t seed, uint64_t first,
                                 uint64_t threshold, float keep_scale, int64_t n) {
-  BERT_GRID_STRIDE(i, n) {
-    const uint64_t bits = mix(seed ^ mix(first + uint64_t(i) + 0x632BE59BD9B4E019ull));
-    const bool k = (bits >> 11) >= threshold;
-    keep[i] = k;
-    y[i] = x[i] * (k ? keep_scale : 0.0f);
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    cuda::Pack<float, W> p = cuda::load_pack<W>(x + i);
+    cuda::Pack<uint8_t, W> k;
+    for (int j = 0; j < W; ++j) {
+      const uint64_t bits = mix(seed ^ mix(first + uint64_t(i + j) + 0x632BE59BD9B4E019ull));
+      k.v[j] = (bits >> 11) >= threshold;
+      p.v[j] *= k.v[j] ? keep_scale : 0.0f;
+    }
+    cuda::store_pack<W>(keep + i, k);
+    cuda::store_pack<W>(y + i, p);
   }
 }
+template <int W>
 __global__ void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float keep_scale, int64_t n,
                                  bool accumulate) {
-  BERT_GRID_STRIDE(i, n) cuda::store_grad(dx, i, dy[i] * (keep[i] ? keep_scale : 0.0f), accumulate);
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    const cuda::Pack<float, W> d = cuda::load_pack<W>(dy + i);
+    const cuda::Pack<uint8_t, W> k = cuda::load_pack<W>(keep + i);
+    cuda::Pack<float, W> out = accumulate ? cuda::load_pack<W>(dx + i) : cuda::Pack<float, W>{};
+    for (int j = 0; j < W; ++j) {
+      const float v = d.v[j] * (k.v[j] ? keep_scale : 0.0f);
+      out.v[j] = accumulate ? out.v[j] + v : v;
+    }
+    cuda::store_pack<W>(dx + i, out);
+  }
 }
 
 template <bool kMul>
@@ -146,8 +179,14 @@ Var broadcast_op(Graph<float>& g, Var a, Var b) {
   const Broadcast p = plan_broadcast(g.shape(a), g.shape(b), &out);
   Var y = g.emit(out, {a, b});
   const int64_t n = out.numel();
-  if (p.same_shape) BERT_LAUNCH(same_shape_forward<kMul>, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), n);
-  else {
+  if (p.same_shape && !kMul) {
+    const bool packed = cuda::packs_of_4(n, {g.value(y).data(), g.value(a).data(), g.value(b).data()});
+    auto* kernel = packed ? &same_shape_forward<false, 4> : &same_shape_forward<false, 1>;
+    BERT_LAUNCH(kernel, packed ? n / 4 : n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), n);
+  } else if (p.same_shape) {
+    auto* kernel = &same_shape_forward<true, 1>;
+    BERT_LAUNCH(kernel, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), n);
+  } else {
     auto* kernel = n < (int64_t{1} << 31) ? &broadcast_forward<kMul, int32_t> : &broadcast_forward<kMul, int64_t>;
     BERT_LAUNCH(kernel, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), p, n);
   }
@@ -161,7 +200,8 @@ Var broadcast_op(Graph<float>& g, Var a, Var b) {
       const auto dv = g.grad_target(operands[w]);
       const int64_t n = g.value(operands[w]).numel();
       if (p.same_shape && !kMul) {
-        BERT_LAUNCH(cuda::scaled_grad_kernel<float>, n, g, dv.data, dy, 1.0f, n, dv.accumulate);
+        BERT_LAUNCH_PACKED(cuda::scaled_grad_kernel, n, cuda::packs_of_4(n, {dv.data, dy}), g, dv.data, dy, 1.0f, n,
+                           dv.accumulate);
       } else {
         const float* other = kMul ? g.value(operands[1 - w]).data() : nullptr;
         BERT_LAUNCH(broadcast_backward, n, g, dv.data, dy, other, p, w, n, dv.accumulate);
@@ -183,7 +223,9 @@ Var scale(Graph<float>& g, Var x, double alpha) {
   BERT_LAUNCH(scale_kernel, n, g, g.value(y).data(), g.value(x).data(), s, n);
   g.on_backward(y, [x, y, s, n](Graph<float>& g) {
     const auto dx = g.grad_target(x);
-    BERT_LAUNCH(cuda::scaled_grad_kernel<float>, n, g, dx.data, g.grad(y).data(), s, n, dx.accumulate);
+    const float* dy = g.grad(y).data();
+    BERT_LAUNCH_PACKED(cuda::scaled_grad_kernel, n, cuda::packs_of_4(n, {dx.data, dy}), g, dx.data, dy, s, n,
+                       dx.accumulate);
   });
   return y;
 }
@@ -191,10 +233,12 @@ Var scale(Graph<float>& g, Var x, double alpha) {
 Var gelu(Graph<float>& g, Var x) {
   Var y = g.emit(g.shape(x), {x});
   const int64_t n = g.value(x).numel();
-  BERT_LAUNCH(gelu_forward, n, g, g.value(y).data(), g.value(x).data(), n);
+  BERT_LAUNCH_PACKED(gelu_forward, n, cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}), g,
+                     g.value(y).data(), g.value(x).data(), n);
   g.on_backward(y, [x, y, n](Graph<float>& g) {
     const auto dx = g.grad_target(x);
-    BERT_LAUNCH(gelu_backward, n, g, dx.data, g.grad(y).data(), g.value(x).data(), n, dx.accumulate);
+    const float *dy = g.grad(y).data(), *xv = g.value(x).data();
+    BERT_LAUNCH_PACKED(gelu_backward, n, cuda::packs_of_4(n, {dx.data, dy, xv}), g, dx.data, dy, xv, n, dx.accumulate);
   });
   return y;
 }
@@ -217,11 +261,15 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
   uint8_t* keep = g.scratch<uint8_t>(n);
   Var y = g.emit(g.shape(x), {x});
-  BERT_LAUNCH(dropout_forward, n, g, g.value(y).data(), keep, g.value(x).data(), rng.state().seed, first, threshold,
-              keep_scale, n);
+  // keep is 4-byte aligned for packs: the workspace aligns every allocation to 64 bytes.
+  const bool packed = cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
+  BERT_LAUNCH_PACKED(dropout_forward, n, packed, g, g.value(y).data(), keep, g.value(x).data(), rng.state().seed, first,
+                     threshold, keep_scale, n);
   g.on_backward(y, [x, y, n, keep, keep_scale](Graph<float>& g) {
     const auto dx = g.grad_target(x);
-    BERT_LAUNCH(dropout_backward, n, g, dx.data, g.grad(y).data(), keep, keep_scale, n, dx.accumulate);
+    const float* dy = g.grad(y).data();
+    const bool packed = cuda::packs_of_4(n, {dx.data, dy}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
+    BERT_LAUNCH_PACKED(dropout_backward, n, packed, g, dx.data, dy, keep, keep_scale, n, dx.accumulate);
   });
   return y;
 }

@@ -39,7 +39,7 @@ void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t 
 // written once. Column-major view: y^T (out, rows) = W (out, in) x^T, the bias running along y^T's rows.
 // Returns false when cuBLASLt has no algorithm for the shape (the caller then adds the bias itself).
 bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const float* x, const float* w,
-               const float* bias, float* y) {
+               const float* bias, float* y, int64_t ldy) {
   const CudaContext& c = cuda::context(g.device());
   auto lt = reinterpret_cast<cublasLtHandle_t>(c.cublas_lt);
   cublasLtMatmulDesc_t desc = nullptr;
@@ -54,7 +54,7 @@ bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, con
   BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_layout, CUDA_R_32F, uint64_t(in), uint64_t(out), int64_t(in)));
   BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_layout, CUDA_R_32F, uint64_t(in), uint64_t(rows), int64_t(in)));
-  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_layout, CUDA_R_32F, uint64_t(out), uint64_t(rows), int64_t(out)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_layout, CUDA_R_32F, uint64_t(out), uint64_t(rows), int64_t(ldy)));
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
@@ -160,11 +160,32 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
   const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
   if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({out}), "linear bias " + g.shape(bias).str());
   Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
+  // cuBLAS's fast kernels need the leading dimensions, and the extents along them, to be multiples of
+  // 4 floats; a large product with an output width that is not (a vocabulary of 30522) ran 3-4x slower.
+  // It runs instead on a weight (and bias) with zero rows appended, into an output with padded rows,
+  // and copies back: the copies cost much less than the slow kernels.
+  const int64_t ld = (out % 4 != 0 && rows * out >= (int64_t{1} << 20)) ? (out + 3) / 4 * 4 : out;
+  const float* w_gemm = g.value(weight).data();
+  const float* bias_gemm = bias.valid() ? g.value(bias).data() : nullptr;
+  if (ld != out) {
+    float* w_padded = g.scratch<float>(ld * in);
+    cuda::copy_on_device(cuda::context(g.device()), w_padded, w_gemm, out * in * sizeof(float));
+    cuda::fill_zero(cuda::context(g.device()), w_padded + out * in, (ld - out) * in * sizeof(float));
+    w_gemm = w_padded;
+    if (bias_gemm) {
+      float* bias_padded = g.scratch<float>(ld);
+      cuda::copy_on_device(cuda::context(g.device()), bias_padded, bias_gemm, out * sizeof(float));
+      cuda::fill_zero(cuda::context(g.device()), bias_padded + out, (ld - out) * sizeof(float));
+      bias_gemm = bias_padded;
+    }
+  }
   float* yv = g.value(y).data();
-  const bool fused = bias.valid() && gemm_bias(g, rows, in, out, g.value(x).data(), g.value(weight).data(),
-                                               g.value(bias).data(), yv);
-  if (!fused)
-    gemm(g, false, true, rows, out, in, 1.0f, g.value(x).data(), in, 0, g.value(weight).data(), in, 0, 0.0f, yv, out, 0, 1);
+  float* y_gemm = ld == out ? yv : g.scratch<float>(rows * ld);
+  const bool fused = bias_gemm && gemm_bias(g, rows, in, ld, g.value(x).data(), w_gemm, bias_gemm, y_gemm, ld);
+  if (!fused) gemm(g, false, true, rows, ld, in, 1.0f, g.value(x).data(), in, 0, w_gemm, in, 0, 0.0f, y_gemm, ld, 0, 1);
+  if (ld != out)
+    BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(float), y_gemm, ld * sizeof(float), out * sizeof(float), rows,
+                                      cudaMemcpyDeviceToDevice, cuda::stream(g)));
   if (bias.valid() && !fused) {
     const dim3 grid(static_cast<unsigned>((out + cuda::kThreads - 1) / cuda::kThreads),
                     static_cast<unsigned>(std::min<int64_t>(rows, 4096)));
@@ -173,14 +194,23 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
   }
   g.on_backward(y, [=](Graph<float>& g) {
     const float* dy = g.grad(y).data();
+    const float* dy_gemm = dy;
+    if (ld != out) {  // dy with zero columns appended (the padded weight's zero rows meet them in dx)
+      float* padded = g.scratch<float>(rows * ld);
+      BERT_CUDA_CHECK(cudaMemcpy2DAsync(padded, ld * sizeof(float), dy, out * sizeof(float), out * sizeof(float), rows,
+                                        cudaMemcpyDeviceToDevice, cuda::stream(g)));
+      BERT_CUDA_CHECK(cudaMemset2DAsync(padded + out, ld * sizeof(float), 0, (ld - out) * sizeof(float), rows,
+                                        cuda::stream(g)));
+      dy_gemm = padded;
+    }
     if (g.requires_grad(x)) {  // dx (N, in) (+)= dy (N, out) W (out, in)
       const auto dx = g.grad_target(x);
-      gemm(g, false, false, rows, in, out, 1.0f, dy, out, 0, g.value(weight).data(), in, 0, dx.accumulate ? 1.0f : 0.0f,
-           dx.data, in, 0, 1);
+      gemm(g, false, false, rows, in, ld, 1.0f, dy_gemm, ld, 0, w_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, in,
+           0, 1);
     }
     if (g.requires_grad(weight)) {  // dW (out, in) (+)= dy^T (out, N) x (N, in)
       const auto dw = g.grad_target(weight);
-      gemm(g, true, false, out, in, rows, 1.0f, dy, out, 0, g.value(x).data(), in, 0, dw.accumulate ? 1.0f : 0.0f,
+      gemm(g, true, false, out, in, rows, 1.0f, dy_gemm, ld, 0, g.value(x).data(), in, 0, dw.accumulate ? 1.0f : 0.0f,
            dw.data, in, 0, 1);
     }
     if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, rows, out, g.grad(bias).data());

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/cuda/context.h"
 #include "core/graph.h"
@@ -34,6 +35,37 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
     BERT_CUDA_LAUNCHED();                                                                \
   } while (0)
 
+// W consecutive elements moved as one load or store (W = 4: one 16-byte access; W = 1: scalar).
+template <typename V, int W>
+struct alignas(sizeof(V) * W) Pack {
+  V v[W];
+};
+template <int W, typename V>
+__device__ __forceinline__ Pack<V, W> load_pack(const V* p) {
+  return *reinterpret_cast<const Pack<V, W>*>(p);
+}
+template <int W, typename V>
+__device__ __forceinline__ void store_pack(V* p, const Pack<V, W>& pack) {
+  *reinterpret_cast<Pack<V, W>*>(p) = pack;
+}
+// Grid-stride loop over n elements (a multiple of W) in packs of W: i is each pack's first element.
+#define BERT_GRID_STRIDE_PACKS(i, n, W)                                                      \
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * (W); i < (n); \
+       i += int64_t(blockDim.x) * gridDim.x * (W))
+// Whether n elements at every pointer can move in packs of 4 floats (16-byte aligned, n % 4 == 0).
+inline bool packs_of_4(int64_t n, std::initializer_list<const void*> pointers) {
+  if (n % 4 != 0) return false;
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+// Launches kernel<4> over n / 4 packs when packed is true, else kernel<1> over n elements.
+#define BERT_LAUNCH_PACKED(kernel, n, packed, g, ...)       \
+  do {                                                      \
+    if (packed) BERT_LAUNCH(kernel<4>, (n) / 4, g, __VA_ARGS__); \
+    else BERT_LAUNCH(kernel<1>, n, g, __VA_ARGS__);         \
+  } while (0)
+
 // Stores one gradient element: added to what the buffer holds, or written when the buffer is fresh
 // (Graph::grad_target; an uninitialised buffer must not be read).
 template <typename V>
@@ -41,10 +73,16 @@ __device__ __forceinline__ void store_grad(V* d, int64_t i, V v, bool accumulate
   d[i] = accumulate ? d[i] + v : v;
 }
 
-// dx (+)= alpha dy (a template so each kernel file has its own copy without relocatable device code).
-template <typename V>
-__global__ void scaled_grad_kernel(V* dx, const V* dy, V alpha, int64_t n, bool accumulate) {
-  BERT_GRID_STRIDE(i, n) store_grad(dx, i, alpha * dy[i], accumulate);
+// dx (+)= alpha dy, in packs of W (a template so each kernel file has its own copy without relocatable
+// device code).
+template <int W>
+__global__ void scaled_grad_kernel(float* dx, const float* dy, float alpha, int64_t n, bool accumulate) {
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    const Pack<float, W> d = load_pack<W>(dy + i);
+    Pack<float, W> out = accumulate ? load_pack<W>(dx + i) : Pack<float, W>{};
+    for (int j = 0; j < W; ++j) out.v[j] = accumulate ? out.v[j] + alpha * d.v[j] : alpha * d.v[j];
+    store_pack<W>(dx + i, out);
+  }
 }
 
 template <typename V>

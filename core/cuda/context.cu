@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -71,6 +72,7 @@ CudaContext* create_context(int ordinal, Precision precision) {
   BERT_CUDA_CHECK(cudaMemcpy(c->ones, ones.data(), CudaContext::kOnes * sizeof(float), cudaMemcpyHostToDevice));
   BERT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->reduce_scratch), CudaContext::kReduceScratch * sizeof(double)));
   BERT_CUDA_CHECK(cudaMallocHost(&c->host_staging, CudaContext::kHostStaging));
+  BERT_CUDA_CHECK(cudaMallocHost(&c->upload_ring, CudaContext::kUploadRing));
   return c;
 }
 
@@ -84,6 +86,7 @@ void destroy_context(CudaContext* c) {
   cudaFree(c->ones);
   cudaFree(c->reduce_scratch);
   cudaFreeHost(c->host_staging);
+  cudaFreeHost(c->upload_ring);
   cudaStreamDestroy(c->stream);
   delete c;
 }
@@ -132,9 +135,21 @@ void copy_to_host(const CudaContext& c, void* host, const void* src, std::size_t
 
 void copy_to_device(const CudaContext& c, void* dst, const void* host, std::size_t bytes) {
   if (bytes == 0) return;
-  // From pageable memory the runtime stages the data before returning, so the caller may reuse its
-  // buffer at once, and the copy stays ordered on the stream without waiting for it.
-  BERT_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c.stream));
+  if (bytes > CudaContext::kUploadRing / 4) {  // large (weights): the runtime stages it, perhaps waiting
+    BERT_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c.stream));
+    return;
+  }
+  // Small (batches, ids, masks): copied into the pinned ring, from there asynchronously; the caller may
+  // reuse its buffer at once. Before the ring wraps, every copy out of it must have finished: one wait
+  // per kUploadRing bytes uploaded (many steps).
+  if (c.upload_offset + bytes > CudaContext::kUploadRing) {
+    BERT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    c.upload_offset = 0;
+  }
+  void* staged = static_cast<std::byte*>(c.upload_ring) + c.upload_offset;
+  std::memcpy(staged, host, bytes);
+  BERT_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, c.stream));
+  c.upload_offset += (bytes + 255) / 256 * 256;
 }
 
 void copy_on_device(const CudaContext& c, void* dst, const void* src, std::size_t bytes) {

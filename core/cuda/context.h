@@ -28,6 +28,11 @@ struct CudaContext {
   static constexpr std::size_t kReduceScratch = std::size_t{1} << 16;
   void* host_staging = nullptr;   // pinned, kHostStaging bytes: small device -> host reads
   static constexpr std::size_t kHostStaging = std::size_t{1} << 20;
+  // Pinned ring that host -> device copies pass through, so they never wait for the stream (a copy
+  // from pageable memory may): kUploadRing bytes, the next free byte at upload_offset.
+  void* upload_ring = nullptr;
+  static constexpr std::size_t kUploadRing = std::size_t{32} << 20;
+  mutable std::size_t upload_offset = 0;  // copies change only this, through a const context
   std::string device_name;
   std::size_t total_memory = 0;
 };

@@ -182,6 +182,11 @@ TEST_F(CudaOps, LinearWithAndWithoutBias) {
           [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
   compare({Shape{7, 3}, Shape{5, 3}},
           [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
+  // A large output whose width is not a multiple of 4 (a vocabulary): computed through padded rows.
+  compare({Shape{300, 24}, Shape{3501, 24}, Shape{3501}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare({Shape{300, 24}, Shape{3501, 24}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
 }
 
 TEST_F(CudaOps, AddAndMulWithBroadcasting) {
