@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Combines one bench/speed.sh run (ours.jsonl, torch-*.jsonl) into the issue-9 table: ours vs
+"""Combines one bench/speed.sh run (ours.jsonl, torch-*.jsonl) into one table: ours vs
 PyTorch's best thread setting per configuration, as ratios, and achieved GFLOP/s against the SGEMM
 ceiling measured in the same run. Writes DIR/speed.md and prints it."""
 import json

@@ -1,5 +1,5 @@
 // ParameterArena<T>: every parameter and its gradient in two flat, contiguous buffers, so an optimizer
-// step (and, later, an all-reduce across processes) is one pass over memory.
+// step (or an all-reduce of the gradients across processes) is one pass over memory.
 //
 // Two phases: declare parameters with add(), then allocate() once; after that parameters are views
 // into the arena and no more can be added.

@@ -1,5 +1,5 @@
 // Json: a small JSON value (null, bool, number, string, array, object) with a strict parser and a
-// writer. For configs, checkpoint/export metadata, metrics logs and, later, safetensors headers.
+// writer. For configs, checkpoint/export metadata, metrics logs and safetensors headers.
 // Objects keep their keys in insertion order (files read back the way they were written).
 #pragma once
 

@@ -1,5 +1,5 @@
 // MLM + NSP pretraining examples, made by Google's create_pretraining_data algorithm
-// (../shared/design/PRETRAINING_DATA.md), and the streaming builder that turns a corpus into shards.
+// (docs/data.md), and the streaming builder that turns a corpus into shards.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// HDF5 shards in the layout of NVIDIA DeepLearningExamples' BERT (../shared/design/PRETRAINING_DATA.md):
+// HDF5 shards in the layout of NVIDIA DeepLearningExamples' BERT (docs/data.md):
 //   input_ids int32 [N, L]; input_mask int8 [N, L]; segment_ids int8 [N, L];
 //   masked_lm_positions int32 [N, P]; masked_lm_ids int32 [N, P]; next_sentence_labels int8 [N]
 // gzip-compressed. Our shards also carry root attributes (vocab_size, tokenizer_sha256, max_seq_len,

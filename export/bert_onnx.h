@@ -1,5 +1,5 @@
 // ONNX export of BertForPreTraining: FP32, or explicit Q/DQ at exactly the model's enabled quantizers
-// (../shared/design/QDQ_EXPORT_RULES.md). Inputs input_ids, attention_mask, token_type_ids (int64,
+// (docs/export.md). Inputs input_ids, attention_mask, token_type_ids (int64,
 // dynamic batch and sequence); outputs prediction_logits [B, T, V] and seq_relationship_logits [B, 2].
 // Node and tensor names follow the model's module names.
 #pragma once

@@ -1,5 +1,5 @@
 // The TensorRT/ONNX Runtime rules for explicit-quantization models
-// (../shared/design/QDQ_EXPORT_RULES.md), checked on a ModelProto: what bert-export verifies before it
+// (docs/export.md), checked on a ModelProto: what bert-export verifies before it
 // puts a file in place, and what tests assert on every export.
 #pragma once
 
@@ -11,7 +11,7 @@
 namespace bert::exporter {
 
 struct RuleViolation {
-  int rule = 0;          // the rule's number in QDQ_EXPORT_RULES.md
+  int rule = 0;          // the rule's number in docs/export.md
   std::string node;      // the offending node (or tensor)
   std::string message;
 };

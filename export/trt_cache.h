@@ -1,4 +1,4 @@
-// TensorRT's calibration cache for the implicit INT8 path (../shared/design/QDQ_EXPORT_RULES.md): a
+// TensorRT's calibration cache for the implicit INT8 path (docs/export.md): a
 // header line, then "<tensor name>: <hex>" per tensor, <hex> the IEEE-754 float32 bits of scale =
 // amax / 127, most significant byte first. Keyed by the FP32 export's tensor names and covering every
 // floating-point activation tensor of that graph (LayerNorm, GELU, softmax and residual outputs too),

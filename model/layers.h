@@ -10,7 +10,7 @@
 
 namespace bert::model {
 
-// y = x W^T + b with <name>.weight (out, in) and <name>.bias (out): a QuantLinear. When quantizable, its
+// y = x W^T + b with <name>.weight (out, in) and <name>.bias (out). When quantizable, its
 // input passes through <name>.input_quantizer (per tensor) and its weight through
 // <name>.weight_quantizer (per output channel); both are pass-through until enabled.
 struct Linear {

@@ -1,5 +1,5 @@
 // Calibration statistics of one activation quantizer, and the calibrators that turn them into amax
-// (../shared/design/QUANT_ALGORITHMS.md): max, percentile, entropy (KL, TensorRT's EntropyCalibrator2
+// (docs/quantization.md): max, percentile, entropy (KL, TensorRT's EntropyCalibrator2
 // idea) and MSE. One pass collects max |x| and a 2048-bin histogram of |x|; every method's amax is then
 // computed from the same statistics, so PTQ can compare calibrators without recalibrating.
 #pragma once

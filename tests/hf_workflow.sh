@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Hugging Face workflow end to end on the fixtures (README "Start from a Hugging Face checkpoint"):
+# The Hugging Face workflow end to end on the fixtures (docs/huggingface.md):
 # import tests/fixtures/hf/tiny -> shards with its vocab.txt (whole-word masking on ##) -> QAT 300 steps
 # -> Q/DQ ONNX (checked by bert-export: ONNX checker + TensorRT rules) and a Hugging Face directory ->
 # ONNX Runtime and the re-imported directory score what the QAT checkpoint scores.

@@ -88,6 +88,13 @@ int main(int argc, char** argv) {
   CLI::App app{"bert-data: build BERT pretraining data. Steps: `split` (prose -> one sentence per line), "
                "`tokenizer` (train SentencePiece), `shards` (MLM+NSP examples in NVIDIA's HDF5 layout), "
                "`inspect` (check and summarise shards)."};
+  app.footer(
+      "Examples:\n"
+      "  bert-data split --input my.paragraphs.txt --output my.txt\n"
+      "  bert-data tokenizer --input my.txt --output spm --vocab-size 16000\n"
+      "  bert-data shards --input my.txt --tokenizer spm.model --output shards/ --max-seq-len 128\n"
+      "  bert-data inspect shards/ --tokenizer spm.model\n"
+      "Each step has its own --help (e.g. bert-data shards --help). Guide: docs/data.md");
   app.require_subcommand(1);
 
   // split

@@ -40,6 +40,14 @@ int main(int argc, char** argv) {
   std::string save_calibrated, onnx_model, ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
   CLI::App app{"bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
                "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
+  app.footer(
+      "Examples:\n"
+      "  bert-eval --checkpoint runs/mini --shards heldout/ --mlm-accuracy --nsp-accuracy\n"
+      "  bert-eval --checkpoint runs/mini --shards heldout/ --compare        # FP32 vs INT8 (each calibrator)\n"
+      "  bert-eval --checkpoint runs/mini --shards heldout/ --sensitivity --plan-out plan.json\n"
+      "  bert-eval --checkpoint runs/qat --shards heldout/ --onnx int8.onnx  # an export in ONNX Runtime\n"
+      "  bert-eval --checkpoint runs/mini --fill-mask \"the kernel is written in [MASK].\"\n"
+      "Guides: docs/training.md, docs/quantization.md");
   app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (from bert-train), its output folder, or a Hugging Face "
                  "model directory (config.json + model.safetensors)")->required();
   app.add_option("--shards", shards, "evaluation shards (files or folders)")->expected(1, -1);

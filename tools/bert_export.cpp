@@ -28,6 +28,14 @@ int main(int argc, char** argv) {
                "--qdq adds QuantizeLinear/DequantizeLinear at the checkpoint's enabled quantizers (INT8, "
                "symmetric, per-channel weights) for TensorRT's explicit INT8 path. The file is checked by the "
                "ONNX checker before it is put in place."};
+  app.footer(
+      "Examples:\n"
+      "  bert-export --checkpoint runs/mini --onnx fp32.onnx\n"
+      "  bert-export --checkpoint runs/qat --onnx int8.onnx --qdq --masked-positions\n"
+      "  bert-export --checkpoint runs/mini --onnx fp32.onnx --trt-calib-cache fp32.cache --calib-shards shards/\n"
+      "  bert-export --checkpoint runs/qat --onnx int8.onnx --qdq --triton-repo triton/\n"
+      "  bert-export --checkpoint runs/qat --hf bert-qat-int8                # a Hugging Face directory\n"
+      "Guide: docs/export.md");
   std::string hf_dir;
   app.add_option("--checkpoint", checkpoint, "checkpoint .h5, its run folder, or a Hugging Face model directory")->required();
   app.add_option("--onnx", output, "output .onnx file");

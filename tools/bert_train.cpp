@@ -33,6 +33,13 @@ int main(int argc, char** argv) {
   CLI::App app{"bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
                "(NVIDIA's layout, e.g. from `bert-data shards`). Writes OUT/config.json, the tokenizer (OUT/tokenizer.model or OUT/vocab.txt), "
                "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues."};
+  app.footer(
+      "Examples:\n"
+      "  bert-train --train shards/ --eval heldout/ --tokenizer spm.model --preset mini --out runs/mini \\\n"
+      "             --steps 10000 --batch-size 128 --lr 1e-3 --warmup 0.1\n"
+      "  bert-train --init-from runs/mini/checkpoint.h5 --qat --train shards/ --out runs/mini-qat --steps 1000 --lr 1e-4\n"
+      "The same command with --resume continues an interrupted run exactly.\n"
+      "Guide: docs/training.md (GPUs: --device cuda --precision tf32)");
   app.add_option("--train", o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
   app.add_option("--eval", o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
   app.add_option("--tokenizer", o.tokenizer_path, "tokenizer the shards were made with: SentencePiece .model or WordPiece vocab.txt "
