@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pretraining quality on a GPU: BERT-mini on the demo data for 10k steps (batch 128, TF32), held-out and
-# Brown MLM/NSP accuracy, then QAT from it (1k steps) and FP32 vs PTQ vs QAT on Brown. Run on the GPU
+# Brown MLM/NSP accuracy, then QAT from it (1k steps) with learned, fixed and LSQ scales, and FP32 vs PTQ vs
+# QAT on Brown. Run on the GPU
 # machine from the repository root with a bundle (scripts/gpu_bundle.sh) and the demo corpus packed here
 # by `tar -C cache -cJf cache-gpu/corpus.tar.xz corpus/{brown.txt,heldout.paragraphs.txt,train.paragraphs.txt,manifest.json}`:
 #   bash bench/gpu_pretrain.sh [RESULTS_DIR]
@@ -21,9 +22,16 @@ for set in heldout brown; do
   run bert-eval --device cuda --checkpoint runs/mini-gpu --shards $D/shards/$set --mlm-accuracy --nsp-accuracy \
     --json-out "$results/fp32-$set.json" > /dev/null
 done
-run bert-train --device cuda --precision tf32 --init-from runs/mini-gpu/checkpoint.h5 --qat --calibrator percentile \
-  --calib-batches 16 --train $D/shards/train --eval $D/shards/heldout --tokenizer $D/spm.model --out runs/mini-gpu-qat \
-  --steps 1000 --batch-size 128 --lr 1e-4 --eval-every 0 --log-every 250 2>&1 | tee "$results/qat.log" | grep -E "step .*0/|eval|done|clipping"
-run bert-eval --device cuda --checkpoint runs/mini-gpu-qat --shards $D/shards/brown --compare \
-  --calibrators max,percentile,entropy,mse --calib-shards $D/shards/train --calib-batches 16 \
-  --json-out "$results/compare-brown.json" | tee "$results/compare-brown.txt"
+# QAT from it with each way of training the scales (SCALES: learned, fixed, lsq), then FP32 vs PTQ vs QAT
+# on Brown (every calibrator for the first, percentile only after).
+calibrators=max,percentile,entropy,mse
+for scales in ${SCALES:-learned fixed lsq}; do
+  run bert-train --device cuda --precision tf32 --init-from runs/mini-gpu/checkpoint.h5 --qat --calibrator percentile \
+    --calib-batches 16 --train $D/shards/train --eval $D/shards/heldout --tokenizer $D/spm.model \
+    --out runs/mini-gpu-qat-$scales --scales $scales --steps ${QAT_STEPS:-1000} --batch-size 128 --lr 1e-4 \
+    --eval-every 0 --log-every 250 2>&1 | tee "$results/qat-$scales.log" | grep -E "step .*0/|eval|done|clipping|saturated"
+  run bert-eval --device cuda --checkpoint runs/mini-gpu-qat-$scales --shards $D/shards/brown --compare \
+    --calibrators $calibrators --calib-shards $D/shards/train --calib-batches 16 \
+    --json-out "$results/compare-brown-$scales.json" | tee "$results/compare-brown-$scales.txt"
+  calibrators=percentile
+done

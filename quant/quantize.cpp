@@ -166,6 +166,25 @@ void clamp_scales(model::BertForPreTraining& model, float minimum) {
   }
 }
 
+std::vector<std::string> fully_saturated_channels(model::BertForPreTraining& model) {
+  std::vector<std::string> dead;
+  const std::string suffix = "_quantizer";
+  for (model::Quantizer* q : model.quantizers()) {
+    if (q->mode != model::QuantMode::kQuantize || !q->is_weight) continue;
+    // "<layer>.weight_quantizer" quantizes "<layer>.weight" (out, in), one scale per output row.
+    const std::string weight_name = q->name.substr(0, q->name.size() - suffix.size());
+    const TensorView<float> w = model.parameters().get(weight_name).value;
+    const TensorView<float> s = model.parameters().get(q->scale).value;
+    const int64_t rows = w.shape()[0], cols = w.numel() / rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      bool all_clipped = cols > 0;
+      for (int64_t c = 0; c < cols && all_clipped; ++c) all_clipped = std::abs(w[r * cols + c]) / s[r] > 127.5f;
+      if (all_clipped) dead.push_back(q->name + "[" + std::to_string(r) + "]");
+    }
+  }
+  return dead;
+}
+
 void disable_all(model::BertForPreTraining& model) {
   for (model::Quantizer* q : model.quantizers()) {
     q->mode = model::QuantMode::kFloat;

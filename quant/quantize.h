@@ -68,6 +68,12 @@ std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::
 constexpr float kMinimumScale = 1e-8f;
 void clamp_scales(model::BertForPreTraining& model, float minimum = kMinimumScale);
 
+// Weight channels of enabled weight quantizers whose every weight lies beyond the range (|w| / s above
+// 127.5 everywhere in the channel): such a channel outputs its bias alone and, behind the
+// straight-through mask, never gets a gradient again. Reads the arena's host values. Each entry is
+// "<quantizer name>[<channel>]".
+std::vector<std::string> fully_saturated_channels(model::BertForPreTraining& model);
+
 // Every quantizer to float.
 void disable_all(model::BertForPreTraining& model);
 

@@ -75,6 +75,12 @@ int main(int argc, char** argv) {
                  "attention matmul inputs), e.g. '*.weight_quantizer,*matmul_*'");
   app.add_option("--keep-float", o.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
   app.add_option("--scale-lr-mult", o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")->capture_default_str();
+  std::string scales = "learned";
+  app.add_option("--scales", scales,
+                 "how QAT trains the quantizer scales: learned (their logarithm, so each step moves a scale by a "
+                 "fraction of itself), lsq (LSQ's update on the scale itself; small weight scales can collapse "
+                 "under Adam) or fixed (the calibrated scales stay; only the weights train)")
+      ->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
   app.add_option("--stop-at", o.stop_at_step, "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
   app.add_option("--keep-checkpoints", o.keep_checkpoints,
@@ -92,6 +98,7 @@ int main(int argc, char** argv) {
 
   return tools::run_tool([&] {
     if (threads > 0) omp_set_num_threads(threads);
+    o.scales = train::parse_scale_training(scales);
     o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
     if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
     // The tokenizer: the given one, else the copy in the output folder (--resume), else the one shipped

@@ -28,6 +28,7 @@ Optimizer::Optimizer(OptimizerOptions options, ParameterArena<float>& params, st
   BERT_CHECK(static_cast<int32_t>(decays_.size()) == params.size(), "one decay flag per parameter");
   lr_multiplier_.assign(decays_.size(), 1.0);
   minimum_.assign(decays_.size(), -INFINITY);
+  log_space_.assign(decays_.size(), false);
   m_.assign(params.values().numel(), 0.0f);
   v_.assign(params.values().numel(), 0.0f);
   if (params.on_cuda()) {
@@ -65,6 +66,7 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
       s.lr_multiplier = static_cast<float>(lr_multiplier_[id]);
       s.has_minimum = std::isfinite(minimum_[id]);
       s.minimum = s.has_minimum ? minimum_[id] : 0.0f;
+      s.log_space = log_space_[id];
       largest_ = std::max(largest_, s.size);
     }
     device_segments_ = DeviceBuffer(params_.device(), segments.size() * sizeof(cuda_impl::Segment));
@@ -103,7 +105,15 @@ void Optimizer::step(double lr) {
     const float lrf = static_cast<float>(param_lr);
     const float floor_value = minimum_[id];
     const bool has_floor = std::isfinite(floor_value);
-    if (!lamb) {
+    if (log_space_[id]) {  // Adam on log w (see set_log_space), the same for AdamW and LAMB
+      for (int64_t i = 0; i < n; ++i) {
+        const float gl = g[i] * w[i];
+        m[i] = b1f * m[i] + (1 - b1f) * gl;
+        v[i] = b2f * v[i] + (1 - b2f) * gl * gl;
+        w[i] *= std::exp(-lrf * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps));
+        if (has_floor && !(w[i] >= floor_value)) w[i] = floor_value;
+      }
+    } else if (!lamb) {
       parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           m[i] = b1f * m[i] + (1 - b1f) * g[i];

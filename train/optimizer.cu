@@ -21,8 +21,26 @@ __device__ __forceinline__ float apply_floor(float w, const Segment& s) {
   return (s.has_minimum && !(w >= s.minimum)) ? s.minimum : w;  // also catches NaN
 }
 
+// Optimizer::set_log_space: moments of the gradient with respect to log w, a multiplicative update.
+__device__ __forceinline__ void log_space_update(float& w, float g, float& m, float& v, const AdamHyper& h, float lr) {
+  const float gl = g * w;
+  m = h.beta1 * m + (1 - h.beta1) * gl;
+  v = h.beta2 * v + (1 - h.beta2) * gl * gl;
+  w *= expf(-lr * (m * h.bias_correction1) / (sqrtf(v * h.bias_correction2) + h.epsilon));
+}
+
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, const Segment* segments, AdamHyper h) {
   const Segment s = segments[blockIdx.y];
+  if (s.log_space) {
+    const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
+    for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
+      const int64_t i = s.offset + j;
+      float wi = w[i], mi = m[i], vi = v[i];
+      log_space_update(wi, g[i], mi, vi, h, h.lr * s.lr_multiplier);
+      w[i] = apply_floor(wi, s), m[i] = mi, v[i] = vi;
+    }
+    return;
+  }
   const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
   const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
   for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
@@ -44,6 +62,15 @@ __global__ void lamb_moments(float* w, const float* g, float* m, float* v, const
   __shared__ double shared[32];
   const Segment s = segments[blockIdx.y];
   const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
+  if (s.log_space) {  // no trust ratio: updated here, skipped by lamb_apply (uniform per block)
+    for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
+      const int64_t i = s.offset + j;
+      float wi = w[i], mi = m[i], vi = v[i];
+      log_space_update(wi, g[i], mi, vi, h, h.lr * s.lr_multiplier);
+      w[i] = apply_floor(wi, s), m[i] = mi, v[i] = vi;
+    }
+    return;
+  }
   double w2 = 0, u2 = 0;
   for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
     const int64_t i = s.offset + j;
@@ -67,6 +94,7 @@ __global__ void lamb_moments(float* w, const float* g, float* m, float* v, const
 __global__ void lamb_apply(float* w, const float* m, const float* v, const Segment* segments, AdamHyper h,
                            const double* partial_w, const double* partial_u) {
   const Segment s = segments[blockIdx.y];
+  if (s.log_space) return;  // done in lamb_moments
   double w2 = 0, u2 = 0;
   for (unsigned b = 0; b < gridDim.x; ++b) {
     w2 += partial_w[blockIdx.y * gridDim.x + b];

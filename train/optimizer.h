@@ -42,6 +42,15 @@ class Optimizer {
     minimum_.at(id) = minimum;
     segments_dirty_ = true;
   }
+  // Parameter `id` (positive values: quantizer scales) learns its logarithm: the moments follow the
+  // gradient with respect to log w (w dL/dw) and the update multiplies, w *= exp(-lr * m_hat /
+  // (sqrt(v_hat) + eps)), with no weight decay and no LAMB trust ratio. Each step then moves w by about
+  // the same FRACTION whatever its size; Adam on w itself moves every value by about lr, which wipes out
+  // small scales (a weight scale of 1e-3 at lr 1e-4 is gone in ten steps). Values stay positive.
+  void set_log_space(ParamId id, bool log_space = true) {
+    log_space_.at(id) = log_space;
+    segments_dirty_ = true;
+  }
   int64_t steps() const { return steps_; }
   const OptimizerOptions& options() const { return options_; }
 
@@ -59,6 +68,7 @@ class Optimizer {
   std::vector<bool> decays_;
   std::vector<double> lr_multiplier_;
   std::vector<float> minimum_;  // -inf: none
+  std::vector<bool> log_space_;
   AlignedVector<float> m_, v_;
   DeviceBuffer device_m_, device_v_, device_segments_;  // on the arena's GPU
   bool segments_dirty_ = true;

@@ -15,6 +15,7 @@ struct Segment {
   float weight_decay = 0, lr_multiplier = 1;
   float minimum = 0;  // values are clamped to at least this after the update when has_minimum
   int has_minimum = 0;
+  int log_space = 0;  // Adam on log w, multiplicative update (Optimizer::set_log_space)
 };
 
 struct AdamHyper {

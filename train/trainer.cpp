@@ -23,6 +23,21 @@ namespace bert::train {
 
 namespace fs = std::filesystem;
 
+TrainOptions::ScaleTraining parse_scale_training(const std::string& name) {
+  if (name == "learned") return TrainOptions::ScaleTraining::kLearned;
+  if (name == "lsq") return TrainOptions::ScaleTraining::kLsq;
+  if (name == "fixed") return TrainOptions::ScaleTraining::kFixed;
+  throw UserError("--scales '" + name + "': expected learned, lsq or fixed");
+}
+
+std::string scale_training_name(TrainOptions::ScaleTraining scales) {
+  switch (scales) {
+    case TrainOptions::ScaleTraining::kLsq: return "lsq";
+    case TrainOptions::ScaleTraining::kFixed: return "fixed";
+    default: return "learned";
+  }
+}
+
 void TrainOptions::validate() const {
   auto fail = [](const std::string& msg) { throw UserError(msg); };
   if (train_shards.empty()) fail("--train: no training shards given");
@@ -78,6 +93,7 @@ Json TrainOptions::to_json() const {
     j["quantize_residuals"] = calibration.residuals;
     j["plan"] = plan_path;
     j["scale_lr_multiplier"] = scale_lr_multiplier;
+    j["scales"] = scale_training_name(scales);
   }
   return j;
 }
@@ -255,6 +271,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       recipe["qat_steps"] = o.steps;
       recipe["learning_rate"] = o.learning_rate;
       recipe["scale_lr_multiplier"] = o.scale_lr_multiplier;
+      recipe["scales"] = scale_training_name(o.scales);
       state.quantization = recipe;
     }
     if (fs::absolute(tokenizer_path) != fs::absolute(tokenizer_copy)) {
@@ -273,10 +290,14 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   for (model::Quantizer* q : model.quantizers())
     if (q->mode == model::QuantMode::kQuantize) active.push_back(q);
   for (model::Quantizer* q : active) {
-    optimizer.set_lr_multiplier(q->scale, o.scale_lr_multiplier);
+    // A multiplier of 0 freezes the scales (their gradients are still computed, and ignored).
+    optimizer.set_lr_multiplier(q->scale, o.scales == TrainOptions::ScaleTraining::kFixed ? 0.0 : o.scale_lr_multiplier);
+    optimizer.set_log_space(q->scale, o.scales == TrainOptions::ScaleTraining::kLearned);
     optimizer.set_minimum(q->scale, quant::kMinimumScale);
   }
-  if (!active.empty()) spdlog::info("quantization-aware training with {} quantizers enabled", active.size());
+  if (!active.empty())
+    spdlog::info("quantization-aware training with {} quantizers enabled, scales {}", active.size(),
+                 scale_training_name(o.scales));
 
   if (state.step >= o.steps) {
     spdlog::info("nothing to do: the checkpoint is at step {} of {}", state.step, o.steps);
@@ -447,6 +468,13 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   if (!result.stopped_early) run_eval(result);
   spdlog::info("done: {} steps in {} ({:.1f} sequences/s); checkpoint '{}'", result.losses.size(),
                format_duration(result.seconds), result.sequences_per_second, checkpoint_path);
+  if (!active.empty()) {  // the last save left the values on the host
+    result.saturated_channels = quant::fully_saturated_channels(model);
+    if (!result.saturated_channels.empty())
+      spdlog::warn("{} weight channel(s) fully saturated (every weight beyond its scale's range: the channel "
+                   "outputs its bias alone and learns no more), first {}; try --scales learned or fixed",
+                   result.saturated_channels.size(), result.saturated_channels.front());
+  }
   return result;
 }
 

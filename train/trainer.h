@@ -54,6 +54,12 @@ struct TrainOptions {
   quant::CalibrationOptions calibration;
   std::string plan_path;           // sensitivity plan: quantizers kept in float
   double scale_lr_multiplier = 1.0;  // scales learn at learning_rate * this
+  // How the quantizer scales train: kLearned (default) learns log-scale (Optimizer::set_log_space), so
+  // each step moves a scale by a fraction of itself; kLsq is LSQ's update on the scale itself (small
+  // weight scales can collapse under Adam); kFixed keeps the calibrated scales (NVIDIA's QAT recipe:
+  // only the weights train).
+  enum class ScaleTraining { kLearned, kLsq, kFixed };
+  ScaleTraining scales = ScaleTraining::kLearned;
 
   bool resume = false;        // continue from output_dir/checkpoint.h5
   int64_t stop_at_step = 0;   // > 0: stop after this step with a checkpoint, as if interrupted
@@ -70,9 +76,14 @@ struct TrainOptions {
   Json to_json() const;
 };
 
+// "learned" | "lsq" | "fixed" (UserError naming --scales otherwise), and back.
+TrainOptions::ScaleTraining parse_scale_training(const std::string& name);
+std::string scale_training_name(TrainOptions::ScaleTraining scales);
+
 struct TrainResult {
   int64_t steps_done = 0;
   bool stopped_early = false;  // stop was requested; a checkpoint was written
+  std::vector<std::string> saturated_channels;  // QAT: quant::fully_saturated_channels at the end
   double seconds = 0, sequences_per_second = 0;
   int64_t skipped_steps = 0;  // updates dropped for a non-finite loss or gradient (--on-nonfinite skip)
   eval::PretrainingMetrics last_eval;

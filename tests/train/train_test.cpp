@@ -98,6 +98,44 @@ TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
   }
 }
 
+// A log-space parameter (quantizer scales): Adam on log w, applied as a factor, for AdamW and LAMB.
+TEST(Optimizer, LogSpaceParametersLearnTheirLogarithm) {
+  for (const std::string name : {"adamw", "lamb"}) {
+    SCOPED_TRACE(name);
+    ParameterArena<float> arena;
+    arena.add("q.scale", {4});
+    arena.add("plain", {4});
+    arena.allocate();
+    const std::vector<float> start = {1e-3f, 0.5f, 2e-5f, 3.0f};
+    for (int i = 0; i < 4; ++i) arena.get(0).value[i] = arena.get(1).value[i] = start[i];
+    OptimizerOptions options;
+    options.name = name;
+    Optimizer opt(options, arena, {true, true});
+    opt.set_log_space(0);
+    std::vector<double> w(start.begin(), start.end()), m(4, 0.0), v(4, 0.0);
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-6;
+    for (int step = 1; step <= 40; ++step) {
+      for (int i = 0; i < 4; ++i) arena.get(0).grad[i] = arena.get(1).grad[i] = 1.0f;  // always "shrink"
+      opt.step(lr);
+      for (int i = 0; i < 4; ++i) {  // the reference: Adam on u = log w, gradient w * dL/dw
+        const double gu = w[i] * 1.0;
+        m[i] = b1 * m[i] + (1 - b1) * gu;
+        v[i] = b2 * v[i] + (1 - b2) * gu * gu;
+        const double dir = (m[i] / (1 - std::pow(b1, step))) / (std::sqrt(v[i] / (1 - std::pow(b2, step))) + eps);
+        w[i] *= std::exp(-lr * dir);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(arena.get(0).value[i], w[i], 1e-4 * w[i]) << i;
+      // Every scale, large or small, shrank by about the same factor (at most e^-0.4 in 40 steps)...
+      EXPECT_GT(arena.get(0).value[i], start[i] * std::exp(-0.41)) << i;
+    }
+    // ...where the plain update moved each by about lr per step: the small values are gone.
+    EXPECT_LT(arena.get(1).value[0], 0.0f);
+    EXPECT_LT(arena.get(1).value[2], 0.0f);
+  }
+}
+
 TEST(Optimizer, RejectsBadOptions) {
   OptimizerOptions o;
   o.name = "sgd";
@@ -580,6 +618,43 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
     quant::calibrate(calibrated, loader, co, g);
     const char* name = "bert.encoder.layer.0.output.dense.input_quantizer.scale";
     EXPECT_NE(calibrated.parameters().get(name).value[0], m.parameters().get(name).value[0]);
+    // Learned in log space: every scale within [0.25, 4] of its calibrated start, no dead channel.
+    for (model::Quantizer* q : m.quantizers()) {
+      if (q->mode != model::QuantMode::kQuantize) continue;
+      const TensorView<float> learned = m.parameters().get(q->scale).value;
+      const TensorView<float> initial = calibrated.parameters().get(q->scale).value;
+      for (int64_t c = 0; c < learned.numel(); ++c) {
+        EXPECT_GE(learned[c], 0.25f * initial[c]) << q->name << "[" << c << "]";
+        EXPECT_LE(learned[c], 4.0f * initial[c]) << q->name << "[" << c << "]";
+      }
+    }
+    EXPECT_TRUE(full.saturated_channels.empty()) << full.saturated_channels.size() << " dead channels";
+
+    // --scales fixed keeps the calibrated scales exactly; --scales lsq (the update on the scale
+    // itself) at this learning rate drives small weight scales to the floor and kills their channels.
+    for (auto mode : {TrainOptions::ScaleTraining::kFixed, TrainOptions::ScaleTraining::kLsq}) {
+      TrainOptions variant = qat;
+      variant.scales = mode;
+      variant.output_dir = out.file("qat-" + scale_training_name(mode));
+      const TrainResult r = train(variant);
+      model::BertForPreTraining trained(read_checkpoint_config(variant.output_dir + "/checkpoint.h5"));
+      load_checkpoint(variant.output_dir + "/checkpoint.h5", trained, nullptr);
+      bool all_equal = true;
+      for (model::Quantizer* q : trained.quantizers()) {
+        if (q->mode != model::QuantMode::kQuantize) continue;
+        const TensorView<float> s = trained.parameters().get(q->scale).value;
+        const TensorView<float> initial = calibrated.parameters().get(q->scale).value;
+        for (int64_t c = 0; c < s.numel(); ++c) all_equal = all_equal && s[c] == initial[c];
+      }
+      if (mode == TrainOptions::ScaleTraining::kFixed) {
+        EXPECT_TRUE(all_equal);
+        EXPECT_TRUE(r.saturated_channels.empty());
+      } else {
+        EXPECT_FALSE(all_equal);
+        EXPECT_FALSE(r.saturated_channels.empty());
+      }
+    }
+    expect_user_error([] { parse_scale_training("log"); }, "--scales 'log'");
   }
 
   // FP32 vs PTQ vs QAT side by side, and sensitivity with a plan.
