@@ -142,6 +142,10 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
           }
         }
       }
+      // Rule 10: every QuantizeLinear is followed by DequantizeLinear (a lone Q is the QOperator form).
+      for (const onnx::NodeProto* user : consumers[n.output(0)])
+        if (user->op_type() != "DequantizeLinear")
+          fail(10, n.name(), "QuantizeLinear feeds " + user->op_type() + ", not DequantizeLinear");
     } else {  // DequantizeLinear
       // Rule 10: one consumer after each DQ; its Q feeds only it.
       if (consumers[n.output(0)].size() != 1)
@@ -154,7 +158,33 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
             if (user->op_type() != "MatMul" && user->op_type() != "Gemm")
               fail(7, n.name(), "weight DequantizeLinear feeds " + user->op_type() + ", not MatMul/Gemm");
       }
-      if (per_channel && !find_attribute(n, "axis")) fail(5, n.name(), "per-channel DequantizeLinear without an explicit axis");
+      const onnx::NodeProto* q =
+          it != producer.end() && it->second->op_type() == "QuantizeLinear" ? it->second : nullptr;
+      const onnx::TensorProto* weight = q && init.count(q->input(0)) ? init.at(q->input(0)) : nullptr;
+      if (q) {  // Rule 10: the two halves of a pair agree on scale and zero point.
+        auto constant = [&init](const onnx::NodeProto* node, int i) -> std::vector<double> {
+          return node->input_size() > i && init.count(node->input(i)) ? values_of(*init.at(node->input(i)))
+                                                                      : std::vector<double>{};
+        };
+        if (constant(q, 1) != constant(&n, 1)) fail(10, n.name(), "scale differs from its QuantizeLinear's");
+        if (constant(q, 2) != constant(&n, 2)) fail(10, n.name(), "zero point differs from its QuantizeLinear's");
+      }
+      // Rule 4: per-channel only for weights; rule 5: an explicit axis that matches the weight and its Q.
+      if (per_channel && q && !weight) fail(4, n.name(), "per-channel scale on an activation");
+      if (per_channel) {
+        const onnx::AttributeProto* axis = find_attribute(n, "axis");
+        if (!axis) {
+          fail(5, n.name(), "per-channel DequantizeLinear without an explicit axis");
+        } else if (weight) {
+          const int64_t a = axis->i() < 0 ? axis->i() + weight->dims_size() : axis->i();
+          if (a < 0 || a >= weight->dims_size() || weight->dims(static_cast<int>(a)) != numel(*scale))
+            fail(5, n.name(), "axis " + std::to_string(axis->i()) + " does not match " + std::to_string(numel(*scale)) + " scales");
+          const onnx::AttributeProto* q_axis = find_attribute(*q, "axis");
+          const int64_t qa = q_axis ? (q_axis->i() < 0 ? q_axis->i() + weight->dims_size() : q_axis->i()) : 1;
+          if (q_axis && a != qa)
+            fail(5, n.name(), "axis " + std::to_string(a) + " differs from its QuantizeLinear's " + std::to_string(qa));
+        }
+      }
     }
   }
   return v;

@@ -34,6 +34,17 @@ std::vector<std::string> activation_tensors(const onnx::ModelProto& model) {
   return names;
 }
 
+std::vector<std::string> cache_tensors(const onnx::ModelProto& model) {
+  std::vector<std::string> names;
+  for (const std::string& name : activation_tensors(model)) {
+    const bool mask_path = name.rfind("bert.attention_mask.", 0) == 0;
+    const bool pre_softmax = name.ends_with(".masked_scores") || name.ends_with(".scaled_scores");
+    const bool inside_an_op = name.find(".gelu.") != std::string::npos || name.find("LayerNorm.") != std::string::npos;
+    if (!mask_path && !pre_softmax && !inside_an_op) names.push_back(name);
+  }
+  return names;
+}
+
 onnx::ModelProto with_outputs(const onnx::ModelProto& model, const std::vector<std::string>& names) {
   onnx::ModelProto m = model;
   std::set<std::string> present;
@@ -50,13 +61,13 @@ onnx::ModelProto with_outputs(const onnx::ModelProto& model, const std::vector<s
 std::map<std::string, double> calibrate_tensors(const onnx::ModelProto& fp32, data::ShardLoader& loader,
                                                 const CacheOptions& o) {
   const quant::Method method = quant::parse_method(o.calibrator);
-  const std::vector<std::string> names = activation_tensors(fp32);
+  const std::vector<std::string> names = cache_tensors(fp32);
   const std::string instrumented = o.work_dir + "/instrumented.onnx";
   write_onnx(with_outputs(fp32, names), instrumented);
   const std::vector<data::Batch> batches = eval::take_batches(loader, o.batches);
   if (batches.empty()) throw UserError("calibration for the TensorRT cache found no batches");
   const Json histograms = eval::run_onnx_runtime(o.ort_script, "--histograms", instrumented,
-                                                 eval::batch_feeds(batches, false), o.work_dir);
+                                                 eval::batch_feeds(batches, o.masked_positions), o.work_dir);
   std::filesystem::remove(instrumented);
   std::map<std::string, double> amax;
   for (const std::string& name : names) {

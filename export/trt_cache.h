@@ -1,8 +1,9 @@
 // TensorRT's calibration cache for the implicit INT8 path (docs/export.md): a
 // header line, then "<tensor name>: <hex>" per tensor, <hex> the IEEE-754 float32 bits of scale =
-// amax / 127, most significant byte first. Keyed by the FP32 export's tensor names and covering every
-// floating-point activation tensor of that graph (LayerNorm, GELU, softmax and residual outputs too),
-// so TensorRT does not fall back to float for any of them.
+// amax / 127, most significant byte first. Keyed by the FP32 export's tensor names and covering the
+// floating-point activation tensors of that graph (LayerNorm, GELU, softmax and residual outputs too),
+// calibrated on exactly the graph written (with --masked-positions, that one). TensorRT deprecated this
+// implicit path in 10.1; the explicit Q/DQ export is the recommended way to run BERT in INT8.
 #pragma once
 
 #include <onnx/onnx_pb.h>
@@ -18,6 +19,12 @@ namespace bert::exporter {
 // Every float tensor a node of the graph computes (types from ONNX shape inference).
 std::vector<std::string> activation_tensors(const onnx::ModelProto& model);
 
+// The tensors the cache gives a scale: the activation tensors except those no INT8 scale suits — the
+// attention-mask path and the masked pre-softmax scores (values near -10000 beside the real scores),
+// and the tensors inside a GELU or LayerNorm written as several nodes (TensorRT fuses the op; its
+// internals are never INT8 inputs).
+std::vector<std::string> cache_tensors(const onnx::ModelProto& model);
+
 // A copy of the model with these tensors added as graph outputs (to observe them in ONNX Runtime).
 onnx::ModelProto with_outputs(const onnx::ModelProto& model, const std::vector<std::string>& names);
 
@@ -28,9 +35,10 @@ struct CacheOptions {
   int trt_version = 8601;              // major*1000 + minor*100 + patch
   std::string ort_script;              // scripts/ort_run.js
   std::string work_dir;                // for the files exchanged with ONNX Runtime
+  bool masked_positions = false;       // the graph takes masked_lm_positions (export --masked-positions)
 };
 
-// Calibrates every activation tensor of the FP32 export on the loader's batches (histograms collected
+// Calibrates every cache tensor of the FP32 export on the loader's batches (histograms collected
 // in ONNX Runtime, amax by the chosen calibrator here) and returns {tensor name: amax}.
 std::map<std::string, double> calibrate_tensors(const onnx::ModelProto& fp32, data::ShardLoader& loader,
                                                 const CacheOptions& options);

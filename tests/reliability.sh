@@ -81,6 +81,13 @@ expect_error eval-wrong-shards "vocabulary of 800 tokens; the model has 384" "" 
 expect_error export-no-quantizers "has no enabled quantizers" "$OUT/never.onnx" -- "$BIN/bert-export" --checkpoint "$OUT/run" --onnx "$OUT/never.onnx" --qdq
 expect_error export-bad-opset "--opset" "$OUT/never.onnx" -- "$BIN/bert-export" --checkpoint "$OUT/run" --onnx "$OUT/never.onnx" --opset 7
 expect_error export-nothing "nothing to do" "" -- "$BIN/bert-export" --checkpoint "$OUT/run"
+"$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --calib-batches 2 --save-calibrated "$OUT/ptq.h5" > "$OUT/ptq.log" 2>&1 ||
+  { tail "$OUT/ptq.log"; fail "save-calibrated"; }
+expect_error export-cache-with-qdq "TensorRT ignores calibration" "$OUT/never.onnx" -- "$BIN/bert-export" --checkpoint "$OUT/ptq.h5" \
+  --onnx "$OUT/never.onnx" --qdq --trt-calib-cache "$OUT/never.cache" --calib-shards "$OUT/shards"
+expect_error export-cache-of-quantized "enabled quantizers (QAT or PTQ)" "$OUT/never.cache" -- "$BIN/bert-export" \
+  --checkpoint "$OUT/ptq.h5" --onnx "$OUT/never.onnx" --trt-calib-cache "$OUT/never.cache" --calib-shards "$OUT/shards"
+expect_error bad-scales "--scales 'log'" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --scales log
 
 # ---- signals: interrupt a long run, resume it, compare with the uninterrupted run.
 STEPS=400

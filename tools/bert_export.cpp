@@ -104,6 +104,14 @@ int main(int argc, char** argv) {
     }
     if (options.qdq && enabled == 0)
       throw UserError("--qdq: checkpoint '" + checkpoint + "' has no enabled quantizers (train with --qat first)");
+    if (!cache_path.empty() && options.qdq)
+      throw UserError("--trt-calib-cache with --qdq: TensorRT ignores calibration for a network with Q/DQ nodes; "
+                      "write the cache for an FP32 export (without --qdq)");
+    if (!cache_path.empty() && enabled > 0)
+      throw UserError("--trt-calib-cache: checkpoint '" + checkpoint + "' has " + std::to_string(enabled) +
+                      " enabled quantizers (QAT or PTQ); the implicit path would calibrate the float graph again and "
+                      "drop their scales. Deploy it with --qdq (explicit INT8), or write the cache from an FP32 "
+                      "checkpoint");
     // The tokenizer travels with the export: copied beside it, its hash in the metadata.
     fs::path output_path(output);
     if (output_path.has_parent_path()) fs::create_directories(output_path.parent_path());
@@ -139,8 +147,10 @@ int main(int argc, char** argv) {
       lo.repeat = false;
       data::ShardLoader loader(lo);
       for (model::Quantizer* q : model.quantizers()) q->mode = model::QuantMode::kFloat;  // the FP32 graph
-      exporter::ExportOptions fp32_options;
+      exporter::ExportOptions fp32_options;  // the graph written, so the cache covers exactly its tensors
       fp32_options.opset = options.opset;
+      fp32_options.masked_positions = options.masked_positions;
+      cache.masked_positions = options.masked_positions;
       const onnx::ModelProto fp32 = exporter::export_bert(model, fp32_options);
       const std::string work = (fs::temp_directory_path() / ("bert-export-" + std::to_string(::getpid()))).string();
       fs::create_directories(work);
@@ -150,6 +160,10 @@ int main(int argc, char** argv) {
       exporter::write_trt_cache(cache_path, amax, cache);
       spdlog::info("wrote TensorRT calibration cache {} ({} tensors of the FP32 graph, {} calibrator, {} batches)",
                    cache_path, amax.size(), cache.calibrator, cache.batches);
+      if (cache.calibrator == "percentile" || cache.calibrator == "mse")
+        spdlog::info("its header says EntropyCalibration2: TensorRT has no {} calibrator class, so serve the cache "
+                     "through an IInt8EntropyCalibrator2 whose readCalibrationCache returns this file",
+                     cache.calibrator);
     }
     if (!triton_repo.empty()) {
       const std::string name = triton_name.empty() ? output_path.stem().string() : triton_name;

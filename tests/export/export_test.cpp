@@ -287,14 +287,26 @@ TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
   model::BertForPreTraining m(small_config());
   m.initialize(4);
   const onnx::ModelProto fp32 = export_bert(m, {});
-  const std::vector<std::string> names = activation_tensors(fp32);
+  const std::vector<std::string> names = cache_tensors(fp32);
+  auto has = [](const std::vector<std::string>& list, const std::string& name) {
+    return std::find(list.begin(), list.end(), name) != list.end();
+  };
   std::set<std::string> ops_covered;
   for (const auto& n : fp32.graph().node())
-    if (std::find(names.begin(), names.end(), n.output(0)) != names.end()) ops_covered.insert(n.op_type());
-  for (const char* op : {"LayerNormalization", "Softmax", "Erf", "Add", "MatMul", "Gather", "Gemm", "Tanh"})
+    if (has(names, n.output(0))) ops_covered.insert(n.op_type());
+  for (const char* op : {"LayerNormalization", "Softmax", "Add", "MatMul", "Gather", "Gemm", "Tanh"})
     EXPECT_TRUE(ops_covered.count(op)) << op << " outputs must be in the cache";
-  EXPECT_TRUE(std::find(names.begin(), names.end(), "bert.encoder.layer.0.output.residual") != names.end());
-  EXPECT_TRUE(std::find(names.begin(), names.end(), "bert.encoder.layer.1.intermediate.gelu") != names.end());
+  EXPECT_TRUE(has(names, "bert.encoder.layer.0.output.residual"));
+  EXPECT_TRUE(has(names, "bert.encoder.layer.1.intermediate.gelu"));
+  EXPECT_TRUE(has(names, "bert.encoder.layer.1.attention.self.probs"));
+  // Left out: the mask path and masked scores (values near -10000), and the inside of GELU.
+  const std::vector<std::string> all = activation_tensors(fp32);
+  for (const char* name : {"bert.attention_mask.additive", "bert.encoder.layer.0.attention.self.masked_scores",
+                           "bert.encoder.layer.0.intermediate.gelu.erf"}) {
+    EXPECT_TRUE(has(all, name)) << name;
+    EXPECT_FALSE(has(names, name)) << name;
+  }
+  for (const std::string& name : names) EXPECT_EQ(name.find("attention_mask"), std::string::npos) << name;
 
   CacheOptions options;
   options.batches = 2;
@@ -316,6 +328,17 @@ TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
       EXPECT_EQ(float_hex(scales.at(name)), float_hex(quant::scale_for_amax(amax.at(name)))) << name;
       EXPECT_GT(scales.at(name), 0.0f) << name;
     }
+  }
+  {  // With --masked-positions the cache covers that graph, the gathered masked states included.
+    ExportOptions masked;
+    masked.masked_positions = true;
+    const onnx::ModelProto graph = export_bert(m, masked);
+    options.calibrator = "percentile";
+    options.masked_positions = true;
+    data::ShardLoader loader(lo);
+    const std::map<std::string, double> amax = calibrate_tensors(graph, loader, options);
+    EXPECT_EQ(amax.size(), cache_tensors(graph).size());
+    EXPECT_TRUE(amax.count("cls.predictions.masked_states"));
   }
   std::ofstream(dir.file("bad.cache")) << "TRT-8601-EntropyCalibration2\nsome.tensor: 3c0102\n";
   EXPECT_THROW(read_trt_cache(dir.file("bad.cache")), UserError);
@@ -433,6 +456,34 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
     onnx::ModelProto bad = good;
     bad.mutable_opset_import(0)->set_version(12);
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 6));
+  }
+  // The DequantizeLinear side of a pair.
+  {  // A missing axis on a per-channel weight's DequantizeLinear.
+    onnx::ModelProto bad = good;
+    node(bad, weight_q + ".dequantize")->clear_attribute();
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 5));
+  }
+  {  // Its axis differs from the QuantizeLinear's (and from the weight's channels).
+    onnx::ModelProto bad = good;
+    node(bad, weight_q + ".dequantize")->mutable_attribute(0)->set_i(0);
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 5));
+  }
+  {  // A DequantizeLinear with another scale than its QuantizeLinear.
+    onnx::ModelProto bad = good;
+    node(bad, input_q + ".dequantize")->set_input(1, "bert.encoder.layer.0.intermediate.dense.input_quantizer.scale");
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
+  }
+  {  // A per-channel scale on an activation's DequantizeLinear.
+    onnx::ModelProto bad = good;
+    onnx::NodeProto* dq = node(bad, input_q + ".dequantize");
+    dq->set_input(1, weight_q + ".scale");
+    dq->add_attribute()->CopyFrom(node(bad, weight_q + ".dequantize")->attribute(0));
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 4));
+  }
+  {  // A QuantizeLinear feeding a MatMul directly (no DequantizeLinear).
+    onnx::ModelProto bad = good;
+    node(bad, "bert.encoder.layer.0.attention.self.query.matmul")->set_input(0, node(bad, input_q + ".quantize")->output(0));
+    EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
   }
 }
 
