@@ -47,8 +47,10 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
       const T s = sv[blocks.channel(b)];
       int64_t count = 0;
       for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
-        const T q = std::nearbyint(xv[i] / s);  // divide, as QuantizeLinear does: x * (1/s) can round differently
-        count += (q < lo) | (q > hi);
+        const T v = xv[i] / s;  // divide, as QuantizeLinear does: x * (1/s) can round differently
+        const T q = std::nearbyint(v);
+        // Counted where backward's straight-through mask blocks the gradient (v beyond [qmin, qmax]).
+        count += (v < lo) | (v > hi);
         yv[i] = std::min(std::max(q, lo), hi) * s;
       }
       saturated[b] = count;

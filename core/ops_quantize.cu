@@ -24,8 +24,9 @@ __global__ void fake_quantize_forward(float* y, const float* x, const float* sca
   const float s = scale[c];
   int64_t count = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float q = rintf(x[i] / s);
-    count += (q < lo) | (q > hi);
+    const float v = x[i] / s;
+    const float q = rintf(v);
+    count += (v < lo) | (v > hi);  // where backward's straight-through mask blocks the gradient
     y[i] = fminf(fmaxf(q, lo), hi) * s;
   }
   if (clipped) {

@@ -50,6 +50,10 @@ TEST(FakeQuantize, TiesRoundToEvenAndValuesSaturateLikeQuantizeLinear) {
   int64_t clipped = 3;  // counts are added
   run({0.0, 1000.0, -1000.0, 5.0}, {1.0}, -128, 127, &clipped);
   EXPECT_EQ(clipped, 5);
+  // Counted exactly where backward stops the gradient: 127.25 rounds to 127 but lies beyond the range.
+  clipped = 0;
+  run({127.0, 127.25, -128.0, -128.25}, {1.0}, -128, 127, &clipped);
+  EXPECT_EQ(clipped, 2);
 }
 
 TEST(FakeQuantize, PerChannelScalesApplyRowByRow) {
