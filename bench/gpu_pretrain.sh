@@ -22,16 +22,20 @@ for set in heldout brown; do
   run bert-eval --device cuda --checkpoint runs/mini-gpu --shards $D/shards/$set --mlm-accuracy --nsp-accuracy \
     --json-out "$results/fp32-$set.json" > /dev/null
 done
-# QAT from it with each way of training the scales (SCALES: learned, fixed, lsq), then FP32 vs PTQ vs QAT
-# on Brown (every calibrator for the first, percentile only after).
+# QAT from it with each way of training the scales (learned, fixed, lsq) and with distillation from the FP32
+# model (learned-distill: --distill 0.5), then FP32 vs PTQ vs QAT on Brown (every calibrator for the first,
+# percentile only after). VARIANTS picks some.
 calibrators=max,percentile,entropy,mse
-for scales in ${SCALES:-learned fixed lsq}; do
+for variant in ${VARIANTS:-learned fixed lsq learned-distill}; do
+  scales=${variant%-distill}
+  extra=()
+  [ "$variant" = "$scales" ] || extra=(--distill 0.5 --distill-temperature 2)
   run bert-train --device cuda --precision tf32 --init-from runs/mini-gpu/checkpoint.h5 --qat --calibrator percentile \
     --calib-batches 16 --train $D/shards/train --eval $D/shards/heldout --tokenizer $D/spm.model \
-    --out runs/mini-gpu-qat-$scales --scales $scales --steps ${QAT_STEPS:-1000} --batch-size 128 --lr 1e-4 \
-    --eval-every 0 --log-every 250 2>&1 | tee "$results/qat-$scales.log" | grep -E "step .*0/|eval|done|clipping|saturated"
-  run bert-eval --device cuda --checkpoint runs/mini-gpu-qat-$scales --shards $D/shards/brown --compare \
+    --out runs/mini-gpu-qat-$variant --scales $scales "${extra[@]}" --steps ${QAT_STEPS:-1000} --batch-size 128 \
+    --lr 1e-4 --eval-every 0 --log-every 250 2>&1 | tee "$results/qat-$variant.log" | grep -E "step .*0/|eval|done|clipping|saturated"
+  run bert-eval --device cuda --checkpoint runs/mini-gpu-qat-$variant --shards $D/shards/brown --compare \
     --calibrators $calibrators --calib-shards $D/shards/train --calib-batches 16 \
-    --json-out "$results/compare-brown-$scales.json" | tee "$results/compare-brown-$scales.txt"
+    --json-out "$results/compare-brown-$variant.json" | tee "$results/compare-brown-$variant.txt"
   calibrators=percentile
 done

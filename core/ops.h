@@ -81,6 +81,13 @@ template <typename T>
 Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights = {},
                   int32_t ignore_index = -1);
 
+// Knowledge distillation: temperature^2 x the mean over rows of KL(softmax(teacher / temperature) ||
+// softmax(student / temperature)), for (N, C) logits. Only the student takes a gradient: the teacher is
+// a constant or the output of a no-grad forward. temperature^2 keeps the gradient's size independent of
+// the temperature (Hinton et al.).
+template <typename T>
+Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature);
+
 // The index of the largest value in each row of x (.., C) (the first on ties), read on the host. A
 // query, not recorded in the graph.
 template <typename T>

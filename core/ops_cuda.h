@@ -26,6 +26,7 @@ Var tanh(Graph<float>& g, Var x);
 Var softmax(Graph<float>& g, Var x, Var mask);
 Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
+Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature);
 Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
                   int32_t ignore_index);
 Var sum(Graph<float>& g, Var x);

@@ -92,6 +92,67 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
 }
 
 template <typename T>
+Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature) {
+  BERT_DISPATCH_CUDA(g, distillation_loss(g, student, teacher, temperature))
+  const Shape ss = g.shape(student);
+  BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss,
+             "distillation_loss: student " + ss.str() + " and teacher " + g.shape(teacher).str() + " must be (N, C) alike");
+  BERT_CHECK(!g.requires_grad(teacher), "distillation_loss: the teacher takes no gradient (run it without gradients)");
+  BERT_CHECK(temperature > 0, "distillation_loss: temperature must be positive");
+  const int64_t n = ss[0], c = ss[1];
+  const T inv_t = static_cast<T>(1.0 / temperature);
+  // Saved for backward: each row's log-sum-exp of student / T and teacher / T.
+  T* lse_student = g.template scratch<T>(std::max<int64_t>(n, 1));
+  T* lse_teacher = g.template scratch<T>(std::max<int64_t>(n, 1));
+  std::vector<double> row_kl(static_cast<size_t>(n));
+  const T* s = g.value(student).data();
+  const T* t = g.value(teacher).data();
+  auto logsumexp = [c, inv_t](const T* row) {
+    T max = row[0] * inv_t;
+    for (int64_t j = 1; j < c; ++j) max = std::max(max, row[j] * inv_t);
+    double sum = 0;
+    for (int64_t j = 0; j < c; ++j) sum += std::exp(double(row[j] * inv_t - max));
+    return static_cast<T>(double(max) + std::log(sum));
+  };
+  parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const T* si = s + i * c;
+      const T* ti = t + i * c;
+      lse_student[i] = logsumexp(si);
+      lse_teacher[i] = logsumexp(ti);
+      double kl = 0;  // sum_j p_j (log p_j - log q_j)
+      for (int64_t j = 0; j < c; ++j) {
+        const double log_p = double(ti[j] * inv_t) - double(lse_teacher[i]);
+        const double log_q = double(si[j] * inv_t) - double(lse_student[i]);
+        kl += std::exp(log_p) * (log_p - log_q);
+      }
+      row_kl[i] = kl;
+    }
+  });
+  double loss = 0;
+  for (double kl : row_kl) loss += kl;  // in row order: the same on any thread count
+  const double factor = n > 0 ? temperature * temperature / double(n) : 0.0;
+  Var y = g.emit(Shape{}, {student, teacher});
+  g.value(y)[0] = static_cast<T>(factor * loss);
+  g.on_backward(y, [student, teacher, y, lse_student, lse_teacher, n, c, inv_t, temperature](Graph<T>& g) {
+    // d/ds_ij = upstream * T / N * (q_ij - p_ij)
+    const T w = static_cast<T>(double(g.grad(y)[0]) * temperature / double(std::max<int64_t>(n, 1)));
+    const T* s = g.value(student).data();
+    const T* t = g.value(teacher).data();
+    T* ds = g.grad(student).data();
+    parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        for (int64_t j = 0; j < c; ++j) {
+          const T q = std::exp(s[i * c + j] * inv_t - lse_student[i]);
+          const T p = std::exp(t[i * c + j] * inv_t - lse_teacher[i]);
+          ds[i * c + j] += w * (q - p);
+        }
+    });
+  });
+  return y;
+}
+
+template <typename T>
 std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
   BERT_DISPATCH_CUDA(g, row_argmax(g, x))
   const TensorView<T> v = g.value(x);
@@ -109,6 +170,7 @@ std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
   template Var sum<T>(Graph<T>&, Var);  \
   template Var mean<T>(Graph<T>&, Var); \
   template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t); \
+  template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                      \
   template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

@@ -49,12 +49,59 @@ __global__ void cross_entropy_rows(float* logsumexp, double* row_loss, const flo
   }
 }
 
-__global__ void sum_rows_kernel(float* y, const double* row_loss, int64_t n) {
+// y = factor * the sum of the rows' losses (a fixed order: deterministic).
+__global__ void sum_rows_kernel(float* y, const double* row_loss, int64_t n, double factor) {
   __shared__ double shared[32];
   double acc = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += row_loss[i];
   acc = cuda::block_sum(acc, shared);
-  if (threadIdx.x == 0) y[0] = static_cast<float>(acc);
+  if (threadIdx.x == 0) y[0] = static_cast<float>(factor * acc);
+}
+
+// The log-sum-exp of row * inv_t over the block (every thread gets it).
+__device__ float block_logsumexp(const float* row, int64_t c, float inv_t, float* shared) {
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) max = fmaxf(max, row[j] * inv_t);
+  max = cuda::warp_max(max);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = max;
+  __syncthreads();
+  max = threadIdx.x % 32 < blockDim.x / 32 ? shared[threadIdx.x % 32] : -INFINITY;
+  max = cuda::warp_max(max);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(row[j] * inv_t - max);
+  sum = cuda::block_sum(sum, shared);
+  return max + logf(sum);
+}
+
+// One block per row: both log-sum-exps and the row's KL(p || q), p from the teacher, q the student.
+__global__ void distillation_rows(float* lse_student, float* lse_teacher, double* row_kl, const float* s,
+                                  const float* t, int64_t c, float inv_t) {
+  __shared__ float shared_f[32];
+  __shared__ double shared_d[32];
+  const int64_t r = blockIdx.x;
+  const float ls = block_logsumexp(s + r * c, c, inv_t, shared_f);
+  const float lt = block_logsumexp(t + r * c, c, inv_t, shared_f);
+  double kl = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const double log_p = double(t[r * c + j] * inv_t) - double(lt);
+    const double log_q = double(s[r * c + j] * inv_t) - double(ls);
+    kl += exp(log_p) * (log_p - log_q);
+  }
+  kl = cuda::block_sum(kl, shared_d);
+  if (threadIdx.x == 0) lse_student[r] = ls, lse_teacher[r] = lt, row_kl[r] = kl;
+}
+
+__global__ void distillation_backward(float* ds, const float* s, const float* t, const float* upstream,
+                                      const float* lse_student, const float* lse_teacher, int64_t c, float inv_t,
+                                      float factor, bool accumulate) {
+  const int64_t r = blockIdx.x;
+  const float w = upstream[0] * factor;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float q = expf(s[r * c + j] * inv_t - lse_student[r]);
+    const float p = expf(t[r * c + j] * inv_t - lse_teacher[r]);
+    cuda::store_grad(ds, r * c + j, w * (q - p), accumulate);
+  }
 }
 
 __global__ void cross_entropy_backward(float* dz, const float* z, const float* upstream, const int32_t* target,
@@ -145,13 +192,44 @@ Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets,
     cross_entropy_rows<<<unsigned(n), 256, 0, cuda::stream(g)>>>(logsumexp, row_loss, z, d_target, d_weight, c);
     BERT_CUDA_LAUNCHED();
   }
-  sum_rows_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), row_loss, n);
+  sum_rows_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), row_loss, n, 1.0);
   BERT_CUDA_LAUNCHED();
   g.on_backward(y, [logits, y, d_target, d_weight, logsumexp, n, c](Graph<float>& g) {
     if (n == 0) return;
     const auto dz = g.grad_target(logits);
     cross_entropy_backward<<<unsigned(n), 256, 0, cuda::stream(g)>>>(dz.data, g.value(logits).data(), g.grad(y).data(),
                                                                      d_target, d_weight, logsumexp, c, dz.accumulate);
+    BERT_CUDA_LAUNCHED();
+  });
+  return y;
+}
+
+Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature) {
+  const Shape ss = g.shape(student);
+  BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss,
+             "distillation_loss: student " + ss.str() + " and teacher " + g.shape(teacher).str() + " must be (N, C) alike");
+  BERT_CHECK(!g.requires_grad(teacher), "distillation_loss: the teacher takes no gradient (run it without gradients)");
+  BERT_CHECK(temperature > 0, "distillation_loss: temperature must be positive");
+  const int64_t n = ss[0], c = ss[1];
+  const float inv_t = static_cast<float>(1.0 / temperature);
+  float* lse_student = g.scratch<float>(std::max<int64_t>(n, 1));
+  float* lse_teacher = g.scratch<float>(std::max<int64_t>(n, 1));
+  double* row_kl = g.scratch<double>(std::max<int64_t>(n, 1));
+  Var y = g.emit(Shape{}, {student, teacher});
+  if (n > 0) {
+    distillation_rows<<<unsigned(n), 256, 0, cuda::stream(g)>>>(lse_student, lse_teacher, row_kl, g.value(student).data(),
+                                                               g.value(teacher).data(), c, inv_t);
+    BERT_CUDA_LAUNCHED();
+  }
+  const double factor = n > 0 ? temperature * temperature / double(n) : 0.0;
+  sum_rows_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), row_kl, n, factor);
+  BERT_CUDA_LAUNCHED();
+  g.on_backward(y, [student, teacher, y, lse_student, lse_teacher, n, c, inv_t, temperature](Graph<float>& g) {
+    if (n == 0) return;
+    const auto ds = g.grad_target(student);
+    distillation_backward<<<unsigned(n), 256, 0, cuda::stream(g)>>>(
+        ds.data, g.value(student).data(), g.value(teacher).data(), g.grad(y).data(), lse_student, lse_teacher, c,
+        inv_t, static_cast<float>(temperature / double(n)), ds.accumulate);
     BERT_CUDA_LAUNCHED();
   });
   return y;

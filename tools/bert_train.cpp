@@ -81,6 +81,12 @@ int main(int argc, char** argv) {
                  "fraction of itself), lsq (LSQ's update on the scale itself; small weight scales can collapse "
                  "under Adam) or fixed (the calibrated scales stay; only the weights train)")
       ->capture_default_str();
+  app.add_option("--distill", o.distill_weight,
+                 "knowledge distillation from the --init-from model: the weight w in [0, 1] of the KL to its MLM and "
+                 "NSP outputs, the loss being (1 - w) (MLM + NSP) + w KL (0: off)")
+      ->capture_default_str();
+  app.add_option("--distill-temperature", o.distill_temperature, "softmax temperature of the distillation KL")
+      ->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
   app.add_option("--stop-at", o.stop_at_step, "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
   app.add_option("--keep-checkpoints", o.keep_checkpoints,

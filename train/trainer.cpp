@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "core/atomic_file.h"
@@ -52,6 +53,10 @@ void TrainOptions::validate() const {
   if (qat) calibration.validate();
   if (!(scale_lr_multiplier > 0) || !std::isfinite(scale_lr_multiplier)) fail("--scale-lr-mult: expected a positive number");
   if (qat && init_from.empty() && !resume) fail("--qat needs --init-from (an FP32 checkpoint to start from)");
+  if (!(distill_weight >= 0 && distill_weight <= 1)) fail("--distill: expected a weight in [0, 1]");
+  if (!(distill_temperature > 0) || !std::isfinite(distill_temperature)) fail("--distill-temperature: expected a positive number");
+  if (distill_weight > 0 && init_from.empty())
+    fail("--distill needs --init-from: the model distilled from (give it again with --resume)");
   if (log_every < 1) fail("--log-every: expected at least 1");
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
@@ -94,6 +99,10 @@ Json TrainOptions::to_json() const {
     j["plan"] = plan_path;
     j["scale_lr_multiplier"] = scale_lr_multiplier;
     j["scales"] = scale_training_name(scales);
+  }
+  if (distill_weight > 0) {
+    j["distill_weight"] = distill_weight;
+    j["distill_temperature"] = distill_temperature;
   }
   return j;
 }
@@ -272,6 +281,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       recipe["learning_rate"] = o.learning_rate;
       recipe["scale_lr_multiplier"] = o.scale_lr_multiplier;
       recipe["scales"] = scale_training_name(o.scales);
+      if (o.distill_weight > 0) {
+        recipe["distill_weight"] = o.distill_weight;
+        recipe["distill_temperature"] = o.distill_temperature;
+      }
       state.quantization = recipe;
     }
     if (fs::absolute(tokenizer_path) != fs::absolute(tokenizer_copy)) {
@@ -298,6 +311,18 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   if (!active.empty())
     spdlog::info("quantization-aware training with {} quantizers enabled, scales {}", active.size(),
                  scale_training_name(o.scales));
+
+  // The teacher for distillation: the --init-from weights, every quantizer in float.
+  std::unique_ptr<model::BertForPreTraining> teacher;
+  if (o.distill_weight > 0) {
+    teacher = std::make_unique<model::BertForPreTraining>(config);
+    teacher->place_on(*device);
+    load_model(find_model(o.init_from), *teacher, o.seed);
+    quant::disable_all(*teacher);
+    teacher->parameters().upload_values();
+    spdlog::info("distilling from '{}' (weight {:g}, temperature {:g})", o.init_from, o.distill_weight,
+                 o.distill_temperature);
+  }
 
   if (state.step >= o.steps) {
     spdlog::info("nothing to do: the checkpoint is at step {} of {}", state.step, o.steps);
@@ -364,8 +389,23 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       loader.next(batch);
       const model::BertBatch b = quant::as_model_batch(batch);
       model::PretrainingOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
+      Var objective = out.loss;
+      if (teacher) {
+        model::PretrainingOutputs taught;
+        {
+          NoGradGuard<float> no_grad(g);
+          Rng unused(0);  // no dropout in the teacher
+          taught = teacher->forward(g, b, /*training=*/false, unused);
+        }
+        const double t = o.distill_temperature, w = o.distill_weight;
+        Var kd = ops::add(g, ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t),
+                          ops::distillation_loss(g, out.nsp_logits, taught.nsp_logits, t));
+        objective = ops::add(g, ops::scale(g, out.loss, 1.0 - w), ops::scale(g, kd, w));
+      }
+      // The progress log shows MLM + NSP (comparable with runs without distillation); the objective
+      // must be finite too.
       const double loss = g.item(out.loss);
-      if (!std::isfinite(loss)) {
+      if (!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) {
         const double mlm = g.item(out.mlm_loss), nsp = g.item(out.nsp_loss);
         params.download_values();
         nonfinite = "loss is " + std::to_string(loss) + " (MLM " + std::to_string(mlm) + ", NSP " + std::to_string(nsp) +
@@ -375,7 +415,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       }
       step_loss += loss / o.accumulation;
       window.add(g, out, b);
-      g.backward(o.accumulation == 1 ? out.loss : ops::scale(g, out.loss, 1.0 / o.accumulation));
+      g.backward(o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation));
     }
     double grad_norm = 0;
     if (nonfinite.empty()) {

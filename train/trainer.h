@@ -60,6 +60,11 @@ struct TrainOptions {
   // only the weights train).
   enum class ScaleTraining { kLearned, kLsq, kFixed };
   ScaleTraining scales = ScaleTraining::kLearned;
+  // Knowledge distillation from the --init-from model (in float, no dropout) as teacher: the loss is
+  // (1 - w) (MLM + NSP) + w (KL on the MLM logits at the masked positions + KL on the NSP logits), each
+  // KL at this temperature (ops::distillation_loss). 0: off.
+  double distill_weight = 0.0;
+  double distill_temperature = 2.0;
 
   bool resume = false;        // continue from output_dir/checkpoint.h5
   int64_t stop_at_step = 0;   // > 0: stop after this step with a checkpoint, as if interrupted

@@ -160,6 +160,14 @@ TEST_F(CudaOps, InnerGradientsAreWrittenFreshOrAccumulatedInEitherOrder) {
          return ops::fake_quantize(g, in[0], g.input(std::span<const float>(scales), Shape{1}), -8, 7);
        }},
       {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }},
+      {{Shape{4, 9}}, [](Graph<float>& g, const std::vector<Var>& in) {
+         Var teacher;
+         {  // a teacher computed without gradients
+           NoGradGuard<float> no_grad(g);
+           teacher = ops::scale(g, in[0], 1.7);
+         }
+         return ops::distillation_loss(g, in[0], teacher, 2.0);
+       }},
   };
   for (bool other_first : {false, true})
     for (size_t c = 0; c < cases.size(); ++c) {
@@ -271,6 +279,16 @@ TEST_F(CudaOps, CrossEntropyWithIgnoredRowsAndWeights) {
   const std::vector<int32_t> none = {-1, -1};  // no active row: loss 0, no gradient
   compare({Shape{2, 5}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], none); },
           kExact, kExact);
+}
+
+TEST_F(CudaOps, DistillationLossOnVocabularySizedRows) {
+  for (double temperature : {1.0, 2.0})
+    compare({Shape{5, 30522}, Shape{5, 30522}}, [temperature](Graph<float>& g, const std::vector<Var>& in) {
+      return ops::distillation_loss(g, in[0], in[1], temperature);
+    }, kReduction, kReduction, {true, false}, 3.0f);
+  compare({Shape{3, 2}, Shape{3, 2}}, [](Graph<float>& g, const std::vector<Var>& in) {
+    return ops::distillation_loss(g, in[0], in[1], 1.5);
+  }, kReduction, kReduction, {true, false});
 }
 
 TEST_F(CudaOps, SumAndMean) {

@@ -511,6 +511,41 @@ TEST(CrossEntropy, IgnoredRowsAndWeightsMatchReferenceAndFiniteDifferences) {
   }
 }
 
+TEST(DistillationLoss, IsTheTemperatureScaledKlAndMatchesFiniteDifferences) {
+  for (double temperature : {1.0, 2.5}) {
+    SCOPED_TRACE(temperature);
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor({4, 7}, 31, 2.0));  // student
+    in.push_back(random_tensor({4, 7}, 32, 2.0));  // teacher
+    auto build = [temperature](Graph<double>& g, const Leaves& x) {
+      return ops::distillation_loss(g, x[0], x[1], temperature);
+    };
+    GradCheckOptions options;
+    options.differentiable = {true, false};
+    // The reference: T^2 / N sum_i sum_j p_ij (log p_ij - log q_ij), written out.
+    double expected = 0;
+    for (int64_t i = 0; i < 4; ++i) {
+      double zs = 0, zt = 0;
+      for (int64_t j = 0; j < 7; ++j) zs += std::exp(in[0][i * 7 + j] / temperature), zt += std::exp(in[1][i * 7 + j] / temperature);
+      for (int64_t j = 0; j < 7; ++j) {
+        const double p = std::exp(in[1][i * 7 + j] / temperature) / zt, q = std::exp(in[0][i * 7 + j] / temperature) / zs;
+        expected += p * std::log(p / q);
+      }
+    }
+    expected *= temperature * temperature / 4;
+    Graph<double> g;
+    Tensor<double> teacher = in[1].clone();
+    const double value = g.value(ops::distillation_loss(g, g.constant(in[0].view()), g.constant(teacher.view()), temperature))[0];
+    EXPECT_NEAR(value, expected, kForwardTolerance);
+    expect_gradients_match(in, build, options);
+  }
+  // The same logits: zero loss. A teacher that takes gradients: an error.
+  Graph<double> g;
+  Tensor<double> a = random_tensor({2, 3}, 33), grad({2, 3});
+  EXPECT_NEAR(g.value(ops::distillation_loss(g, g.constant(a.view()), g.constant(a.view()), 2.0))[0], 0.0, 1e-15);
+  EXPECT_THROW(ops::distillation_loss(g, g.constant(a.view()), g.leaf(a.view(), grad.view()), 1.0), InternalError);
+}
+
 TEST(CrossEntropy, AllRowsIgnoredGivesZeroLoss) {
   const std::vector<int32_t> targets{-1, -1};
   std::vector<Tensor<double>> in;

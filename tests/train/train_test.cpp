@@ -10,10 +10,12 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "data/examples.h"
 #include "data/tokenizer.h"
 #include "eval/fill_mask.h"
 #include "eval/quantized.h"
+#include "quant/model_batch.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 #include "train/checkpoint.h"
@@ -655,6 +657,41 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
       }
     }
     expect_user_error([] { parse_scale_training("log"); }, "--scales 'log'");
+
+    // Distillation from the FP32 model keeps the student closer to it than the plain QAT run does: KL
+    // of the MLM outputs to the teacher's on a held batch, after the same 10 steps.
+    TrainOptions distilled = qat;
+    distilled.output_dir = out.file("qat-distilled");
+    distilled.distill_weight = 1.0;
+    distilled.distill_temperature = 2.0;
+    const TrainResult d = train(distilled);
+    for (double loss : d.losses) EXPECT_TRUE(std::isfinite(loss));
+    auto kl_to_teacher = [&](const std::string& run) {
+      model::BertForPreTraining student(read_checkpoint_config(run + "/checkpoint.h5"));
+      load_checkpoint(run + "/checkpoint.h5", student, nullptr);
+      model::BertForPreTraining teacher(read_checkpoint_config(run + "/checkpoint.h5"));
+      load_checkpoint(out.file("fp32") + "/checkpoint.h5", teacher, nullptr);
+      data::LoaderOptions held;
+      held.shards = data::expand_shard_paths({dir_->file("shards")});
+      held.batch_size = 32;
+      held.shuffle = false;
+      data::ShardLoader loader(held);
+      data::Batch batch;
+      loader.next(batch);
+      const model::BertBatch b = quant::as_model_batch(batch);
+      Graph<float> g;
+      NoGradGuard<float> no_grad(g);
+      Rng unused(0);
+      const model::PretrainingOutputs s = student.forward(g, b, false, unused);
+      const model::PretrainingOutputs t = teacher.forward(g, b, false, unused);
+      return double(g.item(ops::distillation_loss(g, s.mlm_logits, t.mlm_logits, 1.0)));
+    };
+    const double kl_distilled = kl_to_teacher(distilled.output_dir), kl_plain = kl_to_teacher(out.file("qat"));
+    EXPECT_LT(kl_distilled, kl_plain) << "distilled " << kl_distilled << ", plain " << kl_plain;
+    TrainOptions no_teacher = distilled;
+    no_teacher.init_from.clear();
+    no_teacher.resume = true;
+    expect_user_error([&] { no_teacher.validate(); }, "--distill needs --init-from");
   }
 
   // FP32 vs PTQ vs QAT side by side, and sensitivity with a plan.
