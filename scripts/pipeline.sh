@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 FIXTURE=0 OUT=runs/pipeline STEPS=600 QAT_STEPS=100
 while [ $# -gt 0 ]; do
   case "$1" in
-    --fixture) FIXTURE=1; OUT=runs/pipeline-fixture; STEPS=60; QAT_STEPS=20 ;;
+    --fixture) FIXTURE=1; OUT=runs/pipeline-fixture; STEPS=600; QAT_STEPS=60 ;;
     --out) OUT=$2; shift ;;
     --steps) STEPS=$2; shift ;;
     --qat-steps) QAT_STEPS=$2; shift ;;

@@ -32,6 +32,10 @@ h = "heldout"
 assert abs(modes["onnx-fp32 (ORT)"][h]["mlm_accuracy"] - modes["fp32"][h]["mlm_accuracy"]) < 0.005, "FP32 export disagrees"
 assert abs(modes["onnx-int8-qdq (ORT)"][h]["mlm_accuracy"] - modes["qat"][h]["mlm_accuracy"]) < 0.01, "Q/DQ export disagrees"
 assert r["model_size"]["int8"]["deployed_megabytes"] < r["model_size"]["fp32"]["fp32_megabytes"]
+# The model learned past guessing the most frequent token, so the agreements above mean something.
+baseline = modes["fp32"][h]["mlm_baseline_most_frequent_token_accuracy"]
+for m in ["fp32", "qat", "onnx-int8-qdq (ORT)"]:
+    assert modes[m][h]["mlm_accuracy"] > 1.5 * baseline, f"{m} at {modes[m][h]['mlm_accuracy']:.4f}, baseline {baseline:.4f}"
 print("report ok:", {m: round(v[h]["mlm_accuracy"], 4) for m, v in modes.items()})
 PY
 echo "pipeline smoke test passed ($(grep -o 'done in [0-9]*s' "$OUT.log"))"

@@ -87,6 +87,8 @@ expect_error export-cache-with-qdq "TensorRT ignores calibration" "$OUT/never.on
   --onnx "$OUT/never.onnx" --qdq --trt-calib-cache "$OUT/never.cache" --calib-shards "$OUT/shards"
 expect_error export-cache-of-quantized "enabled quantizers (QAT or PTQ)" "$OUT/never.cache" -- "$BIN/bert-export" \
   --checkpoint "$OUT/ptq.h5" --onnx "$OUT/never.onnx" --trt-calib-cache "$OUT/never.cache" --calib-shards "$OUT/shards"
+expect_error eval-calibration-takes-all "all needed for calibration" "" -- "$BIN/bert-eval" --checkpoint "$OUT/run" \
+  --shards "$OUT/shards" --compare --calib-batches 100000
 expect_error bad-scales "--scales 'log'" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --scales log
 
 # ---- signals: interrupt a long run, resume it, compare with the uninterrupted run.

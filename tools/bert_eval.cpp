@@ -64,7 +64,10 @@ int main(int argc, char** argv) {
   app.add_option("--calibrators", calibrators, "PTQ methods for --compare")->capture_default_str();
   app.add_option("--calibrator", calibration.method, "method for --sensitivity")->capture_default_str();
   app.add_option("--percentile", calibration.percentile, "percentile for the percentile calibrator")->capture_default_str();
-  app.add_option("--calib-shards", calib_shards, "calibration shards (default: --shards)")->expected(1, -1);
+  app.add_option("--calib-shards", calib_shards,
+                 "calibration shards (default: the first --calib-batches batches of --shards, which --compare and "
+                 "--sensitivity then leave out of the evaluation)")
+      ->expected(1, -1);
   app.add_option("--calib-batches", calibration.batches, "calibration batches")->capture_default_str();
   app.add_flag("--quantize-residuals", calibration.residuals, "also quantize both inputs of each residual add");
   app.add_option("--quantize", calibration.include, "comma-separated globs of the quantizers to enable (default set otherwise)");
@@ -142,7 +145,22 @@ int main(int argc, char** argv) {
       data::ShardLoader loader(lo);
       data::check_loader_compatible(loader, lo.shards.front(), model.config().vocab_size,
                                     model.config().max_position_embeddings, state.tokenizer_sha256);
-      auto make_loader = [lo] { return data::ShardLoader(lo); };
+      // Without --calib-shards, calibration reads the first --calib-batches batches of --shards, and the
+      // comparisons score only the batches after them: a calibrator never sees the data it is scored on.
+      const int64_t held_for_calibration = calib_shards.empty() && (compare || sensitivity) ? calibration.batches : 0;
+      if (held_for_calibration > 0)
+        spdlog::info("calibrating on the first {} batches of --shards and scoring the rest (--calib-shards to "
+                     "calibrate on other data)", held_for_calibration);
+      auto make_loader = [lo, held_for_calibration] {
+        data::ShardLoader l(lo);
+        data::Batch skipped;
+        for (int64_t i = 0; i < held_for_calibration; ++i)
+          if (!l.next(skipped))
+            throw UserError("--shards: only " + std::to_string(i) + " batches, all needed for calibration "
+                            "(--calib-batches " + std::to_string(held_for_calibration) + "); give --calib-shards, or "
+                            "fewer --calib-batches");
+        return l;
+      };
       auto calibration_statistics = [&] {
         data::LoaderOptions co = lo;
         co.shards = calib_shards.empty() ? lo.shards : data::expand_shard_paths(calib_shards);
