@@ -1,11 +1,11 @@
 #include "eval/onnx_runtime.h"
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/process.h"
 
 namespace bert::eval {
 
@@ -43,8 +43,8 @@ Json run_onnx_runtime(const std::string& script, const std::string& mode, const 
   if (!std::filesystem::exists(script)) throw UserError("ONNX Runtime script '" + script + "' does not exist");
   const std::string in = work_dir + "/ort_inputs.json", out = work_dir + "/ort_outputs.json", log = work_dir + "/ort.log";
   std::ofstream(in) << feeds.dump();
-  const std::string command = "node '" + script + "' " + mode + " '" + model + "' '" + in + "' '" + out + "' 2>'" + log + "'";
-  if (std::system(command.c_str()) != 0) {
+  std::filesystem::remove(log);
+  if (run_program({"node", script, mode, model, in, out}, log) != 0) {
     std::ifstream l(log);
     std::stringstream text;
     text << l.rdbuf();

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "tools/tool_main.h"
 #include "core/parallel.h"
+#include "core/process.h"
 #include "data/loader.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
@@ -266,8 +267,9 @@ int main(int argc, char** argv) {
                                                                 : eval::evaluate(model, loader, max_batches, g);
       if (!onnx_model.empty()) {
         data::ShardLoader onnx_loader(lo);
+        const PrivateTempDir work("bert-eval");  // this run's own exchange files
         const eval::PretrainingMetrics o = eval::evaluate_onnx(onnx_model, onnx_loader, max_batches, ort_script,
-                                                               std::filesystem::temp_directory_path().string());
+                                                               work.path().string());
         report["onnx"] = o.to_json();
         if (!json)
           std::printf("ONNX Runtime (%s): MLM accuracy %.4f over %lld predictions, NSP accuracy %.4f\n", onnx_model.c_str(),

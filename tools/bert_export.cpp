@@ -5,13 +5,13 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/process.h"
 #include "core/atomic_file.h"
 #include "data/sha256.h"
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
 #include "export/trt_cache.h"
 #include "export/triton.h"
-#include <unistd.h>
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
@@ -152,11 +152,9 @@ int main(int argc, char** argv) {
       fp32_options.masked_positions = options.masked_positions;
       cache.masked_positions = options.masked_positions;
       const onnx::ModelProto fp32 = exporter::export_bert(model, fp32_options);
-      const std::string work = (fs::temp_directory_path() / ("bert-export-" + std::to_string(::getpid()))).string();
-      fs::create_directories(work);
-      cache.work_dir = work;
+      const PrivateTempDir work("bert-export");  // this run's own exchange files
+      cache.work_dir = work.path().string();
       const auto amax = exporter::calibrate_tensors(fp32, loader, cache);
-      fs::remove_all(work);
       exporter::write_trt_cache(cache_path, amax, cache);
       spdlog::info("wrote TensorRT calibration cache {} ({} tensors of the FP32 graph, {} calibrator, {} batches)",
                    cache_path, amax.size(), cache.calibrator, cache.batches);

@@ -263,12 +263,16 @@ TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
     ExportOptions options;
     options.qdq = qdq;
     options.masked_positions = true;
-    write_onnx(export_bert(m, options), dir.file("m.onnx"));
+    // A model path and a work folder with a quote, spaces and a `$`: Node gets them as arguments.
+    const std::string model_path = dir.file("it's the \"model\" $HOME.onnx");
+    const std::filesystem::path work = dir.path() / "work 'dir'";
+    std::filesystem::create_directories(work);
+    write_onnx(export_bert(m, options), model_path);
     data::ShardLoader a(lo), b(lo);
     Graph<float> g;
     const eval::PretrainingMetrics ours = eval::evaluate(m, a, 0, g);
-    const eval::PretrainingMetrics ort = eval::evaluate_onnx(dir.file("m.onnx"), b, 0,
-                                                             std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", dir.path().string());
+    const eval::PretrainingMetrics ort = eval::evaluate_onnx(model_path, b, 0,
+                                                             std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", work.string());
     EXPECT_EQ(ort.predictions, 288);
     EXPECT_EQ(ort.sequences, 96);
     EXPECT_NEAR(ort.mlm_accuracy(), ours.mlm_accuracy(), 2.0 / 288) << "at most two argmax ties may fall differently";
