@@ -1,5 +1,6 @@
 #include "core/json.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -65,7 +66,7 @@ class Parser {
     if (c == 't') return expect_word("true"), Json(true);
     if (c == 'f') return expect_word("false"), Json(false);
     if (c == 'n') return expect_word("null"), Json();
-    if (c == '-' || (c >= '0' && c <= '9')) return Json(number());
+    if (c == '-' || (c >= '0' && c <= '9')) return number();
     fail("a value");
   }
 
@@ -95,7 +96,7 @@ class Parser {
     return Json(std::move(items));
   }
 
-  double number() {
+  Json number() {
     const size_t start = pos_;
     if (s_[pos_] == '-') ++pos_;
     auto digits = [&] {
@@ -105,19 +106,31 @@ class Parser {
     };
     if (pos_ < s_.size() && s_[pos_] == '0') ++pos_;
     else if (digits() == 0) fail("a digit");
+    bool integer = true;
     if (pos_ < s_.size() && s_[pos_] == '.') {
-      ++pos_;
+      ++pos_, integer = false;
       if (digits() == 0) fail("a digit after '.'");
     }
     if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-      ++pos_;
+      ++pos_, integer = false;
       if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
       if (digits() == 0) fail("a digit in the exponent");
     }
     const std::string text(s_.substr(start, pos_ - start));
+    if (integer) {  // exactly, when it fits 64 bits; a larger integer becomes a double below
+      errno = 0;
+      char* end = nullptr;
+      if (text[0] == '-') {
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (errno == 0) return Json(static_cast<int64_t>(v));
+      } else {
+        const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+        if (errno == 0) return Json(static_cast<uint64_t>(v));
+      }
+    }
     const double v = std::strtod(text.c_str(), nullptr);
     if (!std::isfinite(v)) fail("a finite number");
-    return v;
+    return Json(v);
   }
 
   uint32_t hex4() {
@@ -202,8 +215,15 @@ void dump_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
-void dump_number(std::string& out, double d) {
+void dump_number(std::string& out, const Json& v) {
   char buf[32];
+  if (const Json::IntegerView i = v.integer(); i.is_integer) {
+    if (i.is_unsigned) std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(i.u));
+    else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(i.s));
+    out += buf;
+    return;
+  }
+  const double d = v.as_number();
   if (std::nearbyint(d) == d && std::abs(d) < 1e15) {
     std::snprintf(buf, sizeof buf, "%.0f", d);
   } else {
@@ -225,7 +245,7 @@ void dump_value(std::string& out, const Json& v, int indent, int level) {
   };
   if (v.is_null()) out += "null";
   else if (v.is_bool()) out += v.as_bool() ? "true" : "false";
-  else if (v.is_number()) dump_number(out, v.as_number());
+  else if (v.is_number()) dump_number(out, v);
   else if (v.is_string()) dump_string(out, v.as_string());
   else if (v.is_array()) {
     const auto& a = v.as_array();
@@ -264,11 +284,28 @@ namespace {
 }  // namespace
 
 bool Json::as_bool() const { return is_bool() ? std::get<bool>(value_) : (wrong_type("a boolean"), false); }
-double Json::as_number() const { return is_number() ? std::get<double>(value_) : (wrong_type("a number"), 0.0); }
+double Json::as_number() const {
+  if (const auto* i = std::get_if<int64_t>(&value_)) return static_cast<double>(*i);
+  if (const auto* u = std::get_if<uint64_t>(&value_)) return static_cast<double>(*u);
+  return std::holds_alternative<double>(value_) ? std::get<double>(value_) : (wrong_type("a number"), 0.0);
+}
 int64_t Json::as_int() const {
+  if (const auto* i = std::get_if<int64_t>(&value_)) return *i;
+  if (std::holds_alternative<uint64_t>(value_)) wrong_type("an integer that fits 64 signed bits");
   const double d = as_number();
   if (std::nearbyint(d) != d || std::abs(d) > 9.007199254740992e15) wrong_type("an integer");
   return static_cast<int64_t>(d);
+}
+uint64_t Json::as_uint() const {
+  if (const auto* u = std::get_if<uint64_t>(&value_)) return *u;
+  const int64_t i = as_int();
+  if (i < 0) wrong_type("a non-negative integer");
+  return static_cast<uint64_t>(i);
+}
+Json::IntegerView Json::integer() const {
+  if (const auto* i = std::get_if<int64_t>(&value_)) return {true, false, *i, 0};
+  if (const auto* u = std::get_if<uint64_t>(&value_)) return {true, true, 0, *u};
+  return {};
 }
 const std::string& Json::as_string() const {
   if (!is_string()) wrong_type("a string");

@@ -1,6 +1,8 @@
 // JSON: parsing (valid and invalid documents), access, and writing that round-trips.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/error.h"
 #include "core/json.h"
 #include "core/utf8.h"
@@ -80,6 +82,26 @@ TEST(Utf8, RoundTripsEveryLengthAndReplacesInvalidBytes) {
   EXPECT_EQ(utf8::decode("\xC0\xAF"), (std::u32string{0xFFFD, 0xFFFD}));
   EXPECT_EQ(utf8::decode("\xED\xA0\x80"), (std::u32string{0xFFFD, 0xFFFD, 0xFFFD}));
   EXPECT_EQ(utf8::decode("\xF4\x90\x80\x80"), (std::u32string{0xFFFD, 0xFFFD, 0xFFFD, 0xFFFD}));
+}
+
+TEST(Json, IntegersKeepAll64Bits) {
+  const uint64_t seed = (uint64_t{1} << 53) + 1;  // not a double
+  for (uint64_t v : {seed, std::numeric_limits<uint64_t>::max(), uint64_t{0}}) {
+    const Json back = Json::parse(Json(v).dump());
+    EXPECT_EQ(back.as_uint(), v);
+  }
+  EXPECT_EQ(Json::parse("-9223372036854775808").as_int(), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(Json::parse("9007199254740993").as_int(), 9007199254740993);
+  EXPECT_EQ(Json::parse("{\"seed\": 18446744073709551615}").find("seed")->as_uint(), std::numeric_limits<uint64_t>::max());
+  EXPECT_THROW(Json::parse("18446744073709551615").as_int(), UserError);  // beyond int64
+  EXPECT_THROW(Json::parse("-1").as_uint(), UserError);
+  EXPECT_THROW(Json::parse("1.5").as_int(), UserError);
+  // Fractions, exponents and integers beyond 64 bits stay doubles.
+  EXPECT_EQ(Json::parse("1e3").as_int(), 1000);
+  EXPECT_DOUBLE_EQ(Json::parse("1.5").as_number(), 1.5);
+  EXPECT_DOUBLE_EQ(Json::parse("36893488147419103232").as_number(), 36893488147419103232.0);
+  EXPECT_EQ(Json(int64_t{-42}).dump(), "-42");
+  EXPECT_EQ(Json(2.5).dump(), "2.5");
 }
 
 }  // namespace

@@ -138,6 +138,13 @@ TEST(Optimizer, LogSpaceParametersLearnTheirLogarithm) {
   }
 }
 
+TEST(TrainOptions, TheRunRecordKeepsA64BitSeedExactly) {
+  TrainOptions o;
+  o.seed = (uint64_t{1} << 60) + 7;  // beyond a double's 53 bits
+  const Json back = Json::parse(o.to_json().dump());
+  EXPECT_EQ(back.find("seed")->as_uint(), o.seed);
+}
+
 TEST(Optimizer, RejectsBadOptions) {
   OptimizerOptions o;
   o.name = "sgd";
