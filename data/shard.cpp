@@ -113,6 +113,13 @@ Shard read_shard(const std::string& path) {
     if (p < 0 || p >= s.seq_len)
       throw UserError("shard '" + path + "': masked_lm_positions holds " + std::to_string(p) + ", outside [0, " +
                       std::to_string(s.seq_len) + ")");
+  for (int32_t id : s.masked_lm_ids)
+    if (id < 0 || (vocab && id >= *vocab))
+      throw UserError("shard '" + path + "': masked_lm_ids holds " + std::to_string(id) + ", outside [0, vocab_size=" +
+                      (vocab ? std::to_string(*vocab) : "?") + ")");
+  for (int8_t label : s.next_sentence_labels)
+    if (label != 0 && label != 1)
+      throw UserError("shard '" + path + "': next_sentence_labels holds " + std::to_string(label) + ", expected 0 or 1");
   return s;
 }
 
@@ -124,10 +131,11 @@ void check_shard_compatible(const Shard& s, const std::string& path, int64_t voc
   if (s.metadata && s.metadata->vocab_size != vocab_size)
     throw UserError("shard '" + path + "' was made with a vocabulary of " + std::to_string(s.metadata->vocab_size) +
                     " tokens; the model has " + std::to_string(vocab_size));
-  for (int32_t id : s.input_ids)
-    if (id >= vocab_size)
-      throw UserError("shard '" + path + "' holds token id " + std::to_string(id) + " >= the model's vocab_size " +
-                      std::to_string(vocab_size));
+  for (const std::vector<int32_t>* ids : {&s.input_ids, &s.masked_lm_ids})
+    for (int32_t id : *ids)
+      if (id >= vocab_size)
+        throw UserError("shard '" + path + "' holds token id " + std::to_string(id) + " >= the model's vocab_size " +
+                        std::to_string(vocab_size));
   if (s.metadata && !tokenizer_sha256.empty() && !s.metadata->tokenizer_sha256.empty() &&
       s.metadata->tokenizer_sha256 != tokenizer_sha256)
     throw UserError("shard '" + path + "' was made with another tokenizer (sha256 " +

@@ -464,6 +464,20 @@ TEST(ShardReader, RejectsIdsOutsideTheVocabularyAndIncompatibleShards) {
   expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 800, 4, ""); }, "longer than the model's max_position_embeddings 4");
   expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 800, 128, "bbbb"); }, "made with another tokenizer");
   check_shard_compatible(r, "ok.hdf5", 800, 128, "aaaa");
+  // The prediction targets and NSP labels are checked too (they would reach the loss as bad indices).
+  Shard bad_target = r;
+  bad_target.masked_lm_ids[0] = 800;
+  write_shard(out.file("bad_target.hdf5"), bad_target);
+  expect_user_error([&] { read_shard(out.file("bad_target.hdf5")); }, "masked_lm_ids holds 800, outside [0, vocab_size=800)");
+  bad_target.masked_lm_ids[0] = 600;
+  bad_target.metadata.reset();  // a shard from another tool: no vocabulary recorded
+  write_shard(out.file("target600.hdf5"), bad_target);
+  expect_user_error([&] { check_shard_compatible(read_shard(out.file("target600.hdf5")), "target600.hdf5", 512, 128, ""); },
+                    "token id 600 >= the model's vocab_size 512");
+  Shard bad_label = r;
+  bad_label.next_sentence_labels[0] = 2;
+  write_shard(out.file("bad_label.hdf5"), bad_label);
+  expect_user_error([&] { read_shard(out.file("bad_label.hdf5")); }, "next_sentence_labels holds 2, expected 0 or 1");
 }
 
 }  // namespace
