@@ -142,8 +142,10 @@ int main(int argc, char** argv) {
         if (std::string(mode) == "qat") {
           enable_quantization(model, batch, g);
           model.parameters().upload_values();
-          for (model::Quantizer* q : model.quantizers())
-            if (q->mode == model::QuantMode::kQuantize) optimizer.set_minimum(q->scale, quant::kMinimumScale);
+          for (model::Quantizer* q : model.enabled_quantizers()) {  // as bert-train's default (--scales learned)
+            optimizer.set_log_space(q->scale);
+            optimizer.set_minimum(q->scale, quant::kMinimumScale);
+          }
         }
         std::vector<double> times;
         for (int s = 0; s < warmup + steps; ++s) {

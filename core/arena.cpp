@@ -40,10 +40,15 @@ Parameter<T> ParameterArena<T>::get(ParamId id) {
 }
 
 template <typename T>
-Parameter<T> ParameterArena<T>::get(const std::string& name) {
+ParamId ParameterArena<T>::id(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) throw UserError("unknown parameter '" + name + "'");
-  return get(it->second);
+  return it->second;
+}
+
+template <typename T>
+Parameter<T> ParameterArena<T>::get(const std::string& name) {
+  return get(id(name));
 }
 
 template <typename T>

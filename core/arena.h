@@ -42,6 +42,7 @@ class ParameterArena {
   Parameter<T> get(ParamId id);
   Parameter<T> get(const std::string& name);  // throws UserError naming the unknown parameter
   bool contains(const std::string& name) const { return index_.count(name) > 0; }
+  ParamId id(const std::string& name) const;  // throws UserError naming the unknown parameter
   int32_t size() const { return static_cast<int32_t>(entries_.size()); }
   const std::string& name(ParamId id) const { return entries_.at(id).name; }
   const Shape& shape(ParamId id) const { return entries_.at(id).shape; }

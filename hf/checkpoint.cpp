@@ -262,8 +262,7 @@ void export_model(const std::string& dir, model::BertForPreTraining& model, cons
     writer.add(*p.name, shape, p.value.data());
   }
   Json::Object scales;
-  for (model::Quantizer* q : model.quantizers()) {
-    if (q->mode != model::QuantMode::kQuantize) continue;
+  for (model::Quantizer* q : model.enabled_quantizers()) {
     Parameter<float> scale = params.get(q->scale);
     Json::Array values;
     for (float v : scale.value) values.emplace_back(static_cast<double>(v));  // %.17g: exact round trip

@@ -114,6 +114,31 @@ std::vector<Quantizer*> BertForPreTraining::quantizers() {
   return all;
 }
 
+std::vector<Quantizer*> BertForPreTraining::enabled_quantizers() {
+  std::vector<Quantizer*> enabled;
+  for (Quantizer* q : quantizers())
+    if (q->mode == QuantMode::kQuantize) enabled.push_back(q);
+  return enabled;
+}
+
+std::vector<std::string> BertForPreTraining::enabled_quantizer_names() {
+  std::vector<std::string> names;
+  for (Quantizer* q : enabled_quantizers()) names.push_back(q->name);
+  return names;
+}
+
+Quantizer* BertForPreTraining::find_quantizer(std::string_view name) {
+  for (Quantizer* q : quantizers())
+    if (q->name == name) return q;
+  return nullptr;
+}
+
+ParamId BertForPreTraining::quantized_weight(const Quantizer& q) {
+  const std::string suffix = "_quantizer";
+  BERT_CHECK(q.is_weight && q.name.ends_with(suffix), "'" + q.name + "' is not a weight quantizer");
+  return params_.id(q.name.substr(0, q.name.size() - suffix.size()));
+}
+
 Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t,
                                   bool training, Rng& rng) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();

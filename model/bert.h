@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/arena.h"
@@ -60,6 +62,13 @@ class BertForPreTraining {
   // weight quantizers, the four attention-matmul input quantizers (matmul_q/k/v/a) and the four
   // residual-add input quantizers; then the pooler and the MLM transform. All start in kFloat.
   std::vector<Quantizer*> quantizers();
+  // The quantizers in kQuantize mode (the model's INT8 points), in the same order, and their names.
+  std::vector<Quantizer*> enabled_quantizers();
+  std::vector<std::string> enabled_quantizer_names();
+  // The quantizer of that name, or nullptr.
+  Quantizer* find_quantizer(std::string_view name);
+  // The weight a weight quantizer quantizes: "<layer>.weight" for "<layer>.weight_quantizer".
+  ParamId quantized_weight(const Quantizer& weight_quantizer);
 
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);

@@ -159,8 +159,7 @@ Json describe_calibration(const CalibrationOptions& o, int64_t batches_used) {
 }
 
 void clamp_scales(model::BertForPreTraining& model, float minimum) {
-  for (model::Quantizer* q : model.quantizers()) {
-    if (q->mode != model::QuantMode::kQuantize) continue;
+  for (model::Quantizer* q : model.enabled_quantizers()) {
     for (float& s : model.parameters().get(q->scale).value)
       if (!(s >= minimum)) s = minimum;  // also catches NaN
   }
@@ -168,12 +167,9 @@ void clamp_scales(model::BertForPreTraining& model, float minimum) {
 
 std::vector<std::string> fully_saturated_channels(model::BertForPreTraining& model) {
   std::vector<std::string> dead;
-  const std::string suffix = "_quantizer";
-  for (model::Quantizer* q : model.quantizers()) {
-    if (q->mode != model::QuantMode::kQuantize || !q->is_weight) continue;
-    // "<layer>.weight_quantizer" quantizes "<layer>.weight" (out, in), one scale per output row.
-    const std::string weight_name = q->name.substr(0, q->name.size() - suffix.size());
-    const TensorView<float> w = model.parameters().get(weight_name).value;
+  for (model::Quantizer* q : model.enabled_quantizers()) {
+    if (!q->is_weight) continue;
+    const TensorView<float> w = model.parameters().get(model.quantized_weight(*q)).value;  // (out, in)
     const TensorView<float> s = model.parameters().get(q->scale).value;
     const int64_t rows = w.shape()[0], cols = w.numel() / rows;
     for (int64_t r = 0; r < rows; ++r) {

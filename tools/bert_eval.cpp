@@ -115,20 +115,15 @@ int main(int argc, char** argv) {
     report["checkpoint"] = checkpoint;
     report["step"] = state.step;
     {
-      int64_t enabled = 0;
-      for (model::Quantizer* q : model.quantizers()) enabled += q->mode == model::QuantMode::kQuantize;
-      report["quantizers_enabled"] = enabled;
+      report["quantizers_enabled"] = static_cast<int64_t>(model.enabled_quantizers().size());
     }
     {  // Sizes: all parameters in FP32, and with the enabled weight quantizers' weights stored as INT8.
       int64_t parameters = 0, int8_weights = 0;
       ParameterArena<float>& arena = model.parameters();
       for (ParamId id = 0; id < arena.size(); ++id)
         if (!model::is_quantizer_scale(arena.name(id))) parameters += arena.shape(id).numel();
-      for (model::Quantizer* q : model.quantizers())
-        if (q->is_weight && q->mode == model::QuantMode::kQuantize) {
-          const std::string linear = q->name.substr(0, q->name.size() - std::string(".weight_quantizer").size());
-          int8_weights += arena.get(linear + ".weight").value.numel();
-        }
+      for (model::Quantizer* q : model.enabled_quantizers())
+        if (q->is_weight) int8_weights += arena.shape(model.quantized_weight(*q)).numel();
       Json size;
       size["parameters"] = parameters;
       size["int8_weight_parameters"] = int8_weights;
@@ -278,8 +273,7 @@ int main(int argc, char** argv) {
       report["shards"] = static_cast<int64_t>(lo.shards.size());
       if (!compare && !sensitivity) report["metrics"] = m.to_json();
       if (!json && !compare && !sensitivity) {
-        int quantized = 0;
-        for (model::Quantizer* q : model.quantizers()) quantized += q->mode == model::QuantMode::kQuantize;
+        const int quantized = static_cast<int>(model.enabled_quantizers().size());
         std::printf("checkpoint %s (step %lld) on %zu shard(s), %s\n", checkpoint.c_str(), (long long)state.step,
                     lo.shards.size(), quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str() : "FP32");
         std::printf("%-22s %10s %12s %12s\n", "metric", "value", "baseline", "count");

@@ -76,11 +76,8 @@ int main(int argc, char** argv) {
     model::BertForPreTraining model(train::read_model_config(source));
     const train::TrainingState state = train::load_model(source, model);
     if (!plan.empty())
-      for (const std::string& name : quant::read_plan(plan, model))
-        for (model::Quantizer* q : model.quantizers())
-          if (q->name == name) q->mode = model::QuantMode::kFloat;
-    int enabled = 0;
-    for (model::Quantizer* q : model.quantizers()) enabled += q->mode == model::QuantMode::kQuantize;
+      for (const std::string& name : quant::read_plan(plan, model)) model.find_quantizer(name)->mode = model::QuantMode::kFloat;
+    const int enabled = static_cast<int>(model.enabled_quantizers().size());
     if (tokenizer.empty()) tokenizer = source.tokenizer;
     if (tokenizer.empty() || !fs::exists(tokenizer))
       throw UserError("--tokenizer: '" + tokenizer + "' does not exist (the tokenizer the model was trained with)");
@@ -120,8 +117,8 @@ int main(int argc, char** argv) {
     options.metadata["model_config"] = model.config().to_json().dump();
     options.metadata["quantization"] = state.quantization.dump();
     Json::Array enabled_names;
-    for (model::Quantizer* q : model.quantizers())
-      if (options.qdq && q->mode == model::QuantMode::kQuantize) enabled_names.emplace_back(q->name);
+    if (options.qdq)
+      for (const std::string& name : model.enabled_quantizer_names()) enabled_names.emplace_back(name);
     options.metadata["quantizers_enabled"] = Json(enabled_names).dump();
     options.metadata["tokenizer_sha256"] = tokenizer_hash;
     options.metadata["tokenizer_file"] = tokenizer_copy.filename().string();

@@ -59,8 +59,7 @@ void save_checkpoint(const std::string& path, model::BertForPreTraining& model, 
     hdf5::write_attribute(root, "tokenizer_sha256", state.tokenizer_sha256);
     hdf5::write_attribute(root, "run", state.run.dump());
     Json::Array enabled;
-    for (const model::Quantizer* q : model.quantizers())
-      if (q->mode == model::QuantMode::kQuantize) enabled.emplace_back(q->name);
+    for (const std::string& name : model.enabled_quantizer_names()) enabled.emplace_back(name);
     hdf5::write_attribute(root, "quantizers_enabled", Json(enabled).dump());
     hdf5::write_attribute(root, "quantization", state.quantization.dump());
     if (optimizer) {
@@ -122,15 +121,13 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
   s.run = Json::parse(hdf5::read_string_attribute(root, "run").value_or("{}"));
   s.quantization = Json::parse(hdf5::read_string_attribute(root, "quantization").value_or("null"));
   const Json enabled = Json::parse(hdf5::read_string_attribute(root, "quantizers_enabled").value_or("[]"));
-  std::vector<model::Quantizer*> quantizers = model.quantizers();
-  for (model::Quantizer* q : quantizers) q->mode = model::QuantMode::kFloat;
+  for (model::Quantizer* q : model.quantizers()) q->mode = model::QuantMode::kFloat;
   for (const Json& name : enabled.as_array()) {
-    auto it = std::find_if(quantizers.begin(), quantizers.end(), [&](auto* q) { return q->name == name.as_string(); });
-    if (it == quantizers.end())
-      throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "', which this model lacks");
-    if (!hdf5::exists(root, "model/" + (*it)->name + ".scale"))
+    model::Quantizer* q = model.find_quantizer(name.as_string());
+    if (!q) throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "', which this model lacks");
+    if (!hdf5::exists(root, "model/" + q->name + ".scale"))
       throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "' but holds no scale for it");
-    (*it)->mode = model::QuantMode::kQuantize;
+    q->mode = model::QuantMode::kQuantize;
   }
   if (optimizer) {
     if (hdf5::read_string_attribute(root, "optimizer").value_or("") != optimizer->options().name)

@@ -299,9 +299,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   }
   // Quantizers enabled (calibrated now, or restored from a QAT checkpoint): scales get their own
   // learning rate and stay positive.
-  std::vector<model::Quantizer*> active;
-  for (model::Quantizer* q : model.quantizers())
-    if (q->mode == model::QuantMode::kQuantize) active.push_back(q);
+  const std::vector<model::Quantizer*> active = model.enabled_quantizers();
   for (model::Quantizer* q : active) {
     // A multiplier of 0 freezes the scales (their gradients are still computed, and ignored).
     optimizer.set_lr_multiplier(q->scale, o.scales == TrainOptions::ScaleTraining::kFixed ? 0.0 : o.scale_lr_multiplier);

@@ -213,6 +213,20 @@ TEST(BertModel, InitializationFollowsBert) {
   EXPECT_EQ(decaying, 3 + 2 * 6 + 3);  // 3 embeddings, 6 linear weights per layer, pooler + transform + NSP
 }
 
+TEST(BertModel, QuantizerRegistryFindsEnablesAndMapsWeights) {
+  BertForPreTraining m(preset("tiny"));
+  EXPECT_TRUE(m.enabled_quantizers().empty());
+  Quantizer* w = m.find_quantizer("bert.encoder.layer.1.intermediate.dense.weight_quantizer");
+  Quantizer* a = m.find_quantizer("bert.encoder.layer.0.attention.self.matmul_a_input_quantizer");
+  ASSERT_TRUE(w && a);
+  EXPECT_EQ(m.find_quantizer("bert.encoder.layer.9.nothing"), nullptr);
+  a->mode = w->mode = QuantMode::kQuantize;
+  // Forward order: layer 0's attention before layer 1's FFN.
+  EXPECT_EQ(m.enabled_quantizer_names(), (std::vector<std::string>{a->name, w->name}));
+  EXPECT_EQ(m.parameters().name(m.quantized_weight(*w)), "bert.encoder.layer.1.intermediate.dense.weight");
+  EXPECT_THROW(m.quantized_weight(*a), InternalError);
+}
+
 TEST(BertConfig, JsonRoundTripPresetsAndValidation) {
   BertConfig mini = preset("mini");
   EXPECT_EQ(mini.num_hidden_layers, 4);
