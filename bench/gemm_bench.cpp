@@ -44,14 +44,10 @@ int main(int argc, char** argv) {
     const char* what;
   };
   const Shape shapes[] = {
-      {2048, 2048, 2048, "square (ceiling)"},
-      {4096, 768, 256, "BERT-shaped"},
-      {16384, 512, 128, "BERT-shaped"},
-      {4096, 128, 128, "tiny: B32 x T128, H128 projection"},
-      {4096, 512, 128, "tiny: FFN up"},
-      {4096, 128, 512, "tiny: FFN down"},
-      {4096, 256, 256, "mini: projection"},
-      {4096, 1024, 256, "mini: FFN up"},
+      {2048, 2048, 2048, "square (ceiling)"}, {4096, 768, 256, "BERT-shaped"},
+      {16384, 512, 128, "BERT-shaped"},       {4096, 128, 128, "tiny: B32 x T128, H128 projection"},
+      {4096, 512, 128, "tiny: FFN up"},       {4096, 128, 512, "tiny: FFN down"},
+      {4096, 256, 256, "mini: projection"},   {4096, 1024, 256, "mini: FFN up"},
   };
   std::printf("threads: %d\n%-34s %20s %12s %12s %8s\n", bert::num_threads(), "shape", "M x N x K", "ours GF/s",
               "openblas", "ratio");
@@ -61,16 +57,24 @@ int main(int argc, char** argv) {
     for (float& v : a) v = static_cast<float>(rng.next_normal());
     for (float& v : b) v = static_cast<float>(rng.next_normal());
     const double flops = 2.0 * s.m * s.n * s.k;
-    const double ours = flops / median_seconds(reps, [&] {
-      bert::gemm<float>({false, false, s.m, s.n, s.k}, 1.0f, a.data(), s.k, b.data(), s.n, 0.0f, c.data(), s.n);
-    }) / 1e9;
+    const double ours =
+        flops /
+        median_seconds(
+            reps,
+            [&] {
+              bert::gemm<float>({false, false, s.m, s.n, s.k}, 1.0f, a.data(), s.k, b.data(), s.n, 0.0f, c.data(), s.n);
+            }) /
+        1e9;
     char dims[32];
     std::snprintf(dims, sizeof dims, "%ld x %ld x %ld", long(s.m), long(s.n), long(s.k));
 #ifdef BERT_BENCH_WITH_OPENBLAS
-    const double blas = flops / median_seconds(reps, [&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n,
-                  0.0f, c.data(), s.n);
-    }) / 1e9;
+    const double blas = flops /
+                        median_seconds(reps,
+                                       [&] {
+                                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.m, s.n, s.k, 1.0f,
+                                                     a.data(), s.k, b.data(), s.n, 0.0f, c.data(), s.n);
+                                       }) /
+                        1e9;
     std::printf("%-34s %20s %12.1f %12.1f %8.2f\n", s.what, dims, ours, blas, ours / blas);
 #else
     std::printf("%-34s %20s %12.1f %12s %8s\n", s.what, dims, ours, "n/a", "-");

@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches, "comma-separated batch sizes")->capture_default_str();
   app.add_option("--steps", steps, "timed steps (median reported)")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000))->capture_default_str();
-  app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::Range(int64_t{100}, int64_t{1} << 20))->capture_default_str();
+  app.add_option("--vocab", vocab, "vocabulary size")
+      ->check(CLI::Range(int64_t{100}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--modes", modes, "fp32, qat or both")->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
@@ -113,11 +115,15 @@ int main(int argc, char** argv) {
     }
     const double ceiling = 2.0 * n * n * n / median(times) / 1e9;
     std::printf("threads %d; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(), ceiling);
-    if (json) std::fprintf(json, "{\"kind\": \"sgemm\", \"n\": %lld, \"gflops\": %.3f, \"threads\": %d}\n", (long long)n, ceiling, num_threads());
+    if (json)
+      std::fprintf(json, "{\"kind\": \"sgemm\", \"n\": %lld, \"gflops\": %.3f, \"threads\": %d}\n", (long long)n,
+                   ceiling, num_threads());
   }
-  std::printf("step FLOPs = 3 x B x [L (8 T H^2 + 4 T H I + 4 T^2 H) + 2 P H^2 + 2 P H V + 2 H^2], T=%lld, P=%lld, V=%lld\n",
-              (long long)t, (long long)p, (long long)vocab);
-  std::printf("%-6s %6s %-5s %12s %10s %10s %12s\n", "preset", "batch", "mode", "step (s)", "seq/s", "GFLOP/s", "eval seq/s");
+  std::printf(
+      "step FLOPs = 3 x B x [L (8 T H^2 + 4 T H I + 4 T^2 H) + 2 P H^2 + 2 P H V + 2 H^2], T=%lld, P=%lld, V=%lld\n",
+      (long long)t, (long long)p, (long long)vocab);
+  std::printf("%-6s %6s %-5s %12s %10s %10s %12s\n", "preset", "batch", "mode", "step (s)", "seq/s", "GFLOP/s",
+              "eval seq/s");
 
   std::stringstream preset_list(presets);
   for (std::string name; std::getline(preset_list, name, ',');) {
@@ -177,8 +183,8 @@ int main(int argc, char** argv) {
           std::fprintf(json,
                        "{\"kind\": \"step\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", \"step_s\": %.6f, "
                        "\"seq_per_s\": %.3f, \"gflops\": %.3f, \"step_gflop\": %.3f, \"eval_seq_per_s\": %.3f}\n",
-                       name.c_str(), (long long)b, mode, step, b / step, gflops, 3 * b * forward_flops(config, t, p) / 1e9,
-                       b / median(eval_times));
+                       name.c_str(), (long long)b, mode, step, b / step, gflops,
+                       3 * b * forward_flops(config, t, p) / 1e9, b / median(eval_times));
         if (device->is_cuda()) {
           const auto [used, total] = device->memory_use();
           std::printf("   GPU memory %.2f GiB", used / double(1 << 30));

@@ -30,8 +30,11 @@ Parameter<T> ParameterArena<T>::get(ParamId id) {
   BERT_CHECK(allocated_, "get() before allocate()");
   BERT_CHECK(id >= 0 && id < size(), "parameter id " + std::to_string(id) + " out of range");
   const Entry& e = entries_[id];
-  Parameter<T> p{&e.name, TensorView<T>(values_.data() + e.offset, e.shape),
-                 TensorView<T>(grads_.data() + e.offset, e.shape), {}, {}};
+  Parameter<T> p{&e.name,
+                 TensorView<T>(values_.data() + e.offset, e.shape),
+                 TensorView<T>(grads_.data() + e.offset, e.shape),
+                 {},
+                 {}};
   if (device_->is_cuda()) {
     p.device_value = TensorView<T>(device_values_.as<T>() + e.offset, e.shape);
     p.device_grad = TensorView<T>(device_grads_.as<T>() + e.offset, e.shape);

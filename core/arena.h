@@ -61,9 +61,9 @@ class ParameterArena {
   void place_on(const Device& device);
   const Device& device() const { return *device_; }
   bool on_cuda() const { return device_->is_cuda(); }
-  void upload_values();    // host values -> device (after loading or initialising on the host)
-  void download_values();  // device values -> host (before saving or reading them on the host)
-  void download_grads();   // device gradients -> host (for diagnostics)
+  void upload_values();           // host values -> device (after loading or initialising on the host)
+  void download_values();         // device values -> host (before saving or reading them on the host)
+  void download_grads();          // device gradients -> host (for diagnostics)
   TensorView<T> device_values();  // the flat buffers where training runs (the host ones on the CPU)
   TensorView<T> device_grads();
 

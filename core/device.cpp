@@ -16,15 +16,18 @@ Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::kFp32;
   if (name == "tf32") return Precision::kTf32;
   if (name == "bf16")
-    throw UserError("--precision bf16: BF16 mixed precision is not built yet (cuBLAS given FP32 tensors and "
-                    "BF16 compute ran them as TF32); use --precision tf32 for the tensor cores");
+    throw UserError(
+        "--precision bf16: BF16 mixed precision is not built yet (cuBLAS given FP32 tensors and "
+        "BF16 compute ran them as TF32); use --precision tf32 for the tensor cores");
   throw UserError("--precision '" + name + "': expected fp32 or tf32");
 }
 
 std::string precision_name(Precision precision) {
   switch (precision) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
   }
   return "?";
 }
@@ -48,8 +51,7 @@ bool Device::cuda_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<Device> Device::cuda(int ordinal, Precision precision) {
   const int count = cuda::device_count();
-  if (count == 0)
-    throw UserError("--device cuda: no CUDA GPU is visible (" + cuda::why_no_device() + ")");
+  if (count == 0) throw UserError("--device cuda: no CUDA GPU is visible (" + cuda::why_no_device() + ")");
   if (ordinal < 0 || ordinal >= count)
     throw UserError("--device cuda:" + std::to_string(ordinal) + ": only " + std::to_string(count) + " GPU(s) visible");
   std::unique_ptr<Device> d(new Device(DeviceKind::kCuda, precision));

@@ -67,7 +67,8 @@ class Device {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(const Device& device, std::size_t bytes) : device_(&device), bytes_(bytes), data_(device.allocate(bytes)) {}
+  DeviceBuffer(const Device& device, std::size_t bytes)
+      : device_(&device), bytes_(bytes), data_(device.allocate(bytes)) {}
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
@@ -82,7 +83,9 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   void reset() {

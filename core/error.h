@@ -20,14 +20,13 @@ class UserError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-[[noreturn]] void throw_internal_error(const char* file, int line, const char* condition,
-                                       const std::string& message);
+[[noreturn]] void throw_internal_error(const char* file, int line, const char* condition, const std::string& message);
 
 }  // namespace bert
 
 // BERT_CHECK(condition, message): message is any expression convertible to std::string and is only
 // evaluated when the check fails.
-#define BERT_CHECK(condition, message)                                                \
-  do {                                                                                \
+#define BERT_CHECK(condition, message)                                                         \
+  do {                                                                                         \
     if (!(condition)) ::bert::throw_internal_error(__FILE__, __LINE__, #condition, (message)); \
   } while (0)

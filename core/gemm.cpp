@@ -43,8 +43,7 @@ void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
 }
 
 template <typename T>
-void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-                    int64_t ldc) {
+void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t j = 0; j < g.n; ++j) {
       double acc = 0;
@@ -60,11 +59,10 @@ void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, in
 }
 
 template void gemm<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t);
-template void gemm<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*,
-                           int64_t);
+template void gemm<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*, int64_t);
 template void gemm_reference<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*,
                                     int64_t);
-template void gemm_reference<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double,
-                                     double*, int64_t);
+template void gemm_reference<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*,
+                                     int64_t);
 
 }  // namespace bert

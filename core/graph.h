@@ -118,7 +118,7 @@ class Graph {
  private:
   struct Node {
     TensorView<T> value;
-    TensorView<T> grad;     // empty until first needed (inner nodes)
+    TensorView<T> grad;  // empty until first needed (inner nodes)
     bool requires_grad = false;
     bool is_leaf = false;
     bool has_closure = false;

@@ -29,8 +29,10 @@ class Parser {
   [[noreturn]] void fail(const std::string& expected) const {
     int line = 1, column = 1;
     for (size_t i = 0; i < pos_ && i < s_.size(); ++i) {
-      if (s_[i] == '\n') ++line, column = 1;
-      else ++column;
+      if (s_[i] == '\n')
+        ++line, column = 1;
+      else
+        ++column;
     }
     throw UserError("invalid JSON at line " + std::to_string(line) + ", column " + std::to_string(column) +
                     ": expected " + expected);
@@ -104,8 +106,10 @@ class Parser {
       while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_, ++n;
       return n;
     };
-    if (pos_ < s_.size() && s_[pos_] == '0') ++pos_;
-    else if (digits() == 0) fail("a digit");
+    if (pos_ < s_.size() && s_[pos_] == '0')
+      ++pos_;
+    else if (digits() == 0)
+      fail("a digit");
     bool integer = true;
     if (pos_ < s_.size() && s_[pos_] == '.') {
       ++pos_, integer = false;
@@ -139,10 +143,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       const char c = s_[pos_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else fail("a hex digit");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        fail("a hex digit");
     }
     return v;
   }
@@ -162,14 +170,30 @@ class Parser {
       if (pos_ >= s_.size()) fail("an escape character");
       const char e = s_[pos_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF) {  // surrogate pair
@@ -184,7 +208,8 @@ class Parser {
           utf8::append(out, cp);
           break;
         }
-        default: fail("a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u)");
+        default:
+          fail("a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u)");
       }
     }
   }
@@ -197,11 +222,21 @@ void dump_string(std::string& out, const std::string& s) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -218,8 +253,10 @@ void dump_string(std::string& out, const std::string& s) {
 void dump_number(std::string& out, const Json& v) {
   char buf[32];
   if (const Json::IntegerView i = v.integer(); i.is_integer) {
-    if (i.is_unsigned) std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(i.u));
-    else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(i.s));
+    if (i.is_unsigned)
+      std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(i.u));
+    else
+      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(i.s));
     out += buf;
     return;
   }
@@ -243,10 +280,14 @@ void dump_value(std::string& out, const Json& v, int indent, int level) {
     out += '\n';
     out.append(static_cast<size_t>(indent * l), ' ');
   };
-  if (v.is_null()) out += "null";
-  else if (v.is_bool()) out += v.as_bool() ? "true" : "false";
-  else if (v.is_number()) dump_number(out, v);
-  else if (v.is_string()) dump_string(out, v.as_string());
+  if (v.is_null())
+    out += "null";
+  else if (v.is_bool())
+    out += v.as_bool() ? "true" : "false";
+  else if (v.is_number())
+    dump_number(out, v);
+  else if (v.is_string())
+    dump_string(out, v.as_string());
   else if (v.is_array()) {
     const auto& a = v.as_array();
     out += '[';

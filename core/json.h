@@ -73,8 +73,10 @@ class Json {
 
  private:
   void set_unsigned(uint64_t u) {
-    if (u <= static_cast<uint64_t>(INT64_MAX)) value_ = static_cast<int64_t>(u);
-    else value_ = u;
+    if (u <= static_cast<uint64_t>(INT64_MAX))
+      value_ = static_cast<int64_t>(u);
+    else
+      value_ = u;
   }
   // uint64_t only above INT64_MAX, so each integer has one representation.
   std::variant<std::monostate, bool, double, int64_t, uint64_t, std::string, Array, Object> value_;

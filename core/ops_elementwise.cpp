@@ -96,7 +96,8 @@ Var add(Graph<T>& g, Var a, Var b) {
     const T* dy = g.grad(y).data();
     for (auto [v, which] : {std::pair{a, 0}, std::pair{b, 1}}) {
       if (!g.requires_grad(v)) continue;
-      const int stride_of = which;  // a plain variable: lambdas may not capture structured bindings before C++20 in clang 14
+      const int stride_of =
+          which;  // a plain variable: lambdas may not capture structured bindings before C++20 in clang 14
       T* dv = g.grad(v).data();
       if (p.same_shape) {
         parallel_for(p.out.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
@@ -164,9 +165,8 @@ Var gelu(Graph<T>& g, Var x) {
     const T* xv = g.value(x).data();
     const T* dy = g.grad(y).data();
     T* dx = g.grad(x).data();
-    parallel_for(g.value(x).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      vec::gelu_backward_accumulate(xv + lo, dy + lo, dx + lo, hi - lo);
-    });
+    parallel_for(g.value(x).numel(), kElementwiseGrain,
+                 [&](int64_t lo, int64_t hi) { vec::gelu_backward_accumulate(xv + lo, dy + lo, dx + lo, hi - lo); });
   });
   return y;
 }
@@ -225,12 +225,12 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   return y;
 }
 
-#define BERT_INSTANTIATE(T)                        \
-  template Var add<T>(Graph<T>&, Var, Var);        \
-  template Var mul<T>(Graph<T>&, Var, Var);        \
-  template Var scale<T>(Graph<T>&, Var, double);   \
-  template Var gelu<T>(Graph<T>&, Var);            \
-  template Var tanh<T>(Graph<T>&, Var);            \
+#define BERT_INSTANTIATE(T)                      \
+  template Var add<T>(Graph<T>&, Var, Var);      \
+  template Var mul<T>(Graph<T>&, Var, Var);      \
+  template Var scale<T>(Graph<T>&, Var, double); \
+  template Var gelu<T>(Graph<T>&, Var);          \
+  template Var tanh<T>(Graph<T>&, Var);          \
   template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

@@ -129,9 +129,7 @@ __global__ void gelu_backward(float* dx, const float* dy, const float* x, int64_
     cuda::store_pack<W>(dx + i, out);
   }
 }
-__global__ void tanh_forward(float* y, const float* x, int64_t n) {
-  BERT_GRID_STRIDE(i, n) y[i] = tanhf(x[i]);
-}
+__global__ void tanh_forward(float* y, const float* x, int64_t n) { BERT_GRID_STRIDE(i, n) y[i] = tanhf(x[i]); }
 __global__ void tanh_backward(float* dx, const float* dy, const float* y, int64_t n, bool accumulate) {
   BERT_GRID_STRIDE(i, n) cuda::store_grad(dx, i, dy[i] * (1.0f - y[i] * y[i]), accumulate);
 }
@@ -233,8 +231,8 @@ Var scale(Graph<float>& g, Var x, double alpha) {
 Var gelu(Graph<float>& g, Var x) {
   Var y = g.emit(g.shape(x), {x});
   const int64_t n = g.value(x).numel();
-  BERT_LAUNCH_PACKED(gelu_forward, n, cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}), g,
-                     g.value(y).data(), g.value(x).data(), n);
+  BERT_LAUNCH_PACKED(gelu_forward, n, cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}), g, g.value(y).data(),
+                     g.value(x).data(), n);
   g.on_backward(y, [x, y, n](Graph<float>& g) {
     const auto dx = g.grad_target(x);
     const float *dy = g.grad(y).data(), *xv = g.value(x).data();
@@ -262,7 +260,8 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
   uint8_t* keep = g.scratch<uint8_t>(n);
   Var y = g.emit(g.shape(x), {x});
   // keep is 4-byte aligned for packs: the workspace aligns every allocation to 64 bytes.
-  const bool packed = cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
+  const bool packed =
+      cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
   BERT_LAUNCH_PACKED(dropout_forward, n, packed, g, g.value(y).data(), keep, g.value(x).data(), rng.state().seed, first,
                      threshold, keep_scale, n);
   g.on_backward(y, [x, y, n, keep, keep_scale](Graph<float>& g) {

@@ -13,8 +13,8 @@ namespace {
 // How a matmul maps onto `batch` GEMMs of (M, K) x (K, N).
 struct MatmulPlan {
   int64_t batch = 1, m = 0, n = 0, k = 0;
-  int64_t lda = 0, ldb = 0;              // row strides of a and b as stored
-  int64_t stride_a = 0, stride_b = 0;    // elements between batch items (0: shared)
+  int64_t lda = 0, ldb = 0;            // row strides of a and b as stored
+  int64_t stride_a = 0, stride_b = 0;  // elements between batch items (0: shared)
   Shape out;
 };
 
@@ -79,8 +79,8 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
     const T* bv = g.value(b).data();
     T* cv = g.value(c).data();
     for_each_item(p.batch, [&](int64_t i) {
-      gemm<T>({trans_a, trans_b, p.m, p.n, p.k}, T(1), av + i * p.stride_a, p.lda, bv + i * p.stride_b, p.ldb,
-              T(0), cv + i * stride_c, p.n);
+      gemm<T>({trans_a, trans_b, p.m, p.n, p.k}, T(1), av + i * p.stride_a, p.lda, bv + i * p.stride_b, p.ldb, T(0),
+              cv + i * stride_c, p.n);
     });
   }
   g.on_backward(c, [a, b, c, p, trans_a, trans_b, stride_c](Graph<T>& g) {
@@ -144,8 +144,8 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
   return y;
 }
 
-#define BERT_INSTANTIATE(T)                                 \
-  template Var matmul<T>(Graph<T>&, Var, Var, bool, bool);                 \
+#define BERT_INSTANTIATE(T)                                               \
+  template Var matmul<T>(Graph<T>&, Var, Var, bool, bool);                \
   template Var scaled_matmul<T>(Graph<T>&, Var, Var, double, bool, bool); \
   template Var linear<T>(Graph<T>&, Var, Var, Var);
 BERT_INSTANTIATE(float)

@@ -11,8 +11,10 @@ namespace {
 
 cublasComputeType_t compute_type(const Graph<float>& g) {
   switch (g.device().precision()) {
-    case Precision::kTf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
-    default: return CUBLAS_COMPUTE_32F;
+    case Precision::kTf32:
+      return CUBLAS_COMPUTE_32F_FAST_TF32;
+    default:
+      return CUBLAS_COMPUTE_32F;
   }
 }
 
@@ -29,10 +31,9 @@ void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t 
                                    CUBLAS_GEMM_DEFAULT));
     return;
   }
-  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, CUDA_R_32F,
-                                               int(ldb), stride_b, a, CUDA_R_32F, int(lda), stride_a, &beta, c,
-                                               CUDA_R_32F, int(ldc), stride_c, int(batch), compute_type(g),
-                                               CUBLAS_GEMM_DEFAULT));
+  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, CUDA_R_32F, int(ldb), stride_b, a, CUDA_R_32F,
+      int(lda), stride_a, &beta, c, CUDA_R_32F, int(ldc), stride_c, int(batch), compute_type(g), CUBLAS_GEMM_DEFAULT));
 }
 
 // y (rows, out) = x (rows, in) W^T + bias, the bias added in the GEMM's epilogue (cuBLASLt), so y is
@@ -132,7 +133,7 @@ Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alp
     if (g.requires_grad(a)) {
       const auto da = g.grad_target(a);
       const float beta = da.accumulate ? 1.0f : 0.0f;  // cuBLAS does not read C when beta is 0
-      if (!trans_a)  // dA (M, K) (+)= dC (M, N) op(B)^T
+      if (!trans_a)                                    // dA (M, K) (+)= dC (M, N) op(B)^T
         gemm(g, false, !trans_b, m, k, n, alpha, dc, n, stride_c, g.value(b).data(), ldb, stride_b, beta, da.data, lda,
              stride_a, batch);
       else  // dA (K, M) (+)= op(B) (K, N) dC^T
@@ -199,8 +200,8 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
       float* padded = g.scratch<float>(rows * ld);
       BERT_CUDA_CHECK(cudaMemcpy2DAsync(padded, ld * sizeof(float), dy, out * sizeof(float), out * sizeof(float), rows,
                                         cudaMemcpyDeviceToDevice, cuda::stream(g)));
-      BERT_CUDA_CHECK(cudaMemset2DAsync(padded + out, ld * sizeof(float), 0, (ld - out) * sizeof(float), rows,
-                                        cuda::stream(g)));
+      BERT_CUDA_CHECK(
+          cudaMemset2DAsync(padded + out, ld * sizeof(float), 0, (ld - out) * sizeof(float), rows, cuda::stream(g)));
       dy_gemm = padded;
     }
     if (g.requires_grad(x)) {  // dx (N, in) (+)= dy (N, out) W (out, in)

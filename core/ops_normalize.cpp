@@ -38,8 +38,10 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
       const T* m = mv ? mv + (r / rows_per_item) * k : nullptr;
       T* out = yv + r * k;
       auto o = vec::view(out, k);
-      if (m) o = vec::view(in, k) + vec::view(m, k);
-      else o = vec::view(in, k);
+      if (m)
+        o = vec::view(in, k) + vec::view(m, k);
+      else
+        o = vec::view(in, k);
       o = (o - o.maxCoeff()).exp();
       o *= T(1) / o.sum();
     }
@@ -136,7 +138,7 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
   return y;
 }
 
-#define BERT_INSTANTIATE(T)                      \
+#define BERT_INSTANTIATE(T)                     \
   template Var softmax<T>(Graph<T>&, Var, Var); \
   template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);
 BERT_INSTANTIATE(float)

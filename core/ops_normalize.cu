@@ -84,9 +84,8 @@ __global__ void layer_norm_backward_input(float* dx, const float* dy, const floa
 // Pass 1: partial[chunk][col] of sum dy * n (gamma) and sum dy (beta) over the chunk's rows. Block (32,
 // 8): 32 columns, 8 row lanes.
 constexpr int64_t kRowsPerChunk = 256;
-__global__ void layer_norm_param_partials(float* partial_gamma, float* partial_beta, const float* dy,
-                                          const float* x, const float* mean, const float* rstd, int64_t rows,
-                                          int64_t c) {
+__global__ void layer_norm_param_partials(float* partial_gamma, float* partial_beta, const float* dy, const float* x,
+                                          const float* mean, const float* rstd, int64_t rows, int64_t c) {
   __shared__ float sg[8][33], sb[8][33];
   const int64_t col = blockIdx.x * 32 + threadIdx.x;
   const int64_t chunk = blockIdx.y;
@@ -130,19 +129,19 @@ Var softmax(Graph<float>& g, Var x, Var mask) {
   if (mask.valid()) {
     const Shape ms = g.shape(mask);
     BERT_CHECK(!g.requires_grad(mask), "softmax: the mask is a constant; its gradient is not supported");
-    BERT_CHECK(xs.rank() >= 2 && ms == Shape({xs[0], k}), "softmax: mask " + ms.str() + " must be (B, K) for x " + xs.str());
+    BERT_CHECK(xs.rank() >= 2 && ms == Shape({xs[0], k}),
+               "softmax: mask " + ms.str() + " must be (B, K) for x " + xs.str());
     rows_per_item = rows / xs[0];
     mv = g.value(mask).data();
   }
   Var y = g.emit(xs, {x});
   softmax_forward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(),
-                                                                                mv, rows, k, rows_per_item);
+                                                                                 mv, rows, k, rows_per_item);
   BERT_CUDA_LAUNCHED();
   g.on_backward(y, [x, y, k, rows](Graph<float>& g) {
     const auto dx = g.grad_target(x);
-    softmax_backward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dx.data, g.grad(y).data(),
-                                                                                   g.value(y).data(), rows, k,
-                                                                                   dx.accumulate);
+    softmax_backward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+        dx.data, g.grad(y).data(), g.value(y).data(), rows, k, dx.accumulate);
     BERT_CUDA_LAUNCHED();
   });
   return y;

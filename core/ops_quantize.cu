@@ -87,8 +87,8 @@ Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double 
   Var y = g.emit(g.shape(x), {x, scale});
   if (n > 0) {
     fake_quantize_forward<<<grid, kThreads, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(),
-                                                                   g.value(scale).data(), per_channel, lo, hi,
-                                                                   reinterpret_cast<unsigned long long*>(clipped));
+                                                                  g.value(scale).data(), per_channel, lo, hi,
+                                                                  reinterpret_cast<unsigned long long*>(clipped));
     BERT_CUDA_LAUNCHED();
   }
   g.on_backward(y, [=](Graph<float>& g) {
@@ -98,11 +98,12 @@ Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double 
     float* ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
     double* partial = ds ? g.scratch<double>(blocks_per_channel * channels) : nullptr;
     fake_quantize_backward<<<grid, kThreads, 0, cuda::stream(g)>>>(dx, partial, g.grad(y).data(), g.value(x).data(),
-                                                                    g.value(scale).data(), per_channel, lo, hi,
-                                                                    dx_target.accumulate);
+                                                                   g.value(scale).data(), per_channel, lo, hi,
+                                                                   dx_target.accumulate);
     BERT_CUDA_LAUNCHED();
     if (ds) {
-      scale_gradient_sums<<<static_cast<unsigned>(channels), blocks_per_channel > 32 ? 256 : 32, 0, cuda::stream(g)>>>(
+      const unsigned threads = blocks_per_channel > 32 ? 256 : 32;
+      scale_gradient_sums<<<static_cast<unsigned>(channels), threads, 0, cuda::stream(g)>>>(
           ds, partial, blocks_per_channel, grad_scale);
       BERT_CUDA_LAUNCHED();
     }

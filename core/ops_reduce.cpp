@@ -95,8 +95,8 @@ template <typename T>
 Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature) {
   BERT_DISPATCH_CUDA(g, distillation_loss(g, student, teacher, temperature))
   const Shape ss = g.shape(student);
-  BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss,
-             "distillation_loss: student " + ss.str() + " and teacher " + g.shape(teacher).str() + " must be (N, C) alike");
+  BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss, "distillation_loss: student " + ss.str() + " and teacher " +
+                                                           g.shape(teacher).str() + " must be (N, C) alike");
   BERT_CHECK(!g.requires_grad(teacher), "distillation_loss: the teacher takes no gradient (run it without gradients)");
   BERT_CHECK(temperature > 0, "distillation_loss: temperature must be positive");
   const int64_t n = ss[0], c = ss[1];
@@ -166,11 +166,11 @@ std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
   return out;
 }
 
-#define BERT_INSTANTIATE(T)             \
-  template Var sum<T>(Graph<T>&, Var);  \
-  template Var mean<T>(Graph<T>&, Var); \
+#define BERT_INSTANTIATE(T)                                                                             \
+  template Var sum<T>(Graph<T>&, Var);                                                                  \
+  template Var mean<T>(Graph<T>&, Var);                                                                 \
   template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t); \
-  template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                      \
+  template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                       \
   template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

@@ -206,8 +206,8 @@ Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets,
 
 Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature) {
   const Shape ss = g.shape(student);
-  BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss,
-             "distillation_loss: student " + ss.str() + " and teacher " + g.shape(teacher).str() + " must be (N, C) alike");
+  BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss, "distillation_loss: student " + ss.str() + " and teacher " +
+                                                           g.shape(teacher).str() + " must be (N, C) alike");
   BERT_CHECK(!g.requires_grad(teacher), "distillation_loss: the teacher takes no gradient (run it without gradients)");
   BERT_CHECK(temperature > 0, "distillation_loss: temperature must be positive");
   const int64_t n = ss[0], c = ss[1];
@@ -217,8 +217,8 @@ Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperat
   double* row_kl = g.scratch<double>(std::max<int64_t>(n, 1));
   Var y = g.emit(Shape{}, {student, teacher});
   if (n > 0) {
-    distillation_rows<<<unsigned(n), 256, 0, cuda::stream(g)>>>(lse_student, lse_teacher, row_kl, g.value(student).data(),
-                                                               g.value(teacher).data(), c, inv_t);
+    distillation_rows<<<unsigned(n), 256, 0, cuda::stream(g)>>>(
+        lse_student, lse_teacher, row_kl, g.value(student).data(), g.value(teacher).data(), c, inv_t);
     BERT_CUDA_LAUNCHED();
   }
   const double factor = n > 0 ? temperature * temperature / double(n) : 0.0;
@@ -228,8 +228,8 @@ Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperat
     if (n == 0) return;
     const auto ds = g.grad_target(student);
     distillation_backward<<<unsigned(n), 256, 0, cuda::stream(g)>>>(
-        ds.data, g.value(student).data(), g.value(teacher).data(), g.grad(y).data(), lse_student, lse_teacher, c,
-        inv_t, static_cast<float>(temperature / double(n)), ds.accumulate);
+        ds.data, g.value(student).data(), g.value(teacher).data(), g.grad(y).data(), lse_student, lse_teacher, c, inv_t,
+        static_cast<float>(temperature / double(n)), ds.accumulate);
     BERT_CUDA_LAUNCHED();
   });
   return y;

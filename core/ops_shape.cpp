@@ -33,7 +33,8 @@ struct PermutePlan {
 
 PermutePlan plan_permute(const Shape& in, std::initializer_list<int> perm) {
   const int rank = in.rank();
-  BERT_CHECK(static_cast<int>(perm.size()) == rank, "permute of " + in.str() + " needs " + std::to_string(rank) + " axes");
+  BERT_CHECK(static_cast<int>(perm.size()) == rank,
+             "permute of " + in.str() + " needs " + std::to_string(rank) + " axes");
   std::array<int64_t, 4> in_stride{};
   int64_t s = 1;
   for (int i = rank - 1; i >= 0; --i) {
@@ -97,10 +98,14 @@ Var transpose(Graph<T>& g, Var x, int axis0, int axis1) {
   std::array<int, 4> perm{0, 1, 2, 3};
   std::swap(perm[s.normalize_axis(axis0)], perm[s.normalize_axis(axis1)]);
   switch (s.rank()) {
-    case 2: return permute(g, x, {perm[0], perm[1]});
-    case 3: return permute(g, x, {perm[0], perm[1], perm[2]});
-    case 4: return permute(g, x, {perm[0], perm[1], perm[2], perm[3]});
-    default: BERT_CHECK(false, "transpose needs rank 2 to 4, got " + s.str());
+    case 2:
+      return permute(g, x, {perm[0], perm[1]});
+    case 3:
+      return permute(g, x, {perm[0], perm[1], perm[2]});
+    case 4:
+      return permute(g, x, {perm[0], perm[1], perm[2], perm[3]});
+    default:
+      BERT_CHECK(false, "transpose needs rank 2 to 4, got " + s.str());
   }
   return x;
 }
@@ -115,10 +120,14 @@ Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_
   const int64_t rows = ts[0], cols = ts[1], n = ids_shape.numel();
   const Shape out = [&] {  // ids_shape + (C)
     switch (ids_shape.rank()) {
-      case 0: return Shape{cols};
-      case 1: return Shape{ids_shape[0], cols};
-      case 2: return Shape{ids_shape[0], ids_shape[1], cols};
-      default: return Shape{ids_shape[0], ids_shape[1], ids_shape[2], cols};
+      case 0:
+        return Shape{cols};
+      case 1:
+        return Shape{ids_shape[0], cols};
+      case 2:
+        return Shape{ids_shape[0], ids_shape[1], cols};
+      default:
+        return Shape{ids_shape[0], ids_shape[1], ids_shape[2], cols};
     }
   }();
   // Keep a copy of the ids for backward: the caller's buffer may be gone by then.
@@ -145,10 +154,10 @@ Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_
   return y;
 }
 
-#define BERT_INSTANTIATE(T)                                              \
-  template Var reshape<T>(Graph<T>&, Var, Shape);                        \
-  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>);   \
-  template Var transpose<T>(Graph<T>&, Var, int, int);                   \
+#define BERT_INSTANTIATE(T)                                            \
+  template Var reshape<T>(Graph<T>&, Var, Shape);                      \
+  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>); \
+  template Var transpose<T>(Graph<T>&, Var, int, int);                 \
   template Var gather_rows<T>(Graph<T>&, Var, std::span<const int32_t>, Shape);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

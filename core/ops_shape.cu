@@ -25,8 +25,10 @@ __global__ void permute_kernel(float* out, const float* in, Permute p, int64_t n
       i += (rest % static_cast<I>(p.out_dims[axis])) * static_cast<I>(p.in_stride[axis]);
       rest /= static_cast<I>(p.out_dims[axis]);
     }
-    if (backward) cuda::store_grad(out, i, in[o], accumulate);  // a bijection: no write conflicts
-    else out[o] = in[i];
+    if (backward)
+      cuda::store_grad(out, i, in[o], accumulate);  // a bijection: no write conflicts
+    else
+      out[o] = in[i];
   }
 }
 
@@ -95,7 +97,8 @@ Var reshape(Graph<float>& g, Var x, Shape shape) { return g.emit_view(x, shape);
 Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
   const Shape in = g.shape(x);
   const int rank = in.rank();
-  BERT_CHECK(static_cast<int>(perm.size()) == rank, "permute of " + in.str() + " needs " + std::to_string(rank) + " axes");
+  BERT_CHECK(static_cast<int>(perm.size()) == rank,
+             "permute of " + in.str() + " needs " + std::to_string(rank) + " axes");
   int64_t stride[4] = {0, 0, 0, 0}, s = 1;
   for (int i = rank - 1; i >= 0; --i) {
     stride[i] = s;
@@ -119,7 +122,8 @@ Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
   // Rows: the innermost axis stays put (its input stride is 1) and is a multiple of 4 (workspace
   // buffers are 64-byte aligned, so float4 accesses are aligned).
   const bool rows = small && p.in_stride[3] == 1 && p.out_dims[3] % 4 == 0;
-  auto launch = [p, n, small, rows](const Graph<float>& g, float* out, const float* in, bool backward, bool accumulate) {
+  auto launch = [p, n, small, rows](const Graph<float>& g, float* out, const float* in, bool backward,
+                                    bool accumulate) {
     if (rows && reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0)
       BERT_LAUNCH(permute_rows_kernel, n / 4, g, reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(in), p,
                   n / 4, backward, accumulate);
@@ -143,7 +147,7 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
              "gather_rows: " + std::to_string(ids.size()) + " ids for ids shape " + ids_shape.str());
   const int64_t rows = ts[0], cols = ts[1], n = ids_shape.numel();
   Shape out = ids_shape;
-  out = ids_shape.rank() == 0 ? Shape{cols}
+  out = ids_shape.rank() == 0   ? Shape{cols}
         : ids_shape.rank() == 1 ? Shape{ids_shape[0], cols}
         : ids_shape.rank() == 2 ? Shape{ids_shape[0], ids_shape[1], cols}
                                 : Shape{ids_shape[0], ids_shape[1], ids_shape[2], cols};

@@ -24,7 +24,7 @@ void parallel_for(int64_t n, int64_t min_per_thread, Body&& body) {
   // An exception must not leave an OpenMP region (that terminates the program): the first one is
   // caught, the other chunks finish, and it is rethrown here.
   std::exception_ptr error;
-#pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static, 1)
+#pragma omp parallel for num_threads(static_cast <int>(chunks)) schedule(static, 1)
   for (int64_t c = 0; c < chunks; ++c) {
     try {
       body(n * c / chunks, n * (c + 1) / chunks);

@@ -14,8 +14,8 @@ namespace bert {
 std::string read_text_file(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    throw UserError("cannot read " + what + " '" + path + "': " +
-                    (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
+    throw UserError("cannot read " + what + " '" + path +
+                    "': " + (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   if (in) text << in.rdbuf();

@@ -23,10 +23,10 @@ namespace {
 // Abbreviations after which a period does not end a sentence (lowercase, without the period).
 const std::unordered_set<std::string>& abbreviations() {
   static const std::unordered_set<std::string> set = {
-      "mr",   "mrs",  "ms",   "dr",  "prof", "rev",  "hon",  "sr",   "jr",   "st",   "mt",  "capt", "col",
-      "gen",  "lt",   "sgt",  "gov", "sen",  "rep",  "fig",  "figs", "no",   "nos",  "vol", "vols", "pp",
-      "ch",   "sec",  "art",  "approx", "ca", "cf",  "vs",   "viz",  "al",   "jan",  "feb", "mar",  "apr",
-      "jun",  "jul",  "aug",  "sep", "sept", "oct",  "nov",  "dec",  "eq",   "eqs",  "ref", "refs", "resp"};
+      "mr",  "mrs", "ms",  "dr",     "prof", "rev", "hon", "sr",   "jr", "st",  "mt",  "capt", "col",
+      "gen", "lt",  "sgt", "gov",    "sen",  "rep", "fig", "figs", "no", "nos", "vol", "vols", "pp",
+      "ch",  "sec", "art", "approx", "ca",   "cf",  "vs",  "viz",  "al", "jan", "feb", "mar",  "apr",
+      "jun", "jul", "aug", "sep",    "sept", "oct", "nov", "dec",  "eq", "eqs", "ref", "refs", "resp"};
   return set;
 }
 
@@ -49,7 +49,8 @@ bool period_is_abbreviation(std::string_view text, size_t dot) {
   if (word.empty()) return false;
   if (word.size() == 1 && std::isalpha(static_cast<unsigned char>(word[0]))) return true;  // initial
   if (word.find('.') != std::string::npos) {  // e.g / i.e / U.S / a.m: letters separated by periods
-    bool dotted = std::all_of(word.begin(), word.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '.'; });
+    bool dotted = std::all_of(word.begin(), word.end(),
+                              [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '.'; });
     if (dotted) return true;
   }
   std::transform(word.begin(), word.end(), word.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -97,11 +98,16 @@ bool is_text(std::string_view s) {
     const auto c = static_cast<unsigned char>(s[i]);
     int extra;  // continuation bytes after this lead byte
     if (c == 0) return false;
-    if (c < 0x80) extra = 0;
-    else if (c >= 0xC2 && c <= 0xDF) extra = 1;
-    else if (c >= 0xE0 && c <= 0xEF) extra = 2;
-    else if (c >= 0xF0 && c <= 0xF4) extra = 3;
-    else return false;
+    if (c < 0x80)
+      extra = 0;
+    else if (c >= 0xC2 && c <= 0xDF)
+      extra = 1;
+    else if (c >= 0xE0 && c <= 0xEF)
+      extra = 2;
+    else if (c >= 0xF0 && c <= 0xF4)
+      extra = 3;
+    else
+      return false;
     for (int k = 1; k <= extra; ++k)
       if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
     i += 1 + static_cast<size_t>(extra);
@@ -145,8 +151,7 @@ bool CorpusReader::read_line(std::string& line) {
                         ": not UTF-8 text (a binary file?)");
       return true;
     }
-    if (!file_has_text_)
-      throw UserError("corpus file '" + paths_[file_index_] + "' holds no text (only blank lines)");
+    if (!file_has_text_) throw UserError("corpus file '" + paths_[file_index_] + "' holds no text (only blank lines)");
     in_.close();
     in_.clear();
     ++file_index_;

@@ -49,8 +49,10 @@ void ExampleOptions::validate() const {
   if (max_seq_len < 8 || max_seq_len > 4096) fail("--max-seq-len", std::to_string(max_seq_len), "8 to 4096");
   if (max_predictions < 1 || max_predictions > max_seq_len)
     fail("--max-predictions", std::to_string(max_predictions), "1 to --max-seq-len");
-  if (!(masked_lm_prob > 0 && masked_lm_prob < 1)) fail("--masked-lm-prob", std::to_string(masked_lm_prob), "in (0, 1)");
-  if (!(short_seq_prob >= 0 && short_seq_prob <= 1)) fail("--short-seq-prob", std::to_string(short_seq_prob), "in [0, 1]");
+  if (!(masked_lm_prob > 0 && masked_lm_prob < 1))
+    fail("--masked-lm-prob", std::to_string(masked_lm_prob), "in (0, 1)");
+  if (!(short_seq_prob >= 0 && short_seq_prob <= 1))
+    fail("--short-seq-prob", std::to_string(short_seq_prob), "in [0, 1]");
   if (!(random_next_prob >= 0 && random_next_prob <= 1))
     fail("--random-next-prob", std::to_string(random_next_prob), "in [0, 1]");
   if (dupe_factor < 1 || dupe_factor > 1000) fail("--dupe-factor", std::to_string(dupe_factor), "1 to 1000");
@@ -63,8 +65,8 @@ void mask_tokens(Example& e, const ExampleOptions& o, const Tokenizer& tokenizer
   for (int32_t i = 0; i < static_cast<int32_t>(e.tokens.size()); ++i) {
     const int32_t t = e.tokens[i];
     if (t < sp.first_regular) continue;  // never mask special tokens ([UNK] included: nothing to learn)
-    const bool continues_word = o.whole_word_mask && !candidates.empty() && candidates.back().back() == i - 1 &&
-                                !tokenizer.is_word_start(t);
+    const bool continues_word =
+        o.whole_word_mask && !candidates.empty() && candidates.back().back() == i - 1 && !tokenizer.is_word_start(t);
     if (continues_word) {
       candidates.back().push_back(i);
     } else {
@@ -134,7 +136,8 @@ void create_examples(std::span<const TokenizedDocument> documents, size_t index,
       }
       i -= chunk.size() - a_end;  // the unused sentences go back for the next chunk
     } else {
-      for (size_t j = a_end; j < chunk.size(); ++j) b.insert(b.end(), document[chunk[j]].begin(), document[chunk[j]].end());
+      for (size_t j = a_end; j < chunk.size(); ++j)
+        b.insert(b.end(), document[chunk[j]].begin(), document[chunk[j]].end());
     }
     truncate_pair(a, b, static_cast<size_t>(max_tokens), rng);
     BERT_CHECK(!a.empty() && !b.empty(), "empty segment after truncation");
@@ -229,8 +232,9 @@ ShardBuildStats build_shards(const ShardBuildOptions& o,
       first_document += texts.size();
       stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
       if (progress)
-        progress(stats, pass, (pass + static_cast<double>(reader.bytes_read()) / std::max<int64_t>(reader.total_bytes(), 1)) /
-                                  o.examples.dupe_factor);
+        progress(stats, pass,
+                 (pass + static_cast<double>(reader.bytes_read()) / std::max<int64_t>(reader.total_bytes(), 1)) /
+                     o.examples.dupe_factor);
     }
   }
   if (pending.size > 0) write_pending();

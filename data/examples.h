@@ -15,14 +15,14 @@ namespace bert::data {
 
 struct ExampleOptions {
   int max_seq_len = 128;
-  int max_predictions = 20;       // max_predictions_per_seq
+  int max_predictions = 20;  // max_predictions_per_seq
   double masked_lm_prob = 0.15;
   double short_seq_prob = 0.1;
   double random_next_prob = 0.5;
   bool whole_word_mask = false;
-  int dupe_factor = 5;            // passes over the corpus, each with fresh masks and pairings
+  int dupe_factor = 5;  // passes over the corpus, each with fresh masks and pairings
   uint64_t seed = 12345;
-  void validate() const;          // UserError naming the flag
+  void validate() const;  // UserError naming the flag
 };
 
 // [CLS] A [SEP] B [SEP] with its segment ids, masked positions (sorted) and original ids there.
@@ -70,7 +70,8 @@ struct ShardBuildStats {
 // creation in parallel, deterministic for a seed whatever the thread count), shuffles each window's
 // examples and writes shards <output_dir>/<prefix>-NNNNN.hdf5 atomically. `progress` is called after
 // each window.
-ShardBuildStats build_shards(const ShardBuildOptions& options,
-                             const std::function<void(const ShardBuildStats&, int pass, double fraction)>& progress = {});
+ShardBuildStats build_shards(
+    const ShardBuildOptions& options,
+    const std::function<void(const ShardBuildStats&, int pass, double fraction)>& progress = {});
 
 }  // namespace bert::data

@@ -135,8 +135,9 @@ std::string type_name() {
 template <typename T>
 void write_dataset(hid_t file, const std::string& name, const T* data, const std::vector<hsize_t>& dims,
                    const std::string& path, int compression) {
-  Handle space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-               H5Sclose);
+  Handle space(
+      dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+      H5Sclose);
   Handle props(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (compression > 0 && !dims.empty() && dims[0] > 0) {  // chunked + gzip (empty datasets cannot be chunked)
     std::vector<hsize_t> chunk = dims;
@@ -144,9 +145,9 @@ void write_dataset(hid_t file, const std::string& name, const T* data, const std
     H5Pset_chunk(props.get(), static_cast<int>(chunk.size()), chunk.data());
     H5Pset_deflate(props.get(), static_cast<unsigned>(compression));
   }
-  Handle set(H5Dcreate2(file, name.c_str(), file_type<T>(), space.get(), link_creation_properties(), props.get(),
-                        H5P_DEFAULT),
-             H5Dclose);
+  Handle set(
+      H5Dcreate2(file, name.c_str(), file_type<T>(), space.get(), link_creation_properties(), props.get(), H5P_DEFAULT),
+      H5Dclose);
   if (!set.ok() || H5Dwrite(set.get(), memory_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     throw UserError("cannot write dataset '" + name + "' to '" + path + "' (disk full?)");
 }
@@ -165,7 +166,7 @@ std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vect
   const bool ok = want_float ? (cls == H5T_FLOAT && size == 4)
                              : (cls == H5T_INTEGER && size == sizeof(T) && H5Tget_sign(type.get()) == H5T_SGN_2);
   if (!ok) {
-    std::string found = cls == H5T_FLOAT ? "float" + std::to_string(8 * size)
+    std::string found = cls == H5T_FLOAT     ? "float" + std::to_string(8 * size)
                         : cls == H5T_INTEGER ? std::string(H5Tget_sign(type.get()) == H5T_SGN_2 ? "int" : "uint") +
                                                    std::to_string(8 * size)
                                              : "non-numeric";
@@ -230,10 +231,10 @@ std::vector<hsize_t> read_dataset(hid_t file, const std::string& name, std::vect
   return dims;
 }
 
-#define BERT_INSTANTIATE(T)                                                                                   \
-  template void write_dataset<T>(hid_t, const std::string&, const T*, const std::vector<hsize_t>&,          \
-                                 const std::string&, int);                                                    \
-  template std::vector<hsize_t> read_dataset<T>(hid_t, const std::string&, std::vector<T>&, const std::string&, \
+#define BERT_INSTANTIATE(T)                                                                                            \
+  template void write_dataset<T>(hid_t, const std::string&, const T*, const std::vector<hsize_t>&, const std::string&, \
+                                 int);                                                                                 \
+  template std::vector<hsize_t> read_dataset<T>(hid_t, const std::string&, std::vector<T>&, const std::string&,        \
                                                 const std::string&, const std::vector<hsize_t>*);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(int64_t)

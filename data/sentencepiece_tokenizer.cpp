@@ -27,9 +27,11 @@ class SentencePieceTokenizer final : public Tokenizer {
     const auto status = processor_.Load(path);
     if (!status.ok())
       throw UserError("tokenizer file '" + path + "' is not a SentencePiece model: " + status.ToString());
-    const std::pair<int32_t, const char*> expected[] = {
-        {specials_.pad, "[PAD]"}, {specials_.unk, "[UNK]"}, {specials_.cls, "[CLS]"},
-        {specials_.sep, "[SEP]"}, {specials_.mask, "[MASK]"}};
+    const std::pair<int32_t, const char*> expected[] = {{specials_.pad, "[PAD]"},
+                                                        {specials_.unk, "[UNK]"},
+                                                        {specials_.cls, "[CLS]"},
+                                                        {specials_.sep, "[SEP]"},
+                                                        {specials_.mask, "[MASK]"}};
     for (auto [id, name] : expected) {
       if (processor_.GetPieceSize() <= id || processor_.IdToPiece(id) != name)
         throw UserError("tokenizer '" + path + "': expected " + name + " at id " + std::to_string(id) + ", found '" +
@@ -82,8 +84,7 @@ class SentencePieceTokenizer final : public Tokenizer {
 // Feeds SentencePiece's trainer from our corpus reader (either format, validated input).
 class CorpusSentenceIterator final : public sentencepiece::SentenceIterator {
  public:
-  CorpusSentenceIterator(const SentencePieceTrainOptions& o)
-      : reader_(o.inputs, parse_corpus_format(o.corpus_format)) {
+  CorpusSentenceIterator(const SentencePieceTrainOptions& o) : reader_(o.inputs, parse_corpus_format(o.corpus_format)) {
     Next();
   }
   bool done() const override { return done_; }
@@ -137,8 +138,12 @@ int64_t train_sentencepiece(const SentencePieceTrainOptions& o) {
       {"model_prefix", temp_prefix},
       {"vocab_size", std::to_string(o.vocab_size)},
       {"model_type", o.model_type},
-      {"pad_id", "0"}, {"unk_id", "1"}, {"bos_id", "-1"}, {"eos_id", "-1"},
-      {"pad_piece", "[PAD]"}, {"unk_piece", "[UNK]"},
+      {"pad_id", "0"},
+      {"unk_id", "1"},
+      {"bos_id", "-1"},
+      {"eos_id", "-1"},
+      {"pad_piece", "[PAD]"},
+      {"unk_piece", "[UNK]"},
       {"user_defined_symbols", "[CLS],[SEP],[MASK]"},
       {"normalization_rule_name", o.lowercase ? "nmt_nfkc_cf" : "nmt_nfkc"},
       {"character_coverage", "0.9999"},

@@ -63,8 +63,8 @@ void write_shard(const std::string& path, const Shard& s) {
 Shard read_shard(const std::string& path) {
   hdf5::Quiet quiet;
   hdf5::Handle h = hdf5::open_read(path, "shard");
-  for (const char* name : {"input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                           "next_sentence_labels"})
+  for (const char* name :
+       {"input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels"})
     if (!hdf5::exists(h.get(), name))
       throw UserError("shard '" + path + "': dataset '" + name + "' is missing (expected NVIDIA BERT layout: " +
                       "input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids, next_sentence_labels)");
@@ -106,8 +106,8 @@ Shard read_shard(const std::string& path) {
     const int32_t id = s.input_ids[i];
     if (id < 0 || (vocab && id >= *vocab))
       throw UserError("shard '" + path + "': input_ids[" + std::to_string(i / s.seq_len) + ", " +
-                      std::to_string(i % s.seq_len) + "] = " + std::to_string(id) + " outside [0, vocab_size=" +
-                      (vocab ? std::to_string(*vocab) : "?") + ")");
+                      std::to_string(i % s.seq_len) + "] = " + std::to_string(id) +
+                      " outside [0, vocab_size=" + (vocab ? std::to_string(*vocab) : "?") + ")");
   }
   for (int32_t p : s.masked_lm_positions)
     if (p < 0 || p >= s.seq_len)
@@ -115,11 +115,12 @@ Shard read_shard(const std::string& path) {
                       std::to_string(s.seq_len) + ")");
   for (int32_t id : s.masked_lm_ids)
     if (id < 0 || (vocab && id >= *vocab))
-      throw UserError("shard '" + path + "': masked_lm_ids holds " + std::to_string(id) + ", outside [0, vocab_size=" +
-                      (vocab ? std::to_string(*vocab) : "?") + ")");
+      throw UserError("shard '" + path + "': masked_lm_ids holds " + std::to_string(id) +
+                      ", outside [0, vocab_size=" + (vocab ? std::to_string(*vocab) : "?") + ")");
   for (int8_t label : s.next_sentence_labels)
     if (label != 0 && label != 1)
-      throw UserError("shard '" + path + "': next_sentence_labels holds " + std::to_string(label) + ", expected 0 or 1");
+      throw UserError("shard '" + path + "': next_sentence_labels holds " + std::to_string(label) +
+                      ", expected 0 or 1");
   return s;
 }
 

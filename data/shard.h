@@ -23,8 +23,8 @@ struct ShardMetadata {
 };
 
 struct Shard {
-  int64_t size = 0;            // N
-  int64_t seq_len = 0;         // L
+  int64_t size = 0;             // N
+  int64_t seq_len = 0;          // L
   int64_t max_predictions = 0;  // P
   std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;

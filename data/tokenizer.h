@@ -40,9 +40,9 @@ class Tokenizer {
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 struct SentencePieceTrainOptions {
-  std::vector<std::string> inputs;         // corpus files
+  std::vector<std::string> inputs;          // corpus files
   std::string corpus_format = "sentences";  // or "paragraphs"
-  std::string output_prefix;               // writes <prefix>.model and <prefix>.vocab
+  std::string output_prefix;                // writes <prefix>.model and <prefix>.vocab
   int vocab_size = 16000;
   std::string model_type = "unigram";  // or "bpe"
   bool lowercase = true;               // case-fold like bert-base-uncased

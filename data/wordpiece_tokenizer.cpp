@@ -7,8 +7,8 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "core/text_file.h"
 #include "core/json.h"
+#include "core/text_file.h"
 #include "core/utf8.h"
 #include "data/sha256.h"
 
@@ -116,8 +116,10 @@ std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokeni
     word.clear();
   };
   for (char32_t c : cleaned) {
-    if (c == U' ') split_word();
-    else word.push_back(c);
+    if (c == U' ')
+      split_word();
+    else
+      word.push_back(c);
   }
   split_word();
   return tokens;
@@ -144,10 +146,13 @@ class WordPieceTokenizer final : public Tokenizer {
       if (token.empty())
         throw UserError("vocabulary '" + path + "': line " + std::to_string(id + 1) + " is empty (one token per line)");
       if (!ids_.emplace(token, id).second)
-        throw UserError("vocabulary '" + path + "': token '" + token + "' appears twice (line " + std::to_string(id + 1) + ")");
+        throw UserError("vocabulary '" + path + "': token '" + token + "' appears twice (line " +
+                        std::to_string(id + 1) + ")");
       pieces_.push_back(std::move(token));
     }
-    if (pieces_.size() < 8) throw UserError("vocabulary '" + path + "' has " + std::to_string(pieces_.size()) + " tokens; not a WordPiece vocab.txt?");
+    if (pieces_.size() < 8)
+      throw UserError("vocabulary '" + path + "' has " + std::to_string(pieces_.size()) +
+                      " tokens; not a WordPiece vocab.txt?");
 
     // Special tokens, which must precede every regular token (BERT's layout: [PAD], [unused..], [UNK],
     // [CLS], [SEP], [MASK], [unused..], then the regular tokens).
@@ -162,8 +167,9 @@ class WordPieceTokenizer final : public Tokenizer {
       auto it = ids_.find(names[k]);
       if (it == ids_.end()) throw UserError("vocabulary '" + path + "' lacks the special token " + names[k]);
       if (it->second >= first_regular)
-        throw UserError("vocabulary '" + path + "': special token " + names[k] + " is at id " + std::to_string(it->second) +
-                        ", after the first regular token (id " + std::to_string(first_regular) + ")");
+        throw UserError("vocabulary '" + path + "': special token " + names[k] + " is at id " +
+                        std::to_string(it->second) + ", after the first regular token (id " +
+                        std::to_string(first_regular) + ")");
       *slots[k] = it->second;
     }
 

@@ -45,7 +45,8 @@ std::vector<MaskPrediction> fill_mask(model::BertForPreTraining& model, const da
     std::vector<int32_t> order(v);
     std::iota(order.begin(), order.end(), 0);
     const int k = std::min<int>(top_k, static_cast<int>(v));
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b]; });
     MaskPrediction p;
     p.position = positions[m];
     for (int i = 0; i < k; ++i)

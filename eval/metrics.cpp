@@ -6,7 +6,8 @@
 
 namespace bert::eval {
 
-void PretrainingMetrics::add(const Graph<float>& g, const model::PretrainingOutputs& out, const model::BertBatch& batch) {
+void PretrainingMetrics::add(const Graph<float>& g, const model::PretrainingOutputs& out,
+                             const model::BertBatch& batch) {
   const int64_t m = static_cast<int64_t>(out.mlm_targets.size());
   if (m > 0) {
     const std::vector<int32_t> predicted = ops::row_argmax(g, out.mlm_logits);

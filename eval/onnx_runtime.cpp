@@ -41,7 +41,8 @@ Json run_onnx_runtime(const std::string& script, const std::string& mode, const 
                       const std::string& work_dir) {
   if (!std::filesystem::exists(model)) throw UserError("ONNX model '" + model + "' does not exist");
   if (!std::filesystem::exists(script)) throw UserError("ONNX Runtime script '" + script + "' does not exist");
-  const std::string in = work_dir + "/ort_inputs.json", out = work_dir + "/ort_outputs.json", log = work_dir + "/ort.log";
+  const std::string in = work_dir + "/ort_inputs.json", out = work_dir + "/ort_outputs.json",
+                    log = work_dir + "/ort.log";
   std::ofstream(in) << feeds.dump();
   std::filesystem::remove(log);
   if (run_program({"node", script, mode, model, in, out}, log) != 0) {

@@ -59,8 +59,8 @@ std::vector<ModeResult> compare_modes(model::BertForPreTraining& model, const qu
 }
 
 SensitivityReport sensitivity(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
-                              quant::Method method, double percentile, const LoaderFactory& make,
-                              int64_t max_batches, double max_drop, Graph<float>& g,
+                              quant::Method method, double percentile, const LoaderFactory& make, int64_t max_batches,
+                              double max_drop, Graph<float>& g,
                               const std::function<void(const std::string&)>& progress) {
   const SavedModes saved(model);
   SensitivityReport report;

@@ -3,8 +3,8 @@
 #include <onnx/checker.h>
 #include <onnx/shape_inference/implementation.h>
 
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -88,7 +88,8 @@ class BertEmitter {
       g_.int8s(quantizer + ".zero_point", {0}, {});
       emitted_.insert(quantizer + ".zero_point");
     }
-    const std::string q = g_.node("QuantizeLinear", {tensor, scale, quantizer + ".zero_point"}, quantizer + ".quantize");
+    const std::string q =
+        g_.node("QuantizeLinear", {tensor, scale, quantizer + ".zero_point"}, quantizer + ".quantize");
     return g_.node("DequantizeLinear", {q, scale, quantizer + ".zero_point"}, quantizer + ".dequantize");
   }
 
@@ -135,16 +136,17 @@ class BertEmitter {
     const std::string centred = g_.node("Sub", {x, mean}, name + ".centred");
     const std::string square = g_.node("Mul", {centred, centred}, name + ".square");
     const std::string var = g_.node("ReduceMean", {square}, name + ".variance", last_axis);
-    const std::string std = g_.node("Sqrt", {g_.node("Add", {var, scalar(name + ".epsilon", eps)}, name + ".variance_eps")},
-                                    name + ".std");
+    const std::string std =
+        g_.node("Sqrt", {g_.node("Add", {var, scalar(name + ".epsilon", eps)}, name + ".variance_eps")}, name + ".std");
     const std::string normed = g_.node("Div", {centred, std}, name + ".normalized");
-    return g_.node("Add", {g_.node("Mul", {normed, param(name + ".weight")}, name + ".scaled"), param(name + ".bias")}, name);
+    return g_.node("Add", {g_.node("Mul", {normed, param(name + ".weight")}, name + ".scaled"), param(name + ".bias")},
+                   name);
   }
 
   // GELU, erf form: 0.5 x (1 + erf(x / sqrt(2))).
   std::string gelu(const std::string& name, const std::string& x) {
-    const std::string e = g_.node("Erf", {g_.node("Mul", {x, scalar("gelu.inv_sqrt2", 0.70710678118654752f)}, name + ".scaled")},
-                                  name + ".erf");
+    const std::string e = g_.node(
+        "Erf", {g_.node("Mul", {x, scalar("gelu.inv_sqrt2", 0.70710678118654752f)}, name + ".scaled")}, name + ".erf");
     const std::string one_plus = g_.node("Add", {e, scalar("gelu.one", 1.0f)}, name + ".one_plus_erf");
     return g_.node("Mul", {g_.node("Mul", {x, scalar("gelu.half", 0.5f)}, name + ".half_x"), one_plus}, name);
   }
@@ -153,16 +155,20 @@ class BertEmitter {
 
   std::string embeddings() {
     const std::string p = "bert.embeddings.";
-    const std::string words = g_.node("Gather", {param(p + "word_embeddings.weight"), "input_ids"}, p + "word_embeddings");
+    const std::string words =
+        g_.node("Gather", {param(p + "word_embeddings.weight"), "input_ids"}, p + "word_embeddings");
     // Positions 0..T-1 from the input's runtime length.
     const std::string shape = g_.node("Shape", {"input_ids"}, p + "input_shape");
-    const std::string length = g_.node("Gather", {shape, g_.int64s(p + "sequence_axis", {1}, {})}, p + "sequence_length");
-    const std::string positions = g_.node("Range", {g_.int64s(p + "zero", {0}, {}), length, g_.int64s(p + "one", {1}, {})},
-                                          p + "position_ids");
-    const std::string pos = g_.node("Gather", {param(p + "position_embeddings.weight"), positions}, p + "position_embeddings");
-    const std::string types = g_.node("Gather", {param(p + "token_type_embeddings.weight"), "token_type_ids"},
-                                      p + "token_type_embeddings");
-    const std::string sum = g_.node("Add", {g_.node("Add", {words, pos}, p + "words_plus_positions"), types}, p + "sum");
+    const std::string length =
+        g_.node("Gather", {shape, g_.int64s(p + "sequence_axis", {1}, {})}, p + "sequence_length");
+    const std::string positions =
+        g_.node("Range", {g_.int64s(p + "zero", {0}, {}), length, g_.int64s(p + "one", {1}, {})}, p + "position_ids");
+    const std::string pos =
+        g_.node("Gather", {param(p + "position_embeddings.weight"), positions}, p + "position_embeddings");
+    const std::string types =
+        g_.node("Gather", {param(p + "token_type_embeddings.weight"), "token_type_ids"}, p + "token_type_embeddings");
+    const std::string sum =
+        g_.node("Add", {g_.node("Add", {words, pos}, p + "words_plus_positions"), types}, p + "sum");
     return layer_norm(p + "LayerNorm", sum);
   }
 
@@ -190,54 +196,65 @@ class BertEmitter {
     const std::string kt = qdq(heads("key", {0, 2, 3, 1}), p + "attention.self.matmul_k_input_quantizer");  // K^T
     const std::string v = qdq(heads("value", {0, 2, 1, 3}), p + "attention.self.matmul_v_input_quantizer");
     const std::string scores = g_.node("MatMul", {q, kt}, p + "attention.self.scores");
-    const std::string scaled = g_.node("Mul", {scores, scalar("bert.encoder.attention_scale", 1.0f / std::sqrt(float(d)))},
-                                       p + "attention.self.scaled_scores");
+    const std::string scaled =
+        g_.node("Mul", {scores, scalar("bert.encoder.attention_scale", 1.0f / std::sqrt(float(d)))},
+                p + "attention.self.scaled_scores");
     const std::string masked = g_.node("Add", {scaled, mask}, p + "attention.self.masked_scores");
     const std::string probs = g_.node("Softmax", {masked}, p + "attention.self.probs",
                                       [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{-1}); });
-    const std::string context = g_.node("MatMul", {qdq(probs, p + "attention.self.matmul_a_input_quantizer"), v},
-                                        p + "attention.self.context");
-    const std::string merged = g_.node(
-        "Reshape",
-        {g_.node("Transpose", {context}, p + "attention.self.context_transposed",
-                 [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "perm", std::vector<int64_t>{0, 2, 1, 3}); }),
-         ints("bert.encoder.merge_shape", {0, 0, h * d})},
-        p + "attention.self.context_merged");
+    const std::string context =
+        g_.node("MatMul", {qdq(probs, p + "attention.self.matmul_a_input_quantizer"), v}, p + "attention.self.context");
+    const std::string merged = g_.node("Reshape",
+                                       {g_.node("Transpose", {context}, p + "attention.self.context_transposed",
+                                                [](onnx::NodeProto& n) {
+                                                  OnnxGraph::attribute(n, "perm", std::vector<int64_t>{0, 2, 1, 3});
+                                                }),
+                                        ints("bert.encoder.merge_shape", {0, 0, h * d})},
+                                       p + "attention.self.context_merged");
     const std::string out = linear(p + "attention.output.dense", merged);
     const std::string residual = g_.node(
-        "Add", {qdq(out, p + "attention.output.add_input_quantizer"), qdq(x, p + "attention.output.add_residual_quantizer")},
+        "Add",
+        {qdq(out, p + "attention.output.add_input_quantizer"), qdq(x, p + "attention.output.add_residual_quantizer")},
         p + "attention.output.residual");
     const std::string a = layer_norm(p + "attention.output.LayerNorm", residual);
     const std::string inter = gelu(p + "intermediate.gelu", linear(p + "intermediate.dense", a));
     const std::string ff = linear(p + "output.dense", inter);
-    const std::string res2 = g_.node("Add", {qdq(ff, p + "output.add_input_quantizer"), qdq(a, p + "output.add_residual_quantizer")},
-                                     p + "output.residual");
+    const std::string res2 =
+        g_.node("Add", {qdq(ff, p + "output.add_input_quantizer"), qdq(a, p + "output.add_residual_quantizer")},
+                p + "output.residual");
     return layer_norm(p + "output.LayerNorm", res2);
   }
 
   void prediction_head(std::string x) {
     const std::string p = "cls.predictions.";
     if (options_.masked_positions) {  // [B, T, C] -> [B, P, C] at the given positions
-      const std::string index = g_.node("Unsqueeze", {"masked_lm_positions", ints(p + "last_axis", {-1})}, p + "position_index");
+      const std::string index =
+          g_.node("Unsqueeze", {"masked_lm_positions", ints(p + "last_axis", {-1})}, p + "position_index");
       x = g_.node("GatherND", {x, index}, p + "masked_states",
                   [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "batch_dims", int64_t{1}); });
     }
-    const std::string t = layer_norm(p + "transform.LayerNorm", gelu(p + "transform.gelu", linear(p + "transform.dense", x)));
+    const std::string t =
+        layer_norm(p + "transform.LayerNorm", gelu(p + "transform.gelu", linear(p + "transform.dense", x)));
     // The decoder is tied to the word embeddings [V, C]: Gemm with transB on the flattened hidden states
     // reuses that initializer instead of storing a transposed copy.
     const std::string flat = g_.node("Reshape", {t, ints(p + "flat_shape", {-1, c_.hidden_size})}, p + "flat");
-    const std::string logits = g_.node("Gemm", {flat, param("bert.embeddings.word_embeddings.weight"), param(p + "bias")},
-                                       p + "decoder", [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "transB", int64_t{1}); });
-    const std::string shape = g_.node("Concat", {g_.node("Shape", {options_.masked_positions ? "masked_lm_positions" : "input_ids"}, p + "input_shape"),
-                                                 ints(p + "vocab", {c_.vocab_size})},
-                                      p + "logits_shape", [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{0}); });
+    const std::string logits =
+        g_.node("Gemm", {flat, param("bert.embeddings.word_embeddings.weight"), param(p + "bias")}, p + "decoder",
+                [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "transB", int64_t{1}); });
+    const std::string shape =
+        g_.node("Concat",
+                {g_.node("Shape", {options_.masked_positions ? "masked_lm_positions" : "input_ids"}, p + "input_shape"),
+                 ints(p + "vocab", {c_.vocab_size})},
+                p + "logits_shape", [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{0}); });
     g_.node("Reshape", {logits, shape}, "prediction_logits");
-    g_.output("prediction_logits", kFloat, {"batch", options_.masked_positions ? "predictions" : "sequence", c_.vocab_size});
+    g_.output("prediction_logits", kFloat,
+              {"batch", options_.masked_positions ? "predictions" : "sequence", c_.vocab_size});
   }
 
   void nsp_head(const std::string& x) {
-    const std::string cls = g_.node("Gather", {x, g_.int64s("bert.pooler.first_token", {0}, {})}, "bert.pooler.first_token_state",
-                                    [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{1}); });
+    const std::string cls =
+        g_.node("Gather", {x, g_.int64s("bert.pooler.first_token", {0}, {})}, "bert.pooler.first_token_state",
+                [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{1}); });
     const std::string pooled = g_.node("Tanh", {linear("bert.pooler.dense", cls)}, "bert.pooler.activation");
     linear("cls.seq_relationship", pooled, /*quantizable=*/false, "seq_relationship_logits");
     g_.output("seq_relationship_logits", kFloat, {"batch", 2});
@@ -281,7 +298,8 @@ void check_onnx(const onnx::ModelProto& model) {
   onnx::ModelProto copy = model;
   try {
     onnx::checker::check_model(copy);
-    onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(), {/*check_type=*/true, /*error_mode=*/1});
+    onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(),
+                                       {/*check_type=*/true, /*error_mode=*/1});
   } catch (const std::exception& e) {
     throw UserError(std::string("the ONNX checker rejected the model: ") + e.what());
   }

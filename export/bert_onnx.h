@@ -14,12 +14,12 @@
 namespace bert::exporter {
 
 struct ExportOptions {
-  int opset = 17;        // 13 or 17 (17: LayerNorm as one LayerNormalization node)
-  bool qdq = false;      // Q/DQ for every enabled quantizer; false: a pure FP32 graph
+  int opset = 17;    // 13 or 17 (17: LayerNorm as one LayerNormalization node)
+  bool qdq = false;  // Q/DQ for every enabled quantizer; false: a pure FP32 graph
   // Adds an input masked_lm_positions (int64 [B, P]) and computes prediction_logits [B, P, V] only
   // there, as pretraining and masked-LM evaluation need.
   bool masked_positions = false;
-  Json metadata;         // string-valued entries go to metadata_props (objects are written as JSON)
+  Json metadata;  // string-valued entries go to metadata_props (objects are written as JSON)
   void validate() const;
 };
 

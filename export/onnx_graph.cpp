@@ -13,19 +13,22 @@ onnx::TensorProto* new_initializer(onnx::GraphProto* g, const std::string& name,
 }
 }  // namespace
 
-std::string OnnxGraph::floats(const std::string& name, const std::vector<float>& values, const std::vector<int64_t>& dims) {
+std::string OnnxGraph::floats(const std::string& name, const std::vector<float>& values,
+                              const std::vector<int64_t>& dims) {
   onnx::TensorProto* t = new_initializer(graph_, name, onnx::TensorProto::FLOAT, dims);
   t->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
   return name;
 }
 
-std::string OnnxGraph::int64s(const std::string& name, const std::vector<int64_t>& values, const std::vector<int64_t>& dims) {
+std::string OnnxGraph::int64s(const std::string& name, const std::vector<int64_t>& values,
+                              const std::vector<int64_t>& dims) {
   onnx::TensorProto* t = new_initializer(graph_, name, onnx::TensorProto::INT64, dims);
   t->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t)));
   return name;
 }
 
-std::string OnnxGraph::int8s(const std::string& name, const std::vector<int8_t>& values, const std::vector<int64_t>& dims) {
+std::string OnnxGraph::int8s(const std::string& name, const std::vector<int8_t>& values,
+                             const std::vector<int64_t>& dims) {
   onnx::TensorProto* t = new_initializer(graph_, name, onnx::TensorProto::INT8, dims);
   t->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size()));
   return name;
@@ -68,8 +71,10 @@ void OnnxGraph::set_type(onnx::ValueInfoProto* v, int32_t elem_type, const std::
   t->set_elem_type(elem_type);
   for (const Dim& d : dims) {
     onnx::TensorShapeProto_Dimension* dim = t->mutable_shape()->add_dim();
-    if (std::holds_alternative<int64_t>(d)) dim->set_dim_value(std::get<int64_t>(d));
-    else dim->set_dim_param(std::get<std::string>(d));
+    if (std::holds_alternative<int64_t>(d))
+      dim->set_dim_value(std::get<int64_t>(d));
+    else
+      dim->set_dim_param(std::get<std::string>(d));
   }
 }
 

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace bert::exporter {

@@ -22,7 +22,8 @@ std::vector<double> values_of(const onnx::TensorProto& t) {
   } else if (t.data_type() == onnx::TensorProto::INT8 || t.data_type() == onnx::TensorProto::UINT8) {
     const bool is_signed = t.data_type() == onnx::TensorProto::INT8;
     if (!t.raw_data().empty()) {
-      for (char c : t.raw_data()) out.push_back(is_signed ? double(static_cast<int8_t>(c)) : double(static_cast<uint8_t>(c)));
+      for (char c : t.raw_data())
+        out.push_back(is_signed ? double(static_cast<int8_t>(c)) : double(static_cast<uint8_t>(c)));
     } else {
       out.assign(t.int32_data().begin(), t.int32_data().end());
     }
@@ -46,7 +47,9 @@ const onnx::AttributeProto* find_attribute(const onnx::NodeProto& n, const std::
 
 std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
   std::vector<RuleViolation> v;
-  auto fail = [&v](int rule, const std::string& node, const std::string& message) { v.push_back({rule, node, message}); };
+  auto fail = [&v](int rule, const std::string& node, const std::string& message) {
+    v.push_back({rule, node, message});
+  };
   const onnx::GraphProto& g = model.graph();
   std::map<std::string, const onnx::TensorProto*> init;
   for (const auto& t : g.initializer()) init[t.name()] = &t;
@@ -83,14 +86,16 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
     } else {
       if (scale->data_type() != onnx::TensorProto::FLOAT) fail(3, n.name(), "scale is not FP32");
       for (double s : values_of(*scale))
-        if (!(s > 0) || !std::isfinite(s)) fail(3, n.name(), "scale " + std::to_string(s) + " is not positive and finite");
+        if (!(s > 0) || !std::isfinite(s))
+          fail(3, n.name(), "scale " + std::to_string(s) + " is not positive and finite");
     }
     // Rule 2: zero point present, INT8, all zeros.
     const onnx::TensorProto* zp = n.input_size() > 2 && init.count(n.input(2)) ? init.at(n.input(2)) : nullptr;
     if (!zp) {
       fail(2, n.name(), "zero point missing");
     } else {
-      if (zp->data_type() != onnx::TensorProto::INT8) fail(zp->data_type() == onnx::TensorProto::UINT8 ? 1 : 2, n.name(), "zero point is not INT8");
+      if (zp->data_type() != onnx::TensorProto::INT8)
+        fail(zp->data_type() == onnx::TensorProto::UINT8 ? 1 : 2, n.name(), "zero point is not INT8");
       for (double z : values_of(*zp))
         if (z != 0) fail(2, n.name(), "zero point " + std::to_string(z) + " is not 0 (asymmetric)");
     }
@@ -107,7 +112,8 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
         } else if (weight) {
           int64_t a = axis->i() < 0 ? axis->i() + weight->dims_size() : axis->i();
           if (a < 0 || a >= weight->dims_size() || weight->dims(static_cast<int>(a)) != numel(*scale))
-            fail(5, n.name(), "axis " + std::to_string(axis->i()) + " does not match " + std::to_string(numel(*scale)) + " scales");
+            fail(5, n.name(),
+                 "axis " + std::to_string(axis->i()) + " does not match " + std::to_string(numel(*scale)) + " scales");
           // The consumer decides the right axis: MatMul B [in, out] -> 1, Gemm transB=1 B [out, in] -> 0.
           const auto& dq = consumers[n.output(0)];
           if (dq.size() == 1)
@@ -119,7 +125,8 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
                 want = tb && tb->i() == 1 ? 0 : 1;
               }
               if (want >= 0 && a != want)
-                fail(5, n.name(), "axis " + std::to_string(a) + " but " + user->op_type() + " needs " + std::to_string(want));
+                fail(5, n.name(),
+                     "axis " + std::to_string(a) + " but " + user->op_type() + " needs " + std::to_string(want));
             }
         }
       }
@@ -152,7 +159,8 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
         fail(10, n.name(), std::to_string(consumers[n.output(0)].size()) + " consumers of one DequantizeLinear");
       auto it = producer.find(n.input(0));
       if (it != producer.end() && it->second->op_type() == "QuantizeLinear") {
-        if (consumers[n.input(0)].size() != 1) fail(10, it->second->name(), "QuantizeLinear shared by several DequantizeLinear");
+        if (consumers[n.input(0)].size() != 1)
+          fail(10, it->second->name(), "QuantizeLinear shared by several DequantizeLinear");
         if (init.count(it->second->input(0)))  // a weight pair: DQ must feed MatMul/Gemm
           for (const onnx::NodeProto* user : consumers[n.output(0)])
             if (user->op_type() != "MatMul" && user->op_type() != "Gemm")
@@ -178,7 +186,8 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
         } else if (weight) {
           const int64_t a = axis->i() < 0 ? axis->i() + weight->dims_size() : axis->i();
           if (a < 0 || a >= weight->dims_size() || weight->dims(static_cast<int>(a)) != numel(*scale))
-            fail(5, n.name(), "axis " + std::to_string(axis->i()) + " does not match " + std::to_string(numel(*scale)) + " scales");
+            fail(5, n.name(),
+                 "axis " + std::to_string(axis->i()) + " does not match " + std::to_string(numel(*scale)) + " scales");
           const onnx::AttributeProto* q_axis = find_attribute(*q, "axis");
           const int64_t qa = q_axis ? (q_axis->i() < 0 ? q_axis->i() + weight->dims_size() : q_axis->i()) : 1;
           if (q_axis && a != qa)

@@ -11,8 +11,8 @@
 namespace bert::exporter {
 
 struct RuleViolation {
-  int rule = 0;          // the rule's number in docs/export.md
-  std::string node;      // the offending node (or tensor)
+  int rule = 0;      // the rule's number in docs/export.md
+  std::string node;  // the offending node (or tensor)
   std::string message;
 };
 

@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "core/atomic_file.h"
-#include "core/text_file.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "export/bert_onnx.h"
 
 namespace bert::exporter {
@@ -14,10 +14,14 @@ namespace {
 
 std::string triton_type(int32_t elem_type) {
   switch (elem_type) {
-    case onnx::TensorProto::INT64: return "TYPE_INT64";
-    case onnx::TensorProto::INT32: return "TYPE_INT32";
-    case onnx::TensorProto::FLOAT: return "TYPE_FP32";
-    default: throw UserError("Triton config: unsupported tensor type " + std::to_string(elem_type));
+    case onnx::TensorProto::INT64:
+      return "TYPE_INT64";
+    case onnx::TensorProto::INT32:
+      return "TYPE_INT32";
+    case onnx::TensorProto::FLOAT:
+      return "TYPE_FP32";
+    default:
+      throw UserError("Triton config: unsupported tensor type " + std::to_string(elem_type));
   }
 }
 
@@ -29,14 +33,16 @@ std::string tensor_block(const onnx::ValueInfoProto& v) {
     const auto& d = t.shape().dim(i);
     dims += (i > 1 ? ", " : "") + (d.has_dim_value() ? std::to_string(d.dim_value()) : std::string("-1"));
   }
-  return "  {\n    name: \"" + v.name() + "\"\n    data_type: " + triton_type(t.elem_type()) + "\n    dims: [ " + dims + " ]\n  }";
+  return "  {\n    name: \"" + v.name() + "\"\n    data_type: " + triton_type(t.elem_type()) + "\n    dims: [ " + dims +
+         " ]\n  }";
 }
 
 }  // namespace
 
 std::string triton_config(const onnx::ModelProto& model, const std::string& name, int max_batch_size) {
   if (max_batch_size < 1) throw UserError("--triton-max-batch must be at least 1");
-  std::string c = "name: \"" + name + "\"\nbackend: \"onnxruntime\"\nmax_batch_size: " + std::to_string(max_batch_size) + "\n";
+  std::string c =
+      "name: \"" + name + "\"\nbackend: \"onnxruntime\"\nmax_batch_size: " + std::to_string(max_batch_size) + "\n";
   for (const auto* list : {&model.graph().input(), &model.graph().output()}) {
     c += list == &model.graph().input() ? "input [\n" : "output [\n";
     for (int i = 0; i < list->size(); ++i) c += tensor_block(list->Get(i)) + (i + 1 < list->size() ? ",\n" : "\n");

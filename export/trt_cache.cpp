@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
-#include "core/text_file.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
 #include "quant/calibrator.h"
@@ -118,7 +118,8 @@ std::map<std::string, float> read_trt_cache(const std::string& path, std::string
     if (line.empty()) continue;
     const size_t colon = line.rfind(": ");
     if (colon == std::string::npos)
-      throw UserError("calibration cache '" + path + "' line " + std::to_string(number) + ": expected '<tensor>: <hex>'");
+      throw UserError("calibration cache '" + path + "' line " + std::to_string(number) +
+                      ": expected '<tensor>: <hex>'");
     try {
       scales[line.substr(0, colon)] = hex_float(line.substr(colon + 2));
     } catch (const UserError& e) {

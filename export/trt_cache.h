@@ -32,10 +32,10 @@ struct CacheOptions {
   std::string calibrator = "entropy";  // max | percentile | entropy | mse
   double percentile = 99.99;
   int64_t batches = 16;
-  int trt_version = 8601;              // major*1000 + minor*100 + patch
-  std::string ort_script;              // scripts/ort_run.js
-  std::string work_dir;                // for the files exchanged with ONNX Runtime
-  bool masked_positions = false;       // the graph takes masked_lm_positions (export --masked-positions)
+  int trt_version = 8601;         // major*1000 + minor*100 + patch
+  std::string ort_script;         // scripts/ort_run.js
+  std::string work_dir;           // for the files exchanged with ONNX Runtime
+  bool masked_positions = false;  // the graph takes masked_lm_positions (export --masked-positions)
 };
 
 // Calibrates every cache tensor of the FP32 export on the loader's batches (histograms collected

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
-#include "core/text_file.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "hf/safetensors.h"
 #include "model/quantizer.h"
 
@@ -41,8 +41,10 @@ bool is_head(const std::string& name) { return name.starts_with("cls.") || name.
 std::string canonical_name(std::string name, bool bare_model, bool* legacy) {
   if (bare_model && !name.starts_with("cls.")) name = "bert." + name;
   if (name.find("LayerNorm") != std::string::npos) {
-    if (name.ends_with(".gamma")) name.replace(name.size() - 5, 5, "weight"), *legacy = true;
-    else if (name.ends_with(".beta")) name.replace(name.size() - 4, 4, "bias"), *legacy = true;
+    if (name.ends_with(".gamma"))
+      name.replace(name.size() - 5, 5, "weight"), *legacy = true;
+    else if (name.ends_with(".beta"))
+      name.replace(name.size() - 4, 4, "bias"), *legacy = true;
   }
   return name;
 }
@@ -105,11 +107,13 @@ ImportReport import_model(const std::string& dir, model::BertForPreTraining& mod
                         ", expected a file name in the same directory");
       shard_names.insert(file.as_string());
     }
-    for (const std::string& name : shard_names) files.push_back(std::make_unique<SafetensorsFile>((root / name).string()));
+    for (const std::string& name : shard_names)
+      files.push_back(std::make_unique<SafetensorsFile>((root / name).string()));
   } else if (fs::is_regular_file(root / kWeights, ec)) {
     files.push_back(std::make_unique<SafetensorsFile>((root / kWeights).string()));
   } else if (fs::exists(root / "pytorch_model.bin", ec)) {
-    throw UserError("'" + dir + "' holds only pytorch_model.bin (a pickle, which is not read): convert it with "
+    throw UserError("'" + dir +
+                    "' holds only pytorch_model.bin (a pickle, which is not read): convert it with "
                     "`python3 -c \"import torch, safetensors.torch as s; s.save_file({k: v.contiguous() for k, v in "
                     "torch.load('pytorch_model.bin').items()}, 'model.safetensors', {'format': 'pt'})\"`");
   } else {
@@ -193,12 +197,12 @@ ImportReport import_model(const std::string& dir, model::BertForPreTraining& mod
   for (const auto& [name, source] : sources)
     if (!used.count(name) && name != "bert.embeddings.position_ids") report.unexpected.push_back(source.entry->name);
   if (!report.initialized.empty())
-    report.warnings.push_back(std::to_string(report.initialized.size()) + " head parameter(s) not in the checkpoint " +
-                              "(a BertModel without pretraining heads?) were freshly initialised: " +
-                              list_text(report.initialized));
+    report.warnings.push_back(
+        std::to_string(report.initialized.size()) + " head parameter(s) not in the checkpoint " +
+        "(a BertModel without pretraining heads?) were freshly initialised: " + list_text(report.initialized));
   if (!report.unexpected.empty())
-    report.warnings.push_back(std::to_string(report.unexpected.size()) + " checkpoint tensor(s) were not used: " +
-                              list_text(report.unexpected));
+    report.warnings.push_back(std::to_string(report.unexpected.size()) +
+                              " checkpoint tensor(s) were not used: " + list_text(report.unexpected));
 
   // Quantizer scales written by export_model: safetensors metadata, else the side file.
   Json quantization;
@@ -225,8 +229,8 @@ ImportReport import_model(const std::string& dir, model::BertForPreTraining& mod
       Parameter<float> scale = params.get(q.scale);
       const Json::Array& list = values.as_array();
       if (static_cast<int64_t>(list.size()) != scale.value.numel())
-        throw UserError(where + ": quantizer '" + name + "' has " + std::to_string(list.size()) + " scale(s), expected " +
-                        std::to_string(scale.value.numel()));
+        throw UserError(where + ": quantizer '" + name + "' has " + std::to_string(list.size()) +
+                        " scale(s), expected " + std::to_string(scale.value.numel()));
       for (size_t i = 0; i < list.size(); ++i) {
         const double v = list[i].as_number();
         if (!(v > 0)) throw UserError(where + ": quantizer '" + name + "' has a scale that is not positive");
@@ -272,16 +276,19 @@ void export_model(const std::string& dir, model::BertForPreTraining& model, cons
   Json record;
   if (quantized) {
     record["format"] = "bert-qat quantization 1";
-    record["note"] = "Fake-quantization scales (x_q = clamp(round(x / scale))) of the enabled quantizers; weights "
-                     "are per output channel in [-127, 127], activations per tensor in [-128, 127], zero point 0.";
+    record["note"] =
+        "Fake-quantization scales (x_q = clamp(round(x / scale))) of the enabled quantizers; weights "
+        "are per output channel in [-127, 127], activations per tensor in [-128, 127], zero point 0.";
     record["recipe"] = quantization;
     record["scales"] = Json(std::move(scales));
     writer.set_metadata(kQuantizationKey, record.dump());
   }
   writer.write((root / kWeights).string());
   write_text_file((root / "config.json").string(), config.dump(2) + "\n");
-  if (quantized) write_text_file((root / kQuantizationFile).string(), record.dump(2) + "\n");
-  else fs::remove(root / kQuantizationFile, ec);  // a stale one would re-enable quantizers on import
+  if (quantized)
+    write_text_file((root / kQuantizationFile).string(), record.dump(2) + "\n");
+  else
+    fs::remove(root / kQuantizationFile, ec);  // a stale one would re-enable quantizers on import
 }
 
 }  // namespace bert::hf

@@ -29,7 +29,7 @@ bool is_model_dir(const std::string& path);
 model::BertConfig read_config(const std::string& dir);
 
 struct ImportReport {
-  std::vector<std::string> files;         // safetensors files read
+  std::vector<std::string> files;  // safetensors files read
   int64_t tensors_loaded = 0;
   std::vector<std::string> dtypes;        // distinct dtypes seen, e.g. "BF16"
   std::vector<std::string> legacy_names;  // gamma/beta names mapped to weight/bias

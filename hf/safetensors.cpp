@@ -25,9 +25,9 @@ struct DTypeInfo {
   const char* name;
   int64_t size;
 };
-constexpr DTypeInfo kDTypes[] = {{DType::kF32, "F32", 4}, {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
-                                 {DType::kF64, "F64", 8}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
-                                 {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
+constexpr DTypeInfo kDTypes[] = {{DType::kF32, "F32", 4},  {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+                                 {DType::kF64, "F64", 8},  {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
+                                 {DType::kI16, "I16", 2},  {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
                                  {DType::kBool, "BOOL", 1}};
 
 int64_t dtype_size(DType d) {
@@ -66,8 +66,10 @@ float half_to_float(uint16_t h) {
     return sign ? -magnitude : magnitude;
   }
   uint32_t bits;
-  if (exponent == 0x1f) bits = sign | 0x7f800000u | (mantissa << 13);  // Inf / NaN
-  else bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  if (exponent == 0x1f)
+    bits = sign | 0x7f800000u | (mantissa << 13);  // Inf / NaN
+  else
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
   return std::bit_cast<float>(bits);
 }
 
@@ -119,9 +121,11 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     TensorEntry t;
     t.name = name;
     const std::string d = dtype->is_string() ? dtype->as_string() : "";
-    const DTypeInfo* info = std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](const DTypeInfo& i) { return d == i.name; });
+    const DTypeInfo* info =
+        std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](const DTypeInfo& i) { return d == i.name; });
     if (info == std::end(kDTypes))
-      throw tensor_error("dtype '" + d + "' is not supported (expected F32, F16, BF16, F64, I64, I32, I16, I8, U8 or BOOL)");
+      throw tensor_error("dtype '" + d +
+                         "' is not supported (expected F32, F16, BF16, F64, I64, I32, I16, I8, U8 or BOOL)");
     t.dtype = info->dtype;
     try {
       for (const Json& dim : shape->as_array()) {
@@ -132,7 +136,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
       const Json::Array& range = offsets->as_array();
       if (range.size() != 2) throw UserError("data_offsets needs two numbers");
       const int64_t begin = range[0].as_int(), end = range[1].as_int();
-      if (begin < 0 || end < begin) throw UserError("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] are not a range");
+      if (begin < 0 || end < begin)
+        throw UserError("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] are not a range");
       t.begin = static_cast<uint64_t>(begin);
       t.end = static_cast<uint64_t>(end);
     } catch (const UserError& e) {
@@ -174,16 +179,34 @@ std::vector<float> SafetensorsFile::read(const TensorEntry& t) const {
   const char* p = raw.data();
   for (int64_t i = 0; i < n; ++i) {
     switch (t.dtype) {
-      case DType::kF32: out[i] = load<float>(p + 4 * i); break;
-      case DType::kF64: out[i] = static_cast<float>(load<double>(p + 8 * i)); break;
-      case DType::kF16: out[i] = half_to_float(load<uint16_t>(p + 2 * i)); break;
-      case DType::kBF16: out[i] = bfloat16_to_float(load<uint16_t>(p + 2 * i)); break;
-      case DType::kI64: out[i] = static_cast<float>(load<int64_t>(p + 8 * i)); break;
-      case DType::kI32: out[i] = static_cast<float>(load<int32_t>(p + 4 * i)); break;
-      case DType::kI16: out[i] = static_cast<float>(load<int16_t>(p + 2 * i)); break;
-      case DType::kI8: out[i] = static_cast<float>(load<int8_t>(p + i)); break;
+      case DType::kF32:
+        out[i] = load<float>(p + 4 * i);
+        break;
+      case DType::kF64:
+        out[i] = static_cast<float>(load<double>(p + 8 * i));
+        break;
+      case DType::kF16:
+        out[i] = half_to_float(load<uint16_t>(p + 2 * i));
+        break;
+      case DType::kBF16:
+        out[i] = bfloat16_to_float(load<uint16_t>(p + 2 * i));
+        break;
+      case DType::kI64:
+        out[i] = static_cast<float>(load<int64_t>(p + 8 * i));
+        break;
+      case DType::kI32:
+        out[i] = static_cast<float>(load<int32_t>(p + 4 * i));
+        break;
+      case DType::kI16:
+        out[i] = static_cast<float>(load<int16_t>(p + 2 * i));
+        break;
+      case DType::kI8:
+        out[i] = static_cast<float>(load<int8_t>(p + i));
+        break;
       case DType::kU8:
-      case DType::kBool: out[i] = static_cast<float>(load<uint8_t>(p + i)); break;
+      case DType::kBool:
+        out[i] = static_cast<float>(load<uint8_t>(p + i));
+        break;
     }
   }
   return out;

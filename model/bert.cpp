@@ -13,7 +13,8 @@ BertForPreTraining::BertForPreTraining(const BertConfig& config) : config_(confi
   const int64_t c = config_.hidden_size;
   const double eps = config_.layer_norm_eps;
   word_embeddings_ = params_.add("bert.embeddings.word_embeddings.weight", {config_.vocab_size, c});
-  position_embeddings_ = params_.add("bert.embeddings.position_embeddings.weight", {config_.max_position_embeddings, c});
+  position_embeddings_ =
+      params_.add("bert.embeddings.position_embeddings.weight", {config_.max_position_embeddings, c});
   token_type_embeddings_ = params_.add("bert.embeddings.token_type_embeddings.weight", {config_.type_vocab_size, c});
   embedding_norm_ = LayerNorm::declare(params_, "bert.embeddings.LayerNorm", c, eps);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
@@ -139,8 +140,8 @@ ParamId BertForPreTraining::quantized_weight(const Quantizer& q) {
   return params_.id(q.name.substr(0, q.name.size() - suffix.size()));
 }
 
-Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t,
-                                  bool training, Rng& rng) {
+Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t, bool training,
+                                  Rng& rng) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
   auto heads = [&](Linear& proj) {  // (B, T, C) -> (B, H, T, D)
     return ops::permute(g, ops::reshape(g, proj.forward(g, params_, x), Shape{b, t, h, d}), {0, 2, 1, 3});
@@ -152,7 +153,8 @@ Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, in
   Var probs = ops::dropout(g, ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, training, rng);
   probs = l.matmul_a.apply(g, params_, probs);
   Var context = ops::reshape(g, ops::permute(g, ops::matmul(g, probs, v), {0, 2, 1, 3}), Shape{b, t, h * d});
-  Var out = ops::dropout(g, l.attention_output.forward(g, params_, context), config_.hidden_dropout_prob, training, rng);
+  Var out =
+      ops::dropout(g, l.attention_output.forward(g, params_, context), config_.hidden_dropout_prob, training, rng);
   out = l.attention_add_input.apply(g, params_, out);
   return l.attention_norm.forward(g, params_, ops::add(g, out, l.attention_add_residual.apply(g, params_, x)));
 }
@@ -160,9 +162,10 @@ Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, in
 Var BertForPreTraining::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
   const int64_t b = in.batch, t = in.seq_len;
   BERT_CHECK(t <= config_.max_position_embeddings, "sequence length " + std::to_string(t) +
-                                                        " > max_position_embeddings " +
-                                                        std::to_string(config_.max_position_embeddings));
-  BERT_CHECK(static_cast<int64_t>(in.input_ids.size()) == b * t && static_cast<int64_t>(in.attention_mask.size()) == b * t &&
+                                                       " > max_position_embeddings " +
+                                                       std::to_string(config_.max_position_embeddings));
+  BERT_CHECK(static_cast<int64_t>(in.input_ids.size()) == b * t &&
+                 static_cast<int64_t>(in.attention_mask.size()) == b * t &&
                  static_cast<int64_t>(in.token_type_ids.size()) == b * t,
              "batch arrays do not match (B, T) = (" + std::to_string(b) + ", " + std::to_string(t) + ")");
   // Embeddings: word + position + token type, LayerNorm, dropout.
@@ -205,7 +208,8 @@ PretrainingOutputs BertForPreTraining::forward(Graph<float>& g, const BertBatch&
   const auto m = static_cast<int64_t>(out.mlm_rows.size());
   Var selected = ops::gather_rows(g, hidden, out.mlm_rows, Shape{m});
   Var transformed = transform_norm_.forward(g, params_, ops::gelu(g, transform_.forward(g, params_, selected)));
-  out.mlm_logits = ops::linear(g, transformed, g.param(params_.get(word_embeddings_)), g.param(params_.get(decoder_bias_)));
+  out.mlm_logits =
+      ops::linear(g, transformed, g.param(params_.get(word_embeddings_)), g.param(params_.get(decoder_bias_)));
   out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
 
   // NSP head on [CLS].

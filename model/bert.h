@@ -21,18 +21,18 @@ namespace bert::model {
 // One batch, in the shard layout. B batch, T sequence, P max predictions.
 struct BertBatch {
   int64_t batch = 0, seq_len = 0, max_predictions = 0;
-  std::span<const int32_t> input_ids;             // (B, T)
-  std::span<const int8_t> attention_mask;         // (B, T): 1 real token, 0 padding
-  std::span<const int8_t> token_type_ids;         // (B, T): segment A 0, B 1
-  std::span<const int32_t> masked_positions;      // (B, P): 0-padded (the first 0 ends a row's list)
-  std::span<const int32_t> masked_ids;            // (B, P): original tokens there
-  std::span<const int8_t> next_sentence_labels;   // (B) or empty: 1 = random next
+  std::span<const int32_t> input_ids;            // (B, T)
+  std::span<const int8_t> attention_mask;        // (B, T): 1 real token, 0 padding
+  std::span<const int8_t> token_type_ids;        // (B, T): segment A 0, B 1
+  std::span<const int32_t> masked_positions;     // (B, P): 0-padded (the first 0 ends a row's list)
+  std::span<const int32_t> masked_ids;           // (B, P): original tokens there
+  std::span<const int8_t> next_sentence_labels;  // (B) or empty: 1 = random next
 };
 
 struct PretrainingOutputs {
-  Var mlm_logits;                  // (M, V) at the M real masked positions, row-major over (b, j)
-  Var nsp_logits;                  // (B, 2)
-  Var mlm_loss, nsp_loss, loss;    // scalars; nsp_loss and loss need next_sentence_labels
+  Var mlm_logits;                    // (M, V) at the M real masked positions, row-major over (b, j)
+  Var nsp_logits;                    // (B, 2)
+  Var mlm_loss, nsp_loss, loss;      // scalars; nsp_loss and loss need next_sentence_labels
   std::vector<int32_t> mlm_targets;  // (M)
   std::vector<int32_t> mlm_rows;     // (M) b * T + position, the rows of the sequence output used
 };
@@ -85,8 +85,7 @@ class BertForPreTraining {
     Quantizer matmul_q, matmul_k, matmul_v, matmul_a;
     Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;
   };
-  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training,
-                Rng& rng);
+  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng);
 
   BertConfig config_;
   ParameterArena<float> params_;

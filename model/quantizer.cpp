@@ -58,8 +58,6 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
   return x;
 }
 
-bool is_quantizer_scale(const std::string& parameter_name) {
-  return parameter_name.ends_with("_quantizer.scale");
-}
+bool is_quantizer_scale(const std::string& parameter_name) { return parameter_name.ends_with("_quantizer.scale"); }
 
 }  // namespace bert::model

@@ -28,7 +28,7 @@ class QuantObserver {
 
 struct Quantizer {
   std::string name;
-  ParamId scale = -1;      // (channels): 1 for per-tensor activations, out for per-channel weights
+  ParamId scale = -1;  // (channels): 1 for per-tensor activations, out for per-channel weights
   int64_t channels = 1;
   bool is_weight = false;  // weights: per output channel, narrow range [-127, 127]
   int qmin = -128, qmax = 127;

@@ -18,10 +18,14 @@ Method parse_method(const std::string& name) {
 
 std::string method_name(Method m) {
   switch (m) {
-    case Method::kMax: return "max";
-    case Method::kPercentile: return "percentile";
-    case Method::kEntropy: return "entropy";
-    case Method::kMse: return "mse";
+    case Method::kMax:
+      return "max";
+    case Method::kPercentile:
+      return "percentile";
+    case Method::kEntropy:
+      return "entropy";
+    case Method::kMse:
+      return "mse";
   }
   return "?";
 }
@@ -73,10 +77,14 @@ AbsHistogram AbsHistogram::from_bins(double range, double max, int64_t count, co
 double AbsHistogram::amax(Method method, double percentile) const {
   if (range_ == 0) return max_;
   switch (method) {
-    case Method::kMax: return max_;
-    case Method::kPercentile: return percentile_amax(percentile);
-    case Method::kEntropy: return entropy_amax();
-    case Method::kMse: return mse_amax();
+    case Method::kMax:
+      return max_;
+    case Method::kPercentile:
+      return percentile_amax(percentile);
+    case Method::kEntropy:
+      return entropy_amax();
+    case Method::kMse:
+      return mse_amax();
   }
   return max_;
 }

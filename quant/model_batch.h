@@ -9,8 +9,14 @@ namespace bert::quant {
 
 // Spans into `batch`, which must outlive the result.
 inline model::BertBatch as_model_batch(const data::Batch& b) {
-  return model::BertBatch{b.size,        b.seq_len,     b.max_predictions,     b.input_ids,
-                          b.input_mask,  b.segment_ids, b.masked_lm_positions, b.masked_lm_ids,
+  return model::BertBatch{b.size,
+                          b.seq_len,
+                          b.max_predictions,
+                          b.input_ids,
+                          b.input_mask,
+                          b.segment_ids,
+                          b.masked_lm_positions,
+                          b.masked_lm_ids,
                           b.next_sentence_labels};
 }
 

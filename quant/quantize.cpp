@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
-#include "core/text_file.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "quant/model_batch.h"
 
 namespace bert::quant {
@@ -46,8 +46,10 @@ std::vector<model::Quantizer*> select(model::BertForPreTraining& model, const st
       matched = true;
       if (std::find(chosen.begin(), chosen.end(), q) == chosen.end()) chosen.push_back(q);
     }
-    if (!matched) throw UserError("no quantizer matches '" + pattern + "' (names look like "
-                                  "bert.encoder.layer.0.attention.self.query.input_quantizer)");
+    if (!matched)
+      throw UserError("no quantizer matches '" + pattern +
+                      "' (names look like "
+                      "bert.encoder.layer.0.attention.self.query.input_quantizer)");
   }
   return chosen;
 }
@@ -66,7 +68,8 @@ void CalibrationOptions::validate() const {
 }
 
 std::vector<model::Quantizer*> chosen_quantizers(model::BertForPreTraining& model, const CalibrationOptions& o) {
-  std::vector<model::Quantizer*> chosen = o.include.empty() ? default_quantizers(model, o.residuals) : select(model, o.include);
+  std::vector<model::Quantizer*> chosen =
+      o.include.empty() ? default_quantizers(model, o.residuals) : select(model, o.include);
   if (!o.keep_float_globs.empty())
     for (model::Quantizer* q : select(model, o.keep_float_globs)) std::erase(chosen, q);
   std::set<std::string> all;

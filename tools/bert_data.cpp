@@ -1,7 +1,7 @@
 // bert-data: corpus -> sentences -> tokenizer -> MLM+NSP shards, and shard inspection.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -9,12 +9,12 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "tools/tool_main.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "tools/tool_main.h"
 
 namespace {
 
@@ -55,19 +55,22 @@ void run_inspect(const std::vector<std::string>& paths, const std::string& token
     for (int64_t i = 0; i < s.size; ++i) random_next += s.next_sentence_labels[i];
     for (int8_t m : s.input_mask) tokens += m;
     for (int64_t i = 0; i < s.size; ++i)
-      for (int64_t j = 0; j < s.max_predictions; ++j) predictions += s.masked_lm_positions[i * s.max_predictions + j] > 0;
-    std::printf("%s: %lld examples, seq_len %lld, max_predictions %lld, %.1f tokens/example, %.1f predictions/example, "
-                "%.1f%% random-next\n",
-                path.c_str(), (long long)s.size, (long long)s.seq_len, (long long)s.max_predictions,
-                double(tokens) / std::max<int64_t>(s.size, 1), double(predictions) / std::max<int64_t>(s.size, 1),
-                100.0 * random_next / std::max<int64_t>(s.size, 1));
+      for (int64_t j = 0; j < s.max_predictions; ++j)
+        predictions += s.masked_lm_positions[i * s.max_predictions + j] > 0;
+    std::printf(
+        "%s: %lld examples, seq_len %lld, max_predictions %lld, %.1f tokens/example, %.1f predictions/example, "
+        "%.1f%% random-next\n",
+        path.c_str(), (long long)s.size, (long long)s.seq_len, (long long)s.max_predictions,
+        double(tokens) / std::max<int64_t>(s.size, 1), double(predictions) / std::max<int64_t>(s.size, 1),
+        100.0 * random_next / std::max<int64_t>(s.size, 1));
     if (s.metadata)
       std::printf("  metadata: vocab_size %lld, tokenizer sha256 %s, seed %llu\n", (long long)s.metadata->vocab_size,
                   s.metadata->tokenizer_sha256.c_str(), (unsigned long long)s.metadata->seed);
     if (tokenizer) check_shard_compatible(s, path, tokenizer->vocab_size(), s.seq_len, tokenizer->file_sha256());
     for (int64_t i = 0; i < std::min<int64_t>(show, s.size); ++i) {
       std::vector<int32_t> ids;
-      for (int64_t j = 0; j < s.seq_len && s.input_mask[i * s.seq_len + j]; ++j) ids.push_back(s.input_ids[i * s.seq_len + j]);
+      for (int64_t j = 0; j < s.seq_len && s.input_mask[i * s.seq_len + j]; ++j)
+        ids.push_back(s.input_ids[i * s.seq_len + j]);
       std::printf("  example %lld (%s):", (long long)i, s.next_sentence_labels[i] ? "random next" : "is next");
       if (tokenizer) {
         std::printf(" %s\n    masked:", tokenizer->decode(ids).c_str());
@@ -85,9 +88,10 @@ void run_inspect(const std::vector<std::string>& paths, const std::string& token
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bert-data: build BERT pretraining data. Steps: `split` (prose -> one sentence per line), "
-               "`tokenizer` (train SentencePiece), `shards` (MLM+NSP examples in NVIDIA's HDF5 layout), "
-               "`inspect` (check and summarise shards)."};
+  CLI::App app{
+      "bert-data: build BERT pretraining data. Steps: `split` (prose -> one sentence per line), "
+      "`tokenizer` (train SentencePiece), `shards` (MLM+NSP examples in NVIDIA's HDF5 layout), "
+      "`inspect` (check and summarise shards)."};
   app.footer(
       "Examples:\n"
       "  bert-data split --input my.paragraphs.txt --output my.txt\n"
@@ -100,23 +104,29 @@ int main(int argc, char** argv) {
   // split
   std::vector<std::string> split_inputs;
   std::string split_output;
-  auto* split = app.add_subcommand("split", "paragraphs of prose (one per line, blank line between documents) -> "
-                                            "one sentence per line");
+  auto* split = app.add_subcommand("split",
+                                   "paragraphs of prose (one per line, blank line between documents) -> "
+                                   "one sentence per line");
   split->add_option("--input", split_inputs, "paragraph files")->required()->expected(1, -1);
   split->add_option("--output", split_output, "output file (sentences format)")->required();
 
   // tokenizer
   SentencePieceTrainOptions tok;
   bool cased = false;
-  auto* tokenizer = app.add_subcommand("tokenizer", "train a SentencePiece tokenizer with [PAD]=0 [UNK]=1 "
-                                                    "[CLS]=2 [SEP]=3 [MASK]=4");
+  auto* tokenizer = app.add_subcommand("tokenizer",
+                                       "train a SentencePiece tokenizer with [PAD]=0 [UNK]=1 "
+                                       "[CLS]=2 [SEP]=3 [MASK]=4");
   tokenizer->add_option("--input", tok.inputs, "corpus files")->required()->expected(1, -1);
   tokenizer->add_option("--format", tok.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
   tokenizer->add_option("--output", tok.output_prefix, "writes PREFIX.model and PREFIX.vocab")->required();
-  tokenizer->add_option("--vocab-size", tok.vocab_size, "vocabulary size")->check(CLI::Range(16, 1000000))->capture_default_str();
+  tokenizer->add_option("--vocab-size", tok.vocab_size, "vocabulary size")
+      ->check(CLI::Range(16, 1000000))
+      ->capture_default_str();
   tokenizer->add_option("--model-type", tok.model_type, "unigram | bpe")->capture_default_str();
   tokenizer->add_flag("--cased", cased, "keep case (default: case-folded, like bert-base-uncased)");
-  tokenizer->add_option("--max-sentences", tok.max_sentences, "sentences sampled for training")->check(CLI::Range(int64_t{1000}, int64_t{1} << 40))->capture_default_str();
+  tokenizer->add_option("--max-sentences", tok.max_sentences, "sentences sampled for training")
+      ->check(CLI::Range(int64_t{1000}, int64_t{1} << 40))
+      ->capture_default_str();
   tokenizer->add_option("--seed", tok.seed, "random seed")->capture_default_str();
 
   // shards
@@ -124,18 +134,31 @@ int main(int argc, char** argv) {
   auto* shards = app.add_subcommand("shards", "create MLM+NSP examples (Google's algorithm) and write HDF5 shards");
   shards->add_option("--input", sh.inputs, "corpus files")->required()->expected(1, -1);
   shards->add_option("--format", sh.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
-  shards->add_option("--tokenizer", sh.tokenizer_path, "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")->required();
+  shards
+      ->add_option("--tokenizer", sh.tokenizer_path,
+                   "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
+      ->required();
   shards->add_option("--output", sh.output_dir, "output folder")->required();
   shards->add_option("--prefix", sh.prefix, "shard file prefix")->capture_default_str();
   shards->add_option("--max-seq-len", sh.examples.max_seq_len, "tokens per example")->capture_default_str();
-  shards->add_option("--max-predictions", sh.examples.max_predictions, "max masked positions per example")->capture_default_str();
-  shards->add_option("--masked-lm-prob", sh.examples.masked_lm_prob, "fraction of tokens to mask")->capture_default_str();
-  shards->add_option("--short-seq-prob", sh.examples.short_seq_prob, "probability of a shorter target length")->capture_default_str();
-  shards->add_option("--dupe-factor", sh.examples.dupe_factor, "passes over the corpus with fresh masks")->capture_default_str();
-  shards->add_flag("--whole-word-mask", sh.examples.whole_word_mask, "mask whole words (a word: a SentencePiece word start, or a WordPiece token and its ## continuations)");
+  shards->add_option("--max-predictions", sh.examples.max_predictions, "max masked positions per example")
+      ->capture_default_str();
+  shards->add_option("--masked-lm-prob", sh.examples.masked_lm_prob, "fraction of tokens to mask")
+      ->capture_default_str();
+  shards->add_option("--short-seq-prob", sh.examples.short_seq_prob, "probability of a shorter target length")
+      ->capture_default_str();
+  shards->add_option("--dupe-factor", sh.examples.dupe_factor, "passes over the corpus with fresh masks")
+      ->capture_default_str();
+  shards->add_flag(
+      "--whole-word-mask", sh.examples.whole_word_mask,
+      "mask whole words (a word: a SentencePiece word start, or a WordPiece token and its ## continuations)");
   shards->add_option("--seed", sh.examples.seed, "random seed")->capture_default_str();
-  shards->add_option("--examples-per-shard", sh.examples_per_shard, "examples per shard file")->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->capture_default_str();
-  shards->add_option("--window-docs", sh.window_documents, "documents in memory at once (bounds memory)")->check(CLI::Range(int64_t{2}, int64_t{1} << 30))->capture_default_str();
+  shards->add_option("--examples-per-shard", sh.examples_per_shard, "examples per shard file")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  shards->add_option("--window-docs", sh.window_documents, "documents in memory at once (bounds memory)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30))
+      ->capture_default_str();
 
   // inspect
   std::vector<std::string> inspect_paths;
@@ -144,7 +167,9 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "validate shards (layout, dtypes, ids) and summarise them");
   inspect->add_option("shards", inspect_paths, "shard files or folders")->required()->expected(1, -1);
   inspect->add_option("--tokenizer", inspect_tokenizer, "decode examples and check the tokenizer matches");
-  inspect->add_option("--show", inspect_show, "examples to print per shard")->check(CLI::Range(0, 1000))->capture_default_str();
+  inspect->add_option("--show", inspect_show, "examples to print per shard")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   return tools::run_tool([&] {
@@ -163,13 +188,15 @@ int main(int argc, char** argv) {
                      pass + 1, 100 * fraction, s.examples, s.examples / std::max(s.seconds, 1e-9), s.shards,
                      peak_rss_mb());
       });
-      spdlog::info("shards: {} documents, {} sentences, {:.1f} MB of text -> {} examples ({:.1f}% random-next) in {} "
-                   "shards in {:.1f} s ({:.0f} examples/s), peak RSS {:.0f} MB",
-                   stats.documents, stats.sentences, stats.corpus_bytes / 1e6, stats.examples,
-                   100.0 * stats.random_next / stats.examples, stats.shards, stats.seconds,
-                   stats.examples / stats.seconds, peak_rss_mb());
+      spdlog::info(
+          "shards: {} documents, {} sentences, {:.1f} MB of text -> {} examples ({:.1f}% random-next) in {} "
+          "shards in {:.1f} s ({:.0f} examples/s), peak RSS {:.0f} MB",
+          stats.documents, stats.sentences, stats.corpus_bytes / 1e6, stats.examples,
+          100.0 * stats.random_next / stats.examples, stats.shards, stats.seconds, stats.examples / stats.seconds,
+          peak_rss_mb());
       if (stats.single_sentence_documents > 0)
-        spdlog::info("shards: {} single-sentence documents gave random-next pairs only", stats.single_sentence_documents);
+        spdlog::info("shards: {} single-sentence documents gave random-next pairs only",
+                     stats.single_sentence_documents);
     }
     if (*inspect) run_inspect(inspect_paths, inspect_tokenizer, inspect_show);
     return 0;

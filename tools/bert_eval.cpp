@@ -1,7 +1,7 @@
 // bert-eval: masked-LM and NSP accuracy (with baselines) of a checkpoint on shards; fill-mask.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -9,11 +9,10 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
-#include "core/text_file.h"
 #include "core/error.h"
-#include "tools/tool_main.h"
 #include "core/parallel.h"
 #include "core/process.h"
+#include "core/text_file.h"
 #include "data/loader.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
@@ -23,6 +22,7 @@
 #include "eval/onnx_runtime.h"
 #include "eval/quantized.h"
 #include "quant/quantize.h"
+#include "tools/tool_main.h"
 #include "train/checkpoint.h"
 #include "train/model_source.h"
 
@@ -39,8 +39,9 @@ int main(int argc, char** argv) {
   quant::CalibrationOptions calibration;
   double max_drop = 0.005;
   std::string save_calibrated, onnx_model, ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
-  CLI::App app{"bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
-               "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
+  CLI::App app{
+      "bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
+      "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
   app.footer(
       "Examples:\n"
       "  bert-eval --checkpoint runs/mini --shards heldout/ --mlm-accuracy --nsp-accuracy\n"
@@ -49,34 +50,45 @@ int main(int argc, char** argv) {
       "  bert-eval --checkpoint runs/qat --shards heldout/ --onnx int8.onnx  # an export in ONNX Runtime\n"
       "  bert-eval --checkpoint runs/mini --fill-mask \"the kernel is written in [MASK].\"\n"
       "Guides: docs/training.md, docs/quantization.md");
-  app.add_option("--checkpoint", checkpoint, "checkpoint .h5 (from bert-train), its output folder, or a Hugging Face "
-                 "model directory (config.json + model.safetensors)")->required();
+  app.add_option("--checkpoint", checkpoint,
+                 "checkpoint .h5 (from bert-train), its output folder, or a Hugging Face "
+                 "model directory (config.json + model.safetensors)")
+      ->required();
   app.add_option("--shards", shards, "evaluation shards (files or folders)")->expected(1, -1);
   app.add_flag("--mlm-accuracy", mlm, "masked-LM accuracy and loss");
   app.add_flag("--nsp-accuracy", nsp, "next-sentence-prediction accuracy and loss");
   app.add_option("--fill-mask", fill_text, "text with [MASK] tokens to fill");
   app.add_option("--top-k", top_k, "candidates per mask")->check(CLI::Range(1, 100))->capture_default_str();
-  app.add_option("--tokenizer", tokenizer_path, "tokenizer: SentencePiece .model or WordPiece vocab.txt (default: the one "
+  app.add_option("--tokenizer", tokenizer_path,
+                 "tokenizer: SentencePiece .model or WordPiece vocab.txt (default: the one "
                  "beside the checkpoint)");
-  app.add_option("--batch-size", batch_size, "sequences per batch")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
-  app.add_option("--max-batches", max_batches, "stop after this many batches (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--batch-size", batch_size, "sequences per batch")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--max-batches", max_batches, "stop after this many batches (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_flag("--compare", compare, "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
-  app.add_flag("--sensitivity", sensitivity, "per-quantizer sensitivity (MLM accuracy with only it / all but it quantized)");
+  app.add_flag("--sensitivity", sensitivity,
+               "per-quantizer sensitivity (MLM accuracy with only it / all but it quantized)");
   app.add_option("--calibrators", calibrators, "PTQ methods for --compare")->capture_default_str();
   app.add_option("--calibrator", calibration.method, "method for --sensitivity")->capture_default_str();
-  app.add_option("--percentile", calibration.percentile, "percentile for the percentile calibrator")->capture_default_str();
+  app.add_option("--percentile", calibration.percentile, "percentile for the percentile calibrator")
+      ->capture_default_str();
   app.add_option("--calib-shards", calib_shards,
                  "calibration shards (default: the first --calib-batches batches of --shards, which --compare and "
                  "--sensitivity then leave out of the evaluation)")
       ->expected(1, -1);
   app.add_option("--calib-batches", calibration.batches, "calibration batches")->capture_default_str();
   app.add_flag("--quantize-residuals", calibration.residuals, "also quantize both inputs of each residual add");
-  app.add_option("--quantize", calibration.include, "comma-separated globs of the quantizers to enable (default set otherwise)");
+  app.add_option("--quantize", calibration.include,
+                 "comma-separated globs of the quantizers to enable (default set otherwise)");
   app.add_option("--keep-float", calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
   app.add_option("--plan", plan_path, "plan file: quantizers kept in float for PTQ");
-  app.add_option("--max-drop", max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")->capture_default_str();
+  app.add_option("--max-drop", max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
+      ->capture_default_str();
   app.add_option("--plan-out", plan_out, "--sensitivity: write the plan here");
-  app.add_option("--onnx", onnx_model, "also evaluate this ONNX export (made with --masked-positions) in ONNX Runtime on --shards");
+  app.add_option("--onnx", onnx_model,
+                 "also evaluate this ONNX export (made with --masked-positions) in ONNX Runtime on --shards");
   app.add_option("--ort-script", ort_script, "the ONNX Runtime runner (scripts/ort_run.js)")->capture_default_str();
   app.add_option("--save-calibrated", save_calibrated,
                  "post-training quantization: calibrate with --calibrator on --calib-shards (or --shards) and save "
@@ -86,7 +98,8 @@ int main(int argc, char** argv) {
   app.add_option("--json-out", json_out, "also write the JSON report to this file");
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   std::string device_spec = "auto", precision = "fp32";
-  app.add_option("--device", device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")->capture_default_str();
+  app.add_option("--device", device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")
+      ->capture_default_str();
   app.add_option("--precision", precision, "GEMM precision on a GPU: fp32 or tf32")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   // With --json, stdout carries the JSON alone (for `| jq`): progress and errors go to stderr.
@@ -98,11 +111,13 @@ int main(int argc, char** argv) {
     const train::ModelSource source = train::find_model(checkpoint);
     checkpoint = source.path;
     if (tokenizer_path.empty()) tokenizer_path = source.tokenizer;
-    if (fill_text.empty() && shards.empty()) throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
+    if (fill_text.empty() && shards.empty())
+      throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
     if ((mlm || nsp) && shards.empty()) throw UserError("--mlm-accuracy / --nsp-accuracy need --shards");
     if ((compare || sensitivity) && shards.empty()) throw UserError("--compare / --sensitivity need --shards");
     if (!save_calibrated.empty() && shards.empty())
-      throw UserError("--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
+      throw UserError(
+          "--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
     if (!shards.empty() && !mlm && !nsp) mlm = nsp = true;
 
     // The device first: the model's device memory must be freed before the device goes.
@@ -114,9 +129,7 @@ int main(int argc, char** argv) {
     Json report;
     report["checkpoint"] = checkpoint;
     report["step"] = state.step;
-    {
-      report["quantizers_enabled"] = static_cast<int64_t>(model.enabled_quantizers().size());
-    }
+    { report["quantizers_enabled"] = static_cast<int64_t>(model.enabled_quantizers().size()); }
     {  // Sizes: all parameters in FP32, and with the enabled weight quantizers' weights stored as INT8.
       int64_t parameters = 0, int8_weights = 0;
       ParameterArena<float>& arena = model.parameters();
@@ -145,15 +158,20 @@ int main(int argc, char** argv) {
       // comparisons score only the batches after them: a calibrator never sees the data it is scored on.
       const int64_t held_for_calibration = calib_shards.empty() && (compare || sensitivity) ? calibration.batches : 0;
       if (held_for_calibration > 0)
-        spdlog::info("calibrating on the first {} batches of --shards and scoring the rest (--calib-shards to "
-                     "calibrate on other data)", held_for_calibration);
+        spdlog::info(
+            "calibrating on the first {} batches of --shards and scoring the rest (--calib-shards to "
+            "calibrate on other data)",
+            held_for_calibration);
       auto make_loader = [lo, held_for_calibration] {
         data::ShardLoader l(lo);
         data::Batch skipped;
         for (int64_t i = 0; i < held_for_calibration; ++i)
           if (!l.next(skipped))
-            throw UserError("--shards: only " + std::to_string(i) + " batches, all needed for calibration "
-                            "(--calib-batches " + std::to_string(held_for_calibration) + "); give --calib-shards, or "
+            throw UserError("--shards: only " + std::to_string(i) +
+                            " batches, all needed for calibration "
+                            "(--calib-batches " +
+                            std::to_string(held_for_calibration) +
+                            "); give --calib-shards, or "
                             "fewer --calib-batches");
         return l;
       };
@@ -166,7 +184,8 @@ int main(int argc, char** argv) {
       };
       if (!save_calibrated.empty()) {
         const quant::CalibrationStatistics stats = calibration_statistics();
-        const auto amax = quant::apply_calibration(model, stats, quant::parse_method(calibration.method), calibration.percentile);
+        const auto amax =
+            quant::apply_calibration(model, stats, quant::parse_method(calibration.method), calibration.percentile);
         train::TrainingState ptq = state;
         Json recipe = quant::describe_calibration(calibration, stats.batches);
         recipe["qat"] = false;
@@ -180,7 +199,8 @@ int main(int argc, char** argv) {
           const bool wordpiece = data::is_wordpiece_vocab(tokenizer_path);
           const fs::path copy = dir / (wordpiece ? "vocab.txt" : "tokenizer.model");
           fs::create_directories(dir);
-          if (fs::absolute(tokenizer_path) != copy) fs::copy_file(tokenizer_path, copy, fs::copy_options::overwrite_existing);
+          if (fs::absolute(tokenizer_path) != copy)
+            fs::copy_file(tokenizer_path, copy, fs::copy_options::overwrite_existing);
           const fs::path settings = fs::path(tokenizer_path).parent_path() / "tokenizer_config.json";
           if (wordpiece && fs::is_regular_file(settings) && fs::absolute(settings) != dir / "tokenizer_config.json")
             fs::copy_file(settings, dir / "tokenizer_config.json", fs::copy_options::overwrite_existing);
@@ -200,7 +220,8 @@ int main(int argc, char** argv) {
           std::vector<quant::Method> methods;
           std::stringstream list(calibrators);
           for (std::string m; std::getline(list, m, ',');) methods.push_back(quant::parse_method(m));
-          const auto results = eval::compare_modes(model, stats, methods, calibration.percentile, make_loader, max_batches, g);
+          const auto results =
+              eval::compare_modes(model, stats, methods, calibration.percentile, make_loader, max_batches, g);
           Json::Array rows;
           if (!json) std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
           for (const auto& r : results) {
@@ -212,14 +233,16 @@ int main(int argc, char** argv) {
             rows.push_back(row);
           }
           if (!json && !results.empty())
-            std::printf("(%lld predictions; baselines: most-frequent-token %.4f, NSP majority %.4f; calibration: %lld batches)\n",
-                        (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
-                        results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
+            std::printf(
+                "(%lld predictions; baselines: most-frequent-token %.4f, NSP majority %.4f; calibration: %lld "
+                "batches)\n",
+                (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
+                results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
           report["compare"] = rows;
         }
         if (sensitivity) {
-          const auto r = eval::sensitivity(model, stats, quant::parse_method(calibration.method), calibration.percentile,
-                                           make_loader, max_batches, max_drop, g,
+          const auto r = eval::sensitivity(model, stats, quant::parse_method(calibration.method),
+                                           calibration.percentile, make_loader, max_batches, max_drop, g,
                                            [](const std::string& name) { spdlog::info("sensitivity: {}", name); });
           Json::Array rows;
           if (!json) {
@@ -238,8 +261,8 @@ int main(int argc, char** argv) {
           Json::Array kept;
           for (const auto& n : r.keep_float) kept.emplace_back(n);
           if (!json)
-            std::printf("plan: keep %zu in float -> MLM accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n", r.keep_float.size(),
-                        r.planned, r.fp32, max_drop);
+            std::printf("plan: keep %zu in float -> MLM accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n",
+                        r.keep_float.size(), r.planned, r.fp32, max_drop);
           Json s;
           s["fp32"] = r.fp32;
           s["all_quantized"] = r.all_quantized;
@@ -258,28 +281,30 @@ int main(int argc, char** argv) {
           }
         }
       }
-      const eval::PretrainingMetrics m = compare || sensitivity ? eval::PretrainingMetrics{}
-                                                                : eval::evaluate(model, loader, max_batches, g);
+      const eval::PretrainingMetrics m =
+          compare || sensitivity ? eval::PretrainingMetrics{} : eval::evaluate(model, loader, max_batches, g);
       if (!onnx_model.empty()) {
         data::ShardLoader onnx_loader(lo);
         const PrivateTempDir work("bert-eval");  // this run's own exchange files
-        const eval::PretrainingMetrics o = eval::evaluate_onnx(onnx_model, onnx_loader, max_batches, ort_script,
-                                                               work.path().string());
+        const eval::PretrainingMetrics o =
+            eval::evaluate_onnx(onnx_model, onnx_loader, max_batches, ort_script, work.path().string());
         report["onnx"] = o.to_json();
         if (!json)
-          std::printf("ONNX Runtime (%s): MLM accuracy %.4f over %lld predictions, NSP accuracy %.4f\n", onnx_model.c_str(),
-                      o.mlm_accuracy(), (long long)o.predictions, o.nsp_accuracy());
+          std::printf("ONNX Runtime (%s): MLM accuracy %.4f over %lld predictions, NSP accuracy %.4f\n",
+                      onnx_model.c_str(), o.mlm_accuracy(), (long long)o.predictions, o.nsp_accuracy());
       }
       report["shards"] = static_cast<int64_t>(lo.shards.size());
       if (!compare && !sensitivity) report["metrics"] = m.to_json();
       if (!json && !compare && !sensitivity) {
         const int quantized = static_cast<int>(model.enabled_quantizers().size());
-        std::printf("checkpoint %s (step %lld) on %zu shard(s), %s\n", checkpoint.c_str(), (long long)state.step,
-                    lo.shards.size(), quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str() : "FP32");
+        std::printf(
+            "checkpoint %s (step %lld) on %zu shard(s), %s\n", checkpoint.c_str(), (long long)state.step,
+            lo.shards.size(),
+            quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str() : "FP32");
         std::printf("%-22s %10s %12s %12s\n", "metric", "value", "baseline", "count");
         if (mlm) {
-          std::printf("%-22s %10.4f %12.4f %12lld   (baseline: most frequent token)\n", "MLM accuracy", m.mlm_accuracy(),
-                      m.most_frequent_token_accuracy(), (long long)m.predictions);
+          std::printf("%-22s %10.4f %12.4f %12lld   (baseline: most frequent token)\n", "MLM accuracy",
+                      m.mlm_accuracy(), m.most_frequent_token_accuracy(), (long long)m.predictions);
           std::printf("%-22s %10.4f %12s %12lld\n", "MLM loss", m.mlm_loss(), "", (long long)m.predictions);
         }
         if (nsp) {

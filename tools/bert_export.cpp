@@ -1,33 +1,35 @@
-// bert-export: a checkpoint to ONNX (FP32, or explicit Q/DQ for a QAT/PTQ checkpoint), or to a Hugging Face model directory.
-#include <CLI/CLI.hpp>
+// bert-export: a checkpoint to ONNX (FP32, or explicit Q/DQ for a QAT/PTQ checkpoint), or to a Hugging Face model
+// directory.
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <filesystem>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/process.h"
-#include "core/atomic_file.h"
 #include "data/sha256.h"
+#include "data/wordpiece_tokenizer.h"
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
-#include "export/trt_cache.h"
 #include "export/triton.h"
+#include "export/trt_cache.h"
+#include "hf/checkpoint.h"
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
 #include "train/model_source.h"
-#include "data/wordpiece_tokenizer.h"
-#include "hf/checkpoint.h"
 
 int main(int argc, char** argv) {
   using namespace bert;
   std::string checkpoint, output;
   exporter::ExportOptions options;
-  CLI::App app{"bert-export: write a checkpoint as ONNX with inputs input_ids, attention_mask, token_type_ids "
-               "(int64, dynamic batch and sequence) and outputs prediction_logits, seq_relationship_logits. "
-               "--qdq adds QuantizeLinear/DequantizeLinear at the checkpoint's enabled quantizers (INT8, "
-               "symmetric, per-channel weights) for TensorRT's explicit INT8 path. The file is checked by the "
-               "ONNX checker before it is put in place."};
+  CLI::App app{
+      "bert-export: write a checkpoint as ONNX with inputs input_ids, attention_mask, token_type_ids "
+      "(int64, dynamic batch and sequence) and outputs prediction_logits, seq_relationship_logits. "
+      "--qdq adds QuantizeLinear/DequantizeLinear at the checkpoint's enabled quantizers (INT8, "
+      "symmetric, per-channel weights) for TensorRT's explicit INT8 path. The file is checked by the "
+      "ONNX checker before it is put in place."};
   app.footer(
       "Examples:\n"
       "  bert-export --checkpoint runs/mini --onnx fp32.onnx\n"
@@ -37,18 +39,21 @@ int main(int argc, char** argv) {
       "  bert-export --checkpoint runs/qat --hf bert-qat-int8                # a Hugging Face directory\n"
       "Guide: docs/export.md");
   std::string hf_dir;
-  app.add_option("--checkpoint", checkpoint, "checkpoint .h5, its run folder, or a Hugging Face model directory")->required();
+  app.add_option("--checkpoint", checkpoint, "checkpoint .h5, its run folder, or a Hugging Face model directory")
+      ->required();
   app.add_option("--onnx", output, "output .onnx file");
-  app.add_option("--hf", hf_dir, "also (or only) write a Hugging Face model directory: config.json + model.safetensors "
-                                 "(+ quantization.json with the learned scales of a QAT/PTQ model) + the tokenizer");
+  app.add_option("--hf", hf_dir,
+                 "also (or only) write a Hugging Face model directory: config.json + model.safetensors "
+                 "(+ quantization.json with the learned scales of a QAT/PTQ model) + the tokenizer");
   app.add_flag("--qdq", options.qdq, "explicit quantization: Q/DQ at every enabled quantizer");
   app.add_flag("--masked-positions", options.masked_positions,
                "extra input masked_lm_positions [B, P]: prediction_logits only there ([B, P, V])");
   app.add_option("--opset", options.opset, "ONNX opset: 17 (LayerNormalization) or 13")->capture_default_str();
   std::string plan, tokenizer, cache_path, triton_repo, triton_name;
   int triton_max_batch = 64;
-  app.add_option("--triton-repo", triton_repo, "also write a Triton Inference Server model repository here "
-                                                "(<repo>/<name>/1/model.onnx + config.pbtxt, ONNX Runtime backend)");
+  app.add_option("--triton-repo", triton_repo,
+                 "also write a Triton Inference Server model repository here "
+                 "(<repo>/<name>/1/model.onnx + config.pbtxt, ONNX Runtime backend)");
   app.add_option("--triton-name", triton_name, "model name in the Triton repository (default: the --onnx file's stem)");
   app.add_option("--triton-max-batch", triton_max_batch, "Triton max_batch_size")->capture_default_str();
   std::vector<std::string> calib_shards;
@@ -63,9 +68,13 @@ int main(int argc, char** argv) {
   app.add_option("--percentile", cache.percentile, "percentile for --calibrator percentile")->capture_default_str();
   app.add_option("--calib-batches", cache.batches, "calibration batches")->capture_default_str();
   app.add_option("--calib-batch-size", calib_batch_size, "sequences per calibration batch")->capture_default_str();
-  app.add_option("--trt-version", cache.trt_version, "TensorRT version in the cache header (major*1000+minor*100+patch)")->capture_default_str();
-  app.add_option("--ort-script", cache.ort_script, "the ONNX Runtime runner (scripts/ort_run.js)")->capture_default_str();
-  app.add_option("--tokenizer", tokenizer, "tokenizer to ship with the export (default: the one beside the checkpoint)");
+  app.add_option("--trt-version", cache.trt_version,
+                 "TensorRT version in the cache header (major*1000+minor*100+patch)")
+      ->capture_default_str();
+  app.add_option("--ort-script", cache.ort_script, "the ONNX Runtime runner (scripts/ort_run.js)")
+      ->capture_default_str();
+  app.add_option("--tokenizer", tokenizer,
+                 "tokenizer to ship with the export (default: the one beside the checkpoint)");
   app.add_option("--plan", plan, "sensitivity plan: its quantizers stay in float (no Q/DQ)");
   CLI11_PARSE(app, argc, argv);
   return tools::run_tool([&] {
@@ -76,7 +85,8 @@ int main(int argc, char** argv) {
     model::BertForPreTraining model(train::read_model_config(source));
     const train::TrainingState state = train::load_model(source, model);
     if (!plan.empty())
-      for (const std::string& name : quant::read_plan(plan, model)) model.find_quantizer(name)->mode = model::QuantMode::kFloat;
+      for (const std::string& name : quant::read_plan(plan, model))
+        model.find_quantizer(name)->mode = model::QuantMode::kFloat;
     const int enabled = static_cast<int>(model.enabled_quantizers().size());
     if (tokenizer.empty()) tokenizer = source.tokenizer;
     if (tokenizer.empty() || !fs::exists(tokenizer))
@@ -95,15 +105,17 @@ int main(int argc, char** argv) {
         fs::copy_file(settings, fs::path(hf_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
       spdlog::info("wrote Hugging Face model {} (config.json, model.safetensors{}, {}){}", hf_dir,
                    enabled ? ", quantization.json" : "", wordpiece ? "vocab.txt" : "tokenizer.model",
-                   wordpiece ? "" : "; transformers' BertTokenizer reads only WordPiece vocabularies, so load "
-                                    "tokenizer.model with the sentencepiece package");
+                   wordpiece ? ""
+                             : "; transformers' BertTokenizer reads only WordPiece vocabularies, so load "
+                               "tokenizer.model with the sentencepiece package");
       if (output.empty()) return 0;
     }
     if (options.qdq && enabled == 0)
       throw UserError("--qdq: checkpoint '" + checkpoint + "' has no enabled quantizers (train with --qat first)");
     if (!cache_path.empty() && options.qdq)
-      throw UserError("--trt-calib-cache with --qdq: TensorRT ignores calibration for a network with Q/DQ nodes; "
-                      "write the cache for an FP32 export (without --qdq)");
+      throw UserError(
+          "--trt-calib-cache with --qdq: TensorRT ignores calibration for a network with Q/DQ nodes; "
+          "write the cache for an FP32 export (without --qdq)");
     if (!cache_path.empty() && enabled > 0)
       throw UserError("--trt-calib-cache: checkpoint '" + checkpoint + "' has " + std::to_string(enabled) +
                       " enabled quantizers (QAT or PTQ); the implicit path would calibrate the float graph again and "
@@ -134,10 +146,12 @@ int main(int argc, char** argv) {
     if (options.qdq) {
       const auto violations = exporter::check_qdq_rules(written);
       if (!violations.empty())
-        throw UserError("the Q/DQ export breaks TensorRT's rules; nothing was written:\n" + exporter::describe(violations));
+        throw UserError("the Q/DQ export breaks TensorRT's rules; nothing was written:\n" +
+                        exporter::describe(violations));
     }
     if (!cache_path.empty()) {
-      if (calib_shards.empty()) throw UserError("--trt-calib-cache needs --calib-shards (real batches to calibrate on)");
+      if (calib_shards.empty())
+        throw UserError("--trt-calib-cache needs --calib-shards (real batches to calibrate on)");
       data::LoaderOptions lo;
       lo.shards = data::expand_shard_paths(calib_shards);
       lo.batch_size = calib_batch_size;
@@ -156,9 +170,10 @@ int main(int argc, char** argv) {
       spdlog::info("wrote TensorRT calibration cache {} ({} tensors of the FP32 graph, {} calibrator, {} batches)",
                    cache_path, amax.size(), cache.calibrator, cache.batches);
       if (cache.calibrator == "percentile" || cache.calibrator == "mse")
-        spdlog::info("its header says EntropyCalibration2: TensorRT has no {} calibrator class, so serve the cache "
-                     "through an IInt8EntropyCalibrator2 whose readCalibrationCache returns this file",
-                     cache.calibrator);
+        spdlog::info(
+            "its header says EntropyCalibration2: TensorRT has no {} calibrator class, so serve the cache "
+            "through an IInt8EntropyCalibrator2 whose readCalibrationCache returns this file",
+            cache.calibrator);
     }
     if (!triton_repo.empty()) {
       const std::string name = triton_name.empty() ? output_path.stem().string() : triton_name;
@@ -171,10 +186,10 @@ int main(int argc, char** argv) {
     fs::copy_file(tokenizer, tokenizer_file.temp_path(), fs::copy_options::overwrite_existing);
     tokenizer_file.commit();
     file.commit();
-    spdlog::info("wrote {} ({} nodes, {} initializers, opset {}, {}{}); checker{} passed; tokenizer copied to {}", output,
-                 m.graph().node_size(), m.graph().initializer_size(), options.opset, options.qdq ? "Q/DQ, " : "FP32",
-                 options.qdq ? std::to_string(enabled) + " quantizers" : "", options.qdq ? " and TensorRT rules" : "",
-                 tokenizer_copy.string());
+    spdlog::info("wrote {} ({} nodes, {} initializers, opset {}, {}{}); checker{} passed; tokenizer copied to {}",
+                 output, m.graph().node_size(), m.graph().initializer_size(), options.opset,
+                 options.qdq ? "Q/DQ, " : "FP32", options.qdq ? std::to_string(enabled) + " quantizers" : "",
+                 options.qdq ? " and TensorRT rules" : "", tokenizer_copy.string());
     return 0;
   });
 }

@@ -1,14 +1,14 @@
 // bert-train: pretrain BERT (MLM + NSP) on HDF5 shards.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <csignal>
 #include <filesystem>
 
 #include "core/error.h"
-#include "tools/tool_main.h"
 #include "core/parallel.h"
 #include "data/tokenizer.h"
+#include "tools/tool_main.h"
 #include "train/model_source.h"
 #include "train/trainer.h"
 
@@ -30,24 +30,31 @@ int main(int argc, char** argv) {
   std::string preset = "tiny", config_path;
   int threads = 0;
   double dropout = -1;
-  CLI::App app{"bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
-               "(NVIDIA's layout, e.g. from `bert-data shards`). Writes OUT/config.json, the tokenizer (OUT/tokenizer.model or OUT/vocab.txt), "
-               "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues."};
+  CLI::App app{
+      "bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
+      "(NVIDIA's layout, e.g. from `bert-data shards`). Writes OUT/config.json, the tokenizer (OUT/tokenizer.model or "
+      "OUT/vocab.txt), "
+      "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues."};
   app.footer(
       "Examples:\n"
       "  bert-train --train shards/ --eval heldout/ --tokenizer spm.model --preset mini --out runs/mini \\\n"
       "             --steps 10000 --batch-size 128 --lr 1e-3 --warmup 0.1\n"
-      "  bert-train --init-from runs/mini/checkpoint.h5 --qat --train shards/ --out runs/mini-qat --steps 1000 --lr 1e-4\n"
+      "  bert-train --init-from runs/mini/checkpoint.h5 --qat --train shards/ --out runs/mini-qat --steps 1000 --lr "
+      "1e-4\n"
       "The same command with --resume continues an interrupted run exactly.\n"
       "Guide: docs/training.md (GPUs: --device cuda --precision tf32)");
   app.add_option("--train", o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
   app.add_option("--eval", o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
-  app.add_option("--tokenizer", o.tokenizer_path, "tokenizer the shards were made with: SentencePiece .model or WordPiece vocab.txt "
+  app.add_option("--tokenizer", o.tokenizer_path,
+                 "tokenizer the shards were made with: SentencePiece .model or WordPiece vocab.txt "
                  "(default: OUT's copy on --resume, else the one beside --init-from)");
   app.add_option("--out", o.output_dir, "output folder")->required();
-  app.add_option("--preset", preset, "model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512), base (L12/H768)")->capture_default_str();
+  app.add_option("--preset", preset,
+                 "model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512), base (L12/H768)")
+      ->capture_default_str();
   app.add_option("--config", config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
-  app.add_option("--dropout", dropout, "hidden and attention dropout (default: the config's, 0.1)")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--dropout", dropout, "hidden and attention dropout (default: the config's, 0.1)")
+      ->check(CLI::Range(0.0, 0.99));
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "sequences per micro-batch")->capture_default_str();
   app.add_option("--accumulate", o.accumulation, "micro-batches per optimizer step")->capture_default_str();
@@ -55,18 +62,23 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup_fraction, "fraction of steps for linear warmup")->capture_default_str();
   app.add_option("--schedule", o.schedule, "decay after warmup: linear | poly")->capture_default_str();
   app.add_option("--optimizer", o.optimizer.name, "adamw | lamb")->capture_default_str();
-  app.add_option("--weight-decay", o.optimizer.weight_decay, "decoupled weight decay (not on biases and LayerNorm)")->capture_default_str();
+  app.add_option("--weight-decay", o.optimizer.weight_decay, "decoupled weight decay (not on biases and LayerNorm)")
+      ->capture_default_str();
   app.add_option("--clip", o.clip_norm, "global gradient-norm clipping (0: off)")->capture_default_str();
   app.add_option("--seed", o.seed, "seed for initialisation, data order and dropout")->capture_default_str();
   app.add_option("--log-every", o.log_every, "steps between progress lines")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "steps between evaluations (0: only at the end)")->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
   app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
-  app.add_option("--init-from", o.init_from, "start from these weights (fine-tuning, QAT): a checkpoint, a run folder, or a "
+  app.add_option("--init-from", o.init_from,
+                 "start from these weights (fine-tuning, QAT): a checkpoint, a run folder, or a "
                  "Hugging Face model directory (config.json + model.safetensors, sharded or not)");
-  app.add_flag("--qat", o.qat, "quantization-aware training: calibrate the quantizers, then train weights and LSQ scales");
-  app.add_option("--calibrator", o.calibration.method, "QAT scale initialisation: max | percentile | entropy | mse")->capture_default_str();
-  app.add_option("--percentile", o.calibration.percentile, "percentile for --calibrator percentile")->capture_default_str();
+  app.add_flag("--qat", o.qat,
+               "quantization-aware training: calibrate the quantizers, then train weights and LSQ scales");
+  app.add_option("--calibrator", o.calibration.method, "QAT scale initialisation: max | percentile | entropy | mse")
+      ->capture_default_str();
+  app.add_option("--percentile", o.calibration.percentile, "percentile for --calibrator percentile")
+      ->capture_default_str();
   app.add_option("--calib-batches", o.calibration.batches, "calibration batches")->capture_default_str();
   app.add_flag("--quantize-residuals", o.calibration.residuals, "also quantize both inputs of each residual add");
   app.add_option("--plan", o.plan_path, "sensitivity plan (from bert-eval --sensitivity): quantizers kept in float");
@@ -74,7 +86,8 @@ int main(int argc, char** argv) {
                  "comma-separated globs of the quantizers to enable (default: every Linear's input and weight and the "
                  "attention matmul inputs), e.g. '*.weight_quantizer,*matmul_*'");
   app.add_option("--keep-float", o.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
-  app.add_option("--scale-lr-mult", o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")->capture_default_str();
+  app.add_option("--scale-lr-mult", o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")
+      ->capture_default_str();
   std::string scales = "learned";
   app.add_option("--scales", scales,
                  "how QAT trains the quantizer scales: learned (their logarithm, so each step moves a scale by a "
@@ -88,18 +101,26 @@ int main(int argc, char** argv) {
   app.add_option("--distill-temperature", o.distill_temperature, "softmax temperature of the distillation KL")
       ->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
-  app.add_option("--stop-at", o.stop_at_step, "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
-  app.add_option("--keep-checkpoints", o.keep_checkpoints,
-                 "checkpoints kept: 1 keeps checkpoint.h5 only; K > 1 also keeps checkpoint-<step>.h5 of the last K saves")->capture_default_str();
+  app.add_option("--stop-at", o.stop_at_step,
+                 "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
+  app.add_option(
+         "--keep-checkpoints", o.keep_checkpoints,
+         "checkpoints kept: 1 keeps checkpoint.h5 only; K > 1 also keeps checkpoint-<step>.h5 of the last K saves")
+      ->capture_default_str();
   app.add_option("--on-nonfinite", o.on_nonfinite,
-                 "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")->capture_default_str();
-  app.add_option("--max-skips", o.max_consecutive_skips, "with --on-nonfinite skip: stop after this many skipped steps in a row")->capture_default_str();
+                 "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")
+      ->capture_default_str();
+  app.add_option("--max-skips", o.max_consecutive_skips,
+                 "with --on-nonfinite skip: stop after this many skipped steps in a row")
+      ->capture_default_str();
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   o.device = "auto";
-  app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")->capture_default_str();
+  app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
+      ->capture_default_str();
   app.add_option("--precision", o.precision,
                  "GEMM precision on a GPU: fp32, or tf32 (TF32 tensor cores, FP32 accumulation); elementwise ops, "
-                 "reductions, fake quantization and the weights stay FP32")->capture_default_str();
+                 "reductions, fake quantization and the weights stay FP32")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   return tools::run_tool([&] {
@@ -115,7 +136,8 @@ int main(int argc, char** argv) {
       if (o.tokenizer_path.empty() && o.resume && fs::exists(copy)) o.tokenizer_path = copy.string();
     }
     if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = train::find_model(o.init_from).tokenizer;
-    if (o.tokenizer_path.empty()) throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
+    if (o.tokenizer_path.empty())
+      throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
     const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(o.tokenizer_path);
     o.tokenizer_vocab_size = tokenizer->vocab_size();
     o.tokenizer_sha256 = tokenizer->file_sha256();

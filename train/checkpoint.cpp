@@ -42,9 +42,10 @@ void save_checkpoint(const std::string& path, model::BertForPreTraining& model, 
       hdf5::write_dataset(h.get(), "model/" + *p.name, p.value.data(), dims, path);
       if (optimizer) {
         const int64_t offset = p.value.data() - base;
-        hdf5::write_dataset(h.get(), "optimizer/exp_avg/" + *p.name, optimizer->first_moment().data() + offset, dims, path);
-        hdf5::write_dataset(h.get(), "optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset, dims,
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg/" + *p.name, optimizer->first_moment().data() + offset, dims,
                             path);
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset,
+                            dims, path);
       }
     }
     const hid_t root = h.get();
@@ -99,7 +100,8 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
   };
   const bool has_optimizer_state = hdf5::exists(root, "optimizer");
   if (optimizer && !has_optimizer_state)
-    throw UserError("checkpoint '" + path + "' holds no optimizer state (a model-only checkpoint cannot resume training)");
+    throw UserError("checkpoint '" + path +
+                    "' holds no optimizer state (a model-only checkpoint cannot resume training)");
   for (ParamId id = 0; id < params.size(); ++id) {
     Parameter<float> p = params.get(id);
     if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) continue;  // FP32 checkpoint
@@ -124,9 +126,11 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
   for (model::Quantizer* q : model.quantizers()) q->mode = model::QuantMode::kFloat;
   for (const Json& name : enabled.as_array()) {
     model::Quantizer* q = model.find_quantizer(name.as_string());
-    if (!q) throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "', which this model lacks");
+    if (!q)
+      throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "', which this model lacks");
     if (!hdf5::exists(root, "model/" + q->name + ".scale"))
-      throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "' but holds no scale for it");
+      throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() +
+                      "' but holds no scale for it");
     q->mode = model::QuantMode::kQuantize;
   }
   if (optimizer) {

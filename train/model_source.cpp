@@ -21,12 +21,14 @@ ModelSource find_model(const std::string& path) {
   } else if (fs::is_directory(path, ec)) {
     s.path = (fs::path(path) / "checkpoint.h5").string();
     if (!fs::is_regular_file(s.path, ec))
-      throw UserError("'" + path + "' is neither a run folder (no checkpoint.h5) nor a Hugging Face model directory "
+      throw UserError("'" + path +
+                      "' is neither a run folder (no checkpoint.h5) nor a Hugging Face model directory "
                       "(config.json with model.safetensors or model.safetensors.index.json)");
   } else if (fs::is_regular_file(path, ec)) {
     s.path = path;
   } else {
-    throw UserError("model '" + path + "' does not exist (expected a checkpoint .h5, a run folder or a Hugging Face model directory)");
+    throw UserError("model '" + path +
+                    "' does not exist (expected a checkpoint .h5, a run folder or a Hugging Face model directory)");
   }
   const fs::path dir = s.hugging_face ? fs::path(s.path) : fs::path(s.path).parent_path();
   for (const char* name : {"vocab.txt", "tokenizer.model"})
@@ -46,18 +48,21 @@ TrainingState load_model(const ModelSource& source, model::BertForPreTraining& m
   const hf::ImportReport report = hf::import_model(source.path, model, init_seed);
   std::string dtypes;
   for (const std::string& d : report.dtypes) dtypes += (dtypes.empty() ? "" : "/") + d;
-  spdlog::info("imported {} tensors ({}) from Hugging Face checkpoint '{}' ({} file(s)){}", report.tensors_loaded, dtypes,
-               source.path, report.files.size(),
-               report.legacy_names.empty() ? "" : fmt::format("; {} legacy gamma/beta names", report.legacy_names.size()));
+  spdlog::info(
+      "imported {} tensors ({}) from Hugging Face checkpoint '{}' ({} file(s)){}", report.tensors_loaded, dtypes,
+      source.path, report.files.size(),
+      report.legacy_names.empty() ? "" : fmt::format("; {} legacy gamma/beta names", report.legacy_names.size()));
   for (const std::string& w : report.warnings) spdlog::warn("{}", w);
-  if (report.quantizers_enabled > 0) spdlog::info("{} quantizers restored with their learned scales", report.quantizers_enabled);
+  if (report.quantizers_enabled > 0)
+    spdlog::info("{} quantizers restored with their learned scales", report.quantizers_enabled);
   TrainingState state;
   if (source.tokenizer.ends_with("vocab.txt")) state.tokenizer_sha256 = data::sha256_file(source.tokenizer);
   state.quantization = report.quantization;
   return state;
 }
 
-std::unique_ptr<model::BertForPreTraining> open_model(const std::string& path, ModelSource* source, TrainingState* state) {
+std::unique_ptr<model::BertForPreTraining> open_model(const std::string& path, ModelSource* source,
+                                                      TrainingState* state) {
   ModelSource s = find_model(path);
   auto model = std::make_unique<model::BertForPreTraining>(read_model_config(s));
   TrainingState loaded = load_model(s, *model);

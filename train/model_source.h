@@ -11,9 +11,9 @@
 namespace bert::train {
 
 struct ModelSource {
-  std::string path;          // the checkpoint file, or the Hugging Face directory
+  std::string path;  // the checkpoint file, or the Hugging Face directory
   bool hugging_face = false;
-  std::string tokenizer;     // the tokenizer shipped beside it ("" if none): vocab.txt or tokenizer.model
+  std::string tokenizer;  // the tokenizer shipped beside it ("" if none): vocab.txt or tokenizer.model
 };
 
 // Resolves `path`; throws UserError naming it when it is none of the three.
@@ -28,6 +28,7 @@ model::BertConfig read_model_config(const ModelSource& source);
 TrainingState load_model(const ModelSource& source, model::BertForPreTraining& model, uint64_t init_seed = 1);
 
 // find_model + read_model_config + load_model.
-std::unique_ptr<model::BertForPreTraining> open_model(const std::string& path, ModelSource* source, TrainingState* state);
+std::unique_ptr<model::BertForPreTraining> open_model(const std::string& path, ModelSource* source,
+                                                      TrainingState* state);
 
 }  // namespace bert::train

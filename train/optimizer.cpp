@@ -73,8 +73,12 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
     params_.device().copy_to_device(device_segments_.data(), segments.data(), device_segments_.bytes());
     segments_dirty_ = false;
   }
-  const cuda_impl::AdamHyper h{static_cast<float>(lr), static_cast<float>(options_.beta1),
-                               static_cast<float>(options_.beta2), c1, c2, static_cast<float>(options_.epsilon)};
+  const cuda_impl::AdamHyper h{static_cast<float>(lr),
+                               static_cast<float>(options_.beta1),
+                               static_cast<float>(options_.beta2),
+                               c1,
+                               c2,
+                               static_cast<float>(options_.epsilon)};
   auto* step = options_.name == "lamb" ? &cuda_impl::lamb_step : &cuda_impl::adamw_step;
   step(params_.device(), params_.device_values().data(), params_.device_grads().data(), device_m_.as<float>(),
        device_v_.as<float>(), device_segments_.as<cuda_impl::Segment>(), static_cast<int>(params_.size()), largest_, h);
@@ -147,7 +151,8 @@ void Optimizer::step(double lr) {
 double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, const std::string& schedule) {
   if (step <= warmup && warmup > 0) return peak * static_cast<double>(step) / static_cast<double>(warmup);
   if (step >= total) return 0.0;
-  const double remaining = static_cast<double>(total - step) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
+  const double remaining =
+      static_cast<double>(total - step) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
   if (schedule == "linear") return peak * remaining;
   if (schedule == "poly") return peak * std::sqrt(remaining);
   throw UserError("--schedule '" + schedule + "': expected linear or poly");
@@ -156,7 +161,8 @@ double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, c
 double clip_grad_norm(ParameterArena<float>& params, double max_norm) {
 #if BERT_WITH_CUDA
   if (params.on_cuda())
-    return cuda_impl::clip_grad_norm(params.device(), params.device_grads().data(), params.device_grads().numel(), max_norm);
+    return cuda_impl::clip_grad_norm(params.device(), params.device_grads().data(), params.device_grads().numel(),
+                                     max_norm);
 #endif
   TensorView<float> g = params.grads();
   double sum = 0;

@@ -15,7 +15,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = 8192;  // elements per block along a parameter
 
-unsigned chunks_for(int64_t largest) { return static_cast<unsigned>(std::max<int64_t>(1, (largest + kChunk - 1) / kChunk)); }
+unsigned chunks_for(int64_t largest) {
+  return static_cast<unsigned>(std::max<int64_t>(1, (largest + kChunk - 1) / kChunk));
+}
 
 __device__ __forceinline__ float apply_floor(float w, const Segment& s) {
   return (s.has_minimum && !(w >= s.minimum)) ? s.minimum : w;  // also catches NaN
@@ -128,16 +130,14 @@ __global__ void sum_partials(double* out, const double* partial, int n) {
   acc = cuda::block_sum(acc, shared);
   if (threadIdx.x == 0) out[0] = acc;
 }
-__global__ void scale_kernel(float* g, float s, int64_t n) {
-  BERT_GRID_STRIDE(i, n) g[i] *= s;
-}
+__global__ void scale_kernel(float* g, float s, int64_t n) { BERT_GRID_STRIDE(i, n) g[i] *= s; }
 
 }  // namespace
 
 void adamw_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
                 int n_segments, int64_t largest, AdamHyper h) {
   adamw_kernel<<<dim3(chunks_for(largest), unsigned(n_segments)), kThreads, 0, cuda::stream(device)>>>(w, g, m, v,
-                                                                                                     segments, h);
+                                                                                                       segments, h);
   BERT_CUDA_LAUNCHED();
 }
 

@@ -17,9 +17,9 @@ namespace bert::train {
 struct OptimizerOptions {
   std::string name = "adamw";  // adamw | lamb
   double beta1 = 0.9, beta2 = 0.999;
-  double epsilon = 1e-6;        // BERT's value
-  double weight_decay = 0.01;   // decoupled; only on parameters marked in `decays`
-  void validate() const;        // UserError naming the flag
+  double epsilon = 1e-6;       // BERT's value
+  double weight_decay = 0.01;  // decoupled; only on parameters marked in `decays`
+  void validate() const;       // UserError naming the flag
 };
 
 class Optimizer {

@@ -11,14 +11,14 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
-#include "core/text_file.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/text_file.h"
 #include "data/sha256.h"
+#include "data/wordpiece_tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/model_source.h"
-#include "data/wordpiece_tokenizer.h"
 
 namespace bert::train {
 
@@ -33,9 +33,12 @@ TrainOptions::ScaleTraining parse_scale_training(const std::string& name) {
 
 std::string scale_training_name(TrainOptions::ScaleTraining scales) {
   switch (scales) {
-    case TrainOptions::ScaleTraining::kLsq: return "lsq";
-    case TrainOptions::ScaleTraining::kFixed: return "fixed";
-    default: return "learned";
+    case TrainOptions::ScaleTraining::kLsq:
+      return "lsq";
+    case TrainOptions::ScaleTraining::kFixed:
+      return "fixed";
+    default:
+      return "learned";
   }
 }
 
@@ -51,16 +54,19 @@ void TrainOptions::validate() const {
   if (schedule != "linear" && schedule != "poly") fail("--schedule '" + schedule + "': expected linear or poly");
   if (!std::isfinite(clip_norm)) fail("--clip: expected a finite number");
   if (qat) calibration.validate();
-  if (!(scale_lr_multiplier > 0) || !std::isfinite(scale_lr_multiplier)) fail("--scale-lr-mult: expected a positive number");
+  if (!(scale_lr_multiplier > 0) || !std::isfinite(scale_lr_multiplier))
+    fail("--scale-lr-mult: expected a positive number");
   if (qat && init_from.empty() && !resume) fail("--qat needs --init-from (an FP32 checkpoint to start from)");
   if (!(distill_weight >= 0 && distill_weight <= 1)) fail("--distill: expected a weight in [0, 1]");
-  if (!(distill_temperature > 0) || !std::isfinite(distill_temperature)) fail("--distill-temperature: expected a positive number");
+  if (!(distill_temperature > 0) || !std::isfinite(distill_temperature))
+    fail("--distill-temperature: expected a positive number");
   if (distill_weight > 0 && init_from.empty())
     fail("--distill needs --init-from: the model distilled from (give it again with --resume)");
   if (log_every < 1) fail("--log-every: expected at least 1");
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
-  if (on_nonfinite != "stop" && on_nonfinite != "skip") fail("--on-nonfinite '" + on_nonfinite + "': expected stop or skip");
+  if (on_nonfinite != "stop" && on_nonfinite != "skip")
+    fail("--on-nonfinite '" + on_nonfinite + "': expected stop or skip");
   if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");
   parse_precision(precision);
   optimizer.validate();
@@ -112,7 +118,8 @@ namespace {
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(seconds);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(s / 3600), (long long)(s / 60 % 60), (long long)(s % 60));
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(s / 3600), (long long)(s / 60 % 60),
+                (long long)(s % 60));
   return buf;
 }
 
@@ -188,7 +195,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   const std::string metrics_path = (fs::path(o.output_dir) / "metrics.jsonl").string();
   // The tokenizer travels with the run: vocab.txt (WordPiece) or tokenizer.model (SentencePiece).
   const std::string tokenizer_copy =
-      (fs::path(o.output_dir) / (data::is_wordpiece_vocab(o.tokenizer_path) ? "vocab.txt" : "tokenizer.model")).string();
+      (fs::path(o.output_dir) / (data::is_wordpiece_vocab(o.tokenizer_path) ? "vocab.txt" : "tokenizer.model"))
+          .string();
 
   if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
@@ -258,7 +266,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     } else {
       const TrainingState init = load_model(find_model(o.init_from), model, o.seed);
       if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != o.tokenizer_sha256)
-        throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path + "'");
+        throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path +
+                        "'");
       spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
     }
     params.upload_values();
@@ -302,7 +311,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   const std::vector<model::Quantizer*> active = model.enabled_quantizers();
   for (model::Quantizer* q : active) {
     // A multiplier of 0 freezes the scales (their gradients are still computed, and ignored).
-    optimizer.set_lr_multiplier(q->scale, o.scales == TrainOptions::ScaleTraining::kFixed ? 0.0 : o.scale_lr_multiplier);
+    optimizer.set_lr_multiplier(q->scale,
+                                o.scales == TrainOptions::ScaleTraining::kFixed ? 0.0 : o.scale_lr_multiplier);
     optimizer.set_log_space(q->scale, o.scales == TrainOptions::ScaleTraining::kLearned);
     optimizer.set_minimum(q->scale, quant::kMinimumScale);
   }
@@ -331,12 +341,12 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
 
   const int64_t warmup = static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps));
   const int64_t params_count = model.parameters().num_elements();
-  spdlog::info("training BERT L{}/H{}/A{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
-               "{} lr {:g} (warmup {}, {} decay), on {}",
-               config.num_hidden_layers, config.hidden_size, config.num_attention_heads, params_count / 1e6,
-               config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(), o.optimizer.name,
-               o.learning_rate, warmup, o.schedule,
-               device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
+  spdlog::info(
+      "training BERT L{}/H{}/A{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
+      "{} lr {:g} (warmup {}, {} decay), on {}",
+      config.num_hidden_layers, config.hidden_size, config.num_attention_heads, params_count / 1e6, config.vocab_size,
+      o.steps, o.batch_size, o.accumulation, loader.seq_len(), o.optimizer.name, o.learning_rate, warmup, o.schedule,
+      device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
 
   std::ofstream metrics_log(metrics_path, std::ios::app);
   auto save = [&] {
@@ -358,10 +368,11 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     Graph<float> eval_graph(*device);
     result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
     const auto& m = result.last_eval;
-    spdlog::info("eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
-                 "(majority {:.4f}) over {} predictions",
-                 state.step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
-                 m.nsp_majority_accuracy(), m.predictions);
+    spdlog::info(
+        "eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
+        "(majority {:.4f}) over {} predictions",
+        state.step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
+        m.nsp_majority_accuracy(), m.predictions);
     Json line;
     line["step"] = state.step;
     line["eval"] = m.to_json();
@@ -406,8 +417,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       if (!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) {
         const double mlm = g.item(out.mlm_loss), nsp = g.item(out.nsp_loss);
         params.download_values();
-        nonfinite = "loss is " + std::to_string(loss) + " (MLM " + std::to_string(mlm) + ", NSP " + std::to_string(nsp) +
-                    "), " + describe_weights(model.parameters());
+        nonfinite = "loss is " + std::to_string(loss) + " (MLM " + std::to_string(mlm) + ", NSP " +
+                    std::to_string(nsp) + "), " + describe_weights(model.parameters());
         g.clear();
         break;
       }
@@ -420,19 +431,23 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       grad_norm = clip_grad_norm(model.parameters(), o.clip_norm);
       if (!std::isfinite(grad_norm)) params.download_grads();
       if (!std::isfinite(grad_norm))
-        nonfinite = "gradient norm is " + std::to_string(grad_norm) + ", first non-finite gradient: " +
-                    first_nonfinite(model.parameters(), true);
+        nonfinite = "gradient norm is " + std::to_string(grad_norm) +
+                    ", first non-finite gradient: " + first_nonfinite(model.parameters(), true);
     }
     const double lr = learning_rate(state.step, o.steps, warmup, o.learning_rate, o.schedule);
     if (!nonfinite.empty()) {
-      const std::string saved = last_saved_step >= 0 ? "at step " + std::to_string(last_saved_step) : "none written yet";
+      const std::string saved =
+          last_saved_step >= 0 ? "at step " + std::to_string(last_saved_step) : "none written yet";
       if (o.on_nonfinite == "stop" || ++consecutive_skips > o.max_consecutive_skips)
         throw UserError(nonfinite + " at step " + std::to_string(state.step) +
-                        (o.on_nonfinite == "skip" ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)" : "") +
+                        (o.on_nonfinite == "skip"
+                             ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)"
+                             : "") +
                         "; stopped without writing a checkpoint, the last one ('" + checkpoint_path + "', " + saved +
                         ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
       ++result.skipped_steps;
-      spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", state.step, nonfinite, consecutive_skips);
+      spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", state.step, nonfinite,
+                   consecutive_skips);
       model.parameters().zero_grad();
     } else {
       consecutive_skips = 0;
@@ -453,10 +468,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
         const auto [used, total] = device->memory_use();
         memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
       }
-      spdlog::info("step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
-                   state.step, o.steps, window.mlm_loss() + window.nsp_loss(),
-                   window.mlm_accuracy(), window.nsp_accuracy(), lr, window_grad_norm / window_steps, seq_per_s,
-                   format_duration(eta), memory);
+      spdlog::info(
+          "step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
+          state.step, o.steps, window.mlm_loss() + window.nsp_loss(), window.mlm_accuracy(), window.nsp_accuracy(), lr,
+          window_grad_norm / window_steps, seq_per_s, format_duration(eta), memory);
       Json line;
       line["step"] = state.step;
       line["loss"] = window.mlm_loss() + window.nsp_loss();
@@ -495,7 +510,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       last_saved_step = state.step;
     }
     if (stopping) {
-      spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step, checkpoint_path);
+      spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step,
+                   checkpoint_path);
       result.stopped_early = true;
       break;
     }
@@ -509,9 +525,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   if (!active.empty()) {  // the last save left the values on the host
     result.saturated_channels = quant::fully_saturated_channels(model);
     if (!result.saturated_channels.empty())
-      spdlog::warn("{} weight channel(s) fully saturated (every weight beyond its scale's range: the channel "
-                   "outputs its bias alone and learns no more), first {}; try --scales learned or fixed",
-                   result.saturated_channels.size(), result.saturated_channels.front());
+      spdlog::warn(
+          "{} weight channel(s) fully saturated (every weight beyond its scale's range: the channel "
+          "outputs its bias alone and learns no more), first {}; try --scales learned or fixed",
+          result.saturated_channels.size(), result.saturated_channels.front());
   }
   return result;
 }

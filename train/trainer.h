@@ -40,8 +40,8 @@ struct TrainOptions {
   double warmup_fraction = 0.1;
   std::string schedule = "linear";  // linear | poly
   OptimizerOptions optimizer;
-  double clip_norm = 1.0;           // <= 0: no clipping
-  uint64_t seed = 1;                // initialisation, data order and dropout all derive from it
+  double clip_norm = 1.0;  // <= 0: no clipping
+  uint64_t seed = 1;       // initialisation, data order and dropout all derive from it
 
   int64_t log_every = 10;
   int64_t eval_every = 500;   // <= 0: only at the end
@@ -49,10 +49,10 @@ struct TrainOptions {
   int64_t save_every = 500;   // <= 0: only at the end
   // Quantization-aware training: start from init_from's weights, calibrate the quantizers on training
   // batches (calibration.method) to initialise the scales, then train weights and LSQ scales together.
-  std::string init_from;           // checkpoint whose weights start the run (optimizer starts fresh)
+  std::string init_from;  // checkpoint whose weights start the run (optimizer starts fresh)
   bool qat = false;
   quant::CalibrationOptions calibration;
-  std::string plan_path;           // sensitivity plan: quantizers kept in float
+  std::string plan_path;             // sensitivity plan: quantizers kept in float
   double scale_lr_multiplier = 1.0;  // scales learn at learning_rate * this
   // How the quantizer scales train: kLearned (default) learns log-scale (Optimizer::set_log_space), so
   // each step moves a scale by a fraction of itself; kLsq is LSQ's update on the scale itself (small
@@ -66,8 +66,8 @@ struct TrainOptions {
   double distill_weight = 0.0;
   double distill_temperature = 2.0;
 
-  bool resume = false;        // continue from output_dir/checkpoint.h5
-  int64_t stop_at_step = 0;   // > 0: stop after this step with a checkpoint, as if interrupted
+  bool resume = false;       // continue from output_dir/checkpoint.h5
+  int64_t stop_at_step = 0;  // > 0: stop after this step with a checkpoint, as if interrupted
   // Checkpoints kept: 1 keeps only checkpoint.h5; K > 1 also keeps checkpoint-<step>.h5 for the last K
   // saves (hard links to the same data where the file system allows).
   int64_t keep_checkpoints = 1;
@@ -87,7 +87,7 @@ std::string scale_training_name(TrainOptions::ScaleTraining scales);
 
 struct TrainResult {
   int64_t steps_done = 0;
-  bool stopped_early = false;  // stop was requested; a checkpoint was written
+  bool stopped_early = false;                   // stop was requested; a checkpoint was written
   std::vector<std::string> saturated_channels;  // QAT: quant::fully_saturated_channels at the end
   double seconds = 0, sequences_per_second = 0;
   int64_t skipped_steps = 0;  // updates dropped for a non-finite loss or gradient (--on-nonfinite skip)

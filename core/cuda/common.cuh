@@ -29,10 +29,10 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(blockDim.x) * gridDim.x)
 
 // Launches a grid-stride kernel over n elements on the graph's stream and checks the launch.
-#define BERT_LAUNCH(kernel, n, g, ...)                                                   \
-  do {                                                                                   \
+#define BERT_LAUNCH(kernel, n, g, ...)                                                                        \
+  do {                                                                                                        \
     kernel<<<::bert::cuda::blocks_for(n), ::bert::cuda::kThreads, 0, ::bert::cuda::stream(g)>>>(__VA_ARGS__); \
-    BERT_CUDA_LAUNCHED();                                                                \
+    BERT_CUDA_LAUNCHED();                                                                                     \
   } while (0)
 
 // W consecutive elements moved as one load or store (W = 4: one 16-byte access; W = 1: scalar).
@@ -49,7 +49,7 @@ __device__ __forceinline__ void store_pack(V* p, const Pack<V, W>& pack) {
   *reinterpret_cast<Pack<V, W>*>(p) = pack;
 }
 // Grid-stride loop over n elements (a multiple of W) in packs of W: i is each pack's first element.
-#define BERT_GRID_STRIDE_PACKS(i, n, W)                                                      \
+#define BERT_GRID_STRIDE_PACKS(i, n, W)                                             \
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * (W); i < (n); \
        i += int64_t(blockDim.x) * gridDim.x * (W))
 // Whether n elements at every pointer can move in packs of 4 floats (16-byte aligned, n % 4 == 0).
@@ -60,10 +60,12 @@ inline bool packs_of_4(int64_t n, std::initializer_list<const void*> pointers) {
   return true;
 }
 // Launches kernel<4> over n / 4 packs when packed is true, else kernel<1> over n elements.
-#define BERT_LAUNCH_PACKED(kernel, n, packed, g, ...)       \
-  do {                                                      \
-    if (packed) BERT_LAUNCH(kernel<4>, (n) / 4, g, __VA_ARGS__); \
-    else BERT_LAUNCH(kernel<1>, n, g, __VA_ARGS__);         \
+#define BERT_LAUNCH_PACKED(kernel, n, packed, g, ...)  \
+  do {                                                 \
+    if (packed)                                        \
+      BERT_LAUNCH(kernel<4>, (n) / 4, g, __VA_ARGS__); \
+    else                                               \
+      BERT_LAUNCH(kernel<1>, n, g, __VA_ARGS__);       \
   } while (0)
 
 // Stores one gradient element: added to what the buffer holds, or written when the buffer is fresh

@@ -16,8 +16,8 @@ namespace bert::cuda {
 void check(int status, const char* what, const char* file, int line) {
   if (status == cudaSuccess) return;
   const auto error = static_cast<cudaError_t>(status);
-  throw_internal_error(file, line, what, std::string("CUDA error: ") + cudaGetErrorName(error) + ": " +
-                                             cudaGetErrorString(error));
+  throw_internal_error(file, line, what,
+                       std::string("CUDA error: ") + cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
 }
 
 void check_cublas(int status, const char* what, const char* file, int line) {
@@ -62,15 +62,16 @@ CudaContext* create_context(int ordinal, Precision precision) {
   BERT_CUBLAS_CHECK(cublasLtCreate(&lt));
   c->cublas_lt = lt;
   // TF32 only when asked: FP32 must reproduce the CPU within FP32 rounding.
-  BERT_CUBLAS_CHECK(cublasSetMathMode(handle, precision == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                              : CUBLAS_DEFAULT_MATH));
+  BERT_CUBLAS_CHECK(
+      cublasSetMathMode(handle, precision == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   c->cublas_workspace_bytes = std::size_t{32} << 20;  // cuBLAS's recommendation for Hopper
   BERT_CUDA_CHECK(cudaMalloc(&c->cublas_workspace, c->cublas_workspace_bytes));
   BERT_CUBLAS_CHECK(cublasSetWorkspace(handle, c->cublas_workspace, c->cublas_workspace_bytes));
   std::vector<float> ones(CudaContext::kOnes, 1.0f);
   BERT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->ones), CudaContext::kOnes * sizeof(float)));
   BERT_CUDA_CHECK(cudaMemcpy(c->ones, ones.data(), CudaContext::kOnes * sizeof(float), cudaMemcpyHostToDevice));
-  BERT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->reduce_scratch), CudaContext::kReduceScratch * sizeof(double)));
+  BERT_CUDA_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&c->reduce_scratch), CudaContext::kReduceScratch * sizeof(double)));
   BERT_CUDA_CHECK(cudaMallocHost(&c->host_staging, CudaContext::kHostStaging));
   BERT_CUDA_CHECK(cudaMallocHost(&c->upload_ring, CudaContext::kUploadRing));
   return c;

@@ -22,11 +22,11 @@ struct CudaContext {
   cublasLtContext* cublas_lt = nullptr;  // for GEMMs with a fused bias epilogue
   void* cublas_workspace = nullptr;
   std::size_t cublas_workspace_bytes = 0;
-  float* ones = nullptr;          // kOnes floats of 1 (column sums as a GEMV)
+  float* ones = nullptr;  // kOnes floats of 1 (column sums as a GEMV)
   static constexpr std::size_t kOnes = std::size_t{1} << 20;
   double* reduce_scratch = nullptr;  // kReduceScratch doubles for two-pass reductions
   static constexpr std::size_t kReduceScratch = std::size_t{1} << 16;
-  void* host_staging = nullptr;   // pinned, kHostStaging bytes: small device -> host reads
+  void* host_staging = nullptr;  // pinned, kHostStaging bytes: small device -> host reads
   static constexpr std::size_t kHostStaging = std::size_t{1} << 20;
   // Pinned ring that host -> device copies pass through, so they never wait for the stream (a copy
   // from pageable memory may): kUploadRing bytes, the next free byte at upload_offset.
@@ -63,4 +63,5 @@ void check_cublas(int status, const char* what, const char* file, int line);
 
 #define BERT_CUDA_CHECK(call) ::bert::cuda::check(static_cast<int>(call), #call, __FILE__, __LINE__)
 #define BERT_CUBLAS_CHECK(call) ::bert::cuda::check_cublas(static_cast<int>(call), #call, __FILE__, __LINE__)
-#define BERT_CUDA_LAUNCHED() ::bert::cuda::check(static_cast<int>(cudaGetLastError()), "kernel launch", __FILE__, __LINE__)
+#define BERT_CUDA_LAUNCHED() \
+  ::bert::cuda::check(static_cast<int>(cudaGetLastError()), "kernel launch", __FILE__, __LINE__)

@@ -18,10 +18,10 @@ namespace {
 using Build = std::function<Var(Graph<float>&, const std::vector<Var>&)>;
 
 // Relative tolerances (max |gpu - cpu| / max |cpu|) per op family, FP32 on both sides.
-constexpr double kExact = 0;              // same arithmetic in the same order: bit for bit
-constexpr double kElementwise = 2e-6;     // erf/exp/tanh differ by an ulp or two between libm and CUDA
-constexpr double kReduction = 1e-5;       // sums in another order (rows, columns, blocks)
-constexpr double kGemm = 1e-5;            // cuBLAS FP32 vs Eigen: other blocking, other sum order
+constexpr double kExact = 0;           // same arithmetic in the same order: bit for bit
+constexpr double kElementwise = 2e-6;  // erf/exp/tanh differ by an ulp or two between libm and CUDA
+constexpr double kReduction = 1e-5;    // sums in another order (rows, columns, blocks)
+constexpr double kGemm = 1e-5;         // cuBLAS FP32 vs Eigen: other blocking, other sum order
 
 struct Result {
   std::vector<float> value;
@@ -56,7 +56,8 @@ Result run_on(const Device& device, const std::vector<Shape>& shapes, const std:
     device.copy_to_device(values.back().data(), inputs[i].data(), bytes);
     device.fill_zero(grads.back().data(), bytes);
     const TensorView<float> v(values.back().as<float>(), shapes[i]);
-    leaves.push_back(differentiable[i] ? g.leaf(v, TensorView<float>(grads.back().as<float>(), shapes[i])) : g.constant(v));
+    leaves.push_back(differentiable[i] ? g.leaf(v, TensorView<float>(grads.back().as<float>(), shapes[i]))
+                                       : g.constant(v));
   }
   Var y = build(g, leaves);
   Result r;
@@ -85,7 +86,8 @@ double relative_difference(const std::vector<float>& actual, const std::vector<f
 class CudaOps : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): these tests run on a GPU machine";
+    if (!Device::cuda_available())
+      GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): these tests run on a GPU machine";
     gpu_ = Device::cuda(0, Precision::kFp32);
   }
   // Compares the op on both devices: forward within forward_tol, each gradient within backward_tol.
@@ -93,7 +95,8 @@ class CudaOps : public ::testing::Test {
                std::vector<bool> differentiable = {}, float scale = 1.0f) {
     if (differentiable.empty()) differentiable.assign(shapes.size(), true);
     std::vector<std::vector<float>> inputs;
-    for (size_t i = 0; i < shapes.size(); ++i) inputs.push_back(random_values(shapes[i].numel(), 11 + uint32_t(i), scale));
+    for (size_t i = 0; i < shapes.size(); ++i)
+      inputs.push_back(random_values(shapes[i].numel(), 11 + uint32_t(i), scale));
     const Result cpu = run_on(Device::cpu(), shapes, inputs, differentiable, build, 99);
     const Result gpu = run_on(*gpu_, shapes, inputs, differentiable, build, 99);
     EXPECT_LE(relative_difference(gpu.value, cpu.value), forward_tol) << "forward";
@@ -111,20 +114,28 @@ TEST_F(CudaOps, MatmulEveryTransposeBatchedAndShared) {
       SCOPED_TRACE(std::to_string(ta) + std::to_string(tb));
       const Shape a = ta ? Shape{3, 2, 17, 13} : Shape{3, 2, 13, 17};
       const Shape b = tb ? Shape{3, 2, 9, 17} : Shape{3, 2, 17, 9};
-      compare({a, b}, [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); },
-              kGemm, kGemm);
-      compare({ta ? Shape{17, 13} : Shape{13, 17}, tb ? Shape{9, 17} : Shape{17, 9}},
-              [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); }, kGemm, kGemm);
+      compare(
+          {a, b}, [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); },
+          kGemm, kGemm);
+      compare(
+          {ta ? Shape{17, 13} : Shape{13, 17}, tb ? Shape{9, 17} : Shape{17, 9}},
+          [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); }, kGemm,
+          kGemm);
     }
   for (bool tb : {false, true})  // a 2-D b shared by every row of a 3-D a
-    compare({Shape{4, 5, 33}, tb ? Shape{7, 33} : Shape{33, 7}},
-            [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], false, tb); }, kGemm, kGemm);
+    compare(
+        {Shape{4, 5, 33}, tb ? Shape{7, 33} : Shape{33, 7}},
+        [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], false, tb); }, kGemm,
+        kGemm);
 }
 
 TEST_F(CudaOps, ScaledMatmulFoldsTheScaleIntoTheGemm) {
-  compare({Shape{2, 3, 11, 8}, Shape{2, 3, 11, 8}},
-          [](Graph<float>& g, const std::vector<Var>& in) { return ops::scaled_matmul(g, in[0], in[1], 0.125, false, true); },
-          kGemm, kGemm);
+  compare(
+      {Shape{2, 3, 11, 8}, Shape{2, 3, 11, 8}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::scaled_matmul(g, in[0], in[1], 0.125, false, true);
+      },
+      kGemm, kGemm);
 }
 
 // Each op's inputs are inner nodes that a second op also reads, recorded before or after it, so the
@@ -133,34 +144,49 @@ TEST_F(CudaOps, InnerGradientsAreWrittenFreshOrAccumulatedInEitherOrder) {
   const std::vector<int32_t> targets = {3, -1, 0, 9};
   const std::vector<float> scales = {0.05f};
   const std::vector<std::pair<std::vector<Shape>, Build>> cases = {
-      {{Shape{2, 5, 6}, Shape{2, 6, 3}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1]); }},
+      {{Shape{2, 5, 6}, Shape{2, 6, 3}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1]); }},
       {{Shape{2, 5, 6}, Shape{2, 7, 6}},
-       [](Graph<float>& g, const std::vector<Var>& in) { return ops::scaled_matmul(g, in[0], in[1], 0.3, false, true); }},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::scaled_matmul(g, in[0], in[1], 0.3, false, true);
+       }},
       {{Shape{5, 6}, Shape{4, 6}, Shape{4}},
        [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }},
-      {{Shape{4, 6}, Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
+      {{Shape{4, 6}, Shape{4, 6}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
       {{Shape{4, 6}, Shape{4, 6}},  // both operands the same node: the add passes dy through, then adds it again
        [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], ops::add(g, in[1], in[1])); }},
       {{Shape{4, 6}, Shape{6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
-      {{Shape{4, 6}, Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }},
+      {{Shape{4, 6}, Shape{4, 6}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }},
       {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -1.5); }},
-      {{Shape{2, 3, 4, 8}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {0, 2, 1, 3}); }},
-      {{Shape{2, 3, 4, 5}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {0, 2, 1, 3}); }},
+      {{Shape{2, 3, 4, 8}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::permute(g, in[0], {0, 2, 1, 3});
+       }},
+      {{Shape{2, 3, 4, 5}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::permute(g, in[0], {0, 2, 1, 3});
+       }},
       {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::gelu(g, in[0]); }},
       {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::tanh(g, in[0]); }},
       {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }},
       {{Shape{4, 6}, Shape{6}, Shape{6}},
        [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-5); }},
-      {{Shape{4, 60}}, [](Graph<float>& g, const std::vector<Var>& in) {
+      {{Shape{4, 60}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
          Rng rng(7);
          return ops::dropout(g, in[0], 0.3, /*training=*/true, rng);
        }},
-      {{Shape{4, 10}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); }},
-      {{Shape{4, 60}}, [&](Graph<float>& g, const std::vector<Var>& in) {
+      {{Shape{4, 10}},
+       [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); }},
+      {{Shape{4, 60}},
+       [&](Graph<float>& g, const std::vector<Var>& in) {
          return ops::fake_quantize(g, in[0], g.input(std::span<const float>(scales), Shape{1}), -8, 7);
        }},
       {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }},
-      {{Shape{4, 9}}, [](Graph<float>& g, const std::vector<Var>& in) {
+      {{Shape{4, 9}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
          Var teacher;
          {  // a teacher computed without gradients
            NoGradGuard<float> no_grad(g);
@@ -173,127 +199,189 @@ TEST_F(CudaOps, InnerGradientsAreWrittenFreshOrAccumulatedInEitherOrder) {
     for (size_t c = 0; c < cases.size(); ++c) {
       SCOPED_TRACE("case " + std::to_string(c) + (other_first ? ", other reader first" : ", op first"));
       const Build& op = cases[c].second;
-      compare(cases[c].first, [&](Graph<float>& g, const std::vector<Var>& in) {
-        std::vector<Var> inner;
-        for (Var v : in) inner.push_back(ops::scale(g, v, 0.5));
-        Var other = other_first ? ops::sum(g, inner[0]) : Var{};
-        Var y = op(g, inner);
-        for (size_t i = other_first ? 1 : 0; i < inner.size(); ++i)
-          other = other.valid() ? ops::add(g, other, ops::sum(g, inner[i])) : ops::sum(g, inner[i]);
-        return ops::add(g, y, other);
-      }, kGemm, kGemm, {}, 2.0f);
+      compare(
+          cases[c].first,
+          [&](Graph<float>& g, const std::vector<Var>& in) {
+            std::vector<Var> inner;
+            for (Var v : in) inner.push_back(ops::scale(g, v, 0.5));
+            Var other = other_first ? ops::sum(g, inner[0]) : Var{};
+            Var y = op(g, inner);
+            for (size_t i = other_first ? 1 : 0; i < inner.size(); ++i)
+              other = other.valid() ? ops::add(g, other, ops::sum(g, inner[i])) : ops::sum(g, inner[i]);
+            return ops::add(g, y, other);
+          },
+          kGemm, kGemm, {}, 2.0f);
     }
 }
 
 TEST_F(CudaOps, LinearWithAndWithoutBias) {
-  compare({Shape{3, 5, 24}, Shape{10, 24}, Shape{10}},
-          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
-  compare({Shape{7, 3}, Shape{5, 3}},
-          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
+  compare(
+      {Shape{3, 5, 24}, Shape{10, 24}, Shape{10}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare(
+      {Shape{7, 3}, Shape{5, 3}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
   // A large output whose width is not a multiple of 4 (a vocabulary): computed through padded rows.
-  compare({Shape{300, 24}, Shape{3501, 24}, Shape{3501}},
-          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
-  compare({Shape{300, 24}, Shape{3501, 24}},
-          [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
+  compare(
+      {Shape{300, 24}, Shape{3501, 24}, Shape{3501}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare(
+      {Shape{300, 24}, Shape{3501, 24}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
 }
 
 TEST_F(CudaOps, AddAndMulWithBroadcasting) {
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{4, 6, 8}, {4, 6, 8}}, {{4, 6, 8}, {6, 8}}, {{4, 6, 8}, {8}}, {{4, 1, 8}, {4, 6, 1}}, {{2, 3, 5, 7}, {3, 1, 7}}, {{5}, {1}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{{4, 6, 8}, {4, 6, 8}},    {{4, 6, 8}, {6, 8}},
+                                                      {{4, 6, 8}, {8}},          {{4, 1, 8}, {4, 6, 1}},
+                                                      {{2, 3, 5, 7}, {3, 1, 7}}, {{5}, {1}}};
   for (const auto& [a, b] : cases) {
     SCOPED_TRACE(a.str() + " " + b.str());
-    compare({a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }, kExact, kReduction);
-    compare({a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }, kExact, kReduction);
+    compare(
+        {a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }, kExact,
+        kReduction);
+    compare(
+        {a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }, kExact,
+        kReduction);
   }
 }
 
 TEST_F(CudaOps, ScaleReshapePermuteTranspose) {
-  compare({Shape{3, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -0.37); }, kExact, kExact);
-  compare({Shape{6, 10}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::reshape(g, in[0], Shape{3, 4, 5}); },
-          kExact, kExact);
-  compare({Shape{2, 3, 5, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {0, 2, 1, 3}); },
-          kExact, kExact);
-  compare({Shape{2, 3, 5, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::permute(g, in[0], {3, 1, 0, 2}); },
-          kExact, kExact);
-  compare({Shape{9, 4}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::transpose(g, in[0], 0, 1); }, kExact, kExact);
+  compare(
+      {Shape{3, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -0.37); }, kExact,
+      kExact);
+  compare(
+      {Shape{6, 10}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::reshape(g, in[0], Shape{3, 4, 5});
+      },
+      kExact, kExact);
+  compare(
+      {Shape{2, 3, 5, 7}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::permute(g, in[0], {0, 2, 1, 3});
+      },
+      kExact, kExact);
+  compare(
+      {Shape{2, 3, 5, 7}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::permute(g, in[0], {3, 1, 0, 2});
+      },
+      kExact, kExact);
+  compare(
+      {Shape{9, 4}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::transpose(g, in[0], 0, 1); }, kExact,
+      kExact);
 }
 
 TEST_F(CudaOps, GatherRowsWithRepeatedIds) {
   const std::vector<int32_t> ids = {3, 0, 3, 7, 1, 3, 0, 8, 8, 2, 5, 3};
-  compare({Shape{9, 13}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::gather_rows(g, in[0], ids, Shape{3, 4}); },
-          kExact, kReduction);
-  compare({Shape{9, 13}}, [&](Graph<float>& g, const std::vector<Var>& in) {
-    return ops::gather_rows(g, in[0], std::span<const int32_t>(ids).first(1), Shape{});
-  }, kExact, kExact);
+  compare(
+      {Shape{9, 13}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::gather_rows(g, in[0], ids, Shape{3, 4});
+      },
+      kExact, kReduction);
+  compare(
+      {Shape{9, 13}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::gather_rows(g, in[0], std::span<const int32_t>(ids).first(1), Shape{});
+      },
+      kExact, kExact);
 }
 
 TEST_F(CudaOps, GeluAndTanh) {
-  compare({Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::gelu(g, in[0]); }, kElementwise,
-          kElementwise, {}, 3.0f);
-  compare({Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::tanh(g, in[0]); }, kElementwise,
-          kElementwise, {}, 2.0f);
+  compare(
+      {Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::gelu(g, in[0]); }, kElementwise,
+      kElementwise, {}, 3.0f);
+  compare(
+      {Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::tanh(g, in[0]); }, kElementwise,
+      kElementwise, {}, 2.0f);
 }
 
 TEST_F(CudaOps, SoftmaxWithAndWithoutMask) {
-  compare({Shape{3, 2, 5, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); },
-          kElementwise, kReduction, {}, 3.0f);
+  compare(
+      {Shape{3, 2, 5, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); },
+      kElementwise, kReduction, {}, 3.0f);
   std::vector<float> mask(3 * 37, 0.0f);
   for (int i = 30; i < 37; ++i) mask[i] = mask[2 * 37 + i - 20] = -10000.0f;
-  compare({Shape{3, 2, 5, 37}}, [&](Graph<float>& g, const std::vector<Var>& in) {
-    return ops::softmax(g, in[0], g.input(std::span<const float>(mask), Shape{3, 37}));
-  }, kElementwise, kReduction, {}, 3.0f);
-  compare({Shape{4, 700}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }, kElementwise,
-          kReduction);
+  compare(
+      {Shape{3, 2, 5, 37}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::softmax(g, in[0], g.input(std::span<const float>(mask), Shape{3, 37}));
+      },
+      kElementwise, kReduction, {}, 3.0f);
+  compare(
+      {Shape{4, 700}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }, kElementwise,
+      kReduction);
 }
 
 TEST_F(CudaOps, LayerNormOddWidthsAndManyRows) {
   for (const Shape& x : {Shape{3, 7, 45}, Shape{600, 64}, Shape{2, 1000}}) {
     SCOPED_TRACE(x.str());
-    compare({x, Shape{x.last()}, Shape{x.last()}},
-            [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-12); },
-            kReduction, kReduction);
+    compare(
+        {x, Shape{x.last()}, Shape{x.last()}},
+        [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-12); },
+        kReduction, kReduction);
   }
 }
 
 TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
   for (double p : {0.1, 0.5}) {
-    compare({Shape{7, 1001}}, [p](Graph<float>& g, const std::vector<Var>& in) {
-      Rng rng(1234);
-      rng.reserve(17);  // a stream that has been used before
-      return ops::dropout(g, in[0], p, /*training=*/true, rng);
-    }, kExact, kExact);
+    compare(
+        {Shape{7, 1001}},
+        [p](Graph<float>& g, const std::vector<Var>& in) {
+          Rng rng(1234);
+          rng.reserve(17);  // a stream that has been used before
+          return ops::dropout(g, in[0], p, /*training=*/true, rng);
+        },
+        kExact, kExact);
   }
 }
 
 TEST_F(CudaOps, CrossEntropyWithIgnoredRowsAndWeights) {
   const std::vector<int32_t> targets = {3, -1, 0, 9, 9, -1, 4};
-  compare({Shape{7, 10}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); },
-          kReduction, kReduction, {}, 4.0f);
+  compare(
+      {Shape{7, 10}},
+      [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); },
+      kReduction, kReduction, {}, 4.0f);
   const std::vector<float> weights = {0.5f, 1.0f, 2.0f, 1.0f, 0.25f, 3.0f, 1.0f};
-  compare({Shape{7, 10}}, [&](Graph<float>& g, const std::vector<Var>& in) {
-    return ops::cross_entropy<float>(g, in[0], targets, weights);
-  }, kReduction, kReduction, {}, 4.0f);
+  compare(
+      {Shape{7, 10}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy<float>(g, in[0], targets, weights);
+      },
+      kReduction, kReduction, {}, 4.0f);
   const std::vector<int32_t> wide = {1, 30000, 12345};  // a vocabulary-sized row
-  compare({Shape{3, 30522}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], wide); },
-          kReduction, kReduction);
+  compare(
+      {Shape{3, 30522}},
+      [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], wide); },
+      kReduction, kReduction);
   const std::vector<int32_t> none = {-1, -1};  // no active row: loss 0, no gradient
-  compare({Shape{2, 5}}, [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], none); },
-          kExact, kExact);
+  compare(
+      {Shape{2, 5}},
+      [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], none); }, kExact,
+      kExact);
 }
 
 TEST_F(CudaOps, DistillationLossOnVocabularySizedRows) {
   for (double temperature : {1.0, 2.0})
-    compare({Shape{5, 30522}, Shape{5, 30522}}, [temperature](Graph<float>& g, const std::vector<Var>& in) {
-      return ops::distillation_loss(g, in[0], in[1], temperature);
-    }, kReduction, kReduction, {true, false}, 3.0f);
-  compare({Shape{3, 2}, Shape{3, 2}}, [](Graph<float>& g, const std::vector<Var>& in) {
-    return ops::distillation_loss(g, in[0], in[1], 1.5);
-  }, kReduction, kReduction, {true, false});
+    compare(
+        {Shape{5, 30522}, Shape{5, 30522}},
+        [temperature](Graph<float>& g, const std::vector<Var>& in) {
+          return ops::distillation_loss(g, in[0], in[1], temperature);
+        },
+        kReduction, kReduction, {true, false}, 3.0f);
+  compare({Shape{3, 2}, Shape{3, 2}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::distillation_loss(g, in[0], in[1], 1.5); },
+          kReduction, kReduction, {true, false});
 }
 
 TEST_F(CudaOps, SumAndMean) {
-  compare({Shape{1000, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }, kReduction, kExact);
-  compare({Shape{3, 5}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mean(g, in[0]); }, kReduction, kExact);
+  compare(
+      {Shape{1000, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }, kReduction,
+      kExact);
+  compare(
+      {Shape{3, 5}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mean(g, in[0]); }, kReduction,
+      kExact);
 }
 
 TEST_F(CudaOps, FakeQuantizeRoundsLikeTheCpuBitForBit) {
@@ -302,10 +390,13 @@ TEST_F(CudaOps, FakeQuantizeRoundsLikeTheCpuBitForBit) {
     SCOPED_TRACE(channels);
     std::vector<float> scale_values(static_cast<size_t>(channels));
     for (int64_t c = 0; c < channels; ++c) scale_values[c] = 0.01f * float(c + 1);
-    compare({Shape{6, 4001}}, [&](Graph<float>& g, const std::vector<Var>& in) {
-      Var s = g.input(std::span<const float>(scale_values), Shape{channels});
-      return ops::fake_quantize(g, in[0], s, -128, 127, 0.5);
-    }, kExact, kExact, {}, 2.0f);
+    compare(
+        {Shape{6, 4001}},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Var s = g.input(std::span<const float>(scale_values), Shape{channels});
+          return ops::fake_quantize(g, in[0], s, -128, 127, 0.5);
+        },
+        kExact, kExact, {}, 2.0f);
   }
 }
 
@@ -320,7 +411,8 @@ TEST_F(CudaOps, FakeQuantizeScaleGradientAndSaturationCount) {
     device.fill_zero(sg.data(), channels * 4);
     device.fill_zero(counter.data(), 8);
     Var xin = g.constant(TensorView<float>(xv.as<float>(), Shape{5, 40000}));
-    Var s = g.leaf(TensorView<float>(sv.as<float>(), Shape{channels}), TensorView<float>(sg.as<float>(), Shape{channels}));
+    Var s =
+        g.leaf(TensorView<float>(sv.as<float>(), Shape{channels}), TensorView<float>(sg.as<float>(), Shape{channels}));
     Var y = ops::fake_quantize(g, xin, s, -128, 127, 0.25, counter.as<int64_t>());
     const std::vector<float> up = random_values(5 * 40000, 8);
     g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), Shape{5, 40000}))));
@@ -345,7 +437,8 @@ TEST_F(CudaOps, RowArgmaxFirstOnTies) {
   Graph<float> cpu, gpu(*gpu_);
   DeviceBuffer d(*gpu_, v.size() * 4);
   gpu_->copy_to_device(d.data(), v.data(), v.size() * 4);
-  const std::vector<int32_t> expected = ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{9, 30522})));
+  const std::vector<int32_t> expected =
+      ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{9, 30522})));
   EXPECT_EQ(ops::row_argmax(gpu, gpu.constant(TensorView<float>(d.as<float>(), Shape{9, 30522}))), expected);
   EXPECT_EQ(expected[2], 7);
 }

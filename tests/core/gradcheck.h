@@ -30,10 +30,10 @@ inline Tensor<float> to_float(const Tensor<double>& t) {
 using BuildFn = std::function<Var(Graph<double>&, const std::vector<Var>&)>;
 
 struct GradCheckOptions {
-  double step = 1e-6;            // central-difference step h
+  double step = 1e-6;  // central-difference step h
   double abs_tolerance = 1e-7;
   double rel_tolerance = 1e-6;
-  int max_elements_per_input = 64;  // larger inputs are checked at a random subset of elements
+  int max_elements_per_input = 64;   // larger inputs are checked at a random subset of elements
   std::vector<bool> differentiable;  // per input; empty = all
 };
 
@@ -99,8 +99,8 @@ inline void expect_gradients_match(std::vector<Tensor<double>>& inputs, const Bu
       const double analytic = grads[i][e];
       const double tolerance =
           options.abs_tolerance + options.rel_tolerance * std::max(std::abs(numeric), std::abs(analytic));
-      EXPECT_NEAR(analytic, numeric, tolerance) << "input " << i << " element " << e << " of "
-                                                << inputs[i].shape().str();
+      EXPECT_NEAR(analytic, numeric, tolerance)
+          << "input " << i << " element " << e << " of " << inputs[i].shape().str();
     }
   }
 }

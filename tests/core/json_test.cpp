@@ -30,7 +30,9 @@ TEST(Json, DumpRoundTripsAndKeepsKeyOrder) {
   j["mid"]["inner"] = 1e-12;
   j["big"] = int64_t{1} << 40;
   const std::string compact = j.dump();
-  EXPECT_EQ(compact, R"({"zeta":1,"alpha":[0.10000000000000001,"q\"uote",null],"mid":{"inner":9.9999999999999998e-13},"big":1099511627776})");
+  EXPECT_EQ(
+      compact,
+      R"({"zeta":1,"alpha":[0.10000000000000001,"q\"uote",null],"mid":{"inner":9.9999999999999998e-13},"big":1099511627776})");
   Json back = Json::parse(j.dump(2));
   EXPECT_EQ(back.dump(), compact);
   EXPECT_DOUBLE_EQ(back.find("alpha")->as_array()[0].as_number(), 0.1);
@@ -53,7 +55,7 @@ TEST(Json, RejectsMalformedDocumentsWithLineAndColumn) {
   EXPECT_NE(error_of("{'single': 1}"), "no error");
   EXPECT_NE(error_of("nul"), "no error");
   EXPECT_NE(error_of("\"\\ud800\""), "no error");  // lone surrogate
-  EXPECT_NE(error_of("1e999"), "no error");       // not finite
+  EXPECT_NE(error_of("1e999"), "no error");        // not finite
   EXPECT_NE(error_of(""), "no error");
   EXPECT_EQ(error_of(std::string(300, '[') + std::string(300, ']')).find("256 levels") != std::string::npos, true);
 }
@@ -92,7 +94,8 @@ TEST(Json, IntegersKeepAll64Bits) {
   }
   EXPECT_EQ(Json::parse("-9223372036854775808").as_int(), std::numeric_limits<int64_t>::min());
   EXPECT_EQ(Json::parse("9007199254740993").as_int(), 9007199254740993);
-  EXPECT_EQ(Json::parse("{\"seed\": 18446744073709551615}").find("seed")->as_uint(), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(Json::parse("{\"seed\": 18446744073709551615}").find("seed")->as_uint(),
+            std::numeric_limits<uint64_t>::max());
   EXPECT_THROW(Json::parse("18446744073709551615").as_int(), UserError);  // beyond int64
   EXPECT_THROW(Json::parse("-1").as_uint(), UserError);
   EXPECT_THROW(Json::parse("1.5").as_int(), UserError);

@@ -94,16 +94,14 @@ TEST_P(MatmulTest, ForwardMatchesReferenceAndGradientsMatchFiniteDifferences) {
   expect_gradients_match(in, build);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
-                         ::testing::Values(MatmulCase{{3, 4}, {4, 5}, false, false},
-                                           MatmulCase{{4, 3}, {4, 5}, true, false},
-                                           MatmulCase{{3, 4}, {5, 4}, false, true},
-                                           MatmulCase{{4, 3}, {5, 4}, true, true},
-                                           MatmulCase{{1, 7}, {7, 1}, false, false},
-                                           MatmulCase{{2, 3, 4, 5}, {2, 3, 5, 2}, false, false},
-                                           MatmulCase{{2, 3, 5, 4}, {2, 3, 2, 5}, true, true},
-                                           MatmulCase{{3, 4, 6}, {3, 4, 6}, false, true},   // Q K^T
-                                           MatmulCase{{3, 4, 4}, {3, 4, 6}, false, false}));  // P V
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MatmulTest,
+    ::testing::Values(MatmulCase{{3, 4}, {4, 5}, false, false}, MatmulCase{{4, 3}, {4, 5}, true, false},
+                      MatmulCase{{3, 4}, {5, 4}, false, true}, MatmulCase{{4, 3}, {5, 4}, true, true},
+                      MatmulCase{{1, 7}, {7, 1}, false, false}, MatmulCase{{2, 3, 4, 5}, {2, 3, 5, 2}, false, false},
+                      MatmulCase{{2, 3, 5, 4}, {2, 3, 2, 5}, true, true},
+                      MatmulCase{{3, 4, 6}, {3, 4, 6}, false, true},     // Q K^T
+                      MatmulCase{{3, 4, 4}, {3, 4, 6}, false, false}));  // P V
 
 TEST(Matmul, SharedRightOperandFoldsLeadingAxes) {
   std::vector<Tensor<double>> in;
@@ -125,7 +123,8 @@ TEST(Matmul, ScaledMatmulIsTheScaledProduct) {
   in.push_back(random_tensor({2, 3, 6, 5}, 6));
   auto build = [](Graph<double>& g, const Leaves& x) { return ops::scaled_matmul(g, x[0], x[1], 0.125, false, true); };
   Tensor<double> out = run_forward(in, build);
-  Tensor<double> plain = run_forward(in, [](Graph<double>& g, const Leaves& x) { return ops::matmul(g, x[0], x[1], false, true); });
+  Tensor<double> plain =
+      run_forward(in, [](Graph<double>& g, const Leaves& x) { return ops::matmul(g, x[0], x[1], false, true); });
   ASSERT_EQ(out.shape(), plain.shape());
   for (int64_t i = 0; i < out.numel(); ++i) EXPECT_NEAR(out[i], 0.125 * plain[i], kForwardTolerance);
   expect_gradients_match(in, build);
@@ -210,10 +209,10 @@ TEST_P(BroadcastTest, AddAndMulMatchReferenceAndFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BroadcastTest,
                          ::testing::Values(std::pair{Shape{3, 4}, Shape{3, 4}},
-                                           std::pair{Shape{2, 3, 4}, Shape{4}},         // bias
-                                           std::pair{Shape{2, 1, 4}, Shape{3, 1}},      // both stretch
+                                           std::pair{Shape{2, 3, 4}, Shape{4}},              // bias
+                                           std::pair{Shape{2, 1, 4}, Shape{3, 1}},           // both stretch
                                            std::pair{Shape{2, 3, 4, 5}, Shape{2, 1, 1, 5}},  // mask-like
-                                           std::pair{Shape{}, Shape{3, 2}},             // scalar
+                                           std::pair{Shape{}, Shape{3, 2}},                  // scalar
                                            std::pair{Shape{5}, Shape{2, 3, 5}}));
 
 TEST(Broadcast, SameInputTwiceAccumulatesBothPaths) {
@@ -309,16 +308,19 @@ TEST(Permute, MatchesReferenceAndFiniteDifferences) {
     Shape s;
     std::vector<int> perm;
   };
-  for (const Case& c : {Case{{2, 3, 4, 5}, {0, 2, 1, 3}}, Case{{2, 3, 4, 5}, {3, 1, 0, 2}},
-                        Case{{3, 4, 5}, {2, 0, 1}}, Case{{3, 4}, {1, 0}}}) {
+  for (const Case& c : {Case{{2, 3, 4, 5}, {0, 2, 1, 3}}, Case{{2, 3, 4, 5}, {3, 1, 0, 2}}, Case{{3, 4, 5}, {2, 0, 1}},
+                        Case{{3, 4}, {1, 0}}}) {
     SCOPED_TRACE(c.s.str());
     std::vector<Tensor<double>> in;
     in.push_back(random_tensor(c.s, 16));
     auto build = [&](Graph<double>& g, const Leaves& x) {
       switch (c.perm.size()) {
-        case 2: return ops::permute(g, x[0], {c.perm[0], c.perm[1]});
-        case 3: return ops::permute(g, x[0], {c.perm[0], c.perm[1], c.perm[2]});
-        default: return ops::permute(g, x[0], {c.perm[0], c.perm[1], c.perm[2], c.perm[3]});
+        case 2:
+          return ops::permute(g, x[0], {c.perm[0], c.perm[1]});
+        case 3:
+          return ops::permute(g, x[0], {c.perm[0], c.perm[1], c.perm[2]});
+        default:
+          return ops::permute(g, x[0], {c.perm[0], c.perm[1], c.perm[2], c.perm[3]});
       }
     };
     expect_tensors_near(run_forward(in, build), permute_reference(in[0], c.perm), 0.0);
@@ -526,16 +528,19 @@ TEST(DistillationLoss, IsTheTemperatureScaledKlAndMatchesFiniteDifferences) {
     double expected = 0;
     for (int64_t i = 0; i < 4; ++i) {
       double zs = 0, zt = 0;
-      for (int64_t j = 0; j < 7; ++j) zs += std::exp(in[0][i * 7 + j] / temperature), zt += std::exp(in[1][i * 7 + j] / temperature);
+      for (int64_t j = 0; j < 7; ++j)
+        zs += std::exp(in[0][i * 7 + j] / temperature), zt += std::exp(in[1][i * 7 + j] / temperature);
       for (int64_t j = 0; j < 7; ++j) {
-        const double p = std::exp(in[1][i * 7 + j] / temperature) / zt, q = std::exp(in[0][i * 7 + j] / temperature) / zs;
+        const double p = std::exp(in[1][i * 7 + j] / temperature) / zt,
+                     q = std::exp(in[0][i * 7 + j] / temperature) / zs;
         expected += p * std::log(p / q);
       }
     }
     expected *= temperature * temperature / 4;
     Graph<double> g;
     Tensor<double> teacher = in[1].clone();
-    const double value = g.value(ops::distillation_loss(g, g.constant(in[0].view()), g.constant(teacher.view()), temperature))[0];
+    const double value =
+        g.value(ops::distillation_loss(g, g.constant(in[0].view()), g.constant(teacher.view()), temperature))[0];
     EXPECT_NEAR(value, expected, kForwardTolerance);
     expect_gradients_match(in, build, options);
   }

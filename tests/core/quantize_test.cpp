@@ -12,7 +12,6 @@
 namespace bert {
 namespace {
 
-
 // ONNX QuantizeLinear (int8, zero point 0) then DequantizeLinear, written from the operator spec:
 // y = saturate(round_half_to_even(x / s)) * s.
 double quantize_dequantize_reference(double x, double s, int qmin, int qmax) {
@@ -27,7 +26,8 @@ Tensor<double> run(const std::vector<double>& xs, const std::vector<double>& sca
                    int64_t* clipped = nullptr) {
   Tensor<double> x(Shape{static_cast<int64_t>(xs.size())}, xs), s(Shape{static_cast<int64_t>(scales.size())}, scales);
   Graph<double> g;
-  TensorView<double> y = g.value(ops::fake_quantize(g, g.constant(x.view()), g.constant(s.view()), qmin, qmax, 1.0, clipped));
+  TensorView<double> y =
+      g.value(ops::fake_quantize(g, g.constant(x.view()), g.constant(s.view()), qmin, qmax, 1.0, clipped));
   Tensor<double> out(y.shape());
   out.view().copy_from(y);
   return out;

@@ -43,9 +43,7 @@ TEST(SplitSentences, KeepsAbbreviationsInitialsAndNumbersTogether) {
             (Sentences{"See file.txt for details.", "It is short."}));
 }
 
-void write(const std::string& path, const std::string& content) {
-  std::ofstream(path, std::ios::binary) << content;
-}
+void write(const std::string& path, const std::string& content) { std::ofstream(path, std::ios::binary) << content; }
 
 TEST(CorpusReader, ReadsDocumentsInSentenceFormatAcrossFiles) {
   testing::TempDir dir;
@@ -83,14 +81,28 @@ TEST(CorpusReader, RejectsMissingEmptyBlankAndBinaryFilesNamingThem) {
   write(dir.file("binary.bin"), std::string("text\n\x00\x01\x02\xff\xfe", 10));
   write(dir.file("latin1.txt"), "caf\xe9 au lait.\n");
   Sentences doc;
-  expect_user_error([&] { CorpusReader({dir.file("missing.txt")}, CorpusFormat::kSentences); }, "missing.txt' does not exist");
+  expect_user_error([&] { CorpusReader({dir.file("missing.txt")}, CorpusFormat::kSentences); },
+                    "missing.txt' does not exist");
   expect_user_error([&] { CorpusReader({dir.file("empty.txt")}, CorpusFormat::kSentences); }, "empty.txt' is empty");
-  expect_user_error([&] { CorpusReader r({dir.file("blank.txt")}, CorpusFormat::kSentences); r.next(doc); },
-                    "holds no text");
-  expect_user_error([&] { CorpusReader r({dir.file("binary.bin")}, CorpusFormat::kSentences); while (r.next(doc)) {} },
-                    "binary.bin' line 2: not UTF-8 text");
-  expect_user_error([&] { CorpusReader r({dir.file("latin1.txt")}, CorpusFormat::kSentences); r.next(doc); },
-                    "latin1.txt' line 1");
+  expect_user_error(
+      [&] {
+        CorpusReader r({dir.file("blank.txt")}, CorpusFormat::kSentences);
+        r.next(doc);
+      },
+      "holds no text");
+  expect_user_error(
+      [&] {
+        CorpusReader r({dir.file("binary.bin")}, CorpusFormat::kSentences);
+        while (r.next(doc)) {
+        }
+      },
+      "binary.bin' line 2: not UTF-8 text");
+  expect_user_error(
+      [&] {
+        CorpusReader r({dir.file("latin1.txt")}, CorpusFormat::kSentences);
+        r.next(doc);
+      },
+      "latin1.txt' line 1");
   expect_user_error([] { parse_corpus_format("csv"); }, "unknown corpus format 'csv'");
 }
 

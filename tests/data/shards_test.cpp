@@ -149,7 +149,7 @@ TEST_F(FixtureData, EveryExampleSatisfiesTheInvariants) {
       for (int64_t j = 0; j < len; ++j)
         if (ids[j] == sp.sep) seps.push_back(j);
       ASSERT_EQ(seps.size(), 2u) << "exactly two [SEP]";
-      ASSERT_GE(seps[0], 2);  // A is not empty
+      ASSERT_GE(seps[0], 2);        // A is not empty
       ASSERT_LE(seps[0], len - 3);  // B is not empty
       for (int64_t j = 0; j < len; ++j) ASSERT_EQ(seg[j], j <= seps[0] ? 0 : 1) << "segment ids";
       for (int64_t j = 1; j < len; ++j) ASSERT_NE(ids[j], sp.cls);
@@ -186,9 +186,12 @@ TEST_F(FixtureData, AboutHalfRandomNextAndMaskingIsAbout80_10_10) {
         if (p == 0) break;
         const int32_t now = s.input_ids[i * s.seq_len + p], was = s.masked_lm_ids[i * s.max_predictions + j];
         ++total;
-        if (now == tokenizer_->specials().mask) ++masked;
-        else if (now == was) ++kept;
-        else ++replaced;
+        if (now == tokenizer_->specials().mask)
+          ++masked;
+        else if (now == was)
+          ++kept;
+        else
+          ++replaced;
       }
     }
   }
@@ -255,7 +258,8 @@ TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
   ShardBuildOptions o = options(out.file("wwm"));
   o.examples.whole_word_mask = true;
   o.examples.dupe_factor = 1;
-  EXPECT_GT(check_whole_words_masked(all_shards(build_shards(o)), *tokenizer_), 0) << "the fixture has multi-piece words";
+  EXPECT_GT(check_whole_words_masked(all_shards(build_shards(o)), *tokenizer_), 0)
+      << "the fixture has multi-piece words";
 }
 
 // The same with a WordPiece vocabulary (vocab.txt), where "##" marks a word's continuation.
@@ -313,11 +317,13 @@ TEST_F(FixtureData, LoaderVisitsEveryExampleOncePerEpochAndResumesExactly) {
   Batch b;
   int64_t rows = 0;
   while (once.next(b)) {
-    for (int64_t i = 0; i < b.size; ++i) seen.insert({b.input_ids.begin() + i * 64, b.input_ids.begin() + (i + 1) * 64});
+    for (int64_t i = 0; i < b.size; ++i)
+      seen.insert({b.input_ids.begin() + i * 64, b.input_ids.begin() + (i + 1) * 64});
     rows += b.size;
   }
   for (const Shard& s : all_shards(*stats_))
-    for (int64_t i = 0; i < s.size; ++i) expected.insert({s.input_ids.begin() + i * 64, s.input_ids.begin() + (i + 1) * 64});
+    for (int64_t i = 0; i < s.size; ++i)
+      expected.insert({s.input_ids.begin() + i * 64, s.input_ids.begin() + (i + 1) * 64});
   EXPECT_EQ(rows, stats_->examples);
   EXPECT_TRUE(seen == expected) << "one epoch yields every example exactly once";
 
@@ -363,7 +369,10 @@ TEST_F(FixtureData, BadBuildInputsFailClearlyAndWriteNothing) {
   std::ofstream(out.file("empty.txt")).close();
   o.inputs = {out.file("empty.txt")};
   expect_user_error([&] { build_shards(o); }, "empty.txt' is empty");
-  std::ofstream(out.file("binary.txt"), std::ios::binary) << std::string("\x7f" "ELF\x02\x01\x01\x00\x00", 9);
+  std::ofstream(out.file("binary.txt"), std::ios::binary) << std::string(
+      "\x7f"
+      "ELF\x02\x01\x01\x00\x00",
+      9);
   o.inputs = {out.file("binary.txt")};
   expect_user_error([&] { build_shards(o); }, "not UTF-8 text");
   EXPECT_TRUE(folder_is_empty_or_missing(o.output_dir));
@@ -432,9 +441,11 @@ TEST(ShardReader, RejectsBadShardsNamingFileDatasetAndProblem) {
   write_custom_shard(out.file("float.h5"), "", "input_ids");
   expect_user_error([&] { read_shard(out.file("float.h5")); }, "dataset 'input_ids' has dtype float, expected int32");
   write_custom_shard(out.file("short.h5"), "", "", "segment_ids");
-  expect_user_error([&] { read_shard(out.file("short.h5")); }, "dataset 'segment_ids' has shape [3, 8], expected [4, 8]");
+  expect_user_error([&] { read_shard(out.file("short.h5")); },
+                    "dataset 'segment_ids' has shape [3, 8], expected [4, 8]");
   write_custom_shard(out.file("short_labels.h5"), "", "", "next_sentence_labels");
-  expect_user_error([&] { read_shard(out.file("short_labels.h5")); }, "dataset 'next_sentence_labels' has shape [3], expected [4]");
+  expect_user_error([&] { read_shard(out.file("short_labels.h5")); },
+                    "dataset 'next_sentence_labels' has shape [3], expected [4]");
   expect_user_error([&] { read_shard(out.file("nothing.h5")); }, "nothing.h5' does not exist");
   std::ofstream(out.file("text.h5")) << "not hdf5 at all";
   expect_user_error([&] { read_shard(out.file("text.h5")); }, "is not an HDF5 file");
@@ -460,20 +471,24 @@ TEST(ShardReader, RejectsIdsOutsideTheVocabularyAndIncompatibleShards) {
   s.input_ids[3] = 500;
   write_shard(out.file("ok.hdf5"), s);
   Shard r = read_shard(out.file("ok.hdf5"));
-  expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 400, 128, ""); }, "vocabulary of 800 tokens; the model has 400");
-  expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 800, 4, ""); }, "longer than the model's max_position_embeddings 4");
+  expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 400, 128, ""); },
+                    "vocabulary of 800 tokens; the model has 400");
+  expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 800, 4, ""); },
+                    "longer than the model's max_position_embeddings 4");
   expect_user_error([&] { check_shard_compatible(r, "ok.hdf5", 800, 128, "bbbb"); }, "made with another tokenizer");
   check_shard_compatible(r, "ok.hdf5", 800, 128, "aaaa");
   // The prediction targets and NSP labels are checked too (they would reach the loss as bad indices).
   Shard bad_target = r;
   bad_target.masked_lm_ids[0] = 800;
   write_shard(out.file("bad_target.hdf5"), bad_target);
-  expect_user_error([&] { read_shard(out.file("bad_target.hdf5")); }, "masked_lm_ids holds 800, outside [0, vocab_size=800)");
+  expect_user_error([&] { read_shard(out.file("bad_target.hdf5")); },
+                    "masked_lm_ids holds 800, outside [0, vocab_size=800)");
   bad_target.masked_lm_ids[0] = 600;
   bad_target.metadata.reset();  // a shard from another tool: no vocabulary recorded
   write_shard(out.file("target600.hdf5"), bad_target);
-  expect_user_error([&] { check_shard_compatible(read_shard(out.file("target600.hdf5")), "target600.hdf5", 512, 128, ""); },
-                    "token id 600 >= the model's vocab_size 512");
+  expect_user_error(
+      [&] { check_shard_compatible(read_shard(out.file("target600.hdf5")), "target600.hdf5", 512, 128, ""); },
+      "token id 600 >= the model's vocab_size 512");
   Shard bad_label = r;
   bad_label.next_sentence_labels[0] = 2;
   write_shard(out.file("bad_label.hdf5"), bad_label);

@@ -144,7 +144,8 @@ TEST(WordPiece, CasingComesFromTokenizerConfigOrTheVocabulary) {
   std::ofstream(dir.file("tokenizer_config.json")) << R"({"do_lower_case": true})";
   auto lowered = load_tokenizer(dir.file("vocab.txt"));
   EXPECT_EQ(pieces(*lowered, "The Foxes"), (Strings{"the", "[UNK]"}));
-  std::ofstream(dir.file("tokenizer_config.json"), std::ios::trunc) << R"({"do_lower_case": true, "strip_accents": false})";
+  std::ofstream(dir.file("tokenizer_config.json"), std::ios::trunc)
+      << R"({"do_lower_case": true, "strip_accents": false})";
   auto accents = load_tokenizer(dir.path().string());  // a directory holding vocab.txt
   EXPECT_EQ(pieces(*accents, "\u00C9T\u00C9"), Strings{"\u00E9t\u00E9"});
 }
@@ -152,15 +153,27 @@ TEST(WordPiece, CasingComesFromTokenizerConfigOrTheVocabulary) {
 TEST(WordPiece, BadVocabulariesAreRejected) {
   testing::TempDir dir;
   testing::expect_user_error([&] { load_wordpiece(dir.file("missing.txt")); }, "does not exist");
-  testing::expect_user_error([&] { load_wordpiece(write_vocab(dir, with_specials({"a", "b", "a"}))); },
-                             "token 'a' appears twice (line 10)");
-  testing::expect_user_error([&] { load_wordpiece(write_vocab(dir, {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c", "d"})); },
-                             "lacks the special token [MASK]");
   testing::expect_user_error(
-      [&] { load_wordpiece(write_vocab(dir, {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c", "[MASK]"})); },
+      [&] {
+        load_wordpiece(write_vocab(dir, with_specials({"a", "b", "a"})));
+      },
+      "token 'a' appears twice (line 10)");
+  testing::expect_user_error(
+      [&] {
+        load_wordpiece(write_vocab(dir, {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c", "d"}));
+      },
+      "lacks the special token [MASK]");
+  testing::expect_user_error(
+      [&] {
+        load_wordpiece(write_vocab(dir, {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c", "[MASK]"}));
+      },
       "special token [MASK] is at id 7, after the first regular token (id 4)");
   testing::expect_user_error([&] { load_wordpiece(write_vocab(dir, {"[PAD]", "[UNK]", "", "a"})); }, "line 3 is empty");
-  testing::expect_user_error([&] { load_wordpiece(write_vocab(dir, {"[PAD]", "[UNK]"})); }, "not a WordPiece vocab.txt?");
+  testing::expect_user_error(
+      [&] {
+        load_wordpiece(write_vocab(dir, {"[PAD]", "[UNK]"}));
+      },
+      "not a WordPiece vocab.txt?");
   std::ofstream(dir.file("tokenizer_config.json")) << "{oops";
   write_vocab(dir, with_specials({"a"}));
   testing::expect_user_error([&] { load_wordpiece(dir.file("vocab.txt")); }, "tokenizer_config.json");
@@ -171,8 +184,8 @@ TEST(WordPiece, TheFixtureVocabularyTokenizesTheFixtureCorpus) {
   auto t = load_tokenizer(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
   EXPECT_EQ(t->vocab_size(), 384);
   EXPECT_EQ(pieces(*t, "In the beginning God created the heaven and the earth."),
-            (Strings{"in", "the", "be", "##g", "##i", "##n", "##n", "##ing", "god", "c", "##r", "##e", "##a", "##t", "##ed",
-                     "the", "heaven", "and", "the", "earth", "."}))
+            (Strings{"in",  "the", "be",  "##g",  "##i", "##n",    "##n", "##ing", "god",   "c", "##r",
+                     "##e", "##a", "##t", "##ed", "the", "heaven", "and", "the",   "earth", "."}))
       << "longest first: 'be' then single letters, as no '##gi', '##in' or '##ni' exists; '##ing' closes the word";
 }
 

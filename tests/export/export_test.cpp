@@ -3,22 +3,22 @@
 // the fake-quantized model within float rounding, at two batch/sequence sizes (dynamic axes).
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
-#include <cstdlib>
-#include <fstream>
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
 #include "core/json.h"
+#include "data/shard.h"
+#include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
-#include "export/trt_cache.h"
 #include "export/triton.h"
-#include "eval/onnx_runtime.h"
-#include "data/shard.h"
+#include "export/trt_cache.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
 #include "tests/common/temp_dir.h"
@@ -67,7 +67,8 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::BertForPreTraini
 // VNNI). "disabled" runs the graph's own operators one by one (QuantizeLinear, DequantizeLinear, float
 // MatMul): the arithmetic of the export itself, the same on every CPU, so Q/DQ comparisons use it.
 std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string& model_path, const Inputs& in,
-                                                               const testing::TempDir& dir, const std::string& optimized = "",
+                                                               const testing::TempDir& dir,
+                                                               const std::string& optimized = "",
                                                                const std::string& optimization = "all") {
   Json feeds;
   auto tensor = [&](auto const& values) {
@@ -82,8 +83,9 @@ std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string
   feeds["attention_mask"] = tensor(in.mask);
   feeds["token_type_ids"] = tensor(in.types);
   std::ofstream(dir.file("in.json")) << feeds.dump();
-  const std::string command = "BERT_ORT_OPTIMIZATION=" + optimization + " node " + std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js " + model_path + " " +
-                              dir.file("in.json") + " " + dir.file("out.json") + " " + optimized + " 2>" + dir.file("ort.log");
+  const std::string command = "BERT_ORT_OPTIMIZATION=" + optimization + " node " + std::string(BERT_SOURCE_DIR) +
+                              "/scripts/ort_run.js " + model_path + " " + dir.file("in.json") + " " +
+                              dir.file("out.json") + " " + optimized + " 2>" + dir.file("ort.log");
   if (std::system(command.c_str()) != 0) {
     std::ifstream log(dir.file("ort.log"));
     std::stringstream text;
@@ -103,7 +105,8 @@ std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string
     for (int64_t j = 1; j < in.t; ++j)
       for (int64_t k = 0; k < v; ++k) mlm.push_back(static_cast<float>(data[(i * in.t + j) * v + k].as_number()));
   std::vector<float> nsp;
-  for (const Json& x : out.find("seq_relationship_logits")->find("data")->as_array()) nsp.push_back(static_cast<float>(x.as_number()));
+  for (const Json& x : out.find("seq_relationship_logits")->find("data")->as_array())
+    nsp.push_back(static_cast<float>(x.as_number()));
   return {mlm, nsp};
 }
 
@@ -200,7 +203,8 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
   onnx::ModelProto proto = export_bert(m, options);
   check_onnx(proto);
   int q = 0, dq = 0;
-  for (const auto& n : proto.graph().node()) q += n.op_type() == "QuantizeLinear", dq += n.op_type() == "DequantizeLinear";
+  for (const auto& n : proto.graph().node())
+    q += n.op_type() == "QuantizeLinear", dq += n.op_type() == "DequantizeLinear";
   EXPECT_EQ(q, static_cast<int>(m.quantizers().size()));
   EXPECT_EQ(dq, q);
   testing::TempDir dir;
@@ -271,8 +275,8 @@ TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
     data::ShardLoader a(lo), b(lo);
     Graph<float> g;
     const eval::PretrainingMetrics ours = eval::evaluate(m, a, 0, g);
-    const eval::PretrainingMetrics ort = eval::evaluate_onnx(model_path, b, 0,
-                                                             std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", work.string());
+    const eval::PretrainingMetrics ort =
+        eval::evaluate_onnx(model_path, b, 0, std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", work.string());
     EXPECT_EQ(ort.predictions, 288);
     EXPECT_EQ(ort.sequences, 96);
     EXPECT_NEAR(ort.mlm_accuracy(), ours.mlm_accuracy(), 2.0 / 288) << "at most two argmax ties may fall differently";
@@ -364,7 +368,8 @@ TEST(Triton, RepositoryHasTheModelAndAConfigMatchingItsInputsAndOutputs) {
   text << f.rdbuf();
   const std::string config = text.str();
   for (const char* expected :
-       {"name: \"bert_int8\"", "backend: \"onnxruntime\"", "max_batch_size: 16", "name: \"input_ids\"\n    data_type: TYPE_INT64\n    dims: [ -1 ]",
+       {"name: \"bert_int8\"", "backend: \"onnxruntime\"", "max_batch_size: 16",
+        "name: \"input_ids\"\n    data_type: TYPE_INT64\n    dims: [ -1 ]",
         "name: \"masked_lm_positions\"\n    data_type: TYPE_INT64\n    dims: [ -1 ]",
         "name: \"prediction_logits\"\n    data_type: TYPE_FP32\n    dims: [ -1, 60 ]",
         "name: \"seq_relationship_logits\"\n    data_type: TYPE_FP32\n    dims: [ 2 ]", "dynamic_batching"})
@@ -486,7 +491,8 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
   }
   {  // A QuantizeLinear feeding a MatMul directly (no DequantizeLinear).
     onnx::ModelProto bad = good;
-    node(bad, "bert.encoder.layer.0.attention.self.query.matmul")->set_input(0, node(bad, input_q + ".quantize")->output(0));
+    node(bad, "bert.encoder.layer.0.attention.self.query.matmul")
+        ->set_input(0, node(bad, input_q + ".quantize")->output(0));
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
   }
 }

@@ -10,12 +10,12 @@
 #include <functional>
 #include <sstream>
 
-#include "tests/common/expect_user_error.h"
-#include "tests/common/temp_dir.h"
 #include "core/error.h"
 #include "hf/checkpoint.h"
 #include "hf/safetensors.h"
 #include "model/bert.h"
+#include "tests/common/expect_user_error.h"
+#include "tests/common/temp_dir.h"
 #include "train/model_source.h"
 
 namespace bert::hf {
@@ -142,17 +142,23 @@ TEST(Safetensors, CorruptFilesAreRejectedWithTheReason) {
   expect_user_error([&] { SafetensorsFile f(write_raw(dir, ok, 16, 1u << 30)); }, "header length");
   expect_user_error([&] { SafetensorsFile f(write_raw(dir, ok, 8)); }, "truncated file?");
   expect_user_error([&] { SafetensorsFile f(write_raw(dir, "{\"w\":", 0)); }, "not valid JSON");
-  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[3,2],"data_offsets":[0,16]}})", 16)); },
-                    "tensor 'w': data_offsets hold 16 bytes, but shape and dtype need 24");
-  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8)); },
-                    "dtype 'C64' is not supported");
-  expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8)); },
-                    "are not a range");
+  expect_user_error(
+      [&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[3,2],"data_offsets":[0,16]}})", 16)); },
+      "tensor 'w': data_offsets hold 16 bytes, but shape and dtype need 24");
+  expect_user_error(
+      [&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8)); },
+      "dtype 'C64' is not supported");
+  expect_user_error(
+      [&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8)); },
+      "are not a range");
   expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"w":{"dtype":"F32","shape":[1]}})", 8)); },
                     "needs dtype, shape and data_offsets");
   expect_user_error(
       [&] {
-        SafetensorsFile f(write_raw(dir, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
+        SafetensorsFile f(write_raw(
+            dir,
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12));
       },
       "overlap");
   expect_user_error([&] { SafetensorsFile f(write_raw(dir, R"({"__metadata__":{"k":1}})", 0)); }, "is not a string");
@@ -208,7 +214,8 @@ TEST(HfImport, ModelSourceFindsHuggingFaceDirectories) {
 }
 
 // Copies a parameter set into a writer, under possibly changed names.
-void add_all(SafetensorsWriter& w, model::BertForPreTraining& m, const std::function<std::string(const std::string&)>& rename) {
+void add_all(SafetensorsWriter& w, model::BertForPreTraining& m,
+             const std::function<std::string(const std::string&)>& rename) {
   ParameterArena<float>& p = m.parameters();
   for (ParamId id = 0; id < p.size(); ++id) {
     if (model::is_quantizer_scale(p.name(id))) continue;
@@ -264,10 +271,12 @@ TEST(HfImport, BadCheckpointsNameTheProblem) {
   const std::string missing = write_variant("missing", [](const std::string& n) {
     return n == "bert.encoder.layer.1.intermediate.dense.weight" ? std::string() : n;
   });
-  expect_user_error([&] {
-    model::BertForPreTraining m(read_config(missing));
-    import_model(missing, m);
-  }, "lacks 1 tensor(s) the encoder needs: bert.encoder.layer.1.intermediate.dense.weight");
+  expect_user_error(
+      [&] {
+        model::BertForPreTraining m(read_config(missing));
+        import_model(missing, m);
+      },
+      "lacks 1 tensor(s) the encoder needs: bert.encoder.layer.1.intermediate.dense.weight");
   // A wrong shape: config.json claims intermediate_size 96, the tensors have 64.
   const std::string wrong = write_variant("wrong", [](const std::string& n) { return n; });
   {
@@ -281,17 +290,23 @@ TEST(HfImport, BadCheckpointsNameTheProblem) {
     text.replace(at, 23, "\"intermediate_size\": 96");
     std::ofstream(wrong + "/config.json", std::ios::trunc) << text;
   }
-  expect_user_error([&] {
-    model::BertForPreTraining m(read_config(wrong));
-    import_model(wrong, m);
-  }, "tensor 'bert.encoder.layer.0.intermediate.dense.weight' has shape (64, 32), the model (config.json) expects (96, 32)");
+  expect_user_error(
+      [&] {
+        model::BertForPreTraining m(read_config(wrong));
+        import_model(wrong, m);
+      },
+      "tensor 'bert.encoder.layer.0.intermediate.dense.weight' has shape (64, 32), the model (config.json) expects "
+      "(96, 32)");
   // Unsupported configurations.
   fs::create_directories(dir.file("relative"));
-  std::ofstream(dir.file("relative/config.json")) << R"({"model_type": "bert", "position_embedding_type": "relative_key"})";
-  expect_user_error([&] { read_config(dir.file("relative")); }, "position_embedding_type \"relative_key\" is not supported");
+  std::ofstream(dir.file("relative/config.json"))
+      << R"({"model_type": "bert", "position_embedding_type": "relative_key"})";
+  expect_user_error([&] { read_config(dir.file("relative")); },
+                    "position_embedding_type \"relative_key\" is not supported");
   std::ofstream(dir.file("relative/config.json"), std::ios::trunc) << R"({"model_type": "roberta"})";
   expect_user_error([&] { read_config(dir.file("relative")); }, "model_type \"roberta\" is not supported");
-  std::ofstream(dir.file("relative/config.json"), std::ios::trunc) << R"({"hidden_size": 30, "num_attention_heads": 4})";
+  std::ofstream(dir.file("relative/config.json"), std::ios::trunc)
+      << R"({"hidden_size": 30, "num_attention_heads": 4})";
   expect_user_error([&] { read_config(dir.file("relative")); }, "not divisible by num_attention_heads");
   // No weights, or only a pickle.
   copy_config(dir.file("empty"));
@@ -346,7 +361,8 @@ TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
   EXPECT_TRUE(r.quantization.find("qat")->as_bool());
   ASSERT_EQ(back.parameters().values().numel(), m.parameters().values().numel());
   EXPECT_EQ(std::memcmp(back.parameters().values().data(), m.parameters().values().data(),
-                        m.parameters().values().numel() * sizeof(float)), 0);
+                        m.parameters().values().numel() * sizeof(float)),
+            0);
   auto qa = m.quantizers(), qb = back.quantizers();
   for (size_t i = 0; i < qa.size(); ++i) EXPECT_EQ(qa[i]->mode, qb[i]->mode) << qa[i]->name;
 
@@ -359,7 +375,8 @@ TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
   model::BertForPreTraining side(read_config(dir.file("out")));
   EXPECT_EQ(import_model(dir.file("out"), side).quantizers_enabled, enabled);
   EXPECT_EQ(std::memcmp(side.parameters().values().data(), m.parameters().values().data(),
-                        m.parameters().values().numel() * sizeof(float)), 0);
+                        m.parameters().values().numel() * sizeof(float)),
+            0);
 
   // An FP32 export over it removes the stale side file, so nothing comes back quantized.
   for (model::Quantizer* q : m.quantizers()) q->mode = model::QuantMode::kFloat;

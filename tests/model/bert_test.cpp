@@ -26,7 +26,10 @@ std::vector<T> read_all(hid_t file, const std::string& name) {
   EXPECT_GE(d, 0) << name;
   hid_t space = H5Dget_space(d);
   std::vector<T> out(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
-  H5Dread(d, std::is_same_v<T, float> ? H5T_NATIVE_FLOAT : std::is_same_v<T, double> ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT32,
+  H5Dread(d,
+          std::is_same_v<T, float>    ? H5T_NATIVE_FLOAT
+          : std::is_same_v<T, double> ? H5T_NATIVE_DOUBLE
+                                      : H5T_NATIVE_INT32,
           H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
   H5Sclose(space);
   H5Dclose(d);
@@ -92,7 +95,8 @@ void check_golden(const Device& device, double tolerance = kGoldenTolerance) {
   H5Gclose(group);
   EXPECT_EQ(static_cast<int32_t>(count), model_parameters);
 
-  std::vector<int32_t> ids = read_all<int32_t>(f, "inputs/input_ids"), positions = read_all<int32_t>(f, "inputs/masked_positions"),
+  std::vector<int32_t> ids = read_all<int32_t>(f, "inputs/input_ids"),
+                       positions = read_all<int32_t>(f, "inputs/masked_positions"),
                        masked = read_all<int32_t>(f, "inputs/masked_ids");
   std::vector<int8_t> mask, types, labels;
   for (int32_t v : read_all<int32_t>(f, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
@@ -151,13 +155,15 @@ void check_golden(const Device& device, double tolerance = kGoldenTolerance) {
 TEST(BertGolden, LogitsLossesAndAllGradientsMatchPyTorch) { check_golden(Device::cpu()); }
 
 TEST(BertGolden, OnTheGpuInFp32) {
-  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
   const std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kFp32);
   check_golden(*gpu);
 }
 
 TEST(BertGolden, OnTheGpuInTf32WithinItsTolerance) {
-  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
   check_golden(*Device::cuda(0, Precision::kTf32), kTf32Tolerance);
 }
 

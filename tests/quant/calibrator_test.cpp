@@ -7,8 +7,8 @@
 
 #include "core/error.h"
 #include "core/json.h"
-#include "core/text_file.h"
 #include "core/rng.h"
+#include "core/text_file.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
 #include "tests/common/fixtures.h"
@@ -47,7 +47,8 @@ TEST(Calibrator, EntropyAndMseClipHeavyTailsButKeepAUniformRange) {
   // MSE rightly keeps the outliers here (clipping 200 values by ~35 costs more squared error than all
   // the bulk's rounding), so it is tested on a dense heavy tail instead.
   AbsHistogram outliers;
-  outliers.observe(sample(200'000, 2, [](Rng& r) { return r.next_uniform() < 0.001 ? 40 * r.next_normal() : r.next_normal(); }));
+  outliers.observe(
+      sample(200'000, 2, [](Rng& r) { return r.next_uniform() < 0.001 ? 40 * r.next_normal() : r.next_normal(); }));
   EXPECT_LT(outliers.amax(Method::kEntropy), 0.5 * outliers.max());
   EXPECT_GT(outliers.amax(Method::kEntropy), 2.0) << "must still cover the bulk of the normal";
   // Laplace(1): the 8-bit MSE-optimal clip is about 9.9 (ACIQ, Banner et al. 2019); the max of 10^6
@@ -115,7 +116,8 @@ TEST(Calibrator, DegenerateInputsStillGiveALegalScale) {
 
 TEST(Glob, MatchesStarsAndQuestionMarks) {
   EXPECT_TRUE(glob_match("*", "anything"));
-  EXPECT_TRUE(glob_match("bert.encoder.layer.*.attention.self.query.*", "bert.encoder.layer.1.attention.self.query.input_quantizer"));
+  EXPECT_TRUE(glob_match("bert.encoder.layer.*.attention.self.query.*",
+                         "bert.encoder.layer.1.attention.self.query.input_quantizer"));
   EXPECT_TRUE(glob_match("*layer.?.output*", "bert.encoder.layer.3.output.dense.weight_quantizer"));
   EXPECT_FALSE(glob_match("*layer.?.output*", "bert.encoder.layer.13.output.dense.weight_quantizer"));
   EXPECT_FALSE(glob_match("query", "query2"));
@@ -172,7 +174,8 @@ TEST(Calibrate, WeightScalesArePerChannelMaxOver127AndKeptFloatStaysFloat) {
   stats.quantizers = select(m, "*.weight_quantizer");
   apply_calibration(m, stats, Method::kMax, 99.99);
   const TensorView<float> w = m.parameters().get("bert.encoder.layer.0.intermediate.dense.weight").value;
-  const TensorView<float> s = m.parameters().get("bert.encoder.layer.0.intermediate.dense.weight_quantizer.scale").value;
+  const TensorView<float> s =
+      m.parameters().get("bert.encoder.layer.0.intermediate.dense.weight_quantizer.scale").value;
   for (int64_t c = 0; c < s.numel(); ++c) {
     float largest = 0;
     for (int64_t i = 0; i < 32; ++i) largest = std::max(largest, std::abs(w[c * 32 + i]));

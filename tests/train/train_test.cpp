@@ -199,7 +199,7 @@ class FactsCorpus : public ::testing::Test {
     ready_ = false;
     dir_ = new testing::TempDir();
     const std::vector<std::pair<std::string, std::string>> capitals = {
-        {"france", "paris"}, {"italy", "rome"}, {"spain", "madrid"}, {"japan", "tokyo"},
+        {"france", "paris"}, {"italy", "rome"}, {"spain", "madrid"},  {"japan", "tokyo"},
         {"egypt", "cairo"},  {"peru", "lima"},  {"kenya", "nairobi"}, {"norway", "oslo"}};
     const std::vector<std::pair<std::string, std::string>> colors = {
         {"sky", "blue"}, {"grass", "green"}, {"snow", "white"}, {"coal", "black"}};
@@ -353,7 +353,8 @@ TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices)
   on_cpu.resume = true;
   const TrainResult cpu_part2 = train(on_cpu);
   ASSERT_EQ(cpu_part2.losses.size(), part2.losses.size());
-  for (size_t s = 0; s < part2.losses.size(); ++s) EXPECT_NEAR(cpu_part2.losses[s], part2.losses[s], 1e-3 * part2.losses[s]);
+  for (size_t s = 0; s < part2.losses.size(); ++s)
+    EXPECT_NEAR(cpu_part2.losses[s], part2.losses[s], 1e-3 * part2.losses[s]);
 
   // QAT from the CPU's FP32 checkpoint, on each device: calibration and the first steps agree.
   auto qat = [&](const std::string& name, const std::string& device) {
@@ -483,9 +484,11 @@ TEST_F(FactsCorpus, NonFiniteLossStopsAndLeavesTheLastCheckpointIntact) {
   } catch (const UserError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find(" at step "), std::string::npos) << m;
-    EXPECT_TRUE(m.find("loss is") != std::string::npos || m.find("first non-finite gradient: ") != std::string::npos) << m;
+    EXPECT_TRUE(m.find("loss is") != std::string::npos || m.find("first non-finite gradient: ") != std::string::npos)
+        << m;
     EXPECT_TRUE(m.find("first non-finite weight: ") != std::string::npos || m.find(" in bert.") != std::string::npos ||
-                m.find(" in cls.") != std::string::npos || m.find("first non-finite gradient: bert.") != std::string::npos ||
+                m.find(" in cls.") != std::string::npos ||
+                m.find("first non-finite gradient: bert.") != std::string::npos ||
                 m.find("first non-finite gradient: cls.") != std::string::npos)
         << "names the tensor: " << m;
     EXPECT_NE(m.find("at step 3) was left as it was"), std::string::npos) << m;
@@ -564,7 +567,8 @@ TEST_F(FactsCorpus, FillMaskOnATrainedModelPutsAPlausibleTokenFirst) {
     return out;
   };
   EXPECT_TRUE(first_pieces({"paris", "rome", "madrid", "tokyo", "cairo", "lima", "nairobi", "oslo"}).count(capital))
-      << capital << " (tokenized: " << pieces_of("The capital of spain is madrid.") << " " << pieces_of("madrid") << ")";
+      << capital << " (tokenized: " << pieces_of("The capital of spain is madrid.") << " " << pieces_of("madrid")
+      << ")";
   expect_user_error([&] { eval::fill_mask(model, *tokenizer, "no mask here", 3, g); }, "holds no [MASK]");
 }
 
@@ -716,12 +720,14 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
   for (model::Quantizer* q : m.quantizers()) modes.emplace_back(q, q->mode);
   const quant::CalibrationStatistics stats = quant::collect_statistics(m, calibration_loader, co, g);
   for (auto [q, mode] : modes) q->mode = mode;
-  const auto results = eval::compare_modes(m, stats, {quant::Method::kMax, quant::Method::kPercentile}, 99.99, make, 3, g);
+  const auto results =
+      eval::compare_modes(m, stats, {quant::Method::kMax, quant::Method::kPercentile}, 99.99, make, 3, g);
   ASSERT_EQ(results.size(), 4u);
   EXPECT_EQ(results[0].mode, "fp32");
   EXPECT_EQ(results[1].mode, "ptq-max");
   EXPECT_EQ(results[3].mode, "qat");
-  for (const auto& r : results) EXPECT_GT(r.metrics.mlm_accuracy(), 0.2) << r.mode << ": far above chance on this corpus";
+  for (const auto& r : results)
+    EXPECT_GT(r.metrics.mlm_accuracy(), 0.2) << r.mode << ": far above chance on this corpus";
   for (auto [q, mode] : modes) EXPECT_EQ(q->mode, mode) << "compare_modes leaves the model as it came";
 
   const eval::SensitivityReport loose = eval::sensitivity(m, stats, quant::Method::kMax, 99.99, make, 2, 1.0, g);
