@@ -60,8 +60,9 @@ int main(int argc, char** argv) {
   app.add_option("--accumulate", o.accumulation, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--lr", o.learning_rate, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", o.warmup_fraction, "fraction of steps for linear warmup")->capture_default_str();
-  app.add_option("--schedule", o.schedule, "decay after warmup: linear | poly")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer.name, "adamw | lamb")->capture_default_str();
+  std::string schedule = "linear", optimizer = "adamw", on_nonfinite = "stop";
+  app.add_option("--schedule", schedule, "decay after warmup: linear | poly")->capture_default_str();
+  app.add_option("--optimizer", optimizer, "adamw | lamb")->capture_default_str();
   app.add_option("--weight-decay", o.optimizer.weight_decay, "decoupled weight decay (not on biases and LayerNorm)")
       ->capture_default_str();
   app.add_option("--clip", o.clip_norm, "global gradient-norm clipping (0: off)")->capture_default_str();
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
          "--keep-checkpoints", o.keep_checkpoints,
          "checkpoints kept: 1 keeps checkpoint.h5 only; K > 1 also keeps checkpoint-<step>.h5 of the last K saves")
       ->capture_default_str();
-  app.add_option("--on-nonfinite", o.on_nonfinite,
+  app.add_option("--on-nonfinite", on_nonfinite,
                  "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")
       ->capture_default_str();
   app.add_option("--max-skips", o.max_consecutive_skips,
@@ -126,6 +127,9 @@ int main(int argc, char** argv) {
   return tools::run_tool([&] {
     if (threads > 0) omp_set_num_threads(threads);
     o.scales = train::parse_scale_training(scales);
+    o.schedule = train::parse_schedule(schedule);
+    o.optimizer.kind = train::parse_optimizer(optimizer);
+    o.on_nonfinite = train::parse_on_nonfinite(on_nonfinite);
     o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
     if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
     // The tokenizer: the given one, else the copy in the output folder (--resume), else the one shipped

@@ -64,7 +64,7 @@ void save_checkpoint(const std::string& path, model::BertForPreTraining& model, 
     hdf5::write_attribute(root, "quantizers_enabled", Json(enabled).dump());
     hdf5::write_attribute(root, "quantization", state.quantization.dump());
     if (optimizer) {
-      hdf5::write_attribute(root, "optimizer", optimizer->options().name);
+      hdf5::write_attribute(root, "optimizer", optimizer_name(optimizer->options().kind));
       hdf5::write_attribute(root, "optimizer_steps", optimizer->steps());
     }
     if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0) throw UserError("cannot write checkpoint '" + path + "' (disk full?)");
@@ -134,10 +134,10 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
     q->mode = model::QuantMode::kQuantize;
   }
   if (optimizer) {
-    if (hdf5::read_string_attribute(root, "optimizer").value_or("") != optimizer->options().name)
+    if (hdf5::read_string_attribute(root, "optimizer").value_or("") != optimizer_name(optimizer->options().kind))
       throw UserError("checkpoint '" + path + "' was trained with optimizer '" +
                       hdf5::read_string_attribute(root, "optimizer").value_or("?") + "', not '" +
-                      optimizer->options().name + "'");
+                      optimizer_name(optimizer->options().kind) + "'");
     optimizer->set_steps(required_int(root, "optimizer_steps", path));
   }
   return s;

@@ -14,8 +14,23 @@ namespace {
 constexpr int64_t kGrain = 1 << 16;
 }
 
+OptimizerKind parse_optimizer(const std::string& name) {
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  if (name == "lamb") return OptimizerKind::kLamb;
+  throw UserError("--optimizer '" + name + "': expected adamw or lamb");
+}
+
+std::string optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::kLamb ? "lamb" : "adamw"; }
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "linear") return Schedule::kLinear;
+  if (name == "poly") return Schedule::kPoly;
+  throw UserError("--schedule '" + name + "': expected linear or poly");
+}
+
+std::string schedule_name(Schedule schedule) { return schedule == Schedule::kPoly ? "poly" : "linear"; }
+
 void OptimizerOptions::validate() const {
-  if (name != "adamw" && name != "lamb") throw UserError("--optimizer '" + name + "': expected adamw or lamb");
   if (!(beta1 >= 0 && beta1 < 1)) throw UserError("--beta1 must be in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) throw UserError("--beta2 must be in [0, 1)");
   if (!(epsilon > 0)) throw UserError("--adam-epsilon must be positive");
@@ -79,7 +94,7 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
                                c1,
                                c2,
                                static_cast<float>(options_.epsilon)};
-  auto* step = options_.name == "lamb" ? &cuda_impl::lamb_step : &cuda_impl::adamw_step;
+  auto* step = options_.kind == OptimizerKind::kLamb ? &cuda_impl::lamb_step : &cuda_impl::adamw_step;
   step(params_.device(), params_.device_values().data(), params_.device_grads().data(), device_m_.as<float>(),
        device_v_.as<float>(), device_segments_.as<cuda_impl::Segment>(), static_cast<int>(params_.size()), largest_, h);
 }
@@ -96,7 +111,7 @@ void Optimizer::step(double lr) {
   const float eps = static_cast<float>(options_.epsilon);
   const float b1f = static_cast<float>(b1), b2f = static_cast<float>(b2);
   float* base = params_.values().data();
-  const bool lamb = options_.name == "lamb";
+  const bool lamb = options_.kind == OptimizerKind::kLamb;
   for (ParamId id = 0; id < params_.size(); ++id) {
     Parameter<float> p = params_.get(id);
     const int64_t offset = p.value.data() - base, n = p.value.numel();
@@ -148,14 +163,12 @@ void Optimizer::step(double lr) {
   }
 }
 
-double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, const std::string& schedule) {
+double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, Schedule schedule) {
   if (step <= warmup && warmup > 0) return peak * static_cast<double>(step) / static_cast<double>(warmup);
   if (step >= total) return 0.0;
   const double remaining =
       static_cast<double>(total - step) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
-  if (schedule == "linear") return peak * remaining;
-  if (schedule == "poly") return peak * std::sqrt(remaining);
-  throw UserError("--schedule '" + schedule + "': expected linear or poly");
+  return schedule == Schedule::kPoly ? peak * std::sqrt(remaining) : peak * remaining;
 }
 
 double clip_grad_norm(ParameterArena<float>& params, double max_norm) {

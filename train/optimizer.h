@@ -14,8 +14,18 @@
 
 namespace bert::train {
 
+enum class OptimizerKind { kAdamW, kLamb };
+// "adamw" | "lamb" (UserError naming --optimizer otherwise), and back.
+OptimizerKind parse_optimizer(const std::string& name);
+std::string optimizer_name(OptimizerKind kind);
+
+// Decay of the learning rate after warmup: linear, or polynomial with power 0.5 (NVIDIA's BERT recipe).
+enum class Schedule { kLinear, kPoly };
+Schedule parse_schedule(const std::string& name);  // "linear" | "poly", else UserError naming --schedule
+std::string schedule_name(Schedule schedule);
+
 struct OptimizerOptions {
-  std::string name = "adamw";  // adamw | lamb
+  OptimizerKind kind = OptimizerKind::kAdamW;
   double beta1 = 0.9, beta2 = 0.999;
   double epsilon = 1e-6;       // BERT's value
   double weight_decay = 0.01;  // decoupled; only on parameters marked in `decays`
@@ -77,9 +87,9 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-// Linear warmup from 0 to `peak` over `warmup` steps, then linear ("linear") or polynomial
-// ("poly", power 0.5 as in NVIDIA's BERT recipe) decay to 0 at `total`. Steps count from 1.
-double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, const std::string& schedule = "linear");
+// Linear warmup from 0 to `peak` over `warmup` steps, then linear or polynomial (power 0.5) decay to 0
+// at `total`. Steps count from 1.
+double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, Schedule schedule = Schedule::kLinear);
 
 // Global L2 norm of all gradients (on the arena's device); if it exceeds max_norm (> 0), scales them to
 // max_norm. Returns the norm before clipping (inf/NaN when a gradient is not finite, left unscaled for

@@ -24,6 +24,12 @@ namespace bert::train {
 
 namespace fs = std::filesystem;
 
+TrainOptions::OnNonFinite parse_on_nonfinite(const std::string& name) {
+  if (name == "stop") return TrainOptions::OnNonFinite::kStop;
+  if (name == "skip") return TrainOptions::OnNonFinite::kSkip;
+  throw UserError("--on-nonfinite '" + name + "': expected stop or skip");
+}
+
 TrainOptions::ScaleTraining parse_scale_training(const std::string& name) {
   if (name == "learned") return TrainOptions::ScaleTraining::kLearned;
   if (name == "lsq") return TrainOptions::ScaleTraining::kLsq;
@@ -51,7 +57,6 @@ void TrainOptions::validate() const {
   if (accumulation < 1) fail("--accumulate " + std::to_string(accumulation) + ": expected at least 1");
   if (!(learning_rate > 0) || !std::isfinite(learning_rate)) fail("--lr: expected a positive finite number");
   if (!(warmup_fraction >= 0 && warmup_fraction < 1)) fail("--warmup: expected a fraction in [0, 1)");
-  if (schedule != "linear" && schedule != "poly") fail("--schedule '" + schedule + "': expected linear or poly");
   if (!std::isfinite(clip_norm)) fail("--clip: expected a finite number");
   if (qat) calibration.validate();
   if (!(scale_lr_multiplier > 0) || !std::isfinite(scale_lr_multiplier))
@@ -65,8 +70,6 @@ void TrainOptions::validate() const {
   if (log_every < 1) fail("--log-every: expected at least 1");
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
-  if (on_nonfinite != "stop" && on_nonfinite != "skip")
-    fail("--on-nonfinite '" + on_nonfinite + "': expected stop or skip");
   if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");
   parse_precision(precision);
   optimizer.validate();
@@ -86,8 +89,8 @@ Json TrainOptions::to_json() const {
   j["accumulation"] = accumulation;
   j["learning_rate"] = learning_rate;
   j["warmup_fraction"] = warmup_fraction;
-  j["schedule"] = schedule;
-  j["optimizer"] = optimizer.name;
+  j["schedule"] = schedule_name(schedule);
+  j["optimizer"] = optimizer_name(optimizer.kind);
   j["weight_decay"] = optimizer.weight_decay;
   j["clip_norm"] = clip_norm;
   j["seed"] = seed;
@@ -95,7 +98,7 @@ Json TrainOptions::to_json() const {
   j["precision"] = precision;
   j["init_from"] = init_from;
   j["keep_checkpoints"] = keep_checkpoints;
-  j["on_nonfinite"] = on_nonfinite;
+  j["on_nonfinite"] = on_nonfinite == OnNonFinite::kSkip ? "skip" : "stop";
   j["qat"] = qat;
   if (qat) {
     j["calibrator"] = calibration.method;
@@ -345,7 +348,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       "training BERT L{}/H{}/A{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
       "{} lr {:g} (warmup {}, {} decay), on {}",
       config.num_hidden_layers, config.hidden_size, config.num_attention_heads, params_count / 1e6, config.vocab_size,
-      o.steps, o.batch_size, o.accumulation, loader.seq_len(), o.optimizer.name, o.learning_rate, warmup, o.schedule,
+      o.steps, o.batch_size, o.accumulation, loader.seq_len(), optimizer_name(o.optimizer.kind), o.learning_rate,
+      warmup, schedule_name(o.schedule),
       device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
 
   std::ofstream metrics_log(metrics_path, std::ios::app);
@@ -438,11 +442,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     if (!nonfinite.empty()) {
       const std::string saved =
           last_saved_step >= 0 ? "at step " + std::to_string(last_saved_step) : "none written yet";
-      if (o.on_nonfinite == "stop" || ++consecutive_skips > o.max_consecutive_skips)
+      const bool skip = o.on_nonfinite == TrainOptions::OnNonFinite::kSkip;
+      if (!skip || ++consecutive_skips > o.max_consecutive_skips)
         throw UserError(nonfinite + " at step " + std::to_string(state.step) +
-                        (o.on_nonfinite == "skip"
-                             ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)"
-                             : "") +
+                        (skip ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)" : "") +
                         "; stopped without writing a checkpoint, the last one ('" + checkpoint_path + "', " + saved +
                         ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
       ++result.skipped_steps;

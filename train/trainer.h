@@ -38,7 +38,7 @@ struct TrainOptions {
   int64_t accumulation = 1;  // micro-batches per optimizer step (batch_size each)
   double learning_rate = 1e-3;
   double warmup_fraction = 0.1;
-  std::string schedule = "linear";  // linear | poly
+  Schedule schedule = Schedule::kLinear;
   OptimizerOptions optimizer;
   double clip_norm = 1.0;  // <= 0: no clipping
   uint64_t seed = 1;       // initialisation, data order and dropout all derive from it
@@ -74,13 +74,16 @@ struct TrainOptions {
   // A non-finite loss or gradient: "stop" (UserError naming the step and the tensor; the last
   // checkpoint stays as it was) or "skip" (drop that step's update and go on; after
   // max_consecutive_skips skipped steps in a row the run stops as with "stop").
-  std::string on_nonfinite = "stop";
+  enum class OnNonFinite { kStop, kSkip };
+  OnNonFinite on_nonfinite = OnNonFinite::kStop;
   int64_t max_consecutive_skips = 10;
 
   void validate() const;  // UserError naming the flag
   Json to_json() const;
 };
 
+// "stop" | "skip" (UserError naming --on-nonfinite otherwise).
+TrainOptions::OnNonFinite parse_on_nonfinite(const std::string& name);
 // "learned" | "lsq" | "fixed" (UserError naming --scales otherwise), and back.
 TrainOptions::ScaleTraining parse_scale_training(const std::string& name);
 std::string scale_training_name(TrainOptions::ScaleTraining scales);

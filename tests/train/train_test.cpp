@@ -79,7 +79,7 @@ TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
       ref.v.emplace_back(values.size(), 0.0);
     }
     OptimizerOptions options;
-    options.name = name;
+    options.kind = parse_optimizer(name);
     options.weight_decay = 0.1;
     ref.wd = 0.1;
     Optimizer opt(options, arena, {true, false});
@@ -111,7 +111,7 @@ TEST(Optimizer, LogSpaceParametersLearnTheirLogarithm) {
     const std::vector<float> start = {1e-3f, 0.5f, 2e-5f, 3.0f};
     for (int i = 0; i < 4; ++i) arena.get(0).value[i] = arena.get(1).value[i] = start[i];
     OptimizerOptions options;
-    options.name = name;
+    options.kind = parse_optimizer(name);
     Optimizer opt(options, arena, {true, true});
     opt.set_log_space(0);
     std::vector<double> w(start.begin(), start.end()), m(4, 0.0), v(4, 0.0);
@@ -146,10 +146,9 @@ TEST(TrainOptions, TheRunRecordKeepsA64BitSeedExactly) {
 }
 
 TEST(Optimizer, RejectsBadOptions) {
+  expect_user_error([] { parse_optimizer("sgd"); }, "--optimizer 'sgd'");
+  EXPECT_EQ(optimizer_name(parse_optimizer("lamb")), "lamb");
   OptimizerOptions o;
-  o.name = "sgd";
-  expect_user_error([&] { o.validate(); }, "--optimizer 'sgd'");
-  o = {};
   o.weight_decay = -1;
   expect_user_error([&] { o.validate(); }, "--weight-decay");
 }
@@ -159,9 +158,10 @@ TEST(Schedule, LinearWarmupThenLinearOrPolynomialDecay) {
   EXPECT_DOUBLE_EQ(learning_rate(10, 100, 10, 1e-3), 1e-3);
   EXPECT_DOUBLE_EQ(learning_rate(55, 100, 10, 1e-3), 0.5e-3);
   EXPECT_DOUBLE_EQ(learning_rate(100, 100, 10, 1e-3), 0.0);
-  EXPECT_DOUBLE_EQ(learning_rate(55, 100, 10, 1e-3, "poly"), 1e-3 * std::sqrt(0.5));
+  EXPECT_DOUBLE_EQ(learning_rate(55, 100, 10, 1e-3, Schedule::kPoly), 1e-3 * std::sqrt(0.5));
   EXPECT_DOUBLE_EQ(learning_rate(1, 100, 0, 1e-3), 1e-3 * 99.0 / 100.0);
-  EXPECT_THROW(learning_rate(50, 100, 10, 1e-3, "cosine"), UserError);
+  expect_user_error([] { parse_schedule("cosine"); }, "--schedule 'cosine': expected linear or poly");
+  EXPECT_EQ(schedule_name(parse_schedule("poly")), "poly");
 }
 
 TEST(Clipping, ScalesToMaxNormAndReportsTheNormBefore) {
@@ -504,7 +504,7 @@ TEST_F(FactsCorpus, NonFiniteStepsCanBeSkippedUpToALimit) {
   o.steps = 6;
   o.learning_rate = 1e30;
   o.clip_norm = 0;
-  o.on_nonfinite = "skip";
+  o.on_nonfinite = TrainOptions::OnNonFinite::kSkip;
   o.max_consecutive_skips = 3;
   // Every step after the first is non-finite: three are skipped, the fourth in a row stops the run.
   expect_user_error([&] { train(o); }, "(3 steps skipped in a row)");
@@ -513,8 +513,7 @@ TEST_F(FactsCorpus, NonFiniteStepsCanBeSkippedUpToALimit) {
   const TrainResult r = train(o);
   EXPECT_GE(r.skipped_steps, 4);
   EXPECT_EQ(r.skipped_steps + static_cast<int64_t>(r.losses.size()), 6);
-  o.on_nonfinite = "ignore";
-  expect_user_error([&] { train(o); }, "--on-nonfinite 'ignore': expected stop or skip");
+  expect_user_error([] { parse_on_nonfinite("ignore"); }, "--on-nonfinite 'ignore': expected stop or skip");
 }
 
 TEST_F(FactsCorpus, KeepsTheLastKCheckpoints) {
