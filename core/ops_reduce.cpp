@@ -93,12 +93,12 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
 
 template <typename T>
 Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature) {
-  BERT_DISPATCH_CUDA(g, distillation_loss(g, student, teacher, temperature))
   const Shape ss = g.shape(student);
   BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss, "distillation_loss: student " + ss.str() + " and teacher " +
                                                            g.shape(teacher).str() + " must be (N, C) alike");
   BERT_CHECK(!g.requires_grad(teacher), "distillation_loss: the teacher takes no gradient (run it without gradients)");
   BERT_CHECK(temperature > 0, "distillation_loss: temperature must be positive");
+  BERT_DISPATCH_CUDA(g, distillation_loss(g, student, teacher, temperature))  // checked above for both devices
   const int64_t n = ss[0], c = ss[1];
   const T inv_t = static_cast<T>(1.0 / temperature);
   // Saved for backward: each row's log-sum-exp of student / T and teacher / T.

@@ -31,18 +31,20 @@ __device__ __forceinline__ void log_space_update(float& w, float g, float& m, fl
   w *= expf(-lr * (m * h.bias_correction1) / (sqrtf(v * h.bias_correction2) + h.epsilon));
 }
 
+// This block's chunk of a log-space segment, for AdamW and LAMB alike.
+__device__ void log_space_block(float* w, const float* g, float* m, float* v, const Segment& s, const AdamHyper& h) {
+  const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
+  for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
+    const int64_t i = s.offset + j;
+    float wi = w[i], mi = m[i], vi = v[i];
+    log_space_update(wi, g[i], mi, vi, h, h.lr * s.lr_multiplier);
+    w[i] = apply_floor(wi, s), m[i] = mi, v[i] = vi;
+  }
+}
+
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, const Segment* segments, AdamHyper h) {
   const Segment s = segments[blockIdx.y];
-  if (s.log_space) {
-    const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
-    for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
-      const int64_t i = s.offset + j;
-      float wi = w[i], mi = m[i], vi = v[i];
-      log_space_update(wi, g[i], mi, vi, h, h.lr * s.lr_multiplier);
-      w[i] = apply_floor(wi, s), m[i] = mi, v[i] = vi;
-    }
-    return;
-  }
+  if (s.log_space) return log_space_block(w, g, m, v, s, h);
   const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
   const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
   for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
@@ -64,15 +66,7 @@ __global__ void lamb_moments(float* w, const float* g, float* m, float* v, const
   __shared__ double shared[32];
   const Segment s = segments[blockIdx.y];
   const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
-  if (s.log_space) {  // no trust ratio: updated here, skipped by lamb_apply (uniform per block)
-    for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
-      const int64_t i = s.offset + j;
-      float wi = w[i], mi = m[i], vi = v[i];
-      log_space_update(wi, g[i], mi, vi, h, h.lr * s.lr_multiplier);
-      w[i] = apply_floor(wi, s), m[i] = mi, v[i] = vi;
-    }
-    return;
-  }
+  if (s.log_space) return log_space_block(w, g, m, v, s, h);  // no trust ratio; lamb_apply skips it
   double w2 = 0, u2 = 0;
   for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
     const int64_t i = s.offset + j;
