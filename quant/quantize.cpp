@@ -161,13 +161,6 @@ Json describe_calibration(const CalibrationOptions& o, int64_t batches_used) {
   return recipe;
 }
 
-void clamp_scales(model::BertForPreTraining& model, float minimum) {
-  for (model::Quantizer* q : model.enabled_quantizers()) {
-    for (float& s : model.parameters().get(q->scale).value)
-      if (!(s >= minimum)) s = minimum;  // also catches NaN
-  }
-}
-
 std::vector<std::string> fully_saturated_channels(model::BertForPreTraining& model) {
   std::vector<std::string> dead;
   for (model::Quantizer* q : model.enabled_quantizers()) {

@@ -64,9 +64,8 @@ std::map<std::string, double> apply_calibration(model::BertForPreTraining& model
 std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::ShardLoader& loader,
                                         const CalibrationOptions& options, Graph<float>& g);
 
-// Scales learned by LSQ must stay positive: clamps every enabled scale to at least `minimum`.
+// The floor the optimizer keeps learned scales above (Optimizer::set_minimum): they stay positive.
 constexpr float kMinimumScale = 1e-8f;
-void clamp_scales(model::BertForPreTraining& model, float minimum = kMinimumScale);
 
 // Weight channels of enabled weight quantizers whose every weight lies beyond the range (|w| / s above
 // 127.5 everywhere in the channel): such a channel outputs its bias alone and, behind the
