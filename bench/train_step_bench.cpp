@@ -58,7 +58,7 @@ double forward_flops(const model::BertConfig& c, double t, double p) {
   return c.num_hidden_layers * layer + 2 * p * h * h + 2 * p * h * v + 2 * h * h;
 }
 
-void enable_quantization(model::BertForPreTraining& model, const data::Batch& batch, Graph<float>& g) {
+void enable_quantization(model::Bert& model, const data::Batch& batch, Graph<float>& g) {
   quant::CalibrationStatistics stats;
   stats.quantizers = quant::default_quantizers(model, false);
   for (model::Quantizer* q : stats.quantizers)
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
       double fp32_step = 0;
       for (const char* mode : {"fp32", "qat"}) {
         if (modes.find(mode) == std::string::npos) continue;
-        model::BertForPreTraining model(config);
+        model::Bert model(config);
         model.initialize(1);
         model.place_on(*device);
         std::vector<bool> decays;
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
         for (int s = 0; s < warmup + steps; ++s) {
           const auto start = std::chrono::steady_clock::now();
           model.parameters().zero_grad();
-          model::PretrainingOutputs out = model.forward(g, input, true, dropout);
+          model::ModelOutputs out = model.forward(g, input, true, dropout);
           g.backward(out.loss);
           train::clip_grad_norm(model.parameters(), 1.0);
           optimizer.step(1e-4);

@@ -52,6 +52,8 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
   seq_len_ = shard_.seq_len;
   max_predictions_ = shard_.max_predictions;
   metadata_ = shard_.metadata;
+  kind_ = shard_.kind;
+  label_names_ = shard_.label_names;
 }
 
 std::vector<int64_t> ShardLoader::permutation(int64_t n, uint64_t stream) const {
@@ -80,6 +82,11 @@ void ShardLoader::load_current_shard() {
       throw UserError("shard '" + path + "' has sequence length " + std::to_string(shard_.seq_len) + " and " +
                       std::to_string(shard_.max_predictions) + " predictions; the first shard has " +
                       std::to_string(seq_len_) + " and " + std::to_string(max_predictions_));
+    if (shard_.kind != kind_ || shard_.label_names != label_names_)
+      throw UserError("shard '" + path + "' is a " + shard_kind_name(shard_.kind) + " shard with " +
+                      std::to_string(shard_.label_names.size()) + " labels; the first shard is a " +
+                      shard_kind_name(kind_) + " shard with " + std::to_string(label_names_.size()) +
+                      " (all shards of a run must agree)");
   }
   loaded_ = index;
   example_order_ = permutation(shard_.size, (state_.epoch * 1000003 + static_cast<uint64_t>(index)) * 2 + 1);
@@ -87,6 +94,8 @@ void ShardLoader::load_current_shard() {
 
 bool ShardLoader::next(Batch& batch) {
   const int64_t l = seq_len_, p = max_predictions_;
+  const bool task = kind_ != ShardKind::kPretraining;
+  const int64_t label_width = kind_ == ShardKind::kTokenLabels ? l : 1;
   batch.size = 0;
   batch.seq_len = l;
   batch.max_predictions = p;
@@ -94,7 +103,8 @@ bool ShardLoader::next(Batch& batch) {
     for (auto* v : {&batch.input_ids, &batch.masked_lm_positions, &batch.masked_lm_ids})
       v->resize(rows * (v == &batch.input_ids ? l : p));
     for (auto* v : {&batch.input_mask, &batch.segment_ids}) v->resize(rows * l);
-    batch.next_sentence_labels.resize(rows);
+    batch.next_sentence_labels.resize(task ? 0 : rows);
+    batch.labels.resize(task ? rows * label_width : 0);
   };
   resize_rows(options_.batch_size);
   while (batch.size < options_.batch_size) {
@@ -114,7 +124,11 @@ bool ShardLoader::next(Batch& batch) {
     std::copy_n(shard_.segment_ids.begin() + src * l, l, batch.segment_ids.begin() + dst * l);
     std::copy_n(shard_.masked_lm_positions.begin() + src * p, p, batch.masked_lm_positions.begin() + dst * p);
     std::copy_n(shard_.masked_lm_ids.begin() + src * p, p, batch.masked_lm_ids.begin() + dst * p);
-    batch.next_sentence_labels[dst] = shard_.next_sentence_labels[src];
+    if (task) {
+      std::copy_n(shard_.labels.begin() + src * label_width, label_width, batch.labels.begin() + dst * label_width);
+    } else {
+      batch.next_sentence_labels[dst] = shard_.next_sentence_labels[src];
+    }
   }
   resize_rows(batch.size);  // a short final batch keeps only its real rows
   return batch.size > 0;

@@ -11,11 +11,13 @@
 
 namespace bert::data {
 
-// B examples in the shard layout, row-major: input_ids etc. (B, L); masked_lm_* (B, P); labels (B).
+// B examples in the shard layout, row-major: input_ids etc. (B, L); masked_lm_* (B, P);
+// next_sentence_labels (B); for task shards labels (B) or (B, L) and no pretraining arrays.
 struct Batch {
   int64_t size = 0, seq_len = 0, max_predictions = 0;
   std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
+  std::vector<int32_t> labels;
 };
 
 struct LoaderOptions {
@@ -44,6 +46,8 @@ class ShardLoader {
   // Layout of the first shard (all shards must agree); its metadata if it has any.
   int64_t seq_len() const { return seq_len_; }
   int64_t max_predictions() const { return max_predictions_; }
+  ShardKind kind() const { return kind_; }
+  const std::vector<std::string>& label_names() const { return label_names_; }
   const std::optional<ShardMetadata>& metadata() const { return metadata_; }
 
  private:
@@ -57,6 +61,8 @@ class ShardLoader {
   std::vector<int64_t> example_order_;
   int64_t loaded_ = -1;  // index into options_.shards of the shard in memory
   int64_t seq_len_ = 0, max_predictions_ = 0;
+  ShardKind kind_ = ShardKind::kPretraining;
+  std::vector<std::string> label_names_;
   std::optional<ShardMetadata> metadata_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json.h"
 
 namespace bert::data {
 
@@ -28,8 +29,43 @@ void Shard::append(const Example& e) {
   ++size;
 }
 
+void Shard::append_labeled(std::span<const int32_t> tokens, std::span<const int8_t> segments,
+                           std::span<const int32_t> token_labels) {
+  BERT_CHECK(is_task(), "append_labeled on a pretraining shard");
+  BERT_CHECK(static_cast<int64_t>(tokens.size()) <= seq_len && segments.size() == tokens.size(),
+             "sequence longer than the shard's sequence length");
+  const size_t n = tokens.size();
+  input_ids.insert(input_ids.end(), tokens.begin(), tokens.end());
+  input_ids.resize(input_ids.size() + (seq_len - n), 0);
+  input_mask.resize(input_mask.size() + n, 1);
+  input_mask.resize(input_mask.size() + (seq_len - n), 0);
+  segment_ids.insert(segment_ids.end(), segments.begin(), segments.end());
+  segment_ids.resize(segment_ids.size() + (seq_len - n), 0);
+  if (kind == ShardKind::kSequenceLabels) {
+    BERT_CHECK(token_labels.size() == 1, "a sequence label shard takes one label per sequence");
+    labels.push_back(token_labels[0]);
+  } else {
+    BERT_CHECK(token_labels.size() == n, "a token label shard takes one label per token");
+    labels.insert(labels.end(), token_labels.begin(), token_labels.end());
+    labels.resize(labels.size() + (seq_len - n), kIgnoredLabel);
+  }
+  ++size;
+}
+
+std::string shard_kind_name(ShardKind kind) {
+  switch (kind) {
+    case ShardKind::kSequenceLabels:
+      return "seq-cls";
+    case ShardKind::kTokenLabels:
+      return "token-cls";
+    default:
+      return "pretraining";
+  }
+}
+
 void Shard::clear() {
   size = 0;
+  labels.clear();
   for (auto* v : {&input_ids, &masked_lm_positions, &masked_lm_ids}) v->clear();
   for (auto* v : {&input_mask, &segment_ids, &next_sentence_labels}) v->clear();
 }
@@ -45,9 +81,19 @@ void write_shard(const std::string& path, const Shard& s) {
     hdf5::write_dataset(h.get(), "input_ids", s.input_ids.data(), {n, l}, path, kGzipLevel);
     hdf5::write_dataset(h.get(), "input_mask", s.input_mask.data(), {n, l}, path, kGzipLevel);
     hdf5::write_dataset(h.get(), "segment_ids", s.segment_ids.data(), {n, l}, path, kGzipLevel);
-    hdf5::write_dataset(h.get(), "masked_lm_positions", s.masked_lm_positions.data(), {n, p}, path, kGzipLevel);
-    hdf5::write_dataset(h.get(), "masked_lm_ids", s.masked_lm_ids.data(), {n, p}, path, kGzipLevel);
-    hdf5::write_dataset(h.get(), "next_sentence_labels", s.next_sentence_labels.data(), {n}, path, kGzipLevel);
+    if (s.is_task()) {
+      const std::vector<hsize_t> dims =
+          s.kind == ShardKind::kTokenLabels ? std::vector<hsize_t>{n, l} : std::vector<hsize_t>{n};
+      hdf5::write_dataset(h.get(), "labels", s.labels.data(), dims, path, kGzipLevel);
+      hdf5::write_attribute(h.get(), "task", shard_kind_name(s.kind));
+      Json::Array names;
+      for (const std::string& name : s.label_names) names.emplace_back(name);
+      hdf5::write_attribute(h.get(), "label_names", Json(names).dump());
+    } else {
+      hdf5::write_dataset(h.get(), "masked_lm_positions", s.masked_lm_positions.data(), {n, p}, path, kGzipLevel);
+      hdf5::write_dataset(h.get(), "masked_lm_ids", s.masked_lm_ids.data(), {n, p}, path, kGzipLevel);
+      hdf5::write_dataset(h.get(), "next_sentence_labels", s.next_sentence_labels.data(), {n}, path, kGzipLevel);
+    }
     if (s.metadata) {
       hdf5::write_attribute(h.get(), "vocab_size", s.metadata->vocab_size);
       hdf5::write_attribute(h.get(), "tokenizer_sha256", s.metadata->tokenizer_sha256);
@@ -63,12 +109,26 @@ void write_shard(const std::string& path, const Shard& s) {
 Shard read_shard(const std::string& path) {
   hdf5::Quiet quiet;
   hdf5::Handle h = hdf5::open_read(path, "shard");
-  for (const char* name :
-       {"input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels"})
+  Shard s;
+  if (hdf5::exists(h.get(), "labels")) {
+    const std::string task = hdf5::read_string_attribute(h.get(), "task").value_or("");
+    if (task == "seq-cls")
+      s.kind = ShardKind::kSequenceLabels;
+    else if (task == "token-cls")
+      s.kind = ShardKind::kTokenLabels;
+    else
+      throw UserError("shard '" + path + "' holds labels but its 'task' attribute is '" + task +
+                      "' (expected seq-cls or token-cls)");
+  }
+  const std::vector<const char*> required =
+      s.is_task() ? std::vector<const char*>{"input_ids", "input_mask", "segment_ids", "labels"}
+                  : std::vector<const char*>{"input_ids",           "input_mask",    "segment_ids",
+                                             "masked_lm_positions", "masked_lm_ids", "next_sentence_labels"};
+  for (const char* name : required)
     if (!hdf5::exists(h.get(), name))
       throw UserError("shard '" + path + "': dataset '" + name + "' is missing (expected NVIDIA BERT layout: " +
-                      "input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids, next_sentence_labels)");
-  Shard s;
+                      "input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids, next_sentence_labels; " +
+                      "or for a task shard input_ids, input_mask, segment_ids, labels)");
   auto read = [&](const char* name, auto& out, size_t rank) {
     std::vector<hsize_t> dims = hdf5::read_dataset(h.get(), name, out, path, "shard");
     if (dims.size() != rank)
@@ -86,11 +146,31 @@ Shard read_shard(const std::string& path) {
   s.seq_len = static_cast<int64_t>(ids[1]);
   expect("input_mask", read("input_mask", s.input_mask, 2), ids);
   expect("segment_ids", read("segment_ids", s.segment_ids, 2), ids);
-  const auto pos = read("masked_lm_positions", s.masked_lm_positions, 2);
-  s.max_predictions = static_cast<int64_t>(pos[1]);
-  expect("masked_lm_positions", pos, {ids[0], pos[1]});
-  expect("masked_lm_ids", read("masked_lm_ids", s.masked_lm_ids, 2), pos);
-  expect("next_sentence_labels", read("next_sentence_labels", s.next_sentence_labels, 1), {ids[0]});
+  if (s.is_task()) {
+    const bool per_token = s.kind == ShardKind::kTokenLabels;
+    expect("labels", read("labels", s.labels, per_token ? 2 : 1), per_token ? ids : std::vector<hsize_t>{ids[0]});
+    try {
+      const Json names = Json::parse(hdf5::read_string_attribute(h.get(), "label_names").value_or(""));
+      for (const Json& name : names.as_array()) s.label_names.push_back(name.as_string());
+    } catch (const UserError&) {
+      throw UserError("shard '" + path + "': attribute 'label_names' is missing or not a JSON array of strings");
+    }
+    if (s.label_names.empty()) throw UserError("shard '" + path + "': 'label_names' is empty");
+    const auto num_labels = static_cast<int32_t>(s.label_names.size());
+    for (size_t i = 0; i < s.labels.size(); ++i) {
+      const int32_t label = s.labels[i];
+      if ((label < 0 || label >= num_labels) && !(per_token && label == kIgnoredLabel))
+        throw UserError("shard '" + path + "': labels[" + std::to_string(i / s.label_width()) + "] holds " +
+                        std::to_string(label) + ", outside [0, " + std::to_string(num_labels) + ")" +
+                        (per_token ? " and not the ignore label -100" : ""));
+    }
+  } else {
+    const auto pos = read("masked_lm_positions", s.masked_lm_positions, 2);
+    s.max_predictions = static_cast<int64_t>(pos[1]);
+    expect("masked_lm_positions", pos, {ids[0], pos[1]});
+    expect("masked_lm_ids", read("masked_lm_ids", s.masked_lm_ids, 2), pos);
+    expect("next_sentence_labels", read("next_sentence_labels", s.next_sentence_labels, 1), {ids[0]});
+  }
 
   const auto vocab = hdf5::read_int_attribute(h.get(), "vocab_size");
   if (vocab) {

@@ -3,10 +3,16 @@
 //   masked_lm_positions int32 [N, P]; masked_lm_ids int32 [N, P]; next_sentence_labels int8 [N]
 // gzip-compressed. Our shards also carry root attributes (vocab_size, tokenizer_sha256, max_seq_len,
 // max_predictions_per_seq, seed); shards from other tools in the same layout read fine without them.
+//
+// Task shards (fine-tuning) hold input_ids, input_mask and segment_ids as above and, instead of the
+// pretraining datasets, labels int32: [N] for sequence classification, [N, L] for token classification
+// (-100 where no label applies: padding, [CLS]/[SEP], a word's continuation pieces). Root attributes
+// "task" (seq-cls or token-cls) and "label_names" (a JSON array: label i's name) describe them.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,19 +28,35 @@ struct ShardMetadata {
   uint64_t seed = 0;
 };
 
+// The label of a token that carries none (Hugging Face's ignore index).
+inline constexpr int32_t kIgnoredLabel = -100;
+
+enum class ShardKind { kPretraining, kSequenceLabels, kTokenLabels };
+
 struct Shard {
+  ShardKind kind = ShardKind::kPretraining;
   int64_t size = 0;             // N
   int64_t seq_len = 0;          // L
   int64_t max_predictions = 0;  // P
   std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
+  std::vector<int32_t> labels;            // task shards: (N) or (N, L)
+  std::vector<std::string> label_names;   // task shards: the name of each label id
   std::optional<ShardMetadata> metadata;  // absent in shards written by other tools
 
   Shard() = default;
   Shard(int64_t seq_len, int64_t max_predictions) : seq_len(seq_len), max_predictions(max_predictions) {}
+  bool is_task() const { return kind != ShardKind::kPretraining; }
+  int64_t label_width() const { return kind == ShardKind::kTokenLabels ? seq_len : 1; }
   void append(const Example& example);  // pads with zeros
+  // Task shards: one sequence (at most seq_len tokens) and its label(s): one label, or one per token.
+  void append_labeled(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids,
+                      std::span<const int32_t> labels);
   void clear();
 };
+
+// "seq-cls" / "token-cls" for task shards, "pretraining" otherwise.
+std::string shard_kind_name(ShardKind kind);
 
 // Writes atomically (temporary file, then rename). Throws UserError naming the path on failure.
 void write_shard(const std::string& path, const Shard& shard);

@@ -8,8 +8,8 @@
 
 namespace bert::eval {
 
-std::vector<MaskPrediction> fill_mask(model::BertForPreTraining& model, const data::Tokenizer& tokenizer,
-                                      const std::string& text, int top_k, Graph<float>& g) {
+std::vector<MaskPrediction> fill_mask(model::Bert& model, const data::Tokenizer& tokenizer, const std::string& text,
+                                      int top_k, Graph<float>& g) {
   const data::SpecialTokens& sp = tokenizer.specials();
   // The tokenizer matches "[MASK]" itself. SentencePiece puts a lone word-start piece before it, but in
   // training a masked word's own word-start piece was what [MASK] replaced: drop that lone piece.
@@ -33,7 +33,7 @@ std::vector<MaskPrediction> fill_mask(model::BertForPreTraining& model, const da
   model::BertBatch batch{1, t, static_cast<int64_t>(positions.size()), ids, mask, types, positions, masked_ids, {}};
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
-  model::PretrainingOutputs out = model.forward(g, batch, false, unused);
+  model::ModelOutputs out = model.forward(g, batch, false, unused);
   const int64_t v = g.shape(out.mlm_logits)[1];
   const std::vector<float> logits = g.to_host(out.mlm_logits);
   std::vector<MaskPrediction> result;

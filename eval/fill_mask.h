@@ -17,7 +17,7 @@ struct MaskPrediction {
 
 // Tokenizes `text` ("[MASK]" marks the positions to fill) as [CLS] text [SEP] and returns the top_k
 // predictions for each mask. UserError if the text holds no [MASK].
-std::vector<MaskPrediction> fill_mask(model::BertForPreTraining& model, const data::Tokenizer& tokenizer,
-                                      const std::string& text, int top_k, Graph<float>& g);
+std::vector<MaskPrediction> fill_mask(model::Bert& model, const data::Tokenizer& tokenizer, const std::string& text,
+                                      int top_k, Graph<float>& g);
 
 }  // namespace bert::eval

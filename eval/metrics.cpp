@@ -6,8 +6,7 @@
 
 namespace bert::eval {
 
-void PretrainingMetrics::add(const Graph<float>& g, const model::PretrainingOutputs& out,
-                             const model::BertBatch& batch) {
+void PretrainingMetrics::add(const Graph<float>& g, const model::ModelOutputs& out, const model::BertBatch& batch) {
   const int64_t m = static_cast<int64_t>(out.mlm_targets.size());
   if (m > 0) {
     const std::vector<int32_t> predicted = ops::row_argmax(g, out.mlm_logits);
@@ -73,15 +72,103 @@ Json PretrainingMetrics::to_json() const {
   return j;
 }
 
-PretrainingMetrics evaluate(model::BertForPreTraining& model, data::ShardLoader& loader, int64_t max_batches,
-                            Graph<float>& g) {
+void TaskMetrics::add(const Graph<float>& g, const model::ModelOutputs& out) {
+  const auto n = static_cast<int64_t>(out.targets.size());
+  if (n == 0) return;
+  const std::vector<int32_t> predicted = ops::row_argmax(g, out.logits);
+  for (int64_t i = 0; i < n; ++i) ++confusion[out.targets[i] * num_labels + predicted[i]];
+  examples += n;
+  loss_sum += double(g.item(out.loss)) * n;
+}
+
+void TaskMetrics::merge(const TaskMetrics& o) {
+  if (num_labels == 0) *this = TaskMetrics(o.num_labels);
+  for (size_t i = 0; i < confusion.size(); ++i) confusion[i] += o.confusion[i];
+  examples += o.examples;
+  loss_sum += o.loss_sum;
+}
+
+double TaskMetrics::accuracy() const {
+  int64_t correct = 0;
+  for (int64_t l = 0; l < num_labels; ++l) correct += confusion[l * num_labels + l];
+  return examples ? double(correct) / examples : 0.0;
+}
+
+double TaskMetrics::f1(int64_t label) const {
+  int64_t targets = 0, predicted = 0;
+  for (int64_t o = 0; o < num_labels; ++o) {
+    targets += confusion[label * num_labels + o];
+    predicted += confusion[o * num_labels + label];
+  }
+  const int64_t hits = confusion[label * num_labels + label];
+  return targets + predicted ? 2.0 * hits / (targets + predicted) : 0.0;  // 2PR/(P+R) in counts
+}
+
+double TaskMetrics::macro_f1() const {
+  double sum = 0;
+  int64_t present = 0;
+  for (int64_t l = 0; l < num_labels; ++l) {
+    int64_t seen = 0;
+    for (int64_t o = 0; o < num_labels; ++o) seen += confusion[l * num_labels + o] + confusion[o * num_labels + l];
+    if (seen == 0) continue;
+    sum += f1(l);
+    ++present;
+  }
+  return present ? sum / present : 0.0;
+}
+
+double TaskMetrics::majority_accuracy() const {
+  int64_t best = 0;
+  for (int64_t l = 0; l < num_labels; ++l) {
+    int64_t count = 0;
+    for (int64_t o = 0; o < num_labels; ++o) count += confusion[l * num_labels + o];
+    best = std::max(best, count);
+  }
+  return examples ? double(best) / examples : 0.0;
+}
+
+Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
+  Json j;
+  j["accuracy"] = accuracy();
+  j["macro_f1"] = macro_f1();
+  j["loss"] = loss();
+  j["examples"] = examples;
+  j["baseline_majority_accuracy"] = majority_accuracy();
+  Json per_label;
+  for (int64_t l = 0; l < num_labels; ++l) {
+    int64_t support = 0;
+    for (int64_t o = 0; o < num_labels; ++o) support += confusion[l * num_labels + o];
+    Json entry;
+    entry["f1"] = f1(l);
+    entry["support"] = support;
+    per_label[l < static_cast<int64_t>(label_names.size()) ? label_names[l] : std::to_string(l)] = entry;
+  }
+  j["per_label"] = per_label;
+  return j;
+}
+
+TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
+  NoGradGuard<float> no_grad(g);
+  TaskMetrics metrics(model.config().num_labels());
+  data::Batch batch;
+  Rng unused(0);
+  for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
+    const model::BertBatch b = quant::as_model_batch(batch);
+    model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
+    metrics.add(g, out);
+    g.clear();
+  }
+  return metrics;
+}
+
+PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
   NoGradGuard<float> no_grad(g);
   PretrainingMetrics metrics;
   data::Batch batch;
   Rng unused(0);  // dropout is off in evaluation and draws nothing
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
     const model::BertBatch b = quant::as_model_batch(batch);
-    model::PretrainingOutputs out = model.forward(g, b, /*training=*/false, unused);
+    model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
     metrics.add(g, out, b);
     g.clear();
   }

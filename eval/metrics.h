@@ -1,10 +1,14 @@
 // Pretraining metrics: masked-LM accuracy and loss over the real (non-padding) predictions, NSP
 // accuracy and loss over all sequences, and the baselines printed beside them (the most-frequent-token
-// accuracy and the NSP majority class), plus evaluation over shards.
+// accuracy and the NSP majority class), plus evaluation over shards. Task metrics (classification of
+// sequences or tokens): accuracy, loss, per-label precision/recall/F1 and their macro average, and the
+// majority-label baseline.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/graph.h"
 #include "core/json.h"
@@ -22,7 +26,7 @@ struct PretrainingMetrics {
   std::unordered_map<int32_t, int64_t> target_counts;  // for the most-frequent-token baseline
 
   // Adds one forward pass's outputs (values read from the graph; call before backward()).
-  void add(const Graph<float>& g, const model::PretrainingOutputs& out, const model::BertBatch& batch);
+  void add(const Graph<float>& g, const model::ModelOutputs& out, const model::BertBatch& batch);
   void merge(const PretrainingMetrics& other);
 
   double mlm_accuracy() const { return predictions ? double(mlm_correct) / predictions : 0.0; }
@@ -37,8 +41,34 @@ struct PretrainingMetrics {
   Json to_json() const;
 };
 
+// For sequence classification each sequence is one example, for token classification each labeled token.
+struct TaskMetrics {
+  int64_t num_labels = 0;
+  std::vector<int64_t> confusion;  // (num_labels, num_labels): [target * num_labels + predicted]
+  int64_t examples = 0;
+  double loss_sum = 0;
+
+  TaskMetrics() = default;
+  explicit TaskMetrics(int64_t num_labels)
+      : num_labels(num_labels), confusion(static_cast<size_t>(num_labels * num_labels), 0) {}
+  // Adds one forward pass's logits against its targets (call before backward()).
+  void add(const Graph<float>& g, const model::ModelOutputs& out);
+  void merge(const TaskMetrics& other);
+
+  double accuracy() const;
+  double loss() const { return examples ? loss_sum / examples : 0.0; }
+  // F1 of one label (0 when it neither occurs nor is predicted), and the unweighted mean over the
+  // labels that occur among the targets or the predictions.
+  double f1(int64_t label) const;
+  double macro_f1() const;
+  double majority_accuracy() const;  // always predicting the most frequent target label
+  Json to_json(const std::vector<std::string>& label_names) const;
+};
+
 // Evaluates without gradients or dropout over the loader's batches (at most max_batches; <= 0 = all).
-PretrainingMetrics evaluate(model::BertForPreTraining& model, data::ShardLoader& loader, int64_t max_batches,
-                            Graph<float>& g);
+TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
+
+// Evaluates without gradients or dropout over the loader's batches (at most max_batches; <= 0 = all).
+PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
 
 }  // namespace bert::eval

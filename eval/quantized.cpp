@@ -10,12 +10,12 @@ namespace {
 struct SavedModes {
   std::vector<std::pair<model::Quantizer*, model::QuantMode>> modes;
   std::vector<float> scales;
-  explicit SavedModes(model::BertForPreTraining& m) {
+  explicit SavedModes(model::Bert& m) {
     for (model::Quantizer* q : m.quantizers()) modes.emplace_back(q, q->mode);
     for (model::Quantizer* q : m.quantizers())
       for (float s : m.parameters().get(q->scale).value) scales.push_back(s);
   }
-  void restore(model::BertForPreTraining& m) const {
+  void restore(model::Bert& m) const {
     for (auto [q, mode] : modes) q->mode = mode;
     size_t i = 0;
     for (model::Quantizer* q : m.quantizers())
@@ -24,14 +24,14 @@ struct SavedModes {
   }
 };
 
-double mlm_accuracy(model::BertForPreTraining& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+double mlm_accuracy(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
   data::ShardLoader loader = make();
   return evaluate(model, loader, max_batches, g).mlm_accuracy();
 }
 
 }  // namespace
 
-std::vector<ModeResult> compare_modes(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
+std::vector<ModeResult> compare_modes(model::Bert& model, const quant::CalibrationStatistics& stats,
                                       const std::vector<quant::Method>& methods, double percentile,
                                       const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
   const SavedModes saved(model);
@@ -58,10 +58,9 @@ std::vector<ModeResult> compare_modes(model::BertForPreTraining& model, const qu
   return results;
 }
 
-SensitivityReport sensitivity(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
-                              quant::Method method, double percentile, const LoaderFactory& make, int64_t max_batches,
-                              double max_drop, Graph<float>& g,
-                              const std::function<void(const std::string&)>& progress) {
+SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatistics& stats, quant::Method method,
+                              double percentile, const LoaderFactory& make, int64_t max_batches, double max_drop,
+                              Graph<float>& g, const std::function<void(const std::string&)>& progress) {
   const SavedModes saved(model);
   SensitivityReport report;
   quant::disable_all(model);

@@ -21,7 +21,7 @@ struct ModeResult {
 
 // FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model
 // came with quantizers enabled (a QAT checkpoint), that state. Leaves the model as it came.
-std::vector<ModeResult> compare_modes(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
+std::vector<ModeResult> compare_modes(model::Bert& model, const quant::CalibrationStatistics& stats,
                                       const std::vector<quant::Method>& methods, double percentile,
                                       const LoaderFactory& eval_loader, int64_t max_batches, Graph<float>& g);
 
@@ -41,9 +41,8 @@ struct SensitivityReport {
 // For each quantizer of the calibration set: accuracy with only it, and with all but it, enabled
 // (scales from `method`). The plan greedily keeps in float the quantizer whose removal recovers the
 // most accuracy, until all-quantized accuracy is within max_drop (absolute) of FP32.
-SensitivityReport sensitivity(model::BertForPreTraining& model, const quant::CalibrationStatistics& stats,
-                              quant::Method method, double percentile, const LoaderFactory& eval_loader,
-                              int64_t max_batches, double max_drop, Graph<float>& g,
-                              const std::function<void(const std::string&)>& progress = {});
+SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatistics& stats, quant::Method method,
+                              double percentile, const LoaderFactory& eval_loader, int64_t max_batches, double max_drop,
+                              Graph<float>& g, const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace bert::eval

@@ -25,10 +25,10 @@ namespace {
 constexpr int32_t kFloat = onnx::TensorProto::FLOAT;
 constexpr int32_t kInt64 = onnx::TensorProto::INT64;
 
-// Emits the graph module by module, mirroring BertForPreTraining::forward.
+// Emits the graph module by module, mirroring Bert::forward.
 class BertEmitter {
  public:
-  BertEmitter(model::BertForPreTraining& model, const ExportOptions& options, onnx::GraphProto* graph)
+  BertEmitter(model::Bert& model, const ExportOptions& options, onnx::GraphProto* graph)
       : model_(model), params_(model.parameters()), c_(model.config()), options_(options), g_(graph) {
     for (model::Quantizer* q : model.quantizers()) quantizers_[q->name] = q;
   }
@@ -260,7 +260,7 @@ class BertEmitter {
     g_.output("seq_relationship_logits", kFloat, {"batch", 2});
   }
 
-  model::BertForPreTraining& model_;
+  model::Bert& model_;
   ParameterArena<float>& params_;
   const model::BertConfig& c_;
   const ExportOptions& options_;
@@ -271,7 +271,7 @@ class BertEmitter {
 
 }  // namespace
 
-onnx::ModelProto export_bert(model::BertForPreTraining& model, const ExportOptions& options) {
+onnx::ModelProto export_bert(model::Bert& model, const ExportOptions& options) {
   options.validate();
   onnx::ModelProto m;
   m.set_ir_version(options.opset >= 17 ? 8 : 7);

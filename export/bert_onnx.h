@@ -23,7 +23,7 @@ struct ExportOptions {
   void validate() const;
 };
 
-onnx::ModelProto export_bert(model::BertForPreTraining& model, const ExportOptions& options);
+onnx::ModelProto export_bert(model::Bert& model, const ExportOptions& options);
 
 // Checks the model with ONNX's checker (full check, with shape inference); UserError with its message.
 void check_onnx(const onnx::ModelProto& model);

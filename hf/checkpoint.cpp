@@ -34,12 +34,10 @@ Json read_json_file(const std::string& path, const char* what) {
   }
 }
 
-bool is_head(const std::string& name) { return name.starts_with("cls.") || name.starts_with("bert.pooler."); }
-
 // The name a checkpoint tensor has in our model: "bert." for a bare BertModel, weight/bias for the
 // gamma/beta of old (TF-converted) checkpoints.
 std::string canonical_name(std::string name, bool bare_model, bool* legacy) {
-  if (bare_model && !name.starts_with("cls.")) name = "bert." + name;
+  if (bare_model && !name.starts_with("cls.") && !name.starts_with("classifier.")) name = "bert." + name;
   if (name.find("LayerNorm") != std::string::npos) {
     if (name.ends_with(".gamma"))
       name.replace(name.size() - 5, 5, "weight"), *legacy = true;
@@ -89,7 +87,7 @@ model::BertConfig read_config(const std::string& dir) {
   }
 }
 
-ImportReport import_model(const std::string& dir, model::BertForPreTraining& model, uint64_t init_seed) {
+ImportReport import_model(const std::string& dir, model::Bert& model, uint64_t init_seed) {
   ImportReport report;
   const fs::path root(dir);
   std::error_code ec;
@@ -169,7 +167,7 @@ ImportReport import_model(const std::string& dir, model::BertForPreTraining& mod
     auto it = sources.find(name);
     if (it == sources.end() && name == "cls.predictions.bias") it = sources.find("cls.predictions.decoder.bias");
     if (it == sources.end()) {
-      (is_head(name) ? report.initialized : missing).push_back(name);
+      (model.is_head_parameter(name) ? report.initialized : missing).push_back(name);
       continue;
     }
     load(name, it->second, p.value);
@@ -199,7 +197,8 @@ ImportReport import_model(const std::string& dir, model::BertForPreTraining& mod
   if (!report.initialized.empty())
     report.warnings.push_back(
         std::to_string(report.initialized.size()) + " head parameter(s) not in the checkpoint " +
-        "(a BertModel without pretraining heads?) were freshly initialised: " + list_text(report.initialized));
+        "(a BertModel without pretraining heads, or a model with another head?) were freshly initialised: " +
+        list_text(report.initialized));
   if (!report.unexpected.empty())
     report.warnings.push_back(std::to_string(report.unexpected.size()) +
                               " checkpoint tensor(s) were not used: " + list_text(report.unexpected));
@@ -244,7 +243,7 @@ ImportReport import_model(const std::string& dir, model::BertForPreTraining& mod
   return report;
 }
 
-void export_model(const std::string& dir, model::BertForPreTraining& model, const Json& quantization) {
+void export_model(const std::string& dir, model::Bert& model, const Json& quantization) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) throw UserError("cannot create output directory '" + dir + "'");

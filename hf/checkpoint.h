@@ -42,10 +42,10 @@ struct ImportReport {
 
 // Loads DIR's weights into `model` (built from read_config(DIR)). Parameters the checkpoint lacks
 // are initialised with `init_seed` when they belong to a head, else UserError.
-ImportReport import_model(const std::string& dir, model::BertForPreTraining& model, uint64_t init_seed = 1);
+ImportReport import_model(const std::string& dir, model::Bert& model, uint64_t init_seed = 1);
 
 // Writes DIR/config.json, DIR/model.safetensors and, when any quantizer is enabled,
 // DIR/quantization.json; each file atomically. `quantization` is the recipe to record (may be null).
-void export_model(const std::string& dir, model::BertForPreTraining& model, const Json& quantization);
+void export_model(const std::string& dir, model::Bert& model, const Json& quantization);
 
 }  // namespace bert::hf

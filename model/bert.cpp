@@ -8,7 +8,7 @@
 
 namespace bert::model {
 
-BertForPreTraining::BertForPreTraining(const BertConfig& config) : config_(config) {
+Bert::Bert(const BertConfig& config) : config_(config) {
   config_.validate();
   const int64_t c = config_.hidden_size;
   const double eps = config_.layer_norm_eps;
@@ -38,15 +38,19 @@ BertForPreTraining::BertForPreTraining(const BertConfig& config) : config_(confi
     l.output_add_residual = Quantizer::activation(params_, p + "output.add_residual_quantizer");
     layers_.push_back(std::move(l));
   }
-  pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c);
-  transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c);
-  transform_norm_ = LayerNorm::declare(params_, "cls.predictions.transform.LayerNorm", c, eps);
-  decoder_bias_ = params_.add("cls.predictions.bias", {config_.vocab_size});
-  seq_relationship_ = Linear::declare(params_, "cls.seq_relationship", c, 2, /*quantizable=*/false);
+  if (config_.head != Head::kTokenClassification) pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c);
+  if (config_.head == Head::kPretraining) {
+    transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c);
+    transform_norm_ = LayerNorm::declare(params_, "cls.predictions.transform.LayerNorm", c, eps);
+    decoder_bias_ = params_.add("cls.predictions.bias", {config_.vocab_size});
+    seq_relationship_ = Linear::declare(params_, "cls.seq_relationship", c, 2, /*quantizable=*/false);
+  } else {
+    classifier_ = Linear::declare(params_, "classifier", c, config_.num_labels(), /*quantizable=*/false);
+  }
   params_.allocate();
 }
 
-void BertForPreTraining::place_on(const Device& device) {
+void Bert::place_on(const Device& device) {
   params_.place_on(device);
   std::vector<Quantizer*> all = quantizers();
   clip_counters_ = DeviceBuffer();
@@ -57,7 +61,7 @@ void BertForPreTraining::place_on(const Device& device) {
   for (size_t i = 0; i < all.size(); ++i) all[i]->device_clipped = clip_counters_.as<int64_t>() + i;
 }
 
-void BertForPreTraining::collect_clip_counts() {
+void Bert::collect_clip_counts() {
   if (!params_.on_cuda()) return;
   std::vector<Quantizer*> all = quantizers();
   std::vector<int64_t> counts(all.size());
@@ -66,7 +70,7 @@ void BertForPreTraining::collect_clip_counts() {
   for (size_t i = 0; i < all.size(); ++i) all[i]->clipped += counts[i];
 }
 
-void BertForPreTraining::initialize(uint64_t seed) {
+void Bert::initialize(uint64_t seed) {
   Rng rng(seed);
   for (ParamId id = 0; id < params_.size(); ++id) {
     Parameter<float> p = params_.get(id);
@@ -85,12 +89,18 @@ void BertForPreTraining::initialize(uint64_t seed) {
   std::fill_n(words.value.data() + config_.pad_token_id * config_.hidden_size, config_.hidden_size, 0.0f);
 }
 
-bool BertForPreTraining::decays(ParamId id) const {
+bool Bert::is_head_parameter(const std::string& name) const {
+  const bool pooler = name.starts_with("bert.pooler.");  // absent from bare encoders and token classifiers
+  if (config_.head == Head::kPretraining) return name.starts_with("cls.") || pooler;
+  return name.starts_with("classifier.") || (pooler && config_.head == Head::kSequenceClassification);
+}
+
+bool Bert::decays(ParamId id) const {
   const std::string& name = params_.name(id);
   return !name.ends_with(".bias") && name.find("LayerNorm") == std::string::npos && !is_quantizer_scale(name);
 }
 
-std::vector<Quantizer*> BertForPreTraining::quantizers() {
+std::vector<Quantizer*> Bert::quantizers() {
   std::vector<Quantizer*> all;
   auto linear = [&all](Linear& l) {
     if (!l.quantizable) return;
@@ -110,38 +120,37 @@ std::vector<Quantizer*> BertForPreTraining::quantizers() {
     all.push_back(&l.output_add_input);
     all.push_back(&l.output_add_residual);
   }
-  linear(pooler_);
-  linear(transform_);
+  if (!pooler_.name.empty()) linear(pooler_);
+  if (!transform_.name.empty()) linear(transform_);
   return all;
 }
 
-std::vector<Quantizer*> BertForPreTraining::enabled_quantizers() {
+std::vector<Quantizer*> Bert::enabled_quantizers() {
   std::vector<Quantizer*> enabled;
   for (Quantizer* q : quantizers())
     if (q->mode == QuantMode::kQuantize) enabled.push_back(q);
   return enabled;
 }
 
-std::vector<std::string> BertForPreTraining::enabled_quantizer_names() {
+std::vector<std::string> Bert::enabled_quantizer_names() {
   std::vector<std::string> names;
   for (Quantizer* q : enabled_quantizers()) names.push_back(q->name);
   return names;
 }
 
-Quantizer* BertForPreTraining::find_quantizer(std::string_view name) {
+Quantizer* Bert::find_quantizer(std::string_view name) {
   for (Quantizer* q : quantizers())
     if (q->name == name) return q;
   return nullptr;
 }
 
-ParamId BertForPreTraining::quantized_weight(const Quantizer& q) {
+ParamId Bert::quantized_weight(const Quantizer& q) {
   const std::string suffix = "_quantizer";
   BERT_CHECK(q.is_weight && q.name.ends_with(suffix), "'" + q.name + "' is not a weight quantizer");
   return params_.id(q.name.substr(0, q.name.size() - suffix.size()));
 }
 
-Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t, bool training,
-                                  Rng& rng) {
+Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
   auto heads = [&](Linear& proj) {  // (B, T, C) -> (B, H, T, D)
     return ops::permute(g, ops::reshape(g, proj.forward(g, params_, x), Shape{b, t, h, d}), {0, 2, 1, 3});
@@ -159,7 +168,7 @@ Var BertForPreTraining::attention(Graph<float>& g, Layer& l, Var x, Var mask, in
   return l.attention_norm.forward(g, params_, ops::add(g, out, l.attention_add_residual.apply(g, params_, x)));
 }
 
-Var BertForPreTraining::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
+Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
   const int64_t b = in.batch, t = in.seq_len;
   BERT_CHECK(t <= config_.max_position_embeddings, "sequence length " + std::to_string(t) +
                                                        " > max_position_embeddings " +
@@ -191,10 +200,20 @@ Var BertForPreTraining::encode(Graph<float>& g, const BertBatch& in, bool traini
   return x;
 }
 
-PretrainingOutputs BertForPreTraining::forward(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
-  const int64_t b = in.batch, t = in.seq_len, p = in.max_predictions, c = config_.hidden_size;
-  PretrainingOutputs out;
-  Var hidden = ops::reshape(g, encode(g, in, training, rng), Shape{b * t, c});
+ModelOutputs Bert::forward(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
+  ModelOutputs out;
+  Var hidden = ops::reshape(g, encode(g, in, training, rng), Shape{in.batch * in.seq_len, config_.hidden_size});
+  if (config_.head == Head::kPretraining)
+    pretraining_head(g, hidden, in, training, rng, out);
+  else
+    classification_head(g, hidden, in, training, rng, out);
+  return out;
+}
+
+void Bert::pretraining_head(Graph<float>& g, Var hidden, const BertBatch& in, bool training, Rng& rng,
+                            ModelOutputs& out) {
+  const int64_t b = in.batch, t = in.seq_len, p = in.max_predictions;
+  (void)training, (void)rng;  // the pretraining heads have no dropout
 
   // MLM head at the real masked positions only.
   for (int64_t i = 0; i < b; ++i)
@@ -222,7 +241,47 @@ PretrainingOutputs BertForPreTraining::forward(Graph<float>& g, const BertBatch&
     out.nsp_loss = ops::cross_entropy<float>(g, out.nsp_logits, labels);
     out.loss = ops::add(g, out.mlm_loss, out.nsp_loss);
   }
-  return out;
+}
+
+void Bert::classification_head(Graph<float>& g, Var hidden, const BertBatch& in, bool training, Rng& rng,
+                               ModelOutputs& out) {
+  const int64_t b = in.batch, t = in.seq_len;
+  const int64_t num_labels = config_.num_labels();
+  const bool per_token = config_.head == Head::kTokenClassification;
+  const bool labeled = !in.labels.empty();
+  BERT_CHECK(!labeled || static_cast<int64_t>(in.labels.size()) == (per_token ? b * t : b),
+             "labels do not match the batch (" + std::to_string(in.labels.size()) + " for a " +
+                 head_architecture(config_.head) + " batch of " + std::to_string(b) + " x " + std::to_string(t) + ")");
+  auto check_label = [&](int32_t label) {
+    if (label < 0 || label >= num_labels)
+      throw UserError("label " + std::to_string(label) + " is outside the model's " + std::to_string(num_labels) +
+                      " labels (data made for another label set?)");
+  };
+  Var features;
+  if (per_token) {
+    // Only the rows that carry a label go through the classifier (the same loss as Hugging Face's
+    // ignore_index, without computing logits that are thrown away); every real token without labels.
+    for (int64_t r = 0; r < b * t; ++r) {
+      const bool use = labeled ? in.labels[r] != kIgnoredLabel : in.attention_mask[r] != 0;
+      if (!use) continue;
+      out.rows.push_back(static_cast<int32_t>(r));
+      if (labeled) {
+        check_label(in.labels[r]);
+        out.targets.push_back(in.labels[r]);
+      }
+    }
+    if (out.rows.empty())
+      throw UserError("a token-classification batch without any labeled token (every label is -100)");
+    features = ops::gather_rows(g, hidden, out.rows, Shape{static_cast<int64_t>(out.rows.size())});
+  } else {
+    for (int64_t i = 0; i < b; ++i) out.rows.push_back(static_cast<int32_t>(i * t));
+    if (labeled)
+      for (int32_t label : in.labels) check_label(label), out.targets.push_back(label);
+    features = ops::tanh(g, pooler_.forward(g, params_, ops::gather_rows(g, hidden, out.rows, Shape{b})));
+  }
+  features = ops::dropout(g, features, config_.head_dropout(), training, rng);
+  out.logits = classifier_.forward(g, params_, features);
+  if (labeled) out.loss = ops::cross_entropy<float>(g, out.logits, out.targets);
 }
 
 }  // namespace bert::model

@@ -1,7 +1,12 @@
-// BertForPreTraining as in the original paper and Hugging Face transformers: embeddings, N post-LN
-// encoder layers, pooler + NSP head, MLM head (transform + decoder tied to the word embeddings + bias)
-// evaluated only at the masked positions. Parameters live in one arena under Hugging Face names
-// (bert.encoder.layer.0.attention.self.query.weight, ...); the tied decoder has no parameter of its own.
+// BERT as in the original paper and Hugging Face transformers: embeddings, N post-LN encoder layers and
+// one head (config.head):
+// - pretraining (BertForPreTraining): pooler + NSP head, MLM head (transform + decoder tied to the word
+//   embeddings + bias) evaluated only at the masked positions;
+// - sequence classification (BertForSequenceClassification): pooler on [CLS], dropout, classifier;
+// - token classification (BertForTokenClassification): dropout, classifier on each token.
+// Parameters live in one arena under Hugging Face names (bert.encoder.layer.0.attention.self.query.weight,
+// classifier.weight, ...); the tied decoder has no parameter of its own. Task classifiers stay in float
+// (as in NVIDIA's QDQBERT): only the encoder and pooler are quantizable.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +23,9 @@
 
 namespace bert::model {
 
+// The label of a token that carries none (Hugging Face's ignore index; data::kIgnoredLabel in shards).
+inline constexpr int32_t kIgnoredLabel = -100;
+
 // One batch, in the shard layout. B batch, T sequence, P max predictions.
 struct BertBatch {
   int64_t batch = 0, seq_len = 0, max_predictions = 0;
@@ -27,21 +35,31 @@ struct BertBatch {
   std::span<const int32_t> masked_positions;     // (B, P): 0-padded (the first 0 ends a row's list)
   std::span<const int32_t> masked_ids;           // (B, P): original tokens there
   std::span<const int8_t> next_sentence_labels;  // (B) or empty: 1 = random next
+  // Task heads: (B) sequence labels or (B, T) token labels (kIgnoredLabel where none); or empty.
+  std::span<const int32_t> labels;
 };
 
-struct PretrainingOutputs {
+// What forward() returns. Pretraining fills the mlm_/nsp_ fields, task heads logits/targets/rows.
+struct ModelOutputs {
   Var mlm_logits;                    // (M, V) at the M real masked positions, row-major over (b, j)
   Var nsp_logits;                    // (B, 2)
-  Var mlm_loss, nsp_loss, loss;      // scalars; nsp_loss and loss need next_sentence_labels
+  Var mlm_loss, nsp_loss;            // scalars; nsp_loss needs next_sentence_labels
   std::vector<int32_t> mlm_targets;  // (M)
   std::vector<int32_t> mlm_rows;     // (M) b * T + position, the rows of the sequence output used
+  // Task heads. Sequence classification: logits (B, num_labels), targets (B). Token classification:
+  // logits (N, num_labels) at the N labeled tokens (every real token when the batch has no labels),
+  // rows b * T + position of each, targets (N).
+  Var logits;
+  std::vector<int32_t> targets, rows;
+  // The training objective: MLM + NSP, or the task's mean cross-entropy; null without labels.
+  Var loss;
 };
 
-class BertForPreTraining {
+class Bert {
  public:
-  explicit BertForPreTraining(const BertConfig& config);  // parameters declared and allocated (zero)
-  BertForPreTraining(const BertForPreTraining&) = delete;
-  BertForPreTraining& operator=(const BertForPreTraining&) = delete;
+  explicit Bert(const BertConfig& config);  // parameters declared and allocated (zero)
+  Bert(const Bert&) = delete;
+  Bert& operator=(const Bert&) = delete;
 
   const BertConfig& config() const { return config_; }
   ParameterArena<float>& parameters() { return params_; }
@@ -58,9 +76,13 @@ class BertForPreTraining {
   // Weight decay applies to weights and embeddings, not to biases, LayerNorm parameters and
   // quantizer scales.
   bool decays(ParamId id) const;
+  // Parameters of this model's head that a checkpoint of another head (or a bare encoder) lacks: they
+  // keep their initialisation when such a checkpoint is loaded (fine-tuning from pretraining).
+  bool is_head_parameter(const std::string& name) const;
   // Every quantizer, in forward order: per layer the Q/K/V/attention-output/FFN linears' input and
   // weight quantizers, the four attention-matmul input quantizers (matmul_q/k/v/a) and the four
-  // residual-add input quantizers; then the pooler and the MLM transform. All start in kFloat.
+  // residual-add input quantizers; then the pooler and the MLM transform (those the head has). All
+  // start in kFloat.
   std::vector<Quantizer*> quantizers();
   // The quantizers in kQuantize mode (the model's INT8 points), in the same order, and their names.
   std::vector<Quantizer*> enabled_quantizers();
@@ -72,8 +94,8 @@ class BertForPreTraining {
 
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
-  // Encoder, MLM head at the masked positions, NSP head, and the losses.
-  PretrainingOutputs forward(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
+  // Encoder and head, and the losses when the batch carries their labels.
+  ModelOutputs forward(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
 
  private:
   struct Layer {
@@ -86,17 +108,23 @@ class BertForPreTraining {
     Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;
   };
   Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng);
+  void pretraining_head(Graph<float>& g, Var hidden, const BertBatch& batch, bool training, Rng& rng,
+                        ModelOutputs& out);
+  void classification_head(Graph<float>& g, Var hidden, const BertBatch& batch, bool training, Rng& rng,
+                           ModelOutputs& out);
 
   BertConfig config_;
   ParameterArena<float> params_;
   ParamId word_embeddings_ = -1, position_embeddings_ = -1, token_type_embeddings_ = -1;
   LayerNorm embedding_norm_;
   std::vector<Layer> layers_;
-  Linear pooler_;
+  // Heads: each declared only when config.head uses it (the others keep name "" and id -1).
+  Linear pooler_;  // pretraining and sequence classification
   Linear transform_;
   LayerNorm transform_norm_;
   ParamId decoder_bias_ = -1;  // cls.predictions.bias; the decoder weight is the word embeddings
   Linear seq_relationship_;
+  Linear classifier_;           // task heads
   DeviceBuffer clip_counters_;  // one int64 per quantizer, on the GPU
 };
 

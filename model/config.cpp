@@ -10,6 +10,36 @@
 
 namespace bert::model {
 
+std::string head_architecture(Head head) {
+  switch (head) {
+    case Head::kSequenceClassification:
+      return "BertForSequenceClassification";
+    case Head::kTokenClassification:
+      return "BertForTokenClassification";
+    default:
+      return "BertForPreTraining";
+  }
+}
+
+std::string head_task_name(Head head) {
+  switch (head) {
+    case Head::kSequenceClassification:
+      return "seq-cls";
+    case Head::kTokenClassification:
+      return "token-cls";
+    default:
+      return "pretraining";
+  }
+}
+
+Head parse_task(const std::string& name) {
+  if (name == "seq-cls") return Head::kSequenceClassification;
+  if (name == "token-cls") return Head::kTokenClassification;
+  throw UserError("--task '" + name +
+                  "': expected seq-cls (sequence classification) or token-cls (token "
+                  "classification)");
+}
+
 void BertConfig::validate() const {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw UserError("invalid model config: " + what);
@@ -31,12 +61,14 @@ void BertConfig::validate() const {
        "attention_probs_dropout_prob must be in [0, 1)");
   need(initializer_range > 0 && std::isfinite(initializer_range), "initializer_range must be positive");
   need(pad_token_id >= 0 && pad_token_id < vocab_size, "pad_token_id must lie inside the vocabulary");
+  if (head != Head::kPretraining) need(num_labels() >= 2, head_architecture(head) + " needs at least 2 labels");
+  need(classifier_dropout < 1, "classifier_dropout must be below 1");
 }
 
 Json BertConfig::to_json() const {
   Json j;
   j["model_type"] = "bert";
-  j["architectures"] = Json::Array{Json("BertForPreTraining")};
+  j["architectures"] = Json::Array{Json(head_architecture(head))};
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["num_hidden_layers"] = num_hidden_layers;
@@ -50,6 +82,16 @@ Json BertConfig::to_json() const {
   j["attention_probs_dropout_prob"] = attention_probs_dropout_prob;
   j["initializer_range"] = initializer_range;
   j["pad_token_id"] = pad_token_id;
+  if (head != Head::kPretraining) {
+    Json id2label, label2id;
+    for (size_t i = 0; i < labels.size(); ++i) {
+      id2label[std::to_string(i)] = labels[i];
+      label2id[labels[i]] = static_cast<int64_t>(i);
+    }
+    j["id2label"] = id2label;
+    j["label2id"] = label2id;
+    if (classifier_dropout >= 0) j["classifier_dropout"] = classifier_dropout;
+  }
   return j;
 }
 
@@ -88,6 +130,38 @@ BertConfig BertConfig::from_json(const Json& j) {
   real("hidden_dropout_prob", c.hidden_dropout_prob);
   real("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
   real("initializer_range", c.initializer_range);
+  if (const Json* v = j.find("classifier_dropout"); v && !v->is_null())
+    real("classifier_dropout", c.classifier_dropout);
+  if (const Json* a = j.find("architectures"); a && a->is_array() && !a->as_array().empty()) {
+    const std::string name = a->as_array().front().is_string() ? a->as_array().front().as_string() : "";
+    if (name == "BertForSequenceClassification")
+      c.head = Head::kSequenceClassification;
+    else if (name == "BertForTokenClassification")
+      c.head = Head::kTokenClassification;
+    else if (name != "BertForPreTraining" && name != "BertForMaskedLM" && name != "BertModel" &&
+             name != "BertLMHeadModel")
+      throw UserError("architecture '" + name +
+                      "' is not supported (BertForPreTraining, BertForMaskedLM, BertModel, "
+                      "BertForSequenceClassification or BertForTokenClassification)");
+  }
+  if (c.head != Head::kPretraining) {
+    const Json* id2label = j.find("id2label");
+    if (!id2label || !id2label->is_object())
+      throw UserError("model config of a " + head_architecture(c.head) + " needs 'id2label'");
+    c.labels.assign(id2label->as_object().size(), "");
+    for (const auto& [key, value] : id2label->as_object()) {
+      size_t used = 0;
+      int64_t id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+      }
+      if (used != key.size() || id < 0 || id >= c.num_labels() || !value.is_string() || !c.labels[id].empty())
+        throw UserError("model config: id2label must map 0.." + std::to_string(c.num_labels() - 1) +
+                        " to label names (found key '" + key + "')");
+      c.labels[id] = value.as_string();
+    }
+  }
   c.validate();
   return c;
 }

@@ -4,10 +4,21 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/json.h"
 
 namespace bert::model {
+
+// The head on top of the encoder, with its Hugging Face class name (config.json "architectures"):
+// kPretraining = BertForPreTraining (MLM + NSP; BertForMaskedLM and BertModel load as this too),
+// kSequenceClassification = BertForSequenceClassification (pooler + dropout + classifier on [CLS]),
+// kTokenClassification = BertForTokenClassification (dropout + classifier on every token, no pooler).
+enum class Head { kPretraining, kSequenceClassification, kTokenClassification };
+std::string head_architecture(Head head);  // the Hugging Face class name
+std::string head_task_name(Head head);     // "pretraining", "seq-cls", "token-cls"
+// "seq-cls" | "token-cls" (UserError naming --task otherwise).
+Head parse_task(const std::string& name);
 
 struct BertConfig {
   int64_t vocab_size = 16000;
@@ -23,12 +34,22 @@ struct BertConfig {
   double attention_probs_dropout_prob = 0.1;
   double initializer_range = 0.02;
   int64_t pad_token_id = 0;
+  Head head = Head::kPretraining;
+  // Task heads: the name of each label (Hugging Face id2label; num_labels is its size).
+  std::vector<std::string> labels;
+  // Dropout before a task head's classifier; < 0: hidden_dropout_prob (Hugging Face's null).
+  double classifier_dropout = -1;
 
+  int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
+  double head_dropout() const { return classifier_dropout >= 0 ? classifier_dropout : hidden_dropout_prob; }
   int64_t head_size() const { return hidden_size / num_attention_heads; }
   // Throws UserError naming the field and the constraint (e.g. hidden not divisible by heads).
   void validate() const;
-  Json to_json() const;  // Hugging Face field names, plus "model_type": "bert"
-  // Unknown fields are ignored (Hugging Face configs carry many); missing ones keep their defaults.
+  // Hugging Face field names, plus "model_type": "bert", "architectures" and, for task heads,
+  // id2label/label2id.
+  Json to_json() const;
+  // Unknown fields are ignored (Hugging Face configs carry many); missing ones keep their defaults. An
+  // architecture this engine has no head for (e.g. BertForQuestionAnswering) is a UserError.
   static BertConfig from_json(const Json& json);
   static BertConfig load(const std::string& path);  // UserError naming the file
 };

@@ -47,7 +47,7 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
       const double grad_scale = 1.0 / std::sqrt(static_cast<double>(per_scale) * qmax);
       int64_t* counter = &clipped;
       if (g.on_cuda()) {
-        BERT_CHECK(device_clipped, "quantizer '" + name + "' has no counter on the GPU (BertForPreTraining::place_on)");
+        BERT_CHECK(device_clipped, "quantizer '" + name + "' has no counter on the GPU (Bert::place_on)");
         counter = device_clipped;
       }
       Var y = ops::fake_quantize(g, x, g.param(params.get(scale)), qmin, qmax, grad_scale, counter);

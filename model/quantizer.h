@@ -35,7 +35,7 @@ struct Quantizer {
   QuantMode mode = QuantMode::kFloat;
   QuantObserver* observer = nullptr;  // used in kCalibrate mode
   int64_t clipped = 0, seen = 0;      // saturated / total elements since the last reset_counts()
-  int64_t* device_clipped = nullptr;  // on a GPU: the counter there (BertForPreTraining::collect_clip_counts)
+  int64_t* device_clipped = nullptr;  // on a GPU: the counter there (Bert::collect_clip_counts)
 
   static Quantizer activation(ParameterArena<float>& params, const std::string& name);
   static Quantizer weight(ParameterArena<float>& params, const std::string& name, int64_t out_channels);

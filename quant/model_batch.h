@@ -7,6 +7,8 @@
 
 namespace bert::quant {
 
+static_assert(model::kIgnoredLabel == data::kIgnoredLabel);
+
 // Spans into `batch`, which must outlive the result.
 inline model::BertBatch as_model_batch(const data::Batch& b) {
   return model::BertBatch{b.size,
@@ -17,7 +19,8 @@ inline model::BertBatch as_model_batch(const data::Batch& b) {
                           b.segment_ids,
                           b.masked_lm_positions,
                           b.masked_lm_ids,
-                          b.next_sentence_labels};
+                          b.next_sentence_labels,
+                          b.labels};
 }
 
 }  // namespace bert::quant

@@ -33,7 +33,7 @@ bool glob_match(const std::string& pattern, const std::string& name) {
   return p == pattern.size();
 }
 
-std::vector<model::Quantizer*> select(model::BertForPreTraining& model, const std::string& globs) {
+std::vector<model::Quantizer*> select(model::Bert& model, const std::string& globs) {
   std::vector<std::string> patterns;
   std::stringstream in(globs);
   for (std::string item; std::getline(in, item, ',');)
@@ -54,7 +54,7 @@ std::vector<model::Quantizer*> select(model::BertForPreTraining& model, const st
   return chosen;
 }
 
-std::vector<model::Quantizer*> default_quantizers(model::BertForPreTraining& model, bool residuals) {
+std::vector<model::Quantizer*> default_quantizers(model::Bert& model, bool residuals) {
   std::vector<model::Quantizer*> chosen;
   for (model::Quantizer* q : model.quantizers())
     if (residuals || q->name.find(".add_") == std::string::npos) chosen.push_back(q);
@@ -67,7 +67,7 @@ void CalibrationOptions::validate() const {
   if (batches < 1) throw UserError("--calib-batches must be at least 1");
 }
 
-std::vector<model::Quantizer*> chosen_quantizers(model::BertForPreTraining& model, const CalibrationOptions& o) {
+std::vector<model::Quantizer*> chosen_quantizers(model::Bert& model, const CalibrationOptions& o) {
   std::vector<model::Quantizer*> chosen =
       o.include.empty() ? default_quantizers(model, o.residuals) : select(model, o.include);
   if (!o.keep_float_globs.empty())
@@ -82,8 +82,8 @@ std::vector<model::Quantizer*> chosen_quantizers(model::BertForPreTraining& mode
   return chosen;
 }
 
-CalibrationStatistics collect_statistics(model::BertForPreTraining& model, data::ShardLoader& loader,
-                                         const CalibrationOptions& o, Graph<float>& g) {
+CalibrationStatistics collect_statistics(model::Bert& model, data::ShardLoader& loader, const CalibrationOptions& o,
+                                         Graph<float>& g) {
   o.validate();
   CalibrationStatistics stats;
   stats.quantizers = chosen_quantizers(model, o);
@@ -110,8 +110,8 @@ CalibrationStatistics collect_statistics(model::BertForPreTraining& model, data:
   return stats;
 }
 
-std::map<std::string, double> apply_calibration(model::BertForPreTraining& model, const CalibrationStatistics& stats,
-                                                Method method, double percentile) {
+std::map<std::string, double> apply_calibration(model::Bert& model, const CalibrationStatistics& stats, Method method,
+                                                double percentile) {
   disable_all(model);
   std::map<std::string, double> amax;
   ParameterArena<float>& params = model.parameters();
@@ -141,7 +141,7 @@ std::map<std::string, double> apply_calibration(model::BertForPreTraining& model
   return amax;
 }
 
-std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::ShardLoader& loader,
+std::map<std::string, double> calibrate(model::Bert& model, data::ShardLoader& loader,
                                         const CalibrationOptions& options, Graph<float>& g) {
   return apply_calibration(model, collect_statistics(model, loader, options, g), parse_method(options.method),
                            options.percentile);
@@ -161,7 +161,7 @@ Json describe_calibration(const CalibrationOptions& o, int64_t batches_used) {
   return recipe;
 }
 
-std::vector<std::string> fully_saturated_channels(model::BertForPreTraining& model) {
+std::vector<std::string> fully_saturated_channels(model::Bert& model) {
   std::vector<std::string> dead;
   for (model::Quantizer* q : model.enabled_quantizers()) {
     if (!q->is_weight) continue;
@@ -177,14 +177,14 @@ std::vector<std::string> fully_saturated_channels(model::BertForPreTraining& mod
   return dead;
 }
 
-void disable_all(model::BertForPreTraining& model) {
+void disable_all(model::Bert& model) {
   for (model::Quantizer* q : model.quantizers()) {
     q->mode = model::QuantMode::kFloat;
     q->observer = nullptr;
   }
 }
 
-std::vector<std::string> read_plan(const std::string& path, model::BertForPreTraining& model) {
+std::vector<std::string> read_plan(const std::string& path, model::Bert& model) {
   const std::string text = read_text_file(path, "plan file");
   Json plan;
   try {

@@ -18,12 +18,12 @@ namespace bert::quant {
 
 // Quantizers whose names match any of the comma-separated globs (* and ? wildcards). UserError naming a
 // glob that matches nothing.
-std::vector<model::Quantizer*> select(model::BertForPreTraining& model, const std::string& globs);
+std::vector<model::Quantizer*> select(model::Bert& model, const std::string& globs);
 bool glob_match(const std::string& pattern, const std::string& name);
 
 // The default set for BERT, as NVIDIA's QDQBERT: every Linear's input and weight, and the inputs of
 // both attention matmuls. The residual-add quantizers join when `residuals` is true.
-std::vector<model::Quantizer*> default_quantizers(model::BertForPreTraining& model, bool residuals);
+std::vector<model::Quantizer*> default_quantizers(model::Bert& model, bool residuals);
 
 struct CalibrationOptions {
   std::string method = "percentile";  // max | percentile | entropy | mse (activations; weights use max)
@@ -38,7 +38,7 @@ struct CalibrationOptions {
 
 // The quantizers a calibration enables: options.include (globs) or the default set, minus
 // keep_float_globs and the plan's keep_float names (UserError for a name the model lacks).
-std::vector<model::Quantizer*> chosen_quantizers(model::BertForPreTraining& model, const CalibrationOptions& options);
+std::vector<model::Quantizer*> chosen_quantizers(model::Bert& model, const CalibrationOptions& options);
 
 // The calibration part of a quantization recipe, as recorded in checkpoints and exports: calibrator,
 // percentile, batches used, residuals, selection globs and the names kept in float.
@@ -51,17 +51,17 @@ struct CalibrationStatistics {
   std::map<std::string, AbsHistogram> activations;
   int64_t batches = 0, sequences = 0;
 };
-CalibrationStatistics collect_statistics(model::BertForPreTraining& model, data::ShardLoader& loader,
+CalibrationStatistics collect_statistics(model::Bert& model, data::ShardLoader& loader,
                                          const CalibrationOptions& options, Graph<float>& g);
 
 // Sets every chosen quantizer's scale (weights: per-channel max |w| / 127; activations: amax of
 // `method` / 127) and enables it; every other quantizer goes to float. Returns {name: amax} (the
 // largest channel's amax for weights).
-std::map<std::string, double> apply_calibration(model::BertForPreTraining& model, const CalibrationStatistics& stats,
-                                                Method method, double percentile);
+std::map<std::string, double> apply_calibration(model::Bert& model, const CalibrationStatistics& stats, Method method,
+                                                double percentile);
 
 // All in one: collect, then apply `options.method`.
-std::map<std::string, double> calibrate(model::BertForPreTraining& model, data::ShardLoader& loader,
+std::map<std::string, double> calibrate(model::Bert& model, data::ShardLoader& loader,
                                         const CalibrationOptions& options, Graph<float>& g);
 
 // The floor the optimizer keeps learned scales above (Optimizer::set_minimum): they stay positive.
@@ -71,13 +71,13 @@ constexpr float kMinimumScale = 1e-8f;
 // 127.5 everywhere in the channel): such a channel outputs its bias alone and, behind the
 // straight-through mask, never gets a gradient again. Reads the arena's host values. Each entry is
 // "<quantizer name>[<channel>]".
-std::vector<std::string> fully_saturated_channels(model::BertForPreTraining& model);
+std::vector<std::string> fully_saturated_channels(model::Bert& model);
 
 // Every quantizer to float.
-void disable_all(model::BertForPreTraining& model);
+void disable_all(model::Bert& model);
 
 // Plan files: {"keep_float": [names...], ...}; reading checks every name exists in the model.
-std::vector<std::string> read_plan(const std::string& path, model::BertForPreTraining& model);
+std::vector<std::string> read_plan(const std::string& path, model::Bert& model);
 void write_plan(const std::string& path, const std::vector<std::string>& keep_float, const Json& details);
 
 }  // namespace bert::quant

@@ -13,6 +13,7 @@
 #include "data/examples.h"
 #include "data/loader.h"
 #include "data/shard.h"
+#include "data/task_data.h"
 #include "data/tokenizer.h"
 #include "tools/tool_main.h"
 
@@ -46,11 +47,63 @@ void run_split(const std::vector<std::string>& inputs, const std::string& output
   spdlog::info("split: {} documents, {} sentences -> {}", reader.documents_read(), count, output);
 }
 
+// task: JSON lines -> one task shard.
+void run_task(const std::string& input, const std::string& output, const std::string& tokenizer_path,
+              const std::string& task, const std::string& labels_path, int64_t max_seq_len) {
+  TaskDataOptions options;
+  if (task == "seq-cls")
+    options.kind = ShardKind::kSequenceLabels;
+  else if (task == "token-cls")
+    options.kind = ShardKind::kTokenLabels;
+  else
+    throw UserError("--task '" + task + "': expected seq-cls or token-cls");
+  options.max_seq_len = max_seq_len;
+  if (!labels_path.empty()) options.labels = read_label_names(labels_path);
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_path);
+  TaskDataReport report;
+  const Shard shard = make_task_shard(input, *tokenizer, options, &report);
+  write_shard(output, shard);
+  spdlog::info("task: {} {} examples, {} labels -> {}", report.examples, task, shard.label_names.size(), output);
+  if (report.truncated > 0)
+    spdlog::warn("task: {} example(s) longer than --max-seq-len {} were truncated{}", report.truncated, max_seq_len,
+                 report.labels_dropped ? fmt::format(" ({} word labels dropped)", report.labels_dropped) : "");
+}
+
+void inspect_task_shard(const std::string& path, const Shard& s, const Tokenizer* tokenizer, int show) {
+  std::vector<int64_t> counts(s.label_names.size(), 0);
+  int64_t tokens = 0, ignored = 0;
+  for (int32_t label : s.labels) label == kIgnoredLabel ? ++ignored : ++counts[label];
+  for (int8_t m : s.input_mask) tokens += m;
+  const int64_t labeled = static_cast<int64_t>(s.labels.size()) - ignored;
+  std::printf("%s: %lld %s examples, seq_len %lld, %.1f tokens/example, %lld labels\n", path.c_str(), (long long)s.size,
+              shard_kind_name(s.kind).c_str(), (long long)s.seq_len, double(tokens) / std::max<int64_t>(s.size, 1),
+              (long long)labeled);
+  for (size_t l = 0; l < counts.size(); ++l)
+    std::printf("  %-24s %8lld (%.1f%%)\n", s.label_names[l].c_str(), (long long)counts[l],
+                100.0 * counts[l] / std::max<int64_t>(labeled, 1));
+  for (int64_t i = 0; i < std::min<int64_t>(show, s.size); ++i) {
+    std::printf("  example %lld:", (long long)i);
+    for (int64_t j = 0; j < s.seq_len && s.input_mask[i * s.seq_len + j]; ++j) {
+      const int32_t id = s.input_ids[i * s.seq_len + j];
+      std::printf(" %s", tokenizer ? tokenizer->piece(id).c_str() : std::to_string(id).c_str());
+      const int32_t label = s.kind == ShardKind::kTokenLabels ? s.labels[i * s.seq_len + j] : kIgnoredLabel;
+      if (label != kIgnoredLabel) std::printf("/%s", s.label_names[label].c_str());
+    }
+    if (s.kind == ShardKind::kSequenceLabels) std::printf("  -> %s", s.label_names[s.labels[i]].c_str());
+    std::printf("\n");
+  }
+}
+
 void run_inspect(const std::vector<std::string>& paths, const std::string& tokenizer_path, int show) {
   std::unique_ptr<Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) tokenizer = load_tokenizer(tokenizer_path);
   for (const std::string& path : expand_shard_paths(paths)) {
     Shard s = read_shard(path);
+    if (tokenizer) check_shard_compatible(s, path, tokenizer->vocab_size(), s.seq_len, tokenizer->file_sha256());
+    if (s.is_task()) {
+      inspect_task_shard(path, s, tokenizer.get(), show);
+      continue;
+    }
     int64_t random_next = 0, tokens = 0, predictions = 0;
     for (int64_t i = 0; i < s.size; ++i) random_next += s.next_sentence_labels[i];
     for (int8_t m : s.input_mask) tokens += m;
@@ -66,7 +119,6 @@ void run_inspect(const std::vector<std::string>& paths, const std::string& token
     if (s.metadata)
       std::printf("  metadata: vocab_size %lld, tokenizer sha256 %s, seed %llu\n", (long long)s.metadata->vocab_size,
                   s.metadata->tokenizer_sha256.c_str(), (unsigned long long)s.metadata->seed);
-    if (tokenizer) check_shard_compatible(s, path, tokenizer->vocab_size(), s.seq_len, tokenizer->file_sha256());
     for (int64_t i = 0; i < std::min<int64_t>(show, s.size); ++i) {
       std::vector<int32_t> ids;
       for (int64_t j = 0; j < s.seq_len && s.input_mask[i * s.seq_len + j]; ++j)
@@ -91,12 +143,13 @@ int main(int argc, char** argv) {
   CLI::App app{
       "bert-data: build BERT pretraining data. Steps: `split` (prose -> one sentence per line), "
       "`tokenizer` (train SentencePiece), `shards` (MLM+NSP examples in NVIDIA's HDF5 layout), "
-      "`inspect` (check and summarise shards)."};
+      "`task` (fine-tuning data: JSON lines -> a task shard), `inspect` (check and summarise shards)."};
   app.footer(
       "Examples:\n"
       "  bert-data split --input my.paragraphs.txt --output my.txt\n"
       "  bert-data tokenizer --input my.txt --output spm --vocab-size 16000\n"
       "  bert-data shards --input my.txt --tokenizer spm.model --output shards/ --max-seq-len 128\n"
+      "  bert-data task --task token-cls --input pos/train.jsonl --tokenizer spm.model --output pos/train.hdf5\n"
       "  bert-data inspect shards/ --tokenizer spm.model\n"
       "Each step has its own --help (e.g. bert-data shards --help). Guide: docs/data.md");
   app.require_subcommand(1);
@@ -160,6 +213,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30))
       ->capture_default_str();
 
+  // task
+  std::string task_input, task_output, task_tokenizer, task_kind, task_labels;
+  int64_t task_seq_len = 128;
+  auto* task = app.add_subcommand(
+      "task",
+      "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\", or "
+      "{\"tokens\": [...], \"tags\": [...]}) -> one HDF5 task shard; a word's first piece carries its tag");
+  task->add_option("--task", task_kind, "seq-cls (a label per text) | token-cls (a tag per word)")->required();
+  task->add_option("--input", task_input, "JSON-lines file")->required();
+  task->add_option("--tokenizer", task_tokenizer,
+                   "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
+      ->required();
+  task->add_option("--output", task_output, "output shard (.hdf5)")->required();
+  task->add_option("--labels", task_labels,
+                   "the label set, in id order: a file with one label per line, or a task shard made before (give "
+                   "the training shard when making dev/test); default: the input's distinct labels, sorted");
+  task->add_option("--max-seq-len", task_seq_len, "tokens per example (longer ones are truncated, with a warning)")
+      ->capture_default_str();
+
   // inspect
   std::vector<std::string> inspect_paths;
   std::string inspect_tokenizer;
@@ -198,6 +270,7 @@ int main(int argc, char** argv) {
         spdlog::info("shards: {} single-sentence documents gave random-next pairs only",
                      stats.single_sentence_documents);
     }
+    if (*task) run_task(task_input, task_output, task_tokenizer, task_kind, task_labels, task_seq_len);
     if (*inspect) run_inspect(inspect_paths, inspect_tokenizer, inspect_show);
     return 0;
   });

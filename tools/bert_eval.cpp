@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
 
     // The device first: the model's device memory must be freed before the device goes.
     const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
-    model::BertForPreTraining model(train::read_model_config(source));
+    model::Bert model(train::read_model_config(source));
     const train::TrainingState state = train::load_model(source, model);
     model.place_on(*device);
     Graph<float> g(*device);

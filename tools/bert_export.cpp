@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     if (output.empty() && hf_dir.empty()) throw UserError("nothing to do: give --onnx FILE and/or --hf DIR");
     const train::ModelSource source = train::find_model(checkpoint);
     checkpoint = source.path;
-    model::BertForPreTraining model(train::read_model_config(source));
+    model::Bert model(train::read_model_config(source));
     const train::TrainingState state = train::load_model(source, model);
     if (!plan.empty())
       for (const std::string& name : quant::read_plan(plan, model))

@@ -32,7 +32,9 @@ int main(int argc, char** argv) {
   double dropout = -1;
   CLI::App app{
       "bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
-      "(NVIDIA's layout, e.g. from `bert-data shards`). Writes OUT/config.json, the tokenizer (OUT/tokenizer.model or "
+      "(NVIDIA's layout, e.g. from `bert-data shards`), or fine-tune it for sequence or token classification on "
+      "task shards (`bert-data task`), in FP32 or with quantization-aware training. Writes OUT/config.json, the "
+      "tokenizer (OUT/tokenizer.model or "
       "OUT/vocab.txt), "
       "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues."};
   app.footer(
@@ -41,6 +43,8 @@ int main(int argc, char** argv) {
       "             --steps 10000 --batch-size 128 --lr 1e-3 --warmup 0.1\n"
       "  bert-train --init-from runs/mini/checkpoint.h5 --qat --train shards/ --out runs/mini-qat --steps 1000 --lr "
       "1e-4\n"
+      "  bert-train --init-from runs/mini --train genre/train.hdf5 --eval genre/dev.hdf5 --out runs/genre \\\n"
+      "             --steps 600 --batch-size 32 --lr 5e-5      # fine-tune: the head comes from the task shards\n"
       "The same command with --resume continues an interrupted run exactly.\n"
       "Guide: docs/training.md (GPUs: --device cuda --precision tf32)");
   app.add_option("--train", o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
@@ -55,6 +59,10 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
   app.add_option("--dropout", dropout, "hidden and attention dropout (default: the config's, 0.1)")
       ->check(CLI::Range(0.0, 0.99));
+  std::string task;
+  app.add_option("--task", task,
+                 "seq-cls | token-cls: what the run fine-tunes (default: whatever the training shards hold; "
+                 "given, it must agree with them)");
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "sequences per micro-batch")->capture_default_str();
   app.add_option("--accumulate", o.accumulation, "micro-batches per optimizer step")->capture_default_str();
@@ -130,6 +138,7 @@ int main(int argc, char** argv) {
     o.schedule = train::parse_schedule(schedule);
     o.optimizer.kind = train::parse_optimizer(optimizer);
     o.on_nonfinite = train::parse_on_nonfinite(on_nonfinite);
+    if (!task.empty()) o.task = model::parse_task(task);
     o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
     if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
     // The tokenizer: the given one, else the copy in the output folder (--resume), else the one shipped

@@ -28,8 +28,7 @@ int64_t required_int(hid_t file, const char* name, const std::string& path) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer,
-                     const TrainingState& state) {
+void save_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer, const TrainingState& state) {
   hdf5::Quiet quiet;
   AtomicFile file(path);
   {
@@ -84,7 +83,7 @@ model::BertConfig read_checkpoint_config(const std::string& path) {
   }
 }
 
-TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer) {
+TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer) {
   hdf5::Quiet quiet;
   hdf5::Handle h = hdf5::open_read(path, "checkpoint");
   const hid_t root = h.get();
@@ -99,12 +98,22 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
     std::copy(buffer.begin(), buffer.end(), dst);
   };
   const bool has_optimizer_state = hdf5::exists(root, "optimizer");
+  const bool other_head = read_checkpoint_config(path).head != model.config().head;
+  if (optimizer && other_head)
+    throw UserError("checkpoint '" + path + "' has another head than the model (" +
+                    model::head_architecture(read_checkpoint_config(path).head) + " vs " +
+                    model::head_architecture(model.config().head) + "): it cannot resume this run");
+  TrainingState s;
   if (optimizer && !has_optimizer_state)
     throw UserError("checkpoint '" + path +
                     "' holds no optimizer state (a model-only checkpoint cannot resume training)");
   for (ParamId id = 0; id < params.size(); ++id) {
     Parameter<float> p = params.get(id);
     if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) continue;  // FP32 checkpoint
+    if (other_head && model.is_head_parameter(*p.name) && !hdf5::exists(root, "model/" + *p.name)) {
+      s.fresh_parameters.push_back(*p.name);
+      continue;
+    }
     load_into("model/" + *p.name, p.value.data(), p.value.shape());
     if (optimizer && hdf5::exists(root, "optimizer/exp_avg/" + *p.name)) {
       const int64_t offset = p.value.data() - base;
@@ -112,7 +121,6 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
       load_into("optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset, p.value.shape());
     }
   }
-  TrainingState s;
   s.step = required_int(root, "step", path);
   s.dropout_rng.seed = static_cast<uint64_t>(required_int(root, "dropout_rng_seed", path));
   s.dropout_rng.counter = static_cast<uint64_t>(required_int(root, "dropout_rng_counter", path));
@@ -126,6 +134,7 @@ TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining
   for (model::Quantizer* q : model.quantizers()) q->mode = model::QuantMode::kFloat;
   for (const Json& name : enabled.as_array()) {
     model::Quantizer* q = model.find_quantizer(name.as_string());
+    if (!q && other_head) continue;  // a quantizer of the other head
     if (!q)
       throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "', which this model lacks");
     if (!hdf5::exists(root, "model/" + q->name + ".scale"))

@@ -21,18 +21,22 @@ struct TrainingState {
   std::string tokenizer_sha256;
   Json run;           // the options the run was started with
   Json quantization;  // the quantization recipe (calibrator, QAT steps, ...); null for FP32
+  // Loading into a model with another head (fine-tuning from a pretraining checkpoint): the head
+  // parameters the checkpoint lacked, which kept their initialisation.
+  std::vector<std::string> fresh_parameters;
 };
 
-void save_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer,
-                     const TrainingState& state);
+void save_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer, const TrainingState& state);
 
 // The model config a checkpoint was made with (to build the model before loading into it).
 model::BertConfig read_checkpoint_config(const std::string& path);
 
 // Loads every parameter (each must be present with its shape; UserError naming the tensor otherwise)
-// and, when `optimizer` is given, its moments and step count. The names of the quantizers that were
-// enabled are stored too: they come back in kQuantize mode, every other quantizer in kFloat. Quantizer
-// scales may be absent (an FP32 checkpoint): they keep their placeholder value.
-TrainingState load_checkpoint(const std::string& path, model::BertForPreTraining& model, Optimizer* optimizer);
+// and, when `optimizer` is given, its moments and step count. A checkpoint of another head (config
+// "architectures") may lack the model's head parameters: those keep their values (initialise the model
+// first) and are listed in fresh_parameters; tensors and quantizers of the other head are ignored. The names of the
+// quantizers that were enabled are stored too: they come back in kQuantize mode, every other quantizer in kFloat.
+// Quantizer scales may be absent (an FP32 checkpoint): they keep their placeholder value.
+TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer);
 
 }  // namespace bert::train

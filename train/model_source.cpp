@@ -43,7 +43,7 @@ model::BertConfig read_model_config(const ModelSource& source) {
   return source.hugging_face ? hf::read_config(source.path) : read_checkpoint_config(source.path);
 }
 
-TrainingState load_model(const ModelSource& source, model::BertForPreTraining& model, uint64_t init_seed) {
+TrainingState load_model(const ModelSource& source, model::Bert& model, uint64_t init_seed) {
   if (!source.hugging_face) return load_checkpoint(source.path, model, nullptr);
   const hf::ImportReport report = hf::import_model(source.path, model, init_seed);
   std::string dtypes;
@@ -61,10 +61,9 @@ TrainingState load_model(const ModelSource& source, model::BertForPreTraining& m
   return state;
 }
 
-std::unique_ptr<model::BertForPreTraining> open_model(const std::string& path, ModelSource* source,
-                                                      TrainingState* state) {
+std::unique_ptr<model::Bert> open_model(const std::string& path, ModelSource* source, TrainingState* state) {
   ModelSource s = find_model(path);
-  auto model = std::make_unique<model::BertForPreTraining>(read_model_config(s));
+  auto model = std::make_unique<model::Bert>(read_model_config(s));
   TrainingState loaded = load_model(s, *model);
   if (source) *source = s;
   if (state) *state = std::move(loaded);

@@ -25,10 +25,9 @@ model::BertConfig read_model_config(const ModelSource& source);
 // read_model_config. For a Hugging Face directory the state has step 0, the SHA-256 of the
 // directory's vocab.txt as tokenizer hash, and the quantization recipe if the export recorded one;
 // import warnings (fresh heads, unused tensors) are logged.
-TrainingState load_model(const ModelSource& source, model::BertForPreTraining& model, uint64_t init_seed = 1);
+TrainingState load_model(const ModelSource& source, model::Bert& model, uint64_t init_seed = 1);
 
 // find_model + read_model_config + load_model.
-std::unique_ptr<model::BertForPreTraining> open_model(const std::string& path, ModelSource* source,
-                                                      TrainingState* state);
+std::unique_ptr<model::Bert> open_model(const std::string& path, ModelSource* source, TrainingState* state);
 
 }  // namespace bert::train

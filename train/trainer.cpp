@@ -99,6 +99,7 @@ Json TrainOptions::to_json() const {
   j["init_from"] = init_from;
   j["keep_checkpoints"] = keep_checkpoints;
   j["on_nonfinite"] = on_nonfinite == OnNonFinite::kSkip ? "skip" : "stop";
+  j["task"] = model::head_task_name(config.head);
   j["qat"] = qat;
   if (qat) {
     j["calibrator"] = calibration.method;
@@ -190,6 +191,41 @@ void keep_numbered_checkpoints(const std::string& output_dir, const std::string&
   for (size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i].second, ec);
 }
 
+model::Head head_of(data::ShardKind kind) {
+  switch (kind) {
+    case data::ShardKind::kSequenceLabels:
+      return model::Head::kSequenceClassification;
+    case data::ShardKind::kTokenLabels:
+      return model::Head::kTokenClassification;
+    default:
+      return model::Head::kPretraining;
+  }
+}
+
+std::string label_list(const std::vector<std::string>& labels) {
+  std::string s;
+  for (size_t i = 0; i < labels.size() && i < 8; ++i) s += (i ? ", " : "") + labels[i];
+  return s + (labels.size() > 8 ? ", ... (" + std::to_string(labels.size()) + ")" : "");
+}
+
+// Gives `config` the head and labels of the training data. A model that already has that head must
+// have the same labels (in the same order); a model with another head gets the new one.
+void adopt_task(model::BertConfig& config, model::Head head, const std::vector<std::string>& labels,
+                const std::string& source) {
+  if (config.head == head) {
+    if (head != model::Head::kPretraining && config.labels != labels)
+      throw UserError(source + " classifies into [" + label_list(config.labels) + "], the training shards into [" +
+                      label_list(labels) + "]: a head mismatch (fine-tune from the encoder of a pretraining model, " +
+                      "or make the shards with the model's labels)");
+    return;
+  }
+  if (head == model::Head::kPretraining)
+    throw UserError(source + " is a " + model::head_architecture(config.head) +
+                    "; pretraining shards need a BertForPreTraining model");
+  config.head = head;
+  config.labels = labels;
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
@@ -221,8 +257,23 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       throw UserError("--init-from '" + o.init_from + "' has vocab_size " + std::to_string(config.vocab_size) +
                       ", the tokenizer " + std::to_string(o.tokenizer_vocab_size));
   }
+  data::LoaderOptions loader_options;
+  loader_options.shards = data::expand_shard_paths(o.train_shards);
+  loader_options.batch_size = o.batch_size;
+  loader_options.seed = o.seed;
+  data::ShardLoader loader(loader_options);
+  const model::Head head = head_of(loader.kind());
+  if (o.task && *o.task != head)
+    throw UserError("--task " + model::head_task_name(*o.task) + ": the training shards are " +
+                    data::shard_kind_name(loader.kind()) + " shards ('" + loader_options.shards.front() + "')");
+  adopt_task(config, head, loader.label_names(),
+             o.resume              ? "the checkpoint"
+             : o.init_from.empty() ? "the model"
+                                   : "--init-from '" + o.init_from + "'");
+  const bool pretraining = head == model::Head::kPretraining;
+
   const std::unique_ptr<Device> device = Device::open(o.device, parse_precision(o.precision));
-  model::BertForPreTraining model(config);
+  model::Bert model(config);
   // On a GPU the arena gets its device mirror now, so the optimizer's moments live there too; values
   // are loaded or initialised on the host and uploaded below.
   model.place_on(*device);
@@ -231,11 +282,6 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
   Optimizer optimizer(o.optimizer, model.parameters(), decays);
 
-  data::LoaderOptions loader_options;
-  loader_options.shards = data::expand_shard_paths(o.train_shards);
-  loader_options.batch_size = o.batch_size;
-  loader_options.seed = o.seed;
-  data::ShardLoader loader(loader_options);
   if (!data::check_loader_compatible(loader, loader_options.shards.front(), config.vocab_size,
                                      config.max_position_embeddings, o.tokenizer_sha256))
     spdlog::warn("training shards carry no tokenizer metadata (made by another tool?): cannot check they match '{}'",
@@ -267,11 +313,15 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     if (o.init_from.empty()) {
       model.initialize(o.seed);
     } else {
+      model.initialize(o.seed);  // a head the checkpoint lacks keeps this
       const TrainingState init = load_model(find_model(o.init_from), model, o.seed);
       if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != o.tokenizer_sha256)
         throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path +
                         "'");
       spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
+      if (!init.fresh_parameters.empty())
+        spdlog::info("fine-tuning for {} with {} labels: new head {}", model::head_architecture(config.head),
+                     config.num_labels(), label_list(init.fresh_parameters));
     }
     params.upload_values();
     if (o.qat) {
@@ -324,11 +374,16 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
                  scale_training_name(o.scales));
 
   // The teacher for distillation: the --init-from weights, every quantizer in float.
-  std::unique_ptr<model::BertForPreTraining> teacher;
+  std::unique_ptr<model::Bert> teacher;
   if (o.distill_weight > 0) {
-    teacher = std::make_unique<model::BertForPreTraining>(config);
+    const ModelSource teacher_source = find_model(o.init_from);
+    if (read_model_config(teacher_source).head != config.head)
+      throw UserError("--distill: the teacher '" + o.init_from + "' has another head (" +
+                      model::head_architecture(read_model_config(teacher_source).head) +
+                      "); distil from a model fine-tuned for this task");
+    teacher = std::make_unique<model::Bert>(config);
     teacher->place_on(*device);
-    load_model(find_model(o.init_from), *teacher, o.seed);
+    load_model(teacher_source, *teacher, o.seed);
     quant::disable_all(*teacher);
     teacher->parameters().upload_values();
     spdlog::info("distilling from '{}' (weight {:g}, temperature {:g})", o.init_from, o.distill_weight,
@@ -345,11 +400,12 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   const int64_t warmup = static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps));
   const int64_t params_count = model.parameters().num_elements();
   spdlog::info(
-      "training BERT L{}/H{}/A{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
+      "training BERT L{}/H{}/A{}{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
       "{} lr {:g} (warmup {}, {} decay), on {}",
-      config.num_hidden_layers, config.hidden_size, config.num_attention_heads, params_count / 1e6, config.vocab_size,
-      o.steps, o.batch_size, o.accumulation, loader.seq_len(), optimizer_name(o.optimizer.kind), o.learning_rate,
-      warmup, schedule_name(o.schedule),
+      config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+      pretraining ? "" : fmt::format(" {} ({} labels)", model::head_architecture(config.head), config.num_labels()),
+      params_count / 1e6, config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(),
+      optimizer_name(o.optimizer.kind), o.learning_rate, warmup, schedule_name(o.schedule),
       device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
 
   std::ofstream metrics_log(metrics_path, std::ios::app);
@@ -369,17 +425,29 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     eo.shuffle = false;
     eo.repeat = false;
     data::ShardLoader eval_loader(eo);
+    if (eval_loader.kind() != loader.kind() || eval_loader.label_names() != loader.label_names())
+      throw UserError("--eval: the evaluation shards ('" + eval_paths.front() + "') are " +
+                      data::shard_kind_name(eval_loader.kind()) + " shards with other labels than the training ones");
     Graph<float> eval_graph(*device);
-    result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
-    const auto& m = result.last_eval;
-    spdlog::info(
-        "eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
-        "(majority {:.4f}) over {} predictions",
-        state.step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
-        m.nsp_majority_accuracy(), m.predictions);
     Json line;
     line["step"] = state.step;
-    line["eval"] = m.to_json();
+    if (pretraining) {
+      result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
+      const auto& m = result.last_eval;
+      spdlog::info(
+          "eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
+          "(majority {:.4f}) over {} predictions",
+          state.step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
+          m.nsp_majority_accuracy(), m.predictions);
+      line["eval"] = m.to_json();
+    } else {
+      result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph);
+      const auto& m = result.last_task_eval;
+      spdlog::info("eval step {}: accuracy {:.4f} (majority label {:.4f}), macro-F1 {:.4f}, loss {:.4f} over {} {}",
+                   state.step, m.accuracy(), m.majority_accuracy(), m.macro_f1(), m.loss(), m.examples,
+                   config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
+      line["eval"] = m.to_json(config.labels);
+    }
     metrics_log << line.dump() << "\n" << std::flush;
   };
 
@@ -387,6 +455,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   Graph<float> g(*device);
   data::Batch batch;
   eval::PretrainingMetrics window;
+  eval::TaskMetrics task_window(config.num_labels());
   double window_seconds = 0, window_grad_norm = 0;
   int64_t window_steps = 0;
   const int64_t first_step = state.step + 1;
@@ -401,33 +470,39 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     for (int64_t micro = 0; micro < o.accumulation && nonfinite.empty(); ++micro) {
       loader.next(batch);
       const model::BertBatch b = quant::as_model_batch(batch);
-      model::PretrainingOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
+      model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
       Var objective = out.loss;
       if (teacher) {
-        model::PretrainingOutputs taught;
+        model::ModelOutputs taught;
         {
           NoGradGuard<float> no_grad(g);
           Rng unused(0);  // no dropout in the teacher
           taught = teacher->forward(g, b, /*training=*/false, unused);
         }
         const double t = o.distill_temperature, w = o.distill_weight;
-        Var kd = ops::add(g, ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t),
-                          ops::distillation_loss(g, out.nsp_logits, taught.nsp_logits, t));
+        Var kd = pretraining ? ops::add(g, ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t),
+                                        ops::distillation_loss(g, out.nsp_logits, taught.nsp_logits, t))
+                             : ops::distillation_loss(g, out.logits, taught.logits, t);
         objective = ops::add(g, ops::scale(g, out.loss, 1.0 - w), ops::scale(g, kd, w));
       }
-      // The progress log shows MLM + NSP (comparable with runs without distillation); the objective
-      // must be finite too.
+      // The progress log shows MLM + NSP or the task loss (comparable with runs without
+      // distillation); the objective must be finite too.
       const double loss = g.item(out.loss);
       if (!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) {
-        const double mlm = g.item(out.mlm_loss), nsp = g.item(out.nsp_loss);
+        std::string parts;
+        if (pretraining)
+          parts =
+              " (MLM " + std::to_string(g.item(out.mlm_loss)) + ", NSP " + std::to_string(g.item(out.nsp_loss)) + ")";
         params.download_values();
-        nonfinite = "loss is " + std::to_string(loss) + " (MLM " + std::to_string(mlm) + ", NSP " +
-                    std::to_string(nsp) + "), " + describe_weights(model.parameters());
+        nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(model.parameters());
         g.clear();
         break;
       }
       step_loss += loss / o.accumulation;
-      window.add(g, out, b);
+      if (pretraining)
+        window.add(g, out, b);
+      else
+        task_window.add(g, out);
       g.backward(o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation));
     }
     double grad_norm = 0;
@@ -471,17 +546,25 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
         const auto [used, total] = device->memory_use();
         memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
       }
-      spdlog::info(
-          "step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
-          state.step, o.steps, window.mlm_loss() + window.nsp_loss(), window.mlm_accuracy(), window.nsp_accuracy(), lr,
-          window_grad_norm / window_steps, seq_per_s, format_duration(eta), memory);
       Json line;
       line["step"] = state.step;
-      line["loss"] = window.mlm_loss() + window.nsp_loss();
-      line["mlm_loss"] = window.mlm_loss();
-      line["mlm_accuracy"] = window.mlm_accuracy();
-      line["nsp_loss"] = window.nsp_loss();
-      line["nsp_accuracy"] = window.nsp_accuracy();
+      if (pretraining) {
+        spdlog::info(
+            "step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
+            state.step, o.steps, window.mlm_loss() + window.nsp_loss(), window.mlm_accuracy(), window.nsp_accuracy(),
+            lr, window_grad_norm / window_steps, seq_per_s, format_duration(eta), memory);
+        line["loss"] = window.mlm_loss() + window.nsp_loss();
+        line["mlm_loss"] = window.mlm_loss();
+        line["mlm_accuracy"] = window.mlm_accuracy();
+        line["nsp_loss"] = window.nsp_loss();
+        line["nsp_accuracy"] = window.nsp_accuracy();
+      } else {
+        spdlog::info("step {:>6}/{}  loss {:.4f}  acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
+                     state.step, o.steps, task_window.loss(), task_window.accuracy(), lr,
+                     window_grad_norm / window_steps, seq_per_s, format_duration(eta), memory);
+        line["loss"] = task_window.loss();
+        line["accuracy"] = task_window.accuracy();
+      }
       line["learning_rate"] = lr;
       line["grad_norm"] = window_grad_norm / window_steps;
       line["sequences_per_second"] = seq_per_s;
@@ -503,6 +586,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       }
       metrics_log << line.dump() << "\n" << std::flush;
       window = {};
+      task_window = eval::TaskMetrics(config.num_labels());
       window_seconds = window_grad_norm = 0;
       window_steps = 0;
     }

@@ -1,10 +1,12 @@
-// The pretraining loop: MLM + NSP on shards through the loader, AdamW or LAMB with warmup and decay,
-// global-norm clipping, gradient accumulation, a progress line, a JSON-lines metrics log, periodic
-// held-out evaluation, atomic checkpoints and exact resume.
+// The training loop: pretraining (MLM + NSP) or fine-tuning (sequence or token classification, from
+// task shards) through the loader, AdamW or LAMB with warmup and decay, global-norm clipping, gradient
+// accumulation, a progress line, a JSON-lines metrics log, periodic held-out evaluation, atomic
+// checkpoints and exact resume.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,10 @@ struct TrainOptions {
   int64_t tokenizer_vocab_size = 0;
   std::string tokenizer_sha256;
   model::BertConfig config;
+  // What the run trains: the training shards decide (pretraining shards: MLM + NSP; task shards: their
+  // head and labels); when set, it must agree with them. Fine-tuning starts from --init-from (any head,
+  // or a Hugging Face directory): the encoder is loaded, a head it lacks is initialised.
+  std::optional<model::Head> task;
 
   // Where training runs: auto (a GPU when one is present), cpu, cuda or cuda:N; and the GEMM precision
   // on a GPU (fp32 or tf32; the CPU trains in fp32).
@@ -62,7 +68,8 @@ struct TrainOptions {
   ScaleTraining scales = ScaleTraining::kLearned;
   // Knowledge distillation from the --init-from model (in float, no dropout) as teacher: the loss is
   // (1 - w) (MLM + NSP) + w (KL on the MLM logits at the masked positions + KL on the NSP logits), each
-  // KL at this temperature (ops::distillation_loss). 0: off.
+  // KL at this temperature (ops::distillation_loss); for a task, (1 - w) CE + w KL on the task logits.
+  // 0: off.
   double distill_weight = 0.0;
   double distill_temperature = 2.0;
 
@@ -95,7 +102,8 @@ struct TrainResult {
   double seconds = 0, sequences_per_second = 0;
   int64_t skipped_steps = 0;  // updates dropped for a non-finite loss or gradient (--on-nonfinite skip)
   eval::PretrainingMetrics last_eval;
-  std::vector<double> losses;  // per optimizer step, from this run's first step
+  eval::TaskMetrics last_task_eval;  // fine-tuning runs
+  std::vector<double> losses;        // per optimizer step, from this run's first step
 };
 
 // Runs training. `stop` (e.g. set by a SIGINT handler) is checked after every step; when set, a

@@ -47,7 +47,7 @@ Inputs make_inputs(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
 }
 
 // Our engine's logits at every position but 0 (M = B (T - 1), V) and the NSP logits (B, 2).
-std::pair<std::vector<float>, std::vector<float>> engine(model::BertForPreTraining& m, const Inputs& in) {
+std::pair<std::vector<float>, std::vector<float>> engine(model::Bert& m, const Inputs& in) {
   std::vector<int32_t> positions, targets;
   for (int64_t i = 0; i < in.b; ++i)
     for (int64_t j = 1; j < in.t; ++j) positions.push_back(static_cast<int32_t>(j)), targets.push_back(0);
@@ -55,7 +55,7 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::BertForPreTraini
   Graph<float> g;
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
-  model::PretrainingOutputs out = m.forward(g, batch, false, unused);
+  model::ModelOutputs out = m.forward(g, batch, false, unused);
   return {std::vector<float>(g.value(out.mlm_logits).begin(), g.value(out.mlm_logits).end()),
           std::vector<float>(g.value(out.nsp_logits).begin(), g.value(out.nsp_logits).end())};
 }
@@ -133,7 +133,7 @@ model::BertConfig small_config() {
 }
 
 // Calibrates every quantizer (residual inputs too) with max on one batch, and enables them.
-void quantize_all(model::BertForPreTraining& m, const Inputs& in) {
+void quantize_all(model::Bert& m, const Inputs& in) {
   quant::CalibrationStatistics stats;
   stats.quantizers = m.quantizers();
   for (model::Quantizer* q : stats.quantizers)
@@ -145,7 +145,7 @@ void quantize_all(model::BertForPreTraining& m, const Inputs& in) {
 TEST(OnnxExport, Fp32MatchesOurEngineInOnnxRuntimeAtTwoShapes) {
   for (int opset : {17, 13}) {
     SCOPED_TRACE("opset " + std::to_string(opset));
-    model::BertForPreTraining m(small_config());
+    model::Bert m(small_config());
     m.initialize(3);
     ExportOptions options;
     options.opset = opset;
@@ -178,7 +178,7 @@ TEST(OnnxExport, MatchesOurEngineOnRealShardInputs) {
   const Inputs in{batch.size, batch.seq_len, batch.input_ids, batch.input_mask, batch.segment_ids};
   model::BertConfig c = small_config();
   c.vocab_size = 800;
-  model::BertForPreTraining m(c);
+  model::Bert m(c);
   m.initialize(12);
   testing::TempDir dir;
   for (bool qdq : {false, true}) {
@@ -195,7 +195,7 @@ TEST(OnnxExport, MatchesOurEngineOnRealShardInputs) {
 }
 
 TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
-  model::BertForPreTraining m(small_config());
+  model::Bert m(small_config());
   m.initialize(5);
   quantize_all(m, make_inputs(4, 12, 60, 1));
   ExportOptions options;
@@ -259,7 +259,7 @@ TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
   lo.batch_size = 32;
   lo.shuffle = false;
   lo.repeat = false;
-  model::BertForPreTraining m(small_config());
+  model::Bert m(small_config());
   m.initialize(9);
   for (bool qdq : {false, true}) {
     SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
@@ -292,7 +292,7 @@ TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
   lo.shards = {synthetic_shard(dir)};
   lo.batch_size = 32;
   lo.repeat = false;
-  model::BertForPreTraining m(small_config());
+  model::Bert m(small_config());
   m.initialize(4);
   const onnx::ModelProto fp32 = export_bert(m, {});
   const std::vector<std::string> names = cache_tensors(fp32);
@@ -355,7 +355,7 @@ TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
 }
 
 TEST(Triton, RepositoryHasTheModelAndAConfigMatchingItsInputsAndOutputs) {
-  model::BertForPreTraining m(small_config());
+  model::Bert m(small_config());
   m.initialize(2);
   ExportOptions options;
   options.masked_positions = true;
@@ -394,7 +394,7 @@ bool flags_rule(const std::vector<RuleViolation>& v, int rule) {
 }
 
 TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
-  model::BertForPreTraining m(small_config());
+  model::Bert m(small_config());
   m.initialize(7);
   quantize_all(m, make_inputs(4, 12, 60, 2));
   // LSQ can shrink a weight scale below max|w| / 127: the exporter clamps, so no weight reaches -128.

@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (config.vocab_size * config.hidden_size > (1 << 22) || config.num_hidden_layers > 4 ||
         config.intermediate_size * config.hidden_size > (1 << 22) || config.max_position_embeddings > 4096)
       return;
-    model::BertForPreTraining m(config);
+    model::Bert m(config);
     train::load_checkpoint(file.path(), m, nullptr);
   });
   return 0;

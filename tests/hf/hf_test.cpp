@@ -68,14 +68,14 @@ double relative_error(TensorView<float> actual, const std::vector<float>& expect
 
 // Imports `dir` and checks the logits against PyTorch's for the same weights.
 ImportReport expect_logits_match(const std::string& dir, const std::string& tag) {
-  model::BertForPreTraining m(read_config(dir));
+  model::Bert m(read_config(dir));
   ImportReport report = import_model(dir, m);
   Expected e(tag);
   Graph<float> g;
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
   const model::BertBatch batch = e.batch_view();
-  model::PretrainingOutputs out = m.forward(g, batch, false, unused);
+  model::ModelOutputs out = m.forward(g, batch, false, unused);
   EXPECT_LT(relative_error(g.value(out.mlm_logits), e.mlm), 1e-4) << dir;
   EXPECT_LT(relative_error(g.value(out.nsp_logits), e.nsp), 1e-4) << dir;
   return report;
@@ -181,7 +181,7 @@ TEST(HfImport, Bfloat16CheckpointWithLegacyNamesLoads) {
   EXPECT_TRUE(r.unexpected.empty()) << "position_ids is a known buffer";
   EXPECT_TRUE(r.warnings.empty()) << "the tied decoder equals the word embeddings";
   // Values are the F32 fixture's rounded to bfloat16.
-  model::BertForPreTraining f32(read_config(kFixtures + "/tiny")), bf16(read_config(kFixtures + "/tiny-bf16"));
+  model::Bert f32(read_config(kFixtures + "/tiny")), bf16(read_config(kFixtures + "/tiny-bf16"));
   import_model(kFixtures + "/tiny", f32);
   import_model(kFixtures + "/tiny-bf16", bf16);
   Parameter<float> a = f32.parameters().get("bert.encoder.layer.1.output.LayerNorm.weight");
@@ -214,8 +214,7 @@ TEST(HfImport, ModelSourceFindsHuggingFaceDirectories) {
 }
 
 // Copies a parameter set into a writer, under possibly changed names.
-void add_all(SafetensorsWriter& w, model::BertForPreTraining& m,
-             const std::function<std::string(const std::string&)>& rename) {
+void add_all(SafetensorsWriter& w, model::Bert& m, const std::function<std::string(const std::string&)>& rename) {
   ParameterArena<float>& p = m.parameters();
   for (ParamId id = 0; id < p.size(); ++id) {
     if (model::is_quantizer_scale(p.name(id))) continue;
@@ -234,7 +233,7 @@ void copy_config(const std::string& to) {
 
 TEST(HfImport, BareBertModelGetsFreshHeadsAndAWarning) {
   TempDir dir;
-  model::BertForPreTraining source(read_config(kFixtures + "/tiny"));
+  model::Bert source(read_config(kFixtures + "/tiny"));
   import_model(kFixtures + "/tiny", source);
   SafetensorsWriter w;
   add_all(w, source, [](const std::string& n) {
@@ -243,7 +242,7 @@ TEST(HfImport, BareBertModelGetsFreshHeadsAndAWarning) {
   });
   copy_config(dir.file("bare"));
   w.write(dir.file("bare/model.safetensors"));
-  model::BertForPreTraining m(read_config(dir.file("bare")));
+  model::Bert m(read_config(dir.file("bare")));
   const ImportReport r = import_model(dir.file("bare"), m);
   EXPECT_EQ(r.initialized.size(), 9u);  // pooler (2), transform dense + LayerNorm (4), bias, seq_relationship (2)
   ASSERT_EQ(r.warnings.size(), 1u);
@@ -258,7 +257,7 @@ TEST(HfImport, BareBertModelGetsFreshHeadsAndAWarning) {
 
 TEST(HfImport, BadCheckpointsNameTheProblem) {
   TempDir dir;
-  model::BertForPreTraining source(read_config(kFixtures + "/tiny"));
+  model::Bert source(read_config(kFixtures + "/tiny"));
   import_model(kFixtures + "/tiny", source);
   auto write_variant = [&](const std::string& name, const std::function<std::string(const std::string&)>& rename) {
     SafetensorsWriter w;
@@ -273,7 +272,7 @@ TEST(HfImport, BadCheckpointsNameTheProblem) {
   });
   expect_user_error(
       [&] {
-        model::BertForPreTraining m(read_config(missing));
+        model::Bert m(read_config(missing));
         import_model(missing, m);
       },
       "lacks 1 tensor(s) the encoder needs: bert.encoder.layer.1.intermediate.dense.weight");
@@ -292,7 +291,7 @@ TEST(HfImport, BadCheckpointsNameTheProblem) {
   }
   expect_user_error(
       [&] {
-        model::BertForPreTraining m(read_config(wrong));
+        model::Bert m(read_config(wrong));
         import_model(wrong, m);
       },
       "tensor 'bert.encoder.layer.0.intermediate.dense.weight' has shape (64, 32), the model (config.json) expects "
@@ -310,7 +309,7 @@ TEST(HfImport, BadCheckpointsNameTheProblem) {
   expect_user_error([&] { read_config(dir.file("relative")); }, "not divisible by num_attention_heads");
   // No weights, or only a pickle.
   copy_config(dir.file("empty"));
-  model::BertForPreTraining m(read_config(kFixtures + "/tiny"));
+  model::Bert m(read_config(kFixtures + "/tiny"));
   expect_user_error([&] { import_model(dir.file("empty"), m); }, "has neither model.safetensors");
   std::ofstream(dir.file("empty/pytorch_model.bin")) << "pickle";
   expect_user_error([&] { import_model(dir.file("empty"), m); }, "holds only pytorch_model.bin");
@@ -326,7 +325,7 @@ TEST(HfImport, BadCheckpointsNameTheProblem) {
     w.add("unrelated.tensor", {1}, other.data());
     w.write(untied + "/model.safetensors");
   }
-  model::BertForPreTraining u(read_config(untied));
+  model::Bert u(read_config(untied));
   const ImportReport r = import_model(untied, u);
   ASSERT_EQ(r.warnings.size(), 2u);
   EXPECT_NE(r.warnings[0].find("cls.predictions.decoder.weight differs"), std::string::npos) << r.warnings[0];
@@ -335,7 +334,7 @@ TEST(HfImport, BadCheckpointsNameTheProblem) {
 
 TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
   TempDir dir;
-  model::BertForPreTraining m(read_config(kFixtures + "/tiny"));
+  model::Bert m(read_config(kFixtures + "/tiny"));
   import_model(kFixtures + "/tiny", m);
   // As after QAT: some quantizers enabled with learned (odd) scales.
   Rng rng(7);
@@ -355,7 +354,7 @@ TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
   EXPECT_EQ(written.metadata().at("format"), "pt");
   EXPECT_EQ(written.tensors().size(), 46u) << "no quantizer scales among the weights";
 
-  model::BertForPreTraining back(read_config(dir.file("out")));
+  model::Bert back(read_config(dir.file("out")));
   const ImportReport r = import_model(dir.file("out"), back);
   EXPECT_EQ(r.quantizers_enabled, enabled);
   EXPECT_TRUE(r.quantization.find("qat")->as_bool());
@@ -372,7 +371,7 @@ TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
     add_all(w, m, [](const std::string& n) { return n; });
     w.write(dir.file("out/model.safetensors"));
   }
-  model::BertForPreTraining side(read_config(dir.file("out")));
+  model::Bert side(read_config(dir.file("out")));
   EXPECT_EQ(import_model(dir.file("out"), side).quantizers_enabled, enabled);
   EXPECT_EQ(std::memcmp(side.parameters().values().data(), m.parameters().values().data(),
                         m.parameters().values().numel() * sizeof(float)),
@@ -382,7 +381,7 @@ TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
   for (model::Quantizer* q : m.quantizers()) q->mode = model::QuantMode::kFloat;
   export_model(dir.file("out"), m, Json());
   EXPECT_FALSE(fs::exists(dir.file("out/quantization.json")));
-  model::BertForPreTraining plain(read_config(dir.file("out")));
+  model::Bert plain(read_config(dir.file("out")));
   EXPECT_EQ(import_model(dir.file("out"), plain).quantizers_enabled, 0);
 }
 

@@ -78,7 +78,7 @@ constexpr double kTf32Tolerance = 1e-2;
 void check_golden(const Device& device, double tolerance = kGoldenTolerance) {
   hid_t f = H5Fopen(kGolden.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0) << "missing fixture " << kGolden;
-  BertForPreTraining model(BertConfig::from_json(Json::parse(read_string_attribute(f, "config"))));
+  Bert model(BertConfig::from_json(Json::parse(read_string_attribute(f, "config"))));
   ParameterArena<float>& params = model.parameters();
   int32_t model_parameters = 0;  // the reference has no quantizer scales
   for (ParamId id = 0; id < params.size(); ++id) {
@@ -107,7 +107,7 @@ void check_golden(const Device& device, double tolerance = kGoldenTolerance) {
   model.place_on(device);
   Graph<float> g(device);
   Rng rng(1);
-  PretrainingOutputs out = model.forward(g, batch, /*training=*/true, rng);  // dropout is 0 in this config
+  ModelOutputs out = model.forward(g, batch, /*training=*/true, rng);  // dropout is 0 in this config
   EXPECT_EQ(out.mlm_rows, (std::vector<int32_t>{2, 5, 9, 11, 13}));
   auto view = [&](Var v) { return g.to_host(v); };
   std::cout << "[ info ] " << device.name() << ": MLM logits relative error "
@@ -167,11 +167,100 @@ TEST(BertGolden, OnTheGpuInTf32WithinItsTolerance) {
   check_golden(*Device::cuda(0, Precision::kTf32), kTf32Tolerance);
 }
 
+// The task heads (tests/fixtures/bert_heads_golden.h5, tests/golden/make_heads_golden.py): logits,
+// loss and every gradient of BertForSequenceClassification and BertForTokenClassification.
+void check_heads_golden(const Device& device, double tolerance = kGoldenTolerance) {
+  const std::string path = testing::fixtures_dir() + "/bert_heads_golden.h5";
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << "missing fixture " << path;
+  for (const std::string head : {"seq_cls", "token_cls"}) {
+    SCOPED_TRACE(head);
+    hid_t group = H5Gopen2(f, head.c_str(), H5P_DEFAULT);
+    Bert model(BertConfig::from_json(Json::parse(read_string_attribute(group, "config"))));
+    ASSERT_EQ(model.config().head, head == "seq_cls" ? Head::kSequenceClassification : Head::kTokenClassification);
+    ParameterArena<float>& params = model.parameters();
+    int model_parameters = 0;
+    for (ParamId id = 0; id < params.size(); ++id) {
+      if (is_quantizer_scale(params.name(id))) continue;
+      ++model_parameters;
+      std::vector<float> values = read_all<float>(group, "params/" + params.name(id));
+      ASSERT_EQ(static_cast<int64_t>(values.size()), params.get(id).value.numel()) << params.name(id);
+      std::copy(values.begin(), values.end(), params.get(id).value.data());
+    }
+    hsize_t count = 0;
+    hid_t pg = H5Gopen2(group, "params", H5P_DEFAULT);
+    H5Gget_num_objs(pg, &count);
+    H5Gclose(pg);
+    EXPECT_EQ(static_cast<int>(count), model_parameters) << "the model has exactly the reference's parameters";
+
+    std::vector<int32_t> ids = read_all<int32_t>(group, "inputs/input_ids"),
+                         labels = read_all<int32_t>(group, "inputs/labels");
+    std::vector<int8_t> mask, types;
+    for (int32_t v : read_all<int32_t>(group, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
+    for (int32_t v : read_all<int32_t>(group, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
+    const int64_t b = 3, t = 8, n = model.config().num_labels();
+    BertBatch batch{b, t, 0, ids, mask, types, {}, {}, {}, labels};
+    model.place_on(device);
+    Graph<float> g(device);
+    Rng rng(1);
+    ModelOutputs out = model.forward(g, batch, /*training=*/true, rng);  // dropout is 0 in this config
+    // Our token-classification logits are those of the labeled tokens: pick the reference's rows.
+    const std::vector<double> all_logits = read_all<double>(group, "expected/logits");
+    std::vector<double> expected_logits;
+    std::vector<int32_t> expected_rows;
+    if (head == "seq_cls") {
+      expected_logits = all_logits;
+      expected_rows = {0, 8, 16};
+    } else {
+      for (int64_t r = 0; r < b * t; ++r)
+        if (labels[r] != kIgnoredLabel) {
+          expected_rows.push_back(static_cast<int32_t>(r));
+          expected_logits.insert(expected_logits.end(), all_logits.begin() + r * n, all_logits.begin() + (r + 1) * n);
+        }
+    }
+    EXPECT_EQ(out.rows, expected_rows);
+    EXPECT_LT(relative_error(g.to_host(out.logits), expected_logits), tolerance);
+    EXPECT_LT(relative_error(g.to_host(out.loss), read_all<double>(group, "expected/loss")), tolerance);
+
+    g.backward(out.loss);
+    params.download_grads();
+    double worst = 0;
+    for (ParamId id = 0; id < params.size(); ++id) {
+      if (is_quantizer_scale(params.name(id))) continue;
+      const std::vector<double> expected = read_all<double>(group, "grads/" + params.name(id));
+      TensorView<float> grad = params.get(id).grad;
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < expected.size(); ++i) {
+        scale = std::max(scale, std::abs(expected[i]));
+        diff = std::max(diff, std::abs(double(grad[i]) - expected[i]));
+      }
+      if (scale < 1e-12) {  // attention key biases: exactly zero in the reference
+        EXPECT_TRUE(params.name(id).ends_with("attention.self.key.bias")) << params.name(id);
+        EXPECT_LT(diff, 1e-6) << params.name(id);
+        continue;
+      }
+      EXPECT_LT(diff / scale, tolerance) << params.name(id);
+      worst = std::max(worst, diff / scale);
+    }
+    std::cout << "[ info ] " << device.name() << " " << head << ": largest gradient relative error " << worst << "\n";
+    H5Gclose(group);
+  }
+  H5Fclose(f);
+}
+
+TEST(BertGolden, TaskHeadsMatchPyTorch) { check_heads_golden(Device::cpu()); }
+
+TEST(BertGolden, TaskHeadsOnTheGpuInFp32) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+  check_heads_golden(*Device::cuda(0, Precision::kFp32));
+}
+
 TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
   BertConfig c = preset("tiny");
   c.vocab_size = 50;
   c.max_position_embeddings = 16;
-  BertForPreTraining model(c);
+  Bert model(c);
   model.initialize(3);
   std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0}, positions{1, 5}, masked{7, 10};
   std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0}, types{0, 0, 0, 0, 1, 1, 1, 0}, labels{1};
@@ -181,23 +270,23 @@ TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
   std::vector<float> eval_logits;
   {
     NoGradGuard<float> no_grad(g);
-    PretrainingOutputs out = model.forward(g, batch, false, rng);
+    ModelOutputs out = model.forward(g, batch, false, rng);
     EXPECT_EQ(g.num_backward_closures(), 0u);
     eval_logits.assign(g.value(out.mlm_logits).begin(), g.value(out.mlm_logits).end());
     g.clear();
   }
-  PretrainingOutputs out = model.forward(g, batch, false, rng);
+  ModelOutputs out = model.forward(g, batch, false, rng);
   EXPECT_EQ(std::vector<float>(g.value(out.mlm_logits).begin(), g.value(out.mlm_logits).end()), eval_logits);
   // Training mode with dropout changes the output; evaluation mode is deterministic.
   g.clear();
-  PretrainingOutputs train = model.forward(g, batch, true, rng);
+  ModelOutputs train = model.forward(g, batch, true, rng);
   EXPECT_NE(std::vector<float>(g.value(train.mlm_logits).begin(), g.value(train.mlm_logits).end()), eval_logits);
 }
 
 TEST(BertModel, InitializationFollowsBert) {
   BertConfig c = preset("tiny");
   c.vocab_size = 100;
-  BertForPreTraining model(c);
+  Bert model(c);
   model.initialize(7);
   ParameterArena<float>& p = model.parameters();
   for (float v : p.get("bert.encoder.layer.1.output.LayerNorm.weight").value) EXPECT_EQ(v, 1.0f);
@@ -220,7 +309,7 @@ TEST(BertModel, InitializationFollowsBert) {
 }
 
 TEST(BertModel, QuantizerRegistryFindsEnablesAndMapsWeights) {
-  BertForPreTraining m(preset("tiny"));
+  Bert m(preset("tiny"));
   EXPECT_TRUE(m.enabled_quantizers().empty());
   Quantizer* w = m.find_quantizer("bert.encoder.layer.1.intermediate.dense.weight_quantizer");
   Quantizer* a = m.find_quantizer("bert.encoder.layer.0.attention.self.matmul_a_input_quantizer");

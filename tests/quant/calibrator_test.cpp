@@ -125,14 +125,14 @@ TEST(Glob, MatchesStarsAndQuestionMarks) {
   EXPECT_FALSE(glob_match("a*b*c", "aXXbYY"));
 }
 
-model::BertForPreTraining& small_model() {
-  static model::BertForPreTraining* m = [] {
+model::Bert& small_model() {
+  static model::Bert* m = [] {
     model::BertConfig c = model::preset("tiny");
     c.vocab_size = 64;
     c.hidden_size = 32;
     c.intermediate_size = 64;
     c.max_position_embeddings = 16;
-    auto* model = new model::BertForPreTraining(c);
+    auto* model = new model::Bert(c);
     model->initialize(1);
     return model;
   }();
@@ -140,7 +140,7 @@ model::BertForPreTraining& small_model() {
 }
 
 TEST(Select, ByNameAndGlobWithClearErrors) {
-  model::BertForPreTraining& m = small_model();
+  model::Bert& m = small_model();
   // Per layer: 6 linears x 2 + 4 attention matmul inputs + 4 residual inputs; pooler and transform 2 each.
   EXPECT_EQ(m.quantizers().size(), 2u * (12 + 4 + 4) + 4);
   EXPECT_EQ(default_quantizers(m, false).size(), 2u * (12 + 4) + 4);
@@ -156,7 +156,7 @@ TEST(Select, ByNameAndGlobWithClearErrors) {
 }
 
 TEST(Plan, WriteReadAndRejectUnknownNames) {
-  model::BertForPreTraining& m = small_model();
+  model::Bert& m = small_model();
   testing::TempDir dir;
   Json details;
   details["max_mlm_accuracy_drop"] = 0.005;
@@ -169,7 +169,7 @@ TEST(Plan, WriteReadAndRejectUnknownNames) {
 }
 
 TEST(Calibrate, WeightScalesArePerChannelMaxOver127AndKeptFloatStaysFloat) {
-  model::BertForPreTraining& m = small_model();
+  model::Bert& m = small_model();
   CalibrationStatistics stats;
   stats.quantizers = select(m, "*.weight_quantizer");
   apply_calibration(m, stats, Method::kMax, 99.99);
@@ -188,7 +188,7 @@ TEST(Calibrate, WeightScalesArePerChannelMaxOver127AndKeptFloatStaysFloat) {
 }
 
 TEST(Calibrate, ChosenSetFollowsIncludeKeepFloatGlobsAndPlan) {
-  model::BertForPreTraining& m = small_model();
+  model::Bert& m = small_model();
   CalibrationOptions o;
   EXPECT_EQ(chosen_quantizers(m, o).size(), default_quantizers(m, false).size());
   o.include = "*.weight_quantizer,*matmul_a*";

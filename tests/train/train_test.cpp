@@ -263,7 +263,7 @@ class FactsCorpus : public ::testing::Test {
 testing::TempDir* FactsCorpus::dir_ = nullptr;
 
 std::vector<float> parameters_of(const std::string& checkpoint) {
-  model::BertForPreTraining m(read_checkpoint_config(checkpoint));
+  model::Bert m(read_checkpoint_config(checkpoint));
   load_checkpoint(checkpoint, m, nullptr);
   return {m.parameters().values().begin(), m.parameters().values().end()};
 }
@@ -392,7 +392,7 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   testing::TempDir out;
   model::BertConfig c = options("").config;
   c.vocab_size = 100;
-  model::BertForPreTraining a(c);
+  model::Bert a(c);
   a.initialize(5);
   std::vector<bool> decays(a.parameters().size(), true);
   Optimizer opt_a({}, a.parameters(), decays);
@@ -406,7 +406,7 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   state.run["note"] = "hello";
   save_checkpoint(out.file("c.h5"), a, &opt_a, state);
 
-  model::BertForPreTraining b(read_checkpoint_config(out.file("c.h5")));
+  model::Bert b(read_checkpoint_config(out.file("c.h5")));
   Optimizer opt_b({}, b.parameters(), decays);
   TrainingState back = load_checkpoint(out.file("c.h5"), b, &opt_b);
   EXPECT_EQ(std::vector<float>(a.parameters().values().begin(), a.parameters().values().end()),
@@ -423,7 +423,7 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   // A model of another shape: the error names the tensor.
   model::BertConfig wider = c;
   wider.hidden_size = 64;
-  model::BertForPreTraining other(wider);
+  model::Bert other(wider);
   expect_user_error([&] { load_checkpoint(out.file("c.h5"), other, nullptr); },
                     "dataset 'model/bert.embeddings.word_embeddings.weight' has shape [100, 32], expected [100, 64]");
   // Model-only resume is refused; not-a-checkpoint files are named.
@@ -541,7 +541,7 @@ TEST_F(FactsCorpus, FillMaskOnATrainedModelPutsAPlausibleTokenFirst) {
   o.batch_size = 32;
   o.log_every = 600;
   train(o);
-  model::BertForPreTraining model(read_checkpoint_config(out.file("run") + "/checkpoint.h5"));
+  model::Bert model(read_checkpoint_config(out.file("run") + "/checkpoint.h5"));
   load_checkpoint(out.file("run") + "/checkpoint.h5", model, nullptr);
   auto tokenizer = data::load_tokenizer(out.file("run") + "/tokenizer.model");
   Graph<float> g;
@@ -605,7 +605,7 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
 
   // The QAT checkpoint comes back with its quantizers enabled, its scales learned and positive.
   const std::string path = out.file("qat") + "/checkpoint.h5";
-  model::BertForPreTraining m(read_checkpoint_config(path));
+  model::Bert m(read_checkpoint_config(path));
   const TrainingState state = load_checkpoint(path, m, nullptr);
   ASSERT_TRUE(state.quantization.is_object());
   EXPECT_EQ(state.quantization.find("calibrator")->as_string(), "percentile");
@@ -617,7 +617,7 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
   }
   EXPECT_EQ(enabled, static_cast<int>(quant::default_quantizers(m, false).size()));
   {  // The learned scales moved away from the calibrated ones (LSQ trains them).
-    model::BertForPreTraining calibrated(read_checkpoint_config(path));
+    model::Bert calibrated(read_checkpoint_config(path));
     load_checkpoint(out.file("fp32") + "/checkpoint.h5", calibrated, nullptr);
     data::LoaderOptions lo;
     lo.shards = data::expand_shard_paths({dir_->file("shards")});
@@ -649,7 +649,7 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
       variant.scales = mode;
       variant.output_dir = out.file("qat-" + scale_training_name(mode));
       const TrainResult r = train(variant);
-      model::BertForPreTraining trained(read_checkpoint_config(variant.output_dir + "/checkpoint.h5"));
+      model::Bert trained(read_checkpoint_config(variant.output_dir + "/checkpoint.h5"));
       load_checkpoint(variant.output_dir + "/checkpoint.h5", trained, nullptr);
       bool all_equal = true;
       for (model::Quantizer* q : trained.quantizers()) {
@@ -677,9 +677,9 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
     const TrainResult d = train(distilled);
     for (double loss : d.losses) EXPECT_TRUE(std::isfinite(loss));
     auto kl_to_teacher = [&](const std::string& run) {
-      model::BertForPreTraining student(read_checkpoint_config(run + "/checkpoint.h5"));
+      model::Bert student(read_checkpoint_config(run + "/checkpoint.h5"));
       load_checkpoint(run + "/checkpoint.h5", student, nullptr);
-      model::BertForPreTraining teacher(read_checkpoint_config(run + "/checkpoint.h5"));
+      model::Bert teacher(read_checkpoint_config(run + "/checkpoint.h5"));
       load_checkpoint(out.file("fp32") + "/checkpoint.h5", teacher, nullptr);
       data::LoaderOptions held;
       held.shards = data::expand_shard_paths({dir_->file("shards")});
@@ -692,8 +692,8 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
       Graph<float> g;
       NoGradGuard<float> no_grad(g);
       Rng unused(0);
-      const model::PretrainingOutputs s = student.forward(g, b, false, unused);
-      const model::PretrainingOutputs t = teacher.forward(g, b, false, unused);
+      const model::ModelOutputs s = student.forward(g, b, false, unused);
+      const model::ModelOutputs t = teacher.forward(g, b, false, unused);
       return double(g.item(ops::distillation_loss(g, s.mlm_logits, t.mlm_logits, 1.0)));
     };
     const double kl_distilled = kl_to_teacher(distilled.output_dir), kl_plain = kl_to_teacher(out.file("qat"));
