@@ -24,12 +24,28 @@ struct SavedModes {
   }
 };
 
-double mlm_accuracy(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+double accuracy_of(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
   data::ShardLoader loader = make();
-  return evaluate(model, loader, max_batches, g).mlm_accuracy();
+  return primary_accuracy(model, loader, max_batches, g);
+}
+
+ModeResult score(const std::string& mode, model::Bert& model, const LoaderFactory& make, int64_t max_batches,
+                 Graph<float>& g) {
+  data::ShardLoader loader = make();
+  ModeResult r{mode, {}, {}};
+  if (model.config().head == model::Head::kPretraining)
+    r.metrics = evaluate(model, loader, max_batches, g);
+  else
+    r.task = evaluate_task(model, loader, max_batches, g);
+  return r;
 }
 
 }  // namespace
+
+double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
+  if (model.config().head == model::Head::kPretraining) return evaluate(model, loader, max_batches, g).mlm_accuracy();
+  return evaluate_task(model, loader, max_batches, g).accuracy();
+}
 
 std::vector<ModeResult> compare_modes(model::Bert& model, const quant::CalibrationStatistics& stats,
                                       const std::vector<quant::Method>& methods, double percentile,
@@ -39,22 +55,15 @@ std::vector<ModeResult> compare_modes(model::Bert& model, const quant::Calibrati
                                           [](const auto& p) { return p.second == model::QuantMode::kQuantize; });
   std::vector<ModeResult> results;
   quant::disable_all(model);
-  {
-    data::ShardLoader loader = make();
-    results.push_back({"fp32", evaluate(model, loader, max_batches, g)});
-  }
+  results.push_back(score("fp32", model, make, max_batches, g));
   for (quant::Method m : methods) {
     quant::apply_calibration(model, stats, m, percentile);
-    data::ShardLoader loader = make();
-    results.push_back({"ptq-" + quant::method_name(m), evaluate(model, loader, max_batches, g)});
+    results.push_back(score("ptq-" + quant::method_name(m), model, make, max_batches, g));
     saved.restore(model);
     quant::disable_all(model);
   }
   saved.restore(model);
-  if (came_quantized) {
-    data::ShardLoader loader = make();
-    results.push_back({"qat", evaluate(model, loader, max_batches, g)});
-  }
+  if (came_quantized) results.push_back(score("qat", model, make, max_batches, g));
   return results;
 }
 
@@ -64,21 +73,21 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
   const SavedModes saved(model);
   SensitivityReport report;
   quant::disable_all(model);
-  report.fp32 = mlm_accuracy(model, make, max_batches, g);
+  report.fp32 = accuracy_of(model, make, max_batches, g);
   quant::apply_calibration(model, stats, method, percentile);  // scales for every chosen quantizer
   const std::vector<model::Quantizer*>& chosen = stats.quantizers;
   auto set_all = [&](model::QuantMode mode) {
     for (model::Quantizer* q : chosen) q->mode = mode;
   };
-  report.all_quantized = mlm_accuracy(model, make, max_batches, g);
+  report.all_quantized = accuracy_of(model, make, max_batches, g);
   for (model::Quantizer* q : chosen) {
     SensitivityRow row{q->name};
     set_all(model::QuantMode::kFloat);
     q->mode = model::QuantMode::kQuantize;
-    row.only_this = mlm_accuracy(model, make, max_batches, g);
+    row.only_this = accuracy_of(model, make, max_batches, g);
     set_all(model::QuantMode::kQuantize);
     q->mode = model::QuantMode::kFloat;
-    row.all_but_this = mlm_accuracy(model, make, max_batches, g);
+    row.all_but_this = accuracy_of(model, make, max_batches, g);
     report.rows.push_back(row);
     if (progress) progress(q->name);
   }
@@ -96,7 +105,7 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
     report.keep_float.push_back(row.name);
     for (model::Quantizer* q : chosen)
       if (q->name == row.name) q->mode = model::QuantMode::kFloat;
-    report.planned = mlm_accuracy(model, make, max_batches, g);
+    report.planned = accuracy_of(model, make, max_batches, g);
   }
   saved.restore(model);
   return report;

@@ -15,9 +15,14 @@ namespace bert::eval {
 using LoaderFactory = std::function<data::ShardLoader()>;
 
 struct ModeResult {
-  std::string mode;  // "fp32", "ptq-max", "ptq-percentile", ..., "qat"
-  PretrainingMetrics metrics;
+  std::string mode;            // "fp32", "ptq-max", "ptq-percentile", ..., "qat"
+  PretrainingMetrics metrics;  // pretraining models
+  TaskMetrics task;            // task models (sequence or token classification)
 };
+
+// The accuracy the comparisons rank by: MLM accuracy for pretraining models, the task's accuracy
+// (per sequence or per labeled token) for task models.
+double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
 
 // FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model
 // came with quantizers enabled (a QAT checkpoint), that state. Leaves the model as it came.
@@ -27,15 +32,15 @@ std::vector<ModeResult> compare_modes(model::Bert& model, const quant::Calibrati
 
 struct SensitivityRow {
   std::string name;
-  double only_this = 0;     // MLM accuracy with only this quantizer enabled
-  double all_but_this = 0;  // MLM accuracy with every chosen quantizer but this one
+  double only_this = 0;     // primary_accuracy with only this quantizer enabled
+  double all_but_this = 0;  // primary_accuracy with every chosen quantizer but this one
 };
 
 struct SensitivityReport {
   double fp32 = 0, all_quantized = 0;
   std::vector<SensitivityRow> rows;     // most sensitive first (largest drop with only it enabled)
   std::vector<std::string> keep_float;  // the plan: kept in float to stay within max_drop of FP32
-  double planned = 0;                   // MLM accuracy with the plan applied
+  double planned = 0;                   // primary_accuracy with the plan applied
 };
 
 // For each quantizer of the calibration set: accuracy with only it, and with all but it, enabled

@@ -1,4 +1,5 @@
-// bert-eval: masked-LM and NSP accuracy (with baselines) of a checkpoint on shards; fill-mask.
+// bert-eval: masked-LM and NSP accuracy (with baselines) of a checkpoint on shards, or the task metrics
+// of a fine-tuned one; FP32 vs INT8 comparisons and sensitivity; fill-mask.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
@@ -41,7 +42,8 @@ int main(int argc, char** argv) {
   std::string save_calibrated, onnx_model, ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
   CLI::App app{
       "bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
-      "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\"."};
+      "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\". A fine-tuned "
+      "model (sequence or token classification) on task shards reports accuracy, macro-F1 and per-label F1."};
   app.footer(
       "Examples:\n"
       "  bert-eval --checkpoint runs/mini --shards heldout/ --mlm-accuracy --nsp-accuracy\n"
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
       "  bert-eval --checkpoint runs/mini --shards heldout/ --sensitivity --plan-out plan.json\n"
       "  bert-eval --checkpoint runs/qat --shards heldout/ --onnx int8.onnx  # an export in ONNX Runtime\n"
       "  bert-eval --checkpoint runs/mini --fill-mask \"the kernel is written in [MASK].\"\n"
+      "  bert-eval --checkpoint runs/pos --shards pos/test.hdf5 --compare   # a fine-tuned tagger, FP32 vs INT8\n"
       "Guides: docs/training.md, docs/quantization.md");
   app.add_option("--checkpoint", checkpoint,
                  "checkpoint .h5 (from bert-train), its output folder, or a Hugging Face "
@@ -58,6 +61,9 @@ int main(int argc, char** argv) {
   app.add_flag("--mlm-accuracy", mlm, "masked-LM accuracy and loss");
   app.add_flag("--nsp-accuracy", nsp, "next-sentence-prediction accuracy and loss");
   app.add_option("--fill-mask", fill_text, "text with [MASK] tokens to fill");
+  std::string task;
+  app.add_option("--task", task,
+                 "seq-cls | token-cls: the task the model and shards must be (default: the model's head decides)");
   app.add_option("--top-k", top_k, "candidates per mask")->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--tokenizer", tokenizer_path,
                  "tokenizer: SentencePiece .model or WordPiece vocab.txt (default: the one "
@@ -118,11 +124,21 @@ int main(int argc, char** argv) {
     if (!save_calibrated.empty() && shards.empty())
       throw UserError(
           "--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
-    if (!shards.empty() && !mlm && !nsp) mlm = nsp = true;
-
     // The device first: the model's device memory must be freed before the device goes.
     const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
-    model::Bert model(train::read_model_config(source));
+    const model::BertConfig config = train::read_model_config(source);
+    const bool task_model = config.head != model::Head::kPretraining;
+    if (!task.empty() && model::parse_task(task) != config.head)
+      throw UserError("--task " + task + ": '" + checkpoint + "' is a " + model::head_architecture(config.head));
+    if (task_model && (mlm || nsp || !fill_text.empty()))
+      throw UserError("'" + checkpoint + "' is a " + model::head_architecture(config.head) +
+                      ": it has no MLM/NSP head (--mlm-accuracy, --nsp-accuracy, --fill-mask); evaluate it on task "
+                      "shards (--shards) for its task metrics");
+    if (task_model && !onnx_model.empty())
+      throw UserError("--onnx: scoring an export of a " + model::head_architecture(config.head) +
+                      " in ONNX Runtime is not supported yet (pretraining models only)");
+    if (!shards.empty() && !mlm && !nsp && !task_model) mlm = nsp = true;
+    model::Bert model(config);
     const train::TrainingState state = train::load_model(source, model);
     model.place_on(*device);
     Graph<float> g(*device);
@@ -154,6 +170,13 @@ int main(int argc, char** argv) {
       data::ShardLoader loader(lo);
       data::check_loader_compatible(loader, lo.shards.front(), model.config().vocab_size,
                                     model.config().max_position_embeddings, state.tokenizer_sha256);
+      if (task_model != (loader.kind() != data::ShardKind::kPretraining) ||
+          (task_model && loader.label_names() != config.labels))
+        throw UserError("--shards: '" + lo.shards.front() + "' holds " + data::shard_kind_name(loader.kind()) +
+                        " examples" + (task_model ? " with " + std::to_string(loader.label_names().size()) + " labels" : "") +
+                        "; the model is a " + model::head_architecture(config.head) +
+                        (task_model ? " with " + std::to_string(config.num_labels()) + " labels" : "") +
+                        " (make the shards with the model's labels: bert-data task --labels <its training shard>)");
       // Without --calib-shards, calibration reads the first --calib-batches batches of --shards, and the
       // comparisons score only the batches after them: a calibrator never sees the data it is scored on.
       const int64_t held_for_calibration = calib_shards.empty() && (compare || sensitivity) ? calibration.batches : 0;
@@ -223,16 +246,27 @@ int main(int argc, char** argv) {
           const auto results =
               eval::compare_modes(model, stats, methods, calibration.percentile, make_loader, max_batches, g);
           Json::Array rows;
-          if (!json) std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
+          if (!json && task_model)
+            std::printf("%-16s %10s %10s %10s\n", "mode", "accuracy", "macro-F1", "loss");
+          else if (!json)
+            std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
           for (const auto& r : results) {
-            if (!json)
+            if (!json && task_model)
+              std::printf("%-16s %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(),
+                          r.task.loss());
+            else if (!json)
               std::printf("%-16s %10.4f %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.metrics.mlm_accuracy(),
                           r.metrics.mlm_loss(), r.metrics.nsp_accuracy(), r.metrics.nsp_loss());
-            Json row = r.metrics.to_json();
+            Json row = task_model ? r.task.to_json(config.labels) : r.metrics.to_json();
             row["mode"] = r.mode;
             rows.push_back(row);
           }
-          if (!json && !results.empty())
+          if (!json && task_model && !results.empty())
+            std::printf("(%lld %s; baseline: majority label %.4f; calibration: %lld batches)\n",
+                        (long long)results[0].task.examples,
+                        config.head == model::Head::kTokenClassification ? "tokens" : "sequences",
+                        results[0].task.majority_accuracy(), (long long)stats.batches);
+          else if (!json && !results.empty())
             std::printf(
                 "(%lld predictions; baselines: most-frequent-token %.4f, NSP majority %.4f; calibration: %lld "
                 "batches)\n",
@@ -246,7 +280,8 @@ int main(int argc, char** argv) {
                                            [](const std::string& name) { spdlog::info("sensitivity: {}", name); });
           Json::Array rows;
           if (!json) {
-            std::printf("FP32 MLM accuracy %.4f; all %zu quantizers (%s) %.4f\n", r.fp32, r.rows.size(),
+            std::printf("FP32 %s accuracy %.4f; all %zu quantizers (%s) %.4f\n", task_model ? "task" : "MLM", r.fp32,
+                        r.rows.size(),
                         calibration.method.c_str(), r.all_quantized);
             std::printf("%-64s %10s %12s\n", "quantizer (most sensitive first)", "only this", "all but this");
           }
@@ -261,7 +296,7 @@ int main(int argc, char** argv) {
           Json::Array kept;
           for (const auto& n : r.keep_float) kept.emplace_back(n);
           if (!json)
-            std::printf("plan: keep %zu in float -> MLM accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n",
+            std::printf("plan: keep %zu in float -> accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n",
                         r.keep_float.size(), r.planned, r.fp32, max_drop);
           Json s;
           s["fp32"] = r.fp32;
@@ -281,8 +316,31 @@ int main(int argc, char** argv) {
           }
         }
       }
-      const eval::PretrainingMetrics m =
-          compare || sensitivity ? eval::PretrainingMetrics{} : eval::evaluate(model, loader, max_batches, g);
+      if (task_model && !compare && !sensitivity) {
+        const eval::TaskMetrics t = eval::evaluate_task(model, loader, max_batches, g);
+        report["task"] = model::head_task_name(config.head);
+        report["metrics"] = t.to_json(config.labels);
+        if (!json) {
+          const int quantized = static_cast<int>(model.enabled_quantizers().size());
+          const bool tokens = config.head == model::Head::kTokenClassification;
+          std::printf("%s %s (step %lld) on %zu shard(s), %s\n", model::head_architecture(config.head).c_str(),
+                      checkpoint.c_str(), (long long)state.step, lo.shards.size(),
+                      quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str()
+                                : "FP32");
+          std::printf("%-22s %10.4f   (baseline: majority label %.4f) over %lld %s\n", "accuracy", t.accuracy(),
+                      t.majority_accuracy(), (long long)t.examples, tokens ? "labeled tokens" : "sequences");
+          std::printf("%-22s %10.4f\n%-22s %10.4f\n", "macro-F1", t.macro_f1(), "loss", t.loss());
+          std::printf("%-22s %10s %10s\n", "label", "F1", "support");
+          for (int64_t l = 0; l < config.num_labels(); ++l) {
+            int64_t support = 0;
+            for (int64_t o = 0; o < config.num_labels(); ++o) support += t.confusion[l * config.num_labels() + o];
+            std::printf("%-22s %10.4f %10lld\n", config.labels[l].c_str(), t.f1(l), (long long)support);
+          }
+        }
+      }
+      const eval::PretrainingMetrics m = compare || sensitivity || task_model
+                                             ? eval::PretrainingMetrics{}
+                                             : eval::evaluate(model, loader, max_batches, g);
       if (!onnx_model.empty()) {
         data::ShardLoader onnx_loader(lo);
         const PrivateTempDir work("bert-eval");  // this run's own exchange files
@@ -294,8 +352,8 @@ int main(int argc, char** argv) {
                       onnx_model.c_str(), o.mlm_accuracy(), (long long)o.predictions, o.nsp_accuracy());
       }
       report["shards"] = static_cast<int64_t>(lo.shards.size());
-      if (!compare && !sensitivity) report["metrics"] = m.to_json();
-      if (!json && !compare && !sensitivity) {
+      if (!compare && !sensitivity && !task_model) report["metrics"] = m.to_json();
+      if (!json && !compare && !sensitivity && !task_model) {
         const int quantized = static_cast<int>(model.enabled_quantizers().size());
         std::printf(
             "checkpoint %s (step %lld) on %zu shard(s), %s\n", checkpoint.c_str(), (long long)state.step,

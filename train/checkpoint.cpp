@@ -110,7 +110,8 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
   for (ParamId id = 0; id < params.size(); ++id) {
     Parameter<float> p = params.get(id);
     if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) continue;  // FP32 checkpoint
-    if (other_head && model.is_head_parameter(*p.name) && !hdf5::exists(root, "model/" + *p.name)) {
+    if (other_head && model.is_head_parameter(*p.name) &&
+        (p.name->starts_with("classifier.") || !hdf5::exists(root, "model/" + *p.name))) {
       s.fresh_parameters.push_back(*p.name);
       continue;
     }
