@@ -16,6 +16,7 @@
 #include "data/examples.h"
 #include "data/loader.h"
 #include "data/shard.h"
+#include "data/task_data.h"
 #include "data/tokenizer.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
@@ -493,6 +494,146 @@ TEST(ShardReader, RejectsIdsOutsideTheVocabularyAndIncompatibleShards) {
   bad_label.next_sentence_labels[0] = 2;
   write_shard(out.file("bad_label.hdf5"), bad_label);
   expect_user_error([&] { read_shard(out.file("bad_label.hdf5")); }, "next_sentence_labels holds 2, expected 0 or 1");
+}
+
+}  // namespace
+}  // namespace bert::data
+
+// ---------------------------------------------------------------- task shards
+
+namespace bert::data {
+namespace {
+
+// Writes `lines` to DIR/name and returns the path.
+std::string write_lines(const testing::TempDir& dir, const std::string& name, const std::string& lines) {
+  std::ofstream(dir.file(name)) << lines;
+  return dir.file(name);
+}
+
+// Every word's tag sits on its first piece, the pieces up to the next tagged one spell the word, and
+// everything else ([CLS], [SEP], continuations, padding) carries the ignore label.
+void check_word_alignment(const Tokenizer& tokenizer, const std::string& name) {
+  SCOPED_TRACE(name);
+  testing::TempDir dir;
+  const std::vector<std::string> words = {"The", "jury",        "praised", "Atlanta's", "administration",
+                                          ",",   "unanimously", "."};
+  const std::vector<std::string> tags = {"DET", "NOUN", "VERB", "NOUN", "NOUN", ".", "ADV", "."};
+  std::string line = R"({"tokens": [)";
+  for (size_t i = 0; i < words.size(); ++i) line += (i ? ", \"" : "\"") + words[i] + "\"";
+  line += R"(], "tags": [)";
+  for (size_t i = 0; i < tags.size(); ++i) line += (i ? ", \"" : "\"") + tags[i] + "\"";
+  line += "]}\n";
+  TaskDataOptions o;
+  o.kind = ShardKind::kTokenLabels;
+  o.max_seq_len = 48;
+  const Shard s = make_task_shard(write_lines(dir, "tok.jsonl", line + line), tokenizer, o);
+  ASSERT_EQ(s.size, 2);
+  EXPECT_EQ(s.label_names, (std::vector<std::string>{".", "ADV", "DET", "NOUN", "VERB"}));  // sorted
+  std::vector<int64_t> starts;
+  for (int64_t j = 0; j < s.seq_len; ++j)
+    if (s.labels[j] != kIgnoredLabel) starts.push_back(j);
+  ASSERT_EQ(starts.size(), words.size());
+  EXPECT_EQ(s.input_ids[0], tokenizer.specials().cls);
+  EXPECT_EQ(s.labels[0], kIgnoredLabel);
+  int64_t length = 0;
+  while (length < s.seq_len && s.input_mask[length]) ++length;
+  EXPECT_EQ(s.input_ids[length - 1], tokenizer.specials().sep);
+  for (size_t w = 0; w < words.size(); ++w) {
+    EXPECT_EQ(s.label_names[s.labels[starts[w]]], tags[w]) << words[w];
+    const int64_t end = w + 1 < words.size() ? starts[w + 1] : length - 1;
+    std::vector<int32_t> pieces(s.input_ids.begin() + starts[w], s.input_ids.begin() + end);
+    EXPECT_EQ(pieces, tokenizer.encode(words[w])) << words[w];
+  }
+  for (int64_t j = length; j < s.seq_len; ++j) EXPECT_EQ(s.labels[j], kIgnoredLabel);
+  for (int64_t j = 0; j < s.seq_len; ++j) EXPECT_EQ(s.labels[s.seq_len + j], s.labels[j]);
+}
+
+TEST_F(FixtureData, TokenTagsSitOnEachWordsFirstPieceWithBothTokenizers) {
+  check_word_alignment(*tokenizer_, "SentencePiece");
+  const std::unique_ptr<Tokenizer> wordpiece =
+      load_tokenizer(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
+  check_word_alignment(*wordpiece, "WordPiece");
+}
+
+TEST_F(FixtureData, SequenceLabelsPairsTruncationAndTheShardRoundTrip) {
+  testing::TempDir dir;
+  const std::string input =
+      write_lines(dir, "seq.jsonl",
+                  R"({"text": "In the beginning God created the heaven", "label": "law"})"
+                  "\n"
+                  R"({"text": "Blessed are the meek", "text_b": "for they shall inherit the earth", "label": "gospel"})"
+                  "\n\n");
+  TaskDataOptions o;
+  o.max_seq_len = 12;
+  TaskDataReport report;
+  const Shard s = make_task_shard(input, *tokenizer_, o, &report);
+  EXPECT_EQ(report.examples, 2);
+  EXPECT_EQ(s.label_names, (std::vector<std::string>{"gospel", "law"}));
+  EXPECT_EQ(s.labels, (std::vector<int32_t>{1, 0}));
+  // The pair: [CLS] A [SEP] B [SEP], B in segment 1, cut longest-first to 12 tokens.
+  const auto a = tokenizer_->encode("Blessed are the meek"), b = tokenizer_->encode("for they shall inherit the earth");
+  ASSERT_GT(a.size() + b.size() + 3, 12u) << "the fixture must need truncation";
+  EXPECT_GE(report.truncated, 1);
+  int64_t sep = 0, segment_b = 0;
+  for (int64_t j = 0; j < 12; ++j) {
+    sep += s.input_ids[12 + j] == tokenizer_->specials().sep;
+    segment_b += s.segment_ids[12 + j];
+  }
+  EXPECT_EQ(sep, 2);
+  EXPECT_GT(segment_b, 0);
+  EXPECT_EQ(s.input_mask[12 + 11], 1) << "filled to the limit";
+
+  write_shard(dir.file("seq.hdf5"), s);
+  const Shard back = read_shard(dir.file("seq.hdf5"));
+  EXPECT_EQ(back.kind, ShardKind::kSequenceLabels);
+  EXPECT_EQ(back.labels, s.labels);
+  EXPECT_EQ(back.label_names, s.label_names);
+  EXPECT_EQ(back.input_ids, s.input_ids);
+  EXPECT_EQ(read_label_names(dir.file("seq.hdf5")), s.label_names);
+  LoaderOptions lo;
+  lo.shards = {dir.file("seq.hdf5")};
+  lo.batch_size = 2;
+  lo.shuffle = false;
+  ShardLoader loader(lo);
+  Batch batch;
+  ASSERT_TRUE(loader.next(batch));
+  EXPECT_EQ(batch.labels, s.labels);
+  EXPECT_TRUE(batch.masked_lm_positions.empty());
+  EXPECT_TRUE(batch.next_sentence_labels.empty());
+}
+
+TEST_F(FixtureData, BadTaskDataFailsNamingTheFileAndLine) {
+  testing::TempDir dir;
+  TaskDataOptions seq;
+  TaskDataOptions tok;
+  tok.kind = ShardKind::kTokenLabels;
+  tok.labels = {"X", "Y"};
+  auto fails = [&](const std::string& lines, const TaskDataOptions& o, const std::string& fragment) {
+    const std::string path = write_lines(dir, "bad.jsonl", lines);
+    testing::expect_user_error([&] { make_task_shard(path, *tokenizer_, o); }, fragment);
+  };
+  fails("{\"text\": \"a\", \"label\": \"x\"}\n{not json\n", seq, "bad.jsonl:2: not a JSON object");
+  fails("{\"text\": \"a\"}\n", seq, "bad.jsonl:1: expected a string field \"label\"");
+  fails("{\"tokens\": [\"a\", \"b\"], \"tags\": [\"X\"]}\n", tok, "bad.jsonl:1: 2 tokens but 1 tags");
+  fails("{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": \"x\"}\n", seq,
+        "fewer than 2 distinct labels");
+  fails("", seq, "holds no examples");
+  TaskDataOptions fixed = seq;
+  fixed.labels = {"x", "y"};
+  fails("{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": \"z\"}\n", fixed,
+        "bad.jsonl:2: label 'z' is not one of the 2 labels");
+  testing::expect_user_error([&] { make_task_shard(dir.file("missing.jsonl"), *tokenizer_, seq); },
+                             "missing.jsonl' cannot be read");
+  // A shard whose labels lie outside its label set.
+  Shard s(8, 0);
+  s.kind = ShardKind::kSequenceLabels;
+  s.label_names = {"a", "b"};
+  const std::vector<int32_t> tokens = {2, 7, 3};
+  const std::vector<int8_t> segments(3, 0);
+  const std::vector<int32_t> label = {2};
+  s.append_labeled(tokens, segments, label);
+  write_shard(dir.file("bad.hdf5"), s);
+  testing::expect_user_error([&] { read_shard(dir.file("bad.hdf5")); }, "labels[0] holds 2, outside [0, 2)");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "hf/checkpoint.h"
 #include "hf/safetensors.h"
 #include "model/bert.h"
@@ -383,6 +384,42 @@ TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
   EXPECT_FALSE(fs::exists(dir.file("out/quantization.json")));
   model::Bert plain(read_config(dir.file("out")));
   EXPECT_EQ(import_model(dir.file("out"), plain).quantizers_enabled, 0);
+}
+
+TEST(HfExport, TaskModelsRoundTripAndFineTuningStartsFromAPretrainingDirectory) {
+  TempDir dir;
+  for (const model::Head head : {model::Head::kSequenceClassification, model::Head::kTokenClassification}) {
+    SCOPED_TRACE(model::head_architecture(head));
+    // Fine-tuning from the pretraining checkpoint: the encoder comes from it, the classifier is new
+    // (and, for token classification, there is no pooler).
+    model::BertConfig c = read_config(kFixtures + "/tiny");
+    c.head = head;
+    c.labels = {"neg", "neutral", "pos"};
+    model::Bert m(c);
+    const ImportReport r = import_model(kFixtures + "/tiny", m, 5);
+    EXPECT_EQ(r.initialized, (std::vector<std::string>{"classifier.weight", "classifier.bias"}));
+    const bool token = head == model::Head::kTokenClassification;
+    int unused_pooler = 0;
+    for (const std::string& name : r.unexpected) unused_pooler += name.starts_with("bert.pooler.");
+    EXPECT_EQ(unused_pooler, token ? 2 : 0);
+    // Export: config.json names the architecture and labels as transformers writes them.
+    export_model(dir.file("out"), m, Json());
+    const Json config = Json::parse(read_text_file(dir.file("out/config.json"), "config"));
+    EXPECT_EQ(config.find("architectures")->as_array().front().as_string(), model::head_architecture(head));
+    EXPECT_EQ(config.find("id2label")->find("2")->as_string(), "pos");
+    EXPECT_EQ(config.find("label2id")->find("neg")->as_int(), 0);
+    model::Bert back(read_config(dir.file("out")));
+    EXPECT_EQ(back.config().labels, c.labels);
+    EXPECT_TRUE(import_model(dir.file("out"), back).initialized.empty());
+    EXPECT_EQ(std::memcmp(back.parameters().values().data(), m.parameters().values().data(),
+                          m.parameters().values().numel() * sizeof(float)),
+              0);
+  }
+  // An architecture without a head here is refused by name.
+  std::ofstream(dir.file("qa.json")) << R"({"architectures": ["BertForQuestionAnswering"], "hidden_size": 32})";
+  expect_user_error([&] { model::BertConfig::load(dir.file("qa.json")); }, "BertForQuestionAnswering");
+  std::ofstream(dir.file("nolabels.json")) << R"({"architectures": ["BertForSequenceClassification"]})";
+  expect_user_error([&] { model::BertConfig::load(dir.file("nolabels.json")); }, "needs 'id2label'");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "data/examples.h"
+#include "data/task_data.h"
 #include "data/tokenizer.h"
 #include "eval/fill_mask.h"
 #include "eval/quantized.h"
@@ -736,6 +737,182 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
   const eval::SensitivityReport strict = eval::sensitivity(m, stats, quant::Method::kMax, 99.99, make, 2, -1.0, g);
   EXPECT_EQ(strict.keep_float.size(), stats.quantizers.size()) << "an impossible bar keeps everything in float";
   EXPECT_DOUBLE_EQ(strict.planned, strict.fp32) << "everything in float is the FP32 model";
+}
+
+}  // namespace
+}  // namespace bert::train
+
+// ---------------------------------------------------------------- fine-tuning
+
+namespace bert::train {
+namespace {
+
+// Task data from the same facts: "the capital of france is" -> paris (sequence classification, 12
+// answers), and each word's role (token classification: COUNTRY, CITY, THING, COLOR, O).
+class FactsTasks : public FactsCorpus {
+ protected:
+  static void SetUpTestSuite() {
+    FactsCorpus::SetUpTestSuite();
+    const std::vector<std::pair<std::string, std::string>> capitals = {
+        {"france", "paris"}, {"italy", "rome"}, {"spain", "madrid"},  {"japan", "tokyo"},
+        {"egypt", "cairo"},  {"peru", "lima"},  {"kenya", "nairobi"}, {"norway", "oslo"}};
+    const std::vector<std::pair<std::string, std::string>> colors = {
+        {"sky", "blue"}, {"grass", "green"}, {"snow", "white"}, {"coal", "black"}};
+    Rng rng(7);
+    for (const char* split : {"train", "dev"}) {
+      std::ofstream seq(dir_->file(std::string("seq-") + split + ".jsonl"));
+      std::ofstream tok(dir_->file(std::string("tok-") + split + ".jsonl"));
+      for (int i = 0; i < (split == std::string("train") ? 600 : 120); ++i) {
+        const bool capital = rng.next_uniform() < 0.6;
+        const auto& [subject, answer] =
+            capital ? capitals[rng.next_below(capitals.size())] : colors[rng.next_below(colors.size())];
+        const std::string text = (capital ? "The capital of " : "The color of the ") + subject + " is";
+        seq << R"({"text": ")" << text << R"(", "label": ")" << answer << "\"}\n";
+        if (capital)
+          tok << R"({"tokens": ["The", "capital", "of", ")" << subject << R"(", "is", ")" << answer
+              << R"(", "."], "tags": ["O", "O", "O", "COUNTRY", "O", "CITY", "O"]})"
+              << "\n";
+        else
+          tok << R"({"tokens": ["The", "color", "of", "the", ")" << subject << R"(", "is", ")" << answer
+              << R"(", "."], "tags": ["O", "O", "O", "O", "THING", "O", "COLOR", "O"]})"
+              << "\n";
+      }
+    }
+    const auto tokenizer = data::load_tokenizer(dir_->file("spm.model"));
+    for (const char* task : {"seq", "tok"}) {
+      data::TaskDataOptions o;
+      o.kind = task == std::string("seq") ? data::ShardKind::kSequenceLabels : data::ShardKind::kTokenLabels;
+      o.max_seq_len = 16;
+      const data::Shard train_shard =
+          data::make_task_shard(dir_->file(std::string(task) + "-train.jsonl"), *tokenizer, o);
+      data::write_shard(dir_->file(std::string(task) + "-train.hdf5"), train_shard);
+      o.labels = train_shard.label_names;
+      data::write_shard(dir_->file(std::string(task) + "-dev.hdf5"),
+                        data::make_task_shard(dir_->file(std::string(task) + "-dev.jsonl"), *tokenizer, o));
+    }
+    // The pretrained model every fine-tuning starts from.
+    TrainOptions pretrain = options(dir_->file("pretrained"));
+    pretrain.steps = 40;
+    train(pretrain);
+  }
+
+  static TrainOptions finetune(const std::string& task, const std::string& out) {
+    TrainOptions o = options(out);
+    o.train_shards = {dir_->file(task + "-train.hdf5")};
+    o.eval_shards = {dir_->file(task + "-dev.hdf5")};
+    o.init_from = dir_->file("pretrained");
+    o.steps = task == "seq" ? 200 : 60;  // an answer read through [CLS] takes longer than tagging
+    o.learning_rate = 1e-2;
+    o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = 0.0;
+    return o;
+  }
+};
+
+TEST(TaskMetrics, AccuracyF1AndMajorityByHand) {
+  // Targets 0 0 0 1 1 2, predictions 0 0 1 1 2 2 (label 3 never occurs: left out of the macro mean).
+  eval::TaskMetrics m(4);
+  const int targets[] = {0, 0, 0, 1, 1, 2}, predicted[] = {0, 0, 1, 1, 2, 2};
+  for (int i = 0; i < 6; ++i) ++m.confusion[targets[i] * 4 + predicted[i]];
+  m.examples = 6;
+  EXPECT_DOUBLE_EQ(m.accuracy(), 4.0 / 6);
+  EXPECT_DOUBLE_EQ(m.f1(0), 2.0 * 2 / (3 + 2));  // P 2/2, R 2/3
+  EXPECT_DOUBLE_EQ(m.f1(1), 2.0 * 1 / (2 + 2));  // P 1/2, R 1/2
+  EXPECT_DOUBLE_EQ(m.f1(2), 2.0 * 1 / (1 + 2));  // P 1/2, R 1/1
+  EXPECT_DOUBLE_EQ(m.f1(3), 0.0);
+  EXPECT_DOUBLE_EQ(m.macro_f1(), (0.8 + 0.5 + 2.0 / 3) / 3);
+  EXPECT_DOUBLE_EQ(m.majority_accuracy(), 0.5);
+  eval::TaskMetrics twice;
+  twice.merge(m);
+  twice.merge(m);
+  EXPECT_EQ(twice.examples, 12);
+  EXPECT_DOUBLE_EQ(twice.macro_f1(), m.macro_f1());
+}
+
+TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEncoder) {
+  testing::TempDir out;
+  for (const std::string task : {"seq", "tok"}) {
+    SCOPED_TRACE(task);
+    const TrainResult r = train(finetune(task, out.file(task)));
+    const eval::TaskMetrics& m = r.last_task_eval;
+    ASSERT_GT(m.examples, 0);
+    // Majority: one answer of 12 (seq), "O" (tok, about 60% of the words).
+    EXPECT_GT(m.accuracy(), m.majority_accuracy() + 0.25) << "accuracy " << m.accuracy();
+    EXPECT_GT(m.accuracy(), 0.9);
+    EXPECT_LT(r.losses.back(), r.losses.front());
+    // The checkpoint is a Hugging Face task model: its config names the head and the labels.
+    const model::BertConfig c = read_checkpoint_config(out.file(task) + "/checkpoint.h5");
+    EXPECT_EQ(c.head, task == "seq" ? model::Head::kSequenceClassification : model::Head::kTokenClassification);
+    EXPECT_EQ(c.num_labels(), task == "seq" ? 12 : 5);
+    model::Bert m2(c);
+    for (ParamId id = 0; id < m2.parameters().size(); ++id)
+      EXPECT_FALSE(m2.parameters().name(id).starts_with("cls.")) << "no pretraining head in a task model";
+  }
+}
+
+TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccuracy) {
+  testing::TempDir out;
+  TrainOptions full = finetune("tok", out.file("full"));
+  full.config.hidden_dropout_prob = 0.1;  // the dropout RNG state must resume too
+  full.steps = 20;
+  const TrainResult uninterrupted = train(full);
+  TrainOptions first = full;
+  first.output_dir = out.file("resumed");
+  first.stop_at_step = 7;
+  const TrainResult part1 = train(first);
+  TrainOptions second = full;
+  second.output_dir = out.file("resumed");
+  second.resume = true;
+  second.init_from.clear();
+  const TrainResult part2 = train(second);
+  std::vector<double> joined = part1.losses;
+  joined.insert(joined.end(), part2.losses.begin(), part2.losses.end());
+  EXPECT_EQ(joined, uninterrupted.losses) << "bit-identical loss sequence";
+
+  const TrainResult fp32 = train(finetune("seq", out.file("seq")));
+  TrainOptions qat = finetune("seq", out.file("seq-qat"));
+  qat.init_from = out.file("seq");
+  qat.qat = true;
+  qat.steps = 20;
+  qat.learning_rate = 1e-3;
+  qat.distill_weight = 0.5;
+  const TrainResult q = train(qat);
+  EXPECT_NEAR(q.last_task_eval.accuracy(), fp32.last_task_eval.accuracy(), 0.05);
+  EXPECT_TRUE(q.saturated_channels.empty());
+  model::Bert loaded(read_checkpoint_config(out.file("seq-qat") + "/checkpoint.h5"));
+  load_checkpoint(out.file("seq-qat") + "/checkpoint.h5", loaded, nullptr);
+  EXPECT_GT(loaded.enabled_quantizers().size(), 0u);
+}
+
+TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) {
+  testing::TempDir out;
+  const TrainResult seq = train(finetune("seq", out.file("seq")));
+  ASSERT_GT(seq.steps_done, 0);
+  // The same head, another label set: refused (a fresh classifier would silently drop the trained one).
+  TrainOptions other = finetune("tok", out.file("x"));
+  other.init_from = out.file("seq");
+  other.task = model::Head::kSequenceClassification;
+  testing::expect_user_error([&] { train(other); }, "--task seq-cls");
+  // A seq-cls model continued on token data of the other head gets a fresh classifier: allowed.
+  // Pretraining shards for a task model: refused.
+  TrainOptions back = options(out.file("y"));
+  back.init_from = out.file("seq");
+  testing::expect_user_error([&] { train(back); }, "pretraining shards need a BertForPreTraining");
+  // Labels differing from the model's, same head.
+  std::ofstream(dir_->file("seq-other.jsonl")) << R"({"text": "the sky", "label": "up"})"
+                                               << "\n"
+                                               << R"({"text": "the coal", "label": "down"})"
+                                               << "\n";
+  data::TaskDataOptions o;
+  o.max_seq_len = 16;
+  data::write_shard(
+      out.file("seq-other.hdf5"),
+      data::make_task_shard(dir_->file("seq-other.jsonl"), *data::load_tokenizer(dir_->file("spm.model")), o));
+  TrainOptions relabel = finetune("seq", out.file("z"));
+  relabel.train_shards = {out.file("seq-other.hdf5")};
+  relabel.eval_shards.clear();
+  relabel.init_from = out.file("seq");
+  testing::expect_user_error([&] { train(relabel); }, "head mismatch");
+  EXPECT_FALSE(std::filesystem::exists(out.file("z") + "/checkpoint.h5"));
 }
 
 }  // namespace
