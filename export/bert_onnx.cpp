@@ -41,8 +41,20 @@ class BertEmitter {
     std::string x = embeddings();
     const std::string mask = additive_mask();
     for (int64_t i = 0; i < c_.num_hidden_layers; ++i) x = layer(i, x, mask);
-    prediction_head(x);
-    nsp_head(x);
+    switch (c_.head) {
+      case model::Head::kPretraining:
+        prediction_head(x);
+        nsp_head(x);
+        break;
+      case model::Head::kSequenceClassification:
+        linear("classifier", pooled(x), /*quantizable=*/false, "logits");
+        g_.output("logits", kFloat, {"batch", c_.num_labels()});
+        break;
+      case model::Head::kTokenClassification:
+        linear("classifier", x, /*quantizable=*/false, "logits");
+        g_.output("logits", kFloat, {"batch", "sequence", c_.num_labels()});
+        break;
+    }
   }
 
  private:
@@ -251,12 +263,16 @@ class BertEmitter {
               {"batch", options_.masked_positions ? "predictions" : "sequence", c_.vocab_size});
   }
 
-  void nsp_head(const std::string& x) {
+  // tanh(pooler(hidden state of [CLS])): [B, C].
+  std::string pooled(const std::string& x) {
     const std::string cls =
         g_.node("Gather", {x, g_.int64s("bert.pooler.first_token", {0}, {})}, "bert.pooler.first_token_state",
                 [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{1}); });
-    const std::string pooled = g_.node("Tanh", {linear("bert.pooler.dense", cls)}, "bert.pooler.activation");
-    linear("cls.seq_relationship", pooled, /*quantizable=*/false, "seq_relationship_logits");
+    return g_.node("Tanh", {linear("bert.pooler.dense", cls)}, "bert.pooler.activation");
+  }
+
+  void nsp_head(const std::string& x) {
+    linear("cls.seq_relationship", pooled(x), /*quantizable=*/false, "seq_relationship_logits");
     g_.output("seq_relationship_logits", kFloat, {"batch", 2});
   }
 
@@ -273,6 +289,9 @@ class BertEmitter {
 
 onnx::ModelProto export_bert(model::Bert& model, const ExportOptions& options) {
   options.validate();
+  if (options.masked_positions && model.config().head != model::Head::kPretraining)
+    throw UserError("--masked-positions: a " + model::head_architecture(model.config().head) +
+                    " has no masked-LM head (its output is logits)");
   onnx::ModelProto m;
   m.set_ir_version(options.opset >= 17 ? 8 : 7);
   m.set_producer_name("bert-qat");

@@ -1,6 +1,8 @@
-// ONNX export of BertForPreTraining: FP32, or explicit Q/DQ at exactly the model's enabled quantizers
-// (docs/export.md). Inputs input_ids, attention_mask, token_type_ids (int64,
-// dynamic batch and sequence); outputs prediction_logits [B, T, V] and seq_relationship_logits [B, 2].
+// ONNX export of BERT with its head: FP32, or explicit Q/DQ at exactly the model's enabled quantizers
+// (docs/export.md). Inputs input_ids, attention_mask, token_type_ids (int64, dynamic batch and
+// sequence); outputs, as Hugging Face's ONNX exports name them: prediction_logits [B, T, V] and
+// seq_relationship_logits [B, 2] (pretraining), logits [B, num_labels] (sequence classification) or
+// logits [B, T, num_labels] (token classification).
 // Node and tensor names follow the model's module names.
 #pragma once
 
@@ -17,7 +19,7 @@ struct ExportOptions {
   int opset = 17;    // 13 or 17 (17: LayerNorm as one LayerNormalization node)
   bool qdq = false;  // Q/DQ for every enabled quantizer; false: a pure FP32 graph
   // Adds an input masked_lm_positions (int64 [B, P]) and computes prediction_logits [B, P, V] only
-  // there, as pretraining and masked-LM evaluation need.
+  // there, as pretraining and masked-LM evaluation need (pretraining models only).
   bool masked_positions = false;
   Json metadata;  // string-valued entries go to metadata_props (objects are written as JSON)
   void validate() const;

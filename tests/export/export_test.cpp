@@ -21,6 +21,7 @@
 #include "export/trt_cache.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
+#include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 
 namespace bert::exporter {
@@ -66,10 +67,9 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::Bert& m, const I
 // fake quantization and differ by CPU (u8s8 kernels whose 16-bit pair sums saturate on AVX2 without
 // VNNI). "disabled" runs the graph's own operators one by one (QuantizeLinear, DequantizeLinear, float
 // MatMul): the arithmetic of the export itself, the same on every CPU, so Q/DQ comparisons use it.
-std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string& model_path, const Inputs& in,
-                                                               const testing::TempDir& dir,
-                                                               const std::string& optimized = "",
-                                                               const std::string& optimization = "all") {
+// ONNX Runtime's outputs by name (null when it failed, with a test failure).
+Json run_ort(const std::string& model_path, const Inputs& in, const testing::TempDir& dir,
+             const std::string& optimized = "", const std::string& optimization = "all") {
   Json feeds;
   auto tensor = [&](auto const& values) {
     Json t;
@@ -96,7 +96,15 @@ std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string
   std::ifstream f(dir.file("out.json"));
   std::stringstream text;
   text << f.rdbuf();
-  const Json out = Json::parse(text.str());
+  return Json::parse(text.str());
+}
+
+std::pair<std::vector<float>, std::vector<float>> onnx_runtime(const std::string& model_path, const Inputs& in,
+                                                               const testing::TempDir& dir,
+                                                               const std::string& optimized = "",
+                                                               const std::string& optimization = "all") {
+  const Json out = run_ort(model_path, in, dir, optimized, optimization);
+  if (out.is_null()) return {};
   const Json& logits = *out.find("prediction_logits");
   const int64_t v = logits.find("dims")->as_array()[2].as_int();
   std::vector<float> mlm;
@@ -138,7 +146,14 @@ void quantize_all(model::Bert& m, const Inputs& in) {
   stats.quantizers = m.quantizers();
   for (model::Quantizer* q : stats.quantizers)
     if (!q->is_weight) q->observer = &stats.activations[q->name], q->mode = model::QuantMode::kCalibrate;
-  engine(m, in);
+  if (m.config().head == model::Head::kPretraining) {
+    engine(m, in);
+  } else {
+    model::BertBatch batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
+    Graph<float> g;
+    Rng unused(0);
+    m.forward(g, batch, false, unused);
+  }
   quant::apply_calibration(m, stats, quant::Method::kPercentile, 99.9);  // some values saturate
 }
 
@@ -228,6 +243,53 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
   EXPECT_GT(ops["QLinearMatMul"] + ops["MatMulInteger"] + ops["MatMulIntegerToFloat"] + ops["DynamicQuantizeMatMul"], 0)
       << listing;
   std::cout << "[ info ] ONNX Runtime optimized Q/DQ graph: " << listing << "\n";
+}
+
+// Task heads: the export's `logits` (sequence classification [B, L]; token classification [B, T, L], of
+// which the real tokens are compared) match our engine, FP32 and Q/DQ (which follows TensorRT's rules).
+TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
+  for (const model::Head head : {model::Head::kSequenceClassification, model::Head::kTokenClassification}) {
+    SCOPED_TRACE(model::head_architecture(head));
+    model::BertConfig c = small_config();
+    c.head = head;
+    c.labels = {"a", "b", "c", "d", "e"};
+    model::Bert m(c);
+    m.initialize(9);
+    const Inputs in = make_inputs(3, 11, 60, 4);
+    testing::TempDir dir;
+    for (bool qdq : {false, true}) {
+      SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
+      if (qdq) quantize_all(m, in);
+      ExportOptions options;
+      options.qdq = qdq;
+      const onnx::ModelProto proto = export_bert(m, options);
+      check_onnx(proto);
+      EXPECT_TRUE(check_qdq_rules(proto).empty()) << describe(check_qdq_rules(proto));
+      ASSERT_EQ(proto.graph().output_size(), 1);
+      EXPECT_EQ(proto.graph().output(0).name(), "logits");
+      write_onnx(proto, dir.file("task.onnx"));
+      model::BertBatch batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
+      Graph<float> g;
+      NoGradGuard<float> no_grad(g);
+      Rng unused(0);
+      const model::ModelOutputs out = m.forward(g, batch, false, unused);
+      const std::vector<float> ours(g.value(out.logits).begin(), g.value(out.logits).end());
+      const Json ort = run_ort(dir.file("task.onnx"), in, dir, "", qdq ? "disabled" : "all");
+      ASSERT_FALSE(ort.is_null());
+      const auto& data = ort.find("logits")->find("data")->as_array();
+      std::vector<float> theirs;
+      for (int32_t row : out.rows)  // seq: b * T, one per sequence; token: every real token
+        for (int64_t k = 0; k < 5; ++k) {
+          const int64_t index = head == model::Head::kSequenceClassification ? (row / in.t) * 5 + k : row * 5 + k;
+          theirs.push_back(static_cast<float>(data[index].as_number()));
+        }
+      EXPECT_EQ(data.size(), head == model::Head::kSequenceClassification ? 15u : 3u * 11 * 5);
+      EXPECT_LT(relative_error(theirs, ours), qdq ? 2e-3 : 1e-4);
+    }
+    ExportOptions masked;
+    masked.masked_positions = true;
+    testing::expect_user_error([&] { export_bert(m, masked); }, "has no masked-LM head");
+  }
 }
 
 // bert-eval --onnx's path: a masked-positions export scored in ONNX Runtime gives the accuracy our
