@@ -45,7 +45,10 @@ Json run_onnx_runtime(const std::string& script, const std::string& mode, const 
                     log = work_dir + "/ort.log";
   std::ofstream(in) << feeds.dump();
   std::filesystem::remove(log);
-  if (run_program({"node", script, mode, model, in, out}, log) != 0) {
+  // The runner: scripts/ort_run.js under Node (npm onnxruntime-node), or scripts/ort_run.py under Python
+  // (the onnxruntime wheel), with the same arguments and files.
+  const std::string interpreter = script.ends_with(".py") ? "python3" : "node";
+  if (run_program({interpreter, script, mode, model, in, out}, log) != 0) {
     std::ifstream l(log);
     std::stringstream text;
     text << l.rdbuf();
@@ -81,6 +84,31 @@ PretrainingMetrics evaluate_onnx(const std::string& onnx_path, data::ShardLoader
       m.nsp_correct += nsp.at(i).as_int() == bt.next_sentence_labels[i];
       m.nsp_random_next += bt.next_sentence_labels[i];
       ++m.sequences;
+    }
+  }
+  return m;
+}
+
+TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& loader, int64_t num_labels,
+                               int64_t max_batches, const std::string& script, const std::string& work_dir) {
+  const std::vector<data::Batch> batches = take_batches(loader, max_batches);
+  const Json results = run_onnx_runtime(script, "--argmax", onnx_path, batch_feeds(batches, false), work_dir);
+  const bool per_token = loader.kind() == data::ShardKind::kTokenLabels;
+  TaskMetrics m(num_labels);
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const data::Batch& bt = batches[b];
+    const Json* output = results.as_array().at(b).find("logits");
+    if (!output || output->find("dims")->as_array().size() != (per_token ? 2u : 1u))
+      throw UserError("'" + onnx_path + "' has no " + (per_token ? "[B, T, labels]" : "[B, labels]") +
+                      " output 'logits': not an export of a " +
+                      (per_token ? "token" : "sequence") + "-classification model");
+    const auto& predicted = output->find("data")->as_array();
+    for (size_t i = 0; i < bt.labels.size(); ++i) {
+      if (bt.labels[i] == data::kIgnoredLabel) continue;
+      const int64_t p = predicted.at(i).as_int();
+      if (p < 0 || p >= num_labels) throw UserError("'" + onnx_path + "' predicts label " + std::to_string(p));
+      ++m.confusion[bt.labels[i] * num_labels + p];
+      ++m.examples;
     }
   }
   return m;

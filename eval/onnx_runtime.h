@@ -20,9 +20,13 @@ std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_bat
 Json batch_feeds(const std::vector<data::Batch>& batches, bool masked_positions);
 
 // Runs `model` on the feeds with `mode` ("" for raw outputs, "--argmax" or "--histograms"; see the
-// script) and returns its parsed JSON. UserError with ONNX Runtime's message when it fails.
+// script; a script ending in .py runs under python3, any other under node) and returns its parsed JSON. UserError with ONNX Runtime's message when it fails.
 Json run_onnx_runtime(const std::string& script, const std::string& mode, const std::string& model, const Json& feeds,
                       const std::string& work_dir);
+
+// Accuracy and F1 of a task model's export (output logits) on task shards (argmax only: the loss stays 0).
+TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& loader, int64_t num_labels,
+                               int64_t max_batches, const std::string& script, const std::string& work_dir);
 
 // MLM and NSP accuracy of an export made with --masked-positions (argmax only: losses stay 0).
 PretrainingMetrics evaluate_onnx(const std::string& onnx_path, data::ShardLoader& loader, int64_t max_batches,

@@ -94,8 +94,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--plan-out", plan_out, "--sensitivity: write the plan here");
   app.add_option("--onnx", onnx_model,
-                 "also evaluate this ONNX export (made with --masked-positions) in ONNX Runtime on --shards");
-  app.add_option("--ort-script", ort_script, "the ONNX Runtime runner (scripts/ort_run.js)")->capture_default_str();
+                 "also evaluate this ONNX export in ONNX Runtime on --shards (a pretraining model's export made with "
+                 "--masked-positions; a task model's export as it is)");
+  app.add_option("--ort-script", ort_script,
+                 "the ONNX Runtime runner: scripts/ort_run.js (Node, npm onnxruntime-node) or scripts/ort_run.py "
+                 "(Python, the onnxruntime package)")
+      ->capture_default_str();
   app.add_option("--save-calibrated", save_calibrated,
                  "post-training quantization: calibrate with --calibrator on --calib-shards (or --shards) and save "
                  "the model with its scales and quantizers enabled as a checkpoint (then evaluate or export it)");
@@ -134,9 +138,6 @@ int main(int argc, char** argv) {
       throw UserError("'" + checkpoint + "' is a " + model::head_architecture(config.head) +
                       ": it has no MLM/NSP head (--mlm-accuracy, --nsp-accuracy, --fill-mask); evaluate it on task "
                       "shards (--shards) for its task metrics");
-    if (task_model && !onnx_model.empty())
-      throw UserError("--onnx: scoring an export of a " + model::head_architecture(config.head) +
-                      " in ONNX Runtime is not supported yet (pretraining models only)");
     if (!shards.empty() && !mlm && !nsp && !task_model) mlm = nsp = true;
     model::Bert model(config);
     const train::TrainingState state = train::load_model(source, model);
@@ -341,7 +342,17 @@ int main(int argc, char** argv) {
       const eval::PretrainingMetrics m = compare || sensitivity || task_model
                                              ? eval::PretrainingMetrics{}
                                              : eval::evaluate(model, loader, max_batches, g);
-      if (!onnx_model.empty()) {
+      if (!onnx_model.empty() && task_model) {
+        data::ShardLoader onnx_loader(lo);
+        const PrivateTempDir work("bert-eval");
+        const eval::TaskMetrics o = eval::evaluate_onnx_task(onnx_model, onnx_loader, config.num_labels(),
+                                                             max_batches, ort_script, work.path().string());
+        report["onnx"] = o.to_json(config.labels);
+        if (!json)
+          std::printf("ONNX Runtime (%s): accuracy %.4f, macro-F1 %.4f over %lld %s\n", onnx_model.c_str(),
+                      o.accuracy(), o.macro_f1(), (long long)o.examples,
+                      config.head == model::Head::kTokenClassification ? "labeled tokens" : "sequences");
+      } else if (!onnx_model.empty()) {
         data::ShardLoader onnx_loader(lo);
         const PrivateTempDir work("bert-eval");  // this run's own exchange files
         const eval::PretrainingMetrics o =

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Runs an ONNX model in ONNX Runtime (the Python onnxruntime package, CPU) and writes its outputs as JSON:
+the same protocol as scripts/ort_run.js, for machines with Python's onnxruntime and no Node (e.g. a GPU
+server). `bert-eval --onnx M --ort-script scripts/ort_run.py` uses it.
+Usage: python3 scripts/ort_run.py [--argmax] model.onnx inputs.json outputs.json [optimized.onnx]
+inputs.json: one feed {"input_ids": {"dims": [B, T], "data": [...]}, ...} (int64 inputs), or a list of
+feeds (batches), giving a list of results. --argmax replaces every float output by the index of its
+largest value along the last axis (the first on ties, as the Node runner). --histograms (the TensorRT
+cache's calibration) is only in the Node runner. BERT_ORT_OPTIMIZATION: disabled, basic, extended, all.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+
+LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+          "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+          "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+def main():
+    args = sys.argv[1:]
+    argmax = bool(args) and args[0] == "--argmax"
+    if args and args[0] == "--histograms":
+        sys.exit("ort_run.py: --histograms is only in scripts/ort_run.js")
+    if argmax:
+        args = args[1:]
+    if len(args) < 3:
+        sys.exit("usage: ort_run.py [--argmax] model.onnx inputs.json outputs.json [optimized.onnx]")
+    model, inputs_path, outputs_path = args[:3]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = LEVELS[os.environ.get("BERT_ORT_OPTIMIZATION", "all")]
+    if len(args) > 3:
+        options.optimized_model_filepath = args[3]
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    with open(inputs_path) as f:
+        raw = json.load(f)
+    batches = raw if isinstance(raw, list) else [raw]
+    names = [o.name for o in session.get_outputs()]
+    results = []
+    for batch in batches:
+        feeds = {name: np.asarray(t["data"], dtype=np.int64).reshape(t["dims"]) for name, t in batch.items()}
+        out = {}
+        for name, value in zip(names, session.run(names, feeds)):
+            if argmax and value.dtype == np.float32:
+                best = value.argmax(axis=-1)
+                out[name] = {"dims": list(best.shape), "data": best.reshape(-1).tolist()}
+            else:
+                out[name] = {"dims": list(value.shape), "data": value.reshape(-1).tolist()}
+        results.append(out)
+    tmp = outputs_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results if isinstance(raw, list) else results[0], f)
+    os.replace(tmp, outputs_path)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # the caller shows the log: one line naming the problem
+        sys.exit(f"ort_run.py: {e}")
