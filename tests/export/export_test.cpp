@@ -286,6 +286,35 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
       EXPECT_EQ(data.size(), head == model::Head::kSequenceClassification ? 15u : 3u * 11 * 5);
       EXPECT_LT(relative_error(theirs, ours), qdq ? 2e-3 : 1e-4);
     }
+    // bert-eval --onnx's path for tasks: the export scored in ONNX Runtime on a task shard gives our
+    // engine's accuracy (the fake-quantized model and its Q/DQ export).
+    data::Shard shard(in.t, 0);
+    shard.kind =
+        head == model::Head::kTokenClassification ? data::ShardKind::kTokenLabels : data::ShardKind::kSequenceLabels;
+    shard.label_names = c.labels;
+    Rng rng(3);
+    for (int64_t i = 0; i < in.b; ++i) {
+      int64_t n = 0;
+      while (n < in.t && in.mask[i * in.t + n]) ++n;
+      std::vector<int32_t> labels(shard.kind == data::ShardKind::kTokenLabels ? n : 1);
+      for (int32_t& l : labels) l = static_cast<int32_t>(rng.next_below(5));
+      if (labels.size() > 1) labels[0] = data::kIgnoredLabel;
+      shard.append_labeled(std::span(in.ids).subspan(i * in.t, n), std::span(in.types).subspan(i * in.t, n), labels);
+    }
+    data::write_shard(dir.file("task.hdf5"), shard);
+    data::LoaderOptions lo;
+    lo.shards = {dir.file("task.hdf5")};
+    lo.batch_size = 2;
+    lo.shuffle = lo.repeat = false;
+    data::ShardLoader engine_loader(lo), ort_loader(lo);
+    Graph<float> g;
+    const eval::TaskMetrics ours = eval::evaluate_task(m, engine_loader, 0, g);
+    const eval::TaskMetrics theirs =
+        eval::evaluate_onnx_task(dir.file("task.onnx"), ort_loader, 5, 0,
+                                 std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", dir.path().string());
+    EXPECT_EQ(theirs.examples, ours.examples);
+    EXPECT_GE(ours.examples, 3);
+    EXPECT_EQ(theirs.confusion, ours.confusion) << "the same prediction for every labeled example";
     ExportOptions masked;
     masked.masked_positions = true;
     testing::expect_user_error([&] { export_bert(m, masked); }, "has no masked-LM head");
