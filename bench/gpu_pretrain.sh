@@ -24,9 +24,9 @@ for set in heldout brown; do
 done
 # QAT from it with each way of training the scales (learned, fixed, lsq) and with distillation from the FP32
 # model (learned-distill: --distill 0.5), then FP32 vs PTQ vs QAT on Brown (every calibrator for the first,
-# percentile only after). VARIANTS picks some.
+# percentile only after). VARIANTS picks some (VARIANTS= for none: pretraining only).
 calibrators=max,percentile,entropy,mse
-for variant in ${VARIANTS:-learned fixed lsq learned-distill}; do
+for variant in ${VARIANTS-learned fixed lsq learned-distill}; do
   scales=${variant%-distill}
   extra=()
   [ "$variant" = "$scales" ] || extra=(--distill 0.5 --distill-temperature 2)

@@ -3,6 +3,8 @@
 # gathers them with the shared libraries they need into one folder, for a GPU machine that lacks the
 # build's Debian packages:
 #   bash scripts/gpu_bundle.sh [OUT]          # default OUT: gpu-bundle/ (bin/, lib/, run.sh)
+#   PACK=1 bash scripts/gpu_bundle.sh         # also OUT.tar.xz (about 11 MB instead of 60: carry that, and
+#                                             # unpack it there with `tar -xJf gpu-bundle.tar.xz`)
 # On the GPU machine, from a copy of the repository root:
 #   bash gpu-bundle/run.sh tests               # every GPU test (ops vs CPU, golden model, training)
 #   bash gpu-bundle/run.sh bert-train --help   # any bundled program
@@ -15,7 +17,7 @@ build=build-gpu
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBERT_ARCH=avx2 -DBERT_CUDA=ON > "$build/configure.log" 2>&1 ||
   { tail -20 "$build/configure.log"; exit 1; }
-programs=(bert-train bert-eval bert-data train-step-bench)
+programs=(bert-train bert-eval bert-data bert-export train-step-bench)
 tests=(cuda_tests model_tests train_tests)
 cmake --build "$build" -j "$jobs" --target "${programs[@]}" "${tests[@]}" > "$build/build.log" 2>&1 ||
   { grep -E "error|Error" -A3 "$build/build.log" | head -40; exit 1; }
@@ -55,3 +57,7 @@ exec "$here/bin/$program" "$@"
 RUN
 chmod +x "$out/run.sh"
 echo "[gpu-bundle] $(du -sh "$out" | cut -f1) in $out (programs: ${programs[*]}; tests: ${tests[*]})"
+if [ "${PACK:-0}" = 1 ]; then
+  tar -cf - "$out" | xz -T0 -6 > "$out.tar.xz.partial" && mv "$out.tar.xz.partial" "$out.tar.xz"
+  echo "[gpu-bundle] packed: $(du -sh "$out.tar.xz" | cut -f1) in $out.tar.xz"
+fi
