@@ -68,3 +68,4 @@ for task in ${TASKS:-pos genre}; do
       --json-out "$results/$task-onnx-$variant.json" | grep -E "^accuracy|ONNX Runtime" | tee "$results/$task-onnx-$variant.txt"
   done
 done
+tar -C "$(dirname "$results")" -czf "$results.tar.gz" "$(basename "$results")"  # one file to fetch

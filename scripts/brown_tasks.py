@@ -10,7 +10,8 @@ Outputs (in --out, default cache/tasks), JSON lines for `bert-data task`:
   brown-genre/labels.txt
 
 Splits are by document: within each genre, the documents in file order go 3 to train, 1 to dev, 1 to test
-(i % 5: 0 test, 1 dev, else train), so no document is in two splits and every genre is in each.
+(i % 5: 0 test, 1 dev, else train), so no document is in two splits and every genre is in each. The lines
+of each split are shuffled (fixed seed), so the first batches of dev are a fair sample of it.
 
 Tag mapping (after dropping the -tl/-hl/-nc suffixes and taking the first part of a contraction such as
 ppss+md): NOUN nn* np* nr*; VERB vb* be* hv* do* md; ADJ jj* od; ADV rb* rn wrb ql qlp *; PRON pp* wp* pn*;
@@ -21,6 +22,7 @@ the data does not depend on NLTK.
 import argparse
 import json
 import os
+import random
 import re
 import sys
 
@@ -123,6 +125,7 @@ def main():
         folder = os.path.join(args.out, task)
         os.makedirs(folder, exist_ok=True)
         for split, lines in data.items():
+            random.Random(split).shuffle(lines)
             write_atomic(os.path.join(folder, split + ".jsonl"), lines)
         with open(os.path.join(folder, "labels.txt"), "w") as f:
             f.write("\n".join(labels) + "\n")
