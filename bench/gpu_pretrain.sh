@@ -5,11 +5,16 @@
 # machine from the repository root with a bundle (scripts/gpu_bundle.sh) and the demo corpus packed here
 # by `tar -C cache -cJf cache-gpu/corpus.tar.xz corpus/{brown.txt,heldout.paragraphs.txt,train.paragraphs.txt,manifest.json}`:
 #   bash bench/gpu_pretrain.sh [RESULTS_DIR]
+# Environment: STEPS (pretraining, 10000), QAT_STEPS (1000), VARIANTS (below), EVAL_SETS ("brown"; e.g.
+# "heldout brown"), ORT_BATCHES (unset: no ONNX Runtime scoring). The reference table of bench/README.md:
+#   STEPS=6000 VARIANTS="fp32 learned fixed learned-distill fixed-distill" EVAL_SETS="heldout brown" \
+#   ORT_BATCHES=50 bash bench/gpu_pretrain.sh RESULTS_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-runs/gpu-pretrain}
 steps=${STEPS:-10000}
 mkdir -p cache "$results"
+[ -d gpu-bundle ] || tar -xJf gpu-bundle.tar.xz  # the packed bundle (PACK=1 bash scripts/gpu_bundle.sh)
 [ -f cache/corpus/manifest.json ] || tar -C cache -xJf cache-gpu/corpus.tar.xz
 OUT=cache BERT_DATA="bash gpu-bundle/run.sh bert-data" bash scripts/demo_data.sh > "$results/data.log" 2>&1
 run() { bash gpu-bundle/run.sh "$@"; }
@@ -22,20 +27,40 @@ for set in heldout brown; do
   run bert-eval --device cuda --checkpoint runs/mini-gpu --shards $D/shards/$set --mlm-accuracy --nsp-accuracy \
     --json-out "$results/fp32-$set.json" > /dev/null
 done
-# QAT from it with each way of training the scales (learned, fixed, lsq) and with distillation from the FP32
-# model (learned-distill: --distill 0.5), then FP32 vs PTQ vs QAT on Brown (every calibrator for the first,
-# percentile only after). VARIANTS picks some (VARIANTS= for none: pretraining only).
+# QAT from it with each way of training the scales (learned, fixed, lsq), with distillation from the FP32
+# model (*-distill: --distill 0.5), and FP32 trained on for as long (fp32: the baseline QAT is held to), then
+# FP32 vs PTQ vs QAT on held-out text and on Brown (every calibrator for the first, percentile only after),
+# and each QAT model's Q/DQ export (--masked-positions) scored in ONNX Runtime beside the engine on the first
+# ORT_BATCHES batches of 64. VARIANTS picks some (VARIANTS= for none: pretraining only).
 calibrators=max,percentile,entropy,mse
+ort_script=scripts/ort_run.js
+command -v node > /dev/null || ort_script=scripts/ort_run.py  # Python's onnxruntime where Node is missing
 for variant in ${VARIANTS-learned fixed lsq learned-distill}; do
   scales=${variant%-distill}
   extra=()
   [ "$variant" = "$scales" ] || extra=(--distill 0.5 --distill-temperature 2)
-  run bert-train --device cuda --precision tf32 --init-from runs/mini-gpu/checkpoint.h5 --qat --calibrator percentile \
-    --calib-batches 16 --train $D/shards/train --eval $D/shards/heldout --tokenizer $D/spm.model \
-    --out runs/mini-gpu-qat-$variant --scales $scales "${extra[@]}" --steps ${QAT_STEPS:-1000} --batch-size 128 \
+  if [ "$variant" = fp32 ]; then
+    extra=()
+  else
+    extra+=(--qat --calibrator percentile --calib-batches 16 --scales $scales)
+  fi
+  run bert-train --device cuda --precision tf32 --init-from runs/mini-gpu/checkpoint.h5 \
+    --train $D/shards/train --eval $D/shards/heldout --tokenizer $D/spm.model \
+    --out runs/mini-gpu-qat-$variant "${extra[@]}" --steps ${QAT_STEPS:-1000} --batch-size 128 \
     --lr 1e-4 --eval-every 0 --log-every 250 2>&1 | tee "$results/qat-$variant.log" | grep -E "step .*0/|eval|done|clipping|saturated"
-  run bert-eval --device cuda --checkpoint runs/mini-gpu-qat-$variant --shards $D/shards/brown --compare \
-    --calibrators $calibrators --calib-shards $D/shards/train --calib-batches 16 \
-    --json-out "$results/compare-brown-$variant.json" | tee "$results/compare-brown-$variant.txt"
+  for set in ${EVAL_SETS:-brown}; do
+    run bert-eval --device cuda --checkpoint runs/mini-gpu-qat-$variant --shards $D/shards/$set --compare \
+      --calibrators $calibrators --calib-shards $D/shards/train --calib-batches 16 \
+      --json-out "$results/compare-$set-$variant.json" | tee "$results/compare-$set-$variant.txt"
+    if [ "$variant" != fp32 ] && [ -n "${ORT_BATCHES:-}" ]; then
+      [ -f runs/mini-gpu-qat-$variant/mlm.onnx ] ||
+        run bert-export --checkpoint runs/mini-gpu-qat-$variant --onnx runs/mini-gpu-qat-$variant/mlm.onnx --qdq \
+          --masked-positions 2>&1 | tail -1
+      run bert-eval --device cuda --checkpoint runs/mini-gpu-qat-$variant --shards $D/shards/$set --batch-size 64 \
+        --max-batches $ORT_BATCHES --onnx runs/mini-gpu-qat-$variant/mlm.onnx --ort-script $ort_script \
+        --json-out "$results/onnx-$set-$variant.json" | grep -E "MLM accuracy|ONNX Runtime" | tee "$results/onnx-$set-$variant.txt"
+    fi
+  done
   calibrators=percentile
 done
+tar -C "$(dirname "$results")" -czf "$results.tar.gz" "$(basename "$results")"  # one file to fetch

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -175,6 +176,16 @@ std::vector<std::string> fully_saturated_channels(model::Bert& model) {
     }
   }
   return dead;
+}
+
+Json scale_floors(model::Bert& model) {
+  Json floors = Json::Object{};
+  for (model::Quantizer* q : model.enabled_quantizers()) {
+    float smallest = std::numeric_limits<float>::infinity();
+    for (float s : model.parameters().get(q->scale).value) smallest = std::min(smallest, s);
+    floors[q->name] = std::max<double>(kMinimumScale, kScaleFloorFraction * smallest);
+  }
+  return floors;
 }
 
 void disable_all(model::Bert& model) {

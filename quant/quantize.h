@@ -64,8 +64,14 @@ std::map<std::string, double> apply_calibration(model::Bert& model, const Calibr
 std::map<std::string, double> calibrate(model::Bert& model, data::ShardLoader& loader,
                                         const CalibrationOptions& options, Graph<float>& g);
 
-// The floor the optimizer keeps learned scales above (Optimizer::set_minimum): they stay positive.
+// The absolute floor the optimizer keeps learned scales above (Optimizer::set_minimum): they stay positive.
 constexpr float kMinimumScale = 1e-8f;
+// QAT's floor for each quantizer's scales: this fraction of its smallest calibrated scale, so a learned
+// scale can shrink 20-fold from where calibration put it but never collapse (a collapsed weight scale
+// saturates its whole channel, which then learns nothing).
+constexpr double kScaleFloorFraction = 0.05;
+// {quantizer name: floor} for the enabled quantizers, from their current (calibrated) scales.
+Json scale_floors(model::Bert& model);
 
 // Weight channels of enabled weight quantizers whose every weight lies beyond the range (|w| / s above
 // 127.5 everywhere in the channel): such a channel outputs its bias alone and, behind the

@@ -343,6 +343,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       recipe["learning_rate"] = o.learning_rate;
       recipe["scale_lr_multiplier"] = o.scale_lr_multiplier;
       recipe["scales"] = scale_training_name(o.scales);
+      recipe["scale_floors"] = quant::scale_floors(model);
       if (o.distill_weight > 0) {
         recipe["distill_weight"] = o.distill_weight;
         recipe["distill_temperature"] = o.distill_temperature;
@@ -367,7 +368,11 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     optimizer.set_lr_multiplier(q->scale,
                                 o.scales == TrainOptions::ScaleTraining::kFixed ? 0.0 : o.scale_lr_multiplier);
     optimizer.set_log_space(q->scale, o.scales == TrainOptions::ScaleTraining::kLearned);
-    optimizer.set_minimum(q->scale, quant::kMinimumScale);
+    // The floor recorded when the scales were calibrated (older checkpoints: the absolute minimum).
+    const Json* floors = state.quantization.is_object() ? state.quantization.find("scale_floors") : nullptr;
+    const Json* floor = floors && floors->is_object() ? floors->find(q->name) : nullptr;
+    optimizer.set_minimum(q->scale,
+                          floor && floor->is_number() ? static_cast<float>(floor->as_number()) : quant::kMinimumScale);
   }
   if (!active.empty())
     spdlog::info("quantization-aware training with {} quantizers enabled, scales {}", active.size(),

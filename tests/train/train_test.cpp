@@ -664,6 +664,26 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
         EXPECT_TRUE(r.saturated_channels.empty());
       } else {
         EXPECT_FALSE(all_equal);
+        // The floor (5% of each quantizer's smallest calibrated scale, recorded in the recipe) holds
+        // every scale: an activation's single scale cannot collapse; weight channels calibrated 20x
+        // above the smallest still can, and die.
+        const Json recipe = load_checkpoint(variant.output_dir + "/checkpoint.h5", trained, nullptr).quantization;
+        const Json* floors = recipe.find("scale_floors");
+        ASSERT_TRUE(floors && floors->is_object());
+        int at_floor = 0;
+        for (model::Quantizer* q : trained.quantizers()) {
+          if (q->mode != model::QuantMode::kQuantize) continue;
+          ASSERT_TRUE(floors->find(q->name)) << q->name;
+          const double floor = floors->find(q->name)->as_number();
+          const TensorView<float> initial = calibrated.parameters().get(q->scale).value;
+          EXPECT_NEAR(floor, quant::kScaleFloorFraction * *std::min_element(initial.begin(), initial.end()),
+                      1e-6 * floor);
+          for (float v : trained.parameters().get(q->scale).value) {
+            EXPECT_GE(v, static_cast<float>(floor)) << q->name;
+            at_floor += v == static_cast<float>(floor);
+          }
+        }
+        EXPECT_GT(at_floor, 0) << "at this learning rate LSQ's update drives some scales to the floor";
         EXPECT_FALSE(r.saturated_channels.empty());
       }
     }
