@@ -226,29 +226,30 @@ void adopt_task(model::BertConfig& config, model::Head head, const std::vector<s
   config.labels = labels;
 }
 
-}  // namespace
+// Where a run keeps its files. The tokenizer travels with the run: vocab.txt (WordPiece) or
+// tokenizer.model (SentencePiece).
+struct RunFiles {
+  std::string checkpoint, metrics, tokenizer_copy;
+  explicit RunFiles(const TrainOptions& o)
+      : checkpoint((fs::path(o.output_dir) / "checkpoint.h5").string()),
+        metrics((fs::path(o.output_dir) / "metrics.jsonl").string()),
+        tokenizer_copy(
+            (fs::path(o.output_dir) / (data::is_wordpiece_vocab(o.tokenizer_path) ? "vocab.txt" : "tokenizer.model"))
+                .string()) {}
+};
 
-TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
-  o.validate();
-  const std::string checkpoint_path = (fs::path(o.output_dir) / "checkpoint.h5").string();
-  const std::string metrics_path = (fs::path(o.output_dir) / "metrics.jsonl").string();
-  // The tokenizer travels with the run: vocab.txt (WordPiece) or tokenizer.model (SentencePiece).
-  const std::string tokenizer_copy =
-      (fs::path(o.output_dir) / (data::is_wordpiece_vocab(o.tokenizer_path) ? "vocab.txt" : "tokenizer.model"))
-          .string();
-
-  if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
-    throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
-  const std::string& tokenizer_path = o.tokenizer_path;
+// The model config of the run: the checkpoint's on --resume, --init-from's (with this run's dropout), or
+// the given one; with the vocabulary of the tokenizer and the head and labels of the training shards.
+model::BertConfig resolve_config(const TrainOptions& o, const RunFiles& files, const data::ShardLoader& loader) {
   model::BertConfig config = o.config;
   if (config.vocab_size != o.tokenizer_vocab_size) {
     spdlog::info("vocab_size set to the tokenizer's {} (config had {})", o.tokenizer_vocab_size, config.vocab_size);
     config.vocab_size = o.tokenizer_vocab_size;
   }
   if (o.resume) {
-    if (!fs::exists(checkpoint_path))
-      throw UserError("--resume: no checkpoint at '" + checkpoint_path + "' to resume from");
-    config = read_checkpoint_config(checkpoint_path);
+    if (!fs::exists(files.checkpoint))
+      throw UserError("--resume: no checkpoint at '" + files.checkpoint + "' to resume from");
+    config = read_checkpoint_config(files.checkpoint);
   } else if (!o.init_from.empty()) {
     config = read_model_config(find_model(o.init_from));
     config.hidden_dropout_prob = o.config.hidden_dropout_prob;
@@ -257,35 +258,320 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       throw UserError("--init-from '" + o.init_from + "' has vocab_size " + std::to_string(config.vocab_size) +
                       ", the tokenizer " + std::to_string(o.tokenizer_vocab_size));
   }
+  const model::Head head = head_of(loader.kind());
+  if (o.task && *o.task != head)
+    throw UserError("--task " + model::head_task_name(*o.task) + ": the training shards are " +
+                    data::shard_kind_name(loader.kind()) + " shards ('" +
+                    data::expand_shard_paths(o.train_shards).front() + "')");
+  adopt_task(config, head, loader.label_names(),
+             o.resume              ? "the checkpoint"
+             : o.init_from.empty() ? "the model"
+                                   : "--init-from '" + o.init_from + "'");
+  return config;
+}
+
+// QAT's start: calibrate the quantizers on training batches (another seed than the training order) and
+// return the recipe the checkpoint records, with each scale's floor.
+Json calibrate_for_qat(const TrainOptions& o, model::Bert& model, const data::LoaderOptions& loader_options,
+                       const Device& device) {
+  quant::CalibrationOptions calibration = o.calibration;
+  if (!o.plan_path.empty()) calibration.keep_float = quant::read_plan(o.plan_path, model);
+  data::LoaderOptions co = loader_options;
+  co.repeat = false;
+  co.seed = o.seed + 1;
+  data::ShardLoader calibration_loader(co);
+  Graph<float> calibration_graph(device);
+  const auto amax = quant::calibrate(model, calibration_loader, calibration, calibration_graph);
+  model.parameters().upload_values();  // the calibrated scales
+  spdlog::info("calibrated {} quantizers ({} calibrator, {} batches; {} kept in float)", amax.size(),
+               calibration.method, calibration.batches, calibration.keep_float.size());
+  Json recipe = quant::describe_calibration(calibration, calibration.batches);
+  recipe["qat"] = true;
+  recipe["init_from"] = o.init_from;
+  recipe["qat_steps"] = o.steps;
+  recipe["learning_rate"] = o.learning_rate;
+  recipe["scale_lr_multiplier"] = o.scale_lr_multiplier;
+  recipe["scales"] = scale_training_name(o.scales);
+  recipe["scale_floors"] = quant::scale_floors(model);
+  if (o.distill_weight > 0) {
+    recipe["distill_weight"] = o.distill_weight;
+    recipe["distill_temperature"] = o.distill_temperature;
+  }
+  return recipe;
+}
+
+// The state training starts from: the checkpoint's on --resume (weights, moments, data order, dropout
+// RNG), else fresh weights or --init-from's, calibrated for QAT; the run folder gets its tokenizer copy,
+// config.json and an empty metrics log.
+TrainingState start_state(const TrainOptions& o, const RunFiles& files, const model::BertConfig& config,
+                          model::Bert& model, Optimizer& optimizer, data::ShardLoader& loader,
+                          const data::LoaderOptions& loader_options, Rng& dropout_rng, const Device& device) {
+  ParameterArena<float>& params = model.parameters();
+  TrainingState state;
+  state.tokenizer_sha256 = o.tokenizer_sha256;
+  state.run = o.to_json();
+  if (o.resume) {
+    TrainingState loaded = load_checkpoint(files.checkpoint, model, &optimizer);
+    params.upload_values();
+    optimizer.upload_moments();
+    if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != o.tokenizer_sha256)
+      throw UserError("--resume: the checkpoint was trained with another tokenizer than '" + o.tokenizer_path + "'");
+    state.step = loaded.step;
+    loader.restore(loaded.loader);
+    dropout_rng = Rng(loaded.dropout_rng);
+    state.quantization = loaded.quantization;
+    truncate_metrics(files.metrics, state.step);
+    spdlog::info("resuming from '{}' at step {}", files.checkpoint, state.step);
+    return state;
+  }
+  if (o.init_from.empty()) {
+    model.initialize(o.seed);
+  } else {
+    model.initialize(o.seed);  // a head the checkpoint lacks keeps this
+    const TrainingState init = load_model(find_model(o.init_from), model, o.seed);
+    if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != o.tokenizer_sha256)
+      throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + o.tokenizer_path +
+                      "'");
+    spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
+    if (!init.fresh_parameters.empty())
+      spdlog::info("fine-tuning for {} with {} labels: new head {}", model::head_architecture(config.head),
+                   config.num_labels(), label_list(init.fresh_parameters));
+  }
+  params.upload_values();
+  if (o.qat) state.quantization = calibrate_for_qat(o, model, loader_options, device);
+  if (fs::absolute(o.tokenizer_path) != fs::absolute(files.tokenizer_copy)) {
+    fs::copy_file(o.tokenizer_path, files.tokenizer_copy, fs::copy_options::overwrite_existing);
+    // WordPiece's casing settings live beside the vocabulary.
+    const fs::path settings = fs::path(o.tokenizer_path).parent_path() / "tokenizer_config.json";
+    if (data::is_wordpiece_vocab(o.tokenizer_path) && fs::is_regular_file(settings))
+      fs::copy_file(settings, fs::path(o.output_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+  }
+  write_text_file((fs::path(o.output_dir) / "config.json").string(), config.to_json().dump(2) + "\n");
+  std::ofstream(files.metrics, std::ios::trunc).close();
+  return state;
+}
+
+// Quantizers enabled (calibrated now, or restored from a QAT checkpoint): their scales get their own
+// learning rate, log-space or LSQ updates, and the floor recorded at calibration.
+std::vector<model::Quantizer*> configure_scales(const TrainOptions& o, model::Bert& model, Optimizer& optimizer,
+                                                const TrainingState& state) {
+  const std::vector<model::Quantizer*> active = model.enabled_quantizers();
+  const Json* floors = state.quantization.is_object() ? state.quantization.find("scale_floors") : nullptr;
+  for (model::Quantizer* q : active) {
+    // A multiplier of 0 freezes the scales (their gradients are still computed, and ignored).
+    optimizer.set_lr_multiplier(q->scale,
+                                o.scales == TrainOptions::ScaleTraining::kFixed ? 0.0 : o.scale_lr_multiplier);
+    optimizer.set_log_space(q->scale, o.scales == TrainOptions::ScaleTraining::kLearned);
+    // Older checkpoints recorded no floor: the absolute minimum.
+    const Json* floor = floors && floors->is_object() ? floors->find(q->name) : nullptr;
+    optimizer.set_minimum(q->scale,
+                          floor && floor->is_number() ? static_cast<float>(floor->as_number()) : quant::kMinimumScale);
+  }
+  if (!active.empty())
+    spdlog::info("quantization-aware training with {} quantizers enabled, scales {}", active.size(),
+                 scale_training_name(o.scales));
+  return active;
+}
+
+// The teacher for distillation: the --init-from weights, every quantizer in float.
+std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::BertConfig& config,
+                                          const Device& device) {
+  if (o.distill_weight <= 0) return nullptr;
+  const ModelSource source = find_model(o.init_from);
+  if (read_model_config(source).head != config.head)
+    throw UserError("--distill: the teacher '" + o.init_from + "' has another head (" +
+                    model::head_architecture(read_model_config(source).head) +
+                    "); distil from a model fine-tuned for this task");
+  auto teacher = std::make_unique<model::Bert>(config);
+  teacher->place_on(device);
+  load_model(source, *teacher, o.seed);
+  quant::disable_all(*teacher);
+  teacher->parameters().upload_values();
+  spdlog::info("distilling from '{}' (weight {:g}, temperature {:g})", o.init_from, o.distill_weight,
+               o.distill_temperature);
+  return teacher;
+}
+
+// The training objective of one micro-batch: the model's loss, mixed with the KL to the teacher's
+// outputs when distilling.
+Var objective_of(Graph<float>& g, const model::ModelOutputs& out, model::Bert* teacher, const model::BertBatch& b,
+                 const TrainOptions& o) {
+  if (!teacher) return out.loss;
+  model::ModelOutputs taught;
+  {
+    NoGradGuard<float> no_grad(g);
+    Rng unused(0);  // no dropout in the teacher
+    taught = teacher->forward(g, b, /*training=*/false, unused);
+  }
+  const double t = o.distill_temperature, w = o.distill_weight;
+  Var kd = teacher->config().head == model::Head::kPretraining
+               ? ops::add(g, ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t),
+                          ops::distillation_loss(g, out.nsp_logits, taught.nsp_logits, t))
+               : ops::distillation_loss(g, out.logits, taught.logits, t);
+  return ops::add(g, ops::scale(g, out.loss, 1.0 - w), ops::scale(g, kd, w));
+}
+
+// The metrics of the steps since the last progress line: MLM/NSP for pretraining, the task's accuracy
+// for fine-tuning; their progress line and metrics.jsonl fields.
+class ProgressWindow {
+ public:
+  explicit ProgressWindow(const model::BertConfig& config)
+      : pretraining_(config.head == model::Head::kPretraining), labels_(config.num_labels()), task_(labels_) {}
+  void add(const Graph<float>& g, const model::ModelOutputs& out, const model::BertBatch& b) {
+    if (pretraining_)
+      pretraining_metrics_.add(g, out, b);
+    else
+      task_.add(g, out);
+  }
+  double loss() const {
+    return pretraining_ ? pretraining_metrics_.mlm_loss() + pretraining_metrics_.nsp_loss() : task_.loss();
+  }
+  std::string describe() const {
+    return pretraining_ ? fmt::format("loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}", loss(),
+                                      pretraining_metrics_.mlm_accuracy(), pretraining_metrics_.nsp_accuracy())
+                        : fmt::format("loss {:.4f}  acc {:.4f}", loss(), task_.accuracy());
+  }
+  void record(Json& line) const {
+    line["loss"] = loss();
+    if (pretraining_) {
+      line["mlm_loss"] = pretraining_metrics_.mlm_loss();
+      line["mlm_accuracy"] = pretraining_metrics_.mlm_accuracy();
+      line["nsp_loss"] = pretraining_metrics_.nsp_loss();
+      line["nsp_accuracy"] = pretraining_metrics_.nsp_accuracy();
+    } else {
+      line["accuracy"] = task_.accuracy();
+    }
+  }
+  // An optimizer step that was applied (skipped steps count only their time).
+  void add_step(double grad_norm) {
+    grad_norm_sum_ += grad_norm;
+    ++steps_;
+  }
+  void add_time(double seconds) { seconds_ += seconds; }
+  int64_t steps() const { return steps_; }
+  double mean_grad_norm() const { return steps_ ? grad_norm_sum_ / steps_ : 0.0; }
+  double seconds() const { return seconds_; }
+  void reset() {
+    pretraining_metrics_ = {};
+    task_ = eval::TaskMetrics(labels_);
+    seconds_ = grad_norm_sum_ = 0;
+    steps_ = 0;
+  }
+
+ private:
+  double seconds_ = 0, grad_norm_sum_ = 0;
+  int64_t steps_ = 0;
+  bool pretraining_;
+  int64_t labels_;
+  eval::PretrainingMetrics pretraining_metrics_;
+  eval::TaskMetrics task_;
+};
+
+// The progress line and its metrics.jsonl record for the window that ends at `step`; then the window
+// starts over. `seconds_per_step`: the run's average so far, for the ETA.
+void report_progress(const TrainOptions& o, int64_t step, double lr, double elapsed, double seconds_per_step,
+                     ProgressWindow& window, model::Bert& model, const std::vector<model::Quantizer*>& active,
+                     const Device& device, std::ofstream& metrics_log) {
+  const double seq_per_s = window.steps() * o.batch_size * o.accumulation / window.seconds();
+  std::string memory;
+  if (device.is_cuda()) {
+    const auto [used, total] = device.memory_use();
+    memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
+  }
+  spdlog::info("step {:>6}/{}  {}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}", step, o.steps, window.describe(), lr,
+               window.mean_grad_norm(), seq_per_s, format_duration(seconds_per_step * (o.steps - step)), memory);
+  Json line;
+  line["step"] = step;
+  window.record(line);
+  line["learning_rate"] = lr;
+  line["grad_norm"] = window.mean_grad_norm();
+  line["sequences_per_second"] = seq_per_s;
+  line["elapsed_seconds"] = elapsed;
+  if (!active.empty()) {
+    // Clipping per quantizer over the window: the share of values that saturated.
+    Json clip;
+    double worst = 0;
+    std::string worst_name;
+    model.collect_clip_counts();
+    for (model::Quantizer* q : active) {
+      const double fraction = q->seen ? double(q->clipped) / q->seen : 0.0;
+      clip[q->name] = fraction;
+      if (fraction >= worst) worst = fraction, worst_name = q->name;
+      q->reset_counts();
+    }
+    line["clip_fraction"] = clip;
+    spdlog::info("  clipping: at most {:.4f}% of values, at {}", 100 * worst, worst_name);
+  }
+  metrics_log << line.dump() << "\n" << std::flush;
+  window.reset();
+}
+
+// Held-out evaluation (pretraining or task metrics) into `result`, logged and appended to metrics.jsonl.
+void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& eval_paths, model::Bert& model,
+                       const data::ShardLoader& train_loader, const Device& device, int64_t step,
+                       std::ofstream& metrics_log, TrainResult& result) {
+  if (eval_paths.empty()) return;
+  data::LoaderOptions eo;
+  eo.shards = eval_paths;
+  eo.batch_size = o.batch_size;
+  eo.shuffle = false;
+  eo.repeat = false;
+  data::ShardLoader eval_loader(eo);
+  if (eval_loader.kind() != train_loader.kind() || eval_loader.label_names() != train_loader.label_names())
+    throw UserError("--eval: the evaluation shards ('" + eval_paths.front() + "') are " +
+                    data::shard_kind_name(eval_loader.kind()) + " shards with other labels than the training ones");
+  Graph<float> eval_graph(device);
+  const model::BertConfig& config = model.config();
+  Json line;
+  line["step"] = step;
+  if (config.head == model::Head::kPretraining) {
+    result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
+    const auto& m = result.last_eval;
+    spdlog::info(
+        "eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
+        "(majority {:.4f}) over {} predictions",
+        step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
+        m.nsp_majority_accuracy(), m.predictions);
+    line["eval"] = m.to_json();
+  } else {
+    result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph);
+    const auto& m = result.last_task_eval;
+    spdlog::info("eval step {}: accuracy {:.4f} (majority label {:.4f}), macro-F1 {:.4f}, loss {:.4f} over {} {}", step,
+                 m.accuracy(), m.majority_accuracy(), m.macro_f1(), m.loss(), m.examples,
+                 config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
+    line["eval"] = m.to_json(config.labels);
+  }
+  metrics_log << line.dump() << "\n" << std::flush;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
+  o.validate();
+  if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
+    throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
+  const RunFiles files(o);
   data::LoaderOptions loader_options;
   loader_options.shards = data::expand_shard_paths(o.train_shards);
   loader_options.batch_size = o.batch_size;
   loader_options.seed = o.seed;
   data::ShardLoader loader(loader_options);
-  const model::Head head = head_of(loader.kind());
-  if (o.task && *o.task != head)
-    throw UserError("--task " + model::head_task_name(*o.task) + ": the training shards are " +
-                    data::shard_kind_name(loader.kind()) + " shards ('" + loader_options.shards.front() + "')");
-  adopt_task(config, head, loader.label_names(),
-             o.resume              ? "the checkpoint"
-             : o.init_from.empty() ? "the model"
-                                   : "--init-from '" + o.init_from + "'");
-  const bool pretraining = head == model::Head::kPretraining;
+  const model::BertConfig config = resolve_config(o, files, loader);
 
   const std::unique_ptr<Device> device = Device::open(o.device, parse_precision(o.precision));
   model::Bert model(config);
   // On a GPU the arena gets its device mirror now, so the optimizer's moments live there too; values
-  // are loaded or initialised on the host and uploaded below.
+  // are loaded or initialised on the host and uploaded in start_state.
   model.place_on(*device);
   ParameterArena<float>& params = model.parameters();
   std::vector<bool> decays;
-  for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
-  Optimizer optimizer(o.optimizer, model.parameters(), decays);
+  for (ParamId id = 0; id < params.size(); ++id) decays.push_back(model.decays(id));
+  Optimizer optimizer(o.optimizer, params, decays);
 
   if (!data::check_loader_compatible(loader, loader_options.shards.front(), config.vocab_size,
                                      config.max_position_embeddings, o.tokenizer_sha256))
     spdlog::warn("training shards carry no tokenizer metadata (made by another tool?): cannot check they match '{}'",
-                 tokenizer_path);
+                 o.tokenizer_path);
   std::vector<std::string> eval_paths;
   if (!o.eval_shards.empty()) eval_paths = data::expand_shard_paths(o.eval_shards);
   // Inputs are checked: only now does anything get written.
@@ -294,106 +580,9 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   if (ec) throw UserError("cannot create output folder '" + o.output_dir + "': " + ec.message());
 
   Rng dropout_rng(Rng(o.seed).bits(0xD7));
-  TrainingState state;
-  state.tokenizer_sha256 = o.tokenizer_sha256;
-  state.run = o.to_json();
-  if (o.resume) {
-    TrainingState loaded = load_checkpoint(checkpoint_path, model, &optimizer);
-    params.upload_values();
-    optimizer.upload_moments();
-    if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != o.tokenizer_sha256)
-      throw UserError("--resume: the checkpoint was trained with another tokenizer than '" + tokenizer_path + "'");
-    state.step = loaded.step;
-    loader.restore(loaded.loader);
-    dropout_rng = Rng(loaded.dropout_rng);
-    state.quantization = loaded.quantization;
-    truncate_metrics(metrics_path, state.step);
-    spdlog::info("resuming from '{}' at step {}", checkpoint_path, state.step);
-  } else {
-    if (o.init_from.empty()) {
-      model.initialize(o.seed);
-    } else {
-      model.initialize(o.seed);  // a head the checkpoint lacks keeps this
-      const TrainingState init = load_model(find_model(o.init_from), model, o.seed);
-      if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != o.tokenizer_sha256)
-        throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + tokenizer_path +
-                        "'");
-      spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
-      if (!init.fresh_parameters.empty())
-        spdlog::info("fine-tuning for {} with {} labels: new head {}", model::head_architecture(config.head),
-                     config.num_labels(), label_list(init.fresh_parameters));
-    }
-    params.upload_values();
-    if (o.qat) {
-      quant::CalibrationOptions calibration = o.calibration;
-      if (!o.plan_path.empty()) calibration.keep_float = quant::read_plan(o.plan_path, model);
-      data::LoaderOptions co = loader_options;
-      co.repeat = false;
-      co.seed = o.seed + 1;
-      data::ShardLoader calibration_loader(co);
-      Graph<float> calibration_graph(*device);
-      const auto amax = quant::calibrate(model, calibration_loader, calibration, calibration_graph);
-      params.upload_values();  // the calibrated scales
-      spdlog::info("calibrated {} quantizers ({} calibrator, {} batches; {} kept in float)", amax.size(),
-                   calibration.method, calibration.batches, calibration.keep_float.size());
-      Json recipe = quant::describe_calibration(calibration, calibration.batches);
-      recipe["qat"] = true;
-      recipe["init_from"] = o.init_from;
-      recipe["qat_steps"] = o.steps;
-      recipe["learning_rate"] = o.learning_rate;
-      recipe["scale_lr_multiplier"] = o.scale_lr_multiplier;
-      recipe["scales"] = scale_training_name(o.scales);
-      recipe["scale_floors"] = quant::scale_floors(model);
-      if (o.distill_weight > 0) {
-        recipe["distill_weight"] = o.distill_weight;
-        recipe["distill_temperature"] = o.distill_temperature;
-      }
-      state.quantization = recipe;
-    }
-    if (fs::absolute(tokenizer_path) != fs::absolute(tokenizer_copy)) {
-      fs::copy_file(tokenizer_path, tokenizer_copy, fs::copy_options::overwrite_existing);
-      // WordPiece's casing settings live beside the vocabulary.
-      const fs::path settings = fs::path(tokenizer_path).parent_path() / "tokenizer_config.json";
-      if (data::is_wordpiece_vocab(tokenizer_path) && fs::is_regular_file(settings))
-        fs::copy_file(settings, fs::path(o.output_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
-    }
-    write_text_file((fs::path(o.output_dir) / "config.json").string(), config.to_json().dump(2) + "\n");
-    std::ofstream(metrics_path, std::ios::trunc).close();
-  }
-  // Quantizers enabled (calibrated now, or restored from a QAT checkpoint): scales get their own
-  // learning rate and stay positive.
-  const std::vector<model::Quantizer*> active = model.enabled_quantizers();
-  for (model::Quantizer* q : active) {
-    // A multiplier of 0 freezes the scales (their gradients are still computed, and ignored).
-    optimizer.set_lr_multiplier(q->scale,
-                                o.scales == TrainOptions::ScaleTraining::kFixed ? 0.0 : o.scale_lr_multiplier);
-    optimizer.set_log_space(q->scale, o.scales == TrainOptions::ScaleTraining::kLearned);
-    // The floor recorded when the scales were calibrated (older checkpoints: the absolute minimum).
-    const Json* floors = state.quantization.is_object() ? state.quantization.find("scale_floors") : nullptr;
-    const Json* floor = floors && floors->is_object() ? floors->find(q->name) : nullptr;
-    optimizer.set_minimum(q->scale,
-                          floor && floor->is_number() ? static_cast<float>(floor->as_number()) : quant::kMinimumScale);
-  }
-  if (!active.empty())
-    spdlog::info("quantization-aware training with {} quantizers enabled, scales {}", active.size(),
-                 scale_training_name(o.scales));
-
-  // The teacher for distillation: the --init-from weights, every quantizer in float.
-  std::unique_ptr<model::Bert> teacher;
-  if (o.distill_weight > 0) {
-    const ModelSource teacher_source = find_model(o.init_from);
-    if (read_model_config(teacher_source).head != config.head)
-      throw UserError("--distill: the teacher '" + o.init_from + "' has another head (" +
-                      model::head_architecture(read_model_config(teacher_source).head) +
-                      "); distil from a model fine-tuned for this task");
-    teacher = std::make_unique<model::Bert>(config);
-    teacher->place_on(*device);
-    load_model(teacher_source, *teacher, o.seed);
-    quant::disable_all(*teacher);
-    teacher->parameters().upload_values();
-    spdlog::info("distilling from '{}' (weight {:g}, temperature {:g})", o.init_from, o.distill_weight,
-                 o.distill_temperature);
-  }
+  TrainingState state = start_state(o, files, config, model, optimizer, loader, loader_options, dropout_rng, *device);
+  const std::vector<model::Quantizer*> active = configure_scales(o, model, optimizer, state);
+  const std::unique_ptr<model::Bert> teacher = make_teacher(o, config, *device);
 
   if (state.step >= o.steps) {
     spdlog::info("nothing to do: the checkpoint is at step {} of {}", state.step, o.steps);
@@ -403,120 +592,71 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   }
 
   const int64_t warmup = static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps));
-  const int64_t params_count = model.parameters().num_elements();
+  const bool pretraining = config.head == model::Head::kPretraining;
   spdlog::info(
       "training BERT L{}/H{}/A{}{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
       "{} lr {:g} (warmup {}, {} decay), on {}",
       config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
       pretraining ? "" : fmt::format(" {} ({} labels)", model::head_architecture(config.head), config.num_labels()),
-      params_count / 1e6, config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(),
+      params.num_elements() / 1e6, config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(),
       optimizer_name(o.optimizer.kind), o.learning_rate, warmup, schedule_name(o.schedule),
       device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
 
-  std::ofstream metrics_log(metrics_path, std::ios::app);
+  std::ofstream metrics_log(files.metrics, std::ios::app);
   auto save = [&] {
     state.loader = loader.state();
     state.dropout_rng = dropout_rng.state();
     params.download_values();
     optimizer.download_moments();
-    save_checkpoint(checkpoint_path, model, &optimizer, state);
-    keep_numbered_checkpoints(o.output_dir, checkpoint_path, state.step, o.keep_checkpoints);
-  };
-  auto run_eval = [&](TrainResult& result) {
-    if (eval_paths.empty()) return;
-    data::LoaderOptions eo;
-    eo.shards = eval_paths;
-    eo.batch_size = o.batch_size;
-    eo.shuffle = false;
-    eo.repeat = false;
-    data::ShardLoader eval_loader(eo);
-    if (eval_loader.kind() != loader.kind() || eval_loader.label_names() != loader.label_names())
-      throw UserError("--eval: the evaluation shards ('" + eval_paths.front() + "') are " +
-                      data::shard_kind_name(eval_loader.kind()) + " shards with other labels than the training ones");
-    Graph<float> eval_graph(*device);
-    Json line;
-    line["step"] = state.step;
-    if (pretraining) {
-      result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
-      const auto& m = result.last_eval;
-      spdlog::info(
-          "eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
-          "(majority {:.4f}) over {} predictions",
-          state.step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
-          m.nsp_majority_accuracy(), m.predictions);
-      line["eval"] = m.to_json();
-    } else {
-      result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph);
-      const auto& m = result.last_task_eval;
-      spdlog::info("eval step {}: accuracy {:.4f} (majority label {:.4f}), macro-F1 {:.4f}, loss {:.4f} over {} {}",
-                   state.step, m.accuracy(), m.majority_accuracy(), m.macro_f1(), m.loss(), m.examples,
-                   config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
-      line["eval"] = m.to_json(config.labels);
-    }
-    metrics_log << line.dump() << "\n" << std::flush;
+    save_checkpoint(files.checkpoint, model, &optimizer, state);
+    keep_numbered_checkpoints(o.output_dir, files.checkpoint, state.step, o.keep_checkpoints);
   };
 
   TrainResult result;
   Graph<float> g(*device);
   data::Batch batch;
-  eval::PretrainingMetrics window;
-  eval::TaskMetrics task_window(config.num_labels());
-  double window_seconds = 0, window_grad_norm = 0;
-  int64_t window_steps = 0;
+  ProgressWindow window(config);
   const int64_t first_step = state.step + 1;
   int64_t consecutive_skips = 0;
   int64_t last_saved_step = o.resume ? state.step : -1;
   const auto start = std::chrono::steady_clock::now();
   for (state.step = first_step; state.step <= o.steps; ++state.step) {
     const auto step_start = std::chrono::steady_clock::now();
-    model.parameters().zero_grad();
+    params.zero_grad();
     double step_loss = 0;
     std::string nonfinite;  // what went non-finite in this step, for the message
-    for (int64_t micro = 0; micro < o.accumulation && nonfinite.empty(); ++micro) {
+    // Every micro-batch runs forward and backward even after a non-finite loss (the step is then
+    // dropped as a whole), so each step does the same work: what data-parallel ranks must agree on.
+    for (int64_t micro = 0; micro < o.accumulation; ++micro) {
       loader.next(batch);
       const model::BertBatch b = quant::as_model_batch(batch);
-      model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
-      Var objective = out.loss;
-      if (teacher) {
-        model::ModelOutputs taught;
-        {
-          NoGradGuard<float> no_grad(g);
-          Rng unused(0);  // no dropout in the teacher
-          taught = teacher->forward(g, b, /*training=*/false, unused);
-        }
-        const double t = o.distill_temperature, w = o.distill_weight;
-        Var kd = pretraining ? ops::add(g, ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t),
-                                        ops::distillation_loss(g, out.nsp_logits, taught.nsp_logits, t))
-                             : ops::distillation_loss(g, out.logits, taught.logits, t);
-        objective = ops::add(g, ops::scale(g, out.loss, 1.0 - w), ops::scale(g, kd, w));
-      }
+      const model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
+      const Var objective = objective_of(g, out, teacher.get(), b, o);
       // The progress log shows MLM + NSP or the task loss (comparable with runs without
       // distillation); the objective must be finite too.
       const double loss = g.item(out.loss);
-      if (!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) {
+      if ((!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) && nonfinite.empty()) {
         std::string parts;
         if (pretraining)
           parts =
               " (MLM " + std::to_string(g.item(out.mlm_loss)) + ", NSP " + std::to_string(g.item(out.nsp_loss)) + ")";
         params.download_values();
-        nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(model.parameters());
-        g.clear();
-        break;
+        nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(params);
       }
-      step_loss += loss / o.accumulation;
-      if (pretraining)
+      if (nonfinite.empty()) {
+        step_loss += loss / o.accumulation;
         window.add(g, out, b);
-      else
-        task_window.add(g, out);
+      }
       g.backward(o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation));
     }
     double grad_norm = 0;
     if (nonfinite.empty()) {
-      grad_norm = clip_grad_norm(model.parameters(), o.clip_norm);
-      if (!std::isfinite(grad_norm)) params.download_grads();
-      if (!std::isfinite(grad_norm))
+      grad_norm = clip_grad_norm(params, o.clip_norm);
+      if (!std::isfinite(grad_norm)) {
+        params.download_grads();
         nonfinite = "gradient norm is " + std::to_string(grad_norm) +
-                    ", first non-finite gradient: " + first_nonfinite(model.parameters(), true);
+                    ", first non-finite gradient: " + first_nonfinite(params, true);
+      }
     }
     const double lr = learning_rate(state.step, o.steps, warmup, o.learning_rate, o.schedule);
     if (!nonfinite.empty()) {
@@ -526,84 +666,36 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       if (!skip || ++consecutive_skips > o.max_consecutive_skips)
         throw UserError(nonfinite + " at step " + std::to_string(state.step) +
                         (skip ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)" : "") +
-                        "; stopped without writing a checkpoint, the last one ('" + checkpoint_path + "', " + saved +
+                        "; stopped without writing a checkpoint, the last one ('" + files.checkpoint + "', " + saved +
                         ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
       ++result.skipped_steps;
       spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", state.step, nonfinite,
                    consecutive_skips);
-      model.parameters().zero_grad();
+      params.zero_grad();
     } else {
       consecutive_skips = 0;
       optimizer.step(lr);  // scales are kept positive by their minimum
       result.losses.push_back(step_loss);
-      window_grad_norm += grad_norm;
-      ++window_steps;
+      window.add_step(grad_norm);
     }
-    window_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    window.add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
 
     const bool stopping = (stop && stop->load()) || (o.stop_at_step > 0 && state.step == o.stop_at_step);
-    if ((state.step % o.log_every == 0 || state.step == o.steps || stopping) && window_steps > 0) {
-      const double seq_per_s = window_steps * o.batch_size * o.accumulation / window_seconds;
+    if ((state.step % o.log_every == 0 || state.step == o.steps || stopping) && window.steps() > 0) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double eta = elapsed / (state.step - first_step + 1) * (o.steps - state.step);
-      std::string memory;
-      if (device->is_cuda()) {
-        const auto [used, total] = device->memory_use();
-        memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
-      }
-      Json line;
-      line["step"] = state.step;
-      if (pretraining) {
-        spdlog::info(
-            "step {:>6}/{}  loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
-            state.step, o.steps, window.mlm_loss() + window.nsp_loss(), window.mlm_accuracy(), window.nsp_accuracy(),
-            lr, window_grad_norm / window_steps, seq_per_s, format_duration(eta), memory);
-        line["loss"] = window.mlm_loss() + window.nsp_loss();
-        line["mlm_loss"] = window.mlm_loss();
-        line["mlm_accuracy"] = window.mlm_accuracy();
-        line["nsp_loss"] = window.nsp_loss();
-        line["nsp_accuracy"] = window.nsp_accuracy();
-      } else {
-        spdlog::info("step {:>6}/{}  loss {:.4f}  acc {:.4f}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}",
-                     state.step, o.steps, task_window.loss(), task_window.accuracy(), lr,
-                     window_grad_norm / window_steps, seq_per_s, format_duration(eta), memory);
-        line["loss"] = task_window.loss();
-        line["accuracy"] = task_window.accuracy();
-      }
-      line["learning_rate"] = lr;
-      line["grad_norm"] = window_grad_norm / window_steps;
-      line["sequences_per_second"] = seq_per_s;
-      line["elapsed_seconds"] = elapsed;
-      if (!active.empty()) {
-        // Clipping per quantizer over the window: the share of values that saturated.
-        Json clip;
-        double worst = 0;
-        std::string worst_name;
-        model.collect_clip_counts();
-        for (model::Quantizer* q : active) {
-          const double fraction = q->seen ? double(q->clipped) / q->seen : 0.0;
-          clip[q->name] = fraction;
-          if (fraction >= worst) worst = fraction, worst_name = q->name;
-          q->reset_counts();
-        }
-        line["clip_fraction"] = clip;
-        spdlog::info("  clipping: at most {:.4f}% of values, at {}", 100 * worst, worst_name);
-      }
-      metrics_log << line.dump() << "\n" << std::flush;
-      window = {};
-      task_window = eval::TaskMetrics(config.num_labels());
-      window_seconds = window_grad_norm = 0;
-      window_steps = 0;
+      report_progress(o, state.step, lr, elapsed, elapsed / (state.step - first_step + 1), window, model, active,
+                      *device, metrics_log);
     }
     const bool last = state.step == o.steps;
-    if (o.eval_every > 0 && state.step % o.eval_every == 0 && !last) run_eval(result);
+    if (o.eval_every > 0 && state.step % o.eval_every == 0 && !last)
+      evaluate_held_out(o, eval_paths, model, loader, *device, state.step, metrics_log, result);
     if ((o.save_every > 0 && state.step % o.save_every == 0) || last || stopping) {
       save();
       last_saved_step = state.step;
     }
     if (stopping) {
       spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step,
-                   checkpoint_path);
+                   files.checkpoint);
       result.stopped_early = true;
       break;
     }
@@ -611,9 +703,9 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   state.step = result.steps_done = std::min(state.step, o.steps);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.sequences_per_second = result.losses.size() * o.batch_size * o.accumulation / std::max(result.seconds, 1e-9);
-  if (!result.stopped_early) run_eval(result);
+  if (!result.stopped_early) evaluate_held_out(o, eval_paths, model, loader, *device, state.step, metrics_log, result);
   spdlog::info("done: {} steps in {} ({:.1f} sequences/s); checkpoint '{}'", result.losses.size(),
-               format_duration(result.seconds), result.sequences_per_second, checkpoint_path);
+               format_duration(result.seconds), result.sequences_per_second, files.checkpoint);
   if (!active.empty()) {  // the last save left the values on the host
     result.saturated_channels = quant::fully_saturated_channels(model);
     if (!result.saturated_channels.empty())
