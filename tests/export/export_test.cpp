@@ -466,6 +466,20 @@ TEST(Triton, RepositoryHasTheModelAndAConfigMatchingItsInputsAndOutputs) {
         "name: \"seq_relationship_logits\"\n    data_type: TYPE_FP32\n    dims: [ 2 ]", "dynamic_batching"})
     EXPECT_NE(config.find(expected), std::string::npos) << expected << "\nin:\n" << config;
   EXPECT_THROW(triton_config(proto, "x", 0), UserError);
+  // Task models: the one output, logits, with the label dimension.
+  for (const model::Head head : {model::Head::kSequenceClassification, model::Head::kTokenClassification}) {
+    model::BertConfig c = small_config();
+    c.head = head;
+    c.labels = {"x", "y", "z"};
+    model::Bert task(c);
+    task.initialize(4);
+    const std::string task_config = triton_config(export_bert(task, ExportOptions{}), "task", 8);
+    const std::string logits = head == model::Head::kSequenceClassification
+                                   ? "name: \"logits\"\n    data_type: TYPE_FP32\n    dims: [ 3 ]"
+                                   : "name: \"logits\"\n    data_type: TYPE_FP32\n    dims: [ -1, 3 ]";
+    EXPECT_NE(task_config.find(logits), std::string::npos) << task_config;
+    EXPECT_EQ(task_config.find("prediction_logits"), std::string::npos);
+  }
 }
 
 onnx::TensorProto* initializer(onnx::ModelProto& m, const std::string& name) {
