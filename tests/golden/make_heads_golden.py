@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/bert_heads_golden.h5: golden values for the task heads, from an independent plain
-PyTorch implementation in float64 (torch.nn.functional only, no Hugging Face) of
+PyTorch implementation in float64 (tests/golden/bert_reference.py: torch.nn.functional only, no Hugging Face) of
 BertForSequenceClassification (pooler on [CLS], classifier) and BertForTokenClassification (classifier on
 every token, cross-entropy over the tokens whose label is not -100), as transformers defines them.
 
@@ -9,7 +9,6 @@ Run once (needs python3-torch, python3-h5py, python3-numpy from Debian):
 One group per head (seq_cls/, token_cls/), each with config, params, grads, inputs and expected outputs.
 """
 import json
-import math
 import os
 
 import h5py
@@ -17,14 +16,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bert_reference import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Bert, make_params
+
 torch.set_default_dtype(torch.float64)
 
 base = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
             max_position_embeddings=12, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.02, pad_token_id=0)
-V, C, L, H, I, P = (base[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                      "intermediate_size", "max_position_embeddings"))
-D = C // H
 B, T = 3, 8
 input_ids = torch.tensor([[2, 11, 4, 17, 3, 25, 9, 3], [2, 4, 30, 4, 3, 12, 0, 0], [2, 7, 8, 3, 0, 0, 0, 0]])
 attention_mask = (input_ids != 0).long()
@@ -32,85 +30,24 @@ attention_mask[:, 0] = 1
 token_type_ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 1, 0, 0], [0] * 8])
 
 
-def make_params(head, num_labels):
-    params = {}
-
-    def param(name, *shape, kind="weight"):
-        if kind == "gamma":
-            t = 1.0 + 0.1 * torch.randn(*shape)
-        elif kind == "bias":
-            t = 0.1 * torch.randn(*shape)
-        else:
-            t = 0.3 * torch.randn(*shape)
-        params[name] = t.requires_grad_(True)
-
-    def linear(name, n_in, n_out):
-        param(name + ".weight", n_out, n_in)
-        param(name + ".bias", n_out, kind="bias")
-
-    def norm(name):
-        param(name + ".weight", C, kind="gamma")
-        param(name + ".bias", C, kind="bias")
-
-    param("bert.embeddings.word_embeddings.weight", V, C)
-    param("bert.embeddings.position_embeddings.weight", P, C)
-    param("bert.embeddings.token_type_embeddings.weight", 2, C)
-    norm("bert.embeddings.LayerNorm")
-    for i in range(L):
-        p = f"bert.encoder.layer.{i}."
-        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
-            linear(p + n, C, C)
-        norm(p + "attention.output.LayerNorm")
-        linear(p + "intermediate.dense", C, I)
-        linear(p + "output.dense", I, C)
-        norm(p + "output.LayerNorm")
-    if head == "seq_cls":
-        linear("bert.pooler.dense", C, C)
-    linear("classifier", C, num_labels)
-    return params
-
-
-def encoder(w):
-    def lin(x, name):
-        return F.linear(x, w[name + ".weight"], w[name + ".bias"])
-
-    def norm(x, name):
-        return F.layer_norm(x, (C,), w[name + ".weight"], w[name + ".bias"], eps=base["layer_norm_eps"])
-
-    x = (F.embedding(input_ids, w["bert.embeddings.word_embeddings.weight"])
-         + w["bert.embeddings.position_embeddings.weight"][:T]
-         + F.embedding(token_type_ids, w["bert.embeddings.token_type_embeddings.weight"]))
-    x = norm(x, "bert.embeddings.LayerNorm")
-    additive = (1.0 - attention_mask.double())[:, None, None, :] * -10000.0
-    for i in range(L):
-        p = f"bert.encoder.layer.{i}."
-        split = lambda t: t.view(B, T, H, D).transpose(1, 2)
-        q, k, v = (split(lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
-        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1)
-        ctx = (probs @ v).transpose(1, 2).reshape(B, T, C)
-        a = norm(lin(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
-        ff = lin(F.gelu(lin(a, p + "intermediate.dense")), p + "output.dense")
-        x = norm(ff + a, p + "output.LayerNorm")
-    return x, lin
-
-
 out_path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "bert_heads_golden.h5")
 with h5py.File(out_path, "w") as f:
     f.attrs["made_by"] = "tests/golden/make_heads_golden.py, torch " + torch.__version__ + ", float64"
-    for head, num_labels, seed in (("seq_cls", 3, 4321), ("token_cls", 5, 8765)):
+    for head, num_labels, seed in ((SEQUENCE_CLASSIFICATION, 3, 4321), (TOKEN_CLASSIFICATION, 5, 8765)):
         torch.manual_seed(seed)
-        w = make_params(head, num_labels)
-        x, lin = encoder(w)
-        if head == "seq_cls":
+        w = make_params(base, head, num_labels)
+        model = Bert(base, w)
+        x = model.encode(input_ids, attention_mask, token_type_ids)
+        if head == SEQUENCE_CLASSIFICATION:
             labels = torch.tensor([2, 0, 1])
-            logits = lin(torch.tanh(lin(x[:, 0], "bert.pooler.dense")), "classifier")  # (B, labels)
+            logits = model.lin(model.pooled(x), "classifier")  # (B, labels)
             loss = F.cross_entropy(logits, labels)
             architecture = "BertForSequenceClassification"
         else:
             labels = torch.tensor([[-100, 1, 4, -100, -100, 0, 2, -100],
                                    [-100, 3, -100, 3, -100, 1, -100, -100],
                                    [-100, 0, 4, -100, -100, -100, -100, -100]])
-            logits = lin(x, "classifier")  # (B, T, labels): every token
+            logits = model.lin(x, "classifier")  # (B, T, labels): every token
             loss = F.cross_entropy(logits.reshape(B * T, num_labels), labels.reshape(-1), ignore_index=-100)
             architecture = "BertForTokenClassification"
         loss.backward()

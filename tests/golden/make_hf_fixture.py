@@ -16,13 +16,13 @@ The safetensors files are written by the few lines below (8-byte header length, 
 """
 import collections
 import json
-import math
 import os
 import re
 import struct
 
 import torch
-import torch.nn.functional as F
+
+from bert_reference import Bert, make_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures")
@@ -50,46 +50,10 @@ config = dict(architectures=["BertForPreTraining"], model_type="bert", vocab_siz
               type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12, hidden_dropout_prob=0.1,
               attention_probs_dropout_prob=0.1, initializer_range=0.02, pad_token_id=0,
               position_embedding_type="absolute", torch_dtype="float32", transformers_version="4.40.0")
-C, L, H, I, P = (config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                                     "max_position_embeddings"))
-D = C // H
+P = config["max_position_embeddings"]
 
 # --- Weights (float32), under BertForPreTraining's state-dict names.
-params = {}
-def param(name, *shape, kind="weight"):
-    if kind == "gamma":
-        t = 1.0 + 0.1 * torch.randn(*shape)
-    elif kind == "bias":
-        t = 0.1 * torch.randn(*shape)
-    else:
-        t = 0.2 * torch.randn(*shape)
-    params[name] = t.float()
-
-def linear(name, n_in, n_out):
-    param(name + ".weight", n_out, n_in)
-    param(name + ".bias", n_out, kind="bias")
-
-def norm(name):
-    param(name + ".weight", C, kind="gamma")
-    param(name + ".bias", C, kind="bias")
-
-param("bert.embeddings.word_embeddings.weight", V, C)
-param("bert.embeddings.position_embeddings.weight", P, C)
-param("bert.embeddings.token_type_embeddings.weight", 2, C)
-norm("bert.embeddings.LayerNorm")
-for i in range(L):
-    p = f"bert.encoder.layer.{i}."
-    for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
-        linear(p + n, C, C)
-    norm(p + "attention.output.LayerNorm")
-    linear(p + "intermediate.dense", C, I)
-    linear(p + "output.dense", I, C)
-    norm(p + "output.LayerNorm")
-linear("bert.pooler.dense", C, C)
-linear("cls.predictions.transform.dense", C, C)
-norm("cls.predictions.transform.LayerNorm")
-param("cls.predictions.bias", V, kind="bias")
-linear("cls.seq_relationship", C, 2)
+params = make_params(config, weight_std=0.2, requires_grad=False)
 
 # --- Inputs: B=2, T=12, the second sequence padded.
 B, T = 2, 12
@@ -101,33 +65,9 @@ masked_positions = torch.tensor([[2, 7, 9], [1, 7, 0]])
 def forward(w):
     """Independent float64 BertForPreTraining forward (eval mode): MLM logits at the masked positions
     (row-major over batch, then position; a 0 ends a row) and NSP logits."""
-    w = {k: v.double() for k, v in w.items()}
-    lin = lambda x, n: F.linear(x, w[n + ".weight"], w[n + ".bias"])
-    ln = lambda x, n: F.layer_norm(x, (C,), w[n + ".weight"], w[n + ".bias"], eps=config["layer_norm_eps"])
-    x = (F.embedding(input_ids, w["bert.embeddings.word_embeddings.weight"])
-         + w["bert.embeddings.position_embeddings.weight"][:T]
-         + F.embedding(token_type_ids, w["bert.embeddings.token_type_embeddings.weight"]))
-    x = ln(x, "bert.embeddings.LayerNorm")
-    additive = (1.0 - attention_mask.double())[:, None, None, :] * -10000.0
-    for i in range(L):
-        p = f"bert.encoder.layer.{i}."
-        split = lambda t: t.view(B, T, H, D).transpose(1, 2)
-        q, k, v = (split(lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
-        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1)
-        ctx = (probs @ v).transpose(1, 2).reshape(B, T, C)
-        a = ln(lin(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
-        x = ln(lin(F.gelu(lin(a, p + "intermediate.dense")), p + "output.dense") + a, p + "output.LayerNorm")
-    rows = []
-    for b in range(B):
-        for j in range(masked_positions.shape[1]):
-            if int(masked_positions[b, j]) == 0:
-                break
-            rows.append(b * T + int(masked_positions[b, j]))
-    hidden = x.reshape(B * T, C)
-    h = ln(F.gelu(lin(hidden[rows], "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
-    mlm = F.linear(h, w["bert.embeddings.word_embeddings.weight"], w["cls.predictions.bias"])
-    nsp = lin(torch.tanh(lin(hidden[[b * T for b in range(B)]], "bert.pooler.dense")), "cls.seq_relationship")
-    return mlm, nsp
+    model = Bert(config, {k: v.double() for k, v in w.items()})
+    x = model.encode(input_ids, attention_mask, token_type_ids)
+    return model.mlm_logits(x, masked_positions)[0], model.nsp_logits(x)
 
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32"}

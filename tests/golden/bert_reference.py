@@ -1,0 +1,117 @@
+"""An independent BERT in plain PyTorch (torch.nn.functional only, no Hugging Face code), for the golden
+fixtures: random parameters under Hugging Face state-dict names, the post-LN encoder, and the heads of
+BertForPreTraining, BertForSequenceClassification and BertForTokenClassification (eval mode: no dropout).
+Every fixture script builds on this one module, so there is one reference to read.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+PRETRAINING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION = "pretraining", "seq_cls", "token_cls"
+
+
+def make_params(cfg, head=PRETRAINING, num_labels=0, weight_std=0.3, requires_grad=True):
+    """Random parameters (draws from torch's global generator, in state-dict order): weights and embeddings
+    N(0, weight_std), biases N(0, 0.1), LayerNorm gains 1 + N(0, 0.1). The heads' parameters are those
+    transformers has for `head` (token classification has no pooler)."""
+    C, V, I, P = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["max_position_embeddings"]
+    params = {}
+
+    def param(name, *shape, kind="weight"):
+        if kind == "gamma":
+            t = 1.0 + 0.1 * torch.randn(*shape)
+        elif kind == "bias":
+            t = 0.1 * torch.randn(*shape)
+        else:
+            t = weight_std * torch.randn(*shape)
+        params[name] = t.requires_grad_(True) if requires_grad else t
+
+    def linear(name, n_in, n_out):
+        param(name + ".weight", n_out, n_in)
+        param(name + ".bias", n_out, kind="bias")
+
+    def norm(name):
+        param(name + ".weight", C, kind="gamma")
+        param(name + ".bias", C, kind="bias")
+
+    param("bert.embeddings.word_embeddings.weight", V, C)
+    param("bert.embeddings.position_embeddings.weight", P, C)
+    param("bert.embeddings.token_type_embeddings.weight", 2, C)
+    norm("bert.embeddings.LayerNorm")
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"bert.encoder.layer.{i}."
+        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            linear(p + n, C, C)
+        norm(p + "attention.output.LayerNorm")
+        linear(p + "intermediate.dense", C, I)
+        linear(p + "output.dense", I, C)
+        norm(p + "output.LayerNorm")
+    if head != TOKEN_CLASSIFICATION:
+        linear("bert.pooler.dense", C, C)
+    if head == PRETRAINING:
+        linear("cls.predictions.transform.dense", C, C)
+        norm("cls.predictions.transform.LayerNorm")
+        param("cls.predictions.bias", V, kind="bias")
+        linear("cls.seq_relationship", C, 2)
+    else:
+        linear("classifier", C, num_labels)
+    return params
+
+
+class Bert:
+    """The forward pass over parameters `w` (a dict of tensors, in the dtype the caller wants)."""
+
+    def __init__(self, cfg, w):
+        self.cfg, self.w = cfg, w
+        self.C = cfg["hidden_size"]
+
+    def lin(self, x, name):
+        return F.linear(x, self.w[name + ".weight"], self.w[name + ".bias"])
+
+    def norm(self, x, name):
+        return F.layer_norm(x, (self.C,), self.w[name + ".weight"], self.w[name + ".bias"],
+                            eps=self.cfg["layer_norm_eps"])
+
+    def encode(self, input_ids, attention_mask, token_type_ids):
+        """Final hidden states (B, T, C): embeddings, LayerNorm, then post-LN layers with the additive
+        -10000 padding mask of the original BERT."""
+        B, T = input_ids.shape
+        H = self.cfg["num_attention_heads"]
+        D = self.C // H
+        w = self.w
+        x = (F.embedding(input_ids, w["bert.embeddings.word_embeddings.weight"])
+             + w["bert.embeddings.position_embeddings.weight"][:T]
+             + F.embedding(token_type_ids, w["bert.embeddings.token_type_embeddings.weight"]))
+        x = self.norm(x, "bert.embeddings.LayerNorm")
+        additive = (1.0 - attention_mask.to(x.dtype))[:, None, None, :] * -10000.0
+        for i in range(self.cfg["num_hidden_layers"]):
+            p = f"bert.encoder.layer.{i}."
+            split = lambda t: t.view(B, T, H, D).transpose(1, 2)
+            q, k, v = (split(self.lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
+            probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1)
+            ctx = (probs @ v).transpose(1, 2).reshape(B, T, self.C)
+            a = self.norm(self.lin(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
+            ff = self.lin(F.gelu(self.lin(a, p + "intermediate.dense")), p + "output.dense")
+            x = self.norm(ff + a, p + "output.LayerNorm")
+        return x
+
+    def pooled(self, x):
+        """tanh(pooler(hidden state of [CLS])): (B, C)."""
+        return torch.tanh(self.lin(x[:, 0], "bert.pooler.dense"))
+
+    def mlm_logits(self, x, masked_positions):
+        """MLM logits at the masked positions, row-major over (batch, position); a 0 ends a row's list."""
+        B, T, _ = x.shape
+        rows = []
+        for b in range(B):
+            for j in range(masked_positions.shape[1]):
+                if int(masked_positions[b, j]) == 0:
+                    break
+                rows.append(b * T + int(masked_positions[b, j]))
+        h = x.reshape(B * T, self.C)[rows]
+        h = self.norm(F.gelu(self.lin(h, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
+        return F.linear(h, self.w["bert.embeddings.word_embeddings.weight"], self.w["cls.predictions.bias"]), rows
+
+    def nsp_logits(self, x):
+        return self.lin(self.pooled(x), "cls.seq_relationship")
