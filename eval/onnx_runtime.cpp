@@ -1,5 +1,6 @@
 #include "eval/onnx_runtime.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -8,6 +9,32 @@
 #include "core/process.h"
 
 namespace bert::eval {
+
+namespace {
+
+bool on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  std::error_code ec;
+  for (std::string dir; std::getline(dirs, dir, ':');)
+    if (!dir.empty() && std::filesystem::is_regular_file(std::filesystem::path(dir) / program, ec)) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string default_ort_script() {
+  if (const char* set = std::getenv("BERT_ORT_SCRIPT"); set && *set) return set;
+  const std::string name = on_path("node") || !on_path("python3") ? "ort_run.js" : "ort_run.py";
+  namespace fs = std::filesystem;
+  // The checkout the program runs from: build/tools/<program> or gpu-bundle/bin/<program>, two levels
+  // below the root; or the current folder.
+  std::error_code ec, missing;
+  fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  for (int up = 0; up < 4 && !ec && dir.has_relative_path(); ++up, dir = dir.parent_path())
+    if (fs::is_regular_file(dir / "scripts" / name, missing)) return (dir / "scripts" / name).string();
+  return (fs::current_path(ec) / "scripts" / name).string();
+}
 
 std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_batches) {
   std::vector<data::Batch> batches;
@@ -100,8 +127,8 @@ TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& 
     const Json* output = results.as_array().at(b).find("logits");
     if (!output || output->find("dims")->as_array().size() != (per_token ? 2u : 1u))
       throw UserError("'" + onnx_path + "' has no " + (per_token ? "[B, T, labels]" : "[B, labels]") +
-                      " output 'logits': not an export of a " +
-                      (per_token ? "token" : "sequence") + "-classification model");
+                      " output 'logits': not an export of a " + (per_token ? "token" : "sequence") +
+                      "-classification model");
     const auto& predicted = output->find("data")->as_array();
     for (size_t i = 0; i < bt.labels.size(); ++i) {
       if (bt.labels[i] == data::kIgnoredLabel) continue;

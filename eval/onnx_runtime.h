@@ -12,6 +12,11 @@
 
 namespace bert::eval {
 
+// The ONNX Runtime runner to use when none is given: $BERT_ORT_SCRIPT, else scripts/ort_run.js (Node) or,
+// where there is no node but a python3, scripts/ort_run.py, in the checkout the running program was
+// built or unpacked in (found from its own path), else under the current folder.
+std::string default_ort_script();
+
 // Up to max_batches (<= 0: all) batches of the loader.
 std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_batches);
 
@@ -20,7 +25,8 @@ std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_bat
 Json batch_feeds(const std::vector<data::Batch>& batches, bool masked_positions);
 
 // Runs `model` on the feeds with `mode` ("" for raw outputs, "--argmax" or "--histograms"; see the
-// script; a script ending in .py runs under python3, any other under node) and returns its parsed JSON. UserError with ONNX Runtime's message when it fails.
+// script; a script ending in .py runs under python3, any other under node) and returns its parsed JSON. UserError with
+// ONNX Runtime's message when it fails.
 Json run_onnx_runtime(const std::string& script, const std::string& mode, const std::string& model, const Json& feeds,
                       const std::string& work_dir);
 

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
   double max_drop = 0.005;
-  std::string save_calibrated, onnx_model, ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
+  std::string save_calibrated, onnx_model, ort_script = eval::default_ort_script();
   CLI::App app{
       "bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
       "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\". A fine-tuned "
@@ -174,7 +174,8 @@ int main(int argc, char** argv) {
       if (task_model != (loader.kind() != data::ShardKind::kPretraining) ||
           (task_model && loader.label_names() != config.labels))
         throw UserError("--shards: '" + lo.shards.front() + "' holds " + data::shard_kind_name(loader.kind()) +
-                        " examples" + (task_model ? " with " + std::to_string(loader.label_names().size()) + " labels" : "") +
+                        " examples" +
+                        (task_model ? " with " + std::to_string(loader.label_names().size()) + " labels" : "") +
                         "; the model is a " + model::head_architecture(config.head) +
                         (task_model ? " with " + std::to_string(config.num_labels()) + " labels" : "") +
                         " (make the shards with the model's labels: bert-data task --labels <its training shard>)");
@@ -282,8 +283,7 @@ int main(int argc, char** argv) {
           Json::Array rows;
           if (!json) {
             std::printf("FP32 %s accuracy %.4f; all %zu quantizers (%s) %.4f\n", task_model ? "task" : "MLM", r.fp32,
-                        r.rows.size(),
-                        calibration.method.c_str(), r.all_quantized);
+                        r.rows.size(), calibration.method.c_str(), r.all_quantized);
             std::printf("%-64s %10s %12s\n", "quantizer (most sensitive first)", "only this", "all but this");
           }
           for (const auto& row : r.rows) {
@@ -324,10 +324,10 @@ int main(int argc, char** argv) {
         if (!json) {
           const int quantized = static_cast<int>(model.enabled_quantizers().size());
           const bool tokens = config.head == model::Head::kTokenClassification;
-          std::printf("%s %s (step %lld) on %zu shard(s), %s\n", model::head_architecture(config.head).c_str(),
-                      checkpoint.c_str(), (long long)state.step, lo.shards.size(),
-                      quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str()
-                                : "FP32");
+          std::printf(
+              "%s %s (step %lld) on %zu shard(s), %s\n", model::head_architecture(config.head).c_str(),
+              checkpoint.c_str(), (long long)state.step, lo.shards.size(),
+              quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str() : "FP32");
           std::printf("%-22s %10.4f   (baseline: majority label %.4f) over %lld %s\n", "accuracy", t.accuracy(),
                       t.majority_accuracy(), (long long)t.examples, tokens ? "labeled tokens" : "sequences");
           std::printf("%-22s %10.4f\n%-22s %10.4f\n", "macro-F1", t.macro_f1(), "loss", t.loss());
@@ -345,8 +345,8 @@ int main(int argc, char** argv) {
       if (!onnx_model.empty() && task_model) {
         data::ShardLoader onnx_loader(lo);
         const PrivateTempDir work("bert-eval");
-        const eval::TaskMetrics o = eval::evaluate_onnx_task(onnx_model, onnx_loader, config.num_labels(),
-                                                             max_batches, ort_script, work.path().string());
+        const eval::TaskMetrics o = eval::evaluate_onnx_task(onnx_model, onnx_loader, config.num_labels(), max_batches,
+                                                             ort_script, work.path().string());
         report["onnx"] = o.to_json(config.labels);
         if (!json)
           std::printf("ONNX Runtime (%s): accuracy %.4f, macro-F1 %.4f over %lld %s\n", onnx_model.c_str(),

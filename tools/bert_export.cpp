@@ -10,6 +10,7 @@
 #include "core/process.h"
 #include "data/sha256.h"
 #include "data/wordpiece_tokenizer.h"
+#include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
   app.add_option("--triton-max-batch", triton_max_batch, "Triton max_batch_size")->capture_default_str();
   std::vector<std::string> calib_shards;
   exporter::CacheOptions cache;
-  cache.ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
+  cache.ort_script = eval::default_ort_script();
   int64_t calib_batch_size = 32;
   app.add_option("--trt-calib-cache", cache_path,
                  "also write TensorRT's calibration cache (implicit INT8 path) for the FP32 graph: every float "

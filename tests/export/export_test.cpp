@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -243,6 +244,17 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
   EXPECT_GT(ops["QLinearMatMul"] + ops["MatMulInteger"] + ops["MatMulIntegerToFloat"] + ops["DynamicQuantizeMatMul"], 0)
       << listing;
   std::cout << "[ info ] ONNX Runtime optimized Q/DQ graph: " << listing << "\n";
+}
+
+// The tools find the runner in the checkout they were built in, wherever they run from.
+TEST(OnnxRuntimeRunner, DefaultScriptIsTheCheckoutsAndTheEnvironmentOverridesIt) {
+  const std::string found = eval::default_ort_script();
+  EXPECT_TRUE(std::filesystem::is_regular_file(found)) << found;
+  EXPECT_EQ(std::filesystem::canonical(std::filesystem::path(found).parent_path().parent_path()),
+            std::filesystem::canonical(BERT_SOURCE_DIR));
+  setenv("BERT_ORT_SCRIPT", "/elsewhere/runner.py", 1);
+  EXPECT_EQ(eval::default_ort_script(), "/elsewhere/runner.py");
+  unsetenv("BERT_ORT_SCRIPT");
 }
 
 // Task heads: the export's `logits` (sequence classification [B, L]; token classification [B, T, L], of
