@@ -35,4 +35,12 @@ std::unique_ptr<Tokenizer> load_wordpiece(const std::string& vocab_path,
 // True for the paths load_tokenizer() treats as WordPiece vocabularies (*.txt).
 bool is_wordpiece_vocab(const std::string& path);
 
+// Copies a tokenizer file into `dir` so a model folder (a run, a Hugging Face directory, a Triton model)
+// carries the tokenizer it was trained with: as `file_name`, by default vocab.txt (WordPiece) or
+// tokenizer.model (SentencePiece), written atomically; a WordPiece vocabulary's casing settings
+// (tokenizer_config.json beside it) come along under the default name. Nothing is copied onto itself.
+// Returns the copy's path.
+std::string copy_tokenizer(const std::string& tokenizer_path, const std::string& dir,
+                           const std::string& file_name = "");
+
 }  // namespace bert::data

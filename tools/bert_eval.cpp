@@ -218,17 +218,8 @@ int main(int argc, char** argv) {
         ptq.quantization = recipe;
         // The tokenizer travels with the checkpoint (as bert-train's runs carry theirs), so bert-export
         // and bert-eval find it beside the file without --tokenizer.
-        namespace fs = std::filesystem;
         if (!tokenizer_path.empty()) {
-          const fs::path dir = fs::absolute(save_calibrated).parent_path();
-          const bool wordpiece = data::is_wordpiece_vocab(tokenizer_path);
-          const fs::path copy = dir / (wordpiece ? "vocab.txt" : "tokenizer.model");
-          fs::create_directories(dir);
-          if (fs::absolute(tokenizer_path) != copy)
-            fs::copy_file(tokenizer_path, copy, fs::copy_options::overwrite_existing);
-          const fs::path settings = fs::path(tokenizer_path).parent_path() / "tokenizer_config.json";
-          if (wordpiece && fs::is_regular_file(settings) && fs::absolute(settings) != dir / "tokenizer_config.json")
-            fs::copy_file(settings, dir / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+          data::copy_tokenizer(tokenizer_path, std::filesystem::absolute(save_calibrated).parent_path().string());
           if (ptq.tokenizer_sha256.empty()) ptq.tokenizer_sha256 = data::sha256_file(tokenizer_path);
         }
         train::save_checkpoint(save_calibrated, model, nullptr, ptq);

@@ -98,12 +98,7 @@ int main(int argc, char** argv) {
     const bool wordpiece = data::is_wordpiece_vocab(tokenizer);
     if (!hf_dir.empty()) {
       hf::export_model(hf_dir, model, state.quantization);
-      AtomicFile copy((fs::path(hf_dir) / (wordpiece ? "vocab.txt" : "tokenizer.model")).string());
-      fs::copy_file(tokenizer, copy.temp_path(), fs::copy_options::overwrite_existing);
-      copy.commit();
-      const fs::path settings = fs::path(tokenizer).parent_path() / "tokenizer_config.json";
-      if (wordpiece && fs::is_regular_file(settings) && !fs::equivalent(settings.parent_path(), hf_dir))
-        fs::copy_file(settings, fs::path(hf_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+      data::copy_tokenizer(tokenizer, hf_dir);
       spdlog::info("wrote Hugging Face model {} (config.json, model.safetensors{}, {}){}", hf_dir,
                    enabled ? ", quantization.json" : "", wordpiece ? "vocab.txt" : "tokenizer.model",
                    wordpiece ? ""
@@ -179,13 +174,11 @@ int main(int argc, char** argv) {
     if (!triton_repo.empty()) {
       const std::string name = triton_name.empty() ? output_path.stem().string() : triton_name;
       const std::string folder = exporter::write_triton_repository(written, triton_repo, name, triton_max_batch);
-      const char* tokenizer_name = wordpiece ? "vocab.txt" : "tokenizer.model";
-      fs::copy_file(tokenizer, fs::path(folder) / tokenizer_name, fs::copy_options::overwrite_existing);
-      spdlog::info("wrote Triton model repository {} (config.pbtxt, 1/model.onnx, {})", folder, tokenizer_name);
+      const std::string copy = data::copy_tokenizer(tokenizer, folder);
+      spdlog::info("wrote Triton model repository {} (config.pbtxt, 1/model.onnx, {})", folder,
+                   fs::path(copy).filename().string());
     }
-    AtomicFile tokenizer_file(tokenizer_copy.string());
-    fs::copy_file(tokenizer, tokenizer_file.temp_path(), fs::copy_options::overwrite_existing);
-    tokenizer_file.commit();
+    data::copy_tokenizer(tokenizer, tokenizer_copy.parent_path().string(), tokenizer_copy.filename().string());
     file.commit();
     spdlog::info("wrote {} ({} nodes, {} initializers, opset {}, {}{}); checker{} passed; tokenizer copied to {}",
                  output, m.graph().node_size(), m.graph().initializer_size(), options.opset,

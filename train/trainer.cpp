@@ -226,16 +226,12 @@ void adopt_task(model::BertConfig& config, model::Head head, const std::vector<s
   config.labels = labels;
 }
 
-// Where a run keeps its files. The tokenizer travels with the run: vocab.txt (WordPiece) or
-// tokenizer.model (SentencePiece).
+// Where a run keeps its files (the tokenizer's copy: data::copy_tokenizer).
 struct RunFiles {
-  std::string checkpoint, metrics, tokenizer_copy;
+  std::string checkpoint, metrics;
   explicit RunFiles(const TrainOptions& o)
       : checkpoint((fs::path(o.output_dir) / "checkpoint.h5").string()),
-        metrics((fs::path(o.output_dir) / "metrics.jsonl").string()),
-        tokenizer_copy(
-            (fs::path(o.output_dir) / (data::is_wordpiece_vocab(o.tokenizer_path) ? "vocab.txt" : "tokenizer.model"))
-                .string()) {}
+        metrics((fs::path(o.output_dir) / "metrics.jsonl").string()) {}
 };
 
 // The model config of the run: the checkpoint's on --resume, --init-from's (with this run's dropout), or
@@ -339,13 +335,7 @@ TrainingState start_state(const TrainOptions& o, const RunFiles& files, const mo
   }
   params.upload_values();
   if (o.qat) state.quantization = calibrate_for_qat(o, model, loader_options, device);
-  if (fs::absolute(o.tokenizer_path) != fs::absolute(files.tokenizer_copy)) {
-    fs::copy_file(o.tokenizer_path, files.tokenizer_copy, fs::copy_options::overwrite_existing);
-    // WordPiece's casing settings live beside the vocabulary.
-    const fs::path settings = fs::path(o.tokenizer_path).parent_path() / "tokenizer_config.json";
-    if (data::is_wordpiece_vocab(o.tokenizer_path) && fs::is_regular_file(settings))
-      fs::copy_file(settings, fs::path(o.output_dir) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
-  }
+  data::copy_tokenizer(o.tokenizer_path, o.output_dir);
   write_text_file((fs::path(o.output_dir) / "config.json").string(), config.to_json().dump(2) + "\n");
   std::ofstream(files.metrics, std::ios::trunc).close();
   return state;

@@ -135,6 +135,26 @@ TEST(WordPiece, MixedCaseTextWithAnUncasedVocabulary) {
   EXPECT_EQ(t->specials().first_regular, 7);
 }
 
+TEST(WordPiece, CopiesTravelWithTheirCasingSettings) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir.file("src"));
+  std::filesystem::copy_file(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt", dir.file("src/vocab.txt"));
+  std::ofstream(dir.file("src/tokenizer_config.json")) << R"({"do_lower_case": false})";
+  const std::string copy = copy_tokenizer(dir.file("src/vocab.txt"), dir.file("run"));
+  EXPECT_EQ(copy, dir.file("run") + "/vocab.txt");
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir.file("run/tokenizer_config.json")));
+  EXPECT_EQ(load_tokenizer(copy)->encode("Unto"), load_tokenizer(dir.file("src/vocab.txt"))->encode("Unto"))
+      << "the copy keeps the casing (cased here)";
+  EXPECT_NE(load_tokenizer(copy)->encode("Unto"), load_tokenizer(copy)->encode("unto")) << "cased";
+  EXPECT_EQ(copy_tokenizer(copy, dir.file("run")), copy) << "onto itself: nothing to do";
+  // Under another name (beside an ONNX export) only the vocabulary goes.
+  const std::string beside = copy_tokenizer(dir.file("src/vocab.txt"), dir.file("onnx"), "model.vocab.txt");
+  EXPECT_TRUE(std::filesystem::is_regular_file(beside));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("onnx/tokenizer_config.json")));
+  testing::expect_user_error([&] { copy_tokenizer(dir.file("src/missing.txt"), dir.file("run2")); },
+                             "cannot copy the tokenizer");
+}
+
 TEST(WordPiece, CasingComesFromTokenizerConfigOrTheVocabulary) {
   testing::TempDir dir;
   // A cased vocabulary (upper-case tokens), no config: cased.
