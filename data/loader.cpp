@@ -48,6 +48,9 @@ bool check_loader_compatible(const ShardLoader& loader, const std::string& first
 ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
   if (options_.shards.empty()) throw UserError("no shards given to the loader");
   if (options_.batch_size < 1) throw UserError("batch size must be at least 1");
+  if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
+    throw UserError("rank " + std::to_string(options_.rank) + " outside a world of " +
+                    std::to_string(options_.world_size));
   restore(State{});
   seq_len_ = shard_.seq_len;
   max_predictions_ = shard_.max_predictions;
@@ -106,8 +109,11 @@ bool ShardLoader::next(Batch& batch) {
     batch.next_sentence_labels.resize(task ? 0 : rows);
     batch.labels.resize(task ? rows * label_width : 0);
   };
+  // The global batch's examples before this rank's slice are read past, those after it too.
+  const int64_t global = options_.batch_size * options_.world_size;
+  const int64_t first = options_.batch_size * options_.rank, end = first + options_.batch_size;
   resize_rows(options_.batch_size);
-  while (batch.size < options_.batch_size) {
+  for (int64_t position = 0; position < global;) {
     if (state_.shard >= static_cast<int64_t>(shard_order_.size())) {  // end of an epoch
       if (!options_.repeat) break;
       restore(State{state_.epoch + 1, 0, 0});
@@ -118,7 +124,10 @@ bool ShardLoader::next(Batch& batch) {
       if (state_.shard < static_cast<int64_t>(shard_order_.size())) load_current_shard();
       continue;
     }
-    const int64_t src = example_order_[state_.example++], dst = batch.size++;
+    const int64_t src = example_order_[state_.example++];
+    const int64_t index = position++;  // in the global batch
+    if (index < first || index >= end) continue;
+    const int64_t dst = batch.size++;
     std::copy_n(shard_.input_ids.begin() + src * l, l, batch.input_ids.begin() + dst * l);
     std::copy_n(shard_.input_mask.begin() + src * l, l, batch.input_mask.begin() + dst * l);
     std::copy_n(shard_.segment_ids.begin() + src * l, l, batch.segment_ids.begin() + dst * l);

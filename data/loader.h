@@ -22,7 +22,11 @@ struct Batch {
 
 struct LoaderOptions {
   std::vector<std::string> shards;
-  int64_t batch_size = 32;
+  int64_t batch_size = 32;  // per rank
+  // Data parallelism: the loader walks the order a single process would see with global batches of
+  // batch_size * world_size examples, and returns the rank's consecutive slice of each. The union over
+  // the ranks is exactly the single-process global batch, and State is the same on every rank.
+  int rank = 0, world_size = 1;
   uint64_t seed = 1;
   bool shuffle = true;
   bool repeat = true;  // training: cycle over epochs; evaluation: one pass (last batch may be short)

@@ -355,6 +355,38 @@ bool folder_is_empty_or_missing(const std::string& path) {
   return !std::filesystem::exists(path) || std::filesystem::is_empty(path);
 }
 
+TEST_F(FixtureData, RanksSliceTheSingleProcessGlobalBatchAndShareTheirState) {
+  LoaderOptions single;
+  single.shards = expand_shard_paths({dir_->file("shards")});
+  single.batch_size = 24;
+  single.seed = 5;
+  ShardLoader one(single);
+  std::vector<ShardLoader> ranks;
+  for (int r = 0; r < 3; ++r) {
+    LoaderOptions o = single;
+    o.batch_size = 8;
+    o.rank = r;
+    o.world_size = 3;
+    ranks.emplace_back(o);
+  }
+  Batch global, part;
+  for (int step = 0; step < 120; ++step) {  // past the first epoch's end (~700 examples per shard)
+    ASSERT_TRUE(one.next(global));
+    std::vector<int32_t> joined;
+    for (ShardLoader& r : ranks) {
+      ASSERT_TRUE(r.next(part));
+      ASSERT_EQ(part.size, 8);
+      joined.insert(joined.end(), part.input_ids.begin(), part.input_ids.end());
+      EXPECT_EQ(r.state(), one.state()) << "step " << step;
+    }
+    ASSERT_EQ(joined, global.input_ids) << "step " << step;
+  }
+  LoaderOptions bad = single;
+  bad.world_size = 2;
+  bad.rank = 2;
+  testing::expect_user_error([&] { ShardLoader l(bad); }, "rank 2 outside a world of 2");
+}
+
 TEST_F(FixtureData, BadBuildInputsFailClearlyAndWriteNothing) {
   testing::TempDir out;
   ShardBuildOptions o = options(out.file("shards"));
