@@ -275,6 +275,8 @@ Json calibrate_for_qat(const TrainOptions& o, model::Bert& model, const data::Lo
   data::LoaderOptions co = loader_options;
   co.repeat = false;
   co.seed = o.seed + 1;
+  co.rank = 0;  // every rank calibrates on the same batches: the same scales everywhere
+  co.world_size = 1;
   data::ShardLoader calibration_loader(co);
   Graph<float> calibration_graph(device);
   const auto amax = quant::calibrate(model, calibration_loader, calibration, calibration_graph);
@@ -301,7 +303,8 @@ Json calibrate_for_qat(const TrainOptions& o, model::Bert& model, const data::Lo
 // config.json and an empty metrics log.
 TrainingState start_state(const TrainOptions& o, const RunFiles& files, const model::BertConfig& config,
                           model::Bert& model, Optimizer& optimizer, data::ShardLoader& loader,
-                          const data::LoaderOptions& loader_options, Rng& dropout_rng, const Device& device) {
+                          const data::LoaderOptions& loader_options, Rng& dropout_rng, const Device& device,
+                          bool writes) {
   ParameterArena<float>& params = model.parameters();
   TrainingState state;
   state.tokenizer_sha256 = o.tokenizer_sha256;
@@ -316,7 +319,7 @@ TrainingState start_state(const TrainOptions& o, const RunFiles& files, const mo
     loader.restore(loaded.loader);
     dropout_rng = Rng(loaded.dropout_rng);
     state.quantization = loaded.quantization;
-    truncate_metrics(files.metrics, state.step);
+    if (writes) truncate_metrics(files.metrics, state.step);
     spdlog::info("resuming from '{}' at step {}", files.checkpoint, state.step);
     return state;
   }
@@ -335,6 +338,7 @@ TrainingState start_state(const TrainOptions& o, const RunFiles& files, const mo
   }
   params.upload_values();
   if (o.qat) state.quantization = calibrate_for_qat(o, model, loader_options, device);
+  if (!writes) return state;
   data::copy_tokenizer(o.tokenizer_path, o.output_dir);
   write_text_file((fs::path(o.output_dir) / "config.json").string(), config.to_json().dump(2) + "\n");
   std::ofstream(files.metrics, std::ios::trunc).close();
@@ -438,6 +442,19 @@ class ProgressWindow {
     ++steps_;
   }
   void add_time(double seconds) { seconds_ += seconds; }
+  // Sums the metrics over the ranks (the step count, time and gradient norm are the same everywhere).
+  void reduce(Communicator& ranks) {
+    if (ranks.size() == 1) return;
+    eval::PretrainingMetrics& p = pretraining_metrics_;
+    std::vector<double> v = {double(p.predictions), double(p.mlm_correct), p.mlm_loss_sum,         double(p.sequences),
+                             double(p.nsp_correct), p.nsp_loss_sum,        double(task_.examples), task_.loss_sum};
+    for (int64_t c : task_.confusion) v.push_back(double(c));
+    ranks.all_reduce_sum(v);
+    p.predictions = int64_t(v[0]), p.mlm_correct = int64_t(v[1]), p.mlm_loss_sum = v[2];
+    p.sequences = int64_t(v[3]), p.nsp_correct = int64_t(v[4]), p.nsp_loss_sum = v[5];
+    task_.examples = int64_t(v[6]), task_.loss_sum = v[7];
+    for (size_t i = 0; i < task_.confusion.size(); ++i) task_.confusion[i] = int64_t(v[8 + i]);
+  }
   int64_t steps() const { return steps_; }
   double mean_grad_norm() const { return steps_ ? grad_norm_sum_ / steps_ : 0.0; }
   double seconds() const { return seconds_; }
@@ -461,8 +478,14 @@ class ProgressWindow {
 // starts over. `seconds_per_step`: the run's average so far, for the ETA.
 void report_progress(const TrainOptions& o, int64_t step, double lr, double elapsed, double seconds_per_step,
                      ProgressWindow& window, model::Bert& model, const std::vector<model::Quantizer*>& active,
-                     const Device& device, std::ofstream& metrics_log) {
-  const double seq_per_s = window.steps() * o.batch_size * o.accumulation / window.seconds();
+                     const Device& device, Communicator& ranks, std::ofstream& metrics_log) {
+  window.reduce(ranks);
+  if (ranks.rank() != 0) {  // rank 0 reports; the others start their window over
+    for (model::Quantizer* q : active) q->reset_counts();
+    window.reset();
+    return;
+  }
+  const double seq_per_s = window.steps() * o.batch_size * o.accumulation * ranks.size() / window.seconds();
   std::string memory;
   if (device.is_cuda()) {
     const auto [used, total] = device.memory_use();
@@ -536,8 +559,11 @@ void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& ev
 
 }  // namespace
 
-TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
+TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group) {
   o.validate();
+  SingleProcess single;
+  Communicator& ranks = group ? *group : single;
+  const bool lead = ranks.rank() == 0;  // the rank that evaluates and writes
   if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
   const RunFiles files(o);
@@ -545,10 +571,16 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   loader_options.shards = data::expand_shard_paths(o.train_shards);
   loader_options.batch_size = o.batch_size;
   loader_options.seed = o.seed;
+  loader_options.rank = ranks.rank();
+  loader_options.world_size = ranks.size();
   data::ShardLoader loader(loader_options);
   const model::BertConfig config = resolve_config(o, files, loader);
 
   const std::unique_ptr<Device> device = Device::open(o.device, parse_precision(o.precision));
+  if (ranks.size() > 1 && device->is_cuda())
+    throw UserError("--device " + o.device +
+                    ": data parallelism runs on the CPU backend for now (several GPUs need "
+                    "the NCCL communicator); use --device cpu");
   model::Bert model(config);
   // On a GPU the arena gets its device mirror now, so the optimizer's moments live there too; values
   // are loaded or initialised on the host and uploaded in start_state.
@@ -566,11 +598,17 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   if (!o.eval_shards.empty()) eval_paths = data::expand_shard_paths(o.eval_shards);
   // Inputs are checked: only now does anything get written.
   std::error_code ec;
-  fs::create_directories(o.output_dir, ec);
+  if (lead) fs::create_directories(o.output_dir, ec);
   if (ec) throw UserError("cannot create output folder '" + o.output_dir + "': " + ec.message());
 
   Rng dropout_rng(Rng(o.seed).bits(0xD7));
-  TrainingState state = start_state(o, files, config, model, optimizer, loader, loader_options, dropout_rng, *device);
+  TrainingState state =
+      start_state(o, files, config, model, optimizer, loader, loader_options, dropout_rng, *device, lead);
+  // Each rank drops out other units: its own stream, derived from the one the checkpoint keeps (rank 0's),
+  // drawn in step with it.
+  if (!lead)
+    dropout_rng =
+        Rng(Rng::State{Rng(dropout_rng.state().seed).bits(0x5EED + ranks.rank()), dropout_rng.state().counter});
   const std::vector<model::Quantizer*> active = configure_scales(o, model, optimizer, state);
   const std::unique_ptr<model::Bert> teacher = make_teacher(o, config, *device);
 
@@ -592,8 +630,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       optimizer_name(o.optimizer.kind), o.learning_rate, warmup, schedule_name(o.schedule),
       device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
 
-  std::ofstream metrics_log(files.metrics, std::ios::app);
+  std::ofstream metrics_log;
+  if (lead) metrics_log.open(files.metrics, std::ios::app);
   auto save = [&] {
+    if (!lead) return;
     state.loader = loader.state();
     state.dropout_rng = dropout_rng.state();
     params.download_values();
@@ -639,6 +679,19 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
       }
       g.backward(o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation));
     }
+    bool stop_requested = stop && stop->load();
+    if (ranks.size() > 1) {
+      // The ranks agree: any rank's non-finite loss drops the step everywhere, any rank's stop stops all;
+      // gradients and the logged loss are averaged.
+      std::vector<double> agreed = {nonfinite.empty() ? 0.0 : 1.0, stop_requested ? 1.0 : 0.0, step_loss};
+      ranks.all_reduce_sum(agreed);
+      if (agreed[0] > 0 && nonfinite.empty()) nonfinite = "a non-finite loss on another rank";
+      stop_requested = agreed[1] > 0;
+      step_loss = agreed[2] / ranks.size();
+      TensorView<float> grads = params.grads();
+      ranks.all_reduce_sum(std::span<float>(grads.data(), static_cast<size_t>(grads.numel())));
+      for (float& v : grads) v /= static_cast<float>(ranks.size());
+    }
     double grad_norm = 0;
     if (nonfinite.empty()) {
       grad_norm = clip_grad_norm(params, o.clip_norm);
@@ -670,22 +723,23 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
     }
     window.add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
 
-    const bool stopping = (stop && stop->load()) || (o.stop_at_step > 0 && state.step == o.stop_at_step);
+    const bool stopping = stop_requested || (o.stop_at_step > 0 && state.step == o.stop_at_step);
     if ((state.step % o.log_every == 0 || state.step == o.steps || stopping) && window.steps() > 0) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       report_progress(o, state.step, lr, elapsed, elapsed / (state.step - first_step + 1), window, model, active,
-                      *device, metrics_log);
+                      *device, ranks, metrics_log);
     }
     const bool last = state.step == o.steps;
-    if (o.eval_every > 0 && state.step % o.eval_every == 0 && !last)
+    if (lead && o.eval_every > 0 && state.step % o.eval_every == 0 && !last)
       evaluate_held_out(o, eval_paths, model, loader, *device, state.step, metrics_log, result);
     if ((o.save_every > 0 && state.step % o.save_every == 0) || last || stopping) {
       save();
       last_saved_step = state.step;
     }
     if (stopping) {
-      spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step,
-                   files.checkpoint);
+      if (lead)
+        spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step,
+                     files.checkpoint);
       result.stopped_early = true;
       break;
     }
@@ -693,7 +747,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop) {
   state.step = result.steps_done = std::min(state.step, o.steps);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.sequences_per_second = result.losses.size() * o.batch_size * o.accumulation / std::max(result.seconds, 1e-9);
-  if (!result.stopped_early) evaluate_held_out(o, eval_paths, model, loader, *device, state.step, metrics_log, result);
+  if (!result.stopped_early && lead)
+    evaluate_held_out(o, eval_paths, model, loader, *device, state.step, metrics_log, result);
   spdlog::info("done: {} steps in {} ({:.1f} sequences/s); checkpoint '{}'", result.losses.size(),
                format_duration(result.seconds), result.sequences_per_second, files.checkpoint);
   if (!active.empty()) {  // the last save left the values on the host

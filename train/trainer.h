@@ -14,6 +14,7 @@
 #include "eval/metrics.h"
 #include "model/config.h"
 #include "quant/quantize.h"
+#include "train/communicator.h"
 #include "train/optimizer.h"
 
 namespace bert::train {
@@ -106,8 +107,15 @@ struct TrainResult {
   std::vector<double> losses;        // per optimizer step, from this run's first step
 };
 
-// Runs training. `stop` (e.g. set by a SIGINT handler) is checked after every step; when set, a
-// checkpoint is written and the run returns with stopped_early.
-TrainResult train(const TrainOptions& options, const std::atomic<bool>* stop = nullptr);
+// Runs training. `stop` (e.g. set by a SIGINT handler) is checked every step; when set, a checkpoint
+// is written and the run returns with stopped_early.
+//
+// Data parallelism: with `ranks` (one Communicator per rank, each rank calling train() with the same
+// options), each rank trains on its slice of the global batch (batch_size * ranks, as one process with
+// that batch would see it), gradients are averaged over the ranks before clipping, the ranks agree on
+// stopping and on skipping a non-finite step, the progress metrics are summed over the ranks, and only
+// rank 0 evaluates and writes (checkpoints, metrics, the run folder). Every rank starts from the same
+// weights and calibrates on the same batches. The CPU backend only, for now (a GPU needs NCCL).
+TrainResult train(const TrainOptions& options, const std::atomic<bool>* stop = nullptr, Communicator* ranks = nullptr);
 
 }  // namespace bert::train

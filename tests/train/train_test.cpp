@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -20,6 +21,7 @@
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 #include "train/checkpoint.h"
+#include "train/communicator.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
 
@@ -298,6 +300,70 @@ TEST_F(FactsCorpus, ResumeContinuesExactlyAsTheUninterruptedRun) {
   std::vector<int64_t> steps;
   while (std::getline(log, line)) steps.push_back(Json::parse(line).find("step")->as_int());
   EXPECT_EQ(steps, (std::vector<int64_t>{4, 5, 8, 12}));
+}
+
+// Two ranks (threads with a local communicator), batch 8 each, train like one process with batch 16: the
+// same loss curve within the difference between averaging per-rank means and one global mean; only
+// rank 0 writes; a two-rank run stopped and resumed repeats the uninterrupted one bit for bit.
+std::vector<TrainResult> train_ranks(const TrainOptions& o, int ranks) {
+  auto group = local_group(ranks);
+  std::vector<TrainResult> results(ranks);
+  std::vector<std::exception_ptr> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        results[r] = train(o, nullptr, group[r].get());
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results;
+}
+
+TEST_F(FactsCorpus, TwoRanksTrainLikeOneProcessWithTheGlobalBatchAndOnlyRankZeroWrites) {
+  testing::TempDir out;
+  TrainOptions one = options(out.file("one"));
+  one.batch_size = 16;
+  one.config.hidden_dropout_prob = one.config.attention_probs_dropout_prob = 0.0;
+  const TrainResult single = train(one);
+  TrainOptions two = one;
+  two.output_dir = out.file("two");
+  two.batch_size = 8;
+  const std::vector<TrainResult> ranks = train_ranks(two, 2);
+  ASSERT_EQ(ranks[0].losses.size(), single.losses.size());
+  EXPECT_EQ(ranks[0].losses, ranks[1].losses) << "every rank logs the averaged loss";
+  for (size_t i = 0; i < single.losses.size(); ++i)
+    EXPECT_NEAR(ranks[0].losses[i], single.losses[i], 0.03 * single.losses[i]) << "step " << i + 1;
+  EXPECT_LT(ranks[0].losses.back(), ranks[0].losses.front());
+  // Rank 0 wrote the run folder once: one metrics line per logged step.
+  EXPECT_TRUE(std::filesystem::exists(out.file("two") + "/checkpoint.h5"));
+  std::ifstream log(out.file("two") + "/metrics.jsonl");
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(log, line);) steps.push_back(Json::parse(line).find("step")->as_int());
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 8, 12}));
+
+  // Stopped at step 5 and resumed with two ranks: the same losses as the uninterrupted two-rank run.
+  TrainOptions dropout = two;
+  dropout.config.hidden_dropout_prob = dropout.config.attention_probs_dropout_prob = 0.1;
+  dropout.output_dir = out.file("full");
+  const std::vector<TrainResult> full = train_ranks(dropout, 2);
+  TrainOptions first = dropout;
+  first.output_dir = out.file("resumed");
+  first.stop_at_step = 5;
+  const std::vector<TrainResult> part1 = train_ranks(first, 2);
+  EXPECT_TRUE(part1[0].stopped_early && part1[1].stopped_early);
+  TrainOptions second = dropout;
+  second.output_dir = out.file("resumed");
+  second.resume = true;
+  const std::vector<TrainResult> part2 = train_ranks(second, 2);
+  std::vector<double> joined = part1[0].losses;
+  joined.insert(joined.end(), part2[0].losses.begin(), part2[0].losses.end());
+  EXPECT_EQ(joined, full[0].losses) << "bit-identical loss sequence";
+  EXPECT_EQ(parameters_of(out.file("full") + "/checkpoint.h5"), parameters_of(out.file("resumed") + "/checkpoint.h5"));
 }
 
 // The same runs on a GPU: a 300-step FP32 run follows the CPU's loss curve, QAT likewise, a run

@@ -1,0 +1,38 @@
+// Data parallelism's collective operations, behind one interface: the trainer sums gradients and
+// agrees on decisions (stop, skip a non-finite step) through it, and only rank 0 writes files.
+//   SingleProcess: one rank, nothing to exchange (the default).
+//   local_group(n): n ranks as threads of one process, exchanging through shared memory: the CPU
+//   backend's data parallelism and the test of the rank logic without GPUs.
+// A multi-GPU implementation (NCCL, one process per GPU) plugs in behind the same interface.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace bert::train {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank passes a span of the same length; afterwards each holds the element-wise sum over the
+  // ranks. Blocks until all ranks have called.
+  virtual void all_reduce_sum(std::span<float> values) = 0;
+  virtual void all_reduce_sum(std::span<double> values) = 0;
+};
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(std::span<float>) override {}
+  void all_reduce_sum(std::span<double>) override {}
+};
+
+// `ranks` communicators sharing one exchange; give each to its own thread. The sums are taken in rank
+// order, so every rank gets bit-identical results.
+std::vector<std::unique_ptr<Communicator>> local_group(int ranks);
+
+}  // namespace bert::train
