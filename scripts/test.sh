@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
+# CTest runs $jobs tests at once; each test process is single-threaded unless it sets its own thread
+# count (the thread-count tests do). Two OpenMP teams per core wait on each other's barriers and run
+# tens of times slower, which is what the default (all cores per process) did under `ctest -j`.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 bash scripts/setup.sh
 bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$jobs"
