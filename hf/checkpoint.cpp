@@ -90,7 +90,7 @@ model::BertConfig read_config(const std::string& dir) {
 ImportReport import_model(const std::string& dir, model::Bert& model, uint64_t init_seed) {
   ImportReport report;
   const fs::path root(dir);
-  const bool other_head = read_config(dir).head != model.config().head;
+  const model::Head source_head = read_config(dir).head;
   std::error_code ec;
   // The files, and which tensor lives in which.
   std::vector<std::unique_ptr<SafetensorsFile>> files;
@@ -166,8 +166,7 @@ ImportReport import_model(const std::string& dir, model::Bert& model, uint64_t i
     const std::string& name = *p.name;
     if (model::is_quantizer_scale(name)) continue;
     auto it = sources.find(name);
-    // Another head's classifier (another label set) is not this model's: it starts fresh.
-    if (other_head && name.starts_with("classifier.")) it = sources.end();
+    if (!model.takes_from(source_head, name)) it = sources.end();  // starts fresh
     if (it == sources.end() && name == "cls.predictions.bias") it = sources.find("cls.predictions.decoder.bias");
     if (it == sources.end()) {
       (model.is_head_parameter(name) ? report.initialized : missing).push_back(name);

@@ -79,6 +79,11 @@ class Bert {
   // Parameters of this model's head that a checkpoint of another head (or a bare encoder) lacks: they
   // keep their initialisation when such a checkpoint is loaded (fine-tuning from pretraining).
   bool is_head_parameter(const std::string& name) const;
+  // Whether parameter `name` is taken from a checkpoint of a model with head `source`: all of them but
+  // the classifier of another head (its labels are not this model's).
+  bool takes_from(Head source, const std::string& name) const {
+    return source == config_.head || !name.starts_with("classifier.");
+  }
   // Every quantizer, in forward order: per layer the Q/K/V/attention-output/FFN linears' input and
   // weight quantizers, the four attention-matmul input quantizers (matmul_q/k/v/a) and the four
   // residual-add input quantizers; then the pooler and the MLM transform (those the head has). All

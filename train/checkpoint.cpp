@@ -98,11 +98,12 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
     std::copy(buffer.begin(), buffer.end(), dst);
   };
   const bool has_optimizer_state = hdf5::exists(root, "optimizer");
-  const bool other_head = read_checkpoint_config(path).head != model.config().head;
+  const model::Head source_head = read_checkpoint_config(path).head;
+  const bool other_head = source_head != model.config().head;
   if (optimizer && other_head)
     throw UserError("checkpoint '" + path + "' has another head than the model (" +
-                    model::head_architecture(read_checkpoint_config(path).head) + " vs " +
-                    model::head_architecture(model.config().head) + "): it cannot resume this run");
+                    model::head_architecture(source_head) + " vs " + model::head_architecture(model.config().head) +
+                    "): it cannot resume this run");
   TrainingState s;
   if (optimizer && !has_optimizer_state)
     throw UserError("checkpoint '" + path +
@@ -111,7 +112,7 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
     Parameter<float> p = params.get(id);
     if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) continue;  // FP32 checkpoint
     if (other_head && model.is_head_parameter(*p.name) &&
-        (p.name->starts_with("classifier.") || !hdf5::exists(root, "model/" + *p.name))) {
+        (!model.takes_from(source_head, *p.name) || !hdf5::exists(root, "model/" + *p.name))) {
       s.fresh_parameters.push_back(*p.name);
       continue;
     }
