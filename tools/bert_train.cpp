@@ -22,6 +22,26 @@ void on_signal(int signal) {
   g_signal = signal;
 }
 
+// bert-train --nproc N: this program again, once per GPU, without --nproc; see train/process_group.h.
+int launch_ranks(int argc, char** argv, int nproc, const std::string& output_dir) {
+  std::vector<std::string> args = {std::filesystem::read_symlink("/proc/self/exe").string()};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) != 0) args.push_back(a);
+  }
+  spdlog::info("starting {} ranks (one process per GPU)", nproc);
+  std::string failure;
+  const int status = bert::train::launch_local_ranks(args, nproc, &failure);
+  if (!failure.empty())
+    throw bert::UserError(failure + "; the other ranks were stopped. The last checkpoint in '" + output_dir +
+                          "' (if any) is intact: fix the cause and continue with --resume");
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +143,12 @@ int main(int argc, char** argv) {
                  "with --on-nonfinite skip: stop after this many skipped steps in a row")
       ->capture_default_str();
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  int nproc = 1;
+  app.add_option("--nproc", nproc,
+                 "GPUs of this machine to train on: one process each, gradients averaged through NCCL, global batch "
+                 "N x --batch-size (several machines: start one process per GPU with mpirun or srun instead)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   o.device = "auto";
   app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
@@ -133,6 +159,21 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   return tools::run_tool([&] {
+    o.process_group = train::process_group_from_environment(o.output_dir);
+    if (nproc > 1) {
+      if (o.process_group.distributed())
+        throw UserError("--nproc " + std::to_string(nproc) + " in a process that is already one rank of a job (" +
+                        o.process_group.launcher + ")");
+      if (o.device != "auto" && o.device != "cuda")
+        throw UserError("--nproc " + std::to_string(nproc) + " with --device " + o.device +
+                        ": the ranks train on GPUs, one each (--device cuda; CUDA_VISIBLE_DEVICES chooses the GPUs)");
+      return launch_ranks(argc, argv, nproc, o.output_dir);
+    }
+    if (o.process_group.distributed() && o.process_group.rank != 0) {
+      // Rank 0 reports progress; the others speak up for warnings and errors only.
+      spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(o.process_group.rank) + "] [%l] %v");
+      spdlog::set_level(spdlog::level::warn);
+    }
     if (threads > 0) omp_set_num_threads(threads);
     o.scales = train::parse_scale_training(scales);
     o.schedule = train::parse_schedule(schedule);
@@ -157,7 +198,8 @@ int main(int argc, char** argv) {
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     train::TrainResult r = train::train(o, &g_stop);
-    if (r.stopped_early) return 128 + g_signal.load();
+    // Stopped by a signal: the shell's 128 + N; a planned stop (--stop-at) is a success.
+    if (r.stopped_early && g_signal.load() != 0) return 128 + g_signal.load();
     return 0;
   });
 }

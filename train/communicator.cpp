@@ -38,6 +38,12 @@ class LocalRank final : public Communicator {
   int size() const override { return size_; }
   void all_reduce_sum(std::span<float> values) override { reduce(*exchange_, exchange_->floats, rank_, values); }
   void all_reduce_sum(std::span<double> values) override { reduce(*exchange_, exchange_->doubles, rank_, values); }
+  void all_reduce_mean(const Device& device, float* data, int64_t count) override {
+    BERT_CHECK(!device.is_cuda(), "a local group exchanges host memory: its ranks train on the CPU");
+    const std::span<float> values(data, static_cast<size_t>(count));
+    all_reduce_sum(values);
+    for (float& v : values) v /= static_cast<float>(size_);
+  }
 
  private:
   std::shared_ptr<Exchange> exchange_;

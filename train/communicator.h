@@ -3,12 +3,15 @@
 //   SingleProcess: one rank, nothing to exchange (the default).
 //   local_group(n): n ranks as threads of one process, exchanging through shared memory: the CPU
 //   backend's data parallelism and the test of the rank logic without GPUs.
-// A multi-GPU implementation (NCCL, one process per GPU) plugs in behind the same interface.
+//   nccl_communicator (train/nccl_communicator.h): one process per GPU, through NCCL.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
+
+#include "core/device.h"
 
 namespace bert::train {
 
@@ -21,6 +24,9 @@ class Communicator {
   // ranks. Blocks until all ranks have called.
   virtual void all_reduce_sum(std::span<float> values) = 0;
   virtual void all_reduce_sum(std::span<double> values) = 0;
+  // Replaces `count` floats in `device`'s memory (the gradients, where training runs) by their mean over
+  // the ranks, queued in order with the device's other work. Host-memory communicators take the CPU only.
+  virtual void all_reduce_mean(const Device& device, float* data, int64_t count) = 0;
 };
 
 class SingleProcess final : public Communicator {
@@ -29,6 +35,7 @@ class SingleProcess final : public Communicator {
   int size() const override { return 1; }
   void all_reduce_sum(std::span<float>) override {}
   void all_reduce_sum(std::span<double>) override {}
+  void all_reduce_mean(const Device&, float*, int64_t) override {}
 };
 
 // `ranks` communicators sharing one exchange; give each to its own thread. The sums are taken in rank

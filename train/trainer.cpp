@@ -19,6 +19,7 @@
 #include "data/wordpiece_tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/model_source.h"
+#include "train/nccl_communicator.h"
 
 namespace bert::train {
 
@@ -386,11 +387,32 @@ std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::Be
   return teacher;
 }
 
-// The training objective of one micro-batch: the model's loss, mixed with the KL to the teacher's
-// outputs when distilling.
-Var objective_of(Graph<float>& g, const model::ModelOutputs& out, model::Bert* teacher, const model::BertBatch& b,
-                 const TrainOptions& o) {
-  if (!teacher) return out.loss;
+// This rank's share of the micro-batch's predictions over all ranks, times the number of ranks: the
+// factor that turns its mean over its own predictions (masked tokens, labeled tokens) into its part of
+// the mean over the global batch's. Averaging the ranks' gradients then gives the gradient of the
+// global mean, as one process with the global batch computes it (ranks hold different numbers of masked
+// tokens). 1 for one rank and for sequence classification (one prediction per sequence).
+double prediction_share(Communicator& ranks, const model::ModelOutputs& out, model::Head head) {
+  if (ranks.size() == 1 || head == model::Head::kSequenceClassification) return 1.0;
+  const double own =
+      static_cast<double>(head == model::Head::kPretraining ? out.mlm_targets.size() : out.targets.size());
+  std::vector<double> total = {own};
+  ranks.all_reduce_sum(total);
+  return total[0] > 0 ? own * ranks.size() / total[0] : 1.0;
+}
+
+// The training objective of one micro-batch: the model's loss (its per-prediction part weighted by
+// `share`, see prediction_share), mixed with the KL to the teacher's outputs when distilling. Also the
+// loss the progress log shows (without the KL, comparable with runs that do not distil).
+struct Objective {
+  Var objective, logged;
+};
+Objective objective_of(Graph<float>& g, const model::ModelOutputs& out, model::Bert* teacher, const model::BertBatch& b,
+                       const TrainOptions& o, double share) {
+  const bool pretraining = out.mlm_logits.valid();
+  auto weighted = [&](Var v) { return share == 1.0 ? v : ops::scale(g, v, share); };
+  const Var loss = pretraining && share != 1.0 ? ops::add(g, weighted(out.mlm_loss), out.nsp_loss) : weighted(out.loss);
+  if (!teacher) return {loss, loss};
   model::ModelOutputs taught;
   {
     NoGradGuard<float> no_grad(g);
@@ -399,10 +421,10 @@ Var objective_of(Graph<float>& g, const model::ModelOutputs& out, model::Bert* t
   }
   const double t = o.distill_temperature, w = o.distill_weight;
   Var kd = teacher->config().head == model::Head::kPretraining
-               ? ops::add(g, ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t),
+               ? ops::add(g, weighted(ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t)),
                           ops::distillation_loss(g, out.nsp_logits, taught.nsp_logits, t))
-               : ops::distillation_loss(g, out.logits, taught.logits, t);
-  return ops::add(g, ops::scale(g, out.loss, 1.0 - w), ops::scale(g, kd, w));
+               : weighted(ops::distillation_loss(g, out.logits, taught.logits, t));
+  return {ops::add(g, ops::scale(g, loss, 1.0 - w), ops::scale(g, kd, w)), loss};
 }
 
 // The metrics of the steps since the last progress line: MLM/NSP for pretraining, the task's accuracy
@@ -557,13 +579,38 @@ void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& ev
   metrics_log << line.dump() << "\n" << std::flush;
 }
 
+// Refuses a job whose ranks were started differently (another command line, model configuration or
+// tokenizer): they would train different models and average their gradients.
+void check_ranks_agree(Communicator& ranks, const TrainOptions& o, const model::BertConfig& config) {
+  if (ranks.size() == 1) return;
+  const std::string text = o.to_json().dump() + config.to_json().dump() + o.tokenizer_sha256;
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (const unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  // Three 20-bit pieces: their sums over the ranks are exact in doubles. The ranks agree when every
+  // rank's piece times the number of ranks equals the sum; otherwise at least one rank sees that.
+  const std::vector<double> own = {double(hash & 0xFFFFF), double((hash >> 20) & 0xFFFFF),
+                                   double((hash >> 40) & 0xFFFFF)};
+  std::vector<double> sums = own;
+  ranks.all_reduce_sum(sums);
+  std::vector<double> differ = {0.0};
+  for (size_t i = 0; i < own.size(); ++i)
+    if (sums[i] != own[i] * ranks.size()) differ[0] = 1.0;
+  ranks.all_reduce_sum(differ);
+  if (differ[0] > 0)
+    throw UserError("the " + std::to_string(ranks.size()) +
+                    " ranks were started with different options, model configurations or tokenizers: every rank "
+                    "needs the same command line and files");
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group) {
   o.validate();
-  SingleProcess single;
-  Communicator& ranks = group ? *group : single;
-  const bool lead = ranks.rank() == 0;  // the rank that evaluates and writes
+  const ProcessGroup& job = o.process_group;
+  if (group && job.distributed())
+    throw UserError("train(): a local group of threads and a job of processes at once (" + job.launcher + ")");
+  const int rank = group ? group->rank() : job.rank, world = group ? group->size() : job.size;
+  const bool lead = rank == 0;  // the rank that evaluates and writes
   if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
   const RunFiles files(o);
@@ -571,16 +618,31 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
   loader_options.shards = data::expand_shard_paths(o.train_shards);
   loader_options.batch_size = o.batch_size;
   loader_options.seed = o.seed;
-  loader_options.rank = ranks.rank();
-  loader_options.world_size = ranks.size();
+  loader_options.rank = rank;
+  loader_options.world_size = world;
   data::ShardLoader loader(loader_options);
   const model::BertConfig config = resolve_config(o, files, loader);
 
-  const std::unique_ptr<Device> device = Device::open(o.device, parse_precision(o.precision));
-  if (ranks.size() > 1 && device->is_cuda())
+  std::string device_spec = o.device;
+  if (job.distributed()) {  // each process takes the GPU of its local rank
+    if (o.device == "cpu")
+      throw UserError("--device cpu: a job of " + std::to_string(world) +
+                      " processes trains on GPUs (NCCL); on the CPU, train in one process (it uses every core)");
+    if (o.device != "auto" && o.device != "cuda")
+      throw UserError("--device " + o.device +
+                      ": in a job of several processes each rank takes the GPU of its local "
+                      "rank; use --device cuda (and CUDA_VISIBLE_DEVICES to choose the GPUs)");
+    device_spec = "cuda:" + std::to_string(job.local_rank);
+  }
+  const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(o.precision));
+  if (group && world > 1 && device->is_cuda())
     throw UserError("--device " + o.device +
-                    ": data parallelism runs on the CPU backend for now (several GPUs need "
-                    "the NCCL communicator); use --device cpu");
+                    ": ranks that are threads of one process train on the CPU; several GPUs take one process each "
+                    "(bert-train --nproc N, or mpirun)");
+  SingleProcess single;
+  const std::unique_ptr<Communicator> nccl = job.distributed() ? nccl_communicator(job, *device) : nullptr;
+  Communicator& ranks = group ? *group : nccl ? *nccl : static_cast<Communicator&>(single);
+  check_ranks_agree(ranks, o, config);
   model::Bert model(config);
   // On a GPU the arena gets its device mirror now, so the optimizer's moments live there too; values
   // are loaded or initialised on the host and uploaded in start_state.
@@ -623,12 +685,15 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
   const bool pretraining = config.head == model::Head::kPretraining;
   spdlog::info(
       "training BERT L{}/H{}/A{}{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
-      "{} lr {:g} (warmup {}, {} decay), on {}",
+      "{} lr {:g} (warmup {}, {} decay), on {}{}",
       config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
       pretraining ? "" : fmt::format(" {} ({} labels)", model::head_architecture(config.head), config.num_labels()),
       params.num_elements() / 1e6, config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(),
       optimizer_name(o.optimizer.kind), o.learning_rate, warmup, schedule_name(o.schedule),
-      device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)");
+      device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)",
+      ranks.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks.rank(), ranks.size(),
+                                     o.batch_size * o.accumulation * ranks.size())
+                       : "");
 
   std::ofstream metrics_log;
   if (lead) metrics_log.open(files.metrics, std::ios::app);
@@ -661,10 +726,11 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
       loader.next(batch);
       const model::BertBatch b = quant::as_model_batch(batch);
       const model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
-      const Var objective = objective_of(g, out, teacher.get(), b, o);
+      const auto [objective, logged] =
+          objective_of(g, out, teacher.get(), b, o, prediction_share(ranks, out, config.head));
       // The progress log shows MLM + NSP or the task loss (comparable with runs without
       // distillation); the objective must be finite too.
-      const double loss = g.item(out.loss);
+      const double loss = g.item(logged);
       if ((!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) && nonfinite.empty()) {
         std::string parts;
         if (pretraining)
@@ -688,9 +754,8 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
       if (agreed[0] > 0 && nonfinite.empty()) nonfinite = "a non-finite loss on another rank";
       stop_requested = agreed[1] > 0;
       step_loss = agreed[2] / ranks.size();
-      TensorView<float> grads = params.grads();
-      ranks.all_reduce_sum(std::span<float>(grads.data(), static_cast<size_t>(grads.numel())));
-      for (float& v : grads) v /= static_cast<float>(ranks.size());
+      const TensorView<float> grads = params.device_grads();
+      ranks.all_reduce_mean(*device, grads.data(), grads.numel());
     }
     double grad_norm = 0;
     if (nonfinite.empty()) {

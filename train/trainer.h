@@ -16,6 +16,7 @@
 #include "quant/quantize.h"
 #include "train/communicator.h"
 #include "train/optimizer.h"
+#include "train/process_group.h"
 
 namespace bert::train {
 
@@ -39,6 +40,9 @@ struct TrainOptions {
   // on a GPU (fp32 or tf32; the CPU trains in fp32).
   std::string device = "cpu";
   std::string precision = "fp32";
+  // The job this process is one rank of (process_group_from_environment; a group of one by default).
+  // With several ranks each takes the GPU of its local rank and they exchange through NCCL.
+  ProcessGroup process_group;
 
   int64_t steps = 2000;
   int64_t batch_size = 128;
@@ -110,12 +114,14 @@ struct TrainResult {
 // Runs training. `stop` (e.g. set by a SIGINT handler) is checked every step; when set, a checkpoint
 // is written and the run returns with stopped_early.
 //
-// Data parallelism: with `ranks` (one Communicator per rank, each rank calling train() with the same
-// options), each rank trains on its slice of the global batch (batch_size * ranks, as one process with
-// that batch would see it), gradients are averaged over the ranks before clipping, the ranks agree on
-// stopping and on skipping a non-finite step, the progress metrics are summed over the ranks, and only
-// rank 0 evaluates and writes (checkpoints, metrics, the run folder). Every rank starts from the same
-// weights and calibrates on the same batches. The CPU backend only, for now (a GPU needs NCCL).
+// Data parallelism: with several ranks, each calling train() with the same options — threads of one
+// process each with its Communicator of a local_group (`ranks`, the CPU backend), or processes of a job
+// (options.process_group: one GPU each, NCCL) — each rank trains on its slice of the global batch
+// (batch_size * ranks, as one process with that batch would see it), gradients are averaged over the
+// ranks before clipping, the ranks agree on stopping and on skipping a non-finite step, the progress
+// metrics are summed over the ranks, and only rank 0 evaluates and writes (checkpoints, metrics, the run
+// folder). Every rank starts from the same weights and calibrates on the same batches. Ranks started
+// with different options or model configurations are refused before the first step.
 TrainResult train(const TrainOptions& options, const std::atomic<bool>* stop = nullptr, Communicator* ranks = nullptr);
 
 }  // namespace bert::train

@@ -303,8 +303,9 @@ TEST_F(FactsCorpus, ResumeContinuesExactlyAsTheUninterruptedRun) {
 }
 
 // Two ranks (threads with a local communicator), batch 8 each, train like one process with batch 16: the
-// same loss curve within the difference between averaging per-rank means and one global mean; only
-// rank 0 writes; a two-rank run stopped and resumed repeats the uninterrupted one bit for bit.
+// same loss curve within float rounding (each rank weighs its mean by its share of the masked tokens, so
+// the averaged gradient is the global batch's); only rank 0 writes; a two-rank run stopped and resumed
+// repeats the uninterrupted one bit for bit.
 std::vector<TrainResult> train_ranks(const TrainOptions& o, int ranks) {
   auto group = local_group(ranks);
   std::vector<TrainResult> results(ranks);
@@ -337,7 +338,7 @@ TEST_F(FactsCorpus, TwoRanksTrainLikeOneProcessWithTheGlobalBatchAndOnlyRankZero
   ASSERT_EQ(ranks[0].losses.size(), single.losses.size());
   EXPECT_EQ(ranks[0].losses, ranks[1].losses) << "every rank logs the averaged loss";
   for (size_t i = 0; i < single.losses.size(); ++i)
-    EXPECT_NEAR(ranks[0].losses[i], single.losses[i], 0.03 * single.losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(ranks[0].losses[i], single.losses[i], 1e-4 * single.losses[i]) << "step " << i + 1;
   EXPECT_LT(ranks[0].losses.back(), ranks[0].losses.front());
   // Rank 0 wrote the run folder once: one metrics line per logged step.
   EXPECT_TRUE(std::filesystem::exists(out.file("two") + "/checkpoint.h5"));
