@@ -325,6 +325,31 @@ std::vector<TrainResult> train_ranks(const TrainOptions& o, int ranks) {
   return results;
 }
 
+// Ranks started with different options would train different models: refused on every rank before the
+// first step, nothing written.
+TEST_F(FactsCorpus, RanksStartedWithDifferentOptionsAreRefused) {
+  testing::TempDir out;
+  TrainOptions a = options(out.file("run"));
+  a.batch_size = 8;
+  TrainOptions b = a;
+  b.learning_rate *= 2;
+  auto group = local_group(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        train(r == 0 ? a : b, nullptr, group[r].get());
+      } catch (const UserError& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("ranks were started with different options"), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(out.file("run") + "/checkpoint.h5"));
+}
+
 TEST_F(FactsCorpus, TwoRanksTrainLikeOneProcessWithTheGlobalBatchAndOnlyRankZeroWrites) {
   testing::TempDir out;
   TrainOptions one = options(out.file("one"));
