@@ -1,6 +1,8 @@
 #include "core/graph.h"
 
 #include <algorithm>
+#include <climits>
+#include <map>
 #include <type_traits>
 
 namespace bert {
@@ -82,10 +84,19 @@ Var Graph<T>::leaf(TensorView<T> value, TensorView<T> grad) {
 }
 
 template <typename T>
+void Graph<T>::note_consumer(std::initializer_list<Var> inputs, int32_t consumer) {
+  for (Var v : inputs) {
+    Node& owner = grad_owner(v);
+    if (owner.is_leaf && owner.first_consumer < 0) owner.first_consumer = consumer;
+  }
+}
+
+template <typename T>
 Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs) {
   Node n;
   n.value = TensorView<T>(workspace_.allocate<T>(shape.numel()), shape);
   n.requires_grad = any_requires_grad(inputs);
+  if (n.requires_grad) note_consumer(inputs, static_cast<int32_t>(nodes_.size()));
   return push(n);
 }
 
@@ -94,6 +105,7 @@ Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs)
   Node n;
   n.value = value;
   n.requires_grad = any_requires_grad(inputs);
+  if (n.requires_grad) note_consumer(inputs, static_cast<int32_t>(nodes_.size()));
   return push(n);
 }
 
@@ -119,6 +131,9 @@ template <typename T>
 TensorView<T> Graph<T>::grad(Var v) {
   Node& n = node(v);
   BERT_CHECK(n.requires_grad, "grad() of a node that does not require a gradient");
+  BERT_CHECK(!grad_owner(v).reported_final,
+             "a leaf's gradient written after backward reported it final (an op "
+             "that writes it did not name it among its inputs)");
   if (n.grad.empty() && n.gradient_of >= 0) {
     n.grad = grad(Var{n.gradient_of, generation_}).reshaped(n.value.shape());  // nodes_ does not grow here
   }
@@ -140,6 +155,9 @@ template <typename T>
 typename Graph<T>::GradTarget Graph<T>::grad_target(Var v) {
   BERT_CHECK(node(v).requires_grad, "grad_target() of a node that does not require a gradient");
   Node& owner = grad_owner(v);
+  BERT_CHECK(!owner.reported_final,
+             "a leaf's gradient written after backward reported it final (an op that "
+             "writes it did not name it among its inputs)");
   if (!owner.grad.empty()) return {owner.grad.data(), true};
   owner.grad = TensorView<T>(workspace_.allocate<T>(owner.value.numel()), owner.value.shape());
   return {owner.grad.data(), false};
@@ -156,7 +174,7 @@ bool Graph<T>::pass_grad_through(Var x, Var y) {
 }
 
 template <typename T>
-void Graph<T>::backward(Var loss) {
+void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>& on_final) {
   struct ClearOnExit {
     Graph* g;
     ~ClearOnExit() { g->clear(); }
@@ -175,11 +193,53 @@ void Graph<T>::backward(Var loss) {
     const T one(1);
     device_->copy_to_device(grad(loss).data(), &one, sizeof(T));
   }
+  // Gradient buffers of leaves, each with the first node made from any leaf sharing it: once the
+  // closures run in reverse have passed below that node, nothing writes the buffer any more.
+  struct Pending {
+    int32_t first_consumer;
+    std::vector<int32_t> leaves;
+  };
+  std::vector<Pending> pending;  // by first consumer, the latest first
+  if (on_final) {
+    std::map<std::pair<const T*, int64_t>, Pending> by_buffer;
+    for (int32_t i = 0; i < static_cast<int32_t>(nodes_.size()); ++i) {
+      const Node& n = nodes_[i];
+      if (!n.is_leaf || !n.requires_grad || n.grad.empty()) continue;
+      Pending& p = by_buffer.try_emplace({n.grad.data(), n.grad.numel()}, Pending{INT32_MAX, {}}).first->second;
+      if (n.first_consumer >= 0) p.first_consumer = std::min(p.first_consumer, n.first_consumer);
+      p.leaves.push_back(i);
+    }
+    for (auto& [buffer, p] : by_buffer) pending.push_back(std::move(p));
+    std::sort(pending.begin(), pending.end(),
+              [](const Pending& a, const Pending& b) { return a.first_consumer > b.first_consumer; });
+  }
+  size_t next_final = 0;
+  auto report_final_above = [&](int32_t index) {  // every buffer whose writers all lie above `index`
+    for (; next_final < pending.size() && pending[next_final].first_consumer > index; ++next_final) {
+      for (int32_t leaf : pending[next_final].leaves) nodes_[leaf].reported_final = true;
+      on_final(nodes_[pending[next_final].leaves.front()].grad);
+    }
+  };
   for (auto it = closures_.rbegin(); it != closures_.rend(); ++it) {
+    report_final_above(it->first);
     // A node whose gradient was never touched contributes nothing: skip its closure.
     if (nodes_[it->first].grad.empty()) continue;
     it->second(*this);
   }
+  report_final_above(-1);
+}
+
+template <typename T>
+std::vector<TensorView<T>> Graph<T>::leaf_gradients() const {
+  std::vector<TensorView<T>> result;
+  for (const Node& n : nodes_) {
+    if (!n.is_leaf || !n.requires_grad || n.grad.empty()) continue;
+    const bool seen = std::any_of(result.begin(), result.end(), [&](const TensorView<T>& r) {
+      return r.data() == n.grad.data() && r.numel() == n.grad.numel();
+    });
+    if (!seen) result.push_back(n.grad);
+  }
+  return result;
 }
 
 template <typename T>

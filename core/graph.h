@@ -107,9 +107,17 @@ class Graph {
   bool grad_enabled() const { return grad_enabled_; }
   void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
   // Back-propagates from a scalar (one-element) loss with d(loss)/d(loss) = 1, then clear()s.
-  void backward(Var loss);
+  // `on_final`, when given, is called with each leaf's gradient buffer as soon as no closure still to
+  // run writes it (after the closures of every op that took the leaf; leaves sharing one buffer, as
+  // tied weights do, once for all of them), with the device's work to complete it already queued: what
+  // an all-reduce overlapped with the rest of the backward pass starts from.
+  void backward(Var loss, const std::function<void(TensorView<T> grad)>& on_final = {});
   // Frees every node and all workspace memory handed out; handles taken before become invalid.
   void clear();
+
+  // The gradient buffers of the leaves that take a gradient (each buffer once): what backward's
+  // on_final will report.
+  std::vector<TensorView<T>> leaf_gradients() const;
 
   std::size_t num_nodes() const { return nodes_.size(); }
   std::size_t num_backward_closures() const { return closures_.size(); }
@@ -122,8 +130,12 @@ class Graph {
     bool requires_grad = false;
     bool is_leaf = false;
     bool has_closure = false;
-    int32_t gradient_of = -1;  // emit_view: the node whose gradient this one shares
+    int32_t gradient_of = -1;     // emit_view: the node whose gradient this one shares
+    int32_t first_consumer = -1;  // leaves: the first node made from it (its last writer in backward)
+    bool reported_final = false;  // leaves: handed to backward's on_final; no closure may write it after
   };
+  // Records `consumer` as made from each input (for leaves: the first such node).
+  void note_consumer(std::initializer_list<Var> inputs, int32_t consumer);
   const Node& node(Var v) const;
   Node& node(Var v) { return const_cast<Node&>(static_cast<const Graph*>(this)->node(v)); }
   // The node that owns v's gradient buffer (v itself, or what an emit_view chain points at).

@@ -149,6 +149,10 @@ int main(int argc, char** argv) {
                  "N x --batch-size (several machines: start one process per GPU with mpirun or srun instead)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb,
+                 "several GPUs: gradients are averaged in buckets of this many MiB, each sent while the backward "
+                 "pass goes on")
+      ->capture_default_str();
   o.device = "auto";
   app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();

@@ -27,6 +27,11 @@ class Communicator {
   // Replaces `count` floats in `device`'s memory (the gradients, where training runs) by their mean over
   // the ranks, queued in order with the device's other work. Host-memory communicators take the CPU only.
   virtual void all_reduce_mean(const Device& device, float* data, int64_t count) = 0;
+  // The same, started after the work queued on the device so far and left running beside what is
+  // queued next; finish_means() makes the device's later work wait for every mean started. Every rank
+  // starts the same means in the same order. Host-memory communicators finish each one at once.
+  virtual void start_mean(const Device& device, float* data, int64_t count) { all_reduce_mean(device, data, count); }
+  virtual void finish_means(const Device& device) {}
 };
 
 class SingleProcess final : public Communicator {

@@ -93,6 +93,11 @@ class NcclRank final : public Communicator {
       std::copy(bytes.begin(), bytes.end(), id.internal);
     }
     check(nccl().comm_init_rank(&comm_, group.size, id, group.rank), "ncclCommInitRank", group.rank);
+    // Collectives run on a stream of their own, so gradient buckets travel while the backward pass
+    // goes on; events order them against the device's stream.
+    BERT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    BERT_CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
+    BERT_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
     // Every rank has joined (the initialisation is collective): the file has done its job.
     if (group.rank == 0) {
       std::error_code ec;
@@ -103,33 +108,49 @@ class NcclRank final : public Communicator {
     // While an exception unwinds, the other ranks may never reach the matching call: abort rather than
     // wait for them.
     if (comm_) (std::uncaught_exceptions() > 0 ? nccl().comm_abort : nccl().comm_destroy)(comm_);
+    if (reduced_) cudaEventDestroy(reduced_);
+    if (queued_) cudaEventDestroy(queued_);
+    if (stream_) cudaStreamDestroy(stream_);
   }
   int rank() const override { return group_.rank; }
   int size() const override { return group_.size; }
   void all_reduce_sum(std::span<float> values) override { host_sum(values.data(), values.size(), ncclFloat32); }
   void all_reduce_sum(std::span<double> values) override { host_sum(values.data(), values.size(), ncclFloat64); }
   void all_reduce_mean(const Device& device, float* data, int64_t count) override {
-    BERT_CHECK(&device == &device_, "all_reduce_mean on another device than the communicator's");
-    check(nccl().all_reduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, comm_,
-                            device_.cuda_context()->stream),
+    start_mean(device, data, count);
+    finish_means(device);
+  }
+  void start_mean(const Device& device, float* data, int64_t count) override {
+    BERT_CHECK(&device == &device_, "start_mean on another device than the communicator's");
+    BERT_CUDA_CHECK(cudaEventRecord(queued_, device_.cuda_context()->stream));
+    BERT_CUDA_CHECK(cudaStreamWaitEvent(stream_, queued_, 0));
+    check(nccl().all_reduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, comm_, stream_),
           "ncclAllReduce (gradients)", group_.rank);
+  }
+  void finish_means(const Device& device) override {
+    BERT_CUDA_CHECK(cudaEventRecord(reduced_, stream_));
+    BERT_CUDA_CHECK(cudaStreamWaitEvent(device_.cuda_context()->stream, reduced_, 0));
   }
 
  private:
-  // Host values through a device buffer, on the device's stream (after the work already queued).
+  // Host values through a device buffer, on the collectives' stream (after the collectives already
+  // queued there, as every rank queues them in the same order).
   template <typename T>
   void host_sum(T* values, size_t n, ncclDataType_t type) {
     if (n == 0) return;
     if (staging_.bytes() < n * sizeof(T)) staging_ = DeviceBuffer(device_, std::max<size_t>(n * sizeof(T), 4096));
-    device_.copy_to_device(staging_.data(), values, n * sizeof(T));
-    check(nccl().all_reduce(staging_.data(), staging_.data(), n, type, ncclSum, comm_, device_.cuda_context()->stream),
-          "ncclAllReduce", group_.rank);
-    device_.copy_to_host(values, staging_.data(), n * sizeof(T));
+    BERT_CUDA_CHECK(cudaMemcpyAsync(staging_.data(), values, n * sizeof(T), cudaMemcpyHostToDevice, stream_));
+    check(nccl().all_reduce(staging_.data(), staging_.data(), n, type, ncclSum, comm_, stream_), "ncclAllReduce",
+          group_.rank);
+    BERT_CUDA_CHECK(cudaMemcpyAsync(values, staging_.data(), n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    BERT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   ProcessGroup group_;
   const Device& device_;
   ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t queued_ = nullptr, reduced_ = nullptr;
   DeviceBuffer staging_;
 };
 

@@ -18,6 +18,7 @@
 #include "data/sha256.h"
 #include "data/wordpiece_tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/gradient_reduction.h"
 #include "train/model_source.h"
 #include "train/nccl_communicator.h"
 
@@ -70,6 +71,7 @@ void TrainOptions::validate() const {
     fail("--distill needs --init-from: the model distilled from (give it again with --resume)");
   if (log_every < 1) fail("--log-every: expected at least 1");
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
+  if (!(bucket_mb > 0)) fail("--bucket-mb " + std::to_string(bucket_mb) + ": expected a positive size");
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
   if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");
   parse_precision(precision);
@@ -99,6 +101,7 @@ Json TrainOptions::to_json() const {
   j["precision"] = precision;
   j["init_from"] = init_from;
   j["keep_checkpoints"] = keep_checkpoints;
+  j["bucket_mb"] = bucket_mb;
   j["on_nonfinite"] = on_nonfinite == OnNonFinite::kSkip ? "skip" : "stop";
   j["task"] = model::head_task_name(config.head);
   j["qat"] = qat;
@@ -709,6 +712,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
 
   TrainResult result;
   Graph<float> g(*device);
+  const std::unique_ptr<GradientReduction> reduction =
+      ranks.size() > 1
+          ? std::make_unique<GradientReduction>(params, ranks, *device, static_cast<int64_t>(o.bucket_mb * (1 << 20)))
+          : nullptr;
   data::Batch batch;
   ProgressWindow window(config);
   const int64_t first_step = state.step + 1;
@@ -719,6 +726,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
     const auto step_start = std::chrono::steady_clock::now();
     params.zero_grad();
     double step_loss = 0;
+    bool stop_requested = false;
     std::string nonfinite;  // what went non-finite in this step, for the message
     // Every micro-batch runs forward and backward even after a non-finite loss (the step is then
     // dropped as a whole), so each step does the same work: what data-parallel ranks must agree on.
@@ -743,20 +751,25 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
         step_loss += loss / o.accumulation;
         window.add(g, out, b);
       }
-      g.backward(o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation));
-    }
-    bool stop_requested = stop && stop->load();
-    if (ranks.size() > 1) {
-      // The ranks agree: any rank's non-finite loss drops the step everywhere, any rank's stop stops all;
-      // gradients and the logged loss are averaged.
+      const Var scaled = o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation);
+      if (!reduction || micro + 1 < o.accumulation) {
+        g.backward(scaled);
+        continue;
+      }
+      // Several ranks, the step's last micro-batch. They agree first: any rank's non-finite loss drops
+      // the step everywhere, any rank's stop stops all; the logged loss is averaged. Then its backward
+      // pass, whose gradients are averaged in buckets while it runs.
+      stop_requested = stop && stop->load();
       std::vector<double> agreed = {nonfinite.empty() ? 0.0 : 1.0, stop_requested ? 1.0 : 0.0, step_loss};
       ranks.all_reduce_sum(agreed);
       if (agreed[0] > 0 && nonfinite.empty()) nonfinite = "a non-finite loss on another rank";
       stop_requested = agreed[1] > 0;
       step_loss = agreed[2] / ranks.size();
-      const TensorView<float> grads = params.device_grads();
-      ranks.all_reduce_mean(*device, grads.data(), grads.numel());
+      reduction->expect(g);
+      g.backward(scaled, [&](TensorView<float> grad) { reduction->on_final(grad); });
+      reduction->finish();
     }
+    if (!reduction) stop_requested = stop && stop->load();
     double grad_norm = 0;
     if (nonfinite.empty()) {
       grad_norm = clip_grad_norm(params, o.clip_norm);

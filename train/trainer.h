@@ -43,6 +43,9 @@ struct TrainOptions {
   // The job this process is one rank of (process_group_from_environment; a group of one by default).
   // With several ranks each takes the GPU of its local rank and they exchange through NCCL.
   ProcessGroup process_group;
+  // Several ranks: gradients are averaged in buckets of about this many MiB, each started as soon as
+  // the backward pass has finished writing it.
+  double bucket_mb = 16;
 
   int64_t steps = 2000;
   int64_t batch_size = 128;

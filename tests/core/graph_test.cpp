@@ -145,3 +145,42 @@ TEST(Threads, GemmChainIsReproducibleAndCloseAcrossThreadCounts) {
 
 }  // namespace
 }  // namespace bert
+
+namespace bert {
+namespace {
+
+// Two layers and a weight tied between the first and the last (as BERT ties the word embeddings to the
+// decoder): backward reports each gradient buffer once, the last layer's before the first's, the tied
+// one after both of its uses, and every buffer already holds its final value when reported.
+TEST(Graph, BackwardReportsEachLeafGradientOnceWhenNothingWritesItAnyMore) {
+  ParameterArena<float> arena;
+  const ParamId tied = arena.add("tied", {3, 3}), first = arena.add("first", {3, 3}), last = arena.add("last", {3, 3});
+  arena.allocate();
+  Rng rng(3);
+  for (float& v : arena.values()) v = static_cast<float>(rng.next_normal());
+  Tensor<float> x = testing::to_float(testing::random_tensor({4, 3}, 5));
+  auto step = [&](Graph<float>& g) {
+    Var h = ops::linear(g, g.constant(x.view()), g.param(arena.get(tied)), Var{});
+    h = ops::tanh(g, ops::linear(g, h, g.param(arena.get(first)), Var{}));
+    h = ops::tanh(g, ops::linear(g, h, g.param(arena.get(last)), Var{}));
+    return ops::mean(g, ops::linear(g, h, g.param(arena.get(tied)), Var{}));  // the tied weight again
+  };
+  Graph<float> g;
+  Var loss = step(g);
+  EXPECT_EQ(g.leaf_gradients().size(), 3u) << "the tied weight's two leaves share one buffer";
+  std::vector<std::string> order;
+  std::vector<std::vector<float>> at_report;
+  g.backward(loss, [&](TensorView<float> grad) {
+    for (ParamId id : {tied, first, last})
+      if (arena.get(id).grad.data() == grad.data()) order.push_back(arena.name(id));
+    at_report.emplace_back(grad.begin(), grad.end());
+  });
+  EXPECT_EQ(order, (std::vector<std::string>{"last", "first", "tied"}));
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TensorView<float> final_grad = arena.get(order[i]).grad;
+    EXPECT_EQ(at_report[i], std::vector<float>(final_grad.begin(), final_grad.end())) << order[i];
+  }
+}
+
+}  // namespace
+}  // namespace bert

@@ -3,14 +3,18 @@
 // a stop passed through), and NCCL between two GPUs (skipped without them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
 
 #include "core/device.h"
+#include "core/ops.h"
+#include "core/rng.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
+#include "train/gradient_reduction.h"
 #include "train/nccl_communicator.h"
 #include "train/process_group.h"
 
@@ -153,6 +157,86 @@ TEST(ProcessGroup, RanksThatStopOnASignalAreNotAFailure) {
   EXPECT_EQ(failure, "");
   EXPECT_EQ(launch_local_ranks({"/nonexistent/program"}, 1, &failure), 127);
   EXPECT_EQ(failure, "rank 0 of 1 exited with status 127");
+}
+
+// Two ranks (threads), each a three-layer model on its own inputs, buckets of one layer each: the
+// last layers' buckets start during the backward pass, and afterwards every rank holds the mean of the
+// two ranks' gradients.
+TEST(GradientReduction, BucketsStartDuringBackwardAndEndAsTheMean) {
+  struct Rank {
+    ParameterArena<float> arena;
+    std::vector<ParamId> layers;
+    Rank() {
+      for (int i = 0; i < 3; ++i) layers.push_back(arena.add("layer" + std::to_string(i), {8, 8}));
+      arena.allocate();
+      Rng rng(7);  // the same weights on both ranks
+      for (float& v : arena.values()) v = static_cast<float>(rng.next_normal() * 0.5);
+    }
+    void backward(Graph<float>& g, int rank, GradientReduction* reduction) {
+      std::vector<float> x(4 * 8);
+      Rng rng(100 + rank);  // each rank its own batch
+      for (float& v : x) v = static_cast<float>(rng.next_normal());
+      Var h = g.input(x, Shape{4, 8});
+      for (ParamId id : layers) h = ops::tanh(g, ops::linear(g, h, g.param(arena.get(id)), Var{}));
+      Var loss = ops::mean(g, h);
+      if (!reduction) return g.backward(loss);
+      reduction->expect(g);
+      g.backward(loss, [&](TensorView<float> grad) { reduction->on_final(grad); });
+      reduction->finish();
+    }
+  };
+  // Each rank's own gradient, then the reduced ones.
+  std::vector<std::vector<float>> own(2);
+  for (int r = 0; r < 2; ++r) {
+    Rank alone;
+    Graph<float> g;
+    alone.backward(g, r, nullptr);
+    own[r].assign(alone.arena.grads().begin(), alone.arena.grads().end());
+  }
+  // Notes, at each bucket's start, which layer it is and whether the first layer's gradient was still
+  // untouched (the backward pass had not reached it).
+  struct Recording final : Communicator {
+    Communicator& inner;
+    const float* first_layer_grad;
+    std::vector<std::pair<int64_t, bool>> starts;
+    Recording(Communicator& c, const float* first) : inner(c), first_layer_grad(first) {}
+    int rank() const override { return inner.rank(); }
+    int size() const override { return inner.size(); }
+    void all_reduce_sum(std::span<float> v) override { inner.all_reduce_sum(v); }
+    void all_reduce_sum(std::span<double> v) override { inner.all_reduce_sum(v); }
+    void all_reduce_mean(const Device& d, float* data, int64_t n) override { inner.all_reduce_mean(d, data, n); }
+    void start_mean(const Device& d, float* data, int64_t n) override {
+      starts.emplace_back((data - first_layer_grad) / 64,
+                          std::all_of(first_layer_grad, first_layer_grad + 64, [](float v) { return v == 0; }));
+      inner.start_mean(d, data, n);
+    }
+  };
+  auto group = local_group(2);
+  std::vector<std::vector<float>> reduced(2);
+  std::vector<std::vector<std::pair<int64_t, bool>>> starts(2);
+  std::vector<int64_t> buckets(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      Rank rank;
+      Recording recording(*group[r], rank.arena.get(rank.layers[0]).grad.data());
+      GradientReduction reduction(rank.arena, recording, Device::cpu(), 8 * 8 * sizeof(float));
+      Graph<float> g;
+      rank.backward(g, r, &reduction);
+      reduced[r].assign(rank.arena.grads().begin(), rank.arena.grads().end());
+      starts[r] = recording.starts;
+      buckets[r] = reduction.num_buckets();
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(buckets[0], 3);
+  // Layers 2 and 1 start while layer 0's gradient is still to be computed; layer 0 last.
+  EXPECT_EQ(starts[0], (std::vector<std::pair<int64_t, bool>>{{2, true}, {1, true}, {0, false}}));
+  EXPECT_EQ(starts[1], starts[0]);
+  ASSERT_EQ(reduced[0].size(), own[0].size());
+  for (size_t i = 0; i < own[0].size(); ++i) {
+    EXPECT_FLOAT_EQ(reduced[0][i], (own[0][i] + own[1][i]) / 2) << i;
+    EXPECT_EQ(reduced[1][i], reduced[0][i]);
+  }
 }
 
 TEST(NcclCommunicator, RefusesWithoutAGpu) {
