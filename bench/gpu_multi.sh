@@ -77,6 +77,12 @@ for model in "mini 256" "base 64"; do
   done
 done
 
+# The gradient exchange not overlapped with the backward pass: one bucket, started when backward ends.
+run bert-train "${common[@]}" --precision tf32 --preset base --steps 80 --batch-size 64 --log-every 40 --nproc "$gpus" \
+  --bucket-mb 100000 --out "runs/multi-scale-base-$gpus-one-bucket" > "$results/scale-base-$gpus-one-bucket.log" 2>&1
+python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]; print(f'base batch 64/GPU, $gpus GPU(s), one bucket at the end of backward: {r[\"sequences_per_second\"]:.0f} seq/s')" \
+  "runs/multi-scale-base-$gpus-one-bucket/metrics.jsonl" | tee -a "$results/scaling.txt"
+
 echo "== Ctrl-C on the launcher, then --resume"
 # The launcher runs in the foreground of its own background job: $! is bert-train itself (run.sh execs it).
 stop_run=(bash gpu-bundle/run.sh bert-train "${common[@]}" --precision tf32 --preset mini --steps 3000 --batch-size 128 --log-every 100

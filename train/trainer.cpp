@@ -768,6 +768,11 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
       reduction->expect(g);
       g.backward(scaled, [&](TensorView<float> grad) { reduction->on_final(grad); });
       reduction->finish();
+      if (state.step == first_step && lead)
+        spdlog::info(
+            "gradients averaged over {} ranks in {} buckets of about {:g} MiB; {} started during the backward "
+            "pass",
+            ranks.size(), reduction->num_buckets(), o.bucket_mb, reduction->started_early());
     }
     if (!reduction) stop_requested = stop && stop->load();
     double grad_norm = 0;
