@@ -996,6 +996,24 @@ TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccurac
   EXPECT_GT(loaded.enabled_quantizers().size(), 0u);
 }
 
+// Token classification on two ranks: each rank holds a different number of tagged tokens, and weighing
+// its mean by its share keeps the two-rank run on the one-process curve.
+TEST_F(FactsTasks, TwoRanksTagLikeOneProcessWithTheGlobalBatch) {
+  testing::TempDir out;
+  TrainOptions one = finetune("tok", out.file("one"));
+  one.steps = 12;
+  one.batch_size = 16;
+  one.eval_shards.clear();
+  const TrainResult single = train(one);
+  TrainOptions two = one;
+  two.output_dir = out.file("two");
+  two.batch_size = 8;
+  const std::vector<TrainResult> ranks = train_ranks(two, 2);
+  ASSERT_EQ(ranks[0].losses.size(), single.losses.size());
+  for (size_t i = 0; i < single.losses.size(); ++i)
+    EXPECT_NEAR(ranks[0].losses[i], single.losses[i], 1e-4 * single.losses[i]) << "step " << i + 1;
+}
+
 TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) {
   testing::TempDir out;
   const TrainResult seq = train(finetune("seq", out.file("seq")));
