@@ -28,7 +28,8 @@ if [ "${BERT_SANITIZERS:-1}" != 0 ]; then
   ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
   LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -j "$jobs" -E '^PipelineSmoke$'
-  # PipelineSmoke (the main job end to end, 3-4 minutes under the sanitizers) runs in the first pass only:
-  # its code paths run under the sanitizers through the unit tests, Reliability and HfWorkflow.
+    ctest --test-dir build-asan --output-on-failure -j "$jobs" -E '^(PipelineSmoke|HfWorkflow)$'
+  # PipelineSmoke (the main job end to end, 3-4 minutes under the sanitizers) and HfWorkflow (a minute)
+  # run in the first pass only: their code paths run under the sanitizers through the unit tests
+  # (hf_tests, export_tests, train_tests) and Reliability (every tool's error paths).
 fi
