@@ -587,8 +587,7 @@ void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& ev
 void check_ranks_agree(Communicator& ranks, const TrainOptions& o, const model::BertConfig& config) {
   if (ranks.size() == 1) return;
   const std::string text = o.to_json().dump() + config.to_json().dump() + o.tokenizer_sha256;
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a
-  for (const unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  const uint64_t hash = std::stoull(data::sha256_hex(text).substr(0, 15), nullptr, 16);  // 60 bits
   // Three 20-bit pieces: their sums over the ranks are exact in doubles. The ranks agree when every
   // rank's piece times the number of ranks equals the sum; otherwise at least one rank sees that.
   const std::vector<double> own = {double(hash & 0xFFFFF), double((hash >> 20) & 0xFFFFF),
