@@ -15,11 +15,8 @@ namespace bert {
 Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::kFp32;
   if (name == "tf32") return Precision::kTf32;
-  if (name == "bf16")
-    throw UserError(
-        "--precision bf16: BF16 mixed precision is not built yet (cuBLAS given FP32 tensors and "
-        "BF16 compute ran them as TF32); use --precision tf32 for the tensor cores");
-  throw UserError("--precision '" + name + "': expected fp32 or tf32");
+  if (name == "bf16") return Precision::kBf16;
+  throw UserError("--precision '" + name + "': expected fp32, tf32 or bf16");
 }
 
 std::string precision_name(Precision precision) {
@@ -28,6 +25,8 @@ std::string precision_name(Precision precision) {
       return "fp32";
     case Precision::kTf32:
       return "tf32";
+    case Precision::kBf16:
+      return "bf16";
   }
   return "?";
 }

@@ -14,11 +14,13 @@ namespace bert {
 
 enum class DeviceKind { kCpu, kCuda };
 
-// How GEMMs on a CUDA device compute: strict FP32, or TF32 tensor cores (inputs rounded to 10 mantissa
-// bits, FP32 accumulation and output). Elementwise ops, reductions, fake quantization and the optimizer
-// stay in FP32. BF16 mixed precision (BF16 activations) is not built: "bf16" is refused by name.
-enum class Precision { kFp32, kTf32 };
-Precision parse_precision(const std::string& name);  // fp32 | tf32; UserError otherwise
+// How a CUDA device computes. kFp32: strict FP32 GEMMs. kTf32: TF32 tensor cores (GEMM inputs rounded
+// to 10 mantissa bits, FP32 accumulation and output). In both, every tensor is FP32. kBf16: mixed
+// precision: activations and their gradients are stored in BF16 (8 mantissa bits), GEMMs run on BF16
+// tensor cores, and every kernel computes in FP32 registers; parameters, their gradients, the
+// optimizer, losses, reductions and quantizer scales stay FP32 (FP32 master weights).
+enum class Precision { kFp32, kTf32, kBf16 };
+Precision parse_precision(const std::string& name);  // fp32 | tf32 | bf16; UserError otherwise
 std::string precision_name(Precision precision);
 
 struct CudaContext;  // stream, cuBLAS handle, small staging buffers (core/cuda/context.cu)

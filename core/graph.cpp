@@ -1,16 +1,38 @@
 #include "core/graph.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <map>
 #include <type_traits>
 
 namespace bert {
 
+const char* dtype_name(DType t) { return t == DType::kBF16 ? "bf16" : "f32"; }
+
+namespace {
+// BF16 is the top half of an IEEE float: widening is exact.
+float bf16_bits_to_float(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
+}  // namespace
+
 template <typename T>
 Graph<T>::Graph(const Device& device, std::size_t initial_workspace_bytes)
     : device_(&device), workspace_(initial_workspace_bytes, device) {
   BERT_CHECK((!device.is_cuda() || std::is_same_v<T, float>), "a CUDA graph computes in float only");
+  if (device.is_cuda() && device.precision() == Precision::kBf16) activation_dtype_ = DType::kBF16;
+}
+
+template <typename T>
+T* Graph<T>::allocate(DType dtype, int64_t n) {
+  return static_cast<T*>(workspace_.allocate_bytes(static_cast<std::size_t>(n) * dtype_size(dtype, sizeof(T))));
+}
+
+template <typename T>
+TensorView<T> Graph<T>::value(Var v) const {
+  const Node& n = node(v);
+  BERT_CHECK(n.dtype == DType::kF32, std::string("value() of a node stored as ") + dtype_name(n.dtype) +
+                                         " (read it with to_host(), or through data() in a kernel)");
+  return n.value;
 }
 
 template <typename T>
@@ -30,18 +52,21 @@ Var Graph<T>::input(std::span<const T> host_values, Shape shape) {
 
 template <typename T>
 T Graph<T>::item(Var v) const {
-  const TensorView<T> value = node(v).value;
-  BERT_CHECK(value.numel() == 1, "item() of a node of shape " + value.shape().str());
-  T result;
-  device_->copy_to_host(&result, value.data(), sizeof(T));
-  return result;
+  BERT_CHECK(node(v).value.numel() == 1, "item() of a node of shape " + node(v).value.shape().str());
+  return to_host(v)[0];
 }
 
 template <typename T>
 std::vector<T> Graph<T>::to_host(Var v) const {
-  const TensorView<T> value = node(v).value;
-  std::vector<T> result(static_cast<size_t>(value.numel()));
-  device_->copy_to_host(result.data(), value.data(), result.size() * sizeof(T));
+  const Node& n = node(v);
+  std::vector<T> result(static_cast<size_t>(n.value.numel()));
+  if (n.dtype == DType::kF32) {
+    device_->copy_to_host(result.data(), n.value.data(), result.size() * sizeof(T));
+    return result;
+  }
+  std::vector<uint16_t> bits(result.size());
+  device_->copy_to_host(bits.data(), n.value.data(), bits.size() * sizeof(uint16_t));
+  for (size_t i = 0; i < bits.size(); ++i) result[i] = static_cast<T>(bf16_bits_to_float(bits[i]));
   return result;
 }
 
@@ -93,8 +118,16 @@ void Graph<T>::note_consumer(std::initializer_list<Var> inputs, int32_t consumer
 
 template <typename T>
 Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs) {
+  return emit(shape, inputs, DType::kF32);
+}
+
+template <typename T>
+Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype) {
+  BERT_CHECK(dtype == DType::kF32 || (device_->is_cuda() && std::is_same_v<T, float>),
+             "BF16 nodes exist only on a CUDA graph");
   Node n;
-  n.value = TensorView<T>(workspace_.allocate<T>(shape.numel()), shape);
+  n.value = TensorView<T>(allocate(dtype, shape.numel()), shape);
+  n.dtype = dtype;
   n.requires_grad = any_requires_grad(inputs);
   if (n.requires_grad) note_consumer(inputs, static_cast<int32_t>(nodes_.size()));
   return push(n);
@@ -113,6 +146,7 @@ template <typename T>
 Var Graph<T>::emit_view(Var x, Shape shape) {
   Node n;
   n.value = node(x).value.reshaped(shape);
+  n.dtype = node(x).dtype;
   n.requires_grad = any_requires_grad({x});
   n.gradient_of = x.index;
   return push(n);
@@ -129,19 +163,25 @@ void Graph<T>::on_backward(Var out, BackwardFn fn) {
 
 template <typename T>
 TensorView<T> Graph<T>::grad(Var v) {
+  BERT_CHECK(node(v).dtype == DType::kF32, std::string("grad() of a node stored as ") + dtype_name(node(v).dtype));
+  return TensorView<T>(static_cast<T*>(grad_data(v)), node(v).value.shape());
+}
+
+template <typename T>
+void* Graph<T>::grad_data(Var v) {
   Node& n = node(v);
   BERT_CHECK(n.requires_grad, "grad() of a node that does not require a gradient");
   BERT_CHECK(!grad_owner(v).reported_final,
              "a leaf's gradient written after backward reported it final (an op "
              "that writes it did not name it among its inputs)");
-  if (n.grad.empty() && n.gradient_of >= 0) {
-    n.grad = grad(Var{n.gradient_of, generation_}).reshaped(n.value.shape());  // nodes_ does not grow here
+  if (n.grad.empty() && n.gradient_of >= 0) {  // nodes_ does not grow here
+    n.grad = TensorView<T>(static_cast<T*>(grad_data(Var{n.gradient_of, generation_})), n.value.shape());
   }
   if (n.grad.empty()) {
-    n.grad = TensorView<T>(workspace_.allocate<T>(n.value.numel()), n.value.shape());
-    device_->fill_zero(n.grad.data(), n.value.numel() * sizeof(T));
+    n.grad = TensorView<T>(allocate(n.dtype, n.value.numel()), n.value.shape());
+    device_->fill_zero(n.grad.data(), n.value.numel() * dtype_size(n.dtype, sizeof(T)));
   }
-  return n.grad;
+  return n.grad.data();
 }
 
 template <typename T>
@@ -153,13 +193,21 @@ typename Graph<T>::Node& Graph<T>::grad_owner(Var v) {
 
 template <typename T>
 typename Graph<T>::GradTarget Graph<T>::grad_target(Var v) {
+  BERT_CHECK(node(v).dtype == DType::kF32,
+             std::string("grad_target() of a node stored as ") + dtype_name(node(v).dtype));
+  const RawGradTarget t = raw_grad_target(v);
+  return {static_cast<T*>(t.data), t.accumulate};
+}
+
+template <typename T>
+typename Graph<T>::RawGradTarget Graph<T>::raw_grad_target(Var v) {
   BERT_CHECK(node(v).requires_grad, "grad_target() of a node that does not require a gradient");
   Node& owner = grad_owner(v);
   BERT_CHECK(!owner.reported_final,
              "a leaf's gradient written after backward reported it final (an op that "
              "writes it did not name it among its inputs)");
   if (!owner.grad.empty()) return {owner.grad.data(), true};
-  owner.grad = TensorView<T>(workspace_.allocate<T>(owner.value.numel()), owner.value.shape());
+  owner.grad = TensorView<T>(allocate(owner.dtype, owner.value.numel()), owner.value.shape());
   return {owner.grad.data(), false};
 }
 
@@ -168,7 +216,9 @@ bool Graph<T>::pass_grad_through(Var x, Var y) {
   BERT_CHECK(node(x).requires_grad, "pass_grad_through() to a node that does not require a gradient");
   Node& owner = grad_owner(x);
   const TensorView<T> dy = grad_owner(y).grad;
-  if (owner.is_leaf || !owner.grad.empty() || dy.empty() || dy.numel() != owner.value.numel()) return false;
+  if (owner.is_leaf || !owner.grad.empty() || dy.empty() || dy.numel() != owner.value.numel() ||
+      owner.dtype != grad_owner(y).dtype)
+    return false;
   owner.grad = dy.reshaped(owner.value.shape());
   return true;
 }
@@ -182,6 +232,7 @@ void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>&
 
   Node& root = node(loss);
   BERT_CHECK(root.value.numel() == 1, "backward() needs a scalar loss, got shape " + root.value.shape().str());
+  BERT_CHECK(root.dtype == DType::kF32, "backward() from a loss stored as bf16");
   BERT_CHECK(root.requires_grad, "backward() from a loss that does not depend on anything requiring a gradient");
   for (const Node& n : nodes_)
     BERT_CHECK(n.is_leaf || !n.requires_grad || n.has_closure || n.gradient_of >= 0,

@@ -23,6 +23,14 @@
 
 namespace bert {
 
+// How a node's value and gradient are stored. Every node of a CPU graph, and of a GPU graph in FP32 or
+// TF32, is kF32 (the graph's own T). In BF16 mixed precision (Precision::kBf16) the ops that make
+// activations store them, and their gradients, as kBF16 (ops_cuda.h says which); leaves, losses and
+// parameter gradients stay kF32.
+enum class DType : uint8_t { kF32, kBF16 };
+inline std::size_t dtype_size(DType t, std::size_t native_size) { return t == DType::kBF16 ? 2 : native_size; }
+const char* dtype_name(DType t);
+
 // A handle to a node of one graph, valid until that graph is next cleared (checked).
 struct Var {
   int32_t index = -1;
@@ -52,6 +60,8 @@ class Graph {
   // A new node whose output lives in the workspace (uninitialised); it requires a gradient when
   // gradients are enabled and any input requires one.
   Var emit(Shape shape, std::initializer_list<Var> inputs);
+  // The same with the output stored as `dtype` (kBF16: 2 bytes per element).
+  Var emit(Shape shape, std::initializer_list<Var> inputs, DType dtype);
   // A new node whose output aliases existing storage (a reshape); its gradient is its own buffer.
   Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs);
   // A node whose value AND gradient are x's under another shape (a reshape that needs no backward:
@@ -76,11 +86,18 @@ class Graph {
   const Device& device() const { return *device_; }
   bool on_cuda() const { return device_->is_cuda(); }
   // The value of a one-element node, read on the host (waits for the device).
-  T item(Var v) const;
+  T item(Var v) const;  // converted from BF16 for a kBF16 node (as to_host)
   // All of v's values, copied to the host (waits for the device).
   std::vector<T> to_host(Var v) const;
 
-  TensorView<T> value(Var v) const { return node(v).value; }
+  // The dtype activations take on this graph: kBF16 on a GPU in BF16 mixed precision, else kF32.
+  DType activation_dtype() const { return activation_dtype_; }
+  DType dtype(Var v) const { return node(v).dtype; }
+  // The value of a kF32 node (throws, naming the dtype, for a kBF16 one: its storage holds 2-byte
+  // elements and is read through data()).
+  TensorView<T> value(Var v) const;
+  // The storage of v's value, whatever its dtype.
+  void* data(Var v) const { return node(v).value.data(); }
   // By value: nodes live in a growing vector, so a reference would dangle after the next emit (ASan
   // caught one such use in the quantizer).
   Shape shape(Var v) const { return node(v).value.shape(); }
@@ -96,7 +113,14 @@ class Graph {
     T* data;
     bool accumulate;
   };
-  GradTarget grad_target(Var v);
+  GradTarget grad_target(Var v);  // kF32 nodes
+  // grad() and grad_target() for a node of any dtype: the buffer holds elements of dtype(v).
+  void* grad_data(Var v);
+  struct RawGradTarget {
+    void* data;
+    bool accumulate;
+  };
+  RawGradTarget raw_grad_target(Var v);
   // Makes the gradient of y (same number of elements) x's gradient as well, when x has none yet and
   // may take one: for an op whose backward passes dy through unchanged (a same-shape add), called
   // from y's own backward (nothing reads y's gradient after it). Returns false when it could not, and
@@ -126,7 +150,8 @@ class Graph {
  private:
   struct Node {
     TensorView<T> value;
-    TensorView<T> grad;  // empty until first needed (inner nodes)
+    TensorView<T> grad;  // empty until first needed (inner nodes); elements of `dtype`
+    DType dtype = DType::kF32;
     bool requires_grad = false;
     bool is_leaf = false;
     bool has_closure = false;
@@ -142,6 +167,8 @@ class Graph {
   Node& grad_owner(Var v);
   Var push(Node n);
   bool any_requires_grad(std::initializer_list<Var> inputs) const;
+  // Storage for n elements of `dtype`, as the TensorView<T> a node keeps (whatever the element size).
+  T* allocate(DType dtype, int64_t n);
 
   const Device* device_;
   Workspace workspace_;  // on device_
@@ -149,6 +176,7 @@ class Graph {
   std::vector<std::pair<int32_t, BackwardFn>> closures_;  // in recording (topological) order
   uint32_t generation_ = 1;
   bool grad_enabled_ = true;
+  DType activation_dtype_ = DType::kF32;
 };
 
 // Disables gradient recording for a scope (evaluation), restoring the previous mode on exit.

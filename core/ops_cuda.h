@@ -13,6 +13,19 @@
 
 namespace bert::ops::cuda_impl {
 
+// In BF16 mixed precision (Graph::activation_dtype() is kBF16) the ops that make activations
+// (matmul, linear, gather_rows, fake_quantize, gelu, tanh, softmax, layer_norm, dropout, permute) emit
+// BF16 and read an F32 activation input through a conversion node; add, mul and scale keep their
+// inputs' dtype (a BF16/F32 mix is promoted to F32, as in PyTorch); losses and sums emit F32. Parameters
+// (weights, biases, LayerNorm's gamma and beta, tables, scales, masks) are read as F32 wherever they
+// appear, and their gradients are F32. In FP32 and TF32 every node is F32 and nothing is converted.
+
+// x stored as `dtype`: x itself when it already is, else a conversion node whose backward converts the
+// gradient back.
+Var to_dtype(Graph<float>& g, Var x, DType dtype);
+// x in the dtype the graph's activations take.
+inline Var as_activation(Graph<float>& g, Var x) { return to_dtype(g, x, g.activation_dtype()); }
+
 Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha = 1.0);
 Var linear(Graph<float>& g, Var x, Var weight, Var bias);
 Var add(Graph<float>& g, Var a, Var b);

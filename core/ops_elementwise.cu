@@ -54,28 +54,32 @@ __device__ __forceinline__ I offset_of(const Broadcast& p, int w, I o) {
   return off;
 }
 
-template <bool kMul, int W>
-__global__ void same_shape_forward(float* y, const float* a, const float* b, int64_t n) {
+template <bool kMul, int W, typename A>
+__global__ void same_shape_forward(A* y, const A* a, const A* b, int64_t n) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
-    const cuda::Pack<float, W> pa = cuda::load_pack<W>(a + i), pb = cuda::load_pack<W>(b + i);
-    cuda::Pack<float, W> out;
-    for (int j = 0; j < W; ++j) out.v[j] = kMul ? pa.v[j] * pb.v[j] : pa.v[j] + pb.v[j];
+    const cuda::Pack<A, W> pa = cuda::load_pack<W>(a + i), pb = cuda::load_pack<W>(b + i);
+    cuda::Pack<A, W> out;
+    for (int j = 0; j < W; ++j) {
+      const float x = cuda::to_float(pa.v[j]), z = cuda::to_float(pb.v[j]);
+      out.v[j] = cuda::from_float<A>(kMul ? x * z : x + z);
+    }
     cuda::store_pack<W>(y + i, out);
   }
 }
 
-template <bool kMul, typename I>
-__global__ void broadcast_forward(float* y, const float* a, const float* b, Broadcast p, int64_t n) {
+template <bool kMul, typename I, typename A>
+__global__ void broadcast_forward(A* y, const A* a, const A* b, Broadcast p, int64_t n) {
   BERT_GRID_STRIDE(o, n) {
-    const float x = a[offset_of<I>(p, 0, static_cast<I>(o))], z = b[offset_of<I>(p, 1, static_cast<I>(o))];
-    y[o] = kMul ? x * z : x + z;
+    const float x = cuda::to_float(a[offset_of<I>(p, 0, static_cast<I>(o))]);
+    const float z = cuda::to_float(b[offset_of<I>(p, 1, static_cast<I>(o))]);
+    y[o] = cuda::from_float<A>(kMul ? x * z : x + z);
   }
 }
 
 // d(operand w) += sum over the output elements it feeds of dy (times the other operand for mul).
 // One thread per operand element walks its broadcast axes in order: deterministic, no atomics.
-__global__ void broadcast_backward(float* dv, const float* dy, const float* other, Broadcast p, int w, int64_t n,
-                                   bool accumulate) {
+template <typename A>
+__global__ void broadcast_backward(A* dv, const A* dy, const A* other, Broadcast p, int w, int64_t n, bool accumulate) {
   BERT_GRID_STRIDE(e, n) {
     int64_t coord[4], rest = e;
     for (int i = 3; i >= 0; --i) {
@@ -94,44 +98,57 @@ __global__ void broadcast_backward(float* dv, const float* dy, const float* othe
         for (int64_t i2 = lo[2]; i2 < hi[2]; ++i2)
           for (int64_t i3 = lo[3]; i3 < hi[3]; ++i3) {
             const int64_t o = ((i0 * p.dims[1] + i1) * p.dims[2] + i2) * p.dims[3] + i3;
-            acc += other ? dy[o] * other[offset_of<int64_t>(p, 1 - w, o)] : dy[o];
+            acc += other ? cuda::to_float(dy[o]) * cuda::to_float(other[offset_of<int64_t>(p, 1 - w, o)])
+                         : cuda::to_float(dy[o]);
           }
     cuda::store_grad(dv, e, acc, accumulate);
   }
 }
 
-__global__ void scale_kernel(float* y, const float* x, float alpha, int64_t n) {
-  BERT_GRID_STRIDE(i, n) y[i] = alpha * x[i];
+template <typename A>
+__global__ void scale_kernel(A* y, const A* x, float alpha, int64_t n) {
+  BERT_GRID_STRIDE(i, n) y[i] = cuda::from_float<A>(alpha * cuda::to_float(x[i]));
 }
 
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
-template <int W>
-__global__ void gelu_forward(float* y, const float* x, int64_t n) {
+template <int W, typename A>
+__global__ void gelu_forward(A* y, const A* x, int64_t n) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
-    cuda::Pack<float, W> p = cuda::load_pack<W>(x + i);
-    for (int j = 0; j < W; ++j) p.v[j] = 0.5f * p.v[j] * (1.0f + erff(p.v[j] * kInvSqrt2));
+    cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
+    for (int j = 0; j < W; ++j) {
+      const float v = cuda::to_float(p.v[j]);
+      p.v[j] = cuda::from_float<A>(0.5f * v * (1.0f + erff(v * kInvSqrt2)));
+    }
     cuda::store_pack<W>(y + i, p);
   }
 }
-template <int W>
-__global__ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate) {
+template <int W, typename A>
+__global__ void gelu_backward(A* dx, const A* dy, const A* x, int64_t n, bool accumulate) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
-    const cuda::Pack<float, W> px = cuda::load_pack<W>(x + i), pdy = cuda::load_pack<W>(dy + i);
-    cuda::Pack<float, W> out = accumulate ? cuda::load_pack<W>(dx + i) : cuda::Pack<float, W>{};
+    const cuda::Pack<A, W> px = cuda::load_pack<W>(x + i), pdy = cuda::load_pack<W>(dy + i);
+    cuda::Pack<A, W> out;
+    if (accumulate) out = cuda::load_pack<W>(dx + i);
     for (int j = 0; j < W; ++j) {
-      const float v = px.v[j];
+      const float v = cuda::to_float(px.v[j]);
       const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-      const float d = pdy.v[j] * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v));
-      out.v[j] = accumulate ? out.v[j] + d : d;
+      const float d = cuda::to_float(pdy.v[j]) * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v));
+      out.v[j] = cuda::from_float<A>(accumulate ? cuda::to_float(out.v[j]) + d : d);
     }
     cuda::store_pack<W>(dx + i, out);
   }
 }
-__global__ void tanh_forward(float* y, const float* x, int64_t n) { BERT_GRID_STRIDE(i, n) y[i] = tanhf(x[i]); }
-__global__ void tanh_backward(float* dx, const float* dy, const float* y, int64_t n, bool accumulate) {
-  BERT_GRID_STRIDE(i, n) cuda::store_grad(dx, i, dy[i] * (1.0f - y[i] * y[i]), accumulate);
+template <typename A>
+__global__ void tanh_forward(A* y, const A* x, int64_t n) {
+  BERT_GRID_STRIDE(i, n) y[i] = cuda::from_float<A>(tanhf(cuda::to_float(x[i])));
+}
+template <typename A>
+__global__ void tanh_backward(A* dx, const A* dy, const A* y, int64_t n, bool accumulate) {
+  BERT_GRID_STRIDE(i, n) {
+    const float t = cuda::to_float(y[i]);
+    cuda::store_grad(dx, i, cuda::to_float(dy[i]) * (1.0f - t * t), accumulate);
+  }
 }
 
 // Rng::bits of core/rng.h, on the device (splitmix64's finaliser of seed ^ mix(index + constant)).
@@ -141,70 +158,83 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-template <int W>
-__global__ void dropout_forward(float* y, uint8_t* keep, const float* x, uint64_t seed, uint64_t first,
-                                uint64_t threshold, float keep_scale, int64_t n) {
+template <int W, typename A>
+__global__ void dropout_forward(A* y, uint8_t* keep, const A* x, uint64_t seed, uint64_t first, uint64_t threshold,
+                                float keep_scale, int64_t n) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
-    cuda::Pack<float, W> p = cuda::load_pack<W>(x + i);
+    cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
     cuda::Pack<uint8_t, W> k;
     for (int j = 0; j < W; ++j) {
       const uint64_t bits = mix(seed ^ mix(first + uint64_t(i + j) + 0x632BE59BD9B4E019ull));
       k.v[j] = (bits >> 11) >= threshold;
-      p.v[j] *= k.v[j] ? keep_scale : 0.0f;
+      p.v[j] = cuda::from_float<A>(cuda::to_float(p.v[j]) * (k.v[j] ? keep_scale : 0.0f));
     }
     cuda::store_pack<W>(keep + i, k);
     cuda::store_pack<W>(y + i, p);
   }
 }
-template <int W>
-__global__ void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float keep_scale, int64_t n,
+template <int W, typename A>
+__global__ void dropout_backward(A* dx, const A* dy, const uint8_t* keep, float keep_scale, int64_t n,
                                  bool accumulate) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
-    const cuda::Pack<float, W> d = cuda::load_pack<W>(dy + i);
+    const cuda::Pack<A, W> d = cuda::load_pack<W>(dy + i);
     const cuda::Pack<uint8_t, W> k = cuda::load_pack<W>(keep + i);
-    cuda::Pack<float, W> out = accumulate ? cuda::load_pack<W>(dx + i) : cuda::Pack<float, W>{};
+    cuda::Pack<A, W> out;
+    if (accumulate) out = cuda::load_pack<W>(dx + i);
     for (int j = 0; j < W; ++j) {
-      const float v = d.v[j] * (k.v[j] ? keep_scale : 0.0f);
-      out.v[j] = accumulate ? out.v[j] + v : v;
+      const float v = cuda::to_float(d.v[j]) * (k.v[j] ? keep_scale : 0.0f);
+      out.v[j] = cuda::from_float<A>(accumulate ? cuda::to_float(out.v[j]) + v : v);
     }
     cuda::store_pack<W>(dx + i, out);
   }
 }
 
+// Both operands of one dtype (the output's); a BF16/F32 mix is promoted to F32, as PyTorch does.
 template <bool kMul>
 Var broadcast_op(Graph<float>& g, Var a, Var b) {
+  if (g.dtype(a) != g.dtype(b)) a = to_dtype(g, a, DType::kF32), b = to_dtype(g, b, DType::kF32);
+  const DType dtype = g.dtype(a);
   Shape out;
   const Broadcast p = plan_broadcast(g.shape(a), g.shape(b), &out);
-  Var y = g.emit(out, {a, b});
+  Var y = g.emit(out, {a, b}, dtype);
   const int64_t n = out.numel();
-  if (p.same_shape && !kMul) {
-    const bool packed = cuda::packs_of_4(n, {g.value(y).data(), g.value(a).data(), g.value(b).data()});
-    auto* kernel = packed ? &same_shape_forward<false, 4> : &same_shape_forward<false, 1>;
-    BERT_LAUNCH(kernel, packed ? n / 4 : n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), n);
-  } else if (p.same_shape) {
-    auto* kernel = &same_shape_forward<true, 1>;
-    BERT_LAUNCH(kernel, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), n);
-  } else {
-    auto* kernel = n < (int64_t{1} << 31) ? &broadcast_forward<kMul, int32_t> : &broadcast_forward<kMul, int64_t>;
-    BERT_LAUNCH(kernel, n, g, g.value(y).data(), g.value(a).data(), g.value(b).data(), p, n);
-  }
-  g.on_backward(y, [a, b, y, p](Graph<float>& g) {
-    const float* dy = g.grad(y).data();
-    const Var operands[2] = {a, b};
-    for (int w = 0; w < 2; ++w) {
-      if (!g.requires_grad(operands[w])) continue;
-      // A same-shape add passes dy through: the first operand without a gradient yet takes dy's buffer.
-      if (p.same_shape && !kMul && g.pass_grad_through(operands[w], y)) continue;
-      const auto dv = g.grad_target(operands[w]);
-      const int64_t n = g.value(operands[w]).numel();
-      if (p.same_shape && !kMul) {
-        BERT_LAUNCH_PACKED(cuda::scaled_grad_kernel, n, cuda::packs_of_4(n, {dv.data, dy}), g, dv.data, dy, 1.0f, n,
-                           dv.accumulate);
-      } else {
-        const float* other = kMul ? g.value(operands[1 - w]).data() : nullptr;
-        BERT_LAUNCH(broadcast_backward, n, g, dv.data, dy, other, p, w, n, dv.accumulate);
-      }
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A *yv = cuda::typed<A>(g.data(y)), *av = cuda::typed<A>(g.data(a)), *bv = cuda::typed<A>(g.data(b));
+    if (p.same_shape && !kMul) {
+      const bool packed = cuda::packs_of_4(n, {yv, av, bv});
+      auto* kernel = packed ? &same_shape_forward<false, 4, A> : &same_shape_forward<false, 1, A>;
+      BERT_LAUNCH(kernel, packed ? n / 4 : n, g, yv, av, bv, n);
+    } else if (p.same_shape) {
+      auto* kernel = &same_shape_forward<true, 1, A>;
+      BERT_LAUNCH(kernel, n, g, yv, av, bv, n);
+    } else {
+      auto* kernel =
+          n < (int64_t{1} << 31) ? &broadcast_forward<kMul, int32_t, A> : &broadcast_forward<kMul, int64_t, A>;
+      BERT_LAUNCH(kernel, n, g, yv, av, bv, p, n);
     }
+  });
+  g.on_backward(y, [a, b, y, p, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const A* dy = cuda::typed<A>(g.grad_data(y));
+      const Var operands[2] = {a, b};
+      for (int w = 0; w < 2; ++w) {
+        if (!g.requires_grad(operands[w])) continue;
+        // A same-shape add passes dy through: the first operand without a gradient yet takes dy's buffer.
+        if (p.same_shape && !kMul && g.pass_grad_through(operands[w], y)) continue;
+        const auto dv = g.raw_grad_target(operands[w]);
+        A* dvp = cuda::typed<A>(dv.data);
+        const int64_t n = g.shape(operands[w]).numel();
+        if (p.same_shape && !kMul) {
+          BERT_LAUNCH_PACKED(cuda::scaled_grad_kernel, n, cuda::packs_of_4(n, {dvp, dy}), g, dvp, dy, 1.0f, n,
+                             dv.accumulate);
+        } else {
+          const A* other = kMul ? cuda::typed<A>(g.data(operands[1 - w])) : nullptr;
+          BERT_LAUNCH(broadcast_backward<A>, n, g, dvp, dy, other, p, w, n, dv.accumulate);
+        }
+      }
+    });
   });
   return y;
 }
@@ -215,60 +245,93 @@ Var add(Graph<float>& g, Var a, Var b) { return broadcast_op<false>(g, a, b); }
 Var mul(Graph<float>& g, Var a, Var b) { return broadcast_op<true>(g, a, b); }
 
 Var scale(Graph<float>& g, Var x, double alpha) {
-  Var y = g.emit(g.shape(x), {x});
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(g.shape(x), {x}, dtype);
   const float s = static_cast<float>(alpha);
-  const int64_t n = g.value(x).numel();
-  BERT_LAUNCH(scale_kernel, n, g, g.value(y).data(), g.value(x).data(), s, n);
-  g.on_backward(y, [x, y, s, n](Graph<float>& g) {
-    const auto dx = g.grad_target(x);
-    const float* dy = g.grad(y).data();
-    BERT_LAUNCH_PACKED(cuda::scaled_grad_kernel, n, cuda::packs_of_4(n, {dx.data, dy}), g, dx.data, dy, s, n,
-                       dx.accumulate);
+  const int64_t n = g.shape(x).numel();
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    BERT_LAUNCH(scale_kernel<A>, n, g, cuda::typed<A>(g.data(y)), cuda::typed<A>(g.data(x)), s, n);
+  });
+  g.on_backward(y, [x, y, s, n, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const auto dx = g.raw_grad_target(x);
+      A* dxp = cuda::typed<A>(dx.data);
+      const A* dy = cuda::typed<A>(g.grad_data(y));
+      BERT_LAUNCH_PACKED(cuda::scaled_grad_kernel, n, cuda::packs_of_4(n, {dxp, dy}), g, dxp, dy, s, n, dx.accumulate);
+    });
   });
   return y;
 }
 
 Var gelu(Graph<float>& g, Var x) {
-  Var y = g.emit(g.shape(x), {x});
-  const int64_t n = g.value(x).numel();
-  BERT_LAUNCH_PACKED(gelu_forward, n, cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}), g, g.value(y).data(),
-                     g.value(x).data(), n);
-  g.on_backward(y, [x, y, n](Graph<float>& g) {
-    const auto dx = g.grad_target(x);
-    const float *dy = g.grad(y).data(), *xv = g.value(x).data();
-    BERT_LAUNCH_PACKED(gelu_backward, n, cuda::packs_of_4(n, {dx.data, dy, xv}), g, dx.data, dy, xv, n, dx.accumulate);
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(g.shape(x), {x}, dtype);
+  const int64_t n = g.shape(x).numel();
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A *yv = cuda::typed<A>(g.data(y)), *xv = cuda::typed<A>(g.data(x));
+    BERT_LAUNCH_PACKED(gelu_forward, n, cuda::packs_of_4(n, {yv, xv}), g, yv, xv, n);
+  });
+  g.on_backward(y, [x, y, n, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const auto dx = g.raw_grad_target(x);
+      A* dxp = cuda::typed<A>(dx.data);
+      const A *dy = cuda::typed<A>(g.grad_data(y)), *xv = cuda::typed<A>(g.data(x));
+      BERT_LAUNCH_PACKED(gelu_backward, n, cuda::packs_of_4(n, {dxp, dy, xv}), g, dxp, dy, xv, n, dx.accumulate);
+    });
   });
   return y;
 }
 
 Var tanh(Graph<float>& g, Var x) {
-  Var y = g.emit(g.shape(x), {x});
-  const int64_t n = g.value(x).numel();
-  BERT_LAUNCH(tanh_forward, n, g, g.value(y).data(), g.value(x).data(), n);
-  g.on_backward(y, [x, y, n](Graph<float>& g) {
-    const auto dx = g.grad_target(x);
-    BERT_LAUNCH(tanh_backward, n, g, dx.data, g.grad(y).data(), g.value(y).data(), n, dx.accumulate);
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(g.shape(x), {x}, dtype);
+  const int64_t n = g.shape(x).numel();
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    BERT_LAUNCH(tanh_forward<A>, n, g, cuda::typed<A>(g.data(y)), cuda::typed<A>(g.data(x)), n);
+  });
+  g.on_backward(y, [x, y, n, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const auto dx = g.raw_grad_target(x);
+      BERT_LAUNCH(tanh_backward<A>, n, g, cuda::typed<A>(dx.data), cuda::typed<A>(g.grad_data(y)),
+                  cuda::typed<A>(g.data(y)), n, dx.accumulate);
+    });
   });
   return y;
 }
 
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
-  const int64_t n = g.value(x).numel();
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  const int64_t n = g.shape(x).numel();
   const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
   const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
   uint8_t* keep = g.scratch<uint8_t>(n);
-  Var y = g.emit(g.shape(x), {x});
-  // keep is 4-byte aligned for packs: the workspace aligns every allocation to 64 bytes.
-  const bool packed =
-      cuda::packs_of_4(n, {g.value(y).data(), g.value(x).data()}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
-  BERT_LAUNCH_PACKED(dropout_forward, n, packed, g, g.value(y).data(), keep, g.value(x).data(), rng.state().seed, first,
-                     threshold, keep_scale, n);
-  g.on_backward(y, [x, y, n, keep, keep_scale](Graph<float>& g) {
-    const auto dx = g.grad_target(x);
-    const float* dy = g.grad(y).data();
-    const bool packed = cuda::packs_of_4(n, {dx.data, dy}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
-    BERT_LAUNCH_PACKED(dropout_backward, n, packed, g, dx.data, dy, keep, keep_scale, n, dx.accumulate);
+  Var y = g.emit(g.shape(x), {x}, dtype);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A *yv = cuda::typed<A>(g.data(y)), *xv = cuda::typed<A>(g.data(x));
+    // keep is 4-byte aligned for packs: the workspace aligns every allocation to 64 bytes.
+    const bool packed = cuda::packs_of_4(n, {yv, xv}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
+    BERT_LAUNCH_PACKED(dropout_forward, n, packed, g, yv, keep, xv, rng.state().seed, first, threshold, keep_scale, n);
+  });
+  g.on_backward(y, [x, y, n, keep, keep_scale, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const auto dx = g.raw_grad_target(x);
+      A* dxp = cuda::typed<A>(dx.data);
+      const A* dy = cuda::typed<A>(g.grad_data(y));
+      const bool packed = cuda::packs_of_4(n, {dxp, dy}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
+      BERT_LAUNCH_PACKED(dropout_backward, n, packed, g, dxp, dy, keep, keep_scale, n, dx.accumulate);
+    });
   });
   return y;
 }

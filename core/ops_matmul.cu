@@ -1,5 +1,6 @@
-// matmul and linear on a CUDA device: cuBLAS GEMMs (FP32, or TF32 tensor cores as the device's
-// precision says, FP32 in and out), forward and backward side by side like core/ops_matmul.cpp.
+// matmul and linear on a CUDA device: cuBLAS GEMMs (FP32, TF32 tensor cores, or BF16 tensor cores
+// with FP32 accumulation, as the device's precision says), forward and backward side by side like
+// core/ops_matmul.cpp.
 #include <cublasLt.h>
 
 #include "core/cuda/common.cuh"
@@ -9,53 +10,55 @@ namespace bert::ops::cuda_impl {
 
 namespace {
 
-cublasComputeType_t compute_type(const Graph<float>& g) {
-  switch (g.device().precision()) {
-    case Precision::kTf32:
-      return CUBLAS_COMPUTE_32F_FAST_TF32;
-    default:
-      return CUBLAS_COMPUTE_32F;
-  }
+using cuda::bf16;
+
+// The compute type for operands of type `operands`: BF16 operands always accumulate in FP32 on the
+// tensor cores; FP32 operands follow the device's precision (FP32, or TF32 tensor cores).
+cublasComputeType_t compute_type(const Graph<float>& g, cudaDataType_t operands) {
+  if (operands == CUDA_R_16BF) return CUBLAS_COMPUTE_32F;
+  return g.device().precision() == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-// Row-major C (M, N) = alpha op(A) op(B) + beta C for `batch` items at the given element strides.
+// Row-major C (M, N) = alpha op(A) op(B) + beta C for `batch` items at the given element strides; A and B
+// of type ab, C of type c (BF16 operands may write an FP32 C: weight gradients into FP32 parameters).
 // cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T on the same memory.
 void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta,
-          float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+          const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, float beta,
+          void* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaDataType_t ab = CUDA_R_32F,
+          cudaDataType_t ct = CUDA_R_32F) {
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (batch == 1) {
-    BERT_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, CUDA_R_32F, int(ldb),
-                                   a, CUDA_R_32F, int(lda), &beta, c, CUDA_R_32F, int(ldc), compute_type(g),
-                                   CUBLAS_GEMM_DEFAULT));
+    BERT_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab, int(ldb), a, ab,
+                                   int(lda), &beta, c, ct, int(ldc), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
     return;
   }
-  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, CUDA_R_32F, int(ldb), stride_b, a, CUDA_R_32F,
-      int(lda), stride_a, &beta, c, CUDA_R_32F, int(ldc), stride_c, int(batch), compute_type(g), CUBLAS_GEMM_DEFAULT));
+  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab,
+                                               int(ldb), stride_b, a, ab, int(lda), stride_a, &beta, c, ct, int(ldc),
+                                               stride_c, int(batch), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
 }
 
 // y (rows, out) = x (rows, in) W^T + bias, the bias added in the GEMM's epilogue (cuBLASLt), so y is
 // written once. Column-major view: y^T (out, rows) = W (out, in) x^T, the bias running along y^T's rows.
-// Returns false when cuBLASLt has no algorithm for the shape (the caller then adds the bias itself).
-bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const float* x, const float* w,
-               const float* bias, float* y, int64_t ldy) {
+// x, W, bias and y all of type `type` (the bias is of the output's type). Returns false when cuBLASLt
+// has no algorithm for the shape (the caller then adds the bias itself).
+bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const void* x, const void* w,
+               const void* bias, void* y, int64_t ldy, cudaDataType_t type) {
   const CudaContext& c = cuda::context(g.device());
   auto lt = reinterpret_cast<cublasLtHandle_t>(c.cublas_lt);
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
-  BERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(g), CUDA_R_32F));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(g, type), CUDA_R_32F));
   const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
   BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none));
   BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
   BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_layout, CUDA_R_32F, uint64_t(in), uint64_t(out), int64_t(in)));
-  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_layout, CUDA_R_32F, uint64_t(in), uint64_t(rows), int64_t(in)));
-  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_layout, CUDA_R_32F, uint64_t(out), uint64_t(rows), int64_t(ldy)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_layout, type, uint64_t(in), uint64_t(out), int64_t(in)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_layout, type, uint64_t(in), uint64_t(rows), int64_t(in)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_layout, type, uint64_t(out), uint64_t(rows), int64_t(ldy)));
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
@@ -78,30 +81,61 @@ bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, con
 }
 
 // out (rows, cols) += bias (cols) broadcast over rows: blockIdx.y walks rows, x the columns.
-__global__ void add_row_vector(float* out, const float* bias, int64_t rows, int64_t cols) {
+template <typename A>
+__global__ void add_row_vector(A* out, const float* bias, int64_t rows, int64_t cols) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   const float b = bias[c];
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) out[r * cols + c] += b;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    out[r * cols + c] = cuda::from_float<A>(cuda::to_float(out[r * cols + c]) + b);
 }
 
-// dbias (cols) += sum over rows of dy (rows, cols), as a GEMV with a vector of ones (deterministic).
-void add_column_sums(const Graph<float>& g, const float* dy, int64_t rows, int64_t cols, float* dbias) {
+// y (padded_rows, cols) = x (rows, cols) converted to A, rows past `rows` zero: a parameter (weight,
+// bias) as the GEMM's operand type, with the zero rows that pad its output width.
+template <typename A>
+__global__ void convert_padded(A* y, const float* x, int64_t rows, int64_t padded_rows, int64_t cols) {
+  BERT_GRID_STRIDE(e, padded_rows * cols) y[e] = cuda::from_float<A>(e < rows * cols ? x[e] : 0.0f);
+}
+
+// dbias (cols) += sum over rows of dy (rows, cols) of type A: a GEMV (FP32) or a GEMM against a row of
+// ones (BF16 dy, FP32 sums). Deterministic.
+void add_column_sums(const Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, float* dbias) {
   const CudaContext& c = cuda::context(g.device());
   const float one = 1.0f;
   for (int64_t r0 = 0; r0 < rows; r0 += int64_t(CudaContext::kOnes)) {
     const int64_t r = std::min<int64_t>(rows - r0, CudaContext::kOnes);
-    BERT_CUBLAS_CHECK(cublasSgemv(cuda::cublas(g), CUBLAS_OP_N, int(cols), int(r), &one, dy + r0 * cols, int(cols),
-                                  c.ones, 1, &one, dbias, 1));
+    if (dy_type == DType::kF32) {
+      BERT_CUBLAS_CHECK(cublasSgemv(cuda::cublas(g), CUBLAS_OP_N, int(cols), int(r), &one,
+                                    static_cast<const float*>(dy) + r0 * cols, int(cols), c.ones, 1, &one, dbias, 1));
+    } else {  // dbias (1, cols) += ones (1, r) dy (r, cols)
+      gemm(g, false, false, 1, cols, r, 1.0f, c.ones_bf16, r, 0, static_cast<const bf16*>(dy) + r0 * cols, cols, 0,
+           1.0f, dbias, cols, 0, 1, CUDA_R_16BF, CUDA_R_32F);
+    }
   }
 }
 
-}  // namespace
+// A parameter-like F32 operand (rows, cols) as the GEMM's operand type A, with zero rows up to
+// padded_rows: the node's own storage when nothing is to change, else a converted copy in scratch.
+template <typename A>
+const A* gemm_operand(Graph<float>& g, Var v, int64_t rows, int64_t padded_rows, int64_t cols) {
+  if (g.dtype(v) == DType::kBF16) {
+    BERT_CHECK((std::is_same_v<A, bf16>), "a BF16 operand for an F32 GEMM");
+    if (rows == padded_rows) return cuda::typed<A>(g.data(v));
+    A* padded = g.scratch<A>(padded_rows * cols);
+    cuda::copy_on_device(cuda::context(g.device()), padded, g.data(v), rows * cols * sizeof(A));
+    cuda::fill_zero(cuda::context(g.device()), padded + rows * cols, (padded_rows - rows) * cols * sizeof(A));
+    return padded;
+  }
+  if (std::is_same_v<A, float> && rows == padded_rows) return cuda::typed<A>(g.data(v));
+  A* converted = g.scratch<A>(padded_rows * cols);
+  BERT_LAUNCH(convert_padded<A>, padded_rows * cols, g, converted, g.value(v).data(), rows, padded_rows, cols);
+  return converted;
+}
 
-Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha_d) {
-  const float alpha = static_cast<float>(alpha_d);
+template <typename A>
+Var matmul_typed(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, float alpha) {
+  constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
   const Shape as = g.shape(a), bs = g.shape(b);
-  BERT_CHECK(as.rank() >= 2 && bs.rank() >= 2, "matmul needs rank >= 2, got " + as.str() + " x " + bs.str());
   const int64_t lda = as[-1], ldb = bs[-1];
   const int64_t k = trans_b ? bs[-1] : bs[-2], n = trans_b ? bs[-2] : bs[-1];
   int64_t m, batch = 1, stride_a = 0, stride_b = 0;
@@ -125,98 +159,120 @@ Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alp
     out[-1] = n;
   }
   const int64_t stride_c = m * n;
-  Var c = g.emit(out, {a, b});
-  gemm(g, trans_a, trans_b, m, n, k, alpha, g.value(a).data(), lda, stride_a, g.value(b).data(), ldb, stride_b, 0.0f,
-       g.value(c).data(), n, stride_c, batch);
+  Var c = g.emit(out, {a, b}, g.dtype(a));
+  gemm(g, trans_a, trans_b, m, n, k, alpha, g.data(a), lda, stride_a, g.data(b), ldb, stride_b, 0.0f, g.data(c), n,
+       stride_c, batch, type, type);
   g.on_backward(c, [=](Graph<float>& g) {
-    const float* dc = g.grad(c).data();
+    const void* dc = g.grad_data(c);
     if (g.requires_grad(a)) {
-      const auto da = g.grad_target(a);
+      const auto da = g.raw_grad_target(a);
       const float beta = da.accumulate ? 1.0f : 0.0f;  // cuBLAS does not read C when beta is 0
       if (!trans_a)                                    // dA (M, K) (+)= dC (M, N) op(B)^T
-        gemm(g, false, !trans_b, m, k, n, alpha, dc, n, stride_c, g.value(b).data(), ldb, stride_b, beta, da.data, lda,
-             stride_a, batch);
+        gemm(g, false, !trans_b, m, k, n, alpha, dc, n, stride_c, g.data(b), ldb, stride_b, beta, da.data, lda,
+             stride_a, batch, type, type);
       else  // dA (K, M) (+)= op(B) (K, N) dC^T
-        gemm(g, trans_b, true, k, m, n, alpha, g.value(b).data(), ldb, stride_b, dc, n, stride_c, beta, da.data, lda,
-             stride_a, batch);
+        gemm(g, trans_b, true, k, m, n, alpha, g.data(b), ldb, stride_b, dc, n, stride_c, beta, da.data, lda, stride_a,
+             batch, type, type);
     }
     if (g.requires_grad(b)) {
-      const auto db = g.grad_target(b);
+      const auto db = g.raw_grad_target(b);
       const float beta = db.accumulate ? 1.0f : 0.0f;
       if (!trans_b)  // dB (K, N) (+)= op(A)^T (K, M) dC
-        gemm(g, !trans_a, false, k, n, m, alpha, g.value(a).data(), lda, stride_a, dc, n, stride_c, beta, db.data, ldb,
-             stride_b, batch);
+        gemm(g, !trans_a, false, k, n, m, alpha, g.data(a), lda, stride_a, dc, n, stride_c, beta, db.data, ldb,
+             stride_b, batch, type, type);
       else  // dB (N, K) (+)= dC^T (N, M) op(A)
-        gemm(g, true, trans_a, n, k, m, alpha, dc, n, stride_c, g.value(a).data(), lda, stride_a, beta, db.data, ldb,
-             stride_b, batch);
+        gemm(g, true, trans_a, n, k, m, alpha, dc, n, stride_c, g.data(a), lda, stride_a, beta, db.data, ldb, stride_b,
+             batch, type, type);
     }
   });
   return c;
 }
 
-Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
+template <typename A>
+Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
+  constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
   const Shape xs = g.shape(x), ws = g.shape(weight);
-  BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
-             "linear: x " + xs.str() + " does not fit weight " + ws.str());
   const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
-  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({out}), "linear bias " + g.shape(bias).str());
-  Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
+  Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}, g.dtype(x))
+                       : g.emit(xs.with_last(out), {x, weight}, g.dtype(x));
   // cuBLAS's fast kernels need the leading dimensions, and the extents along them, to be multiples of
-  // 4 floats; a large product with an output width that is not (a vocabulary of 30522) ran 3-4x slower.
+  // 16 bytes; a large product with an output width that is not (a vocabulary of 30522) ran 3-4x slower.
   // It runs instead on a weight (and bias) with zero rows appended, into an output with padded rows,
   // and copies back: the copies cost much less than the slow kernels.
-  const int64_t ld = (out % 4 != 0 && rows * out >= (int64_t{1} << 20)) ? (out + 3) / 4 * 4 : out;
-  const float* w_gemm = g.value(weight).data();
-  const float* bias_gemm = bias.valid() ? g.value(bias).data() : nullptr;
-  if (ld != out) {
-    float* w_padded = g.scratch<float>(ld * in);
-    cuda::copy_on_device(cuda::context(g.device()), w_padded, w_gemm, out * in * sizeof(float));
-    cuda::fill_zero(cuda::context(g.device()), w_padded + out * in, (ld - out) * in * sizeof(float));
-    w_gemm = w_padded;
-    if (bias_gemm) {
-      float* bias_padded = g.scratch<float>(ld);
-      cuda::copy_on_device(cuda::context(g.device()), bias_padded, bias_gemm, out * sizeof(float));
-      cuda::fill_zero(cuda::context(g.device()), bias_padded + out, (ld - out) * sizeof(float));
-      bias_gemm = bias_padded;
-    }
-  }
-  float* yv = g.value(y).data();
-  float* y_gemm = ld == out ? yv : g.scratch<float>(rows * ld);
-  const bool fused = bias_gemm && gemm_bias(g, rows, in, ld, g.value(x).data(), w_gemm, bias_gemm, y_gemm, ld);
-  if (!fused) gemm(g, false, true, rows, ld, in, 1.0f, g.value(x).data(), in, 0, w_gemm, in, 0, 0.0f, y_gemm, ld, 0, 1);
+  constexpr int64_t kAlign = 16 / sizeof(A);
+  const int64_t ld =
+      (out % kAlign != 0 && rows * out >= (int64_t{1} << 20)) ? (out + kAlign - 1) / kAlign * kAlign : out;
+  // The weight as the GEMM's operand (a BF16 copy of an F32 weight in mixed precision; padded).
+  const A* w_gemm = gemm_operand<A>(g, weight, out, ld, in);
+  // The bias is of the output's type in cuBLASLt's epilogue: an F32 bias as is, else converted.
+  const A* bias_gemm = bias.valid() ? gemm_operand<A>(g, bias, out, ld, 1) : nullptr;
+  A* yv = cuda::typed<A>(g.data(y));
+  A* y_gemm = ld == out ? yv : g.scratch<A>(rows * ld);
+  const A* xv = cuda::typed<A>(g.data(x));
+  const bool fused = bias_gemm && gemm_bias(g, rows, in, ld, xv, w_gemm, bias_gemm, y_gemm, ld, type);
+  if (!fused) gemm(g, false, true, rows, ld, in, 1.0f, xv, in, 0, w_gemm, in, 0, 0.0f, y_gemm, ld, 0, 1, type, type);
   if (ld != out)
-    BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(float), y_gemm, ld * sizeof(float), out * sizeof(float), rows,
+    BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(A), y_gemm, ld * sizeof(A), out * sizeof(A), rows,
                                       cudaMemcpyDeviceToDevice, cuda::stream(g)));
   if (bias.valid() && !fused) {
     const dim3 grid(static_cast<unsigned>((out + cuda::kThreads - 1) / cuda::kThreads),
                     static_cast<unsigned>(std::min<int64_t>(rows, 4096)));
-    add_row_vector<<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(yv, g.value(bias).data(), rows, out);
+    add_row_vector<A><<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(yv, g.value(bias).data(), rows, out);
     BERT_CUDA_LAUNCHED();
   }
   g.on_backward(y, [=](Graph<float>& g) {
-    const float* dy = g.grad(y).data();
-    const float* dy_gemm = dy;
+    const A* dy = cuda::typed<A>(g.grad_data(y));
+    const A* dy_gemm = dy;
     if (ld != out) {  // dy with zero columns appended (the padded weight's zero rows meet them in dx)
-      float* padded = g.scratch<float>(rows * ld);
-      BERT_CUDA_CHECK(cudaMemcpy2DAsync(padded, ld * sizeof(float), dy, out * sizeof(float), out * sizeof(float), rows,
+      A* padded = g.scratch<A>(rows * ld);
+      BERT_CUDA_CHECK(cudaMemcpy2DAsync(padded, ld * sizeof(A), dy, out * sizeof(A), out * sizeof(A), rows,
                                         cudaMemcpyDeviceToDevice, cuda::stream(g)));
       BERT_CUDA_CHECK(
-          cudaMemset2DAsync(padded + out, ld * sizeof(float), 0, (ld - out) * sizeof(float), rows, cuda::stream(g)));
+          cudaMemset2DAsync(padded + out, ld * sizeof(A), 0, (ld - out) * sizeof(A), rows, cuda::stream(g)));
       dy_gemm = padded;
     }
     if (g.requires_grad(x)) {  // dx (N, in) (+)= dy (N, out) W (out, in)
-      const auto dx = g.grad_target(x);
+      const auto dx = g.raw_grad_target(x);
       gemm(g, false, false, rows, in, ld, 1.0f, dy_gemm, ld, 0, w_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, in,
-           0, 1);
+           0, 1, type, type);
     }
-    if (g.requires_grad(weight)) {  // dW (out, in) (+)= dy^T (out, N) x (N, in)
-      const auto dw = g.grad_target(weight);
-      gemm(g, true, false, out, in, rows, 1.0f, dy_gemm, ld, 0, g.value(x).data(), in, 0, dw.accumulate ? 1.0f : 0.0f,
-           dw.data, in, 0, 1);
+    if (g.requires_grad(weight)) {  // dW (out, in) (+)= dy^T (out, N) x (N, in), in the weight's own type
+      const auto dw = g.raw_grad_target(weight);
+      const cudaDataType_t w_type = g.dtype(weight) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+      gemm(g, true, false, out, in, rows, 1.0f, dy_gemm, ld, 0, xv, in, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, in, 0,
+           1, type, w_type);
     }
-    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, rows, out, g.grad(bias).data());
+    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, g.dtype(y), rows, out, g.grad(bias).data());
   });
   return y;
+}
+
+}  // namespace
+
+// In BF16 mixed precision both operands become BF16 activations and the product is BF16.
+Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha_d) {
+  const Shape as = g.shape(a), bs = g.shape(b);
+  BERT_CHECK(as.rank() >= 2 && bs.rank() >= 2, "matmul needs rank >= 2, got " + as.str() + " x " + bs.str());
+  a = as_activation(g, a);
+  b = as_activation(g, b);
+  const float alpha = static_cast<float>(alpha_d);
+  if (g.dtype(a) == DType::kBF16) return matmul_typed<bf16>(g, a, b, trans_a, trans_b, alpha);
+  return matmul_typed<float>(g, a, b, trans_a, trans_b, alpha);
+}
+
+// In BF16 mixed precision x becomes a BF16 activation, an F32 weight (and bias) is converted for the
+// GEMM, the output is BF16 and the weight's gradient is written in the weight's own type (F32 into
+// the parameters: FP32 master weights).
+Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
+  const Shape xs = g.shape(x), ws = g.shape(weight);
+  BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
+             "linear: x " + xs.str() + " does not fit weight " + ws.str());
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({ws[0]}), "linear bias " + g.shape(bias).str());
+  if (bias.valid()) BERT_CHECK(g.dtype(bias) == DType::kF32, "linear: a BF16 bias is not supported");
+  x = as_activation(g, x);
+  if (g.dtype(x) == DType::kBF16) return linear_typed<bf16>(g, x, weight, bias);
+  weight = to_dtype(g, weight, DType::kF32);
+  return linear_typed<float>(g, x, weight, bias);
 }
 
 }  // namespace bert::ops::cuda_impl

@@ -11,80 +11,86 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
-__global__ void softmax_forward(float* y, const float* x, const float* mask, int64_t rows, int64_t k,
-                                int64_t rows_per_item) {
+template <typename A>
+__global__ void softmax_forward(A* y, const A* x, const float* mask, int64_t rows, int64_t k, int64_t rows_per_item) {
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float* in = x + r * k;
+  const A* in = x + r * k;
   const float* m = mask ? mask + (r / rows_per_item) * k : nullptr;
-  float* out = y + r * k;
+  A* out = y + r * k;
   float max = -INFINITY;
-  for (int64_t j = lane; j < k; j += 32) max = fmaxf(max, in[j] + (m ? m[j] : 0.0f));
+  for (int64_t j = lane; j < k; j += 32) max = fmaxf(max, cuda::to_float(in[j]) + (m ? m[j] : 0.0f));
   max = cuda::warp_max(max);
   float sum = 0;
-  for (int64_t j = lane; j < k; j += 32) {
-    const float e = expf(in[j] + (m ? m[j] : 0.0f) - max);
-    out[j] = e;
-    sum += e;
-  }
+  for (int64_t j = lane; j < k; j += 32) sum += expf(cuda::to_float(in[j]) + (m ? m[j] : 0.0f) - max);
   const float inv = 1.0f / cuda::warp_sum(sum);
-  for (int64_t j = lane; j < k; j += 32) out[j] *= inv;
+  // The exponentials again rather than re-read from the output: a BF16 output would round them first.
+  for (int64_t j = lane; j < k; j += 32)
+    out[j] = cuda::from_float<A>(expf(cuda::to_float(in[j]) + (m ? m[j] : 0.0f) - max) * inv);
 }
 
-__global__ void softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t k, bool accumulate) {
+template <typename A>
+__global__ void softmax_backward(A* dx, const A* dy, const A* y, int64_t rows, int64_t k, bool accumulate) {
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float *yr = y + r * k, *dyr = dy + r * k;
+  const A *yr = y + r * k, *dyr = dy + r * k;
   float dot = 0;
-  for (int64_t j = lane; j < k; j += 32) dot += dyr[j] * yr[j];
+  for (int64_t j = lane; j < k; j += 32) dot += cuda::to_float(dyr[j]) * cuda::to_float(yr[j]);
   dot = cuda::warp_sum(dot);
-  for (int64_t j = lane; j < k; j += 32) cuda::store_grad(dx, r * k + j, yr[j] * (dyr[j] - dot), accumulate);
+  for (int64_t j = lane; j < k; j += 32)
+    cuda::store_grad(dx, r * k + j, cuda::to_float(yr[j]) * (cuda::to_float(dyr[j]) - dot), accumulate);
 }
 
-__global__ void layer_norm_forward(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma,
+template <typename A>
+__global__ void layer_norm_forward(A* y, float* mean_out, float* rstd_out, const A* x, const float* gamma,
                                    const float* beta, int64_t rows, int64_t c, float eps) {
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float* in = x + r * c;
+  const A* in = x + r * c;
   float sum = 0;
-  for (int64_t j = lane; j < c; j += 32) sum += in[j];
+  for (int64_t j = lane; j < c; j += 32) sum += cuda::to_float(in[j]);
   const float mean = cuda::warp_sum(sum) / float(c);
   float var = 0;
-  for (int64_t j = lane; j < c; j += 32) var += (in[j] - mean) * (in[j] - mean);
+  for (int64_t j = lane; j < c; j += 32) {
+    const float d = cuda::to_float(in[j]) - mean;
+    var += d * d;
+  }
   const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
-  for (int64_t j = lane; j < c; j += 32) y[r * c + j] = (in[j] - mean) * rstd * gamma[j] + beta[j];
+  for (int64_t j = lane; j < c; j += 32)
+    y[r * c + j] = cuda::from_float<A>((cuda::to_float(in[j]) - mean) * rstd * gamma[j] + beta[j]);
   if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
 }
 
-__global__ void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* gamma,
-                                          const float* mean, const float* rstd, int64_t rows, int64_t c,
-                                          bool accumulate) {
+template <typename A>
+__global__ void layer_norm_backward_input(A* dx, const A* dy, const A* x, const float* gamma, const float* mean,
+                                          const float* rstd, int64_t rows, int64_t c, bool accumulate) {
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float *in = x + r * c, *dyr = dy + r * c;
+  const A *in = x + r * c, *dyr = dy + r * c;
   const float m = mean[r], rs = rstd[r];
   float mean_dn = 0, mean_dn_n = 0;
   for (int64_t j = lane; j < c; j += 32) {
-    const float dn = dyr[j] * gamma[j];
+    const float dn = cuda::to_float(dyr[j]) * gamma[j];
     mean_dn += dn;
-    mean_dn_n += dn * (in[j] - m) * rs;
+    mean_dn_n += dn * (cuda::to_float(in[j]) - m) * rs;
   }
   mean_dn = cuda::warp_sum(mean_dn) / float(c);
   mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
   for (int64_t j = lane; j < c; j += 32) {
-    const float n = (in[j] - m) * rs;
-    cuda::store_grad(dx, r * c + j, rs * (dyr[j] * gamma[j] - mean_dn - n * mean_dn_n), accumulate);
+    const float n = (cuda::to_float(in[j]) - m) * rs;
+    cuda::store_grad(dx, r * c + j, rs * (cuda::to_float(dyr[j]) * gamma[j] - mean_dn - n * mean_dn_n), accumulate);
   }
 }
 
 // Pass 1: partial[chunk][col] of sum dy * n (gamma) and sum dy (beta) over the chunk's rows. Block (32,
 // 8): 32 columns, 8 row lanes.
 constexpr int64_t kRowsPerChunk = 256;
-__global__ void layer_norm_param_partials(float* partial_gamma, float* partial_beta, const float* dy, const float* x,
+template <typename A>
+__global__ void layer_norm_param_partials(float* partial_gamma, float* partial_beta, const A* dy, const A* x,
                                           const float* mean, const float* rstd, int64_t rows, int64_t c) {
   __shared__ float sg[8][33], sb[8][33];
   const int64_t col = blockIdx.x * 32 + threadIdx.x;
@@ -93,8 +99,8 @@ __global__ void layer_norm_param_partials(float* partial_gamma, float* partial_b
   if (col < c) {
     const int64_t end = min(rows, (chunk + 1) * kRowsPerChunk);
     for (int64_t r = chunk * kRowsPerChunk + threadIdx.y; r < end; r += 8) {
-      const float d = dy[r * c + col];
-      ag += d * (x[r * c + col] - mean[r]) * rstd[r];
+      const float d = cuda::to_float(dy[r * c + col]);
+      ag += d * (cuda::to_float(x[r * c + col]) - mean[r]) * rstd[r];
       ab += d;
     }
   }
@@ -119,6 +125,30 @@ __global__ void layer_norm_param_sums(float* dgamma, float* dbeta, const float* 
   }
 }
 
+// LayerNorm's backward: the input's gradient, then gamma's and beta's (F32 parameters).
+template <typename A>
+void layer_norm_backward(Graph<float>& g, Var x, Var gamma, Var beta, Var y, const float* mean, const float* rstd,
+                         int64_t rows, int64_t c) {
+  const A* dy = cuda::typed<A>(g.grad_data(y));
+  const A* xv = cuda::typed<A>(g.data(x));
+  if (g.requires_grad(x)) {
+    const auto dx = g.raw_grad_target(x);
+    layer_norm_backward_input<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+        cuda::typed<A>(dx.data), dy, xv, g.value(gamma).data(), mean, rstd, rows, c, dx.accumulate);
+    BERT_CUDA_LAUNCHED();
+  }
+  float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
+  float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
+  if (!dgamma && !dbeta) return;
+  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  float* partial_gamma = g.scratch<float>(chunks * c);
+  float* partial_beta = g.scratch<float>(chunks * c);
+  layer_norm_param_partials<A><<<dim3(unsigned((c + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, cuda::stream(g)>>>(
+      partial_gamma, partial_beta, dy, xv, mean, rstd, rows, c);
+  BERT_CUDA_LAUNCHED();
+  BERT_LAUNCH(layer_norm_param_sums, c, g, dgamma, dbeta, partial_gamma, partial_beta, chunks, c);
+}
+
 }  // namespace
 
 Var softmax(Graph<float>& g, Var x, Var mask) {
@@ -134,15 +164,23 @@ Var softmax(Graph<float>& g, Var x, Var mask) {
     rows_per_item = rows / xs[0];
     mv = g.value(mask).data();
   }
-  Var y = g.emit(xs, {x});
-  softmax_forward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(),
-                                                                                 mv, rows, k, rows_per_item);
-  BERT_CUDA_LAUNCHED();
-  g.on_backward(y, [x, y, k, rows](Graph<float>& g) {
-    const auto dx = g.grad_target(x);
-    softmax_backward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-        dx.data, g.grad(y).data(), g.value(y).data(), rows, k, dx.accumulate);
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(xs, {x}, dtype);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    softmax_forward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+        cuda::typed<A>(g.data(y)), cuda::typed<A>(g.data(x)), mv, rows, k, rows_per_item);
     BERT_CUDA_LAUNCHED();
+  });
+  g.on_backward(y, [x, y, k, rows, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const auto dx = g.raw_grad_target(x);
+      softmax_backward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+          cuda::typed<A>(dx.data), cuda::typed<A>(g.grad_data(y)), cuda::typed<A>(g.data(y)), rows, k, dx.accumulate);
+      BERT_CUDA_LAUNCHED();
+    });
   });
   return y;
 }
@@ -152,31 +190,23 @@ Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps) {
   const int64_t c = xs.last(), rows = xs.rows();
   BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),
              "layer_norm: gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " + xs.str());
-  Var y = g.emit(xs, {x, gamma, beta});
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(xs, {x, gamma, beta}, dtype);
   float* mean = g.scratch<float>(rows);
   float* rstd = g.scratch<float>(rows);
-  layer_norm_forward<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-      g.value(y).data(), mean, rstd, g.value(x).data(), g.value(gamma).data(), g.value(beta).data(), rows, c,
-      static_cast<float>(eps));
-  BERT_CUDA_LAUNCHED();
-  g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c](Graph<float>& g) {
-    const float* dy = g.grad(y).data();
-    if (g.requires_grad(x)) {
-      const auto dx = g.grad_target(x);
-      layer_norm_backward_input<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-          dx.data, dy, g.value(x).data(), g.value(gamma).data(), mean, rstd, rows, c, dx.accumulate);
-      BERT_CUDA_LAUNCHED();
-    }
-    float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
-    float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
-    if (!dgamma && !dbeta) return;
-    const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
-    float* partial_gamma = g.scratch<float>(chunks * c);
-    float* partial_beta = g.scratch<float>(chunks * c);
-    layer_norm_param_partials<<<dim3(unsigned((c + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, cuda::stream(g)>>>(
-        partial_gamma, partial_beta, dy, g.value(x).data(), mean, rstd, rows, c);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    layer_norm_forward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+        cuda::typed<A>(g.data(y)), mean, rstd, cuda::typed<A>(g.data(x)), g.value(gamma).data(), g.value(beta).data(),
+        rows, c, static_cast<float>(eps));
     BERT_CUDA_LAUNCHED();
-    BERT_LAUNCH(layer_norm_param_sums, c, g, dgamma, dbeta, partial_gamma, partial_beta, chunks, c);
+  });
+  g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      layer_norm_backward<A>(g, x, gamma, beta, y, mean, rstd, rows, c);
+    });
   });
   return y;
 }

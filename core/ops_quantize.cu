@@ -15,8 +15,9 @@ constexpr int64_t kBlock = int64_t{1} << 12;
 constexpr int kThreads = 256;
 
 // Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kBlock, (b+1) kBlock).
-__global__ void fake_quantize_forward(float* y, const float* x, const float* scale, int64_t per_channel, float lo,
-                                      float hi, unsigned long long* clipped) {
+template <typename Y, typename X>
+__global__ void fake_quantize_forward(Y* y, const X* x, const float* scale, int64_t per_channel, float lo, float hi,
+                                      unsigned long long* clipped) {
   __shared__ int64_t shared[32];
   const int64_t c = blockIdx.y;
   const int64_t begin = c * per_channel + blockIdx.x * kBlock;
@@ -24,10 +25,10 @@ __global__ void fake_quantize_forward(float* y, const float* x, const float* sca
   const float s = scale[c];
   int64_t count = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = x[i] / s;
+    const float v = cuda::to_float(x[i]) / s;
     const float q = rintf(v);
     count += (v < lo) | (v > hi);  // where backward's straight-through mask blocks the gradient
-    y[i] = fminf(fmaxf(q, lo), hi) * s;
+    y[i] = cuda::from_float<Y>(fminf(fmaxf(q, lo), hi) * s);
   }
   if (clipped) {
     count = cuda::block_sum(count, shared);
@@ -35,7 +36,8 @@ __global__ void fake_quantize_forward(float* y, const float* x, const float* sca
   }
 }
 
-__global__ void fake_quantize_backward(float* dx, double* partial, const float* dy, const float* x, const float* scale,
+template <typename Y, typename X>
+__global__ void fake_quantize_backward(X* dx, double* partial, const Y* dy, const X* x, const float* scale,
                                        int64_t per_channel, float lo, float hi, bool accumulate) {
   __shared__ double shared[32];
   const int64_t c = blockIdx.y;
@@ -44,15 +46,16 @@ __global__ void fake_quantize_backward(float* dx, double* partial, const float* 
   const float s = scale[c];
   double acc = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = x[i] / s;
+    const float v = cuda::to_float(x[i]) / s;
+    const float d = cuda::to_float(dy[i]);
     const bool inside = !(v < lo) && !(v > hi);  // the straight-through estimator passes dy inside the range
-    if (dx) cuda::store_grad(dx, i, inside ? dy[i] : 0.0f, accumulate);
+    if (dx) cuda::store_grad(dx, i, inside ? d : 0.0f, accumulate);
     if (v < lo) {
-      acc += double(dy[i]) * lo;
+      acc += double(d) * lo;
     } else if (v > hi) {
-      acc += double(dy[i]) * hi;
+      acc += double(d) * hi;
     } else {
-      acc += double(dy[i]) * (rintf(v) - v);
+      acc += double(d) * (rintf(v) - v);
     }
   }
   if (partial) {
@@ -73,8 +76,10 @@ __global__ void scale_gradient_sums(float* ds, const double* partial, int64_t bl
 
 }  // namespace
 
+// The output in the activation dtype (BF16 in mixed precision: q s rounded to 8 mantissa bits, which
+// for |q| <= 256 is q times s rounded once); x, often an F32 weight, in its own.
 Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
-  const int64_t n = g.value(x).numel();
+  const int64_t n = g.shape(x).numel();
   const int64_t channels = g.value(scale).numel();
   BERT_CHECK(g.shape(scale).rank() == 1 && channels >= 1 && n % channels == 0,
              "fake_quantize: scale " + g.shape(scale).str() + " does not divide x " + g.shape(x).str());
@@ -84,23 +89,35 @@ Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double 
   BERT_CHECK(channels <= 65535, "fake_quantize on a GPU: at most 65535 channels");
   const dim3 grid(static_cast<unsigned>(blocks_per_channel), static_cast<unsigned>(channels));
   const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
-  Var y = g.emit(g.shape(x), {x, scale});
+  const DType in_type = g.dtype(x), out_type = g.activation_dtype();
+  Var y = g.emit(g.shape(x), {x, scale}, out_type);
   if (n > 0) {
-    fake_quantize_forward<<<grid, kThreads, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(),
-                                                                  g.value(scale).data(), per_channel, lo, hi,
-                                                                  reinterpret_cast<unsigned long long*>(clipped));
-    BERT_CUDA_LAUNCHED();
+    cuda::with_element_type(out_type, [&](auto out_tag) {
+      cuda::with_element_type(in_type, [&](auto in_tag) {
+        using Y = typename decltype(out_tag)::type;
+        using X = typename decltype(in_tag)::type;
+        fake_quantize_forward<Y, X><<<grid, kThreads, 0, cuda::stream(g)>>>(
+            cuda::typed<Y>(g.data(y)), cuda::typed<X>(g.data(x)), g.value(scale).data(), per_channel, lo, hi,
+            reinterpret_cast<unsigned long long*>(clipped));
+        BERT_CUDA_LAUNCHED();
+      });
+    });
   }
   g.on_backward(y, [=](Graph<float>& g) {
     if (n == 0) return;
-    const auto dx_target = g.requires_grad(x) ? g.grad_target(x) : Graph<float>::GradTarget{nullptr, false};
-    float* dx = dx_target.data;
+    const auto dx_target = g.requires_grad(x) ? g.raw_grad_target(x) : Graph<float>::RawGradTarget{nullptr, false};
     float* ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
     double* partial = ds ? g.scratch<double>(blocks_per_channel * channels) : nullptr;
-    fake_quantize_backward<<<grid, kThreads, 0, cuda::stream(g)>>>(dx, partial, g.grad(y).data(), g.value(x).data(),
-                                                                   g.value(scale).data(), per_channel, lo, hi,
-                                                                   dx_target.accumulate);
-    BERT_CUDA_LAUNCHED();
+    cuda::with_element_type(out_type, [&](auto out_tag) {
+      cuda::with_element_type(in_type, [&](auto in_tag) {
+        using Y = typename decltype(out_tag)::type;
+        using X = typename decltype(in_tag)::type;
+        fake_quantize_backward<Y, X><<<grid, kThreads, 0, cuda::stream(g)>>>(
+            cuda::typed<X>(dx_target.data), partial, cuda::typed<Y>(g.grad_data(y)), cuda::typed<X>(g.data(x)),
+            g.value(scale).data(), per_channel, lo, hi, dx_target.accumulate);
+        BERT_CUDA_LAUNCHED();
+      });
+    });
     if (ds) {
       const unsigned threads = blocks_per_channel > 32 ? 256 : 32;
       scale_gradient_sums<<<static_cast<unsigned>(channels), threads, 0, cuda::stream(g)>>>(

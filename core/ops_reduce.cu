@@ -9,20 +9,23 @@ namespace {
 
 constexpr int kReduceThreads = 1024;
 
-__global__ void sum_kernel(float* y, const float* x, int64_t n) {
+template <typename A>
+__global__ void sum_kernel(float* y, const A* x, int64_t n) {
   __shared__ double shared[32];
   double acc = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += cuda::to_float(x[i]);
   acc = cuda::block_sum(acc, shared);
   if (threadIdx.x == 0) y[0] = static_cast<float>(acc);
 }
 
-__global__ void broadcast_scalar_add(float* dx, const float* dy, int64_t n, bool accumulate) {
+template <typename A>
+__global__ void broadcast_scalar_add(A* dx, const float* dy, int64_t n, bool accumulate) {
   BERT_GRID_STRIDE(i, n) cuda::store_grad(dx, i, dy[0], accumulate);
 }
 
 // One block per row: logsumexp of the row and the row's weighted loss (0 for skipped rows).
-__global__ void cross_entropy_rows(float* logsumexp, double* row_loss, const float* z, const int32_t* target,
+template <typename A>
+__global__ void cross_entropy_rows(float* logsumexp, double* row_loss, const A* z, const int32_t* target,
                                    const float* row_weight, int64_t c) {
   __shared__ float shared_f[32];
   const int64_t r = blockIdx.x;
@@ -30,9 +33,9 @@ __global__ void cross_entropy_rows(float* logsumexp, double* row_loss, const flo
     if (threadIdx.x == 0) row_loss[r] = 0.0, logsumexp[r] = 0.0f;
     return;
   }
-  const float* row = z + r * c;
+  const A* row = z + r * c;
   float max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) max = fmaxf(max, row[j]);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) max = fmaxf(max, cuda::to_float(row[j]));
   max = cuda::warp_max(max);
   __syncthreads();
   if (threadIdx.x % 32 == 0) shared_f[threadIdx.x / 32] = max;
@@ -40,12 +43,12 @@ __global__ void cross_entropy_rows(float* logsumexp, double* row_loss, const flo
   max = threadIdx.x % 32 < blockDim.x / 32 ? shared_f[threadIdx.x % 32] : -INFINITY;  // every warp
   max = cuda::warp_max(max);
   float sum = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(row[j] - max);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(cuda::to_float(row[j]) - max);
   sum = cuda::block_sum(sum, shared_f);
   if (threadIdx.x == 0) {
     const float lse = max + logf(sum);
     logsumexp[r] = lse;
-    row_loss[r] = double(row_weight[r]) * (double(lse) - double(row[target[r]]));
+    row_loss[r] = double(row_weight[r]) * (double(lse) - double(cuda::to_float(row[target[r]])));
   }
 }
 
@@ -104,31 +107,33 @@ __global__ void distillation_backward(float* ds, const float* s, const float* t,
   }
 }
 
-__global__ void cross_entropy_backward(float* dz, const float* z, const float* upstream, const int32_t* target,
+template <typename A>
+__global__ void cross_entropy_backward(A* dz, const A* z, const float* upstream, const int32_t* target,
                                        const float* row_weight, const float* logsumexp, int64_t c, bool accumulate) {
   const int64_t r = blockIdx.x;
   if (row_weight[r] == 0.0f) {  // a skipped row: its gradient is zero
     if (!accumulate)
-      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dz[r * c + j] = 0.0f;
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dz[r * c + j] = cuda::from_float<A>(0.0f);
     return;
   }
   const float w = upstream[0] * row_weight[r], lse = logsumexp[r];
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    float d = w * expf(z[r * c + j] - lse);
+    float d = w * expf(cuda::to_float(z[r * c + j]) - lse);
     if (j == target[r]) d -= w;
     cuda::store_grad(dz, r * c + j, d, accumulate);
   }
 }
 
 // One block per row: the index of the largest value, the first one on ties (as std::max_element).
-__global__ void row_argmax_kernel(int32_t* out, const float* x, int64_t c) {
+template <typename A>
+__global__ void row_argmax_kernel(int32_t* out, const A* x, int64_t c) {
   __shared__ float best_value[32];
   __shared__ int64_t best_index[32];
   const int64_t r = blockIdx.x;
   float v = -INFINITY;
   int64_t idx = c;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float e = x[r * c + j];
+    const float e = cuda::to_float(x[r * c + j]);
     if (e > v || idx == c) v = e, idx = j;
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -148,13 +153,20 @@ __global__ void row_argmax_kernel(int32_t* out, const float* x, int64_t c) {
 }  // namespace
 
 Var sum(Graph<float>& g, Var x) {
+  const DType dtype = g.dtype(x);
   Var y = g.emit(Shape{}, {x});
-  sum_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), g.value(x).data(), g.value(x).numel());
-  BERT_CUDA_LAUNCHED();
-  g.on_backward(y, [x, y](Graph<float>& g) {
-    const int64_t n = g.value(x).numel();
-    const auto dx = g.grad_target(x);
-    BERT_LAUNCH(broadcast_scalar_add, n, g, dx.data, g.grad(y).data(), n, dx.accumulate);
+  const int64_t n = g.shape(x).numel();
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    sum_kernel<A><<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), cuda::typed<A>(g.data(x)), n);
+    BERT_CUDA_LAUNCHED();
+  });
+  g.on_backward(y, [x, y, n, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const auto dx = g.raw_grad_target(x);
+      BERT_LAUNCH(broadcast_scalar_add<A>, n, g, cuda::typed<A>(dx.data), g.grad(y).data(), n, dx.accumulate);
+    });
   });
   return y;
 }
@@ -187,25 +199,39 @@ Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets,
   float* logsumexp = g.scratch<float>(std::max<int64_t>(n, 1));
   double* row_loss = g.scratch<double>(std::max<int64_t>(n, 1));
   Var y = g.emit(Shape{}, {logits});
-  const float* z = g.value(logits).data();
+  const DType dtype = g.dtype(logits);
   if (n > 0) {
-    cross_entropy_rows<<<unsigned(n), 256, 0, cuda::stream(g)>>>(logsumexp, row_loss, z, d_target, d_weight, c);
-    BERT_CUDA_LAUNCHED();
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      cross_entropy_rows<A><<<unsigned(n), 256, 0, cuda::stream(g)>>>(
+          logsumexp, row_loss, cuda::typed<A>(g.data(logits)), d_target, d_weight, c);
+      BERT_CUDA_LAUNCHED();
+    });
   }
   sum_rows_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), row_loss, n, 1.0);
   BERT_CUDA_LAUNCHED();
-  g.on_backward(y, [logits, y, d_target, d_weight, logsumexp, n, c](Graph<float>& g) {
+  g.on_backward(y, [logits, y, d_target, d_weight, logsumexp, n, c, dtype](Graph<float>& g) {
     if (n == 0) return;
-    const auto dz = g.grad_target(logits);
-    cross_entropy_backward<<<unsigned(n), 256, 0, cuda::stream(g)>>>(dz.data, g.value(logits).data(), g.grad(y).data(),
-                                                                     d_target, d_weight, logsumexp, c, dz.accumulate);
-    BERT_CUDA_LAUNCHED();
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const auto dz = g.raw_grad_target(logits);
+      cross_entropy_backward<A>
+          <<<unsigned(n), 256, 0, cuda::stream(g)>>>(cuda::typed<A>(dz.data), cuda::typed<A>(g.data(logits)),
+                                                     g.grad(y).data(), d_target, d_weight, logsumexp, c, dz.accumulate);
+      BERT_CUDA_LAUNCHED();
+    });
   });
   return y;
 }
 
 // Shapes, the teacher and the temperature are checked by ops::distillation_loss before it dispatches here.
+// In F32 whatever the logits' dtype (task logits are small: converting them costs nothing).
 Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature) {
+  student = to_dtype(g, student, DType::kF32);
+  if (g.dtype(teacher) != DType::kF32) {
+    NoGradGuard<float> no_grad(g);
+    teacher = to_dtype(g, teacher, DType::kF32);
+  }
   const Shape ss = g.shape(student);
   const int64_t n = ss[0], c = ss[1];
   const float inv_t = static_cast<float>(1.0 / temperature);
@@ -233,13 +259,17 @@ Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperat
 }
 
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x) {
-  const TensorView<float> v = g.value(x);
-  const int64_t c = v.shape().last(), rows = v.shape().rows();
+  const Shape shape = g.shape(x);
+  const int64_t c = shape.last(), rows = shape.rows();
   std::vector<int32_t> out(static_cast<size_t>(rows));
   if (rows == 0) return out;
   DeviceBuffer result(g.device(), out.size() * sizeof(int32_t));
-  row_argmax_kernel<<<unsigned(rows), 256, 0, cuda::stream(g)>>>(result.as<int32_t>(), v.data(), c);
-  BERT_CUDA_LAUNCHED();
+  cuda::with_element_type(g.dtype(x), [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    row_argmax_kernel<A>
+        <<<unsigned(rows), 256, 0, cuda::stream(g)>>>(result.as<int32_t>(), cuda::typed<A>(g.data(x)), c);
+    BERT_CUDA_LAUNCHED();
+  });
   g.device().copy_to_host(out.data(), result.data(), out.size() * sizeof(int32_t));
   return out;
 }

@@ -17,8 +17,8 @@ struct Permute {
 };
 
 // I: the index type, 32-bit whenever the tensor allows (64-bit division costs several times more).
-template <typename I>
-__global__ void permute_kernel(float* out, const float* in, Permute p, int64_t n, bool backward, bool accumulate) {
+template <typename I, typename A>
+__global__ void permute_kernel(A* out, const A* in, Permute p, int64_t n, bool backward, bool accumulate) {
   BERT_GRID_STRIDE(o, n) {
     I rest = static_cast<I>(o), i = 0;
     for (int axis = 3; axis >= 0; --axis) {
@@ -26,16 +26,16 @@ __global__ void permute_kernel(float* out, const float* in, Permute p, int64_t n
       rest /= static_cast<I>(p.out_dims[axis]);
     }
     if (backward)
-      cuda::store_grad(out, i, in[o], accumulate);  // a bijection: no write conflicts
+      cuda::store_grad(out, i, cuda::to_float(in[o]), accumulate);  // a bijection: no write conflicts
     else
       out[o] = in[i];
   }
 }
 
-// The same permutation when the innermost axis stays innermost and holds a multiple of 4 floats:
-// whole float4s move, and the index arithmetic is done once per 4 elements.
-__global__ void permute_rows_kernel(float4* out, const float4* in, Permute p, int64_t n4, bool backward,
-                                    bool accumulate) {
+// The same permutation when the innermost axis stays innermost and holds a multiple of 4 elements:
+// packs of 4 move, and the index arithmetic is done once per 4 elements.
+template <typename A>
+__global__ void permute_rows_kernel(A* out, const A* in, Permute p, int64_t n4, bool backward, bool accumulate) {
   const int32_t d3 = static_cast<int32_t>(p.out_dims[3] / 4);
   BERT_GRID_STRIDE(o, n4) {
     int32_t rest = static_cast<int32_t>(o / d3), i = 0;
@@ -46,20 +46,36 @@ __global__ void permute_rows_kernel(float4* out, const float4* in, Permute p, in
     }
     i += inner;
     if (backward && accumulate) {
-      float4 a = out[i];
-      const float4 b = in[o];
-      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-      out[i] = a;
+      cuda::Pack<A, 4> a = cuda::load_pack<4>(out + 4 * int64_t(i));
+      const cuda::Pack<A, 4> b = cuda::load_pack<4>(in + 4 * o);
+      for (int j = 0; j < 4; ++j) a.v[j] = cuda::from_float<A>(cuda::to_float(a.v[j]) + cuda::to_float(b.v[j]));
+      cuda::store_pack<4>(out + 4 * int64_t(i), a);
     } else if (backward) {
-      out[i] = in[o];
+      cuda::store_pack<4>(out + 4 * int64_t(i), cuda::load_pack<4>(in + 4 * o));
     } else {
-      out[o] = in[i];
+      cuda::store_pack<4>(out + 4 * o, cuda::load_pack<4>(in + 4 * int64_t(i)));
     }
   }
 }
 
-__global__ void gather_forward(float* y, const float* table, const int32_t* ids, int64_t n, int64_t cols) {
-  BERT_GRID_STRIDE(e, n * cols) y[e] = table[int64_t(ids[e / cols]) * cols + e % cols];
+// y (dtype Y) = x (dtype X), element by element; also a conversion's backward (accumulating).
+template <int W, typename Y, typename X>
+__global__ void convert_kernel(Y* y, const X* x, int64_t n, bool accumulate) {
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    const cuda::Pack<X, W> in = cuda::load_pack<W>(x + i);
+    cuda::Pack<Y, W> out;
+    if (accumulate) out = cuda::load_pack<W>(y + i);
+    for (int j = 0; j < W; ++j)
+      out.v[j] = cuda::from_float<Y>(accumulate ? cuda::to_float(out.v[j]) + cuda::to_float(in.v[j])
+                                                : cuda::to_float(in.v[j]));
+    cuda::store_pack<W>(y + i, out);
+  }
+}
+
+template <typename Y, typename X>
+__global__ void gather_forward(Y* y, const X* table, const int32_t* ids, int64_t n, int64_t cols) {
+  BERT_GRID_STRIDE(e, n * cols)
+  y[e] = cuda::from_float<Y>(cuda::to_float(table[int64_t(ids[e / cols]) * cols + e % cols]));
 }
 
 // The positions of one id are summed in chunks of at most kGatherChunk (in parallel), then the chunks
@@ -68,24 +84,28 @@ __global__ void gather_forward(float* y, const float* table, const int32_t* ids,
 constexpr int64_t kGatherChunk = 64;
 
 // Pass 1: partial[k] (a row of cols) = sum of dy's rows order[chunk_begin[k] .. chunk_begin[k + 1]).
-__global__ void gather_backward_chunks(float* partial, const float* dy, const int32_t* chunk_begin,
-                                       const int32_t* order, int64_t n_chunks, int64_t cols) {
+template <typename Y>
+__global__ void gather_backward_chunks(float* partial, const Y* dy, const int32_t* chunk_begin, const int32_t* order,
+                                       int64_t n_chunks, int64_t cols) {
   BERT_GRID_STRIDE(e, n_chunks * cols) {
     const int64_t k = e / cols, c = e % cols;
     float acc = 0;
-    for (int32_t i = chunk_begin[k]; i < chunk_begin[k + 1]; ++i) acc += dy[int64_t(order[i]) * cols + c];
+    for (int32_t i = chunk_begin[k]; i < chunk_begin[k + 1]; ++i)
+      acc += cuda::to_float(dy[int64_t(order[i]) * cols + c]);
     partial[e] = acc;
   }
 }
 
 // Pass 2: row unique[u] of the table += the sum of its chunks first_chunk[u] .. first_chunk[u + 1].
-__global__ void gather_backward_rows(float* dtable, const float* partial, const int32_t* unique,
-                                     const int32_t* first_chunk, int64_t n_unique, int64_t cols) {
+template <typename X>
+__global__ void gather_backward_rows(X* dtable, const float* partial, const int32_t* unique, const int32_t* first_chunk,
+                                     int64_t n_unique, int64_t cols) {
   BERT_GRID_STRIDE(e, n_unique * cols) {
     const int64_t u = e / cols, c = e % cols;
     float acc = 0;
     for (int32_t k = first_chunk[u]; k < first_chunk[u + 1]; ++k) acc += partial[int64_t(k) * cols + c];
-    dtable[int64_t(unique[u]) * cols + c] += acc;
+    const int64_t at = int64_t(unique[u]) * cols + c;
+    dtable[at] = cuda::from_float<X>(cuda::to_float(dtable[at]) + acc);
   }
 }
 
@@ -93,6 +113,30 @@ __global__ void gather_backward_rows(float* dtable, const float* partial, const 
 
 // No copy either way: the output's value and gradient are views of x's.
 Var reshape(Graph<float>& g, Var x, Shape shape) { return g.emit_view(x, shape); }
+
+Var to_dtype(Graph<float>& g, Var x, DType dtype) {
+  const DType from = g.dtype(x);
+  if (from == dtype) return x;
+  const int64_t n = g.shape(x).numel();
+  Var y = g.emit(g.shape(x), {x}, dtype);
+  auto convert = [n](const Graph<float>& g, void* out, DType out_type, const void* in, DType in_type, bool accumulate) {
+    cuda::with_element_type(out_type, [&](auto out_tag) {
+      cuda::with_element_type(in_type, [&](auto in_tag) {
+        using Y = typename decltype(out_tag)::type;
+        using X = typename decltype(in_tag)::type;
+        Y* o = static_cast<Y*>(out);
+        const X* i = static_cast<const X*>(in);
+        BERT_LAUNCH_PACKED(convert_kernel, n, cuda::packs_of_4(n, {o, i}), g, o, i, n, accumulate);
+      });
+    });
+  };
+  convert(g, g.data(y), dtype, g.data(x), from, false);
+  g.on_backward(y, [x, y, from, dtype, convert](Graph<float>& g) {
+    const auto dx = g.raw_grad_target(x);
+    convert(g, dx.data, from, g.grad_data(y), dtype, dx.accumulate);
+  });
+  return y;
+}
 
 Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
   const Shape in = g.shape(x);
@@ -116,26 +160,35 @@ Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
     p.in_stride[4 - rank + i] = stride[axis];
     ++i;
   }
-  Var y = g.emit(out, {x});
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(out, {x}, dtype);
   const int64_t n = in.numel();
   const bool small = n < (int64_t{1} << 31);
   // Rows: the innermost axis stays put (its input stride is 1) and is a multiple of 4 (workspace
-  // buffers are 64-byte aligned, so float4 accesses are aligned).
+  // buffers are 64-byte aligned, so packs of 4 are aligned).
   const bool rows = small && p.in_stride[3] == 1 && p.out_dims[3] % 4 == 0;
-  auto launch = [p, n, small, rows](const Graph<float>& g, float* out, const float* in, bool backward,
-                                    bool accumulate) {
-    if (rows && reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0)
-      BERT_LAUNCH(permute_rows_kernel, n / 4, g, reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(in), p,
-                  n / 4, backward, accumulate);
-    else if (small)
-      BERT_LAUNCH(permute_kernel<int32_t>, n, g, out, in, p, n, backward, accumulate);
-    else
-      BERT_LAUNCH(permute_kernel<int64_t>, n, g, out, in, p, n, backward, accumulate);
+  auto launch = [p, n, small, rows, dtype](const Graph<float>& g, void* out, const void* in, bool backward,
+                                           bool accumulate) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      A* o = static_cast<A*>(out);
+      const A* i = static_cast<const A*>(in);
+      if (rows && reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0)
+        BERT_LAUNCH(permute_rows_kernel<A>, n / 4, g, o, i, p, n / 4, backward, accumulate);
+      else if (small) {
+        auto* kernel = &permute_kernel<int32_t, A>;
+        BERT_LAUNCH(kernel, n, g, o, i, p, n, backward, accumulate);
+      } else {
+        auto* kernel = &permute_kernel<int64_t, A>;
+        BERT_LAUNCH(kernel, n, g, o, i, p, n, backward, accumulate);
+      }
+    });
   };
-  launch(g, g.value(y).data(), g.value(x).data(), false, false);
+  launch(g, g.data(y), g.data(x), false, false);
   g.on_backward(y, [x, y, launch](Graph<float>& g) {
-    const auto dx = g.grad_target(x);
-    launch(g, dx.data, g.grad(y).data(), true, dx.accumulate);
+    const auto dx = g.raw_grad_target(x);
+    launch(g, dx.data, g.grad_data(y), true, dx.accumulate);
   });
   return y;
 }
@@ -155,8 +208,17 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
     BERT_CHECK(ids[i] >= 0 && ids[i] < rows,
                "gather_rows: id " + std::to_string(ids[i]) + " outside table of " + std::to_string(rows) + " rows");
   const int32_t* device_ids = g.upload(ids.data(), static_cast<size_t>(n));
-  Var y = g.emit(out, {table});
-  BERT_LAUNCH(gather_forward, n * cols, g, g.value(y).data(), g.value(table).data(), device_ids, n, cols);
+  // The output in the activation dtype; the table (a parameter, or an activation) in its own.
+  const DType table_type = g.dtype(table), out_type = g.activation_dtype();
+  Var y = g.emit(out, {table}, out_type);
+  cuda::with_element_type(out_type, [&](auto out_tag) {
+    cuda::with_element_type(table_type, [&](auto table_tag) {
+      using Y = typename decltype(out_tag)::type;
+      using X = typename decltype(table_tag)::type;
+      auto* kernel = &gather_forward<Y, X>;
+      BERT_LAUNCH(kernel, n * cols, g, cuda::typed<Y>(g.data(y)), cuda::typed<X>(g.data(table)), device_ids, n, cols);
+    });
+  });
   if (!g.requires_grad(y)) return y;
   // For backward: the positions of each distinct id, grouped (sorted on the host), cut into chunks.
   // A counting sort, stable (positions of one id stay in order) and linear: a comparison sort of a
@@ -185,10 +247,16 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
   g.on_backward(y, [=](Graph<float>& g) {
     if (n_chunks == 0) return;
     float* partial = g.scratch<float>(n_chunks * cols);
-    BERT_LAUNCH(gather_backward_chunks, n_chunks * cols, g, partial, g.grad(y).data(), d_chunk_begin, d_order, n_chunks,
-                cols);
-    BERT_LAUNCH(gather_backward_rows, n_unique * cols, g, g.grad(table).data(), partial, d_unique, d_first_chunk,
-                n_unique, cols);
+    cuda::with_element_type(out_type, [&](auto out_tag) {
+      using Y = typename decltype(out_tag)::type;
+      BERT_LAUNCH(gather_backward_chunks<Y>, n_chunks * cols, g, partial, cuda::typed<Y>(g.grad_data(y)), d_chunk_begin,
+                  d_order, n_chunks, cols);
+    });
+    cuda::with_element_type(table_type, [&](auto table_tag) {
+      using X = typename decltype(table_tag)::type;
+      BERT_LAUNCH(gather_backward_rows<X>, n_unique * cols, g, cuda::typed<X>(g.grad_data(table)), partial, d_unique,
+                  d_first_chunk, n_unique, cols);
+    });
   });
   return y;
 }

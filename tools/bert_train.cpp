@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       "  bert-train --init-from runs/mini --train genre/train.hdf5 --eval genre/dev.hdf5 --out runs/genre \\\n"
       "             --steps 600 --batch-size 32 --lr 5e-5      # fine-tune: the head comes from the task shards\n"
       "The same command with --resume continues an interrupted run exactly.\n"
-      "Guide: docs/training.md (GPUs: --device cuda --precision tf32)");
+      "Guide: docs/training.md (GPUs: --device cuda --precision bf16)");
   app.add_option("--train", o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
   app.add_option("--eval", o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
   app.add_option("--tokenizer", o.tokenizer_path,
@@ -157,8 +157,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
   app.add_option("--precision", o.precision,
-                 "GEMM precision on a GPU: fp32, or tf32 (TF32 tensor cores, FP32 accumulation); elementwise ops, "
-                 "reductions, fake quantization and the weights stay FP32")
+                 "precision on a GPU: fp32; tf32 (TF32 tensor cores for the GEMMs, FP32 tensors); or bf16 (mixed "
+                 "precision: BF16 activations and GEMMs, FP32 master weights, optimizer, losses and quantizer "
+                 "scales)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

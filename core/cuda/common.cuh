@@ -1,12 +1,16 @@
 // Shared helpers of the CUDA kernels (core/ops_*.cu): the graph's stream, launch sizes, warp and block
-// reductions. Kernels accumulate in float and, where a sum spans many elements, in double.
+// reductions, and the activation element types. Kernels compute and accumulate in float (in double
+// where a sum spans many elements), whatever the type they load and store: float, or BF16 in mixed
+// precision (a template parameter A of the kernels).
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "core/cuda/context.h"
 #include "core/graph.h"
@@ -17,6 +21,41 @@ inline const CudaContext& context(const Device& d) { return *d.cuda_context(); }
 inline cudaStream_t stream(const Device& d) { return d.cuda_context()->stream; }
 inline cudaStream_t stream(const Graph<float>& g) { return stream(g.device()); }
 inline cublasHandle_t cublas(const Graph<float>& g) { return g.device().cuda_context()->cublas; }
+
+// --- element types: float, or BF16 (activations in mixed precision), converted at loads and stores
+using bf16 = __nv_bfloat16;
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+template <typename A>
+__device__ __forceinline__ A from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename A>
+struct TypeTag {
+  using type = A;
+};
+// Calls f(TypeTag<A>{}) with A the element type of `dtype`: one kernel instantiation per type.
+template <typename F>
+void with_element_type(DType dtype, F&& f) {
+  if (dtype == DType::kBF16)
+    f(TypeTag<bf16>{});
+  else
+    f(TypeTag<float>{});
+}
+template <typename A>
+constexpr cudaDataType_t cuda_data_type() {
+  return std::is_same_v<A, bf16> ? CUDA_R_16BF : CUDA_R_32F;
+}
+template <typename A>
+inline A* typed(void* p) {
+  return static_cast<A*>(p);
+}
 
 constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over n elements (capped: each thread then loops).
@@ -52,7 +91,8 @@ __device__ __forceinline__ void store_pack(V* p, const Pack<V, W>& pack) {
 #define BERT_GRID_STRIDE_PACKS(i, n, W)                                             \
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * (W); i < (n); \
        i += int64_t(blockDim.x) * gridDim.x * (W))
-// Whether n elements at every pointer can move in packs of 4 floats (16-byte aligned, n % 4 == 0).
+// Whether n elements at every pointer can move in packs of 4 (16-byte aligned, n % 4 == 0; a pack of 4
+// BF16 values is 8 bytes, so the same test suffices for it).
 inline bool packs_of_4(int64_t n, std::initializer_list<const void*> pointers) {
   if (n % 4 != 0) return false;
   for (const void* p : pointers)
@@ -71,18 +111,22 @@ inline bool packs_of_4(int64_t n, std::initializer_list<const void*> pointers) {
 // Stores one gradient element: added to what the buffer holds, or written when the buffer is fresh
 // (Graph::grad_target; an uninitialised buffer must not be read).
 template <typename V>
-__device__ __forceinline__ void store_grad(V* d, int64_t i, V v, bool accumulate) {
-  d[i] = accumulate ? d[i] + v : v;
+__device__ __forceinline__ void store_grad(V* d, int64_t i, float v, bool accumulate) {
+  d[i] = from_float<V>(accumulate ? to_float(d[i]) + v : v);
 }
 
 // dx (+)= alpha dy, in packs of W (a template so each kernel file has its own copy without relocatable
-// device code).
-template <int W>
-__global__ void scaled_grad_kernel(float* dx, const float* dy, float alpha, int64_t n, bool accumulate) {
+// device code). dx and dy may differ in type (a conversion's backward).
+template <int W, typename X, typename Y>
+__global__ void scaled_grad_kernel(X* dx, const Y* dy, float alpha, int64_t n, bool accumulate) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
-    const Pack<float, W> d = load_pack<W>(dy + i);
-    Pack<float, W> out = accumulate ? load_pack<W>(dx + i) : Pack<float, W>{};
-    for (int j = 0; j < W; ++j) out.v[j] = accumulate ? out.v[j] + alpha * d.v[j] : alpha * d.v[j];
+    const Pack<Y, W> d = load_pack<W>(dy + i);
+    Pack<X, W> out;
+    if (accumulate) out = load_pack<W>(dx + i);
+    for (int j = 0; j < W; ++j) {
+      const float v = alpha * to_float(d.v[j]);
+      out.v[j] = from_float<X>(accumulate ? to_float(out.v[j]) + v : v);
+    }
     store_pack<W>(dx + i, out);
   }
 }

@@ -1,8 +1,11 @@
 // Every primitive op on a CUDA GPU against the same op on the CPU: forward values and the gradients
 // of every input (from a random upstream gradient), at several shapes including odd sizes, broadcast
-// axes, repeated ids and ignored rows. Tolerances are named per op. Skips without a GPU.
+// axes, repeated ids and ignored rows. Each comparison runs twice on the GPU: in FP32 (tolerances named
+// per op) and in BF16 mixed precision (BF16 activations and gradients; kBf16 unless named). Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -22,6 +25,9 @@ constexpr double kExact = 0;           // same arithmetic in the same order: bit
 constexpr double kElementwise = 2e-6;  // erf/exp/tanh differ by an ulp or two between libm and CUDA
 constexpr double kReduction = 1e-5;    // sums in another order (rows, columns, blocks)
 constexpr double kGemm = 1e-5;         // cuBLAS FP32 vs Eigen: other blocking, other sum order
+// BF16 mixed precision against the FP32 CPU: each BF16 store rounds to 8 mantissa bits (relative error
+// up to 2^-9 = 0.2%), and an op's output is a few such roundings of its inputs and of itself.
+constexpr double kBf16 = 2e-2;
 
 struct Result {
   std::vector<float> value;
@@ -42,10 +48,11 @@ Result run_on(const Device& device, const std::vector<Shape>& shapes, const std:
               const std::vector<bool>& differentiable, const Build& build, uint32_t upstream_seed) {
   // Poison the workspace first: a backward that reads a gradient buffer it should only write (see
   // Graph::grad_target) then picks up NaNs instead of the zeros fresh device memory tends to hold.
+  // The pattern is a NaN both as a float and as each of its two BF16 halves.
   constexpr int64_t kPoisoned = int64_t{4} << 20;
   Graph<float> g(device, kPoisoned * sizeof(float));
-  const std::vector<float> nans(static_cast<size_t>(kPoisoned), std::nanf(""));
-  device.copy_to_device(g.scratch<float>(kPoisoned), nans.data(), nans.size() * sizeof(float));
+  const std::vector<uint32_t> nans(static_cast<size_t>(kPoisoned), 0x7FC07FC0u);
+  device.copy_to_device(g.scratch<uint32_t>(kPoisoned), nans.data(), nans.size() * sizeof(uint32_t));
   g.clear();
   std::vector<DeviceBuffer> values, grads;
   std::vector<Var> leaves;
@@ -89,23 +96,30 @@ class CudaOps : public ::testing::Test {
     if (!Device::cuda_available())
       GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): these tests run on a GPU machine";
     gpu_ = Device::cuda(0, Precision::kFp32);
+    gpu_bf16_ = Device::cuda(0, Precision::kBf16);
   }
-  // Compares the op on both devices: forward within forward_tol, each gradient within backward_tol.
+  // Compares the op on both devices: forward within forward_tol, each gradient within backward_tol in
+  // FP32; both within bf16_tol in BF16 mixed precision.
   void compare(const std::vector<Shape>& shapes, const Build& build, double forward_tol, double backward_tol,
-               std::vector<bool> differentiable = {}, float scale = 1.0f) {
+               std::vector<bool> differentiable = {}, float scale = 1.0f, double bf16_tol = kBf16) {
     if (differentiable.empty()) differentiable.assign(shapes.size(), true);
     std::vector<std::vector<float>> inputs;
     for (size_t i = 0; i < shapes.size(); ++i)
       inputs.push_back(random_values(shapes[i].numel(), 11 + uint32_t(i), scale));
     const Result cpu = run_on(Device::cpu(), shapes, inputs, differentiable, build, 99);
-    const Result gpu = run_on(*gpu_, shapes, inputs, differentiable, build, 99);
-    EXPECT_LE(relative_difference(gpu.value, cpu.value), forward_tol) << "forward";
-    for (size_t i = 0; i < shapes.size(); ++i)
-      if (differentiable[i]) {
-        EXPECT_LE(relative_difference(gpu.grads[i], cpu.grads[i]), backward_tol) << "gradient of input " << i;
-      }
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = gpu->precision() == Precision::kBf16;
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      const Result r = run_on(*gpu, shapes, inputs, differentiable, build, 99);
+      EXPECT_LE(relative_difference(r.value, cpu.value), bf16 ? bf16_tol : forward_tol) << "forward";
+      for (size_t i = 0; i < shapes.size(); ++i)
+        if (differentiable[i]) {
+          EXPECT_LE(relative_difference(r.grads[i], cpu.grads[i]), bf16 ? bf16_tol : backward_tol)
+              << "gradient of input " << i;
+        }
+    }
   }
-  std::unique_ptr<Device> gpu_;
+  std::unique_ptr<Device> gpu_, gpu_bf16_;
 };
 
 TEST_F(CudaOps, MatmulEveryTransposeBatchedAndShared) {
@@ -421,14 +435,94 @@ TEST_F(CudaOps, FakeQuantizeScaleGradientAndSaturationCount) {
     device.copy_to_host(clipped, counter.data(), 8);
   };
   for (int64_t channels : {int64_t{1}, int64_t{5}}) {
-    std::vector<float> cpu_grad, gpu_grad;
-    int64_t cpu_clipped = 0, gpu_clipped = 0;
+    std::vector<float> cpu_grad, gpu_grad, bf16_grad;
+    int64_t cpu_clipped = 0, gpu_clipped = 0, bf16_clipped = 0;
     run(Device::cpu(), channels, &cpu_grad, &cpu_clipped);
     run(*gpu_, channels, &gpu_grad, &gpu_clipped);
+    run(*gpu_bf16_, channels, &bf16_grad, &bf16_clipped);  // x stays F32: the same elements saturate
     EXPECT_GT(cpu_clipped, 0);
     EXPECT_EQ(gpu_clipped, cpu_clipped);
+    EXPECT_EQ(bf16_clipped, cpu_clipped);
     EXPECT_LE(relative_difference(gpu_grad, cpu_grad), kReduction);
+    EXPECT_LE(relative_difference(bf16_grad, cpu_grad), kBf16);
   }
+}
+
+// Add, mul and scale keep their inputs' dtype, so the comparisons above (F32 leaves) run them in F32
+// only; here their inputs are BF16 activations (GELU outputs) in the BF16 pass.
+TEST_F(CudaOps, AddMulScaleOnBf16Activations) {
+  const std::vector<std::pair<Shape, Shape>> cases = {{{4, 6, 8}, {4, 6, 8}}, {{4, 6, 8}, {8}}, {{4, 1, 8}, {4, 6, 1}}};
+  for (const auto& [a, b] : cases) {
+    SCOPED_TRACE(a.str() + " " + b.str());
+    compare(
+        {a, b},
+        [](Graph<float>& g, const std::vector<Var>& in) {
+          return ops::add(g, ops::gelu(g, in[0]), ops::gelu(g, in[1]));
+        },
+        kElementwise, kElementwise);
+    compare(
+        {a, b},
+        [](Graph<float>& g, const std::vector<Var>& in) {
+          return ops::mul(g, ops::gelu(g, in[0]), ops::gelu(g, in[1]));
+        },
+        kElementwise, kReduction);
+  }
+  compare(
+      {Shape{3, 7}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, ops::gelu(g, in[0]), -0.37); },
+      kElementwise, kElementwise);
+}
+
+// Which dtype each node takes in BF16 mixed precision (ops_cuda.h), and that parameter gradients stay F32.
+TEST_F(CudaOps, Bf16ModeStoresActivationsInBf16AndKeepsParametersAndLossesInF32) {
+  Graph<float> g(*gpu_bf16_);
+  EXPECT_EQ(g.activation_dtype(), DType::kBF16);
+  EXPECT_EQ(Graph<float>(*gpu_).activation_dtype(), DType::kF32);
+  const std::vector<float> xs = random_values(4 * 6, 1), ws = random_values(5 * 6, 2), bs = random_values(5, 3),
+                           zs = random_values(4 * 5, 4);
+  DeviceBuffer w(*gpu_bf16_, ws.size() * 4), dw(*gpu_bf16_, ws.size() * 4), b(*gpu_bf16_, bs.size() * 4),
+      db(*gpu_bf16_, bs.size() * 4);
+  gpu_bf16_->copy_to_device(w.data(), ws.data(), ws.size() * 4);
+  gpu_bf16_->copy_to_device(b.data(), bs.data(), bs.size() * 4);
+  gpu_bf16_->fill_zero(dw.data(), dw.bytes());
+  gpu_bf16_->fill_zero(db.data(), db.bytes());
+  Var x = g.input(std::span<const float>(xs), Shape{4, 6});
+  Var wv = g.leaf(TensorView<float>(w.as<float>(), Shape{5, 6}), TensorView<float>(dw.as<float>(), Shape{5, 6}));
+  Var bv = g.leaf(TensorView<float>(b.as<float>(), Shape{5}), TensorView<float>(db.as<float>(), Shape{5}));
+  EXPECT_EQ(g.dtype(x), DType::kF32);
+  Var y = ops::linear(g, x, wv, bv);
+  EXPECT_EQ(g.dtype(y), DType::kBF16);
+  EXPECT_THROW(g.value(y), InternalError);  // its storage holds 2-byte elements
+  EXPECT_EQ(g.dtype(ops::gelu(g, y)), DType::kBF16);
+  EXPECT_EQ(g.dtype(ops::add(g, y, y)), DType::kBF16);
+  EXPECT_EQ(g.dtype(ops::add(g, y, g.input(std::span<const float>(zs), Shape{4, 5}))), DType::kF32);  // promoted
+  const std::vector<int32_t> targets = {1, 0, 4, -1};
+  Var loss = ops::cross_entropy<float>(g, y, targets);
+  EXPECT_EQ(g.dtype(loss), DType::kF32);
+  // The BF16 output, read on the host, is the FP32 product rounded to 8 mantissa bits.
+  const std::vector<float> got = g.to_host(y);
+  for (int r = 0; r < 4; ++r)
+    for (int o = 0; o < 5; ++o) {
+      double expect = bs[o];
+      for (int i = 0; i < 6; ++i) expect += double(xs[r * 6 + i]) * ws[o * 6 + i];
+      EXPECT_NEAR(got[r * 5 + o], expect, 1e-2 * (std::abs(expect) + 1)) << r << "," << o;
+    }
+  g.backward(loss);
+  std::vector<float> grad(ws.size());
+  gpu_bf16_->copy_to_host(grad.data(), dw.data(), dw.bytes());
+  EXPECT_TRUE(std::any_of(grad.begin(), grad.end(), [](float v) { return v != 0; }));
+}
+
+TEST_F(CudaOps, RowArgmaxOfBf16Activations) {
+  std::vector<float> v = random_values(5 * 1000, 6);
+  v[1 * 1000 + 3] = v[1 * 1000 + 700] = 100.0f;  // exact in BF16: a tie, the first wins
+  v[4 * 1000 + 999] = 50.0f;
+  Graph<float> g(*gpu_bf16_);
+  Var x = ops::permute(g, g.input(std::span<const float>(v), Shape{5, 1000}), {0, 1});  // a BF16 copy
+  ASSERT_EQ(g.dtype(x), DType::kBF16);
+  const std::vector<int32_t> got = ops::row_argmax(g, x);
+  EXPECT_EQ(got[1], 3);
+  EXPECT_EQ(got[4], 999);
 }
 
 TEST_F(CudaOps, RowArgmaxFirstOnTies) {

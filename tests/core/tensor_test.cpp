@@ -62,7 +62,8 @@ TEST(Device, OpensByNameAndRefusesWhatItCannotDo) {
     EXPECT_THROW(Device::open("cuda:999"), UserError);
   }
   EXPECT_EQ(parse_precision("tf32"), Precision::kTf32);
-  EXPECT_THROW(parse_precision("bf16"), UserError);  // not built: refused by name, never run as something else
+  EXPECT_EQ(parse_precision("bf16"), Precision::kBf16);
+  EXPECT_THROW(Device::open("cpu", Precision::kBf16), UserError);  // BF16 activations are a GPU mode
   EXPECT_THROW(parse_precision("fp16"), UserError);
   // Host memory through the CPU device: aligned, zeroed, copied.
   DeviceBuffer b(Device::cpu(), 100);
