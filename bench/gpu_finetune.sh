@@ -10,7 +10,9 @@
 #   python3 scripts/brown_tasks.py && tar -C cache -cJf cache-gpu/tasks.tar.xz tasks
 #   bash bench/gpu_finetune.sh [RESULTS_DIR]                   # there (carry gpu-bundle.tar.xz and cache-gpu)
 # Environment: STEPS (pretraining, default 6000), EPOCHS (fine-tuning, 3), QAT_EPOCHS (1), LR (1e-4),
-# QAT_LR (2e-5), ORT_BATCHES (batches of 64 scored in ONNX Runtime, 40), TASKS ("pos genre").
+# QAT_LR (2e-5), ORT_BATCHES (batches of 64 scored in ONNX Runtime, 40), TASKS ("pos genre"), PRESET and
+# PRECISION (mini, tf32: passed on to gpu_pretrain.sh with PRETRAIN_LR as its LR; e.g. PRESET=base
+# PRECISION=bf16 for BERT-base in BF16 mixed precision).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-runs/gpu-finetune}
@@ -21,7 +23,12 @@ run() { bash gpu-bundle/run.sh "$@"; }
 ort_script=scripts/ort_run.js
 command -v node > /dev/null || ort_script=scripts/ort_run.py  # Python's onnxruntime where Node is missing
 
-[ -f runs/mini-gpu/checkpoint.h5 ] || STEPS=${STEPS:-6000} VARIANTS= bash bench/gpu_pretrain.sh "$results/pretrain"
+precision=${PRECISION:-tf32}
+preset=${PRESET:-mini}
+pretrained=runs/mini-gpu
+[ "$preset-$precision" = mini-tf32 ] || pretrained=runs/$preset-gpu-$precision
+[ -f $pretrained/checkpoint.h5 ] ||
+  STEPS=${STEPS:-6000} LR=${PRETRAIN_LR:-1e-3} VARIANTS= bash bench/gpu_pretrain.sh "$results/pretrain"
 D=cache/data
 epochs=${EPOCHS:-3}
 qat_epochs=${QAT_EPOCHS:-1}
@@ -39,10 +46,11 @@ for task in ${TASKS:-pos genre}; do
   examples=$(wc -l < "$src/train.jsonl")
   steps=$(( examples * epochs / 32 ))
   qat_steps=$(( examples * qat_epochs / 32 ))
-  common=(--device cuda --precision tf32 --train "$shards/train.hdf5" --eval "$shards/dev.hdf5" --batch-size 32
+  common=(--device cuda --precision $precision --train "$shards/train.hdf5" --eval "$shards/dev.hdf5" --batch-size 32
           --warmup 0.1 --eval-every 0 --log-every 200)
   r=runs/$task
-  run bert-train "${common[@]}" --init-from runs/mini-gpu --out $r-fp32 --steps $steps --lr ${LR:-1e-4} \
+  [ "$preset-$precision" = mini-tf32 ] || r=runs/$task-$preset-$precision
+  run bert-train "${common[@]}" --init-from $pretrained --out $r-fp32 --steps $steps --lr ${LR:-1e-4} \
     2>&1 | tee "$results/$task-fp32.log" | grep -E "eval|done"
   run bert-eval --device cuda --checkpoint $r-fp32 --shards "$shards/test.hdf5" --compare \
     --calib-shards "$shards/train.hdf5" --calib-batches 16 --json-out "$results/$task-compare-fp32.json" \

@@ -5,8 +5,9 @@
 # machine from the repository root with a bundle (scripts/gpu_bundle.sh) and the demo corpus packed here
 # by `tar -C cache -cJf cache-gpu/corpus.tar.xz corpus/{brown.txt,heldout.paragraphs.txt,train.paragraphs.txt,manifest.json}`:
 #   bash bench/gpu_pretrain.sh [RESULTS_DIR]
-# Environment: PRECISION (tf32; bf16 for BF16 mixed precision: runs go to runs/mini-gpu-bf16*), STEPS
-# (pretraining, 10000), QAT_STEPS (1000), VARIANTS (below), EVAL_SETS ("brown"; e.g.
+# Environment: PRESET (mini; base: BERT-base), PRECISION (tf32; bf16 for BF16 mixed precision), runs go to
+# runs/mini-gpu (mini, tf32) or runs/PRESET-gpu-PRECISION; STEPS (pretraining, 10000), BATCH (128), LR (1e-3),
+# QAT_STEPS (1000), VARIANTS (below), EVAL_SETS ("brown"; e.g.
 # "heldout brown"), ORT_BATCHES (unset: no ONNX Runtime scoring). The reference table of bench/README.md:
 #   STEPS=6000 VARIANTS="fp32 learned fixed learned-distill fixed-distill" EVAL_SETS="heldout brown" \
 #   ORT_BATCHES=50 bash bench/gpu_pretrain.sh RESULTS_DIR
@@ -15,8 +16,9 @@ cd "$(dirname "$0")/.."
 results=${1:-runs/gpu-pretrain}
 steps=${STEPS:-10000}
 precision=${PRECISION:-tf32}
+preset=${PRESET:-mini}
 base=runs/mini-gpu
-[ "$precision" = tf32 ] || base=runs/mini-gpu-$precision
+[ "$preset-$precision" = mini-tf32 ] || base=runs/$preset-gpu-$precision
 mkdir -p cache "$results"
 [ -d gpu-bundle ] || tar -xJf gpu-bundle.tar.xz  # the packed bundle (PACK=1 bash scripts/gpu_bundle.sh)
 [ -f cache/corpus/manifest.json ] || tar -C cache -xJf cache-gpu/corpus.tar.xz
@@ -24,8 +26,8 @@ OUT=cache BERT_DATA="bash gpu-bundle/run.sh bert-data" bash scripts/demo_data.sh
 run() { bash gpu-bundle/run.sh "$@"; }
 D=cache/data
 [ -f $base/checkpoint.h5 ] && [ "${FRESH:-0}" != 1 ] && echo "$base exists (FRESH=1 to retrain)" ||
-run bert-train --device cuda --precision $precision --preset mini --train $D/shards/train --eval $D/shards/heldout \
-  --tokenizer $D/spm.model --out $base --steps "$steps" --batch-size 128 --lr 1e-3 --warmup 0.1 \
+run bert-train --device cuda --precision $precision --preset $preset --train $D/shards/train --eval $D/shards/heldout \
+  --tokenizer $D/spm.model --out $base --steps "$steps" --batch-size ${BATCH:-128} --lr ${LR:-1e-3} --warmup 0.1 \
   --eval-every 2000 --save-every 5000 --log-every 500 2>&1 | tee "$results/train.log" | grep -E "step .*0/|eval|done"
 for set in heldout brown; do
   run bert-eval --device cuda --checkpoint $base --shards $D/shards/$set --mlm-accuracy --nsp-accuracy \
