@@ -10,7 +10,8 @@
 #   python3 scripts/brown_tasks.py && tar -C cache -cJf cache-gpu/tasks.tar.xz tasks
 #   bash bench/gpu_finetune.sh [RESULTS_DIR]                   # there (carry gpu-bundle.tar.xz and cache-gpu)
 # Environment: STEPS (pretraining, default 6000), EPOCHS (fine-tuning, 3), QAT_EPOCHS (1), LR (1e-4),
-# QAT_LR (2e-5), ORT_BATCHES (batches of 64 scored in ONNX Runtime, 40), TASKS ("pos genre"), PRESET and
+# QAT_LR (2e-5), ORT_BATCHES (batches of 64 scored in ONNX Runtime, 40), TASKS ("pos genre"), CALIBRATORS
+# (the PTQ calibrators compared, max,percentile,entropy,mse), PRESET and
 # PRECISION (mini, tf32: passed on to gpu_pretrain.sh with PRETRAIN_LR as its LR; e.g. PRESET=base
 # PRECISION=bf16 for BERT-base in BF16 mixed precision).
 set -euo pipefail
@@ -53,7 +54,8 @@ for task in ${TASKS:-pos genre}; do
   run bert-train "${common[@]}" --init-from $pretrained --out $r-fp32 --steps $steps --lr ${LR:-1e-4} \
     2>&1 | tee "$results/$task-fp32.log" | grep -E "eval|done"
   run bert-eval --device cuda --checkpoint $r-fp32 --shards "$shards/test.hdf5" --compare \
-    --calib-shards "$shards/train.hdf5" --calib-batches 16 --json-out "$results/$task-compare-fp32.json" \
+    --calibrators ${CALIBRATORS:-max,percentile,entropy,mse} --calib-shards "$shards/train.hdf5" --calib-batches 16 \
+    --json-out "$results/$task-compare-fp32.json" \
     | tee "$results/$task-compare-fp32.txt"
   # QAT (percentile calibration, learned scales), QAT + distillation, and FP32 trained as long again.
   for variant in qat qat-distill fp32-more; do
