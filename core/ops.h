@@ -93,6 +93,15 @@ Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature)
 template <typename T>
 std::vector<int32_t> row_argmax(const Graph<T>& g, Var x);
 
+// Calibration statistics of |x|, read on the host (queries, not recorded in the graph): the largest
+// |x| (infinity when any element is NaN or infinite), and how many elements fall in each of `bins`
+// equal bins over [0, range): element -> min(bins - 1, int(|x| * (bins / range))) in double arithmetic.
+// On a GPU the counting happens there; only the counts cross to the host.
+template <typename T>
+double abs_max(Graph<T>& g, Var x);
+template <typename T>
+std::vector<int64_t> abs_histogram(Graph<T>& g, Var x, double range, int bins);
+
 // Sum and mean of all elements -> scalar.
 template <typename T>
 Var sum(Graph<T>& g, Var x);

@@ -45,6 +45,8 @@ Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets,
 Var sum(Graph<float>& g, Var x);
 Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
+double abs_max(Graph<float>& g, Var x);
+std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);
 
 }  // namespace bert::ops::cuda_impl
 

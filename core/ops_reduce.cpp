@@ -166,12 +166,37 @@ std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
   return out;
 }
 
+template <typename T>
+double abs_max(Graph<T>& g, Var x) {
+  BERT_DISPATCH_CUDA(g, abs_max(g, x))
+  const TensorView<T> v = g.value(x);
+  double m = 0;
+  for (T e : v) {
+    const double a = std::abs(static_cast<double>(e));
+    if (!(a <= static_cast<double>(std::numeric_limits<T>::max()))) return std::numeric_limits<double>::infinity();
+    m = std::max(m, a);
+  }
+  return m;
+}
+
+template <typename T>
+std::vector<int64_t> abs_histogram(Graph<T>& g, Var x, double range, int bins) {
+  BERT_CHECK(range > 0 && bins > 0, "abs_histogram needs a positive range and bin count");
+  BERT_DISPATCH_CUDA(g, abs_histogram(g, x, range, bins))
+  const double inv_width = bins / range;
+  std::vector<int64_t> counts(static_cast<size_t>(bins), 0);
+  for (T e : g.value(x)) ++counts[std::min(bins - 1, static_cast<int>(std::abs(static_cast<double>(e)) * inv_width))];
+  return counts;
+}
+
 #define BERT_INSTANTIATE(T)                                                                             \
   template Var sum<T>(Graph<T>&, Var);                                                                  \
   template Var mean<T>(Graph<T>&, Var);                                                                 \
   template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t); \
   template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                       \
-  template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);
+  template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);                                    \
+  template double abs_max<T>(Graph<T>&, Var);                                                           \
+  template std::vector<int64_t> abs_histogram<T>(Graph<T>&, Var, double, int);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

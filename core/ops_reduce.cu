@@ -1,5 +1,9 @@
 // Reductions on a CUDA device (sum, cross-entropy) and the row argmax query, forward and backward side
 // by side like core/ops_reduce.cpp. Sums over many elements accumulate in double in a fixed order.
+#include <cfloat>
+#include <cstring>
+#include <limits>
+
 #include "core/cuda/common.cuh"
 #include "core/ops_cuda.h"
 
@@ -150,6 +154,42 @@ __global__ void row_argmax_kernel(int32_t* out, const A* x, int64_t c) {
   }
 }
 
+// result[0] (+)= the largest |x| as float bits (atomicMax on the bits orders non-negative floats);
+// result[1] |= 1 when an element is NaN or infinite.
+template <typename A>
+__global__ void abs_max_kernel(unsigned* result, const A* x, int64_t n) {
+  float m = 0;
+  bool bad = false;
+  BERT_GRID_STRIDE(i, n) {
+    const float a = fabsf(cuda::to_float(x[i]));
+    if (a <= FLT_MAX)
+      m = fmaxf(m, a);
+    else
+      bad = true;
+  }
+  m = cuda::warp_max(m);
+  bad = __any_sync(0xffffffffu, bad);
+  if (threadIdx.x % 32 == 0) {
+    atomicMax(result, __float_as_uint(m));
+    if (bad) atomicOr(result + 1, 1u);
+  }
+}
+
+// Counts per bin in shared memory, then added to the global counts (integers: any order gives the same).
+template <typename A>
+__global__ void abs_histogram_kernel(unsigned long long* counts, const A* x, int64_t n, double inv_width, int bins) {
+  extern __shared__ unsigned block_counts[];
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) block_counts[b] = 0;
+  __syncthreads();
+  BERT_GRID_STRIDE(i, n) {
+    const double a = fabs(double(cuda::to_float(x[i])));
+    atomicAdd(&block_counts[min(bins - 1, int(a * inv_width))], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < bins; b += blockDim.x)
+    if (block_counts[b]) atomicAdd(&counts[b], static_cast<unsigned long long>(block_counts[b]));
+}
+
 }  // namespace
 
 Var sum(Graph<float>& g, Var x) {
@@ -272,6 +312,39 @@ std::vector<int32_t> row_argmax(const Graph<float>& g, Var x) {
   });
   g.device().copy_to_host(out.data(), result.data(), out.size() * sizeof(int32_t));
   return out;
+}
+
+double abs_max(Graph<float>& g, Var x) {
+  const int64_t n = g.shape(x).numel();
+  unsigned* result = g.scratch<unsigned>(2);
+  cuda::fill_zero(cuda::context(g.device()), result, 2 * sizeof(unsigned));
+  cuda::with_element_type(g.dtype(x), [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    if (n > 0) BERT_LAUNCH(abs_max_kernel<A>, n, g, result, cuda::typed<A>(g.data(x)), n);
+  });
+  unsigned host[2];
+  g.device().copy_to_host(host, result, sizeof host);
+  if (host[1]) return std::numeric_limits<double>::infinity();
+  float m;
+  std::memcpy(&m, &host[0], sizeof m);
+  return m;
+}
+
+std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins) {
+  const int64_t n = g.shape(x).numel();
+  unsigned long long* counts = g.scratch<unsigned long long>(bins);
+  cuda::fill_zero(cuda::context(g.device()), counts, bins * sizeof(unsigned long long));
+  cuda::with_element_type(g.dtype(x), [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    if (n == 0) return;
+    const unsigned blocks = std::min<unsigned>(cuda::blocks_for(n), 1024);  // each block flushes `bins` counts
+    abs_histogram_kernel<A><<<blocks, cuda::kThreads, bins * sizeof(unsigned), cuda::stream(g)>>>(
+        counts, cuda::typed<A>(g.data(x)), n, bins / range, bins);
+    BERT_CUDA_LAUNCHED();
+  });
+  std::vector<unsigned long long> host(static_cast<size_t>(bins));
+  g.device().copy_to_host(host.data(), counts, host.size() * sizeof(unsigned long long));
+  return std::vector<int64_t>(host.begin(), host.end());
 }
 
 }  // namespace bert::ops::cuda_impl

@@ -30,13 +30,7 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
       return x;
     case QuantMode::kCalibrate: {
       BERT_CHECK(observer, "quantizer '" + name + "' is calibrating without an observer");
-      if (g.on_cuda()) {  // observers are host code
-        const std::vector<float> values = g.to_host(x);
-        observer->observe(values);
-      } else {
-        TensorView<float> v = g.value(x);
-        observer->observe(std::span<const float>(v.data(), static_cast<size_t>(v.numel())));
-      }
+      observer->observe(g, x);
       return x;
     }
     case QuantMode::kQuantize: {

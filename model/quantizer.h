@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/arena.h"
 #include "core/graph.h"
@@ -24,6 +25,12 @@ class QuantObserver {
  public:
   virtual ~QuantObserver() = default;
   virtual void observe(std::span<const float> values) = 0;
+  // An activation of a graph, on its device: by default copied to the host for observe(values); an
+  // observer that can gather its statistics on the device overrides this.
+  virtual void observe(Graph<float>& g, Var x) {
+    const std::vector<float> values = g.to_host(x);
+    observe(std::span<const float>(values));
+  }
 };
 
 struct Quantizer {

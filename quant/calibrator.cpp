@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/ops.h"
 
 namespace bert::quant {
 
@@ -35,6 +36,22 @@ float scale_for_amax(double amax) {
   return static_cast<float>(std::max(amax, kSmallestAmax) / 127.0);
 }
 
+bool AbsHistogram::add_batch(float batch_max, int64_t n) {
+  max_ = std::max<double>(max_, batch_max);
+  total_ += n;
+  if (batch_max == 0 && range_ == 0) {
+    bins_[0] += static_cast<double>(n);
+    return false;
+  }
+  if (range_ == 0) range_ = batch_max;
+  while (batch_max > range_) {  // double the range: bin i of the new histogram = bins 2i, 2i+1 of the old
+    for (int i = 0; i < kBins / 2; ++i) bins_[i] = bins_[2 * i] + bins_[2 * i + 1];
+    std::fill(bins_.begin() + kBins / 2, bins_.end(), 0.0);
+    range_ *= 2;
+  }
+  return true;
+}
+
 void AbsHistogram::observe(std::span<const float> values) {
   float batch_max = 0;
   for (float v : values) {
@@ -43,23 +60,20 @@ void AbsHistogram::observe(std::span<const float> values) {
       throw UserError("calibration saw a non-finite activation (NaN or Inf)");
     batch_max = std::max(batch_max, a);
   }
-  max_ = std::max<double>(max_, batch_max);
-  total_ += static_cast<int64_t>(values.size());
-  if (batch_max == 0 && range_ == 0) {
-    bins_[0] += static_cast<double>(values.size());
-    return;
-  }
-  if (range_ == 0) range_ = batch_max;
-  while (batch_max > range_) {  // double the range: bin i of the new histogram = bins 2i, 2i+1 of the old
-    for (int i = 0; i < kBins / 2; ++i) bins_[i] = bins_[2 * i] + bins_[2 * i + 1];
-    std::fill(bins_.begin() + kBins / 2, bins_.end(), 0.0);
-    range_ *= 2;
-  }
+  if (!add_batch(batch_max, static_cast<int64_t>(values.size()))) return;
   const double inv_width = kBins / range_;
   for (float v : values) {
     const int bin = std::min(kBins - 1, static_cast<int>(std::abs(v) * inv_width));
     bins_[bin] += 1;
   }
+}
+
+void AbsHistogram::observe(Graph<float>& g, Var x) {
+  const double batch_max = ops::abs_max(g, x);
+  if (!std::isfinite(batch_max)) throw UserError("calibration saw a non-finite activation (NaN or Inf)");
+  if (!add_batch(static_cast<float>(batch_max), g.shape(x).numel())) return;
+  const std::vector<int64_t> counts = ops::abs_histogram(g, x, range_, kBins);
+  for (int i = 0; i < kBins; ++i) bins_[i] += static_cast<double>(counts[i]);
 }
 
 AbsHistogram AbsHistogram::from_bins(double range, double max, int64_t count, const std::vector<double>& bins) {

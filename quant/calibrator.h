@@ -24,6 +24,9 @@ class AbsHistogram final : public model::QuantObserver {
   // Adds |x| for every value. The range starts at the first non-zero batch's max and doubles (merging
   // pairs of bins, so no count moves between bins' sums) whenever a later value exceeds it.
   void observe(std::span<const float> values) override;
+  // The same statistics gathered where the graph lives (ops::abs_max, ops::abs_histogram): on a GPU
+  // only the 2048 counts cross to the host.
+  void observe(Graph<float>& g, Var x) override;
 
   // A histogram collected elsewhere with the same algorithm (ONNX Runtime calibration, scripts/ort_run.js).
   static AbsHistogram from_bins(double range, double max, int64_t count, const std::vector<double>& bins);
@@ -42,6 +45,10 @@ class AbsHistogram final : public model::QuantObserver {
   double mse_amax() const;
 
  private:
+  // Takes a batch of n values whose largest |x| is batch_max: the max, the count and the range (doubled
+  // as needed). False when the batch was all zeros before any range existed (counted in bin 0 already).
+  bool add_batch(float batch_max, int64_t n);
+
   std::vector<double> bins_ = std::vector<double>(kBins, 0.0);
   double range_ = 0, max_ = 0;
   int64_t total_ = 0;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -511,6 +512,29 @@ TEST_F(CudaOps, Bf16ModeStoresActivationsInBf16AndKeepsParametersAndLossesInF32)
   std::vector<float> grad(ws.size());
   gpu_bf16_->copy_to_host(grad.data(), dw.data(), dw.bytes());
   EXPECT_TRUE(std::any_of(grad.begin(), grad.end(), [](float v) { return v != 0; }));
+}
+
+// Calibration statistics: counted on the GPU exactly as on the CPU, for FP32 values and for BF16
+// activations (against the CPU's count of the same values widened).
+TEST_F(CudaOps, AbsMaxAndHistogramCountExactlyLikeTheCpu) {
+  std::vector<float> v = random_values(3 * 100003, 9, 3.0f);
+  v[17] = 0.0f;
+  v[99] = -11.5f;
+  for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+    Graph<float> g(*gpu);
+    Var x = g.input(std::span<const float>(v), Shape{3, 100003});
+    if (gpu->precision() == Precision::kBf16) x = ops::permute(g, x, {0, 1});  // a BF16 copy
+    std::vector<float> on_host = g.to_host(x);
+    Graph<float> cpu;
+    Var xc = cpu.constant(TensorView<float>(on_host.data(), Shape{3, 100003}));
+    EXPECT_EQ(ops::abs_max(g, x), ops::abs_max(cpu, xc));
+    for (double range : {11.5, 4.0, 0.37})
+      EXPECT_EQ(ops::abs_histogram(g, x, range, 2048), ops::abs_histogram(cpu, xc, range, 2048)) << range;
+  }
+  v[5] = std::numeric_limits<float>::infinity();
+  Graph<float> g(*gpu_);
+  EXPECT_EQ(ops::abs_max(g, g.input(std::span<const float>(v), Shape{3, 100003})),
+            std::numeric_limits<double>::infinity());
 }
 
 TEST_F(CudaOps, RowArgmaxOfBf16Activations) {

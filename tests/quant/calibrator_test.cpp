@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/graph.h"
 #include "core/json.h"
 #include "core/rng.h"
 #include "core/text_file.h"
@@ -31,6 +32,32 @@ TEST(Calibrator, MaxIsTheLargestMagnitudeSeen) {
   h.observe(b);
   EXPECT_EQ(h.amax(Method::kMax), 3.25);
   EXPECT_EQ(h.count(), 5);
+}
+
+// The statistics gathered through the graph (ops::abs_max and ops::abs_histogram, what calibration on
+// a GPU uses) are the host's exactly: the same batches, zeros first, a range that doubles twice, values
+// on bin edges; a NaN is refused the same way.
+TEST(Calibrator, ObservingAGraphNodeGathersTheHostsStatistics) {
+  const std::vector<std::vector<float>> batches = {{0.0f, 0.0f, -0.0f},
+                                                   sample(5000, 3, [](Rng& r) { return r.next_normal(); }),
+                                                   {0.5f, -1.0f, 0.25f, 4.0f / 2048},
+                                                   sample(7000, 4, [](Rng& r) { return 20 * r.next_normal(); }),
+                                                   sample(100, 5, [](Rng& r) { return r.next_uniform() - 0.5; })};
+  AbsHistogram host, graph;
+  for (const std::vector<float>& b : batches) {
+    host.observe(b);
+    Graph<float> g;
+    std::vector<float> copy = b;
+    graph.observe(g, g.constant(TensorView<float>(copy.data(), Shape{static_cast<int64_t>(copy.size())})));
+  }
+  EXPECT_GT(host.range(), 40.0);
+  EXPECT_EQ(graph.range(), host.range());
+  EXPECT_EQ(graph.max(), host.max());
+  EXPECT_EQ(graph.count(), host.count());
+  EXPECT_EQ(graph.bins(), host.bins());
+  std::vector<float> bad = {1.0f, std::nanf("")};
+  Graph<float> g;
+  EXPECT_THROW(graph.observe(g, g.constant(TensorView<float>(bad.data(), Shape{2}))), UserError);
 }
 
 TEST(Calibrator, PercentileOfAKnownDistribution) {
