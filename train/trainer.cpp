@@ -582,6 +582,99 @@ void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& ev
   metrics_log << line.dump() << "\n" << std::flush;
 }
 
+// The device this rank trains on: --device, or in a job of several processes the GPU of its local rank.
+std::unique_ptr<Device> open_training_device(const TrainOptions& o, const ProcessGroup& job, bool thread_ranks,
+                                             int world) {
+  std::string device_spec = o.device;
+  if (job.distributed()) {  // each process takes the GPU of its local rank
+    if (o.device == "cpu")
+      throw UserError("--device cpu: a job of " + std::to_string(world) +
+                      " processes trains on GPUs (NCCL); on the CPU, train in one process (it uses every core)");
+    if (o.device != "auto" && o.device != "cuda")
+      throw UserError("--device " + o.device +
+                      ": in a job of several processes each rank takes the GPU of its local "
+                      "rank; use --device cuda (and CUDA_VISIBLE_DEVICES to choose the GPUs)");
+    device_spec = "cuda:" + std::to_string(job.local_rank);
+  }
+  std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(o.precision));
+  if (thread_ranks && world > 1 && device->is_cuda())
+    throw UserError("--device " + o.device +
+                    ": ranks that are threads of one process train on the CPU; several GPUs take one process each "
+                    "(bert-train --nproc N, or mpirun)");
+  return device;
+}
+
+// The forward and backward passes of one step over its micro-batches, on every rank: gradients land in
+// the arena (averaged over the ranks in buckets during the last micro-batch's backward pass). Every
+// micro-batch runs even after a non-finite loss (the step is then dropped as a whole), so each step does
+// the same work: what data-parallel ranks must agree on.
+struct StepPasses {
+  const TrainOptions& o;
+  model::Bert& model;
+  model::Bert* teacher;  // distillation's, or nullptr
+  data::ShardLoader& loader;
+  Rng& dropout_rng;
+  Communicator& ranks;
+  GradientReduction* reduction;  // nullptr for one rank
+  ProgressWindow& window;
+  const std::atomic<bool>* stop;
+
+  struct Outcome {
+    double loss = 0;        // the logged loss of the step (mean over micro-batches and ranks)
+    std::string nonfinite;  // what went non-finite on any rank, for the message; empty when nothing did
+    bool stop_requested = false;
+  };
+  Outcome run(Graph<float>& g, data::Batch& batch, bool log_buckets) const;
+};
+
+StepPasses::Outcome StepPasses::run(Graph<float>& g, data::Batch& batch, bool log_buckets) const {
+  Outcome r;
+  const model::BertConfig& config = model.config();
+  for (int64_t micro = 0; micro < o.accumulation; ++micro) {
+    loader.next(batch);
+    const model::BertBatch b = quant::as_model_batch(batch);
+    const model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
+    const auto [objective, logged] = objective_of(g, out, teacher, b, o, prediction_share(ranks, out, config.head));
+    // The progress log shows MLM + NSP or the task loss (comparable with runs without distillation); the
+    // objective must be finite too.
+    const double loss = g.item(logged);
+    if ((!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) && r.nonfinite.empty()) {
+      std::string parts;
+      if (config.head == model::Head::kPretraining)
+        parts = " (MLM " + std::to_string(g.item(out.mlm_loss)) + ", NSP " + std::to_string(g.item(out.nsp_loss)) + ")";
+      model.parameters().download_values();
+      r.nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(model.parameters());
+    }
+    if (r.nonfinite.empty()) {
+      r.loss += loss / o.accumulation;
+      window.add(g, out, b);
+    }
+    const Var scaled = o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation);
+    if (!reduction || micro + 1 < o.accumulation) {
+      g.backward(scaled);
+      continue;
+    }
+    // Several ranks, the step's last micro-batch. They agree first: any rank's non-finite loss drops the
+    // step everywhere, any rank's stop stops all; the logged loss is averaged. Then its backward pass,
+    // whose gradients are averaged in buckets while it runs.
+    r.stop_requested = stop && stop->load();
+    std::vector<double> agreed = {r.nonfinite.empty() ? 0.0 : 1.0, r.stop_requested ? 1.0 : 0.0, r.loss};
+    ranks.all_reduce_sum(agreed);
+    if (agreed[0] > 0 && r.nonfinite.empty()) r.nonfinite = "a non-finite loss on another rank";
+    r.stop_requested = agreed[1] > 0;
+    r.loss = agreed[2] / ranks.size();
+    reduction->expect(g);
+    g.backward(scaled, [&](TensorView<float> grad) { reduction->on_final(grad); });
+    reduction->finish();
+    if (log_buckets)
+      spdlog::info(
+          "gradients averaged over {} ranks in {} buckets of about {:g} MiB; {} started during the backward pass",
+          ranks.size(), reduction->num_buckets(), o.bucket_mb, reduction->started_early());
+  }
+  if (!reduction) r.stop_requested = stop && stop->load();
+  return r;
+}
+
 // Refuses a job whose ranks were started differently (another command line, model configuration or
 // tokenizer): they would train different models and average their gradients.
 void check_ranks_agree(Communicator& ranks, const TrainOptions& o, const model::BertConfig& config) {
@@ -625,22 +718,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
   data::ShardLoader loader(loader_options);
   const model::BertConfig config = resolve_config(o, files, loader);
 
-  std::string device_spec = o.device;
-  if (job.distributed()) {  // each process takes the GPU of its local rank
-    if (o.device == "cpu")
-      throw UserError("--device cpu: a job of " + std::to_string(world) +
-                      " processes trains on GPUs (NCCL); on the CPU, train in one process (it uses every core)");
-    if (o.device != "auto" && o.device != "cuda")
-      throw UserError("--device " + o.device +
-                      ": in a job of several processes each rank takes the GPU of its local "
-                      "rank; use --device cuda (and CUDA_VISIBLE_DEVICES to choose the GPUs)");
-    device_spec = "cuda:" + std::to_string(job.local_rank);
-  }
-  const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(o.precision));
-  if (group && world > 1 && device->is_cuda())
-    throw UserError("--device " + o.device +
-                    ": ranks that are threads of one process train on the CPU; several GPUs take one process each "
-                    "(bert-train --nproc N, or mpirun)");
+  const std::unique_ptr<Device> device = open_training_device(o, job, group != nullptr, world);
   SingleProcess single;
   const std::unique_ptr<Communicator> nccl = job.distributed() ? nccl_communicator(job, *device) : nullptr;
   Communicator& ranks = group ? *group : nccl ? *nccl : static_cast<Communicator&>(single);
@@ -717,6 +795,7 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
           : nullptr;
   data::Batch batch;
   ProgressWindow window(config);
+  const StepPasses step_passes{o, model, teacher.get(), loader, dropout_rng, ranks, reduction.get(), window, stop};
   const int64_t first_step = state.step + 1;
   int64_t consecutive_skips = 0;
   int64_t last_saved_step = o.resume ? state.step : -1;
@@ -724,56 +803,10 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
   for (state.step = first_step; state.step <= o.steps; ++state.step) {
     const auto step_start = std::chrono::steady_clock::now();
     params.zero_grad();
-    double step_loss = 0;
-    bool stop_requested = false;
-    std::string nonfinite;  // what went non-finite in this step, for the message
-    // Every micro-batch runs forward and backward even after a non-finite loss (the step is then
-    // dropped as a whole), so each step does the same work: what data-parallel ranks must agree on.
-    for (int64_t micro = 0; micro < o.accumulation; ++micro) {
-      loader.next(batch);
-      const model::BertBatch b = quant::as_model_batch(batch);
-      const model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
-      const auto [objective, logged] =
-          objective_of(g, out, teacher.get(), b, o, prediction_share(ranks, out, config.head));
-      // The progress log shows MLM + NSP or the task loss (comparable with runs without
-      // distillation); the objective must be finite too.
-      const double loss = g.item(logged);
-      if ((!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) && nonfinite.empty()) {
-        std::string parts;
-        if (pretraining)
-          parts =
-              " (MLM " + std::to_string(g.item(out.mlm_loss)) + ", NSP " + std::to_string(g.item(out.nsp_loss)) + ")";
-        params.download_values();
-        nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(params);
-      }
-      if (nonfinite.empty()) {
-        step_loss += loss / o.accumulation;
-        window.add(g, out, b);
-      }
-      const Var scaled = o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation);
-      if (!reduction || micro + 1 < o.accumulation) {
-        g.backward(scaled);
-        continue;
-      }
-      // Several ranks, the step's last micro-batch. They agree first: any rank's non-finite loss drops
-      // the step everywhere, any rank's stop stops all; the logged loss is averaged. Then its backward
-      // pass, whose gradients are averaged in buckets while it runs.
-      stop_requested = stop && stop->load();
-      std::vector<double> agreed = {nonfinite.empty() ? 0.0 : 1.0, stop_requested ? 1.0 : 0.0, step_loss};
-      ranks.all_reduce_sum(agreed);
-      if (agreed[0] > 0 && nonfinite.empty()) nonfinite = "a non-finite loss on another rank";
-      stop_requested = agreed[1] > 0;
-      step_loss = agreed[2] / ranks.size();
-      reduction->expect(g);
-      g.backward(scaled, [&](TensorView<float> grad) { reduction->on_final(grad); });
-      reduction->finish();
-      if (state.step == first_step && lead)
-        spdlog::info(
-            "gradients averaged over {} ranks in {} buckets of about {:g} MiB; {} started during the backward "
-            "pass",
-            ranks.size(), reduction->num_buckets(), o.bucket_mb, reduction->started_early());
-    }
-    if (!reduction) stop_requested = stop && stop->load();
+    StepPasses::Outcome passes = step_passes.run(g, batch, state.step == first_step && lead);
+    std::string& nonfinite = passes.nonfinite;
+    const double step_loss = passes.loss;
+    const bool stop_requested = passes.stop_requested;
     double grad_norm = 0;
     if (nonfinite.empty()) {
       grad_norm = clip_grad_norm(params, o.clip_norm);
