@@ -582,6 +582,39 @@ void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& ev
   metrics_log << line.dump() << "\n" << std::flush;
 }
 
+// The end of a step: gradients clipped and the optimizer stepped, unless the passes or the gradient norm
+// went non-finite: then the update is skipped (--on-nonfinite skip, up to --max-skips in a row) or the
+// run stops with a message naming what went wrong and the last checkpoint (left as it was). True when
+// the parameters were updated.
+bool update_or_skip(const TrainOptions& o, ParameterArena<float>& params, Optimizer& optimizer, double lr, int64_t step,
+                    std::string nonfinite, int64_t& consecutive_skips, const std::string& last_saved,
+                    const std::string& checkpoint, ProgressWindow& window) {
+  double grad_norm = 0;
+  if (nonfinite.empty()) {
+    grad_norm = clip_grad_norm(params, o.clip_norm);
+    if (!std::isfinite(grad_norm)) {
+      params.download_grads();
+      nonfinite = "gradient norm is " + std::to_string(grad_norm) +
+                  ", first non-finite gradient: " + first_nonfinite(params, true);
+    }
+  }
+  if (nonfinite.empty()) {
+    consecutive_skips = 0;
+    optimizer.step(lr);  // scales are kept positive by their minimum
+    window.add_step(grad_norm);
+    return true;
+  }
+  const bool skip = o.on_nonfinite == TrainOptions::OnNonFinite::kSkip;
+  if (!skip || ++consecutive_skips > o.max_consecutive_skips)
+    throw UserError(nonfinite + " at step " + std::to_string(step) +
+                    (skip ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)" : "") +
+                    "; stopped without writing a checkpoint, the last one ('" + checkpoint + "', " + last_saved +
+                    ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
+  spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", step, nonfinite, consecutive_skips);
+  params.zero_grad();
+  return false;
+}
+
 // The device this rank trains on: --device, or in a job of several processes the GPU of its local rank.
 std::unique_ptr<Device> open_training_device(const TrainOptions& o, const ProcessGroup& job, bool thread_ranks,
                                              int world) {
@@ -803,38 +836,16 @@ TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communic
   for (state.step = first_step; state.step <= o.steps; ++state.step) {
     const auto step_start = std::chrono::steady_clock::now();
     params.zero_grad();
-    StepPasses::Outcome passes = step_passes.run(g, batch, state.step == first_step && lead);
-    std::string& nonfinite = passes.nonfinite;
+    const StepPasses::Outcome passes = step_passes.run(g, batch, state.step == first_step && lead);
     const double step_loss = passes.loss;
     const bool stop_requested = passes.stop_requested;
-    double grad_norm = 0;
-    if (nonfinite.empty()) {
-      grad_norm = clip_grad_norm(params, o.clip_norm);
-      if (!std::isfinite(grad_norm)) {
-        params.download_grads();
-        nonfinite = "gradient norm is " + std::to_string(grad_norm) +
-                    ", first non-finite gradient: " + first_nonfinite(params, true);
-      }
-    }
     const double lr = learning_rate(state.step, o.steps, warmup, o.learning_rate, o.schedule);
-    if (!nonfinite.empty()) {
-      const std::string saved =
-          last_saved_step >= 0 ? "at step " + std::to_string(last_saved_step) : "none written yet";
-      const bool skip = o.on_nonfinite == TrainOptions::OnNonFinite::kSkip;
-      if (!skip || ++consecutive_skips > o.max_consecutive_skips)
-        throw UserError(nonfinite + " at step " + std::to_string(state.step) +
-                        (skip ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)" : "") +
-                        "; stopped without writing a checkpoint, the last one ('" + files.checkpoint + "', " + saved +
-                        ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
-      ++result.skipped_steps;
-      spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", state.step, nonfinite,
-                   consecutive_skips);
-      params.zero_grad();
-    } else {
-      consecutive_skips = 0;
-      optimizer.step(lr);  // scales are kept positive by their minimum
+    if (update_or_skip(o, params, optimizer, lr, state.step, passes.nonfinite, consecutive_skips,
+                       last_saved_step >= 0 ? "at step " + std::to_string(last_saved_step) : "none written yet",
+                       files.checkpoint, window)) {
       result.losses.push_back(step_loss);
-      window.add_step(grad_norm);
+    } else {
+      ++result.skipped_steps;
     }
     window.add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
 
