@@ -93,7 +93,9 @@ int main(int argc, char** argv) {
   app.add_option("--modes", modes, "fp32, qat or both")->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
-  app.add_option("--precision", precision, "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")->capture_default_str();
+  app.add_option("--precision", precision,
+                 "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
   std::printf("device: %s\n", device->is_cuda() ? device->name().c_str() : "cpu");

@@ -110,7 +110,9 @@ int main(int argc, char** argv) {
   std::string device_spec = "auto", precision = "fp32";
   app.add_option("--device", device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
-  app.add_option("--precision", precision, "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")->capture_default_str();
+  app.add_option("--precision", precision,
+                 "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   // With --json, stdout carries the JSON alone (for `| jq`): progress and errors go to stderr.
   if (json) spdlog::set_default_logger(spdlog::stderr_color_st("bert-eval"));
