@@ -23,11 +23,19 @@ __global__ void softmax_forward(A* y, const A* x, const float* mask, int64_t row
   for (int64_t j = lane; j < k; j += 32) max = fmaxf(max, cuda::to_float(in[j]) + (m ? m[j] : 0.0f));
   max = cuda::warp_max(max);
   float sum = 0;
-  for (int64_t j = lane; j < k; j += 32) sum += expf(cuda::to_float(in[j]) + (m ? m[j] : 0.0f) - max);
+  for (int64_t j = lane; j < k; j += 32) {
+    const float e = expf(cuda::to_float(in[j]) + (m ? m[j] : 0.0f) - max);
+    if constexpr (std::is_same_v<A, float>) out[j] = e;  // kept for the scaling pass below
+    sum += e;
+  }
   const float inv = 1.0f / cuda::warp_sum(sum);
-  // The exponentials again rather than re-read from the output: a BF16 output would round them first.
-  for (int64_t j = lane; j < k; j += 32)
-    out[j] = cuda::from_float<A>(expf(cuda::to_float(in[j]) + (m ? m[j] : 0.0f) - max) * inv);
+  for (int64_t j = lane; j < k; j += 32) {
+    if constexpr (std::is_same_v<A, float>) {
+      out[j] *= inv;
+    } else {  // the exponential again: a BF16 output would have rounded it before the scaling
+      out[j] = cuda::from_float<A>(expf(cuda::to_float(in[j]) + (m ? m[j] : 0.0f) - max) * inv);
+    }
+  }
 }
 
 template <typename A>

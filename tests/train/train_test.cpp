@@ -262,6 +262,48 @@ class FactsCorpus : public ::testing::Test {
     o.save_every = 0;
     return o;
   }
+  // The runs the GPU tests set beside the CPU's: batch 32 with dropout, on `device` in `precision`.
+  static TrainOptions device_run(const std::string& out, const std::string& device, int64_t steps,
+                                 const std::string& precision = "fp32") {
+    TrainOptions o = options(out);
+    o.device = device;
+    o.precision = precision;
+    o.steps = steps;
+    o.batch_size = 32;
+    o.log_every = 100;
+    o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = 0.1;
+    return o;
+  }
+  // 20 QAT steps from an FP32 checkpoint (percentile calibration on 4 batches), evaluated on 4 batches.
+  static TrainResult qat_run(const std::string& out, const std::string& device, const std::string& precision,
+                             const std::string& fp32_checkpoint) {
+    TrainOptions o = device_run(out, device, 20, precision);
+    o.init_from = fp32_checkpoint;
+    o.qat = true;
+    o.calibration.method = "percentile";
+    o.calibration.batches = 4;
+    o.learning_rate = 1e-3;
+    o.log_every = 5;
+    o.eval_shards = {dir_->file("shards")};
+    o.eval_batches = 4;
+    return train(o);
+  }
+  // `full` stopped at step 5 and resumed, in `dir`: the losses of both parts, joined (what the
+  // uninterrupted run must repeat); the second part's alone in *resumed_part when asked.
+  static std::vector<double> stopped_and_resumed(const TrainOptions& full, const std::string& dir,
+                                                 std::vector<double>* resumed_part = nullptr) {
+    TrainOptions first = full;
+    first.output_dir = dir;
+    first.stop_at_step = 5;
+    std::vector<double> joined = train(first).losses;
+    TrainOptions second = full;
+    second.output_dir = dir;
+    second.resume = true;
+    const TrainResult part2 = train(second);
+    joined.insert(joined.end(), part2.losses.begin(), part2.losses.end());
+    if (resumed_part) *resumed_part = part2.losses;
+    return joined;
+  }
   static testing::TempDir* dir_;
 };
 testing::TempDir* FactsCorpus::dir_ = nullptr;
@@ -400,17 +442,8 @@ TEST_F(FactsCorpus, TwoRanksTrainLikeOneProcessWithTheGlobalBatchAndOnlyRankZero
 TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices) {
   if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a GPU machine";
   testing::TempDir out;
-  auto run = [&](const std::string& name, const std::string& device, int64_t steps) {
-    TrainOptions o = options(out.file(name));
-    o.device = device;
-    o.steps = steps;
-    o.batch_size = 32;
-    o.log_every = 100;
-    o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = 0.1;
-    return o;
-  };
-  const TrainResult cpu = train(run("cpu", "cpu", 300));
-  const TrainResult gpu = train(run("gpu", "cuda", 300));
+  const TrainResult cpu = train(device_run(out.file("cpu"), "cpu", 300));
+  const TrainResult gpu = train(device_run(out.file("gpu"), "cuda", 300));
   ASSERT_EQ(cpu.losses.size(), 300u);
   ASSERT_EQ(gpu.losses.size(), 300u);
   // Same data, same dropout masks, FP32 on both: the first steps agree to rounding, and the curves stay
@@ -424,47 +457,28 @@ TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices)
   EXPECT_LT(gpu.losses.back(), 0.5 * gpu.losses.front()) << "it learned";
 
   // Interrupted at step 5 and resumed on the GPU: bit for bit the uninterrupted GPU run.
-  TrainOptions full = run("gpu_full", "cuda", 12);
+  const TrainOptions full = device_run(out.file("gpu_full"), "cuda", 12);
   const TrainResult uninterrupted = train(full);
-  TrainOptions first = full;
-  first.output_dir = out.file("gpu_resumed");
-  first.stop_at_step = 5;
-  const TrainResult part1 = train(first);
-  TrainOptions second = full;
-  second.output_dir = out.file("gpu_resumed");
-  second.resume = true;
-  const TrainResult part2 = train(second);
-  std::vector<double> joined = part1.losses;
-  joined.insert(joined.end(), part2.losses.begin(), part2.losses.end());
-  EXPECT_EQ(joined, uninterrupted.losses);
+  std::vector<double> part2;
+  EXPECT_EQ(stopped_and_resumed(full, out.file("gpu_resumed"), &part2), uninterrupted.losses);
 
   // A GPU checkpoint resumes on the CPU (and the CPU continues as the GPU did, within rounding).
-  TrainOptions gpu_part1 = first;
+  TrainOptions gpu_part1 = full;
   gpu_part1.output_dir = out.file("gpu_then_cpu");
+  gpu_part1.stop_at_step = 5;
   train(gpu_part1);
   TrainOptions on_cpu = full;
   on_cpu.device = "cpu";
   on_cpu.output_dir = out.file("gpu_then_cpu");
   on_cpu.resume = true;
   const TrainResult cpu_part2 = train(on_cpu);
-  ASSERT_EQ(cpu_part2.losses.size(), part2.losses.size());
-  for (size_t s = 0; s < part2.losses.size(); ++s)
-    EXPECT_NEAR(cpu_part2.losses[s], part2.losses[s], 1e-3 * part2.losses[s]);
+  ASSERT_EQ(cpu_part2.losses.size(), part2.size());
+  for (size_t s = 0; s < part2.size(); ++s) EXPECT_NEAR(cpu_part2.losses[s], part2[s], 1e-3 * part2[s]);
 
   // QAT from the CPU's FP32 checkpoint, on each device: calibration and the first steps agree.
-  auto qat = [&](const std::string& name, const std::string& device) {
-    TrainOptions o = run(name, device, 20);
-    o.init_from = out.file("cpu") + "/checkpoint.h5";
-    o.qat = true;
-    o.calibration.method = "percentile";
-    o.calibration.batches = 4;
-    o.learning_rate = 1e-3;
-    o.log_every = 5;
-    o.eval_shards = {dir_->file("shards")};
-    o.eval_batches = 4;
-    return train(o);
-  };
-  const TrainResult qat_cpu = qat("qat_cpu", "cpu"), qat_gpu = qat("qat_gpu", "cuda");
+  const std::string fp32_checkpoint = out.file("cpu") + "/checkpoint.h5";
+  const TrainResult qat_cpu = qat_run(out.file("qat_cpu"), "cpu", "fp32", fp32_checkpoint);
+  const TrainResult qat_gpu = qat_run(out.file("qat_gpu"), "cuda", "fp32", fp32_checkpoint);
   ASSERT_EQ(qat_gpu.losses.size(), qat_cpu.losses.size());
   // Fake quantization turns a rounding difference near a step boundary into a whole quantization
   // step, so QAT curves part sooner: the first 5 steps within 0.2%, the 20-step mean within 1% (on an
@@ -489,18 +503,8 @@ TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices)
 TEST_F(FactsCorpus, GpuBf16TrainingFollowsTheFp32CurveResumesExactlyAndTrainsQat) {
   if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a GPU machine";
   testing::TempDir out;
-  auto run = [&](const std::string& name, const std::string& device, int64_t steps) {
-    TrainOptions o = options(out.file(name));
-    o.device = device;
-    o.precision = device == "cpu" ? "fp32" : "bf16";
-    o.steps = steps;
-    o.batch_size = 32;
-    o.log_every = 100;
-    o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = 0.1;
-    return o;
-  };
-  const TrainResult cpu = train(run("cpu", "cpu", 300));
-  const TrainResult bf16 = train(run("bf16", "cuda", 300));
+  const TrainResult cpu = train(device_run(out.file("cpu"), "cpu", 300));
+  const TrainResult bf16 = train(device_run(out.file("bf16"), "cuda", 300, "bf16"));
   ASSERT_EQ(bf16.losses.size(), 300u);
   for (int w = 0; w < 6; ++w) {
     double c = 0, g = 0;
@@ -511,33 +515,12 @@ TEST_F(FactsCorpus, GpuBf16TrainingFollowsTheFp32CurveResumesExactlyAndTrainsQat
   }
   EXPECT_LT(bf16.losses.back(), 0.5 * bf16.losses.front()) << "it learned";
 
-  TrainOptions full = run("bf16_full", "cuda", 12);
-  const TrainResult uninterrupted = train(full);
-  TrainOptions first = full;
-  first.output_dir = out.file("bf16_resumed");
-  first.stop_at_step = 5;
-  const TrainResult part1 = train(first);
-  TrainOptions second = full;
-  second.output_dir = out.file("bf16_resumed");
-  second.resume = true;
-  const TrainResult part2 = train(second);
-  std::vector<double> joined = part1.losses;
-  joined.insert(joined.end(), part2.losses.begin(), part2.losses.end());
-  EXPECT_EQ(joined, uninterrupted.losses);
+  const TrainOptions full = device_run(out.file("bf16_full"), "cuda", 12, "bf16");
+  EXPECT_EQ(stopped_and_resumed(full, out.file("bf16_resumed")), train(full).losses);
 
-  auto qat = [&](const std::string& name, const std::string& device) {
-    TrainOptions o = run(name, device, 20);
-    o.init_from = out.file("cpu") + "/checkpoint.h5";
-    o.qat = true;
-    o.calibration.method = "percentile";
-    o.calibration.batches = 4;
-    o.learning_rate = 1e-3;
-    o.log_every = 5;
-    o.eval_shards = {dir_->file("shards")};
-    o.eval_batches = 4;
-    return train(o);
-  };
-  const TrainResult qat_cpu = qat("qat_cpu", "cpu"), qat_bf16 = qat("qat_bf16", "cuda");
+  const std::string fp32_checkpoint = out.file("cpu") + "/checkpoint.h5";
+  const TrainResult qat_cpu = qat_run(out.file("qat_cpu"), "cpu", "fp32", fp32_checkpoint);
+  const TrainResult qat_bf16 = qat_run(out.file("qat_bf16"), "cuda", "bf16", fp32_checkpoint);
   ASSERT_EQ(qat_bf16.losses.size(), qat_cpu.losses.size());
   double qat_cpu_mean = 0, qat_bf16_mean = 0;
   for (size_t s = 0; s < qat_cpu.losses.size(); ++s) {
