@@ -14,7 +14,7 @@ if [ "$what" != torch ]; then
     for config in "base 64" "mini 256"; do
       set -- $config
       bash gpu-bundle/run.sh train-step-bench --device cuda --precision "$precision" --presets "$1" --batches "$2" \
-        --vocab 30522 --steps "$steps" --warmup 3 | grep -E "^(device|$1) " | sed "s/^/ours $precision: /"
+        --vocab 30522 --steps "$steps" --warmup 3 --modes "${MODES:-fp32,qat,qat-separate}" | grep -E "^(device|$1) " | sed "s/^/ours $precision: /"
     done
   done
 fi

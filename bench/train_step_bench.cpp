@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -90,13 +91,25 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab, "vocabulary size")
       ->check(CLI::Range(int64_t{100}, int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--modes", modes, "fp32, qat or both")->capture_default_str();
+  app.add_option("--modes", modes,
+                 "comma-separated: fp32, qat, qat-separate (QAT with every quantizer as an op of its own, the "
+                 "baseline of the fused quantizers)")
+      ->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
   app.add_option("--precision", precision,
                  "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  std::set<std::string> wanted_modes;
+  std::stringstream mode_list(modes);
+  for (std::string m; std::getline(mode_list, m, ',');) {
+    if (m != "fp32" && m != "qat" && m != "qat-separate") {
+      std::fprintf(stderr, "error: --modes: unknown mode '%s' (expected fp32, qat or qat-separate)\n", m.c_str());
+      return 2;
+    }
+    wanted_modes.insert(m);
+  }
   const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
   std::printf("device: %s\n", device->is_cuda() ? device->name().c_str() : "cpu");
   std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
@@ -124,7 +137,7 @@ int main(int argc, char** argv) {
   std::printf(
       "step FLOPs = 3 x B x [L (8 T H^2 + 4 T H I + 4 T^2 H) + 2 P H^2 + 2 P H V + 2 H^2], T=%lld, P=%lld, V=%lld\n",
       (long long)t, (long long)p, (long long)vocab);
-  std::printf("%-6s %6s %-5s %12s %10s %10s %12s\n", "preset", "batch", "mode", "step (s)", "seq/s", "GFLOP/s",
+  std::printf("%-6s %6s %-12s %12s %10s %10s %12s\n", "preset", "batch", "mode", "step (s)", "seq/s", "GFLOP/s",
               "eval seq/s");
 
   std::stringstream preset_list(presets);
@@ -137,8 +150,9 @@ int main(int argc, char** argv) {
       const data::Batch batch = synthetic_batch(b, t, p, vocab, 7);
       const model::BertBatch input = quant::as_model_batch(batch);
       double fp32_step = 0;
-      for (const char* mode : {"fp32", "qat"}) {
-        if (modes.find(mode) == std::string::npos) continue;
+      for (const std::string mode : {"fp32", "qat", "qat-separate"}) {
+        if (!wanted_modes.contains(mode)) continue;
+        const bool qat = mode != "fp32";
         model::Bert model(config);
         model.initialize(1);
         model.place_on(*device);
@@ -147,7 +161,8 @@ int main(int argc, char** argv) {
         train::Optimizer optimizer({}, model.parameters(), decays);
         Graph<float> g(*device);
         Rng dropout(3);
-        if (std::string(mode) == "qat") {
+        if (qat) {
+          model.set_fused_quantizers(mode == "qat");
           enable_quantization(model, batch, g);
           model.parameters().upload_values();
           for (model::Quantizer* q : model.enabled_quantizers()) {  // as bert-train's default (--scales learned)
@@ -167,7 +182,7 @@ int main(int argc, char** argv) {
           if (s >= warmup) times.push_back(seconds_since(start));
         }
         const double step = median(times);
-        if (std::string(mode) == "fp32") fp32_step = step;
+        if (mode == "fp32") fp32_step = step;
         std::vector<double> eval_times;
         for (int s = 0; s < warmup + steps; ++s) {
           const auto start = std::chrono::steady_clock::now();
@@ -178,14 +193,14 @@ int main(int argc, char** argv) {
           if (s >= warmup) eval_times.push_back(seconds_since(start));
         }
         const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
-        std::printf("%-6s %6lld %-5s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode, step, b / step,
-                    gflops, b / median(eval_times));
-        if (std::string(mode) == "qat" && fp32_step > 0) std::printf("   QAT/FP32 step %.2f", step / fp32_step);
+        std::printf("%-6s %6lld %-12s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode.c_str(), step,
+                    b / step, gflops, b / median(eval_times));
+        if (qat && fp32_step > 0) std::printf("   QAT/FP32 step %.2f", step / fp32_step);
         if (json)
           std::fprintf(json,
                        "{\"kind\": \"step\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", \"step_s\": %.6f, "
                        "\"seq_per_s\": %.3f, \"gflops\": %.3f, \"step_gflop\": %.3f, \"eval_seq_per_s\": %.3f}\n",
-                       name.c_str(), (long long)b, mode, step, b / step, gflops,
+                       name.c_str(), (long long)b, mode.c_str(), step, b / step, gflops,
                        3 * b * forward_flops(config, t, p) / 1e9, b / median(eval_times));
         if (device->is_cuda()) {
           const auto [used, total] = device->memory_use();

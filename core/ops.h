@@ -125,4 +125,21 @@ template <typename T>
 Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale = 1.0,
                   int64_t* clipped = nullptr);
 
+// A per-tensor fake quantization of an op's output, fused into the op (the arguments of fake_quantize).
+struct QuantizeOutput {
+  Var scale;  // (1)
+  int qmin = -128, qmax = 127;
+  double grad_scale = 1.0;
+  int64_t* clipped = nullptr;
+};
+// fake_quantize(op(x), q...) for the elementwise ops that most often feed a quantizer. On a GPU each is
+// one pass over memory each way: the op's unquantized output is never stored, and backward recomputes
+// it from x. On the CPU, the two ops in sequence.
+template <typename T>
+Var gelu(Graph<T>& g, Var x, const QuantizeOutput& q);
+template <typename T>
+Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const QuantizeOutput& q);
+template <typename T>
+Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
+
 }  // namespace bert::ops

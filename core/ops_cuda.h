@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/graph.h"
+#include "core/ops.h"
 #include "core/rng.h"
 
 namespace bert::ops::cuda_impl {
@@ -44,6 +45,9 @@ Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets,
                   int32_t ignore_index);
 Var sum(Graph<float>& g, Var x);
 Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped);
+Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
+Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
+Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

@@ -3,7 +3,7 @@
 // random bits as the CPU, so both devices drop the same elements.
 #include <cmath>
 
-#include "core/cuda/common.cuh"
+#include "core/cuda/fake_quantize.cuh"
 #include "core/ops_cuda.h"
 
 namespace bert::ops::cuda_impl {
@@ -113,14 +113,16 @@ __global__ void scale_kernel(A* y, const A* x, float alpha, int64_t n) {
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
+__device__ __forceinline__ float gelu_value(float v) { return 0.5f * v * (1.0f + erff(v * kInvSqrt2)); }
+__device__ __forceinline__ float gelu_derivative(float v) {
+  return 0.5f * (1.0f + erff(v * kInvSqrt2)) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
+}
+
 template <int W, typename A>
 __global__ void gelu_forward(A* y, const A* x, int64_t n) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
     cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
-    for (int j = 0; j < W; ++j) {
-      const float v = cuda::to_float(p.v[j]);
-      p.v[j] = cuda::from_float<A>(0.5f * v * (1.0f + erff(v * kInvSqrt2)));
-    }
+    for (int j = 0; j < W; ++j) p.v[j] = cuda::from_float<A>(gelu_value(cuda::to_float(p.v[j])));
     cuda::store_pack<W>(y + i, p);
   }
 }
@@ -131,14 +133,37 @@ __global__ void gelu_backward(A* dx, const A* dy, const A* x, int64_t n, bool ac
     cuda::Pack<A, W> out;
     if (accumulate) out = cuda::load_pack<W>(dx + i);
     for (int j = 0; j < W; ++j) {
-      const float v = cuda::to_float(px.v[j]);
-      const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
-      const float d = cuda::to_float(pdy.v[j]) * (cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v));
+      const float d = cuda::to_float(pdy.v[j]) * gelu_derivative(cuda::to_float(px.v[j]));
       out.v[j] = cuda::from_float<A>(accumulate ? cuda::to_float(out.v[j]) + d : d);
     }
     cuda::store_pack<W>(dx + i, out);
   }
 }
+// GELU as the source of a fused fake quantization (core/cuda/fake_quantize.cuh).
+template <typename A>
+struct GeluSource {
+  const A* x;
+  A* dx;
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W]) const {
+    const cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
+    for (int j = 0; j < W; ++j) v[j] = gelu_value(cuda::to_float(p.v[j]));
+  }
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
+    const cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
+    for (int j = 0; j < W; ++j) {
+      const float u = cuda::to_float(p.v[j]);
+      const float e = erff(u * kInvSqrt2);  // once for both; the same arithmetic as gelu_value and gelu_derivative
+      v[j] = 0.5f * u * (1.0f + e);
+      slope[j] = 0.5f * (1.0f + e) + u * kInvSqrt2Pi * expf(-0.5f * u * u);
+    }
+  }
+  template <int W>
+  __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {
+    if (dx) cuda::store_grad_pack<W>(dx + i, g, accumulate);
+  }
+};
 template <typename A>
 __global__ void tanh_forward(A* y, const A* x, int64_t n) {
   BERT_GRID_STRIDE(i, n) y[i] = cuda::from_float<A>(tanhf(cuda::to_float(x[i])));
@@ -158,6 +183,9 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+__device__ __forceinline__ bool kept(uint64_t seed, uint64_t index, uint64_t threshold) {
+  return (mix(seed ^ mix(index + 0x632BE59BD9B4E019ull)) >> 11) >= threshold;
+}
 template <int W, typename A>
 __global__ void dropout_forward(A* y, uint8_t* keep, const A* x, uint64_t seed, uint64_t first, uint64_t threshold,
                                 float keep_scale, int64_t n) {
@@ -165,8 +193,7 @@ __global__ void dropout_forward(A* y, uint8_t* keep, const A* x, uint64_t seed, 
     cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
     cuda::Pack<uint8_t, W> k;
     for (int j = 0; j < W; ++j) {
-      const uint64_t bits = mix(seed ^ mix(first + uint64_t(i + j) + 0x632BE59BD9B4E019ull));
-      k.v[j] = (bits >> 11) >= threshold;
+      k.v[j] = kept(seed, first + uint64_t(i + j), threshold);
       p.v[j] = cuda::from_float<A>(cuda::to_float(p.v[j]) * (k.v[j] ? keep_scale : 0.0f));
     }
     cuda::store_pack<W>(keep + i, k);
@@ -188,6 +215,32 @@ __global__ void dropout_backward(A* dx, const A* dy, const uint8_t* keep, float 
     cuda::store_pack<W>(dx + i, out);
   }
 }
+// Dropout as the source of a fused fake quantization: the kept elements are drawn again from the
+// counter-based RNG in backward instead of being stored.
+template <typename A>
+struct DropoutSource {
+  const A* x;
+  A* dx;
+  uint64_t seed, first, threshold;
+  float keep_scale;
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W]) const {
+    float slope[W];
+    load<W>(i, v, slope);
+  }
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
+    const cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
+    for (int j = 0; j < W; ++j) {
+      slope[j] = kept(seed, first + uint64_t(i + j), threshold) ? keep_scale : 0.0f;
+      v[j] = cuda::to_float(p.v[j]) * slope[j];
+    }
+  }
+  template <int W>
+  __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {
+    if (dx) cuda::store_grad_pack<W>(dx + i, g, accumulate);
+  }
+};
 
 // Both operands of one dtype (the output's); a BF16/F32 mix is promoted to F32, as PyTorch does.
 template <bool kMul>
@@ -331,6 +384,60 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
       const A* dy = cuda::typed<A>(g.grad_data(y));
       const bool packed = cuda::packs_of_4(n, {dxp, dy}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
       BERT_LAUNCH_PACKED(dropout_backward, n, packed, g, dxp, dy, keep, keep_scale, n, dx.accumulate);
+    });
+  });
+  return y;
+}
+
+Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q) {
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  const int64_t n = g.shape(x).numel();
+  const cuda::QuantizeLaunch launch = cuda::fused_launch(g, q, n);
+  Var y = g.emit(g.shape(x), {x, q.scale}, dtype);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A *yv = cuda::typed<A>(g.data(y)), *xv = cuda::typed<A>(g.data(x));
+    cuda::launch_fake_quantize_forward(g, launch, yv, GeluSource<A>{xv, nullptr},
+                                       cuda::pack_width(sizeof(A), sizeof(A), n, {yv, xv}));
+  });
+  const Var scale = q.scale;
+  g.on_backward(y, [x, y, scale, n, dtype, launch](Graph<float>& g) {
+    const cuda::FusedBackward b = cuda::fused_backward(g, launch, x, scale);
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      A *dx = cuda::typed<A>(b.dx.data), *dy = cuda::typed<A>(g.grad_data(y)), *xv = cuda::typed<A>(g.data(x));
+      cuda::launch_fake_quantize_backward(g, b.launch, dy, GeluSource<A>{xv, dx},
+                                          cuda::pack_width(sizeof(A), sizeof(A), n, {dx, dy, xv}), b.dx.accumulate);
+    });
+  });
+  return y;
+}
+
+Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q) {
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  const int64_t n = g.shape(x).numel();
+  const cuda::QuantizeLaunch launch = cuda::fused_launch(g, q, n);
+  const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
+  const uint64_t seed = rng.state().seed;
+  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  Var y = g.emit(g.shape(x), {x, q.scale}, dtype);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A *yv = cuda::typed<A>(g.data(y)), *xv = cuda::typed<A>(g.data(x));
+    cuda::launch_fake_quantize_forward(g, launch, yv, DropoutSource<A>{xv, nullptr, seed, first, threshold, keep_scale},
+                                       cuda::pack_width(sizeof(A), sizeof(A), n, {yv, xv}));
+  });
+  const Var scale = q.scale;
+  g.on_backward(y, [x, y, scale, n, dtype, launch, seed, first, threshold, keep_scale](Graph<float>& g) {
+    const cuda::FusedBackward b = cuda::fused_backward(g, launch, x, scale);
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      A *dx = cuda::typed<A>(b.dx.data), *dy = cuda::typed<A>(g.grad_data(y)), *xv = cuda::typed<A>(g.data(x));
+      cuda::launch_fake_quantize_backward(g, b.launch, dy, DropoutSource<A>{xv, dx, seed, first, threshold, keep_scale},
+                                          cuda::pack_width(sizeof(A), sizeof(A), n, {dx, dy, xv}), b.dx.accumulate);
     });
   });
   return y;

@@ -1,6 +1,8 @@
-// Fake quantization with the LSQ scale gradient: forward and backward side by side.
+// Fake quantization with the LSQ scale gradient: forward and backward side by side; and the ops with
+// their output's quantization fused in, which on the CPU are the two ops in sequence.
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -94,7 +96,34 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
   return y;
 }
 
-template Var fake_quantize<float>(Graph<float>&, Var, Var, int, int, double, int64_t*);
-template Var fake_quantize<double>(Graph<double>&, Var, Var, int, int, double, int64_t*);
+template <typename T>
+Var gelu(Graph<T>& g, Var x, const QuantizeOutput& q) {
+  BERT_DISPATCH_CUDA(g, gelu(g, x, q))
+  return fake_quantize(g, gelu(g, x), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+}
+
+template <typename T>
+Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const QuantizeOutput& q) {
+  BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
+  if (training && p > 0) {
+    BERT_DISPATCH_CUDA(g, dropout(g, x, p, rng, q))
+  }
+  return fake_quantize(g, dropout(g, x, p, training, rng), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+}
+
+template <typename T>
+Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q) {
+  BERT_DISPATCH_CUDA(g, permute(g, x, perm, q))
+  return fake_quantize(g, permute(g, x, perm), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+}
+
+#define BERT_INSTANTIATE_QUANTIZE(T)                                                  \
+  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);     \
+  template Var gelu<T>(Graph<T>&, Var, const QuantizeOutput&);                        \
+  template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&, const QuantizeOutput&); \
+  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>, const QuantizeOutput&);
+BERT_INSTANTIATE_QUANTIZE(float)
+BERT_INSTANTIATE_QUANTIZE(double)
+#undef BERT_INSTANTIATE_QUANTIZE
 
 }  // namespace bert::ops

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 #include "core/ops.h"
@@ -150,21 +151,44 @@ ParamId Bert::quantized_weight(const Quantizer& q) {
   return params_.id(q.name.substr(0, q.name.size() - suffix.size()));
 }
 
+namespace {
+// op(q), the op that makes a quantizer's input, with the quantizer fused into it when `fuse` is on and it
+// fake-quantizes (q then points to it; see Quantizer::apply_fused); `quantizer` may be nullptr (none).
+template <typename Op>
+Var quantized(Graph<float>& g, ParameterArena<float>& params, Quantizer* quantizer, const Shape& shape, bool fuse,
+              Op op) {
+  return quantizer ? quantizer->apply_fused(g, params, shape, fuse, op) : op(nullptr);
+}
+}  // namespace
+
 Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
-  auto heads = [&](Linear& proj) {  // (B, T, C) -> (B, H, T, D)
-    return ops::permute(g, ops::reshape(g, proj.forward(g, params_, x), Shape{b, t, h, d}), {0, 2, 1, 3});
+  const bool fuse = fuse_quantizers_;
+  // (B, T, H, D) <-> (B, H, T, D), with the quantizer of its output fused in.
+  auto permute = [&](Var v, Quantizer* quantizer) {
+    Shape out = g.shape(v);
+    std::swap(out[1], out[2]);
+    return quantized(g, params_, quantizer, out, fuse, [&](const ops::QuantizeOutput* q) {
+      return q ? ops::permute(g, v, {0, 2, 1, 3}, *q) : ops::permute(g, v, {0, 2, 1, 3});
+    });
   };
-  Var q = l.matmul_q.apply(g, params_, heads(l.query));
-  Var k = l.matmul_k.apply(g, params_, heads(l.key));
-  Var v = l.matmul_v.apply(g, params_, heads(l.value));
+  auto dropout = [&](Var v, double p, Quantizer* quantizer) {
+    return quantized(g, params_, quantizer, g.shape(v), fuse, [&](const ops::QuantizeOutput* q) {
+      return q ? ops::dropout(g, v, p, training, rng, *q) : ops::dropout(g, v, p, training, rng);
+    });
+  };
+  auto heads = [&](Linear& proj, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
+    return permute(ops::reshape(g, proj.forward(g, params_, x), Shape{b, t, h, d}), &quantizer);
+  };
+  Var q = heads(l.query, l.matmul_q);
+  Var k = heads(l.key, l.matmul_k);
+  Var v = heads(l.value, l.matmul_v);
   Var scores = ops::scaled_matmul(g, q, k, 1.0 / std::sqrt(static_cast<double>(d)), false, true);  // (B,H,T,T)
-  Var probs = ops::dropout(g, ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, training, rng);
-  probs = l.matmul_a.apply(g, params_, probs);
-  Var context = ops::reshape(g, ops::permute(g, ops::matmul(g, probs, v), {0, 2, 1, 3}), Shape{b, t, h * d});
-  Var out =
-      ops::dropout(g, l.attention_output.forward(g, params_, context), config_.hidden_dropout_prob, training, rng);
-  out = l.attention_add_input.apply(g, params_, out);
+  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
+  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer());
+  context = ops::reshape(g, context, Shape{b, t, h * d});
+  Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
+                    &l.attention_add_input);
   return l.attention_norm.forward(g, params_, ops::add(g, out, l.attention_add_residual.apply(g, params_, x)));
 }
 
@@ -193,8 +217,16 @@ Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) 
 
   for (Layer& l : layers_) {
     Var a = attention(g, l, x, mask, b, t, training, rng);
-    Var ff = l.output.forward(g, params_, ops::gelu(g, l.intermediate.forward(g, params_, a)));
-    ff = l.output_add_input.apply(g, params_, ops::dropout(g, ff, config_.hidden_dropout_prob, training, rng));
+    // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
+    Var hidden = l.intermediate.forward(g, params_, a);
+    Var act =
+        quantized(g, params_, l.output.used_input_quantizer(), g.shape(hidden), fuse_quantizers_,
+                  [&](const ops::QuantizeOutput* q) { return q ? ops::gelu(g, hidden, *q) : ops::gelu(g, hidden); });
+    Var ff = l.output.forward_quantized_input(g, params_, act);
+    ff = quantized(g, params_, &l.output_add_input, g.shape(ff), fuse_quantizers_, [&](const ops::QuantizeOutput* q) {
+      const double p = config_.hidden_dropout_prob;
+      return q ? ops::dropout(g, ff, p, training, rng, *q) : ops::dropout(g, ff, p, training, rng);
+    });
     x = l.output_norm.forward(g, params_, ops::add(g, ff, l.output_add_residual.apply(g, params_, a)));
   }
   return x;

@@ -97,6 +97,11 @@ class Bert {
   // The weight a weight quantizer quantizes: "<layer>.weight" for "<layer>.weight_quantizer".
   ParamId quantized_weight(const Quantizer& weight_quantizer);
 
+  // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op (on a GPU one
+  // pass over memory each way instead of two; the same values). On by default; off runs every quantizer
+  // as an op of its own (the baseline the fusion is measured and tested against).
+  void set_fused_quantizers(bool on) { fuse_quantizers_ = on; }
+
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
   // Encoder and head, and the losses when the batch carries their labels.
@@ -131,6 +136,7 @@ class Bert {
   Linear seq_relationship_;
   Linear classifier_;           // task heads
   DeviceBuffer clip_counters_;  // one int64 per quantizer, on the GPU
+  bool fuse_quantizers_ = true;
 };
 
 }  // namespace bert::model

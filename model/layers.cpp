@@ -21,11 +21,13 @@ Linear Linear::declare(ParameterArena<float>& params, const std::string& name, i
 }
 
 Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
+  if (quantizable) x = input_quantizer.apply(g, params, x);
+  return forward_quantized_input(g, params, x);
+}
+
+Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x) {
   Var w = g.param(params.get(weight));
-  if (quantizable) {
-    x = input_quantizer.apply(g, params, x);
-    w = weight_quantizer.apply(g, params, w);
-  }
+  if (quantizable) w = weight_quantizer.apply(g, params, w);
   return ops::linear(g, x, w, g.param(params.get(bias)));
 }
 

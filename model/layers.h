@@ -23,6 +23,10 @@ struct Linear {
   static Linear declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
                         bool quantizable = true);
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x);
+  // The same for an x that already went through input_quantizer (fused into the op that made it).
+  Var forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
+  // input_quantizer when this layer uses it, else nullptr.
+  Quantizer* used_input_quantizer() { return quantizable ? &input_quantizer : nullptr; }
 };
 
 // LayerNorm over the last axis with <name>.weight (gamma) and <name>.bias (beta).

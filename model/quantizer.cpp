@@ -1,5 +1,6 @@
 #include "model/quantizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -35,21 +36,39 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
     }
     case QuantMode::kQuantize: {
       const Shape s = g.shape(x);
-      // LSQ's gradient scale 1 / sqrt(N * qmax), N = elements per scale: a weight row, or one example
-      // of an activation (the first axis is the batch).
-      const int64_t per_scale = is_weight ? s.numel() / channels : s.numel() / std::max<int64_t>(s[0], 1);
-      const double grad_scale = 1.0 / std::sqrt(static_cast<double>(per_scale) * qmax);
-      int64_t* counter = &clipped;
-      if (g.on_cuda()) {
-        BERT_CHECK(device_clipped, "quantizer '" + name + "' has no counter on the GPU (Bert::place_on)");
-        counter = device_clipped;
+      if (!is_weight) {
+        const ops::QuantizeOutput q = fused_output(g, params, s);
+        return ops::fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
       }
-      Var y = ops::fake_quantize(g, x, g.param(params.get(scale)), qmin, qmax, grad_scale, counter);
+      // LSQ's gradient scale 1 / sqrt(N * qmax), N = elements per scale: here a weight row.
+      const double grad_scale = 1.0 / std::sqrt(static_cast<double>(s.numel() / channels) * qmax);
+      Var y = ops::fake_quantize(g, x, g.param(params.get(scale)), qmin, qmax, grad_scale, counter(g));
       seen += s.numel();
       return y;
     }
   }
   return x;
+}
+
+int64_t* Quantizer::counter(const Graph<float>& g) {
+  if (!g.on_cuda()) return &clipped;
+  BERT_CHECK(device_clipped, "quantizer '" + name + "' has no counter on the GPU (Bert::place_on)");
+  return device_clipped;
+}
+
+ops::QuantizeOutput Quantizer::fused_output(Graph<float>& g, ParameterArena<float>& params, const Shape& shape) {
+  BERT_CHECK(!is_weight && channels == 1, "quantizer '" + name + "': only per-tensor activations fuse into an op");
+  // LSQ's gradient scale 1 / sqrt(N * qmax), N = elements per scale: one example of the activation (the
+  // first axis is the batch).
+  const int64_t per_scale = shape.numel() / std::max<int64_t>(shape[0], 1);
+  ops::QuantizeOutput q;
+  q.scale = g.param(params.get(scale));
+  q.qmin = qmin;
+  q.qmax = qmax;
+  q.grad_scale = 1.0 / std::sqrt(static_cast<double>(per_scale) * qmax);
+  q.clipped = counter(g);
+  seen += shape.numel();
+  return q;
 }
 
 bool is_quantizer_scale(const std::string& parameter_name) { return parameter_name.ends_with("_quantizer.scale"); }

@@ -11,6 +11,7 @@
 
 #include "core/arena.h"
 #include "core/graph.h"
+#include "core/ops.h"
 
 namespace bert::model {
 
@@ -47,7 +48,22 @@ struct Quantizer {
   static Quantizer activation(ParameterArena<float>& params, const std::string& name);
   static Quantizer weight(ParameterArena<float>& params, const std::string& name, int64_t out_channels);
   Var apply(Graph<float>& g, ParameterArena<float>& params, Var x);
+  // This (activation) quantizer in kQuantize mode as an ops::QuantizeOutput, for an op that fuses it;
+  // `shape` is the op's output shape. Counts the elements as apply() does.
+  ops::QuantizeOutput fused_output(Graph<float>& g, ParameterArena<float>& params, const Shape& shape);
+  // make(q) is the op that makes this quantizer's input, with q (const ops::QuantizeOutput*) fused into it.
+  // In kQuantize mode with `fuse`, make(&fused_output(...)); otherwise make(nullptr) then apply() (pass-
+  // through, calibration, or the unfused sequence).
+  template <typename Make>
+  Var apply_fused(Graph<float>& g, ParameterArena<float>& params, const Shape& shape, bool fuse, Make make) {
+    if (mode != QuantMode::kQuantize || !fuse) return apply(g, params, make(nullptr));
+    const ops::QuantizeOutput q = fused_output(g, params, shape);
+    return make(&q);
+  }
   void reset_counts() { clipped = seen = 0; }
+
+ private:
+  int64_t* counter(const Graph<float>& g);  // where saturations are counted: host, or device_clipped
 };
 
 // True for the arena names of quantizer scales (no weight decay; optional in FP32 checkpoints).

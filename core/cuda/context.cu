@@ -70,6 +70,8 @@ CudaContext* create_context(int ordinal, Precision precision) {
   std::vector<float> ones(CudaContext::kOnes, 1.0f);
   BERT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->ones), CudaContext::kOnes * sizeof(float)));
   BERT_CUDA_CHECK(cudaMemcpy(c->ones, ones.data(), CudaContext::kOnes * sizeof(float), cudaMemcpyHostToDevice));
+  BERT_CUDA_CHECK(cudaMalloc(&c->arrivals, sizeof(unsigned int)));
+  BERT_CUDA_CHECK(cudaMemset(c->arrivals, 0, sizeof(unsigned int)));
   const std::vector<uint16_t> ones_bf16(CudaContext::kOnes, 0x3F80);  // 1.0 in BF16
   BERT_CUDA_CHECK(cudaMalloc(&c->ones_bf16, CudaContext::kOnes * sizeof(uint16_t)));
   BERT_CUDA_CHECK(
@@ -90,6 +92,7 @@ void destroy_context(CudaContext* c) {
   cudaFree(c->cublas_workspace);
   cudaFree(c->ones);
   cudaFree(c->ones_bf16);
+  cudaFree(c->arrivals);
   cudaFree(c->reduce_scratch);
   cudaFreeHost(c->host_staging);
   cudaFreeHost(c->upload_ring);

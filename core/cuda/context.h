@@ -26,6 +26,9 @@ struct CudaContext {
   void* ones_bf16 = nullptr;  // kOnes BF16 values of 1 (column sums of BF16 gradients as a GEMM)
   static constexpr std::size_t kOnes = std::size_t{1} << 20;
   double* reduce_scratch = nullptr;  // kReduceScratch doubles for two-pass reductions
+  // For kernels whose last block to finish completes a reduction: blocks count their arrival here, and
+  // the last one resets it to 0 for the next kernel on the stream.
+  unsigned int* arrivals = nullptr;
   static constexpr std::size_t kReduceScratch = std::size_t{1} << 16;
   void* host_staging = nullptr;  // pinned, kHostStaging bytes: small device -> host reads
   static constexpr std::size_t kHostStaging = std::size_t{1} << 20;

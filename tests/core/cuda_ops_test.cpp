@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -446,6 +447,95 @@ TEST_F(CudaOps, FakeQuantizeScaleGradientAndSaturationCount) {
     EXPECT_EQ(bf16_clipped, cpu_clipped);
     EXPECT_LE(relative_difference(gpu_grad, cpu_grad), kReduction);
     EXPECT_LE(relative_difference(bf16_grad, cpu_grad), kBf16);
+  }
+}
+
+// v rounded to the nearest BF16 value (ties to even), as a float.
+float bf16_representable(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+// GELU, dropout and permute with their output's quantizer fused in, against the op followed by
+// fake_quantize: on the GPU in FP32 the same values, gradients, scale gradient and saturation count (the
+// same arithmetic); in BF16 against the CPU within kBf16 (the fused op quantizes its FP32 result, not a
+// BF16 copy of it). Odd sizes run in single elements, the rest in packs.
+TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
+  struct Case {
+    const char* name;
+    Shape shape;
+    std::function<Var(Graph<float>&, Var, const ops::QuantizeOutput*)> op;
+  };
+  auto dropout = [](double p, bool training) {
+    return [p, training](Graph<float>& g, Var x, const ops::QuantizeOutput* q) {
+      Rng rng(77);
+      rng.reserve(5);
+      return q ? ops::dropout(g, x, p, training, rng, *q) : ops::dropout(g, x, p, training, rng);
+    };
+  };
+  auto permute = [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) {
+    return q ? ops::permute(g, x, {0, 2, 1, 3}, *q) : ops::permute(g, x, {0, 2, 1, 3});
+  };
+  const std::vector<Case> cases = {
+      {"gelu", Shape{6, 2048},
+       [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) { return q ? ops::gelu(g, x, *q) : ops::gelu(g, x); }},
+      {"gelu odd", Shape{5, 333},
+       [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) { return q ? ops::gelu(g, x, *q) : ops::gelu(g, x); }},
+      {"dropout", Shape{7, 1000}, dropout(0.1, true)},
+      {"dropout odd", Shape{7, 1001}, dropout(0.5, true)},
+      {"dropout in evaluation", Shape{4, 100}, dropout(0.1, false)},
+      {"permute rows", Shape{3, 40, 4, 16}, permute},
+      {"permute odd", Shape{2, 5, 3, 7}, permute},
+  };
+  struct Run {
+    std::vector<float> y, dx, dscale;
+    int64_t clipped = 0;
+  };
+  auto run = [](const Device& device, const Case& c, bool fused) {
+    const int64_t n = c.shape.numel();
+    // Inputs that BF16 holds exactly: in BF16 the op then sees the CPU's inputs, and only its output and
+    // the gradients are rounded (a rounded input would move values across the clipping boundary).
+    std::vector<float> x = random_values(n, 5, 2.0f);
+    for (float& v : x) v = bf16_representable(v);
+    const std::vector<float> up = random_values(n, 6);
+    const float scale_value = 0.025f;  // |gelu(x)| and |x| / 0.9 reach past 127 steps: some saturate
+    Graph<float> g(device);
+    DeviceBuffer xv(device, n * 4), xg(device, n * 4), sv(device, 4), sg(device, 4), counter(device, 8);
+    device.copy_to_device(xv.data(), x.data(), n * 4);
+    device.copy_to_device(sv.data(), &scale_value, 4);
+    device.fill_zero(xg.data(), n * 4);
+    device.fill_zero(sg.data(), 4);
+    device.fill_zero(counter.data(), 8);
+    Var xin = g.leaf(TensorView<float>(xv.as<float>(), c.shape), TensorView<float>(xg.as<float>(), c.shape));
+    Var s = g.leaf(TensorView<float>(sv.as<float>(), Shape{1}), TensorView<float>(sg.as<float>(), Shape{1}));
+    const ops::QuantizeOutput q{s, -128, 127, 0.3, counter.as<int64_t>()};
+    Var y = fused ? c.op(g, xin, &q) : ops::fake_quantize(g, c.op(g, xin, nullptr), s, -128, 127, 0.3, q.clipped);
+    Run r;
+    r.y = g.to_host(y);
+    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), g.shape(y)))));
+    r.dx.resize(n);
+    r.dscale.resize(1);
+    device.copy_to_host(r.dx.data(), xg.data(), n * 4);
+    device.copy_to_host(r.dscale.data(), sg.data(), 4);
+    device.copy_to_host(&r.clipped, counter.data(), 8);
+    return r;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Run cpu = run(Device::cpu(), c, false);
+    const Run separate = run(*gpu_, c, false), fused = run(*gpu_, c, true), bf16 = run(*gpu_bf16_, c, true);
+    EXPECT_GT(cpu.clipped, 0);
+    EXPECT_LE(relative_difference(fused.y, separate.y), kExact);
+    EXPECT_LE(relative_difference(fused.dx, separate.dx), kExact);
+    EXPECT_LE(relative_difference(fused.dscale, separate.dscale), kReduction);
+    EXPECT_EQ(fused.clipped, separate.clipped);
+    EXPECT_LE(relative_difference(bf16.y, cpu.y), kBf16);
+    EXPECT_LE(relative_difference(bf16.dx, cpu.dx), kBf16);
+    EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);
+    EXPECT_NEAR(double(bf16.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped));
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <memory>
 #include <set>
 
 #include "core/error.h"
@@ -307,6 +308,88 @@ TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
   g.clear();
   ModelOutputs train = model.forward(g, batch, true, rng);
   EXPECT_NE(std::vector<float>(g.value(train.mlm_logits).begin(), g.value(train.mlm_logits).end()), eval_logits);
+}
+
+// The quantizers fused into the GELU, dropout and permute ops against each quantizer as an op of its own,
+// in QAT training mode (dropout on, every quantizer enabled): the same loss, gradients (scales included)
+// and saturation counts. On the CPU the fused ops are the two ops in sequence (this checks the model
+// places each quantizer where it was); on a GPU, one kernel each way instead of two.
+struct QatStep {
+  float loss = 0;
+  std::vector<float> grads;
+  std::vector<int64_t> clipped, seen;
+};
+QatStep qat_step(const Device& device, bool fused) {
+  BertConfig c = preset("tiny");
+  c.vocab_size = 60;
+  c.max_position_embeddings = 16;
+  Bert model(c);
+  model.initialize(5);
+  for (Quantizer* q : model.quantizers()) {
+    q->mode = QuantMode::kQuantize;
+    model.parameters().get(q->scale).value.fill(q->is_weight ? 0.0015f : 0.03f);  // some saturate
+  }
+  model.set_fused_quantizers(fused);
+  model.place_on(device);
+  std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
+      masked{7, 10, 12, 0};
+  std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+      types{0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1}, labels{1, 0};
+  BertBatch batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
+  Graph<float> g(device);
+  Rng rng(9);
+  ModelOutputs out = model.forward(g, batch, /*training=*/true, rng);
+  QatStep r;
+  r.loss = g.item(out.loss);
+  g.backward(out.loss);
+  model.parameters().download_grads();
+  model.collect_clip_counts();
+  for (ParamId id = 0; id < model.parameters().size(); ++id)
+    for (float v : model.parameters().get(id).grad) r.grads.push_back(v);
+  for (Quantizer* q : model.quantizers()) r.clipped.push_back(q->clipped), r.seen.push_back(q->seen);
+  return r;
+}
+
+void expect_same_step(const QatStep& fused, const QatStep& plain, double tolerance) {
+  EXPECT_NEAR(fused.loss, plain.loss, tolerance * std::abs(plain.loss));
+  ASSERT_EQ(fused.grads.size(), plain.grads.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    diff = std::max(diff, std::abs(double(fused.grads[i]) - plain.grads[i]));
+    scale = std::max(scale, std::abs(double(plain.grads[i])));
+  }
+  std::cout << "[ info ] fused vs separate quantizers: loss " << fused.loss << " vs " << plain.loss
+            << ", largest gradient difference " << diff / scale << " of the largest gradient\n";
+  EXPECT_LE(diff, tolerance * scale);
+  EXPECT_EQ(fused.seen, plain.seen);
+  int64_t saturated = 0;
+  for (int64_t c : plain.clipped) saturated += c;
+  EXPECT_GT(saturated, 0) << "the scales are small enough that some values saturate";
+}
+
+TEST(BertModel, FusedQuantizersGiveTheSameQatStepAsSeparateOnes) {
+  {
+    SCOPED_TRACE("cpu");
+    const QatStep fused = qat_step(Device::cpu(), true), plain = qat_step(Device::cpu(), false);
+    expect_same_step(fused, plain, 0.0);
+    EXPECT_EQ(fused.clipped, plain.clipped);
+  }
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU part runs on a GPU machine";
+  {
+    SCOPED_TRACE("gpu fp32");
+    std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kFp32);
+    const QatStep fused = qat_step(*gpu, true), plain = qat_step(*gpu, false);
+    expect_same_step(fused, plain, 1e-5);  // the same arithmetic: only sums may run in another order
+    EXPECT_EQ(fused.clipped, plain.clipped);
+  }
+  {
+    // The fused ops quantize the op's FP32 result, the separate ones its BF16 copy: a value within a
+    // BF16 rounding of a rounding boundary may land one step apart.
+    SCOPED_TRACE("gpu bf16");
+    std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kBf16);
+    expect_same_step(qat_step(*gpu, true), qat_step(*gpu, false), 5e-2);
+  }
 }
 
 TEST(BertModel, InitializationFollowsBert) {
