@@ -102,6 +102,8 @@ class Graph {
   // caught one such use in the quantizer).
   Shape shape(Var v) const { return node(v).value.shape(); }
   bool requires_grad(Var v) const { return node(v).requires_grad; }
+  // Whether anything has back-propagated into v yet (its gradient buffer exists).
+  bool has_grad(Var v) { return !grad_owner(v).grad.empty(); }
   // The gradient buffer of v (zero-filled on first use for inner nodes). Only for nodes that
   // require a gradient.
   TensorView<T> grad(Var v);

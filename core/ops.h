@@ -141,5 +141,10 @@ template <typename T>
 Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const QuantizeOutput& q);
 template <typename T>
 Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
+// x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): on a
+// GPU x is read once forward and its gradient written once backward however many quantizers read it
+// (the input of the Q, K and V projections and of a residual add). On the CPU, one fake_quantize each.
+template <typename T>
+std::vector<Var> fake_quantize_each(Graph<T>& g, Var x, std::span<const QuantizeOutput> quantizers);
 
 }  // namespace bert::ops

@@ -48,6 +48,7 @@ Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double 
 Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
 Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
+std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

@@ -117,11 +117,21 @@ Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeO
   return fake_quantize(g, permute(g, x, perm), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
 }
 
-#define BERT_INSTANTIATE_QUANTIZE(T)                                                  \
-  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);     \
-  template Var gelu<T>(Graph<T>&, Var, const QuantizeOutput&);                        \
-  template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&, const QuantizeOutput&); \
-  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>, const QuantizeOutput&);
+template <typename T>
+std::vector<Var> fake_quantize_each(Graph<T>& g, Var x, std::span<const QuantizeOutput> quantizers) {
+  BERT_DISPATCH_CUDA(g, fake_quantize_each(g, x, quantizers))
+  std::vector<Var> out;
+  for (const QuantizeOutput& q : quantizers)
+    out.push_back(fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped));
+  return out;
+}
+
+#define BERT_INSTANTIATE_QUANTIZE(T)                                                          \
+  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);             \
+  template Var gelu<T>(Graph<T>&, Var, const QuantizeOutput&);                                \
+  template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&, const QuantizeOutput&);         \
+  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>, const QuantizeOutput&); \
+  template std::vector<Var> fake_quantize_each<T>(Graph<T>&, Var, std::span<const QuantizeOutput>);
 BERT_INSTANTIATE_QUANTIZE(float)
 BERT_INSTANTIATE_QUANTIZE(double)
 #undef BERT_INSTANTIATE_QUANTIZE

@@ -161,6 +161,24 @@ Var quantized(Graph<float>& g, ParameterArena<float>& params, Quantizer* quantiz
 }
 }  // namespace
 
+std::vector<Var> Bert::quantize_each(Graph<float>& g, Var x, std::initializer_list<Quantizer*> quantizers) {
+  std::vector<Var> out;
+  std::vector<ops::QuantizeOutput> fused;
+  std::vector<size_t> fused_at;  // where each fused output goes in `out`
+  for (Quantizer* q : quantizers) {
+    if (q && fuse_quantizers_ && q->mode == QuantMode::kQuantize) {
+      fused.push_back(q->fused_output(g, params_, g.shape(x)));
+      fused_at.push_back(out.size());
+      out.push_back(Var{});
+    } else {
+      out.push_back(q ? q->apply(g, params_, x) : x);
+    }
+  }
+  const std::vector<Var> quantized = ops::fake_quantize_each(g, x, std::span<const ops::QuantizeOutput>(fused));
+  for (size_t i = 0; i < fused.size(); ++i) out[fused_at[i]] = quantized[i];
+  return out;
+}
+
 Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
   const bool fuse = fuse_quantizers_;
@@ -177,19 +195,24 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
       return q ? ops::dropout(g, v, p, training, rng, *q) : ops::dropout(g, v, p, training, rng);
     });
   };
-  auto heads = [&](Linear& proj, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
-    return permute(ops::reshape(g, proj.forward(g, params_, x), Shape{b, t, h, d}), &quantizer);
+  // x as each quantizer that reads it sees it: the Q, K, V projections' inputs and the residual.
+  const std::vector<Var> inputs = quantize_each(g, x,
+                                                {l.query.used_input_quantizer(), l.key.used_input_quantizer(),
+                                                 l.value.used_input_quantizer(), &l.attention_add_residual});
+  auto heads = [&](Linear& proj, Var input, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
+    Var projected = proj.forward_quantized_input(g, params_, input);
+    return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
   };
-  Var q = heads(l.query, l.matmul_q);
-  Var k = heads(l.key, l.matmul_k);
-  Var v = heads(l.value, l.matmul_v);
+  Var q = heads(l.query, inputs[0], l.matmul_q);
+  Var k = heads(l.key, inputs[1], l.matmul_k);
+  Var v = heads(l.value, inputs[2], l.matmul_v);
   Var scores = ops::scaled_matmul(g, q, k, 1.0 / std::sqrt(static_cast<double>(d)), false, true);  // (B,H,T,T)
   Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
   Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer());
   context = ops::reshape(g, context, Shape{b, t, h * d});
   Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
                     &l.attention_add_input);
-  return l.attention_norm.forward(g, params_, ops::add(g, out, l.attention_add_residual.apply(g, params_, x)));
+  return l.attention_norm.forward(g, params_, ops::add(g, out, inputs[3]));
 }
 
 Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
@@ -218,7 +241,9 @@ Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) 
   for (Layer& l : layers_) {
     Var a = attention(g, l, x, mask, b, t, training, rng);
     // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
-    Var hidden = l.intermediate.forward(g, params_, a);
+    const std::vector<Var> inputs =
+        quantize_each(g, a, {l.intermediate.used_input_quantizer(), &l.output_add_residual});
+    Var hidden = l.intermediate.forward_quantized_input(g, params_, inputs[0]);
     Var act =
         quantized(g, params_, l.output.used_input_quantizer(), g.shape(hidden), fuse_quantizers_,
                   [&](const ops::QuantizeOutput* q) { return q ? ops::gelu(g, hidden, *q) : ops::gelu(g, hidden); });
@@ -227,7 +252,7 @@ Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) 
       const double p = config_.hidden_dropout_prob;
       return q ? ops::dropout(g, ff, p, training, rng, *q) : ops::dropout(g, ff, p, training, rng);
     });
-    x = l.output_norm.forward(g, params_, ops::add(g, ff, l.output_add_residual.apply(g, params_, a)));
+    x = l.output_norm.forward(g, params_, ops::add(g, ff, inputs[1]));
   }
   return x;
 }

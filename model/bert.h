@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
@@ -97,9 +98,9 @@ class Bert {
   // The weight a weight quantizer quantizes: "<layer>.weight" for "<layer>.weight_quantizer".
   ParamId quantized_weight(const Quantizer& weight_quantizer);
 
-  // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op (on a GPU one
-  // pass over memory each way instead of two; the same values). On by default; off runs every quantizer
-  // as an op of its own (the baseline the fusion is measured and tested against).
+  // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op, and the
+  // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
+  // default; off runs every quantizer as an op of its own (the baseline the fusion is measured and tested against).
   void set_fused_quantizers(bool on) { fuse_quantizers_ = on; }
 
   // Final hidden states (B, T, C).
@@ -117,6 +118,9 @@ class Bert {
     Quantizer matmul_q, matmul_k, matmul_v, matmul_a;
     Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;
   };
+  // x through each quantizer (nullptr: none), one output each: those that fake-quantize in one op
+  // (ops::fake_quantize_each) when fusion is on.
+  std::vector<Var> quantize_each(Graph<float>& g, Var x, std::initializer_list<Quantizer*> quantizers);
   Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng);
   void pretraining_head(Graph<float>& g, Var hidden, const BertBatch& batch, bool training, Rng& rng,
                         ModelOutputs& out);

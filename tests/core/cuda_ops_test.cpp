@@ -539,6 +539,70 @@ TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
   }
 }
 
+// Several quantizers reading one input in one op, against one fake_quantize each on the CPU: outputs
+// bit for bit in FP32; the input's gradient (a sum of up to four straight-through terms, added in another
+// order) and the scale gradients within kReduction; in BF16 within kBf16. Also with an output that nothing
+// reads (no gradient, no scale gradient) and with an odd size.
+TEST_F(CudaOps, FakeQuantizeEachEqualsOneFakeQuantizePerQuantizer) {
+  const std::vector<float> scale_values = {0.02f, 0.011f, 0.05f, 0.007f};
+  struct Run {
+    std::vector<float> y, dx, dscale;
+    std::vector<int64_t> clipped;
+  };
+  auto run = [&](const Device& device, int64_t n, bool skip_one) {
+    std::vector<float> x = random_values(n, 21, 1.5f);
+    for (float& v : x) v = bf16_representable(v);
+    Graph<float> g(device);
+    DeviceBuffer xv(device, n * 4), xg(device, n * 4), sv(device, 16), sg(device, 16), counters(device, 32);
+    device.copy_to_device(xv.data(), x.data(), n * 4);
+    device.copy_to_device(sv.data(), scale_values.data(), 16);
+    device.fill_zero(xg.data(), n * 4);
+    device.fill_zero(sg.data(), 16);
+    device.fill_zero(counters.data(), 32);
+    Var xin = g.leaf(TensorView<float>(xv.as<float>(), Shape{n}), TensorView<float>(xg.as<float>(), Shape{n}));
+    std::vector<ops::QuantizeOutput> qs;
+    for (int q = 0; q < 4; ++q) {
+      Var s = g.leaf(TensorView<float>(sv.as<float>() + q, Shape{1}), TensorView<float>(sg.as<float>() + q, Shape{1}));
+      qs.push_back({s, q == 3 ? -127 : -128, 127, 0.1 * (q + 1), counters.as<int64_t>() + q});
+    }
+    const std::vector<Var> ys = ops::fake_quantize_each(g, xin, std::span<const ops::QuantizeOutput>(qs));
+    Run r;
+    Var loss;
+    for (int q = 0; q < 4; ++q) {
+      const std::vector<float> y = g.to_host(ys[q]);
+      r.y.insert(r.y.end(), y.begin(), y.end());
+      if (skip_one && q == 1) continue;  // nothing reads this output
+      const std::vector<float> up = random_values(n, 30 + q);
+      Var term = ops::sum(g, ops::mul(g, ys[q], g.input(std::span<const float>(up), Shape{n})));
+      loss = loss.valid() ? ops::add(g, loss, term) : term;
+    }
+    g.backward(loss);
+    r.dx.resize(n);
+    r.dscale.resize(4);
+    r.clipped.resize(4);
+    device.copy_to_host(r.dx.data(), xg.data(), n * 4);
+    device.copy_to_host(r.dscale.data(), sg.data(), 16);
+    device.copy_to_host(r.clipped.data(), counters.data(), 32);
+    return r;
+  };
+  for (int64_t n : {int64_t{3} * 40000, int64_t{1001}})
+    for (bool skip_one : {false, true}) {
+      SCOPED_TRACE(std::to_string(n) + (skip_one ? ", one output unread" : ""));
+      const Run cpu = run(Device::cpu(), n, skip_one), gpu = run(*gpu_, n, skip_one),
+                bf16 = run(*gpu_bf16_, n, skip_one);
+      EXPECT_LE(relative_difference(gpu.y, cpu.y), kExact);
+      EXPECT_LE(relative_difference(gpu.dx, cpu.dx), kReduction);
+      EXPECT_LE(relative_difference(gpu.dscale, cpu.dscale), kReduction);
+      EXPECT_EQ(gpu.clipped, cpu.clipped);
+      EXPECT_GT(cpu.clipped[3], 0);
+      if (skip_one) EXPECT_EQ(cpu.dscale[1], 0.0f);
+      EXPECT_LE(relative_difference(bf16.y, cpu.y), kBf16);
+      EXPECT_LE(relative_difference(bf16.dx, cpu.dx), kBf16);
+      EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);
+      EXPECT_EQ(bf16.clipped, cpu.clipped);
+    }
+}
+
 // Add, mul and scale keep their inputs' dtype, so the comparisons above (F32 leaves) run them in F32
 // only; here their inputs are BF16 activations (GELU outputs) in the BF16 pass.
 TEST_F(CudaOps, AddMulScaleOnBf16Activations) {
