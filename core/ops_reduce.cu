@@ -155,9 +155,12 @@ __global__ void row_argmax_kernel(int32_t* out, const A* x, int64_t c) {
 }
 
 // result[0] (+)= the largest |x| as float bits (atomicMax on the bits orders non-negative floats);
-// result[1] |= 1 when an element is NaN or infinite.
+// result[1] |= 1 when an element is NaN or infinite. One atomic per block: with one per warp, hundreds of
+// thousands of them on one address serialised the kernel (about 20x slower than reading x).
 template <typename A>
 __global__ void abs_max_kernel(unsigned* result, const A* x, int64_t n) {
+  __shared__ float warp_max[32];
+  __shared__ bool warp_bad[32];
   float m = 0;
   bool bad = false;
   BERT_GRID_STRIDE(i, n) {
@@ -167,9 +170,16 @@ __global__ void abs_max_kernel(unsigned* result, const A* x, int64_t n) {
     else
       bad = true;
   }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   m = cuda::warp_max(m);
   bad = __any_sync(0xffffffffu, bad);
-  if (threadIdx.x % 32 == 0) {
+  if (lane == 0) warp_max[warp] = m, warp_bad[warp] = bad;
+  __syncthreads();
+  if (warp != 0) return;
+  const bool present = lane < int(blockDim.x / 32);
+  m = cuda::warp_max(present ? warp_max[lane] : 0.0f);
+  bad = __any_sync(0xffffffffu, present && warp_bad[lane]);
+  if (lane == 0) {
     atomicMax(result, __float_as_uint(m));
     if (bad) atomicOr(result + 1, 1u);
   }
@@ -320,7 +330,10 @@ double abs_max(Graph<float>& g, Var x) {
   cuda::fill_zero(cuda::context(g.device()), result, 2 * sizeof(unsigned));
   cuda::with_element_type(g.dtype(x), [&](auto tag) {
     using A = typename decltype(tag)::type;
-    if (n > 0) BERT_LAUNCH(abs_max_kernel<A>, n, g, result, cuda::typed<A>(g.data(x)), n);
+    if (n == 0) return;
+    const unsigned blocks = std::min<unsigned>(cuda::blocks_for(n), 1024);
+    abs_max_kernel<A><<<blocks, cuda::kThreads, 0, cuda::stream(g)>>>(result, cuda::typed<A>(g.data(x)), n);
+    BERT_CUDA_LAUNCHED();
   });
   unsigned host[2];
   g.device().copy_to_host(host, result, sizeof host);

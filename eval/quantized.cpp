@@ -111,4 +111,42 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
   return report;
 }
 
+Json SensitivityReport::to_json() const {
+  Json::Array row_list, kept;
+  for (const SensitivityRow& row : rows) {
+    Json j;
+    j["name"] = row.name;
+    j["only_this"] = row.only_this;
+    j["all_but_this"] = row.all_but_this;
+    row_list.push_back(j);
+  }
+  for (const std::string& name : keep_float) kept.emplace_back(name);
+  Json s;
+  s["fp32"] = fp32;
+  s["all_quantized"] = all_quantized;
+  s["rows"] = row_list;
+  s["keep_float"] = kept;
+  s["planned"] = planned;
+  return s;
+}
+
+ModelSize model_size(model::Bert& model) {
+  ModelSize size;
+  ParameterArena<float>& arena = model.parameters();
+  for (ParamId id = 0; id < arena.size(); ++id)
+    if (!model::is_quantizer_scale(arena.name(id))) size.parameters += arena.shape(id).numel();
+  for (model::Quantizer* q : model.enabled_quantizers())
+    if (q->is_weight) size.int8_weight_parameters += arena.shape(model.quantized_weight(*q)).numel();
+  return size;
+}
+
+Json ModelSize::to_json() const {
+  Json j;
+  j["parameters"] = parameters;
+  j["int8_weight_parameters"] = int8_weight_parameters;
+  j["fp32_megabytes"] = fp32_megabytes();
+  j["deployed_megabytes"] = deployed_megabytes();
+  return j;
+}
+
 }  // namespace bert::eval

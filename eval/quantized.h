@@ -41,6 +41,7 @@ struct SensitivityReport {
   std::vector<SensitivityRow> rows;     // most sensitive first (largest drop with only it enabled)
   std::vector<std::string> keep_float;  // the plan: kept in float to stay within max_drop of FP32
   double planned = 0;                   // primary_accuracy with the plan applied
+  Json to_json() const;
 };
 
 // For each quantizer of the calibration set: accuracy with only it, and with all but it, enabled
@@ -49,5 +50,17 @@ struct SensitivityReport {
 SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatistics& stats, quant::Method method,
                               double percentile, const LoaderFactory& eval_loader, int64_t max_batches, double max_drop,
                               Graph<float>& g, const std::function<void(const std::string&)>& progress = {});
+
+// The model's size: every parameter (quantizer scales aside) in FP32, and deployed with the weights of
+// the enabled weight quantizers stored as INT8.
+struct ModelSize {
+  int64_t parameters = 0, int8_weight_parameters = 0;
+  double fp32_megabytes() const { return parameters * 4 / 1e6; }
+  double deployed_megabytes() const {
+    return ((parameters - int8_weight_parameters) * 4 + int8_weight_parameters) / 1e6;
+  }
+  Json to_json() const;
+};
+ModelSize model_size(model::Bert& model);
 
 }  // namespace bert::eval

@@ -6,10 +6,8 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
-#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/process.h"
@@ -27,9 +25,12 @@
 #include "train/checkpoint.h"
 #include "train/model_source.h"
 
-int main(int argc, char** argv) {
-  using namespace bert;
-  std::string checkpoint, tokenizer_path, fill_text;
+namespace {
+
+using namespace bert;
+
+struct Args {
+  std::string checkpoint, tokenizer_path, fill_text, task;
   std::vector<std::string> shards;
   bool mlm = false, nsp = false, json = false;
   int64_t batch_size = 64, max_batches = 0;
@@ -39,11 +40,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
   double max_drop = 0.005;
-  std::string save_calibrated, onnx_model, ort_script = eval::default_ort_script();
-  CLI::App app{
+  std::string save_calibrated, onnx_model, ort_script = eval::default_ort_script(), json_out;
+  std::string device_spec = "auto", precision = "fp32";
+};
+
+void add_options(CLI::App& app, Args& a) {
+  app.description(
       "bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
       "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\". A fine-tuned "
-      "model (sequence or token classification) on task shards reports accuracy, macro-F1 and per-label F1."};
+      "model (sequence or token classification) on task shards reports accuracy, macro-F1 and per-label F1.");
   app.footer(
       "Examples:\n"
       "  bert-eval --checkpoint runs/mini --shards heldout/ --mlm-accuracy --nsp-accuracy\n"
@@ -53,355 +58,377 @@ int main(int argc, char** argv) {
       "  bert-eval --checkpoint runs/mini --fill-mask \"the kernel is written in [MASK].\"\n"
       "  bert-eval --checkpoint runs/pos --shards pos/test.hdf5 --compare   # a fine-tuned tagger, FP32 vs INT8\n"
       "Guides: docs/training.md, docs/quantization.md");
-  app.add_option("--checkpoint", checkpoint,
+  app.add_option("--checkpoint", a.checkpoint,
                  "checkpoint .h5 (from bert-train), its output folder, or a Hugging Face "
                  "model directory (config.json + model.safetensors)")
       ->required();
-  app.add_option("--shards", shards, "evaluation shards (files or folders)")->expected(1, -1);
-  app.add_flag("--mlm-accuracy", mlm, "masked-LM accuracy and loss");
-  app.add_flag("--nsp-accuracy", nsp, "next-sentence-prediction accuracy and loss");
-  app.add_option("--fill-mask", fill_text, "text with [MASK] tokens to fill");
-  std::string task;
-  app.add_option("--task", task,
+  app.add_option("--shards", a.shards, "evaluation shards (files or folders)")->expected(1, -1);
+  app.add_flag("--mlm-accuracy", a.mlm, "masked-LM accuracy and loss");
+  app.add_flag("--nsp-accuracy", a.nsp, "next-sentence-prediction accuracy and loss");
+  app.add_option("--fill-mask", a.fill_text, "text with [MASK] tokens to fill");
+  app.add_option("--task", a.task,
                  "seq-cls | token-cls: the task the model and shards must be (default: the model's head decides)");
-  app.add_option("--top-k", top_k, "candidates per mask")->check(CLI::Range(1, 100))->capture_default_str();
-  app.add_option("--tokenizer", tokenizer_path,
+  app.add_option("--top-k", a.top_k, "candidates per mask")->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--tokenizer", a.tokenizer_path,
                  "tokenizer: SentencePiece .model or WordPiece vocab.txt (default: the one "
                  "beside the checkpoint)");
-  app.add_option("--batch-size", batch_size, "sequences per batch")
+  app.add_option("--batch-size", a.batch_size, "sequences per batch")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--max-batches", max_batches, "stop after this many batches (0: all)")
+  app.add_option("--max-batches", a.max_batches, "stop after this many batches (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_flag("--compare", compare, "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
-  app.add_flag("--sensitivity", sensitivity,
+  app.add_flag("--compare", a.compare,
+               "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
+  app.add_flag("--sensitivity", a.sensitivity,
                "per-quantizer sensitivity (MLM accuracy with only it / all but it quantized)");
-  app.add_option("--calibrators", calibrators, "PTQ methods for --compare")->capture_default_str();
-  app.add_option("--calibrator", calibration.method, "method for --sensitivity")->capture_default_str();
-  app.add_option("--percentile", calibration.percentile, "percentile for the percentile calibrator")
+  app.add_option("--calibrators", a.calibrators, "PTQ methods for --compare")->capture_default_str();
+  app.add_option("--calibrator", a.calibration.method, "method for --sensitivity")->capture_default_str();
+  app.add_option("--percentile", a.calibration.percentile, "percentile for the percentile calibrator")
       ->capture_default_str();
-  app.add_option("--calib-shards", calib_shards,
+  app.add_option("--calib-shards", a.calib_shards,
                  "calibration shards (default: the first --calib-batches batches of --shards, which --compare and "
                  "--sensitivity then leave out of the evaluation)")
       ->expected(1, -1);
-  app.add_option("--calib-batches", calibration.batches, "calibration batches")->capture_default_str();
-  app.add_flag("--quantize-residuals", calibration.residuals, "also quantize both inputs of each residual add");
-  app.add_option("--quantize", calibration.include,
+  app.add_option("--calib-batches", a.calibration.batches, "calibration batches")->capture_default_str();
+  app.add_flag("--quantize-residuals", a.calibration.residuals, "also quantize both inputs of each residual add");
+  app.add_option("--quantize", a.calibration.include,
                  "comma-separated globs of the quantizers to enable (default set otherwise)");
-  app.add_option("--keep-float", calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
-  app.add_option("--plan", plan_path, "plan file: quantizers kept in float for PTQ");
-  app.add_option("--max-drop", max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
+  app.add_option("--keep-float", a.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
+  app.add_option("--plan", a.plan_path, "plan file: quantizers kept in float for PTQ");
+  app.add_option("--max-drop", a.max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
       ->capture_default_str();
-  app.add_option("--plan-out", plan_out, "--sensitivity: write the plan here");
-  app.add_option("--onnx", onnx_model,
+  app.add_option("--plan-out", a.plan_out, "--sensitivity: write the plan here");
+  app.add_option("--onnx", a.onnx_model,
                  "also evaluate this ONNX export in ONNX Runtime on --shards (a pretraining model's export made with "
                  "--masked-positions; a task model's export as it is)");
-  app.add_option("--ort-script", ort_script,
+  app.add_option("--ort-script", a.ort_script,
                  "the ONNX Runtime runner: scripts/ort_run.js (Node, npm onnxruntime-node) or scripts/ort_run.py "
                  "(Python, the onnxruntime package)")
       ->capture_default_str();
-  app.add_option("--save-calibrated", save_calibrated,
+  app.add_option("--save-calibrated", a.save_calibrated,
                  "post-training quantization: calibrate with --calibrator on --calib-shards (or --shards) and save "
                  "the model with its scales and quantizers enabled as a checkpoint (then evaluate or export it)");
-  app.add_flag("--json", json, "print JSON instead of a table");
-  std::string json_out;
-  app.add_option("--json-out", json_out, "also write the JSON report to this file");
-  app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
-  std::string device_spec = "auto", precision = "fp32";
-  app.add_option("--device", device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")
+  app.add_flag("--json", a.json, "print JSON instead of a table");
+  app.add_option("--json-out", a.json_out, "also write the JSON report to this file");
+  app.add_option("--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--device", a.device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
-  app.add_option("--precision", precision,
+  app.add_option("--precision", a.precision,
                  "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")
       ->capture_default_str();
+}
+
+// One evaluation: the loaded model and what the steps below share. Each step prints its table (unless
+// --json) and fills its part of the report.
+struct Evaluation {
+  Args& a;
+  model::Bert& model;
+  const train::TrainingState& state;
+  Graph<float>& g;
+  bool task_model;
+  Json report;
+  const model::BertConfig& config() const { return model.config(); }
+  std::string describe_quantization() {
+    const int quantized = static_cast<int>(model.enabled_quantizers().size());
+    return quantized ? "fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)" : "FP32";
+  }
+};
+
+void check_shards_fit_the_model(const Evaluation& e, data::ShardLoader& loader, const data::LoaderOptions& lo) {
+  const model::BertConfig& config = e.config();
+  data::check_loader_compatible(loader, lo.shards.front(), config.vocab_size, config.max_position_embeddings,
+                                e.state.tokenizer_sha256);
+  if (e.task_model != (loader.kind() != data::ShardKind::kPretraining) ||
+      (e.task_model && loader.label_names() != config.labels))
+    throw UserError("--shards: '" + lo.shards.front() + "' holds " + data::shard_kind_name(loader.kind()) +
+                    " examples" +
+                    (e.task_model ? " with " + std::to_string(loader.label_names().size()) + " labels" : "") +
+                    "; the model is a " + model::head_architecture(config.head) +
+                    (e.task_model ? " with " + std::to_string(config.num_labels()) + " labels" : "") +
+                    " (make the shards with the model's labels: bert-data task --labels <its training shard>)");
+}
+
+// --save-calibrated: PTQ scales from `stats`, saved as a checkpoint with its tokenizer beside it.
+void save_calibrated(Evaluation& e, const quant::CalibrationStatistics& stats) {
+  Args& a = e.a;
+  const auto amax =
+      quant::apply_calibration(e.model, stats, quant::parse_method(a.calibration.method), a.calibration.percentile);
+  train::TrainingState ptq = e.state;
+  Json recipe = quant::describe_calibration(a.calibration, stats.batches);
+  recipe["qat"] = false;
+  recipe["source_checkpoint"] = a.checkpoint;
+  ptq.quantization = recipe;
+  // The tokenizer travels with the checkpoint (as bert-train's runs carry theirs), so bert-export and
+  // bert-eval find it beside the file without --tokenizer.
+  if (!a.tokenizer_path.empty()) {
+    data::copy_tokenizer(a.tokenizer_path, std::filesystem::absolute(a.save_calibrated).parent_path().string());
+    if (ptq.tokenizer_sha256.empty()) ptq.tokenizer_sha256 = data::sha256_file(a.tokenizer_path);
+  }
+  train::save_checkpoint(a.save_calibrated, e.model, nullptr, ptq);
+  spdlog::info("calibrated {} quantizers ({}, {} batches) -> {}", amax.size(), a.calibration.method, stats.batches,
+               a.save_calibrated);
+}
+
+// --compare: FP32, each PTQ calibrator and the checkpoint's own quantization, side by side.
+void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eval::LoaderFactory& make_loader) {
+  const Args& a = e.a;
+  std::vector<quant::Method> methods;
+  std::stringstream list(a.calibrators);
+  for (std::string m; std::getline(list, m, ',');) methods.push_back(quant::parse_method(m));
+  const auto results =
+      eval::compare_modes(e.model, stats, methods, a.calibration.percentile, make_loader, a.max_batches, e.g);
+  Json::Array rows;
+  if (!a.json && e.task_model)
+    std::printf("%-16s %10s %10s %10s\n", "mode", "accuracy", "macro-F1", "loss");
+  else if (!a.json)
+    std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
+  for (const auto& r : results) {
+    if (!a.json && e.task_model)
+      std::printf("%-16s %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(), r.task.loss());
+    else if (!a.json)
+      std::printf("%-16s %10.4f %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.metrics.mlm_accuracy(), r.metrics.mlm_loss(),
+                  r.metrics.nsp_accuracy(), r.metrics.nsp_loss());
+    Json row = e.task_model ? r.task.to_json(e.config().labels) : r.metrics.to_json();
+    row["mode"] = r.mode;
+    rows.push_back(row);
+  }
+  if (!a.json && e.task_model && !results.empty())
+    std::printf("(%lld %s; baseline: majority label %.4f; calibration: %lld batches)\n",
+                (long long)results[0].task.examples,
+                e.config().head == model::Head::kTokenClassification ? "tokens" : "sequences",
+                results[0].task.majority_accuracy(), (long long)stats.batches);
+  else if (!a.json && !results.empty())
+    std::printf(
+        "(%lld predictions; baselines: most-frequent-token %.4f, NSP majority %.4f; calibration: %lld "
+        "batches)\n",
+        (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
+        results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
+  e.report["compare"] = rows;
+}
+
+// --sensitivity: accuracy with each quantizer alone and with all but it, and a plan (--plan-out).
+void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const eval::LoaderFactory& make_loader) {
+  const Args& a = e.a;
+  const auto r = eval::sensitivity(e.model, stats, quant::parse_method(a.calibration.method), a.calibration.percentile,
+                                   make_loader, a.max_batches, a.max_drop, e.g,
+                                   [](const std::string& name) { spdlog::info("sensitivity: {}", name); });
+  if (!a.json) {
+    std::printf("FP32 %s accuracy %.4f; all %zu quantizers (%s) %.4f\n", e.task_model ? "task" : "MLM", r.fp32,
+                r.rows.size(), a.calibration.method.c_str(), r.all_quantized);
+    std::printf("%-64s %10s %12s\n", "quantizer (most sensitive first)", "only this", "all but this");
+    for (const auto& row : r.rows)
+      std::printf("%-64s %10.4f %12.4f\n", row.name.c_str(), row.only_this, row.all_but_this);
+    std::printf("plan: keep %zu in float -> accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n", r.keep_float.size(),
+                r.planned, r.fp32, a.max_drop);
+  }
+  e.report["sensitivity"] = r.to_json();
+  if (!a.plan_out.empty()) {
+    Json details;
+    details["calibrator"] = a.calibration.method;
+    details["max_mlm_accuracy_drop"] = a.max_drop;
+    details["fp32_mlm_accuracy"] = r.fp32;
+    details["planned_mlm_accuracy"] = r.planned;
+    quant::write_plan(a.plan_out, r.keep_float, details);
+    if (!a.json) std::printf("plan written to %s\n", a.plan_out.c_str());
+  }
+}
+
+// A task model's metrics on the shards: accuracy, macro-F1, loss and per-label F1.
+void task_metrics(Evaluation& e, data::ShardLoader& loader, size_t shard_count) {
+  const model::BertConfig& config = e.config();
+  const eval::TaskMetrics t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g);
+  e.report["task"] = model::head_task_name(config.head);
+  e.report["metrics"] = t.to_json(config.labels);
+  if (e.a.json) return;
+  const bool tokens = config.head == model::Head::kTokenClassification;
+  std::printf("%s %s (step %lld) on %zu shard(s), %s\n", model::head_architecture(config.head).c_str(),
+              e.a.checkpoint.c_str(), (long long)e.state.step, shard_count, e.describe_quantization().c_str());
+  std::printf("%-22s %10.4f   (baseline: majority label %.4f) over %lld %s\n", "accuracy", t.accuracy(),
+              t.majority_accuracy(), (long long)t.examples, tokens ? "labeled tokens" : "sequences");
+  std::printf("%-22s %10.4f\n%-22s %10.4f\n", "macro-F1", t.macro_f1(), "loss", t.loss());
+  std::printf("%-22s %10s %10s\n", "label", "F1", "support");
+  for (int64_t l = 0; l < config.num_labels(); ++l) {
+    int64_t support = 0;
+    for (int64_t o = 0; o < config.num_labels(); ++o) support += t.confusion[l * config.num_labels() + o];
+    std::printf("%-22s %10.4f %10lld\n", config.labels[l].c_str(), t.f1(l), (long long)support);
+  }
+}
+
+// A pretraining model's MLM/NSP metrics with their baselines.
+void print_pretraining_metrics(Evaluation& e, const eval::PretrainingMetrics& m, size_t shard_count) {
+  e.report["metrics"] = m.to_json();
+  if (e.a.json) return;
+  std::printf("checkpoint %s (step %lld) on %zu shard(s), %s\n", e.a.checkpoint.c_str(), (long long)e.state.step,
+              shard_count, e.describe_quantization().c_str());
+  std::printf("%-22s %10s %12s %12s\n", "metric", "value", "baseline", "count");
+  if (e.a.mlm) {
+    std::printf("%-22s %10.4f %12.4f %12lld   (baseline: most frequent token)\n", "MLM accuracy", m.mlm_accuracy(),
+                m.most_frequent_token_accuracy(), (long long)m.predictions);
+    std::printf("%-22s %10.4f %12s %12lld\n", "MLM loss", m.mlm_loss(), "", (long long)m.predictions);
+  }
+  if (e.a.nsp) {
+    std::printf("%-22s %10.4f %12.4f %12lld   (baseline: majority class)\n", "NSP accuracy", m.nsp_accuracy(),
+                m.nsp_majority_accuracy(), (long long)m.sequences);
+    std::printf("%-22s %10.4f %12s %12lld\n", "NSP loss", m.nsp_loss(), "", (long long)m.sequences);
+  }
+}
+
+// --onnx: the export scored in ONNX Runtime on the same shards, in this run's own exchange folder.
+void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
+  const Args& a = e.a;
+  data::ShardLoader onnx_loader(lo);
+  const PrivateTempDir work("bert-eval");
+  if (e.task_model) {
+    const eval::TaskMetrics o = eval::evaluate_onnx_task(a.onnx_model, onnx_loader, e.config().num_labels(),
+                                                         a.max_batches, a.ort_script, work.path().string());
+    e.report["onnx"] = o.to_json(e.config().labels);
+    if (!a.json)
+      std::printf("ONNX Runtime (%s): accuracy %.4f, macro-F1 %.4f over %lld %s\n", a.onnx_model.c_str(), o.accuracy(),
+                  o.macro_f1(), (long long)o.examples,
+                  e.config().head == model::Head::kTokenClassification ? "labeled tokens" : "sequences");
+  } else {
+    const eval::PretrainingMetrics o =
+        eval::evaluate_onnx(a.onnx_model, onnx_loader, a.max_batches, a.ort_script, work.path().string());
+    e.report["onnx"] = o.to_json();
+    if (!a.json)
+      std::printf("ONNX Runtime (%s): MLM accuracy %.4f over %lld predictions, NSP accuracy %.4f\n",
+                  a.onnx_model.c_str(), o.mlm_accuracy(), (long long)o.predictions, o.nsp_accuracy());
+  }
+}
+
+// Everything that reads --shards.
+void evaluate_shards(Evaluation& e) {
+  Args& a = e.a;
+  data::LoaderOptions lo;
+  lo.shards = data::expand_shard_paths(a.shards);
+  lo.batch_size = a.batch_size;
+  lo.shuffle = false;
+  lo.repeat = false;
+  data::ShardLoader loader(lo);
+  check_shards_fit_the_model(e, loader, lo);
+  // Without --calib-shards, calibration reads the first --calib-batches batches of --shards, and the
+  // comparisons score only the batches after them: a calibrator never sees the data it is scored on.
+  const int64_t held_for_calibration =
+      a.calib_shards.empty() && (a.compare || a.sensitivity) ? a.calibration.batches : 0;
+  if (held_for_calibration > 0)
+    spdlog::info(
+        "calibrating on the first {} batches of --shards and scoring the rest (--calib-shards to calibrate on "
+        "other data)",
+        held_for_calibration);
+  auto make_loader = [lo, held_for_calibration] {
+    data::ShardLoader l(lo);
+    data::Batch skipped;
+    for (int64_t i = 0; i < held_for_calibration; ++i)
+      if (!l.next(skipped))
+        throw UserError("--shards: only " + std::to_string(i) +
+                        " batches, all needed for calibration (--calib-batches " +
+                        std::to_string(held_for_calibration) + "); give --calib-shards, or fewer --calib-batches");
+    return l;
+  };
+  auto calibration_statistics = [&] {
+    data::LoaderOptions co = lo;
+    co.shards = a.calib_shards.empty() ? lo.shards : data::expand_shard_paths(a.calib_shards);
+    data::ShardLoader calibration_loader(co);
+    if (!a.plan_path.empty()) a.calibration.keep_float = quant::read_plan(a.plan_path, e.model);
+    return quant::collect_statistics(e.model, calibration_loader, a.calibration, e.g);
+  };
+  if (!a.save_calibrated.empty()) save_calibrated(e, calibration_statistics());
+  if (a.compare || a.sensitivity) {
+    // Calibrating changes quantizer modes; remember the checkpoint's (QAT) state to compare with it.
+    std::vector<std::pair<model::Quantizer*, model::QuantMode>> modes;
+    for (model::Quantizer* q : e.model.quantizers()) modes.emplace_back(q, q->mode);
+    const quant::CalibrationStatistics stats = calibration_statistics();
+    for (auto [q, mode] : modes) q->mode = mode;
+    if (a.compare) compare(e, stats, make_loader);
+    if (a.sensitivity) sensitivity(e, stats, make_loader);
+  } else if (e.task_model) {
+    task_metrics(e, loader, lo.shards.size());
+  }
+  const bool pretraining = !a.compare && !a.sensitivity && !e.task_model;
+  eval::PretrainingMetrics m;
+  if (pretraining) m = eval::evaluate(e.model, loader, a.max_batches, e.g);
+  if (!a.onnx_model.empty()) onnx_metrics(e, lo);
+  if (pretraining) print_pretraining_metrics(e, m, lo.shards.size());
+  e.report["shards"] = static_cast<int64_t>(lo.shards.size());
+}
+
+// --fill-mask: the top-k candidates for each [MASK] of the text.
+void fill_mask(Evaluation& e) {
+  const Args& a = e.a;
+  std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(a.tokenizer_path);
+  if (!e.state.tokenizer_sha256.empty() && tokenizer->file_sha256() != e.state.tokenizer_sha256)
+    throw UserError("tokenizer '" + a.tokenizer_path + "' is not the one the checkpoint was trained with");
+  Json::Array masks;
+  for (const eval::MaskPrediction& p : eval::fill_mask(e.model, *tokenizer, a.fill_text, a.top_k, e.g)) {
+    Json::Array candidates;
+    if (!a.json) std::printf("[MASK] at position %d:\n", p.position);
+    for (const auto& [piece, prob] : p.candidates) {
+      if (!a.json) std::printf("  %-20s %.4f\n", piece.c_str(), prob);
+      Json c;
+      c["token"] = piece;
+      c["probability"] = prob;
+      candidates.push_back(c);
+    }
+    Json mj;
+    mj["position"] = p.position;
+    mj["candidates"] = candidates;
+    masks.push_back(mj);
+  }
+  e.report["fill_mask"] = masks;
+}
+
+// Flags that contradict each other or the model, before anything is loaded onto a device.
+void check_requests(const Args& a) {
+  if (a.fill_text.empty() && a.shards.empty())
+    throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
+  if ((a.mlm || a.nsp) && a.shards.empty()) throw UserError("--mlm-accuracy / --nsp-accuracy need --shards");
+  if ((a.compare || a.sensitivity) && a.shards.empty()) throw UserError("--compare / --sensitivity need --shards");
+  if (!a.save_calibrated.empty() && a.shards.empty())
+    throw UserError(
+        "--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
+}
+
+int run(Args& a) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const train::ModelSource source = train::find_model(a.checkpoint);
+  a.checkpoint = source.path;
+  if (a.tokenizer_path.empty()) a.tokenizer_path = source.tokenizer;
+  check_requests(a);
+  // The device first: the model's device memory must be freed before the device goes.
+  const std::unique_ptr<Device> device = Device::open(a.device_spec, parse_precision(a.precision));
+  const model::BertConfig config = train::read_model_config(source);
+  const bool task_model = config.head != model::Head::kPretraining;
+  if (!a.task.empty() && model::parse_task(a.task) != config.head)
+    throw UserError("--task " + a.task + ": '" + a.checkpoint + "' is a " + model::head_architecture(config.head));
+  if (task_model && (a.mlm || a.nsp || !a.fill_text.empty()))
+    throw UserError("'" + a.checkpoint + "' is a " + model::head_architecture(config.head) +
+                    ": it has no MLM/NSP head (--mlm-accuracy, --nsp-accuracy, --fill-mask); evaluate it on task "
+                    "shards (--shards) for its task metrics");
+  if (!a.shards.empty() && !a.mlm && !a.nsp && !task_model) a.mlm = a.nsp = true;
+  model::Bert model(config);
+  const train::TrainingState state = train::load_model(source, model);
+  model.place_on(*device);
+  Graph<float> g(*device);
+  Evaluation e{a, model, state, g, task_model, Json{}};
+  e.report["checkpoint"] = a.checkpoint;
+  e.report["step"] = state.step;
+  e.report["quantizers_enabled"] = static_cast<int64_t>(model.enabled_quantizers().size());
+  e.report["model"] = eval::model_size(model).to_json();
+  if (!a.shards.empty()) evaluate_shards(e);
+  if (!a.fill_text.empty()) fill_mask(e);
+  if (a.json) std::printf("%s\n", e.report.dump(2).c_str());
+  if (!a.json_out.empty()) write_text_file(a.json_out, e.report.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app;
+  add_options(app, args);
   CLI11_PARSE(app, argc, argv);
   // With --json, stdout carries the JSON alone (for `| jq`): progress and errors go to stderr.
-  if (json) spdlog::set_default_logger(spdlog::stderr_color_st("bert-eval"));
-
-  return tools::run_tool([&] {
-    if (threads > 0) omp_set_num_threads(threads);
-    namespace fs = std::filesystem;
-    const train::ModelSource source = train::find_model(checkpoint);
-    checkpoint = source.path;
-    if (tokenizer_path.empty()) tokenizer_path = source.tokenizer;
-    if (fill_text.empty() && shards.empty())
-      throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
-    if ((mlm || nsp) && shards.empty()) throw UserError("--mlm-accuracy / --nsp-accuracy need --shards");
-    if ((compare || sensitivity) && shards.empty()) throw UserError("--compare / --sensitivity need --shards");
-    if (!save_calibrated.empty() && shards.empty())
-      throw UserError(
-          "--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
-    // The device first: the model's device memory must be freed before the device goes.
-    const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
-    const model::BertConfig config = train::read_model_config(source);
-    const bool task_model = config.head != model::Head::kPretraining;
-    if (!task.empty() && model::parse_task(task) != config.head)
-      throw UserError("--task " + task + ": '" + checkpoint + "' is a " + model::head_architecture(config.head));
-    if (task_model && (mlm || nsp || !fill_text.empty()))
-      throw UserError("'" + checkpoint + "' is a " + model::head_architecture(config.head) +
-                      ": it has no MLM/NSP head (--mlm-accuracy, --nsp-accuracy, --fill-mask); evaluate it on task "
-                      "shards (--shards) for its task metrics");
-    if (!shards.empty() && !mlm && !nsp && !task_model) mlm = nsp = true;
-    model::Bert model(config);
-    const train::TrainingState state = train::load_model(source, model);
-    model.place_on(*device);
-    Graph<float> g(*device);
-    Json report;
-    report["checkpoint"] = checkpoint;
-    report["step"] = state.step;
-    { report["quantizers_enabled"] = static_cast<int64_t>(model.enabled_quantizers().size()); }
-    {  // Sizes: all parameters in FP32, and with the enabled weight quantizers' weights stored as INT8.
-      int64_t parameters = 0, int8_weights = 0;
-      ParameterArena<float>& arena = model.parameters();
-      for (ParamId id = 0; id < arena.size(); ++id)
-        if (!model::is_quantizer_scale(arena.name(id))) parameters += arena.shape(id).numel();
-      for (model::Quantizer* q : model.enabled_quantizers())
-        if (q->is_weight) int8_weights += arena.shape(model.quantized_weight(*q)).numel();
-      Json size;
-      size["parameters"] = parameters;
-      size["int8_weight_parameters"] = int8_weights;
-      size["fp32_megabytes"] = parameters * 4 / 1e6;
-      size["deployed_megabytes"] = ((parameters - int8_weights) * 4 + int8_weights) / 1e6;
-      report["model"] = size;
-    }
-
-    if (!shards.empty()) {
-      data::LoaderOptions lo;
-      lo.shards = data::expand_shard_paths(shards);
-      lo.batch_size = batch_size;
-      lo.shuffle = false;
-      lo.repeat = false;
-      data::ShardLoader loader(lo);
-      data::check_loader_compatible(loader, lo.shards.front(), model.config().vocab_size,
-                                    model.config().max_position_embeddings, state.tokenizer_sha256);
-      if (task_model != (loader.kind() != data::ShardKind::kPretraining) ||
-          (task_model && loader.label_names() != config.labels))
-        throw UserError("--shards: '" + lo.shards.front() + "' holds " + data::shard_kind_name(loader.kind()) +
-                        " examples" +
-                        (task_model ? " with " + std::to_string(loader.label_names().size()) + " labels" : "") +
-                        "; the model is a " + model::head_architecture(config.head) +
-                        (task_model ? " with " + std::to_string(config.num_labels()) + " labels" : "") +
-                        " (make the shards with the model's labels: bert-data task --labels <its training shard>)");
-      // Without --calib-shards, calibration reads the first --calib-batches batches of --shards, and the
-      // comparisons score only the batches after them: a calibrator never sees the data it is scored on.
-      const int64_t held_for_calibration = calib_shards.empty() && (compare || sensitivity) ? calibration.batches : 0;
-      if (held_for_calibration > 0)
-        spdlog::info(
-            "calibrating on the first {} batches of --shards and scoring the rest (--calib-shards to "
-            "calibrate on other data)",
-            held_for_calibration);
-      auto make_loader = [lo, held_for_calibration] {
-        data::ShardLoader l(lo);
-        data::Batch skipped;
-        for (int64_t i = 0; i < held_for_calibration; ++i)
-          if (!l.next(skipped))
-            throw UserError("--shards: only " + std::to_string(i) +
-                            " batches, all needed for calibration "
-                            "(--calib-batches " +
-                            std::to_string(held_for_calibration) +
-                            "); give --calib-shards, or "
-                            "fewer --calib-batches");
-        return l;
-      };
-      auto calibration_statistics = [&] {
-        data::LoaderOptions co = lo;
-        co.shards = calib_shards.empty() ? lo.shards : data::expand_shard_paths(calib_shards);
-        data::ShardLoader calibration_loader(co);
-        if (!plan_path.empty()) calibration.keep_float = quant::read_plan(plan_path, model);
-        return quant::collect_statistics(model, calibration_loader, calibration, g);
-      };
-      if (!save_calibrated.empty()) {
-        const quant::CalibrationStatistics stats = calibration_statistics();
-        const auto amax =
-            quant::apply_calibration(model, stats, quant::parse_method(calibration.method), calibration.percentile);
-        train::TrainingState ptq = state;
-        Json recipe = quant::describe_calibration(calibration, stats.batches);
-        recipe["qat"] = false;
-        recipe["source_checkpoint"] = checkpoint;
-        ptq.quantization = recipe;
-        // The tokenizer travels with the checkpoint (as bert-train's runs carry theirs), so bert-export
-        // and bert-eval find it beside the file without --tokenizer.
-        if (!tokenizer_path.empty()) {
-          data::copy_tokenizer(tokenizer_path, std::filesystem::absolute(save_calibrated).parent_path().string());
-          if (ptq.tokenizer_sha256.empty()) ptq.tokenizer_sha256 = data::sha256_file(tokenizer_path);
-        }
-        train::save_checkpoint(save_calibrated, model, nullptr, ptq);
-        spdlog::info("calibrated {} quantizers ({}, {} batches) -> {}", amax.size(), calibration.method, stats.batches,
-                     save_calibrated);
-      }
-      if (compare || sensitivity) {
-        // Calibrating changes quantizer modes; remember the checkpoint's (QAT) state to compare with it.
-        std::vector<std::pair<model::Quantizer*, model::QuantMode>> modes;
-        for (model::Quantizer* q : model.quantizers()) modes.emplace_back(q, q->mode);
-        const quant::CalibrationStatistics stats = calibration_statistics();
-        for (auto [q, mode] : modes) q->mode = mode;
-        if (compare) {
-          std::vector<quant::Method> methods;
-          std::stringstream list(calibrators);
-          for (std::string m; std::getline(list, m, ',');) methods.push_back(quant::parse_method(m));
-          const auto results =
-              eval::compare_modes(model, stats, methods, calibration.percentile, make_loader, max_batches, g);
-          Json::Array rows;
-          if (!json && task_model)
-            std::printf("%-16s %10s %10s %10s\n", "mode", "accuracy", "macro-F1", "loss");
-          else if (!json)
-            std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
-          for (const auto& r : results) {
-            if (!json && task_model)
-              std::printf("%-16s %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(),
-                          r.task.loss());
-            else if (!json)
-              std::printf("%-16s %10.4f %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.metrics.mlm_accuracy(),
-                          r.metrics.mlm_loss(), r.metrics.nsp_accuracy(), r.metrics.nsp_loss());
-            Json row = task_model ? r.task.to_json(config.labels) : r.metrics.to_json();
-            row["mode"] = r.mode;
-            rows.push_back(row);
-          }
-          if (!json && task_model && !results.empty())
-            std::printf("(%lld %s; baseline: majority label %.4f; calibration: %lld batches)\n",
-                        (long long)results[0].task.examples,
-                        config.head == model::Head::kTokenClassification ? "tokens" : "sequences",
-                        results[0].task.majority_accuracy(), (long long)stats.batches);
-          else if (!json && !results.empty())
-            std::printf(
-                "(%lld predictions; baselines: most-frequent-token %.4f, NSP majority %.4f; calibration: %lld "
-                "batches)\n",
-                (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
-                results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
-          report["compare"] = rows;
-        }
-        if (sensitivity) {
-          const auto r = eval::sensitivity(model, stats, quant::parse_method(calibration.method),
-                                           calibration.percentile, make_loader, max_batches, max_drop, g,
-                                           [](const std::string& name) { spdlog::info("sensitivity: {}", name); });
-          Json::Array rows;
-          if (!json) {
-            std::printf("FP32 %s accuracy %.4f; all %zu quantizers (%s) %.4f\n", task_model ? "task" : "MLM", r.fp32,
-                        r.rows.size(), calibration.method.c_str(), r.all_quantized);
-            std::printf("%-64s %10s %12s\n", "quantizer (most sensitive first)", "only this", "all but this");
-          }
-          for (const auto& row : r.rows) {
-            if (!json) std::printf("%-64s %10.4f %12.4f\n", row.name.c_str(), row.only_this, row.all_but_this);
-            Json j;
-            j["name"] = row.name;
-            j["only_this"] = row.only_this;
-            j["all_but_this"] = row.all_but_this;
-            rows.push_back(j);
-          }
-          Json::Array kept;
-          for (const auto& n : r.keep_float) kept.emplace_back(n);
-          if (!json)
-            std::printf("plan: keep %zu in float -> accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n",
-                        r.keep_float.size(), r.planned, r.fp32, max_drop);
-          Json s;
-          s["fp32"] = r.fp32;
-          s["all_quantized"] = r.all_quantized;
-          s["rows"] = rows;
-          s["keep_float"] = kept;
-          s["planned"] = r.planned;
-          report["sensitivity"] = s;
-          if (!plan_out.empty()) {
-            Json details;
-            details["calibrator"] = calibration.method;
-            details["max_mlm_accuracy_drop"] = max_drop;
-            details["fp32_mlm_accuracy"] = r.fp32;
-            details["planned_mlm_accuracy"] = r.planned;
-            quant::write_plan(plan_out, r.keep_float, details);
-            if (!json) std::printf("plan written to %s\n", plan_out.c_str());
-          }
-        }
-      }
-      if (task_model && !compare && !sensitivity) {
-        const eval::TaskMetrics t = eval::evaluate_task(model, loader, max_batches, g);
-        report["task"] = model::head_task_name(config.head);
-        report["metrics"] = t.to_json(config.labels);
-        if (!json) {
-          const int quantized = static_cast<int>(model.enabled_quantizers().size());
-          const bool tokens = config.head == model::Head::kTokenClassification;
-          std::printf(
-              "%s %s (step %lld) on %zu shard(s), %s\n", model::head_architecture(config.head).c_str(),
-              checkpoint.c_str(), (long long)state.step, lo.shards.size(),
-              quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str() : "FP32");
-          std::printf("%-22s %10.4f   (baseline: majority label %.4f) over %lld %s\n", "accuracy", t.accuracy(),
-                      t.majority_accuracy(), (long long)t.examples, tokens ? "labeled tokens" : "sequences");
-          std::printf("%-22s %10.4f\n%-22s %10.4f\n", "macro-F1", t.macro_f1(), "loss", t.loss());
-          std::printf("%-22s %10s %10s\n", "label", "F1", "support");
-          for (int64_t l = 0; l < config.num_labels(); ++l) {
-            int64_t support = 0;
-            for (int64_t o = 0; o < config.num_labels(); ++o) support += t.confusion[l * config.num_labels() + o];
-            std::printf("%-22s %10.4f %10lld\n", config.labels[l].c_str(), t.f1(l), (long long)support);
-          }
-        }
-      }
-      const eval::PretrainingMetrics m = compare || sensitivity || task_model
-                                             ? eval::PretrainingMetrics{}
-                                             : eval::evaluate(model, loader, max_batches, g);
-      if (!onnx_model.empty() && task_model) {
-        data::ShardLoader onnx_loader(lo);
-        const PrivateTempDir work("bert-eval");
-        const eval::TaskMetrics o = eval::evaluate_onnx_task(onnx_model, onnx_loader, config.num_labels(), max_batches,
-                                                             ort_script, work.path().string());
-        report["onnx"] = o.to_json(config.labels);
-        if (!json)
-          std::printf("ONNX Runtime (%s): accuracy %.4f, macro-F1 %.4f over %lld %s\n", onnx_model.c_str(),
-                      o.accuracy(), o.macro_f1(), (long long)o.examples,
-                      config.head == model::Head::kTokenClassification ? "labeled tokens" : "sequences");
-      } else if (!onnx_model.empty()) {
-        data::ShardLoader onnx_loader(lo);
-        const PrivateTempDir work("bert-eval");  // this run's own exchange files
-        const eval::PretrainingMetrics o =
-            eval::evaluate_onnx(onnx_model, onnx_loader, max_batches, ort_script, work.path().string());
-        report["onnx"] = o.to_json();
-        if (!json)
-          std::printf("ONNX Runtime (%s): MLM accuracy %.4f over %lld predictions, NSP accuracy %.4f\n",
-                      onnx_model.c_str(), o.mlm_accuracy(), (long long)o.predictions, o.nsp_accuracy());
-      }
-      report["shards"] = static_cast<int64_t>(lo.shards.size());
-      if (!compare && !sensitivity && !task_model) report["metrics"] = m.to_json();
-      if (!json && !compare && !sensitivity && !task_model) {
-        const int quantized = static_cast<int>(model.enabled_quantizers().size());
-        std::printf(
-            "checkpoint %s (step %lld) on %zu shard(s), %s\n", checkpoint.c_str(), (long long)state.step,
-            lo.shards.size(),
-            quantized ? ("fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)").c_str() : "FP32");
-        std::printf("%-22s %10s %12s %12s\n", "metric", "value", "baseline", "count");
-        if (mlm) {
-          std::printf("%-22s %10.4f %12.4f %12lld   (baseline: most frequent token)\n", "MLM accuracy",
-                      m.mlm_accuracy(), m.most_frequent_token_accuracy(), (long long)m.predictions);
-          std::printf("%-22s %10.4f %12s %12lld\n", "MLM loss", m.mlm_loss(), "", (long long)m.predictions);
-        }
-        if (nsp) {
-          std::printf("%-22s %10.4f %12.4f %12lld   (baseline: majority class)\n", "NSP accuracy", m.nsp_accuracy(),
-                      m.nsp_majority_accuracy(), (long long)m.sequences);
-          std::printf("%-22s %10.4f %12s %12lld\n", "NSP loss", m.nsp_loss(), "", (long long)m.sequences);
-        }
-      }
-    }
-    if (!fill_text.empty()) {
-      std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(tokenizer_path);
-      if (!state.tokenizer_sha256.empty() && tokenizer->file_sha256() != state.tokenizer_sha256)
-        throw UserError("tokenizer '" + tokenizer_path + "' is not the one the checkpoint was trained with");
-      Json::Array masks;
-      for (const eval::MaskPrediction& p : eval::fill_mask(model, *tokenizer, fill_text, top_k, g)) {
-        Json::Array candidates;
-        if (!json) std::printf("[MASK] at position %d:\n", p.position);
-        for (const auto& [piece, prob] : p.candidates) {
-          if (!json) std::printf("  %-20s %.4f\n", piece.c_str(), prob);
-          Json c;
-          c["token"] = piece;
-          c["probability"] = prob;
-          candidates.push_back(c);
-        }
-        Json mj;
-        mj["position"] = p.position;
-        mj["candidates"] = candidates;
-        masks.push_back(mj);
-      }
-      report["fill_mask"] = masks;
-    }
-    if (json) std::printf("%s\n", report.dump(2).c_str());
-    if (!json_out.empty()) {
-      write_text_file(json_out, report.dump(2) + "\n");
-    }
-    return 0;
-  });
+  if (args.json) spdlog::set_default_logger(spdlog::stderr_color_st("bert-eval"));
+  return bert::tools::run_tool([&] { return run(args); });
 }
