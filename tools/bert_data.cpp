@@ -137,13 +137,119 @@ void run_inspect(const std::vector<std::string>& paths, const std::string& token
   }
 }
 
-}  // namespace
+// Every subcommand's options.
+struct Args {
+  std::vector<std::string> split_inputs;
+  std::string split_output;
+  SentencePieceTrainOptions tok;
+  bool cased = false;
+  ShardBuildOptions sh;
+  std::string task_input, task_output, task_tokenizer, task_kind, task_labels;
+  int64_t task_seq_len = 128;
+  std::vector<std::string> inspect_paths;
+  std::string inspect_tokenizer;
+  int inspect_show = 1;
+};
 
-int main(int argc, char** argv) {
-  CLI::App app{
+struct Subcommands {
+  CLI::App *split, *tokenizer, *shards, *task, *inspect;
+};
+
+CLI::App* add_split(CLI::App& app, Args& a) {
+  CLI::App* split = app.add_subcommand("split",
+                                       "paragraphs of prose (one per line, blank line between documents) -> "
+                                       "one sentence per line");
+  split->add_option("--input", a.split_inputs, "paragraph files")->required()->expected(1, -1);
+  split->add_option("--output", a.split_output, "output file (sentences format)")->required();
+  return split;
+}
+
+CLI::App* add_tokenizer(CLI::App& app, Args& a) {
+  CLI::App* tokenizer = app.add_subcommand("tokenizer",
+                                           "train a SentencePiece tokenizer with [PAD]=0 [UNK]=1 "
+                                           "[CLS]=2 [SEP]=3 [MASK]=4");
+  tokenizer->add_option("--input", a.tok.inputs, "corpus files")->required()->expected(1, -1);
+  tokenizer->add_option("--format", a.tok.corpus_format, "corpus format: sentences | paragraphs")
+      ->capture_default_str();
+  tokenizer->add_option("--output", a.tok.output_prefix, "writes PREFIX.model and PREFIX.vocab")->required();
+  tokenizer->add_option("--vocab-size", a.tok.vocab_size, "vocabulary size")
+      ->check(CLI::Range(16, 1000000))
+      ->capture_default_str();
+  tokenizer->add_option("--model-type", a.tok.model_type, "unigram | bpe")->capture_default_str();
+  tokenizer->add_flag("--cased", a.cased, "keep case (default: case-folded, like bert-base-uncased)");
+  tokenizer->add_option("--max-sentences", a.tok.max_sentences, "sentences sampled for training")
+      ->check(CLI::Range(int64_t{1000}, int64_t{1} << 40))
+      ->capture_default_str();
+  tokenizer->add_option("--seed", a.tok.seed, "random seed")->capture_default_str();
+  return tokenizer;
+}
+
+CLI::App* add_shards(CLI::App& app, Args& a) {
+  CLI::App* shards = app.add_subcommand("shards", "create MLM+NSP examples (Google's algorithm) and write HDF5 shards");
+  shards->add_option("--input", a.sh.inputs, "corpus files")->required()->expected(1, -1);
+  shards->add_option("--format", a.sh.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
+  shards
+      ->add_option("--tokenizer", a.sh.tokenizer_path,
+                   "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
+      ->required();
+  shards->add_option("--output", a.sh.output_dir, "output folder")->required();
+  shards->add_option("--prefix", a.sh.prefix, "shard file prefix")->capture_default_str();
+  shards->add_option("--max-seq-len", a.sh.examples.max_seq_len, "tokens per example")->capture_default_str();
+  shards->add_option("--max-predictions", a.sh.examples.max_predictions, "max masked positions per example")
+      ->capture_default_str();
+  shards->add_option("--masked-lm-prob", a.sh.examples.masked_lm_prob, "fraction of tokens to mask")
+      ->capture_default_str();
+  shards->add_option("--short-seq-prob", a.sh.examples.short_seq_prob, "probability of a shorter target length")
+      ->capture_default_str();
+  shards->add_option("--dupe-factor", a.sh.examples.dupe_factor, "passes over the corpus with fresh masks")
+      ->capture_default_str();
+  shards->add_flag(
+      "--whole-word-mask", a.sh.examples.whole_word_mask,
+      "mask whole words (a word: a SentencePiece word start, or a WordPiece token and its ## continuations)");
+  shards->add_option("--seed", a.sh.examples.seed, "random seed")->capture_default_str();
+  shards->add_option("--examples-per-shard", a.sh.examples_per_shard, "examples per shard file")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  shards->add_option("--window-docs", a.sh.window_documents, "documents in memory at once (bounds memory)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30))
+      ->capture_default_str();
+  return shards;
+}
+
+CLI::App* add_task(CLI::App& app, Args& a) {
+  CLI::App* task = app.add_subcommand(
+      "task",
+      "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\", or "
+      "{\"tokens\": [...], \"tags\": [...]}) -> one HDF5 task shard; a word's first piece carries its tag");
+  task->add_option("--task", a.task_kind, "seq-cls (a label per text) | token-cls (a tag per word)")->required();
+  task->add_option("--input", a.task_input, "JSON-lines file")->required();
+  task->add_option("--tokenizer", a.task_tokenizer,
+                   "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
+      ->required();
+  task->add_option("--output", a.task_output, "output shard (.hdf5)")->required();
+  task->add_option("--labels", a.task_labels,
+                   "the label set, in id order: a file with one label per line, or a task shard made before (give "
+                   "the training shard when making dev/test); default: the input's distinct labels, sorted");
+  task->add_option("--max-seq-len", a.task_seq_len, "tokens per example (longer ones are truncated, with a warning)")
+      ->capture_default_str();
+  return task;
+}
+
+CLI::App* add_inspect(CLI::App& app, Args& a) {
+  CLI::App* inspect = app.add_subcommand("inspect", "validate shards (layout, dtypes, ids) and summarise them");
+  inspect->add_option("shards", a.inspect_paths, "shard files or folders")->required()->expected(1, -1);
+  inspect->add_option("--tokenizer", a.inspect_tokenizer, "decode examples and check the tokenizer matches");
+  inspect->add_option("--show", a.inspect_show, "examples to print per shard")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  return inspect;
+}
+
+Subcommands add_subcommands(CLI::App& app, Args& a) {
+  app.description(
       "bert-data: build BERT pretraining data. Steps: `split` (prose -> one sentence per line), "
       "`tokenizer` (train SentencePiece), `shards` (MLM+NSP examples in NVIDIA's HDF5 layout), "
-      "`task` (fine-tuning data: JSON lines -> a task shard), `inspect` (check and summarise shards)."};
+      "`task` (fine-tuning data: JSON lines -> a task shard), `inspect` (check and summarise shards).");
   app.footer(
       "Examples:\n"
       "  bert-data split --input my.paragraphs.txt --output my.txt\n"
@@ -154,124 +260,49 @@ int main(int argc, char** argv) {
       "Each step has its own --help (e.g. bert-data shards --help). Guide: docs/data.md");
   app.require_subcommand(1);
 
-  // split
-  std::vector<std::string> split_inputs;
-  std::string split_output;
-  auto* split = app.add_subcommand("split",
-                                   "paragraphs of prose (one per line, blank line between documents) -> "
-                                   "one sentence per line");
-  split->add_option("--input", split_inputs, "paragraph files")->required()->expected(1, -1);
-  split->add_option("--output", split_output, "output file (sentences format)")->required();
+  app.require_subcommand(1);
+  return {add_split(app, a), add_tokenizer(app, a), add_shards(app, a), add_task(app, a), add_inspect(app, a)};
+}
 
-  // tokenizer
-  SentencePieceTrainOptions tok;
-  bool cased = false;
-  auto* tokenizer = app.add_subcommand("tokenizer",
-                                       "train a SentencePiece tokenizer with [PAD]=0 [UNK]=1 "
-                                       "[CLS]=2 [SEP]=3 [MASK]=4");
-  tokenizer->add_option("--input", tok.inputs, "corpus files")->required()->expected(1, -1);
-  tokenizer->add_option("--format", tok.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
-  tokenizer->add_option("--output", tok.output_prefix, "writes PREFIX.model and PREFIX.vocab")->required();
-  tokenizer->add_option("--vocab-size", tok.vocab_size, "vocabulary size")
-      ->check(CLI::Range(16, 1000000))
-      ->capture_default_str();
-  tokenizer->add_option("--model-type", tok.model_type, "unigram | bpe")->capture_default_str();
-  tokenizer->add_flag("--cased", cased, "keep case (default: case-folded, like bert-base-uncased)");
-  tokenizer->add_option("--max-sentences", tok.max_sentences, "sentences sampled for training")
-      ->check(CLI::Range(int64_t{1000}, int64_t{1} << 40))
-      ->capture_default_str();
-  tokenizer->add_option("--seed", tok.seed, "random seed")->capture_default_str();
+void run_tokenizer(Args& a) {
+  a.tok.lowercase = !a.cased;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t n = train_sentencepiece(a.tok);
+  spdlog::info("tokenizer: {} sentences read, vocab {} -> {}.model ({:.1f} s, peak RSS {:.0f} MB)", n, a.tok.vocab_size,
+               a.tok.output_prefix, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               peak_rss_mb());
+}
 
-  // shards
-  ShardBuildOptions sh;
-  auto* shards = app.add_subcommand("shards", "create MLM+NSP examples (Google's algorithm) and write HDF5 shards");
-  shards->add_option("--input", sh.inputs, "corpus files")->required()->expected(1, -1);
-  shards->add_option("--format", sh.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
-  shards
-      ->add_option("--tokenizer", sh.tokenizer_path,
-                   "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
-      ->required();
-  shards->add_option("--output", sh.output_dir, "output folder")->required();
-  shards->add_option("--prefix", sh.prefix, "shard file prefix")->capture_default_str();
-  shards->add_option("--max-seq-len", sh.examples.max_seq_len, "tokens per example")->capture_default_str();
-  shards->add_option("--max-predictions", sh.examples.max_predictions, "max masked positions per example")
-      ->capture_default_str();
-  shards->add_option("--masked-lm-prob", sh.examples.masked_lm_prob, "fraction of tokens to mask")
-      ->capture_default_str();
-  shards->add_option("--short-seq-prob", sh.examples.short_seq_prob, "probability of a shorter target length")
-      ->capture_default_str();
-  shards->add_option("--dupe-factor", sh.examples.dupe_factor, "passes over the corpus with fresh masks")
-      ->capture_default_str();
-  shards->add_flag(
-      "--whole-word-mask", sh.examples.whole_word_mask,
-      "mask whole words (a word: a SentencePiece word start, or a WordPiece token and its ## continuations)");
-  shards->add_option("--seed", sh.examples.seed, "random seed")->capture_default_str();
-  shards->add_option("--examples-per-shard", sh.examples_per_shard, "examples per shard file")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
-      ->capture_default_str();
-  shards->add_option("--window-docs", sh.window_documents, "documents in memory at once (bounds memory)")
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30))
-      ->capture_default_str();
+void run_shards(Args& a) {
+  ShardBuildStats stats = build_shards(a.sh, [](const ShardBuildStats& s, int pass, double fraction) {
+    spdlog::info("shards: pass {} {:5.1f}%  {} examples  {:.0f} examples/s  {} shards  peak RSS {:.0f} MB", pass + 1,
+                 100 * fraction, s.examples, s.examples / std::max(s.seconds, 1e-9), s.shards, peak_rss_mb());
+  });
+  spdlog::info(
+      "shards: {} documents, {} sentences, {:.1f} MB of text -> {} examples ({:.1f}% random-next) in {} "
+      "shards in {:.1f} s ({:.0f} examples/s), peak RSS {:.0f} MB",
+      stats.documents, stats.sentences, stats.corpus_bytes / 1e6, stats.examples,
+      100.0 * stats.random_next / stats.examples, stats.shards, stats.seconds, stats.examples / stats.seconds,
+      peak_rss_mb());
+  if (stats.single_sentence_documents > 0)
+    spdlog::info("shards: {} single-sentence documents gave random-next pairs only", stats.single_sentence_documents);
+}
 
-  // task
-  std::string task_input, task_output, task_tokenizer, task_kind, task_labels;
-  int64_t task_seq_len = 128;
-  auto* task = app.add_subcommand(
-      "task",
-      "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\", or "
-      "{\"tokens\": [...], \"tags\": [...]}) -> one HDF5 task shard; a word's first piece carries its tag");
-  task->add_option("--task", task_kind, "seq-cls (a label per text) | token-cls (a tag per word)")->required();
-  task->add_option("--input", task_input, "JSON-lines file")->required();
-  task->add_option("--tokenizer", task_tokenizer,
-                   "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
-      ->required();
-  task->add_option("--output", task_output, "output shard (.hdf5)")->required();
-  task->add_option("--labels", task_labels,
-                   "the label set, in id order: a file with one label per line, or a task shard made before (give "
-                   "the training shard when making dev/test); default: the input's distinct labels, sorted");
-  task->add_option("--max-seq-len", task_seq_len, "tokens per example (longer ones are truncated, with a warning)")
-      ->capture_default_str();
+}  // namespace
 
-  // inspect
-  std::vector<std::string> inspect_paths;
-  std::string inspect_tokenizer;
-  int inspect_show = 1;
-  auto* inspect = app.add_subcommand("inspect", "validate shards (layout, dtypes, ids) and summarise them");
-  inspect->add_option("shards", inspect_paths, "shard files or folders")->required()->expected(1, -1);
-  inspect->add_option("--tokenizer", inspect_tokenizer, "decode examples and check the tokenizer matches");
-  inspect->add_option("--show", inspect_show, "examples to print per shard")
-      ->check(CLI::Range(0, 1000))
-      ->capture_default_str();
-
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app;
+  const Subcommands sub = add_subcommands(app, args);
   CLI11_PARSE(app, argc, argv);
   return tools::run_tool([&] {
-    if (*split) run_split(split_inputs, split_output);
-    if (*tokenizer) {
-      tok.lowercase = !cased;
-      const auto start = std::chrono::steady_clock::now();
-      const int64_t n = train_sentencepiece(tok);
-      spdlog::info("tokenizer: {} sentences read, vocab {} -> {}.model ({:.1f} s, peak RSS {:.0f} MB)", n,
-                   tok.vocab_size, tok.output_prefix,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), peak_rss_mb());
-    }
-    if (*shards) {
-      ShardBuildStats stats = build_shards(sh, [](const ShardBuildStats& s, int pass, double fraction) {
-        spdlog::info("shards: pass {} {:5.1f}%  {} examples  {:.0f} examples/s  {} shards  peak RSS {:.0f} MB",
-                     pass + 1, 100 * fraction, s.examples, s.examples / std::max(s.seconds, 1e-9), s.shards,
-                     peak_rss_mb());
-      });
-      spdlog::info(
-          "shards: {} documents, {} sentences, {:.1f} MB of text -> {} examples ({:.1f}% random-next) in {} "
-          "shards in {:.1f} s ({:.0f} examples/s), peak RSS {:.0f} MB",
-          stats.documents, stats.sentences, stats.corpus_bytes / 1e6, stats.examples,
-          100.0 * stats.random_next / stats.examples, stats.shards, stats.seconds, stats.examples / stats.seconds,
-          peak_rss_mb());
-      if (stats.single_sentence_documents > 0)
-        spdlog::info("shards: {} single-sentence documents gave random-next pairs only",
-                     stats.single_sentence_documents);
-    }
-    if (*task) run_task(task_input, task_output, task_tokenizer, task_kind, task_labels, task_seq_len);
-    if (*inspect) run_inspect(inspect_paths, inspect_tokenizer, inspect_show);
+    if (*sub.split) run_split(args.split_inputs, args.split_output);
+    if (*sub.tokenizer) run_tokenizer(args);
+    if (*sub.shards) run_shards(args);
+    if (*sub.task)
+      run_task(args.task_input, args.task_output, args.task_tokenizer, args.task_kind, args.task_labels,
+               args.task_seq_len);
+    if (*sub.inspect) run_inspect(args.inspect_paths, args.inspect_tokenizer, args.inspect_show);
     return 0;
   });
 }

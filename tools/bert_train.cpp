@@ -1,4 +1,4 @@
-// bert-train: pretrain BERT (MLM + NSP) on HDF5 shards.
+// bert-train: pretrain BERT (MLM + NSP) or fine-tune it for a task, on HDF5 shards; FP32 or QAT.
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -42,21 +42,24 @@ int launch_ranks(int argc, char** argv, int nproc, const std::string& output_dir
   return status;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace bert;
-  train::TrainOptions o;
-  std::string preset = "tiny", config_path;
-  int threads = 0;
+struct Args {
+  bert::train::TrainOptions o;
+  std::string preset = "tiny", config_path, task, schedule = "linear", optimizer = "adamw", on_nonfinite = "stop",
+              scales = "learned";
+  int threads = 0, nproc = 1;
   double dropout = -1;
-  CLI::App app{
+  Args() { o.device = "auto"; }
+};
+
+// The run's data, model and optimization.
+void add_training_options(CLI::App& app, Args& a) {
+  app.description(
       "bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
       "(NVIDIA's layout, e.g. from `bert-data shards`), or fine-tune it for sequence or token classification on "
       "task shards (`bert-data task`), in FP32 or with quantization-aware training. Writes OUT/config.json, the "
       "tokenizer (OUT/tokenizer.model or "
       "OUT/vocab.txt), "
-      "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues."};
+      "OUT/checkpoint.h5 and OUT/metrics.jsonl. Ctrl-C writes a checkpoint; --resume continues.");
   app.footer(
       "Examples:\n"
       "  bert-train --train shards/ --eval heldout/ --tokenizer spm.model --preset mini --out runs/mini \\\n"
@@ -67,144 +70,173 @@ int main(int argc, char** argv) {
       "             --steps 600 --batch-size 32 --lr 5e-5      # fine-tune: the head comes from the task shards\n"
       "The same command with --resume continues an interrupted run exactly.\n"
       "Guide: docs/training.md (GPUs: --device cuda --precision bf16)");
-  app.add_option("--train", o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
-  app.add_option("--eval", o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
-  app.add_option("--tokenizer", o.tokenizer_path,
+  app.add_option("--train", a.o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
+  app.add_option("--eval", a.o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
+  app.add_option("--tokenizer", a.o.tokenizer_path,
                  "tokenizer the shards were made with: SentencePiece .model or WordPiece vocab.txt "
                  "(default: OUT's copy on --resume, else the one beside --init-from)");
-  app.add_option("--out", o.output_dir, "output folder")->required();
-  app.add_option("--preset", preset,
+  app.add_option("--out", a.o.output_dir, "output folder")->required();
+  app.add_option("--preset", a.preset,
                  "model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512), base (L12/H768)")
       ->capture_default_str();
-  app.add_option("--config", config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
-  app.add_option("--dropout", dropout, "hidden and attention dropout (default: the config's, 0.1)")
+  app.add_option("--config", a.config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
+  app.add_option("--dropout", a.dropout, "hidden and attention dropout (default: the config's, 0.1)")
       ->check(CLI::Range(0.0, 0.99));
-  std::string task;
-  app.add_option("--task", task,
+  app.add_option("--task", a.task,
                  "seq-cls | token-cls: what the run fine-tunes (default: whatever the training shards hold; "
                  "given, it must agree with them)");
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "sequences per micro-batch")->capture_default_str();
-  app.add_option("--accumulate", o.accumulation, "micro-batches per optimizer step")->capture_default_str();
-  app.add_option("--lr", o.learning_rate, "peak learning rate")->capture_default_str();
-  app.add_option("--warmup", o.warmup_fraction, "fraction of steps for linear warmup")->capture_default_str();
-  std::string schedule = "linear", optimizer = "adamw", on_nonfinite = "stop";
-  app.add_option("--schedule", schedule, "decay after warmup: linear | poly")->capture_default_str();
-  app.add_option("--optimizer", optimizer, "adamw | lamb")->capture_default_str();
-  app.add_option("--weight-decay", o.optimizer.weight_decay, "decoupled weight decay (not on biases and LayerNorm)")
+  app.add_option("--steps", a.o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--batch-size", a.o.batch_size, "sequences per micro-batch")->capture_default_str();
+  app.add_option("--accumulate", a.o.accumulation, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--lr", a.o.learning_rate, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", a.o.warmup_fraction, "fraction of steps for linear warmup")->capture_default_str();
+  app.add_option("--schedule", a.schedule, "decay after warmup: linear | poly")->capture_default_str();
+  app.add_option("--optimizer", a.optimizer, "adamw | lamb")->capture_default_str();
+  app.add_option("--weight-decay", a.o.optimizer.weight_decay, "decoupled weight decay (not on biases and LayerNorm)")
       ->capture_default_str();
-  app.add_option("--clip", o.clip_norm, "global gradient-norm clipping (0: off)")->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for initialisation, data order and dropout")->capture_default_str();
-  app.add_option("--log-every", o.log_every, "steps between progress lines")->capture_default_str();
-  app.add_option("--eval-every", o.eval_every, "steps between evaluations (0: only at the end)")->capture_default_str();
-  app.add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
-  app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
-  app.add_option("--init-from", o.init_from,
+  app.add_option("--clip", a.o.clip_norm, "global gradient-norm clipping (0: off)")->capture_default_str();
+  app.add_option("--seed", a.o.seed, "seed for initialisation, data order and dropout")->capture_default_str();
+  app.add_option("--log-every", a.o.log_every, "steps between progress lines")->capture_default_str();
+  app.add_option("--eval-every", a.o.eval_every, "steps between evaluations (0: only at the end)")
+      ->capture_default_str();
+  app.add_option("--eval-batches", a.o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
+  app.add_option("--save-every", a.o.save_every, "steps between checkpoints (0: only at the end)")
+      ->capture_default_str();
+}
+
+// Where training starts from, and quantization-aware training.
+void add_quantization_options(CLI::App& app, Args& a) {
+  app.add_option("--init-from", a.o.init_from,
                  "start from these weights (fine-tuning, QAT): a checkpoint, a run folder, or a "
                  "Hugging Face model directory (config.json + model.safetensors, sharded or not)");
-  app.add_flag("--qat", o.qat,
+  app.add_flag("--qat", a.o.qat,
                "quantization-aware training: calibrate the quantizers, then train weights and LSQ scales");
-  app.add_option("--calibrator", o.calibration.method, "QAT scale initialisation: max | percentile | entropy | mse")
+  app.add_option("--calibrator", a.o.calibration.method, "QAT scale initialisation: max | percentile | entropy | mse")
       ->capture_default_str();
-  app.add_option("--percentile", o.calibration.percentile, "percentile for --calibrator percentile")
+  app.add_option("--percentile", a.o.calibration.percentile, "percentile for --calibrator percentile")
       ->capture_default_str();
-  app.add_option("--calib-batches", o.calibration.batches, "calibration batches")->capture_default_str();
-  app.add_flag("--quantize-residuals", o.calibration.residuals, "also quantize both inputs of each residual add");
-  app.add_option("--plan", o.plan_path, "sensitivity plan (from bert-eval --sensitivity): quantizers kept in float");
-  app.add_option("--quantize", o.calibration.include,
+  app.add_option("--calib-batches", a.o.calibration.batches, "calibration batches")->capture_default_str();
+  app.add_flag("--quantize-residuals", a.o.calibration.residuals, "also quantize both inputs of each residual add");
+  app.add_option("--plan", a.o.plan_path, "sensitivity plan (from bert-eval --sensitivity): quantizers kept in float");
+  app.add_option("--quantize", a.o.calibration.include,
                  "comma-separated globs of the quantizers to enable (default: every Linear's input and weight and the "
                  "attention matmul inputs), e.g. '*.weight_quantizer,*matmul_*'");
-  app.add_option("--keep-float", o.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
-  app.add_option("--scale-lr-mult", o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")
+  app.add_option("--keep-float", a.o.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
+  app.add_option("--scale-lr-mult", a.o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")
       ->capture_default_str();
-  std::string scales = "learned";
-  app.add_option("--scales", scales,
+  app.add_option("--scales", a.scales,
                  "how QAT trains the quantizer scales: learned (their logarithm, so each step moves a scale by a "
                  "fraction of itself), lsq (LSQ's update on the scale itself; small weight scales can collapse "
                  "under Adam) or fixed (the calibrated scales stay; only the weights train)")
       ->capture_default_str();
-  app.add_option("--distill", o.distill_weight,
+  app.add_option("--distill", a.o.distill_weight,
                  "knowledge distillation from the --init-from model: the weight w in [0, 1] of the KL to its MLM and "
                  "NSP outputs, the loss being (1 - w) (MLM + NSP) + w KL (0: off)")
       ->capture_default_str();
-  app.add_option("--distill-temperature", o.distill_temperature, "softmax temperature of the distillation KL")
+  app.add_option("--distill-temperature", a.o.distill_temperature, "softmax temperature of the distillation KL")
       ->capture_default_str();
-  app.add_flag("--resume", o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
-  app.add_option("--stop-at", o.stop_at_step,
+}
+
+// Resuming, checkpoints, failures, devices and processes.
+void add_run_options(CLI::App& app, Args& a) {
+  app.add_flag("--resume", a.o.resume, "continue from OUT/checkpoint.h5 exactly where it stopped");
+  app.add_option("--stop-at", a.o.stop_at_step,
                  "stop after this step with a checkpoint (a time-boxed run; --resume continues)");
   app.add_option(
-         "--keep-checkpoints", o.keep_checkpoints,
+         "--keep-checkpoints", a.o.keep_checkpoints,
          "checkpoints kept: 1 keeps checkpoint.h5 only; K > 1 also keeps checkpoint-<step>.h5 of the last K saves")
       ->capture_default_str();
-  app.add_option("--on-nonfinite", on_nonfinite,
+  app.add_option("--on-nonfinite", a.on_nonfinite,
                  "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")
       ->capture_default_str();
-  app.add_option("--max-skips", o.max_consecutive_skips,
+  app.add_option("--max-skips", a.o.max_consecutive_skips,
                  "with --on-nonfinite skip: stop after this many skipped steps in a row")
       ->capture_default_str();
-  app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
-  int nproc = 1;
-  app.add_option("--nproc", nproc,
+  app.add_option("--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--nproc", a.nproc,
                  "GPUs of this machine to train on: one process each, gradients averaged through NCCL, global batch "
                  "N x --batch-size (several machines: start one process per GPU with mpirun or srun instead)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--bucket-mb", o.bucket_mb,
+  app.add_option("--bucket-mb", a.o.bucket_mb,
                  "several GPUs: gradients are averaged in buckets of this many MiB, each sent while the backward "
                  "pass goes on")
       ->capture_default_str();
-  o.device = "auto";
-  app.add_option("--device", o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
+  app.add_option("--device", a.o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
-  app.add_option("--precision", o.precision,
+  app.add_option("--precision", a.o.precision,
                  "precision on a GPU: fp32; tf32 (TF32 tensor cores for the GEMMs, FP32 tensors); or bf16 (mixed "
                  "precision: BF16 activations and GEMMs, FP32 master weights, optimizer, losses and quantizer "
                  "scales)")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+}
 
-  return tools::run_tool([&] {
-    o.process_group = train::process_group_from_environment(o.output_dir);
-    if (nproc > 1) {
-      if (o.process_group.distributed())
-        throw UserError("--nproc " + std::to_string(nproc) + " in a process that is already one rank of a job (" +
-                        o.process_group.launcher + ")");
-      if (o.device != "auto" && o.device != "cuda")
-        throw UserError("--nproc " + std::to_string(nproc) + " with --device " + o.device +
-                        ": the ranks train on GPUs, one each (--device cuda; CUDA_VISIBLE_DEVICES chooses the GPUs)");
-      return launch_ranks(argc, argv, nproc, o.output_dir);
-    }
-    if (o.process_group.distributed() && o.process_group.rank != 0) {
-      // Rank 0 reports progress; the others speak up for warnings and errors only.
-      spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(o.process_group.rank) + "] [%l] %v");
-      spdlog::set_level(spdlog::level::warn);
-    }
-    if (threads > 0) omp_set_num_threads(threads);
-    o.scales = train::parse_scale_training(scales);
-    o.schedule = train::parse_schedule(schedule);
-    o.optimizer.kind = train::parse_optimizer(optimizer);
-    o.on_nonfinite = train::parse_on_nonfinite(on_nonfinite);
-    if (!task.empty()) o.task = model::parse_task(task);
-    o.config = config_path.empty() ? model::preset(preset) : model::BertConfig::load(config_path);
-    if (dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = dropout;
-    // The tokenizer: the given one, else the copy in the output folder (--resume), else the one shipped
-    // with --init-from (a Hugging Face directory's vocab.txt).
-    namespace fs = std::filesystem;
-    for (const char* name : {"vocab.txt", "tokenizer.model"}) {
-      const fs::path copy = fs::path(o.output_dir) / name;
-      if (o.tokenizer_path.empty() && o.resume && fs::exists(copy)) o.tokenizer_path = copy.string();
-    }
-    if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = train::find_model(o.init_from).tokenizer;
-    if (o.tokenizer_path.empty())
-      throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
-    const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(o.tokenizer_path);
-    o.tokenizer_vocab_size = tokenizer->vocab_size();
-    o.tokenizer_sha256 = tokenizer->file_sha256();
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
-    train::TrainResult r = train::train(o, &g_stop);
-    // Stopped by a signal: the shell's 128 + N; a planned stop (--stop-at) is a success.
-    if (r.stopped_early && g_signal.load() != 0) return 128 + g_signal.load();
-    return 0;
-  });
+void add_options(CLI::App& app, Args& a) {
+  add_training_options(app, a);
+  add_quantization_options(app, a);
+  add_run_options(app, a);
+}
+
+// The options given as words turned into the trainer's, the model config and the tokenizer: the given
+// one, else the copy in the output folder (--resume), else the one shipped with --init-from (a Hugging
+// Face directory's vocab.txt).
+void resolve(Args& a) {
+  using namespace bert;
+  train::TrainOptions& o = a.o;
+  o.scales = train::parse_scale_training(a.scales);
+  o.schedule = train::parse_schedule(a.schedule);
+  o.optimizer.kind = train::parse_optimizer(a.optimizer);
+  o.on_nonfinite = train::parse_on_nonfinite(a.on_nonfinite);
+  if (!a.task.empty()) o.task = model::parse_task(a.task);
+  o.config = a.config_path.empty() ? model::preset(a.preset) : model::BertConfig::load(a.config_path);
+  if (a.dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = a.dropout;
+  namespace fs = std::filesystem;
+  for (const char* name : {"vocab.txt", "tokenizer.model"}) {
+    const fs::path copy = fs::path(o.output_dir) / name;
+    if (o.tokenizer_path.empty() && o.resume && fs::exists(copy)) o.tokenizer_path = copy.string();
+  }
+  if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = train::find_model(o.init_from).tokenizer;
+  if (o.tokenizer_path.empty())
+    throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
+  const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(o.tokenizer_path);
+  o.tokenizer_vocab_size = tokenizer->vocab_size();
+  o.tokenizer_sha256 = tokenizer->file_sha256();
+}
+
+int run(Args& a, int argc, char** argv) {
+  using namespace bert;
+  train::TrainOptions& o = a.o;
+  o.process_group = train::process_group_from_environment(o.output_dir);
+  if (a.nproc > 1) {
+    if (o.process_group.distributed())
+      throw UserError("--nproc " + std::to_string(a.nproc) + " in a process that is already one rank of a job (" +
+                      o.process_group.launcher + ")");
+    if (o.device != "auto" && o.device != "cuda")
+      throw UserError("--nproc " + std::to_string(a.nproc) + " with --device " + o.device +
+                      ": the ranks train on GPUs, one each (--device cuda; CUDA_VISIBLE_DEVICES chooses the GPUs)");
+    return launch_ranks(argc, argv, a.nproc, o.output_dir);
+  }
+  if (o.process_group.distributed() && o.process_group.rank != 0) {
+    // Rank 0 reports progress; the others speak up for warnings and errors only.
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(o.process_group.rank) + "] [%l] %v");
+    spdlog::set_level(spdlog::level::warn);
+  }
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  resolve(a);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  train::TrainResult r = train::train(o, &g_stop);
+  // Stopped by a signal: the shell's 128 + N; a planned stop (--stop-at) is a success.
+  if (r.stopped_early && g_signal.load() != 0) return 128 + g_signal.load();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app;
+  add_options(app, args);
+  CLI11_PARSE(app, argc, argv);
+  return bert::tools::run_tool([&] { return run(args, argc, argv); });
 }
