@@ -134,19 +134,8 @@ std::string describe_status(int status) {
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
-}  // namespace
-
-int launch_local_ranks(const std::vector<std::string>& argv, int ranks, std::string* failure,
-                       std::chrono::milliseconds grace) {
-  if (ranks < 1) throw UserError("--nproc: at least one process");
-  if (argv.empty()) throw UserError("launch_local_ranks: no program");
-  PrivateTempDir dir("bert-ranks");
-  const std::string rendezvous = dir.file("rendezvous");
-
-  // Everything the children need is built before the first fork.
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+// Each rank's environment: this process's without the rank variables, plus its own.
+std::vector<std::vector<std::string>> rank_environments(int ranks, const std::string& rendezvous) {
   std::vector<std::string> inherited;
   for (char** e = environ; *e; ++e) {
     const std::string entry(*e);
@@ -156,24 +145,27 @@ int launch_local_ranks(const std::vector<std::string>& argv, int ranks, std::str
     if (!ours) inherited.push_back(entry);
   }
   std::vector<std::vector<std::string>> environments(ranks, inherited);
-  std::vector<std::vector<char*>> envps(ranks);
-  for (int r = 0; r < ranks; ++r) {
+  for (int r = 0; r < ranks; ++r)
     for (const std::string& e : {"BERT_RANK=" + std::to_string(r), "BERT_LOCAL_RANK=" + std::to_string(r),
                                  "BERT_WORLD_SIZE=" + std::to_string(ranks), "BERT_RENDEZVOUS=" + rendezvous})
       environments[r].push_back(e);
+  return environments;
+}
+
+// One process per rank running argv with its environment; those already started are killed when a
+// fork fails.
+std::vector<pid_t> start_ranks(const std::vector<std::string>& argv,
+                               std::vector<std::vector<std::string>>& environments) {
+  // Everything the children need is built before the first fork.
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int ranks = static_cast<int>(environments.size());
+  std::vector<std::vector<char*>> envps(ranks);
+  for (int r = 0; r < ranks; ++r) {
     for (std::string& e : environments[r]) envps[r].push_back(e.data());
     envps[r].push_back(nullptr);
   }
-
-  // SIGINT and SIGTERM are recorded and passed on; without SA_RESTART they interrupt waitpid.
-  struct sigaction action {
-  }, old_int{}, old_term{};
-  action.sa_handler = remember_signal;
-  sigemptyset(&action.sa_mask);
-  g_signals_received = 0;
-  sigaction(SIGINT, &action, &old_int);
-  sigaction(SIGTERM, &action, &old_term);
-
   const pid_t parent = ::getpid();
   std::vector<pid_t> pids(ranks, -1);
   for (int r = 0; r < ranks; ++r) {
@@ -198,7 +190,13 @@ int launch_local_ranks(const std::vector<std::string>& argv, int ranks, std::str
     }
     pids[r] = pid;
   }
+  return pids;
+}
 
+// Waits for every rank, passing on SIGINT/SIGTERM the launcher receives; the first rank that fails
+// stops the others (SIGTERM, then SIGKILL after `grace`) and gives the result.
+int wait_for_ranks(std::vector<pid_t>& pids, std::string* failure, std::chrono::milliseconds grace) {
+  const int ranks = static_cast<int>(pids.size());
   int running = ranks, result = 0, forwarded = 0;
   bool failed = false;
   auto kill_deadline = std::chrono::steady_clock::time_point::max();
@@ -245,9 +243,35 @@ int launch_local_ranks(const std::vector<std::string>& argv, int ranks, std::str
       kill_deadline = std::chrono::steady_clock::now() + grace;
     }
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
   return result;
+}
+
+}  // namespace
+
+int launch_local_ranks(const std::vector<std::string>& argv, int ranks, std::string* failure,
+                       std::chrono::milliseconds grace) {
+  if (ranks < 1) throw UserError("--nproc: at least one process");
+  if (argv.empty()) throw UserError("launch_local_ranks: no program");
+  PrivateTempDir dir("bert-ranks");
+  std::vector<std::vector<std::string>> environments = rank_environments(ranks, dir.file("rendezvous"));
+  // SIGINT and SIGTERM are recorded and passed on; without SA_RESTART they interrupt waitpid. The
+  // launcher's own handlers come back however this ends.
+  struct sigaction action {
+  }, old_int{}, old_term{};
+  action.sa_handler = remember_signal;
+  sigemptyset(&action.sa_mask);
+  g_signals_received = 0;
+  sigaction(SIGINT, &action, &old_int);
+  sigaction(SIGTERM, &action, &old_term);
+  struct RestoreSignals {
+    struct sigaction *old_int, *old_term;
+    ~RestoreSignals() {
+      sigaction(SIGINT, old_int, nullptr);
+      sigaction(SIGTERM, old_term, nullptr);
+    }
+  } restore{&old_int, &old_term};
+  std::vector<pid_t> pids = start_ranks(argv, environments);
+  return wait_for_ranks(pids, failure, grace);
 }
 
 }  // namespace bert::train
