@@ -155,15 +155,6 @@ __global__ void fake_quantize_each_backward(Each<A> e, A* dx, const A* x, int64_
   if (threadIdx.x == 0) *arrivals = 0;
 }
 
-// cuda::pack_width for one element type over any number of buffers.
-template <typename A>
-int pack_width(int64_t n, const std::vector<const void*>& pointers) {
-  const bool aligned = std::all_of(pointers.begin(), pointers.end(),
-                                   [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; });
-  if (!aligned || n % 4 != 0) return 1;
-  return sizeof(A) == 2 && n % 8 == 0 ? 8 : 4;
-}
-
 }  // namespace
 
 // x is read in the activation dtype (an F32 input through a conversion node, as other activation ops).
@@ -209,7 +200,7 @@ std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const Quan
       const Each<A> e = arguments(g, tag);
       std::vector<const void*> pointers = {g.data(x)};
       for (Var y : out) pointers.push_back(g.data(y));
-      const int width = pack_width<A>(n, pointers);
+      const int width = cuda::pack_width(sizeof(A), sizeof(A), n, pointers);
       auto* kernel = width == 8   ? &fake_quantize_each_forward<8, A>
                      : width == 4 ? &fake_quantize_each_forward<4, A>
                                   : &fake_quantize_each_forward<1, A>;
@@ -238,7 +229,7 @@ std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const Quan
         const auto dx = g.requires_grad(x) ? g.raw_grad_target(x) : Graph<float>::RawGradTarget{nullptr, false};
         pointers.push_back(dx.data);
         double* partial = any_scale && blocks > 1 ? g.scratch<double>(int64_t(blocks) * e.k) : nullptr;
-        const int width = pack_width<A>(n, pointers);
+        const int width = cuda::pack_width(sizeof(A), sizeof(A), n, pointers);
         auto* kernel = width == 8   ? &fake_quantize_each_backward<8, A>
                        : width == 4 ? &fake_quantize_each_backward<4, A>
                                     : &fake_quantize_each_backward<1, A>;

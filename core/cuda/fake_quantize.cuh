@@ -154,10 +154,17 @@ struct QuantizeLaunch {
 // Elements per access for a kernel moving elements of `bytes` and `other_bytes` (its two element types):
 // 16-byte accesses (8 BF16 values: 8-byte ones leave the memory system half idle; 4 floats), when every
 // pointer is 16-byte aligned and every channel holds a multiple of the width; else 4, else 1.
+// `pointers`: any range of const void* (a braced list, or a vector for a variable number of buffers).
+template <typename Pointers>
+int pack_width(std::size_t bytes, std::size_t other_bytes, int64_t per_channel, const Pointers& pointers) {
+  if (per_channel % 4 != 0) return 1;
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return bytes == 2 && other_bytes == 2 && per_channel % 8 == 0 ? 8 : 4;
+}
 inline int pack_width(std::size_t bytes, std::size_t other_bytes, int64_t per_channel,
                       std::initializer_list<const void*> pointers) {
-  if (!packs_of_4(per_channel, pointers)) return 1;
-  return bytes == 2 && other_bytes == 2 && per_channel % 8 == 0 ? 8 : 4;
+  return pack_width<std::initializer_list<const void*>>(bytes, other_bytes, per_channel, pointers);
 }
 
 // y = fake_quantize(source values), `width` elements per access (pack_width).
