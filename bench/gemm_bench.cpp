@@ -1,6 +1,8 @@
 // gemm-bench: GFLOP/s of core's gemm() (the kernel every matmul and linear uses) on a large square
 // product (the machine's ceiling) and on BERT-shaped products, beside OpenBLAS's cblas_sgemm in the
-// same run when the build found OpenBLAS. Median of timed repetitions after a warm-up.
+// same run when the build found OpenBLAS; then the INT8 linear layer (activation quantization included)
+// with each integer kernel this CPU runs, against the FP32 linear (gemm with W^T) on the same shapes.
+// Median of timed repetitions after a warm-up.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "core/gemm.h"
+#include "core/int8_gemm.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 
@@ -29,6 +32,44 @@ double median_seconds(int reps, F&& f) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// y = x W^T for x (m, k), W (n, k): FP32 gemm against int8_linear with each kernel, quantization of x included.
+void compare_int8(int64_t m, int64_t n, int64_t k, const char* what, int reps, bert::Rng& rng) {
+  std::vector<float> x(m * k), w(n * k), y(m * n), scale_w(n, 0.01f), bias(n, 0.0f);
+  for (float& v : x) v = static_cast<float>(rng.next_normal());
+  for (float& v : w) v = static_cast<float>(rng.next_normal());
+  std::vector<int8_t> q_w(n * k);
+  for (int64_t i = 0; i < n * k; ++i) q_w[i] = static_cast<int8_t>(std::clamp(w[i] * 40.0f, -127.0f, 127.0f));
+  const bert::Int8Weights packed(q_w.data(), n, k);
+  std::vector<uint8_t> a(m * bert::int8_row_bytes(k));
+  const double flops = 2.0 * m * n * k;
+  const double fp32 =
+      flops /
+      median_seconds(reps,
+                     [&] {
+                       bert::gemm<float>({false, true, m, n, k}, 1.0f, x.data(), k, w.data(), k, 0.0f, y.data(), n);
+                     }) /
+      1e9;
+  char dims[32];
+  std::snprintf(dims, sizeof dims, "%ld x %ld x %ld", long(m), long(n), long(k));
+  std::printf("%-34s %20s %12.1f", what, dims, fp32);
+  for (bert::Int8Kernel kernel : {bert::Int8Kernel::kGeneric, bert::Int8Kernel::kAvx2, bert::Int8Kernel::kAvx512Vnni}) {
+    if (!bert::int8_kernel_supported(kernel)) {
+      std::printf(" %18s", "-");
+      continue;
+    }
+    const double ops = flops /
+                       median_seconds(reps,
+                                      [&] {
+                                        bert::quantize_activations(x.data(), m, k, 0.05f, a.data());
+                                        bert::int8_linear(m, a.data(), packed, 0.05f, scale_w.data(), bias.data(),
+                                                          y.data(), n, kernel);
+                                      }) /
+                       1e9;
+    std::printf(" %10.1f (%4.2fx)", ops, ops / fp32);
+  }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -80,5 +121,17 @@ int main(int argc, char** argv) {
     std::printf("%-34s %20s %12.1f %12s %8s\n", s.what, dims, ours, "n/a", "-");
 #endif
   }
+  std::printf(
+      "\nINT8 linear (y = x W^T, quantization of x included), GOP/s and ratio to FP32:\n"
+      "%-34s %20s %12s %18s %18s %18s\n",
+      "shape", "M x N x K", "fp32 GF/s", "generic", "avx2", "avx512-vnni");
+  compare_int8(4096, 128, 128, "tiny: B32 x T128, H128 projection", reps, rng);
+  compare_int8(4096, 512, 128, "tiny: FFN up", reps, rng);
+  compare_int8(4096, 256, 256, "mini: projection", reps, rng);
+  compare_int8(4096, 1024, 256, "mini: FFN up", reps, rng);
+  compare_int8(4096, 256, 1024, "mini: FFN down", reps, rng);
+  compare_int8(4096, 768, 768, "base: B32 x T128 projection", reps, rng);
+  compare_int8(4096, 3072, 768, "base: FFN up", reps, rng);
+  compare_int8(4096, 768, 3072, "base: FFN down", reps, rng);
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/graph.h"
+#include "core/int8_gemm.h"
 #include "core/rng.h"
 
 namespace bert::ops {
@@ -29,6 +30,14 @@ Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a = false,
 // x (.., in) W^T (out, in) + bias (out) -> (.., out). `bias` may be Var{} (none).
 template <typename T>
 Var linear(Graph<T>& g, Var x, Var weight, Var bias);
+
+// INT8 inference: x (.., in) quantized per tensor (round(x / scale_x) clamped to [-128, 127], as
+// fake_quantize does) times `weights`, quantized per output channel and packed, summed exactly in int32
+// (core/int8_gemm.h), then scale_x * scale_w[c] * sum + bias[c] -> (.., out). The values of
+// linear(fake_quantize(x), fake_quantize(W), bias) up to the float summation order. CPU only, and
+// forward only: the graph must not be recording gradients (NoGradGuard).
+Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias);
 
 // Elementwise with NumPy broadcasting (axes aligned from the right, size-1 axes stretch).
 template <typename T>

@@ -144,6 +144,25 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
   return y;
 }
 
+Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias) {
+  BERT_CHECK(!g.on_cuda(), "int8_linear: integer inference runs on the CPU");
+  BERT_CHECK(!g.grad_enabled(), "int8_linear has no gradient: run it under NoGradGuard (inference only)");
+  const Shape& xs = g.shape(x);
+  BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
+             "int8_linear: x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
+  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), "int8_linear: one weight scale per output");
+  BERT_CHECK(scale_x > 0, "int8_linear: the input scale must be positive");
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), "int8_linear bias " + g.shape(bias).str());
+  const int64_t rows = xs.rows();
+  uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));  // reused every step
+  quantize_activations(g.value(x).data(), rows, weights.k(), scale_x, quantized);
+  Var y = bias.valid() ? g.emit(xs.with_last(weights.n()), {x, bias}) : g.emit(xs.with_last(weights.n()), {x});
+  bert::int8_linear(rows, quantized, weights, scale_x, scale_w.data(), bias.valid() ? g.value(bias).data() : nullptr,
+                    g.value(y).data(), weights.n());
+  return y;
+}
+
 #define BERT_INSTANTIATE(T)                                               \
   template Var matmul<T>(Graph<T>&, Var, Var, bool, bool);                \
   template Var scaled_matmul<T>(Graph<T>&, Var, Var, double, bool, bool); \

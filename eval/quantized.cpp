@@ -1,7 +1,12 @@
 #include "eval/quantized.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
+
+#include "core/error.h"
+#include "core/int8_gemm.h"
+#include "core/ops.h"
 
 namespace bert::eval {
 
@@ -128,6 +133,84 @@ Json SensitivityReport::to_json() const {
   s["keep_float"] = kept;
   s["planned"] = planned;
   return s;
+}
+
+namespace {
+
+TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoader loader, int64_t max_batches,
+                     Graph<float>& g) {
+  NoGradGuard<float> no_grad(g);
+  TimedMode r;
+  r.mode = mode;
+  const bool task = model.config().head != model::Head::kPretraining;
+  if (task) r.task = TaskMetrics(model.config().num_labels());
+  data::Batch batch;
+  Rng unused(0);  // dropout is off in evaluation and draws nothing
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
+    const model::BertBatch b = quant::as_model_batch(batch);
+    const model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
+    for (Var logits : task ? std::vector<Var>{out.logits} : std::vector<Var>{out.mlm_logits, out.nsp_logits})
+      for (int32_t p : ops::row_argmax(g, logits)) r.predictions.push_back(p);
+    if (task)
+      r.task.add(g, out);
+    else
+      r.metrics.add(g, out, b);
+    r.sequences += b.batch;
+    g.clear();
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+}  // namespace
+
+IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+  BERT_CHECK(!g.on_cuda(), "compare_integer: integer inference runs on the CPU");
+  const std::vector<model::Quantizer*> enabled = model.enabled_quantizers();
+  if (enabled.empty())
+    throw UserError("INT8 inference needs a quantized model (a QAT checkpoint, or one saved with --save-calibrated)");
+  IntegerComparison c;
+  c.kernel = int8_kernel_name(Int8Kernel::kAuto);
+  for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kFloat;
+  c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g));
+  for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kQuantize;
+  c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g));
+  c.integer_layers = model.prepare_integer_inference();
+  if (c.integer_layers == 0) {
+    model.clear_integer_inference();
+    throw UserError("no linear layer has both its input and weight quantizers enabled: nothing runs as INT8");
+  }
+  try {
+    c.modes.push_back(timed_pass("int8", model, make(), max_batches, g));
+  } catch (...) {
+    model.clear_integer_inference();
+    throw;
+  }
+  model.clear_integer_inference();
+  const std::vector<int32_t>&fake = c.modes[1].predictions, &integer = c.modes[2].predictions;
+  c.compared = static_cast<int64_t>(std::min(fake.size(), integer.size()));
+  for (int64_t i = 0; i < c.compared; ++i) c.agreeing += fake[i] == integer[i];
+  return c;
+}
+
+Json IntegerComparison::to_json(const std::vector<std::string>& label_names) const {
+  Json j;
+  j["kernel"] = kernel;
+  j["integer_layers"] = integer_layers;
+  j["agreement_with_fake_quant"] = agreement();
+  j["predictions_compared"] = compared;
+  Json::Array rows;
+  for (const TimedMode& m : modes) {
+    Json row = m.task.num_labels ? m.task.to_json(label_names) : m.metrics.to_json();
+    row["mode"] = m.mode;
+    row["sequences"] = m.sequences;
+    row["seconds"] = m.seconds;
+    row["sequences_per_second"] = m.sequences_per_second();
+    rows.push_back(row);
+  }
+  j["modes"] = rows;
+  return j;
 }
 
 ModelSize model_size(model::Bert& model) {

@@ -51,6 +51,32 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
                               double percentile, const LoaderFactory& eval_loader, int64_t max_batches, double max_drop,
                               Graph<float>& g, const std::function<void(const std::string&)>& progress = {});
 
+// One pass over the evaluation shards in one mode, timed, with every prediction kept (MLM rows then NSP,
+// or the task's rows) for comparing modes prediction by prediction.
+struct TimedMode {
+  std::string mode;  // "fp32", "fake-quant", "int8"
+  PretrainingMetrics metrics;
+  TaskMetrics task;
+  int64_t sequences = 0;
+  double seconds = 0;
+  std::vector<int32_t> predictions;
+  double sequences_per_second() const { return seconds > 0 ? sequences / seconds : 0.0; }
+};
+
+// A quantized model (quantizers enabled: a QAT checkpoint or a saved calibration) evaluated on the CPU
+// three ways: FP32 (quantizers off), fake-quantized (the float simulation QAT trains), and INT8 with
+// integer GEMMs (Bert::prepare_integer_inference). Leaves the model as it came.
+struct IntegerComparison {
+  std::vector<TimedMode> modes;  // fp32, fake-quant, int8
+  std::string kernel;            // the integer kernel this CPU ran
+  int64_t integer_layers = 0;
+  int64_t agreeing = 0, compared = 0;  // int8 predictions equal to the fake-quantized model's
+  double agreement() const { return compared ? double(agreeing) / compared : 0.0; }
+  Json to_json(const std::vector<std::string>& label_names) const;
+};
+IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& eval_loader, int64_t max_batches,
+                                  Graph<float>& g);
+
 // The model's size: every parameter (quantizer scales aside) in FP32, and deployed with the weights of
 // the enabled weight quantizers stored as INT8.
 struct ModelSize {

@@ -126,6 +126,26 @@ std::vector<Quantizer*> Bert::quantizers() {
   return all;
 }
 
+std::vector<Linear*> Bert::quantizable_linears() {
+  std::vector<Linear*> all;
+  for (Layer& l : layers_)
+    for (Linear* linear : {&l.query, &l.key, &l.value, &l.attention_output, &l.intermediate, &l.output})
+      all.push_back(linear);
+  for (Linear* head : {&pooler_, &transform_})
+    if (!head->name.empty() && head->quantizable) all.push_back(head);
+  return all;
+}
+
+int64_t Bert::prepare_integer_inference() {
+  int64_t prepared = 0;
+  for (Linear* l : quantizable_linears()) prepared += l->prepare_integer(params_);
+  return prepared;
+}
+
+void Bert::clear_integer_inference() {
+  for (Linear* l : quantizable_linears()) l->clear_integer();
+}
+
 std::vector<Quantizer*> Bert::enabled_quantizers() {
   std::vector<Quantizer*> enabled;
   for (Quantizer* q : quantizers())
@@ -197,8 +217,8 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   };
   // x as each quantizer that reads it sees it: the Q, K, V projections' inputs and the residual.
   const std::vector<Var> inputs = quantize_each(g, x,
-                                                {l.query.used_input_quantizer(), l.key.used_input_quantizer(),
-                                                 l.value.used_input_quantizer(), &l.attention_add_residual});
+                                                {l.query.used_input_quantizer(g), l.key.used_input_quantizer(g),
+                                                 l.value.used_input_quantizer(g), &l.attention_add_residual});
   auto heads = [&](Linear& proj, Var input, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
     Var projected = proj.forward_quantized_input(g, params_, input);
     return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
@@ -208,7 +228,7 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   Var v = heads(l.value, inputs[2], l.matmul_v);
   Var scores = ops::scaled_matmul(g, q, k, 1.0 / std::sqrt(static_cast<double>(d)), false, true);  // (B,H,T,T)
   Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
-  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer());
+  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
   context = ops::reshape(g, context, Shape{b, t, h * d});
   Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
                     &l.attention_add_input);
@@ -242,10 +262,10 @@ Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) 
     Var a = attention(g, l, x, mask, b, t, training, rng);
     // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
     const std::vector<Var> inputs =
-        quantize_each(g, a, {l.intermediate.used_input_quantizer(), &l.output_add_residual});
+        quantize_each(g, a, {l.intermediate.used_input_quantizer(g), &l.output_add_residual});
     Var hidden = l.intermediate.forward_quantized_input(g, params_, inputs[0]);
     Var act =
-        quantized(g, params_, l.output.used_input_quantizer(), g.shape(hidden), fuse_quantizers_,
+        quantized(g, params_, l.output.used_input_quantizer(g), g.shape(hidden), fuse_quantizers_,
                   [&](const ops::QuantizeOutput* q) { return q ? ops::gelu(g, hidden, *q) : ops::gelu(g, hidden); });
     Var ff = l.output.forward_quantized_input(g, params_, act);
     ff = quantized(g, params_, &l.output_add_input, g.shape(ff), fuse_quantizers_, [&](const ops::QuantizeOutput* q) {

@@ -64,6 +64,7 @@ class Bert {
 
   const BertConfig& config() const { return config_; }
   ParameterArena<float>& parameters() { return params_; }
+  const ParameterArena<float>& parameters() const { return params_; }
   // BERT's initialisation: weights and embeddings normal(0, initializer_range), biases 0,
   // LayerNorm 1 and 0, the padding token's embedding 0.
   void initialize(uint64_t seed);
@@ -98,6 +99,14 @@ class Bert {
   // The weight a weight quantizer quantizes: "<layer>.weight" for "<layer>.weight_quantizer".
   ParamId quantized_weight(const Quantizer& weight_quantizer);
 
+  // INT8 inference on the CPU: each linear layer whose input and weight quantizers are enabled gets its
+  // weight as int8 (Linear::prepare_integer) and runs integer GEMMs whenever the graph records no
+  // gradients (evaluation); attention products, softmax, GELU and LayerNorm stay in float on their
+  // fake-quantized inputs. Returns the number of integer layers. Call again after the weights or scales
+  // change; clear to go back to the float path.
+  int64_t prepare_integer_inference();
+  void clear_integer_inference();
+
   // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op, and the
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
   // default; off runs every quantizer as an op of its own (the baseline the fusion is measured and tested against).
@@ -121,6 +130,8 @@ class Bert {
   // x through each quantizer (nullptr: none), one output each: those that fake-quantize in one op
   // (ops::fake_quantize_each) when fusion is on.
   std::vector<Var> quantize_each(Graph<float>& g, Var x, std::initializer_list<Quantizer*> quantizers);
+  // The linear layers that carry quantizers, in forward order.
+  std::vector<Linear*> quantizable_linears();
   Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng);
   void pretraining_head(Graph<float>& g, Var hidden, const BertBatch& batch, bool training, Rng& rng,
                         ModelOutputs& out);

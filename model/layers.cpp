@@ -1,5 +1,9 @@
 #include "model/layers.h"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "core/ops.h"
 
 namespace bert::model {
@@ -21,14 +25,45 @@ Linear Linear::declare(ParameterArena<float>& params, const std::string& name, i
 }
 
 Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
+  if (runs_integer(g)) return integer_forward(g, params, x);
   if (quantizable) x = input_quantizer.apply(g, params, x);
   return forward_quantized_input(g, params, x);
 }
 
 Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x) {
+  // x is already fake-quantized: the integer path quantizes it again to the same integers.
+  if (runs_integer(g)) return integer_forward(g, params, x);
   Var w = g.param(params.get(weight));
   if (quantizable) w = weight_quantizer.apply(g, params, w);
   return ops::linear(g, x, w, g.param(params.get(bias)));
+}
+
+bool Linear::prepare_integer(ParameterArena<float>& params) {
+  integer_weights.reset();
+  if (!quantizable || input_quantizer.mode != QuantMode::kQuantize || weight_quantizer.mode != QuantMode::kQuantize)
+    return false;
+  const float* w = params.get(weight).value.data();
+  const float* scales = params.get(weight_quantizer.scale).value.data();
+  std::vector<int8_t> q(out * in);
+  for (int64_t c = 0; c < out; ++c)
+    for (int64_t i = 0; i < in; ++i) {
+      // As fake quantization rounds: divide, round half to even, clamp to the weight range.
+      const float v = std::nearbyint(w[c * in + i] / scales[c]);
+      q[c * in + i] = static_cast<int8_t>(std::clamp(v, float(weight_quantizer.qmin), float(weight_quantizer.qmax)));
+    }
+  integer_weights = std::make_shared<const Int8Weights>(q.data(), out, in);
+  return true;
+}
+
+bool Linear::runs_integer(const Graph<float>& g) const {
+  return integer_weights && !g.on_cuda() && !g.grad_enabled() && input_quantizer.mode == QuantMode::kQuantize &&
+         weight_quantizer.mode == QuantMode::kQuantize;
+}
+
+Var Linear::integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x) const {
+  const float scale_x = params.get(input_quantizer.scale).value.data()[0];
+  const std::span<const float> scale_w(params.get(weight_quantizer.scale).value.data(), out);
+  return ops::int8_linear(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
 }
 
 LayerNorm LayerNorm::declare(ParameterArena<float>& params, const std::string& name, int64_t size, double eps) {

@@ -2,10 +2,12 @@
 // Face state-dict names and applying core ops in forward().
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "core/arena.h"
 #include "core/graph.h"
+#include "core/int8_gemm.h"
 #include "model/quantizer.h"
 
 namespace bert::model {
@@ -25,8 +27,23 @@ struct Linear {
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x);
   // The same for an x that already went through input_quantizer (fused into the op that made it).
   Var forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
-  // input_quantizer when this layer uses it, else nullptr.
-  Quantizer* used_input_quantizer() { return quantizable ? &input_quantizer : nullptr; }
+  // input_quantizer when the op making this layer's input must apply it, else nullptr: a layer without
+  // quantizers, or one running integer GEMMs in g (ops::int8_linear quantizes its input itself).
+  Quantizer* used_input_quantizer(const Graph<float>& g) {
+    return quantizable && !runs_integer(g) ? &input_quantizer : nullptr;
+  }
+
+  // INT8 inference: the weight quantized with its quantizer's scales and packed for the integer kernels;
+  // forward() then runs ops::int8_linear wherever the graph is on the CPU without gradients (elsewhere,
+  // and while training, the float path as before). Only when both quantizers are enabled (returns
+  // whether it did); call again after the weights or scales change.
+  bool prepare_integer(ParameterArena<float>& params);
+  void clear_integer() { integer_weights.reset(); }
+  std::shared_ptr<const Int8Weights> integer_weights;
+
+ private:
+  bool runs_integer(const Graph<float>& g) const;
+  Var integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x) const;
 };
 
 // LayerNorm over the last axis with <name>.weight (gamma) and <name>.bias (beta).

@@ -8,6 +8,8 @@
 // --histograms returns, for every float output, a 2048-bin histogram of |x| over all batches, built as
 // quant/calibrator.cpp builds it (the range starts at the first non-zero batch's max and doubles,
 // merging bin pairs, when a later value exceeds it): {name: {range, max, count, bins}}.
+// With BERT_ORT_TIMING=file, the time spent in session.run (JSON and conversions left out) is written
+// there: {"batches", "sequences", "seconds"} (bench/int8_eval.sh compares it with the engine's).
 const path = require('path');
 const fs = require('fs');
 const ortPath = process.env.BERT_ORT_MODULES || path.join(__dirname, '..', 'cache', 'ort', 'node_modules', 'onnxruntime-node');
@@ -62,10 +64,15 @@ async function main() {
   const batches = Array.isArray(raw) ? raw : [raw];
   const results = [];
   const hist = {};
+  const timing = { batches: 0, sequences: 0, seconds: 0 };
   for (const batch of batches) {
     const feeds = {};
     for (const [name, t] of Object.entries(batch)) feeds[name] = new ort.Tensor('int64', BigInt64Array.from(t.data.map(BigInt)), t.dims);
+    const started = process.hrtime.bigint();
     const outputs = await session.run(feeds);
+    timing.seconds += Number(process.hrtime.bigint() - started) / 1e9;
+    timing.batches += 1;
+    timing.sequences += Object.values(batch)[0].dims[0];
     if (histograms) {
       for (const [name, t] of Object.entries(outputs)) {
         if (t.type !== 'float32') continue;
@@ -79,6 +86,7 @@ async function main() {
       out[name] = argmax && t.type === 'float32' ? argmaxLastAxis(t) : { dims: t.dims, data: Array.from(t.data) };
     results.push(out);
   }
+  if (process.env.BERT_ORT_TIMING) fs.writeFileSync(process.env.BERT_ORT_TIMING, JSON.stringify(timing));
   if (histograms) fs.writeFileSync(outputsPath, JSON.stringify(hist));
   else fs.writeFileSync(outputsPath, JSON.stringify(Array.isArray(raw) ? results : results[0]));
 }

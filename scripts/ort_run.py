@@ -7,10 +7,12 @@ inputs.json: one feed {"input_ids": {"dims": [B, T], "data": [...]}, ...} (int64
 feeds (batches), giving a list of results. --argmax replaces every float output by the index of its
 largest value along the last axis (the first on ties, as the Node runner). --histograms (the TensorRT
 cache's calibration) is only in the Node runner. BERT_ORT_OPTIMIZATION: disabled, basic, extended, all.
+BERT_ORT_TIMING=file: the time spent in session.run is written there, as the Node runner does.
 """
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -41,16 +43,25 @@ def main():
     batches = raw if isinstance(raw, list) else [raw]
     names = [o.name for o in session.get_outputs()]
     results = []
+    timing = {"batches": 0, "sequences": 0, "seconds": 0.0}
     for batch in batches:
         feeds = {name: np.asarray(t["data"], dtype=np.int64).reshape(t["dims"]) for name, t in batch.items()}
         out = {}
-        for name, value in zip(names, session.run(names, feeds)):
+        started = time.perf_counter()
+        values = session.run(names, feeds)
+        timing["seconds"] += time.perf_counter() - started
+        timing["batches"] += 1
+        timing["sequences"] += next(iter(batch.values()))["dims"][0]
+        for name, value in zip(names, values):
             if argmax and value.dtype == np.float32:
                 best = value.argmax(axis=-1)
                 out[name] = {"dims": list(best.shape), "data": best.reshape(-1).tolist()}
             else:
                 out[name] = {"dims": list(value.shape), "data": value.reshape(-1).tolist()}
         results.append(out)
+    if os.environ.get("BERT_ORT_TIMING"):
+        with open(os.environ["BERT_ORT_TIMING"], "w") as f:
+            json.dump(timing, f)
     tmp = outputs_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(results if isinstance(raw, list) else results[0], f)

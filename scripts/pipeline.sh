@@ -83,6 +83,8 @@ for set in heldout $([ -n "$OTHER" ] && echo brown); do
     --onnx "$OUT/export/bert-fp32.onnx" --json-out "$OUT/onnx_fp32_$set.json" | head -1
   $B/bert-eval --checkpoint "$OUT/qat" --shards "$shards" --max-batches $EVAL_BATCHES \
     --onnx "$OUT/export/bert-int8-qdq.onnx" --json-out "$OUT/onnx_int8_$set.json" | head -1
+  $B/bert-eval --checkpoint "$OUT/qat" --shards "$shards" --max-batches $EVAL_BATCHES --int8 \
+    --json-out "$OUT/int8_$set.json" | tail -4
 done
 
 step "report"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Collects a pipeline run's JSON results (scripts/pipeline.sh) into report.json and report.md, and prints
-the comparison table: FP32, PTQ (each calibrator), QAT, and both exports in ONNX Runtime, with MLM and NSP
-accuracy, MLM loss, model size, and the sensitivity ranking's top entries. Standard library only."""
+the comparison table: FP32, PTQ (each calibrator), QAT, the QAT model on the engine's integer kernels, and
+both exports in ONNX Runtime, with MLM and NSP accuracy, MLM loss, model size, INT8 inference speed, and the
+sensitivity ranking's top entries. Standard library only."""
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ def main():
         sys.exit(f"report: no results in {out} (run scripts/pipeline.sh first)")
     rows = {}  # mode -> {set: metrics}
     sizes = {}
+    speed = {}  # set -> sequences/s of fp32, fake-quant and int8 on the engine
     for s in sets:
         for r in load(os.path.join(out, f"compare_{s}.json"))["compare"]:
             rows.setdefault(r["mode"], {})[s] = r
@@ -28,12 +30,20 @@ def main():
         rows.setdefault("onnx-fp32 (ORT)", {})[s] = fp32_onnx["onnx"]
         rows.setdefault("onnx-int8-qdq (ORT)", {})[s] = int8_onnx["onnx"]
         sizes = {"fp32": fp32_onnx["model"], "int8": int8_onnx["model"]}
+        int8_path = os.path.join(out, f"int8_{s}.json")
+        if os.path.exists(int8_path):
+            integer = load(int8_path)["int8"]
+            modes = {m["mode"]: m for m in integer["modes"]}
+            rows.setdefault("qat-int8 (engine)", {})[s] = dict(modes["int8"], agreement=integer["agreement_with_fake_quant"])
+            speed.setdefault(s, {"kernel": integer["kernel"], "layers": integer["integer_layers"],
+                                 **{m: modes[m]["sequences_per_second"] for m in modes}})
     sensitivity = load(os.path.join(out, "sensitivity.json")).get("sensitivity", {})
     top = sorted(sensitivity.get("rows", []), key=lambda r: r["only_this"])[:5]
     plan = sensitivity.get("keep_float", [])
 
-    order = ["fp32"] + sorted(m for m in rows if m.startswith("ptq-")) + ["qat", "onnx-fp32 (ORT)", "onnx-int8-qdq (ORT)"]
-    report = {"sets": sets, "modes": {m: rows[m] for m in order if m in rows}, "model_size": sizes,
+    order = (["fp32"] + sorted(m for m in rows if m.startswith("ptq-")) +
+             ["qat", "qat-int8 (engine)", "onnx-fp32 (ORT)", "onnx-int8-qdq (ORT)"])
+    report = {"sets": sets, "modes": {m: rows[m] for m in order if m in rows}, "model_size": sizes, "int8_speed": speed,
               "sensitivity_top": top, "plan_keep_float": plan}
     with open(os.path.join(out, "report.json.tmp"), "w") as f:
         json.dump(report, f, indent=2)
@@ -58,6 +68,11 @@ def main():
         lines.append(f"Model size: {sizes['fp32']['parameters']:,} parameters, {sizes['fp32']['fp32_megabytes']:.1f} MB in FP32; "
                      f"{sizes['int8']['deployed_megabytes']:.1f} MB with the {sizes['int8']['int8_weight_parameters']:,} "
                      "quantized weights in INT8.")
+    for s, v in speed.items():
+        lines.append(f"INT8 inference on the engine's integer kernels ({v['kernel']}, {v['layers']} linear layers), {s}: "
+                     f"{v['int8']:.1f} sequences/s, {v['int8'] / v['fp32']:.2f}x FP32 ({v['fp32']:.1f}), "
+                     f"{v['int8'] / v['fake-quant']:.2f}x the fake-quantized model; predictions equal to the "
+                     f"fake-quantized model's: {rows['qat-int8 (engine)'][s]['agreement']:.4f}.")
     lines += ["", "Most sensitive quantizers (MLM accuracy with only this one quantized):", ""]
     lines += [f"- `{r['name']}`: {r['only_this']:.4f} (all but this: {r['all_but_this']:.4f})" for r in top]
     lines += ["", f"Plan: {len(plan)} quantizer(s) kept in float" + (": " + ", ".join(f"`{p}`" for p in plan) if plan else "."), ""]
@@ -75,6 +90,8 @@ def main():
     for m in order:
         if m in rows:
             print(f"{m:<22}" + "".join(f"{cell(m, s, 'mlm_accuracy'):>14}{cell(m, s, 'nsp_accuracy'):>14}" for s in sets))
+    for s, v in speed.items():
+        print(f"INT8 engine ({v['kernel']}) on {s}: {v['int8']:.1f} sequences/s, {v['int8'] / v['fp32']:.2f}x FP32")
     if sizes:
         print(f"size: FP32 {sizes['fp32']['fp32_megabytes']:.1f} MB, INT8 weights {sizes['int8']['deployed_megabytes']:.1f} MB")
     print(f"report: {os.path.join(out, 'report.md')}")

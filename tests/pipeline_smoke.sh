@@ -25,12 +25,16 @@ python3 - "$OUT/report.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 modes = r["modes"]
-for m in ["fp32", "ptq-max", "ptq-percentile", "ptq-entropy", "ptq-mse", "qat", "onnx-fp32 (ORT)", "onnx-int8-qdq (ORT)"]:
+for m in ["fp32", "ptq-max", "ptq-percentile", "ptq-entropy", "ptq-mse", "qat", "qat-int8 (engine)", "onnx-fp32 (ORT)",
+          "onnx-int8-qdq (ORT)"]:
     assert m in modes, f"report lacks {m}"
 h = "heldout"
 # The exports score what our engine scores (argmax ties aside).
 assert abs(modes["onnx-fp32 (ORT)"][h]["mlm_accuracy"] - modes["fp32"][h]["mlm_accuracy"]) < 0.005, "FP32 export disagrees"
 assert abs(modes["onnx-int8-qdq (ORT)"][h]["mlm_accuracy"] - modes["qat"][h]["mlm_accuracy"]) < 0.01, "Q/DQ export disagrees"
+# Integer GEMMs give the fake-quantized model's predictions (a float-rounding tie may differ).
+assert modes["qat-int8 (engine)"][h]["agreement"] >= 0.99, "INT8 inference disagrees with the fake-quantized model"
+assert abs(modes["qat-int8 (engine)"][h]["mlm_accuracy"] - modes["qat"][h]["mlm_accuracy"]) < 0.005, "INT8 accuracy"
 assert r["model_size"]["int8"]["deployed_megabytes"] < r["model_size"]["fp32"]["fp32_megabytes"]
 # The model learned past guessing the most frequent token, so the agreements above mean something.
 baseline = modes["fp32"][h]["mlm_baseline_most_frequent_token_accuracy"]

@@ -87,6 +87,15 @@ expect_error export-cache-with-qdq "TensorRT ignores calibration" "$OUT/never.on
   --onnx "$OUT/never.onnx" --qdq --trt-calib-cache "$OUT/never.cache" --calib-shards "$OUT/shards"
 expect_error export-cache-of-quantized "enabled quantizers (QAT or PTQ)" "$OUT/never.cache" -- "$BIN/bert-export" \
   --checkpoint "$OUT/ptq.h5" --onnx "$OUT/never.onnx" --trt-calib-cache "$OUT/never.cache" --calib-shards "$OUT/shards"
+expect_error eval-int8-of-fp32 "has no enabled quantizers (an FP32 model)" "" -- "$BIN/bert-eval" --checkpoint "$OUT/run" \
+  --shards "$OUT/shards" --int8
+expect_error eval-int8-on-gpu "integer inference runs on the CPU" "" -- "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" \
+  --shards "$OUT/shards" --int8 --device cuda
+expect_error eval-int8-compare "not with --compare" "" -- "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" \
+  --shards "$OUT/shards" --int8 --compare
+"$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" --fill-mask "and god [MASK] the light" --int8 > "$OUT/int8-fill.log" 2>&1 ||
+  { tail "$OUT/int8-fill.log"; fail "--int8 --fill-mask"; }
+grep -q "\[MASK\] at position" "$OUT/int8-fill.log" || fail "--int8 --fill-mask printed no candidates"
 expect_error eval-calibration-takes-all "all needed for calibration" "" -- "$BIN/bert-eval" --checkpoint "$OUT/run" \
   --shards "$OUT/shards" --compare --calib-batches 100000
 expect_error bad-scales "--scales 'log'" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --scales log

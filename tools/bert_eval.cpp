@@ -35,7 +35,7 @@ struct Args {
   bool mlm = false, nsp = false, json = false;
   int64_t batch_size = 64, max_batches = 0;
   int top_k = 5, threads = 0;
-  bool compare = false, sensitivity = false;
+  bool compare = false, sensitivity = false, int8 = false;
   std::string calibrators = "max,percentile,entropy,mse", plan_path, plan_out;
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
@@ -55,6 +55,7 @@ void add_options(CLI::App& app, Args& a) {
       "  bert-eval --checkpoint runs/mini --shards heldout/ --compare        # FP32 vs INT8 (each calibrator)\n"
       "  bert-eval --checkpoint runs/mini --shards heldout/ --sensitivity --plan-out plan.json\n"
       "  bert-eval --checkpoint runs/qat --shards heldout/ --onnx int8.onnx  # an export in ONNX Runtime\n"
+      "  bert-eval --checkpoint runs/qat --shards heldout/ --int8            # integer GEMMs: FP32/fake-quant/INT8\n"
       "  bert-eval --checkpoint runs/mini --fill-mask \"the kernel is written in [MASK].\"\n"
       "  bert-eval --checkpoint runs/pos --shards pos/test.hdf5 --compare   # a fine-tuned tagger, FP32 vs INT8\n"
       "Guides: docs/training.md, docs/quantization.md");
@@ -98,6 +99,11 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--max-drop", a.max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
       ->capture_default_str();
   app.add_option("--plan-out", a.plan_out, "--sensitivity: write the plan here");
+  app.add_flag("--int8", a.int8,
+               "INT8 inference on the CPU for a quantized model (QAT, or --save-calibrated): the linear layers run "
+               "integer GEMMs (kernel chosen from the CPU: avx512-vnni, avx2, generic). With --shards: scored and "
+               "timed beside FP32 and the fake-quantized model, with the share of predictions that agree; with "
+               "--fill-mask: the INT8 model fills");
   app.add_option("--onnx", a.onnx_model,
                  "also evaluate this ONNX export in ONNX Runtime on --shards (a pretraining model's export made with "
                  "--masked-positions; a task model's export as it is)");
@@ -296,6 +302,27 @@ void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
   }
 }
 
+// --int8: FP32, fake-quantized and integer inference side by side, timed, with their agreement.
+void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
+  const eval::IntegerComparison c = eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g);
+  e.report["int8"] = c.to_json(e.config().labels);
+  if (e.a.json) return;
+  std::printf("checkpoint %s (step %lld): %lld linear layers as INT8 (%s kernel, %d threads)\n", e.a.checkpoint.c_str(),
+              (long long)e.state.step, (long long)c.integer_layers, c.kernel.c_str(), num_threads());
+  if (e.task_model)
+    std::printf("%-12s %10s %10s %12s %10s\n", "mode", "accuracy", "macro-F1", "sequences/s", "vs FP32");
+  else
+    std::printf("%-12s %10s %10s %12s %10s\n", "mode", "MLM acc", "NSP acc", "sequences/s", "vs FP32");
+  const double fp32 = c.modes.front().sequences_per_second();
+  for (const eval::TimedMode& m : c.modes)
+    std::printf("%-12s %10.4f %10.4f %12.1f %9.2fx\n", m.mode.c_str(),
+                e.task_model ? m.task.accuracy() : m.metrics.mlm_accuracy(),
+                e.task_model ? m.task.macro_f1() : m.metrics.nsp_accuracy(), m.sequences_per_second(),
+                fp32 > 0 ? m.sequences_per_second() / fp32 : 0.0);
+  std::printf("INT8 agrees with the fake-quantized model on %.4f of %lld predictions (%lld sequences)\n", c.agreement(),
+              (long long)c.compared, (long long)c.modes.front().sequences);
+}
+
 // Everything that reads --shards.
 void evaluate_shards(Evaluation& e) {
   Args& a = e.a;
@@ -341,10 +368,12 @@ void evaluate_shards(Evaluation& e) {
     for (auto [q, mode] : modes) q->mode = mode;
     if (a.compare) compare(e, stats, make_loader);
     if (a.sensitivity) sensitivity(e, stats, make_loader);
+  } else if (a.int8) {
+    integer_metrics(e, make_loader);
   } else if (e.task_model) {
     task_metrics(e, loader, lo.shards.size());
   }
-  const bool pretraining = !a.compare && !a.sensitivity && !e.task_model;
+  const bool pretraining = !a.compare && !a.sensitivity && !a.int8 && !e.task_model;
   eval::PretrainingMetrics m;
   if (pretraining) m = eval::evaluate(e.model, loader, a.max_batches, e.g);
   if (!a.onnx_model.empty()) onnx_metrics(e, lo);
@@ -358,6 +387,11 @@ void fill_mask(Evaluation& e) {
   std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(a.tokenizer_path);
   if (!e.state.tokenizer_sha256.empty() && tokenizer->file_sha256() != e.state.tokenizer_sha256)
     throw UserError("tokenizer '" + a.tokenizer_path + "' is not the one the checkpoint was trained with");
+  if (a.int8) {
+    const int64_t layers = e.model.prepare_integer_inference();
+    if (layers == 0) throw UserError("--int8: no linear layer of '" + a.checkpoint + "' has both quantizers enabled");
+    e.report["fill_mask_int8_layers"] = layers;
+  }
   Json::Array masks;
   for (const eval::MaskPrediction& p : eval::fill_mask(e.model, *tokenizer, a.fill_text, a.top_k, e.g)) {
     Json::Array candidates;
@@ -383,6 +417,10 @@ void check_requests(const Args& a) {
     throw UserError("nothing to do: give --shards (with --mlm-accuracy/--nsp-accuracy) or --fill-mask");
   if ((a.mlm || a.nsp) && a.shards.empty()) throw UserError("--mlm-accuracy / --nsp-accuracy need --shards");
   if ((a.compare || a.sensitivity) && a.shards.empty()) throw UserError("--compare / --sensitivity need --shards");
+  if (a.int8 && (a.compare || a.sensitivity))
+    throw UserError("--int8 runs the checkpoint's own quantization: not with --compare / --sensitivity");
+  if (a.int8 && a.device_spec != "auto" && a.device_spec != "cpu")
+    throw UserError("--int8: integer inference runs on the CPU, not --device " + a.device_spec);
   if (!a.save_calibrated.empty() && a.shards.empty())
     throw UserError(
         "--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
@@ -395,7 +433,7 @@ int run(Args& a) {
   if (a.tokenizer_path.empty()) a.tokenizer_path = source.tokenizer;
   check_requests(a);
   // The device first: the model's device memory must be freed before the device goes.
-  const std::unique_ptr<Device> device = Device::open(a.device_spec, parse_precision(a.precision));
+  const std::unique_ptr<Device> device = Device::open(a.int8 ? "cpu" : a.device_spec, parse_precision(a.precision));
   const model::BertConfig config = train::read_model_config(source);
   const bool task_model = config.head != model::Head::kPretraining;
   if (!a.task.empty() && model::parse_task(a.task) != config.head)
@@ -407,6 +445,10 @@ int run(Args& a) {
   if (!a.shards.empty() && !a.mlm && !a.nsp && !task_model) a.mlm = a.nsp = true;
   model::Bert model(config);
   const train::TrainingState state = train::load_model(source, model);
+  if (a.int8 && a.save_calibrated.empty() && model.enabled_quantizers().empty())
+    throw UserError("--int8: '" + a.checkpoint +
+                    "' has no enabled quantizers (an FP32 model): give a QAT checkpoint or one saved with "
+                    "--save-calibrated");
   model.place_on(*device);
   Graph<float> g(*device);
   Evaluation e{a, model, state, g, task_model, Json{}};

@@ -730,161 +730,236 @@ void check_ranks_agree(Communicator& ranks, const TrainOptions& o, const model::
                     "needs the same command line and files");
 }
 
-}  // namespace
+data::LoaderOptions training_loader_options(const TrainOptions& o, int rank, int world) {
+  data::LoaderOptions options;
+  options.shards = data::expand_shard_paths(o.train_shards);
+  options.batch_size = o.batch_size;
+  options.seed = o.seed;
+  options.rank = rank;
+  options.world_size = world;
+  return options;
+}
 
-TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group) {
+// This process's place among the ranks, once the options have been checked.
+struct RankPlace {
+  int rank = 0, world = 1;
+};
+RankPlace checked_place(const TrainOptions& o, Communicator* group) {
   o.validate();
   const ProcessGroup& job = o.process_group;
   if (group && job.distributed())
     throw UserError("train(): a local group of threads and a job of processes at once (" + job.launcher + ")");
-  const int rank = group ? group->rank() : job.rank, world = group ? group->size() : job.size;
-  const bool lead = rank == 0;  // the rank that evaluates and writes
   if (o.tokenizer_path.empty() || o.tokenizer_vocab_size <= 0 || o.tokenizer_sha256.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
-  const RunFiles files(o);
-  data::LoaderOptions loader_options;
-  loader_options.shards = data::expand_shard_paths(o.train_shards);
-  loader_options.batch_size = o.batch_size;
-  loader_options.seed = o.seed;
-  loader_options.rank = rank;
-  loader_options.world_size = world;
-  data::ShardLoader loader(loader_options);
-  const model::BertConfig config = resolve_config(o, files, loader);
+  return group ? RankPlace{group->rank(), group->size()} : RankPlace{job.rank, job.size};
+}
 
-  const std::unique_ptr<Device> device = open_training_device(o, job, group != nullptr, world);
-  SingleProcess single;
-  const std::unique_ptr<Communicator> nccl = job.distributed() ? nccl_communicator(job, *device) : nullptr;
-  Communicator& ranks = group ? *group : nccl ? *nccl : static_cast<Communicator&>(single);
+const model::BertConfig& agreed_config(Communicator& ranks, const TrainOptions& o, const model::BertConfig& config) {
   check_ranks_agree(ranks, o, config);
-  model::Bert model(config);
+  return config;
+}
+
+// One training run: everything it holds, set up in the order the checks need (nothing is written before
+// the inputs have been checked), and the loop over its steps. Rank 0 (the lead) evaluates and writes.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group);
+  bool finished() const { return state_.step >= o_.steps; }
+  int64_t step() const { return state_.step; }
+  void announce() const;
+  TrainResult run_steps();
+  // After the loop: the held-out evaluation of the final model, the summary line, saturated channels.
+  void finish(TrainResult& result);
+
+ private:
+  void save();
+  // The progress line, held-out evaluation, checkpoint and stop that are due after `step`; true to stop.
+  bool after_step(int64_t first_step, double lr, bool stop_requested, std::chrono::steady_clock::time_point start,
+                  ProgressWindow& window, TrainResult& result);
+
+  const TrainOptions& o_;
+  const std::atomic<bool>* stop_;
+  RankPlace place_;
+  bool lead_;
+  RunFiles files_;
+  data::LoaderOptions loader_options_;
+  data::ShardLoader loader_;
+  model::BertConfig config_;
+  std::unique_ptr<Device> device_;
+  SingleProcess single_;
+  std::unique_ptr<Communicator> nccl_;
+  Communicator& ranks_;
+  model::Bert model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<std::string> eval_paths_;
+  Rng dropout_rng_;
+  TrainingState state_;
+  std::vector<model::Quantizer*> active_;
+  std::unique_ptr<model::Bert> teacher_;
+  std::ofstream metrics_log_;
+  int64_t warmup_;
+  int64_t last_saved_step_;
+};
+
+TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group)
+    : o_(o),
+      stop_(stop),
+      place_(checked_place(o, group)),
+      lead_(place_.rank == 0),
+      files_(o),
+      loader_options_(training_loader_options(o, place_.rank, place_.world)),
+      loader_(loader_options_),
+      config_(resolve_config(o, files_, loader_)),
+      device_(open_training_device(o, o.process_group, group != nullptr, place_.world)),
+      nccl_(o.process_group.distributed() ? nccl_communicator(o.process_group, *device_) : nullptr),
+      ranks_(group   ? *group
+             : nccl_ ? *nccl_
+                     : static_cast<Communicator&>(single_)),
+      model_(agreed_config(ranks_, o, config_)),
+      dropout_rng_(Rng(o.seed).bits(0xD7)),
+      warmup_(static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps))),
+      last_saved_step_(o.resume ? 0 : -1) {
   // On a GPU the arena gets its device mirror now, so the optimizer's moments live there too; values
   // are loaded or initialised on the host and uploaded in start_state.
-  model.place_on(*device);
-  ParameterArena<float>& params = model.parameters();
+  model_.place_on(*device_);
+  ParameterArena<float>& params = model_.parameters();
   std::vector<bool> decays;
-  for (ParamId id = 0; id < params.size(); ++id) decays.push_back(model.decays(id));
-  Optimizer optimizer(o.optimizer, params, decays);
+  for (ParamId id = 0; id < params.size(); ++id) decays.push_back(model_.decays(id));
+  optimizer_ = std::make_unique<Optimizer>(o.optimizer, params, decays);
 
-  if (!data::check_loader_compatible(loader, loader_options.shards.front(), config.vocab_size,
-                                     config.max_position_embeddings, o.tokenizer_sha256))
+  if (!data::check_loader_compatible(loader_, loader_options_.shards.front(), config_.vocab_size,
+                                     config_.max_position_embeddings, o.tokenizer_sha256))
     spdlog::warn("training shards carry no tokenizer metadata (made by another tool?): cannot check they match '{}'",
                  o.tokenizer_path);
-  std::vector<std::string> eval_paths;
-  if (!o.eval_shards.empty()) eval_paths = data::expand_shard_paths(o.eval_shards);
+  if (!o.eval_shards.empty()) eval_paths_ = data::expand_shard_paths(o.eval_shards);
   // Inputs are checked: only now does anything get written.
   std::error_code ec;
-  if (lead) fs::create_directories(o.output_dir, ec);
+  if (lead_) fs::create_directories(o.output_dir, ec);
   if (ec) throw UserError("cannot create output folder '" + o.output_dir + "': " + ec.message());
 
-  Rng dropout_rng(Rng(o.seed).bits(0xD7));
-  TrainingState state =
-      start_state(o, files, config, model, optimizer, loader, loader_options, dropout_rng, *device, lead);
+  state_ =
+      start_state(o, files_, config_, model_, *optimizer_, loader_, loader_options_, dropout_rng_, *device_, lead_);
+  if (o.resume) last_saved_step_ = state_.step;
   // Each rank drops out other units: its own stream, derived from the one the checkpoint keeps (rank 0's),
   // drawn in step with it.
-  if (!lead)
-    dropout_rng =
-        Rng(Rng::State{Rng(dropout_rng.state().seed).bits(0x5EED + ranks.rank()), dropout_rng.state().counter});
-  const std::vector<model::Quantizer*> active = configure_scales(o, model, optimizer, state);
-  const std::unique_ptr<model::Bert> teacher = make_teacher(o, config, *device);
+  if (!lead_)
+    dropout_rng_ =
+        Rng(Rng::State{Rng(dropout_rng_.state().seed).bits(0x5EED + ranks_.rank()), dropout_rng_.state().counter});
+  active_ = configure_scales(o, model_, *optimizer_, state_);
+  teacher_ = make_teacher(o, config_, *device_);
+  if (lead_ && !finished()) metrics_log_.open(files_.metrics, std::ios::app);
+}
 
-  if (state.step >= o.steps) {
-    spdlog::info("nothing to do: the checkpoint is at step {} of {}", state.step, o.steps);
-    TrainResult done;
-    done.steps_done = state.step;
-    return done;
-  }
-
-  const int64_t warmup = static_cast<int64_t>(std::llround(o.warmup_fraction * o.steps));
-  const bool pretraining = config.head == model::Head::kPretraining;
+void TrainingRun::announce() const {
+  const bool pretraining = config_.head == model::Head::kPretraining;
   spdlog::info(
       "training BERT L{}/H{}/A{}{} ({:.2f}M parameters, vocab {}) for {} steps of {} x {} sequences of {} tokens, "
       "{} lr {:g} (warmup {}, {} decay), on {}{}",
-      config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-      pretraining ? "" : fmt::format(" {} ({} labels)", model::head_architecture(config.head), config.num_labels()),
-      params.num_elements() / 1e6, config.vocab_size, o.steps, o.batch_size, o.accumulation, loader.seq_len(),
-      optimizer_name(o.optimizer.kind), o.learning_rate, warmup, schedule_name(o.schedule),
-      device->is_cuda() ? device->name() : "the CPU (" + std::to_string(num_threads()) + " threads)",
-      ranks.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks.rank(), ranks.size(),
-                                     o.batch_size * o.accumulation * ranks.size())
-                       : "");
+      config_.num_hidden_layers, config_.hidden_size, config_.num_attention_heads,
+      pretraining ? "" : fmt::format(" {} ({} labels)", model::head_architecture(config_.head), config_.num_labels()),
+      model_.parameters().num_elements() / 1e6, config_.vocab_size, o_.steps, o_.batch_size, o_.accumulation,
+      loader_.seq_len(), optimizer_name(o_.optimizer.kind), o_.learning_rate, warmup_, schedule_name(o_.schedule),
+      device_->is_cuda() ? device_->name() : "the CPU (" + std::to_string(num_threads()) + " threads)",
+      ranks_.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks_.rank(), ranks_.size(),
+                                      o_.batch_size * o_.accumulation * ranks_.size())
+                        : "");
+}
 
-  std::ofstream metrics_log;
-  if (lead) metrics_log.open(files.metrics, std::ios::app);
-  auto save = [&] {
-    if (!lead) return;
-    state.loader = loader.state();
-    state.dropout_rng = dropout_rng.state();
-    params.download_values();
-    optimizer.download_moments();
-    save_checkpoint(files.checkpoint, model, &optimizer, state);
-    keep_numbered_checkpoints(o.output_dir, files.checkpoint, state.step, o.keep_checkpoints);
-  };
+void TrainingRun::save() {
+  last_saved_step_ = state_.step;
+  if (!lead_) return;
+  state_.loader = loader_.state();
+  state_.dropout_rng = dropout_rng_.state();
+  model_.parameters().download_values();
+  optimizer_->download_moments();
+  save_checkpoint(files_.checkpoint, model_, optimizer_.get(), state_);
+  keep_numbered_checkpoints(o_.output_dir, files_.checkpoint, state_.step, o_.keep_checkpoints);
+}
 
+TrainResult TrainingRun::run_steps() {
   TrainResult result;
-  Graph<float> g(*device);
+  ParameterArena<float>& params = model_.parameters();
+  Graph<float> g(*device_);
   const std::unique_ptr<GradientReduction> reduction =
-      ranks.size() > 1
-          ? std::make_unique<GradientReduction>(params, ranks, *device, static_cast<int64_t>(o.bucket_mb * (1 << 20)))
-          : nullptr;
+      ranks_.size() > 1 ? std::make_unique<GradientReduction>(params, ranks_, *device_,
+                                                              static_cast<int64_t>(o_.bucket_mb * (1 << 20)))
+                        : nullptr;
   data::Batch batch;
-  ProgressWindow window(config);
-  const StepPasses step_passes{o, model, teacher.get(), loader, dropout_rng, ranks, reduction.get(), window, stop};
-  const int64_t first_step = state.step + 1;
+  ProgressWindow window(config_);
+  const StepPasses step_passes{o_,     model_,          teacher_.get(), loader_, dropout_rng_,
+                               ranks_, reduction.get(), window,         stop_};
+  const int64_t first_step = state_.step + 1;
   int64_t consecutive_skips = 0;
-  int64_t last_saved_step = o.resume ? state.step : -1;
   const auto start = std::chrono::steady_clock::now();
-  for (state.step = first_step; state.step <= o.steps; ++state.step) {
+  for (state_.step = first_step; state_.step <= o_.steps; ++state_.step) {
     const auto step_start = std::chrono::steady_clock::now();
     params.zero_grad();
-    const StepPasses::Outcome passes = step_passes.run(g, batch, state.step == first_step && lead);
-    const double step_loss = passes.loss;
-    const bool stop_requested = passes.stop_requested;
-    const double lr = learning_rate(state.step, o.steps, warmup, o.learning_rate, o.schedule);
-    if (update_or_skip(o, params, optimizer, lr, state.step, passes.nonfinite, consecutive_skips,
-                       last_saved_step >= 0 ? "at step " + std::to_string(last_saved_step) : "none written yet",
-                       files.checkpoint, window)) {
-      result.losses.push_back(step_loss);
+    const StepPasses::Outcome passes = step_passes.run(g, batch, state_.step == first_step && lead_);
+    const double lr = learning_rate(state_.step, o_.steps, warmup_, o_.learning_rate, o_.schedule);
+    if (update_or_skip(o_, params, *optimizer_, lr, state_.step, passes.nonfinite, consecutive_skips,
+                       last_saved_step_ >= 0 ? "at step " + std::to_string(last_saved_step_) : "none written yet",
+                       files_.checkpoint, window)) {
+      result.losses.push_back(passes.loss);
     } else {
       ++result.skipped_steps;
     }
     window.add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-
-    const bool stopping = stop_requested || (o.stop_at_step > 0 && state.step == o.stop_at_step);
-    if ((state.step % o.log_every == 0 || state.step == o.steps || stopping) && window.steps() > 0) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      report_progress(o, state.step, lr, elapsed, elapsed / (state.step - first_step + 1), window, model, active,
-                      *device, ranks, metrics_log);
-    }
-    const bool last = state.step == o.steps;
-    if (lead && o.eval_every > 0 && state.step % o.eval_every == 0 && !last)
-      evaluate_held_out(o, eval_paths, model, loader, *device, state.step, metrics_log, result);
-    if ((o.save_every > 0 && state.step % o.save_every == 0) || last || stopping) {
-      save();
-      last_saved_step = state.step;
-    }
-    if (stopping) {
-      if (lead)
-        spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", state.step,
-                     files.checkpoint);
-      result.stopped_early = true;
-      break;
-    }
+    if (after_step(first_step, lr, passes.stop_requested, start, window, result)) break;
   }
-  state.step = result.steps_done = std::min(state.step, o.steps);
+  state_.step = result.steps_done = std::min(state_.step, o_.steps);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.sequences_per_second = result.losses.size() * o.batch_size * o.accumulation / std::max(result.seconds, 1e-9);
-  if (!result.stopped_early && lead)
-    evaluate_held_out(o, eval_paths, model, loader, *device, state.step, metrics_log, result);
-  spdlog::info("done: {} steps in {} ({:.1f} sequences/s); checkpoint '{}'", result.losses.size(),
-               format_duration(result.seconds), result.sequences_per_second, files.checkpoint);
-  if (!active.empty()) {  // the last save left the values on the host
-    result.saturated_channels = quant::fully_saturated_channels(model);
-    if (!result.saturated_channels.empty())
-      spdlog::warn(
-          "{} weight channel(s) fully saturated (every weight beyond its scale's range: the channel "
-          "outputs its bias alone and learns no more), first {}; try --scales learned or fixed",
-          result.saturated_channels.size(), result.saturated_channels.front());
+  result.sequences_per_second = result.losses.size() * o_.batch_size * o_.accumulation / std::max(result.seconds, 1e-9);
+  return result;
+}
+
+bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
+                             std::chrono::steady_clock::time_point start, ProgressWindow& window, TrainResult& result) {
+  const int64_t step = state_.step;
+  const bool stopping = stop_requested || (o_.stop_at_step > 0 && step == o_.stop_at_step);
+  if ((step % o_.log_every == 0 || step == o_.steps || stopping) && window.steps() > 0) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report_progress(o_, step, lr, elapsed, elapsed / (step - first_step + 1), window, model_, active_, *device_, ranks_,
+                    metrics_log_);
   }
+  const bool last = step == o_.steps;
+  if (lead_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last)
+    evaluate_held_out(o_, eval_paths_, model_, loader_, *device_, step, metrics_log_, result);
+  if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save();
+  if (!stopping) return false;
+  if (lead_)
+    spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", step, files_.checkpoint);
+  result.stopped_early = true;
+  return true;
+}
+
+void TrainingRun::finish(TrainResult& result) {
+  if (!result.stopped_early && lead_)
+    evaluate_held_out(o_, eval_paths_, model_, loader_, *device_, state_.step, metrics_log_, result);
+  spdlog::info("done: {} steps in {} ({:.1f} sequences/s); checkpoint '{}'", result.losses.size(),
+               format_duration(result.seconds), result.sequences_per_second, files_.checkpoint);
+  if (active_.empty()) return;
+  // The last save left the values on the host.
+  result.saturated_channels = quant::fully_saturated_channels(model_);
+  if (!result.saturated_channels.empty())
+    spdlog::warn(
+        "{} weight channel(s) fully saturated (every weight beyond its scale's range: the channel "
+        "outputs its bias alone and learns no more), first {}; try --scales learned or fixed",
+        result.saturated_channels.size(), result.saturated_channels.front());
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group) {
+  TrainingRun run(o, stop, group);
+  if (run.finished()) {
+    spdlog::info("nothing to do: the checkpoint is at step {} of {}", run.step(), o.steps);
+    TrainResult done;
+    done.steps_done = run.step();
+    return done;
+  }
+  run.announce();
+  TrainResult result = run.run_steps();
+  run.finish(result);
   return result;
 }
 

@@ -595,7 +595,9 @@ TEST_F(CudaOps, FakeQuantizeEachEqualsOneFakeQuantizePerQuantizer) {
       EXPECT_LE(relative_difference(gpu.dscale, cpu.dscale), kReduction);
       EXPECT_EQ(gpu.clipped, cpu.clipped);
       EXPECT_GT(cpu.clipped[3], 0);
-      if (skip_one) EXPECT_EQ(cpu.dscale[1], 0.0f);
+      if (skip_one) {
+        EXPECT_EQ(cpu.dscale[1], 0.0f);
+      }
       EXPECT_LE(relative_difference(bf16.y, cpu.y), kBf16);
       EXPECT_LE(relative_difference(bf16.dx, cpu.dx), kBf16);
       EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);

@@ -54,7 +54,7 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::Bert& m, const I
   std::vector<int32_t> positions, targets;
   for (int64_t i = 0; i < in.b; ++i)
     for (int64_t j = 1; j < in.t; ++j) positions.push_back(static_cast<int32_t>(j)), targets.push_back(0);
-  model::BertBatch batch{in.b, in.t, in.t - 1, in.ids, in.mask, in.types, positions, targets, {}};
+  model::BertBatch batch{in.b, in.t, in.t - 1, in.ids, in.mask, in.types, positions, targets, {}, {}};
   Graph<float> g;
   NoGradGuard<float> no_grad(g);
   Rng unused(0);

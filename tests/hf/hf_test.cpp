@@ -53,7 +53,7 @@ struct Expected {
     nsp = read_tensor(path, "nsp_logits_" + tag);
   }
   model::BertBatch batch_view() const {
-    return {batch, seq, predictions, input_ids, attention_mask, token_type_ids, masked_positions, masked_ids, {}};
+    return {batch, seq, predictions, input_ids, attention_mask, token_type_ids, masked_positions, masked_ids, {}, {}};
   }
 };
 

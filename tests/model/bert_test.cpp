@@ -110,7 +110,7 @@ void check_golden(const Device& device, double tolerance = kGoldenTolerance, dou
   for (int32_t v : read_all<int32_t>(f, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
   for (int32_t v : read_all<int32_t>(f, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
   for (int32_t v : read_all<int32_t>(f, "inputs/next_sentence_labels")) labels.push_back(static_cast<int8_t>(v));
-  BertBatch batch{2, 8, 3, ids, mask, types, positions, masked, labels};
+  BertBatch batch{2, 8, 3, ids, mask, types, positions, masked, labels, {}};
 
   model.place_on(device);
   Graph<float> g(device);
@@ -291,7 +291,7 @@ TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
   model.initialize(3);
   std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0}, positions{1, 5}, masked{7, 10};
   std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0}, types{0, 0, 0, 0, 1, 1, 1, 0}, labels{1};
-  BertBatch batch{1, 8, 2, ids, mask, types, positions, masked, labels};
+  BertBatch batch{1, 8, 2, ids, mask, types, positions, masked, labels, {}};
   Graph<float> g;
   Rng rng(1);
   std::vector<float> eval_logits;
@@ -390,6 +390,78 @@ TEST(BertModel, FusedQuantizersGiveTheSameQatStepAsSeparateOnes) {
     std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kBf16);
     expect_same_step(qat_step(*gpu, true), qat_step(*gpu, false), 5e-2);
   }
+}
+
+// Logits of one evaluation batch (MLM then NSP), with or without the graph recording gradients.
+std::vector<float> eval_logits(Bert& model, bool record_gradients) {
+  std::vector<int32_t> ids(4 * 16), positions{1, 5, 2, 9, 3, 0, 4, 7};
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 5 + static_cast<int32_t>((i * 37) % 55);
+  std::vector<int32_t> masked(positions.size(), 8);
+  std::vector<int8_t> mask(ids.size(), 1), types(ids.size(), 0), labels(4, 0);
+  BertBatch batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}};
+  Graph<float> g;
+  std::unique_ptr<NoGradGuard<float>> no_grad = record_gradients ? nullptr : std::make_unique<NoGradGuard<float>>(g);
+  Rng rng(3);
+  ModelOutputs out = model.forward(g, batch, /*training=*/false, rng);
+  std::vector<float> logits = g.to_host(out.mlm_logits);
+  for (float v : g.to_host(out.nsp_logits)) logits.push_back(v);
+  return logits;
+}
+
+TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
+  BertConfig c = preset("tiny");
+  c.vocab_size = 60;
+  c.max_position_embeddings = 16;
+  Bert model(c);
+  model.initialize(5);
+  for (Quantizer* q : model.quantizers()) {
+    q->mode = QuantMode::kQuantize;
+    TensorView<float> scale = model.parameters().get(q->scale).value;
+    if (!q->is_weight) {
+      scale.fill(0.03f);  // some activations saturate
+      continue;
+    }
+    // Per channel, as max calibration sets them: max |w| / 127.
+    const TensorView<float> w = model.parameters().get(model.quantized_weight(*q)).value;
+    const int64_t in = w.numel() / q->channels;
+    for (int64_t ch = 0; ch < q->channels; ++ch) {
+      float m = 0;
+      for (int64_t i = 0; i < in; ++i) m = std::max(m, std::abs(w[ch * in + i]));
+      scale[ch] = m / 127;
+    }
+  }
+  const std::vector<float> fake = eval_logits(model, false);
+  EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);  // + pooler and MLM transform
+  const std::vector<float> integer = eval_logits(model, false);
+  ASSERT_EQ(integer.size(), fake.size());
+  // The same integers summed exactly instead of float products summed in another order: differences at
+  // float rounding, except where such a difference moves a later activation across a rounding boundary
+  // (one quantization step there).
+  double diff = 0, largest = 0;
+  int64_t equal = 0;
+  for (size_t i = 0; i < fake.size(); ++i) {
+    diff = std::max(diff, std::abs(double(integer[i]) - fake[i]));
+    largest = std::max(largest, std::abs(double(fake[i])));
+    equal += integer[i] == fake[i];
+  }
+  std::cout << "[ info ] integer vs fake-quantized logits: largest difference " << diff / largest
+            << " of the largest logit; " << equal << " of " << fake.size() << " bit-identical\n";
+  EXPECT_LE(diff, 1e-3 * largest);
+  // The integer layers run on their packed copy: changing the float weights afterwards leaves their
+  // output alone (and shows the integer path ran), until prepared again.
+  TensorView<float> w = model.parameters().get("bert.encoder.layer.0.attention.self.query.weight").value;
+  const std::vector<float> saved(w.begin(), w.end());
+  for (float& v : w) v *= 2;
+  EXPECT_EQ(eval_logits(model, false), integer);
+  EXPECT_NE(eval_logits(model, true), fake);
+  std::copy(saved.begin(), saved.end(), w.begin());
+  // Recording gradients (training, QAT) and after clearing: the float path, bit for bit.
+  EXPECT_EQ(eval_logits(model, true), fake);
+  model.clear_integer_inference();
+  EXPECT_EQ(eval_logits(model, false), fake);
+  // Only layers with both quantizers enabled become integer.
+  model.find_quantizer("bert.encoder.layer.0.attention.self.query.input_quantizer")->mode = QuantMode::kFloat;
+  EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 1);
 }
 
 TEST(BertModel, InitializationFollowsBert) {

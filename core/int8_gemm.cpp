@@ -1,0 +1,343 @@
+#include "core/int8_gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace bert {
+
+namespace {
+
+constexpr int64_t kBlock = 16;        // output channels per packed block
+constexpr int64_t kGroupBytes = 64;   // 16 channels x 4 inputs
+constexpr int64_t kRowsPerTask = 96;  // rows of activations a task keeps in cache while it sweeps the weights
+
+inline int32_t load_u32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// What every kernel needs besides the operands: per padded channel, the offset to subtract, the
+// combined scale and the bias.
+struct Epilogue {
+  const int32_t* offsets;
+  const float* scales;
+  const float* bias;
+};
+
+// ---- plain C++: any x86-64 (and the fallback everywhere)
+
+template <int kRows>
+void tile_generic(const uint8_t* a, int64_t lda, const int8_t* b, int64_t groups, const Epilogue& e, float* y,
+                  int64_t ldy, int64_t cols) {
+  int32_t acc[kRows][kBlock] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* bg = b + g * kGroupBytes;
+    for (int r = 0; r < kRows; ++r) {
+      const uint8_t* ar = a + r * lda + 4 * g;
+      for (int c = 0; c < kBlock; ++c)
+        for (int t = 0; t < 4; ++t) acc[r][c] += int32_t(ar[t]) * int32_t(bg[4 * c + t]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * ldy + c] = std::fma(float(acc[r][c] - e.offsets[c]), e.scales[c], e.bias[c]);
+}
+
+// ---- AVX2: inputs widened to 16 bits (exact; vpmaddubsw would saturate), vpmaddwd sums pairs
+
+__attribute__((target("avx2,fma"))) inline void store8_avx2(__m256i sums, const Epilogue& e, int64_t c0, float* y,
+                                                            int64_t cols) {
+  const __m256 v = _mm256_fmadd_ps(
+      _mm256_cvtepi32_ps(_mm256_sub_epi32(sums, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.offsets + c0)))),
+      _mm256_loadu_ps(e.scales + c0), _mm256_loadu_ps(e.bias + c0));
+  if (cols >= 8) {
+    _mm256_storeu_ps(y, v);
+    return;
+  }
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  _mm256_maskstore_ps(y, mask, v);
+}
+
+template <int kRows>
+__attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, int64_t lda, const int8_t* b, int64_t groups,
+                                                   const Epilogue& e, float* y, int64_t ldy, int64_t cols) {
+  // acc[r][q]: channels 4q..4q+3 of the block, two partial sums each (inputs 0-1 and 2-3 of a group).
+  __m256i acc[kRows][4];
+  for (int r = 0; r < kRows; ++r)
+    for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_setzero_si256();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i x[kRows];
+    for (int r = 0; r < kRows; ++r)
+      x[r] = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(load_u32(a + r * lda + 4 * g))));
+    for (int q = 0; q < 4; ++q) {
+      const __m256i w =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g * kGroupBytes + 16 * q)));
+      for (int r = 0; r < kRows; ++r) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(w, x[r]));
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int half = 0; half < 2; ++half) {
+      const int64_t c0 = 8 * half;
+      if (c0 >= cols) break;
+      // hadd gives channels (0 1 4 5 | 2 3 6 7) of the pair; the permute puts them in order.
+      const __m256i sums = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][2 * half], acc[r][2 * half + 1]), 0xD8);
+      store8_avx2(sums, e, c0, y + r * ldy + c0, cols - c0);
+    }
+  }
+}
+
+// ---- AVX-512 VNNI: one vpdpbusd multiplies 16 channels x 4 inputs of unsigned activations and signed
+// weights and adds them into int32
+
+template <int kRows, int kBlocks>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const uint8_t* a, int64_t lda, const int8_t* b,
+                                                                      int64_t block_stride, int64_t groups,
+                                                                      const Epilogue& e, float* y, int64_t ldy,
+                                                                      int64_t cols) {
+  __m512i acc[kRows][kBlocks];
+  for (int r = 0; r < kRows; ++r)
+    for (int j = 0; j < kBlocks; ++j) acc[r][j] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i w[kBlocks];
+    for (int j = 0; j < kBlocks; ++j) w[j] = _mm512_loadu_si512(b + j * block_stride + g * kGroupBytes);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i x = _mm512_set1_epi32(load_u32(a + r * lda + 4 * g));
+      for (int j = 0; j < kBlocks; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], x, w[j]);
+    }
+  }
+  for (int j = 0; j < kBlocks; ++j) {
+    const int64_t c0 = kBlock * j;
+    if (c0 >= cols) break;
+    const __mmask16 mask = cols - c0 >= kBlock ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c0)) - 1);
+    const __m512i offsets = _mm512_loadu_si512(e.offsets + c0);
+    const __m512 scales = _mm512_loadu_ps(e.scales + c0), bias = _mm512_loadu_ps(e.bias + c0);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], offsets)), scales, bias);
+      _mm512_mask_storeu_ps(y + r * ldy + c0, mask, v);
+    }
+  }
+}
+
+// One task: rows [r0, r1) against channel blocks [b0, b1), in tiles of the kernel's shape.
+struct Task {
+  const uint8_t* a;
+  const Int8Weights& w;
+  const Epilogue& e;
+  float* y;
+  int64_t ldy;
+};
+
+template <typename Tile>
+void rows_of_tile(const Task& t, int64_t r0, int64_t rows, int64_t b, int64_t blocks_in_tile, Tile tile) {
+  const int64_t lda = t.w.k_padded(), groups = t.w.k_padded() / 4;
+  const int64_t c0 = b * kBlock, cols = std::min(t.w.n() - c0, blocks_in_tile * kBlock);
+  const Epilogue e{t.e.offsets + c0, t.e.scales + c0, t.e.bias + c0};
+  tile(t.a + r0 * lda, lda, t.w.block(b), groups, e, t.y + r0 * t.ldy + c0, t.ldy, cols, rows);
+}
+
+void run_generic(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t r = r0; r < r1; r += 4) {
+      const int64_t rows = std::min<int64_t>(4, r1 - r);
+      rows_of_tile(t, r, rows, b, 1,
+                   [](const uint8_t* a, int64_t lda, const int8_t* w, int64_t groups, const Epilogue& e, float* y,
+                      int64_t ldy, int64_t cols, int64_t n_rows) {
+                     switch (n_rows) {
+                       case 4:
+                         return tile_generic<4>(a, lda, w, groups, e, y, ldy, cols);
+                       case 3:
+                         return tile_generic<3>(a, lda, w, groups, e, y, ldy, cols);
+                       case 2:
+                         return tile_generic<2>(a, lda, w, groups, e, y, ldy, cols);
+                       default:
+                         return tile_generic<1>(a, lda, w, groups, e, y, ldy, cols);
+                     }
+                   });
+    }
+}
+
+void run_avx2(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t r = r0; r < r1; r += 3) {
+      const int64_t rows = std::min<int64_t>(3, r1 - r);
+      rows_of_tile(t, r, rows, b, 1,
+                   [](const uint8_t* a, int64_t lda, const int8_t* w, int64_t groups, const Epilogue& e, float* y,
+                      int64_t ldy, int64_t cols, int64_t n_rows) {
+                     switch (n_rows) {
+                       case 3:
+                         return tile_avx2<3>(a, lda, w, groups, e, y, ldy, cols);
+                       case 2:
+                         return tile_avx2<2>(a, lda, w, groups, e, y, ldy, cols);
+                       default:
+                         return tile_avx2<1>(a, lda, w, groups, e, y, ldy, cols);
+                     }
+                   });
+    }
+}
+
+template <int kBlocks>
+void vnni_rows(const Task& t, int64_t r0, int64_t r1, int64_t b) {
+  const int64_t stride = t.w.k_padded() * kBlock;
+  for (int64_t r = r0; r < r1; r += 8) {
+    rows_of_tile(t, r, std::min<int64_t>(8, r1 - r), b, kBlocks,
+                 [stride](const uint8_t* a, int64_t lda, const int8_t* w, int64_t groups, const Epilogue& e, float* y,
+                          int64_t ldy, int64_t cols, int64_t n_rows) {
+                   switch (n_rows) {
+                     case 8:
+                       return tile_vnni<8, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                     case 7:
+                       return tile_vnni<7, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                     case 6:
+                       return tile_vnni<6, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                     case 5:
+                       return tile_vnni<5, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                     case 4:
+                       return tile_vnni<4, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                     case 3:
+                       return tile_vnni<3, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                     case 2:
+                       return tile_vnni<2, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                     default:
+                       return tile_vnni<1, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                   }
+                 });
+  }
+}
+
+void run_vnni(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  int64_t b = b0;
+  for (; b + 2 <= b1; b += 2) vnni_rows<2>(t, r0, r1, b);
+  if (b < b1) vnni_rows<1>(t, r0, r1, b);
+}
+
+// One row of activations (the loop vectorises: its bounds are locals that no store can change).
+void quantize_row(const float* __restrict x, int64_t k, float scale, uint8_t* __restrict out, int64_t row) {
+  for (int64_t i = 0; i < k; ++i) {
+    // Divide, as fake quantization and QuantizeLinear do. Clamping first (NaN goes to -128) lets the
+    // magic-number rounding round half to even (|v| < 2^22).
+    float v = x[i] / scale;
+    v = v > -128.0f ? v : -128.0f;
+    v = v < 127.0f ? v : 127.0f;
+    const float q = (v + 12582912.0f) - 12582912.0f;
+    out[i] = static_cast<uint8_t>(static_cast<int32_t>(q) + 128);
+  }
+  for (int64_t i = k; i < row; ++i) out[i] = 128;
+}
+
+}  // namespace
+
+const char* int8_kernel_name(Int8Kernel kernel) {
+  switch (kernel) {
+    case Int8Kernel::kAuto:
+      return int8_kernel_name(best_int8_kernel());
+    case Int8Kernel::kGeneric:
+      return "generic";
+    case Int8Kernel::kAvx2:
+      return "avx2";
+    case Int8Kernel::kAvx512Vnni:
+      return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool int8_kernel_supported(Int8Kernel kernel) {
+  switch (kernel) {
+    case Int8Kernel::kAuto:
+    case Int8Kernel::kGeneric:
+      return true;
+    case Int8Kernel::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Int8Kernel::kAvx512Vnni:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
+}
+
+Int8Kernel best_int8_kernel() {
+  if (int8_kernel_supported(Int8Kernel::kAvx512Vnni)) return Int8Kernel::kAvx512Vnni;
+  if (int8_kernel_supported(Int8Kernel::kAvx2)) return Int8Kernel::kAvx2;
+  return Int8Kernel::kGeneric;
+}
+
+Int8Weights::Int8Weights(const int8_t* weights, int64_t n, int64_t k)
+    : n_(n), k_(k), k_padded_(int8_row_bytes(k)), blocks_((n + kBlock - 1) / kBlock) {
+  BERT_CHECK(n > 0 && k > 0, "Int8Weights: empty weights");
+  packed_.assign(blocks_ * kBlock * k_padded_, 0);
+  offsets_.assign(blocks_ * kBlock, 0);
+  for (int64_t c = 0; c < n; ++c) {
+    int8_t* block = packed_.data() + (c / kBlock) * k_padded_ * kBlock;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const int8_t v = weights[c * k + i];
+      block[(i / 4) * kGroupBytes + (c % kBlock) * 4 + i % 4] = v;
+      sum += v;
+    }
+    offsets_[c] = 128 * sum;
+  }
+}
+
+void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uint8_t* out) {
+  const int64_t row = int8_row_bytes(k);
+  parallel_for(m, 64, [=](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) quantize_row(x + r * k, k, scale, out + r * row, row);
+  });
+}
+
+void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* scale_w,
+                 const float* bias, float* y, int64_t ldy, Int8Kernel kernel) {
+  if (kernel == Int8Kernel::kAuto) kernel = best_int8_kernel();
+  BERT_CHECK(int8_kernel_supported(kernel),
+             std::string("int8_linear: this CPU cannot run the ") + int8_kernel_name(kernel) + " kernel");
+  BERT_CHECK(ldy >= w.n(), "int8_linear: output row stride below the channel count");
+  if (m <= 0) return;
+  const int64_t padded = w.blocks() * kBlock;
+  // Padded channels get scale and bias 0 (never stored anyway: the kernels mask them).
+  std::vector<float> scales(padded, 0.0f), biases(padded, 0.0f);
+  for (int64_t c = 0; c < w.n(); ++c) {
+    scales[c] = scale_x * scale_w[c];
+    if (bias) biases[c] = bias[c];
+  }
+  const Epilogue e{w.offsets(), scales.data(), biases.data()};
+  const Task task{a, w, e, y, ldy};
+  // Tasks: a range of rows against a range of channel blocks; consecutive tasks share their rows.
+  const int64_t blocks_per_task = kernel == Int8Kernel::kAvx512Vnni ? 4 : 2;
+  const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
+  const int64_t block_tasks = (w.blocks() + blocks_per_task - 1) / blocks_per_task;
+  parallel_for(row_tasks * block_tasks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t r0 = (i / block_tasks) * kRowsPerTask, r1 = std::min(m, r0 + kRowsPerTask);
+      const int64_t b0 = (i % block_tasks) * blocks_per_task, b1 = std::min(w.blocks(), b0 + blocks_per_task);
+      switch (kernel) {
+        case Int8Kernel::kAvx512Vnni:
+          run_vnni(task, r0, r1, b0, b1);
+          break;
+        case Int8Kernel::kAvx2:
+          run_avx2(task, r0, r1, b0, b1);
+          break;
+        default:
+          run_generic(task, r0, r1, b0, b1);
+          break;
+      }
+    }
+  });
+}
+
+void int8_linear_reference(int64_t m, int64_t n, int64_t k, const int8_t* q_x, const int8_t* q_w, float scale_x,
+                           const float* scale_w, const float* bias, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      int64_t sum = 0;
+      for (int64_t i = 0; i < k; ++i) sum += int64_t(q_x[r * k + i]) * q_w[c * k + i];
+      y[r * ldy + c] = std::fma(float(sum), scale_x * scale_w[c], bias ? bias[c] : 0.0f);
+    }
+}
+
+}  // namespace bert

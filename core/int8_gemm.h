@@ -1,0 +1,59 @@
+// Integer matrix multiply for INT8 inference: y = (scale_x * scale_w[c]) * sum_k q_x[k] q_w[c][k] + bias[c],
+// a symmetric per-tensor quantized activation times per-output-channel quantized weights, summed exactly
+// in int32 (the values a Q/DQ graph's MatMul computes). The kernel is chosen at run time from what the CPU
+// has (AVX-512 VNNI, AVX2, plain C++), so one binary runs well on any x86-64; each kernel is held to the
+// plain reference by a test.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace bert {
+
+enum class Int8Kernel { kAuto, kGeneric, kAvx2, kAvx512Vnni };
+const char* int8_kernel_name(Int8Kernel kernel);
+// Whether this CPU runs `kernel` (kAuto and kGeneric: always).
+bool int8_kernel_supported(Int8Kernel kernel);
+// The fastest kernel this CPU runs.
+Int8Kernel best_int8_kernel();
+
+// Weights (n, k) as int8, packed once for every kernel: groups of 16 output channels x 4 inputs (64
+// bytes, the operand of one VNNI instruction), zero-padded to multiples of 16 channels and 4 inputs.
+class Int8Weights {
+ public:
+  Int8Weights() = default;
+  Int8Weights(const int8_t* weights, int64_t n, int64_t k);  // row-major (n, k)
+
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  int64_t k_padded() const { return k_padded_; }
+  int64_t blocks() const { return blocks_; }  // of 16 channels
+  // Block b's 64-byte group g: channels 16b..16b+15, inputs 4g..4g+3 (channel-major within the group).
+  const int8_t* block(int64_t b) const { return packed_.data() + b * k_padded_ * 16; }
+  // 128 * (channel's weight sum), per padded channel: activations arrive offset by 128 (unsigned).
+  const int32_t* offsets() const { return offsets_.data(); }
+
+ private:
+  int64_t n_ = 0, k_ = 0, k_padded_ = 0, blocks_ = 0;
+  std::vector<int8_t> packed_;
+  std::vector<int32_t> offsets_;
+};
+
+// Rounds up to a multiple of 4: the row length of quantized activations for k inputs.
+inline int64_t int8_row_bytes(int64_t k) { return (k + 3) / 4 * 4; }
+
+// Quantizes x (m, k) for int8_linear as fake quantization does (round(x / scale) to even, clamped to
+// [-128, 127]) and stores q + 128 as bytes, rows of int8_row_bytes(k) (padding 128, i.e. zero).
+void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uint8_t* out);
+
+// y (m, n), row stride ldy: a (m rows of w.k_padded() bytes from quantize_activations) times w.
+// bias may be null.
+void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* scale_w,
+                 const float* bias, float* y, int64_t ldy, Int8Kernel kernel = Int8Kernel::kAuto);
+
+// Plain loops over signed, unpacked operands: q_x (m, k), q_w (n, k). The reference of every kernel (the
+// same float rounding at the end: one fused multiply-add per output).
+void int8_linear_reference(int64_t m, int64_t n, int64_t k, const int8_t* q_x, const int8_t* q_w, float scale_x,
+                           const float* scale_w, const float* bias, float* y, int64_t ldy);
+
+}  // namespace bert

@@ -1,0 +1,88 @@
+// The integer GEMM kernels (every one this CPU runs) against the plain reference: bit-identical outputs
+// for odd and large shapes, saturating activations, padding left alone; quantization as fake
+// quantization rounds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/int8_gemm.h"
+#include "core/rng.h"
+
+namespace bert {
+namespace {
+
+struct Int8Case {
+  int64_t m, n, k;
+};
+
+std::vector<Int8Kernel> kernels_here() {
+  std::vector<Int8Kernel> out;
+  for (Int8Kernel k : {Int8Kernel::kGeneric, Int8Kernel::kAvx2, Int8Kernel::kAvx512Vnni})
+    if (int8_kernel_supported(k)) out.push_back(k);
+  return out;
+}
+
+class Int8GemmTest : public ::testing::TestWithParam<Int8Case> {};
+
+TEST_P(Int8GemmTest, EveryKernelEqualsTheReference) {
+  const Int8Case s = GetParam();
+  Rng rng(static_cast<uint64_t>(s.m * 7919 + s.n * 31 + s.k));
+  // Activations over the whole range, extremes included (the unsigned offset's corner cases).
+  std::vector<float> x(s.m * s.k);
+  for (auto& v : x) v = static_cast<float>(rng.next_normal() * 60.0);
+  x[0] = 1e6f, x.back() = -1e6f;
+  const float scale_x = 0.5f;
+  std::vector<int8_t> w(s.n * s.k);
+  for (auto& v : w) v = static_cast<int8_t>(std::clamp(std::lround(rng.next_normal() * 50.0), -127L, 127L));
+  w[0] = 127, w.back() = -127;
+  std::vector<float> scale_w(s.n), bias(s.n);
+  for (auto& v : scale_w) v = static_cast<float>(std::exp(rng.next_normal()) * 1e-3);
+  for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+
+  const int64_t row = int8_row_bytes(s.k);
+  std::vector<uint8_t> a(s.m * row);
+  quantize_activations(x.data(), s.m, s.k, scale_x, a.data());
+  std::vector<int8_t> q_x(s.m * s.k);
+  for (int64_t r = 0; r < s.m; ++r)
+    for (int64_t i = 0; i < s.k; ++i) {
+      // The unsigned form is q + 128 with q = round-to-even(x / scale) clamped.
+      const float q = std::clamp(std::nearbyint(x[r * s.k + i] / scale_x), -128.0f, 127.0f);
+      ASSERT_EQ(int(a[r * row + i]) - 128, int(q)) << "row " << r << " input " << i;
+      q_x[r * s.k + i] = static_cast<int8_t>(q);
+    }
+
+  const int64_t ldy = s.n + 3;
+  std::vector<float> expected(s.m * ldy, -7.0f);
+  int8_linear_reference(s.m, s.n, s.k, q_x.data(), w.data(), scale_x, scale_w.data(), bias.data(), expected.data(),
+                        ldy);
+  const Int8Weights packed(w.data(), s.n, s.k);
+  for (Int8Kernel kernel : kernels_here()) {
+    std::vector<float> y(s.m * ldy, -7.0f);
+    int8_linear(s.m, a.data(), packed, scale_x, scale_w.data(), bias.data(), y.data(), ldy, kernel);
+    for (int64_t i = 0; i < s.m * ldy; ++i)
+      ASSERT_EQ(y[i], expected[i]) << int8_kernel_name(kernel) << " at row " << i / ldy << " column " << i % ldy;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Int8GemmTest,
+                         ::testing::Values(Int8Case{1, 1, 1}, Int8Case{3, 5, 7}, Int8Case{9, 17, 13},
+                                           Int8Case{8, 32, 64}, Int8Case{17, 48, 130}, Int8Case{200, 70, 256},
+                                           Int8Case{301, 768, 97}, Int8Case{97, 1000, 768}));
+
+TEST(Int8Gemm, WithoutBiasAndKernelNames) {
+  const std::vector<int8_t> w = {1, -2, 3, 4, 5, -6};  // (2, 3)
+  const std::vector<int8_t> q_x = {10, 20, -30};
+  std::vector<uint8_t> a(int8_row_bytes(3));
+  const std::vector<float> x = {10.0f, 20.0f, -30.0f}, scale_w = {1.0f, 0.5f};
+  quantize_activations(x.data(), 1, 3, 1.0f, a.data());
+  std::vector<float> y(2);
+  int8_linear(1, a.data(), Int8Weights(w.data(), 2, 3), 1.0f, scale_w.data(), nullptr, y.data(), 2);
+  EXPECT_EQ(y[0], 10 - 40 - 90);
+  EXPECT_EQ(y[1], 0.5f * (40 + 100 + 180));
+  EXPECT_STREQ(int8_kernel_name(Int8Kernel::kAuto), int8_kernel_name(best_int8_kernel()));
+  EXPECT_TRUE(int8_kernel_supported(best_int8_kernel()));
+}
+
+}  // namespace
+}  // namespace bert
