@@ -16,6 +16,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -114,11 +115,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=16000)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--flush-denormals", action="store_true",
+                    help="torch.set_flush_denormal(True): denormals flushed to zero, as our programs do by default")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.flush_denormals and not torch.set_flush_denormal(True):
+        sys.exit("torch.set_flush_denormal: not supported on this CPU")
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     if cuda:
@@ -165,7 +170,7 @@ def main():
                               "gpu_mem_gib": round(mem, 2), "step_s": step, "seq_per_s": b / step,
                               "eval_seq_per_s": b / statistics.median(eval_times), "threads": a.threads,
                               "omp": os.environ.get("OMP_NUM_THREADS"), "openblas": os.environ.get("OPENBLAS_NUM_THREADS"),
-                              "torch": torch.__version__}), flush=True)
+                              "flush_denormals": a.flush_denormals, "torch": torch.__version__}), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/float_env.h"
 #include "core/gemm.h"
 #include "core/parallel.h"
 #include "data/loader.h"
@@ -79,6 +80,7 @@ void enable_quantization(model::Bert& model, const data::Batch& batch, Graph<flo
 }  // namespace
 
 int main(int argc, char** argv) {
+  bert::apply_denormal_setting();  // as the tools do (BERT_KEEP_DENORMALS=1 keeps them)
   std::string presets = "tiny,mini", batches = "32,128";
   int steps = 5, warmup = 2;
   int64_t vocab = 16000;

@@ -57,7 +57,8 @@ struct TimedMode {
   std::string mode;  // "fp32", "fake-quant", "int8"
   PretrainingMetrics metrics;
   TaskMetrics task;
-  int64_t sequences = 0;
+  int64_t warmup_sequences = 0;  // the first batch: scored, not timed
+  int64_t sequences = 0;         // timed
   double seconds = 0;
   std::vector<int32_t> predictions;
   double sequences_per_second() const { return seconds > 0 ? sequences / seconds : 0.0; }

@@ -18,7 +18,7 @@ mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBERT_ARCH=avx2 -DBERT_CUDA=ON > "$build/configure.log" 2>&1 ||
   { tail -20 "$build/configure.log"; exit 1; }
 programs=(bert-train bert-eval bert-data bert-export train-step-bench)
-tests=(cuda_tests model_tests train_tests)
+tests=(cuda_tests core_tests model_tests train_tests)
 cmake --build "$build" -j "$jobs" --target "${programs[@]}" "${tests[@]}" > "$build/build.log" 2>&1 ||
   { grep -E "error|Error" -A3 "$build/build.log" | head -40; exit 1; }
 
@@ -46,7 +46,7 @@ export BERT_TEST_FIXTURES="${BERT_TEST_FIXTURES:-$here/../tests/fixtures}"
 if [ "${1:-}" = tests ]; then
   shift
   status=0
-  for t in cuda_tests model_tests train_tests; do
+  for t in cuda_tests core_tests model_tests train_tests; do
     "$here/bin/$t" --gtest_brief=1 "$@" || status=1
   done
   exit $status

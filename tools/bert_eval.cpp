@@ -319,8 +319,11 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
                 e.task_model ? m.task.accuracy() : m.metrics.mlm_accuracy(),
                 e.task_model ? m.task.macro_f1() : m.metrics.nsp_accuracy(), m.sequences_per_second(),
                 fp32 > 0 ? m.sequences_per_second() / fp32 : 0.0);
-  std::printf("INT8 agrees with the fake-quantized model on %.4f of %lld predictions (%lld sequences)\n", c.agreement(),
-              (long long)c.compared, (long long)c.modes.front().sequences);
+  const eval::TimedMode& first = c.modes.front();
+  std::printf(
+      "INT8 agrees with the fake-quantized model on %.4f of %lld predictions (%lld sequences; each mode's first batch "
+      "scored, not timed)\n",
+      c.agreement(), (long long)c.compared, (long long)(first.sequences + first.warmup_sequences));
 }
 
 // Everything that reads --shards.

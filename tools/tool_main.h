@@ -1,5 +1,7 @@
 // run_tool: the error tier of every command-line main. A UserError (bad input, a flag out of range, a
-// missing file) prints its message and exits 1; anything else is an internal error and exits 2.
+// missing file) prints its message and exits 1; anything else is an internal error and exits 2. Before
+// the body runs (and any thread starts), denormal floats are flushed to zero (core/float_env.h) unless
+// BERT_KEEP_DENORMALS=1.
 #pragma once
 
 #include <spdlog/spdlog.h>
@@ -7,11 +9,13 @@
 #include <exception>
 
 #include "core/error.h"
+#include "core/float_env.h"
 
 namespace bert::tools {
 
 template <typename Body>
 int run_tool(Body&& body) {
+  apply_denormal_setting();
   try {
     return body();
   } catch (const UserError& e) {
