@@ -1,5 +1,6 @@
 # One library per folder, with a one-way dependency order the build enforces:
 #   core -> model -> quant -> eval -> train;  quant -> export;  data -> core only (eval, train, export read it).
+#   ort (the ONNX Runtime bridge) -> core, data; eval scores exports and export calibrates through it.
 #   hf (Hugging Face checkpoints) -> model; train opens models through it.
 #   train uses eval for its periodic held-out evaluation.
 # A library may link only the project libraries listed for it here; anything else is a configure
@@ -11,8 +12,9 @@ set(BERT_ALLOWED_DEPS_model  "core")
 set(BERT_ALLOWED_DEPS_hf     "core;model")
 set(BERT_ALLOWED_DEPS_quant  "core;model;data")
 set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval;hf")
-set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data")
-set(BERT_ALLOWED_DEPS_export "core;model;quant;data;eval")
+set(BERT_ALLOWED_DEPS_ort    "core;data")
+set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data;ort")
+set(BERT_ALLOWED_DEPS_export "core;model;quant;data;ort")
 
 # bert_add_library(<folder> SOURCES ... [DEPENDS <project libs>] [LIBS <third-party targets>])
 # creates target bert_<folder>.

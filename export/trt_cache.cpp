@@ -12,8 +12,8 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/text_file.h"
-#include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
+#include "ort/runner.h"
 #include "quant/calibrator.h"
 
 namespace bert::exporter {
@@ -64,10 +64,10 @@ std::map<std::string, double> calibrate_tensors(const onnx::ModelProto& fp32, da
   const std::vector<std::string> names = cache_tensors(fp32);
   const std::string instrumented = o.work_dir + "/instrumented.onnx";
   write_onnx(with_outputs(fp32, names), instrumented);
-  const std::vector<data::Batch> batches = eval::take_batches(loader, o.batches);
+  const std::vector<data::Batch> batches = ort::take_batches(loader, o.batches);
   if (batches.empty()) throw UserError("calibration for the TensorRT cache found no batches");
-  const Json histograms = eval::run_onnx_runtime(o.ort_script, "--histograms", instrumented,
-                                                 eval::batch_feeds(batches, o.masked_positions), o.work_dir);
+  const Json histograms = ort::run_onnx_runtime(o.ort_script, "--histograms", instrumented,
+                                                ort::batch_feeds(batches, o.masked_positions), o.work_dir);
   std::filesystem::remove(instrumented);
   std::map<std::string, double> amax;
   for (const std::string& name : names) {

@@ -20,6 +20,7 @@
 #include "eval/metrics.h"
 #include "eval/onnx_runtime.h"
 #include "eval/quantized.h"
+#include "ort/runner.h"
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
@@ -40,7 +41,7 @@ struct Args {
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
   double max_drop = 0.005;
-  std::string save_calibrated, onnx_model, ort_script = eval::default_ort_script(), json_out;
+  std::string save_calibrated, onnx_model, ort_script = ort::default_ort_script(), json_out;
   std::string device_spec = "auto", precision = "fp32";
 };
 

@@ -10,12 +10,12 @@
 #include "core/process.h"
 #include "data/sha256.h"
 #include "data/wordpiece_tokenizer.h"
-#include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"
 #include "export/trt_cache.h"
 #include "hf/checkpoint.h"
+#include "ort/runner.h"
 #include "quant/quantize.h"
 #include "tools/tool_main.h"
 #include "train/checkpoint.h"
@@ -33,7 +33,7 @@ struct Args {
   std::vector<std::string> calib_shards;
   exporter::CacheOptions cache;
   int64_t calib_batch_size = 32;
-  Args() { cache.ort_script = eval::default_ort_script(); }
+  Args() { cache.ort_script = ort::default_ort_script(); }
 };
 
 void add_options(CLI::App& app, Args& a) {

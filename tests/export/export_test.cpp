@@ -21,6 +21,7 @@
 #include "export/qdq_rules.h"
 #include "export/triton.h"
 #include "export/trt_cache.h"
+#include "ort/runner.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
 #include "tests/common/expect_user_error.h"
@@ -284,12 +285,12 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
 
 // The tools find the runner in the checkout they were built in, wherever they run from.
 TEST(OnnxRuntimeRunner, DefaultScriptIsTheCheckoutsAndTheEnvironmentOverridesIt) {
-  const std::string found = eval::default_ort_script();
+  const std::string found = ort::default_ort_script();
   EXPECT_TRUE(std::filesystem::is_regular_file(found)) << found;
   EXPECT_EQ(std::filesystem::canonical(std::filesystem::path(found).parent_path().parent_path()),
             std::filesystem::canonical(BERT_SOURCE_DIR));
   setenv("BERT_ORT_SCRIPT", "/elsewhere/runner.py", 1);
-  EXPECT_EQ(eval::default_ort_script(), "/elsewhere/runner.py");
+  EXPECT_EQ(ort::default_ort_script(), "/elsewhere/runner.py");
   unsetenv("BERT_ORT_SCRIPT");
 }
 

@@ -1,0 +1,32 @@
+// The bridge to ONNX Runtime, out of process (scripts/ort_run.js under Node, or scripts/ort_run.py):
+// batches as JSON feeds in, the runner's JSON out. This library never links ONNX or protobuf; eval scores
+// exports through it and export calibrates the FP32 graph's tensors for TensorRT's cache.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "data/loader.h"
+
+namespace bert::ort {
+
+// The ONNX Runtime runner to use when none is given: $BERT_ORT_SCRIPT, else scripts/ort_run.js (Node) or,
+// where there is no node but a python3, scripts/ort_run.py, in the checkout the running program was
+// built or unpacked in (found from its own path), else under the current folder.
+std::string default_ort_script();
+
+// Up to max_batches (<= 0: all) batches of the loader.
+std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_batches);
+
+// The int64 feeds of the exported graph's inputs, one object per batch (masked_lm_positions when the
+// export was made with --masked-positions).
+Json batch_feeds(const std::vector<data::Batch>& batches, bool masked_positions);
+
+// Runs `model` on the feeds with `mode` ("" for raw outputs, "--argmax" or "--histograms"; see the
+// script; a script ending in .py runs under python3, any other under node) and returns its parsed JSON. UserError with
+// ONNX Runtime's message when it fails.
+Json run_onnx_runtime(const std::string& script, const std::string& mode, const std::string& model, const Json& feeds,
+                      const std::string& work_dir);
+
+}  // namespace bert::ort
