@@ -1,7 +1,8 @@
 # One library per folder, with a one-way dependency order the build enforces:
 #   core -> model -> quant -> eval -> train;  quant -> export;  data -> core only (eval, train, export read it).
 #   ort (the ONNX Runtime bridge) -> core, data; eval scores exports and export calibrates through it.
-#   hf (Hugging Face checkpoints) -> model; train opens models through it.
+#   store (model storage: our checkpoints, Hugging Face directories, opening any model) -> model, data;
+#   train saves and opens models through it, as do the tools.
 #   train uses eval for its periodic held-out evaluation.
 # A library may link only the project libraries listed for it here; anything else is a configure
 # error, so a layering violation cannot slip in unnoticed.
@@ -9,9 +10,9 @@ set(BERT_ALLOWED_DEPS_core   "")
 set(BERT_ALLOWED_DEPS_data   "core")
 set(BERT_ALLOWED_DEPS_tokenizer "core;data")
 set(BERT_ALLOWED_DEPS_model  "core")
-set(BERT_ALLOWED_DEPS_hf     "core;model")
+set(BERT_ALLOWED_DEPS_store  "core;model;data")
 set(BERT_ALLOWED_DEPS_quant  "core;model;data")
-set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval;hf")
+set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval;store")
 set(BERT_ALLOWED_DEPS_ort    "core;data")
 set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data;ort")
 set(BERT_ALLOWED_DEPS_export "core;model;quant;data;ort")

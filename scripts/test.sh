@@ -31,5 +31,5 @@ if [ "${BERT_SANITIZERS:-1}" != 0 ]; then
     ctest --test-dir build-asan --output-on-failure -j "$jobs" -E '^(PipelineSmoke|HfWorkflow)$'
   # PipelineSmoke (the main job end to end, 3-4 minutes under the sanitizers) and HfWorkflow (a minute)
   # run in the first pass only: their code paths run under the sanitizers through the unit tests
-  # (hf_tests, export_tests, train_tests) and Reliability (every tool's error paths).
+  # (store_tests, export_tests, train_tests) and Reliability (every tool's error paths).
 fi

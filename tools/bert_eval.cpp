@@ -22,9 +22,9 @@
 #include "eval/quantized.h"
 #include "ort/runner.h"
 #include "quant/quantize.h"
+#include "store/checkpoint.h"
+#include "store/model_source.h"
 #include "tools/tool_main.h"
-#include "train/checkpoint.h"
-#include "train/model_source.h"
 
 namespace {
 
@@ -130,7 +130,7 @@ void add_options(CLI::App& app, Args& a) {
 struct Evaluation {
   Args& a;
   model::Bert& model;
-  const train::TrainingState& state;
+  const store::TrainingState& state;
   Graph<float>& g;
   bool task_model;
   Json report;
@@ -160,7 +160,7 @@ void save_calibrated(Evaluation& e, const quant::CalibrationStatistics& stats) {
   Args& a = e.a;
   const auto amax =
       quant::apply_calibration(e.model, stats, quant::parse_method(a.calibration.method), a.calibration.percentile);
-  train::TrainingState ptq = e.state;
+  store::TrainingState ptq = e.state;
   Json recipe = quant::describe_calibration(a.calibration, stats.batches);
   recipe["qat"] = false;
   recipe["source_checkpoint"] = a.checkpoint;
@@ -171,7 +171,7 @@ void save_calibrated(Evaluation& e, const quant::CalibrationStatistics& stats) {
     data::copy_tokenizer(a.tokenizer_path, std::filesystem::absolute(a.save_calibrated).parent_path().string());
     if (ptq.tokenizer_sha256.empty()) ptq.tokenizer_sha256 = data::sha256_file(a.tokenizer_path);
   }
-  train::save_checkpoint(a.save_calibrated, e.model, nullptr, ptq);
+  store::save_checkpoint(a.save_calibrated, e.model, nullptr, ptq);
   spdlog::info("calibrated {} quantizers ({}, {} batches) -> {}", amax.size(), a.calibration.method, stats.batches,
                a.save_calibrated);
 }
@@ -432,13 +432,13 @@ void check_requests(const Args& a) {
 
 int run(Args& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  const train::ModelSource source = train::find_model(a.checkpoint);
+  const store::ModelSource source = store::find_model(a.checkpoint);
   a.checkpoint = source.path;
   if (a.tokenizer_path.empty()) a.tokenizer_path = source.tokenizer;
   check_requests(a);
   // The device first: the model's device memory must be freed before the device goes.
   const std::unique_ptr<Device> device = Device::open(a.int8 ? "cpu" : a.device_spec, parse_precision(a.precision));
-  const model::BertConfig config = train::read_model_config(source);
+  const model::BertConfig config = store::read_model_config(source);
   const bool task_model = config.head != model::Head::kPretraining;
   if (!a.task.empty() && model::parse_task(a.task) != config.head)
     throw UserError("--task " + a.task + ": '" + a.checkpoint + "' is a " + model::head_architecture(config.head));
@@ -448,7 +448,7 @@ int run(Args& a) {
                     "shards (--shards) for its task metrics");
   if (!a.shards.empty() && !a.mlm && !a.nsp && !task_model) a.mlm = a.nsp = true;
   model::Bert model(config);
-  const train::TrainingState state = train::load_model(source, model);
+  const store::TrainingState state = store::load_model(source, model);
   if (a.int8 && a.save_calibrated.empty() && model.enabled_quantizers().empty())
     throw UserError("--int8: '" + a.checkpoint +
                     "' has no enabled quantizers (an FP32 model): give a QAT checkpoint or one saved with "

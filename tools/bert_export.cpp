@@ -14,12 +14,12 @@
 #include "export/qdq_rules.h"
 #include "export/triton.h"
 #include "export/trt_cache.h"
-#include "hf/checkpoint.h"
 #include "ort/runner.h"
 #include "quant/quantize.h"
+#include "store/checkpoint.h"
+#include "store/hf_checkpoint.h"
+#include "store/model_source.h"
 #include "tools/tool_main.h"
-#include "train/checkpoint.h"
-#include "train/model_source.h"
 
 namespace {
 
@@ -87,7 +87,7 @@ void add_options(CLI::App& app, Args& a) {
 
 // The tokenizer shipped with the export: the one given or beside the checkpoint, and the one it was
 // trained with. Returns its SHA-256.
-std::string check_tokenizer(const std::string& tokenizer, const train::TrainingState& state) {
+std::string check_tokenizer(const std::string& tokenizer, const store::TrainingState& state) {
   if (tokenizer.empty() || !fs::exists(tokenizer))
     throw UserError("--tokenizer: '" + tokenizer + "' does not exist (the tokenizer the model was trained with)");
   const std::string hash = data::sha256_file(tokenizer);
@@ -96,7 +96,7 @@ std::string check_tokenizer(const std::string& tokenizer, const train::TrainingS
   return hash;
 }
 
-void write_hugging_face(const Args& a, model::Bert& model, const train::TrainingState& state, int enabled) {
+void write_hugging_face(const Args& a, model::Bert& model, const store::TrainingState& state, int enabled) {
   const bool wordpiece = data::is_wordpiece_vocab(a.tokenizer);
   hf::export_model(a.hf_dir, model, state.quantization);
   data::copy_tokenizer(a.tokenizer, a.hf_dir);
@@ -125,7 +125,7 @@ void check_onnx_request(const Args& a, int enabled) {
 }
 
 // The export's metadata: the model config, quantization recipe and quantizers, the tokenizer's hash and file.
-void describe_in_metadata(exporter::ExportOptions& options, model::Bert& model, const train::TrainingState& state,
+void describe_in_metadata(exporter::ExportOptions& options, model::Bert& model, const store::TrainingState& state,
                           const std::string& tokenizer_hash, const fs::path& tokenizer_copy) {
   options.metadata["model_config"] = model.config().to_json().dump();
   options.metadata["quantization"] = state.quantization.dump();
@@ -167,10 +167,10 @@ void write_trt_cache(Args& a, model::Bert& model) {
 
 int run(Args& a) {
   if (a.output.empty() && a.hf_dir.empty()) throw UserError("nothing to do: give --onnx FILE and/or --hf DIR");
-  const train::ModelSource source = train::find_model(a.checkpoint);
+  const store::ModelSource source = store::find_model(a.checkpoint);
   a.checkpoint = source.path;
-  model::Bert model(train::read_model_config(source));
-  const train::TrainingState state = train::load_model(source, model);
+  model::Bert model(store::read_model_config(source));
+  const store::TrainingState state = store::load_model(source, model);
   if (!a.plan.empty())
     for (const std::string& name : quant::read_plan(a.plan, model))
       model.find_quantizer(name)->mode = model::QuantMode::kFloat;

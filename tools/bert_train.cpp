@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "data/tokenizer.h"
+#include "store/model_source.h"
 #include "tools/tool_main.h"
-#include "train/model_source.h"
 #include "train/trainer.h"
 
 namespace {
@@ -195,7 +195,7 @@ void resolve(Args& a) {
     const fs::path copy = fs::path(o.output_dir) / name;
     if (o.tokenizer_path.empty() && o.resume && fs::exists(copy)) o.tokenizer_path = copy.string();
   }
-  if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = train::find_model(o.init_from).tokenizer;
+  if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = store::find_model(o.init_from).tokenizer;
   if (o.tokenizer_path.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
   const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(o.tokenizer_path);

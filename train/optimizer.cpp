@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "store/checkpoint.h"
 #if BERT_WITH_CUDA
 #include "train/optimizer_cuda.h"
 #endif
@@ -21,6 +22,10 @@ OptimizerKind parse_optimizer(const std::string& name) {
 }
 
 std::string optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::kLamb ? "lamb" : "adamw"; }
+
+store::OptimizerMoments Optimizer::checkpoint_moments() {
+  return {optimizer_name(options_.kind), steps_, m_.data(), v_.data()};
+}
 
 Schedule parse_schedule(const std::string& name) {
   if (name == "linear") return Schedule::kLinear;

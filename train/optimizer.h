@@ -12,6 +12,10 @@
 #include "core/aligned.h"
 #include "core/arena.h"
 
+namespace bert::store {
+struct OptimizerMoments;  // store/checkpoint.h
+}
+
 namespace bert::train {
 
 enum class OptimizerKind { kAdamW, kLamb };
@@ -68,6 +72,8 @@ class Optimizer {
   TensorView<float> first_moment() { return TensorView<float>(m_.data(), Shape{static_cast<int64_t>(m_.size())}); }
   TensorView<float> second_moment() { return TensorView<float>(v_.data(), Shape{static_cast<int64_t>(v_.size())}); }
   void set_steps(int64_t steps) { steps_ = steps; }
+  // The host moments as a checkpoint reads and writes them (after a load, set_steps(moments.steps)).
+  store::OptimizerMoments checkpoint_moments();
   // The device moments to and from the host copies above (no-ops on the CPU).
   void download_moments();
   void upload_moments();

@@ -17,9 +17,9 @@
 #include "core/text_file.h"
 #include "data/sha256.h"
 #include "data/wordpiece_tokenizer.h"
-#include "train/checkpoint.h"
+#include "store/checkpoint.h"
+#include "store/model_source.h"
 #include "train/gradient_reduction.h"
-#include "train/model_source.h"
 #include "train/nccl_communicator.h"
 
 namespace bert::train {
@@ -249,9 +249,9 @@ model::BertConfig resolve_config(const TrainOptions& o, const RunFiles& files, c
   if (o.resume) {
     if (!fs::exists(files.checkpoint))
       throw UserError("--resume: no checkpoint at '" + files.checkpoint + "' to resume from");
-    config = read_checkpoint_config(files.checkpoint);
+    config = store::read_checkpoint_config(files.checkpoint);
   } else if (!o.init_from.empty()) {
-    config = read_model_config(find_model(o.init_from));
+    config = store::read_model_config(store::find_model(o.init_from));
     config.hidden_dropout_prob = o.config.hidden_dropout_prob;
     config.attention_probs_dropout_prob = o.config.attention_probs_dropout_prob;
     if (config.vocab_size != o.tokenizer_vocab_size)
@@ -305,16 +305,18 @@ Json calibrate_for_qat(const TrainOptions& o, model::Bert& model, const data::Lo
 // The state training starts from: the checkpoint's on --resume (weights, moments, data order, dropout
 // RNG), else fresh weights or --init-from's, calibrated for QAT; the run folder gets its tokenizer copy,
 // config.json and an empty metrics log.
-TrainingState start_state(const TrainOptions& o, const RunFiles& files, const model::BertConfig& config,
-                          model::Bert& model, Optimizer& optimizer, data::ShardLoader& loader,
-                          const data::LoaderOptions& loader_options, Rng& dropout_rng, const Device& device,
-                          bool writes) {
+store::TrainingState start_state(const TrainOptions& o, const RunFiles& files, const model::BertConfig& config,
+                                 model::Bert& model, Optimizer& optimizer, data::ShardLoader& loader,
+                                 const data::LoaderOptions& loader_options, Rng& dropout_rng, const Device& device,
+                                 bool writes) {
   ParameterArena<float>& params = model.parameters();
-  TrainingState state;
+  store::TrainingState state;
   state.tokenizer_sha256 = o.tokenizer_sha256;
   state.run = o.to_json();
   if (o.resume) {
-    TrainingState loaded = load_checkpoint(files.checkpoint, model, &optimizer);
+    store::OptimizerMoments moments = optimizer.checkpoint_moments();
+    store::TrainingState loaded = store::load_checkpoint(files.checkpoint, model, &moments);
+    optimizer.set_steps(moments.steps);
     params.upload_values();
     optimizer.upload_moments();
     if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != o.tokenizer_sha256)
@@ -331,7 +333,7 @@ TrainingState start_state(const TrainOptions& o, const RunFiles& files, const mo
     model.initialize(o.seed);
   } else {
     model.initialize(o.seed);  // a head the checkpoint lacks keeps this
-    const TrainingState init = load_model(find_model(o.init_from), model, o.seed);
+    const store::TrainingState init = store::load_model(store::find_model(o.init_from), model, o.seed);
     if (!init.tokenizer_sha256.empty() && init.tokenizer_sha256 != o.tokenizer_sha256)
       throw UserError("--init-from '" + o.init_from + "' was trained with another tokenizer than '" + o.tokenizer_path +
                       "'");
@@ -352,7 +354,7 @@ TrainingState start_state(const TrainOptions& o, const RunFiles& files, const mo
 // Quantizers enabled (calibrated now, or restored from a QAT checkpoint): their scales get their own
 // learning rate, log-space or LSQ updates, and the floor recorded at calibration.
 std::vector<model::Quantizer*> configure_scales(const TrainOptions& o, model::Bert& model, Optimizer& optimizer,
-                                                const TrainingState& state) {
+                                                const store::TrainingState& state) {
   const std::vector<model::Quantizer*> active = model.enabled_quantizers();
   const Json* floors = state.quantization.is_object() ? state.quantization.find("scale_floors") : nullptr;
   for (model::Quantizer* q : active) {
@@ -375,14 +377,14 @@ std::vector<model::Quantizer*> configure_scales(const TrainOptions& o, model::Be
 std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::BertConfig& config,
                                           const Device& device) {
   if (o.distill_weight <= 0) return nullptr;
-  const ModelSource source = find_model(o.init_from);
-  if (read_model_config(source).head != config.head)
+  const store::ModelSource source = store::find_model(o.init_from);
+  if (store::read_model_config(source).head != config.head)
     throw UserError("--distill: the teacher '" + o.init_from + "' has another head (" +
-                    model::head_architecture(read_model_config(source).head) +
+                    model::head_architecture(store::read_model_config(source).head) +
                     "); distil from a model fine-tuned for this task");
   auto teacher = std::make_unique<model::Bert>(config);
   teacher->place_on(device);
-  load_model(source, *teacher, o.seed);
+  store::load_model(source, *teacher, o.seed);
   quant::disable_all(*teacher);
   teacher->parameters().upload_values();
   spdlog::info("distilling from '{}' (weight {:g}, temperature {:g})", o.init_from, o.distill_weight,
@@ -793,7 +795,7 @@ class TrainingRun {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::string> eval_paths_;
   Rng dropout_rng_;
-  TrainingState state_;
+  store::TrainingState state_;
   std::vector<model::Quantizer*> active_;
   std::unique_ptr<model::Bert> teacher_;
   std::ofstream metrics_log_;
@@ -872,7 +874,8 @@ void TrainingRun::save() {
   state_.dropout_rng = dropout_rng_.state();
   model_.parameters().download_values();
   optimizer_->download_moments();
-  save_checkpoint(files_.checkpoint, model_, optimizer_.get(), state_);
+  const store::OptimizerMoments moments = optimizer_->checkpoint_moments();
+  store::save_checkpoint(files_.checkpoint, model_, &moments, state_);
   keep_numbered_checkpoints(o_.output_dir, files_.checkpoint, state_.step, o_.keep_checkpoints);
 }
 

@@ -1,5 +1,5 @@
 // The safetensors reader: header parsing and validation, then reading every tensor it accepted.
-#include "hf/safetensors.h"
+#include "store/safetensors.h"
 #include "tests/fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

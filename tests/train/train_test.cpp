@@ -19,9 +19,9 @@
 #include "eval/fill_mask.h"
 #include "eval/quantized.h"
 #include "quant/model_batch.h"
+#include "store/checkpoint.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
-#include "train/checkpoint.h"
 #include "train/communicator.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
@@ -309,8 +309,8 @@ class FactsCorpus : public ::testing::Test {
 testing::TempDir* FactsCorpus::dir_ = nullptr;
 
 std::vector<float> parameters_of(const std::string& checkpoint) {
-  model::Bert m(read_checkpoint_config(checkpoint));
-  load_checkpoint(checkpoint, m, nullptr);
+  model::Bert m(store::read_checkpoint_config(checkpoint));
+  store::load_checkpoint(checkpoint, m, nullptr);
   return {m.parameters().values().begin(), m.parameters().values().end()};
 }
 
@@ -543,17 +543,20 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   Optimizer opt_a({}, a.parameters(), decays);
   for (float& g : a.parameters().grads()) g = 0.5f;
   opt_a.step(1e-3);
-  TrainingState state;
+  store::TrainingState state;
   state.step = 42;
   state.dropout_rng = {7, 123456789};
   state.loader = {2, 3, 17};
   state.tokenizer_sha256 = "abc";
   state.run["note"] = "hello";
-  save_checkpoint(out.file("c.h5"), a, &opt_a, state);
+  const store::OptimizerMoments moments_a = opt_a.checkpoint_moments();
+  store::save_checkpoint(out.file("c.h5"), a, &moments_a, state);
 
-  model::Bert b(read_checkpoint_config(out.file("c.h5")));
+  model::Bert b(store::read_checkpoint_config(out.file("c.h5")));
   Optimizer opt_b({}, b.parameters(), decays);
-  TrainingState back = load_checkpoint(out.file("c.h5"), b, &opt_b);
+  store::OptimizerMoments moments_b = opt_b.checkpoint_moments();
+  store::TrainingState back = store::load_checkpoint(out.file("c.h5"), b, &moments_b);
+  opt_b.set_steps(moments_b.steps);
   EXPECT_EQ(std::vector<float>(a.parameters().values().begin(), a.parameters().values().end()),
             std::vector<float>(b.parameters().values().begin(), b.parameters().values().end()));
   EXPECT_EQ(std::vector<float>(opt_a.second_moment().begin(), opt_a.second_moment().end()),
@@ -569,14 +572,22 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   model::BertConfig wider = c;
   wider.hidden_size = 64;
   model::Bert other(wider);
-  expect_user_error([&] { load_checkpoint(out.file("c.h5"), other, nullptr); },
+  expect_user_error([&] { store::load_checkpoint(out.file("c.h5"), other, nullptr); },
                     "dataset 'model/bert.embeddings.word_embeddings.weight' has shape [100, 32], expected [100, 64]");
   // Model-only resume is refused; not-a-checkpoint files are named.
-  save_checkpoint(out.file("model_only.h5"), a, nullptr, state);
-  expect_user_error([&] { load_checkpoint(out.file("model_only.h5"), b, &opt_b); }, "holds no optimizer state");
+  store::save_checkpoint(out.file("model_only.h5"), a, nullptr, state);
+  expect_user_error([&] { store::load_checkpoint(out.file("model_only.h5"), b, &moments_b); },
+                    "holds no optimizer state");
+  // Resuming with another optimizer is refused, naming both.
+  OptimizerOptions lamb;
+  lamb.kind = OptimizerKind::kLamb;
+  Optimizer opt_lamb(lamb, b.parameters(), decays);
+  store::OptimizerMoments moments_lamb = opt_lamb.checkpoint_moments();
+  expect_user_error([&] { store::load_checkpoint(out.file("c.h5"), b, &moments_lamb); },
+                    "was trained with optimizer 'adamw', not 'lamb'");
   std::ofstream(out.file("junk.h5")) << "junk";
-  expect_user_error([&] { read_checkpoint_config(out.file("junk.h5")); }, "junk.h5' is not an HDF5 file");
-  expect_user_error([&] { read_checkpoint_config(out.file("none.h5")); }, "none.h5' does not exist");
+  expect_user_error([&] { store::read_checkpoint_config(out.file("junk.h5")); }, "junk.h5' is not an HDF5 file");
+  expect_user_error([&] { store::read_checkpoint_config(out.file("none.h5")); }, "none.h5' does not exist");
 }
 
 TEST_F(FactsCorpus, BadTrainingInputsAreRejectedBeforeAnythingIsWritten) {
@@ -686,8 +697,8 @@ TEST_F(FactsCorpus, FillMaskOnATrainedModelPutsAPlausibleTokenFirst) {
   o.batch_size = 32;
   o.log_every = 600;
   train(o);
-  model::Bert model(read_checkpoint_config(out.file("run") + "/checkpoint.h5"));
-  load_checkpoint(out.file("run") + "/checkpoint.h5", model, nullptr);
+  model::Bert model(store::read_checkpoint_config(out.file("run") + "/checkpoint.h5"));
+  store::load_checkpoint(out.file("run") + "/checkpoint.h5", model, nullptr);
   auto tokenizer = data::load_tokenizer(out.file("run") + "/tokenizer.model");
   Graph<float> g;
   auto best = [&](const std::string& text) {
@@ -750,8 +761,8 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
 
   // The QAT checkpoint comes back with its quantizers enabled, its scales learned and positive.
   const std::string path = out.file("qat") + "/checkpoint.h5";
-  model::Bert m(read_checkpoint_config(path));
-  const TrainingState state = load_checkpoint(path, m, nullptr);
+  model::Bert m(store::read_checkpoint_config(path));
+  const store::TrainingState state = store::load_checkpoint(path, m, nullptr);
   ASSERT_TRUE(state.quantization.is_object());
   EXPECT_EQ(state.quantization.find("calibrator")->as_string(), "percentile");
   int enabled = 0;
@@ -762,8 +773,8 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
   }
   EXPECT_EQ(enabled, static_cast<int>(quant::default_quantizers(m, false).size()));
   {  // The learned scales moved away from the calibrated ones (LSQ trains them).
-    model::Bert calibrated(read_checkpoint_config(path));
-    load_checkpoint(out.file("fp32") + "/checkpoint.h5", calibrated, nullptr);
+    model::Bert calibrated(store::read_checkpoint_config(path));
+    store::load_checkpoint(out.file("fp32") + "/checkpoint.h5", calibrated, nullptr);
     data::LoaderOptions lo;
     lo.shards = data::expand_shard_paths({dir_->file("shards")});
     lo.batch_size = 16;
@@ -794,8 +805,8 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
       variant.scales = mode;
       variant.output_dir = out.file("qat-" + scale_training_name(mode));
       const TrainResult r = train(variant);
-      model::Bert trained(read_checkpoint_config(variant.output_dir + "/checkpoint.h5"));
-      load_checkpoint(variant.output_dir + "/checkpoint.h5", trained, nullptr);
+      model::Bert trained(store::read_checkpoint_config(variant.output_dir + "/checkpoint.h5"));
+      store::load_checkpoint(variant.output_dir + "/checkpoint.h5", trained, nullptr);
       bool all_equal = true;
       for (model::Quantizer* q : trained.quantizers()) {
         if (q->mode != model::QuantMode::kQuantize) continue;
@@ -811,7 +822,8 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
         // The floor (5% of each quantizer's smallest calibrated scale, recorded in the recipe) holds
         // every scale: an activation's single scale cannot collapse; weight channels calibrated 20x
         // above the smallest still can, and die.
-        const Json recipe = load_checkpoint(variant.output_dir + "/checkpoint.h5", trained, nullptr).quantization;
+        const Json recipe =
+            store::load_checkpoint(variant.output_dir + "/checkpoint.h5", trained, nullptr).quantization;
         const Json* floors = recipe.find("scale_floors");
         ASSERT_TRUE(floors && floors->is_object());
         int at_floor = 0;
@@ -842,10 +854,10 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
     const TrainResult d = train(distilled);
     for (double loss : d.losses) EXPECT_TRUE(std::isfinite(loss));
     auto kl_to_teacher = [&](const std::string& run) {
-      model::Bert student(read_checkpoint_config(run + "/checkpoint.h5"));
-      load_checkpoint(run + "/checkpoint.h5", student, nullptr);
-      model::Bert teacher(read_checkpoint_config(run + "/checkpoint.h5"));
-      load_checkpoint(out.file("fp32") + "/checkpoint.h5", teacher, nullptr);
+      model::Bert student(store::read_checkpoint_config(run + "/checkpoint.h5"));
+      store::load_checkpoint(run + "/checkpoint.h5", student, nullptr);
+      model::Bert teacher(store::read_checkpoint_config(run + "/checkpoint.h5"));
+      store::load_checkpoint(out.file("fp32") + "/checkpoint.h5", teacher, nullptr);
       data::LoaderOptions held;
       held.shards = data::expand_shard_paths({dir_->file("shards")});
       held.batch_size = 32;
@@ -1004,7 +1016,7 @@ TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEnco
     EXPECT_GT(m.accuracy(), 0.9);
     EXPECT_LT(r.losses.back(), r.losses.front());
     // The checkpoint is a Hugging Face task model: its config names the head and the labels.
-    const model::BertConfig c = read_checkpoint_config(out.file(task) + "/checkpoint.h5");
+    const model::BertConfig c = store::read_checkpoint_config(out.file(task) + "/checkpoint.h5");
     EXPECT_EQ(c.head, task == "seq" ? model::Head::kSequenceClassification : model::Head::kTokenClassification);
     EXPECT_EQ(c.num_labels(), task == "seq" ? 12 : 5);
     model::Bert m2(c);
@@ -1042,8 +1054,8 @@ TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccurac
   const TrainResult q = train(qat);
   EXPECT_NEAR(q.last_task_eval.accuracy(), fp32.last_task_eval.accuracy(), 0.05);
   EXPECT_TRUE(q.saturated_channels.empty());
-  model::Bert loaded(read_checkpoint_config(out.file("seq-qat") + "/checkpoint.h5"));
-  load_checkpoint(out.file("seq-qat") + "/checkpoint.h5", loaded, nullptr);
+  model::Bert loaded(store::read_checkpoint_config(out.file("seq-qat") + "/checkpoint.h5"));
+  store::load_checkpoint(out.file("seq-qat") + "/checkpoint.h5", loaded, nullptr);
   EXPECT_GT(loaded.enabled_quantizers().size(), 0u);
 }
 

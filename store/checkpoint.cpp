@@ -1,4 +1,4 @@
-#include "train/checkpoint.h"
+#include "store/checkpoint.h"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "data/hdf5_io.h"
 
-namespace bert::train {
+namespace bert::store {
 
 namespace hdf5 = data::hdf5;
 
@@ -28,7 +28,8 @@ int64_t required_int(hid_t file, const char* name, const std::string& path) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer, const TrainingState& state) {
+void save_checkpoint(const std::string& path, model::Bert& model, const OptimizerMoments* optimizer,
+                     const TrainingState& state) {
   hdf5::Quiet quiet;
   AtomicFile file(path);
   {
@@ -41,10 +42,8 @@ void save_checkpoint(const std::string& path, model::Bert& model, Optimizer* opt
       hdf5::write_dataset(h.get(), "model/" + *p.name, p.value.data(), dims, path);
       if (optimizer) {
         const int64_t offset = p.value.data() - base;
-        hdf5::write_dataset(h.get(), "optimizer/exp_avg/" + *p.name, optimizer->first_moment().data() + offset, dims,
-                            path);
-        hdf5::write_dataset(h.get(), "optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset,
-                            dims, path);
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg/" + *p.name, optimizer->first + offset, dims, path);
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg_sq/" + *p.name, optimizer->second + offset, dims, path);
       }
     }
     const hid_t root = h.get();
@@ -63,8 +62,8 @@ void save_checkpoint(const std::string& path, model::Bert& model, Optimizer* opt
     hdf5::write_attribute(root, "quantizers_enabled", Json(enabled).dump());
     hdf5::write_attribute(root, "quantization", state.quantization.dump());
     if (optimizer) {
-      hdf5::write_attribute(root, "optimizer", optimizer_name(optimizer->options().kind));
-      hdf5::write_attribute(root, "optimizer_steps", optimizer->steps());
+      hdf5::write_attribute(root, "optimizer", optimizer->name);
+      hdf5::write_attribute(root, "optimizer_steps", optimizer->steps);
     }
     if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0) throw UserError("cannot write checkpoint '" + path + "' (disk full?)");
   }
@@ -83,7 +82,7 @@ model::BertConfig read_checkpoint_config(const std::string& path) {
   }
 }
 
-TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer) {
+TrainingState load_checkpoint(const std::string& path, model::Bert& model, OptimizerMoments* optimizer) {
   hdf5::Quiet quiet;
   hdf5::Handle h = hdf5::open_read(path, "checkpoint");
   const hid_t root = h.get();
@@ -119,8 +118,8 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
     load_into("model/" + *p.name, p.value.data(), p.value.shape());
     if (optimizer && hdf5::exists(root, "optimizer/exp_avg/" + *p.name)) {
       const int64_t offset = p.value.data() - base;
-      load_into("optimizer/exp_avg/" + *p.name, optimizer->first_moment().data() + offset, p.value.shape());
-      load_into("optimizer/exp_avg_sq/" + *p.name, optimizer->second_moment().data() + offset, p.value.shape());
+      load_into("optimizer/exp_avg/" + *p.name, optimizer->first + offset, p.value.shape());
+      load_into("optimizer/exp_avg_sq/" + *p.name, optimizer->second + offset, p.value.shape());
     }
   }
   s.step = required_int(root, "step", path);
@@ -145,13 +144,13 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
     q->mode = model::QuantMode::kQuantize;
   }
   if (optimizer) {
-    if (hdf5::read_string_attribute(root, "optimizer").value_or("") != optimizer_name(optimizer->options().kind))
+    if (hdf5::read_string_attribute(root, "optimizer").value_or("") != optimizer->name)
       throw UserError("checkpoint '" + path + "' was trained with optimizer '" +
-                      hdf5::read_string_attribute(root, "optimizer").value_or("?") + "', not '" +
-                      optimizer_name(optimizer->options().kind) + "'");
-    optimizer->set_steps(required_int(root, "optimizer_steps", path));
+                      hdf5::read_string_attribute(root, "optimizer").value_or("?") + "', not '" + optimizer->name +
+                      "'");
+    optimizer->steps = required_int(root, "optimizer_steps", path);
   }
   return s;
 }
 
-}  // namespace bert::train
+}  // namespace bert::store

@@ -12,12 +12,12 @@
 
 #include "core/error.h"
 #include "core/text_file.h"
-#include "hf/checkpoint.h"
-#include "hf/safetensors.h"
 #include "model/bert.h"
+#include "store/hf_checkpoint.h"
+#include "store/model_source.h"
+#include "store/safetensors.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
-#include "train/model_source.h"
 
 namespace bert::hf {
 namespace {
@@ -203,15 +203,15 @@ TEST(HfImport, ShardedF16CheckpointLoads) {
 }
 
 TEST(HfImport, ModelSourceFindsHuggingFaceDirectories) {
-  const train::ModelSource s = train::find_model(kFixtures + "/tiny");
+  const store::ModelSource s = store::find_model(kFixtures + "/tiny");
   EXPECT_TRUE(s.hugging_face);
   EXPECT_EQ(fs::path(s.tokenizer).filename(), "vocab.txt");
-  train::TrainingState state;
-  auto m = train::open_model(kFixtures + "/tiny", nullptr, &state);
+  store::TrainingState state;
+  auto m = store::open_model(kFixtures + "/tiny", nullptr, &state);
   EXPECT_EQ(m->config().vocab_size, 384);
   EXPECT_EQ(state.tokenizer_sha256.size(), 64u);
-  expect_user_error([&] { train::find_model(kFixtures); }, "neither a run folder");
-  expect_user_error([&] { train::find_model(kFixtures + "/nope"); }, "does not exist");
+  expect_user_error([&] { store::find_model(kFixtures); }, "neither a run folder");
+  expect_user_error([&] { store::find_model(kFixtures + "/nope"); }, "does not exist");
 }
 
 // Copies a parameter set into a writer, under possibly changed names.

@@ -10,9 +10,8 @@
 #include "core/rng.h"
 #include "data/loader.h"
 #include "model/bert.h"
-#include "train/optimizer.h"
 
-namespace bert::train {
+namespace bert::store {
 
 struct TrainingState {
   int64_t step = 0;
@@ -26,17 +25,29 @@ struct TrainingState {
   std::vector<std::string> fresh_parameters;
 };
 
-void save_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer, const TrainingState& state);
+// An optimizer's state as a checkpoint holds it: its name ("adamw", "lamb"), update count and two
+// moment buffers in host memory, laid out like the model's parameter arena.
+struct OptimizerMoments {
+  std::string name;
+  int64_t steps = 0;
+  float* first = nullptr;
+  float* second = nullptr;
+};
+
+// `optimizer` null: a model-only checkpoint (it cannot resume training).
+void save_checkpoint(const std::string& path, model::Bert& model, const OptimizerMoments* optimizer,
+                     const TrainingState& state);
 
 // The model config a checkpoint was made with (to build the model before loading into it).
 model::BertConfig read_checkpoint_config(const std::string& path);
 
 // Loads every parameter (each must be present with its shape; UserError naming the tensor otherwise)
-// and, when `optimizer` is given, its moments and step count. A checkpoint of another head (config
+// and, when `optimizer` is given, the moments into its buffers and its step count (the checkpoint's
+// optimizer must have its name). A checkpoint of another head (config
 // "architectures") may lack the model's head parameters: those keep their values (initialise the model
 // first) and are listed in fresh_parameters; tensors and quantizers of the other head are ignored. The names of the
 // quantizers that were enabled are stored too: they come back in kQuantize mode, every other quantizer in kFloat.
 // Quantizer scales may be absent (an FP32 checkpoint): they keep their placeholder value.
-TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optimizer* optimizer);
+TrainingState load_checkpoint(const std::string& path, model::Bert& model, OptimizerMoments* optimizer);
 
-}  // namespace bert::train
+}  // namespace bert::store

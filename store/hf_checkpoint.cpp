@@ -1,4 +1,4 @@
-#include "hf/checkpoint.h"
+#include "store/hf_checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -11,8 +11,8 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/text_file.h"
-#include "hf/safetensors.h"
 #include "model/quantizer.h"
+#include "store/safetensors.h"
 
 namespace bert::hf {
 

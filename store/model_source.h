@@ -6,9 +6,9 @@
 #include <string>
 
 #include "model/bert.h"
-#include "train/checkpoint.h"
+#include "store/checkpoint.h"
 
-namespace bert::train {
+namespace bert::store {
 
 struct ModelSource {
   std::string path;  // the checkpoint file, or the Hugging Face directory
@@ -30,4 +30,4 @@ TrainingState load_model(const ModelSource& source, model::Bert& model, uint64_t
 // find_model + read_model_config + load_model.
 std::unique_ptr<model::Bert> open_model(const std::string& path, ModelSource* source, TrainingState* state);
 
-}  // namespace bert::train
+}  // namespace bert::store

@@ -1,4 +1,4 @@
-#include "train/model_source.h"
+#include "store/model_source.h"
 
 #include <spdlog/spdlog.h>
 
@@ -6,9 +6,9 @@
 
 #include "core/error.h"
 #include "data/sha256.h"
-#include "hf/checkpoint.h"
+#include "store/hf_checkpoint.h"
 
-namespace bert::train {
+namespace bert::store {
 
 namespace fs = std::filesystem;
 
@@ -70,4 +70,4 @@ std::unique_ptr<model::Bert> open_model(const std::string& path, ModelSource* so
   return model;
 }
 
-}  // namespace bert::train
+}  // namespace bert::store

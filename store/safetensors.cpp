@@ -1,4 +1,4 @@
-#include "hf/safetensors.h"
+#include "store/safetensors.h"
 
 #include <algorithm>
 #include <bit>
