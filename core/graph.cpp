@@ -153,12 +153,19 @@ Var Graph<T>::emit_view(Var x, Shape shape) {
 }
 
 template <typename T>
-void Graph<T>::on_backward(Var out, BackwardFn fn) {
+bool Graph<T>::takes_closure(Var out) {
   Node& n = node(out);
-  if (!n.requires_grad) return;
+  if (!n.requires_grad) return false;
   BERT_CHECK(!n.is_leaf && !n.has_closure, "on_backward on a leaf or twice on one node");
   n.has_closure = true;
-  closures_.emplace_back(out.index, std::move(fn));
+  return true;
+}
+
+template <typename T>
+void Graph<T>::destroy_closures() {
+  for (const Closure& c : closures_)
+    if (c.destroy) c.destroy(c.state);
+  closures_.clear();
 }
 
 template <typename T>
@@ -272,10 +279,10 @@ void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>&
     }
   };
   for (auto it = closures_.rbegin(); it != closures_.rend(); ++it) {
-    report_final_above(it->first);
+    report_final_above(it->node);
     // A node whose gradient was never touched contributes nothing: skip its closure.
-    if (nodes_[it->first].grad.empty()) continue;
-    it->second(*this);
+    if (nodes_[it->node].grad.empty()) continue;
+    it->run(it->state, *this);
   }
   report_final_above(-1);
 }
@@ -296,7 +303,8 @@ std::vector<TensorView<T>> Graph<T>::leaf_gradients() const {
 template <typename T>
 void Graph<T>::clear() {
   nodes_.clear();
-  closures_.clear();
+  destroy_closures();
+  closure_memory_.reset();
   workspace_.reset();
   ++generation_;
 }

@@ -13,7 +13,10 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <new>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/arena.h"
@@ -41,12 +44,11 @@ struct Var {
 template <typename T>
 class Graph {
  public:
-  using BackwardFn = std::function<void(Graph&)>;
-
   explicit Graph(std::size_t initial_workspace_bytes = 0) : Graph(Device::cpu(), initial_workspace_bytes) {}
   explicit Graph(const Device& device, std::size_t initial_workspace_bytes = 0);
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
+  ~Graph() { destroy_closures(); }
 
   // --- leaves
   Var constant(TensorView<T> value);                  // never receives a gradient
@@ -67,8 +69,22 @@ class Graph {
   // A node whose value AND gradient are x's under another shape (a reshape that needs no backward:
   // gradients flowing into it land in x's gradient directly).
   Var emit_view(Var x, Shape shape);
-  // Records how to propagate out's gradient to its inputs. A no-op unless out requires a gradient.
-  void on_backward(Var out, BackwardFn fn);
+  // Records how to propagate out's gradient to its inputs: `fn(graph)`, any callable (an op's lambda).
+  // A no-op unless out requires a gradient. The callable is moved into the graph's host closure memory,
+  // a bump allocator like the workspace: once a step's graph has been built, building it again
+  // allocates nothing (a std::function per op would allocate on the heap each time).
+  template <typename Fn>
+  void on_backward(Var out, Fn&& fn) {
+    using Stored = std::decay_t<Fn>;
+    if (!takes_closure(out)) return;
+    void* state = closure_memory_.allocate_bytes(sizeof(Stored));
+    static_assert(alignof(Stored) <= Workspace::kAlignment);
+    new (state) Stored(std::forward<Fn>(fn));
+    Closure c{out.index, state, [](void* s, Graph& g) { (*static_cast<Stored*>(s))(g); }, nullptr};
+    if constexpr (!std::is_trivially_destructible_v<Stored>)
+      c.destroy = [](void* s) { static_cast<Stored*>(s)->~Stored(); };
+    closures_.push_back(c);
+  }
   // Storage on this graph's device, valid until the graph is cleared: for what a forward saves for
   // its backward.
   template <typename U>
@@ -148,6 +164,7 @@ class Graph {
   std::size_t num_nodes() const { return nodes_.size(); }
   std::size_t num_backward_closures() const { return closures_.size(); }
   const Workspace& workspace() const { return workspace_; }
+  const Workspace& closure_memory() const { return closure_memory_; }
 
  private:
   struct Node {
@@ -161,6 +178,17 @@ class Graph {
     int32_t first_consumer = -1;  // leaves: the first node made from it (its last writer in backward)
     bool reported_final = false;  // leaves: handed to backward's on_final; no closure may write it after
   };
+  // A recorded backward: the callable's state in closure_memory_, how to call it and how to destroy it
+  // (null when trivially destructible).
+  struct Closure {
+    int32_t node;
+    void* state;
+    void (*run)(void* state, Graph& graph);
+    void (*destroy)(void* state);
+  };
+  // Whether out takes a backward closure (it requires a gradient); checks it has none yet and is no leaf.
+  bool takes_closure(Var out);
+  void destroy_closures();  // runs the callables' destructors and empties closures_
   // Records `consumer` as made from each input (for leaves: the first such node).
   void note_consumer(std::initializer_list<Var> inputs, int32_t consumer);
   const Node& node(Var v) const;
@@ -173,9 +201,10 @@ class Graph {
   T* allocate(DType dtype, int64_t n);
 
   const Device* device_;
-  Workspace workspace_;  // on device_
+  Workspace workspace_;       // on device_
+  Workspace closure_memory_;  // host memory for the backward closures' captures
   std::vector<Node> nodes_;
-  std::vector<std::pair<int32_t, BackwardFn>> closures_;  // in recording (topological) order
+  std::vector<Closure> closures_;  // in recording (topological) order
   uint32_t generation_ = 1;
   bool grad_enabled_ = true;
   DType activation_dtype_ = DType::kF32;

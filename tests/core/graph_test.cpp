@@ -4,6 +4,9 @@
 
 #include <omp.h>
 
+#include <array>
+#include <memory>
+
 #include "core/arena.h"
 #include "core/graph.h"
 #include "core/ops.h"
@@ -97,8 +100,46 @@ TEST(Graph, SteadyStateStepsDoNotAllocate) {
   Graph<float> g;
   for (int step = 0; step < 2; ++step) g.backward(model.loss(g, x.view()));
   const std::size_t allocations = g.workspace().system_allocations();
+  const std::size_t closure_allocations = g.closure_memory().system_allocations();
   for (int step = 0; step < 3; ++step) g.backward(model.loss(g, x.view()));
   EXPECT_EQ(g.workspace().system_allocations(), allocations);
+  EXPECT_EQ(g.closure_memory().system_allocations(), closure_allocations);
+  EXPECT_GT(closure_allocations, 0u);  // the closures did live there
+}
+
+// Backward closures live in the graph's closure memory: whatever they capture is destroyed exactly once,
+// when the graph is cleared (after backward, by clear(), or with the graph), and captures larger than
+// a pointer or two survive intact until their closure runs.
+TEST(Graph, BackwardClosuresKeepTheirCapturesUntilClearedAndDestroyThemOnce) {
+  auto alive = std::make_shared<int>(0);
+  std::array<double, 64> big;
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<double>(i);
+  Tensor<float> xv({2}), gx({2});
+  xv.view().fill(1.0f);
+  double seen = 0;
+  {
+    Graph<float> g;
+    for (int round = 0; round < 3; ++round) {
+      Var x = g.leaf(xv.view(), gx.view());
+      Var y = g.emit(Shape{1}, {x});
+      g.on_backward(y, [alive, big, x, &seen](Graph<float>& graph) {
+        seen += big[63];
+        for (float& v : graph.grad(x)) v += 1.0f;
+      });
+      EXPECT_EQ(alive.use_count(), 2);
+      if (round == 0) {
+        g.backward(y);  // runs the closure, then clears
+      } else if (round == 1) {
+        g.clear();  // never run: destroyed all the same
+      } else {
+        break;  // destroyed with the graph
+      }
+      EXPECT_EQ(alive.use_count(), 1);
+    }
+  }
+  EXPECT_EQ(alive.use_count(), 1);
+  EXPECT_EQ(seen, 63.0);
+  EXPECT_EQ(gx.view()[0], 1.0f);
 }
 
 // Gradients of a small chain over the arena, computed with a given number of threads.
