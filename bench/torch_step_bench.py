@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch side of the training-speed benchmark: the same BertForPreTraining as ours
-(post-LN, erf GELU, tied MLM decoder evaluated at the masked positions, NSP head), written with
-torch.nn.functional only (no Hugging Face), the same shapes and synthetic batches, one full training
+(post-LN, erf GELU, tied MLM decoder evaluated at the masked positions, NSP head), from the project's
+one PyTorch reference (tests/golden/bert_reference.py: torch.nn.functional only, no Hugging Face), with
+BERT's initialisation and dropout 0.1, the same shapes and synthetic batches, one full training
 step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup, and
 evaluation throughput (forward, no grad). Prints one JSON object per configuration. On a GPU
 (--device cuda): --dtype fp32 (strict), tf32 (TF32 matmuls) or bf16 (autocast to bfloat16, FP32 master
@@ -13,7 +14,6 @@ bench/speed.sh runs it beside train-step-bench and prints the ratios.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -22,76 +22,28 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden"))
+from bert_reference import Bert, make_params  # noqa: E402  (the one PyTorch BERT of the project)
+
 PRESETS = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
 
 
-def make_model(layers, hidden, vocab, seq=512):
-    heads = max(2, hidden // 64)
-    inter = 4 * hidden
-    g = torch.Generator().manual_seed(1)
-    params = {}
-
-    def p(name, *shape, kind="w"):
-        if kind == "one":
-            t = torch.ones(*shape)
-        elif kind == "zero":
-            t = torch.zeros(*shape)
-        else:
-            t = torch.randn(*shape, generator=g) * 0.02
-        params[name] = torch.nn.Parameter(t)
-
-    def linear(name, n_in, n_out):
-        p(name + ".weight", n_out, n_in)
-        p(name + ".bias", n_out, kind="zero")
-
-    def norm(name):
-        p(name + ".weight", hidden, kind="one")
-        p(name + ".bias", hidden, kind="zero")
-
-    p("word", vocab, hidden)
-    p("position", seq, hidden)
-    p("type", 2, hidden)
-    norm("emb_ln")
-    for i in range(layers):
-        for n in ("q", "k", "v", "ao"):
-            linear(f"{i}.{n}", hidden, hidden)
-        norm(f"{i}.ln1")
-        linear(f"{i}.ffn_in", hidden, inter)
-        linear(f"{i}.ffn_out", inter, hidden)
-        norm(f"{i}.ln2")
-    linear("pooler", hidden, hidden)
-    linear("transform", hidden, hidden)
-    norm("transform_ln")
-    p("mlm_bias", vocab, kind="zero")
-    linear("nsp", hidden, 2)
-    return params, heads
+def config(preset, vocab, seq=512):
+    """Our preset's shape (model/config.cpp) as the reference model's config."""
+    layers, hidden = PRESETS[preset]
+    return {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": max(2, hidden // 64),
+            "intermediate_size": 4 * hidden, "vocab_size": vocab, "max_position_embeddings": seq,
+            "layer_norm_eps": 1e-12}
 
 
-def forward(w, heads, batch, training, dropout=0.1):
+def pretraining_loss(model, batch):
+    """MLM cross-entropy at the masked positions (every batch row has all of them) + NSP cross-entropy."""
     ids, mask, types, positions, masked_ids, nsp_labels = batch
     b, t = ids.shape
-    h = w["word"].shape[1]
-    d = h // heads
-    drop = (lambda x: F.dropout(x, dropout, True)) if training else (lambda x: x)
-    lin = lambda x, n: F.linear(x, w[n + ".weight"], w[n + ".bias"])
-    ln = lambda x, n: F.layer_norm(x, (h,), w[n + ".weight"], w[n + ".bias"], eps=1e-12)
-    x = F.embedding(ids, w["word"]) + w["position"][:t] + F.embedding(types, w["type"])
-    x = drop(ln(x, "emb_ln"))
-    additive = (1.0 - mask.float())[:, None, None, :] * -10000.0
-    layers = sum(1 for k in w if k.endswith(".q.weight"))
-    for i in range(layers):
-        split = lambda y: y.view(b, t, heads, d).transpose(1, 2)
-        q, k, v = (split(lin(x, f"{i}.{n}")) for n in ("q", "k", "v"))
-        probs = drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + additive, dim=-1))
-        ctx = (probs @ v).transpose(1, 2).reshape(b, t, h)
-        a = ln(drop(lin(ctx, f"{i}.ao")) + x, f"{i}.ln1")
-        x = ln(drop(lin(F.gelu(lin(a, f"{i}.ffn_in")), f"{i}.ffn_out")) + a, f"{i}.ln2")
-    hidden = x.reshape(b * t, h)
+    x = model.encode(ids, mask, types)
     rows = (torch.arange(b, device=ids.device)[:, None] * t + positions).reshape(-1)
-    m = ln(F.gelu(lin(hidden[rows], "transform")), "transform_ln")
-    mlm = F.linear(m, w["word"], w["mlm_bias"])
-    nsp = lin(torch.tanh(lin(hidden[torch.arange(b, device=ids.device) * t], "pooler")), "nsp")
-    return F.cross_entropy(mlm, masked_ids.reshape(-1)) + F.cross_entropy(nsp, nsp_labels)
+    mlm = model.mlm_logits_at(x, rows)
+    return F.cross_entropy(mlm, masked_ids.reshape(-1)) + F.cross_entropy(model.nsp_logits(x), nsp_labels)
 
 
 def synthetic_batch(b, t, p, vocab, seed=7):
@@ -132,13 +84,14 @@ def main():
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if a.dtype == "bf16" else (
         lambda: torch.autocast("cuda", enabled=False) if cuda else torch.autocast("cpu", enabled=False))
-    fwd = torch.compile(forward) if a.compile else forward
+    fwd = torch.compile(pretraining_loss) if a.compile else pretraining_loss
     t, p = 128, 20
     for name in a.presets.split(","):
-        layers, hidden = PRESETS[name]
         for b in map(int, a.batches.split(",")):
-            w, heads = make_model(layers, hidden, a.vocab)
-            w = {k: torch.nn.Parameter(v.detach().to(dev)) for k, v in w.items()}
+            cfg = config(name, a.vocab)
+            w = make_params(cfg, bert_init=True, requires_grad=False, generator=torch.Generator().manual_seed(1))
+            w = {k: torch.nn.Parameter(v.to(dev)) for k, v in w.items()}
+            training, evaluation = Bert(cfg, w, dropout=0.1), Bert(cfg, w)
             opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01, **({"fused": True} if cuda else {}))
             batch = tuple(x.to(dev) for x in synthetic_batch(b, t, p, a.vocab))
             times = []
@@ -146,7 +99,7 @@ def main():
                 start = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
                 with autocast():
-                    loss = fwd(w, heads, batch, True)
+                    loss = fwd(training, batch)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
                 opt.step()
@@ -158,7 +111,7 @@ def main():
                 for s in range(a.warmup + a.steps):
                     start = time.perf_counter()
                     with autocast():
-                        fwd(w, heads, batch, False)
+                        fwd(evaluation, batch)
                     sync()
                     if s >= a.warmup:
                         eval_times.append(time.perf_counter() - start)

@@ -1,7 +1,8 @@
 """An independent BERT in plain PyTorch (torch.nn.functional only, no Hugging Face code), for the golden
 fixtures: random parameters under Hugging Face state-dict names, the post-LN encoder, and the heads of
-BertForPreTraining, BertForSequenceClassification and BertForTokenClassification (eval mode: no dropout).
-Every fixture script builds on this one module, so there is one reference to read.
+BertForPreTraining, BertForSequenceClassification and BertForTokenClassification (no dropout unless
+asked for). Every fixture script and the PyTorch side of the speed benchmark (bench/torch_step_bench.py)
+build on this one module, so there is one reference to read.
 """
 import math
 
@@ -11,20 +12,24 @@ import torch.nn.functional as F
 PRETRAINING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION = "pretraining", "seq_cls", "token_cls"
 
 
-def make_params(cfg, head=PRETRAINING, num_labels=0, weight_std=0.3, requires_grad=True):
-    """Random parameters (draws from torch's global generator, in state-dict order): weights and embeddings
-    N(0, weight_std), biases N(0, 0.1), LayerNorm gains 1 + N(0, 0.1). The heads' parameters are those
+def make_params(cfg, head=PRETRAINING, num_labels=0, weight_std=0.3, requires_grad=True, bert_init=False,
+                generator=None):
+    """Random parameters (draws from `generator`, else torch's global one, in state-dict order): weights
+    and embeddings N(0, weight_std), biases N(0, 0.1), LayerNorm gains 1 + N(0, 0.1); with bert_init,
+    BERT's initialisation instead (weights N(0, 0.02), biases 0, gains 1). The heads' parameters are those
     transformers has for `head` (token classification has no pooler)."""
     C, V, I, P = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["max_position_embeddings"]
     params = {}
 
     def param(name, *shape, kind="weight"):
-        if kind == "gamma":
-            t = 1.0 + 0.1 * torch.randn(*shape)
+        if bert_init and kind != "weight":
+            t = torch.ones(*shape) if kind == "gamma" else torch.zeros(*shape)
+        elif kind == "gamma":
+            t = 1.0 + 0.1 * torch.randn(*shape, generator=generator)
         elif kind == "bias":
-            t = 0.1 * torch.randn(*shape)
+            t = 0.1 * torch.randn(*shape, generator=generator)
         else:
-            t = weight_std * torch.randn(*shape)
+            t = (0.02 if bert_init else weight_std) * torch.randn(*shape, generator=generator)
         params[name] = t.requires_grad_(True) if requires_grad else t
 
     def linear(name, n_in, n_out):
@@ -60,11 +65,14 @@ def make_params(cfg, head=PRETRAINING, num_labels=0, weight_std=0.3, requires_gr
 
 
 class Bert:
-    """The forward pass over parameters `w` (a dict of tensors, in the dtype the caller wants)."""
+    """The forward pass over parameters `w` (a dict of tensors, in the dtype the caller wants). With
+    dropout > 0, training-mode dropout where BERT has it (embeddings, attention probabilities, each
+    sub-layer's output before its residual)."""
 
-    def __init__(self, cfg, w):
+    def __init__(self, cfg, w, dropout=0.0):
         self.cfg, self.w = cfg, w
         self.C = cfg["hidden_size"]
+        self.drop = (lambda t: F.dropout(t, dropout, True)) if dropout > 0 else (lambda t: t)
 
     def lin(self, x, name):
         return F.linear(x, self.w[name + ".weight"], self.w[name + ".bias"])
@@ -83,17 +91,17 @@ class Bert:
         x = (F.embedding(input_ids, w["bert.embeddings.word_embeddings.weight"])
              + w["bert.embeddings.position_embeddings.weight"][:T]
              + F.embedding(token_type_ids, w["bert.embeddings.token_type_embeddings.weight"]))
-        x = self.norm(x, "bert.embeddings.LayerNorm")
+        x = self.drop(self.norm(x, "bert.embeddings.LayerNorm"))
         additive = (1.0 - attention_mask.to(x.dtype))[:, None, None, :] * -10000.0
         for i in range(self.cfg["num_hidden_layers"]):
             p = f"bert.encoder.layer.{i}."
             split = lambda t: t.view(B, T, H, D).transpose(1, 2)
             q, k, v = (split(self.lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
-            probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1)
+            probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1))
             ctx = (probs @ v).transpose(1, 2).reshape(B, T, self.C)
-            a = self.norm(self.lin(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
+            a = self.norm(self.drop(self.lin(ctx, p + "attention.output.dense")) + x, p + "attention.output.LayerNorm")
             ff = self.lin(F.gelu(self.lin(a, p + "intermediate.dense")), p + "output.dense")
-            x = self.norm(ff + a, p + "output.LayerNorm")
+            x = self.norm(self.drop(ff) + a, p + "output.LayerNorm")
         return x
 
     def pooled(self, x):
@@ -109,9 +117,13 @@ class Bert:
                 if int(masked_positions[b, j]) == 0:
                     break
                 rows.append(b * T + int(masked_positions[b, j]))
-        h = x.reshape(B * T, self.C)[rows]
+        return self.mlm_logits_at(x, rows), rows
+
+    def mlm_logits_at(self, x, rows):
+        """MLM logits at the given rows of the flattened (B * T, C) hidden states (a list or an index tensor)."""
+        h = x.reshape(-1, self.C)[rows]
         h = self.norm(F.gelu(self.lin(h, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
-        return F.linear(h, self.w["bert.embeddings.word_embeddings.weight"], self.w["cls.predictions.bias"]), rows
+        return F.linear(h, self.w["bert.embeddings.word_embeddings.weight"], self.w["cls.predictions.bias"])
 
     def nsp_logits(self, x):
         return self.lin(self.pooled(x), "cls.seq_relationship")
