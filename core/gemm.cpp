@@ -1,6 +1,13 @@
 #include "core/gemm.h"
 
+#include <omp.h>
+
 #include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/parallel.h"
 
 namespace bert {
 
@@ -13,6 +20,16 @@ using ConstMap = Eigen::Map<const RowMajor<T>, Eigen::Unaligned, Eigen::OuterStr
 template <typename T>
 using MutMap = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
+// Below this many multiply-adds a product runs on one thread: waking threads costs more than it saves.
+constexpr double kMinParallelWork = 1 << 18;
+// The shortest inner dimension a split of k gives each part.
+constexpr int64_t kMinKPart = 256;
+// C is cut into about this many blocks per thread, each at least kMinBlockSide on a side where C allows:
+// more blocks balance better (a thread held up takes fewer), bigger ones repack less. Chosen on the
+// GPU machine's 16-core Xeon among 2 or 4 per thread and 64 or 128 (bench/README.md).
+constexpr int64_t kBlocksPerThread = 4;
+constexpr int64_t kMinBlockSide = 64;
+
 template <typename T, typename OpA, typename OpB>
 void multiply_into(MutMap<T>& c, const OpA& a, const OpB& b, T alpha, T beta) {
   if (beta == T(0)) {
@@ -23,10 +40,9 @@ void multiply_into(MutMap<T>& c, const OpA& a, const OpB& b, T alpha, T beta) {
   }
 }
 
-}  // namespace
-
+// One thread's product (Eigen is built without its own threading: EIGEN_DONT_PARALLELIZE).
 template <typename T>
-void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm_one_thread(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (g.m == 0 || g.n == 0) return;
   MutMap<T> cm(c, g.m, g.n, Eigen::OuterStride<>(ldc));
   if (g.k == 0) {
@@ -40,6 +56,93 @@ void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
   if (!g.trans_a && g.trans_b) multiply_into(cm, am, bm.transpose(), alpha, beta);
   if (g.trans_a && !g.trans_b) multiply_into(cm, am.transpose(), bm, alpha, beta);
   if (g.trans_a && g.trans_b) multiply_into(cm, am.transpose(), bm.transpose(), alpha, beta);
+}
+
+// C split into rows x cols blocks, about `target` of them, each at least min_side on a side where C allows,
+// as square as the shape allows: each block packs its slice of A and of B, so thin blocks repack the
+// other operand many times over.
+struct GemmGrid {
+  int64_t rows = 1, cols = 1;
+  // Edge i of n split into `parts` (multiples of 16: whole AVX-512 vectors, Eigen's panels).
+  static int64_t edge(int64_t n, int64_t parts, int64_t i) { return i >= parts ? n : (n * i / parts) / 16 * 16; }
+};
+
+GemmGrid gemm_grid(int64_t m, int64_t n, int64_t target, int64_t min_side) {
+  const int64_t max_rows = std::max<int64_t>(1, m / min_side), max_cols = std::max<int64_t>(1, n / min_side);
+  GemmGrid grid;
+  grid.rows = std::clamp<int64_t>(std::llround(std::sqrt(double(target) * double(m) / double(n))), 1, max_rows);
+  grid.cols = std::clamp<int64_t>((target + grid.rows - 1) / grid.rows, 1, max_cols);
+  grid.rows = std::clamp<int64_t>((target + grid.cols - 1) / grid.cols, 1, max_rows);
+  return grid;
+}
+
+// A small C and a long inner dimension (a weight's gradient sums over every token): k split into
+// `parts`, part 0 into C (with beta), the others into buffers of their own, added to C in a fixed order.
+template <typename T>
+void gemm_split_k(GemmArgs g, int64_t parts, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+                  int64_t ldc) {
+  thread_local std::vector<T> partial;  // kept: the same shapes come back every step
+  const int64_t mn = g.m * g.n;
+  if (partial.size() < static_cast<std::size_t>((parts - 1) * mn)) partial.resize((parts - 1) * mn);
+  T* buffers = partial.data();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(parts))
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t k0 = GemmGrid::edge(g.k, parts, p), k1 = GemmGrid::edge(g.k, parts, p + 1);
+    GemmArgs part = g;
+    part.k = k1 - k0;
+    const T* ap = g.trans_a ? a + k0 * lda : a + k0;
+    const T* bp = g.trans_b ? b + k0 : b + k0 * ldb;
+    if (p == 0)
+      gemm_one_thread(part, alpha, ap, lda, bp, ldb, beta, c, ldc);
+    else
+      gemm_one_thread(part, alpha, ap, lda, bp, ldb, T(0), buffers + (p - 1) * mn, g.n);
+  }
+  parallel_for(g.m, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      for (int64_t p = 1; p < parts; ++p) {
+        const T* src = buffers + (p - 1) * mn + i * g.n;
+        T* dst = c + i * ldc;
+        for (int64_t j = 0; j < g.n; ++j) dst[j] += src[j];
+      }
+  });
+}
+
+}  // namespace
+
+// Threads split C into independent blocks (gemm_grid), each a one-thread product, handed out as threads
+// come free; a small C with a long inner dimension splits k instead (gemm_split_k). Eigen's own parallel
+// GEMM shares packed panels between threads that wait for each other by spinning, and on 16 cores
+// scaled poorly on BERT's shapes (tall-skinny products: 2-3x slower than these blocks in gemm-bench);
+// independent blocks meet only at the end. Results are bit-identical at a fixed thread count.
+template <typename T>
+void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+  const GemmGrid grid = gemm_grid(g.m, g.n, threads * kBlocksPerThread, kMinBlockSide);
+  const int64_t blocks = grid.rows * grid.cols;
+  if (threads == 1 || double(g.m) * double(g.n) * double(g.k) < kMinParallelWork) {
+    gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const int64_t k_parts = std::min<int64_t>(threads, g.k / kMinKPart);
+  if (blocks * 2 <= threads && k_parts >= 2) {
+    gemm_split_k(g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (blocks <= 1) {
+    gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(std::min <int64_t>(threads, blocks)))
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t r0 = grid.edge(g.m, grid.rows, i / grid.cols), r1 = grid.edge(g.m, grid.rows, i / grid.cols + 1);
+    const int64_t c0 = grid.edge(g.n, grid.cols, i % grid.cols), c1 = grid.edge(g.n, grid.cols, i % grid.cols + 1);
+    if (r1 <= r0 || c1 <= c0) continue;
+    GemmArgs part = g;
+    part.m = r1 - r0;
+    part.n = c1 - c0;
+    gemm_one_thread(part, alpha, g.trans_a ? a + r0 : a + r0 * lda, lda, g.trans_b ? b + c0 * ldb : b + c0, ldb, beta,
+                    c + r0 * ldc + c0, ldc);
+  }
 }
 
 template <typename T>

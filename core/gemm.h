@@ -12,8 +12,9 @@ struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
 };
 
-// The fast path (Eigen's blocked, vectorised, OpenMP-threaded kernel). Measured against OpenBLAS
-// 0.3.21 on this machine's kind (2 cores, AVX-512): equal or faster on every BERT shape tried.
+// The fast path: Eigen's blocked, vectorised one-thread kernel on independent blocks of C (or parts
+// of k) spread over the OpenMP threads. Measured against OpenBLAS 0.3.21 on the development machine's
+// kind (2 cores, AVX-512): equal or faster on every BERT shape tried.
 template <typename T>
 void gemm(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 

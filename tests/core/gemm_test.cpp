@@ -1,6 +1,8 @@
 // The fast GEMM against its plain reference: every transpose combination, alpha/beta, strided
-// (sub-matrix) operands, degenerate and large (threaded) sizes.
+// (sub-matrix) operands, degenerate and large sizes, on 1, 2 and 4 threads (C split into blocks, or
+// the inner dimension split into parts).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <vector>
 
@@ -40,18 +42,26 @@ void check_against_reference(GemmCase s, bool ta, bool tb, T alpha, T beta, int6
 class GemmTest : public ::testing::TestWithParam<GemmCase> {};
 
 TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      check_against_reference<float>(GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5);
-      check_against_reference<float>(GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5);
-      check_against_reference<double>(GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13);
-    }
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 4}) {
+    omp_set_num_threads(threads);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_against_reference<float>(GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5);
+        check_against_reference<float>(GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5);
+        check_against_reference<double>(GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13);
+      }
+  }
+  omp_set_num_threads(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                          ::testing::Values(GemmCase{1, 1, 1}, GemmCase{3, 5, 7}, GemmCase{17, 1, 9},
                                            GemmCase{64, 64, 64}, GemmCase{130, 70, 33},
                                            GemmCase{256, 192, 160},  // large enough to be threaded
+                                           GemmCase{520, 300, 48},   // C in blocks, ragged edges
+                                           GemmCase{1000, 20, 40},   // tall and thin
+                                           GemmCase{96, 80, 1100},   // small C, long k: k split
                                            GemmCase{4, 6, 0}));      // k = 0: C = beta C
 
 }  // namespace
