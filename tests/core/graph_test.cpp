@@ -170,8 +170,8 @@ TEST(Threads, OwnKernelsGiveIdenticalResultsOnOneAndTwoThreads) {
   EXPECT_EQ(one, two);
 }
 
-// Eigen's GEMM chooses its blocking (hence summation order) by thread count: runs are bit-identical
-// at a fixed thread count and agree to float rounding across thread counts.
+// The GEMM splits its work (blocks of C, parts of k: hence summation order) by thread count: runs are
+// bit-identical at a fixed thread count and agree to float rounding across thread counts.
 TEST(Threads, GemmChainIsReproducibleAndCloseAcrossThreadCounts) {
   const int saved = omp_get_max_threads();
   std::vector<float> two_a = chain_gradients(2, true), two_b = chain_gradients(2, true);
