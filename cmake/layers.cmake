@@ -2,7 +2,7 @@
 #   core -> model -> quant -> eval -> train;  quant -> export;  data -> core only (eval, train, export read it).
 #   ort (the ONNX Runtime bridge) -> core, data; eval scores exports and export calibrates through it.
 #   store (model storage: our checkpoints, Hugging Face directories, opening any model) -> model, data;
-#   train saves and opens models through it, as do the tools.
+#   train and export save and open models through it, as do the tools.
 #   train uses eval for its periodic held-out evaluation.
 # A library may link only the project libraries listed for it here; anything else is a configure
 # error, so a layering violation cannot slip in unnoticed.
@@ -15,7 +15,7 @@ set(BERT_ALLOWED_DEPS_quant  "core;model;data")
 set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;eval;store")
 set(BERT_ALLOWED_DEPS_ort    "core;data")
 set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data;ort")
-set(BERT_ALLOWED_DEPS_export "core;model;quant;data;ort")
+set(BERT_ALLOWED_DEPS_export "core;model;quant;data;ort;store")
 
 # bert_add_library(<folder> SOURCES ... [DEPENDS <project libs>] [LIBS <third-party targets>])
 # creates target bert_<folder>.

@@ -18,6 +18,7 @@
 #include "data/shard.h"
 #include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
+#include "export/export_checkpoint.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"
 #include "export/trt_cache.h"
@@ -649,6 +650,44 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
         ->set_input(0, node(bad, input_q + ".quantize")->output(0));
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
   }
+}
+
+}  // namespace
+}  // namespace bert::exporter
+
+namespace bert::exporter {
+namespace {
+
+// The whole export of a model source, as bert-export runs it: a Hugging Face directory in, the ONNX
+// file (checked, with the tokenizer's hash in its metadata) and the tokenizer beside it out, a Hugging
+// Face directory beside that; a request the model cannot meet fails before anything is written.
+TEST(ExportCheckpoint, WritesTheOnnxFileWithItsTokenizerAndRefusesWhatTheModelCannotMeet) {
+  const std::string source = std::string(BERT_SOURCE_DIR) + "/tests/fixtures/hf/tiny";
+  testing::TempDir dir;
+  ExportRequest request;
+  request.checkpoint = source;
+  request.onnx_path = dir.file("out/model.onnx");
+  request.hf_dir = dir.file("hf");
+  export_checkpoint(request);
+  const onnx::ModelProto written = read_onnx(request.onnx_path);
+  EXPECT_GT(written.graph().node_size(), 0);
+  std::map<std::string, std::string> metadata;
+  for (const auto& p : written.metadata_props()) metadata[p.key()] = p.value();
+  EXPECT_EQ(metadata["tokenizer_file"], "model.vocab.txt");
+  EXPECT_EQ(metadata["tokenizer_sha256"].size(), 64u);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("out/model.vocab.txt")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("hf/model.safetensors")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("hf/vocab.txt")));
+
+  ExportRequest qdq = request;  // an FP32 model has no quantizers to export as Q/DQ
+  qdq.onnx_path = dir.file("qdq.onnx");
+  qdq.hf_dir.clear();
+  qdq.options.qdq = true;
+  testing::expect_user_error([&] { export_checkpoint(qdq); }, "has no enabled quantizers");
+  EXPECT_FALSE(std::filesystem::exists(qdq.onnx_path));
+  ExportRequest nothing;
+  nothing.checkpoint = source;
+  testing::expect_user_error([&] { export_checkpoint(nothing); }, "nothing to do");
 }
 
 }  // namespace
