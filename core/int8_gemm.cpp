@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -134,81 +135,46 @@ struct Task {
   int64_t ldy;
 };
 
-template <typename Tile>
-void rows_of_tile(const Task& t, int64_t r0, int64_t rows, int64_t b, int64_t blocks_in_tile, Tile tile) {
+// Calls fn(std::integral_constant<int, R>) for R = n_rows (1 <= n_rows <= kMax): the tile kernels take
+// their row count as a template parameter.
+template <int kMax, typename Fn>
+void with_rows(int64_t n_rows, Fn&& fn) {
+  if constexpr (kMax > 1)
+    if (n_rows < kMax) return with_rows<kMax - 1>(n_rows, fn);
+  fn(std::integral_constant<int, kMax>{});
+}
+
+// Rows [r0, r1) of the output against kBlocks blocks of channels starting at block b, kMaxRows rows
+// per call of tile(rows, a, lda, w, groups, epilogue, y, ldy, cols) (fewer for the last).
+template <int kMaxRows, int kBlocks, typename Tile>
+void tile_rows(const Task& t, int64_t r0, int64_t r1, int64_t b, Tile tile) {
   const int64_t lda = t.w.k_padded(), groups = t.w.k_padded() / 4;
-  const int64_t c0 = b * kBlock, cols = std::min(t.w.n() - c0, blocks_in_tile * kBlock);
+  const int64_t c0 = b * kBlock, cols = std::min(t.w.n() - c0, kBlocks * kBlock);
   const Epilogue e{t.e.offsets + c0, t.e.scales + c0, t.e.bias + c0};
-  tile(t.a + r0 * lda, lda, t.w.block(b), groups, e, t.y + r0 * t.ldy + c0, t.ldy, cols, rows);
+  for (int64_t r = r0; r < r1; r += kMaxRows)
+    with_rows<kMaxRows>(std::min<int64_t>(kMaxRows, r1 - r), [&](auto rows) {
+      tile(rows, t.a + r * lda, lda, t.w.block(b), groups, e, t.y + r * t.ldy + c0, t.ldy, cols);
+    });
 }
 
 void run_generic(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b)
-    for (int64_t r = r0; r < r1; r += 4) {
-      const int64_t rows = std::min<int64_t>(4, r1 - r);
-      rows_of_tile(t, r, rows, b, 1,
-                   [](const uint8_t* a, int64_t lda, const int8_t* w, int64_t groups, const Epilogue& e, float* y,
-                      int64_t ldy, int64_t cols, int64_t n_rows) {
-                     switch (n_rows) {
-                       case 4:
-                         return tile_generic<4>(a, lda, w, groups, e, y, ldy, cols);
-                       case 3:
-                         return tile_generic<3>(a, lda, w, groups, e, y, ldy, cols);
-                       case 2:
-                         return tile_generic<2>(a, lda, w, groups, e, y, ldy, cols);
-                       default:
-                         return tile_generic<1>(a, lda, w, groups, e, y, ldy, cols);
-                     }
-                   });
-    }
+    tile_rows<4, 1>(t, r0, r1, b, [](auto rows, auto... args) { tile_generic<decltype(rows)::value>(args...); });
 }
 
 void run_avx2(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b)
-    for (int64_t r = r0; r < r1; r += 3) {
-      const int64_t rows = std::min<int64_t>(3, r1 - r);
-      rows_of_tile(t, r, rows, b, 1,
-                   [](const uint8_t* a, int64_t lda, const int8_t* w, int64_t groups, const Epilogue& e, float* y,
-                      int64_t ldy, int64_t cols, int64_t n_rows) {
-                     switch (n_rows) {
-                       case 3:
-                         return tile_avx2<3>(a, lda, w, groups, e, y, ldy, cols);
-                       case 2:
-                         return tile_avx2<2>(a, lda, w, groups, e, y, ldy, cols);
-                       default:
-                         return tile_avx2<1>(a, lda, w, groups, e, y, ldy, cols);
-                     }
-                   });
-    }
+    tile_rows<3, 1>(t, r0, r1, b, [](auto rows, auto... args) { tile_avx2<decltype(rows)::value>(args...); });
 }
 
 template <int kBlocks>
 void vnni_rows(const Task& t, int64_t r0, int64_t r1, int64_t b) {
   const int64_t stride = t.w.k_padded() * kBlock;
-  for (int64_t r = r0; r < r1; r += 8) {
-    rows_of_tile(t, r, std::min<int64_t>(8, r1 - r), b, kBlocks,
-                 [stride](const uint8_t* a, int64_t lda, const int8_t* w, int64_t groups, const Epilogue& e, float* y,
-                          int64_t ldy, int64_t cols, int64_t n_rows) {
-                   switch (n_rows) {
-                     case 8:
-                       return tile_vnni<8, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                     case 7:
-                       return tile_vnni<7, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                     case 6:
-                       return tile_vnni<6, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                     case 5:
-                       return tile_vnni<5, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                     case 4:
-                       return tile_vnni<4, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                     case 3:
-                       return tile_vnni<3, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                     case 2:
-                       return tile_vnni<2, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                     default:
-                       return tile_vnni<1, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
-                   }
-                 });
-  }
+  tile_rows<8, kBlocks>(t, r0, r1, b,
+                        [stride](auto rows, const uint8_t* a, int64_t lda, const int8_t* w, int64_t groups,
+                                 const Epilogue& e, float* y, int64_t ldy, int64_t cols) {
+                          tile_vnni<decltype(rows)::value, kBlocks>(a, lda, w, stride, groups, e, y, ldy, cols);
+                        });
 }
 
 void run_vnni(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {

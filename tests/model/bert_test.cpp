@@ -319,16 +319,36 @@ struct QatStep {
   std::vector<float> grads;
   std::vector<int64_t> clipped, seen;
 };
-QatStep qat_step(const Device& device, bool fused) {
+// The tiny preset over a 60-token vocabulary and 16 positions, every quantizer enabled: activation
+// scales 0.03 (some values saturate), weight scales `weight_scale`, or per channel max |w| / 127 (as max
+// calibration sets them) when it is 0.
+std::unique_ptr<Bert> quantized_tiny(float weight_scale) {
   BertConfig c = preset("tiny");
   c.vocab_size = 60;
   c.max_position_embeddings = 16;
-  Bert model(c);
-  model.initialize(5);
-  for (Quantizer* q : model.quantizers()) {
+  auto model = std::make_unique<Bert>(c);
+  model->initialize(5);
+  for (Quantizer* q : model->quantizers()) {
     q->mode = QuantMode::kQuantize;
-    model.parameters().get(q->scale).value.fill(q->is_weight ? 0.0015f : 0.03f);  // some saturate
+    TensorView<float> scale = model->parameters().get(q->scale).value;
+    if (!q->is_weight || weight_scale > 0) {
+      scale.fill(q->is_weight ? weight_scale : 0.03f);
+      continue;
+    }
+    const TensorView<float> w = model->parameters().get(model->quantized_weight(*q)).value;
+    const int64_t in = w.numel() / q->channels;
+    for (int64_t ch = 0; ch < q->channels; ++ch) {
+      float m = 0;
+      for (int64_t i = 0; i < in; ++i) m = std::max(m, std::abs(w[ch * in + i]));
+      scale[ch] = m / 127;
+    }
   }
+  return model;
+}
+
+QatStep qat_step(const Device& device, bool fused) {
+  std::unique_ptr<Bert> quantized = quantized_tiny(0.0015f);  // some weights saturate too
+  Bert& model = *quantized;
   model.set_fused_quantizers(fused);
   model.place_on(device);
   std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
@@ -409,27 +429,9 @@ std::vector<float> eval_logits(Bert& model, bool record_gradients) {
 }
 
 TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
-  BertConfig c = preset("tiny");
-  c.vocab_size = 60;
-  c.max_position_embeddings = 16;
-  Bert model(c);
-  model.initialize(5);
-  for (Quantizer* q : model.quantizers()) {
-    q->mode = QuantMode::kQuantize;
-    TensorView<float> scale = model.parameters().get(q->scale).value;
-    if (!q->is_weight) {
-      scale.fill(0.03f);  // some activations saturate
-      continue;
-    }
-    // Per channel, as max calibration sets them: max |w| / 127.
-    const TensorView<float> w = model.parameters().get(model.quantized_weight(*q)).value;
-    const int64_t in = w.numel() / q->channels;
-    for (int64_t ch = 0; ch < q->channels; ++ch) {
-      float m = 0;
-      for (int64_t i = 0; i < in; ++i) m = std::max(m, std::abs(w[ch * in + i]));
-      scale[ch] = m / 127;
-    }
-  }
+  std::unique_ptr<Bert> quantized = quantized_tiny(0);  // weight scales as max calibration sets them
+  Bert& model = *quantized;
+  const BertConfig& c = model.config();
   const std::vector<float> fake = eval_logits(model, false);
   EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);  // + pooler and MLM transform
   const std::vector<float> integer = eval_logits(model, false);
