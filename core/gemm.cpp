@@ -117,12 +117,12 @@ void gemm_split_k(GemmArgs g, int64_t parts, T alpha, const T* a, int64_t lda, c
 template <typename T>
 void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const int threads = omp_in_parallel() ? 1 : num_threads();
-  const GemmGrid grid = gemm_grid(g.m, g.n, threads * kBlocksPerThread, kMinBlockSide);
-  const int64_t blocks = grid.rows * grid.cols;
   if (threads == 1 || double(g.m) * double(g.n) * double(g.k) < kMinParallelWork) {
     gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
+  const GemmGrid grid = gemm_grid(g.m, g.n, threads * kBlocksPerThread, kMinBlockSide);
+  const int64_t blocks = grid.rows * grid.cols;
   const int64_t k_parts = std::min<int64_t>(threads, g.k / kMinKPart);
   if (blocks * 2 <= threads && k_parts >= 2) {
     gemm_split_k(g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc);

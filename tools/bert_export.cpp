@@ -1,6 +1,5 @@
 // bert-export: a checkpoint to ONNX (FP32, or explicit Q/DQ for a QAT/PTQ checkpoint), or to a Hugging Face model
 // directory.
-#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include "export/export_checkpoint.h"
