@@ -17,7 +17,6 @@
 #include "data/loader.h"
 #include "model/bert.h"
 #include "quant/calibrator.h"
-#include "quant/model_batch.h"
 #include "quant/quantize.h"
 #include "train/optimizer.h"
 
@@ -34,9 +33,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-data::Batch synthetic_batch(int64_t b, int64_t t, int64_t p, int64_t vocab, uint64_t seed) {
+Batch synthetic_batch(int64_t b, int64_t t, int64_t p, int64_t vocab, uint64_t seed) {
   Rng rng(seed);
-  data::Batch batch;
+  Batch batch;
   batch.size = b, batch.seq_len = t, batch.max_predictions = p;
   for (int64_t i = 0; i < b; ++i) {
     for (int64_t j = 0; j < t; ++j) {
@@ -60,7 +59,7 @@ double forward_flops(const model::BertConfig& c, double t, double p) {
   return c.num_hidden_layers * layer + 2 * p * h * h + 2 * p * h * v + 2 * h * h;
 }
 
-void enable_quantization(model::Bert& model, const data::Batch& batch, Graph<float>& g) {
+void enable_quantization(model::Bert& model, const Batch& batch, Graph<float>& g) {
   quant::CalibrationStatistics stats;
   stats.quantizers = quant::default_quantizers(model, false);
   for (model::Quantizer* q : stats.quantizers)
@@ -71,7 +70,7 @@ void enable_quantization(model::Bert& model, const data::Batch& batch, Graph<flo
   {
     NoGradGuard<float> no_grad(g);
     Rng unused(0);
-    model.forward(g, quant::as_model_batch(batch), false, unused);
+    model.forward(g, batch.view(), false, unused);
     g.clear();
   }
   quant::apply_calibration(model, stats, quant::Method::kMax, 99.99);
@@ -149,8 +148,8 @@ int main(int argc, char** argv) {
     std::stringstream batch_list(batches);
     for (std::string bs; std::getline(batch_list, bs, ',');) {
       const int64_t b = std::stoll(bs);
-      const data::Batch batch = synthetic_batch(b, t, p, vocab, 7);
-      const model::BertBatch input = quant::as_model_batch(batch);
+      const Batch batch = synthetic_batch(b, t, p, vocab, 7);
+      const BatchView input = batch.view();
       double fp32_step = 0;
       for (const std::string mode : {"fp32", "qat", "qat-separate"}) {
         if (!wanted_modes.contains(mode)) continue;

@@ -12,7 +12,7 @@ find_package(GTest REQUIRED)
 
 # Debian's libsentencepiece.so carries (and exports) its own copy of protobuf-lite 3.14; the system
 # libprotobuf is 3.21. A process that loads both crashes or aborts in protobuf's start-up checks, so no
-# program may load both: SentencePiece is linked only where text is tokenized (data's tokenizer code),
-# and ONNX/protobuf only by export/. tests/CMakeLists.txt checks that no binary needs both.
+# program may load both: SentencePiece is linked only where text is tokenized (the bert_sentencepiece
+# library), and ONNX/protobuf only by export/. tests/CMakeLists.txt checks that no binary needs both.
 # Link a shared library only into programs that use it (keeps SentencePiece out of export/ programs).
 add_link_options("LINKER:--as-needed")

@@ -181,4 +181,13 @@ bool CorpusReader::next(std::vector<std::string>& sentences) {
   return true;
 }
 
+bool CorpusReader::next_sentence(std::string& sentence) {
+  while (sentence_ >= document_.size()) {
+    if (!next(document_)) return false;
+    sentence_ = 0;
+  }
+  sentence = std::move(document_[sentence_++]);
+  return true;
+}
+
 }  // namespace bert::data

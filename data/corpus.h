@@ -31,6 +31,9 @@ class CorpusReader {
 
   // The next document's sentences (never empty); false after the last document of the last file.
   bool next(std::vector<std::string>& sentences);
+  // The next sentence, across documents (what a tokenizer trains on); false after the last. Do not mix
+  // with next() on one reader.
+  bool next_sentence(std::string& sentence);
 
   int64_t bytes_read() const { return bytes_read_; }
   int64_t documents_read() const { return documents_read_; }
@@ -40,6 +43,8 @@ class CorpusReader {
   bool read_line(std::string& line);  // false at the end of the last file
 
   std::vector<std::string> paths_;
+  std::vector<std::string> document_;  // next_sentence()'s current document
+  size_t sentence_ = 0;
   CorpusFormat format_;
   std::ifstream in_;
   size_t file_index_ = 0;

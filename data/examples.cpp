@@ -58,8 +58,8 @@ void ExampleOptions::validate() const {
   if (dupe_factor < 1 || dupe_factor > 1000) fail("--dupe-factor", std::to_string(dupe_factor), "1 to 1000");
 }
 
-void mask_tokens(Example& e, const ExampleOptions& o, const Tokenizer& tokenizer, Rng& rng) {
-  const SpecialTokens& sp = tokenizer.specials();
+void mask_tokens(Example& e, const ExampleOptions& o, const tokenizer::Tokenizer& tokenizer, Rng& rng) {
+  const tokenizer::SpecialTokens& sp = tokenizer.specials();
   // Candidate positions, grouped into whole words when asked.
   std::vector<std::vector<int32_t>> candidates;
   for (int32_t i = 0; i < static_cast<int32_t>(e.tokens.size()); ++i) {
@@ -101,9 +101,9 @@ void mask_tokens(Example& e, const ExampleOptions& o, const Tokenizer& tokenizer
 }
 
 void create_examples(std::span<const TokenizedDocument> documents, size_t index, const ExampleOptions& o,
-                     const Tokenizer& tokenizer, Rng& rng, std::vector<Example>& out) {
+                     const tokenizer::Tokenizer& tokenizer, Rng& rng, std::vector<Example>& out) {
   const TokenizedDocument& document = documents[index];
-  const SpecialTokens& sp = tokenizer.specials();
+  const tokenizer::SpecialTokens& sp = tokenizer.specials();
   const int64_t max_tokens = o.max_seq_len - 3;  // [CLS] A [SEP] B [SEP]
   // As in the reference, a short target length is drawn once per document.
   int64_t target = max_tokens;
@@ -157,13 +157,12 @@ void create_examples(std::span<const TokenizedDocument> documents, size_t index,
   }
 }
 
-ShardBuildStats build_shards(const ShardBuildOptions& o,
+ShardBuildStats build_shards(const ShardBuildOptions& o, const tokenizer::Tokenizer& tokenizer,
                              const std::function<void(const ShardBuildStats&, int, double)>& progress) {
   o.examples.validate();
   if (o.examples_per_shard < 1) throw UserError("--examples-per-shard must be at least 1");
   if (o.window_documents < 2) throw UserError("--window-docs must be at least 2 (random-next needs other documents)");
   const auto start_time = std::chrono::steady_clock::now();
-  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(o.tokenizer_path);
   { CorpusReader check(o.inputs, parse_corpus_format(o.corpus_format)); }  // fail on bad inputs before writing
   std::error_code ec;
   std::filesystem::create_directories(o.output_dir, ec);
@@ -171,7 +170,7 @@ ShardBuildStats build_shards(const ShardBuildOptions& o,
 
   ShardBuildStats stats;
   Shard pending(o.examples.max_seq_len, o.examples.max_predictions);
-  pending.metadata = ShardMetadata{tokenizer->vocab_size(), tokenizer->file_sha256(), o.examples.max_seq_len,
+  pending.metadata = ShardMetadata{tokenizer.vocab_size(), tokenizer.file_sha256(), o.examples.max_seq_len,
                                    o.examples.max_predictions, o.examples.seed};
   auto write_pending = [&] {
     char name[32];
@@ -199,7 +198,7 @@ ShardBuildStats build_shards(const ShardBuildOptions& o,
       parallel_for(static_cast<int64_t>(texts.size()), 8, [&](int64_t lo, int64_t hi) {
         for (int64_t d = lo; d < hi; ++d)
           for (const std::string& s : texts[d]) {
-            std::vector<int32_t> ids = tokenizer->encode(s);
+            std::vector<int32_t> ids = tokenizer.encode(s);
             if (!ids.empty()) documents[d].push_back(std::move(ids));
           }
       });
@@ -209,7 +208,7 @@ ShardBuildStats build_shards(const ShardBuildOptions& o,
       parallel_for(static_cast<int64_t>(documents.size()), 8, [&](int64_t lo, int64_t hi) {
         for (int64_t d = lo; d < hi; ++d) {
           Rng rng(derive_seed(o.examples.seed, static_cast<uint64_t>(pass), first_document + d));
-          create_examples(documents, static_cast<size_t>(d), o.examples, *tokenizer, rng, per_document[d]);
+          create_examples(documents, static_cast<size_t>(d), o.examples, tokenizer, rng, per_document[d]);
         }
       });
       std::vector<Example> examples;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace bert::data {
 
@@ -38,17 +38,16 @@ using TokenizedDocument = std::vector<std::vector<int32_t>>;  // sentences of to
 // Google's create_instances_from_document for documents[index]; "random next" text comes from the
 // other documents of `documents`. Appends to `out`.
 void create_examples(std::span<const TokenizedDocument> documents, size_t index, const ExampleOptions& options,
-                     const Tokenizer& tokenizer, Rng& rng, std::vector<Example>& out);
+                     const tokenizer::Tokenizer& tokenizer, Rng& rng, std::vector<Example>& out);
 
 // Masks `example.tokens` in place: n = min(max_predictions, max(1, round(len * masked_lm_prob)))
 // positions among non-special tokens (whole words if asked), 80% [MASK], 10% a random regular token,
 // 10% unchanged.
-void mask_tokens(Example& example, const ExampleOptions& options, const Tokenizer& tokenizer, Rng& rng);
+void mask_tokens(Example& example, const ExampleOptions& options, const tokenizer::Tokenizer& tokenizer, Rng& rng);
 
 struct ShardBuildOptions {
   std::vector<std::string> inputs;
   std::string corpus_format = "sentences";
-  std::string tokenizer_path;
   std::string output_dir;
   std::string prefix = "shard";
   int64_t examples_per_shard = 65536;
@@ -68,10 +67,10 @@ struct ShardBuildStats {
 
 // Streams the corpus dupe_factor times, builds examples window by window (tokenisation and example
 // creation in parallel, deterministic for a seed whatever the thread count), shuffles each window's
-// examples and writes shards <output_dir>/<prefix>-NNNNN.hdf5 atomically. `progress` is called after
-// each window.
+// examples and writes shards <output_dir>/<prefix>-NNNNN.hdf5 atomically, with the tokenizer's size and
+// hash in their metadata. `progress` is called after each window.
 ShardBuildStats build_shards(
-    const ShardBuildOptions& options,
+    const ShardBuildOptions& options, const tokenizer::Tokenizer& tokenizer,
     const std::function<void(const ShardBuildStats&, int pass, double fraction)>& progress = {});
 
 }  // namespace bert::data

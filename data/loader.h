@@ -7,18 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "core/batch.h"
 #include "data/shard.h"
 
 namespace bert::data {
-
-// B examples in the shard layout, row-major: input_ids etc. (B, L); masked_lm_* (B, P);
-// next_sentence_labels (B); for task shards labels (B) or (B, L) and no pretraining arrays.
-struct Batch {
-  int64_t size = 0, seq_len = 0, max_predictions = 0;
-  std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
-  std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
-  std::vector<int32_t> labels;
-};
 
 struct LoaderOptions {
   std::vector<std::string> shards;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/batch.h"
 #include "data/examples.h"
 
 namespace bert::data {
@@ -27,9 +28,6 @@ struct ShardMetadata {
   int64_t max_predictions = 0;
   uint64_t seed = 0;
 };
-
-// The label of a token that carries none (Hugging Face's ignore index).
-inline constexpr int32_t kIgnoredLabel = -100;
 
 enum class ShardKind { kPretraining, kSequenceLabels, kTokenLabels };
 

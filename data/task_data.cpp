@@ -76,7 +76,7 @@ std::vector<std::string> read_label_names(const std::string& path) {
   return names;
 }
 
-Shard make_task_shard(const std::string& path, const Tokenizer& tokenizer, const TaskDataOptions& options,
+Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& tokenizer, const TaskDataOptions& options,
                       TaskDataReport* report) {
   BERT_CHECK(options.kind != ShardKind::kPretraining, "make_task_shard needs a task kind");
   if (options.max_seq_len < 3) throw UserError("--max-seq-len: expected at least 3");
@@ -106,7 +106,7 @@ Shard make_task_shard(const std::string& path, const Tokenizer& tokenizer, const
     return it->second;
   };
 
-  const SpecialTokens& special = tokenizer.specials();
+  const tokenizer::SpecialTokens& special = tokenizer.specials();
   Shard shard(options.max_seq_len, 0);
   shard.kind = options.kind;
   shard.label_names = labels;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "data/shard.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace bert::data {
 
@@ -32,8 +32,8 @@ struct TaskDataReport {
 // Reads `jsonl_path` and returns the shard (with tokenizer metadata). UserError naming the file and line
 // for malformed JSON, missing fields, a label outside `options.labels`, tokens and tags of different
 // lengths, or an empty input.
-Shard make_task_shard(const std::string& jsonl_path, const Tokenizer& tokenizer, const TaskDataOptions& options,
-                      TaskDataReport* report = nullptr);
+Shard make_task_shard(const std::string& jsonl_path, const tokenizer::Tokenizer& tokenizer,
+                      const TaskDataOptions& options, TaskDataReport* report = nullptr);
 
 // The label names of a labels file (one per line, blank lines ignored) or of a task shard (.hdf5/.h5).
 std::vector<std::string> read_label_names(const std::string& path);

@@ -8,9 +8,9 @@
 
 namespace bert::eval {
 
-std::vector<MaskPrediction> fill_mask(model::Bert& model, const data::Tokenizer& tokenizer, const std::string& text,
-                                      int top_k, Graph<float>& g) {
-  const data::SpecialTokens& sp = tokenizer.specials();
+std::vector<MaskPrediction> fill_mask(model::Bert& model, const tokenizer::Tokenizer& tokenizer,
+                                      const std::string& text, int top_k, Graph<float>& g) {
+  const tokenizer::SpecialTokens& sp = tokenizer.specials();
   // The tokenizer matches "[MASK]" itself. SentencePiece puts a lone word-start piece before it, but in
   // training a masked word's own word-start piece was what [MASK] replaced: drop that lone piece.
   std::vector<int32_t> ids{sp.cls};
@@ -30,7 +30,7 @@ std::vector<MaskPrediction> fill_mask(model::Bert& model, const data::Tokenizer&
 
   std::vector<int8_t> mask(t, 1), types(t, 0);
   std::vector<int32_t> masked_ids(positions.size(), 0);
-  model::BertBatch batch{1, t, static_cast<int64_t>(positions.size()), ids, mask, types, positions, masked_ids, {}, {}};
+  BatchView batch{1, t, static_cast<int64_t>(positions.size()), ids, mask, types, positions, masked_ids, {}, {}};
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
   model::ModelOutputs out = model.forward(g, batch, false, unused);

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "core/graph.h"
-#include "data/tokenizer.h"
 #include "model/bert.h"
+#include "tokenizer/tokenizer.h"
 
 namespace bert::eval {
 
@@ -17,7 +17,7 @@ struct MaskPrediction {
 
 // Tokenizes `text` ("[MASK]" marks the positions to fill) as [CLS] text [SEP] and returns the top_k
 // predictions for each mask. UserError if the text holds no [MASK].
-std::vector<MaskPrediction> fill_mask(model::Bert& model, const data::Tokenizer& tokenizer, const std::string& text,
-                                      int top_k, Graph<float>& g);
+std::vector<MaskPrediction> fill_mask(model::Bert& model, const tokenizer::Tokenizer& tokenizer,
+                                      const std::string& text, int top_k, Graph<float>& g);
 
 }  // namespace bert::eval

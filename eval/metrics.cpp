@@ -6,7 +6,7 @@
 
 namespace bert::eval {
 
-void PretrainingMetrics::add(const Graph<float>& g, const model::ModelOutputs& out, const model::BertBatch& batch) {
+void PretrainingMetrics::add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& batch) {
   const int64_t m = static_cast<int64_t>(out.mlm_targets.size());
   if (m > 0) {
     const std::vector<int32_t> predicted = ops::row_argmax(g, out.mlm_logits);
@@ -150,10 +150,10 @@ Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
 TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
   NoGradGuard<float> no_grad(g);
   TaskMetrics metrics(model.config().num_labels());
-  data::Batch batch;
+  Batch batch;
   Rng unused(0);
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
-    const model::BertBatch b = quant::as_model_batch(batch);
+    const BatchView b = batch.view();
     model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
     metrics.add(g, out);
     g.clear();
@@ -164,10 +164,10 @@ TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t
 PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
   NoGradGuard<float> no_grad(g);
   PretrainingMetrics metrics;
-  data::Batch batch;
+  Batch batch;
   Rng unused(0);  // dropout is off in evaluation and draws nothing
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
-    const model::BertBatch b = quant::as_model_batch(batch);
+    const BatchView b = batch.view();
     model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
     metrics.add(g, out, b);
     g.clear();

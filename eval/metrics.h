@@ -14,7 +14,6 @@
 #include "core/json.h"
 #include "data/loader.h"
 #include "model/bert.h"
-#include "quant/model_batch.h"
 
 namespace bert::eval {
 
@@ -26,7 +25,7 @@ struct PretrainingMetrics {
   std::unordered_map<int32_t, int64_t> target_counts;  // for the most-frequent-token baseline
 
   // Adds one forward pass's outputs (values read from the graph; call before backward()).
-  void add(const Graph<float>& g, const model::ModelOutputs& out, const model::BertBatch& batch);
+  void add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& batch);
   void merge(const PretrainingMetrics& other);
 
   double mlm_accuracy() const { return predictions ? double(mlm_correct) / predictions : 0.0; }

@@ -6,11 +6,11 @@ namespace bert::eval {
 
 PretrainingMetrics evaluate_onnx(const std::string& onnx_path, data::ShardLoader& loader, int64_t max_batches,
                                  const std::string& script, const std::string& work_dir) {
-  const std::vector<data::Batch> batches = ort::take_batches(loader, max_batches);
+  const std::vector<Batch> batches = ort::take_batches(loader, max_batches);
   const Json results = ort::run_onnx_runtime(script, "--argmax", onnx_path, ort::batch_feeds(batches, true), work_dir);
   PretrainingMetrics m;
   for (size_t b = 0; b < batches.size(); ++b) {
-    const data::Batch& bt = batches[b];
+    const Batch& bt = batches[b];
     const Json& r = results.as_array().at(b);
     const Json* mlm_output = r.find("prediction_logits");
     if (!mlm_output || mlm_output->find("dims")->as_array().size() != 2)
@@ -35,12 +35,12 @@ PretrainingMetrics evaluate_onnx(const std::string& onnx_path, data::ShardLoader
 
 TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& loader, int64_t num_labels,
                                int64_t max_batches, const std::string& script, const std::string& work_dir) {
-  const std::vector<data::Batch> batches = ort::take_batches(loader, max_batches);
+  const std::vector<Batch> batches = ort::take_batches(loader, max_batches);
   const Json results = ort::run_onnx_runtime(script, "--argmax", onnx_path, ort::batch_feeds(batches, false), work_dir);
   const bool per_token = loader.kind() == data::ShardKind::kTokenLabels;
   TaskMetrics m(num_labels);
   for (size_t b = 0; b < batches.size(); ++b) {
-    const data::Batch& bt = batches[b];
+    const Batch& bt = batches[b];
     const Json* output = results.as_array().at(b).find("logits");
     if (!output || output->find("dims")->as_array().size() != (per_token ? 2u : 1u))
       throw UserError("'" + onnx_path + "' has no " + (per_token ? "[B, T, labels]" : "[B, labels]") +
@@ -48,7 +48,7 @@ TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& 
                       "-classification model");
     const auto& predicted = output->find("data")->as_array();
     for (size_t i = 0; i < bt.labels.size(); ++i) {
-      if (bt.labels[i] == data::kIgnoredLabel) continue;
+      if (bt.labels[i] == kIgnoredLabel) continue;
       const int64_t p = predicted.at(i).as_int();
       if (p < 0 || p >= num_labels) throw UserError("'" + onnx_path + "' predicts label " + std::to_string(p));
       ++m.confusion[bt.labels[i] * num_labels + p];

@@ -144,13 +144,13 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
   r.mode = mode;
   const bool task = model.config().head != model::Head::kPretraining;
   if (task) r.task = TaskMetrics(model.config().num_labels());
-  data::Batch batch;
+  Batch batch;
   Rng unused(0);  // dropout is off in evaluation and draws nothing
   // The first batch is scored but not timed: it grows the workspace and wakes the threads, which would
   // otherwise count against whichever mode runs first.
   auto timed_from = std::chrono::steady_clock::now();
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
-    const model::BertBatch b = quant::as_model_batch(batch);
+    const BatchView b = batch.view();
     const model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
     for (Var logits : task ? std::vector<Var>{out.logits} : std::vector<Var>{out.mlm_logits, out.nsp_logits})
       for (int32_t p : ops::row_argmax(g, logits)) r.predictions.push_back(p);

@@ -7,15 +7,15 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/process.h"
+#include "core/sha256.h"
 #include "data/loader.h"
-#include "data/sha256.h"
-#include "data/wordpiece_tokenizer.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"
 #include "quant/quantize.h"
 #include "store/checkpoint.h"
 #include "store/hf_checkpoint.h"
 #include "store/model_source.h"
+#include "tokenizer/tokenizer_file.h"
 
 namespace bert::exporter {
 
@@ -28,16 +28,16 @@ namespace {
 std::string check_tokenizer(const std::string& tokenizer, const store::TrainingState& state) {
   if (tokenizer.empty() || !fs::exists(tokenizer))
     throw UserError("--tokenizer: '" + tokenizer + "' does not exist (the tokenizer the model was trained with)");
-  const std::string hash = data::sha256_file(tokenizer);
+  const std::string hash = sha256_file(tokenizer);
   if (!state.tokenizer_sha256.empty() && hash != state.tokenizer_sha256)
     throw UserError("--tokenizer: '" + tokenizer + "' is not the tokenizer the checkpoint was trained with");
   return hash;
 }
 
 void write_hugging_face(const ExportRequest& a, model::Bert& model, const store::TrainingState& state, int enabled) {
-  const bool wordpiece = data::is_wordpiece_vocab(a.tokenizer);
+  const bool wordpiece = tokenizer::is_wordpiece_vocab(a.tokenizer);
   hf::export_model(a.hf_dir, model, state.quantization);
-  data::copy_tokenizer(a.tokenizer, a.hf_dir);
+  tokenizer::copy_tokenizer(a.tokenizer, a.hf_dir);
   spdlog::info("wrote Hugging Face model {} (config.json, model.safetensors{}, {}){}", a.hf_dir,
                enabled ? ", quantization.json" : "", wordpiece ? "vocab.txt" : "tokenizer.model",
                wordpiece ? ""
@@ -125,7 +125,7 @@ void export_checkpoint(ExportRequest a) {
   // The tokenizer travels with the export: copied beside it, its hash in the metadata.
   const fs::path output_path(a.onnx_path);
   if (output_path.has_parent_path()) fs::create_directories(output_path.parent_path());
-  const bool wordpiece = data::is_wordpiece_vocab(a.tokenizer);
+  const bool wordpiece = tokenizer::is_wordpiece_vocab(a.tokenizer);
   const fs::path tokenizer_copy =
       output_path.parent_path() / (output_path.stem().string() + (wordpiece ? ".vocab.txt" : ".tokenizer.model"));
   describe_in_metadata(a.options, model, state, tokenizer_hash, tokenizer_copy);
@@ -145,11 +145,11 @@ void export_checkpoint(ExportRequest a) {
   if (!a.triton_repo.empty()) {
     const std::string name = a.triton_name.empty() ? output_path.stem().string() : a.triton_name;
     const std::string folder = write_triton_repository(written, a.triton_repo, name, a.triton_max_batch);
-    const std::string copy = data::copy_tokenizer(a.tokenizer, folder);
+    const std::string copy = tokenizer::copy_tokenizer(a.tokenizer, folder);
     spdlog::info("wrote Triton model repository {} (config.pbtxt, 1/model.onnx, {})", folder,
                  fs::path(copy).filename().string());
   }
-  data::copy_tokenizer(a.tokenizer, tokenizer_copy.parent_path().string(), tokenizer_copy.filename().string());
+  tokenizer::copy_tokenizer(a.tokenizer, tokenizer_copy.parent_path().string(), tokenizer_copy.filename().string());
   file.commit();
   spdlog::info("wrote {} ({} nodes, {} initializers, opset {}, {}{}); checker{} passed; tokenizer copied to {}",
                a.onnx_path, m.graph().node_size(), m.graph().initializer_size(), a.options.opset,

@@ -64,19 +64,21 @@ std::map<std::string, double> calibrate_tensors(const onnx::ModelProto& fp32, da
   const std::vector<std::string> names = cache_tensors(fp32);
   const std::string instrumented = o.work_dir + "/instrumented.onnx";
   write_onnx(with_outputs(fp32, names), instrumented);
-  const std::vector<data::Batch> batches = ort::take_batches(loader, o.batches);
+  const std::vector<Batch> batches = ort::take_batches(loader, o.batches);
   if (batches.empty()) throw UserError("calibration for the TensorRT cache found no batches");
-  const Json histograms = ort::run_onnx_runtime(o.ort_script, "--histograms", instrumented,
-                                                ort::batch_feeds(batches, o.masked_positions), o.work_dir);
+  // Every activation comes back as a binary tensor, batch by batch, into the calibrators' own histogram
+  // (the one PTQ uses on our engine): ONNX Runtime only runs the graph.
+  std::map<std::string, quant::AbsHistogram> histograms;
+  for (const std::string& name : names) histograms[name];
+  ort::stream_onnx_runtime(o.ort_script, instrumented, ort::batch_feeds(batches, o.masked_positions), o.work_dir,
+                           [&](int64_t, const std::string& name, std::span<const float> values) {
+                             auto it = histograms.find(name);
+                             if (it != histograms.end()) it->second.observe(values);
+                           });
   std::filesystem::remove(instrumented);
   std::map<std::string, double> amax;
-  for (const std::string& name : names) {
-    const Json* h = histograms.find(name);
-    if (!h) throw UserError("ONNX Runtime returned no statistics for tensor '" + name + "'");
-    std::vector<double> bins;
-    for (const Json& b : h->find("bins")->as_array()) bins.push_back(b.as_number());
-    const quant::AbsHistogram histogram = quant::AbsHistogram::from_bins(
-        h->find("range")->as_number(), h->find("max")->as_number(), h->find("count")->as_int(), bins);
+  for (const auto& [name, histogram] : histograms) {
+    if (histogram.count() == 0) throw UserError("ONNX Runtime returned no values for tensor '" + name + "'");
     amax[name] = histogram.amax(method, o.percentile);
   }
   return amax;

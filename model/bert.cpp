@@ -235,7 +235,7 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   return l.attention_norm.forward(g, params_, ops::add(g, out, inputs[3]));
 }
 
-Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
+Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) {
   const int64_t b = in.batch, t = in.seq_len;
   BERT_CHECK(t <= config_.max_position_embeddings, "sequence length " + std::to_string(t) +
                                                        " > max_position_embeddings " +
@@ -277,7 +277,7 @@ Var Bert::encode(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) 
   return x;
 }
 
-ModelOutputs Bert::forward(Graph<float>& g, const BertBatch& in, bool training, Rng& rng) {
+ModelOutputs Bert::forward(Graph<float>& g, const BatchView& in, bool training, Rng& rng) {
   ModelOutputs out;
   Var hidden = ops::reshape(g, encode(g, in, training, rng), Shape{in.batch * in.seq_len, config_.hidden_size});
   if (config_.head == Head::kPretraining)
@@ -287,7 +287,7 @@ ModelOutputs Bert::forward(Graph<float>& g, const BertBatch& in, bool training, 
   return out;
 }
 
-void Bert::pretraining_head(Graph<float>& g, Var hidden, const BertBatch& in, bool training, Rng& rng,
+void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, bool training, Rng& rng,
                             ModelOutputs& out) {
   const int64_t b = in.batch, t = in.seq_len, p = in.max_predictions;
   (void)training, (void)rng;  // the pretraining heads have no dropout
@@ -320,7 +320,7 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BertBatch& in, bo
   }
 }
 
-void Bert::classification_head(Graph<float>& g, Var hidden, const BertBatch& in, bool training, Rng& rng,
+void Bert::classification_head(Graph<float>& g, Var hidden, const BatchView& in, bool training, Rng& rng,
                                ModelOutputs& out) {
   const int64_t b = in.batch, t = in.seq_len;
   const int64_t num_labels = config_.num_labels();

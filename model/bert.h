@@ -17,28 +17,13 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/batch.h"
 #include "core/graph.h"
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/layers.h"
 
 namespace bert::model {
-
-// The label of a token that carries none (Hugging Face's ignore index; data::kIgnoredLabel in shards).
-inline constexpr int32_t kIgnoredLabel = -100;
-
-// One batch, in the shard layout. B batch, T sequence, P max predictions.
-struct BertBatch {
-  int64_t batch = 0, seq_len = 0, max_predictions = 0;
-  std::span<const int32_t> input_ids;            // (B, T)
-  std::span<const int8_t> attention_mask;        // (B, T): 1 real token, 0 padding
-  std::span<const int8_t> token_type_ids;        // (B, T): segment A 0, B 1
-  std::span<const int32_t> masked_positions;     // (B, P): 0-padded (the first 0 ends a row's list)
-  std::span<const int32_t> masked_ids;           // (B, P): original tokens there
-  std::span<const int8_t> next_sentence_labels;  // (B) or empty: 1 = random next
-  // Task heads: (B) sequence labels or (B, T) token labels (kIgnoredLabel where none); or empty.
-  std::span<const int32_t> labels;
-};
 
 // What forward() returns. Pretraining fills the mlm_/nsp_ fields, task heads logits/targets/rows.
 struct ModelOutputs {
@@ -113,9 +98,9 @@ class Bert {
   void set_fused_quantizers(bool on) { fuse_quantizers_ = on; }
 
   // Final hidden states (B, T, C).
-  Var encode(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
+  Var encode(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);
   // Encoder and head, and the losses when the batch carries their labels.
-  ModelOutputs forward(Graph<float>& g, const BertBatch& batch, bool training, Rng& dropout_rng);
+  ModelOutputs forward(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);
 
  private:
   struct Layer {
@@ -133,9 +118,9 @@ class Bert {
   // The linear layers that carry quantizers, in forward order.
   std::vector<Linear*> quantizable_linears();
   Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng);
-  void pretraining_head(Graph<float>& g, Var hidden, const BertBatch& batch, bool training, Rng& rng,
+  void pretraining_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
                         ModelOutputs& out);
-  void classification_head(Graph<float>& g, Var hidden, const BertBatch& batch, bool training, Rng& rng,
+  void classification_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
                            ModelOutputs& out);
 
   BertConfig config_;

@@ -36,16 +36,16 @@ std::string default_ort_script() {
   return (fs::current_path(ec) / "scripts" / name).string();
 }
 
-std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_batches) {
-  std::vector<data::Batch> batches;
-  data::Batch batch;
+std::vector<Batch> take_batches(data::ShardLoader& loader, int64_t max_batches) {
+  std::vector<Batch> batches;
+  Batch batch;
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) batches.push_back(batch);
   return batches;
 }
 
-Json batch_feeds(const std::vector<data::Batch>& batches, bool masked_positions) {
+Json batch_feeds(const std::vector<Batch>& batches, bool masked_positions) {
   Json::Array feeds;
-  for (const data::Batch& b : batches) {
+  for (const Batch& b : batches) {
     auto tensor = [&](const auto& values, int64_t cols) {
       Json t;
       t["dims"] = Json::Array{Json(b.size), Json(cols)};
@@ -64,27 +64,65 @@ Json batch_feeds(const std::vector<data::Batch>& batches, bool masked_positions)
   return Json(feeds);
 }
 
-Json run_onnx_runtime(const std::string& script, const std::string& mode, const std::string& model, const Json& feeds,
-                      const std::string& work_dir) {
+namespace {
+
+// The runner's command line: scripts/ort_run.js under Node (npm onnxruntime-node), or scripts/ort_run.py
+// under Python (the onnxruntime wheel), with the same arguments and files.
+std::vector<std::string> runner_command(const std::string& script, const std::string& mode, const std::string& model,
+                                        const Json& feeds, const std::string& work_dir) {
   if (!std::filesystem::exists(model)) throw UserError("ONNX model '" + model + "' does not exist");
   if (!std::filesystem::exists(script)) throw UserError("ONNX Runtime script '" + script + "' does not exist");
-  const std::string in = work_dir + "/ort_inputs.json", out = work_dir + "/ort_outputs.json",
-                    log = work_dir + "/ort.log";
+  const std::string in = work_dir + "/ort_inputs.json", out = work_dir + "/ort_outputs.json";
   std::ofstream(in) << feeds.dump();
-  std::filesystem::remove(log);
-  // The runner: scripts/ort_run.js under Node (npm onnxruntime-node), or scripts/ort_run.py under Python
-  // (the onnxruntime wheel), with the same arguments and files.
+  std::filesystem::remove(out);
+  std::filesystem::remove(work_dir + "/ort.log");
   const std::string interpreter = script.ends_with(".py") ? "python3" : "node";
-  if (run_program({interpreter, script, mode, model, in, out}, log) != 0) {
-    std::ifstream l(log);
-    std::stringstream text;
-    text << l.rdbuf();
-    throw UserError("ONNX Runtime could not run '" + model + "': " + text.str());
-  }
-  std::ifstream f(out);
+  std::vector<std::string> command = {interpreter, script, mode, model, in, out};
+  if (mode.empty()) command.erase(command.begin() + 2);
+  return command;
+}
+
+void check_ran(int status, const std::string& model, const std::string& work_dir) {
+  if (status == 0) return;
+  std::ifstream l(work_dir + "/ort.log");
+  std::stringstream text;
+  text << l.rdbuf();
+  throw UserError("ONNX Runtime could not run '" + model + "': " + text.str());
+}
+
+}  // namespace
+
+Json run_onnx_runtime(const std::string& script, const std::string& mode, const std::string& model, const Json& feeds,
+                      const std::string& work_dir) {
+  check_ran(run_program(runner_command(script, mode, model, feeds, work_dir), work_dir + "/ort.log"), model, work_dir);
+  std::ifstream f(work_dir + "/ort_outputs.json");
   std::stringstream text;
   text << f.rdbuf();
   return Json::parse(text.str());
+}
+
+void stream_onnx_runtime(const std::string& script, const std::string& model, const Json& feeds,
+                         const std::string& work_dir, const TensorConsumer& consume) {
+  std::vector<float> values;
+  const int status = run_program_streaming(
+      runner_command(script, "--stream", model, feeds, work_dir), work_dir + "/ort.log", [&](ProgramStream& stream) {
+        // Each message: uint32 batch, uint32 name length, the name, uint64 count, count float32 (little-endian,
+        // as x86-64 and the runners write them).
+        for (uint32_t head[2]; stream.read_exact(head, sizeof head);) {
+          if (head[1] == 0 || head[1] > 4096)
+            throw UserError("ONNX Runtime's stream from '" + model + "' is malformed (a tensor name of " +
+                            std::to_string(head[1]) + " bytes)");
+          std::string name(head[1], '\0');
+          uint64_t count = 0;
+          if (!stream.read_exact(name.data(), name.size()) || !stream.read_exact(&count, sizeof count))
+            throw UserError("ONNX Runtime's stream from '" + model + "' ended inside a message");
+          values.resize(count);
+          if (count > 0 && !stream.read_exact(values.data(), count * sizeof(float)))
+            throw UserError("ONNX Runtime's stream from '" + model + "' ended inside tensor '" + name + "'");
+          consume(head[0], name, values);
+        }
+      });
+  check_ran(status, model, work_dir);
 }
 
 }  // namespace bert::ort

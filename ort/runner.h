@@ -1,8 +1,12 @@
 // The bridge to ONNX Runtime, out of process (scripts/ort_run.js under Node, or scripts/ort_run.py):
-// batches as JSON feeds in, the runner's JSON out. This library never links ONNX or protobuf; eval scores
-// exports through it and export calibrates the FP32 graph's tensors for TensorRT's cache.
+// batches as JSON feeds in; the runner's JSON out, or its float outputs streamed back as binary tensors. This library
+// never links ONNX or protobuf; eval scores exports through it and export calibrates the FP32 graph's tensors for
+// TensorRT's cache.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,16 +21,26 @@ namespace bert::ort {
 std::string default_ort_script();
 
 // Up to max_batches (<= 0: all) batches of the loader.
-std::vector<data::Batch> take_batches(data::ShardLoader& loader, int64_t max_batches);
+std::vector<Batch> take_batches(data::ShardLoader& loader, int64_t max_batches);
 
 // The int64 feeds of the exported graph's inputs, one object per batch (masked_lm_positions when the
 // export was made with --masked-positions).
-Json batch_feeds(const std::vector<data::Batch>& batches, bool masked_positions);
+Json batch_feeds(const std::vector<Batch>& batches, bool masked_positions);
 
-// Runs `model` on the feeds with `mode` ("" for raw outputs, "--argmax" or "--histograms"; see the
-// script; a script ending in .py runs under python3, any other under node) and returns its parsed JSON. UserError with
-// ONNX Runtime's message when it fails.
+// Runs `model` on the feeds with `mode` ("" for raw outputs, "--argmax"; see the script; a script ending
+// in .py runs under python3, any other under node) and returns its parsed JSON. UserError with ONNX
+// Runtime's message when it fails.
 Json run_onnx_runtime(const std::string& script, const std::string& mode, const std::string& model, const Json& feeds,
                       const std::string& work_dir);
+
+// Called for every float output of every batch, in batch order: the values are the runner's float32
+// bytes, valid during the call only.
+using TensorConsumer = std::function<void(int64_t batch, const std::string& name, std::span<const float> values)>;
+
+// Runs `model` on the feeds and hands every float output to `consume` as it arrives (the runner's
+// --stream: a pipe, never JSON or files), so memory stays one tensor whatever the outputs' size. UserError
+// with ONNX Runtime's message when it fails, or when the stream is malformed.
+void stream_onnx_runtime(const std::string& script, const std::string& model, const Json& feeds,
+                         const std::string& work_dir, const TensorConsumer& consume);
 
 }  // namespace bert::ort

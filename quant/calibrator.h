@@ -28,7 +28,7 @@ class AbsHistogram final : public model::QuantObserver {
   // only the 2048 counts cross to the host.
   void observe(Graph<float>& g, Var x) override;
 
-  // A histogram collected elsewhere with the same algorithm (ONNX Runtime calibration, scripts/ort_run.js).
+  // A histogram given by its bins (a reference implementation's, in the tests).
   static AbsHistogram from_bins(double range, double max, int64_t count, const std::vector<double>& bins);
 
   double max() const { return max_; }

@@ -10,7 +10,6 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/text_file.h"
-#include "quant/model_batch.h"
 
 namespace bert::quant {
 
@@ -95,10 +94,10 @@ CalibrationStatistics collect_statistics(model::Bert& model, data::ShardLoader& 
     q->mode = model::QuantMode::kCalibrate;
   }
   NoGradGuard<float> no_grad(g);
-  data::Batch batch;
+  Batch batch;
   Rng unused(0);
   while (stats.batches < o.batches && loader.next(batch)) {
-    model.forward(g, as_model_batch(batch), /*training=*/false, unused);
+    model.forward(g, batch.view(), /*training=*/false, unused);
     g.clear();
     ++stats.batches;
     stats.sequences += batch.size;

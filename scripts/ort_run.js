@@ -1,13 +1,12 @@
 #!/usr/bin/env node
 // Runs an ONNX model in ONNX Runtime (npm onnxruntime-node, CPU) and writes its outputs as JSON: used
 // by the tests and by `bert-eval --onnx` to check exports against the project's own engine.
-// Usage: node scripts/ort_run.js [--argmax | --histograms] model.onnx inputs.json outputs.json [optimized.onnx]
+// Usage: node scripts/ort_run.js [--argmax | --stream] model.onnx inputs.json outputs.json [optimized.onnx]
 // inputs.json: one feed {"input_ids": {"dims": [B, T], "data": [...]}, ...} (int64 inputs), or a list
 // of feeds (batches), giving a list of results. --argmax replaces every float output by the index of
 // its largest value along the last axis (what accuracy needs, without moving the logits).
-// --histograms returns, for every float output, a 2048-bin histogram of |x| over all batches, built as
-// quant/calibrator.cpp builds it (the range starts at the first non-zero batch's max and doubles,
-// merging bin pairs, when a later value exceeds it): {name: {range, max, count, bins}}.
+// --stream sends every float output back as binary tensors instead (see streamTensor; the TensorRT
+// cache's calibration reads them into its histograms as they come) and writes {} to outputs.json.
 // With BERT_ORT_TIMING=file, the time spent in session.run (JSON and conversions left out) is written
 // there: {"batches", "sequences", "seconds"}, the first batch left out (bench/int8_eval.sh compares it
 // with the engine's).
@@ -27,35 +26,38 @@ function argmaxLastAxis(t) {
   return { dims: t.dims.slice(0, -1), data: out };
 }
 
-const BINS = 2048;
-function observe(h, data) {
-  let batchMax = 0;
-  for (let i = 0; i < data.length; ++i) {
-    const a = Math.abs(data[i]);
-    if (!(a <= 3.4028234663852886e38)) throw new Error('non-finite activation (NaN or Inf)');
-    if (a > batchMax) batchMax = a;
+// --stream: every float32 output of every batch, as raw bytes on file descriptor 3 (a pipe the caller
+// reads while this runs), one message per tensor: uint32 batch, uint32 name length, the name (UTF-8),
+// uint64 element count, the float32 values; all little-endian. Memory stays one batch's outputs.
+const STREAM_FD = 3;
+function writeAll(buffer) {
+  for (let done = 0; done < buffer.length;) {
+    try {
+      done += fs.writeSync(STREAM_FD, buffer, done, buffer.length - done);
+    } catch (e) {
+      if (e.code !== 'EAGAIN') throw e;  // a full pipe: the reader is busy, try again
+    }
   }
-  h.max = Math.max(h.max, batchMax);
-  h.count += data.length;
-  if (batchMax === 0 && h.range === 0) { h.bins[0] += data.length; return; }
-  if (h.range === 0) h.range = batchMax;
-  while (batchMax > h.range) {
-    for (let i = 0; i < BINS / 2; ++i) h.bins[i] = h.bins[2 * i] + h.bins[2 * i + 1];
-    for (let i = BINS / 2; i < BINS; ++i) h.bins[i] = 0;
-    h.range *= 2;
-  }
-  const inv = BINS / h.range;
-  for (let i = 0; i < data.length; ++i) h.bins[Math.min(BINS - 1, Math.floor(Math.fround(Math.abs(data[i])) * inv))] += 1;
+}
+function streamTensor(batch, name, data) {
+  const nameBytes = Buffer.from(name, 'utf8');
+  const header = Buffer.alloc(16 + nameBytes.length);
+  header.writeUInt32LE(batch, 0);
+  header.writeUInt32LE(nameBytes.length, 4);
+  nameBytes.copy(header, 8);
+  header.writeBigUInt64LE(BigInt(data.length), 8 + nameBytes.length);
+  writeAll(header);
+  writeAll(Buffer.from(data.buffer, data.byteOffset, data.byteLength));
 }
 
 async function main() {
   const args = process.argv.slice(2);
   const argmax = args[0] === '--argmax';
-  const histograms = args[0] === '--histograms';
-  if (argmax || histograms) args.shift();
+  const stream = args[0] === '--stream';
+  if (argmax || stream) args.shift();
   const [model, inputsPath, outputsPath, optimizedPath] = args;
   if (!model || !inputsPath || !outputsPath) {
-    console.error("usage: ort_run.js [--argmax | --histograms] model.onnx inputs.json outputs.json [optimized.onnx]");
+    console.error("usage: ort_run.js [--argmax | --stream] model.onnx inputs.json outputs.json [optimized.onnx]");
     process.exit(2);
   }
   const options = { graphOptimizationLevel: process.env.BERT_ORT_OPTIMIZATION || 'all' };  // disabled, basic, extended, all
@@ -64,10 +66,9 @@ async function main() {
   const raw = JSON.parse(fs.readFileSync(inputsPath, 'utf8'));
   const batches = Array.isArray(raw) ? raw : [raw];
   const results = [];
-  const hist = {};
   const timing = { batches: 0, sequences: 0, seconds: 0 };
   let warm = false;
-  for (const batch of batches) {
+  for (const [index, batch] of batches.entries()) {
     const feeds = {};
     for (const [name, t] of Object.entries(batch)) feeds[name] = new ort.Tensor('int64', BigInt64Array.from(t.data.map(BigInt)), t.dims);
     const started = process.hrtime.bigint();
@@ -78,12 +79,8 @@ async function main() {
       timing.sequences += Object.values(batch)[0].dims[0];
     }
     warm = true;
-    if (histograms) {
-      for (const [name, t] of Object.entries(outputs)) {
-        if (t.type !== 'float32') continue;
-        if (!hist[name]) hist[name] = { range: 0, max: 0, count: 0, bins: new Array(BINS).fill(0) };
-        observe(hist[name], t.data);
-      }
+    if (stream) {
+      for (const [name, t] of Object.entries(outputs)) if (t.type === 'float32') streamTensor(index, name, t.data);
       continue;
     }
     const out = {};
@@ -92,7 +89,7 @@ async function main() {
     results.push(out);
   }
   if (process.env.BERT_ORT_TIMING) fs.writeFileSync(process.env.BERT_ORT_TIMING, JSON.stringify(timing));
-  if (histograms) fs.writeFileSync(outputsPath, JSON.stringify(hist));
+  if (stream) fs.writeFileSync(outputsPath, '{}');
   else fs.writeFileSync(outputsPath, JSON.stringify(Array.isArray(raw) ? results : results[0]));
 }
 main().catch((e) => { console.error(String(e)); process.exit(1); });

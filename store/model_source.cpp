@@ -5,8 +5,9 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "data/sha256.h"
+#include "core/sha256.h"
 #include "store/hf_checkpoint.h"
+#include "tokenizer/tokenizer_file.h"
 
 namespace bert::store {
 
@@ -31,11 +32,7 @@ ModelSource find_model(const std::string& path) {
                     "' does not exist (expected a checkpoint .h5, a run folder or a Hugging Face model directory)");
   }
   const fs::path dir = s.hugging_face ? fs::path(s.path) : fs::path(s.path).parent_path();
-  for (const char* name : {"vocab.txt", "tokenizer.model"})
-    if (fs::is_regular_file(dir / name, ec)) {
-      s.tokenizer = (dir / name).string();
-      break;
-    }
+  s.tokenizer = tokenizer::tokenizer_file_in(dir.string());
   return s;
 }
 
@@ -56,7 +53,7 @@ TrainingState load_model(const ModelSource& source, model::Bert& model, uint64_t
   if (report.quantizers_enabled > 0)
     spdlog::info("{} quantizers restored with their learned scales", report.quantizers_enabled);
   TrainingState state;
-  if (source.tokenizer.ends_with("vocab.txt")) state.tokenizer_sha256 = data::sha256_file(source.tokenizer);
+  if (source.tokenizer.ends_with("vocab.txt")) state.tokenizer_sha256 = sha256_file(source.tokenizer);
   state.quantization = report.quantization;
   return state;
 }

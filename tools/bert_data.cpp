@@ -14,7 +14,9 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/task_data.h"
-#include "data/tokenizer.h"
+#include "tokenizer/load.h"
+#include "tokenizer/sentencepiece.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/tool_main.h"
 
 namespace {
@@ -59,7 +61,7 @@ void run_task(const std::string& input, const std::string& output, const std::st
     throw UserError("--task '" + task + "': expected seq-cls or token-cls");
   options.max_seq_len = max_seq_len;
   if (!labels_path.empty()) options.labels = read_label_names(labels_path);
-  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_path);
+  const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(tokenizer_path);
   TaskDataReport report;
   const Shard shard = make_task_shard(input, *tokenizer, options, &report);
   write_shard(output, shard);
@@ -69,7 +71,7 @@ void run_task(const std::string& input, const std::string& output, const std::st
                  report.labels_dropped ? fmt::format(" ({} word labels dropped)", report.labels_dropped) : "");
 }
 
-void inspect_task_shard(const std::string& path, const Shard& s, const Tokenizer* tokenizer, int show) {
+void inspect_task_shard(const std::string& path, const Shard& s, const tokenizer::Tokenizer* tokenizer, int show) {
   std::vector<int64_t> counts(s.label_names.size(), 0);
   int64_t tokens = 0, ignored = 0;
   for (int32_t label : s.labels) label == kIgnoredLabel ? ++ignored : ++counts[label];
@@ -95,8 +97,8 @@ void inspect_task_shard(const std::string& path, const Shard& s, const Tokenizer
 }
 
 void run_inspect(const std::vector<std::string>& paths, const std::string& tokenizer_path, int show) {
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (!tokenizer_path.empty()) tokenizer = load_tokenizer(tokenizer_path);
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  if (!tokenizer_path.empty()) tokenizer = tokenizer::load_tokenizer(tokenizer_path);
   for (const std::string& path : expand_shard_paths(paths)) {
     Shard s = read_shard(path);
     if (tokenizer) check_shard_compatible(s, path, tokenizer->vocab_size(), s.seq_len, tokenizer->file_sha256());
@@ -141,9 +143,12 @@ void run_inspect(const std::vector<std::string>& paths, const std::string& token
 struct Args {
   std::vector<std::string> split_inputs;
   std::string split_output;
-  SentencePieceTrainOptions tok;
+  std::vector<std::string> tok_inputs;
+  std::string tok_format = "sentences";
+  tokenizer::SentencePieceTrainOptions tok;
   bool cased = false;
   ShardBuildOptions sh;
+  std::string sh_tokenizer;
   std::string task_input, task_output, task_tokenizer, task_kind, task_labels;
   int64_t task_seq_len = 128;
   std::vector<std::string> inspect_paths;
@@ -168,9 +173,8 @@ CLI::App* add_tokenizer(CLI::App& app, Args& a) {
   CLI::App* tokenizer = app.add_subcommand("tokenizer",
                                            "train a SentencePiece tokenizer with [PAD]=0 [UNK]=1 "
                                            "[CLS]=2 [SEP]=3 [MASK]=4");
-  tokenizer->add_option("--input", a.tok.inputs, "corpus files")->required()->expected(1, -1);
-  tokenizer->add_option("--format", a.tok.corpus_format, "corpus format: sentences | paragraphs")
-      ->capture_default_str();
+  tokenizer->add_option("--input", a.tok_inputs, "corpus files")->required()->expected(1, -1);
+  tokenizer->add_option("--format", a.tok_format, "corpus format: sentences | paragraphs")->capture_default_str();
   tokenizer->add_option("--output", a.tok.output_prefix, "writes PREFIX.model and PREFIX.vocab")->required();
   tokenizer->add_option("--vocab-size", a.tok.vocab_size, "vocabulary size")
       ->check(CLI::Range(16, 1000000))
@@ -189,7 +193,7 @@ CLI::App* add_shards(CLI::App& app, Args& a) {
   shards->add_option("--input", a.sh.inputs, "corpus files")->required()->expected(1, -1);
   shards->add_option("--format", a.sh.corpus_format, "corpus format: sentences | paragraphs")->capture_default_str();
   shards
-      ->add_option("--tokenizer", a.sh.tokenizer_path,
+      ->add_option("--tokenizer", a.sh_tokenizer,
                    "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
       ->required();
   shards->add_option("--output", a.sh.output_dir, "output folder")->required();
@@ -267,14 +271,16 @@ Subcommands add_subcommands(CLI::App& app, Args& a) {
 void run_tokenizer(Args& a) {
   a.tok.lowercase = !a.cased;
   const auto start = std::chrono::steady_clock::now();
-  const int64_t n = train_sentencepiece(a.tok);
+  CorpusReader corpus(a.tok_inputs, parse_corpus_format(a.tok_format));  // checks every file before training
+  const int64_t n = tokenizer::train_sentencepiece(a.tok, [&](std::string& s) { return corpus.next_sentence(s); });
   spdlog::info("tokenizer: {} sentences read, vocab {} -> {}.model ({:.1f} s, peak RSS {:.0f} MB)", n, a.tok.vocab_size,
                a.tok.output_prefix, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                peak_rss_mb());
 }
 
 void run_shards(Args& a) {
-  ShardBuildStats stats = build_shards(a.sh, [](const ShardBuildStats& s, int pass, double fraction) {
+  const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(a.sh_tokenizer);
+  ShardBuildStats stats = build_shards(a.sh, *tokenizer, [](const ShardBuildStats& s, int pass, double fraction) {
     spdlog::info("shards: pass {} {:5.1f}%  {} examples  {:.0f} examples/s  {} shards  peak RSS {:.0f} MB", pass + 1,
                  100 * fraction, s.examples, s.examples / std::max(s.seconds, 1e-9), s.shards, peak_rss_mb());
   });

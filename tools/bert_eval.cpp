@@ -11,11 +11,9 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/process.h"
+#include "core/sha256.h"
 #include "core/text_file.h"
 #include "data/loader.h"
-#include "data/sha256.h"
-#include "data/tokenizer.h"
-#include "data/wordpiece_tokenizer.h"
 #include "eval/fill_mask.h"
 #include "eval/metrics.h"
 #include "eval/onnx_runtime.h"
@@ -24,6 +22,9 @@
 #include "quant/quantize.h"
 #include "store/checkpoint.h"
 #include "store/model_source.h"
+#include "tokenizer/load.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_file.h"
 #include "tools/tool_main.h"
 
 namespace {
@@ -168,8 +169,8 @@ void save_calibrated(Evaluation& e, const quant::CalibrationStatistics& stats) {
   // The tokenizer travels with the checkpoint (as bert-train's runs carry theirs), so bert-export and
   // bert-eval find it beside the file without --tokenizer.
   if (!a.tokenizer_path.empty()) {
-    data::copy_tokenizer(a.tokenizer_path, std::filesystem::absolute(a.save_calibrated).parent_path().string());
-    if (ptq.tokenizer_sha256.empty()) ptq.tokenizer_sha256 = data::sha256_file(a.tokenizer_path);
+    tokenizer::copy_tokenizer(a.tokenizer_path, std::filesystem::absolute(a.save_calibrated).parent_path().string());
+    if (ptq.tokenizer_sha256.empty()) ptq.tokenizer_sha256 = sha256_file(a.tokenizer_path);
   }
   store::save_checkpoint(a.save_calibrated, e.model, nullptr, ptq);
   spdlog::info("calibrated {} quantizers ({}, {} batches) -> {}", amax.size(), a.calibration.method, stats.batches,
@@ -348,7 +349,7 @@ void evaluate_shards(Evaluation& e) {
         held_for_calibration);
   auto make_loader = [lo, held_for_calibration] {
     data::ShardLoader l(lo);
-    data::Batch skipped;
+    Batch skipped;
     for (int64_t i = 0; i < held_for_calibration; ++i)
       if (!l.next(skipped))
         throw UserError("--shards: only " + std::to_string(i) +
@@ -388,7 +389,7 @@ void evaluate_shards(Evaluation& e) {
 // --fill-mask: the top-k candidates for each [MASK] of the text.
 void fill_mask(Evaluation& e) {
   const Args& a = e.a;
-  std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(a.tokenizer_path);
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(a.tokenizer_path);
   if (!e.state.tokenizer_sha256.empty() && tokenizer->file_sha256() != e.state.tokenizer_sha256)
     throw UserError("tokenizer '" + a.tokenizer_path + "' is not the one the checkpoint was trained with");
   if (a.int8) {

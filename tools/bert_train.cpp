@@ -7,8 +7,9 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "data/tokenizer.h"
 #include "store/model_source.h"
+#include "tokenizer/load.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/tool_main.h"
 #include "train/trainer.h"
 
@@ -198,7 +199,7 @@ void resolve(Args& a) {
   if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = store::find_model(o.init_from).tokenizer;
   if (o.tokenizer_path.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
-  const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(o.tokenizer_path);
+  const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(o.tokenizer_path);
   o.tokenizer_vocab_size = tokenizer->vocab_size();
   o.tokenizer_sha256 = tokenizer->file_sha256();
 }

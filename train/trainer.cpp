@@ -14,11 +14,11 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/sha256.h"
 #include "core/text_file.h"
-#include "data/sha256.h"
-#include "data/wordpiece_tokenizer.h"
 #include "store/checkpoint.h"
 #include "store/model_source.h"
+#include "tokenizer/tokenizer_file.h"
 #include "train/gradient_reduction.h"
 #include "train/nccl_communicator.h"
 
@@ -230,7 +230,7 @@ void adopt_task(model::BertConfig& config, model::Head head, const std::vector<s
   config.labels = labels;
 }
 
-// Where a run keeps its files (the tokenizer's copy: data::copy_tokenizer).
+// Where a run keeps its files (the tokenizer's copy: tokenizer::copy_tokenizer).
 struct RunFiles {
   std::string checkpoint, metrics;
   explicit RunFiles(const TrainOptions& o)
@@ -345,7 +345,7 @@ store::TrainingState start_state(const TrainOptions& o, const RunFiles& files, c
   params.upload_values();
   if (o.qat) state.quantization = calibrate_for_qat(o, model, loader_options, device);
   if (!writes) return state;
-  data::copy_tokenizer(o.tokenizer_path, o.output_dir);
+  tokenizer::copy_tokenizer(o.tokenizer_path, o.output_dir);
   write_text_file((fs::path(o.output_dir) / "config.json").string(), config.to_json().dump(2) + "\n");
   std::ofstream(files.metrics, std::ios::trunc).close();
   return state;
@@ -412,7 +412,7 @@ double prediction_share(Communicator& ranks, const model::ModelOutputs& out, mod
 struct Objective {
   Var objective, logged;
 };
-Objective objective_of(Graph<float>& g, const model::ModelOutputs& out, model::Bert* teacher, const model::BertBatch& b,
+Objective objective_of(Graph<float>& g, const model::ModelOutputs& out, model::Bert* teacher, const BatchView& b,
                        const TrainOptions& o, double share) {
   const bool pretraining = out.mlm_logits.valid();
   auto weighted = [&](Var v) { return share == 1.0 ? v : ops::scale(g, v, share); };
@@ -438,7 +438,7 @@ class ProgressWindow {
  public:
   explicit ProgressWindow(const model::BertConfig& config)
       : pretraining_(config.head == model::Head::kPretraining), labels_(config.num_labels()), task_(labels_) {}
-  void add(const Graph<float>& g, const model::ModelOutputs& out, const model::BertBatch& b) {
+  void add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& b) {
     if (pretraining_)
       pretraining_metrics_.add(g, out, b);
     else
@@ -659,15 +659,15 @@ struct StepPasses {
     std::string nonfinite;  // what went non-finite on any rank, for the message; empty when nothing did
     bool stop_requested = false;
   };
-  Outcome run(Graph<float>& g, data::Batch& batch, bool log_buckets) const;
+  Outcome run(Graph<float>& g, Batch& batch, bool log_buckets) const;
 };
 
-StepPasses::Outcome StepPasses::run(Graph<float>& g, data::Batch& batch, bool log_buckets) const {
+StepPasses::Outcome StepPasses::run(Graph<float>& g, Batch& batch, bool log_buckets) const {
   Outcome r;
   const model::BertConfig& config = model.config();
   for (int64_t micro = 0; micro < o.accumulation; ++micro) {
     loader.next(batch);
-    const model::BertBatch b = quant::as_model_batch(batch);
+    const BatchView b = batch.view();
     const model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
     const auto [objective, logged] = objective_of(g, out, teacher, b, o, prediction_share(ranks, out, config.head));
     // The progress log shows MLM + NSP or the task loss (comparable with runs without distillation); the
@@ -715,7 +715,7 @@ StepPasses::Outcome StepPasses::run(Graph<float>& g, data::Batch& batch, bool lo
 void check_ranks_agree(Communicator& ranks, const TrainOptions& o, const model::BertConfig& config) {
   if (ranks.size() == 1) return;
   const std::string text = o.to_json().dump() + config.to_json().dump() + o.tokenizer_sha256;
-  const uint64_t hash = std::stoull(data::sha256_hex(text).substr(0, 15), nullptr, 16);  // 60 bits
+  const uint64_t hash = std::stoull(sha256_hex(text).substr(0, 15), nullptr, 16);  // 60 bits
   // Three 20-bit pieces: their sums over the ranks are exact in doubles. The ranks agree when every
   // rank's piece times the number of ranks equals the sum; otherwise at least one rank sees that.
   const std::vector<double> own = {double(hash & 0xFFFFF), double((hash >> 20) & 0xFFFFF),
@@ -887,7 +887,7 @@ TrainResult TrainingRun::run_steps() {
       ranks_.size() > 1 ? std::make_unique<GradientReduction>(params, ranks_, *device_,
                                                               static_cast<int64_t>(o_.bucket_mb * (1 << 20)))
                         : nullptr;
-  data::Batch batch;
+  Batch batch;
   ProgressWindow window(config_);
   const StepPasses step_passes{o_,     model_,          teacher_.get(), loader_, dropout_rng_,
                                ranks_, reduction.get(), window,         stop_};

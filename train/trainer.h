@@ -25,7 +25,7 @@ struct TrainOptions {
   std::vector<std::string> eval_shards;   // optional held-out shards
   std::string output_dir;                 // config.json, tokenizer.model, checkpoint.h5, metrics.jsonl
   // The tokenizer the shards were made with: its file (copied into output_dir), vocabulary size and
-  // SHA-256. Filled by the caller (e.g. from data::load_tokenizer), so this library never links the
+  // SHA-256. Filled by the caller (e.g. from tokenizer::load_tokenizer), so this library never links the
   // tokenizer implementation.
   std::string tokenizer_path;
   int64_t tokenizer_vocab_size = 0;

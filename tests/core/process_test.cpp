@@ -35,6 +35,47 @@ TEST(RunProgram, PathsWithQuotesSpacesAndDollarsPassIntact) {
   EXPECT_THROW(run_program({"no-such-program-anywhere"}, dir.file("log")), UserError);
 }
 
+int open_descriptors() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+TEST(RunProgram, StreamsBinaryOutputWhileTheProgramRunsAndStopsItWhenTheReaderFails) {
+  const PrivateTempDir dir("bert-process-test");
+  const int descriptors = open_descriptors();
+  // Two messages through the stream (a NUL byte included), the log apart, the exit status back.
+  std::vector<std::string> messages;
+  const int status =
+      run_program_streaming({"sh", "-c", "printf 'ab\\000c' >&3; echo to-the-log; printf 'defg' >&3; exit 3"},
+                            dir.file("log"), [&](ProgramStream& stream) {
+                              char buffer[4];
+                              while (stream.read_exact(buffer, 4)) messages.emplace_back(buffer, 4);
+                            });
+  EXPECT_EQ(status, 3);
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_EQ(messages[0], std::string("ab\0c", 4));
+  EXPECT_EQ(messages[1], "defg");
+  EXPECT_EQ(read(dir.file("log")), "to-the-log\n");
+  // A stream that ends inside a message is an error, not a short read.
+  EXPECT_THROW(run_program_streaming({"sh", "-c", "printf 'abc' >&3"}, dir.file("log"),
+                                     [](ProgramStream& stream) {
+                                       char buffer[4];
+                                       stream.read_exact(buffer, 4);
+                                     }),
+               UserError);
+  // A reader that gives up stops a program that would write forever; the error goes on.
+  EXPECT_THROW(run_program_streaming({"sh", "-c", "while :; do printf 'xxxxxxxx' >&3; done"}, dir.file("log"),
+                                     [](ProgramStream& stream) {
+                                       char buffer[8];
+                                       ASSERT_TRUE(stream.read_exact(buffer, 8));
+                                       throw UserError("reader gave up");
+                                     }),
+               UserError);
+  EXPECT_THROW(run_program_streaming({"no-such-program-anywhere"}, dir.file("log"), [](ProgramStream&) {}), UserError);
+  EXPECT_EQ(open_descriptors(), descriptors) << "a pipe end was left open";
+}
+
 TEST(PrivateTempDir, IsFreshPrivateAndRemoved) {
   std::filesystem::path first;
   {

@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/sha256.h"
 #include "data/corpus.h"
-#include "data/sha256.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 

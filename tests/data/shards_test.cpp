@@ -17,9 +17,11 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/task_data.h"
-#include "data/tokenizer.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
+#include "tokenizer/load.h"
+#include "tokenizer/sentencepiece.h"
+#include "tokenizer/tokenizer.h"
 
 namespace bert::data {
 namespace {
@@ -32,14 +34,13 @@ class FixtureData : public ::testing::Test {
   static void SetUpTestSuite() {
     ready_ = false;
     dir_ = new testing::TempDir();
-    SentencePieceTrainOptions t;
-    t.inputs = {kFixture};
-    t.corpus_format = "paragraphs";
+    tokenizer::SentencePieceTrainOptions t;
     t.output_prefix = dir_->file("spm");
     t.vocab_size = 800;
-    train_sentencepiece(t);
-    tokenizer_ = load_tokenizer(dir_->file("spm.model")).release();
-    stats_ = new ShardBuildStats(build_shards(options(dir_->file("shards"))));
+    CorpusReader corpus({kFixture}, CorpusFormat::kParagraphs);
+    tokenizer::train_sentencepiece(t, [&](std::string& s) { return corpus.next_sentence(s); });
+    tokenizer_ = tokenizer::load_tokenizer(dir_->file("spm.model")).release();
+    stats_ = new ShardBuildStats(build_shards(options(dir_->file("shards")), *tokenizer_));
     ready_ = true;
   }
   // GoogleTest reports the tests of a suite whose set-up threw as "skipped"; make them fail instead.
@@ -55,7 +56,6 @@ class FixtureData : public ::testing::Test {
     ShardBuildOptions o;
     o.inputs = {kFixture};
     o.corpus_format = "paragraphs";
-    o.tokenizer_path = dir_->file("spm.model");
     o.output_dir = out;
     o.examples_per_shard = 700;
     o.window_documents = 25;
@@ -71,11 +71,11 @@ class FixtureData : public ::testing::Test {
   }
 
   static testing::TempDir* dir_;
-  static Tokenizer* tokenizer_;
+  static tokenizer::Tokenizer* tokenizer_;
   static ShardBuildStats* stats_;
 };
 testing::TempDir* FixtureData::dir_ = nullptr;
-Tokenizer* FixtureData::tokenizer_ = nullptr;
+tokenizer::Tokenizer* FixtureData::tokenizer_ = nullptr;
 ShardBuildStats* FixtureData::stats_ = nullptr;
 
 TEST_F(FixtureData, TokenizerHasSpecialTokensAtFixedIdsAndRoundTrips) {
@@ -129,7 +129,7 @@ TEST_F(FixtureData, ShardLayoutIsExactlyNvidias) {
 }
 
 TEST_F(FixtureData, EveryExampleSatisfiesTheInvariants) {
-  const SpecialTokens& sp = tokenizer_->specials();
+  const tokenizer::SpecialTokens& sp = tokenizer_->specials();
   int64_t checked = 0;
   for (const Shard& s : all_shards(*stats_)) {
     ASSERT_TRUE(s.metadata.has_value());
@@ -208,7 +208,7 @@ TEST_F(FixtureData, SameSeedGivesIdenticalShardsWhateverTheThreadCount) {
   testing::TempDir out;
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  ShardBuildStats one = build_shards(options(out.file("one")));
+  ShardBuildStats one = build_shards(options(out.file("one")), *tokenizer_);
   omp_set_num_threads(saved);
   std::vector<Shard> a = all_shards(*stats_), b = all_shards(one);
   ASSERT_EQ(a.size(), b.size());
@@ -220,12 +220,12 @@ TEST_F(FixtureData, SameSeedGivesIdenticalShardsWhateverTheThreadCount) {
   }
   ShardBuildOptions other = options(out.file("other"));
   other.examples.seed = 777;
-  std::vector<Shard> c = all_shards(build_shards(other));
+  std::vector<Shard> c = all_shards(build_shards(other, *tokenizer_));
   EXPECT_NE(a[0].input_ids, c[0].input_ids) << "another seed gives other examples";
 }
 
 // Checks whole-word masking in `shards` and returns how many masked word-continuation tokens it saw.
-int64_t check_whole_words_masked(const std::vector<Shard>& shards, const Tokenizer& tokenizer) {
+int64_t check_whole_words_masked(const std::vector<Shard>& shards, const tokenizer::Tokenizer& tokenizer) {
   int64_t continuation_masked = 0;
   const int32_t first_regular = tokenizer.specials().first_regular;
   for (const Shard& s : shards) {
@@ -259,7 +259,7 @@ TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
   ShardBuildOptions o = options(out.file("wwm"));
   o.examples.whole_word_mask = true;
   o.examples.dupe_factor = 1;
-  EXPECT_GT(check_whole_words_masked(all_shards(build_shards(o)), *tokenizer_), 0)
+  EXPECT_GT(check_whole_words_masked(all_shards(build_shards(o, *tokenizer_)), *tokenizer_), 0)
       << "the fixture has multi-piece words";
 }
 
@@ -267,11 +267,11 @@ TEST_F(FixtureData, WholeWordMaskingMasksWholeWords) {
 TEST_F(FixtureData, WholeWordMaskingWithWordPiece) {
   testing::TempDir out;
   ShardBuildOptions o = options(out.file("wwm-wordpiece"));
-  o.tokenizer_path = std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt";
   o.examples.whole_word_mask = true;
   o.examples.dupe_factor = 1;
-  const std::unique_ptr<Tokenizer> wordpiece = load_tokenizer(o.tokenizer_path);
-  const std::vector<Shard> shards = all_shards(build_shards(o));
+  const std::unique_ptr<tokenizer::Tokenizer> wordpiece =
+      tokenizer::load_tokenizer(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
+  const std::vector<Shard> shards = all_shards(build_shards(o, *wordpiece));
   ASSERT_FALSE(shards.empty());
   ASSERT_TRUE(shards[0].metadata.has_value());
   EXPECT_EQ(shards[0].metadata->tokenizer_sha256, wordpiece->file_sha256());
@@ -390,32 +390,27 @@ TEST_F(FixtureData, RanksSliceTheSingleProcessGlobalBatchAndShareTheirState) {
 TEST_F(FixtureData, BadBuildInputsFailClearlyAndWriteNothing) {
   testing::TempDir out;
   ShardBuildOptions o = options(out.file("shards"));
-  o.tokenizer_path = out.file("missing.model");
-  expect_user_error([&] { build_shards(o); }, "missing.model' does not exist");
-  EXPECT_TRUE(folder_is_empty_or_missing(o.output_dir));
-
+  expect_user_error([&] { tokenizer::load_tokenizer(out.file("missing.model")); }, "missing.model' does not exist");
   std::ofstream(out.file("not_a_model.model")) << "hello";
-  o.tokenizer_path = out.file("not_a_model.model");
-  expect_user_error([&] { build_shards(o); }, "is not a SentencePiece model");
+  expect_user_error([&] { tokenizer::load_tokenizer(out.file("not_a_model.model")); }, "is not a SentencePiece model");
 
-  o = options(out.file("shards"));
   std::ofstream(out.file("empty.txt")).close();
   o.inputs = {out.file("empty.txt")};
-  expect_user_error([&] { build_shards(o); }, "empty.txt' is empty");
+  expect_user_error([&] { build_shards(o, *tokenizer_); }, "empty.txt' is empty");
   std::ofstream(out.file("binary.txt"), std::ios::binary) << std::string(
       "\x7f"
       "ELF\x02\x01\x01\x00\x00",
       9);
   o.inputs = {out.file("binary.txt")};
-  expect_user_error([&] { build_shards(o); }, "not UTF-8 text");
+  expect_user_error([&] { build_shards(o, *tokenizer_); }, "not UTF-8 text");
   EXPECT_TRUE(folder_is_empty_or_missing(o.output_dir));
 
   o = options(out.file("shards"));
   o.examples.max_predictions = 0;
-  expect_user_error([&] { build_shards(o); }, "--max-predictions 0");
+  expect_user_error([&] { build_shards(o, *tokenizer_); }, "--max-predictions 0");
   o.examples.max_predictions = 10;
   o.examples.masked_lm_prob = 1.5;
-  expect_user_error([&] { build_shards(o); }, "--masked-lm-prob");
+  expect_user_error([&] { build_shards(o, *tokenizer_); }, "--masked-lm-prob");
 }
 
 TEST_F(FixtureData, SingleSentenceDocumentsAndOverlongLinesStillGiveValidExamples) {
@@ -427,7 +422,7 @@ TEST_F(FixtureData, SingleSentenceDocumentsAndOverlongLinesStillGiveValidExample
   ShardBuildOptions o = options(out.file("shards"));
   o.inputs = {out.file("odd.txt")};
   o.corpus_format = "sentences";
-  ShardBuildStats stats = build_shards(o);
+  ShardBuildStats stats = build_shards(o, *tokenizer_);
   EXPECT_EQ(stats.single_sentence_documents, 2);
   for (const Shard& s : all_shards(stats))
     for (int64_t i = 0; i < s.size; ++i) {
@@ -544,7 +539,7 @@ std::string write_lines(const testing::TempDir& dir, const std::string& name, co
 
 // Every word's tag sits on its first piece, the pieces up to the next tagged one spell the word, and
 // everything else ([CLS], [SEP], continuations, padding) carries the ignore label.
-void check_word_alignment(const Tokenizer& tokenizer, const std::string& name) {
+void check_word_alignment(const tokenizer::Tokenizer& tokenizer, const std::string& name) {
   SCOPED_TRACE(name);
   testing::TempDir dir;
   const std::vector<std::string> words = {"The", "jury",        "praised", "Atlanta's", "administration",
@@ -582,8 +577,8 @@ void check_word_alignment(const Tokenizer& tokenizer, const std::string& name) {
 
 TEST_F(FixtureData, TokenTagsSitOnEachWordsFirstPieceWithBothTokenizers) {
   check_word_alignment(*tokenizer_, "SentencePiece");
-  const std::unique_ptr<Tokenizer> wordpiece =
-      load_tokenizer(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
+  const std::unique_ptr<tokenizer::Tokenizer> wordpiece =
+      tokenizer::load_tokenizer(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
   check_word_alignment(*wordpiece, "WordPiece");
 }
 

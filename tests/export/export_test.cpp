@@ -56,7 +56,7 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::Bert& m, const I
   std::vector<int32_t> positions, targets;
   for (int64_t i = 0; i < in.b; ++i)
     for (int64_t j = 1; j < in.t; ++j) positions.push_back(static_cast<int32_t>(j)), targets.push_back(0);
-  model::BertBatch batch{in.b, in.t, in.t - 1, in.ids, in.mask, in.types, positions, targets, {}, {}};
+  BatchView batch{in.b, in.t, in.t - 1, in.ids, in.mask, in.types, positions, targets, {}, {}};
   Graph<float> g;
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
@@ -72,8 +72,8 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::Bert& m, const I
 // VNNI). "disabled" runs the graph's own operators one by one (QuantizeLinear, DequantizeLinear, float
 // MatMul): the arithmetic of the export itself, the same on every CPU, so Q/DQ comparisons use it.
 // ONNX Runtime's outputs by name (null when it failed, with a test failure).
-Json run_ort(const std::string& model_path, const Inputs& in, const testing::TempDir& dir,
-             const std::string& optimized = "", const std::string& optimization = "all") {
+// The runner's feed for one batch of inputs.
+Json feed_of(const Inputs& in) {
   Json feeds;
   auto tensor = [&](auto const& values) {
     Json t;
@@ -86,7 +86,12 @@ Json run_ort(const std::string& model_path, const Inputs& in, const testing::Tem
   feeds["input_ids"] = tensor(in.ids);
   feeds["attention_mask"] = tensor(in.mask);
   feeds["token_type_ids"] = tensor(in.types);
-  std::ofstream(dir.file("in.json")) << feeds.dump();
+  return feeds;
+}
+
+Json run_ort(const std::string& model_path, const Inputs& in, const testing::TempDir& dir,
+             const std::string& optimized = "", const std::string& optimization = "all") {
+  std::ofstream(dir.file("in.json")) << feed_of(in).dump();
   const std::string command = "BERT_ORT_OPTIMIZATION=" + optimization + " node " + std::string(BERT_SOURCE_DIR) +
                               "/scripts/ort_run.js " + model_path + " " + dir.file("in.json") + " " +
                               dir.file("out.json") + " " + optimized + " 2>" + dir.file("ort.log");
@@ -183,7 +188,7 @@ void quantize_all(model::Bert& m, const Inputs& in) {
   if (m.config().head == model::Head::kPretraining) {
     engine(m, in);
   } else {
-    model::BertBatch batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
+    BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
     Graph<float> g;
     Rng unused(0);
     m.forward(g, batch, false, unused);
@@ -222,7 +227,7 @@ TEST(OnnxExport, MatchesOurEngineOnRealShardInputs) {
   lo.batch_size = 32;
   lo.shuffle = false;
   data::ShardLoader loader(lo);
-  data::Batch batch;
+  Batch batch;
   ASSERT_TRUE(loader.next(batch));
   const Inputs in{batch.size, batch.seq_len, batch.input_ids, batch.input_mask, batch.segment_ids};
   model::BertConfig c = small_config();
@@ -295,6 +300,47 @@ TEST(OnnxRuntimeRunner, DefaultScriptIsTheCheckoutsAndTheEnvironmentOverridesIt)
   unsetenv("BERT_ORT_SCRIPT");
 }
 
+// The streamed run (binary tensors through a pipe, what the TensorRT cache's calibration reads) gives
+// every float output of every batch, bit for bit as the JSON run gives it, in batch order.
+TEST(OnnxRuntimeRunner, StreamsEveryFloatOutputOfEveryBatchAsTheJsonRunGivesIt) {
+  model::Bert m(small_config());
+  m.initialize(5);
+  testing::TempDir dir;
+  ExportOptions options;
+  write_onnx(export_bert(m, options), dir.file("model.onnx"));
+  const Json feeds(Json::Array{feed_of(make_inputs(2, 8, 60, 21)), feed_of(make_inputs(3, 13, 60, 22))});
+  const std::string script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
+  const Json runs = ort::run_onnx_runtime(script, "", dir.file("model.onnx"), feeds, dir.path().string());
+  std::map<std::pair<int64_t, std::string>, std::vector<float>> streamed;
+  int64_t last_batch = 0;
+  ort::stream_onnx_runtime(
+      script, dir.file("model.onnx"), feeds, dir.path().string(),
+      [&](int64_t batch, const std::string& name, std::span<const float> values) {
+        EXPECT_GE(batch, last_batch) << "batches out of order";
+        last_batch = batch;
+        EXPECT_TRUE(streamed.emplace(std::pair{batch, name}, std::vector<float>(values.begin(), values.end())).second)
+            << name << " twice";
+      });
+  ASSERT_EQ(runs.as_array().size(), 2u);
+  size_t compared = 0;
+  for (int64_t batch = 0; batch < 2; ++batch)
+    for (const auto& [name, tensor] : runs.as_array()[batch].as_object()) {
+      SCOPED_TRACE(name);
+      auto it = streamed.find({batch, name});
+      ASSERT_NE(it, streamed.end());
+      const auto& data = tensor.find("data")->as_array();
+      ASSERT_EQ(it->second.size(), data.size());
+      for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(it->second[i], static_cast<float>(data[i].as_number())) << i;
+      ++compared;
+    }
+  EXPECT_EQ(compared, 4u);  // two outputs (MLM and NSP logits) of two batches
+  EXPECT_EQ(streamed.size(), compared);
+  // A file that is no ONNX model: ONNX Runtime's message, naming the model.
+  std::ofstream(dir.file("not.onnx")) << "not a model";
+  testing::expect_user_error(
+      [&] { ort::stream_onnx_runtime(script, dir.file("not.onnx"), feeds, dir.path().string(), {}); }, "not.onnx");
+}
+
 // Task heads: the export's `logits` (sequence classification [B, L]; token classification [B, T, L], of
 // which the real tokens are compared) match our engine, FP32 and Q/DQ (which follows TensorRT's rules).
 TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
@@ -318,7 +364,7 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
       ASSERT_EQ(proto.graph().output_size(), 1);
       EXPECT_EQ(proto.graph().output(0).name(), "logits");
       write_onnx(proto, dir.file("task.onnx"));
-      model::BertBatch batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
+      BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
       Graph<float> g;
       NoGradGuard<float> no_grad(g);
       Rng unused(0);
@@ -348,7 +394,7 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
       while (n < in.t && in.mask[i * in.t + n]) ++n;
       std::vector<int32_t> labels(shard.kind == data::ShardKind::kTokenLabels ? n : 1);
       for (int32_t& l : labels) l = static_cast<int32_t>(rng.next_below(5));
-      if (labels.size() > 1) labels[0] = data::kIgnoredLabel;
+      if (labels.size() > 1) labels[0] = kIgnoredLabel;
       shard.append_labeled(std::span(in.ids).subspan(i * in.t, n), std::span(in.types).subspan(i * in.t, n), labels);
     }
     data::write_shard(dir.file("task.hdf5"), shard);

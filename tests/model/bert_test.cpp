@@ -110,7 +110,7 @@ void check_golden(const Device& device, double tolerance = kGoldenTolerance, dou
   for (int32_t v : read_all<int32_t>(f, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
   for (int32_t v : read_all<int32_t>(f, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
   for (int32_t v : read_all<int32_t>(f, "inputs/next_sentence_labels")) labels.push_back(static_cast<int8_t>(v));
-  BertBatch batch{2, 8, 3, ids, mask, types, positions, masked, labels, {}};
+  BatchView batch{2, 8, 3, ids, mask, types, positions, masked, labels, {}};
 
   model.place_on(device);
   Graph<float> g(device);
@@ -213,7 +213,7 @@ void check_heads_golden(const Device& device, double tolerance = kGoldenToleranc
     for (int32_t v : read_all<int32_t>(group, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
     for (int32_t v : read_all<int32_t>(group, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
     const int64_t b = 3, t = 8, n = model.config().num_labels();
-    BertBatch batch{b, t, 0, ids, mask, types, {}, {}, {}, labels};
+    BatchView batch{b, t, 0, ids, mask, types, {}, {}, {}, labels};
     model.place_on(device);
     Graph<float> g(device);
     Rng rng(1);
@@ -291,7 +291,7 @@ TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
   model.initialize(3);
   std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0}, positions{1, 5}, masked{7, 10};
   std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0}, types{0, 0, 0, 0, 1, 1, 1, 0}, labels{1};
-  BertBatch batch{1, 8, 2, ids, mask, types, positions, masked, labels, {}};
+  BatchView batch{1, 8, 2, ids, mask, types, positions, masked, labels, {}};
   Graph<float> g;
   Rng rng(1);
   std::vector<float> eval_logits;
@@ -355,7 +355,7 @@ QatStep qat_step(const Device& device, bool fused) {
       masked{7, 10, 12, 0};
   std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1},
       types{0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1}, labels{1, 0};
-  BertBatch batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
+  BatchView batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
   Graph<float> g(device);
   Rng rng(9);
   ModelOutputs out = model.forward(g, batch, /*training=*/true, rng);
@@ -418,7 +418,7 @@ std::vector<float> eval_logits(Bert& model, bool record_gradients) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 5 + static_cast<int32_t>((i * 37) % 55);
   std::vector<int32_t> masked(positions.size(), 8);
   std::vector<int8_t> mask(ids.size(), 1), types(ids.size(), 0), labels(4, 0);
-  BertBatch batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}};
+  BatchView batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}};
   Graph<float> g;
   std::unique_ptr<NoGradGuard<float>> no_grad = record_gradients ? nullptr : std::make_unique<NoGradGuard<float>>(g);
   Rng rng(3);

@@ -52,7 +52,7 @@ struct Expected {
     mlm = read_tensor(path, "mlm_logits_" + tag);
     nsp = read_tensor(path, "nsp_logits_" + tag);
   }
-  model::BertBatch batch_view() const {
+  BatchView batch_view() const {
     return {batch, seq, predictions, input_ids, attention_mask, token_type_ids, masked_positions, masked_ids, {}, {}};
   }
 };
@@ -75,7 +75,7 @@ ImportReport expect_logits_match(const std::string& dir, const std::string& tag)
   Graph<float> g;
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
-  const model::BertBatch batch = e.batch_view();
+  const BatchView batch = e.batch_view();
   model::ModelOutputs out = m.forward(g, batch, false, unused);
   EXPECT_LT(relative_error(g.value(out.mlm_logits), e.mlm), 1e-4) << dir;
   EXPECT_LT(relative_error(g.value(out.nsp_logits), e.nsp), 1e-4) << dir;

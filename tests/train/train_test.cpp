@@ -13,15 +13,17 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "data/corpus.h"
 #include "data/examples.h"
 #include "data/task_data.h"
-#include "data/tokenizer.h"
 #include "eval/fill_mask.h"
 #include "eval/quantized.h"
-#include "quant/model_batch.h"
 #include "store/checkpoint.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
+#include "tokenizer/load.h"
+#include "tokenizer/sentencepiece.h"
+#include "tokenizer/tokenizer.h"
 #include "train/communicator.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
@@ -189,7 +191,7 @@ TEST(Clipping, ScalesToMaxNormAndReportsTheNormBefore) {
 
 // What bert-train does with --tokenizer: the trainer gets the file, its vocabulary size and hash.
 void use_tokenizer(TrainOptions& o, const std::string& path) {
-  const auto tokenizer = data::load_tokenizer(path);
+  const auto tokenizer = tokenizer::load_tokenizer(path);
   o.tokenizer_path = path;
   o.tokenizer_vocab_size = tokenizer->vocab_size();
   o.tokenizer_sha256 = tokenizer->file_sha256();
@@ -222,20 +224,19 @@ class FactsCorpus : public ::testing::Test {
       out << "\n";
     }
     out.close();
-    data::SentencePieceTrainOptions t;
-    t.inputs = {dir_->file("facts.txt")};
+    tokenizer::SentencePieceTrainOptions t;
     t.output_prefix = dir_->file("spm");
     t.vocab_size = 150;
     t.model_type = "bpe";  // whole words as single pieces on this tiny corpus
-    data::train_sentencepiece(t);
+    data::CorpusReader corpus({dir_->file("facts.txt")}, data::CorpusFormat::kSentences);
+    tokenizer::train_sentencepiece(t, [&](std::string& s) { return corpus.next_sentence(s); });
     data::ShardBuildOptions s;
     s.inputs = {dir_->file("facts.txt")};
-    s.tokenizer_path = dir_->file("spm.model");
     s.output_dir = dir_->file("shards");
     s.examples.max_seq_len = 32;
     s.examples.max_predictions = 5;
     s.examples.dupe_factor = 10;
-    data::build_shards(s);
+    data::build_shards(s, *tokenizer::load_tokenizer(dir_->file("spm.model")));
     ready_ = true;
   }
   // GoogleTest reports the tests of a suite whose set-up threw as "skipped"; make them fail instead.
@@ -605,13 +606,13 @@ TEST_F(FactsCorpus, BadTrainingInputsAreRejectedBeforeAnythingIsWritten) {
   o.resume = true;
   expect_user_error([&] { train(o); }, "no checkpoint at");
   // Shards made with another tokenizer.
-  data::SentencePieceTrainOptions t;
-  t.inputs = {dir_->file("facts.txt")};
+  tokenizer::SentencePieceTrainOptions t;
   t.output_prefix = out.file("other");
   t.vocab_size = 150;
   t.model_type = "bpe";
   t.lowercase = false;
-  data::train_sentencepiece(t);
+  data::CorpusReader corpus({dir_->file("facts.txt")}, data::CorpusFormat::kSentences);
+  tokenizer::train_sentencepiece(t, [&](std::string& s) { return corpus.next_sentence(s); });
   o = options(out.file("run"));
   use_tokenizer(o, out.file("other.model"));
   expect_user_error([&] { train(o); }, "made with another tokenizer");
@@ -699,7 +700,7 @@ TEST_F(FactsCorpus, FillMaskOnATrainedModelPutsAPlausibleTokenFirst) {
   train(o);
   model::Bert model(store::read_checkpoint_config(out.file("run") + "/checkpoint.h5"));
   store::load_checkpoint(out.file("run") + "/checkpoint.h5", model, nullptr);
-  auto tokenizer = data::load_tokenizer(out.file("run") + "/tokenizer.model");
+  auto tokenizer = tokenizer::load_tokenizer(out.file("run") + "/tokenizer.model");
   Graph<float> g;
   auto best = [&](const std::string& text) {
     auto predictions = eval::fill_mask(model, *tokenizer, text, 3, g);
@@ -863,9 +864,9 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
       held.batch_size = 32;
       held.shuffle = false;
       data::ShardLoader loader(held);
-      data::Batch batch;
+      Batch batch;
       loader.next(batch);
-      const model::BertBatch b = quant::as_model_batch(batch);
+      const BatchView b = batch.view();
       Graph<float> g;
       NoGradGuard<float> no_grad(g);
       Rng unused(0);
@@ -954,7 +955,7 @@ class FactsTasks : public FactsCorpus {
               << "\n";
       }
     }
-    const auto tokenizer = data::load_tokenizer(dir_->file("spm.model"));
+    const auto tokenizer = tokenizer::load_tokenizer(dir_->file("spm.model"));
     for (const char* task : {"seq", "tok"}) {
       data::TaskDataOptions o;
       o.kind = task == std::string("seq") ? data::ShardKind::kSequenceLabels : data::ShardKind::kTokenLabels;
@@ -1100,7 +1101,7 @@ TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) 
   o.max_seq_len = 16;
   data::write_shard(
       out.file("seq-other.hdf5"),
-      data::make_task_shard(dir_->file("seq-other.jsonl"), *data::load_tokenizer(dir_->file("spm.model")), o));
+      data::make_task_shard(dir_->file("seq-other.jsonl"), *tokenizer::load_tokenizer(dir_->file("spm.model")), o));
   TrainOptions relabel = finetune("seq", out.file("z"));
   relabel.train_shards = {out.file("seq-other.hdf5")};
   relabel.eval_shards.clear();

@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/tokenizer.h"
-#include "data/wordpiece_tokenizer.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
+#include "tokenizer/load.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_file.h"
+#include "tokenizer/wordpiece.h"
 
-namespace bert::data {
+namespace bert::tokenizer {
 namespace {
 
 using Strings = std::vector<std::string>;
@@ -210,4 +212,4 @@ TEST(WordPiece, TheFixtureVocabularyTokenizesTheFixtureCorpus) {
 }
 
 }  // namespace
-}  // namespace bert::data
+}  // namespace bert::tokenizer

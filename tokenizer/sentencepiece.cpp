@@ -1,4 +1,6 @@
 // The SentencePiece implementation of Tokenizer, and training through the SentencePiece library.
+#include "tokenizer/sentencepiece.h"
+
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -7,12 +9,9 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "data/corpus.h"
-#include "data/sha256.h"
-#include "data/tokenizer.h"
-#include "data/wordpiece_tokenizer.h"
+#include "core/sha256.h"
 
-namespace bert::data {
+namespace bert::tokenizer {
 
 namespace {
 
@@ -81,32 +80,21 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::vector<bool> word_start_;
 };
 
-// Feeds SentencePiece's trainer from our corpus reader (either format, validated input).
-class CorpusSentenceIterator final : public sentencepiece::SentenceIterator {
+// Feeds SentencePiece's trainer from the caller's sentences, counting them.
+class SentenceSource final : public sentencepiece::SentenceIterator {
  public:
-  CorpusSentenceIterator(const SentencePieceTrainOptions& o) : reader_(o.inputs, parse_corpus_format(o.corpus_format)) {
-    Next();
-  }
+  explicit SentenceSource(const NextSentence& next) : next_(next) { Next(); }
   bool done() const override { return done_; }
   void Next() override {
-    while (position_ >= document_.size()) {
-      if (!reader_.next(document_)) {
-        done_ = true;
-        return;
-      }
-      position_ = 0;
-    }
-    value_ = document_[position_++];
-    ++count_;
+    done_ = !next_(value_);
+    if (!done_) ++count_;
   }
   const std::string& value() const override { return value_; }
   sentencepiece::util::Status status() const override { return {}; }
   int64_t count() const { return count_; }
 
  private:
-  CorpusReader reader_;
-  std::vector<std::string> document_;
-  size_t position_ = 0;
+  const NextSentence& next_;
   std::string value_;
   bool done_ = false;
   int64_t count_ = 0;
@@ -114,24 +102,14 @@ class CorpusSentenceIterator final : public sentencepiece::SentenceIterator {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {  // a Hugging Face model directory, or a run's output folder
-    for (const char* name : {"vocab.txt", "tokenizer.model"}) {
-      const std::string inside = (std::filesystem::path(path) / name).string();
-      if (std::filesystem::is_regular_file(inside, ec)) return load_tokenizer(inside);
-    }
-    throw UserError("tokenizer directory '" + path + "' holds neither vocab.txt nor tokenizer.model");
-  }
-  if (is_wordpiece_vocab(path)) return load_wordpiece(path);
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
   return std::make_unique<SentencePieceTokenizer>(path);
 }
 
-int64_t train_sentencepiece(const SentencePieceTrainOptions& o) {
+int64_t train_sentencepiece(const SentencePieceTrainOptions& o, const NextSentence& next_sentence) {
   if (o.vocab_size < 16) throw UserError("--vocab-size " + std::to_string(o.vocab_size) + " is too small (>= 16)");
   if (o.model_type != "unigram" && o.model_type != "bpe")
     throw UserError("--model-type '" + o.model_type + "': expected 'unigram' or 'bpe'");
-  CorpusSentenceIterator sentences(o);  // validates the inputs before anything is written
   AtomicFile model(o.output_prefix + ".model"), vocab(o.output_prefix + ".vocab");
   const std::string temp_prefix = o.output_prefix + ".training";
   const std::unordered_map<std::string, std::string> args = {
@@ -153,6 +131,7 @@ int64_t train_sentencepiece(const SentencePieceTrainOptions& o) {
       {"num_threads", std::to_string(o.threads)},
   };
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned int>(o.seed));  // sentence sampling
+  SentenceSource sentences(next_sentence);
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &sentences);
   if (!status.ok()) {
     std::filesystem::remove(temp_prefix + ".model");
@@ -166,4 +145,4 @@ int64_t train_sentencepiece(const SentencePieceTrainOptions& o) {
   return sentences.count();
 }
 
-}  // namespace bert::data
+}  // namespace bert::tokenizer

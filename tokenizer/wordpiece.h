@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
-namespace bert::data {
+namespace bert::tokenizer {
 
 struct BasicTokenizerOptions {
   bool lowercase = true;
@@ -32,15 +32,4 @@ std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokeni
 std::unique_ptr<Tokenizer> load_wordpiece(const std::string& vocab_path,
                                           std::optional<BasicTokenizerOptions> options = std::nullopt);
 
-// True for the paths load_tokenizer() treats as WordPiece vocabularies (*.txt).
-bool is_wordpiece_vocab(const std::string& path);
-
-// Copies a tokenizer file into `dir` so a model folder (a run, a Hugging Face directory, a Triton model)
-// carries the tokenizer it was trained with: as `file_name`, by default vocab.txt (WordPiece) or
-// tokenizer.model (SentencePiece), written atomically; a WordPiece vocabulary's casing settings
-// (tokenizer_config.json beside it) come along under the default name. Nothing is copied onto itself.
-// Returns the copy's path.
-std::string copy_tokenizer(const std::string& tokenizer_path, const std::string& dir,
-                           const std::string& file_name = "");
-
-}  // namespace bert::data
+}  // namespace bert::tokenizer

@@ -1,4 +1,4 @@
-#include "data/wordpiece_tokenizer.h"
+#include "tokenizer/wordpiece.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -6,14 +6,13 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "core/sha256.h"
 #include "core/text_file.h"
 #include "core/utf8.h"
-#include "data/sha256.h"
 
-namespace bert::data {
+namespace bert::tokenizer {
 
 namespace {
 
@@ -24,7 +23,7 @@ struct CodeMapping {
   char32_t code_point;
   uint32_t offset, count;
 };
-#include "data/unicode_tables.inc"
+#include "tokenizer/unicode_tables.inc"
 
 template <size_t N>
 bool in_ranges(const CodeRange (&table)[N], char32_t c) {
@@ -290,32 +289,4 @@ std::unique_ptr<Tokenizer> load_wordpiece(const std::string& vocab_path, std::op
   return std::make_unique<WordPieceTokenizer>(vocab_path, options);
 }
 
-bool is_wordpiece_vocab(const std::string& path) { return path.ends_with(".txt"); }
-
-std::string copy_tokenizer(const std::string& tokenizer_path, const std::string& dir, const std::string& file_name) {
-  namespace fs = std::filesystem;
-  const bool wordpiece = is_wordpiece_vocab(tokenizer_path);
-  const fs::path target =
-      fs::path(dir) / (file_name.empty() ? (wordpiece ? "vocab.txt" : "tokenizer.model") : file_name);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (!fs::exists(target) || !fs::equivalent(tokenizer_path, target, ec)) {
-    AtomicFile copy(target.string());
-    fs::copy_file(tokenizer_path, copy.temp_path(), fs::copy_options::overwrite_existing, ec);
-    if (ec)
-      throw UserError("cannot copy the tokenizer '" + tokenizer_path + "' to '" + target.string() +
-                      "': " + ec.message());
-    copy.commit();
-  }
-  const fs::path settings = fs::path(tokenizer_path).parent_path() / "tokenizer_config.json";
-  const fs::path settings_copy = fs::path(dir) / "tokenizer_config.json";
-  if (wordpiece && file_name.empty() && fs::is_regular_file(settings) &&
-      !(fs::exists(settings_copy) && fs::equivalent(settings, settings_copy, ec))) {
-    AtomicFile copy(settings_copy.string());
-    fs::copy_file(settings, copy.temp_path(), fs::copy_options::overwrite_existing);
-    copy.commit();
-  }
-  return target.string();
-}
-
-}  // namespace bert::data
+}  // namespace bert::tokenizer

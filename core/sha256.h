@@ -5,10 +5,10 @@
 #include <string>
 #include <string_view>
 
-namespace bert::data {
+namespace bert {
 
 std::string sha256_hex(std::string_view bytes);
 // Throws UserError naming the file if it cannot be read.
 std::string sha256_file(const std::string& path);
 
-}  // namespace bert::data
+}  // namespace bert

@@ -1,5 +1,5 @@
 // SHA-256 as specified in FIPS 180-4.
-#include "data/sha256.h"
+#include "core/sha256.h"
 
 #include <array>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 
-namespace bert::data {
+namespace bert {
 
 namespace {
 
@@ -73,4 +73,4 @@ std::string sha256_file(const std::string& path) {
   return sha256_hex(buffer.str());
 }
 
-}  // namespace bert::data
+}  // namespace bert
