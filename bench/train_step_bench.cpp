@@ -130,7 +130,8 @@ int main(int argc, char** argv) {
       if (r > 0) times.push_back(seconds_since(start));
     }
     const double ceiling = 2.0 * n * n * n / median(times) / 1e9;
-    std::printf("threads %d; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(), ceiling);
+    std::printf("threads %d; GEMM kernel %s; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(),
+                gemm_kernel_name(GemmKernel::kAuto), ceiling);
     if (json)
       std::fprintf(json, "{\"kind\": \"sgemm\", \"n\": %lld, \"gflops\": %.3f, \"threads\": %d}\n", (long long)n,
                    ceiling, num_threads());

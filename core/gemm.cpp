@@ -5,20 +5,33 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/error.h"
+#include "core/gemm_avx512.h"
 #include "core/parallel.h"
 
 namespace bert {
 
 namespace {
 
+#include "core/gemm_eigen.inc"
+
+// A one-thread product: Eigen for the build's target or for AVX-512.
 template <typename T>
-using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using OneThread = void (*)(GemmArgs, T, const T*, int64_t, const T*, int64_t, T, T*, int64_t);
+
 template <typename T>
-using ConstMap = Eigen::Map<const RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <typename T>
-using MutMap = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+OneThread<T> one_thread_kernel(GemmKernel kernel) {
+  if (kernel == GemmKernel::kAuto) kernel = best_gemm_kernel();
+  BERT_CHECK(gemm_kernel_supported(kernel),
+             std::string("this CPU cannot run the GEMM kernel ") + gemm_kernel_name(kernel));
+  if (kernel == GemmKernel::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
+  return &eigen_one_thread<T>;
+}
 
 // Below this many multiply-adds a product runs on one thread: waking threads costs more than it saves.
 constexpr double kMinParallelWork = 1 << 18;
@@ -29,34 +42,6 @@ constexpr int64_t kMinKPart = 256;
 // GPU machine's 16-core Xeon among 2 or 4 per thread and 64 or 128 (bench/README.md).
 constexpr int64_t kBlocksPerThread = 4;
 constexpr int64_t kMinBlockSide = 64;
-
-template <typename T, typename OpA, typename OpB>
-void multiply_into(MutMap<T>& c, const OpA& a, const OpB& b, T alpha, T beta) {
-  if (beta == T(0)) {
-    c.noalias() = alpha * (a * b);
-  } else {
-    if (beta != T(1)) c *= beta;
-    c.noalias() += alpha * (a * b);
-  }
-}
-
-// One thread's product (Eigen is built without its own threading: EIGEN_DONT_PARALLELIZE).
-template <typename T>
-void gemm_one_thread(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (g.m == 0 || g.n == 0) return;
-  MutMap<T> cm(c, g.m, g.n, Eigen::OuterStride<>(ldc));
-  if (g.k == 0) {
-    cm *= beta;
-    return;
-  }
-  // As stored: A is (M, K), or (K, M) when transposed; likewise B.
-  ConstMap<T> am(a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, Eigen::OuterStride<>(lda));
-  ConstMap<T> bm(b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, Eigen::OuterStride<>(ldb));
-  if (!g.trans_a && !g.trans_b) multiply_into(cm, am, bm, alpha, beta);
-  if (!g.trans_a && g.trans_b) multiply_into(cm, am, bm.transpose(), alpha, beta);
-  if (g.trans_a && !g.trans_b) multiply_into(cm, am.transpose(), bm, alpha, beta);
-  if (g.trans_a && g.trans_b) multiply_into(cm, am.transpose(), bm.transpose(), alpha, beta);
-}
 
 // C split into rows x cols blocks, about `target` of them, each at least min_side on a side where C allows,
 // as square as the shape allows: each block packs its slice of A and of B, so thin blocks repack the
@@ -79,8 +64,8 @@ GemmGrid gemm_grid(int64_t m, int64_t n, int64_t target, int64_t min_side) {
 // A small C and a long inner dimension (a weight's gradient sums over every token): k split into
 // `parts`, part 0 into C (with beta), the others into buffers of their own, added to C in a fixed order.
 template <typename T>
-void gemm_split_k(GemmArgs g, int64_t parts, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-                  int64_t ldc) {
+void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alpha, const T* a, int64_t lda, const T* b,
+                  int64_t ldb, T beta, T* c, int64_t ldc) {
   thread_local std::vector<T> partial;  // kept: the same shapes come back every step
   const int64_t mn = g.m * g.n;
   if (partial.size() < static_cast<std::size_t>((parts - 1) * mn)) partial.resize((parts - 1) * mn);
@@ -115,7 +100,9 @@ void gemm_split_k(GemmArgs g, int64_t parts, T alpha, const T* a, int64_t lda, c
 // scaled poorly on BERT's shapes (tall-skinny products: 2-3x slower than these blocks in gemm-bench);
 // independent blocks meet only at the end. Results are bit-identical at a fixed thread count.
 template <typename T>
-void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+          GemmKernel kernel) {
+  const OneThread<T> gemm_one_thread = one_thread_kernel<T>(kernel);
   const int threads = omp_in_parallel() ? 1 : num_threads();
   if (threads == 1 || double(g.m) * double(g.n) * double(g.k) < kMinParallelWork) {
     gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -125,7 +112,7 @@ void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
   const int64_t blocks = grid.rows * grid.cols;
   const int64_t k_parts = std::min<int64_t>(threads, g.k / kMinKPart);
   if (blocks * 2 <= threads && k_parts >= 2) {
-    gemm_split_k(g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_split_k(gemm_one_thread, g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   if (blocks <= 1) {
@@ -161,8 +148,39 @@ void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, in
   }
 }
 
-template void gemm<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t);
-template void gemm<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*, int64_t);
+const char* gemm_kernel_name(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::kAuto:
+      return gemm_kernel_name(best_gemm_kernel());
+    case GemmKernel::kBuild:
+      return "build";
+    case GemmKernel::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool gemm_kernel_supported(GemmKernel kernel) {
+  if (kernel != GemmKernel::kAvx512) return true;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+GemmKernel best_gemm_kernel() {
+  static const GemmKernel best = [] {
+    const char* asked = std::getenv("BERT_GEMM_KERNEL");
+    if (asked && std::string_view(asked) == "build") return GemmKernel::kBuild;
+    if (asked && *asked && std::string_view(asked) != "avx512")
+      throw UserError(std::string("BERT_GEMM_KERNEL='") + asked + "': expected 'build' or 'avx512'");
+    return gemm_kernel_supported(GemmKernel::kAvx512) ? GemmKernel::kAvx512 : GemmKernel::kBuild;
+  }();
+  return best;
+}
+
+template void gemm<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t,
+                          GemmKernel);
+template void gemm<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*, int64_t,
+                           GemmKernel);
 template void gemm_reference<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*,
                                     int64_t);
 template void gemm_reference<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*,

@@ -1,9 +1,11 @@
 // The fast GEMM against its plain reference: every transpose combination, alpha/beta, strided
 // (sub-matrix) operands, degenerate and large sizes, on 1, 2 and 4 threads (C split into blocks, or
-// the inner dimension split into parts).
+// the inner dimension split into parts), with each one-thread kernel this CPU runs (the build's, and
+// the AVX-512 one chosen at run time).
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "core/gemm.h"
@@ -17,7 +19,8 @@ struct GemmCase {
 };
 
 template <typename T>
-void check_against_reference(GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad, double tol) {
+void check_against_reference(GemmKernel kernel, GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad,
+                             double tol) {
   Rng rng(static_cast<uint64_t>(s.m * 131 + s.n * 17 + s.k + ta * 2 + tb));
   const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
   const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
@@ -27,32 +30,60 @@ void check_against_reference(GemmCase s, bool ta, bool tb, T alpha, T beta, int6
   for (auto& v : b) v = static_cast<T>(rng.next_normal());
   for (auto& v : c) v = static_cast<T>(rng.next_normal());
   std::vector<T> expected = c;
-  gemm<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  gemm<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, kernel);
   gemm_reference<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc);
   for (int64_t i = 0; i < s.m; ++i) {
     for (int64_t j = 0; j < ldc; ++j) {
       const int64_t at = i * ldc + j;
       // Within the matrix: close to the reference; in the padding: untouched.
       const double scale = 1.0 + std::sqrt(static_cast<double>(s.k));
-      ASSERT_NEAR(c[at], expected[at], tol * scale) << "(" << i << ", " << j << ") ta=" << ta << " tb=" << tb;
+      ASSERT_NEAR(c[at], expected[at], tol * scale)
+          << gemm_kernel_name(kernel) << " (" << i << ", " << j << ") ta=" << ta << " tb=" << tb;
     }
   }
+}
+
+std::vector<GemmKernel> kernels_here() {
+  std::vector<GemmKernel> kernels = {GemmKernel::kBuild};
+  if (gemm_kernel_supported(GemmKernel::kAvx512)) kernels.push_back(GemmKernel::kAvx512);
+  return kernels;
 }
 
 class GemmTest : public ::testing::TestWithParam<GemmCase> {};
 
 TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
   const int saved = omp_get_max_threads();
-  for (int threads : {1, 2, 4}) {
-    omp_set_num_threads(threads);
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        check_against_reference<float>(GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5);
-        check_against_reference<float>(GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5);
-        check_against_reference<double>(GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13);
-      }
-  }
+  for (GemmKernel kernel : kernels_here())
+    for (int threads : {1, 2, 4}) {
+      omp_set_num_threads(threads);
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5);
+          check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5);
+          check_against_reference<double>(kernel, GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13);
+        }
+    }
   omp_set_num_threads(saved);
+}
+
+// kAuto stands for the AVX-512 kernel exactly where the CPU has AVX-512 (unless BERT_GEMM_KERNEL says
+// otherwise), and the kernel it stands for gives the same bits as asking for that kernel.
+TEST(GemmKernels, AutoPicksTheBestKernelThisCpuRuns) {
+  const char* asked = std::getenv("BERT_GEMM_KERNEL");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  EXPECT_EQ(gemm_kernel_supported(GemmKernel::kAvx512), avx512);
+  EXPECT_TRUE(gemm_kernel_supported(GemmKernel::kBuild));
+  if (!asked || !*asked) EXPECT_EQ(best_gemm_kernel(), avx512 ? GemmKernel::kAvx512 : GemmKernel::kBuild);
+  EXPECT_STREQ(gemm_kernel_name(GemmKernel::kAuto), gemm_kernel_name(best_gemm_kernel()));
+  Rng rng(5);
+  std::vector<float> a(300 * 200), b(200 * 100), auto_c(300 * 100), best_c(300 * 100);
+  for (auto& v : a) v = static_cast<float>(rng.next_normal());
+  for (auto& v : b) v = static_cast<float>(rng.next_normal());
+  gemm<float>({false, false, 300, 100, 200}, 1.0f, a.data(), 200, b.data(), 100, 0.0f, auto_c.data(), 100);
+  gemm<float>({false, false, 300, 100, 200}, 1.0f, a.data(), 200, b.data(), 100, 0.0f, best_c.data(), 100,
+              best_gemm_kernel());
+  EXPECT_EQ(auto_c, best_c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
