@@ -12,6 +12,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/gemm.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "core/sha256.h"
@@ -861,7 +862,9 @@ void TrainingRun::announce() const {
       pretraining ? "" : fmt::format(" {} ({} labels)", model::head_architecture(config_.head), config_.num_labels()),
       model_.parameters().num_elements() / 1e6, config_.vocab_size, o_.steps, o_.batch_size, o_.accumulation,
       loader_.seq_len(), optimizer_name(o_.optimizer.kind), o_.learning_rate, warmup_, schedule_name(o_.schedule),
-      device_->is_cuda() ? device_->name() : "the CPU (" + std::to_string(num_threads()) + " threads)",
+      device_->is_cuda()
+          ? device_->name()
+          : fmt::format("the CPU ({} threads, GEMM kernel {})", num_threads(), gemm_kernel_name(GemmKernel::kAuto)),
       ranks_.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks_.rank(), ranks_.size(),
                                       o_.batch_size * o_.accumulation * ranks_.size())
                         : "");
