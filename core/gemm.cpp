@@ -26,9 +26,11 @@ using OneThread = void (*)(GemmArgs, T, const T*, int64_t, const T*, int64_t, T,
 
 template <typename T>
 OneThread<T> one_thread_kernel(GemmKernel kernel) {
-  if (kernel == GemmKernel::kAuto) kernel = best_gemm_kernel();
-  BERT_CHECK(gemm_kernel_supported(kernel),
-             std::string("this CPU cannot run the GEMM kernel ") + gemm_kernel_name(kernel));
+  if (kernel == GemmKernel::kAuto)
+    kernel = best_gemm_kernel();  // chosen once, among the supported kernels
+  else
+    BERT_CHECK(gemm_kernel_supported(kernel),
+               std::string("this CPU cannot run the GEMM kernel ") + gemm_kernel_name(kernel));
   if (kernel == GemmKernel::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
   return &eigen_one_thread<T>;
 }
