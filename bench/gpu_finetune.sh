@@ -13,7 +13,8 @@
 # QAT_LR (2e-5), ORT_BATCHES (batches of 64 scored in ONNX Runtime, 40), TASKS ("pos genre"), CALIBRATORS
 # (the PTQ calibrators compared, max,percentile,entropy,mse), PRESET and
 # PRECISION (mini, tf32: passed on to gpu_pretrain.sh with PRETRAIN_LR as its LR; e.g. PRESET=base
-# PRECISION=bf16 for BERT-base in BF16 mixed precision).
+# PRECISION=bf16 for BERT-base in BF16 mixed precision), VARIANTS (what follows the FP32 fine-tuning:
+# "qat qat-distill fp32-more"; VARIANTS= for the FP32 model and its PTQ comparison only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-runs/gpu-finetune}
@@ -58,7 +59,7 @@ for task in ${TASKS:-pos genre}; do
     --json-out "$results/$task-compare-fp32.json" \
     | tee "$results/$task-compare-fp32.txt"
   # QAT (percentile calibration, learned scales), QAT + distillation, and FP32 trained as long again.
-  for variant in qat qat-distill fp32-more; do
+  for variant in ${VARIANTS-qat qat-distill fp32-more}; do
     extra=()
     case $variant in
       qat) extra=(--qat --calibrator percentile --calib-batches 16) ;;
@@ -71,7 +72,8 @@ for task in ${TASKS:-pos genre}; do
     head -4 "$results/$task-test-$variant.txt"
   done
   # The Q/DQ exports in ONNX Runtime (CPU), beside the engine on the same first ORT_BATCHES batches.
-  for variant in qat qat-distill; do
+  for variant in ${VARIANTS-qat qat-distill}; do
+    [[ $variant == qat* ]] || continue
     run bert-export --checkpoint $r-$variant --onnx $r-$variant/model.onnx --qdq 2>&1 | tail -1
     run bert-eval --device cuda --checkpoint $r-$variant --shards "$shards/test.hdf5" --batch-size 64 \
       --max-batches ${ORT_BATCHES:-40} --onnx $r-$variant/model.onnx --ort-script $ort_script \

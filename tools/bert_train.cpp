@@ -131,9 +131,13 @@ void add_quantization_options(CLI::App& app, Args& a) {
                  "under Adam) or fixed (the calibrated scales stay; only the weights train)")
       ->capture_default_str();
   app.add_option("--distill", a.o.distill_weight,
-                 "knowledge distillation from the --init-from model: the weight w in [0, 1] of the KL to its MLM and "
-                 "NSP outputs, the loss being (1 - w) (MLM + NSP) + w KL (0: off)")
+                 "knowledge distillation from the teacher (--teacher, else the --init-from model): the weight w in "
+                 "[0, 1] of the KL to its outputs (MLM and NSP, or the task's logits), the loss being (1 - w) L + w KL "
+                 "(0: off)")
       ->capture_default_str();
+  app.add_option("--teacher", a.o.teacher,
+                 "the model distilled from (checkpoint, run folder or Hugging Face directory), e.g. a larger model "
+                 "fine-tuned on the task; same head, labels and tokenizer as the student (default: --init-from)");
   app.add_option("--distill-temperature", a.o.distill_temperature, "softmax temperature of the distillation KL")
       ->capture_default_str();
 }

@@ -68,8 +68,9 @@ void TrainOptions::validate() const {
   if (!(distill_weight >= 0 && distill_weight <= 1)) fail("--distill: expected a weight in [0, 1]");
   if (!(distill_temperature > 0) || !std::isfinite(distill_temperature))
     fail("--distill-temperature: expected a positive number");
-  if (distill_weight > 0 && init_from.empty())
-    fail("--distill needs --init-from: the model distilled from (give it again with --resume)");
+  if (distill_weight > 0 && teacher_path().empty())
+    fail("--distill needs a teacher: --teacher, or the --init-from model (give it again with --resume)");
+  if (!teacher.empty() && distill_weight <= 0) fail("--teacher '" + teacher + "': only used with --distill W > 0");
   if (log_every < 1) fail("--log-every: expected at least 1");
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
   if (!(bucket_mb > 0)) fail("--bucket-mb " + std::to_string(bucket_mb) + ": expected a positive size");
@@ -118,6 +119,7 @@ Json TrainOptions::to_json() const {
   if (distill_weight > 0) {
     j["distill_weight"] = distill_weight;
     j["distill_temperature"] = distill_temperature;
+    j["distill_teacher"] = teacher_path();
   }
   return j;
 }
@@ -374,22 +376,44 @@ std::vector<model::Quantizer*> configure_scales(const TrainOptions& o, model::Be
   return active;
 }
 
-// The teacher for distillation: the --init-from weights, every quantizer in float.
-std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::BertConfig& config,
+// The teacher for distillation (--teacher, else the --init-from model), every quantizer in float. Its
+// size may differ from the student's; its outputs must mean the same: same head and labels, same
+// vocabulary and tokenizer, positions for the training sequences.
+std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::BertConfig& student, int64_t seq_len,
                                           const Device& device) {
   if (o.distill_weight <= 0) return nullptr;
-  const store::ModelSource source = store::find_model(o.init_from);
-  if (store::read_model_config(source).head != config.head)
-    throw UserError("--distill: the teacher '" + o.init_from + "' has another head (" +
-                    model::head_architecture(store::read_model_config(source).head) +
-                    "); distil from a model fine-tuned for this task");
+  const std::string& path = o.teacher_path();
+  const store::ModelSource source = store::find_model(path);
+  const model::BertConfig config = store::read_model_config(source);
+  const std::string named = "--distill: the teacher '" + path + "' ";
+  if (config.head != student.head)
+    throw UserError(named + "has another head (" + model::head_architecture(config.head) + ", the student " +
+                    model::head_architecture(student.head) + "); distil from a model fine-tuned for this task");
+  if (config.labels != student.labels)
+    throw UserError(named + "has other labels (" + std::to_string(config.num_labels()) + ": " +
+                    label_list(config.labels) + "; the student " + std::to_string(student.num_labels()) + ": " +
+                    label_list(student.labels) + ")");
+  if (config.vocab_size != student.vocab_size || config.type_vocab_size != student.type_vocab_size)
+    throw UserError(named + "has a vocabulary of " + std::to_string(config.vocab_size) + " (" +
+                    std::to_string(config.type_vocab_size) + " segments), the student " +
+                    std::to_string(student.vocab_size) + " (" + std::to_string(student.type_vocab_size) +
+                    "): teacher and student must share the tokenizer");
+  if (config.max_position_embeddings < seq_len)
+    throw UserError(named + "has " + std::to_string(config.max_position_embeddings) +
+                    " positions, fewer than the training sequences' " + std::to_string(seq_len));
   auto teacher = std::make_unique<model::Bert>(config);
   teacher->place_on(device);
-  store::load_model(source, *teacher, o.seed);
+  const store::TrainingState state = store::load_model(source, *teacher, o.seed);
+  if (!state.tokenizer_sha256.empty() && state.tokenizer_sha256 != o.tokenizer_sha256)
+    throw UserError(named + "was trained with another tokenizer than '" + o.tokenizer_path + "'");
+  if (!state.fresh_parameters.empty())
+    throw UserError(named + "lacks trained weights for " + label_list(state.fresh_parameters) +
+                    ": distil from a model fine-tuned for this task");
   quant::disable_all(*teacher);
   teacher->parameters().upload_values();
-  spdlog::info("distilling from '{}' (weight {:g}, temperature {:g})", o.init_from, o.distill_weight,
-               o.distill_temperature);
+  spdlog::info("distilling from '{}' (L{}/H{}, {:.2f}M parameters; weight {:g}, temperature {:g})", path,
+               config.num_hidden_layers, config.hidden_size, teacher->parameters().num_elements() / 1e6,
+               o.distill_weight, o.distill_temperature);
   return teacher;
 }
 
@@ -849,7 +873,7 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
     dropout_rng_ =
         Rng(Rng::State{Rng(dropout_rng_.state().seed).bits(0x5EED + ranks_.rank()), dropout_rng_.state().counter});
   active_ = configure_scales(o, model_, *optimizer_, state_);
-  teacher_ = make_teacher(o, config_, *device_);
+  teacher_ = make_teacher(o, config_, loader_.seq_len(), *device_);
   if (lead_ && !finished()) metrics_log_.open(files_.metrics, std::ios::app);
 }
 

@@ -74,12 +74,15 @@ struct TrainOptions {
   // only the weights train).
   enum class ScaleTraining { kLearned, kLsq, kFixed };
   ScaleTraining scales = ScaleTraining::kLearned;
-  // Knowledge distillation from the --init-from model (in float, no dropout) as teacher: the loss is
-  // (1 - w) (MLM + NSP) + w (KL on the MLM logits at the masked positions + KL on the NSP logits), each
-  // KL at this temperature (ops::distillation_loss); for a task, (1 - w) CE + w KL on the task logits.
-  // 0: off.
+  // Knowledge distillation from a teacher (in float, no dropout): the loss is (1 - w) (MLM + NSP) +
+  // w (KL on the MLM logits at the masked positions + KL on the NSP logits), each KL at this
+  // temperature (ops::distillation_loss); for a task, (1 - w) CE + w KL on the task logits. 0: off.
   double distill_weight = 0.0;
   double distill_temperature = 2.0;
+  // The teacher: any model with the same head, labels and tokenizer (e.g. a larger fine-tuned one);
+  // "" = the init_from model.
+  std::string teacher;
+  const std::string& teacher_path() const { return teacher.empty() ? init_from : teacher; }
 
   bool resume = false;       // continue from output_dir/checkpoint.h5
   int64_t stop_at_step = 0;  // > 0: stop after this step with a checkpoint, as if interrupted

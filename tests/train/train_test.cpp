@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <thread>
@@ -879,7 +880,7 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
     TrainOptions no_teacher = distilled;
     no_teacher.init_from.clear();
     no_teacher.resume = true;
-    expect_user_error([&] { no_teacher.validate(); }, "--distill needs --init-from");
+    expect_user_error([&] { no_teacher.validate(); }, "--distill needs a teacher");
   }
 
   // FP32 vs PTQ vs QAT side by side, and sensitivity with a plan.
@@ -1058,6 +1059,83 @@ TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccurac
   model::Bert loaded(store::read_checkpoint_config(out.file("seq-qat") + "/checkpoint.h5"));
   store::load_checkpoint(out.file("seq-qat") + "/checkpoint.h5", loaded, nullptr);
   EXPECT_GT(loaded.enabled_quantizers().size(), 0u);
+}
+
+// Distillation from a larger teacher (another size, the same task): the student is pulled towards it,
+// and a teacher whose outputs mean something else (head, labels, vocabulary, positions) is refused
+// before training starts, naming it.
+TEST_F(FactsTasks, DistillsFromALargerTeacherAndRefusesOneWhoseOutputsMeanSomethingElse) {
+  testing::TempDir out;
+  TrainOptions big = finetune("tok", out.file("teacher"));
+  big.init_from.clear();  // from scratch: its own size
+  big.config.hidden_size = 48;
+  big.config.num_hidden_layers = 2;
+  big.config.intermediate_size = 96;
+  big.steps = 8;  // short of converged: its soft outputs differ from the labels, as a real teacher's do
+  train(big);
+  TrainOptions plain = finetune("tok", out.file("plain"));
+  plain.steps = 30;
+  plain.eval_shards.clear();
+  train(plain);
+  TrainOptions taught = plain;
+  taught.output_dir = out.file("taught");
+  taught.distill_weight = 1.0;
+  taught.teacher = out.file("teacher");
+  const TrainResult r = train(taught);
+  for (double loss : r.losses) EXPECT_TRUE(std::isfinite(loss));
+  // KL of the task logits to the teacher's on a dev batch, at the distillation temperature: the distilled
+  // student is the closer.
+  auto open = [](const std::string& run) {
+    auto m = std::make_unique<model::Bert>(store::read_checkpoint_config(run + "/checkpoint.h5"));
+    store::load_checkpoint(run + "/checkpoint.h5", *m, nullptr);
+    return m;
+  };
+  const auto teacher = open(out.file("teacher"));
+  ASSERT_EQ(teacher->config().hidden_size, 48);
+  data::LoaderOptions held;
+  held.shards = {dir_->file("tok-dev.hdf5")};
+  held.batch_size = 32;
+  held.shuffle = false;
+  data::ShardLoader loader(held);
+  Batch batch;
+  loader.next(batch);
+  auto kl_to_teacher = [&](const std::string& run) {
+    const auto student = open(run);
+    Graph<float> g;
+    NoGradGuard<float> no_grad(g);
+    Rng unused(0);
+    const model::ModelOutputs s = student->forward(g, batch.view(), false, unused);
+    const model::ModelOutputs t = teacher->forward(g, batch.view(), false, unused);
+    return double(g.item(ops::distillation_loss(g, s.logits, t.logits, taught.distill_temperature)));
+  };
+  const double kl_taught = kl_to_teacher(taught.output_dir), kl_plain = kl_to_teacher(plain.output_dir);
+  EXPECT_LT(kl_taught, 0.2 * kl_plain) << "distilled " << kl_taught << ", plain " << kl_plain;
+
+  // Teachers that cannot teach this student: each refused naming the teacher and what differs.
+  auto refused = [&](const std::string& name, const std::function<void(model::BertConfig&)>& change,
+                     const std::string& message) {
+    model::BertConfig c = teacher->config();
+    change(c);
+    model::Bert other(c);
+    other.initialize(1);
+    store::save_checkpoint(out.file(name + ".h5"), other, nullptr, store::TrainingState{});
+    TrainOptions o = taught;
+    o.output_dir = out.file("refused-" + name);
+    o.teacher = out.file(name + ".h5");
+    SCOPED_TRACE(name);
+    expect_user_error([&] { train(o); }, "the teacher '" + o.teacher + "' " + message);
+  };
+  refused(
+      "seq", [](model::BertConfig& c) { c.head = model::Head::kSequenceClassification; }, "has another head");
+  refused(
+      "labels", [](model::BertConfig& c) { std::swap(c.labels.front(), c.labels.back()); }, "has other labels");
+  refused(
+      "vocab", [](model::BertConfig& c) { c.vocab_size += 1; }, "has a vocabulary of");
+  refused(
+      "positions", [](model::BertConfig& c) { c.max_position_embeddings = 8; }, "has 8 positions, fewer than");
+  TrainOptions unused_teacher = plain;
+  unused_teacher.teacher = out.file("teacher");
+  expect_user_error([&] { unused_teacher.validate(); }, "only used with --distill");
 }
 
 // Token classification on two ranks: each rank holds a different number of tagged tokens, and weighing
