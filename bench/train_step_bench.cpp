@@ -13,6 +13,7 @@
 
 #include "core/float_env.h"
 #include "core/gemm.h"
+#include "core/openmp_wait.h"
 #include "core/parallel.h"
 #include "data/loader.h"
 #include "model/bert.h"
@@ -79,7 +80,8 @@ void enable_quantization(model::Bert& model, const Batch& batch, Graph<float>& g
 }  // namespace
 
 int main(int argc, char** argv) {
-  bert::apply_denormal_setting();  // as the tools do (BERT_KEEP_DENORMALS=1 keeps them)
+  bert::wait_passively_unless_chosen(argv);  // first: it may re-execute the program
+  bert::apply_denormal_setting();            // as the tools do (BERT_KEEP_DENORMALS=1 keeps them)
   std::string presets = "tiny,mini", batches = "32,128";
   int steps = 5, warmup = 2;
   int64_t vocab = 16000;
@@ -130,8 +132,8 @@ int main(int argc, char** argv) {
       if (r > 0) times.push_back(seconds_since(start));
     }
     const double ceiling = 2.0 * n * n * n / median(times) / 1e9;
-    std::printf("threads %d; GEMM kernel %s; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(),
-                gemm_kernel_name(GemmKernel::kAuto), ceiling);
+    std::printf("threads %d (waiting %s); GEMM kernel %s; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(),
+                openmp_wait_policy().c_str(), gemm_kernel_name(GemmKernel::kAuto), ceiling);
     if (json)
       std::fprintf(json, "{\"kind\": \"sgemm\", \"n\": %lld, \"gflops\": %.3f, \"threads\": %d}\n", (long long)n,
                    ceiling, num_threads());

@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/openmp_wait.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/loader.h"
@@ -297,6 +298,7 @@ void run_shards(Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bert::wait_passively_unless_chosen(argv);  // first: it may re-execute the program
   Args args;
   CLI::App app;
   const Subcommands sub = add_subcommands(app, args);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/openmp_wait.h"
 #include "core/parallel.h"
 #include "core/process.h"
 #include "core/sha256.h"
@@ -471,6 +472,7 @@ int run(Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bert::wait_passively_unless_chosen(argv);  // first: it may re-execute the program
   Args args;
   CLI::App app;
   add_options(app, args);

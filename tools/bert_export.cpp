@@ -2,6 +2,7 @@
 // directory.
 #include <CLI/CLI.hpp>
 
+#include "core/openmp_wait.h"
 #include "export/export_checkpoint.h"
 #include "ort/runner.h"
 #include "tools/tool_main.h"
@@ -76,6 +77,7 @@ int run(Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bert::wait_passively_unless_chosen(argv);  // first: it may re-execute the program
   Args args;
   CLI::App app;
   add_options(app, args);

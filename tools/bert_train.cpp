@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/openmp_wait.h"
 #include "core/parallel.h"
 #include "store/model_source.h"
 #include "tokenizer/load.h"
@@ -239,6 +240,7 @@ int run(Args& a, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bert::wait_passively_unless_chosen(argv);  // first: it may re-execute the program
   Args args;
   CLI::App app;
   add_options(app, args);

@@ -74,7 +74,9 @@ TEST(GemmKernels, AutoPicksTheBestKernelThisCpuRuns) {
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   EXPECT_EQ(gemm_kernel_supported(GemmKernel::kAvx512), avx512);
   EXPECT_TRUE(gemm_kernel_supported(GemmKernel::kBuild));
-  if (!asked || !*asked) EXPECT_EQ(best_gemm_kernel(), avx512 ? GemmKernel::kAvx512 : GemmKernel::kBuild);
+  if (!asked || !*asked) {
+    EXPECT_EQ(best_gemm_kernel(), avx512 ? GemmKernel::kAvx512 : GemmKernel::kBuild);
+  }
   EXPECT_STREQ(gemm_kernel_name(GemmKernel::kAuto), gemm_kernel_name(best_gemm_kernel()));
   Rng rng(5);
   std::vector<float> a(300 * 200), b(200 * 100), auto_c(300 * 100), best_c(300 * 100);
