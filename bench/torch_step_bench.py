@@ -59,6 +59,19 @@ def synthetic_batch(b, t, p, vocab, seed=7):
     return ids, mask, types, positions, masked_ids, nsp
 
 
+def profile_steps(a, name, b, step, what):
+    """Runs `step` --steps times under torch.profiler and prints the ops' self CPU time per step."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(a.steps):
+            step()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) / 1e3 / a.steps
+    print(f"\nops of the {name} b{b} {what} (torch {torch.__version__}, {a.threads} threads), "
+          f"{a.steps} steps profiled: self ms per step, total {total:.2f}", file=sys.stderr)
+    for e in rows[:30]:
+        print(f"{e.key:<44} {e.self_cpu_time_total / 1e3 / a.steps:10.2f} {e.count / a.steps:8.1f}", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default="tiny,mini")
@@ -72,6 +85,9 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
+    ap.add_argument("--profile", action="store_true",
+                    help="after each measurement, --steps more training steps and evaluations under torch.profiler: "
+                         "the ops' self time per step, to stderr (the baseline of train-step-bench --profile)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.flush_denormals and not torch.set_flush_denormal(True):
@@ -94,9 +110,7 @@ def main():
             training, evaluation = Bert(cfg, w, dropout=0.1), Bert(cfg, w)
             opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01, **({"fused": True} if cuda else {}))
             batch = tuple(x.to(dev) for x in synthetic_batch(b, t, p, a.vocab))
-            times = []
-            for s in range(a.warmup + a.steps):
-                start = time.perf_counter()
+            def train_step():
                 opt.zero_grad(set_to_none=True)
                 with autocast():
                     loss = fwd(training, batch)
@@ -104,17 +118,29 @@ def main():
                 torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
                 opt.step()
                 sync()
+
+            def eval_step():
+                with autocast():
+                    fwd(evaluation, batch)
+                sync()
+
+            times = []
+            for s in range(a.warmup + a.steps):
+                start = time.perf_counter()
+                train_step()
                 if s >= a.warmup:
                     times.append(time.perf_counter() - start)
             eval_times = []
             with torch.no_grad():
                 for s in range(a.warmup + a.steps):
                     start = time.perf_counter()
-                    with autocast():
-                        fwd(evaluation, batch)
-                    sync()
+                    eval_step()
                     if s >= a.warmup:
                         eval_times.append(time.perf_counter() - start)
+            if a.profile:
+                profile_steps(a, name, b, lambda: train_step(), "training step")
+                with torch.no_grad():
+                    profile_steps(a, name, b, lambda: eval_step(), "evaluation")
             step = statistics.median(times)
             mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
             if cuda:

@@ -13,6 +13,7 @@
 
 #include "core/float_env.h"
 #include "core/gemm.h"
+#include "core/op_profile.h"
 #include "core/openmp_wait.h"
 #include "core/parallel.h"
 #include "data/loader.h"
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 2;
   int64_t vocab = 16000;
   std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32";
+  bool profile_ops = false, profile_shapes = false;
   CLI::App app{"train-step-bench: training-step and evaluation speed of BERT presets (FP32 and QAT)"};
   app.add_option("--presets", presets, "comma-separated presets")->capture_default_str();
   app.add_option("--batches", batches, "comma-separated batch sizes")->capture_default_str();
@@ -103,7 +105,12 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision,
                  "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")
       ->capture_default_str();
+  app.add_flag("--profile", profile_ops,
+               "after each measurement, as many steps again with every op timed: a table of milliseconds per "
+               "step by op (forward, backward) for training and for evaluation (CPU only)");
+  app.add_flag("--profile-shapes", profile_shapes, "--profile with one row per op and output shape");
   CLI11_PARSE(app, argc, argv);
+  profile_ops = profile_ops || profile_shapes;
   std::set<std::string> wanted_modes;
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
@@ -114,6 +121,10 @@ int main(int argc, char** argv) {
     wanted_modes.insert(m);
   }
   const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
+  if (profile_ops && device->is_cuda()) {
+    std::fprintf(stderr, "error: --profile times ops on the CPU; on a GPU use nsys or ncu\n");
+    return 2;
+  }
   std::printf("device: %s\n", device->is_cuda() ? device->name().c_str() : "cpu");
   std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (!json_path.empty() && !json) {
@@ -174,15 +185,38 @@ int main(int argc, char** argv) {
             optimizer.set_minimum(q->scale, quant::kMinimumScale);
           }
         }
+        // One training step; with a profile, the phases outside the graph are timed into it too.
+        auto train_step = [&](OpProfile* profile) {
+          g.set_profile(profile);
+          auto phase = std::chrono::steady_clock::now();
+          auto end_phase = [&](const char* label) {
+            if (profile) profile->add(label, seconds_since(phase));
+            phase = std::chrono::steady_clock::now();
+          };
+          model.parameters().zero_grad();
+          end_phase("(zero gradients)");
+          model::ModelOutputs out = model.forward(g, input, true, dropout);
+          g.backward(out.loss);
+          phase = std::chrono::steady_clock::now();
+          train::clip_grad_norm(model.parameters(), 1.0);
+          end_phase("(clip gradients)");
+          optimizer.step(1e-4);
+          end_phase("(optimizer step)");
+          device->synchronize();
+          g.set_profile(nullptr);
+        };
+        auto eval_step = [&](OpProfile* profile) {
+          g.set_profile(profile);
+          NoGradGuard<float> no_grad(g);
+          model.forward(g, input, false, dropout);
+          g.clear();
+          device->synchronize();
+          g.set_profile(nullptr);
+        };
         std::vector<double> times;
         for (int s = 0; s < warmup + steps; ++s) {
           const auto start = std::chrono::steady_clock::now();
-          model.parameters().zero_grad();
-          model::ModelOutputs out = model.forward(g, input, true, dropout);
-          g.backward(out.loss);
-          train::clip_grad_norm(model.parameters(), 1.0);
-          optimizer.step(1e-4);
-          device->synchronize();
+          train_step(nullptr);
           if (s >= warmup) times.push_back(seconds_since(start));
         }
         const double step = median(times);
@@ -190,11 +224,13 @@ int main(int argc, char** argv) {
         std::vector<double> eval_times;
         for (int s = 0; s < warmup + steps; ++s) {
           const auto start = std::chrono::steady_clock::now();
-          NoGradGuard<float> no_grad(g);
-          model.forward(g, input, false, dropout);
-          g.clear();
-          device->synchronize();
+          eval_step(nullptr);
           if (s >= warmup) eval_times.push_back(seconds_since(start));
+        }
+        OpProfile train_profile(profile_shapes), eval_profile(profile_shapes);
+        if (profile_ops) {
+          for (int s = 0; s < steps; ++s) train_step(&train_profile);
+          for (int s = 0; s < steps; ++s) eval_step(&eval_profile);
         }
         const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
         std::printf("%-6s %6lld %-12s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode.c_str(), step,
@@ -211,6 +247,10 @@ int main(int argc, char** argv) {
           std::printf("   GPU memory %.2f GiB", used / double(1 << 30));
         }
         std::printf("\n");
+        if (profile_ops)
+          std::printf("\nops of the %s b%lld %s training step, %d steps profiled:\n%s\nops of its evaluation:\n%s\n",
+                      name.c_str(), (long long)b, mode.c_str(), steps, train_profile.table(steps).c_str(),
+                      eval_profile.table(steps).c_str());
         std::fflush(stdout);
       }
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <climits>
 #include <map>
 #include <type_traits>
@@ -84,6 +85,21 @@ Var Graph<T>::push(Node n) {
 }
 
 template <typename T>
+Var Graph<T>::push_made_by(Node n, const std::source_location& made_by) {
+  n.made_by = made_by.function_name();
+  if (profile_) profile_->start_forward(n.made_by, n.value.shape());
+  return push(n);
+}
+
+template <typename T>
+void Graph<T>::set_profile(OpProfile* profile) {
+  BERT_CHECK(!profile || !device_->is_cuda(),
+             "an OpProfile times host work: a GPU graph's ops return before their kernels finish");
+  if (profile_) profile_->stop();
+  profile_ = profile;
+}
+
+template <typename T>
 bool Graph<T>::any_requires_grad(std::initializer_list<Var> inputs) const {
   if (!grad_enabled_) return false;
   return std::any_of(inputs.begin(), inputs.end(), [&](Var v) { return node(v).requires_grad; });
@@ -117,12 +133,12 @@ void Graph<T>::note_consumer(std::initializer_list<Var> inputs, int32_t consumer
 }
 
 template <typename T>
-Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs) {
-  return emit(shape, inputs, DType::kF32);
+Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, std::source_location made_by) {
+  return emit(shape, inputs, DType::kF32, made_by);
 }
 
 template <typename T>
-Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype) {
+Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype, std::source_location made_by) {
   BERT_CHECK(dtype == DType::kF32 || (device_->is_cuda() && std::is_same_v<T, float>),
              "BF16 nodes exist only on a CUDA graph");
   Node n;
@@ -130,26 +146,26 @@ Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype) 
   n.dtype = dtype;
   n.requires_grad = any_requires_grad(inputs);
   if (n.requires_grad) note_consumer(inputs, static_cast<int32_t>(nodes_.size()));
-  return push(n);
+  return push_made_by(n, made_by);
 }
 
 template <typename T>
-Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs) {
+Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs, std::source_location made_by) {
   Node n;
   n.value = value;
   n.requires_grad = any_requires_grad(inputs);
   if (n.requires_grad) note_consumer(inputs, static_cast<int32_t>(nodes_.size()));
-  return push(n);
+  return push_made_by(n, made_by);
 }
 
 template <typename T>
-Var Graph<T>::emit_view(Var x, Shape shape) {
+Var Graph<T>::emit_view(Var x, Shape shape, std::source_location made_by) {
   Node n;
   n.value = node(x).value.reshaped(shape);
   n.dtype = node(x).dtype;
   n.requires_grad = any_requires_grad({x});
   n.gradient_of = x.index;
-  return push(n);
+  return push_made_by(n, made_by);
 }
 
 template <typename T>
@@ -278,11 +294,19 @@ void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>&
       on_final(nodes_[pending[next_final].leaves.front()].grad);
     }
   };
+  if (profile_) profile_->stop();
   for (auto it = closures_.rbegin(); it != closures_.rend(); ++it) {
     report_final_above(it->node);
     // A node whose gradient was never touched contributes nothing: skip its closure.
     if (nodes_[it->node].grad.empty()) continue;
+    if (!profile_) {
+      it->run(it->state, *this);
+      continue;
+    }
+    const auto start = std::chrono::steady_clock::now();
     it->run(it->state, *this);
+    profile_->add_backward(nodes_[it->node].made_by, nodes_[it->node].value.shape(),
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   report_final_above(-1);
 }
@@ -302,6 +326,7 @@ std::vector<TensorView<T>> Graph<T>::leaf_gradients() const {
 
 template <typename T>
 void Graph<T>::clear() {
+  if (profile_) profile_->stop();
   nodes_.clear();
   destroy_closures();
   closure_memory_.reset();

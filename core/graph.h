@@ -14,6 +14,7 @@
 #include <functional>
 #include <initializer_list>
 #include <new>
+#include <source_location>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -21,6 +22,7 @@
 
 #include "core/arena.h"
 #include "core/device.h"
+#include "core/op_profile.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
 
@@ -60,15 +62,18 @@ class Graph {
 
   // --- used by op implementations
   // A new node whose output lives in the workspace (uninitialised); it requires a gradient when
-  // gradients are enabled and any input requires one.
-  Var emit(Shape shape, std::initializer_list<Var> inputs);
+  // gradients are enabled and any input requires one. `made_by` names the op (for an OpProfile).
+  Var emit(Shape shape, std::initializer_list<Var> inputs,
+           std::source_location made_by = std::source_location::current());
   // The same with the output stored as `dtype` (kBF16: 2 bytes per element).
-  Var emit(Shape shape, std::initializer_list<Var> inputs, DType dtype);
+  Var emit(Shape shape, std::initializer_list<Var> inputs, DType dtype,
+           std::source_location made_by = std::source_location::current());
   // A new node whose output aliases existing storage (a reshape); its gradient is its own buffer.
-  Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs);
+  Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs,
+                 std::source_location made_by = std::source_location::current());
   // A node whose value AND gradient are x's under another shape (a reshape that needs no backward:
   // gradients flowing into it land in x's gradient directly).
-  Var emit_view(Var x, Shape shape);
+  Var emit_view(Var x, Shape shape, std::source_location made_by = std::source_location::current());
   // Records how to propagate out's gradient to its inputs: `fn(graph)`, any callable (an op's lambda).
   // A no-op unless out requires a gradient. The callable is moved into the graph's host closure memory,
   // a bump allocator like the workspace: once a step's graph has been built, building it again
@@ -148,6 +153,10 @@ class Graph {
   // --- modes and lifetime
   bool grad_enabled() const { return grad_enabled_; }
   void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
+  // Times every op's forward and backward into `profile` (the caller's) until set_profile(nullptr); a
+  // forward's time runs until the next node is made, backward() or clear(). CPU graphs only (throws on
+  // a GPU: its host does not wait for the kernels).
+  void set_profile(OpProfile* profile);
   // Back-propagates from a scalar (one-element) loss with d(loss)/d(loss) = 1, then clear()s.
   // `on_final`, when given, is called with each leaf's gradient buffer as soon as no closure still to
   // run writes it (after the closures of every op that took the leaf; leaves sharing one buffer, as
@@ -174,9 +183,10 @@ class Graph {
     bool requires_grad = false;
     bool is_leaf = false;
     bool has_closure = false;
-    int32_t gradient_of = -1;     // emit_view: the node whose gradient this one shares
-    int32_t first_consumer = -1;  // leaves: the first node made from it (its last writer in backward)
-    bool reported_final = false;  // leaves: handed to backward's on_final; no closure may write it after
+    int32_t gradient_of = -1;       // emit_view: the node whose gradient this one shares
+    int32_t first_consumer = -1;    // leaves: the first node made from it (its last writer in backward)
+    bool reported_final = false;    // leaves: handed to backward's on_final; no closure may write it after
+    const char* made_by = nullptr;  // the op's function (std::source_location), for an OpProfile
   };
   // A recorded backward: the callable's state in closure_memory_, how to call it and how to destroy it
   // (null when trivially destructible).
@@ -196,6 +206,8 @@ class Graph {
   // The node that owns v's gradient buffer (v itself, or what an emit_view chain points at).
   Node& grad_owner(Var v);
   Var push(Node n);
+  // A node made by an op: starts timing that op's forward when profiling.
+  Var push_made_by(Node n, const std::source_location& made_by);
   bool any_requires_grad(std::initializer_list<Var> inputs) const;
   // Storage for n elements of `dtype`, as the TensorView<T> a node keeps (whatever the element size).
   T* allocate(DType dtype, int64_t n);
@@ -208,6 +220,7 @@ class Graph {
   uint32_t generation_ = 1;
   bool grad_enabled_ = true;
   DType activation_dtype_ = DType::kF32;
+  OpProfile* profile_ = nullptr;  // the caller's, when timing ops
 };
 
 // Disables gradient recording for a scope (evaluation), restoring the previous mode on exit.

@@ -94,16 +94,26 @@ Var add(Graph<T>& g, Var a, Var b) {
   }
   g.on_backward(y, [a, b, y, p](Graph<T>& g) {
     const T* dy = g.grad(y).data();
+    bool passed = false;  // one operand at most takes dy's buffer: two sharing one would alias
     for (auto [v, which] : {std::pair{a, 0}, std::pair{b, 1}}) {
       if (!g.requires_grad(v)) continue;
       const int stride_of =
           which;  // a plain variable: lambdas may not capture structured bindings before C++20 in clang 14
-      T* dv = g.grad(v).data();
       if (p.same_shape) {
+        // The residual adds: the first operand without a gradient yet takes dy as it is (no copy).
+        if (!passed && g.pass_grad_through(v, y)) {
+          passed = true;
+          continue;
+        }
+        const auto dv = g.grad_target(v);
         parallel_for(p.out.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-          for (int64_t i = lo; i < hi; ++i) dv[i] += dy[i];
+          if (dv.accumulate)
+            for (int64_t i = lo; i < hi; ++i) dv.data[i] += dy[i];
+          else
+            std::copy(dy + lo, dy + hi, dv.data + lo);
         });
       } else {  // sum over the broadcast axes
+        T* dv = g.grad(v).data();
         walk(p, [&](int64_t o, int64_t ia, int64_t ib) { dv[stride_of == 0 ? ia : ib] += dy[o]; });
       }
     }

@@ -272,10 +272,14 @@ Var broadcast_op(Graph<float>& g, Var a, Var b) {
       using A = typename decltype(tag)::type;
       const A* dy = cuda::typed<A>(g.grad_data(y));
       const Var operands[2] = {a, b};
+      bool passed = false;  // one operand at most takes dy's buffer: two sharing one would alias
       for (int w = 0; w < 2; ++w) {
         if (!g.requires_grad(operands[w])) continue;
         // A same-shape add passes dy through: the first operand without a gradient yet takes dy's buffer.
-        if (p.same_shape && !kMul && g.pass_grad_through(operands[w], y)) continue;
+        if (p.same_shape && !kMul && !passed && g.pass_grad_through(operands[w], y)) {
+          passed = true;
+          continue;
+        }
         const auto dv = g.raw_grad_target(operands[w]);
         A* dvp = cuda::typed<A>(dv.data);
         const int64_t n = g.shape(operands[w]).numel();

@@ -13,13 +13,9 @@ namespace bert::ops {
 template <typename T>
 Var reshape(Graph<T>& g, Var x, Shape shape) {
   BERT_DISPATCH_CUDA(g, reshape(g, x, shape))
-  Var y = g.emit_alias(g.value(x).reshaped(shape), {x});
-  g.on_backward(y, [x, y](Graph<T>& g) {
-    T* dx = g.grad(x).data();
-    const T* dy = g.grad(y).data();
-    for (int64_t i = 0, n = g.value(y).numel(); i < n; ++i) dx[i] += dy[i];
-  });
-  return y;
+  BERT_CHECK(shape.numel() == g.shape(x).numel(), "reshape of " + g.shape(x).str() + " to " + shape.str());
+  // x's value and gradient under another shape: no backward, no copy of the gradient.
+  return g.emit_view(x, shape);
 }
 
 namespace {

@@ -173,6 +173,8 @@ TEST_F(CudaOps, InnerGradientsAreWrittenFreshOrAccumulatedInEitherOrder) {
       {{Shape{4, 6}, Shape{4, 6}},  // both operands the same node: the add passes dy through, then adds it again
        [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], ops::add(g, in[1], in[1])); }},
       {{Shape{4, 6}, Shape{6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
+      {{Shape{4, 6}, Shape{6, 6}},  // a residual: x + x W, whose product's backward writes x's gradient
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], ops::matmul(g, in[0], in[1])); }},
       {{Shape{4, 6}, Shape{4, 6}},
        [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }},
       {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -1.5); }},

@@ -5,10 +5,15 @@
 #include <omp.h>
 
 #include <array>
+#include <chrono>
+#include <map>
 #include <memory>
+#include <string>
+#include <thread>
 
 #include "core/arena.h"
 #include "core/graph.h"
+#include "core/op_profile.h"
 #include "core/ops.h"
 #include "tests/core/gradcheck.h"
 
@@ -221,6 +226,88 @@ TEST(Graph, BackwardReportsEachLeafGradientOnceWhenNothingWritesItAnyMore) {
     const TensorView<float> final_grad = arena.get(order[i]).grad;
     EXPECT_EQ(at_report[i], std::vector<float>(final_grad.begin(), final_grad.end())) << order[i];
   }
+}
+
+// An op that takes a known time: 30 ms of forward after making its output, 15 ms in its backward.
+Var slow_identity(Graph<float>& g, Var x) {
+  Var y = g.emit(g.shape(x), {x});
+  std::copy_n(g.value(x).data(), g.value(x).numel(), g.value(y).data());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  g.on_backward(y, [x, y](Graph<float>& g) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    const float* dy = g.grad(y).data();
+    float* dx = g.grad(x).data();
+    for (int64_t i = 0; i < g.value(y).numel(); ++i) dx[i] += dy[i];
+  });
+  return y;
+}
+
+TEST(OpProfile, TimesEachOpsForwardAndBackwardUnderItsName) {
+  TinyModel model;
+  Tensor<float> x = testing::to_float(testing::random_tensor({5, 3}, 2));
+  Graph<float> g;
+  OpProfile profile;
+  g.set_profile(&profile);
+  for (int step = 0; step < 2; ++step) {
+    Var y = ops::linear(g, g.constant(x.view()), g.param(model.arena.get(model.weight)),
+                        g.param(model.arena.get(model.bias)));
+    Var loss = ops::mean(g, ops::gelu(g, slow_identity(g, y)));
+    g.backward(loss);
+  }
+  g.set_profile(nullptr);
+  std::map<std::string, OpProfile::Entry> by_op;
+  for (const OpProfile::Entry& e : profile.entries()) by_op[e.op] = e;
+  for (const char* op : {"linear", "slow_identity", "gelu", "sum"}) {  // mean is a scaled sum
+    ASSERT_TRUE(by_op.contains(op)) << op << " missing from\n" << profile.table(2);
+    EXPECT_EQ(by_op[op].forward_calls, 2) << op;
+    EXPECT_EQ(by_op[op].backward_calls, 2) << op;
+  }
+  // The sleeps land on the op that slept, in its own column, and nowhere else.
+  EXPECT_GE(by_op["slow_identity"].forward_s, 0.060);
+  EXPECT_GE(by_op["slow_identity"].backward_s, 0.030);
+  EXPECT_LT(by_op["slow_identity"].backward_s, by_op["slow_identity"].forward_s);
+  for (const char* op : {"linear", "gelu", "sum", "scale"}) {
+    EXPECT_LT(by_op[op].forward_s, 0.010) << op;
+    EXPECT_LT(by_op[op].backward_s, 0.010) << op;
+  }
+  EXPECT_EQ(profile.entries().front().op, "slow_identity");
+  EXPECT_NE(profile.table(2).find("slow_identity"), std::string::npos);
+  // Detached: nothing more is recorded.
+  Var loss = model.loss(g, x.view());
+  g.backward(loss);
+  for (const OpProfile::Entry& e : profile.entries()) {
+    EXPECT_EQ(e.forward_calls, by_op[e.op].forward_calls) << e.op;
+    EXPECT_EQ(e.backward_calls, by_op[e.op].backward_calls) << e.op;
+  }
+}
+
+TEST(OpProfile, ByShapeTellsTheCallsOfAnOpApart) {
+  Graph<float> g;
+  OpProfile profile(true);
+  g.set_profile(&profile);
+  Tensor<float> small = testing::to_float(testing::random_tensor({2, 3}, 1));
+  Tensor<float> large = testing::to_float(testing::random_tensor({4, 5}, 2));
+  ops::gelu(g, g.constant(small.view()));
+  slow_identity(g, g.constant(large.view()));
+  ops::gelu(g, g.constant(large.view()));
+  g.clear();
+  std::map<std::string, OpProfile::Entry> by_op;
+  for (const OpProfile::Entry& e : profile.entries()) by_op[e.op] = e;
+  ASSERT_EQ(by_op.size(), 3u) << profile.table(1);
+  EXPECT_EQ(by_op["gelu [2, 3]"].forward_calls, 1);
+  EXPECT_EQ(by_op["gelu [4, 5]"].forward_calls, 1);
+  EXPECT_GE(by_op["slow_identity [4, 5]"].forward_s, 0.030);
+  EXPECT_LT(by_op["gelu [4, 5]"].forward_s, 0.010);  // clear() closed the last op's time
+}
+
+TEST(OpProfile, NamesOpsByFunctionAndMarksFusedQuantizers) {
+  EXPECT_EQ(OpProfile::op_name("bert::Var bert::ops::gelu(bert::Graph<T>&, bert::Var) [with T = float]"), "gelu");
+  EXPECT_EQ(OpProfile::op_name("bert::Var bert::ops::gelu(bert::Graph<T>&, bert::Var, const bert::ops::"
+                               "QuantizeOutput&) [with T = float]"),
+            "gelu+quantize");
+  EXPECT_EQ(OpProfile::op_name("Var slow(Graph<float>&, Var)"), "slow");
+  EXPECT_EQ(OpProfile::op_name("Var bert::(anonymous namespace)::slow(Graph<float> &, Var)"), "slow");
+  EXPECT_EQ(OpProfile::op_name("(optimizer step)"), "(optimizer step)");
 }
 
 }  // namespace

@@ -223,6 +223,22 @@ TEST(Broadcast, SameInputTwiceAccumulatesBothPaths) {
   });
 }
 
+// The add's backward hands dy itself to one operand; the other must get a gradient of its own, or the
+// product's backward (which writes h's gradient while reading its output's) would read what it writes.
+TEST(Broadcast, ResidualAddKeepsTheOperandsGradientsApart) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({4, 6}, 12));
+  in.push_back(random_tensor({6, 6}, 13));
+  for (bool product_first : {false, true}) {
+    SCOPED_TRACE(product_first ? "h W + h" : "h + h W");
+    expect_gradients_match(in, [product_first](Graph<double>& g, const Leaves& x) {
+      Var h = ops::tanh(g, x[0]);  // an inner node: leaves never take dy's buffer
+      Var product = ops::matmul(g, h, x[1]);
+      return product_first ? ops::add(g, product, h) : ops::add(g, h, product);
+    });
+  }
+}
+
 TEST(Broadcast, RejectsIncompatibleShapes) {
   Graph<double> g;
   Tensor<double> a({3, 4}), b({3});
