@@ -85,12 +85,23 @@ int main(int argc, char** argv) {
   struct Shape {
     int64_t m, n, k;
     const char* what;
+    bool trans_a = false, trans_b = false;  // as the model's products: x W^T (forward), dY^T x (weight grad)
   };
   const Shape shapes[] = {
-      {2048, 2048, 2048, "square (ceiling)"}, {4096, 768, 256, "BERT-shaped"},
-      {16384, 512, 128, "BERT-shaped"},       {4096, 128, 128, "tiny: B32 x T128, H128 projection"},
-      {4096, 512, 128, "tiny: FFN up"},       {4096, 128, 512, "tiny: FFN down"},
-      {4096, 256, 256, "mini: projection"},   {4096, 1024, 256, "mini: FFN up"},
+      {2048, 2048, 2048, "square (ceiling)"},
+      {4096, 768, 256, "BERT-shaped"},
+      {16384, 512, 128, "BERT-shaped"},
+      {4096, 128, 128, "tiny: B32 x T128, H128 projection"},
+      {4096, 512, 128, "tiny: FFN up"},
+      {4096, 128, 512, "tiny: FFN down"},
+      {4096, 256, 256, "mini: projection"},
+      {4096, 1024, 256, "mini: FFN up"},
+      {4096, 256, 256, "mini: projection x W^T", false, true},
+      {4096, 1024, 256, "mini: FFN up x W^T", false, true},
+      {4096, 256, 1024, "mini: FFN down x W^T", false, true},
+      {256, 256, 4096, "mini: projection dY^T x", true, false},
+      {1024, 256, 4096, "mini: FFN up dY^T x", true, false},
+      {2560, 16000, 256, "mini: MLM decoder x W^T", false, true},
   };
   // Both one-thread kernels gemm() can run: Eigen for the build's target, and for AVX-512 (picked at
   // run time where the CPU has it: what kAuto runs there).
@@ -103,13 +114,14 @@ int main(int argc, char** argv) {
     std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);
     for (float& v : a) v = static_cast<float>(rng.next_normal());
     for (float& v : b) v = static_cast<float>(rng.next_normal());
+    const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
     const double flops = 2.0 * s.m * s.n * s.k;
     auto gflops = [&](bert::GemmKernel kernel) {
       return flops /
              median_seconds(reps,
                             [&] {
-                              bert::gemm<float>({false, false, s.m, s.n, s.k}, 1.0f, a.data(), s.k, b.data(), s.n, 0.0f,
-                                                c.data(), s.n, kernel);
+                              bert::gemm<float>({s.trans_a, s.trans_b, s.m, s.n, s.k}, 1.0f, a.data(), lda, b.data(),
+                                                ldb, 0.0f, c.data(), s.n, kernel);
                             }) /
              1e9;
     };
@@ -123,11 +135,13 @@ int main(int argc, char** argv) {
     const double blas = flops /
                         median_seconds(reps,
                                        [&] {
-                                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.m, s.n, s.k, 1.0f,
-                                                     a.data(), s.k, b.data(), s.n, 0.0f, c.data(), s.n);
+                                         cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
+                                                     s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f,
+                                                     a.data(), lda, b.data(), ldb, 0.0f, c.data(), s.n);
                                        }) /
                         1e9;
-    std::printf("%-34s %20s %12.1f %12s %12.1f %8.2f\n", s.what, dims, build, wide_text, blas, std::max(build, wide) / blas);
+    std::printf("%-34s %20s %12.1f %12s %12.1f %8.2f\n", s.what, dims, build, wide_text, blas,
+                std::max(build, wide) / blas);
 #else
     std::printf("%-34s %20s %12.1f %12s %12s %8s\n", s.what, dims, build, wide_text, "n/a", "-");
 #endif

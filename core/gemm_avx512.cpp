@@ -1,4 +1,6 @@
-// Eigen's product compiled for AVX-512 inside a build for any x86-64. Nothing compiled here for AVX-512
+// The AVX-512 one-thread products inside a build for any x86-64: single precision by a kernel of our own
+// (register-blocked, B packed into panels; below), double precision by Eigen compiled for AVX-512
+// (tests and gradient checks). Nothing compiled here for AVX-512
 // may be shared with the rest of the program, or the linker could keep this copy of an inline function
 // for every caller and run AVX-512 code on a CPU without it. So the standard library comes in first,
 // compiled for the build's target; Eigen follows under the AVX-512 target with its namespace renamed
@@ -13,17 +15,195 @@
 #pragma GCC target("avx512f,avx512cd,avx512vl,avx512bw,avx512dq,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
 #endif
 #define Eigen Eigen_avx512
+#include <immintrin.h>
 #include <Eigen/Core>
 
 namespace bert::gemm_avx512 {
 
 namespace {
 #include "core/gemm_eigen.inc"
+
+// C = alpha op(A) op(B) + beta C in single precision, the BLIS way: the product is cut into kKc-deep
+// slices of k and kNc-wide slices of columns; each slice of B is packed once into panels of kNr columns
+// (zero-padded), kept in L2, and every kMr-row strip of A, read where it lies (a strip of kKc is 12 KB:
+// L1), is multiplied with each panel by a kMr x kNr register tile: 24 accumulators, two B vectors and one
+// broadcast of A per step of k (2 loads per 2 FMAs: what two FMA ports need). No code here may be shared
+// with other files (see the top): no standard-library templates, only our functions and intrinsics.
+constexpr int64_t kMr = 12, kNr = 32, kKc = 256, kNc = 512;
+
+int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Per-thread packing memory, kept between calls (the same shapes come back every step).
+class PackBuffer {
+ public:
+  PackBuffer() = default;
+  PackBuffer(const PackBuffer&) = delete;
+  PackBuffer& operator=(const PackBuffer&) = delete;
+  ~PackBuffer() { std::free(data_); }
+  float* get(int64_t floats) {
+    if (floats > size_) {
+      std::free(data_);
+      const std::size_t bytes = static_cast<std::size_t>((floats * 4 + 63) / 64 * 64);
+      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data_) throw std::bad_alloc();
+      size_ = floats;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+float* packing_memory(int64_t floats) {
+  static thread_local PackBuffer buffer;
+  return buffer.get(floats);
+}
+
+// op(B)[p0 : p0 + kc, j0 : j0 + nc] into panels of kNr columns, each kc rows of kNr (zeros past nc).
+void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
+  for (int64_t jp = 0; jp < nc; jp += kNr) {
+    float* panel = out + jp * kc;
+    const int64_t width = smaller(kNr, nc - jp);
+    if (!trans_b) {  // rows of B are contiguous: copy kNr of each
+      const __mmask16 m0 = width >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << width) - 1);
+      const __mmask16 m1 = width >= 32 ? 0xFFFF : width <= 16 ? 0 : static_cast<__mmask16>((1u << (width - 16)) - 1);
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = b + (p0 + p) * ldb + j0 + jp;
+        _mm512_store_ps(panel + p * kNr, _mm512_maskz_loadu_ps(m0, src));
+        _mm512_store_ps(panel + p * kNr + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+      }
+    } else {  // B stored (N, K): column j of op(B) is row j as stored; write it across the panel
+      for (int64_t j = 0; j < kNr; ++j) {
+        if (j < width) {
+          const float* src = b + (j0 + jp + j) * ldb + p0;
+          for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = src[p];
+        } else {
+          for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// kRows rows (<= kMr) of C, kNr columns of which the first `width` are stored: C = alpha (A panel) + beta C
+// (beta 0: C is not read). A is read in place: row r, step p at a[r * lda + p], or a[p * lda + r] when
+// kTransA (A stored (K, M)).
+template <int kRows, bool kTransA>
+void tile(int64_t kc, const float* a, int64_t lda, const float* panel, float* c, int64_t ldc, int64_t width,
+          float alpha, float beta) {
+  __m512 acc0[kRows], acc1[kRows];
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  if constexpr (kTransA) {
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < kc; ++p) {
+      const __m512 b0 = _mm512_load_ps(panel + p * kNr), b1 = _mm512_load_ps(panel + p * kNr + 16);
+      const float* ap = a + p * lda;
+#pragma GCC unroll 12
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 av = _mm512_set1_ps(ap[r]);
+        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+      }
+    }
+  } else {
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < kc; ++p) {
+      const __m512 b0 = _mm512_load_ps(panel + p * kNr), b1 = _mm512_load_ps(panel + p * kNr + 16);
+#pragma GCC unroll 12
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 av = _mm512_set1_ps(a[r * lda + p]);
+        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+      }
+    }
+  }
+  const __mmask16 m0 = width >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << width) - 1);
+  const __mmask16 m1 = width >= 32 ? 0xFFFF : width <= 16 ? 0 : static_cast<__mmask16>((1u << (width - 16)) - 1);
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+  for (int r = 0; r < kRows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 y0 = _mm512_mul_ps(acc0[r], va), y1 = _mm512_mul_ps(acc1[r], va);
+    if (beta != 0.0f) {
+      y0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), y0);
+      y1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), y1);
+    }
+    _mm512_mask_storeu_ps(cr, m0, y0);
+    _mm512_mask_storeu_ps(cr + 16, m1, y1);
+  }
+}
+
+template <bool kTransA>
+using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, float, float);
+
+template <bool kTransA>
+TileFn<kTransA> tile_for_rows(int64_t rows) {
+  switch (rows) {
+    case 1:
+      return &tile<1, kTransA>;
+    case 2:
+      return &tile<2, kTransA>;
+    case 3:
+      return &tile<3, kTransA>;
+    case 4:
+      return &tile<4, kTransA>;
+    case 5:
+      return &tile<5, kTransA>;
+    case 6:
+      return &tile<6, kTransA>;
+    case 7:
+      return &tile<7, kTransA>;
+    case 8:
+      return &tile<8, kTransA>;
+    case 9:
+      return &tile<9, kTransA>;
+    case 10:
+      return &tile<10, kTransA>;
+    case 11:
+      return &tile<11, kTransA>;
+    default:
+      return &tile<12, kTransA>;
+  }
+}
+
+template <bool kTransA>
+void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                    float* c, int64_t ldc) {
+  float* panels = packing_memory(kKc * ((smaller(kNc, g.n) + kNr - 1) / kNr * kNr));
+  for (int64_t p0 = 0; p0 < g.k; p0 += kKc) {
+    const int64_t kc = smaller(kKc, g.k - p0);
+    const float beta_here = p0 == 0 ? beta : 1.0f;  // later slices of k add to what the first wrote
+    for (int64_t j0 = 0; j0 < g.n; j0 += kNc) {
+      const int64_t nc = smaller(kNc, g.n - j0);
+      pack_b(g.trans_b, b, ldb, p0, kc, j0, nc, panels);
+      for (int64_t i0 = 0; i0 < g.m; i0 += kMr) {
+        const int64_t rows = smaller(kMr, g.m - i0);
+        const TileFn<kTransA> run = tile_for_rows<kTransA>(rows);
+        const float* a_strip = kTransA ? a + p0 * lda + i0 : a + i0 * lda + p0;
+        for (int64_t jp = 0; jp < nc; jp += kNr)
+          run(kc, a_strip, lda, panels + jp * kc, c + i0 * ldc + j0 + jp, ldc, smaller(kNr, nc - jp), alpha, beta_here);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void one_thread(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                 int64_t ldc) {
-  eigen_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {  // C = beta C; beta 0 writes zeros (C is not read)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  if (g.trans_a)
+    packed_product<true>(g, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    packed_product<false>(g, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void one_thread(GemmArgs g, double alpha, const double* a, int64_t lda, const double* b, int64_t ldb, double beta,

@@ -1,5 +1,7 @@
 // matmul and linear: forward and backward side by side, on core/gemm.
 #include <Eigen/Core>
+#include <algorithm>
+#include <vector>
 
 #include "core/gemm.h"
 #include "core/ops.h"
@@ -9,6 +11,9 @@
 namespace bert::ops {
 
 namespace {
+
+// Elements of a row-wise pass (the bias add) per thread below which threading does not pay.
+constexpr int64_t kRowGrainElements = 1 << 15;
 
 // How a matmul maps onto `batch` GEMMs of (M, K) x (K, N).
 struct MatmulPlan {
@@ -130,7 +135,12 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
   Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
   T* yv = g.value(y).data();
   gemm<T>({false, true, rows, out, in}, T(1), g.value(x).data(), in, g.value(weight).data(), in, T(0), yv, out);
-  if (bias.valid()) Rows(yv, rows, out).rowwise() += Vec(g.value(bias).data(), out);
+  if (bias.valid()) {
+    const T* bv = g.value(bias).data();
+    parallel_for(rows, std::max<int64_t>(1, kRowGrainElements / out), [&](int64_t lo, int64_t hi) {
+      Rows(yv + lo * out, hi - lo, out).rowwise() += Vec(const_cast<T*>(bv), out);
+    });
+  }
 
   g.on_backward(y, [x, weight, bias, y, rows, in, out](Graph<T>& g) {
     const T* dy = g.grad(y).data();
@@ -138,8 +148,18 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
       gemm<T>({false, false, rows, in, out}, T(1), dy, out, g.value(weight).data(), in, T(1), g.grad(x).data(), in);
     if (g.requires_grad(weight))  // dW (out, in) += dy^T (out, N) x (N, in)
       gemm<T>({true, false, out, in, rows}, T(1), dy, out, g.value(x).data(), in, T(1), g.grad(weight).data(), in);
-    if (bias.valid() && g.requires_grad(bias))
-      Vec(g.grad(bias).data(), out) += Rows(const_cast<T*>(dy), rows, out).colwise().sum();
+    if (bias.valid() && g.requires_grad(bias)) {
+      // Threads split the columns (each sums all rows of its own): the same sums whatever the thread count.
+      T* db = g.grad(bias).data();
+      parallel_for(out, 16, [&](int64_t lo, int64_t hi) {
+        std::vector<T> sum(hi - lo, T(0));
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = dy + r * out + lo;
+          for (int64_t c = 0; c < hi - lo; ++c) sum[c] += row[c];
+        }
+        for (int64_t c = 0; c < hi - lo; ++c) db[lo + c] += sum[c];
+      });
+    }
   });
   return y;
 }

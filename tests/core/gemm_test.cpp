@@ -95,6 +95,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                                            GemmCase{520, 300, 48},   // C in blocks, ragged edges
                                            GemmCase{1000, 20, 40},   // tall and thin
                                            GemmCase{96, 80, 1100},   // small C, long k: k split
+                                           GemmCase{37, 1100, 300},  // several column and k slices, ragged
                                            GemmCase{4, 6, 0}));      // k = 0: C = beta C
 
 }  // namespace
