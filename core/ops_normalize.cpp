@@ -99,38 +99,56 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
     const T* xv = g.value(x).data();
     const T* gv = g.value(gamma).data();
     const T* dy = g.grad(y).data();
-    if (g.requires_grad(x)) {
-      T* dx = g.grad(x).data();
-      parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
-        for (int64_t r = lo; r < hi; ++r) {
+    // One pass over fixed blocks of rows: dx row by row, and each block's sums of dy * n and dy per
+    // channel, added into dgamma and dbeta in block order afterwards (the same sums whatever the thread
+    // count). dx is stored, not added, when its buffer is fresh (no zeroing pass first).
+    const bool want_x = g.requires_grad(x);
+    const auto dx = want_x ? g.grad_target(x) : typename Graph<T>::GradTarget{nullptr, false};
+    T* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
+    T* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
+    const bool want_params = dgamma || dbeta;
+    constexpr int64_t kRowsPerBlock = 64;
+    const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    T* block_sums = want_params ? g.template scratch<T>(2 * blocks * c) : nullptr;  // [block][dgamma | dbeta]
+    parallel_for(blocks, std::max<int64_t>(1, kRowGrain / kRowsPerBlock), [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) {
+        T* sum_dyn = want_params ? block_sums + 2 * b * c : nullptr;
+        T* sum_dy = want_params ? sum_dyn + c : nullptr;
+        if (want_params) std::fill(sum_dyn, sum_dyn + 2 * c, T(0));
+        for (int64_t r = b * kRowsPerBlock, end = std::min(rows, (b + 1) * kRowsPerBlock); r < end; ++r) {
           const T* in = xv + r * c;
           const T* dyr = dy + r * c;
+          const T m = mean[r], rs = rstd[r];
+          if (want_params)
+            for (int64_t j = 0; j < c; ++j) {
+              sum_dyn[j] += dyr[j] * ((in[j] - m) * rs);
+              sum_dy[j] += dyr[j];
+            }
+          if (!want_x) continue;
           T mean_dn = 0, mean_dn_n = 0;
           for (int64_t j = 0; j < c; ++j) {
             T dn = dyr[j] * gv[j];
             mean_dn += dn;
-            mean_dn_n += dn * (in[j] - mean[r]) * rstd[r];
+            mean_dn_n += dn * (in[j] - m) * rs;
           }
           mean_dn /= static_cast<T>(c);
           mean_dn_n /= static_cast<T>(c);
-          for (int64_t j = 0; j < c; ++j) {
-            T n = (in[j] - mean[r]) * rstd[r];
-            dx[r * c + j] += rstd[r] * (dyr[j] * gv[j] - mean_dn - n * mean_dn_n);
-          }
+          T* dxr = dx.data + r * c;
+          if (dx.accumulate)
+            for (int64_t j = 0; j < c; ++j) dxr[j] += rs * (dyr[j] * gv[j] - mean_dn - (in[j] - m) * rs * mean_dn_n);
+          else
+            for (int64_t j = 0; j < c; ++j) dxr[j] = rs * (dyr[j] * gv[j] - mean_dn - (in[j] - m) * rs * mean_dn_n);
         }
-      });
-    }
-    // Parameter gradients: threads split the channels, each walks all rows (no write conflicts).
-    T* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
-    T* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
-    if (!dgamma && !dbeta) return;
+      }
+    });
+    if (!want_params) return;
     parallel_for(c, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* in = xv + r * c;
-        const T* dyr = dy + r * c;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const T* sum_dyn = block_sums + 2 * b * c;
+        const T* sum_dy = sum_dyn + c;
         for (int64_t j = lo; j < hi; ++j) {
-          if (dgamma) dgamma[j] += dyr[j] * (in[j] - mean[r]) * rstd[r];
-          if (dbeta) dbeta[j] += dyr[j];
+          if (dgamma) dgamma[j] += sum_dyn[j];
+          if (dbeta) dbeta[j] += sum_dy[j];
         }
       }
     });

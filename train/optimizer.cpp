@@ -1,6 +1,8 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -117,6 +119,14 @@ void Optimizer::step(double lr) {
   const float b1f = static_cast<float>(b1), b2f = static_cast<float>(b2);
   float* base = params_.values().data();
   const bool lamb = options_.kind == OptimizerKind::kLamb;
+  // AdamW: every parameter in linear space is updated in one parallel pass over the arena (a pass per
+  // parameter woke the threads some forty times a step for tensors of a few hundred values).
+  struct Span {
+    int64_t begin, end;  // offsets in the arena
+    float wd, lrf, floor_value;
+    bool has_floor;
+  };
+  std::vector<Span> spans;
   for (ParamId id = 0; id < params_.size(); ++id) {
     Parameter<float> p = params_.get(id);
     const int64_t offset = p.value.data() - base, n = p.value.numel();
@@ -138,15 +148,7 @@ void Optimizer::step(double lr) {
         if (has_floor && !(w[i] >= floor_value)) w[i] = floor_value;
       }
     } else if (!lamb) {
-      parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) {
-          m[i] = b1f * m[i] + (1 - b1f) * g[i];
-          v[i] = b2f * v[i] + (1 - b2f) * g[i] * g[i];
-          w[i] -= lrf * (wd * w[i]);  // decoupled decay first, as torch.optim.AdamW
-          w[i] -= lrf * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps);
-          if (has_floor && !(w[i] >= floor_value)) w[i] = floor_value;
-        }
-      });
+      spans.push_back({offset, offset + n, wd, lrf, floor_value, has_floor});
     } else {
       // First pass: moments and the norms of w and of the update u; second pass: apply u scaled by the
       // trust ratio |w| / |u| (u is recomputed rather than stored).
@@ -166,6 +168,27 @@ void Optimizer::step(double lr) {
       }
     }
   }
+  if (spans.empty()) return;
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  float* wv = base;
+  const float* gv = params_.grads().data();
+  float* mv = m_.data();
+  float* vv = v_.data();
+  parallel_for(spans.back().end, kGrain, [&](int64_t lo, int64_t hi) {
+    // The first span that ends after lo, then each one that starts before hi.
+    auto s = std::upper_bound(spans.begin(), spans.end(), lo, [](int64_t at, const Span& sp) { return at < sp.end; });
+    for (; s != spans.end() && s->begin < hi; ++s) {
+      const float wd = s->wd, lrf = s->lrf, floor_value = s->floor_value;
+      const bool has_floor = s->has_floor;
+      for (int64_t i = std::max(lo, s->begin), end = std::min(hi, s->end); i < end; ++i) {
+        mv[i] = b1f * mv[i] + (1 - b1f) * gv[i];
+        vv[i] = b2f * vv[i] + (1 - b2f) * gv[i] * gv[i];
+        wv[i] -= lrf * (wd * wv[i]);  // decoupled decay first, as torch.optim.AdamW
+        wv[i] -= lrf * (mv[i] * c1) / (std::sqrt(vv[i] * c2) + eps);
+        if (has_floor && !(wv[i] >= floor_value)) wv[i] = floor_value;
+      }
+    }
+  });
 }
 
 double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, Schedule schedule) {
@@ -183,12 +206,27 @@ double clip_grad_norm(ParameterArena<float>& params, double max_norm) {
                                      max_norm);
 #endif
   TensorView<float> g = params.grads();
+  float* gv = g.data();
+  const int64_t n = g.numel();
+  // Sums of fixed blocks, added in order: the same norm whatever the thread count.
+  constexpr int64_t kBlock = 1 << 15;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> block_sums(static_cast<std::size_t>(blocks));
+  parallel_for(blocks, 2, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      double s = 0;
+      for (int64_t i = b * kBlock, end = std::min(n, (b + 1) * kBlock); i < end; ++i) s += double(gv[i]) * gv[i];
+      block_sums[static_cast<std::size_t>(b)] = s;
+    }
+  });
   double sum = 0;
-  for (float v : g) sum += double(v) * v;
+  for (double s : block_sums) sum += s;
   const double norm = std::sqrt(sum);
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / norm);
-    for (float& v : g) v *= scale;
+    parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) gv[i] *= scale;
+    });
   }
   return norm;
 }

@@ -2,6 +2,7 @@
 // errors), resume equal to an uninterrupted run, bad training inputs, and fill-mask on a model trained
 // here on a small corpus of facts.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <filesystem>
@@ -68,16 +69,20 @@ struct ReferenceOptimizer {
 };
 
 TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(3);  // AdamW runs one parallel pass over the arena: chunks cross parameters
   for (const std::string name : {"adamw", "lamb"}) {
     SCOPED_TRACE(name);
     ParameterArena<float> arena;
     arena.add("dense.weight", {3, 5});
     arena.add("dense.bias", {3});
+    arena.add("embeddings.weight", {40, 3500});  // larger than one thread's share
+    arena.add("LayerNorm.bias", {7});
     arena.allocate();
     Rng rng(11);
     ReferenceOptimizer ref;
     ref.name = name;
-    ref.decays = {true, false};
+    ref.decays = {true, false, true, false};
     for (ParamId id = 0; id < arena.size(); ++id) {
       std::vector<double> values;
       for (float& x : arena.get(id).value) values.push_back(x = static_cast<float>(rng.next_normal()));
@@ -89,7 +94,7 @@ TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
     options.kind = parse_optimizer(name);
     options.weight_decay = 0.1;
     ref.wd = 0.1;
-    Optimizer opt(options, arena, {true, false});
+    Optimizer opt(options, arena, {true, false, true, false});
     for (int step = 1; step <= 6; ++step) {
       std::vector<std::vector<double>> grads;
       for (ParamId id = 0; id < arena.size(); ++id) {
@@ -103,8 +108,9 @@ TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
     EXPECT_EQ(opt.steps(), 6);
     for (ParamId id = 0; id < arena.size(); ++id)
       for (int64_t i = 0; i < arena.get(id).value.numel(); ++i)
-        EXPECT_NEAR(arena.get(id).value[i], ref.w[id][i], 2e-6 * (1 + std::abs(ref.w[id][i]))) << id << "," << i;
+        ASSERT_NEAR(arena.get(id).value[i], ref.w[id][i], 2e-6 * (1 + std::abs(ref.w[id][i]))) << id << "," << i;
   }
+  omp_set_num_threads(saved_threads);
 }
 
 // A log-space parameter (quantizer scales): Adam on log w, applied as a factor, for AdamW and LAMB.
@@ -186,6 +192,32 @@ TEST(Clipping, ScalesToMaxNormAndReportsTheNormBefore) {
   EXPECT_FLOAT_EQ(arena.get("b").grad[0], 0.8f);
   arena.get("b").grad[0] = std::nanf("");
   EXPECT_TRUE(std::isnan(clip_grad_norm(arena, 1.0)));
+}
+
+// The norm is summed in fixed blocks: the same on any thread count, and the double-precision sum.
+TEST(Clipping, LargeArenasGiveTheSameNormOnAnyThreadCount) {
+  ParameterArena<float> arena;
+  arena.add("a", {300, 401});
+  arena.add("b", {5});
+  arena.allocate();
+  Rng rng(3);
+  for (float& v : arena.grads()) v = static_cast<float>(rng.next_normal());
+  const std::vector<float> grads(arena.grads().begin(), arena.grads().end());
+  double reference = 0;
+  for (float v : grads) reference += double(v) * v;
+  reference = std::sqrt(reference);
+  const int saved_threads = omp_get_max_threads();
+  std::vector<double> norms;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    std::copy(grads.begin(), grads.end(), arena.grads().begin());
+    norms.push_back(clip_grad_norm(arena, 1.0));
+    EXPECT_NEAR(arena.get("a").grad[7], grads[7] / reference, 1e-6) << threads << " threads: scaled to norm 1";
+  }
+  omp_set_num_threads(saved_threads);
+  EXPECT_EQ(norms[0], norms[1]);
+  EXPECT_EQ(norms[0], norms[2]);
+  EXPECT_NEAR(norms[0], reference, 1e-9 * reference);
 }
 
 // ---------------------------------------------------------------- a small corpus of facts
