@@ -33,6 +33,11 @@ constexpr int64_t kMr = 12, kNr = 32, kKc = 256, kNc = 512;
 
 int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// The first `count` of a vector's 16 lanes (all for 16 or more, none for 0 or less).
+__mmask16 lane_mask(int64_t count) {
+  return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
 // Per-thread packing memory, kept between calls (the same shapes come back every step).
 class PackBuffer {
  public:
@@ -67,8 +72,7 @@ void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc, i
     float* panel = out + jp * kc;
     const int64_t width = smaller(kNr, nc - jp);
     if (!trans_b) {  // rows of B are contiguous: copy kNr of each
-      const __mmask16 m0 = width >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << width) - 1);
-      const __mmask16 m1 = width >= 32 ? 0xFFFF : width <= 16 ? 0 : static_cast<__mmask16>((1u << (width - 16)) - 1);
+      const __mmask16 m0 = lane_mask(width), m1 = lane_mask(width - 16);
       for (int64_t p = 0; p < kc; ++p) {
         const float* src = b + (p0 + p) * ldb + j0 + jp;
         _mm512_store_ps(panel + p * kNr, _mm512_maskz_loadu_ps(m0, src));
@@ -96,32 +100,17 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
   __m512 acc0[kRows], acc1[kRows];
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  if constexpr (kTransA) {
 #pragma GCC unroll 2
-    for (int64_t p = 0; p < kc; ++p) {
-      const __m512 b0 = _mm512_load_ps(panel + p * kNr), b1 = _mm512_load_ps(panel + p * kNr + 16);
-      const float* ap = a + p * lda;
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m512 b0 = _mm512_load_ps(panel + p * kNr), b1 = _mm512_load_ps(panel + p * kNr + 16);
 #pragma GCC unroll 12
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 av = _mm512_set1_ps(ap[r]);
-        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
-      }
-    }
-  } else {
-#pragma GCC unroll 2
-    for (int64_t p = 0; p < kc; ++p) {
-      const __m512 b0 = _mm512_load_ps(panel + p * kNr), b1 = _mm512_load_ps(panel + p * kNr + 16);
-#pragma GCC unroll 12
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 av = _mm512_set1_ps(a[r * lda + p]);
-        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
-      }
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 av = _mm512_set1_ps(kTransA ? a[p * lda + r] : a[r * lda + p]);
+      acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
   }
-  const __mmask16 m0 = width >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << width) - 1);
-  const __mmask16 m1 = width >= 32 ? 0xFFFF : width <= 16 ? 0 : static_cast<__mmask16>((1u << (width - 16)) - 1);
+  const __mmask16 m0 = lane_mask(width), m1 = lane_mask(width - 16);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
