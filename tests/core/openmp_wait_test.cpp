@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -35,9 +36,15 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// The probe program: where the build put it, else beside this test program (a copied bundle of tests).
+std::string probe_program() {
+  if (std::filesystem::exists(BERT_OPENMP_WAIT_PROBE)) return BERT_OPENMP_WAIT_PROBE;
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "openmp_wait_probe").string();
+}
+
 std::string probe(const std::string& arg) {
   PrivateTempDir dir;
-  EXPECT_EQ(run_program({BERT_OPENMP_WAIT_PROBE, arg}, dir.file("out.txt")), 0);
+  EXPECT_EQ(run_program({probe_program(), arg}, dir.file("out.txt")), 0);
   std::ifstream in(dir.file("out.txt"));
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
