@@ -1,7 +1,8 @@
 // gemm-bench: GFLOP/s of core's gemm() (the kernel every matmul and linear uses) on a large square
 // product (the machine's ceiling) and on BERT-shaped products, beside OpenBLAS's cblas_sgemm in the
 // same run when the build found OpenBLAS; then the INT8 linear layer (activation quantization included)
-// with each integer kernel this CPU runs, against the FP32 linear (gemm with W^T) on the same shapes.
+// with each integer kernel this CPU runs, against the FP32 linear (gemm with W^T) on the same shapes;
+// then the vector kernels (GELU, softmax, cross-entropy's exp sums) of each CPU kernel set.
 // Median of timed repetitions after a warm-up.
 #include <CLI/CLI.hpp>
 
@@ -15,6 +16,7 @@
 #include "core/openmp_wait.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/vector_math.h"
 
 #ifdef BERT_BENCH_WITH_OPENBLAS
 #include <cblas.h>
@@ -73,6 +75,67 @@ void compare_int8(int64_t m, int64_t n, int64_t k, const char* what, int reps, b
   std::printf("\n");
 }
 
+// The vector kernels over 16M floats (an FFN activation of mini at batch 128), split over the threads as
+// the ops split them: billions of elements per second with each CPU kernel set.
+void compare_vector_kernels(int reps, bert::Rng& rng) {
+  const int64_t n = int64_t(1) << 24, attention_row = 128, vocabulary_row = 16000;
+  std::vector<float> x(n), y(n), dy(n), dx(n, 0.0f);
+  for (float& v : x) v = static_cast<float>(2 * rng.next_normal());
+  for (float& v : dy) v = static_cast<float>(rng.next_normal());
+  std::vector<float> row_sums(n / vocabulary_row);
+  std::printf("\nVector kernels over %ld floats, billions of elements per second:\n%-44s %12s %12s\n", long(n),
+              "kernel", "build", "avx512");
+  struct Kernel {
+    const char* what;
+    void (*run)(const float* x, const float* dy, float* y, float* dx, float* sums, int64_t lo, int64_t hi,
+                bert::CpuKernels set);
+    int64_t grain;  // elements per unit of work: a row where the kernel works on rows
+  };
+  const Kernel kernels[] = {
+      {"GELU",
+       [](const float* x, const float*, float* y, float*, float*, int64_t lo, int64_t hi, bert::CpuKernels set) {
+         bert::vec::gelu(x + lo, y + lo, hi - lo, set);
+       },
+       1},
+      {"GELU backward (dx += dy GELU'(x))",
+       [](const float* x, const float* dy, float*, float* dx, float*, int64_t lo, int64_t hi, bert::CpuKernels set) {
+         bert::vec::gelu_backward_accumulate(x + lo, dy + lo, dx + lo, hi - lo, set);
+       },
+       1},
+      {"softmax, rows of 128 (attention)",
+       [](const float* x, const float*, float* y, float*, float*, int64_t lo, int64_t hi, bert::CpuKernels set) {
+         for (int64_t r = lo; r < hi; r += attention_row)
+           bert::vec::softmax(x + r, static_cast<const float*>(nullptr), y + r, attention_row, set);
+       },
+       attention_row},
+      {"max + sum exp, rows of 16000 (cross-entropy)",
+       [](const float* x, const float*, float*, float*, float* sums, int64_t lo, int64_t hi, bert::CpuKernels set) {
+         for (int64_t r = lo; r + vocabulary_row <= hi; r += vocabulary_row) {
+           const float max = bert::vec::max_of(x + r, vocabulary_row, set);
+           sums[r / vocabulary_row] = bert::vec::sum_exp_shifted(x + r, max, vocabulary_row, set);
+         }
+       },
+       vocabulary_row},
+  };
+  for (const Kernel& k : kernels) {
+    std::printf("%-44s", k.what);
+    for (bert::CpuKernels set : {bert::CpuKernels::kBuild, bert::CpuKernels::kAvx512}) {
+      if (!bert::cpu_kernels_supported(set)) {
+        std::printf(" %12s", "-");
+        continue;
+      }
+      const int64_t units = n / k.grain;
+      const double seconds = median_seconds(reps, [&] {
+        bert::parallel_for(units, 64, [&](int64_t lo, int64_t hi) {
+          k.run(x.data(), dy.data(), y.data(), dx.data(), row_sums.data(), lo * k.grain, hi * k.grain, set);
+        });
+      });
+      std::printf(" %12.2f", double(units * k.grain) / seconds / 1e9);
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,9 +168,9 @@ int main(int argc, char** argv) {
   };
   // Both one-thread kernels gemm() can run: Eigen for the build's target, and for AVX-512 (picked at
   // run time where the CPU has it: what kAuto runs there).
-  const bool avx512 = bert::gemm_kernel_supported(bert::GemmKernel::kAvx512);
+  const bool avx512 = bert::cpu_kernels_supported(bert::CpuKernels::kAvx512);
   std::printf("threads: %d; gemm() runs the '%s' kernel\n%-34s %20s %12s %12s %12s %8s\n", bert::num_threads(),
-              bert::gemm_kernel_name(bert::GemmKernel::kAuto), "shape", "M x N x K", "build GF/s", "avx512 GF/s",
+              bert::cpu_kernels_name(bert::CpuKernels::kAuto), "shape", "M x N x K", "build GF/s", "avx512 GF/s",
               "openblas", "ratio");
   bert::Rng rng(1);
   for (const Shape& s : shapes) {
@@ -116,7 +179,7 @@ int main(int argc, char** argv) {
     for (float& v : b) v = static_cast<float>(rng.next_normal());
     const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
     const double flops = 2.0 * s.m * s.n * s.k;
-    auto gflops = [&](bert::GemmKernel kernel) {
+    auto gflops = [&](bert::CpuKernels kernel) {
       return flops /
              median_seconds(reps,
                             [&] {
@@ -125,8 +188,8 @@ int main(int argc, char** argv) {
                             }) /
              1e9;
     };
-    const double build = gflops(bert::GemmKernel::kBuild);
-    const double wide = avx512 ? gflops(bert::GemmKernel::kAvx512) : 0.0;
+    const double build = gflops(bert::CpuKernels::kBuild);
+    const double wide = avx512 ? gflops(bert::CpuKernels::kAvx512) : 0.0;
     char wide_text[16] = "-";
     if (avx512) std::snprintf(wide_text, sizeof wide_text, "%.1f", wide);
     char dims[32];
@@ -158,5 +221,6 @@ int main(int argc, char** argv) {
   compare_int8(4096, 768, 768, "base: B32 x T128 projection", reps, rng);
   compare_int8(4096, 3072, 768, "base: FFN up", reps, rng);
   compare_int8(4096, 768, 3072, "base: FFN down", reps, rng);
+  compare_vector_kernels(reps, rng);
   return 0;
 }

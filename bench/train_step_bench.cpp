@@ -143,8 +143,8 @@ int main(int argc, char** argv) {
       if (r > 0) times.push_back(seconds_since(start));
     }
     const double ceiling = 2.0 * n * n * n / median(times) / 1e9;
-    std::printf("threads %d (waiting %s); GEMM kernel %s; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(),
-                openmp_wait_policy().c_str(), gemm_kernel_name(GemmKernel::kAuto), ceiling);
+    std::printf("threads %d (waiting %s); %s kernels; SGEMM 2048^3 ceiling: %.1f GFLOP/s\n", num_threads(),
+                openmp_wait_policy().c_str(), cpu_kernels_name(CpuKernels::kAuto), ceiling);
     if (json)
       std::fprintf(json, "{\"kind\": \"sgemm\", \"n\": %lld, \"gflops\": %.3f, \"threads\": %d}\n", (long long)n,
                    ceiling, num_threads());

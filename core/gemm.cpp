@@ -25,13 +25,8 @@ template <typename T>
 using OneThread = void (*)(GemmArgs, T, const T*, int64_t, const T*, int64_t, T, T*, int64_t);
 
 template <typename T>
-OneThread<T> one_thread_kernel(GemmKernel kernel) {
-  if (kernel == GemmKernel::kAuto)
-    kernel = best_gemm_kernel();  // chosen once, among the supported kernels
-  else
-    BERT_CHECK(gemm_kernel_supported(kernel),
-               std::string("this CPU cannot run the GEMM kernel ") + gemm_kernel_name(kernel));
-  if (kernel == GemmKernel::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
+OneThread<T> one_thread_kernel(CpuKernels kernel) {
+  if (resolve_cpu_kernels(kernel) == CpuKernels::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
   return &eigen_one_thread<T>;
 }
 
@@ -103,7 +98,7 @@ void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alp
 // independent blocks meet only at the end. Results are bit-identical at a fixed thread count.
 template <typename T>
 void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-          GemmKernel kernel) {
+          CpuKernels kernel) {
   const OneThread<T> gemm_one_thread = one_thread_kernel<T>(kernel);
   const int threads = omp_in_parallel() ? 1 : num_threads();
   if (threads == 1 || double(g.m) * double(g.n) * double(g.k) < kMinParallelWork) {
@@ -150,39 +145,10 @@ void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, in
   }
 }
 
-const char* gemm_kernel_name(GemmKernel kernel) {
-  switch (kernel) {
-    case GemmKernel::kAuto:
-      return gemm_kernel_name(best_gemm_kernel());
-    case GemmKernel::kBuild:
-      return "build";
-    case GemmKernel::kAvx512:
-      return "avx512";
-  }
-  return "?";
-}
-
-bool gemm_kernel_supported(GemmKernel kernel) {
-  if (kernel != GemmKernel::kAvx512) return true;
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-}
-
-GemmKernel best_gemm_kernel() {
-  static const GemmKernel best = [] {
-    const char* asked = std::getenv("BERT_GEMM_KERNEL");
-    if (asked && std::string_view(asked) == "build") return GemmKernel::kBuild;
-    if (asked && *asked && std::string_view(asked) != "avx512")
-      throw UserError(std::string("BERT_GEMM_KERNEL='") + asked + "': expected 'build' or 'avx512'");
-    return gemm_kernel_supported(GemmKernel::kAvx512) ? GemmKernel::kAvx512 : GemmKernel::kBuild;
-  }();
-  return best;
-}
-
 template void gemm<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t,
-                          GemmKernel);
+                          CpuKernels);
 template void gemm<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*, int64_t,
-                           GemmKernel);
+                           CpuKernels);
 template void gemm_reference<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*,
                                     int64_t);
 template void gemm_reference<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*,

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/cpu_kernels.h"
+
 namespace bert {
 
 struct GemmArgs {
@@ -12,22 +14,14 @@ struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
 };
 
-// The one-thread kernel every product runs on its blocks: Eigen compiled for the build's instruction set,
-// or the AVX-512 kernel (core/gemm_avx512.cpp: our own register-tiled kernel in single precision, Eigen
-// compiled for AVX-512 in double), chosen at run time where the CPU has it, so a build for any x86-64
-// (BERT_ARCH=avx2 or portable) still multiplies with AVX-512 there. kAuto: the best this CPU
-// runs, unless BERT_GEMM_KERNEL=build (or avx512) says otherwise (read once).
-enum class GemmKernel { kAuto, kBuild, kAvx512 };
-const char* gemm_kernel_name(GemmKernel kernel);  // kAuto: the kernel it stands for
-bool gemm_kernel_supported(GemmKernel kernel);    // kAuto and kBuild: always
-GemmKernel best_gemm_kernel();
-
-// The fast path: a one-thread kernel (above) on independent blocks of C (or parts of k) spread over the
+// The one-thread kernel every product runs on its blocks (core/cpu_kernels.h): Eigen compiled for the
+// build's instruction set, or the AVX-512 set (core/gemm_avx512.cpp: our own register-tiled kernel in
+// single precision, Eigen in double), on independent blocks of C (or parts of k) spread over the
 // OpenMP threads. Measured against OpenBLAS 0.3.21 on the development machine's kind (2 cores, AVX-512):
 // equal or faster on every BERT shape tried.
 template <typename T>
 void gemm(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-          GemmKernel kernel = GemmKernel::kAuto);
+          CpuKernels kernel = CpuKernels::kAuto);
 
 // Plain triple loop, accumulating in double: the reference the fast path is tested against.
 template <typename T>

@@ -1,10 +1,11 @@
 // The AVX-512 one-thread products inside a build for any x86-64: single precision by a kernel of our own
-// (register-blocked, B packed into panels; below), double precision by Eigen compiled for AVX-512
-// (tests and gradient checks). Nothing compiled here for AVX-512
+// (register-blocked, B packed into panels; below), double precision by Eigen compiled with AVX-512
+// allowed (tests and gradient checks; Eigen picks its packets by macros that GCC does not set under a
+// target pragma in C++, so they are the build target's). Nothing compiled here for AVX-512
 // may be shared with the rest of the program, or the linker could keep this copy of an inline function
 // for every caller and run AVX-512 code on a CPU without it. So the standard library comes in first,
 // compiled for the build's target; Eigen follows under the AVX-512 target with its namespace renamed
-// (Eigen_avx512), and our functions live in bert::gemm_avx512. tests/check_gemm_isolation.sh holds the
+// (Eigen_avx512), and our functions live in bert::gemm_avx512. tests/check_avx512_isolation.sh holds the
 // object file to that: every definition it makes is in one of those two namespaces.
 #include <bits/stdc++.h>  // every standard header Eigen uses, before the target changes
 

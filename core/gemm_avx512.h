@@ -1,5 +1,5 @@
 // The one-thread GEMM kernel compiled for AVX-512 (x86-64-v4) whatever the build targets, for gemm()'s
-// run-time choice (core/gemm.h). Call only where gemm_kernel_supported(GemmKernel::kAvx512).
+// run-time choice (core/gemm.h). Call only where cpu_kernels_supported(CpuKernels::kAvx512).
 #pragma once
 
 #include <cstdint>

@@ -36,14 +36,7 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
     for (int64_t r = lo; r < hi; ++r) {
       const T* in = xv + r * k;
       const T* m = mv ? mv + (r / rows_per_item) * k : nullptr;
-      T* out = yv + r * k;
-      auto o = vec::view(out, k);
-      if (m)
-        o = vec::view(in, k) + vec::view(m, k);
-      else
-        o = vec::view(in, k);
-      o = (o - o.maxCoeff()).exp();
-      o *= T(1) / o.sum();
+      vec::softmax(in, m, yv + r * k, k);
     }
   });
   g.on_backward(y, [x, y, k, rows](Graph<T>& g) {

@@ -83,7 +83,7 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
       for (int64_t i = lo; i < hi; ++i) {
         if (row_weight[i] == T(0)) continue;
         const T w = upstream * row_weight[i];
-        vec::view(dz + i * c, c) += w * (vec::view(z + i * c, c) - logsumexp[i]).exp();
+        vec::add_scaled_exp_shifted(z + i * c, logsumexp[i], w, dz + i * c, c);
         dz[i * c + target[i]] -= w;
       }
     });

@@ -1,12 +1,18 @@
-// Vectorised elementwise math on contiguous arrays, through Eigen's packet math (AVX-512, AVX2 or SSE
-// as compiled; exp within 1 ulp, float erf within a few ulp). The ops use these for their hot loops;
-// tests/core/vector_math_test.cpp holds each against std::exp / std::erf.
+// Vectorised elementwise math on contiguous arrays. Two sets (core/cpu_kernels.h): Eigen's packet math
+// compiled for the build's instruction set (AVX-512, AVX2 or SSE; exp within 1 ulp, float erf within a
+// few ulp), for float and double, and single-precision kernels of our own compiled for AVX-512
+// (core/vector_math_avx512.cpp), chosen at run time where the CPU has AVX-512. The ops use these for
+// their hot loops; tests/core/vector_math_test.cpp holds each set against std::exp / std::erf.
 #pragma once
 
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "core/cpu_kernels.h"
+#include "core/vector_math_avx512.h"
 
 namespace bert::vec {
 
@@ -24,24 +30,35 @@ Array<T> view(T* p, int64_t n) {
   return Array<T>(p, n);
 }
 
-// out[i] = exp(x[i] - shift)
+// The build's set.
+namespace build {
+
 template <typename T>
 void exp_shifted(const T* x, T shift, T* out, int64_t n) {
   view(out, n) = (view(x, n) - shift).exp();
 }
-
-// sum_i exp(x[i] - shift)
 template <typename T>
 T sum_exp_shifted(const T* x, T shift, int64_t n) {
   return (view(x, n) - shift).exp().sum();
 }
-
 template <typename T>
 T max_of(const T* x, int64_t n) {
   return view(x, n).maxCoeff();
 }
-
-// GELU (erf form): y = x Phi(x), and its derivative Phi(x) + x phi(x), accumulated times dy into dx.
+template <typename T>
+void add_scaled_exp_shifted(const T* x, T shift, T scale, T* out, int64_t n) {
+  view(out, n) += scale * (view(x, n) - shift).exp();
+}
+template <typename T>
+void softmax(const T* x, const T* add, T* y, int64_t n) {
+  auto o = view(y, n);
+  if (add)
+    o = view(x, n) + view(add, n);
+  else
+    o = view(x, n);
+  o = (o - o.maxCoeff()).exp();
+  o *= T(1) / o.sum();
+}
 template <typename T>
 void gelu(const T* x, T* y, int64_t n) {
   const auto v = view(x, n);
@@ -53,6 +70,60 @@ void gelu_backward_accumulate(const T* x, const T* dy, T* dx, int64_t n) {
   const auto cdf = T(0.5) * (T(1) + (v * T(0.70710678118654752440)).erf());
   const auto pdf = T(0.39894228040143267794) * (T(-0.5) * v * v).exp();
   view(dx, n) += view(dy, n) * (cdf + v * pdf);
+}
+
+}  // namespace build
+
+// The entry points: float runs the chosen set (kAuto: the best this CPU runs), double the build's.
+inline bool float_avx512(CpuKernels kernels) { return resolve_cpu_kernels(kernels) == CpuKernels::kAvx512; }
+
+// out[i] = exp(x[i] - shift)
+template <typename T>
+void exp_shifted(const T* x, T shift, T* out, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::exp_shifted(x, shift, out, n);
+  return build::exp_shifted(x, shift, out, n);
+}
+// sum_i exp(x[i] - shift)
+template <typename T>
+T sum_exp_shifted(const T* x, T shift, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::sum_exp_shifted(x, shift, n);
+  return build::sum_exp_shifted(x, shift, n);
+}
+// max_i x[i], n >= 1
+template <typename T>
+T max_of(const T* x, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::max_of(x, n);
+  return build::max_of(x, n);
+}
+// out[i] += scale exp(x[i] - shift)
+template <typename T>
+void add_scaled_exp_shifted(const T* x, T shift, T scale, T* out, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::add_scaled_exp_shifted(x, shift, scale, out, n);
+  return build::add_scaled_exp_shifted(x, shift, scale, out, n);
+}
+// y = softmax(x + add) over one row of n (add may be null)
+template <typename T>
+void softmax(const T* x, const T* add, T* y, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::softmax(x, add, y, n);
+  return build::softmax(x, add, y, n);
+}
+// GELU (erf form): y = x Phi(x), and its derivative Phi(x) + x phi(x), accumulated times dy into dx.
+template <typename T>
+void gelu(const T* x, T* y, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::gelu(x, y, n);
+  return build::gelu(x, y, n);
+}
+template <typename T>
+void gelu_backward_accumulate(const T* x, const T* dy, T* dx, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::gelu_backward_accumulate(x, dy, dx, n);
+  return build::gelu_backward_accumulate(x, dy, dx, n);
 }
 
 }  // namespace bert::vec

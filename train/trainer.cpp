@@ -889,8 +889,8 @@ void TrainingRun::announce() const {
       loader_.seq_len(), optimizer_name(o_.optimizer.kind), o_.learning_rate, warmup_, schedule_name(o_.schedule),
       device_->is_cuda()
           ? device_->name()
-          : fmt::format("the CPU ({} threads, waiting {}, GEMM kernel {})", num_threads(), openmp_wait_policy(),
-                        gemm_kernel_name(GemmKernel::kAuto)),
+          : fmt::format("the CPU ({} threads, waiting {}, {} kernels)", num_threads(), openmp_wait_policy(),
+                        cpu_kernels_name(CpuKernels::kAuto)),
       ranks_.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks_.rank(), ranks_.size(),
                                       o_.batch_size * o_.accumulation * ranks_.size())
                         : "");

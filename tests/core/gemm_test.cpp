@@ -19,7 +19,7 @@ struct GemmCase {
 };
 
 template <typename T>
-void check_against_reference(GemmKernel kernel, GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad,
+void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad,
                              double tol) {
   Rng rng(static_cast<uint64_t>(s.m * 131 + s.n * 17 + s.k + ta * 2 + tb));
   const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
@@ -38,14 +38,14 @@ void check_against_reference(GemmKernel kernel, GemmCase s, bool ta, bool tb, T 
       // Within the matrix: close to the reference; in the padding: untouched.
       const double scale = 1.0 + std::sqrt(static_cast<double>(s.k));
       ASSERT_NEAR(c[at], expected[at], tol * scale)
-          << gemm_kernel_name(kernel) << " (" << i << ", " << j << ") ta=" << ta << " tb=" << tb;
+          << cpu_kernels_name(kernel) << " (" << i << ", " << j << ") ta=" << ta << " tb=" << tb;
     }
   }
 }
 
-std::vector<GemmKernel> kernels_here() {
-  std::vector<GemmKernel> kernels = {GemmKernel::kBuild};
-  if (gemm_kernel_supported(GemmKernel::kAvx512)) kernels.push_back(GemmKernel::kAvx512);
+std::vector<CpuKernels> kernels_here() {
+  std::vector<CpuKernels> kernels = {CpuKernels::kBuild};
+  if (cpu_kernels_supported(CpuKernels::kAvx512)) kernels.push_back(CpuKernels::kAvx512);
   return kernels;
 }
 
@@ -53,7 +53,7 @@ class GemmTest : public ::testing::TestWithParam<GemmCase> {};
 
 TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
   const int saved = omp_get_max_threads();
-  for (GemmKernel kernel : kernels_here())
+  for (CpuKernels kernel : kernels_here())
     for (int threads : {1, 2, 4}) {
       omp_set_num_threads(threads);
       for (bool ta : {false, true})
@@ -66,25 +66,25 @@ TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
   omp_set_num_threads(saved);
 }
 
-// kAuto stands for the AVX-512 kernel exactly where the CPU has AVX-512 (unless BERT_GEMM_KERNEL says
+// kAuto stands for the AVX-512 kernel exactly where the CPU has AVX-512 (unless BERT_CPU_KERNELS says
 // otherwise), and the kernel it stands for gives the same bits as asking for that kernel.
 TEST(GemmKernels, AutoPicksTheBestKernelThisCpuRuns) {
-  const char* asked = std::getenv("BERT_GEMM_KERNEL");
+  const char* asked = std::getenv("BERT_CPU_KERNELS");
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  EXPECT_EQ(gemm_kernel_supported(GemmKernel::kAvx512), avx512);
-  EXPECT_TRUE(gemm_kernel_supported(GemmKernel::kBuild));
+  EXPECT_EQ(cpu_kernels_supported(CpuKernels::kAvx512), avx512);
+  EXPECT_TRUE(cpu_kernels_supported(CpuKernels::kBuild));
   if (!asked || !*asked) {
-    EXPECT_EQ(best_gemm_kernel(), avx512 ? GemmKernel::kAvx512 : GemmKernel::kBuild);
+    EXPECT_EQ(best_cpu_kernels(), avx512 ? CpuKernels::kAvx512 : CpuKernels::kBuild);
   }
-  EXPECT_STREQ(gemm_kernel_name(GemmKernel::kAuto), gemm_kernel_name(best_gemm_kernel()));
+  EXPECT_STREQ(cpu_kernels_name(CpuKernels::kAuto), cpu_kernels_name(best_cpu_kernels()));
   Rng rng(5);
   std::vector<float> a(300 * 200), b(200 * 100), auto_c(300 * 100), best_c(300 * 100);
   for (auto& v : a) v = static_cast<float>(rng.next_normal());
   for (auto& v : b) v = static_cast<float>(rng.next_normal());
   gemm<float>({false, false, 300, 100, 200}, 1.0f, a.data(), 200, b.data(), 100, 0.0f, auto_c.data(), 100);
   gemm<float>({false, false, 300, 100, 200}, 1.0f, a.data(), 200, b.data(), 100, 0.0f, best_c.data(), 100,
-              best_gemm_kernel());
+              best_cpu_kernels());
   EXPECT_EQ(auto_c, best_c);
 }
 

@@ -1,10 +1,11 @@
-// The vectorised kernels of core/vector_math.h against plain std:: loops (the reference), over ranges
-// that cover what the ops feed them: softmax/cross-entropy inputs (x - max <= 0, down to underflow)
-// and GELU inputs (saturating tails included). Lengths that are not a multiple of the vector width
-// exercise the remainder paths.
+// The vectorised kernels of core/vector_math.h, every set this CPU runs (the build's and the AVX-512 one),
+// against plain std:: loops (the reference), over ranges that cover what the ops feed them:
+// softmax/cross-entropy inputs (x - max <= 0, down to underflow) and GELU inputs (saturating tails
+// included). Lengths that are not a multiple of the vector width exercise the remainder paths.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/rng.h"
@@ -21,6 +22,12 @@ std::vector<T> values(int64_t n, double lo, double hi, uint64_t seed) {
   return v;
 }
 
+std::vector<CpuKernels> kernel_sets_here() {
+  std::vector<CpuKernels> sets = {CpuKernels::kBuild};
+  if (cpu_kernels_supported(CpuKernels::kAvx512)) sets.push_back(CpuKernels::kAvx512);
+  return sets;
+}
+
 // |a - b| within `ulps` units in the last place of b (plus an absolute floor for values near 0).
 template <typename T>
 void expect_close(T actual, double expected, double relative, double absolute, const char* what, double at) {
@@ -28,22 +35,26 @@ void expect_close(T actual, double expected, double relative, double absolute, c
 }
 
 TEST(VectorMath, ExpShiftedMatchesStdExp) {
-  for (int64_t n : {1, 7, 16, 33, 1000, 16001}) {
-    const auto x = values<float>(n, -100.0, 5.0, n);
-    std::vector<float> out(n);
-    vec::exp_shifted(x.data(), 3.0f, out.data(), n);
-    double total = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      // The argument is rounded to float first (x - shift is a float subtraction), then exp within 2 ulp.
-      const double ref = std::exp(double(x[i] - 3.0f));
-      expect_close(out[i], ref, 2.4e-7, 1e-37, "exp", x[i]);
-      total += ref;
+  for (CpuKernels set : kernel_sets_here())
+    for (int64_t n : {1, 7, 16, 33, 1000, 16001}) {
+      SCOPED_TRACE(cpu_kernels_name(set));
+      const auto x = values<float>(n, -100.0, 5.0, n);
+      std::vector<float> out(n), added(n, 0.5f);
+      vec::exp_shifted(x.data(), 3.0f, out.data(), n, set);
+      vec::add_scaled_exp_shifted(x.data(), 3.0f, -2.0f, added.data(), n, set);
+      double total = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        // The argument is rounded to float first (x - shift is a float subtraction), then exp within 2 ulp.
+        const double ref = std::exp(double(x[i] - 3.0f));
+        expect_close(out[i], ref, 2.4e-7, 1e-37, "exp", x[i]);
+        expect_close(added[i], 0.5 - 2 * ref, 2.4e-7, 1.2e-7, "0.5 - 2 exp", x[i]);
+        total += ref;
+      }
+      EXPECT_NEAR(vec::sum_exp_shifted(x.data(), 3.0f, n, set), total, 1e-5 * total);
+      double max = -1e30;
+      for (float v : x) max = std::max(max, double(v));
+      EXPECT_EQ(vec::max_of(x.data(), n, set), static_cast<float>(max));
     }
-    EXPECT_NEAR(vec::sum_exp_shifted(x.data(), 3.0f, n), total, 1e-5 * total);
-    double max = -1e30;
-    for (float v : x) max = std::max(max, double(v));
-    EXPECT_EQ(vec::max_of(x.data(), n), static_cast<float>(max));
-  }
   // Double precision (the gradient checks run in double).
   const auto xd = values<double>(999, -50.0, 5.0, 3);
   std::vector<double> outd(999);
@@ -52,29 +63,89 @@ TEST(VectorMath, ExpShiftedMatchesStdExp) {
 }
 
 TEST(VectorMath, GeluAndItsDerivativeMatchTheReference) {
-  for (int64_t n : {5, 64, 1001}) {
-    const auto x = values<float>(n, -12.0, 12.0, 10 + n);
-    const auto dy = values<float>(n, -1.0, 1.0, 20 + n);
-    std::vector<float> y(n), dx(n, 0.25f);
-    vec::gelu(x.data(), y.data(), n);
-    vec::gelu_backward_accumulate(x.data(), dy.data(), dx.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      // 1 + erf(x / sqrt 2) cancels for negative x: in float its absolute error is about one ulp of 1
-      // (1.2e-7), scaled by |x| in x Phi(x); the tolerance allows that and a few ulp otherwise.
-      const double v = x[i];
-      const double cancellation = 1.2e-7 * (1 + std::abs(v));
-      const double cdf = 0.5 * (1 + std::erf(v / std::sqrt(2.0)));
-      expect_close(y[i], v * cdf, 1e-6, cancellation, "gelu", v);
-      const double grad = cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
-      expect_close(dx[i], 0.25 + dy[i] * grad, 1e-6, cancellation, "gelu'", v);
+  for (CpuKernels set : kernel_sets_here())
+    for (int64_t n : {5, 64, 1001, 20000}) {
+      SCOPED_TRACE(cpu_kernels_name(set));
+      // Most of [-12, 12] and a dense stretch of [-4, 4], where Phi turns.
+      auto x = values<float>(n, -12.0, 12.0, 10 + n);
+      for (int64_t i = 0; i < n; i += 2) x[i] *= 1.0f / 3;
+      const auto dy = values<float>(n, -1.0, 1.0, 20 + n);
+      std::vector<float> y(n), dx(n, 0.25f);
+      vec::gelu(x.data(), y.data(), n, set);
+      vec::gelu_backward_accumulate(x.data(), dy.data(), dx.data(), n, set);
+      for (int64_t i = 0; i < n; ++i) {
+        // 1 + erf(x / sqrt 2) cancels for negative x: in float its absolute error is about one ulp of 1
+        // (1.2e-7), scaled by |x| in x Phi(x); the tolerance allows that and a few ulp otherwise.
+        const double v = x[i];
+        const double cancellation = 1.2e-7 * (1 + std::abs(v));
+        const double cdf = 0.5 * (1 + std::erf(v / std::sqrt(2.0)));
+        expect_close(y[i], v * cdf, 1e-6, cancellation, "gelu", v);
+        const double grad = cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+        expect_close(dx[i], 0.25 + dy[i] * grad, 1e-6, cancellation, "gelu'", v);
+      }
     }
-  }
   const auto xd = values<double>(257, -9.0, 9.0, 4);
   std::vector<double> yd(257);
   vec::gelu(xd.data(), yd.data(), 257);
   for (int i = 0; i < 257; ++i)
     expect_close(yd[i], xd[i] * 0.5 * (1 + std::erf(xd[i] / std::sqrt(2.0))), 1e-14, 2.3e-16 * (1 + std::abs(xd[i])),
                  "gelu<double>", xd[i]);
+}
+
+// Softmax over one row, with and without an additive mask (0 or -10000, as the attention mask adds).
+TEST(VectorMath, SoftmaxMatchesTheReference) {
+  for (CpuKernels set : kernel_sets_here())
+    for (int64_t n : {1, 15, 128, 131, 30522}) {
+      SCOPED_TRACE(std::string(cpu_kernels_name(set)) + ", n " + std::to_string(n));
+      const auto x = values<float>(n, -20.0, 20.0, 30 + n);
+      std::vector<float> add(n);
+      for (int64_t i = 0; i < n; ++i) add[i] = (i % 7 == 3 && n > 1) ? -10000.0f : 0.0f;
+      for (const float* mask : {static_cast<const float*>(nullptr), static_cast<const float*>(add.data())}) {
+        std::vector<float> y(n);
+        vec::softmax(x.data(), mask, y.data(), n, set);
+        double max = -1e300, total = 0;
+        for (int64_t i = 0; i < n; ++i) max = std::max(max, double(x[i]) + (mask ? mask[i] : 0.0));
+        for (int64_t i = 0; i < n; ++i) total += std::exp(double(x[i]) + (mask ? mask[i] : 0.0) - max);
+        for (int64_t i = 0; i < n; ++i) {
+          const double argument = double(x[i]) + (mask ? mask[i] : 0.0) - max;
+          // x + mask - max is rounded to float (half an ulp of it: relative error |argument| 2^-24 in its
+          // exp), then exp and the division add a few ulp, and the sum (in float in the build's set,
+          // about n / 16 additions per lane) up to about n 1e-10.
+          const double relative = 6e-7 + std::abs(argument) * 6e-8 + double(n) * 1e-10;
+          expect_close(y[i], std::exp(argument) / total, relative, 1e-37, mask ? "masked softmax" : "softmax", x[i]);
+        }
+      }
+    }
+}
+
+// Arguments beyond float's range and NaN: exp saturates to inf and 0 and keeps NaN; GELU is x on the far
+// right, -0 or 0 on the far left, NaN for NaN.
+TEST(VectorMath, SpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {-inf, -1000.0f, -104.0f, -88.0f, 0.0f, 88.0f, 88.8f, 1000.0f, inf, nan, 1.0f};
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (CpuKernels set : kernel_sets_here()) {
+    SCOPED_TRACE(cpu_kernels_name(set));
+    std::vector<float> e(n), y(n);
+    vec::exp_shifted(x.data(), 0.0f, e.data(), n, set);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i]))
+        EXPECT_TRUE(std::isnan(e[i]));
+      else if (std::abs(x[i]) >= 88.8f)
+        EXPECT_EQ(e[i], x[i] > 0 ? inf : 0.0f) << x[i];
+      else
+        expect_close(e[i], std::exp(double(x[i])), 2.4e-7, 1e-37, "exp", x[i]);
+    }
+    const std::vector<float> g = {-1000.0f, -20.0f, 20.0f, 1000.0f, inf, nan, 0.0f};
+    vec::gelu(g.data(), y.data(), static_cast<int64_t>(g.size()), set);
+    EXPECT_EQ(y[0], 0.0f);
+    EXPECT_EQ(y[1], 0.0f);
+    EXPECT_EQ(y[2], 20.0f);
+    EXPECT_EQ(y[3], 1000.0f);
+    EXPECT_EQ(y[4], inf);
+    EXPECT_TRUE(std::isnan(y[5]));
+    EXPECT_EQ(y[6], 0.0f);
+  }
 }
 
 }  // namespace

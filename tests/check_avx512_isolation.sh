@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The files compiled for AVX-512 inside a build for any x86-64 (core/gemm_avx512.cpp,
+# core/vector_math_avx512.cpp) must define nothing outside their own namespaces: an inline function one
+# of them shared with other files could be the copy the linker keeps, and a build for any x86-64 would
+# then run AVX-512 code on CPUs without it. And under GCC their code must really be AVX-512 (zmm
+# registers), or the run-time choice would choose nothing.
+# Usage: check_avx512_isolation.sh libbert_core.a COMPILER_ID (CMake's: GNU, Clang, ...)
+set -euo pipefail
+lib=$(realpath "$1")
+compiler=${2:-GNU}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+# object file, and the namespaces its definitions may be in
+check() {
+  local object=$1 own=$2
+  ar x "$lib" "$object"
+  local shared
+  shared=$(nm -C --defined-only "$object" | awk '$2 ~ /^[A-Z]$/' |
+    grep -v -E "$own|DW\.ref\.__gxx_personality_v0" || true)
+  if [ -n "$shared" ]; then
+    echo "FAIL: $object defines symbols other files may share:"
+    echo "$shared" | head -20
+    exit 1
+  fi
+  echo "ok: every definition of $object is private to it ($(nm --defined-only "$object" | wc -l) symbols)"
+  local zmm
+  zmm=$(objdump -d "$object" | grep -c zmm || true)
+  if [ "$compiler" = GNU ] && [ "$zmm" -eq 0 ]; then
+    echo "FAIL: $object holds no AVX-512 (zmm) instruction"
+    exit 1
+  fi
+  echo "ok: AVX-512 code in $object ($zmm instructions on zmm registers)"
+}
+check gemm_avx512.cpp.o "Eigen_avx512::|bert::gemm_avx512::"
+check vector_math_avx512.cpp.o "bert::vec_avx512::"
