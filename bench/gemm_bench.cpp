@@ -99,7 +99,7 @@ void compare_vector_kernels(int reps, bert::Rng& rng) {
        1},
       {"GELU backward (dx += dy GELU'(x))",
        [](const float* x, const float* dy, float*, float* dx, float*, int64_t lo, int64_t hi, bert::CpuKernels set) {
-         bert::vec::gelu_backward_accumulate(x + lo, dy + lo, dx + lo, hi - lo, set);
+         bert::vec::gelu_backward(x + lo, dy + lo, dx + lo, hi - lo, /*accumulate=*/true, set);
        },
        1},
       {"softmax, rows of 128 (attention)",

@@ -153,10 +153,13 @@ Var scale(Graph<T>& g, Var x, double alpha) {
   const T s = static_cast<T>(alpha);
   map_unary(g.value(x).numel(), g.value(y).data(), g.value(x).data(), [s](T v) { return s * v; });
   g.on_backward(y, [x, y, s](Graph<T>& g) {
-    T* dx = g.grad(x).data();
+    const auto dx = g.grad_target(x);
     const T* dy = g.grad(y).data();
     parallel_for(g.value(y).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dx[i] += s * dy[i];
+      if (dx.accumulate)
+        for (int64_t i = lo; i < hi; ++i) dx.data[i] += s * dy[i];
+      else
+        for (int64_t i = lo; i < hi; ++i) dx.data[i] = s * dy[i];
     });
   });
   return y;
@@ -174,9 +177,10 @@ Var gelu(Graph<T>& g, Var x) {
     // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi the normal CDF and phi its density.
     const T* xv = g.value(x).data();
     const T* dy = g.grad(y).data();
-    T* dx = g.grad(x).data();
-    parallel_for(g.value(x).numel(), kElementwiseGrain,
-                 [&](int64_t lo, int64_t hi) { vec::gelu_backward_accumulate(xv + lo, dy + lo, dx + lo, hi - lo); });
+    const auto dx = g.grad_target(x);
+    parallel_for(g.value(x).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      vec::gelu_backward(xv + lo, dy + lo, dx.data + lo, hi - lo, dx.accumulate);
+    });
   });
   return y;
 }
@@ -189,9 +193,12 @@ Var tanh(Graph<T>& g, Var x) {
   g.on_backward(y, [x, y](Graph<T>& g) {
     const T* yv = g.value(y).data();
     const T* dy = g.grad(y).data();
-    T* dx = g.grad(x).data();
+    const auto dx = g.grad_target(x);
     parallel_for(g.value(y).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * (T(1) - yv[i] * yv[i]);
+      if (dx.accumulate)
+        for (int64_t i = lo; i < hi; ++i) dx.data[i] += dy[i] * (T(1) - yv[i] * yv[i]);
+      else
+        for (int64_t i = lo; i < hi; ++i) dx.data[i] = dy[i] * (T(1) - yv[i] * yv[i]);
     });
   });
   return y;
@@ -227,9 +234,12 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   });
   g.on_backward(y, [x, y, n, keep, keep_scale](Graph<T>& g) {
     const T* dy = g.grad(y).data();
-    T* dx = g.grad(x).data();
+    const auto dx = g.grad_target(x);
     parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * (keep[i] ? keep_scale : T(0));
+      if (dx.accumulate)
+        for (int64_t i = lo; i < hi; ++i) dx.data[i] += dy[i] * (keep[i] ? keep_scale : T(0));
+      else
+        for (int64_t i = lo; i < hi; ++i) dx.data[i] = dy[i] * (keep[i] ? keep_scale : T(0));
     });
   });
   return y;

@@ -92,28 +92,31 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
     const T* dc = g.grad(c).data();
     const T* av = g.value(a).data();
     const T* bv = g.value(b).data();
+    // Every batch item writes its own slice of dA and dB whole: a fresh gradient is stored (beta 0).
     if (g.requires_grad(a)) {
-      T* da = g.grad(a).data();
+      const auto da = g.grad_target(a);
+      const T beta = da.accumulate ? T(1) : T(0);
       for_each_item(p.batch, [&](int64_t i) {
         const T* dci = dc + i * stride_c;
         const T* bi = bv + i * p.stride_b;
-        T* dai = da + i * p.stride_a;
+        T* dai = da.data + i * p.stride_a;
         if (!trans_a)  // dA (M, K) += dC (M, N) op(B)^T
-          gemm<T>({false, !trans_b, p.m, p.k, p.n}, T(1), dci, p.n, bi, p.ldb, T(1), dai, p.lda);
+          gemm<T>({false, !trans_b, p.m, p.k, p.n}, T(1), dci, p.n, bi, p.ldb, beta, dai, p.lda);
         else  // dA (K, M) += op(B) (K, N) dC^T
-          gemm<T>({trans_b, true, p.k, p.m, p.n}, T(1), bi, p.ldb, dci, p.n, T(1), dai, p.lda);
+          gemm<T>({trans_b, true, p.k, p.m, p.n}, T(1), bi, p.ldb, dci, p.n, beta, dai, p.lda);
       });
     }
     if (g.requires_grad(b)) {
-      T* db = g.grad(b).data();
+      const auto db = g.grad_target(b);
+      const T beta = db.accumulate ? T(1) : T(0);
       for_each_item(p.batch, [&](int64_t i) {
         const T* dci = dc + i * stride_c;
         const T* ai = av + i * p.stride_a;
-        T* dbi = db + i * p.stride_b;
+        T* dbi = db.data + i * p.stride_b;
         if (!trans_b)  // dB (K, N) += op(A)^T (K, M) dC
-          gemm<T>({!trans_a, false, p.k, p.n, p.m}, T(1), ai, p.lda, dci, p.n, T(1), dbi, p.ldb);
+          gemm<T>({!trans_a, false, p.k, p.n, p.m}, T(1), ai, p.lda, dci, p.n, beta, dbi, p.ldb);
         else  // dB (N, K) += dC^T (N, M) op(A)
-          gemm<T>({true, trans_a, p.n, p.k, p.m}, T(1), dci, p.n, ai, p.lda, T(1), dbi, p.ldb);
+          gemm<T>({true, trans_a, p.n, p.k, p.m}, T(1), dci, p.n, ai, p.lda, beta, dbi, p.ldb);
       });
     }
   });
@@ -144,10 +147,16 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
 
   g.on_backward(y, [x, weight, bias, y, rows, in, out](Graph<T>& g) {
     const T* dy = g.grad(y).data();
-    if (g.requires_grad(x))  // dx (N, in) += dy (N, out) W (out, in)
-      gemm<T>({false, false, rows, in, out}, T(1), dy, out, g.value(weight).data(), in, T(1), g.grad(x).data(), in);
-    if (g.requires_grad(weight))  // dW (out, in) += dy^T (out, N) x (N, in)
-      gemm<T>({true, false, out, in, rows}, T(1), dy, out, g.value(x).data(), in, T(1), g.grad(weight).data(), in);
+    if (g.requires_grad(x)) {  // dx (N, in) += dy (N, out) W (out, in); a fresh dx is stored (beta 0)
+      const auto dx = g.grad_target(x);
+      gemm<T>({false, false, rows, in, out}, T(1), dy, out, g.value(weight).data(), in, dx.accumulate ? T(1) : T(0),
+              dx.data, in);
+    }
+    if (g.requires_grad(weight)) {  // dW (out, in) += dy^T (out, N) x (N, in)
+      const auto dw = g.grad_target(weight);
+      gemm<T>({true, false, out, in, rows}, T(1), dy, out, g.value(x).data(), in, dw.accumulate ? T(1) : T(0), dw.data,
+              in);
+    }
     if (bias.valid() && g.requires_grad(bias)) {
       // Threads split the columns (each sums all rows of its own): the same sums whatever the thread count.
       T* db = g.grad(bias).data();

@@ -43,13 +43,16 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
     // dx = y * (dy - sum_j dy_j y_j), row by row.
     const T* yv = g.value(y).data();
     const T* dy = g.grad(y).data();
-    T* dx = g.grad(x).data();
+    const auto dx = g.grad_target(x);
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* yr = yv + r * k;
         const T* dyr = dy + r * k;
         const T dot = (vec::view(dyr, k) * vec::view(yr, k)).sum();
-        vec::view(dx + r * k, k) += vec::view(yr, k) * (vec::view(dyr, k) - dot);
+        if (dx.accumulate)
+          vec::view(dx.data + r * k, k) += vec::view(yr, k) * (vec::view(dyr, k) - dot);
+        else
+          vec::view(dx.data + r * k, k) = vec::view(yr, k) * (vec::view(dyr, k) - dot);
       }
     });
   });

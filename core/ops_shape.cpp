@@ -81,9 +81,13 @@ Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm) {
   T* yv = g.value(y).data();
   walk_permute(p, [&](int64_t o, int64_t i) { yv[o] = xv[i]; });
   g.on_backward(y, [x, y, p](Graph<T>& g) {
-    T* dx = g.grad(x).data();
+    const auto dx = g.grad_target(x);
     const T* dy = g.grad(y).data();
-    walk_permute(p, [&](int64_t o, int64_t i) { dx[i] += dy[o]; });  // a bijection: no write conflicts
+    // A bijection: every element of dx written once, no write conflicts.
+    if (dx.accumulate)
+      walk_permute(p, [&](int64_t o, int64_t i) { dx.data[i] += dy[o]; });
+    else
+      walk_permute(p, [&](int64_t o, int64_t i) { dx.data[i] = dy[o]; });
   });
   return y;
 }

@@ -65,11 +65,14 @@ void gelu(const T* x, T* y, int64_t n) {
   view(y, n) = T(0.5) * v * (T(1) + (v * T(0.70710678118654752440)).erf());
 }
 template <typename T>
-void gelu_backward_accumulate(const T* x, const T* dy, T* dx, int64_t n) {
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate) {
   const auto v = view(x, n);
   const auto cdf = T(0.5) * (T(1) + (v * T(0.70710678118654752440)).erf());
   const auto pdf = T(0.39894228040143267794) * (T(-0.5) * v * v).exp();
-  view(dx, n) += view(dy, n) * (cdf + v * pdf);
+  if (accumulate)
+    view(dx, n) += view(dy, n) * (cdf + v * pdf);
+  else
+    view(dx, n) = view(dy, n) * (cdf + v * pdf);
 }
 
 }  // namespace build
@@ -112,7 +115,8 @@ void softmax(const T* x, const T* add, T* y, int64_t n, CpuKernels kernels = Cpu
     if (float_avx512(kernels)) return vec_avx512::softmax(x, add, y, n);
   return build::softmax(x, add, y, n);
 }
-// GELU (erf form): y = x Phi(x), and its derivative Phi(x) + x phi(x), accumulated times dy into dx.
+// GELU (erf form): y = x Phi(x), and its derivative Phi(x) + x phi(x) times dy, stored into dx or added
+// to it (accumulate).
 template <typename T>
 void gelu(const T* x, T* y, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
   if constexpr (std::is_same_v<T, float>)
@@ -120,10 +124,10 @@ void gelu(const T* x, T* y, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
   return build::gelu(x, y, n);
 }
 template <typename T>
-void gelu_backward_accumulate(const T* x, const T* dy, T* dx, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate, CpuKernels kernels = CpuKernels::kAuto) {
   if constexpr (std::is_same_v<T, float>)
-    if (float_avx512(kernels)) return vec_avx512::gelu_backward_accumulate(x, dy, dx, n);
-  return build::gelu_backward_accumulate(x, dy, dx, n);
+    if (float_avx512(kernels)) return vec_avx512::gelu_backward(x, dy, dx, n, accumulate);
+  return build::gelu_backward(x, dy, dx, n, accumulate);
 }
 
 }  // namespace bert::vec

@@ -161,15 +161,15 @@ void gelu(const float* x, float* y, int64_t n) {
 }
 
 // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
-void gelu_backward_accumulate(const float* x, const float* dy, float* dx, int64_t n) {
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool accumulate) {
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 m = lanes(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     const __m512 cdf = _mm512_fmadd_ps(erf_ps(_mm512_mul_ps(v, splat(kSqrtHalf))), splat(0.5f), splat(0.5f));
     const __m512 gauss = exp_ps(_mm512_mul_ps(_mm512_mul_ps(v, v), splat(-0.5f)));
     const __m512 grad = _mm512_fmadd_ps(_mm512_mul_ps(v, splat(0.39894228040143267794f)), gauss, cdf);
-    _mm512_mask_storeu_ps(dx + i, m,
-                          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, dy + i), grad, _mm512_maskz_loadu_ps(m, dx + i)));
+    const __m512 before = accumulate ? _mm512_maskz_loadu_ps(m, dx + i) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(dx + i, m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, dy + i), grad, before));
   }
 }
 

@@ -13,6 +13,6 @@ float max_of(const float* x, int64_t n);
 void add_scaled_exp_shifted(const float* x, float shift, float scale, float* out, int64_t n);
 void softmax(const float* x, const float* add, float* y, int64_t n);
 void gelu(const float* x, float* y, int64_t n);
-void gelu_backward_accumulate(const float* x, const float* dy, float* dx, int64_t n);
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool accumulate);
 
 }  // namespace bert::vec_avx512

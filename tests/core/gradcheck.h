@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <vector>
 
@@ -67,7 +69,15 @@ inline void expect_gradients_match(std::vector<Tensor<double>>& inputs, const Bu
   }
   Tensor<double> projection = random_tensor(out_shape, 991);
 
-  // Analytic gradients.
+  // Analytic gradients, on a workspace filled with NaN first: an op whose backward reads a fresh
+  // gradient buffer it should only write (Graph::grad_target) then gets NaN, not the zeros new memory
+  // tends to hold.
+  {
+    constexpr int64_t kPoisoned = int64_t{1} << 20;
+    double* poison = g.scratch<double>(kPoisoned);
+    std::fill(poison, poison + kPoisoned, std::numeric_limits<double>::quiet_NaN());
+    g.clear();
+  }
   std::vector<Tensor<double>> grads;
   for (auto& t : inputs) grads.emplace_back(t.shape());
   std::vector<Var> leaves;

@@ -239,6 +239,41 @@ TEST(Broadcast, ResidualAddKeepsTheOperandsGradientsApart) {
   }
 }
 
+// An op whose input is an inner node stores that node's gradient when it is the first to write it (the
+// buffer is fresh and not zeroed) and adds to it otherwise; leaves, as in the checks above, always add.
+// Each op here feeds two copies of itself from one inner node: the later copy's backward stores, the
+// earlier one's adds.
+TEST(InnerGradients, StoredFreshThenAddedByEveryOp) {
+  using Op = std::function<Var(Graph<double>&, Var t, const Leaves& x)>;
+  const std::vector<std::pair<const char*, Op>> cases = {
+      {"scale", [](Graph<double>& g, Var t, const Leaves&) { return ops::scale(g, t, -0.5); }},
+      {"gelu", [](Graph<double>& g, Var t, const Leaves&) { return ops::gelu(g, t); }},
+      {"tanh", [](Graph<double>& g, Var t, const Leaves&) { return ops::tanh(g, t); }},
+      {"dropout",
+       [](Graph<double>& g, Var t, const Leaves&) {
+         Rng rng(7);
+         return ops::dropout(g, t, 0.25, true, rng);
+       }},
+      {"permute",
+       [](Graph<double>& g, Var t, const Leaves&) { return ops::reshape(g, ops::permute(g, t, {1, 0}), {4, 4}); }},
+      {"softmax", [](Graph<double>& g, Var t, const Leaves&) { return ops::softmax(g, t); }},
+      {"matmul, left", [](Graph<double>& g, Var t, const Leaves& x) { return ops::matmul(g, t, x[1]); }},
+      {"matmul, right", [](Graph<double>& g, Var t, const Leaves& x) { return ops::matmul(g, x[1], t, true, false); }},
+      {"linear", [](Graph<double>& g, Var t, const Leaves& x) { return ops::linear(g, t, x[1], x[2]); }},
+  };
+  for (const auto& [name, op] : cases) {
+    SCOPED_TRACE(name);
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor({4, 4}, 21));
+    in.push_back(random_tensor({4, 4}, 22));
+    in.push_back(random_tensor({4}, 23));
+    expect_gradients_match(in, [&op = op](Graph<double>& g, const Leaves& x) {
+      Var t = ops::tanh(g, x[0]);  // inner
+      return ops::add(g, op(g, t, x), ops::scale(g, op(g, t, x), 2.0));
+    });
+  }
+}
+
 TEST(Broadcast, RejectsIncompatibleShapes) {
   Graph<double> g;
   Tensor<double> a({3, 4}), b({3});

@@ -70,9 +70,11 @@ TEST(VectorMath, GeluAndItsDerivativeMatchTheReference) {
       auto x = values<float>(n, -12.0, 12.0, 10 + n);
       for (int64_t i = 0; i < n; i += 2) x[i] *= 1.0f / 3;
       const auto dy = values<float>(n, -1.0, 1.0, 20 + n);
-      std::vector<float> y(n), dx(n, 0.25f);
+      // The gradient added to what dx holds, and stored over garbage (a fresh buffer is not zeroed).
+      std::vector<float> y(n), dx(n, 0.25f), stored(n, std::numeric_limits<float>::quiet_NaN());
       vec::gelu(x.data(), y.data(), n, set);
-      vec::gelu_backward_accumulate(x.data(), dy.data(), dx.data(), n, set);
+      vec::gelu_backward(x.data(), dy.data(), dx.data(), n, /*accumulate=*/true, set);
+      vec::gelu_backward(x.data(), dy.data(), stored.data(), n, /*accumulate=*/false, set);
       for (int64_t i = 0; i < n; ++i) {
         // 1 + erf(x / sqrt 2) cancels for negative x: in float its absolute error is about one ulp of 1
         // (1.2e-7), scaled by |x| in x Phi(x); the tolerance allows that and a few ulp otherwise.
@@ -81,7 +83,8 @@ TEST(VectorMath, GeluAndItsDerivativeMatchTheReference) {
         const double cdf = 0.5 * (1 + std::erf(v / std::sqrt(2.0)));
         expect_close(y[i], v * cdf, 1e-6, cancellation, "gelu", v);
         const double grad = cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
-        expect_close(dx[i], 0.25 + dy[i] * grad, 1e-6, cancellation, "gelu'", v);
+        expect_close(dx[i], 0.25 + dy[i] * grad, 1e-6, cancellation, "gelu' added", v);
+        expect_close(stored[i], dy[i] * grad, 1e-6, cancellation, "gelu' stored", v);
       }
     }
   const auto xd = values<double>(257, -9.0, 9.0, 4);
