@@ -65,17 +65,9 @@ void for_each_item(int64_t batch, Fn fn) {
   });
 }
 
-}  // namespace
-
+// C = alpha op(A) op(B): the scale rides in the GEMMs, forward and backward (no pass of its own).
 template <typename T>
-Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a, bool trans_b) {
-  BERT_DISPATCH_CUDA(g, matmul(g, a, b, trans_a, trans_b, alpha))
-  return scale(g, matmul(g, a, b, trans_a, trans_b), alpha);
-}
-
-template <typename T>
-Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
-  BERT_DISPATCH_CUDA(g, matmul(g, a, b, trans_a, trans_b))
+Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b, T alpha) {
   const MatmulPlan p = plan_matmul(g.shape(a), g.shape(b), trans_a, trans_b);
   Var c = g.emit(p.out, {a, b});
   const int64_t stride_c = p.m * p.n;
@@ -84,11 +76,11 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
     const T* bv = g.value(b).data();
     T* cv = g.value(c).data();
     for_each_item(p.batch, [&](int64_t i) {
-      gemm<T>({trans_a, trans_b, p.m, p.n, p.k}, T(1), av + i * p.stride_a, p.lda, bv + i * p.stride_b, p.ldb, T(0),
+      gemm<T>({trans_a, trans_b, p.m, p.n, p.k}, alpha, av + i * p.stride_a, p.lda, bv + i * p.stride_b, p.ldb, T(0),
               cv + i * stride_c, p.n);
     });
   }
-  g.on_backward(c, [a, b, c, p, trans_a, trans_b, stride_c](Graph<T>& g) {
+  g.on_backward(c, [a, b, c, p, trans_a, trans_b, stride_c, alpha](Graph<T>& g) {
     const T* dc = g.grad(c).data();
     const T* av = g.value(a).data();
     const T* bv = g.value(b).data();
@@ -101,9 +93,9 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
         const T* bi = bv + i * p.stride_b;
         T* dai = da.data + i * p.stride_a;
         if (!trans_a)  // dA (M, K) += dC (M, N) op(B)^T
-          gemm<T>({false, !trans_b, p.m, p.k, p.n}, T(1), dci, p.n, bi, p.ldb, beta, dai, p.lda);
+          gemm<T>({false, !trans_b, p.m, p.k, p.n}, alpha, dci, p.n, bi, p.ldb, beta, dai, p.lda);
         else  // dA (K, M) += op(B) (K, N) dC^T
-          gemm<T>({trans_b, true, p.k, p.m, p.n}, T(1), bi, p.ldb, dci, p.n, beta, dai, p.lda);
+          gemm<T>({trans_b, true, p.k, p.m, p.n}, alpha, bi, p.ldb, dci, p.n, beta, dai, p.lda);
       });
     }
     if (g.requires_grad(b)) {
@@ -114,13 +106,27 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
         const T* ai = av + i * p.stride_a;
         T* dbi = db.data + i * p.stride_b;
         if (!trans_b)  // dB (K, N) += op(A)^T (K, M) dC
-          gemm<T>({!trans_a, false, p.k, p.n, p.m}, T(1), ai, p.lda, dci, p.n, beta, dbi, p.ldb);
+          gemm<T>({!trans_a, false, p.k, p.n, p.m}, alpha, ai, p.lda, dci, p.n, beta, dbi, p.ldb);
         else  // dB (N, K) += dC^T (N, M) op(A)
-          gemm<T>({true, trans_a, p.n, p.k, p.m}, T(1), dci, p.n, ai, p.lda, beta, dbi, p.ldb);
+          gemm<T>({true, trans_a, p.n, p.k, p.m}, alpha, dci, p.n, ai, p.lda, beta, dbi, p.ldb);
       });
     }
   });
   return c;
+}
+
+}  // namespace
+
+template <typename T>
+Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a, bool trans_b) {
+  BERT_DISPATCH_CUDA(g, matmul(g, a, b, trans_a, trans_b, alpha))
+  return matmul(g, a, b, trans_a, trans_b, static_cast<T>(alpha));
+}
+
+template <typename T>
+Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
+  BERT_DISPATCH_CUDA(g, matmul(g, a, b, trans_a, trans_b))
+  return matmul(g, a, b, trans_a, trans_b, T(1));
 }
 
 template <typename T>
