@@ -23,6 +23,40 @@ struct Blocks {
   int64_t begin(int64_t b) const { return channel(b) * per_channel + (b % blocks_per_channel) * kBlock; }
   int64_t end(int64_t b) const { return std::min(begin(b) + kBlock, (channel(b) + 1) * per_channel); }
 };
+
+// Backward over elements [begin, end) sharing the scale s: dx gets dy where x / s fell inside [lo, hi]
+// (the straight-through estimator; DxMode: kNone, kStore into a fresh buffer, kAdd), and the LSQ scale
+// gradient sum dy * (lo, hi, or round(v) - v) is returned. Branch-free over lanes of kLanes
+// accumulators (a single running sum was a serial chain of dependent adds: 6x the forward's time), the
+// lanes summed in double every kSubBlock elements: the same order on any thread count.
+enum class DxMode { kNone, kStore, kAdd };
+constexpr int kLanes = 16;
+constexpr int64_t kSubBlock = 256;
+
+template <DxMode kDx, typename T>
+double lsq_backward(const T* x, const T* dy, T* dx, int64_t begin, int64_t end, T s, T lo, T hi) {
+  double total = 0;
+  for (int64_t start = begin; start < end; start += kSubBlock) {
+    const int64_t stop = std::min(start + kSubBlock, end);
+    T lanes[kLanes] = {};
+    auto element = [&](int64_t i, T& lane) {
+      const T v = x[i] / s;
+      const bool below = v<lo, above = v> hi;
+      lane += dy[i] * (below ? lo : above ? hi : std::nearbyint(v) - v);
+      const T pass = (below || above) ? T(0) : dy[i];
+      if constexpr (kDx == DxMode::kStore) dx[i] = pass;
+      if constexpr (kDx == DxMode::kAdd) dx[i] += pass;
+    };
+    int64_t i = start;
+    for (; i + kLanes <= stop; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) element(i + j, lanes[j]);
+    for (int j = 0; i < stop; ++i, ++j) element(i, lanes[j]);
+    double sub = 0;
+    for (T lane : lanes) sub += double(lane);
+    total += sub;
+  }
+  return total;
+}
 }  // namespace
 
 template <typename T>
@@ -64,26 +98,21 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
     const T* xv = g.value(x).data();
     const T* sv = g.value(scale).data();
     const T* dy = g.grad(y).data();
-    T* dx = g.requires_grad(x) ? g.grad(x).data() : nullptr;
+    const bool want_dx = g.requires_grad(x);
+    const auto dx = want_dx ? g.grad_target(x) : typename Graph<T>::GradTarget{nullptr, false};
     T* ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
     const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
     std::vector<double> partial(static_cast<size_t>(n_blocks), 0.0);
     parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const T s = sv[blocks.channel(b)];
-        double scale_grad = 0;
-        for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
-          const T v = xv[i] / s;
-          if (v < lo) {
-            scale_grad += double(dy[i]) * lo;
-          } else if (v > hi) {
-            scale_grad += double(dy[i]) * hi;
-          } else {
-            if (dx) dx[i] += dy[i];
-            scale_grad += double(dy[i]) * (std::nearbyint(v) - v);
-          }
-        }
-        partial[b] = scale_grad;
+        const int64_t begin = blocks.begin(b), end = blocks.end(b);
+        if (!want_dx)
+          partial[b] = lsq_backward<DxMode::kNone>(xv, dy, dx.data, begin, end, s, lo, hi);
+        else if (dx.accumulate)
+          partial[b] = lsq_backward<DxMode::kAdd>(xv, dy, dx.data, begin, end, s, lo, hi);
+        else
+          partial[b] = lsq_backward<DxMode::kStore>(xv, dy, dx.data, begin, end, s, lo, hi);
       }
     });
     if (!ds) return;

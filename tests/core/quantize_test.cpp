@@ -4,7 +4,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/ops.h"
 #include "tests/core/gradcheck.h"
@@ -196,6 +198,37 @@ TEST(FakeQuantize, LargePerTensorInputGivesIdenticalResultsOnOneAndTwoThreads) {
   const std::vector<float> one = run_with(1), two = run_with(2);
   omp_set_num_threads(saved);
   EXPECT_EQ(one, two);
+}
+
+// An inner input's gradient is stored into a fresh buffer (here over NaN), a leaf's is added: both give
+// the same gradients, and the float scale gradient (summed in lanes, the lanes in double) matches a
+// double-precision sum of the LSQ terms.
+TEST(FakeQuantize, InnerInputGetsTheLeafsGradientsAndTheScaleSumIsAccurate) {
+  const Tensor<float> x = testing::to_float(testing::random_tensor({5, 40000}, 41, 3.0));
+  Tensor<float> projection = testing::to_float(testing::random_tensor({5, 40000}, 42));
+  const float scale = 0.05f, grad_scale = 0.01f;
+  auto run = [&](bool inner, Tensor<float>& gx) {
+    Tensor<float> xv = x.clone(), s(Shape{1}, {scale}), gs({1});
+    Graph<float> g;
+    float* poison = g.scratch<float>(size_t{4} << 20);
+    std::fill(poison, poison + (size_t{4} << 20), std::numeric_limits<float>::quiet_NaN());
+    g.clear();
+    Var input = g.leaf(xv.view(), gx.view());
+    if (inner) input = ops::scale(g, input, 1.0);
+    Var y = ops::fake_quantize(g, input, g.leaf(s.view(), gs.view()), -128, 127, grad_scale);
+    g.backward(ops::sum(g, ops::mul(g, y, g.constant(projection.view()))));
+    return gs[0];
+  };
+  Tensor<float> gx_leaf(x.shape()), gx_inner(x.shape());
+  const float ds_leaf = run(false, gx_leaf), ds_inner = run(true, gx_inner);
+  EXPECT_EQ(ds_leaf, ds_inner);
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(gx_leaf[i], gx_inner[i]) << i;
+  double reference = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float v = x[i] / scale;
+    reference += double(projection[i]) * (v < -128 ? -128.0 : v > 127 ? 127.0 : double(std::nearbyint(v) - v));
+  }
+  EXPECT_NEAR(ds_leaf, grad_scale * reference, 1e-5 * std::abs(grad_scale * reference));
 }
 
 }  // namespace
