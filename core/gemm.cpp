@@ -22,7 +22,7 @@ namespace {
 
 // A one-thread product: Eigen for the build's target or for AVX-512.
 template <typename T>
-using OneThread = void (*)(GemmArgs, T, const T*, int64_t, const T*, int64_t, T, T*, int64_t);
+using OneThread = void (*)(GemmArgs, T, const T*, int64_t, const T*, int64_t, T, T*, int64_t, const T*);
 
 template <typename T>
 OneThread<T> one_thread_kernel(CpuKernels kernel) {
@@ -59,10 +59,10 @@ GemmGrid gemm_grid(int64_t m, int64_t n, int64_t target, int64_t min_side) {
 }
 
 // A small C and a long inner dimension (a weight's gradient sums over every token): k split into
-// `parts`, part 0 into C (with beta), the others into buffers of their own, added to C in a fixed order.
+// `parts`, part 0 into C (with beta and the bias), the others into buffers of their own, added to C in a fixed order.
 template <typename T>
 void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alpha, const T* a, int64_t lda, const T* b,
-                  int64_t ldb, T beta, T* c, int64_t ldc) {
+                  int64_t ldb, T beta, T* c, int64_t ldc, const T* bias) {
   thread_local std::vector<T> partial;  // kept: the same shapes come back every step
   const int64_t mn = g.m * g.n;
   if (partial.size() < static_cast<std::size_t>((parts - 1) * mn)) partial.resize((parts - 1) * mn);
@@ -75,9 +75,9 @@ void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alp
     const T* ap = g.trans_a ? a + k0 * lda : a + k0;
     const T* bp = g.trans_b ? b + k0 : b + k0 * ldb;
     if (p == 0)
-      gemm_one_thread(part, alpha, ap, lda, bp, ldb, beta, c, ldc);
+      gemm_one_thread(part, alpha, ap, lda, bp, ldb, beta, c, ldc, bias);
     else
-      gemm_one_thread(part, alpha, ap, lda, bp, ldb, T(0), buffers + (p - 1) * mn, g.n);
+      gemm_one_thread(part, alpha, ap, lda, bp, ldb, T(0), buffers + (p - 1) * mn, g.n, nullptr);
   }
   parallel_for(g.m, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
@@ -98,22 +98,22 @@ void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alp
 // independent blocks meet only at the end. Results are bit-identical at a fixed thread count.
 template <typename T>
 void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-          CpuKernels kernel) {
+          CpuKernels kernel, const T* bias) {
   const OneThread<T> gemm_one_thread = one_thread_kernel<T>(kernel);
   const int threads = omp_in_parallel() ? 1 : num_threads();
   if (threads == 1 || double(g.m) * double(g.n) * double(g.k) < kMinParallelWork) {
-    gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
     return;
   }
   const GemmGrid grid = gemm_grid(g.m, g.n, threads * kBlocksPerThread, kMinBlockSide);
   const int64_t blocks = grid.rows * grid.cols;
   const int64_t k_parts = std::min<int64_t>(threads, g.k / kMinKPart);
   if (blocks * 2 <= threads && k_parts >= 2) {
-    gemm_split_k(gemm_one_thread, g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_split_k(gemm_one_thread, g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc, bias);
     return;
   }
   if (blocks <= 1) {
-    gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(std::min <int64_t>(threads, blocks)))
@@ -125,12 +125,13 @@ void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
     part.m = r1 - r0;
     part.n = c1 - c0;
     gemm_one_thread(part, alpha, g.trans_a ? a + r0 : a + r0 * lda, lda, g.trans_b ? b + c0 * ldb : b + c0, ldb, beta,
-                    c + r0 * ldc + c0, ldc);
+                    c + r0 * ldc + c0, ldc, bias ? bias + c0 : nullptr);
   }
 }
 
 template <typename T>
-void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+                    const T* bias) {
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t j = 0; j < g.n; ++j) {
       double acc = 0;
@@ -140,18 +141,19 @@ void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, in
         acc += av * bv;
       }
       T& out = c[i * ldc + j];
-      out = static_cast<T>(alpha * acc + (beta == T(0) ? 0.0 : double(beta) * double(out)));
+      out = static_cast<T>(alpha * acc + (beta == T(0) ? 0.0 : double(beta) * double(out)) +
+                           (bias ? double(bias[j]) : 0.0));
     }
   }
 }
 
 template void gemm<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t,
-                          CpuKernels);
+                          CpuKernels, const float*);
 template void gemm<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*, int64_t,
-                           CpuKernels);
+                           CpuKernels, const double*);
 template void gemm_reference<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*,
-                                    int64_t);
+                                    int64_t, const float*);
 template void gemm_reference<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*,
-                                     int64_t);
+                                     int64_t, const double*);
 
 }  // namespace bert

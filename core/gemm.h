@@ -19,13 +19,15 @@ struct GemmArgs {
 // single precision, Eigen in double), on independent blocks of C (or parts of k) spread over the
 // OpenMP threads. Measured against OpenBLAS 0.3.21 on the development machine's kind (2 cores, AVX-512):
 // equal or faster on every BERT shape tried.
+// With a bias (n values), C = alpha op(A) op(B) + beta C + bias added to every row, in the kernel's
+// store of C (a linear layer's forward: no pass of its own).
 template <typename T>
 void gemm(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-          CpuKernels kernel = CpuKernels::kAuto);
+          CpuKernels kernel = CpuKernels::kAuto, const T* bias = nullptr);
 
 // Plain triple loop, accumulating in double: the reference the fast path is tested against.
 template <typename T>
-void gemm_reference(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-                    int64_t ldc);
+void gemm_reference(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+                    const T* bias = nullptr);
 
 }  // namespace bert

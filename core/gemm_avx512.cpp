@@ -93,11 +93,11 @@ void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc, i
 }
 
 // kRows rows (<= kMr) of C, kNr columns of which the first `width` are stored: C = alpha (A panel) + beta C
-// (beta 0: C is not read). A is read in place: row r, step p at a[r * lda + p], or a[p * lda + r] when
-// kTransA (A stored (K, M)).
+// + bias (beta 0: C is not read; bias null: none). A is read in place: row r, step p at a[r * lda + p], or a[p * lda +
+// r] when kTransA (A stored (K, M)).
 template <int kRows, bool kTransA>
 void tile(int64_t kc, const float* a, int64_t lda, const float* panel, float* c, int64_t ldc, int64_t width,
-          float alpha, float beta) {
+          float alpha, float beta, const float* bias) {
   __m512 acc0[kRows], acc1[kRows];
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
@@ -113,10 +113,12 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
   }
   const __mmask16 m0 = lane_mask(width), m1 = lane_mask(width - 16);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+  const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     float* cr = c + r * ldc;
-    __m512 y0 = _mm512_mul_ps(acc0[r], va), y1 = _mm512_mul_ps(acc1[r], va);
+    __m512 y0 = _mm512_fmadd_ps(acc0[r], va, bias0), y1 = _mm512_fmadd_ps(acc1[r], va, bias1);
     if (beta != 0.0f) {
       y0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), y0);
       y1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), y1);
@@ -127,7 +129,8 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
 }
 
 template <bool kTransA>
-using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, float, float);
+using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, float, float,
+                        const float*);
 
 template <bool kTransA>
 TileFn<kTransA> tile_for_rows(int64_t rows) {
@@ -161,11 +164,13 @@ TileFn<kTransA> tile_for_rows(int64_t rows) {
 
 template <bool kTransA>
 void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                    float* c, int64_t ldc) {
+                    float* c, int64_t ldc, const float* bias) {
   float* panels = packing_memory(kKc * ((smaller(kNc, g.n) + kNr - 1) / kNr * kNr));
   for (int64_t p0 = 0; p0 < g.k; p0 += kKc) {
     const int64_t kc = smaller(kKc, g.k - p0);
-    const float beta_here = p0 == 0 ? beta : 1.0f;  // later slices of k add to what the first wrote
+    // Later slices of k add to what the first wrote (which added the bias).
+    const float beta_here = p0 == 0 ? beta : 1.0f;
+    const float* bias_here = p0 == 0 ? bias : nullptr;
     for (int64_t j0 = 0; j0 < g.n; j0 += kNc) {
       const int64_t nc = smaller(kNc, g.n - j0);
       pack_b(g.trans_b, b, ldb, p0, kc, j0, nc, panels);
@@ -174,7 +179,8 @@ void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const 
         const TileFn<kTransA> run = tile_for_rows<kTransA>(rows);
         const float* a_strip = kTransA ? a + p0 * lda + i0 : a + i0 * lda + p0;
         for (int64_t jp = 0; jp < nc; jp += kNr)
-          run(kc, a_strip, lda, panels + jp * kc, c + i0 * ldc + j0 + jp, ldc, smaller(kNr, nc - jp), alpha, beta_here);
+          run(kc, a_strip, lda, panels + jp * kc, c + i0 * ldc + j0 + jp, ldc, smaller(kNr, nc - jp), alpha, beta_here,
+              bias_here ? bias_here + j0 + jp : nullptr);
       }
     }
   }
@@ -183,22 +189,23 @@ void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const 
 }  // namespace
 
 void one_thread(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                int64_t ldc) {
+                int64_t ldc, const float* bias) {
   if (g.m == 0 || g.n == 0) return;
-  if (g.k == 0) {  // C = beta C; beta 0 writes zeros (C is not read)
+  if (g.k == 0) {  // C = beta C (+ bias); beta 0 writes zeros (C is not read)
     for (int64_t i = 0; i < g.m; ++i)
-      for (int64_t j = 0; j < g.n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+      for (int64_t j = 0; j < g.n; ++j)
+        c[i * ldc + j] = (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]) + (bias ? bias[j] : 0.0f);
     return;
   }
   if (g.trans_a)
-    packed_product<true>(g, alpha, a, lda, b, ldb, beta, c, ldc);
+    packed_product<true>(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
   else
-    packed_product<false>(g, alpha, a, lda, b, ldb, beta, c, ldc);
+    packed_product<false>(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
 void one_thread(GemmArgs g, double alpha, const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-                double* c, int64_t ldc) {
-  eigen_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc);
+                double* c, int64_t ldc, const double* bias) {
+  eigen_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
 }  // namespace bert::gemm_avx512

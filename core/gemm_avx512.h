@@ -9,8 +9,8 @@
 namespace bert::gemm_avx512 {
 
 void one_thread(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                int64_t ldc);
+                int64_t ldc, const float* bias);
 void one_thread(GemmArgs g, double alpha, const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-                double* c, int64_t ldc);
+                double* c, int64_t ldc, const double* bias);
 
 }  // namespace bert::gemm_avx512

@@ -1,5 +1,4 @@
 // matmul and linear: forward and backward side by side, on core/gemm.
-#include <Eigen/Core>
 #include <algorithm>
 #include <vector>
 
@@ -11,9 +10,6 @@
 namespace bert::ops {
 
 namespace {
-
-// Elements of a row-wise pass (the bias add) per thread below which threading does not pay.
-constexpr int64_t kRowGrainElements = 1 << 15;
 
 // How a matmul maps onto `batch` GEMMs of (M, K) x (K, N).
 struct MatmulPlan {
@@ -138,18 +134,11 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
              "linear: x " + xs.str() + " does not fit weight " + ws.str());
   const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
   if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({out}), "linear bias " + g.shape(bias).str());
-  using Rows = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-  using Vec = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 
   Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
-  T* yv = g.value(y).data();
-  gemm<T>({false, true, rows, out, in}, T(1), g.value(x).data(), in, g.value(weight).data(), in, T(0), yv, out);
-  if (bias.valid()) {
-    const T* bv = g.value(bias).data();
-    parallel_for(rows, std::max<int64_t>(1, kRowGrainElements / out), [&](int64_t lo, int64_t hi) {
-      Rows(yv + lo * out, hi - lo, out).rowwise() += Vec(const_cast<T*>(bv), out);
-    });
-  }
+  // The bias is added in the GEMM's store of y (no pass of its own).
+  gemm<T>({false, true, rows, out, in}, T(1), g.value(x).data(), in, g.value(weight).data(), in, T(0),
+          g.value(y).data(), out, CpuKernels::kAuto, bias.valid() ? g.value(bias).data() : nullptr);
 
   g.on_backward(y, [x, weight, bias, y, rows, in, out](Graph<T>& g) {
     const T* dy = g.grad(y).data();

@@ -19,8 +19,8 @@ struct GemmCase {
 };
 
 template <typename T>
-void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad,
-                             double tol) {
+void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad, double tol,
+                             bool with_bias = false) {
   Rng rng(static_cast<uint64_t>(s.m * 131 + s.n * 17 + s.k + ta * 2 + tb));
   const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
   const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
@@ -29,9 +29,11 @@ void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T 
   for (auto& v : a) v = static_cast<T>(rng.next_normal());
   for (auto& v : b) v = static_cast<T>(rng.next_normal());
   for (auto& v : c) v = static_cast<T>(rng.next_normal());
-  std::vector<T> expected = c;
-  gemm<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, kernel);
-  gemm_reference<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc);
+  std::vector<T> expected = c, bias_values(s.n);
+  for (auto& v : bias_values) v = static_cast<T>(rng.next_normal());
+  const T* bias = with_bias ? bias_values.data() : nullptr;
+  gemm<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, kernel, bias);
+  gemm_reference<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc, bias);
   for (int64_t i = 0; i < s.m; ++i) {
     for (int64_t j = 0; j < ldc; ++j) {
       const int64_t at = i * ldc + j;
@@ -61,6 +63,10 @@ TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
           check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5);
           check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5);
           check_against_reference<double>(kernel, GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13);
+          // A bias added to every row (a linear layer's forward), with and without beta.
+          check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 1, 1e-5, /*with_bias=*/true);
+          check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 0, 1e-5, /*with_bias=*/true);
+          check_against_reference<double>(kernel, GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13, /*with_bias=*/true);
         }
     }
   omp_set_num_threads(saved);
