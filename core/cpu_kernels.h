@@ -7,6 +7,8 @@
 namespace bert {
 
 // kAuto: the best set this CPU runs, unless BERT_CPU_KERNELS=build (or avx512) says otherwise (read once).
+// Under build no AVX-512 code is chosen at run time at all (the integer GEMM takes its AVX2 kernel too):
+// what a machine without AVX-512 runs.
 enum class CpuKernels { kAuto, kBuild, kAvx512 };
 const char* cpu_kernels_name(CpuKernels kernels);  // kAuto: the set it stands for
 bool cpu_kernels_supported(CpuKernels kernels);    // kAuto and kBuild: always

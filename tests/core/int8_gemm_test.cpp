@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu_kernels.h"
 #include "core/int8_gemm.h"
 #include "core/rng.h"
 
@@ -82,6 +83,13 @@ TEST(Int8Gemm, WithoutBiasAndKernelNames) {
   EXPECT_EQ(y[1], 0.5f * (40 + 100 + 180));
   EXPECT_STREQ(int8_kernel_name(Int8Kernel::kAuto), int8_kernel_name(best_int8_kernel()));
   EXPECT_TRUE(int8_kernel_supported(best_int8_kernel()));
+  // VNNI exactly where the AVX-512 set runs (not under BERT_CPU_KERNELS=build), then AVX2, then plain C++.
+  const Int8Kernel expected =
+      best_cpu_kernels() == CpuKernels::kAvx512 && int8_kernel_supported(Int8Kernel::kAvx512Vnni)
+          ? Int8Kernel::kAvx512Vnni
+      : int8_kernel_supported(Int8Kernel::kAvx2) ? Int8Kernel::kAvx2
+                                                 : Int8Kernel::kGeneric;
+  EXPECT_EQ(best_int8_kernel(), expected);
 }
 
 }  // namespace
