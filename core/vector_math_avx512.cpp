@@ -79,6 +79,23 @@ __m512 erf_ps(__m512 z) {
 // float's own rounding at about the cost of float sums (converting every vector to double cost 45%).
 constexpr int64_t kSumBlock = 256;
 
+// sum_i exp(x[i] - shift), storing each exp to out[i] where out is given (out may be x).
+double sum_exp(const float* x, __m512 shift, float* out, int64_t n) {
+  double total = 0;
+  for (int64_t block = 0; block < n; block += kSumBlock) {
+    const int64_t end = block + kSumBlock < n ? block + kSumBlock : n;
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = block; i < end; i += kLanes) {
+      const __mmask16 m = lanes(end - i);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), shift)));
+      if (out) _mm512_mask_storeu_ps(out + i, m, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    total += _mm512_reduce_add_ps(sum);
+  }
+  return total;
+}
+
 }  // namespace
 
 void exp_shifted(const float* x, float shift, float* out, int64_t n) {
@@ -90,18 +107,7 @@ void exp_shifted(const float* x, float shift, float* out, int64_t n) {
 }
 
 float sum_exp_shifted(const float* x, float shift, int64_t n) {
-  const __m512 s = splat(shift);
-  double total = 0;
-  for (int64_t block = 0; block < n; block += kSumBlock) {
-    const int64_t end = block + kSumBlock < n ? block + kSumBlock : n;
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t i = block; i < end; i += kLanes) {
-      const __mmask16 m = lanes(end - i);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s))));
-    }
-    total += _mm512_reduce_add_ps(sum);
-  }
-  return static_cast<float>(total);
+  return static_cast<float>(sum_exp(x, splat(shift), nullptr, n));
 }
 
 float max_of(const float* x, int64_t n) {
@@ -130,19 +136,7 @@ void softmax(const float* x, const float* add, float* y, int64_t n) {
     _mm512_mask_storeu_ps(y + i, m, v);
     max = _mm512_mask_max_ps(max, m, max, v);
   }
-  const __m512 shift = splat(_mm512_reduce_max_ps(max));
-  double total = 0;
-  for (int64_t block = 0; block < n; block += kSumBlock) {
-    const int64_t end = block + kSumBlock < n ? block + kSumBlock : n;
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t i = block; i < end; i += kLanes) {
-      const __mmask16 m = lanes(end - i);
-      const __m512 e = _mm512_maskz_mov_ps(m, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, y + i), shift)));
-      _mm512_mask_storeu_ps(y + i, m, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    total += _mm512_reduce_add_ps(sum);
-  }
+  const double total = sum_exp(y, splat(_mm512_reduce_max_ps(max)), y, n);
   const __m512 inverse = splat(static_cast<float>(1.0 / total));
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 m = lanes(n - i);
