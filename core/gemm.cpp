@@ -5,12 +5,8 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string>
-#include <string_view>
 #include <vector>
 
-#include "core/error.h"
 #include "core/gemm_avx512.h"
 #include "core/parallel.h"
 
