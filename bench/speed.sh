@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training speed, ours against PyTorch, in one run: train-step-bench (FP32 and QAT steps,
 # evaluation, the SGEMM ceiling), then the same model and shapes in PyTorch 1.13 (Debian's
-# python3-torch, installed if missing) with two thread settings, then the table of ratios
+# python3-torch with OpenBLAS, both installed if missing) with two thread settings, then the table of ratios
 # (OUT/speed.md). About 6 minutes on 2 cores; keep the machine otherwise idle.
 # Usage: bash bench/speed.sh [OUT_DIR=runs/speed] [--presets tiny,mini] [--batches 32,128]
 set -euo pipefail
@@ -9,11 +9,14 @@ cd "$(dirname "$0")/.."
 OUT=${1:-runs/speed}
 shift || true
 BUILD=${BUILD:-build}
-bash scripts/setup.sh python3-torch > /dev/null
+# Without libopenblas0 Debian's PyTorch multiplies with the reference BLAS (about 6 GFLOP/s here, ten times
+# slower steps): the baseline would be meaningless.
+bash scripts/setup.sh python3-torch libopenblas0-pthread > /dev/null
 [ -x "$BUILD/bench/train-step-bench" ] || bash scripts/build.sh
 mkdir -p "$OUT"
 PY=/usr/bin/python3  # Debian's interpreter, where python3-torch lives
-{ echo "date: $(date -u +%FT%TZ)"; lscpu | grep -E '^Model name|^CPU\(s\)'; echo "commit: $(git rev-parse --short HEAD)"; } | tee "$OUT/machine.txt"
+{ echo "date: $(date -u +%FT%TZ)"; lscpu | grep -E '^Model name|^CPU\(s\)'
+  echo "PyTorch's BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"; echo "commit: $(git rev-parse --short HEAD)"; } | tee "$OUT/machine.txt"
 "$BUILD/bench/train-step-bench" --json "$OUT/ours.jsonl" "$@"
 echo "PyTorch, torch.set_num_threads(1), OpenBLAS 2 threads:"
 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=2 $PY bench/torch_step_bench.py --threads 1 "$@" | tee "$OUT/torch-1.jsonl"

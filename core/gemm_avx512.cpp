@@ -26,8 +26,8 @@ namespace {
 
 // C = alpha op(A) op(B) + beta C in single precision, the BLIS way: the product is cut into kKc-deep
 // slices of k and kNc-wide slices of columns; each slice of B is packed once into panels of kNr columns
-// (zero-padded), kept in L2, and every kMr-row strip of A, read where it lies (a strip of kKc is 12 KB:
-// L1), is multiplied with each panel by a kMr x kNr register tile: 24 accumulators, two B vectors and one
+// (zero-padded), kept in L2, and every kMr-row strip of A, copied next to it (a strip of kKc is 12 KB:
+// L1; pack_a), is multiplied with each panel by a kMr x kNr register tile: 24 accumulators, two B vectors and one
 // broadcast of A per step of k (2 loads per 2 FMAs: what two FMA ports need). No code here may be shared
 // with other files (see the top): no standard-library templates, only our functions and intrinsics.
 constexpr int64_t kMr = 12, kNr = 32, kKc = 256, kNc = 512;
@@ -67,6 +67,32 @@ float* packing_memory(int64_t floats) {
   return buffer.get(floats);
 }
 
+// 16 x 16 floats transposed in registers: r[i] lane j becomes r[j] lane i. Pairs of rows interleave
+// (unpack), then quads (shuffle within 128-bit lanes), then the 128-bit lanes move across (two rounds).
+void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m512 u[16];  // u[4g + k], 128-bit lane L: rows 4g .. 4g + 3 at column 4L + k
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512 lo01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), hi01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+    const __m512 lo23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
+    const __m512 hi23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+    r[k] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);  // 128-bit lanes 0 and 2 of each: column k
+    r[4 + k] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+    r[8 + k] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+    r[12 + k] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+  }
+}
+
 // op(B)[p0 : p0 + kc, j0 : j0 + nc] into panels of kNr columns, each kc rows of kNr (zeros past nc).
 void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
   for (int64_t jp = 0; jp < nc; jp += kNr) {
@@ -79,14 +105,23 @@ void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc, i
         _mm512_store_ps(panel + p * kNr, _mm512_maskz_loadu_ps(m0, src));
         _mm512_store_ps(panel + p * kNr + 16, _mm512_maskz_loadu_ps(m1, src + 16));
       }
-    } else {  // B stored (N, K): column j of op(B) is row j as stored; write it across the panel
-      for (int64_t j = 0; j < kNr; ++j) {
-        if (j < width) {
-          const float* src = b + (j0 + jp + j) * ldb + p0;
-          for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = src[p];
-        } else {
-          for (int64_t p = 0; p < kc; ++p) panel[p * kNr + j] = 0.0f;
-        }
+      continue;
+    }
+    // B stored (N, K): column j of op(B) is row j as stored. 16 stored rows x 16 steps of k at a time,
+    // transposed in registers (the linear layer's x W^T packs its weight this way on every call).
+    for (int64_t half = 0; half < kNr; half += 16) {
+      const int64_t rows = width - half;  // stored rows in this half; the rest are zeros
+      for (int64_t p = 0; p < kc; p += 16) {
+        const int64_t steps = smaller(16, kc - p);
+        const __mmask16 m = lane_mask(steps);
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int64_t i = 0; i < 16; ++i)
+          r[i] = i < rows ? _mm512_maskz_loadu_ps(m, b + (j0 + jp + half + i) * ldb + p0 + p) : _mm512_setzero_ps();
+        transpose16(r);
+#pragma GCC unroll 16
+        for (int64_t q = 0; q < 16; ++q)  // a fixed count, so r stays in registers
+          if (q < steps) _mm512_store_ps(panel + (p + q) * kNr + half, r[q]);
       }
     }
   }
@@ -162,10 +197,33 @@ TileFn<kTransA> tile_for_rows(int64_t rows) {
   }
 }
 
+// A's rows i0 .. i0 + rows, steps p0 .. p0 + kc, copied where the tile reads them without cache conflicts:
+// stored (M, K), row r at out[r * kc] (rows of A a multiple of 4 KB apart would all fall in one set of L1);
+// stored (K, M), step p at out[p * kMr] (steps of A one after another instead of lda apart).
+template <bool kTransA>
+void pack_a(const float* a, int64_t lda, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
+  if (kTransA) {
+    const __mmask16 m = lane_mask(rows);
+    for (int64_t p = 0; p < kc; ++p)
+      _mm512_mask_storeu_ps(out + p * kMr, m, _mm512_maskz_loadu_ps(m, a + (p0 + p) * lda + i0));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = a + (i0 + r) * lda + p0;
+    float* dst = out + r * kc;
+    for (int64_t p = 0; p < kc; p += 16) {
+      const __mmask16 m = lane_mask(kc - p);
+      _mm512_mask_storeu_ps(dst + p, m, _mm512_maskz_loadu_ps(m, src + p));
+    }
+  }
+}
+
 template <bool kTransA>
 void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                     float* c, int64_t ldc, const float* bias) {
-  float* panels = packing_memory(kKc * ((smaller(kNc, g.n) + kNr - 1) / kNr * kNr));
+  const int64_t panel_floats = kKc * ((smaller(kNc, g.n) + kNr - 1) / kNr * kNr);
+  float* panels = packing_memory(panel_floats + kKc * kMr);
+  float* a_strip = panels + panel_floats;
   for (int64_t p0 = 0; p0 < g.k; p0 += kKc) {
     const int64_t kc = smaller(kKc, g.k - p0);
     // Later slices of k add to what the first wrote (which added the bias).
@@ -177,10 +235,11 @@ void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const 
       for (int64_t i0 = 0; i0 < g.m; i0 += kMr) {
         const int64_t rows = smaller(kMr, g.m - i0);
         const TileFn<kTransA> run = tile_for_rows<kTransA>(rows);
-        const float* a_strip = kTransA ? a + p0 * lda + i0 : a + i0 * lda + p0;
+        pack_a<kTransA>(a, lda, i0, rows, p0, kc, a_strip);
+        const int64_t strip_ld = kTransA ? kMr : kc;
         for (int64_t jp = 0; jp < nc; jp += kNr)
-          run(kc, a_strip, lda, panels + jp * kc, c + i0 * ldc + j0 + jp, ldc, smaller(kNr, nc - jp), alpha, beta_here,
-              bias_here ? bias_here + j0 + jp : nullptr);
+          run(kc, a_strip, strip_ld, panels + jp * kc, c + i0 * ldc + j0 + jp, ldc, smaller(kNr, nc - jp), alpha,
+              beta_here, bias_here ? bias_here + j0 + jp : nullptr);
       }
     }
   }
