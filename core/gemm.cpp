@@ -58,7 +58,7 @@ GemmGrid gemm_grid(int64_t m, int64_t n, int64_t target, int64_t min_side) {
 // `parts`, part 0 into C (with beta and the bias), the others into buffers of their own, added to C in a fixed order.
 template <typename T>
 void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alpha, const T* a, int64_t lda, const T* b,
-                  int64_t ldb, T beta, T* c, int64_t ldc, const T* bias) {
+                  int64_t ldb, T beta, T* c, int64_t ldc, const T* bias, const GemmFinish* finish) {
   thread_local std::vector<T> partial;  // kept: the same shapes come back every step
   const int64_t mn = g.m * g.n;
   if (partial.size() < static_cast<std::size_t>((parts - 1) * mn)) partial.resize((parts - 1) * mn);
@@ -82,6 +82,7 @@ void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alp
         T* dst = c + i * ldc;
         for (int64_t j = 0; j < g.n; ++j) dst[j] += src[j];
       }
+    if (finish) (*finish)(lo, hi, 0, g.n);
   });
 }
 
@@ -94,22 +95,24 @@ void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alp
 // independent blocks meet only at the end. Results are bit-identical at a fixed thread count.
 template <typename T>
 void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-          CpuKernels kernel, const T* bias) {
+          CpuKernels kernel, const T* bias, const GemmFinish* finish) {
   const OneThread<T> gemm_one_thread = one_thread_kernel<T>(kernel);
   const int threads = omp_in_parallel() ? 1 : num_threads();
   if (threads == 1 || double(g.m) * double(g.n) * double(g.k) < kMinParallelWork) {
     gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+    if (finish) (*finish)(0, g.m, 0, g.n);
     return;
   }
   const GemmGrid grid = gemm_grid(g.m, g.n, threads * kBlocksPerThread, kMinBlockSide);
   const int64_t blocks = grid.rows * grid.cols;
   const int64_t k_parts = std::min<int64_t>(threads, g.k / kMinKPart);
   if (blocks * 2 <= threads && k_parts >= 2) {
-    gemm_split_k(gemm_one_thread, g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+    gemm_split_k(gemm_one_thread, g, k_parts, alpha, a, lda, b, ldb, beta, c, ldc, bias, finish);
     return;
   }
   if (blocks <= 1) {
     gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+    if (finish) (*finish)(0, g.m, 0, g.n);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(std::min <int64_t>(threads, blocks)))
@@ -122,6 +125,7 @@ void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
     part.n = c1 - c0;
     gemm_one_thread(part, alpha, g.trans_a ? a + r0 : a + r0 * lda, lda, g.trans_b ? b + c0 * ldb : b + c0, ldb, beta,
                     c + r0 * ldc + c0, ldc, bias ? bias + c0 : nullptr);
+    if (finish) (*finish)(r0, r1, c0, c1);
   }
 }
 
@@ -144,9 +148,9 @@ void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, in
 }
 
 template void gemm<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t,
-                          CpuKernels, const float*);
+                          CpuKernels, const float*, const GemmFinish*);
 template void gemm<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*, int64_t,
-                           CpuKernels, const double*);
+                           CpuKernels, const double*, const GemmFinish*);
 template void gemm_reference<float>(GemmArgs, float, const float*, int64_t, const float*, int64_t, float, float*,
                                     int64_t, const float*);
 template void gemm_reference<double>(GemmArgs, double, const double*, int64_t, const double*, int64_t, double, double*,

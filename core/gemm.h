@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/cpu_kernels.h"
 
@@ -21,9 +22,14 @@ struct GemmArgs {
 // equal or faster on every BERT shape tried.
 // With a bias (n values), C = alpha op(A) op(B) + beta C + bias added to every row, in the kernel's
 // store of C (a linear layer's forward: no pass of its own).
+// With `finish`, each block of C, once final, is handed to finish(r0, r1, c0, c1) (rows r0 .. r1, columns
+// c0 .. c1) on the thread that computed it, while the block is still in its cache: an activation applied
+// as the product is made (ops::linear_gelu) instead of in a pass over memory of its own. The blocks cover C
+// once each.
+using GemmFinish = std::function<void(int64_t r0, int64_t r1, int64_t c0, int64_t c1)>;
 template <typename T>
 void gemm(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-          CpuKernels kernel = CpuKernels::kAuto, const T* bias = nullptr);
+          CpuKernels kernel = CpuKernels::kAuto, const T* bias = nullptr, const GemmFinish* finish = nullptr);
 
 // Plain triple loop, accumulating in double: the reference the fast path is tested against.
 template <typename T>

@@ -31,6 +31,12 @@ Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a = false,
 template <typename T>
 Var linear(Graph<T>& g, Var x, Var weight, Var bias);
 
+// gelu(linear(x, weight, bias)) in one op: the GELU is applied to each block of the product as the GEMM
+// finishes it, while the block is in cache, instead of in a pass over memory of its own; when nothing needs
+// a gradient it overwrites the product (one tensor, not two). The same values and gradients as the two ops.
+template <typename T>
+Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias);
+
 // INT8 inference: x (.., in) quantized per tensor (round(x / scale_x) clamped to [-128, 127], as
 // fake_quantize does) times `weights`, quantized per output channel and packed, summed exactly in int32
 // (core/int8_gemm.h), then scale_x * scale_w[c] * sum + bias[c] -> (.., out). The values of

@@ -12,8 +12,6 @@ namespace bert::ops {
 
 namespace {
 
-constexpr int64_t kElementwiseGrain = 1 << 15;  // elements per thread below which threading does not pay
-
 // NumPy broadcasting of two shapes, padded on the left to rank 4. Strides of size-1 axes are 0, so
 // one index walk serves both operands.
 struct Broadcast {

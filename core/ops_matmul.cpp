@@ -6,6 +6,7 @@
 #include "core/ops.h"
 #include "core/ops_cuda.h"
 #include "core/parallel.h"
+#include "core/vector_math.h"
 
 namespace bert::ops {
 
@@ -125,45 +126,100 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b) {
   return matmul(g, a, b, trans_a, trans_b, T(1));
 }
 
+namespace {
+
+// The shapes of linear(x, weight, bias), checked: rows of x, inputs, outputs.
+struct LinearDims {
+  int64_t rows = 0, in = 0, out = 0;
+};
+
 template <typename T>
-Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
-  BERT_DISPATCH_CUDA(g, linear(g, x, weight, bias))
+LinearDims linear_dims(Graph<T>& g, Var x, Var weight, Var bias, const char* op) {
   const Shape& xs = g.shape(x);
   const Shape& ws = g.shape(weight);
   BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
-             "linear: x " + xs.str() + " does not fit weight " + ws.str());
-  const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
-  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({out}), "linear bias " + g.shape(bias).str());
+             std::string(op) + ": x " + xs.str() + " does not fit weight " + ws.str());
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({ws[0]}), std::string(op) + " bias " + g.shape(bias).str());
+  return {xs.rows(), ws[1], ws[0]};
+}
 
-  Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}) : g.emit(xs.with_last(out), {x, weight});
-  // The bias is added in the GEMM's store of y (no pass of its own).
-  gemm<T>({false, true, rows, out, in}, T(1), g.value(x).data(), in, g.value(weight).data(), in, T(0),
-          g.value(y).data(), out, CpuKernels::kAuto, bias.valid() ? g.value(bias).data() : nullptr);
+// y = x W^T + bias, the bias added in the GEMM's store of y (no pass of its own).
+template <typename T>
+void linear_product(Graph<T>& g, Var x, Var weight, Var bias, LinearDims d, T* y, const GemmFinish* finish = nullptr) {
+  gemm<T>({false, true, d.rows, d.out, d.in}, T(1), g.value(x).data(), d.in, g.value(weight).data(), d.in, T(0), y,
+          d.out, CpuKernels::kAuto, bias.valid() ? g.value(bias).data() : nullptr, finish);
+}
 
-  g.on_backward(y, [x, weight, bias, y, rows, in, out](Graph<T>& g) {
+// Back-propagates y = linear(x, weight, bias)'s gradient.
+template <typename T>
+void linear_backward(Graph<T>& g, Var x, Var weight, Var bias, Var y, LinearDims d) {
+  const int64_t rows = d.rows, in = d.in, out = d.out;
+  const T* dy = g.grad(y).data();
+  if (g.requires_grad(x)) {  // dx (N, in) += dy (N, out) W (out, in); a fresh dx is stored (beta 0)
+    const auto dx = g.grad_target(x);
+    gemm<T>({false, false, rows, in, out}, T(1), dy, out, g.value(weight).data(), in, dx.accumulate ? T(1) : T(0),
+            dx.data, in);
+  }
+  if (g.requires_grad(weight)) {  // dW (out, in) += dy^T (out, N) x (N, in)
+    const auto dw = g.grad_target(weight);
+    gemm<T>({true, false, out, in, rows}, T(1), dy, out, g.value(x).data(), in, dw.accumulate ? T(1) : T(0), dw.data,
+            in);
+  }
+  if (bias.valid() && g.requires_grad(bias)) {
+    // Threads split the columns (each sums all rows of its own): the same sums whatever the thread count.
+    T* db = g.grad(bias).data();
+    parallel_for(out, 16, [&](int64_t lo, int64_t hi) {
+      std::vector<T> sum(hi - lo, T(0));
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* row = dy + r * out + lo;
+        for (int64_t c = 0; c < hi - lo; ++c) sum[c] += row[c];
+      }
+      for (int64_t c = 0; c < hi - lo; ++c) db[lo + c] += sum[c];
+    });
+  }
+}
+
+}  // namespace
+
+template <typename T>
+Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
+  BERT_DISPATCH_CUDA(g, linear(g, x, weight, bias))
+  const LinearDims d = linear_dims(g, x, weight, bias, "linear");
+  const Shape shape = g.shape(x).with_last(d.out);
+  Var y = bias.valid() ? g.emit(shape, {x, weight, bias}) : g.emit(shape, {x, weight});
+  linear_product(g, x, weight, bias, d, g.value(y).data());
+  g.on_backward(y, [x, weight, bias, y, d](Graph<T>& g) { linear_backward(g, x, weight, bias, y, d); });
+  return y;
+}
+
+template <typename T>
+Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias) {
+  if (g.on_cuda()) return gelu(g, linear(g, x, weight, bias));
+  const LinearDims d = linear_dims(g, x, weight, bias, "linear_gelu");
+  const Shape shape = g.shape(x).with_last(d.out);
+  Var pre = bias.valid() ? g.emit(shape, {x, weight, bias}) : g.emit(shape, {x, weight});
+  T* pre_values = g.value(pre).data();
+  if (!g.requires_grad(pre)) {  // nothing needs the product itself: the GELU overwrites it
+    const GemmFinish in_place = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      for (int64_t r = r0; r < r1; ++r) vec::gelu(pre_values + r * d.out + c0, pre_values + r * d.out + c0, c1 - c0);
+    };
+    linear_product(g, x, weight, bias, d, pre_values, &in_place);
+    return pre;
+  }
+  Var y = g.emit(shape, {pre});
+  T* y_values = g.value(y).data();
+  const GemmFinish apply_gelu = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    for (int64_t r = r0; r < r1; ++r) vec::gelu(pre_values + r * d.out + c0, y_values + r * d.out + c0, c1 - c0);
+  };
+  linear_product(g, x, weight, bias, d, pre_values, &apply_gelu);
+  g.on_backward(pre, [x, weight, bias, pre, d](Graph<T>& g) { linear_backward(g, x, weight, bias, pre, d); });
+  g.on_backward(y, [pre, y](Graph<T>& g) {  // as gelu's backward
+    const T* pre_values = g.value(pre).data();
     const T* dy = g.grad(y).data();
-    if (g.requires_grad(x)) {  // dx (N, in) += dy (N, out) W (out, in); a fresh dx is stored (beta 0)
-      const auto dx = g.grad_target(x);
-      gemm<T>({false, false, rows, in, out}, T(1), dy, out, g.value(weight).data(), in, dx.accumulate ? T(1) : T(0),
-              dx.data, in);
-    }
-    if (g.requires_grad(weight)) {  // dW (out, in) += dy^T (out, N) x (N, in)
-      const auto dw = g.grad_target(weight);
-      gemm<T>({true, false, out, in, rows}, T(1), dy, out, g.value(x).data(), in, dw.accumulate ? T(1) : T(0), dw.data,
-              in);
-    }
-    if (bias.valid() && g.requires_grad(bias)) {
-      // Threads split the columns (each sums all rows of its own): the same sums whatever the thread count.
-      T* db = g.grad(bias).data();
-      parallel_for(out, 16, [&](int64_t lo, int64_t hi) {
-        std::vector<T> sum(hi - lo, T(0));
-        for (int64_t r = 0; r < rows; ++r) {
-          const T* row = dy + r * out + lo;
-          for (int64_t c = 0; c < hi - lo; ++c) sum[c] += row[c];
-        }
-        for (int64_t c = 0; c < hi - lo; ++c) db[lo + c] += sum[c];
-      });
-    }
+    const auto dpre = g.grad_target(pre);
+    parallel_for(g.value(pre).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      vec::gelu_backward(pre_values + lo, dy + lo, dpre.data + lo, hi - lo, dpre.accumulate);
+    });
   });
   return y;
 }
@@ -190,7 +246,8 @@ Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_
 #define BERT_INSTANTIATE(T)                                               \
   template Var matmul<T>(Graph<T>&, Var, Var, bool, bool);                \
   template Var scaled_matmul<T>(Graph<T>&, Var, Var, double, bool, bool); \
-  template Var linear<T>(Graph<T>&, Var, Var, Var);
+  template Var linear<T>(Graph<T>&, Var, Var, Var);                       \
+  template Var linear_gelu<T>(Graph<T>&, Var, Var, Var);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

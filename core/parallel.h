@@ -12,6 +12,9 @@ namespace bert {
 
 inline int num_threads() { return omp_get_max_threads(); }
 
+// Elements per thread below which threading an elementwise pass does not pay.
+constexpr int64_t kElementwiseGrain = 1 << 15;
+
 // body(lo, hi) handles indices [lo, hi). Runs serially when n < 2 * min_per_thread: threading a
 // small loop costs more than it saves.
 template <typename Body>

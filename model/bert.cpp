@@ -263,10 +263,13 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
     // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
     const std::vector<Var> inputs =
         quantize_each(g, a, {l.intermediate.used_input_quantizer(g), &l.output_add_residual});
-    Var hidden = l.intermediate.forward_quantized_input(g, params_, inputs[0]);
-    Var act =
-        quantized(g, params_, l.output.used_input_quantizer(g), g.shape(hidden), fuse_quantizers_,
-                  [&](const ops::QuantizeOutput* q) { return q ? ops::gelu(g, hidden, *q) : ops::gelu(g, hidden); });
+    // The GELU runs in the intermediate layer's GEMM unless its output quantizer is fused into it.
+    const Shape hidden_shape = g.shape(inputs[0]).with_last(l.intermediate.out);
+    Var act = quantized(g, params_, l.output.used_input_quantizer(g), hidden_shape, fuse_quantizers_,
+                        [&](const ops::QuantizeOutput* q) {
+                          if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0]);
+                          return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
+                        });
     Var ff = l.output.forward_quantized_input(g, params_, act);
     ff = quantized(g, params_, &l.output_add_input, g.shape(ff), fuse_quantizers_, [&](const ops::QuantizeOutput* q) {
       const double p = config_.hidden_dropout_prob;
@@ -303,7 +306,7 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, bo
     }
   const auto m = static_cast<int64_t>(out.mlm_rows.size());
   Var selected = ops::gather_rows(g, hidden, out.mlm_rows, Shape{m});
-  Var transformed = transform_norm_.forward(g, params_, ops::gelu(g, transform_.forward(g, params_, selected)));
+  Var transformed = transform_norm_.forward(g, params_, transform_.forward_gelu(g, params_, selected));
   out.mlm_logits =
       ops::linear(g, transformed, g.param(params_.get(word_embeddings_)), g.param(params_.get(decoder_bias_)));
   out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);

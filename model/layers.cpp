@@ -38,6 +38,19 @@ Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& para
   return ops::linear(g, x, w, g.param(params.get(bias)));
 }
 
+Var Linear::forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x) {
+  if (runs_integer(g)) return ops::gelu(g, integer_forward(g, params, x));
+  if (quantizable) x = input_quantizer.apply(g, params, x);
+  return forward_gelu_quantized_input(g, params, x);
+}
+
+Var Linear::forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x) {
+  if (runs_integer(g)) return ops::gelu(g, integer_forward(g, params, x));
+  Var w = g.param(params.get(weight));
+  if (quantizable) w = weight_quantizer.apply(g, params, w);
+  return ops::linear_gelu(g, x, w, g.param(params.get(bias)));
+}
+
 bool Linear::prepare_integer(ParameterArena<float>& params) {
   integer_weights.reset();
   if (!quantizable || input_quantizer.mode != QuantMode::kQuantize || weight_quantizer.mode != QuantMode::kQuantize)

@@ -27,6 +27,9 @@ struct Linear {
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x);
   // The same for an x that already went through input_quantizer (fused into the op that made it).
   Var forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
+  // gelu(forward(x)) and gelu(forward_quantized_input(x)): on the float path one op (ops::linear_gelu).
+  Var forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x);
+  Var forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
   // input_quantizer when the op making this layer's input must apply it, else nullptr: a layer without
   // quantizers, or one running integer GEMMs in g (ops::int8_linear quantizes its input itself).
   Quantizer* used_input_quantizer(const Graph<float>& g) {

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/gemm.h"
@@ -69,6 +72,48 @@ TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
           check_against_reference<double>(kernel, GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13, /*with_bias=*/true);
         }
     }
+  omp_set_num_threads(saved);
+}
+
+// `finish` gets every element of C exactly once, after its final value is in place, on every path
+// (one thread, blocks, k split) and kernel: here it counts its visits and maps c to 2 c + 1.
+TEST_P(GemmTest, FinishSeesEachFinalBlockOnce) {
+  const GemmCase s = GetParam();
+  const int saved = omp_get_max_threads();
+  for (CpuKernels kernel : kernels_here())
+    for (int threads : {1, 2, 4})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          SCOPED_TRACE(std::string(cpu_kernels_name(kernel)) + " threads " + std::to_string(threads) +
+                       " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+          omp_set_num_threads(threads);
+          Rng rng(static_cast<uint64_t>(s.m * 7 + s.n * 3 + s.k));
+          const int64_t ldc = s.n + 2;  // two padding columns the finish must not see
+          std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * ldc, -7.0f), expected(s.m * ldc, -7.0f);
+          for (auto& v : a) v = static_cast<float>(rng.next_normal());
+          for (auto& v : b) v = static_cast<float>(rng.next_normal());
+          std::vector<std::atomic<int>> visits(s.m * ldc);
+          const GemmFinish finish = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+            for (int64_t i = r0; i < r1; ++i)
+              for (int64_t j = c0; j < c1; ++j) {
+                ++visits[i * ldc + j];
+                c[i * ldc + j] = 2.0f * c[i * ldc + j] + 1.0f;
+              }
+          };
+          const GemmArgs args{ta, tb, s.m, s.n, s.k};
+          const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+          gemm<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, kernel, nullptr, &finish);
+          gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), ldc);
+          for (int64_t i = 0; i < s.m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const int64_t at = i * ldc + j;
+              const bool inside = j < s.n;
+              ASSERT_EQ(visits[at].load(), inside ? 1 : 0) << "(" << i << ", " << j << ")";
+              const double want = inside ? 2.0 * expected[at] + 1.0 : -7.0;
+              ASSERT_NEAR(c[at], want, 2e-5 * (1.0 + std::sqrt(static_cast<double>(s.k))))
+                  << "(" << i << ", " << j << ")";
+            }
+        }
   omp_set_num_threads(saved);
 }
 

@@ -2,8 +2,11 @@
 // differences in double precision, at several shapes.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <array>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -168,6 +171,74 @@ TEST(Linear, WithAndWithoutBiasAtSeveralShapes) {
   }
 }
 
+// gelu(linear(x, W, b)) with the GELU in the GEMM's finish: the exact erf form of a reference loop, and
+// finite differences through both the product and the GELU.
+TEST(LinearGelu, MatchesReferenceAndFiniteDifferences) {
+  for (Shape xs : {Shape{5, 4}, Shape{2, 3, 4}}) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(xs.str() + (with_bias ? " with bias" : " without bias"));
+      std::vector<Tensor<double>> in;
+      in.push_back(random_tensor(xs, 15));
+      in.push_back(random_tensor({3, 4}, 16));
+      in.push_back(random_tensor({3}, 17));
+      auto build = [&](Graph<double>& g, const Leaves& x) {
+        return ops::linear_gelu(g, x[0], x[1], with_bias ? x[2] : Var{});
+      };
+      Tensor<double> expected = linear_reference(in[0], in[1], with_bias ? &in[2] : nullptr);
+      for (int64_t i = 0; i < expected.numel(); ++i)
+        expected[i] = 0.5 * expected[i] * (1.0 + std::erf(expected[i] / std::sqrt(2.0)));
+      expect_tensors_near(run_forward(in, build), expected, kForwardTolerance);
+      expect_gradients_match(in, build);
+    }
+  }
+}
+
+// In float at a size the GEMM threads (blocks of C finished on several threads): the same bits as the two
+// ops, forward with and without gradients, and the same gradients.
+TEST(LinearGelu, SameBitsAsGeluOfLinearWithAndWithoutGradients) {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    omp_set_num_threads(threads);
+    auto random_floats = [](Shape shape, uint64_t seed) {
+      Tensor<double> d = random_tensor(shape, seed);
+      Tensor<float> f(shape);
+      for (int64_t i = 0; i < d.numel(); ++i) f[i] = static_cast<float>(d[i]);
+      return f;
+    };
+    Tensor<float> x = random_floats({2, 150, 96}, 31), w = random_floats({200, 96}, 32), b = random_floats({200}, 33);
+    Tensor<float> r = random_floats({2, 150, 200}, 34);  // weights of the loss: every output gets its own gradient
+    struct Run {
+      std::vector<float> y, dx, dw, db;
+    };
+    auto run = [&](bool fused, bool gradients) {
+      Run out;
+      Tensor<float> gx(x.shape()), gw(w.shape()), gb(b.shape());
+      for (Tensor<float>* t : {&gx, &gw, &gb}) t->view().fill(0.0f);
+      Graph<float> g;
+      g.set_grad_enabled(gradients);
+      Var xv = g.leaf(x.view(), gx.view()), wv = g.leaf(w.view(), gw.view()), bv = g.leaf(b.view(), gb.view());
+      Var y = fused ? ops::linear_gelu(g, xv, wv, bv) : ops::gelu(g, ops::linear(g, xv, wv, bv));
+      TensorView<float> yv = g.value(y);
+      out.y.assign(yv.data(), yv.data() + yv.numel());
+      if (gradients) {
+        g.backward(ops::sum(g, ops::mul(g, y, g.constant(r.view()))));
+        out.dx.assign(gx.data(), gx.data() + gx.numel());
+        out.dw.assign(gw.data(), gw.data() + gw.numel());
+        out.db.assign(gb.data(), gb.data() + gb.numel());
+      }
+      return out;
+    };
+    const Run two_ops = run(false, true), fused = run(true, true), inference = run(true, false);
+    EXPECT_EQ(fused.y, two_ops.y);
+    EXPECT_EQ(inference.y, two_ops.y);
+    EXPECT_EQ(fused.dx, two_ops.dx);
+    EXPECT_EQ(fused.dw, two_ops.dw);
+    EXPECT_EQ(fused.db, two_ops.db);
+  }
+  omp_set_num_threads(saved);
+}
+
 // ---------------------------------------------------------------- add / mul with broadcasting
 
 // NumPy broadcasting written out with multi-indices.
@@ -255,11 +326,14 @@ TEST(InnerGradients, StoredFreshThenAddedByEveryOp) {
          return ops::dropout(g, t, 0.25, true, rng);
        }},
       {"permute",
-       [](Graph<double>& g, Var t, const Leaves&) { return ops::reshape(g, ops::permute(g, t, {1, 0}), {4, 4}); }},
+       [](Graph<double>& g, Var t, const Leaves&) {
+         return ops::reshape(g, ops::permute(g, t, {1, 0}), {4, 4});
+       }},
       {"softmax", [](Graph<double>& g, Var t, const Leaves&) { return ops::softmax(g, t); }},
       {"matmul, left", [](Graph<double>& g, Var t, const Leaves& x) { return ops::matmul(g, t, x[1]); }},
       {"matmul, right", [](Graph<double>& g, Var t, const Leaves& x) { return ops::matmul(g, x[1], t, true, false); }},
       {"linear", [](Graph<double>& g, Var t, const Leaves& x) { return ops::linear(g, t, x[1], x[2]); }},
+      {"linear_gelu", [](Graph<double>& g, Var t, const Leaves& x) { return ops::linear_gelu(g, t, x[1], x[2]); }},
   };
   for (const auto& [name, op] : cases) {
     SCOPED_TRACE(name);
