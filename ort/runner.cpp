@@ -1,5 +1,6 @@
 #include "ort/runner.h"
 
+#include <cpuid.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -34,6 +35,13 @@ std::string default_ort_script() {
   for (int up = 0; up < 4 && !ec && dir.has_relative_path(); ++up, dir = dir.parent_path())
     if (fs::is_regular_file(dir / "scripts" / name, missing)) return (dir / "scripts" / name).string();
   return (fs::current_path(ec) / "scripts" / name).string();
+}
+
+bool integer_kernels_exact() {
+  if (__builtin_cpu_supports("avx512vnni")) return true;
+  // AVX-VNNI (VEX-encoded vpdpbusd): CPUID leaf 7, sub-leaf 1, EAX bit 4 (no name for it in clang 14).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 4) & 1u);
 }
 
 std::vector<Batch> take_batches(data::ShardLoader& loader, int64_t max_batches) {

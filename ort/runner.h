@@ -20,6 +20,13 @@ namespace bert::ort {
 // built or unpacked in (found from its own path), else under the current folder.
 std::string default_ort_script();
 
+// Whether ONNX Runtime's integer GEMMs (what it runs for the MatMuls of an optimized Q/DQ graph) compute
+// exact sums on this CPU: with AVX-512 VNNI or AVX-VNNI. Without either, its u8s8 kernels add pairs of
+// u8 x s8 products with vpmaddubsw, whose 16-bit results saturate (255 x 127 x 2 > 32767), so a Q/DQ
+// export's outputs there can differ from the engine's (and from TensorRT's) wherever an input row and
+// a weight column are both large; weights within [-64, 64] never saturate.
+bool integer_kernels_exact();
+
 // Up to max_batches (<= 0: all) batches of the loader.
 std::vector<Batch> take_batches(data::ShardLoader& loader, int64_t max_batches);
 

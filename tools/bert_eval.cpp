@@ -285,6 +285,12 @@ void print_pretraining_metrics(Evaluation& e, const eval::PretrainingMetrics& m,
 // --onnx: the export scored in ONNX Runtime on the same shards, in this run's own exchange folder.
 void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
   const Args& a = e.a;
+  if (!e.model.enabled_quantizers().empty() && !ort::integer_kernels_exact())
+    spdlog::warn(
+        "this CPU has no VNNI: ONNX Runtime's integer kernels for a Q/DQ export can saturate 16-bit "
+        "pair sums (vpmaddubsw), so its scores can differ slightly from the engine's (TensorRT and CPUs "
+        "with AVX-512 VNNI or AVX-VNNI compute them exactly; BERT_ORT_OPTIMIZATION=disabled runs the "
+        "export's own float Q/DQ arithmetic instead)");
   data::ShardLoader onnx_loader(lo);
   const PrivateTempDir work("bert-eval");
   if (e.task_model) {

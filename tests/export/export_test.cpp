@@ -139,15 +139,17 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
 
 // A Q/DQ export in ONNX Runtime against our fake-quantized engine on real inputs (rows of `cols` logits).
 // Same quantization grid, ops in another order: float rounding moves a value across a rounding boundary
-// now and then, so the bar is a small fraction of the logits' scale. Without AVX-512, ONNX Runtime's QuantizeLinear
-// takes other kernels and rounds a few more elements one step apart (measured: 0.024 of the logits' scale on an
-// AVX2-only EPYC, the steps compounding through the layers); there the export is held to the same
+// now and then, so the bar is a small fraction of the logits' scale. On an AVX2-only EPYC this test once
+// measured 0.024 of the logits' scale (quantization steps compounding through the layers); emulated as an
+// AVX2-only EPYC-Rome (scripts/test_avx2_cpu.sh: ONNX Runtime's and our AVX2 paths) it measures 3e-7 like
+// AVX-512 machines, and the cause was not found. Without AVX-512 the export is therefore held to the same
 // predictions (argmax) on at least 95% of the rows (cols > 0; an untrained model's two NSP logits are too
 // close for argmax to say much) and 5% of the logits' scale, which a misplaced quantizer or a wrong scale
 // still fails by far.
 void expect_qdq_matches(const std::vector<float>& ort, const std::vector<float>& ours, int64_t cols,
                         const std::string& what) {
   const double error = relative_error(ort, ours);
+  std::cout << "[ info ] " << what << ": Q/DQ export in ONNX Runtime vs engine: relative error " << error << "\n";
   if (__builtin_cpu_supports("avx512f")) {
     EXPECT_LT(error, 2e-3) << what;
     return;
@@ -194,6 +196,17 @@ void quantize_all(model::Bert& m, const Inputs& in) {
     m.forward(g, batch, false, unused);
   }
   quant::apply_calibration(m, stats, quant::Method::kPercentile, 99.9);  // some values saturate
+}
+
+// ONNX Runtime scores an optimized Q/DQ graph with integer GEMMs, exact only with VNNI
+// (ort::integer_kernels_exact): elsewhere its u8s8 kernels saturate 16-bit pair sums. There a test that
+// scores through them holds the quantized weights within [-64, 64] (twice each weight quantizer's scale),
+// where no pair saturates, so ONNX Runtime must still agree with the engine exactly.
+void keep_weights_exact_for_onnx_runtime(model::Bert& m) {
+  if (ort::integer_kernels_exact()) return;
+  for (model::Quantizer* q : m.quantizers())
+    if (q->is_weight)
+      for (float& scale : m.parameters().get(q->scale).value) scale *= 2;
 }
 
 TEST(OnnxExport, Fp32MatchesOurEngineInOnnxRuntimeAtTwoShapes) {
@@ -355,7 +368,10 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
     testing::TempDir dir;
     for (bool qdq : {false, true}) {
       SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
-      if (qdq) quantize_all(m, in);
+      if (qdq) {
+        quantize_all(m, in);
+        keep_weights_exact_for_onnx_runtime(m);
+      }
       ExportOptions options;
       options.qdq = qdq;
       const onnx::ModelProto proto = export_bert(m, options);
@@ -450,7 +466,10 @@ TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
   m.initialize(9);
   for (bool qdq : {false, true}) {
     SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
-    if (qdq) quantize_all(m, make_inputs(4, 12, 60, 3));
+    if (qdq) {
+      quantize_all(m, make_inputs(4, 12, 60, 3));
+      keep_weights_exact_for_onnx_runtime(m);
+    }
     ExportOptions options;
     options.qdq = qdq;
     options.masked_positions = true;
@@ -466,8 +485,9 @@ TEST(OnnxExport, MaskedPositionsExportScoresLikeOurEngineOnAShard) {
         eval::evaluate_onnx(model_path, b, 0, std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", work.string());
     EXPECT_EQ(ort.predictions, 288);
     EXPECT_EQ(ort.sequences, 96);
-    EXPECT_NEAR(ort.mlm_accuracy(), ours.mlm_accuracy(), 2.0 / 288) << "at most two argmax ties may fall differently";
-    EXPECT_NEAR(ort.nsp_accuracy(), ours.nsp_accuracy(), 1.0 / 96);
+    // Counts, not accuracies: one example apart is 1/96 give or take a rounding of the division.
+    EXPECT_LE(std::abs(ort.mlm_correct - ours.mlm_correct), 2) << "at most two argmax ties may fall differently";
+    EXPECT_LE(std::abs(ort.nsp_correct - ours.nsp_correct), 1) << "at most one argmax tie may fall differently";
   }
 }
 
