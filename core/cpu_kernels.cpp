@@ -14,6 +14,8 @@ const char* cpu_kernels_name(CpuKernels kernels) {
       return cpu_kernels_name(best_cpu_kernels());
     case CpuKernels::kBuild:
       return "build";
+    case CpuKernels::kAvx2:
+      return "avx2";
     case CpuKernels::kAvx512:
       return "avx512";
   }
@@ -21,20 +23,36 @@ const char* cpu_kernels_name(CpuKernels kernels) {
 }
 
 bool cpu_kernels_supported(CpuKernels kernels) {
-  if (kernels != CpuKernels::kAvx512) return true;
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  switch (kernels) {
+    case CpuKernels::kAuto:
+    case CpuKernels::kBuild:
+      return true;
+    case CpuKernels::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case CpuKernels::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }
+  return false;
 }
 
 CpuKernels best_cpu_kernels() {
   static const CpuKernels best = [] {
     const char* asked = std::getenv("BERT_CPU_KERNELS");
-    if (asked && std::string_view(asked) == "build") return CpuKernels::kBuild;
-    if (asked && *asked && std::string_view(asked) != "avx512")
-      throw UserError(std::string("BERT_CPU_KERNELS='") + asked + "': expected 'build' or 'avx512'");
-    if (asked && *asked && !cpu_kernels_supported(CpuKernels::kAvx512))
-      throw UserError("BERT_CPU_KERNELS=avx512: this CPU has no AVX-512 (F, BW, DQ and VL)");
-    return cpu_kernels_supported(CpuKernels::kAvx512) ? CpuKernels::kAvx512 : CpuKernels::kBuild;
+    if (asked && *asked) {
+      const std::string_view name(asked);
+      for (CpuKernels set : {CpuKernels::kBuild, CpuKernels::kAvx2, CpuKernels::kAvx512}) {
+        if (name != cpu_kernels_name(set)) continue;
+        if (!cpu_kernels_supported(set))
+          throw UserError(std::string("BERT_CPU_KERNELS=") + asked + ": this CPU has no " +
+                          (set == CpuKernels::kAvx2 ? "AVX2 and FMA" : "AVX-512 (F, BW, DQ and VL)"));
+        return set;
+      }
+      throw UserError(std::string("BERT_CPU_KERNELS='") + asked + "': expected 'build', 'avx2' or 'avx512'");
+    }
+    for (CpuKernels set : {CpuKernels::kAvx512, CpuKernels::kAvx2})
+      if (cpu_kernels_supported(set)) return set;
+    return CpuKernels::kBuild;
   }();
   return best;
 }

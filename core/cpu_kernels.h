@@ -1,15 +1,17 @@
-// Which set of hand-written CPU kernels runs: those compiled for the build's instruction set (BERT_ARCH),
-// or those compiled for AVX-512 inside any build (core/gemm_avx512.cpp, core/vector_math_avx512.cpp),
-// chosen at run time where the CPU has AVX-512, so a build for any x86-64 (BERT_ARCH=avx2 or portable)
-// still runs AVX-512 code there. Both sets pass the same tests against the same references.
+// Which set of hand-written CPU kernels runs: those compiled for the build's instruction set (BERT_ARCH: Eigen's),
+// the AVX2 + FMA set (core/gemm_avx2.cpp: the FP32 GEMM) or the AVX-512 set (core/gemm_avx512.cpp,
+// core/vector_math_avx512.cpp: the FP32 GEMM and the exp/erf kernels), the last two compiled for their
+// instruction set inside any build and chosen at run time where the CPU has it, so a build for any x86-64
+// (BERT_ARCH=avx2 or portable) still runs them there. Every set passes the same tests against the same
+// references; what a set has no kernel of its own for runs the build's.
 #pragma once
 
 namespace bert {
 
-// kAuto: the best set this CPU runs, unless BERT_CPU_KERNELS=build (or avx512) says otherwise (read once).
-// Under build no AVX-512 code is chosen at run time at all (the integer GEMM takes its AVX2 kernel too):
-// what a machine without AVX-512 runs.
-enum class CpuKernels { kAuto, kBuild, kAvx512 };
+// kAuto: the best set this CPU runs (avx512, else avx2, else build), unless BERT_CPU_KERNELS=build, avx2 or
+// avx512 says otherwise (read once). Under build or avx2 no AVX-512 code is chosen at run time at all (the
+// integer GEMM takes its AVX2 kernel too): avx2 is what a machine without AVX-512 runs.
+enum class CpuKernels { kAuto, kBuild, kAvx2, kAvx512 };
 const char* cpu_kernels_name(CpuKernels kernels);  // kAuto: the set it stands for
 bool cpu_kernels_supported(CpuKernels kernels);    // kAuto and kBuild: always
 CpuKernels best_cpu_kernels();

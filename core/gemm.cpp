@@ -5,8 +5,10 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "core/gemm_avx2.h"
 #include "core/gemm_avx512.h"
 #include "core/parallel.h"
 
@@ -16,13 +18,16 @@ namespace {
 
 #include "core/gemm_eigen.inc"
 
-// A one-thread product: Eigen for the build's target or for AVX-512.
+// A one-thread product: Eigen for the build's target, our AVX2 kernel (single precision), or AVX-512's.
 template <typename T>
 using OneThread = void (*)(GemmArgs, T, const T*, int64_t, const T*, int64_t, T, T*, int64_t, const T*);
 
 template <typename T>
 OneThread<T> one_thread_kernel(CpuKernels kernel) {
-  if (resolve_cpu_kernels(kernel) == CpuKernels::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
+  const CpuKernels set = resolve_cpu_kernels(kernel);
+  if (set == CpuKernels::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
+  if constexpr (std::is_same_v<T, float>)
+    if (set == CpuKernels::kAvx2) return &gemm_avx2::one_thread;
   return &eigen_one_thread<T>;
 }
 

@@ -5,7 +5,7 @@
 // may be shared with the rest of the program, or the linker could keep this copy of an inline function
 // for every caller and run AVX-512 code on a CPU without it. So the standard library comes in first,
 // compiled for the build's target; Eigen follows under the AVX-512 target with its namespace renamed
-// (Eigen_avx512), and our functions live in bert::gemm_avx512. tests/check_avx512_isolation.sh holds the
+// (Eigen_avx512), and our functions live in bert::gemm_avx512. tests/check_kernel_isolation.sh holds the
 // object file to that: every definition it makes is in one of those two namespaces.
 #include <bits/stdc++.h>  // every standard header Eigen uses, before the target changes
 
@@ -32,39 +32,11 @@ namespace {
 // with other files (see the top): no standard-library templates, only our functions and intrinsics.
 constexpr int64_t kMr = 12, kNr = 32, kKc = 256, kNc = 512;
 
-int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
+#include "core/gemm_packing_memory.inc"
 
 // The first `count` of a vector's 16 lanes (all for 16 or more, none for 0 or less).
 __mmask16 lane_mask(int64_t count) {
   return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
-}
-
-// Per-thread packing memory, kept between calls (the same shapes come back every step).
-class PackBuffer {
- public:
-  PackBuffer() = default;
-  PackBuffer(const PackBuffer&) = delete;
-  PackBuffer& operator=(const PackBuffer&) = delete;
-  ~PackBuffer() { std::free(data_); }
-  float* get(int64_t floats) {
-    if (floats > size_) {
-      std::free(data_);
-      const std::size_t bytes = static_cast<std::size_t>((floats * 4 + 63) / 64 * 64);
-      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
-      if (!data_) throw std::bad_alloc();
-      size_ = floats;
-    }
-    return data_;
-  }
-
- private:
-  float* data_ = nullptr;
-  int64_t size_ = 0;
-};
-
-float* packing_memory(int64_t floats) {
-  static thread_local PackBuffer buffer;
-  return buffer.get(floats);
 }
 
 // 16 x 16 floats transposed in registers: r[i] lane j becomes r[j] lane i. Pairs of rows interleave
@@ -218,48 +190,13 @@ void pack_a(const float* a, int64_t lda, int64_t i0, int64_t rows, int64_t p0, i
   }
 }
 
-template <bool kTransA>
-void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                    float* c, int64_t ldc, const float* bias) {
-  const int64_t panel_floats = kKc * ((smaller(kNc, g.n) + kNr - 1) / kNr * kNr);
-  float* panels = packing_memory(panel_floats + kKc * kMr);
-  float* a_strip = panels + panel_floats;
-  for (int64_t p0 = 0; p0 < g.k; p0 += kKc) {
-    const int64_t kc = smaller(kKc, g.k - p0);
-    // Later slices of k add to what the first wrote (which added the bias).
-    const float beta_here = p0 == 0 ? beta : 1.0f;
-    const float* bias_here = p0 == 0 ? bias : nullptr;
-    for (int64_t j0 = 0; j0 < g.n; j0 += kNc) {
-      const int64_t nc = smaller(kNc, g.n - j0);
-      pack_b(g.trans_b, b, ldb, p0, kc, j0, nc, panels);
-      for (int64_t i0 = 0; i0 < g.m; i0 += kMr) {
-        const int64_t rows = smaller(kMr, g.m - i0);
-        const TileFn<kTransA> run = tile_for_rows<kTransA>(rows);
-        pack_a<kTransA>(a, lda, i0, rows, p0, kc, a_strip);
-        const int64_t strip_ld = kTransA ? kMr : kc;
-        for (int64_t jp = 0; jp < nc; jp += kNr)
-          run(kc, a_strip, strip_ld, panels + jp * kc, c + i0 * ldc + j0 + jp, ldc, smaller(kNr, nc - jp), alpha,
-              beta_here, bias_here ? bias_here + j0 + jp : nullptr);
-      }
-    }
-  }
-}
+#include "core/gemm_blocked_product.inc"
 
 }  // namespace
 
 void one_thread(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                 int64_t ldc, const float* bias) {
-  if (g.m == 0 || g.n == 0) return;
-  if (g.k == 0) {  // C = beta C (+ bias); beta 0 writes zeros (C is not read)
-    for (int64_t i = 0; i < g.m; ++i)
-      for (int64_t j = 0; j < g.n; ++j)
-        c[i * ldc + j] = (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]) + (bias ? bias[j] : 0.0f);
-    return;
-  }
-  if (g.trans_a)
-    packed_product<true>(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
-  else
-    packed_product<false>(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+  blocked_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
 void one_thread(GemmArgs g, double alpha, const double* a, int64_t lda, const double* b, int64_t ldb, double beta,

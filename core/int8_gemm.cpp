@@ -229,7 +229,7 @@ bool int8_kernel_supported(Int8Kernel kernel) {
 }
 
 Int8Kernel best_int8_kernel() {
-  // BERT_CPU_KERNELS=build (core/cpu_kernels.h) rules out AVX-512 here too: the code an AVX2 machine runs.
+  // BERT_CPU_KERNELS=build or avx2 (core/cpu_kernels.h) rules out AVX-512 here too: the code an AVX2 machine runs.
   if (best_cpu_kernels() == CpuKernels::kAvx512 && int8_kernel_supported(Int8Kernel::kAvx512Vnni))
     return Int8Kernel::kAvx512Vnni;
   if (int8_kernel_supported(Int8Kernel::kAvx2)) return Int8Kernel::kAvx2;

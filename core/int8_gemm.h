@@ -14,7 +14,7 @@ enum class Int8Kernel { kAuto, kGeneric, kAvx2, kAvx512Vnni };
 const char* int8_kernel_name(Int8Kernel kernel);
 // Whether this CPU runs `kernel` (kAuto and kGeneric: always).
 bool int8_kernel_supported(Int8Kernel kernel);
-// The fastest kernel this CPU runs (not AVX-512 VNNI under BERT_CPU_KERNELS=build: core/cpu_kernels.h).
+// The fastest kernel this CPU runs (not AVX-512 VNNI under BERT_CPU_KERNELS=build or avx2: core/cpu_kernels.h).
 Int8Kernel best_int8_kernel();
 
 // Weights (n, k) as int8, packed once for every kernel: groups of 16 output channels x 4 inputs (64

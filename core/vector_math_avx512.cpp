@@ -2,7 +2,7 @@
 // written with intrinsics (below), and the row kernels built on them. As in core/gemm_avx512.cpp,
 // nothing compiled here for AVX-512 may be shared with the rest of the program (the linker could keep
 // this copy of an inline function for every caller): no standard-library templates, only our functions
-// and intrinsics (tests/check_avx512_isolation.sh holds the object file to that).
+// and intrinsics (tests/check_kernel_isolation.sh holds the object file to that).
 #include <cstdint>
 
 #include "core/vector_math_avx512.h"

@@ -16,17 +16,17 @@ if [ "${BERT_SANITIZERS:-1}" != 0 ]; then
   echo "[test] the suite again under ASan + UBSan (build-asan)"
   # CPU-only: the sanitizers watch host memory (the CUDA code is built above; its tests need a GPU).
   # -g1 (line tables: file:line in the reports) compiles faster than -g; the benchmarks are not needed.
-  # This pass targets AVX2 (x86-64-v3) while the first is native, and keeps the build's kernels
-  # (BERT_CPU_KERNELS=build: no AVX-512 set chosen at run time), so every test runs the code an AVX2-only
-  # machine runs, whatever this machine has; the kernel tests still hold both sets to their references.
-  arch=portable
-  grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && arch=avx2
+  # This pass targets AVX2 (x86-64-v3) while the first is native, and takes the AVX2 kernel set
+  # (BERT_CPU_KERNELS=avx2: nothing AVX-512 chosen at run time), so every test runs the code an AVX2-only
+  # machine runs, whatever this machine has; the kernel tests still hold every set to its reference.
+  arch=portable kernels=build
+  grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && arch=avx2 kernels=avx2
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
     -DBERT_SANITIZE=address,undefined -DBERT_CUDA=OFF -DBERT_BUILD_BENCH=OFF -DBERT_ARCH=$arch > /dev/null
   cmake --build build-asan -j "$jobs" > build-asan/build.log 2>&1 || { tail -30 build-asan/build.log; exit 1; }
   # allocator_may_return_null: the fuzz regression inputs make libhdf5 attempt huge mallocs, which
   # real malloc refuses (HDF5 then fails cleanly); lsan.supp: one leak inside libhdf5 (see the file).
-  BERT_CPU_KERNELS=build ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
+  BERT_CPU_KERNELS=$kernels ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
   LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs" -E '^(PipelineSmoke|HfWorkflow)$'

@@ -65,6 +65,8 @@ expect_error unknown-preset "unknown model preset 'huge'" "$N" -- "${T[@]}" "${S
 expect_error negative-steps "--steps -5" "$N" -- "${TRAIN[@]}" --out "$N" --steps -5
 expect_error zero-batch "--batch-size 0" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" "${CFG[@]}" --out "$N" --steps 5 --batch-size 0
 expect_error nan-lr "--lr" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --lr nan
+expect_error bad-cpu-kernels "BERT_CPU_KERNELS='avx1024': expected 'build', 'avx2' or 'avx512'" "$N" -- \
+  env BERT_CPU_KERNELS=avx1024 "${TRAIN[@]}" --out "$N" --steps 5
 sed '300s/.*/zzzzz/' $VOCAB > "$OUT/vocab.txt"  # same size, another vocabulary
 expect_error other-tokenizer "made with another tokenizer" "$N" -- "${T[@]}" "${SH[@]}" "${CFG[@]}" --tokenizer "$OUT/vocab.txt" --out "$N" --steps 5
 expect_error bad-on-nonfinite "--on-nonfinite 'maybe'" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --on-nonfinite maybe

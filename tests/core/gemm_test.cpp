@@ -50,7 +50,8 @@ void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T 
 
 std::vector<CpuKernels> kernels_here() {
   std::vector<CpuKernels> kernels = {CpuKernels::kBuild};
-  if (cpu_kernels_supported(CpuKernels::kAvx512)) kernels.push_back(CpuKernels::kAvx512);
+  for (CpuKernels set : {CpuKernels::kAvx2, CpuKernels::kAvx512})
+    if (cpu_kernels_supported(set)) kernels.push_back(set);
   return kernels;
 }
 
@@ -117,16 +118,19 @@ TEST_P(GemmTest, FinishSeesEachFinalBlockOnce) {
   omp_set_num_threads(saved);
 }
 
-// kAuto stands for the AVX-512 kernel exactly where the CPU has AVX-512 (unless BERT_CPU_KERNELS says
-// otherwise), and the kernel it stands for gives the same bits as asking for that kernel.
+// kAuto stands for the AVX-512 kernel exactly where the CPU has AVX-512, else for the AVX2 one where it has
+// AVX2 and FMA (unless BERT_CPU_KERNELS says otherwise), and the kernel it stands for gives the same bits as
+// asking for that kernel.
 TEST(GemmKernels, AutoPicksTheBestKernelThisCpuRuns) {
   const char* asked = std::getenv("BERT_CPU_KERNELS");
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   EXPECT_EQ(cpu_kernels_supported(CpuKernels::kAvx512), avx512);
+  EXPECT_EQ(cpu_kernels_supported(CpuKernels::kAvx2), avx2);
   EXPECT_TRUE(cpu_kernels_supported(CpuKernels::kBuild));
   if (!asked || !*asked) {
-    EXPECT_EQ(best_cpu_kernels(), avx512 ? CpuKernels::kAvx512 : CpuKernels::kBuild);
+    EXPECT_EQ(best_cpu_kernels(), avx512 ? CpuKernels::kAvx512 : avx2 ? CpuKernels::kAvx2 : CpuKernels::kBuild);
   }
   EXPECT_STREQ(cpu_kernels_name(CpuKernels::kAuto), cpu_kernels_name(best_cpu_kernels()));
   Rng rng(5);

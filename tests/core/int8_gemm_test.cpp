@@ -83,7 +83,7 @@ TEST(Int8Gemm, WithoutBiasAndKernelNames) {
   EXPECT_EQ(y[1], 0.5f * (40 + 100 + 180));
   EXPECT_STREQ(int8_kernel_name(Int8Kernel::kAuto), int8_kernel_name(best_int8_kernel()));
   EXPECT_TRUE(int8_kernel_supported(best_int8_kernel()));
-  // VNNI exactly where the AVX-512 set runs (not under BERT_CPU_KERNELS=build), then AVX2, then plain C++.
+  // VNNI exactly where the AVX-512 set runs (not under BERT_CPU_KERNELS=build or avx2), then AVX2, then plain C++.
   const Int8Kernel expected =
       best_cpu_kernels() == CpuKernels::kAvx512 && int8_kernel_supported(Int8Kernel::kAvx512Vnni)
           ? Int8Kernel::kAvx512Vnni
