@@ -8,7 +8,7 @@
 # bert-eval, ...) run natively, on this machine's kernels.
 # Emulation runs the tests 5-20x slower than the machine: this is a check to run by hand, not part of
 # scripts/test.sh.
-#   bash scripts/test_avx2_cpu.sh [BUILD_DIR]     # default build-avx2, configured and built if absent
+#   bash scripts/test_avx2_cpu.sh [BUILD_DIR]     # default build-avx2 (x86-64-v3, no CUDA), configured if absent
 # Environment: CPU_MODEL (EPYC-Rome; `qemu-x86_64 -cpu help` lists others), FILTER (a gtest filter; by default
 # all but two RunProgram cases: glibc's posix_spawnp learns of a failed exec through a vfork-style clone that
 # the emulator runs as a plain fork, so "no such program" is not reported under it, on any CPU).
@@ -19,10 +19,11 @@ build=${1:-build-avx2}
 cpu=${CPU_MODEL:-EPYC-Rome}
 jobs=$(nproc 2>/dev/null || echo 2)
 bash scripts/setup.sh qemu-user > /dev/null
-if [ ! -d "$build/tests" ]; then
+if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBERT_ARCH=avx2 -DBERT_CUDA=OFF -DBERT_BUILD_BENCH=OFF > /dev/null
-  cmake --build "$build" -j "$jobs" > "$build/build.log" 2>&1 || { tail -30 "$build/build.log"; exit 1; }
 fi
+# Brought up to date every time, so the programs tested are the checkout's.
+cmake --build "$build" -j "$jobs" > "$build/build.log" 2>&1 || { tail -30 "$build/build.log"; exit 1; }
 node_path=$(command -v node) || { echo "[avx2-cpu] error: node not found (scripts/setup.sh installs it)" >&2; exit 1; }
 wrap=$(mktemp -d)
 trap 'rm -rf "$wrap"' EXIT
