@@ -72,6 +72,9 @@ Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_
 // GELU, exact erf form as BERT uses: 0.5 x (1 + erf(x / sqrt(2))).
 template <typename T>
 Var gelu(Graph<T>& g, Var x);
+// Registers y = gelu(x)'s backward (CPU), for an op that computes y itself (gelu, linear_gelu).
+template <typename T>
+void on_gelu_backward(Graph<T>& g, Var x, Var y);
 template <typename T>
 Var tanh(Graph<T>& g, Var x);
 

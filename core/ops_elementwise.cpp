@@ -171,6 +171,12 @@ Var gelu(Graph<T>& g, Var x) {
   T* yv = g.value(y).data();
   parallel_for(g.value(x).numel(), kElementwiseGrain,
                [&](int64_t lo, int64_t hi) { vec::gelu(xv + lo, yv + lo, hi - lo); });
+  on_gelu_backward(g, x, y);
+  return y;
+}
+
+template <typename T>
+void on_gelu_backward(Graph<T>& g, Var x, Var y) {
   g.on_backward(y, [x, y](Graph<T>& g) {
     // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi the normal CDF and phi its density.
     const T* xv = g.value(x).data();
@@ -180,7 +186,6 @@ Var gelu(Graph<T>& g, Var x) {
       vec::gelu_backward(xv + lo, dy + lo, dx.data + lo, hi - lo, dx.accumulate);
     });
   });
-  return y;
 }
 
 template <typename T>
@@ -243,12 +248,13 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   return y;
 }
 
-#define BERT_INSTANTIATE(T)                      \
-  template Var add<T>(Graph<T>&, Var, Var);      \
-  template Var mul<T>(Graph<T>&, Var, Var);      \
-  template Var scale<T>(Graph<T>&, Var, double); \
-  template Var gelu<T>(Graph<T>&, Var);          \
-  template Var tanh<T>(Graph<T>&, Var);          \
+#define BERT_INSTANTIATE(T)                               \
+  template Var add<T>(Graph<T>&, Var, Var);               \
+  template Var mul<T>(Graph<T>&, Var, Var);               \
+  template Var scale<T>(Graph<T>&, Var, double);          \
+  template Var gelu<T>(Graph<T>&, Var);                   \
+  template void on_gelu_backward<T>(Graph<T>&, Var, Var); \
+  template Var tanh<T>(Graph<T>&, Var);                   \
   template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

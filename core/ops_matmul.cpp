@@ -213,14 +213,7 @@ Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias) {
   };
   linear_product(g, x, weight, bias, d, pre_values, &apply_gelu);
   g.on_backward(pre, [x, weight, bias, pre, d](Graph<T>& g) { linear_backward(g, x, weight, bias, pre, d); });
-  g.on_backward(y, [pre, y](Graph<T>& g) {  // as gelu's backward
-    const T* pre_values = g.value(pre).data();
-    const T* dy = g.grad(y).data();
-    const auto dpre = g.grad_target(pre);
-    parallel_for(g.value(pre).numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      vec::gelu_backward(pre_values + lo, dy + lo, dpre.data + lo, hi - lo, dpre.accumulate);
-    });
-  });
+  on_gelu_backward(g, pre, y);
   return y;
 }
 
