@@ -2,6 +2,7 @@
 // QAT, and evaluation throughput, for BERT presets at sequence length 128, with achieved GFLOP/s from an
 // analytic FLOP count and the SGEMM ceiling of the machine measured in the same run. Median of timed
 // steps after warm-up. Synthetic batches with the shard layout (20 masked positions per sequence).
+#include <omp.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   int64_t vocab = 16000;
   std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32";
   bool profile_ops = false, profile_shapes = false;
+  int scaling_rounds = 0;
   CLI::App app{"train-step-bench: training-step and evaluation speed of BERT presets (FP32 and QAT)"};
   app.add_option("--presets", presets, "comma-separated presets")->capture_default_str();
   app.add_option("--batches", batches, "comma-separated batch sizes")->capture_default_str();
@@ -98,7 +100,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--modes", modes,
                  "comma-separated: fp32, qat, qat-separate (QAT with every quantizer as an op of its own, the "
-                 "baseline of the fused quantizers)")
+                 "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; CPU)")
       ->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
@@ -109,18 +111,32 @@ int main(int argc, char** argv) {
                "after each measurement, as many steps again with every op timed: a table of milliseconds per "
                "step by op (forward, backward) for training and for evaluation (CPU only)");
   app.add_flag("--profile-shapes", profile_shapes, "--profile with one row per op and output shape");
+  app.add_option("--scaling-rounds", scaling_rounds,
+                 "after each measurement, this many rounds of --steps training steps on 1 thread then on all "
+                 "threads, alternating (a busy or throttled machine slows both alike): the scaling efficiency, "
+                 "(one-thread step / all-thread step) / threads, per round (CPU only; 0: off)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   profile_ops = profile_ops || profile_shapes;
   std::set<std::string> wanted_modes;
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
-    if (m != "fp32" && m != "qat" && m != "qat-separate") {
-      std::fprintf(stderr, "error: --modes: unknown mode '%s' (expected fp32, qat or qat-separate)\n", m.c_str());
+    if (m != "fp32" && m != "qat" && m != "qat-separate" && m != "int8") {
+      std::fprintf(stderr, "error: --modes: unknown mode '%s' (expected fp32, qat, qat-separate or int8)\n", m.c_str());
       return 2;
     }
     wanted_modes.insert(m);
   }
   const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
+  if (wanted_modes.contains("int8") && device->is_cuda()) {
+    std::fprintf(stderr, "error: --modes int8 runs integer GEMMs on the CPU; it does not run on a GPU\n");
+    return 2;
+  }
+  if (scaling_rounds > 0 && device->is_cuda()) {
+    std::fprintf(stderr, "error: --scaling-rounds measures CPU threads; it does not run on a GPU\n");
+    return 2;
+  }
   if (profile_ops && device->is_cuda()) {
     std::fprintf(stderr, "error: --profile times ops on the CPU; on a GPU use nsys or ncu\n");
     return 2;
@@ -165,9 +181,10 @@ int main(int argc, char** argv) {
       const Batch batch = synthetic_batch(b, t, p, vocab, 7);
       const BatchView input = batch.view();
       double fp32_step = 0;
-      for (const std::string mode : {"fp32", "qat", "qat-separate"}) {
+      double fp32_eval = 0;
+      for (const std::string mode : {"fp32", "qat", "qat-separate", "int8"}) {
         if (!wanted_modes.contains(mode)) continue;
-        const bool qat = mode != "fp32";
+        const bool qat = mode == "qat" || mode == "qat-separate", int8 = mode == "int8";
         model::Bert model(config);
         model.initialize(1);
         model.place_on(*device);
@@ -176,6 +193,10 @@ int main(int argc, char** argv) {
         train::Optimizer optimizer({}, model.parameters(), decays);
         Graph<float> g(*device);
         Rng dropout(3);
+        if (int8) {  // evaluation only: integer GEMMs in every quantized linear (max-calibrated scales)
+          enable_quantization(model, batch, g);
+          model.prepare_integer_inference();
+        }
         if (qat) {
           model.set_fused_quantizers(mode == "qat");
           enable_quantization(model, batch, g);
@@ -214,12 +235,12 @@ int main(int argc, char** argv) {
           g.set_profile(nullptr);
         };
         std::vector<double> times;
-        for (int s = 0; s < warmup + steps; ++s) {
+        for (int s = 0; s < warmup + steps && !int8; ++s) {
           const auto start = std::chrono::steady_clock::now();
           train_step(nullptr);
           if (s >= warmup) times.push_back(seconds_since(start));
         }
-        const double step = median(times);
+        const double step = int8 ? 0.0 : median(times);
         if (mode == "fp32") fp32_step = step;
         std::vector<double> eval_times;
         for (int s = 0; s < warmup + steps; ++s) {
@@ -229,12 +250,30 @@ int main(int argc, char** argv) {
         }
         OpProfile train_profile(profile_shapes), eval_profile(profile_shapes);
         if (profile_ops) {
-          for (int s = 0; s < steps; ++s) train_step(&train_profile);
+          for (int s = 0; s < steps && !int8; ++s) train_step(&train_profile);
           for (int s = 0; s < steps; ++s) eval_step(&eval_profile);
+        }
+        const double eval_rate = b / median(eval_times);
+        if (mode == "fp32") fp32_eval = eval_rate;
+        if (int8) {  // no training step: evaluation only
+          std::printf("%-6s %6lld %-12s %12s %10s %10s %12.1f", name.c_str(), (long long)b, mode.c_str(), "-", "-", "-",
+                      eval_rate);
+          if (fp32_eval > 0) std::printf("   INT8/FP32 eval %.2fx", eval_rate / fp32_eval);
+          if (json)
+            std::fprintf(json,
+                         "{\"kind\": \"eval\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", "
+                         "\"eval_seq_per_s\": %.3f}\n",
+                         name.c_str(), (long long)b, mode.c_str(), eval_rate);
+          std::printf("\n");
+          if (profile_ops)
+            std::printf("\nops of the %s b%lld int8 evaluation, %d steps profiled:\n%s\n", name.c_str(), (long long)b,
+                        steps, eval_profile.table(steps).c_str());
+          std::fflush(stdout);
+          continue;
         }
         const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
         std::printf("%-6s %6lld %-12s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode.c_str(), step,
-                    b / step, gflops, b / median(eval_times));
+                    b / step, gflops, eval_rate);
         if (qat && fp32_step > 0) std::printf("   QAT/FP32 step %.2f", step / fp32_step);
         if (json)
           std::fprintf(json,
@@ -247,6 +286,42 @@ int main(int argc, char** argv) {
           std::printf("   GPU memory %.2f GiB", used / double(1 << 30));
         }
         std::printf("\n");
+        if (scaling_rounds > 0) {
+          const int threads = num_threads();
+          auto median_step = [&](int with_threads) {
+            omp_set_num_threads(with_threads);
+            std::vector<double> round_times;
+            for (int s = 0; s < steps; ++s) {
+              const auto start = std::chrono::steady_clock::now();
+              train_step(nullptr);
+              round_times.push_back(seconds_since(start));
+            }
+            omp_set_num_threads(threads);
+            return median(round_times);
+          };
+          train_step(nullptr);  // the thread count changes below: one step to settle the pools
+          std::vector<double> efficiency, one_rate, all_rate;
+          for (int r = 0; r < scaling_rounds; ++r) {
+            const double one = median_step(1), all = median_step(threads);
+            one_rate.push_back(b / one);
+            all_rate.push_back(b / all);
+            efficiency.push_back(one / all / threads);
+          }
+          std::sort(efficiency.begin(), efficiency.end());
+          std::printf(
+              "  scaling 1 -> %d threads, %d alternating rounds: %.1f -> %.1f seq/s (medians), efficiency %.0f%% "
+              "(median; rounds %.0f-%.0f%%)\n",
+              threads, scaling_rounds, median(one_rate), median(all_rate), 100 * median(efficiency),
+              100 * efficiency.front(), 100 * efficiency.back());
+          if (json)
+            std::fprintf(json,
+                         "{\"kind\": \"scaling\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", "
+                         "\"threads\": %d, \"rounds\": %d, \"one_thread_seq_per_s\": %.3f, "
+                         "\"all_threads_seq_per_s\": %.3f, \"efficiency\": %.4f, \"efficiency_min\": %.4f, "
+                         "\"efficiency_max\": %.4f}\n",
+                         name.c_str(), (long long)b, mode.c_str(), threads, scaling_rounds, median(one_rate),
+                         median(all_rate), median(efficiency), efficiency.front(), efficiency.back());
+        }
         if (profile_ops)
           std::printf("\nops of the %s b%lld %s training step, %d steps profiled:\n%s\nops of its evaluation:\n%s\n",
                       name.c_str(), (long long)b, mode.c_str(), steps, train_profile.table(steps).c_str(),

@@ -76,7 +76,7 @@ int64_t ParameterArena<T>::num_elements() const {
 template <typename T>
 void ParameterArena<T>::zero_grad() {
   if (device_->is_cuda()) return device_->fill_zero(device_grads_.data(), device_grads_.bytes());
-  std::fill(grads_.begin(), grads_.end(), T(0));
+  device_->fill_zero(grads_.data(), grads_.size() * sizeof(T));  // threaded on the host
 }
 
 template <typename T>

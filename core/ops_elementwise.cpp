@@ -52,17 +52,50 @@ Broadcast plan_broadcast(const Shape& a, const Shape& b) {
   return p;
 }
 
-// Calls fn(out_index, a_offset, b_offset) for every output element, in order.
+// Calls fn(out_index, a_offset, b_offset) for every output element once; rows of the last axis are split
+// over threads (each output element is written by one thread).
 template <typename Fn>
 void walk(const Broadcast& p, Fn fn) {
-  int64_t o = 0;
-  for (int64_t i0 = 0; i0 < p.dims[0]; ++i0)
-    for (int64_t i1 = 0; i1 < p.dims[1]; ++i1)
-      for (int64_t i2 = 0; i2 < p.dims[2]; ++i2) {
-        int64_t a = i0 * p.stride_a[0] + i1 * p.stride_a[1] + i2 * p.stride_a[2];
-        int64_t b = i0 * p.stride_b[0] + i1 * p.stride_b[1] + i2 * p.stride_b[2];
-        for (int64_t i3 = 0; i3 < p.dims[3]; ++i3, ++o) fn(o, a + i3 * p.stride_a[3], b + i3 * p.stride_b[3]);
-      }
+  const int64_t rows = p.dims[0] * p.dims[1] * p.dims[2], cols = p.dims[3];
+  parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t i2 = r % p.dims[2], i1 = r / p.dims[2] % p.dims[1], i0 = r / (p.dims[2] * p.dims[1]);
+      const int64_t a = i0 * p.stride_a[0] + i1 * p.stride_a[1] + i2 * p.stride_a[2];
+      const int64_t b = i0 * p.stride_b[0] + i1 * p.stride_b[1] + i2 * p.stride_b[2];
+      for (int64_t i3 = 0, o = r * cols; i3 < cols; ++i3, ++o) fn(o, a + i3 * p.stride_a[3], b + i3 * p.stride_b[3]);
+    }
+  });
+}
+
+// For a backward pass into one operand (`which`: 0 for a, 1 for b): calls fn(out_index, a_offset,
+// b_offset) for every output element, grouped so that all the outputs one element of that operand feeds
+// (the element summed over its broadcast axes) are visited by one thread, in increasing output order.
+// So `fn` may add into that operand without races, and the sums do not depend on the thread count.
+template <typename Fn>
+void walk_into_operand(const Broadcast& p, int which, Fn fn) {
+  const std::array<int64_t, 4>& own = which == 0 ? p.stride_a : p.stride_b;
+  std::array<int64_t, 4> own_dims{}, spread{};  // the operand's extent, and the broadcast axes' (1 elsewhere)
+  for (int i = 0; i < 4; ++i) {
+    const bool broadcast = own[i] == 0 && p.dims[i] != 1;
+    own_dims[i] = broadcast ? 1 : p.dims[i];
+    spread[i] = broadcast ? p.dims[i] : 1;
+  }
+  const int64_t rows = own_dims[0] * own_dims[1] * own_dims[2];
+  const int64_t work_per_row = std::max<int64_t>(1, p.out.numel() / std::max<int64_t>(rows, 1));
+  parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / work_per_row), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t j2 = r % own_dims[2], j1 = r / own_dims[2] % own_dims[1], j0 = r / (own_dims[2] * own_dims[1]);
+      for (int64_t k0 = 0; k0 < spread[0]; ++k0)
+        for (int64_t k1 = 0; k1 < spread[1]; ++k1)
+          for (int64_t k2 = 0; k2 < spread[2]; ++k2) {
+            const int64_t i0 = j0 + k0, i1 = j1 + k1, i2 = j2 + k2;  // one of each pair is 0
+            const int64_t a = i0 * p.stride_a[0] + i1 * p.stride_a[1] + i2 * p.stride_a[2];
+            const int64_t b = i0 * p.stride_b[0] + i1 * p.stride_b[1] + i2 * p.stride_b[2];
+            const int64_t o = ((i0 * p.dims[1] + i1) * p.dims[2] + i2) * p.dims[3];
+            for (int64_t i3 = 0; i3 < p.dims[3]; ++i3) fn(o + i3, a + i3 * p.stride_a[3], b + i3 * p.stride_b[3]);
+          }
+    }
+  });
 }
 
 // out[i] = f(x[i]) over n elements, threaded when large.
@@ -112,7 +145,8 @@ Var add(Graph<T>& g, Var a, Var b) {
         });
       } else {  // sum over the broadcast axes
         T* dv = g.grad(v).data();
-        walk(p, [&](int64_t o, int64_t ia, int64_t ib) { dv[stride_of == 0 ? ia : ib] += dy[o]; });
+        walk_into_operand(p, stride_of,
+                          [&](int64_t o, int64_t ia, int64_t ib) { dv[stride_of == 0 ? ia : ib] += dy[o]; });
       }
     }
   });
@@ -134,11 +168,11 @@ Var mul(Graph<T>& g, Var a, Var b) {
     const T* bv = g.value(b).data();
     if (g.requires_grad(a)) {  // da += dy * b, summed over a's broadcast axes
       T* da = g.grad(a).data();
-      walk(p, [&](int64_t o, int64_t ia, int64_t ib) { da[ia] += dy[o] * bv[ib]; });
+      walk_into_operand(p, 0, [&](int64_t o, int64_t ia, int64_t ib) { da[ia] += dy[o] * bv[ib]; });
     }
     if (g.requires_grad(b)) {
       T* db = g.grad(b).data();
-      walk(p, [&](int64_t o, int64_t ia, int64_t ib) { db[ib] += dy[o] * av[ia]; });
+      walk_into_operand(p, 1, [&](int64_t o, int64_t ia, int64_t ib) { db[ib] += dy[o] * av[ia]; });
     }
   });
   return y;

@@ -146,10 +146,19 @@ Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_
   g.on_backward(y, [table, y, saved, n, cols](Graph<T>& g) {
     T* dt = g.grad(table).data();
     const T* dy = g.grad(y).data();
-    for (int64_t i = 0; i < n; ++i) {  // serial: repeated ids add into the same row
-      T* row = dt + saved[i] * cols;
-      for (int64_t c = 0; c < cols; ++c) row[c] += dy[i * cols + c];
-    }
+    // Repeated ids add into the same row, so threads split the columns (16 at a time: a cache line of
+    // floats) rather than the ids; each column sums its ids in order, whatever the thread count.
+    constexpr int64_t kColumnsPerChunk = 16;
+    const int64_t chunks = (cols + kColumnsPerChunk - 1) / kColumnsPerChunk;
+    parallel_for(chunks, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(n * kColumnsPerChunk, 1)),
+                 [&](int64_t lo, int64_t hi) {
+                   const int64_t c0 = lo * kColumnsPerChunk, c1 = std::min(cols, hi * kColumnsPerChunk);
+                   for (int64_t i = 0; i < n; ++i) {
+                     T* row = dt + saved[i] * cols;
+                     const T* from = dy + i * cols;
+                     for (int64_t c = c0; c < c1; ++c) row[c] += from[c];
+                   }
+                 });
   });
   return y;
 }

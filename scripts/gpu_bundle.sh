@@ -17,7 +17,7 @@ build=build-gpu
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBERT_ARCH=avx2 -DBERT_CUDA=ON > "$build/configure.log" 2>&1 ||
   { tail -20 "$build/configure.log"; exit 1; }
-programs=(bert-train bert-eval bert-data bert-export train-step-bench gemm-bench)
+programs=(bert-train bert-eval bert-data bert-export train-step-bench gemm-bench machine-ceiling)
 tests=(cuda_tests core_tests model_tests train_tests)
 cmake --build "$build" -j "$jobs" --target "${programs[@]}" "${tests[@]}" > "$build/build.log" 2>&1 ||
   { grep -E "error|Error" -A3 "$build/build.log" | head -40; exit 1; }

@@ -189,6 +189,76 @@ TEST(Threads, GemmChainIsReproducibleAndCloseAcrossThreadCounts) {
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(one[i], two_a[i], 1e-4f * max_abs) << i;
 }
 
+// Broadcast add and mul (a stretched over leading axes, one over the last axis) and the embedding
+// gather with repeated ids, at sizes where their loops are split over threads: the value and every
+// gradient of loss = sum(((a + b) * c) * w) + sum(gather(table, ids) * v), with `threads` threads.
+struct SplitOps {
+  std::vector<float> values, grads;
+  std::vector<float> a, b, c, table, w, v;
+  std::vector<int32_t> ids;
+};
+constexpr int64_t kI = 32, kJ = 64, kK = 96, kRows = 50, kCols = 40, kIds = 4096;
+
+SplitOps split_ops(int threads) {
+  omp_set_num_threads(threads);
+  SplitOps r;
+  ParameterArena<float> arena;
+  ParamId a = arena.add("a", {kI, kJ, kK}), b = arena.add("b", {kJ, kK}), c = arena.add("c", {kI, kJ, 1}),
+          table = arena.add("table", {kRows, kCols});
+  arena.allocate();
+  Rng init(11);
+  for (float& x : arena.values()) x = static_cast<float>(init.next_normal());
+  r.values.assign(arena.values().begin(), arena.values().end());
+  auto copy = [](TensorView<float> t) { return std::vector<float>(t.begin(), t.end()); };
+  r.a = copy(arena.get(a).value), r.b = copy(arena.get(b).value), r.c = copy(arena.get(c).value);
+  r.table = copy(arena.get(table).value);
+  Tensor<float> w = testing::to_float(testing::random_tensor({kI, kJ, kK}, 12));
+  Tensor<float> v = testing::to_float(testing::random_tensor({kIds, kCols}, 13));
+  r.w = copy(w.view()), r.v = copy(v.view());
+  for (int64_t i = 0; i < kIds; ++i) r.ids.push_back(static_cast<int32_t>((i * 7919) % kRows));
+  Graph<float> g;
+  Var y = ops::mul(g, ops::add(g, g.param(arena.get(a)), g.param(arena.get(b))), g.param(arena.get(c)));
+  Var e = ops::gather_rows(g, g.param(arena.get(table)), r.ids, Shape{kIds});
+  g.backward(ops::add(g, ops::sum(g, ops::mul(g, y, g.constant(w.view()))),
+                      ops::sum(g, ops::mul(g, e, g.constant(v.view())))));
+  r.grads.assign(arena.grads().begin(), arena.grads().end());
+  return r;
+}
+
+TEST(Threads, BroadcastAndGatherGradientsAreExactAndIndependentOfThreadCount) {
+  const int saved = omp_get_max_threads();
+  const SplitOps one = split_ops(1), four = split_ops(4);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one.grads, four.grads);  // each gradient element summed by one thread, in a fixed order
+
+  // The same gradients from plain loops, in double.
+  std::vector<double> da(kI * kJ * kK), db(kJ * kK, 0.0), dc(kI * kJ, 0.0), dtable(kRows * kCols, 0.0);
+  for (int64_t i = 0; i < kI; ++i)
+    for (int64_t j = 0; j < kJ; ++j)
+      for (int64_t k = 0; k < kK; ++k) {
+        const int64_t o = (i * kJ + j) * kK + k;
+        da[o] = double(four.w[o]) * four.c[i * kJ + j];
+        db[j * kK + k] += da[o];
+        dc[i * kJ + j] += double(four.w[o]) * (double(four.a[o]) + four.b[j * kK + k]);
+      }
+  for (int64_t n = 0; n < kIds; ++n)
+    for (int64_t col = 0; col < kCols; ++col) dtable[four.ids[n] * kCols + col] += four.v[n * kCols + col];
+  ParameterArena<float> layout;  // the same arena, for each parameter's offset into the flat gradients
+  const ParamId a = layout.add("a", {kI, kJ, kK}), b = layout.add("b", {kJ, kK}), c = layout.add("c", {kI, kJ, 1}),
+                table = layout.add("table", {kRows, kCols});
+  layout.allocate();
+  auto expect_near_all = [&](ParamId id, const std::vector<double>& want, const char* what) {
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::abs(four.grads[layout.offset(id) + i] - want[i]) / (1.0 + std::abs(want[i])));
+    EXPECT_LT(worst, 1e-5) << what;
+  };
+  expect_near_all(a, da, "da");
+  expect_near_all(b, db, "db (summed over the leading axis)");
+  expect_near_all(c, dc, "dc (summed over the last axis)");
+  expect_near_all(table, dtable, "dtable (repeated ids)");
+}
+
 }  // namespace
 }  // namespace bert
 

@@ -283,6 +283,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BroadcastTest,
                                            std::pair{Shape{2, 3, 4}, Shape{4}},              // bias
                                            std::pair{Shape{2, 1, 4}, Shape{3, 1}},           // both stretch
                                            std::pair{Shape{2, 3, 4, 5}, Shape{2, 1, 1, 5}},  // mask-like
+                                           std::pair{Shape{1, 3, 1, 5}, Shape{2, 3, 4, 5}},  // first axis too
                                            std::pair{Shape{}, Shape{3, 2}},                  // scalar
                                            std::pair{Shape{5}, Shape{2, 3, 5}}));
 
