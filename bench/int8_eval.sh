@@ -2,7 +2,8 @@
 # INT8 inference on the CPU, per model size: `bert-eval --int8` (FP32, the fake-quantized model and
 # integer GEMMs, each timed, with the share of INT8 predictions equal to the fake-quantized model's),
 # and the same Q/DQ model exported to ONNX and run by ONNX Runtime (its integer kernels) and the FP32
-# export, timed inside session.run (BERT_ORT_TIMING).
+# export, timed inside session.run (BERT_ORT_TIMING); then `--int8 --int8-decoder` (the MLM decoder as
+# integers too, dynamically quantized: not what the export runs).
 # Each model: FP32 pretraining for STEPS steps on the demo data (scripts/demo_data.sh, built on first
 # use), then post-training quantization (percentile calibration on 16 training batches, saved by
 # bert-eval --save-calibrated), then the evaluations on BATCHES held-out batches of 64 sequences.
@@ -33,6 +34,9 @@ for preset in $PRESETS; do
   echo "== $preset: bert-eval --int8 ($BATCHES held-out batches of 64)" | tee "$R.int8.txt"
   $B/bert-eval --checkpoint "$R/ptq" --shards $D/shards/heldout --int8 --max-batches "$BATCHES" "${THREADS_FLAG[@]}" \
     --json-out "$R.int8.json" 2> "$R.int8.log" | tee -a "$R.int8.txt"
+  echo "== $preset: bert-eval --int8 --int8-decoder (the MLM decoder as integers too)" | tee "$R.int8-decoder.txt"
+  $B/bert-eval --checkpoint "$R/ptq" --shards $D/shards/heldout --int8 --int8-decoder --max-batches "$BATCHES" \
+    "${THREADS_FLAG[@]}" --json-out "$R.int8-decoder.json" 2> "$R.int8-decoder.log" | tee -a "$R.int8-decoder.txt"
   $B/bert-export --checkpoint "$R/ptq" --onnx "$R/int8-qdq.onnx" --qdq --masked-positions > "$R.export.log" 2>&1
   $B/bert-export --checkpoint "$R/fp32" --onnx "$R/fp32.onnx" --masked-positions >> "$R.export.log" 2>&1
   for model in fp32 int8-qdq; do

@@ -100,7 +100,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--modes", modes,
                  "comma-separated: fp32, qat, qat-separate (QAT with every quantizer as an op of its own, the "
-                 "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; CPU)")
+                 "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; CPU), int8-decoder (int8 "
+                 "with the MLM decoder "
+                 "as integers too, dynamically quantized)")
       ->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
@@ -122,14 +124,16 @@ int main(int argc, char** argv) {
   std::set<std::string> wanted_modes;
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
-    if (m != "fp32" && m != "qat" && m != "qat-separate" && m != "int8") {
-      std::fprintf(stderr, "error: --modes: unknown mode '%s' (expected fp32, qat, qat-separate or int8)\n", m.c_str());
+    if (m != "fp32" && m != "qat" && m != "qat-separate" && m != "int8" && m != "int8-decoder") {
+      std::fprintf(stderr,
+                   "error: --modes: unknown mode '%s' (expected fp32, qat, qat-separate, int8 or int8-decoder)\n",
+                   m.c_str());
       return 2;
     }
     wanted_modes.insert(m);
   }
   const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
-  if (wanted_modes.contains("int8") && device->is_cuda()) {
+  if ((wanted_modes.contains("int8") || wanted_modes.contains("int8-decoder")) && device->is_cuda()) {
     std::fprintf(stderr, "error: --modes int8 runs integer GEMMs on the CPU; it does not run on a GPU\n");
     return 2;
   }
@@ -182,9 +186,9 @@ int main(int argc, char** argv) {
       const BatchView input = batch.view();
       double fp32_step = 0;
       double fp32_eval = 0;
-      for (const std::string mode : {"fp32", "qat", "qat-separate", "int8"}) {
+      for (const std::string mode : {"fp32", "qat", "qat-separate", "int8", "int8-decoder"}) {
         if (!wanted_modes.contains(mode)) continue;
-        const bool qat = mode == "qat" || mode == "qat-separate", int8 = mode == "int8";
+        const bool qat = mode == "qat" || mode == "qat-separate", int8 = mode.starts_with("int8");
         model::Bert model(config);
         model.initialize(1);
         model.place_on(*device);
@@ -195,7 +199,7 @@ int main(int argc, char** argv) {
         Rng dropout(3);
         if (int8) {  // evaluation only: integer GEMMs in every quantized linear (max-calibrated scales)
           enable_quantization(model, batch, g);
-          model.prepare_integer_inference();
+          model.prepare_integer_inference(/*integer_decoder=*/mode == "int8-decoder");
         }
         if (qat) {
           model.set_fused_quantizers(mode == "qat");
@@ -266,8 +270,8 @@ int main(int argc, char** argv) {
                          name.c_str(), (long long)b, mode.c_str(), eval_rate);
           std::printf("\n");
           if (profile_ops)
-            std::printf("\nops of the %s b%lld int8 evaluation, %d steps profiled:\n%s\n", name.c_str(), (long long)b,
-                        steps, eval_profile.table(steps).c_str());
+            std::printf("\nops of the %s b%lld %s evaluation, %d steps profiled:\n%s\n", name.c_str(), (long long)b,
+                        mode.c_str(), steps, eval_profile.table(steps).c_str());
           std::fflush(stdout);
           continue;
         }

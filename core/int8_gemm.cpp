@@ -10,6 +10,7 @@
 #include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/vector_math.h"
 
 namespace bert {
 
@@ -26,11 +27,13 @@ inline int32_t load_u32(const uint8_t* p) {
 }
 
 // What every kernel needs besides the operands: per padded channel, the offset to subtract, the
-// combined scale and the bias.
+// combined scale and the bias; with per-row activation scales, also each row's scale (null: one scale for
+// every row, already in `scales`), multiplied into the channel's scale.
 struct Epilogue {
   const int32_t* offsets;
   const float* scales;
   const float* bias;
+  const float* row_scales = nullptr;  // from the tile's first row
 };
 
 // ---- plain C++: any x86-64 (and the fallback everywhere)
@@ -49,16 +52,19 @@ void tile_generic(const uint8_t* a, int64_t lda, const int8_t* b, int64_t groups
   }
   for (int r = 0; r < kRows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      y[r * ldy + c] = std::fma(float(acc[r][c] - e.offsets[c]), e.scales[c], e.bias[c]);
+      y[r * ldy + c] = std::fma(float(acc[r][c] - e.offsets[c]),
+                                e.row_scales ? e.row_scales[r] * e.scales[c] : e.scales[c], e.bias[c]);
 }
 
 // ---- AVX2: inputs widened to 16 bits (exact; vpmaddubsw would saturate), vpmaddwd sums pairs
 
-__attribute__((target("avx2,fma"))) inline void store8_avx2(__m256i sums, const Epilogue& e, int64_t c0, float* y,
-                                                            int64_t cols) {
+__attribute__((target("avx2,fma"))) inline void store8_avx2(__m256i sums, const Epilogue& e, int r, int64_t c0,
+                                                            float* y, int64_t cols) {
+  __m256 scales = _mm256_loadu_ps(e.scales + c0);
+  if (e.row_scales) scales = _mm256_mul_ps(_mm256_set1_ps(e.row_scales[r]), scales);
   const __m256 v = _mm256_fmadd_ps(
       _mm256_cvtepi32_ps(_mm256_sub_epi32(sums, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.offsets + c0)))),
-      _mm256_loadu_ps(e.scales + c0), _mm256_loadu_ps(e.bias + c0));
+      scales, _mm256_loadu_ps(e.bias + c0));
   if (cols >= 8) {
     _mm256_storeu_ps(y, v);
     return;
@@ -90,7 +96,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, int64_t lda
       if (c0 >= cols) break;
       // hadd gives channels (0 1 4 5 | 2 3 6 7) of the pair; the permute puts them in order.
       const __m256i sums = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][2 * half], acc[r][2 * half + 1]), 0xD8);
-      store8_avx2(sums, e, c0, y + r * ldy + c0, cols - c0);
+      store8_avx2(sums, e, r, c0, y + r * ldy + c0, cols - c0);
     }
   }
 }
@@ -121,7 +127,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const uint
     const __m512i offsets = _mm512_loadu_si512(e.offsets + c0);
     const __m512 scales = _mm512_loadu_ps(e.scales + c0), bias = _mm512_loadu_ps(e.bias + c0);
     for (int r = 0; r < kRows; ++r) {
-      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], offsets)), scales, bias);
+      const __m512 row = e.row_scales ? _mm512_mul_ps(_mm512_set1_ps(e.row_scales[r]), scales) : scales;
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], offsets)), row, bias);
       _mm512_mask_storeu_ps(y + r * ldy + c0, mask, v);
     }
   }
@@ -151,9 +158,9 @@ template <int kMaxRows, int kBlocks, typename Tile>
 void tile_rows(const Task& t, int64_t r0, int64_t r1, int64_t b, Tile tile) {
   const int64_t lda = t.w.k_padded(), groups = t.w.k_padded() / 4;
   const int64_t c0 = b * kBlock, cols = std::min(t.w.n() - c0, kBlocks * kBlock);
-  const Epilogue e{t.e.offsets + c0, t.e.scales + c0, t.e.bias + c0};
   for (int64_t r = r0; r < r1; r += kMaxRows)
     with_rows<kMaxRows>(std::min<int64_t>(kMaxRows, r1 - r), [&](auto rows) {
+      const Epilogue e{t.e.offsets + c0, t.e.scales + c0, t.e.bias + c0, t.e.row_scales ? t.e.row_scales + r : nullptr};
       tile(rows, t.a + r * lda, lda, t.w.block(b), groups, e, t.y + r * t.ldy + c0, t.ldy, cols);
     });
 }
@@ -260,8 +267,12 @@ void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uin
   });
 }
 
-void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* scale_w,
-                 const float* bias, float* y, int64_t ldy, Int8Kernel kernel) {
+namespace {
+
+// int8_linear with one activation scale (row_scales null) or one per row.
+void integer_product(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* row_scales,
+                     const float* scale_w, const float* bias, float* y, int64_t ldy, Int8Kernel kernel,
+                     Int8Finish finish) {
   if (kernel == Int8Kernel::kAuto) kernel = best_int8_kernel();
   BERT_CHECK(int8_kernel_supported(kernel),
              std::string("int8_linear: this CPU cannot run the ") + int8_kernel_name(kernel) + " kernel");
@@ -271,10 +282,10 @@ void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_
   // Padded channels get scale and bias 0 (never stored anyway: the kernels mask them).
   std::vector<float> scales(padded, 0.0f), biases(padded, 0.0f);
   for (int64_t c = 0; c < w.n(); ++c) {
-    scales[c] = scale_x * scale_w[c];
+    scales[c] = row_scales ? scale_w[c] : scale_x * scale_w[c];
     if (bias) biases[c] = bias[c];
   }
-  const Epilogue e{w.offsets(), scales.data(), biases.data()};
+  const Epilogue e{w.offsets(), scales.data(), biases.data(), row_scales};
   const Task task{a, w, e, y, ldy};
   // Tasks: a range of rows against a range of channel blocks; consecutive tasks share their rows.
   const int64_t blocks_per_task = kernel == Int8Kernel::kAvx512Vnni ? 4 : 2;
@@ -295,17 +306,55 @@ void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_
           run_generic(task, r0, r1, b0, b1);
           break;
       }
+      if (finish == Int8Finish::kGelu) {  // the task's block of the output, still in cache
+        const int64_t c0 = b0 * kBlock, c1 = std::min(w.n(), b1 * kBlock);
+        for (int64_t r = r0; r < r1; ++r) vec::gelu(y + r * ldy + c0, y + r * ldy + c0, c1 - c0);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* scale_w,
+                 const float* bias, float* y, int64_t ldy, Int8Kernel kernel, Int8Finish finish) {
+  integer_product(m, a, w, scale_x, nullptr, scale_w, bias, y, ldy, kernel, finish);
+}
+
+void int8_linear_per_row(int64_t m, const uint8_t* a, const float* row_scales, const Int8Weights& w,
+                         const float* scale_w, const float* bias, float* y, int64_t ldy, Int8Kernel kernel) {
+  BERT_CHECK(row_scales != nullptr, "int8_linear_per_row: no row scales");
+  integer_product(m, a, w, 0.0f, row_scales, scale_w, bias, y, ldy, kernel, Int8Finish::kNone);
+}
+
+void quantize_activations_per_row(const float* x, int64_t m, int64_t k, float* scales, uint8_t* out) {
+  const int64_t row = int8_row_bytes(k);
+  parallel_for(m, 64, [=](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * k;
+      float largest = 0.0f;
+      bool finite = true;  // std::max passes NaN over
+      for (int64_t i = 0; i < k; ++i) {
+        largest = std::max(largest, std::abs(xr[i]));
+        finite = finite && std::isfinite(xr[i]);
+      }
+      BERT_CHECK(finite && std::isfinite(largest),
+                 "quantize_activations_per_row: row " + std::to_string(r) + " is not finite");
+      // Symmetric, the row's largest magnitude at 127; a row of zeros gets scale 1 (it quantizes to 0 anyway).
+      scales[r] = largest > 0.0f ? largest / 127.0f : 1.0f;
+      quantize_row(xr, k, scales[r], out + r * row, row);
     }
   });
 }
 
 void int8_linear_reference(int64_t m, int64_t n, int64_t k, const int8_t* q_x, const int8_t* q_w, float scale_x,
-                           const float* scale_w, const float* bias, float* y, int64_t ldy) {
+                           const float* scale_w, const float* bias, float* y, int64_t ldy, const float* row_scales) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t c = 0; c < n; ++c) {
       int64_t sum = 0;
       for (int64_t i = 0; i < k; ++i) sum += int64_t(q_x[r * k + i]) * q_w[c * k + i];
-      y[r * ldy + c] = std::fma(float(sum), scale_x * scale_w[c], bias ? bias[c] : 0.0f);
+      y[r * ldy + c] =
+          std::fma(float(sum), row_scales ? row_scales[r] * scale_w[c] : scale_x * scale_w[c], bias ? bias[c] : 0.0f);
     }
 }
 

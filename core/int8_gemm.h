@@ -11,6 +11,9 @@
 namespace bert {
 
 enum class Int8Kernel { kAuto, kGeneric, kAvx2, kAvx512Vnni };
+// What is applied to the output after the scales and the bias: nothing, or GELU (vec::gelu, the same
+// function ops::gelu applies), on each block of the output while it is in cache.
+enum class Int8Finish { kNone, kGelu };
 const char* int8_kernel_name(Int8Kernel kernel);
 // Whether this CPU runs `kernel` (kAuto and kGeneric: always).
 bool int8_kernel_supported(Int8Kernel kernel);
@@ -49,11 +52,23 @@ void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uin
 // y (m, n), row stride ldy: a (m rows of w.k_padded() bytes from quantize_activations) times w.
 // bias may be null.
 void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* scale_w,
-                 const float* bias, float* y, int64_t ldy, Int8Kernel kernel = Int8Kernel::kAuto);
+                 const float* bias, float* y, int64_t ldy, Int8Kernel kernel = Int8Kernel::kAuto,
+                 Int8Finish finish = Int8Finish::kNone);
+
+// Dynamic quantization, one scale per row of activations (the row's largest magnitude maps to 127), for
+// a layer without a calibrated input scale: quantizes x (m, k) as quantize_activations does, each row
+// with its own scale (written to scales[r]; a row of zeros gets 1). A row that is not finite throws.
+void quantize_activations_per_row(const float* x, int64_t m, int64_t k, float* scales, uint8_t* out);
+// int8_linear with row r's activations at scale row_scales[r]: y = (row_scales[r] * scale_w[c]) * sum + bias.
+void int8_linear_per_row(int64_t m, const uint8_t* a, const float* row_scales, const Int8Weights& w,
+                         const float* scale_w, const float* bias, float* y, int64_t ldy,
+                         Int8Kernel kernel = Int8Kernel::kAuto);
 
 // Plain loops over signed, unpacked operands: q_x (m, k), q_w (n, k). The reference of every kernel (the
-// same float rounding at the end: one fused multiply-add per output).
+// same float rounding at the end: one fused multiply-add per output). With row_scales, row r's scale is
+// row_scales[r] instead of scale_x.
 void int8_linear_reference(int64_t m, int64_t n, int64_t k, const int8_t* q_x, const int8_t* q_w, float scale_x,
-                           const float* scale_w, const float* bias, float* y, int64_t ldy);
+                           const float* scale_w, const float* bias, float* y, int64_t ldy,
+                           const float* row_scales = nullptr);
 
 }  // namespace bert

@@ -44,6 +44,13 @@ Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias);
 // forward only: the graph must not be recording gradients (NoGradGuard).
 Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                 Var bias);
+// int8_linear then GELU, applied in the integer GEMM to each block of its output (the values of
+// gelu(int8_linear(..)), one pass over memory fewer). CPU, forward only.
+Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                     Var bias);
+// The same with dynamic quantization of x: each row at its own scale, its largest magnitude at 127
+// (a layer with no calibrated input scale). CPU, forward only.
+Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);
 
 // Elementwise with NumPy broadcasting (axes aligned from the right, size-1 axes stretch).
 template <typename T>

@@ -172,7 +172,8 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
 
 }  // namespace
 
-IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
+                                  bool integer_decoder) {
   BERT_CHECK(!g.on_cuda(), "compare_integer: integer inference runs on the CPU");
   const std::vector<model::Quantizer*> enabled = model.enabled_quantizers();
   if (enabled.empty())
@@ -183,8 +184,9 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
   c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g));
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kQuantize;
   c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g));
-  c.integer_layers = model.prepare_integer_inference();
-  if (c.integer_layers == 0) {
+  c.integer_layers = model.prepare_integer_inference(integer_decoder);
+  c.integer_decoder = model.integer_decoder();
+  if (c.integer_layers == 0 || (c.integer_decoder && c.integer_layers == 1)) {
     model.clear_integer_inference();
     throw UserError("no linear layer has both its input and weight quantizers enabled: nothing runs as INT8");
   }
@@ -205,6 +207,7 @@ Json IntegerComparison::to_json(const std::vector<std::string>& label_names) con
   Json j;
   j["kernel"] = kernel;
   j["integer_layers"] = integer_layers;
+  j["integer_decoder"] = integer_decoder;
   j["agreement_with_fake_quant"] = agreement();
   j["predictions_compared"] = compared;
   Json::Array rows;

@@ -66,17 +66,19 @@ struct TimedMode {
 
 // A quantized model (quantizers enabled: a QAT checkpoint or a saved calibration) evaluated on the CPU
 // three ways: FP32 (quantizers off), fake-quantized (the float simulation QAT trains), and INT8 with
-// integer GEMMs (Bert::prepare_integer_inference). Leaves the model as it came.
+// integer GEMMs (Bert::prepare_integer_inference; with integer_decoder, the MLM decoder too, dynamically
+// quantized). Leaves the model as it came.
 struct IntegerComparison {
   std::vector<TimedMode> modes;  // fp32, fake-quant, int8
   std::string kernel;            // the integer kernel this CPU ran
   int64_t integer_layers = 0;
+  bool integer_decoder = false;        // the MLM decoder ran integer GEMMs too
   int64_t agreeing = 0, compared = 0;  // int8 predictions equal to the fake-quantized model's
   double agreement() const { return compared ? double(agreeing) / compared : 0.0; }
   Json to_json(const std::vector<std::string>& label_names) const;
 };
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& eval_loader, int64_t max_batches,
-                                  Graph<float>& g);
+                                  Graph<float>& g, bool integer_decoder = false);
 
 // The model's size: every parameter (quantizer scales aside) in FP32, and deployed with the weights of
 // the enabled weight quantizers stored as INT8.

@@ -1,5 +1,6 @@
 #include "model/bert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <utility>
@@ -136,14 +137,36 @@ std::vector<Linear*> Bert::quantizable_linears() {
   return all;
 }
 
-int64_t Bert::prepare_integer_inference() {
+int64_t Bert::prepare_integer_inference(bool integer_decoder) {
   int64_t prepared = 0;
   for (Linear* l : quantizable_linears()) prepared += l->prepare_integer(params_);
+  integer_decoder_.reset();
+  integer_decoder_scales_.clear();
+  if (integer_decoder) {
+    if (config_.head != Head::kPretraining)
+      throw UserError("an integer MLM decoder needs a pretraining model (masked-word head); this one is a task model");
+    const int64_t rows = config_.vocab_size, cols = config_.hidden_size;
+    const float* w = params_.get(word_embeddings_).value.data();
+    std::vector<int8_t> q(rows * cols);
+    integer_decoder_scales_.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      float largest = 0.0f;
+      for (int64_t i = 0; i < cols; ++i) largest = std::max(largest, std::abs(w[r * cols + i]));
+      const float scale = largest > 0.0f ? largest / 127.0f : 1.0f;
+      integer_decoder_scales_[r] = scale;
+      for (int64_t i = 0; i < cols; ++i)
+        q[r * cols + i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[r * cols + i] / scale), -127.0f, 127.0f));
+    }
+    integer_decoder_ = std::make_shared<const Int8Weights>(q.data(), rows, cols);
+    ++prepared;
+  }
   return prepared;
 }
 
 void Bert::clear_integer_inference() {
   for (Linear* l : quantizable_linears()) l->clear_integer();
+  integer_decoder_.reset();
+  integer_decoder_scales_.clear();
 }
 
 std::vector<Quantizer*> Bert::enabled_quantizers() {
@@ -307,8 +330,12 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, bo
   const auto m = static_cast<int64_t>(out.mlm_rows.size());
   Var selected = ops::gather_rows(g, hidden, out.mlm_rows, Shape{m});
   Var transformed = transform_norm_.forward(g, params_, transform_.forward_gelu(g, params_, selected));
-  out.mlm_logits =
-      ops::linear(g, transformed, g.param(params_.get(word_embeddings_)), g.param(params_.get(decoder_bias_)));
+  if (integer_decoder_ && !g.on_cuda() && !g.grad_enabled())
+    out.mlm_logits = ops::int8_linear_dynamic(g, transformed, *integer_decoder_, integer_decoder_scales_,
+                                              g.param(params_.get(decoder_bias_)));
+  else
+    out.mlm_logits =
+        ops::linear(g, transformed, g.param(params_.get(word_embeddings_)), g.param(params_.get(decoder_bias_)));
   out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
 
   // NSP head on [CLS].

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -89,8 +90,14 @@ class Bert {
   // gradients (evaluation); attention products, softmax, GELU and LayerNorm stay in float on their
   // fake-quantized inputs. Returns the number of integer layers. Call again after the weights or scales
   // change; clear to go back to the float path.
-  int64_t prepare_integer_inference();
+  // With integer_decoder, the MLM decoder too (it has no quantizers: the fake-quantized model and the
+  // export keep it in float): the tied word embeddings quantized per row (symmetric, each row's largest
+  // magnitude at 127) and its input per row at run time (dynamic quantization). Faster where the
+  // vocabulary is large next to the hidden size; its logits then differ from the fake-quantized model's
+  // by that quantization (counted as layers: +1).
+  int64_t prepare_integer_inference(bool integer_decoder = false);
   void clear_integer_inference();
+  bool integer_decoder() const { return integer_decoder_ != nullptr; }
 
   // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op, and the
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
@@ -136,6 +143,9 @@ class Bert {
   Linear seq_relationship_;
   Linear classifier_;           // task heads
   DeviceBuffer clip_counters_;  // one int64 per quantizer, on the GPU
+  // The MLM decoder as int8 (prepare_integer_inference(true)), with each vocabulary row's scale; null: float.
+  std::shared_ptr<const Int8Weights> integer_decoder_;
+  std::vector<float> integer_decoder_scales_;
   bool fuse_quantizers_ = true;
 };
 

@@ -39,13 +39,13 @@ Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& para
 }
 
 Var Linear::forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x) {
-  if (runs_integer(g)) return ops::gelu(g, integer_forward(g, params, x));
+  if (runs_integer(g)) return integer_forward(g, params, x, /*gelu=*/true);
   if (quantizable) x = input_quantizer.apply(g, params, x);
   return forward_gelu_quantized_input(g, params, x);
 }
 
 Var Linear::forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x) {
-  if (runs_integer(g)) return ops::gelu(g, integer_forward(g, params, x));
+  if (runs_integer(g)) return integer_forward(g, params, x, /*gelu=*/true);
   Var w = g.param(params.get(weight));
   if (quantizable) w = weight_quantizer.apply(g, params, w);
   return ops::linear_gelu(g, x, w, g.param(params.get(bias)));
@@ -73,9 +73,10 @@ bool Linear::runs_integer(const Graph<float>& g) const {
          weight_quantizer.mode == QuantMode::kQuantize;
 }
 
-Var Linear::integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x) const {
+Var Linear::integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu) const {
   const float scale_x = params.get(input_quantizer.scale).value.data()[0];
   const std::span<const float> scale_w(params.get(weight_quantizer.scale).value.data(), out);
+  if (gelu) return ops::int8_linear_gelu(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
   return ops::int8_linear(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
 }
 

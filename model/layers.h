@@ -27,7 +27,8 @@ struct Linear {
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x);
   // The same for an x that already went through input_quantizer (fused into the op that made it).
   Var forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
-  // gelu(forward(x)) and gelu(forward_quantized_input(x)): on the float path one op (ops::linear_gelu).
+  // gelu(forward(x)) and gelu(forward_quantized_input(x)): one op on either path (ops::linear_gelu,
+  // ops::int8_linear_gelu).
   Var forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x);
   Var forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
   // input_quantizer when the op making this layer's input must apply it, else nullptr: a layer without
@@ -46,7 +47,7 @@ struct Linear {
 
  private:
   bool runs_integer(const Graph<float>& g) const;
-  Var integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x) const;
+  Var integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu = false) const;
 };
 
 // LayerNorm over the last axis with <name>.weight (gamma) and <name>.bias (beta).

@@ -95,6 +95,12 @@ expect_error eval-int8-on-gpu "integer inference runs on the CPU" "" -- "$BIN/be
   --shards "$OUT/shards" --int8 --device cuda
 expect_error eval-int8-compare "not with --compare" "" -- "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" \
   --shards "$OUT/shards" --int8 --compare
+expect_error eval-int8-decoder-alone "--int8-decoder goes with --int8" "" -- "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" \
+  --shards "$OUT/shards" --int8-decoder
+"$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" --shards "$OUT/shards" --int8 --int8-decoder --max-batches 2 > "$OUT/int8-decoder.log" 2>&1 ||
+  { tail "$OUT/int8-decoder.log"; fail "--int8 --int8-decoder"; }
+grep -q "the MLM decoder among them" "$OUT/int8-decoder.log" && grep -q "^int8 " "$OUT/int8-decoder.log" ||
+  fail "--int8 --int8-decoder: no INT8 row or no word of the decoder: $(cat "$OUT/int8-decoder.log")"
 "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" --fill-mask "and god [MASK] the light" --int8 > "$OUT/int8-fill.log" 2>&1 ||
   { tail "$OUT/int8-fill.log"; fail "--int8 --fill-mask"; }
 grep -q "\[MASK\] at position" "$OUT/int8-fill.log" || fail "--int8 --fill-mask printed no candidates"

@@ -38,7 +38,7 @@ struct Args {
   bool mlm = false, nsp = false, json = false;
   int64_t batch_size = 64, max_batches = 0;
   int top_k = 5, threads = 0;
-  bool compare = false, sensitivity = false, int8 = false;
+  bool compare = false, sensitivity = false, int8 = false, int8_decoder = false;
   std::string calibrators = "max,percentile,entropy,mse", plan_path, plan_out;
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
@@ -107,6 +107,11 @@ void add_options(CLI::App& app, Args& a) {
                "integer GEMMs (kernel chosen from the CPU: avx512-vnni, avx2, generic). With --shards: scored and "
                "timed beside FP32 and the fake-quantized model, with the share of predictions that agree; with "
                "--fill-mask: the INT8 model fills");
+  app.add_flag("--int8-decoder", a.int8_decoder,
+               "with --int8, the MLM decoder (tied word embeddings, kept in float by quantization and export) as "
+               "integers too: weights per vocabulary row, its input quantized per row at run time. Faster where the "
+               "vocabulary is large next to the hidden size; agreement with the fake-quantized model then counts "
+               "that quantization too");
   app.add_option("--onnx", a.onnx_model,
                  "also evaluate this ONNX export in ONNX Runtime on --shards (a pretraining model's export made with "
                  "--masked-positions; a task model's export as it is)");
@@ -313,11 +318,13 @@ void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
 
 // --int8: FP32, fake-quantized and integer inference side by side, timed, with their agreement.
 void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
-  const eval::IntegerComparison c = eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g);
+  const eval::IntegerComparison c = eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder);
   e.report["int8"] = c.to_json(e.config().labels);
   if (e.a.json) return;
-  std::printf("checkpoint %s (step %lld): %lld linear layers as INT8 (%s kernel, %d threads)\n", e.a.checkpoint.c_str(),
-              (long long)e.state.step, (long long)c.integer_layers, c.kernel.c_str(), num_threads());
+  std::printf("checkpoint %s (step %lld): %lld linear layers as INT8%s (%s kernel, %d threads)\n",
+              e.a.checkpoint.c_str(), (long long)e.state.step, (long long)c.integer_layers,
+              c.integer_decoder ? ", the MLM decoder among them (dynamic per-row input scales)" : "", c.kernel.c_str(),
+              num_threads());
   if (e.task_model)
     std::printf("%-12s %10s %10s %12s %10s\n", "mode", "accuracy", "macro-F1", "sequences/s", "vs FP32");
   else
@@ -400,8 +407,9 @@ void fill_mask(Evaluation& e) {
   if (!e.state.tokenizer_sha256.empty() && tokenizer->file_sha256() != e.state.tokenizer_sha256)
     throw UserError("tokenizer '" + a.tokenizer_path + "' is not the one the checkpoint was trained with");
   if (a.int8) {
-    const int64_t layers = e.model.prepare_integer_inference();
-    if (layers == 0) throw UserError("--int8: no linear layer of '" + a.checkpoint + "' has both quantizers enabled");
+    const int64_t layers = e.model.prepare_integer_inference(a.int8_decoder);
+    if (layers == int64_t{a.int8_decoder})
+      throw UserError("--int8: no linear layer of '" + a.checkpoint + "' has both quantizers enabled");
     e.report["fill_mask_int8_layers"] = layers;
   }
   Json::Array masks;
@@ -431,6 +439,7 @@ void check_requests(const Args& a) {
   if ((a.compare || a.sensitivity) && a.shards.empty()) throw UserError("--compare / --sensitivity need --shards");
   if (a.int8 && (a.compare || a.sensitivity))
     throw UserError("--int8 runs the checkpoint's own quantization: not with --compare / --sensitivity");
+  if (a.int8_decoder && !a.int8) throw UserError("--int8-decoder goes with --int8");
   if (a.int8 && a.device_spec != "auto" && a.device_spec != "cpu")
     throw UserError("--int8: integer inference runs on the CPU, not --device " + a.device_spec);
   if (!a.save_calibrated.empty() && a.shards.empty())

@@ -3,12 +3,14 @@
 // quantization rounds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/cpu_kernels.h"
 #include "core/int8_gemm.h"
 #include "core/rng.h"
+#include "core/vector_math.h"
 
 namespace bert {
 namespace {
@@ -64,6 +66,61 @@ TEST_P(Int8GemmTest, EveryKernelEqualsTheReference) {
     for (int64_t i = 0; i < s.m * ldy; ++i)
       ASSERT_EQ(y[i], expected[i]) << int8_kernel_name(kernel) << " at row " << i / ldy << " column " << i % ldy;
   }
+
+  // Dynamic quantization: each row at its own scale (its largest magnitude at 127), a row of zeros too.
+  if (s.m > 1)
+    for (int64_t i = 0; i < s.k; ++i) x[s.k + i] = 0.0f;
+  std::vector<float> row_scales(s.m);
+  quantize_activations_per_row(x.data(), s.m, s.k, row_scales.data(), a.data());
+  for (int64_t r = 0; r < s.m; ++r) {
+    float largest = 0.0f;
+    for (int64_t i = 0; i < s.k; ++i) largest = std::max(largest, std::abs(x[r * s.k + i]));
+    ASSERT_EQ(row_scales[r], largest > 0.0f ? largest / 127.0f : 1.0f) << "row " << r;
+    for (int64_t i = 0; i < s.k; ++i) {
+      const float q = std::clamp(std::nearbyint(x[r * s.k + i] / row_scales[r]), -128.0f, 127.0f);
+      ASSERT_GE(q, -127.0f);  // symmetric: the largest magnitude lands on +-127
+      ASSERT_EQ(int(a[r * row + i]) - 128, int(q)) << "row " << r << " input " << i;
+      q_x[r * s.k + i] = static_cast<int8_t>(q);
+    }
+  }
+  std::fill(expected.begin(), expected.end(), -7.0f);
+  int8_linear_reference(s.m, s.n, s.k, q_x.data(), w.data(), 0.0f, scale_w.data(), bias.data(), expected.data(), ldy,
+                        row_scales.data());
+  for (Int8Kernel kernel : kernels_here()) {
+    std::vector<float> y(s.m * ldy, -7.0f);
+    int8_linear_per_row(s.m, a.data(), row_scales.data(), packed, scale_w.data(), bias.data(), y.data(), ldy, kernel);
+    for (int64_t i = 0; i < s.m * ldy; ++i)
+      ASSERT_EQ(y[i], expected[i]) << int8_kernel_name(kernel) << " per row, at row " << i / ldy << " column "
+                                   << i % ldy;
+  }
+}
+
+// GELU applied in the integer GEMM, block by block: the unfused output through vec::gelu, bit for bit.
+TEST(Int8Gemm, GeluFinishEqualsGeluAfterwards) {
+  const int64_t m = 150, n = 200, k = 96;  // several row and channel tasks, ragged edges
+  Rng rng(21);
+  std::vector<float> x(m * k), scale_w(n, 2e-3f), bias(n);
+  for (auto& v : x) v = static_cast<float>(rng.next_normal() * 3.0);
+  for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+  std::vector<int8_t> w(n * k);
+  for (auto& v : w) v = static_cast<int8_t>(std::clamp(std::lround(rng.next_normal() * 50.0), -127L, 127L));
+  std::vector<uint8_t> a(m * int8_row_bytes(k));
+  quantize_activations(x.data(), m, k, 0.05f, a.data());
+  const Int8Weights packed(w.data(), n, k);
+  for (Int8Kernel kernel : kernels_here()) {
+    std::vector<float> plain(m * n), fused(m * n);
+    int8_linear(m, a.data(), packed, 0.05f, scale_w.data(), bias.data(), plain.data(), n, kernel);
+    vec::gelu(plain.data(), plain.data(), m * n);
+    int8_linear(m, a.data(), packed, 0.05f, scale_w.data(), bias.data(), fused.data(), n, kernel, Int8Finish::kGelu);
+    ASSERT_EQ(fused, plain) << int8_kernel_name(kernel);
+  }
+}
+
+TEST(Int8Gemm, PerRowQuantizationRejectsRowsThatAreNotFinite) {
+  std::vector<float> x = {1.0f, 2.0f, 3.0f, std::nanf(""), 1.0f, 1.0f};
+  std::vector<float> scales(2);
+  std::vector<uint8_t> a(2 * int8_row_bytes(3));
+  EXPECT_THROW(quantize_activations_per_row(x.data(), 2, 3, scales.data(), a.data()), std::exception);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Int8GemmTest,

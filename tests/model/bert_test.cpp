@@ -466,6 +466,39 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 1);
 }
 
+// The MLM decoder as integers too (opt-in; no quantizer of the model covers it): its logits are the float
+// decoder's up to per-row quantization of its input and of the word embeddings, the NSP logits are those
+// of the integer encoder alone, and training still sees the float model.
+TEST(BertModel, IntegerDecoderStaysNearTheFloatDecoder) {
+  std::unique_ptr<Bert> quantized = quantized_tiny(0);
+  Bert& model = *quantized;
+  const BertConfig& c = model.config();
+  const std::vector<float> fake = eval_logits(model, false);
+  ASSERT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);
+  EXPECT_FALSE(model.integer_decoder());
+  const std::vector<float> encoder_only = eval_logits(model, false);
+  EXPECT_EQ(model.prepare_integer_inference(/*integer_decoder=*/true), 6 * c.num_hidden_layers + 3);
+  EXPECT_TRUE(model.integer_decoder());
+  const std::vector<float> with_decoder = eval_logits(model, false);
+  ASSERT_EQ(with_decoder.size(), encoder_only.size());
+  const size_t mlm = with_decoder.size() - 2 * 4;  // the NSP logits (4 x 2) come last
+  double diff = 0, largest = 0;
+  for (size_t i = 0; i < mlm; ++i) {
+    diff = std::max(diff, std::abs(double(with_decoder[i]) - encoder_only[i]));
+    largest = std::max(largest, std::abs(double(encoder_only[i])));
+  }
+  std::cout << "[ info ] integer vs float decoder logits: largest difference " << diff / largest
+            << " of the largest logit\n";
+  // Two 8-bit roundings in a dot product over the hidden size: below a percent of the largest logit, not zero.
+  EXPECT_GT(diff, 0.0);
+  EXPECT_LE(diff, 1e-2 * largest);
+  for (size_t i = mlm; i < with_decoder.size(); ++i) EXPECT_EQ(with_decoder[i], encoder_only[i]) << "NSP logit " << i;
+  EXPECT_EQ(eval_logits(model, true), fake);  // recording gradients: the float model
+  model.clear_integer_inference();
+  EXPECT_FALSE(model.integer_decoder());
+  EXPECT_EQ(eval_logits(model, false), fake);
+}
+
 TEST(BertModel, InitializationFollowsBert) {
   BertConfig c = preset("tiny");
   c.vocab_size = 100;
