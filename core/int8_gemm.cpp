@@ -191,18 +191,24 @@ void run_vnni(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
   if (b < b1) vnni_rows<1>(t, r0, r1, b);
 }
 
+// round(x / scale) to even, clamped to [-128, 127]: divide, as fake quantization and QuantizeLinear do.
+// Clamping first (NaN goes to -128) lets the magic-number rounding round half to even (|v| < 2^22); unlike
+// std::nearbyint it is inlined, so the loops that call it vectorise.
+inline int32_t quantize_value(float x, float scale) {
+  float v = x / scale;
+  v = v > -128.0f ? v : -128.0f;
+  v = v < 127.0f ? v : 127.0f;
+  return static_cast<int32_t>((v + 12582912.0f) - 12582912.0f);
+}
+
 // One row of activations (the loop vectorises: its bounds are locals that no store can change).
 void quantize_row(const float* __restrict x, int64_t k, float scale, uint8_t* __restrict out, int64_t row) {
-  for (int64_t i = 0; i < k; ++i) {
-    // Divide, as fake quantization and QuantizeLinear do. Clamping first (NaN goes to -128) lets the
-    // magic-number rounding round half to even (|v| < 2^22).
-    float v = x[i] / scale;
-    v = v > -128.0f ? v : -128.0f;
-    v = v < 127.0f ? v : 127.0f;
-    const float q = (v + 12582912.0f) - 12582912.0f;
-    out[i] = static_cast<uint8_t>(static_cast<int32_t>(q) + 128);
-  }
+  for (int64_t i = 0; i < k; ++i) out[i] = static_cast<uint8_t>(quantize_value(x[i], scale) + 128);
   for (int64_t i = k; i < row; ++i) out[i] = 128;
+}
+
+void quantize_signed_run(const float* __restrict x, int64_t n, float scale, int8_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int8_t>(quantize_value(x[i], scale));
 }
 
 }  // namespace
@@ -249,15 +255,22 @@ Int8Weights::Int8Weights(const int8_t* weights, int64_t n, int64_t k)
   packed_.assign(blocks_ * kBlock * k_padded_, 0);
   offsets_.assign(blocks_ * kBlock, 0);
   for (int64_t c = 0; c < n; ++c) {
-    int8_t* block = packed_.data() + (c / kBlock) * k_padded_ * kBlock;
+    const int8_t* row = weights + c * k;
+    // Channel c's 4 inputs of group g at block + g * kGroupBytes + (c % kBlock) * 4: whole groups copied
+    // 4 bytes at a time (activations' products pack weights on every call).
+    int8_t* lane = packed_.data() + (c / kBlock) * k_padded_ * kBlock + (c % kBlock) * 4;
+    int64_t i = 0;
+    for (; i + 4 <= k; i += 4) std::memcpy(lane + (i / 4) * kGroupBytes, row + i, 4);
+    for (; i < k; ++i) lane[(i / 4) * kGroupBytes + i % 4] = row[i];
     int32_t sum = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      const int8_t v = weights[c * k + i];
-      block[(i / 4) * kGroupBytes + (c % kBlock) * 4 + i % 4] = v;
-      sum += v;
-    }
+    for (int64_t j = 0; j < k; ++j) sum += row[j];
     offsets_[c] = 128 * sum;
   }
+}
+
+void quantize_signed(const float* x, int64_t n, float scale, int8_t* out) {
+  parallel_for(n, int64_t{1} << 14,
+               [=](int64_t lo, int64_t hi) { quantize_signed_run(x + lo, hi - lo, scale, out + lo); });
 }
 
 void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uint8_t* out) {

@@ -55,6 +55,10 @@ void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_
                  const float* bias, float* y, int64_t ldy, Int8Kernel kernel = Int8Kernel::kAuto,
                  Int8Finish finish = Int8Finish::kNone);
 
+// x (n values) as signed int8 with the same rounding and clamping (an activation used as the second operand
+// of a product, then packed as Int8Weights).
+void quantize_signed(const float* x, int64_t n, float scale, int8_t* out);
+
 // Dynamic quantization, one scale per row of activations (the row's largest magnitude maps to 127), for
 // a layer without a calibrated input scale: quantizes x (m, k) as quantize_activations does, each row
 // with its own scale (written to scales[r]; a row of zeros gets 1). A row that is not finite throws.

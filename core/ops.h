@@ -48,6 +48,12 @@ Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_
 // gelu(int8_linear(..)), one pass over memory fewer). CPU, forward only.
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias);
+// INT8 inference of a product of two activations, batched over the leading axes (the attention's Q K^T
+// and probs V): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b, each quantized per tensor
+// as fake_quantize does (round(v / scale) to even, clamped to [-128, 127]), multiplied exactly in int32,
+// then alpha * scale_a * scale_b * sum. The values of alpha * matmul(fake_quantize(a), fake_quantize(b))
+// up to the float summation order. CPU, forward only.
+Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b);
 // The same with dynamic quantization of x: each row at its own scale, its largest magnitude at 127
 // (a layer with no calibrated input scale). CPU, forward only.
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);

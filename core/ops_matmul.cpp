@@ -1,5 +1,6 @@
 // matmul and linear: forward and backward side by side, on core/gemm.
 #include <algorithm>
+#include <cmath>
 #include <source_location>
 #include <vector>
 
@@ -251,6 +252,46 @@ Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias) {
   return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kGelu, std::source_location::current());
+}
+
+Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b) {
+  BERT_CHECK(!g.on_cuda(), "int8_matmul: integer inference runs on the CPU");
+  BERT_CHECK(!g.grad_enabled(), "int8_matmul has no gradient: run it under NoGradGuard (inference only)");
+  BERT_CHECK(scale_a > 0 && scale_b > 0, "int8_matmul: the scales must be positive");
+  const Shape &as = g.shape(a), &bs = g.shape(b);
+  BERT_CHECK(as.rank() >= 2 && as.rank() == bs.rank(), "int8_matmul of " + as.str() + " and " + bs.str());
+  for (int i = 0; i + 2 < as.rank(); ++i)
+    BERT_CHECK(as[i] == bs[i], "int8_matmul: batch axes of " + as.str() + " and " + bs.str() + " differ");
+  const int64_t m = as[-2], k = as[-1], n = trans_b ? bs[-2] : bs[-1];
+  BERT_CHECK((trans_b ? bs[-1] : bs[-2]) == k, "int8_matmul: inner sizes of " + as.str() + " and " + bs.str());
+  const int64_t batch = m * k > 0 ? as.numel() / (m * k) : 0;
+  Var y = g.emit(as.with_last(n), {a, b});
+  const float* av = g.value(a).data();
+  const float* bv = g.value(b).data();
+  float* yv = g.value(y).data();
+  // Both operands quantized in one pass each (a as unsigned rows, b as stored); then each product on one
+  // thread (int8_linear runs serially inside), b's rows packed as weights. b's scale and alpha go in the
+  // per-channel scales, a's is the activation scale.
+  const int64_t row = int8_row_bytes(k);
+  uint8_t* qa = g.scratch<uint8_t>(batch * m * row);
+  int8_t* qb = g.scratch<int8_t>(batch * k * n);
+  quantize_activations(av, batch * m, k, scale_a, qa);
+  quantize_signed(bv, batch * k * n, scale_b, qb);
+  const std::vector<float> scales(n, static_cast<float>(scale_b * alpha));
+  parallel_for(batch, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<int8_t> transposed(trans_b ? 0 : n * k);
+    for (int64_t item = lo; item < hi; ++item) {
+      const int8_t* rows = qb + item * k * n;  // (N, K) when trans_b, else (K, N): transposed here
+      if (!trans_b) {
+        for (int64_t i = 0; i < k; ++i)
+          for (int64_t c = 0; c < n; ++c) transposed[c * k + i] = rows[i * n + c];
+        rows = transposed.data();
+      }
+      bert::int8_linear(m, qa + item * m * row, Int8Weights(rows, n, k), scale_a, scales.data(), nullptr,
+                        yv + item * m * n, n);
+    }
+  });
+  return y;
 }
 
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias) {

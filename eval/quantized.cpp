@@ -186,6 +186,7 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
   c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g));
   c.integer_layers = model.prepare_integer_inference(integer_decoder);
   c.integer_decoder = model.integer_decoder();
+  c.integer_attention_layers = model.integer_attention_layers();
   if (c.integer_layers == 0 || (c.integer_decoder && c.integer_layers == 1)) {
     model.clear_integer_inference();
     throw UserError("no linear layer has both its input and weight quantizers enabled: nothing runs as INT8");
@@ -208,6 +209,7 @@ Json IntegerComparison::to_json(const std::vector<std::string>& label_names) con
   j["kernel"] = kernel;
   j["integer_layers"] = integer_layers;
   j["integer_decoder"] = integer_decoder;
+  j["integer_attention_layers"] = integer_attention_layers;
   j["agreement_with_fake_quant"] = agreement();
   j["predictions_compared"] = compared;
   Json::Array rows;

@@ -72,8 +72,9 @@ struct IntegerComparison {
   std::vector<TimedMode> modes;  // fp32, fake-quant, int8
   std::string kernel;            // the integer kernel this CPU ran
   int64_t integer_layers = 0;
-  bool integer_decoder = false;        // the MLM decoder ran integer GEMMs too
-  int64_t agreeing = 0, compared = 0;  // int8 predictions equal to the fake-quantized model's
+  bool integer_decoder = false;          // the MLM decoder ran integer GEMMs too
+  int64_t integer_attention_layers = 0;  // encoder layers whose attention products ran as integers
+  int64_t agreeing = 0, compared = 0;    // int8 predictions equal to the fake-quantized model's
   double agreement() const { return compared ? double(agreeing) / compared : 0.0; }
   Json to_json(const std::vector<std::string>& label_names) const;
 };

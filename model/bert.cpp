@@ -140,6 +140,12 @@ std::vector<Linear*> Bert::quantizable_linears() {
 int64_t Bert::prepare_integer_inference(bool integer_decoder) {
   int64_t prepared = 0;
   for (Linear* l : quantizable_linears()) prepared += l->prepare_integer(params_);
+  for (Layer& l : layers_) {
+    l.integer_attention = true;
+    for (const Quantizer* q : {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a})
+      l.integer_attention = l.integer_attention && q->mode == QuantMode::kQuantize && q->qmin == -128 &&
+                            q->qmax == 127 && params_.shape(q->scale).numel() == 1;
+  }
   integer_decoder_.reset();
   integer_decoder_scales_.clear();
   if (integer_decoder) {
@@ -163,8 +169,13 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder) {
   return prepared;
 }
 
+int64_t Bert::integer_attention_layers() const {
+  return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.integer_attention; });
+}
+
 void Bert::clear_integer_inference() {
   for (Linear* l : quantizable_linears()) l->clear_integer();
+  for (Layer& l : layers_) l.integer_attention = false;
   integer_decoder_.reset();
   integer_decoder_scales_.clear();
 }
@@ -242,16 +253,24 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   const std::vector<Var> inputs = quantize_each(g, x,
                                                 {l.query.used_input_quantizer(g), l.key.used_input_quantizer(g),
                                                  l.value.used_input_quantizer(g), &l.attention_add_residual});
+  // Integer products quantize their inputs themselves (to the same integers the quantizers give).
+  const bool integer = l.integer_attention && !g.on_cuda() && !g.grad_enabled();
+  auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
   auto heads = [&](Linear& proj, Var input, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
     Var projected = proj.forward_quantized_input(g, params_, input);
-    return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
+    return permute(ops::reshape(g, projected, Shape{b, t, h, d}), integer ? nullptr : &quantizer);
   };
   Var q = heads(l.query, inputs[0], l.matmul_q);
   Var k = heads(l.key, inputs[1], l.matmul_k);
   Var v = heads(l.value, inputs[2], l.matmul_v);
-  Var scores = ops::scaled_matmul(g, q, k, 1.0 / std::sqrt(static_cast<double>(d)), false, true);  // (B,H,T,T)
-  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
-  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
+  const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
+  Var scores = integer ? ops::int8_matmul(g, q, k, scale_of(l.matmul_q), scale_of(l.matmul_k), inverse_sqrt_d, true)
+                       : ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
+  Var probs =
+      dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, integer ? nullptr : &l.matmul_a);
+  Var context = permute(integer ? ops::int8_matmul(g, probs, v, scale_of(l.matmul_a), scale_of(l.matmul_v), 1.0, false)
+                                : ops::matmul(g, probs, v),
+                        l.attention_output.used_input_quantizer(g));
   context = ops::reshape(g, context, Shape{b, t, h * d});
   Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
                     &l.attention_add_input);

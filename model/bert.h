@@ -87,9 +87,10 @@ class Bert {
 
   // INT8 inference on the CPU: each linear layer whose input and weight quantizers are enabled gets its
   // weight as int8 (Linear::prepare_integer) and runs integer GEMMs whenever the graph records no
-  // gradients (evaluation); attention products, softmax, GELU and LayerNorm stay in float on their
-  // fake-quantized inputs. Returns the number of integer layers. Call again after the weights or scales
-  // change; clear to go back to the float path.
+  // gradients (evaluation). The attention products Q K^T and probs V run as integer products too where
+  // their four quantizers are enabled (integer_attention_layers()); softmax, GELU and LayerNorm stay in
+  // float. Returns the number of integer linear layers. Call again after the weights or scales change;
+  // clear to go back to the float path.
   // With integer_decoder, the MLM decoder too (it has no quantizers: the fake-quantized model and the
   // export keep it in float): the tied word embeddings quantized per row (symmetric, each row's largest
   // magnitude at 127) and its input per row at run time (dynamic quantization). Faster where the
@@ -98,6 +99,9 @@ class Bert {
   int64_t prepare_integer_inference(bool integer_decoder = false);
   void clear_integer_inference();
   bool integer_decoder() const { return integer_decoder_ != nullptr; }
+  // The encoder layers whose attention products run as integers (prepare_integer_inference: those whose
+  // Q, K, V and probs quantizers are all enabled).
+  int64_t integer_attention_layers() const;
 
   // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op, and the
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
@@ -118,6 +122,9 @@ class Bert {
     // Inputs of Q K^T and of probs V (QDQBERT's names), and both inputs of each residual add.
     Quantizer matmul_q, matmul_k, matmul_v, matmul_a;
     Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;
+    // Q K^T and probs V as integer products (ops::int8_matmul) in CPU inference: set by
+    // prepare_integer_inference where the four matmul quantizers are enabled (per tensor, [-128, 127]).
+    bool integer_attention = false;
   };
   // x through each quantizer (nullptr: none), one output each: those that fake-quantize in one op
   // (ops::fake_quantize_each) when fusion is on.

@@ -321,10 +321,12 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
   const eval::IntegerComparison c = eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder);
   e.report["int8"] = c.to_json(e.config().labels);
   if (e.a.json) return;
-  std::printf("checkpoint %s (step %lld): %lld linear layers as INT8%s (%s kernel, %d threads)\n",
-              e.a.checkpoint.c_str(), (long long)e.state.step, (long long)c.integer_layers,
-              c.integer_decoder ? ", the MLM decoder among them (dynamic per-row input scales)" : "", c.kernel.c_str(),
-              num_threads());
+  std::printf(
+      "checkpoint %s (step %lld): %lld linear layers as INT8%s, and the attention products of %lld layers (%s kernel, "
+      "%d threads)\n",
+      e.a.checkpoint.c_str(), (long long)e.state.step, (long long)c.integer_layers,
+      c.integer_decoder ? ", the MLM decoder among them (dynamic per-row input scales)" : "",
+      (long long)c.integer_attention_layers, c.kernel.c_str(), num_threads());
   if (e.task_model)
     std::printf("%-12s %10s %10s %12s %10s\n", "mode", "accuracy", "macro-F1", "sequences/s", "vs FP32");
   else

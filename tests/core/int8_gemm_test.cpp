@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "core/cpu_kernels.h"
+#include "core/graph.h"
 #include "core/int8_gemm.h"
+#include "core/ops.h"
 #include "core/rng.h"
 #include "core/vector_math.h"
 
@@ -113,6 +115,43 @@ TEST(Int8Gemm, GeluFinishEqualsGeluAfterwards) {
     vec::gelu(plain.data(), plain.data(), m * n);
     int8_linear(m, a.data(), packed, 0.05f, scale_w.data(), bias.data(), fused.data(), n, kernel, Int8Finish::kGelu);
     ASSERT_EQ(fused, plain) << int8_kernel_name(kernel);
+  }
+}
+
+// The attention's products in INT8: both activations quantized per tensor, batched over leading axes, B
+// as stored or transposed; the exact integer sum times alpha and the scales, values clamped at the range.
+TEST(Int8Matmul, BatchedProductsEqualTheExactIntegerSum) {
+  const float scale_a = 0.05f, scale_b = 0.04f;
+  const double alpha = 0.125;
+  for (bool trans_b : {false, true}) {
+    SCOPED_TRACE(trans_b ? "b transposed" : "b as stored");
+    const int64_t batch = 6, m = 5, k = 37, n = 19;
+    Rng rng(trans_b ? 31 : 32);
+    std::vector<float> a(batch * m * k), b(batch * k * n);
+    for (auto& v : a) v = static_cast<float>(rng.next_normal() * 2.0);
+    for (auto& v : b) v = static_cast<float>(rng.next_normal() * 2.0);
+    a[3] = 100.0f, b[5] = -100.0f;  // beyond 127 steps: clamped
+    Tensor<float> ta(Shape{2, 3, m, k}, a), tb(trans_b ? Shape{2, 3, n, k} : Shape{2, 3, k, n}, b);
+    Graph<float> g;
+    EXPECT_THROW(ops::int8_matmul(g, g.constant(ta.view()), g.constant(tb.view()), scale_a, scale_b, alpha, trans_b),
+                 std::exception);  // no gradient: inference only
+    NoGradGuard<float> no_grad(g);
+    const std::vector<float> y =
+        g.to_host(ops::int8_matmul(g, g.constant(ta.view()), g.constant(tb.view()), scale_a, scale_b, alpha, trans_b));
+    ASSERT_EQ(static_cast<int64_t>(y.size()), batch * m * n);
+    auto q = [](float v, float s) { return std::clamp(std::nearbyint(double(v) / s), -128.0, 127.0); };
+    for (int64_t item = 0; item < batch; ++item)
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+          double sum = 0;
+          for (int64_t i = 0; i < k; ++i) {
+            const float bv = trans_b ? b[item * n * k + c * k + i] : b[item * k * n + i * n + c];
+            sum += q(a[item * m * k + r * k + i], scale_a) * q(bv, scale_b);
+          }
+          const double want = alpha * scale_a * scale_b * sum;
+          ASSERT_NEAR(y[(item * m + r) * n + c], want, 1e-6 * std::max(1.0, std::abs(want)))
+              << "item " << item << " row " << r << " column " << c;
+        }
   }
 }
 

@@ -432,8 +432,15 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   std::unique_ptr<Bert> quantized = quantized_tiny(0);  // weight scales as max calibration sets them
   Bert& model = *quantized;
   const BertConfig& c = model.config();
+  // Activation scales apart from each other, as calibration gives them: with one scale everywhere (0.03),
+  // products of quantized values land exactly on half steps of the next quantizer, where the float
+  // summation order alone decides the rounding.
+  int index = 0;
+  for (Quantizer* q : model.quantizers())
+    if (!q->is_weight) model.parameters().get(q->scale).value.fill(0.03f * (1.0f + 0.0137f * float(index++)));
   const std::vector<float> fake = eval_logits(model, false);
   EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);  // + pooler and MLM transform
+  EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers);           // Q K^T and probs V as integers too
   const std::vector<float> integer = eval_logits(model, false);
   ASSERT_EQ(integer.size(), fake.size());
   // The same integers summed exactly instead of float products summed in another order: differences at
@@ -451,7 +458,7 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   EXPECT_LE(diff, 1e-3 * largest);
   // The integer layers run on their packed copy: changing the float weights afterwards leaves their
   // output alone (and shows the integer path ran), until prepared again.
-  TensorView<float> w = model.parameters().get("bert.encoder.layer.0.attention.self.query.weight").value;
+  TensorView<float> w = model.parameters().get("bert.encoder.layer.0.attention.self.value.weight").value;
   const std::vector<float> saved(w.begin(), w.end());
   for (float& v : w) v *= 2;
   EXPECT_EQ(eval_logits(model, false), integer);
@@ -462,8 +469,13 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   model.clear_integer_inference();
   EXPECT_EQ(eval_logits(model, false), fake);
   // Only layers with both quantizers enabled become integer.
+  EXPECT_EQ(model.integer_attention_layers(), 0);
   model.find_quantizer("bert.encoder.layer.0.attention.self.query.input_quantizer")->mode = QuantMode::kFloat;
   EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 1);
+  // The attention products only where all four of their quantizers are enabled.
+  model.find_quantizer("bert.encoder.layer.0.attention.self.matmul_a_input_quantizer")->mode = QuantMode::kFloat;
+  model.prepare_integer_inference();
+  EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers - 1);
 }
 
 // The MLM decoder as integers too (opt-in; no quantizer of the model covers it): its logits are the float
