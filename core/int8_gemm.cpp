@@ -218,16 +218,13 @@ BERT_QUANTIZE_LOOPS(_build, )
 BERT_QUANTIZE_LOOPS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))))
 #undef BERT_QUANTIZE_LOOPS
 
+// The loops this CPU runs (chosen once per call, outside the loops over rows).
+using QuantizeRow = void (*)(const float*, int64_t, float, uint8_t*, int64_t);
+using QuantizeSignedRun = void (*)(const float*, int64_t, float, int8_t*);
 bool quantize_with_avx512() { return best_cpu_kernels() == CpuKernels::kAvx512; }
-
-void quantize_row(const float* x, int64_t k, float scale, uint8_t* out, int64_t row) {
-  if (quantize_with_avx512()) return quantize_row_avx512(x, k, scale, out, row);
-  quantize_row_build(x, k, scale, out, row);
-}
-
-void quantize_signed_run(const float* x, int64_t n, float scale, int8_t* out) {
-  if (quantize_with_avx512()) return quantize_signed_run_avx512(x, n, scale, out);
-  quantize_signed_run_build(x, n, scale, out);
+QuantizeRow row_quantizer() { return quantize_with_avx512() ? &quantize_row_avx512 : &quantize_row_build; }
+QuantizeSignedRun signed_quantizer() {
+  return quantize_with_avx512() ? &quantize_signed_run_avx512 : &quantize_signed_run_build;
 }
 
 }  // namespace
@@ -252,7 +249,7 @@ bool int8_kernel_supported(Int8Kernel kernel) {
     case Int8Kernel::kGeneric:
       return true;
     case Int8Kernel::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      return cpu_kernels_supported(CpuKernels::kAvx2);
     case Int8Kernel::kAvx512Vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vnni");
@@ -288,12 +285,13 @@ Int8Weights::Int8Weights(const int8_t* weights, int64_t n, int64_t k)
 }
 
 void quantize_signed(const float* x, int64_t n, float scale, int8_t* out) {
-  parallel_for(n, int64_t{1} << 14,
-               [=](int64_t lo, int64_t hi) { quantize_signed_run(x + lo, hi - lo, scale, out + lo); });
+  const QuantizeSignedRun quantize = signed_quantizer();
+  parallel_for(n, int64_t{1} << 14, [=](int64_t lo, int64_t hi) { quantize(x + lo, hi - lo, scale, out + lo); });
 }
 
 void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uint8_t* out) {
   const int64_t row = int8_row_bytes(k);
+  const QuantizeRow quantize_row = row_quantizer();
   parallel_for(m, 64, [=](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) quantize_row(x + r * k, k, scale, out + r * row, row);
   });
@@ -361,6 +359,7 @@ void int8_linear_per_row(int64_t m, const uint8_t* a, const float* row_scales, c
 
 void quantize_activations_per_row(const float* x, int64_t m, int64_t k, float* scales, uint8_t* out) {
   const int64_t row = int8_row_bytes(k);
+  const QuantizeRow quantize_row = row_quantizer();
   parallel_for(m, 64, [=](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * k;

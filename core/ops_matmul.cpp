@@ -1,7 +1,7 @@
 // matmul and linear: forward and backward side by side, on core/gemm.
 #include <algorithm>
-#include <cmath>
 #include <source_location>
+#include <string>
 #include <vector>
 
 #include "core/gemm.h"
@@ -221,22 +221,28 @@ Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias) {
 
 namespace {
 
-// made_by: the public op's name, for an OpProfile.
-Var integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
-                   Var bias, Int8Finish finish, std::source_location made_by) {
-  BERT_CHECK(!g.on_cuda(), "int8_linear: integer inference runs on the CPU");
-  BERT_CHECK(!g.grad_enabled(), "int8_linear has no gradient: run it under NoGradGuard (inference only)");
+// The checks every integer linear makes, then its output (.., out). op: the public op's name, for
+// errors; made_by: the same, for an OpProfile.
+Var emit_integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias,
+                        const std::string& op, std::source_location made_by) {
+  BERT_CHECK(!g.on_cuda(), op + ": integer inference runs on the CPU");
+  BERT_CHECK(!g.grad_enabled(), op + " has no gradient: run it under NoGradGuard (inference only)");
   const Shape& xs = g.shape(x);
   BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
-             "int8_linear: x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
-  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), "int8_linear: one weight scale per output");
-  BERT_CHECK(scale_x > 0, "int8_linear: the input scale must be positive");
-  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), "int8_linear bias " + g.shape(bias).str());
-  const int64_t rows = xs.rows();
+             op + ": x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
+  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), op + ": one weight scale per output");
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), op + " bias " + g.shape(bias).str());
+  return bias.valid() ? g.emit(xs.with_last(weights.n()), {x, bias}, made_by)
+                      : g.emit(xs.with_last(weights.n()), {x}, made_by);
+}
+
+Var integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                   Var bias, Int8Finish finish, const char* op, std::source_location made_by) {
+  Var y = emit_integer_linear(g, x, weights, scale_w, bias, op, made_by);
+  BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
+  const int64_t rows = g.shape(x).rows();
   uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));  // reused every step
   quantize_activations(g.value(x).data(), rows, weights.k(), scale_x, quantized);
-  Var y = bias.valid() ? g.emit(xs.with_last(weights.n()), {x, bias}, made_by)
-                       : g.emit(xs.with_last(weights.n()), {x}, made_by);
   bert::int8_linear(rows, quantized, weights, scale_x, scale_w.data(), bias.valid() ? g.value(bias).data() : nullptr,
                     g.value(y).data(), weights.n(), Int8Kernel::kAuto, finish);
   return y;
@@ -246,12 +252,14 @@ Var integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, float sca
 
 Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                 Var bias) {
-  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kNone, std::source_location::current());
+  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kNone, "int8_linear",
+                        std::source_location::current());
 }
 
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias) {
-  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kGelu, std::source_location::current());
+  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kGelu, "int8_linear_gelu",
+                        std::source_location::current());
 }
 
 Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b) {
@@ -295,19 +303,11 @@ Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, dou
 }
 
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias) {
-  BERT_CHECK(!g.on_cuda(), "int8_linear_dynamic: integer inference runs on the CPU");
-  BERT_CHECK(!g.grad_enabled(), "int8_linear_dynamic has no gradient: run it under NoGradGuard (inference only)");
-  const Shape& xs = g.shape(x);
-  BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
-             "int8_linear_dynamic: x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
-  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), "int8_linear_dynamic: one weight scale per output");
-  if (bias.valid())
-    BERT_CHECK(g.shape(bias) == Shape({weights.n()}), "int8_linear_dynamic bias " + g.shape(bias).str());
-  const int64_t rows = xs.rows();
+  Var y = emit_integer_linear(g, x, weights, scale_w, bias, "int8_linear_dynamic", std::source_location::current());
+  const int64_t rows = g.shape(x).rows();
   uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));
   float* row_scales = g.scratch<float>(rows);
   quantize_activations_per_row(g.value(x).data(), rows, weights.k(), row_scales, quantized);
-  Var y = bias.valid() ? g.emit(xs.with_last(weights.n()), {x, bias}) : g.emit(xs.with_last(weights.n()), {x});
   bert::int8_linear_per_row(rows, quantized, row_scales, weights, scale_w.data(),
                             bias.valid() ? g.value(bias).data() : nullptr, g.value(y).data(), weights.n());
   return y;
