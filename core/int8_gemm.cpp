@@ -265,16 +265,13 @@ Int8Kernel best_int8_kernel() {
   return Int8Kernel::kGeneric;
 }
 
-Int8Weights::Int8Weights(const int8_t* weights, int64_t n, int64_t k)
-    : n_(n), k_(k), k_padded_(int8_row_bytes(k)), blocks_((n + kBlock - 1) / kBlock) {
-  BERT_CHECK(n > 0 && k > 0, "Int8Weights: empty weights");
-  packed_.assign(blocks_ * kBlock * k_padded_, 0);
-  offsets_.assign(blocks_ * kBlock, 0);
+Int8Weights::Int8Weights(const int8_t* weights, int64_t n, int64_t k) {
+  resize(n, k);
   for (int64_t c = 0; c < n; ++c) {
     const int8_t* row = weights + c * k;
     // Channel c's 4 inputs of group g at block + g * kGroupBytes + (c % kBlock) * 4: whole groups copied
     // 4 bytes at a time (activations' products pack weights on every call).
-    int8_t* lane = packed_.data() + (c / kBlock) * k_padded_ * kBlock + (c % kBlock) * 4;
+    int8_t* lane = lane_of(c);
     int64_t i = 0;
     for (; i + 4 <= k; i += 4) std::memcpy(lane + (i / 4) * kGroupBytes, row + i, 4);
     for (; i < k; ++i) lane[(i / 4) * kGroupBytes + i % 4] = row[i];
@@ -284,16 +281,63 @@ Int8Weights::Int8Weights(const int8_t* weights, int64_t n, int64_t k)
   }
 }
 
-void quantize_signed(const float* x, int64_t n, float scale, int8_t* out) {
+void Int8Weights::resize(int64_t n, int64_t k) {
+  BERT_CHECK(n > 0 && k > 0, "Int8Weights: empty weights");
+  n_ = n;
+  k_ = k;
+  k_padded_ = int8_row_bytes(k);
+  blocks_ = (n + kBlock - 1) / kBlock;
+  packed_.assign(blocks_ * kBlock * k_padded_, 0);  // keeps the capacity: no allocation when repacked
+  offsets_.assign(blocks_ * kBlock, 0);
+}
+
+int8_t* Int8Weights::lane_of(int64_t c) {
+  return packed_.data() + (c / kBlock) * k_padded_ * kBlock + (c % kBlock) * 4;
+}
+
+void Int8Weights::quantize_pack(const float* src, int64_t n, int64_t k, int64_t row_stride, int64_t col_stride,
+                                float scale) {
+  BERT_CHECK(row_stride == 1 || col_stride == 1, "Int8Weights::quantize_pack: rows or columns must be contiguous");
+  resize(n, k);
   const QuantizeSignedRun quantize = signed_quantizer();
-  parallel_for(n, int64_t{1} << 14, [=](int64_t lo, int64_t hi) { quantize(x + lo, hi - lo, scale, out + lo); });
+  if (col_stride == 1) {  // rows of weights lie in memory: each quantized whole, then packed 4 bytes at a time
+    quantized_.resize(k_padded_);
+    std::fill(quantized_.begin() + k, quantized_.end(), int8_t{0});
+    for (int64_t c = 0; c < n; ++c) {
+      quantize(src + c * row_stride, k, scale, quantized_.data());
+      int8_t* lane = lane_of(c);
+      int32_t sum = 0;
+      for (int64_t g = 0; g < k_padded_ / 4; ++g) std::memcpy(lane + g * kGroupBytes, quantized_.data() + 4 * g, 4);
+      for (int64_t i = 0; i < k; ++i) sum += quantized_[i];
+      offsets_[c] = 128 * sum;
+    }
+    return;
+  }
+  // Columns lie in memory (a transposed operand): quantized a column at a time, then each channel's
+  // inputs gathered from the columns.
+  quantized_.resize(k * n);
+  for (int64_t i = 0; i < k; ++i) quantize(src + i * col_stride, n, scale, quantized_.data() + i * n);
+  for (int64_t c = 0; c < n; ++c) {
+    int8_t* lane = lane_of(c);
+    int32_t sum = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const int8_t q = quantized_[i * n + c];
+      lane[(i / 4) * kGroupBytes + i % 4] = q;
+      sum += q;
+    }
+    offsets_[c] = 128 * sum;
+  }
 }
 
 void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uint8_t* out) {
+  quantize_activations(x, m, k, k, scale, out);
+}
+
+void quantize_activations(const float* x, int64_t m, int64_t k, int64_t ldx, float scale, uint8_t* out) {
   const int64_t row = int8_row_bytes(k);
   const QuantizeRow quantize_row = row_quantizer();
   parallel_for(m, 64, [=](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) quantize_row(x + r * k, k, scale, out + r * row, row);
+    for (int64_t r = lo; r < hi; ++r) quantize_row(x + r * ldx, k, scale, out + r * row, row);
   });
 }
 

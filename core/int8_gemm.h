@@ -26,6 +26,12 @@ class Int8Weights {
  public:
   Int8Weights() = default;
   Int8Weights(const int8_t* weights, int64_t n, int64_t k);  // row-major (n, k)
+  // Float weights (n, k), weight (c, i) at src[c * row_stride + i * col_stride], one stride 1 (either layout: an
+  // activation is packed as it lies, transposed or not), quantized as quantize_activations does (round(w /
+  // scale) to even, clamped to [-128, 127]) but signed, then packed: the bytes the constructor packs from
+  // those integers. Reuses this object's storage (an attention
+  // head's operands, repacked for every head).
+  void quantize_pack(const float* src, int64_t n, int64_t k, int64_t row_stride, int64_t col_stride, float scale);
 
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
@@ -37,9 +43,12 @@ class Int8Weights {
   const int32_t* offsets() const { return offsets_.data(); }
 
  private:
+  void resize(int64_t n, int64_t k);  // zeroed storage for (n, k)
+  int8_t* lane_of(int64_t c);         // channel c's 4 bytes in group 0
   int64_t n_ = 0, k_ = 0, k_padded_ = 0, blocks_ = 0;
   std::vector<int8_t> packed_;
   std::vector<int32_t> offsets_;
+  std::vector<int8_t> quantized_;  // quantize_pack's unpacked integers, reused
 };
 
 // Rounds up to a multiple of 4: the row length of quantized activations for k inputs.
@@ -48,16 +57,14 @@ inline int64_t int8_row_bytes(int64_t k) { return (k + 3) / 4 * 4; }
 // Quantizes x (m, k) for int8_linear as fake quantization does (round(x / scale) to even, clamped to
 // [-128, 127]) and stores q + 128 as bytes, rows of int8_row_bytes(k) (padding 128, i.e. zero).
 void quantize_activations(const float* x, int64_t m, int64_t k, float scale, uint8_t* out);
+// The same with rows ldx floats apart (the rows of one attention head inside (B, T, H * D)).
+void quantize_activations(const float* x, int64_t m, int64_t k, int64_t ldx, float scale, uint8_t* out);
 
 // y (m, n), row stride ldy: a (m rows of w.k_padded() bytes from quantize_activations) times w.
 // bias may be null.
 void int8_linear(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* scale_w,
                  const float* bias, float* y, int64_t ldy, Int8Kernel kernel = Int8Kernel::kAuto,
                  Int8Finish finish = Int8Finish::kNone);
-
-// x (n values) as signed int8 with the same rounding and clamping (an activation used as the second operand
-// of a product, then packed as Int8Weights).
-void quantize_signed(const float* x, int64_t n, float scale, int8_t* out);
 
 // Dynamic quantization, one scale per row of activations (the row's largest magnitude maps to 127), for
 // a layer without a calibrated input scale: quantizes x (m, k) as quantize_activations does, each row

@@ -54,6 +54,17 @@ Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float s
 // then alpha * scale_a * scale_b * sum. The values of alpha * matmul(fake_quantize(a), fake_quantize(b))
 // up to the float summation order. CPU, forward only.
 Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b);
+// The per-tensor scales of integer self-attention's four quantized operands.
+struct Int8AttentionScales {
+  float q = 0, k = 0, v = 0, probs = 0;
+};
+// INT8 self-attention for inference: q, k, v (B, T, H * D) as the projections give them, each head's
+// Q K^T and probs V as integer products. The values of int8_matmul(Q, K^T, scales q, k, alpha), softmax
+// with the additive mask (B, T) (may be Var{}), then int8_matmul(probs, V, scales probs, v) on the heads
+// (B, H, T, D), put back as (B, T, H * D); bit for bit, without the permutes or any (B, H, T, T) tensor
+// in memory: each (sequence, head) is one task in cache. CPU, forward only.
+Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                   double alpha);
 // The same with dynamic quantization of x: each row at its own scale, its largest magnitude at 127
 // (a layer with no calibrated input scale). CPU, forward only.
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);

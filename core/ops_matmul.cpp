@@ -1,6 +1,5 @@
 // matmul and linear: forward and backward side by side, on core/gemm.
 #include <algorithm>
-#include <source_location>
 #include <string>
 #include <vector>
 
@@ -216,100 +215,6 @@ Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias) {
   linear_product(g, x, weight, bias, d, pre_values, &apply_gelu);
   g.on_backward(pre, [x, weight, bias, pre, d](Graph<T>& g) { linear_backward(g, x, weight, bias, pre, d); });
   on_gelu_backward(g, pre, y);
-  return y;
-}
-
-namespace {
-
-// The checks every integer linear makes, then its output (.., out). op: the public op's name, for
-// errors; made_by: the same, for an OpProfile.
-Var emit_integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias,
-                        const std::string& op, std::source_location made_by) {
-  BERT_CHECK(!g.on_cuda(), op + ": integer inference runs on the CPU");
-  BERT_CHECK(!g.grad_enabled(), op + " has no gradient: run it under NoGradGuard (inference only)");
-  const Shape& xs = g.shape(x);
-  BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
-             op + ": x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
-  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), op + ": one weight scale per output");
-  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), op + " bias " + g.shape(bias).str());
-  return bias.valid() ? g.emit(xs.with_last(weights.n()), {x, bias}, made_by)
-                      : g.emit(xs.with_last(weights.n()), {x}, made_by);
-}
-
-Var integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
-                   Var bias, Int8Finish finish, const char* op, std::source_location made_by) {
-  Var y = emit_integer_linear(g, x, weights, scale_w, bias, op, made_by);
-  BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
-  const int64_t rows = g.shape(x).rows();
-  uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));  // reused every step
-  quantize_activations(g.value(x).data(), rows, weights.k(), scale_x, quantized);
-  bert::int8_linear(rows, quantized, weights, scale_x, scale_w.data(), bias.valid() ? g.value(bias).data() : nullptr,
-                    g.value(y).data(), weights.n(), Int8Kernel::kAuto, finish);
-  return y;
-}
-
-}  // namespace
-
-Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias) {
-  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kNone, "int8_linear",
-                        std::source_location::current());
-}
-
-Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
-                     Var bias) {
-  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kGelu, "int8_linear_gelu",
-                        std::source_location::current());
-}
-
-Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b) {
-  BERT_CHECK(!g.on_cuda(), "int8_matmul: integer inference runs on the CPU");
-  BERT_CHECK(!g.grad_enabled(), "int8_matmul has no gradient: run it under NoGradGuard (inference only)");
-  BERT_CHECK(scale_a > 0 && scale_b > 0, "int8_matmul: the scales must be positive");
-  const Shape &as = g.shape(a), &bs = g.shape(b);
-  BERT_CHECK(as.rank() >= 2 && as.rank() == bs.rank(), "int8_matmul of " + as.str() + " and " + bs.str());
-  for (int i = 0; i + 2 < as.rank(); ++i)
-    BERT_CHECK(as[i] == bs[i], "int8_matmul: batch axes of " + as.str() + " and " + bs.str() + " differ");
-  const int64_t m = as[-2], k = as[-1], n = trans_b ? bs[-2] : bs[-1];
-  BERT_CHECK((trans_b ? bs[-1] : bs[-2]) == k, "int8_matmul: inner sizes of " + as.str() + " and " + bs.str());
-  const int64_t batch = m * k > 0 ? as.numel() / (m * k) : 0;
-  Var y = g.emit(as.with_last(n), {a, b});
-  const float* av = g.value(a).data();
-  const float* bv = g.value(b).data();
-  float* yv = g.value(y).data();
-  // Both operands quantized in one pass each (a as unsigned rows, b as stored); then each product on one
-  // thread (int8_linear runs serially inside), b's rows packed as weights. b's scale and alpha go in the
-  // per-channel scales, a's is the activation scale.
-  const int64_t row = int8_row_bytes(k);
-  uint8_t* qa = g.scratch<uint8_t>(batch * m * row);
-  int8_t* qb = g.scratch<int8_t>(batch * k * n);
-  quantize_activations(av, batch * m, k, scale_a, qa);
-  quantize_signed(bv, batch * k * n, scale_b, qb);
-  const std::vector<float> scales(n, static_cast<float>(scale_b * alpha));
-  parallel_for(batch, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<int8_t> transposed(trans_b ? 0 : n * k);
-    for (int64_t item = lo; item < hi; ++item) {
-      const int8_t* rows = qb + item * k * n;  // (N, K) when trans_b, else (K, N): transposed here
-      if (!trans_b) {
-        for (int64_t i = 0; i < k; ++i)
-          for (int64_t c = 0; c < n; ++c) transposed[c * k + i] = rows[i * n + c];
-        rows = transposed.data();
-      }
-      bert::int8_linear(m, qa + item * m * row, Int8Weights(rows, n, k), scale_a, scales.data(), nullptr,
-                        yv + item * m * n, n);
-    }
-  });
-  return y;
-}
-
-Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias) {
-  Var y = emit_integer_linear(g, x, weights, scale_w, bias, "int8_linear_dynamic", std::source_location::current());
-  const int64_t rows = g.shape(x).rows();
-  uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));
-  float* row_scales = g.scratch<float>(rows);
-  quantize_activations_per_row(g.value(x).data(), rows, weights.k(), row_scales, quantized);
-  bert::int8_linear_per_row(rows, quantized, row_scales, weights, scale_w.data(),
-                            bias.valid() ? g.value(bias).data() : nullptr, g.value(y).data(), weights.n());
   return y;
 }
 

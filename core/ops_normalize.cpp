@@ -76,17 +76,14 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
   T* yv = g.value(y).data();
   parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
-      const T* in = xv + r * c;
-      T m = 0;
-      for (int64_t j = 0; j < c; ++j) m += in[j];
-      m /= static_cast<T>(c);
-      T var = 0;
-      for (int64_t j = 0; j < c; ++j) var += (in[j] - m) * (in[j] - m);
-      var /= static_cast<T>(c);
+      // The row's sums as vector reductions (a loop of scalar adds would wait on each add in turn).
+      const auto in = vec::view(xv + r * c, c);
+      const T m = in.sum() / static_cast<T>(c);
+      const T var = (in - m).square().sum() / static_cast<T>(c);
       const T rs = T(1) / std::sqrt(var + static_cast<T>(eps));
       mean[r] = m;
       rstd[r] = rs;
-      for (int64_t j = 0; j < c; ++j) yv[r * c + j] = (in[j] - m) * rs * gv[j] + bv[j];
+      vec::view(yv + r * c, c) = (in - m) * rs * vec::view(gv, c) + vec::view(bv, c);
     }
   });
   g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c](Graph<T>& g) {
@@ -121,14 +118,9 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
               sum_dy[j] += dyr[j];
             }
           if (!want_x) continue;
-          T mean_dn = 0, mean_dn_n = 0;
-          for (int64_t j = 0; j < c; ++j) {
-            T dn = dyr[j] * gv[j];
-            mean_dn += dn;
-            mean_dn_n += dn * (in[j] - m) * rs;
-          }
-          mean_dn /= static_cast<T>(c);
-          mean_dn_n /= static_cast<T>(c);
+          const auto dn = vec::view(dyr, c) * vec::view(gv, c);
+          const T mean_dn = dn.sum() / static_cast<T>(c);
+          const T mean_dn_n = (dn * (vec::view(in, c) - m) * rs).sum() / static_cast<T>(c);
           T* dxr = dx.data + r * c;
           if (dx.accumulate)
             for (int64_t j = 0; j < c; ++j) dxr[j] += rs * (dyr[j] * gv[j] - mean_dn - (in[j] - m) * rs * mean_dn_n);

@@ -253,28 +253,37 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   const std::vector<Var> inputs = quantize_each(g, x,
                                                 {l.query.used_input_quantizer(g), l.key.used_input_quantizer(g),
                                                  l.value.used_input_quantizer(g), &l.attention_add_residual});
-  // Integer products quantize their inputs themselves (to the same integers the quantizers give).
-  const bool integer = l.integer_attention && !g.on_cuda() && !g.grad_enabled();
-  auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
+  // The context (B, T, C), through the output projection, the residual add and LayerNorm.
+  auto finish = [&](Var context) {
+    Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
+                      &l.attention_add_input);
+    return l.attention_norm.forward(g, params_, ops::add(g, out, inputs[3]));
+  };
+  // Integer attention (inference) quantizes its operands itself (to the same integers the quantizers give).
+  if (l.integer_attention && !g.on_cuda() && !g.grad_enabled() && !training) {
+    auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
+    const ops::Int8AttentionScales scales{scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v),
+                                          scale_of(l.matmul_a)};
+    Var context = ops::int8_attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),
+                                      l.key.forward_quantized_input(g, params_, inputs[1]),
+                                      l.value.forward_quantized_input(g, params_, inputs[2]), mask, h, scales,
+                                      1.0 / std::sqrt(static_cast<double>(d)));
+    if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
+      context = quantizer->apply(g, params_, context);
+    return finish(context);
+  }
   auto heads = [&](Linear& proj, Var input, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
     Var projected = proj.forward_quantized_input(g, params_, input);
-    return permute(ops::reshape(g, projected, Shape{b, t, h, d}), integer ? nullptr : &quantizer);
+    return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
   };
   Var q = heads(l.query, inputs[0], l.matmul_q);
   Var k = heads(l.key, inputs[1], l.matmul_k);
   Var v = heads(l.value, inputs[2], l.matmul_v);
   const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
-  Var scores = integer ? ops::int8_matmul(g, q, k, scale_of(l.matmul_q), scale_of(l.matmul_k), inverse_sqrt_d, true)
-                       : ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
-  Var probs =
-      dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, integer ? nullptr : &l.matmul_a);
-  Var context = permute(integer ? ops::int8_matmul(g, probs, v, scale_of(l.matmul_a), scale_of(l.matmul_v), 1.0, false)
-                                : ops::matmul(g, probs, v),
-                        l.attention_output.used_input_quantizer(g));
-  context = ops::reshape(g, context, Shape{b, t, h * d});
-  Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
-                    &l.attention_add_input);
-  return l.attention_norm.forward(g, params_, ops::add(g, out, inputs[3]));
+  Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
+  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
+  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
+  return finish(ops::reshape(g, context, Shape{b, t, h * d}));
 }
 
 Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) {

@@ -122,7 +122,7 @@ class Bert {
     // Inputs of Q K^T and of probs V (QDQBERT's names), and both inputs of each residual add.
     Quantizer matmul_q, matmul_k, matmul_v, matmul_a;
     Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;
-    // Q K^T and probs V as integer products (ops::int8_matmul) in CPU inference: set by
+    // Self-attention as integer products (ops::int8_attention) in CPU inference: set by
     // prepare_integer_inference where the four matmul quantizers are enabled (per tensor, [-128, 127]).
     bool integer_attention = false;
   };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "core/cpu_kernels.h"
@@ -153,6 +154,84 @@ TEST(Int8Matmul, BatchedProductsEqualTheExactIntegerSum) {
               << "item " << item << " row " << r << " column " << c;
         }
   }
+}
+
+// Quantizing and packing in one step (an activation used as weights, as it lies or transposed) gives the
+// bytes and offsets of quantizing first and packing the integers; a reused object leaves no stale bytes.
+TEST(Int8Weights, QuantizePackEqualsQuantizingThenPacking) {
+  const float scale = 0.05f;
+  Int8Weights reused;
+  reused.quantize_pack(std::vector<float>(40 * 70, 9.0f).data(), 40, 70, 70, 1, scale);  // larger, all 127
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "columns in memory" : "rows in memory");
+    const int64_t n = 19, k = 37;
+    Rng rng(transposed ? 41 : 42);
+    std::vector<float> src(n * k);
+    for (auto& v : src) v = static_cast<float>(rng.next_normal() * 3.0);
+    src[4] = 100.0f, src[9] = -100.0f, src[11] = 2.5f * scale, src[12] = -3.5f * scale;  // clamped; ties to even
+    std::vector<int8_t> q(n * k);
+    for (int64_t c = 0; c < n; ++c)
+      for (int64_t i = 0; i < k; ++i) {
+        const float v = transposed ? src[i * n + c] : src[c * k + i];
+        q[c * k + i] = static_cast<int8_t>(std::clamp(std::nearbyint(v / scale), -128.0f, 127.0f));
+      }
+    const Int8Weights expected(q.data(), n, k);
+    reused.quantize_pack(src.data(), n, k, transposed ? 1 : k, transposed ? n : 1, scale);
+    ASSERT_EQ(reused.n(), n);
+    ASSERT_EQ(reused.k(), k);
+    ASSERT_EQ(reused.blocks(), expected.blocks());
+    const int64_t bytes = expected.blocks() * 16 * expected.k_padded();
+    EXPECT_TRUE(std::equal(expected.block(0), expected.block(0) + bytes, reused.block(0)));
+    EXPECT_TRUE(std::equal(expected.offsets(), expected.offsets() + expected.blocks() * 16, reused.offsets()));
+  }
+}
+
+// Integer self-attention on (B, T, H * D) is, bit for bit, the integer products and softmax on the
+// permuted heads; with a padding mask, and sizes off every multiple the kernels block by.
+TEST(Int8Attention, EqualsIntegerProductsAndSoftmaxOnPermutedHeads) {
+  const int64_t batch = 3, t = 19, heads = 3, d = 10, width = heads * d;
+  const ops::Int8AttentionScales scales{0.031f, 0.027f, 0.043f, 1.0f / 127};
+  const double alpha = 1.0 / std::sqrt(double(d));
+  Rng rng(51);
+  auto random = [&](double spread) {
+    std::vector<float> v(batch * t * width);
+    for (auto& x : v) x = static_cast<float>(rng.next_normal() * spread);
+    return Tensor<float>(Shape{batch, t, width}, v);
+  };
+  Tensor<float> q = random(2.0), k = random(2.0), v = random(3.0);
+  std::vector<float> mask_values(batch * t, 0.0f);
+  for (int64_t i = t - 5; i < t; ++i) mask_values[1 * t + i] = -10000.0f;  // sequence 1 padded
+  Tensor<float> mask(Shape{batch, t}, mask_values);
+  Graph<float> g;
+  auto operands = [&] { return std::tuple{g.constant(q.view()), g.constant(k.view()), g.constant(v.view())}; };
+  {
+    auto [qv, kv, vv] = operands();
+    EXPECT_THROW(ops::int8_attention(g, qv, kv, vv, g.constant(mask.view()), heads, scales, alpha),
+                 std::exception);  // no gradient: inference only
+  }
+  NoGradGuard<float> no_grad(g);
+  auto [qv, kv, vv] = operands();
+  const Var mv = g.constant(mask.view());
+  EXPECT_THROW(ops::int8_attention(g, qv, kv, vv, mv, 4, scales, alpha), std::exception);  // 30 channels, 4 heads
+  EXPECT_THROW(
+      ops::int8_attention(g, qv, kv, vv, g.constant(Tensor<float>(Shape{batch, t + 1}).view()), heads, scales, alpha),
+      std::exception);
+  const std::vector<float> fused = g.to_host(ops::int8_attention(g, qv, kv, vv, mv, heads, scales, alpha));
+
+  auto split = [&](Var x) { return ops::permute(g, ops::reshape(g, x, Shape{batch, t, heads, d}), {0, 2, 1, 3}); };
+  Var scores = ops::int8_matmul(g, split(qv), split(kv), scales.q, scales.k, alpha, true);
+  Var probs = ops::softmax(g, scores, mv);
+  Var context = ops::int8_matmul(g, probs, split(vv), scales.probs, scales.v, 1.0, false);
+  const std::vector<float> composed =
+      g.to_host(ops::reshape(g, ops::permute(g, context, {0, 2, 1, 3}), Shape{batch, t, width}));
+  ASSERT_EQ(fused.size(), composed.size());
+  for (size_t i = 0; i < fused.size(); ++i) ASSERT_EQ(fused[i], composed[i]) << "at " << i;
+  // Without a mask: the same as a mask of zeros.
+  const std::vector<float> unmasked = g.to_host(ops::int8_attention(g, qv, kv, vv, Var{}, heads, scales, alpha));
+  const std::vector<float> zeros = g.to_host(
+      ops::int8_attention(g, qv, kv, vv, g.constant(Tensor<float>(Shape{batch, t}).view()), heads, scales, alpha));
+  EXPECT_EQ(unmasked, zeros);
+  EXPECT_NE(unmasked, fused);
 }
 
 TEST(Int8Gemm, PerRowQuantizationRejectsRowsThatAreNotFinite) {
