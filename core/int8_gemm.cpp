@@ -316,16 +316,31 @@ void Int8Weights::quantize_pack(const float* src, int64_t n, int64_t k, int64_t 
   // Columns lie in memory (a transposed operand): quantized a column at a time, then each channel's
   // inputs gathered from the columns.
   quantized_.resize(k * n);
+  const int8_t* q = quantized_.data();
   for (int64_t i = 0; i < k; ++i) quantize(src + i * col_stride, n, scale, quantized_.data() + i * n);
+  for (int64_t i = 0; i < k; ++i)  // channel sums, a row of inputs at a time (the loop vectorises)
+    for (int64_t c = 0; c < n; ++c) offsets_[c] += q[i * n + c];
+  for (int64_t c = 0; c < n; ++c) offsets_[c] *= 128;
+  // Whole groups of 4 inputs x 16 channels: a 4 x 16 byte transpose (SSE2, any x86-64) gives the
+  // group's 64 bytes, channel-major. The rest (last channels, last inputs) byte by byte.
+  const int64_t whole_blocks = n / kBlock, whole_groups = k / 4;
+  for (int64_t b = 0; b < whole_blocks; ++b)
+    for (int64_t g = 0; g < whole_groups; ++g) {
+      const int8_t* rows = q + 4 * g * n + b * kBlock;
+      auto row = [&](int t) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + t * n)); };
+      const __m128i r0 = row(0), r1 = row(1), r2 = row(2), r3 = row(3);
+      const __m128i lo01 = _mm_unpacklo_epi8(r0, r1), hi01 = _mm_unpackhi_epi8(r0, r1);  // (c, t 0-1) pairs
+      const __m128i lo23 = _mm_unpacklo_epi8(r2, r3), hi23 = _mm_unpackhi_epi8(r2, r3);  // (c, t 2-3) pairs
+      __m128i* out = reinterpret_cast<__m128i*>(packed_.data() + b * k_padded_ * kBlock + g * kGroupBytes);
+      _mm_storeu_si128(out + 0, _mm_unpacklo_epi16(lo01, lo23));  // channels 0-3
+      _mm_storeu_si128(out + 1, _mm_unpackhi_epi16(lo01, lo23));  // 4-7
+      _mm_storeu_si128(out + 2, _mm_unpacklo_epi16(hi01, hi23));  // 8-11
+      _mm_storeu_si128(out + 3, _mm_unpackhi_epi16(hi01, hi23));  // 12-15
+    }
   for (int64_t c = 0; c < n; ++c) {
     int8_t* lane = lane_of(c);
-    int32_t sum = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      const int8_t q = quantized_[i * n + c];
-      lane[(i / 4) * kGroupBytes + i % 4] = q;
-      sum += q;
-    }
-    offsets_[c] = 128 * sum;
+    for (int64_t i = c < whole_blocks * kBlock ? whole_groups * 4 : 0; i < k; ++i)
+      lane[(i / 4) * kGroupBytes + i % 4] = q[i * n + c];
   }
 }
 

@@ -9,6 +9,7 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "core/cpu_kernels.h"
@@ -44,6 +45,11 @@ T sum_exp_shifted(const T* x, T shift, int64_t n) {
 template <typename T>
 T max_of(const T* x, int64_t n) {
   return view(x, n).maxCoeff();
+}
+template <typename T>
+T max_of_numbers(const T* x, int64_t n) {
+  const T max = view(x, n).template maxCoeff<Eigen::PropagateNumbers>();  // NaN when every value is
+  return max == max ? max : -std::numeric_limits<T>::infinity();
 }
 template <typename T>
 void add_scaled_exp_shifted(const T* x, T shift, T scale, T* out, int64_t n) {
@@ -100,6 +106,13 @@ T max_of(const T* x, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
   if constexpr (std::is_same_v<T, float>)
     if (float_avx512(kernels)) return vec_avx512::max_of(x, n);
   return build::max_of(x, n);
+}
+// max_i x[i] over the values that are not NaN (-inf when all are), n >= 1
+template <typename T>
+T max_of_numbers(const T* x, int64_t n, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::max_of_numbers(x, n);
+  return build::max_of_numbers(x, n);
 }
 // out[i] += scale exp(x[i] - shift)
 template <typename T>

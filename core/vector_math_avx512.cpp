@@ -117,6 +117,14 @@ float max_of(const float* x, int64_t n) {
   return _mm512_reduce_max_ps(max);
 }
 
+float max_of_numbers(const float* x, int64_t n) {
+  const __m512 lowest = splat(-__builtin_inff());
+  __m512 max = lowest;
+  // max_ps(a, b) returns b when either is NaN: the data first, so a NaN keeps the running maximum.
+  for (int64_t i = 0; i < n; i += kLanes) max = _mm512_max_ps(_mm512_mask_loadu_ps(lowest, lanes(n - i), x + i), max);
+  return _mm512_reduce_max_ps(max);
+}
+
 void add_scaled_exp_shifted(const float* x, float shift, float scale, float* out, int64_t n) {
   const __m512 s = splat(shift), k = splat(scale);
   for (int64_t i = 0; i < n; i += kLanes) {

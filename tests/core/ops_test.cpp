@@ -4,8 +4,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -707,6 +709,38 @@ TEST(SumMean, MatchReferenceAndFiniteDifferences) {
     expect_gradients_match(in, build_sum);
     expect_gradients_match(in, build_mean);
   }
+}
+
+// ---------------------------------------------------------------- row_argmax
+
+// The first position of each row's largest value, as std::max_element: ties, infinities, NaNs, rows
+// of every length around the vector width, in float and double.
+template <typename T>
+void expect_row_argmax_is_max_element() {
+  Rng rng(17);
+  for (int64_t cols : {1, 7, 16, 17, 33, 1000}) {
+    const int64_t rows = 7;
+    std::vector<T> v(rows * cols);
+    for (auto& x : v) x = static_cast<T>(std::round(rng.next_normal() * 3.0));  // small integers: many ties
+    for (int64_t i = 0; i < cols; ++i) v[1 * cols + i] = -std::numeric_limits<T>::infinity();
+    v[2 * cols + cols / 2] = std::numeric_limits<T>::infinity();
+    v[3 * cols + cols / 3] = std::numeric_limits<T>::quiet_NaN();
+    for (int64_t i = 0; i < cols; ++i) v[4 * cols + i] = T(2);   // all equal
+    for (int64_t i = 0; i < cols; ++i) v[5 * cols + i] = T(-i);  // the largest first, a NaN just after it
+    if (cols > 1) v[5 * cols + 1] = std::numeric_limits<T>::quiet_NaN();
+    v[6 * cols] = std::numeric_limits<T>::quiet_NaN();  // a NaN first: std::max_element stays on it
+    Graph<T> g;
+    const std::vector<int32_t> got = ops::row_argmax(g, g.constant(TensorView<T>(v.data(), Shape{rows, cols})));
+    ASSERT_EQ(static_cast<int64_t>(got.size()), rows);
+    for (int64_t r = 0; r < rows; ++r)
+      EXPECT_EQ(got[r], std::max_element(v.begin() + r * cols, v.begin() + (r + 1) * cols) - (v.begin() + r * cols))
+          << cols << " columns, row " << r;
+  }
+}
+
+TEST(RowArgmax, IsTheFirstLargestAsMaxElementGivesIt) {
+  expect_row_argmax_is_max_element<float>();
+  expect_row_argmax_is_max_element<double>();
 }
 
 // ---------------------------------------------------------------- composition

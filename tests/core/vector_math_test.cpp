@@ -65,6 +65,16 @@ TEST(VectorMath, ExpShiftedMatchesStdExp) {
       double max = -1e30;
       for (float v : x) max = std::max(max, double(v));
       EXPECT_EQ(vec::max_of(x.data(), n, set), static_cast<float>(max));
+      EXPECT_EQ(vec::max_of_numbers(x.data(), n, set), static_cast<float>(max));
+      // NaNs anywhere are passed over, whatever comes after them; only NaNs give -inf.
+      std::vector<float> with_nan = x;
+      for (int64_t i = 0; i < n; i += 3) with_nan[i] = std::nanf("");
+      double numbers_max = -1e30;
+      for (float v : with_nan)
+        if (!std::isnan(v)) numbers_max = std::max(numbers_max, double(v));
+      if (n > 1) EXPECT_EQ(vec::max_of_numbers(with_nan.data(), n, set), static_cast<float>(numbers_max));
+      const std::vector<float> only_nan(n, std::nanf(""));
+      EXPECT_EQ(vec::max_of_numbers(only_nan.data(), n, set), -std::numeric_limits<float>::infinity());
     }
   // Double precision (the gradient checks run in double).
   const auto xd = values<double>(999, -50.0, 5.0, 3);
