@@ -57,7 +57,8 @@ void compare_int8(int64_t m, int64_t n, int64_t k, const char* what, int reps, b
   char dims[32];
   std::snprintf(dims, sizeof dims, "%ld x %ld x %ld", long(m), long(n), long(k));
   std::printf("%-34s %20s %12.1f", what, dims, fp32);
-  for (bert::Int8Kernel kernel : {bert::Int8Kernel::kGeneric, bert::Int8Kernel::kAvx2, bert::Int8Kernel::kAvx512Vnni}) {
+  for (bert::Int8Kernel kernel :
+       {bert::Int8Kernel::kGeneric, bert::Int8Kernel::kAvx2, bert::Int8Kernel::kAvx512Vnni, bert::Int8Kernel::kAmx}) {
     if (!bert::int8_kernel_supported(kernel)) {
       std::printf(" %18s", "-");
       continue;
@@ -217,8 +218,8 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nINT8 linear (y = x W^T, quantization of x included), GOP/s and ratio to FP32:\n"
-      "%-34s %20s %12s %18s %18s %18s\n",
-      "shape", "M x N x K", "fp32 GF/s", "generic", "avx2", "avx512-vnni");
+      "%-34s %20s %12s %18s %18s %18s %18s\n",
+      "shape", "M x N x K", "fp32 GF/s", "generic", "avx2", "avx512-vnni", "amx");
   compare_int8(4096, 128, 128, "tiny: B32 x T128, H128 projection", reps, rng);
   compare_int8(4096, 512, 128, "tiny: FFN up", reps, rng);
   compare_int8(4096, 256, 256, "mini: projection", reps, rng);

@@ -1,6 +1,9 @@
 #include "core/int8_gemm.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -104,6 +107,19 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, int64_t lda
 // ---- AVX-512 VNNI: one vpdpbusd multiplies 16 channels x 4 inputs of unsigned activations and signed
 // weights and adds them into int32
 
+// Output row r's 16 channels from c0 of a block's int32 sums (fewer when cols - c0 < 16; none when c0 >=
+// cols): the epilogue of the VNNI and AMX kernels.
+__attribute__((target("avx512f,avx512bw"))) inline void store16_avx512(__m512i sums, const Epilogue& e, int r,
+                                                                       int64_t c0, float* y_row, int64_t cols) {
+  if (c0 >= cols) return;
+  const __mmask16 mask = cols - c0 >= kBlock ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c0)) - 1);
+  const __m512 scales = _mm512_loadu_ps(e.scales + c0);
+  const __m512 row = e.row_scales ? _mm512_mul_ps(_mm512_set1_ps(e.row_scales[r]), scales) : scales;
+  const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, _mm512_loadu_si512(e.offsets + c0))), row,
+                                   _mm512_loadu_ps(e.bias + c0));
+  _mm512_mask_storeu_ps(y_row + c0, mask, v);
+}
+
 template <int kRows, int kBlocks>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const uint8_t* a, int64_t lda, const int8_t* b,
                                                                       int64_t block_stride, int64_t groups,
@@ -120,18 +136,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const uint
       for (int j = 0; j < kBlocks; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], x, w[j]);
     }
   }
-  for (int j = 0; j < kBlocks; ++j) {
-    const int64_t c0 = kBlock * j;
-    if (c0 >= cols) break;
-    const __mmask16 mask = cols - c0 >= kBlock ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c0)) - 1);
-    const __m512i offsets = _mm512_loadu_si512(e.offsets + c0);
-    const __m512 scales = _mm512_loadu_ps(e.scales + c0), bias = _mm512_loadu_ps(e.bias + c0);
-    for (int r = 0; r < kRows; ++r) {
-      const __m512 row = e.row_scales ? _mm512_mul_ps(_mm512_set1_ps(e.row_scales[r]), scales) : scales;
-      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], offsets)), row, bias);
-      _mm512_mask_storeu_ps(y + r * ldy + c0, mask, v);
-    }
-  }
+  for (int j = 0; j < kBlocks; ++j)
+    for (int r = 0; r < kRows; ++r) store16_avx512(acc[r][j], e, r, kBlock * j, y + r * ldy, cols);
 }
 
 // One task: rows [r0, r1) against channel blocks [b0, b1), in tiles of the kernel's shape.
@@ -191,6 +197,102 @@ void run_vnni(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
   if (b < b1) vnni_rows<1>(t, r0, r1, b);
 }
 
+// ---- AMX (Intel's tile unit): one tdpbusd multiplies a 16 x 64 tile of unsigned activations by a
+// 64 x 16 tile of signed weights into 16 x 16 int32 sums. The weights' packing is already the B tile's
+// layout (a block's groups are its rows, 64 bytes apart); the activations' rows are the A tile's rows.
+// Tiles: sums in tmm0-3 (row tile i, block j at 2i + j), activations in tmm4-5, weights in tmm6-7.
+
+constexpr int64_t kTileRows = 16, kTileK = 64;  // rows per tile; inputs per tile (64 bytes a row)
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA); without it the first tile instruction faults.
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    return tile && int8 && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return usable;
+}
+
+// Every tile 16 rows of 64 bytes; loaded once per task (the configuration is the thread's).
+void load_tile_config() {
+  TileConfig config;
+  for (int i = 0; i < 8; ++i) {
+    config.bytes_per_row[i] = 64;
+    config.rows[i] = kTileRows;
+  }
+  asm volatile("ldtilecfg %0" ::"m"(config));
+}
+
+// kRowTiles x 16 rows against kBlocks blocks, all k_padded inputs (a multiple of 64), into sums
+// (kRowTiles * 16 rows of 32 int32).
+template <int kRowTiles, int kBlocks>
+void amx_product(const uint8_t* a, int64_t lda, const int8_t* b, int64_t block_stride, int64_t k_padded,
+                 int32_t* sums) {
+  _tile_zero(0);
+  if constexpr (kBlocks > 1) _tile_zero(1);
+  if constexpr (kRowTiles > 1) _tile_zero(2);
+  if constexpr (kRowTiles > 1 && kBlocks > 1) _tile_zero(3);
+  for (int64_t k0 = 0; k0 < k_padded; k0 += kTileK) {
+    const int8_t* w = b + (k0 / 4) * kGroupBytes;
+    _tile_loadd(4, a + k0, lda);
+    _tile_loadd(6, w, kGroupBytes);
+    if constexpr (kBlocks > 1) _tile_loadd(7, w + block_stride, kGroupBytes);
+    _tile_dpbusd(0, 4, 6);
+    if constexpr (kBlocks > 1) _tile_dpbusd(1, 4, 7);
+    if constexpr (kRowTiles > 1) {
+      _tile_loadd(5, a + kTileRows * lda + k0, lda);
+      _tile_dpbusd(2, 5, 6);
+      if constexpr (kBlocks > 1) _tile_dpbusd(3, 5, 7);
+    }
+  }
+  constexpr int64_t kStride = 2 * kBlock * sizeof(int32_t);  // bytes between rows of sums
+  _tile_stored(0, sums, kStride);
+  if constexpr (kBlocks > 1) _tile_stored(1, sums + kBlock, kStride);
+  if constexpr (kRowTiles > 1) _tile_stored(2, sums + kTileRows * 2 * kBlock, kStride);
+  if constexpr (kRowTiles > 1 && kBlocks > 1) _tile_stored(3, sums + kTileRows * 2 * kBlock + kBlock, kStride);
+}
+
+template <int kRowTiles, int kBlocks>
+__attribute__((target("avx512f,avx512bw"))) void amx_tiles(const Task& t, int64_t r, int64_t b) {
+  alignas(64) int32_t sums[2 * kTileRows][2 * kBlock];
+  const int64_t lda = t.w.k_padded(), c0 = b * kBlock;
+  amx_product<kRowTiles, kBlocks>(t.a + r * lda, lda, t.w.block(b), t.w.k_padded() * kBlock, lda, &sums[0][0]);
+  const Epilogue e{t.e.offsets + c0, t.e.scales + c0, t.e.bias + c0, t.e.row_scales ? t.e.row_scales + r : nullptr};
+  const int64_t cols = std::min(t.w.n() - c0, kBlocks * kBlock);
+  for (int i = 0; i < kRowTiles * kTileRows; ++i)
+    for (int j = 0; j < kBlocks; ++j)
+      store16_avx512(_mm512_load_si512(&sums[i][kBlock * j]), e, i, kBlock * j, t.y + (r + i) * t.ldy + c0, cols);
+}
+
+// Rows in tiles of 32 and 16; the last rows (fewer than 16) by the VNNI kernel. Needs k_padded % 64 == 0.
+void run_amx(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  load_tile_config();
+  int64_t r = r0;
+  for (; r + 2 * kTileRows <= r1; r += 2 * kTileRows) {
+    int64_t b = b0;
+    for (; b + 2 <= b1; b += 2) amx_tiles<2, 2>(t, r, b);
+    if (b < b1) amx_tiles<2, 1>(t, r, b);
+  }
+  for (; r + kTileRows <= r1; r += kTileRows) {
+    int64_t b = b0;
+    for (; b + 2 <= b1; b += 2) amx_tiles<1, 2>(t, r, b);
+    if (b < b1) amx_tiles<1, 1>(t, r, b);
+  }
+  asm volatile("tilerelease");
+  if (r < r1) run_vnni(t, r, r1, b0, b1);
+}
+
 // round(x / scale) to even, clamped to [-128, 127]: divide, as fake quantization and QuantizeLinear do.
 // Clamping first (NaN goes to -128) lets the magic-number rounding round half to even (|v| < 2^22); unlike
 // std::nearbyint it is inlined, so the loops that call it vectorise.
@@ -239,6 +341,8 @@ const char* int8_kernel_name(Int8Kernel kernel) {
       return "avx2";
     case Int8Kernel::kAvx512Vnni:
       return "avx512-vnni";
+    case Int8Kernel::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -253,12 +357,15 @@ bool int8_kernel_supported(Int8Kernel kernel) {
     case Int8Kernel::kAvx512Vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vnni");
+    case Int8Kernel::kAmx:  // its last rows and its epilogue are the VNNI kernel's
+      return int8_kernel_supported(Int8Kernel::kAvx512Vnni) && amx_usable();
   }
   return false;
 }
 
 Int8Kernel best_int8_kernel() {
   // BERT_CPU_KERNELS=build or avx2 (core/cpu_kernels.h) rules out AVX-512 here too: the code an AVX2 machine runs.
+  if (best_cpu_kernels() == CpuKernels::kAvx512 && int8_kernel_supported(Int8Kernel::kAmx)) return Int8Kernel::kAmx;
   if (best_cpu_kernels() == CpuKernels::kAvx512 && int8_kernel_supported(Int8Kernel::kAvx512Vnni))
     return Int8Kernel::kAvx512Vnni;
   if (int8_kernel_supported(Int8Kernel::kAvx2)) return Int8Kernel::kAvx2;
@@ -377,7 +484,9 @@ void integer_product(int64_t m, const uint8_t* a, const Int8Weights& w, float sc
   const Epilogue e{w.offsets(), scales.data(), biases.data(), row_scales};
   const Task task{a, w, e, y, ldy};
   // Tasks: a range of rows against a range of channel blocks; consecutive tasks share their rows.
-  const int64_t blocks_per_task = kernel == Int8Kernel::kAvx512Vnni ? 4 : 2;
+  // AMX takes 64 inputs a step: other widths run the VNNI kernel (the weights are packed alike).
+  if (kernel == Int8Kernel::kAmx && w.k_padded() % kTileK != 0) kernel = Int8Kernel::kAvx512Vnni;
+  const int64_t blocks_per_task = kernel == Int8Kernel::kAvx512Vnni || kernel == Int8Kernel::kAmx ? 4 : 2;
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t block_tasks = (w.blocks() + blocks_per_task - 1) / blocks_per_task;
   parallel_for(row_tasks * block_tasks, 1, [&](int64_t lo, int64_t hi) {
@@ -385,6 +494,9 @@ void integer_product(int64_t m, const uint8_t* a, const Int8Weights& w, float sc
       const int64_t r0 = (i / block_tasks) * kRowsPerTask, r1 = std::min(m, r0 + kRowsPerTask);
       const int64_t b0 = (i % block_tasks) * blocks_per_task, b1 = std::min(w.blocks(), b0 + blocks_per_task);
       switch (kernel) {
+        case Int8Kernel::kAmx:
+          run_amx(task, r0, r1, b0, b1);
+          break;
         case Int8Kernel::kAvx512Vnni:
           run_vnni(task, r0, r1, b0, b1);
           break;

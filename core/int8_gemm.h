@@ -1,7 +1,7 @@
 // Integer matrix multiply for INT8 inference: y = (scale_x * scale_w[c]) * sum_k q_x[k] q_w[c][k] + bias[c],
 // a symmetric per-tensor quantized activation times per-output-channel quantized weights, summed exactly
 // in int32 (the values a Q/DQ graph's MatMul computes). The kernel is chosen at run time from what the CPU
-// has (AVX-512 VNNI, AVX2, plain C++), so one binary runs well on any x86-64; each kernel is held to the
+// has (AMX, AVX-512 VNNI, AVX2, plain C++), so one binary runs well on any x86-64; each kernel is held to the
 // plain reference by a test.
 #pragma once
 
@@ -10,14 +10,16 @@
 
 namespace bert {
 
-enum class Int8Kernel { kAuto, kGeneric, kAvx2, kAvx512Vnni };
+enum class Int8Kernel { kAuto, kGeneric, kAvx2, kAvx512Vnni, kAmx };
 // What is applied to the output after the scales and the bias: nothing, or GELU (vec::gelu, the same
 // function ops::gelu applies), on each block of the output while it is in cache.
 enum class Int8Finish { kNone, kGelu };
 const char* int8_kernel_name(Int8Kernel kernel);
 // Whether this CPU runs `kernel` (kAuto and kGeneric: always).
 bool int8_kernel_supported(Int8Kernel kernel);
-// The fastest kernel this CPU runs (not AVX-512 VNNI under BERT_CPU_KERNELS=build or avx2: core/cpu_kernels.h).
+// The fastest kernel this CPU runs (neither AMX nor AVX-512 VNNI under BERT_CPU_KERNELS=build or avx2:
+// core/cpu_kernels.h). AMX (Intel's tile unit, where the CPU and the kernel offer it) runs products whose
+// padded input count is a multiple of 64, and the rows past the last whole 16, on the VNNI kernel.
 Int8Kernel best_int8_kernel();
 
 // Weights (n, k) as int8, packed once for every kernel: groups of 16 output channels x 4 inputs (64

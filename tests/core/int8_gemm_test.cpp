@@ -24,7 +24,7 @@ struct Int8Case {
 
 std::vector<Int8Kernel> kernels_here() {
   std::vector<Int8Kernel> out;
-  for (Int8Kernel k : {Int8Kernel::kGeneric, Int8Kernel::kAvx2, Int8Kernel::kAvx512Vnni})
+  for (Int8Kernel k : {Int8Kernel::kGeneric, Int8Kernel::kAvx2, Int8Kernel::kAvx512Vnni, Int8Kernel::kAmx})
     if (int8_kernel_supported(k)) out.push_back(k);
   return out;
 }
@@ -244,7 +244,9 @@ TEST(Int8Gemm, PerRowQuantizationRejectsRowsThatAreNotFinite) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Int8GemmTest,
                          ::testing::Values(Int8Case{1, 1, 1}, Int8Case{3, 5, 7}, Int8Case{9, 17, 13},
                                            Int8Case{8, 32, 64}, Int8Case{17, 48, 130}, Int8Case{200, 70, 256},
-                                           Int8Case{301, 768, 97}, Int8Case{97, 1000, 768}));
+                                           // tiles of 32 and 16 rows, the last 13 rows; pairs of blocks and one
+                                           Int8Case{61, 33, 128}, Int8Case{48, 40, 64}, Int8Case{301, 768, 97},
+                                           Int8Case{97, 1000, 768}));
 
 TEST(Int8Gemm, WithoutBiasAndKernelNames) {
   const std::vector<int8_t> w = {1, -2, 3, 4, 5, -6};  // (2, 3)
@@ -258,12 +260,14 @@ TEST(Int8Gemm, WithoutBiasAndKernelNames) {
   EXPECT_EQ(y[1], 0.5f * (40 + 100 + 180));
   EXPECT_STREQ(int8_kernel_name(Int8Kernel::kAuto), int8_kernel_name(best_int8_kernel()));
   EXPECT_TRUE(int8_kernel_supported(best_int8_kernel()));
-  // VNNI exactly where the AVX-512 set runs (not under BERT_CPU_KERNELS=build or avx2), then AVX2, then plain C++.
-  const Int8Kernel expected =
-      best_cpu_kernels() == CpuKernels::kAvx512 && int8_kernel_supported(Int8Kernel::kAvx512Vnni)
-          ? Int8Kernel::kAvx512Vnni
-      : int8_kernel_supported(Int8Kernel::kAvx2) ? Int8Kernel::kAvx2
-                                                 : Int8Kernel::kGeneric;
+  EXPECT_STREQ(int8_kernel_name(Int8Kernel::kAmx), "amx");
+  // AMX, then VNNI, exactly where the AVX-512 set runs (not under BERT_CPU_KERNELS=build or avx2), then AVX2,
+  // then plain C++.
+  const bool avx512 = best_cpu_kernels() == CpuKernels::kAvx512;
+  const Int8Kernel expected = avx512 && int8_kernel_supported(Int8Kernel::kAmx)          ? Int8Kernel::kAmx
+                              : avx512 && int8_kernel_supported(Int8Kernel::kAvx512Vnni) ? Int8Kernel::kAvx512Vnni
+                              : int8_kernel_supported(Int8Kernel::kAvx2)                 ? Int8Kernel::kAvx2
+                                                                                         : Int8Kernel::kGeneric;
   EXPECT_EQ(best_int8_kernel(), expected);
 }
 
