@@ -107,18 +107,23 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, int64_t lda
 // ---- AVX-512 VNNI: one vpdpbusd multiplies 16 channels x 4 inputs of unsigned activations and signed
 // weights and adds them into int32
 
-// Output row r's 16 channels from c0 of a block's int32 sums (fewer when cols - c0 < 16; none when c0 >=
-// cols): the epilogue of the VNNI and AMX kernels.
-__attribute__((target("avx512f,avx512bw"))) inline void store16_avx512(__m512i sums, const Epilogue& e, int r,
-                                                                       int64_t c0, float* y_row, int64_t cols) {
-  if (c0 >= cols) return;
-  const __mmask16 mask = cols - c0 >= kBlock ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c0)) - 1);
-  const __m512 scales = _mm512_loadu_ps(e.scales + c0);
-  const __m512 row = e.row_scales ? _mm512_mul_ps(_mm512_set1_ps(e.row_scales[r]), scales) : scales;
-  const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, _mm512_loadu_si512(e.offsets + c0))), row,
-                                   _mm512_loadu_ps(e.bias + c0));
-  _mm512_mask_storeu_ps(y_row + c0, mask, v);
-}
+// The epilogue of the VNNI and AMX kernels for the 16 channels of a block from c0 (fewer at the end):
+// their offsets, scales and bias loaded once, then each row's sums stored as floats.
+struct Block16 {
+  __mmask16 mask;
+  __m512i offsets;
+  __m512 scales, bias;
+  __attribute__((target("avx512f,avx512bw"))) Block16(const Epilogue& e, int64_t c0, int64_t cols)
+      : mask(cols - c0 >= kBlock ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c0)) - 1)),
+        offsets(_mm512_loadu_si512(e.offsets + c0)),
+        scales(_mm512_loadu_ps(e.scales + c0)),
+        bias(_mm512_loadu_ps(e.bias + c0)) {}
+  // Row r's sums to y (the row's channel c0).
+  __attribute__((target("avx512f,avx512bw"))) void store(__m512i sums, const Epilogue& e, int r, float* y) const {
+    const __m512 row = e.row_scales ? _mm512_mul_ps(_mm512_set1_ps(e.row_scales[r]), scales) : scales;
+    _mm512_mask_storeu_ps(y, mask, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offsets)), row, bias));
+  }
+};
 
 template <int kRows, int kBlocks>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const uint8_t* a, int64_t lda, const int8_t* b,
@@ -136,8 +141,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const uint
       for (int j = 0; j < kBlocks; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], x, w[j]);
     }
   }
-  for (int j = 0; j < kBlocks; ++j)
-    for (int r = 0; r < kRows; ++r) store16_avx512(acc[r][j], e, r, kBlock * j, y + r * ldy, cols);
+  for (int j = 0; j < kBlocks; ++j) {
+    const int64_t c0 = kBlock * j;
+    if (c0 >= cols) break;
+    const Block16 block(e, c0, cols);
+    for (int r = 0; r < kRows; ++r) block.store(acc[r][j], e, r, y + r * ldy + c0);
+  }
 }
 
 // One task: rows [r0, r1) against channel blocks [b0, b1), in tiles of the kernel's shape.
@@ -270,9 +279,12 @@ __attribute__((target("avx512f,avx512bw"))) void amx_tiles(const Task& t, int64_
   amx_product<kRowTiles, kBlocks>(t.a + r * lda, lda, t.w.block(b), t.w.k_padded() * kBlock, lda, &sums[0][0]);
   const Epilogue e{t.e.offsets + c0, t.e.scales + c0, t.e.bias + c0, t.e.row_scales ? t.e.row_scales + r : nullptr};
   const int64_t cols = std::min(t.w.n() - c0, kBlocks * kBlock);
-  for (int i = 0; i < kRowTiles * kTileRows; ++i)
-    for (int j = 0; j < kBlocks; ++j)
-      store16_avx512(_mm512_load_si512(&sums[i][kBlock * j]), e, i, kBlock * j, t.y + (r + i) * t.ldy + c0, cols);
+  for (int j = 0; j < kBlocks; ++j) {
+    if (kBlock * j >= cols) break;
+    const Block16 block(e, kBlock * j, cols);
+    for (int i = 0; i < kRowTiles * kTileRows; ++i)
+      block.store(_mm512_load_si512(&sums[i][kBlock * j]), e, i, t.y + (r + i) * t.ldy + c0 + kBlock * j);
+  }
 }
 
 // Rows in tiles of 32 and 16; the last rows (fewer than 16) by the VNNI kernel. Needs k_padded % 64 == 0.
