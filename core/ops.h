@@ -48,8 +48,8 @@ Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_
 // gelu(int8_linear(..)), one pass over memory fewer). CPU, forward only.
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias);
-// INT8 inference of a product of two activations, batched over the leading axes (the attention's Q K^T
-// and probs V): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b, each quantized per tensor
+// INT8 inference of a product of two activations, batched over the leading axes (attention's products
+// one at a time: int8_attention below is held to them): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b, each quantized per tensor
 // as fake_quantize does (round(v / scale) to even, clamped to [-128, 127]), multiplied exactly in int32,
 // then alpha * scale_a * scale_b * sum. The values of alpha * matmul(fake_quantize(a), fake_quantize(b))
 // up to the float summation order. CPU, forward only.
