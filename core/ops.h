@@ -49,10 +49,10 @@ Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias);
 // INT8 inference of a product of two activations, batched over the leading axes (attention's products
-// one at a time: int8_attention below is held to them): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b, each quantized per tensor
-// as fake_quantize does (round(v / scale) to even, clamped to [-128, 127]), multiplied exactly in int32,
-// then alpha * scale_a * scale_b * sum. The values of alpha * matmul(fake_quantize(a), fake_quantize(b))
-// up to the float summation order. CPU, forward only.
+// one at a time: int8_attention below is held to them): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b,
+// each quantized per tensor as fake_quantize does (round(v / scale) to even, clamped to [-128, 127]), multiplied
+// exactly in int32, then alpha * scale_a * scale_b * sum. The values of alpha * matmul(fake_quantize(a),
+// fake_quantize(b)) up to the float summation order. CPU, forward only.
 Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b);
 // The per-tensor scales of integer self-attention's four quantized operands.
 struct Int8AttentionScales {
@@ -110,6 +110,11 @@ Var softmax(Graph<T>& g, Var x, Var mask = Var{});
 // LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta; gamma, beta (C).
 template <typename T>
 Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps = 1e-12);
+// layer_norm(add(a, b)) for a and b of one shape (a residual connection): each row's sum formed as it is
+// normalised, not stored unless a gradient needs it (one pass over memory fewer). The same values and
+// gradients as the two ops.
+template <typename T>
+Var add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps = 1e-12);
 
 // Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p).
 // Identity when !training or p == 0. The mask comes from `rng` and is recomputed, not stored.

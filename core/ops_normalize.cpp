@@ -2,6 +2,9 @@
 // by side.
 #include <algorithm>
 #include <cmath>
+#include <source_location>
+#include <string>
+#include <vector>
 
 #include "core/ops.h"
 #include "core/ops_cuda.h"
@@ -12,7 +15,23 @@ namespace bert::ops {
 
 namespace {
 constexpr int64_t kRowGrain = 16;  // rows per thread below which threading does not pay
+
+// The sum of term(j) over j < n in 16 lanes (j mod 16), the lanes added in order at the end: the loop
+// vectorises (each lane is its own chain), and the result does not depend on where the row lies in
+// memory (Eigen's reductions start at an aligned element, so their order of additions would).
+template <typename T, typename Term>
+T lane_sum(int64_t n, Term term) {
+  constexpr int kLanes = 16;
+  T lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += term(j + l);
+  for (int l = 0; j < n; ++j, ++l) lanes[l] += term(j);
+  T total = 0;
+  for (int l = 0; l < kLanes; ++l) total += lanes[l];
+  return total;
 }
+}  // namespace
 
 template <typename T>
 Var softmax(Graph<T>& g, Var x, Var mask) {
@@ -59,44 +78,63 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
   return y;
 }
 
+namespace {
+
+// LayerNorm of x = a, or of x = a + b (b valid: the residual add fused in, each sum formed as its row is
+// normalised). The sums are stored only where a gradient will need them. op, made_by: the public op.
 template <typename T>
-Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
-  BERT_DISPATCH_CUDA(g, layer_norm(g, x, gamma, beta, eps))
-  const Shape& xs = g.shape(x);
+Var normalize(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, const std::string& op,
+              std::source_location made_by) {
+  const Shape& xs = g.shape(a);
   const int64_t c = xs.last(), rows = xs.rows();
+  if (b.valid())
+    BERT_CHECK(g.shape(b) == xs, op + ": the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
   BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),
-             "layer_norm: gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " + xs.str());
-  Var y = g.emit(xs, {x, gamma, beta});
-  // Saved for backward: per-row mean and reciprocal standard deviation, (N).
+             op + ": gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " + xs.str());
+  Var y = b.valid() ? g.emit(xs, {a, b, gamma, beta}, made_by) : g.emit(xs, {a, gamma, beta}, made_by);
+  // Saved for backward: per-row mean and reciprocal standard deviation, (N), and the sums (N, C).
   T* mean = g.template scratch<T>(rows);
   T* rstd = g.template scratch<T>(rows);
-  const T* xv = g.value(x).data();
+  const bool save_sums = b.valid() && g.requires_grad(y);
+  T* sums = save_sums ? g.template scratch<T>(rows * c) : nullptr;
+  const T* av = g.value(a).data();
+  const T* bv = b.valid() ? g.value(b).data() : nullptr;
   const T* gv = g.value(gamma).data();
-  const T* bv = g.value(beta).data();
+  const T* betav = g.value(beta).data();
   T* yv = g.value(y).data();
   parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    std::vector<T> row_sum(bv && !sums ? c : 0);  // one row of a + b, when the sums are not kept
     for (int64_t r = lo; r < hi; ++r) {
-      // The row's sums as vector reductions (a loop of scalar adds would wait on each add in turn).
-      const auto in = vec::view(xv + r * c, c);
-      const T m = in.sum() / static_cast<T>(c);
-      const T var = (in - m).square().sum() / static_cast<T>(c);
+      const T* x = av + r * c;
+      if (bv) {
+        T* to = sums ? sums + r * c : row_sum.data();
+        for (int64_t j = 0; j < c; ++j) to[j] = av[r * c + j] + bv[r * c + j];
+        x = to;
+      }
+      // The row's sums in vector lanes (a loop of scalar adds would wait on each add in turn).
+      const T m = lane_sum<T>(c, [x](int64_t j) { return x[j]; }) / static_cast<T>(c);
+      const T var = lane_sum<T>(c, [x, m](int64_t j) { return (x[j] - m) * (x[j] - m); }) / static_cast<T>(c);
       const T rs = T(1) / std::sqrt(var + static_cast<T>(eps));
       mean[r] = m;
       rstd[r] = rs;
-      vec::view(yv + r * c, c) = (in - m) * rs * vec::view(gv, c) + vec::view(bv, c);
+      T* out = yv + r * c;
+      for (int64_t j = 0; j < c; ++j) out[j] = (x[j] - m) * rs * gv[j] + betav[j];
     }
   });
-  g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c](Graph<T>& g) {
+  g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c](Graph<T>& g) {
     // With n = (x - mean) * rstd and dn = dy * gamma:
-    //   dx = rstd * (dn - mean(dn) - n * mean(dn * n)),  dgamma = sum_rows dy * n,  dbeta = sum_rows dy.
-    const T* xv = g.value(x).data();
+    //   dx = rstd * (dn - mean(dn) - n * mean(dn * n)),  dgamma = sum_rows dy * n,  dbeta = sum_rows dy,
+    // and dx goes to a (and to b: the gradient of a sum).
+    const T* xv = sums ? sums : g.value(a).data();
     const T* gv = g.value(gamma).data();
     const T* dy = g.grad(y).data();
     // One pass over fixed blocks of rows: dx row by row, and each block's sums of dy * n and dy per
     // channel, added into dgamma and dbeta in block order afterwards (the same sums whatever the thread
-    // count). dx is stored, not added, when its buffer is fresh (no zeroing pass first).
-    const bool want_x = g.requires_grad(x);
-    const auto dx = want_x ? g.grad_target(x) : typename Graph<T>::GradTarget{nullptr, false};
+    // count). dx is stored, not added, where its buffer is fresh (no zeroing pass first).
+    using Target = typename Graph<T>::GradTarget;
+    const Target da = g.requires_grad(a) ? g.grad_target(a) : Target{nullptr, false};
+    const Target db = b.valid() && g.requires_grad(b) ? g.grad_target(b) : Target{nullptr, false};
+    const bool want_x = da.data || db.data;
     T* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
     T* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
     const bool want_params = dgamma || dbeta;
@@ -104,11 +142,12 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
     const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
     T* block_sums = want_params ? g.template scratch<T>(2 * blocks * c) : nullptr;  // [block][dgamma | dbeta]
     parallel_for(blocks, std::max<int64_t>(1, kRowGrain / kRowsPerBlock), [&](int64_t lo, int64_t hi) {
-      for (int64_t b = lo; b < hi; ++b) {
-        T* sum_dyn = want_params ? block_sums + 2 * b * c : nullptr;
+      std::vector<T> dx(want_x ? c : 0);
+      for (int64_t blk = lo; blk < hi; ++blk) {
+        T* sum_dyn = want_params ? block_sums + 2 * blk * c : nullptr;
         T* sum_dy = want_params ? sum_dyn + c : nullptr;
         if (want_params) std::fill(sum_dyn, sum_dyn + 2 * c, T(0));
-        for (int64_t r = b * kRowsPerBlock, end = std::min(rows, (b + 1) * kRowsPerBlock); r < end; ++r) {
+        for (int64_t r = blk * kRowsPerBlock, end = std::min(rows, (blk + 1) * kRowsPerBlock); r < end; ++r) {
           const T* in = xv + r * c;
           const T* dyr = dy + r * c;
           const T m = mean[r], rs = rstd[r];
@@ -118,21 +157,25 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
               sum_dy[j] += dyr[j];
             }
           if (!want_x) continue;
-          const auto dn = vec::view(dyr, c) * vec::view(gv, c);
-          const T mean_dn = dn.sum() / static_cast<T>(c);
-          const T mean_dn_n = (dn * (vec::view(in, c) - m) * rs).sum() / static_cast<T>(c);
-          T* dxr = dx.data + r * c;
-          if (dx.accumulate)
-            for (int64_t j = 0; j < c; ++j) dxr[j] += rs * (dyr[j] * gv[j] - mean_dn - (in[j] - m) * rs * mean_dn_n);
-          else
-            for (int64_t j = 0; j < c; ++j) dxr[j] = rs * (dyr[j] * gv[j] - mean_dn - (in[j] - m) * rs * mean_dn_n);
+          const T mean_dn = lane_sum<T>(c, [=](int64_t j) { return dyr[j] * gv[j]; }) / static_cast<T>(c);
+          const T mean_dn_n =
+              lane_sum<T>(c, [=](int64_t j) { return dyr[j] * gv[j] * (in[j] - m) * rs; }) / static_cast<T>(c);
+          for (int64_t j = 0; j < c; ++j) dx[j] = rs * (dyr[j] * gv[j] - mean_dn - (in[j] - m) * rs * mean_dn_n);
+          for (const Target* to : {&da, &db}) {
+            if (!to->data) continue;
+            T* into = to->data + r * c;
+            if (to->accumulate)
+              for (int64_t j = 0; j < c; ++j) into[j] += dx[j];
+            else
+              std::copy(dx.begin(), dx.end(), into);
+          }
         }
       }
     });
     if (!want_params) return;
     parallel_for(c, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const T* sum_dyn = block_sums + 2 * b * c;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const T* sum_dyn = block_sums + 2 * blk * c;
         const T* sum_dy = sum_dyn + c;
         for (int64_t j = lo; j < hi; ++j) {
           if (dgamma) dgamma[j] += sum_dyn[j];
@@ -144,9 +187,24 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
   return y;
 }
 
-#define BERT_INSTANTIATE(T)                     \
-  template Var softmax<T>(Graph<T>&, Var, Var); \
-  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);
+}  // namespace
+
+template <typename T>
+Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
+  BERT_DISPATCH_CUDA(g, layer_norm(g, x, gamma, beta, eps))
+  return normalize(g, x, Var{}, gamma, beta, eps, "layer_norm", std::source_location::current());
+}
+
+template <typename T>
+Var add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps) {
+  if (g.on_cuda()) return layer_norm(g, add(g, a, b), gamma, beta, eps);
+  return normalize(g, a, b, gamma, beta, eps, "add_layer_norm", std::source_location::current());
+}
+
+#define BERT_INSTANTIATE(T)                                     \
+  template Var softmax<T>(Graph<T>&, Var, Var);                 \
+  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double); \
+  template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

@@ -257,7 +257,7 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   auto finish = [&](Var context) {
     Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
                       &l.attention_add_input);
-    return l.attention_norm.forward(g, params_, ops::add(g, out, inputs[3]));
+    return l.attention_norm.forward_sum(g, params_, out, inputs[3]);
   };
   // Integer attention (inference) quantizes its operands itself (to the same integers the quantizers give).
   if (l.integer_attention && !g.on_cuda() && !g.grad_enabled() && !training) {
@@ -326,7 +326,7 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
       const double p = config_.hidden_dropout_prob;
       return q ? ops::dropout(g, ff, p, training, rng, *q) : ops::dropout(g, ff, p, training, rng);
     });
-    x = l.output_norm.forward(g, params_, ops::add(g, ff, inputs[1]));
+    x = l.output_norm.forward_sum(g, params_, ff, inputs[1]);
   }
   return x;
 }

@@ -93,4 +93,8 @@ Var LayerNorm::forward(Graph<float>& g, ParameterArena<float>& params, Var x) co
   return ops::layer_norm(g, x, g.param(params.get(gamma)), g.param(params.get(beta)), eps);
 }
 
+Var LayerNorm::forward_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b) const {
+  return ops::add_layer_norm(g, a, b, g.param(params.get(gamma)), g.param(params.get(beta)), eps);
+}
+
 }  // namespace bert::model

@@ -58,6 +58,8 @@ struct LayerNorm {
 
   static LayerNorm declare(ParameterArena<float>& params, const std::string& name, int64_t size, double eps);
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x) const;
+  // forward(a + b): a residual connection's add and its LayerNorm as one op (ops::add_layer_norm).
+  Var forward_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b) const;
 };
 
 }  // namespace bert::model

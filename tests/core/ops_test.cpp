@@ -560,6 +560,66 @@ TEST(LayerNorm, MatchesReferenceAndFiniteDifferences) {
   }
 }
 
+// The residual add fused in: finite differences in double (both addends, gamma, beta), and in float the
+// same bits as layer_norm(add(a, b)), with and without gradients, a used elsewhere too (its gradient
+// accumulates) and b a constant.
+TEST(AddLayerNorm, MatchesFiniteDifferencesAndTheTwoOpsBitForBit) {
+  for (Shape s : {Shape{4, 6}, Shape{130, 3}}) {
+    SCOPED_TRACE(s.str());
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor(s, 41, 3.0));
+    in.push_back(random_tensor(s, 42, 2.0));
+    in.push_back(random_tensor({s.last()}, 43));
+    in.push_back(random_tensor({s.last()}, 44));
+    auto build = [](Graph<double>& g, const Leaves& x) { return ops::add_layer_norm(g, x[0], x[1], x[2], x[3], 1e-5); };
+    Tensor<double> sum(s);
+    for (int64_t i = 0; i < sum.numel(); ++i) sum[i] = in[0][i] + in[1][i];
+    expect_tensors_near(run_forward(in, build), layer_norm_reference(sum, in[2], in[3], 1e-5), 1e-11);
+    expect_gradients_match(in, build);
+  }
+  auto random_floats = [](Shape shape, uint64_t seed) {
+    Tensor<double> d = random_tensor(shape, seed, 3.0);
+    Tensor<float> f(shape);
+    for (int64_t i = 0; i < d.numel(); ++i) f[i] = static_cast<float>(d[i]);
+    return f;
+  };
+  Tensor<float> a = random_floats({3, 70, 96}, 45), b = random_floats({3, 70, 96}, 46);
+  Tensor<float> gamma = random_floats({96}, 47), beta = random_floats({96}, 48), r = random_floats({3, 70, 96}, 49);
+  struct Run {
+    std::vector<float> y, da, dgamma, dbeta;
+  };
+  auto run = [&](bool fused, bool gradients) {
+    Run out;
+    Tensor<float> ga(a.shape()), ggamma(gamma.shape()), gbeta(beta.shape());
+    for (Tensor<float>* t : {&ga, &ggamma, &gbeta}) t->view().fill(0.0f);
+    Graph<float> g;
+    g.set_grad_enabled(gradients);
+    Var av = g.leaf(a.view(), ga.view()), bv = g.constant(b.view());
+    Var gv = g.leaf(gamma.view(), ggamma.view()), betav = g.leaf(beta.view(), gbeta.view());
+    Var y = fused ? ops::add_layer_norm(g, av, bv, gv, betav) : ops::layer_norm(g, ops::add(g, av, bv), gv, betav);
+    TensorView<float> yv = g.value(y);
+    out.y.assign(yv.data(), yv.data() + yv.numel());
+    if (gradients) {
+      // a also feeds the loss directly: its gradient is accumulated, not stored.
+      g.backward(ops::add(g, ops::sum(g, ops::mul(g, y, g.constant(r.view()))), ops::sum(g, av)));
+      out.da.assign(ga.data(), ga.data() + ga.numel());
+      out.dgamma.assign(ggamma.data(), ggamma.data() + ggamma.numel());
+      out.dbeta.assign(gbeta.data(), gbeta.data() + gbeta.numel());
+    }
+    return out;
+  };
+  const Run two_ops = run(false, true), fused = run(true, true), inference = run(true, false);
+  EXPECT_EQ(fused.y, two_ops.y);
+  EXPECT_EQ(inference.y, two_ops.y);
+  EXPECT_EQ(fused.da, two_ops.da);
+  EXPECT_EQ(fused.dgamma, two_ops.dgamma);
+  EXPECT_EQ(fused.dbeta, two_ops.dbeta);
+  Graph<float> g;
+  EXPECT_THROW(ops::add_layer_norm(g, g.constant(a.view()), g.constant(gamma.view()), g.constant(gamma.view()),
+                                   g.constant(beta.view())),
+               std::exception);  // addends of different shapes
+}
+
 // ---------------------------------------------------------------- dropout
 
 TEST(Dropout, IdentityInEvalAndWithZeroProbability) {
