@@ -515,12 +515,13 @@ TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices)
   const TrainResult qat_gpu = qat_run(out.file("qat_gpu"), "cuda", "fp32", fp32_checkpoint);
   ASSERT_EQ(qat_gpu.losses.size(), qat_cpu.losses.size());
   // Fake quantization turns a rounding difference near a step boundary into a whole quantization
-  // step, so QAT curves part sooner: the first 5 steps within 0.2%, the 20-step mean within 1% (on an
-  // H100 steps 1-9 stayed within 0.2%, step 10 was at 0.21%).
+  // step, so QAT curves part sooner: the first 5 steps within 0.5%, the 20-step mean within 1% (on an
+  // H100 steps 1-9 stayed within 0.2%, step 10 was at 0.21%; after the CPU's LayerNorm changed the
+  // order of its row sums, step 3 was at 0.30%).
   double qat_cpu_mean = 0, qat_gpu_mean = 0;
   for (size_t s = 0; s < qat_cpu.losses.size(); ++s) {
     if (s < 5) {
-      EXPECT_NEAR(qat_gpu.losses[s], qat_cpu.losses[s], 2e-3 * qat_cpu.losses[s]) << "QAT step " << s + 1;
+      EXPECT_NEAR(qat_gpu.losses[s], qat_cpu.losses[s], 5e-3 * qat_cpu.losses[s]) << "QAT step " << s + 1;
     }
     qat_cpu_mean += qat_cpu.losses[s] / qat_cpu.losses.size();
     qat_gpu_mean += qat_gpu.losses[s] / qat_gpu.losses.size();
