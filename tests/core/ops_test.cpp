@@ -22,6 +22,14 @@ using testing::GradCheckOptions;
 using testing::random_tensor;
 using Leaves = std::vector<Var>;
 
+// random_tensor's values rounded to float: inputs of the tests that compare fused float ops bit for bit.
+Tensor<float> random_floats(Shape shape, uint64_t seed, double scale = 1.0) {
+  const Tensor<double> d = random_tensor(shape, seed, scale);
+  Tensor<float> f(shape);
+  for (int64_t i = 0; i < d.numel(); ++i) f[i] = static_cast<float>(d[i]);
+  return f;
+}
+
 // Forward tolerance of the double-precision op against its double reference loop.
 constexpr double kForwardTolerance = 1e-12;
 
@@ -202,12 +210,6 @@ TEST(LinearGelu, SameBitsAsGeluOfLinearWithAndWithoutGradients) {
   for (int threads : {1, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
     omp_set_num_threads(threads);
-    auto random_floats = [](Shape shape, uint64_t seed) {
-      Tensor<double> d = random_tensor(shape, seed);
-      Tensor<float> f(shape);
-      for (int64_t i = 0; i < d.numel(); ++i) f[i] = static_cast<float>(d[i]);
-      return f;
-    };
     Tensor<float> x = random_floats({2, 150, 96}, 31), w = random_floats({200, 96}, 32), b = random_floats({200}, 33);
     Tensor<float> r = random_floats({2, 150, 200}, 34);  // weights of the loss: every output gets its own gradient
     struct Run {
@@ -577,13 +579,7 @@ TEST(AddLayerNorm, MatchesFiniteDifferencesAndTheTwoOpsBitForBit) {
     expect_tensors_near(run_forward(in, build), layer_norm_reference(sum, in[2], in[3], 1e-5), 1e-11);
     expect_gradients_match(in, build);
   }
-  auto random_floats = [](Shape shape, uint64_t seed) {
-    Tensor<double> d = random_tensor(shape, seed, 3.0);
-    Tensor<float> f(shape);
-    for (int64_t i = 0; i < d.numel(); ++i) f[i] = static_cast<float>(d[i]);
-    return f;
-  };
-  Tensor<float> a = random_floats({3, 70, 96}, 45), b = random_floats({3, 70, 96}, 46);
+  Tensor<float> a = random_floats({3, 70, 96}, 45, 3.0), b = random_floats({3, 70, 96}, 46, 3.0);
   Tensor<float> gamma = random_floats({96}, 47), beta = random_floats({96}, 48), r = random_floats({3, 70, 96}, 49);
   struct Run {
     std::vector<float> y, da, dgamma, dbeta;
