@@ -65,6 +65,10 @@ struct Int8AttentionScales {
 // in memory: each (sequence, head) is one task in cache. CPU, forward only.
 Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
                    double alpha);
+// The same with Q, K and V side by side in one (B, T, 3 x H x D) tensor (the three projections as one
+// integer linear), bit for bit.
+Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                          double alpha);
 // The same with dynamic quantization of x: each row at its own scale, its largest magnitude at 127
 // (a layer with no calibrated input scale). CPU, forward only.
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);

@@ -102,28 +102,13 @@ Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, dou
   return y;
 }
 
-Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
-                   double alpha) {
-  check_inference(g, "int8_attention");
-  BERT_CHECK(scales.q > 0 && scales.k > 0 && scales.v > 0 && scales.probs > 0,
-             "int8_attention: the scales must be positive");
-  const Shape& qs = g.shape(q);
-  BERT_CHECK(qs.rank() == 3 && g.shape(k) == qs && g.shape(v) == qs,
-             "int8_attention: q, k, v must be one (B, T, C) shape, got " + qs.str() + ", " + g.shape(k).str() + ", " +
-                 g.shape(v).str());
-  const int64_t batch = qs[0], t = qs[1], width = qs[2];
-  BERT_CHECK(heads > 0 && width % heads == 0, "int8_attention: " + std::to_string(width) +
-                                                  " channels do not split into " + std::to_string(heads) + " heads");
-  const int64_t d = width / heads;
-  const float* mv = nullptr;
-  if (mask.valid()) {
-    BERT_CHECK(g.shape(mask) == Shape({batch, t}),
-               "int8_attention: mask " + g.shape(mask).str() + " must be (B, T) for " + qs.str());
-    mv = g.value(mask).data();
-  }
-  Var y = g.emit(qs, {q, k, v});
-  const float *qv = g.value(q).data(), *kv = g.value(k).data(), *vv = g.value(v).data();
-  float* yv = g.value(y).data();
+namespace {
+
+// Integer self-attention over Q, K, V rows `ld` floats apart (H * D when separate, 3 * H * D when side by
+// side in one tensor), into y (B, T, H * D). The checks are the callers'.
+void attention_heads(const float* qv, const float* kv, const float* vv, int64_t ld, const float* mv, int64_t batch,
+                     int64_t t, int64_t heads, int64_t d, const Int8AttentionScales& scales, double alpha, float* yv) {
+  const int64_t width = heads * d;
   // The scales exactly as int8_matmul forms them: the second operand's scale times alpha, per channel.
   const std::vector<float> score_scales(t, static_cast<float>(scales.k * alpha));
   const std::vector<float> value_scales(d, scales.v);
@@ -136,18 +121,59 @@ Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads
     std::vector<float> scores(t * t), probs_row(t);
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t b = item / heads, h = item % heads;
-      const int64_t at = b * t * width + h * d;  // the head's first value in (B, T, H * D)
-      quantize_activations(qv + at, t, d, width, scales.q, queries.data());
-      keys.quantize_pack(kv + at, t, d, width, 1, scales.k);    // (T keys, D)
-      values.quantize_pack(vv + at, d, t, 1, width, scales.v);  // (D, T tokens): V transposed
+      const int64_t at = b * t * ld + h * d;  // the head's first value in each operand
+      quantize_activations(qv + at, t, d, ld, scales.q, queries.data());
+      keys.quantize_pack(kv + at, t, d, ld, 1, scales.k);    // (T keys, D)
+      values.quantize_pack(vv + at, d, t, 1, ld, scales.v);  // (D, T tokens): V transposed
       bert::int8_linear(t, queries.data(), keys, scales.q, score_scales.data(), nullptr, scores.data(), t);
       for (int64_t r = 0; r < t; ++r) {
         vec::softmax(scores.data() + r * t, mv ? mv + b * t : nullptr, probs_row.data(), t);
         quantize_activations(probs_row.data(), 1, t, scales.probs, probs.data() + r * row_t);
       }
-      bert::int8_linear(t, probs.data(), values, scales.probs, value_scales.data(), nullptr, yv + at, width);
+      bert::int8_linear(t, probs.data(), values, scales.probs, value_scales.data(), nullptr, yv + b * t * width + h * d,
+                        width);
     }
   });
+}
+
+// The checks both entries make; the mask's values (null: none).
+const float* check_attention(const Graph<float>& g, const Shape& xs, int64_t width, Var mask, int64_t heads,
+                             const Int8AttentionScales& scales, const std::string& op) {
+  check_inference(g, op);
+  BERT_CHECK(scales.q > 0 && scales.k > 0 && scales.v > 0 && scales.probs > 0, op + ": the scales must be positive");
+  BERT_CHECK(heads > 0 && width % heads == 0,
+             op + ": " + std::to_string(width) + " channels do not split into " + std::to_string(heads) + " heads");
+  if (!mask.valid()) return nullptr;
+  BERT_CHECK(g.shape(mask) == Shape({xs[0], xs[1]}),
+             op + ": mask " + g.shape(mask).str() + " must be (B, T) for " + xs.str());
+  return g.value(mask).data();
+}
+
+}  // namespace
+
+Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                   double alpha) {
+  const Shape& qs = g.shape(q);
+  BERT_CHECK(qs.rank() == 3 && g.shape(k) == qs && g.shape(v) == qs,
+             "int8_attention: q, k, v must be one (B, T, C) shape, got " + qs.str() + ", " + g.shape(k).str() + ", " +
+                 g.shape(v).str());
+  const float* mv = check_attention(g, qs, qs[2], mask, heads, scales, "int8_attention");
+  Var y = g.emit(qs, {q, k, v});
+  attention_heads(g.value(q).data(), g.value(k).data(), g.value(v).data(), qs[2], mv, qs[0], qs[1], heads,
+                  qs[2] / heads, scales, alpha, g.value(y).data());
+  return y;
+}
+
+Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                          double alpha) {
+  const Shape& xs = g.shape(qkv);
+  BERT_CHECK(xs.rank() == 3 && xs[2] % 3 == 0, "int8_attention_packed: qkv must be (B, T, 3 C), got " + xs.str());
+  const int64_t width = xs[2] / 3;
+  const float* mv = check_attention(g, xs, width, mask, heads, scales, "int8_attention_packed");
+  Var y = g.emit(xs.with_last(width), {qkv});
+  const float* base = g.value(qkv).data();
+  attention_heads(base, base + width, base + 2 * width, xs[2], mv, xs[0], xs[1], heads, width / heads, scales, alpha,
+                  g.value(y).data());
   return y;
 }
 

@@ -1,6 +1,7 @@
 #include "model/bert.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <utility>
@@ -137,7 +138,7 @@ std::vector<Linear*> Bert::quantizable_linears() {
   return all;
 }
 
-int64_t Bert::prepare_integer_inference(bool integer_decoder) {
+int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projections) {
   int64_t prepared = 0;
   for (Linear* l : quantizable_linears()) prepared += l->prepare_integer(params_);
   for (Layer& l : layers_) {
@@ -145,6 +146,26 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder) {
     for (const Quantizer* q : {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a})
       l.integer_attention = l.integer_attention && q->mode == QuantMode::kQuantize && q->qmin == -128 &&
                             q->qmax == 127 && params_.shape(q->scale).numel() == 1;
+    l.integer_projections.reset();
+    l.projection_scales.clear();
+    l.projection_bias.clear();
+    const std::array<Linear*, 3> projections = {&l.query, &l.key, &l.value};
+    auto input_scale = [&](const Linear* p) { return params_.get(p->input_quantizer.scale).value.data()[0]; };
+    if (!fuse_projections || !l.integer_attention ||
+        !std::all_of(projections.begin(), projections.end(),
+                     [&](const Linear* p) { return p->integer_weights && input_scale(p) == input_scale(&l.query); }))
+      continue;
+    const int64_t c = l.query.in;
+    std::vector<int8_t> weights;
+    for (Linear* p : projections) {
+      const std::vector<int8_t> q = p->quantized_weight(params_);
+      weights.insert(weights.end(), q.begin(), q.end());
+      const float* scales = params_.get(p->weight_quantizer.scale).value.data();
+      l.projection_scales.insert(l.projection_scales.end(), scales, scales + p->out);
+      const float* bias = params_.get(p->bias).value.data();
+      l.projection_bias.insert(l.projection_bias.end(), bias, bias + p->out);
+    }
+    l.integer_projections = std::make_shared<const Int8Weights>(weights.data(), 3 * c, c);
   }
   integer_decoder_.reset();
   integer_decoder_scales_.clear();
@@ -173,9 +194,16 @@ int64_t Bert::integer_attention_layers() const {
   return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.integer_attention; });
 }
 
+int64_t Bert::fused_projection_layers() const {
+  return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.integer_projections != nullptr; });
+}
+
 void Bert::clear_integer_inference() {
   for (Linear* l : quantizable_linears()) l->clear_integer();
-  for (Layer& l : layers_) l.integer_attention = false;
+  for (Layer& l : layers_) {
+    l.integer_attention = false;
+    l.integer_projections.reset();
+  }
   integer_decoder_.reset();
   integer_decoder_scales_.clear();
 }
@@ -264,10 +292,19 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
     auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
     const ops::Int8AttentionScales scales{scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v),
                                           scale_of(l.matmul_a)};
-    Var context = ops::int8_attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),
-                                      l.key.forward_quantized_input(g, params_, inputs[1]),
-                                      l.value.forward_quantized_input(g, params_, inputs[2]), mask, h, scales,
-                                      1.0 / std::sqrt(static_cast<double>(d)));
+    const double alpha = 1.0 / std::sqrt(static_cast<double>(d));
+    Var context;
+    if (l.integer_projections && l.query.runs_integer(g) && l.key.runs_integer(g) && l.value.runs_integer(g)) {
+      // x quantized once for the three projections (their input scales were one when prepared).
+      Var qkv =
+          ops::int8_linear(g, inputs[0], *l.integer_projections, scale_of(l.query.input_quantizer), l.projection_scales,
+                           g.constant(TensorView<float>(l.projection_bias.data(), Shape{3 * h * d})));
+      context = ops::int8_attention_packed(g, qkv, mask, h, scales, alpha);
+    } else {
+      context = ops::int8_attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),
+                                    l.key.forward_quantized_input(g, params_, inputs[1]),
+                                    l.value.forward_quantized_input(g, params_, inputs[2]), mask, h, scales, alpha);
+    }
     if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
       context = quantizer->apply(g, params_, context);
     return finish(context);

@@ -96,12 +96,17 @@ class Bert {
   // magnitude at 127) and its input per row at run time (dynamic quantization). Faster where the
   // vocabulary is large next to the hidden size; its logits then differ from the fake-quantized model's
   // by that quantization (counted as layers: +1).
-  int64_t prepare_integer_inference(bool integer_decoder = false);
+  // With fuse_projections (the default), a layer whose Q, K and V projections read x at one input scale
+  // (as calibration gives them: the same tensor) runs them as one integer linear into Q, K, V side by side
+  // (x quantized once; ops::int8_attention_packed), the same values; off, the baseline it is tested against.
+  int64_t prepare_integer_inference(bool integer_decoder = false, bool fuse_projections = true);
   void clear_integer_inference();
   bool integer_decoder() const { return integer_decoder_ != nullptr; }
   // The encoder layers whose attention products run as integers (prepare_integer_inference: those whose
   // Q, K, V and probs quantizers are all enabled).
   int64_t integer_attention_layers() const;
+  // The layers among those whose Q, K, V projections run as one integer linear.
+  int64_t fused_projection_layers() const;
 
   // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op, and the
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
@@ -125,6 +130,10 @@ class Bert {
     // Self-attention as integer products (ops::int8_attention) in CPU inference: set by
     // prepare_integer_inference where the four matmul quantizers are enabled (per tensor, [-128, 127]).
     bool integer_attention = false;
+    // Q, K, V as one integer linear (3C, C), where integer attention runs and the three input scales are
+    // one: weights, per-channel scales and biases side by side (prepare_integer_inference).
+    std::shared_ptr<const Int8Weights> integer_projections;
+    std::vector<float> projection_scales, projection_bias;
   };
   // x through each quantizer (nullptr: none), one output each: those that fake-quantize in one op
   // (ops::fake_quantize_each) when fusion is on.

@@ -55,6 +55,11 @@ bool Linear::prepare_integer(ParameterArena<float>& params) {
   integer_weights.reset();
   if (!quantizable || input_quantizer.mode != QuantMode::kQuantize || weight_quantizer.mode != QuantMode::kQuantize)
     return false;
+  integer_weights = std::make_shared<const Int8Weights>(quantized_weight(params).data(), out, in);
+  return true;
+}
+
+std::vector<int8_t> Linear::quantized_weight(ParameterArena<float>& params) const {
   const float* w = params.get(weight).value.data();
   const float* scales = params.get(weight_quantizer.scale).value.data();
   std::vector<int8_t> q(out * in);
@@ -64,8 +69,7 @@ bool Linear::prepare_integer(ParameterArena<float>& params) {
       const float v = std::nearbyint(w[c * in + i] / scales[c]);
       q[c * in + i] = static_cast<int8_t>(std::clamp(v, float(weight_quantizer.qmin), float(weight_quantizer.qmax)));
     }
-  integer_weights = std::make_shared<const Int8Weights>(q.data(), out, in);
-  return true;
+  return q;
 }
 
 bool Linear::runs_integer(const Graph<float>& g) const {

@@ -42,11 +42,14 @@ struct Linear {
   // and while training, the float path as before). Only when both quantizers are enabled (returns
   // whether it did); call again after the weights or scales change.
   bool prepare_integer(ParameterArena<float>& params);
+  // The weight as int8 (out, in), rounded and clamped as its quantizer's fake quantization does.
+  std::vector<int8_t> quantized_weight(ParameterArena<float>& params) const;
   void clear_integer() { integer_weights.reset(); }
   std::shared_ptr<const Int8Weights> integer_weights;
+  // Whether forward() runs the integer path in g (prepared, CPU, no gradients, both quantizers enabled).
+  bool runs_integer(const Graph<float>& g) const;
 
  private:
-  bool runs_integer(const Graph<float>& g) const;
   Var integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu = false) const;
 };
 

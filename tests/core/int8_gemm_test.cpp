@@ -187,7 +187,8 @@ TEST(Int8Weights, QuantizePackEqualsQuantizingThenPacking) {
 }
 
 // Integer self-attention on (B, T, H * D) is, bit for bit, the integer products and softmax on the
-// permuted heads; with a padding mask, and sizes off every multiple the kernels block by.
+// permuted heads (and so is the one taking Q, K, V side by side); with a padding mask, and sizes off every
+// multiple the kernels block by.
 TEST(Int8Attention, EqualsIntegerProductsAndSoftmaxOnPermutedHeads) {
   const int64_t batch = 3, t = 19, heads = 3, d = 10, width = heads * d;
   const ops::Int8AttentionScales scales{0.031f, 0.027f, 0.043f, 1.0f / 127};
@@ -226,6 +227,17 @@ TEST(Int8Attention, EqualsIntegerProductsAndSoftmaxOnPermutedHeads) {
       g.to_host(ops::reshape(g, ops::permute(g, context, {0, 2, 1, 3}), Shape{batch, t, width}));
   ASSERT_EQ(fused.size(), composed.size());
   for (size_t i = 0; i < fused.size(); ++i) ASSERT_EQ(fused[i], composed[i]) << "at " << i;
+  // Q, K, V side by side in one tensor: the same bits.
+  std::vector<float> packed(batch * t * 3 * width);
+  for (int64_t row = 0; row < batch * t; ++row)
+    for (int64_t i = 0; i < width; ++i) {
+      packed[row * 3 * width + i] = q[row * width + i];
+      packed[row * 3 * width + width + i] = k[row * width + i];
+      packed[row * 3 * width + 2 * width + i] = v[row * width + i];
+    }
+  Tensor<float> qkv(Shape{batch, t, 3 * width}, packed);
+  EXPECT_EQ(g.to_host(ops::int8_attention_packed(g, g.constant(qkv.view()), mv, heads, scales, alpha)), fused);
+  EXPECT_THROW(ops::int8_attention_packed(g, qv, mv, heads, scales, alpha), std::exception);  // 10 per operand, 3 heads
   // Without a mask: the same as a mask of zeros.
   const std::vector<float> unmasked = g.to_host(ops::int8_attention(g, qv, kv, vv, Var{}, heads, scales, alpha));
   const std::vector<float> zeros = g.to_host(

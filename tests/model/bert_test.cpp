@@ -511,6 +511,46 @@ TEST(BertModel, IntegerDecoderStaysNearTheFloatDecoder) {
   EXPECT_EQ(eval_logits(model, false), fake);
 }
 
+// Q, K and V read one tensor: where their input quantizers share a scale (as calibration gives them), the
+// three projections run as one integer linear with x quantized once, and the logits are bit for bit those
+// of three separate integer linears.
+TEST(BertModel, FusedIntegerProjectionsGiveTheSeparateProjectionsLogits) {
+  std::unique_ptr<Bert> quantized = quantized_tiny(0);
+  Bert& model = *quantized;
+  const BertConfig& c = model.config();
+  int index = 0;  // distinct activation scales elsewhere, as in the integer-inference test above
+  for (Quantizer* q : model.quantizers())
+    if (!q->is_weight) model.parameters().get(q->scale).value.fill(0.03f * (1.0f + 0.0137f * float(index++)));
+  auto input_scale = [&](int layer, const std::string& projection) {
+    return model.parameters().get(
+        model.find_quantizer("bert.encoder.layer." + std::to_string(layer) + ".attention.self." + projection +
+                             ".input_quantizer")
+            ->scale);
+  };
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer)
+    for (const char* projection : {"query", "key", "value"})
+      input_scale(layer, projection).value.fill(0.0291f + 0.001f * float(layer));
+  model.prepare_integer_inference(false, /*fuse_projections=*/false);
+  EXPECT_EQ(model.fused_projection_layers(), 0);
+  const std::vector<float> separate = eval_logits(model, false);
+  model.prepare_integer_inference();
+  EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers);
+  const std::vector<float> fused = eval_logits(model, false);
+  EXPECT_EQ(fused, separate);
+  // The fused weights are a packed copy too: doubling the float key weights leaves the output alone.
+  TensorView<float> w = model.parameters().get("bert.encoder.layer.0.attention.self.key.weight").value;
+  for (float& v : w) v *= 2;
+  EXPECT_EQ(eval_logits(model, false), separate);
+  for (float& v : w) v /= 2;
+  // One input scale apart: that layer keeps three linears.
+  input_scale(0, "key").value.fill(0.0301f);
+  model.prepare_integer_inference();
+  EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers - 1);
+  EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers);
+  model.clear_integer_inference();
+  EXPECT_EQ(model.fused_projection_layers(), 0);
+}
+
 TEST(BertModel, InitializationFollowsBert) {
   BertConfig c = preset("tiny");
   c.vocab_size = 100;
