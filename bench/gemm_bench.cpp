@@ -2,7 +2,8 @@
 // product (the machine's ceiling) and on BERT-shaped products, beside OpenBLAS's cblas_sgemm in the
 // same run when the build found OpenBLAS; then the INT8 linear layer (activation quantization included)
 // with each integer kernel this CPU runs, against the FP32 linear (gemm with W^T) on the same shapes;
-// then the vector kernels (GELU, softmax, cross-entropy's exp sums) of each CPU kernel set.
+// then the same shapes with BF16 operands (vdpbf16ps where the CPU has AVX512_BF16) against FP32; then the
+// vector kernels (GELU, softmax, cross-entropy's exp sums) of each CPU kernel set.
 // Median of timed repetitions after a warm-up.
 #include <CLI/CLI.hpp>
 
@@ -215,6 +216,28 @@ int main(int argc, char** argv) {
 #else
     std::printf(" %12s %8s\n", "n/a", "-");
 #endif
+  }
+  std::printf("\nBF16 operands, FP32 sums (%s), GFLOP/s and ratio to FP32 (both the '%s' set):\n%-34s %20s %12s %18s\n",
+              bert::gemm_bf16_native() ? "vdpbf16ps" : "no AVX512_BF16 here: FP32 kernel on rounded copies",
+              bert::cpu_kernels_name(bert::CpuKernels::kAuto), "shape", "M x N x K", "fp32 GF/s", "bf16 GF/s");
+  for (const Shape& s : shapes) {
+    std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);
+    for (float& v : a) v = static_cast<float>(rng.next_normal());
+    for (float& v : b) v = static_cast<float>(rng.next_normal());
+    const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
+    auto gflops = [&](bool bf16) {
+      return 2.0 * s.m * s.n * s.k /
+             median_seconds(reps,
+                            [&] {
+                              bert::gemm<float>({s.trans_a, s.trans_b, s.m, s.n, s.k, bf16}, 1.0f, a.data(), lda,
+                                                b.data(), ldb, 0.0f, c.data(), s.n);
+                            }) /
+             1e9;
+    };
+    char dims[32];
+    std::snprintf(dims, sizeof dims, "%ld x %ld x %ld", long(s.m), long(s.n), long(s.k));
+    const double fp32 = gflops(false), bf16 = gflops(true);
+    std::printf("%-34s %20s %12.1f %10.1f (%4.2fx)\n", s.what, dims, fp32, bf16, bf16 / fp32);
   }
   std::printf(
       "\nINT8 linear (y = x W^T, quantization of x included), GOP/s and ratio to FP32:\n"

@@ -4,9 +4,9 @@
 one PyTorch reference (tests/golden/bert_reference.py: torch.nn.functional only, no Hugging Face), with
 BERT's initialisation and dropout 0.1, the same shapes and synthetic batches, one full training
 step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup, and
-evaluation throughput (forward, no grad). Prints one JSON object per configuration. On a GPU
-(--device cuda): --dtype fp32 (strict), tf32 (TF32 matmuls) or bf16 (autocast to bfloat16, FP32 master
-weights), and --compile for torch.compile.
+evaluation throughput (forward, no grad). Prints one JSON object per configuration. --dtype fp32
+(strict), bf16 (autocast to bfloat16, FP32 master weights; CPU or GPU) or, on a GPU (--device cuda), tf32
+(TF32 matmuls); --compile for torch.compile.
 
 Run with Debian's Python (python3-torch), e.g.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_step_bench.py --threads 1
@@ -98,8 +98,12 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
         torch.backends.cudnn.allow_tf32 = a.dtype == "tf32"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if a.dtype == "bf16" else (
-        lambda: torch.autocast("cuda", enabled=False) if cuda else torch.autocast("cpu", enabled=False))
+    if a.dtype == "tf32" and not cuda:
+        sys.exit("--dtype tf32 is a GPU format: on the CPU use fp32 or bf16")
+    # bf16: autocast to bfloat16 (on the CPU its matmuls run on oneDNN's BF16 kernels: AVX512_BF16 or AMX
+    # where the CPU has them), FP32 master weights, on either device.
+    autocast = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if a.dtype == "bf16" else (
+        lambda: torch.autocast(dev.type, enabled=False))
     fwd = torch.compile(pretraining_loss) if a.compile else pretraining_loss
     t, p = 128, 20
     for name in a.presets.split(","):

@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
   app.add_option("--precision", precision,
-                 "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")
+                 "fp32; tf32 (GPU: TF32 GEMMs); or bf16 (GPU: BF16 activations and GEMMs; CPU: products on "
+                 "BF16-rounded operands with FP32 sums)")
       ->capture_default_str();
   app.add_flag("--profile", profile_ops,
                "after each measurement, as many steps again with every op timed: a table of milliseconds per "
@@ -145,7 +146,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --profile times ops on the CPU; on a GPU use nsys or ncu\n");
     return 2;
   }
-  std::printf("device: %s\n", device->is_cuda() ? device->name().c_str() : "cpu");
+  std::printf("device: %s\n",
+              device->is_cuda() ? device->name().c_str() : ("cpu, " + precision_name(device->precision())).c_str());
   std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   if (!json_path.empty() && !json) {
     std::fprintf(stderr, "error: cannot write --json '%s'\n", json_path.c_str());

@@ -57,6 +57,10 @@ CpuKernels best_cpu_kernels() {
   return best;
 }
 
+bool cpu_has_avx512_bf16() {
+  return cpu_kernels_supported(CpuKernels::kAvx512) && __builtin_cpu_supports("avx512bf16");
+}
+
 CpuKernels resolve_cpu_kernels(CpuKernels kernels) {
   if (kernels == CpuKernels::kAuto) return best_cpu_kernels();
   BERT_CHECK(cpu_kernels_supported(kernels),

@@ -15,6 +15,9 @@ enum class CpuKernels { kAuto, kBuild, kAvx2, kAvx512 };
 const char* cpu_kernels_name(CpuKernels kernels);  // kAuto: the set it stands for
 bool cpu_kernels_supported(CpuKernels kernels);    // kAuto and kBuild: always
 CpuKernels best_cpu_kernels();
+// Whether the CPU has AVX512_BF16 (with the AVX-512 set): products with BF16 operands run on vdpbf16ps
+// when the kernel set is avx512.
+bool cpu_has_avx512_bf16();
 // kAuto resolved to the set it stands for; a set the CPU cannot run is an error naming it.
 CpuKernels resolve_cpu_kernels(CpuKernels kernels);
 

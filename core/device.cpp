@@ -132,9 +132,9 @@ std::pair<std::size_t, std::size_t> Device::memory_use() const { return {0, 0}; 
 
 std::unique_ptr<Device> Device::open(const std::string& spec, Precision precision) {
   if (spec == "cpu") {
-    if (precision != Precision::kFp32)
-      throw UserError("--precision " + precision_name(precision) + " needs --device cuda (the CPU trains in fp32)");
-    return std::unique_ptr<Device>(new Device(DeviceKind::kCpu, Precision::kFp32));
+    if (precision == Precision::kTf32)
+      throw UserError("--precision tf32 needs --device cuda (TF32 is a GPU format; the CPU runs fp32 or bf16)");
+    return std::unique_ptr<Device>(new Device(DeviceKind::kCpu, precision));
   }
   if (spec == "auto") return cuda_available() ? cuda(0, precision) : open("cpu", precision);
   if (spec == "cuda") return cuda(0, precision);

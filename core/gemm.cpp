@@ -4,12 +4,16 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
+#include "core/error.h"
 #include "core/gemm_avx2.h"
 #include "core/gemm_avx512.h"
+#include "core/gemm_avx512_bf16.h"
 #include "core/parallel.h"
 
 namespace bert {
@@ -23,8 +27,10 @@ template <typename T>
 using OneThread = void (*)(GemmArgs, T, const T*, int64_t, const T*, int64_t, T, T*, int64_t, const T*);
 
 template <typename T>
-OneThread<T> one_thread_kernel(CpuKernels kernel) {
+OneThread<T> one_thread_kernel(CpuKernels kernel, bool bf16) {
   const CpuKernels set = resolve_cpu_kernels(kernel);
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16) return &gemm_avx512_bf16::one_thread;  // only where gemm_bf16_native(kernel)
   if (set == CpuKernels::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
   if constexpr (std::is_same_v<T, float>)
     if (set == CpuKernels::kAvx2) return &gemm_avx2::one_thread;
@@ -91,7 +97,28 @@ void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alp
   });
 }
 
+// The rows x cols matrix at src (row stride ld) rounded to BF16 into dst (row stride cols).
+void rounded_copy(const float* src, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& dst) {
+  dst.resize(static_cast<std::size_t>(rows * cols));
+  float* out = dst.data();
+  parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = round_to_bf16(src[i * ld + j]);
+  });
+}
+
 }  // namespace
+
+bool gemm_bf16_native(CpuKernels kernel) {
+  return resolve_cpu_kernels(kernel) == CpuKernels::kAvx512 && cpu_has_avx512_bf16();
+}
+
+float round_to_bf16(float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return std::bit_cast<float>((u | 0x00400000u) & 0xFFFF0000u);  // NaN: quiet
+  u += 0x7FFFu + ((u >> 16) & 1u);  // to nearest, ties to even (a carry into the exponent rounds up to it)
+  return std::bit_cast<float>(u & 0xFFFF0000u);
+}
 
 // Threads split C into independent blocks (gemm_grid), each a one-thread product, handed out as threads
 // come free; a small C with a long inner dimension splits k instead (gemm_split_k). Eigen's own parallel
@@ -101,7 +128,22 @@ void gemm_split_k(OneThread<T> gemm_one_thread, GemmArgs g, int64_t parts, T alp
 template <typename T>
 void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
           CpuKernels kernel, const T* bias, const GemmFinish* finish) {
-  const OneThread<T> gemm_one_thread = one_thread_kernel<T>(kernel);
+  if (g.bf16) {
+    BERT_CHECK((std::is_same_v<T, float>), "gemm: BF16 operands are for single precision only");
+    if constexpr (std::is_same_v<T, float>)
+      if (!gemm_bf16_native(kernel)) {
+        // No vdpbf16ps here: the FP32 kernel on rounded copies (exact products of BF16 values, FP32 sums).
+        thread_local std::vector<float> a_copy, b_copy;  // kept: the same shapes come back every step
+        const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+        const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+        rounded_copy(a, a_rows, a_cols, lda, a_copy);
+        rounded_copy(b, b_rows, b_cols, ldb, b_copy);
+        g.bf16 = false;
+        gemm<T>(g, alpha, a_copy.data(), a_cols, b_copy.data(), b_cols, beta, c, ldc, kernel, bias, finish);
+        return;
+      }
+  }
+  const OneThread<T> gemm_one_thread = one_thread_kernel<T>(kernel, g.bf16);
   const int threads = omp_in_parallel() ? 1 : num_threads();
   if (threads == 1 || double(g.m) * double(g.n) * double(g.k) < kMinParallelWork) {
     gemm_one_thread(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
@@ -141,9 +183,10 @@ void gemm_reference(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, in
     for (int64_t j = 0; j < g.n; ++j) {
       double acc = 0;
       for (int64_t p = 0; p < g.k; ++p) {
-        double av = g.trans_a ? a[p * lda + i] : a[i * lda + p];
-        double bv = g.trans_b ? b[j * ldb + p] : b[p * ldb + j];
-        acc += av * bv;
+        T av = g.trans_a ? a[p * lda + i] : a[i * lda + p];
+        T bv = g.trans_b ? b[j * ldb + p] : b[p * ldb + j];
+        if (g.bf16) av = T(round_to_bf16(float(av))), bv = T(round_to_bf16(float(bv)));
+        acc += double(av) * double(bv);
       }
       T& out = c[i * ldc + j];
       out = static_cast<T>(alpha * acc + (beta == T(0) ? 0.0 : double(beta) * double(out)) +

@@ -13,6 +13,11 @@ namespace bert {
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
+  // BF16 operands (single precision only): A and B rounded to BF16 (nearest even, as vcvtneps2bf16 rounds;
+  // the caller's matrices are left alone), their products summed in FP32: on AVX512_BF16 CPUs by vdpbf16ps
+  // (twice the FP32 kernel's multiply-adds per instruction), elsewhere by the FP32 kernel on rounded copies
+  // (the same values up to summation order).
+  bool bf16 = false;
 };
 
 // The one-thread kernel every product runs on its blocks (core/cpu_kernels.h): Eigen compiled for the
@@ -31,9 +36,17 @@ template <typename T>
 void gemm(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
           CpuKernels kernel = CpuKernels::kAuto, const T* bias = nullptr, const GemmFinish* finish = nullptr);
 
-// Plain triple loop, accumulating in double: the reference the fast path is tested against.
+// Plain triple loop, accumulating in double (of BF16-rounded operands with args.bf16): the reference the fast
+// path is tested against.
 template <typename T>
 void gemm_reference(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
                     const T* bias = nullptr);
+
+// Whether products with BF16 operands run on vdpbf16ps under this kernel set (else on rounded copies).
+bool gemm_bf16_native(CpuKernels kernel = CpuKernels::kAuto);
+
+// x rounded to the nearest BF16 value (ties to even), returned as the float it stands for; NaN stays NaN
+// (quiet), infinities stay.
+float round_to_bf16(float x);
 
 }  // namespace bert

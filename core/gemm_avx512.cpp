@@ -22,6 +22,7 @@
 namespace bert::gemm_avx512 {
 
 namespace {
+#include "core/avx512_transpose.inc"
 #include "core/gemm_eigen.inc"
 
 // What core/gemm_blocked.inc needs of AVX-512: 16-float vectors with lane masks, and the blocking: a 12 x 32
@@ -44,31 +45,7 @@ struct Ops {
   static void storeu(float* p, Vec v) { _mm512_storeu_ps(p, v); }
   static Vec load_masked(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
   static void store_masked(float* p, Mask m, Vec v) { _mm512_mask_storeu_ps(p, m, v); }
-  // 16 x 16 floats: r[i] lane j becomes r[j] lane i. Pairs of rows interleave (unpack), then quads
-  // (shuffle within 128-bit lanes), then the 128-bit lanes move across (two rounds).
-  static void transpose(Vec r[16]) {
-    Vec t[16];
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    Vec u[16];  // u[4g + k], 128-bit lane L: rows 4g .. 4g + 3 at column 4L + k
-    for (int g = 0; g < 16; g += 4) {
-      u[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
-      u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
-      u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
-      u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
-    }
-    for (int k = 0; k < 4; ++k) {
-      const Vec lo01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), hi01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
-      const Vec lo23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
-      const Vec hi23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
-      r[k] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);  // 128-bit lanes 0 and 2 of each: column k
-      r[4 + k] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
-      r[8 + k] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
-      r[12 + k] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
-    }
-  }
+  static void transpose(Vec r[16]) { transpose16x16(r); }
 };
 
 #include "core/gemm_blocked.inc"

@@ -13,6 +13,13 @@ namespace bert::ops {
 
 namespace {
 
+// Whether this graph's products take BF16 operands: a CPU device in BF16 precision (Device::open("cpu",
+// Precision::kBf16)) rounds both operands of every product to BF16 and sums in FP32; every tensor stays FP32.
+template <typename T>
+bool bf16_products(const Graph<T>& g) {
+  return g.device().precision() == Precision::kBf16;
+}
+
 // How a matmul maps onto `batch` GEMMs of (M, K) x (K, N).
 struct MatmulPlan {
   int64_t batch = 1, m = 0, n = 0, k = 0;
@@ -69,16 +76,17 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b, T alpha) {
   const MatmulPlan p = plan_matmul(g.shape(a), g.shape(b), trans_a, trans_b);
   Var c = g.emit(p.out, {a, b});
   const int64_t stride_c = p.m * p.n;
+  const bool bf16 = bf16_products(g);
   {
     const T* av = g.value(a).data();
     const T* bv = g.value(b).data();
     T* cv = g.value(c).data();
     for_each_item(p.batch, [&](int64_t i) {
-      gemm<T>({trans_a, trans_b, p.m, p.n, p.k}, alpha, av + i * p.stride_a, p.lda, bv + i * p.stride_b, p.ldb, T(0),
-              cv + i * stride_c, p.n);
+      gemm<T>({trans_a, trans_b, p.m, p.n, p.k, bf16}, alpha, av + i * p.stride_a, p.lda, bv + i * p.stride_b, p.ldb,
+              T(0), cv + i * stride_c, p.n);
     });
   }
-  g.on_backward(c, [a, b, c, p, trans_a, trans_b, stride_c, alpha](Graph<T>& g) {
+  g.on_backward(c, [a, b, c, p, trans_a, trans_b, stride_c, alpha, bf16](Graph<T>& g) {
     const T* dc = g.grad(c).data();
     const T* av = g.value(a).data();
     const T* bv = g.value(b).data();
@@ -91,9 +99,9 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b, T alpha) {
         const T* bi = bv + i * p.stride_b;
         T* dai = da.data + i * p.stride_a;
         if (!trans_a)  // dA (M, K) += dC (M, N) op(B)^T
-          gemm<T>({false, !trans_b, p.m, p.k, p.n}, alpha, dci, p.n, bi, p.ldb, beta, dai, p.lda);
+          gemm<T>({false, !trans_b, p.m, p.k, p.n, bf16}, alpha, dci, p.n, bi, p.ldb, beta, dai, p.lda);
         else  // dA (K, M) += op(B) (K, N) dC^T
-          gemm<T>({trans_b, true, p.k, p.m, p.n}, alpha, bi, p.ldb, dci, p.n, beta, dai, p.lda);
+          gemm<T>({trans_b, true, p.k, p.m, p.n, bf16}, alpha, bi, p.ldb, dci, p.n, beta, dai, p.lda);
       });
     }
     if (g.requires_grad(b)) {
@@ -104,9 +112,9 @@ Var matmul(Graph<T>& g, Var a, Var b, bool trans_a, bool trans_b, T alpha) {
         const T* ai = av + i * p.stride_a;
         T* dbi = db.data + i * p.stride_b;
         if (!trans_b)  // dB (K, N) += op(A)^T (K, M) dC
-          gemm<T>({!trans_a, false, p.k, p.n, p.m}, alpha, ai, p.lda, dci, p.n, beta, dbi, p.ldb);
+          gemm<T>({!trans_a, false, p.k, p.n, p.m, bf16}, alpha, ai, p.lda, dci, p.n, beta, dbi, p.ldb);
         else  // dB (N, K) += dC^T (N, M) op(A)
-          gemm<T>({true, trans_a, p.n, p.k, p.m}, alpha, dci, p.n, ai, p.lda, beta, dbi, p.ldb);
+          gemm<T>({true, trans_a, p.n, p.k, p.m, bf16}, alpha, dci, p.n, ai, p.lda, beta, dbi, p.ldb);
       });
     }
   });
@@ -147,8 +155,8 @@ LinearDims linear_dims(Graph<T>& g, Var x, Var weight, Var bias, const char* op)
 // y = x W^T + bias, the bias added in the GEMM's store of y (no pass of its own).
 template <typename T>
 void linear_product(Graph<T>& g, Var x, Var weight, Var bias, LinearDims d, T* y, const GemmFinish* finish = nullptr) {
-  gemm<T>({false, true, d.rows, d.out, d.in}, T(1), g.value(x).data(), d.in, g.value(weight).data(), d.in, T(0), y,
-          d.out, CpuKernels::kAuto, bias.valid() ? g.value(bias).data() : nullptr, finish);
+  gemm<T>({false, true, d.rows, d.out, d.in, bf16_products(g)}, T(1), g.value(x).data(), d.in, g.value(weight).data(),
+          d.in, T(0), y, d.out, CpuKernels::kAuto, bias.valid() ? g.value(bias).data() : nullptr, finish);
 }
 
 // Back-propagates y = linear(x, weight, bias)'s gradient.
@@ -158,13 +166,13 @@ void linear_backward(Graph<T>& g, Var x, Var weight, Var bias, Var y, LinearDims
   const T* dy = g.grad(y).data();
   if (g.requires_grad(x)) {  // dx (N, in) += dy (N, out) W (out, in); a fresh dx is stored (beta 0)
     const auto dx = g.grad_target(x);
-    gemm<T>({false, false, rows, in, out}, T(1), dy, out, g.value(weight).data(), in, dx.accumulate ? T(1) : T(0),
-            dx.data, in);
+    gemm<T>({false, false, rows, in, out, bf16_products(g)}, T(1), dy, out, g.value(weight).data(), in,
+            dx.accumulate ? T(1) : T(0), dx.data, in);
   }
   if (g.requires_grad(weight)) {  // dW (out, in) += dy^T (out, N) x (N, in)
     const auto dw = g.grad_target(weight);
-    gemm<T>({true, false, out, in, rows}, T(1), dy, out, g.value(x).data(), in, dw.accumulate ? T(1) : T(0), dw.data,
-            in);
+    gemm<T>({true, false, out, in, rows, bf16_products(g)}, T(1), dy, out, g.value(x).data(), in,
+            dw.accumulate ? T(1) : T(0), dw.data, in);
   }
   if (bias.valid() && g.requires_grad(bias)) {
     // Threads split the columns (each sums all rows of its own): the same sums whatever the thread count.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The files compiled for AVX-512 or AVX2 inside a build for any x86-64 (core/gemm_avx512.cpp,
+# The files compiled for AVX-512 or AVX2 inside a build for any x86-64 (core/gemm_avx512.cpp, core/gemm_avx512_bf16.cpp,
 # core/vector_math_avx512.cpp, core/gemm_avx2.cpp) must define nothing outside their own namespaces: an
 # inline function one of them shared with other files could be the copy the linker keeps, and a build for
 # any x86-64 would then run AVX-512 (or AVX2) code on CPUs without it. And under GCC their code must really
@@ -35,3 +35,4 @@ check() {
 check gemm_avx512.cpp.o "Eigen_avx512::|bert::gemm_avx512::" "AVX-512 (zmm)" zmm
 check vector_math_avx512.cpp.o "bert::vec_avx512::" "AVX-512 (zmm)" zmm
 check gemm_avx2.cpp.o "bert::gemm_avx2::" "AVX2 FMA (ymm)" "vfmadd[0-9a-z]*ps +.*ymm"
+check gemm_avx512_bf16.cpp.o "bert::gemm_avx512_bf16::" "AVX512_BF16 (vdpbf16ps)" "vdpbf16ps"

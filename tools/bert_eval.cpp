@@ -128,7 +128,8 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--device", a.device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
   app.add_option("--precision", a.precision,
-                 "precision on a GPU: fp32, tf32 (TF32 GEMMs) or bf16 (BF16 activations and GEMMs)")
+                 "fp32; tf32 (GPU: TF32 GEMMs); or bf16 (GPU: BF16 activations and GEMMs; CPU: products on "
+                 "BF16-rounded operands with FP32 sums)")
       ->capture_default_str();
 }
 

@@ -171,9 +171,10 @@ void add_run_options(CLI::App& app, Args& a) {
   app.add_option("--device", a.o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
   app.add_option("--precision", a.o.precision,
-                 "precision on a GPU: fp32; tf32 (TF32 tensor cores for the GEMMs, FP32 tensors); or bf16 (mixed "
-                 "precision: BF16 activations and GEMMs, FP32 master weights, optimizer, losses and quantizer "
-                 "scales)")
+                 "fp32; tf32 (GPU: TF32 tensor cores for the GEMMs, FP32 tensors); or bf16 (GPU: mixed precision, "
+                 "BF16 activations and GEMMs; CPU: every product on BF16-rounded operands with FP32 sums, "
+                 "vdpbf16ps where the CPU has AVX512_BF16, FP32 tensors); weights, optimizer, losses and "
+                 "quantizer scales stay FP32")
       ->capture_default_str();
 }
 

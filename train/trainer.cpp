@@ -889,8 +889,11 @@ void TrainingRun::announce() const {
       loader_.seq_len(), optimizer_name(o_.optimizer.kind), o_.learning_rate, warmup_, schedule_name(o_.schedule),
       device_->is_cuda()
           ? device_->name()
-          : fmt::format("the CPU ({} threads, waiting {}, {} kernels)", num_threads(), openmp_wait_policy(),
-                        cpu_kernels_name(CpuKernels::kAuto)),
+          : fmt::format("the CPU ({} threads, waiting {}, {} kernels{})", num_threads(), openmp_wait_policy(),
+                        cpu_kernels_name(CpuKernels::kAuto),
+                        device_->precision() != Precision::kBf16 ? ""
+                        : gemm_bf16_native()                     ? ", BF16 products on vdpbf16ps"
+                                             : ", BF16 products (no AVX512_BF16 here: rounded operands, FP32 kernels)"),
       ranks_.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks_.rank(), ranks_.size(),
                                       o_.batch_size * o_.accumulation * ranks_.size())
                         : "");

@@ -36,8 +36,8 @@ struct TrainOptions {
   // or a Hugging Face directory): the encoder is loaded, a head it lacks is initialised.
   std::optional<model::Head> task;
 
-  // Where training runs: auto (a GPU when one is present), cpu, cuda or cuda:N; and the precision on a
-  // GPU (fp32, tf32 or bf16: Precision in core/device.h; the CPU trains in fp32).
+  // Where training runs: auto (a GPU when one is present), cpu, cuda or cuda:N; and the precision (fp32,
+  // tf32 or bf16 on a GPU; fp32 or bf16 on the CPU: BF16 products, FP32 tensors; Precision in core/device.h).
   std::string device = "cpu";
   std::string precision = "fp32";
   // The job this process is one rank of (process_group_from_environment; a group of one by default).

@@ -1,11 +1,13 @@
 // The fast GEMM against its plain reference: every transpose combination, alpha/beta, strided
 // (sub-matrix) operands, degenerate and large sizes, on 1, 2 and 4 threads (C split into blocks, or
 // the inner dimension split into parts), with each one-thread kernel this CPU runs (the build's, and
-// the AVX-512 one chosen at run time).
+// the AVX-512 one chosen at run time), and with BF16 operands (vdpbf16ps where the CPU has it, else the FP32
+// kernel on rounded copies) against the reference on the same rounded operands.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -23,7 +25,7 @@ struct GemmCase {
 
 template <typename T>
 void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad, double tol,
-                             bool with_bias = false) {
+                             bool with_bias = false, bool bf16 = false) {
   Rng rng(static_cast<uint64_t>(s.m * 131 + s.n * 17 + s.k + ta * 2 + tb));
   const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
   const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
@@ -35,15 +37,19 @@ void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T 
   std::vector<T> expected = c, bias_values(s.n);
   for (auto& v : bias_values) v = static_cast<T>(rng.next_normal());
   const T* bias = with_bias ? bias_values.data() : nullptr;
-  gemm<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, kernel, bias);
-  gemm_reference<T>({ta, tb, s.m, s.n, s.k}, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc, bias);
+  const std::vector<T> a_saved = a, b_saved = b;
+  gemm<T>({ta, tb, s.m, s.n, s.k, bf16}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, kernel, bias);
+  ASSERT_EQ(a, a_saved);  // the operands are read, never rounded in place
+  ASSERT_EQ(b, b_saved);
+  gemm_reference<T>({ta, tb, s.m, s.n, s.k, bf16}, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc,
+                    bias);
   for (int64_t i = 0; i < s.m; ++i) {
     for (int64_t j = 0; j < ldc; ++j) {
       const int64_t at = i * ldc + j;
       // Within the matrix: close to the reference; in the padding: untouched.
       const double scale = 1.0 + std::sqrt(static_cast<double>(s.k));
       ASSERT_NEAR(c[at], expected[at], tol * scale)
-          << cpu_kernels_name(kernel) << " (" << i << ", " << j << ") ta=" << ta << " tb=" << tb;
+          << cpu_kernels_name(kernel) << " (" << i << ", " << j << ") ta=" << ta << " tb=" << tb << " bf16=" << bf16;
     }
   }
 }
@@ -71,6 +77,9 @@ TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
           check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 1, 1e-5, /*with_bias=*/true);
           check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 0, 1e-5, /*with_bias=*/true);
           check_against_reference<double>(kernel, GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13, /*with_bias=*/true);
+          // BF16 operands, FP32 sums: as close to the reference on the rounded operands as FP32 is to its own.
+          check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5, false, /*bf16=*/true);
+          check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5, true, /*bf16=*/true);
         }
     }
   omp_set_num_threads(saved);
@@ -84,38 +93,85 @@ TEST_P(GemmTest, FinishSeesEachFinalBlockOnce) {
   for (CpuKernels kernel : kernels_here())
     for (int threads : {1, 2, 4})
       for (bool ta : {false, true})
-        for (bool tb : {false, true}) {
-          SCOPED_TRACE(std::string(cpu_kernels_name(kernel)) + " threads " + std::to_string(threads) +
-                       " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
-          omp_set_num_threads(threads);
-          Rng rng(static_cast<uint64_t>(s.m * 7 + s.n * 3 + s.k));
-          const int64_t ldc = s.n + 2;  // two padding columns the finish must not see
-          std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * ldc, -7.0f), expected(s.m * ldc, -7.0f);
-          for (auto& v : a) v = static_cast<float>(rng.next_normal());
-          for (auto& v : b) v = static_cast<float>(rng.next_normal());
-          std::vector<std::atomic<int>> visits(s.m * ldc);
-          const GemmFinish finish = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-            for (int64_t i = r0; i < r1; ++i)
-              for (int64_t j = c0; j < c1; ++j) {
-                ++visits[i * ldc + j];
-                c[i * ldc + j] = 2.0f * c[i * ldc + j] + 1.0f;
+        for (bool tb : {false, true})
+          for (bool bf16 : {false, true}) {
+            SCOPED_TRACE(std::string(cpu_kernels_name(kernel)) + " threads " + std::to_string(threads) +
+                         " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " bf16=" + std::to_string(bf16));
+            omp_set_num_threads(threads);
+            Rng rng(static_cast<uint64_t>(s.m * 7 + s.n * 3 + s.k));
+            const int64_t ldc = s.n + 2;  // two padding columns the finish must not see
+            std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * ldc, -7.0f), expected(s.m * ldc, -7.0f);
+            for (auto& v : a) v = static_cast<float>(rng.next_normal());
+            for (auto& v : b) v = static_cast<float>(rng.next_normal());
+            std::vector<std::atomic<int>> visits(s.m * ldc);
+            const GemmFinish finish = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+              for (int64_t i = r0; i < r1; ++i)
+                for (int64_t j = c0; j < c1; ++j) {
+                  ++visits[i * ldc + j];
+                  c[i * ldc + j] = 2.0f * c[i * ldc + j] + 1.0f;
+                }
+            };
+            const GemmArgs args{ta, tb, s.m, s.n, s.k, bf16};
+            const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+            gemm<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, kernel, nullptr, &finish);
+            gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), ldc);
+            for (int64_t i = 0; i < s.m; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                const int64_t at = i * ldc + j;
+                const bool inside = j < s.n;
+                ASSERT_EQ(visits[at].load(), inside ? 1 : 0) << "(" << i << ", " << j << ")";
+                const double want = inside ? 2.0 * expected[at] + 1.0 : -7.0;
+                ASSERT_NEAR(c[at], want, 2e-5 * (1.0 + std::sqrt(static_cast<double>(s.k))))
+                    << "(" << i << ", " << j << ")";
               }
-          };
-          const GemmArgs args{ta, tb, s.m, s.n, s.k};
-          const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
-          gemm<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, kernel, nullptr, &finish);
-          gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), ldc);
-          for (int64_t i = 0; i < s.m; ++i)
-            for (int64_t j = 0; j < ldc; ++j) {
-              const int64_t at = i * ldc + j;
-              const bool inside = j < s.n;
-              ASSERT_EQ(visits[at].load(), inside ? 1 : 0) << "(" << i << ", " << j << ")";
-              const double want = inside ? 2.0 * expected[at] + 1.0 : -7.0;
-              ASSERT_NEAR(c[at], want, 2e-5 * (1.0 + std::sqrt(static_cast<double>(s.k))))
-                  << "(" << i << ", " << j << ")";
-            }
-        }
+          }
   omp_set_num_threads(saved);
+}
+
+// Rounding to BF16: to nearest, ties to even, NaN kept (quiet), infinities kept, the largest finite values
+// rounding up to infinity as the hardware's conversion does.
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(round_to_bf16(1.0f), 1.0f);
+  EXPECT_EQ(round_to_bf16(1.0f + 0x1p-8f), 1.0f);                         // a tie: down to the even 1.0
+  EXPECT_EQ(round_to_bf16(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);           // a tie: up to the even neighbour
+  EXPECT_EQ(round_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);    // above the tie: up
+  EXPECT_EQ(round_to_bf16(-1.0f - 0x1p-8f - 0x1p-20f), -1.0f - 0x1p-7f);  // sign-symmetric
+  EXPECT_EQ(round_to_bf16(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(round_to_bf16(-0.0f)));
+  EXPECT_EQ(round_to_bf16(INFINITY), INFINITY);
+  EXPECT_EQ(round_to_bf16(-INFINITY), -INFINITY);
+  EXPECT_EQ(round_to_bf16(3.4028235e38f), INFINITY);
+  EXPECT_TRUE(std::isnan(round_to_bf16(NAN)));
+  EXPECT_TRUE(std::isnan(round_to_bf16(std::bit_cast<float>(0x7F800001u))));  // a NaN whose payload would round away
+  // 8 significant bits: the low 16 bits are zero, and r is within half a unit in the last place (2^-8 relative) of x.
+  Rng rng(11);
+  for (int i = 0; i < 1000; ++i) {
+    const float x = static_cast<float>(rng.next_normal()), r = round_to_bf16(x);
+    EXPECT_EQ(std::bit_cast<uint32_t>(r) & 0xFFFFu, 0u);
+    EXPECT_LE(std::abs(r - x), std::abs(x) * 0x1p-8f);
+  }
+}
+
+// BF16 operands really are rounded (the product moves away from the FP32 one by their rounding), on every
+// kernel set, and double precision refuses them.
+TEST(Bf16, ProductsDifferFromFp32ByOperandRounding) {
+  const int64_t m = 40, n = 48, k = 200;
+  Rng rng(12);
+  std::vector<float> a(m * k), b(k * n), fp32(m * n), bf16(m * n);
+  for (auto& v : a) v = static_cast<float>(rng.next_normal());
+  for (auto& v : b) v = static_cast<float>(rng.next_normal());
+  for (CpuKernels kernel : kernels_here()) {
+    gemm<float>({false, false, m, n, k}, 1.0f, a.data(), k, b.data(), n, 0.0f, fp32.data(), n, kernel);
+    gemm<float>({false, false, m, n, k, true}, 1.0f, a.data(), k, b.data(), n, 0.0f, bf16.data(), n, kernel);
+    double largest = 0;
+    for (int64_t i = 0; i < m * n; ++i) largest = std::max(largest, std::abs(double(bf16[i]) - fp32[i]));
+    // Each operand within 2^-8 relative: sums of 200 unit products move by about 1e-2, far above FP32's 1e-5.
+    EXPECT_GT(largest, 1e-3) << cpu_kernels_name(kernel);
+    EXPECT_LT(largest, 0.2) << cpu_kernels_name(kernel);
+  }
+  std::vector<double> ad(4, 1.0), cd(4);
+  EXPECT_THROW(gemm<double>({false, false, 2, 2, 2, true}, 1.0, ad.data(), 2, ad.data(), 2, 0.0, cd.data(), 2),
+               std::exception);
 }
 
 // kAuto stands for the AVX-512 kernel exactly where the CPU has AVX-512, else for the AVX2 one where it has

@@ -8,9 +8,12 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/gemm.h"
 #include "core/ops.h"
 #include "tests/core/gradcheck.h"
 
@@ -241,6 +244,76 @@ TEST(LinearGelu, SameBitsAsGeluOfLinearWithAndWithoutGradients) {
     EXPECT_EQ(fused.db, two_ops.db);
   }
   omp_set_num_threads(saved);
+}
+
+// A CPU device in BF16 precision: every product of linear, linear_gelu and matmul, forward and both
+// gradients, takes BF16-rounded operands and sums in FP32, each the reference product on rounded operands;
+// every tensor stays FP32 (the inputs are left as they were).
+TEST(Bf16Products, LinearAndMatmulRoundTheirOperandsForwardAndBackward) {
+  const std::unique_ptr<Device> cpu_bf16 = Device::open("cpu", Precision::kBf16);
+  const int64_t rows = 150, in = 96, out = 200;
+  Tensor<float> x = random_floats({rows, in}, 41), w = random_floats({out, in}, 42), r = random_floats({rows, out}, 43);
+  const std::vector<float> x_saved(x.data(), x.data() + x.numel());
+  auto near_reference = [](std::span<const float> actual, GemmArgs args, const float* a, int64_t lda, const float* b,
+                           int64_t ldb, const std::string& what) {
+    std::vector<float> expected(actual.size()), fp32(actual.size());
+    gemm_reference<float>(args, 1.0f, a, lda, b, ldb, 0.0f, expected.data(), args.n);
+    args.bf16 = false;
+    gemm_reference<float>(args, 1.0f, a, lda, b, ldb, 0.0f, fp32.data(), args.n);
+    double diff = 0, from_fp32 = 0;
+    for (size_t i = 0; i < actual.size(); ++i) {
+      diff = std::max(diff, std::abs(double(actual[i]) - expected[i]));
+      from_fp32 = std::max(from_fp32, std::abs(double(actual[i]) - fp32[i]));
+    }
+    EXPECT_LT(diff, 1e-5 * (1 + std::sqrt(double(args.k)))) << what;
+    EXPECT_GT(from_fp32, 1e-3) << what << ": the operands were not rounded";
+  };
+  for (bool fused_gelu : {false, true}) {
+    SCOPED_TRACE(fused_gelu ? "linear_gelu" : "linear");
+    Tensor<float> gx(x.shape()), gw(w.shape());
+    gx.view().fill(0.0f);
+    gw.view().fill(0.0f);
+    Graph<float> g(*cpu_bf16);
+    Var xv = g.leaf(x.view(), gx.view()), wv = g.leaf(w.view(), gw.view());
+    // linear_gelu: the product checked before its GELU (the GELU's gradient enters dy below)
+    Var y = fused_gelu ? ops::linear_gelu(g, xv, wv, Var{}) : ops::linear(g, xv, wv, Var{});
+    const std::vector<float> y_host = g.to_host(y);
+    if (!fused_gelu) near_reference(y_host, {false, true, rows, out, in, true}, x.data(), in, w.data(), in, "y");
+    g.backward(ops::sum(g, ops::mul(g, y, g.constant(r.view()))));
+    std::vector<float> dy(r.data(), r.data() + r.numel());
+    if (fused_gelu)  // dy of the product: r GELU'(x W^T), the pre-activation from an FP32 graph of rounded operands
+      for (int64_t i = 0; i < rows * out; ++i) {
+        double pre = 0;
+        for (int64_t p = 0; p < in; ++p)
+          pre += double(round_to_bf16(x[(i / out) * in + p])) * round_to_bf16(w[(i % out) * in + p]);
+        const double cdf = 0.5 * (1 + std::erf(pre / std::sqrt(2.0)));
+        const double pdf = std::exp(-0.5 * pre * pre) / std::sqrt(2 * M_PI);
+        dy[i] = static_cast<float>(r[i] * (cdf + pre * pdf));
+      }
+    near_reference({gx.data(), size_t(gx.numel())}, {false, false, rows, in, out, true}, dy.data(), out, w.data(), in,
+                   "dx");
+    near_reference({gw.data(), size_t(gw.numel())}, {true, false, out, in, rows, true}, dy.data(), out, x.data(), in,
+                   "dW");
+  }
+  EXPECT_EQ(std::vector<float>(x.data(), x.data() + x.numel()), x_saved);
+  // matmul (the attention products): a batched product, forward and both gradients.
+  Tensor<float> a = random_floats({3, 40, 64}, 44), b = random_floats({3, 50, 64}, 45),
+                rc = random_floats({3, 40, 50}, 46);
+  Tensor<float> ga(a.shape()), gb(b.shape());
+  ga.view().fill(0.0f);
+  gb.view().fill(0.0f);
+  Graph<float> g(*cpu_bf16);
+  Var c = ops::matmul(g, g.leaf(a.view(), ga.view()), g.leaf(b.view(), gb.view()), false, true);  // A B^T
+  const std::vector<float> c_host = g.to_host(c);
+  g.backward(ops::sum(g, ops::mul(g, c, g.constant(rc.view()))));
+  for (int64_t i = 0; i < 3; ++i) {
+    const float *ai = a.data() + i * 40 * 64, *bi = b.data() + i * 50 * 64, *ri = rc.data() + i * 40 * 50;
+    near_reference({c_host.data() + i * 40 * 50, 40 * 50}, {false, true, 40, 50, 64, true}, ai, 64, bi, 64, "C");
+    near_reference({ga.data() + i * 40 * 64, 40 * 64}, {false, false, 40, 64, 50, true}, ri, 50, bi, 64, "dA");
+    near_reference({gb.data() + i * 50 * 64, 50 * 64}, {true, false, 50, 64, 40, true}, ri, 50, ai, 64, "dB");
+  }
+  // TF32 is a GPU format: the CPU refuses it.
+  EXPECT_THROW(Device::open("cpu", Precision::kTf32), UserError);
 }
 
 // ---------------------------------------------------------------- add / mul with broadcasting

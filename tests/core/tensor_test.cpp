@@ -63,7 +63,9 @@ TEST(Device, OpensByNameAndRefusesWhatItCannotDo) {
   }
   EXPECT_EQ(parse_precision("tf32"), Precision::kTf32);
   EXPECT_EQ(parse_precision("bf16"), Precision::kBf16);
-  EXPECT_THROW(Device::open("cpu", Precision::kBf16), UserError);  // BF16 activations are a GPU mode
+  // BF16 on the CPU: products on BF16-rounded operands, every tensor FP32 (ops_test's Bf16Products).
+  EXPECT_EQ(Device::open("cpu", Precision::kBf16)->precision(), Precision::kBf16);
+  EXPECT_FALSE(Device::open("cpu", Precision::kBf16)->is_cuda());
   EXPECT_THROW(parse_precision("fp16"), UserError);
   // Host memory through the CPU device: aligned, zeroed, copied.
   DeviceBuffer b(Device::cpu(), 100);

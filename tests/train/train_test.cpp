@@ -532,6 +532,29 @@ TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices)
   EXPECT_NEAR(qat_gpu.last_eval.mlm_accuracy(), qat_cpu.last_eval.mlm_accuracy(), 0.02);
 }
 
+// BF16 products on the CPU (--device cpu --precision bf16): the run follows the FP32 curve (each 25-step
+// mean within 3%), learns, and resumes bit for bit.
+TEST_F(FactsCorpus, CpuBf16ProductsFollowTheFp32CurveAndResumeExactly) {
+  testing::TempDir out;
+  const int64_t steps = 100;
+  const TrainResult fp32 = train(device_run(out.file("fp32"), "cpu", steps));
+  const TrainResult bf16 = train(device_run(out.file("bf16"), "cpu", steps, "bf16"));
+  ASSERT_EQ(bf16.losses.size(), size_t(steps));
+  bool any_step_differs = false;
+  for (int64_t s = 0; s < steps; ++s) any_step_differs = any_step_differs || bf16.losses[s] != fp32.losses[s];
+  EXPECT_TRUE(any_step_differs) << "the BF16 run took FP32 products";
+  for (int w = 0; w < steps / 25; ++w) {
+    double c = 0, b = 0;
+    for (int s = 25 * w; s < 25 * (w + 1); ++s) c += fp32.losses[s] / 25, b += bf16.losses[s] / 25;
+    std::cout << "[ info ] steps " << 25 * w + 1 << "-" << 25 * (w + 1) << ": FP32 " << c << ", BF16 products " << b
+              << " (" << 100 * (b - c) / c << "%)\n";
+    EXPECT_NEAR(b, c, 0.03 * c) << "steps " << 25 * w + 1 << "-" << 25 * (w + 1);
+  }
+  EXPECT_LT(bf16.losses.back(), 0.7 * bf16.losses.front()) << "it learned";
+  const TrainOptions full = device_run(out.file("bf16_full"), "cpu", 12, "bf16");
+  EXPECT_EQ(stopped_and_resumed(full, out.file("bf16_resumed")), train(full).losses);
+}
+
 // BF16 mixed precision on a GPU: the 300-step run follows the FP32 CPU curve (each 50-step mean within
 // 3%: BF16 rounding moves single steps by more than FP32's), resumes bit for bit, and QAT from an FP32
 // checkpoint (calibrated on BF16 activations) follows the CPU's QAT. Skipped without a GPU.
