@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
 #endif
   }
   std::printf("\nBF16 operands, FP32 sums (%s), GFLOP/s and ratio to FP32 (both the '%s' set):\n%-34s %20s %12s %18s\n",
-              bert::gemm_bf16_native() ? "vdpbf16ps" : "no AVX512_BF16 here: FP32 kernel on rounded copies",
+              bert::gemm_bf16_kernel_name(),
               bert::cpu_kernels_name(bert::CpuKernels::kAuto), "shape", "M x N x K", "fp32 GF/s", "bf16 GF/s");
   for (const Shape& s : shapes) {
     std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);

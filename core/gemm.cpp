@@ -30,7 +30,8 @@ template <typename T>
 OneThread<T> one_thread_kernel(CpuKernels kernel, bool bf16) {
   const CpuKernels set = resolve_cpu_kernels(kernel);
   if constexpr (std::is_same_v<T, float>)
-    if (bf16) return &gemm_avx512_bf16::one_thread;  // only where gemm_bf16_native(kernel)
+    if (bf16)  // only where gemm_bf16_native(kernel)
+      return gemm_avx512_bf16::amx_usable() ? &gemm_avx512_bf16::one_thread_amx : &gemm_avx512_bf16::one_thread;
   if (set == CpuKernels::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
   if constexpr (std::is_same_v<T, float>)
     if (set == CpuKernels::kAvx2) return &gemm_avx2::one_thread;
@@ -111,6 +112,11 @@ void rounded_copy(const float* src, int64_t rows, int64_t cols, int64_t ld, std:
 
 bool gemm_bf16_native(CpuKernels kernel) {
   return resolve_cpu_kernels(kernel) == CpuKernels::kAvx512 && cpu_has_avx512_bf16();
+}
+
+const char* gemm_bf16_kernel_name(CpuKernels kernel) {
+  if (!gemm_bf16_native(kernel)) return "FP32 kernel on rounded copies";
+  return gemm_avx512_bf16::amx_usable() ? "AMX" : "vdpbf16ps";
 }
 
 float round_to_bf16(float x) {

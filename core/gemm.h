@@ -14,9 +14,10 @@ struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   // BF16 operands (single precision only): A and B rounded to BF16 (nearest even, as vcvtneps2bf16 rounds;
-  // the caller's matrices are left alone), their products summed in FP32: on AVX512_BF16 CPUs by vdpbf16ps
-  // (twice the FP32 kernel's multiply-adds per instruction), elsewhere by the FP32 kernel on rounded copies
-  // (the same values up to summation order).
+  // the caller's matrices are left alone), their products summed in FP32: on Intel's AMX tiles where the CPU
+  // has them, else on AVX512_BF16 CPUs by vdpbf16ps (on AMD's twice the FP32 kernel's multiply-adds per
+  // instruction; on Intel's only FP32's rate), elsewhere by the FP32 kernel on rounded copies (the same values
+  // up to summation order).
   bool bf16 = false;
 };
 
@@ -42,8 +43,10 @@ template <typename T>
 void gemm_reference(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
                     const T* bias = nullptr);
 
-// Whether products with BF16 operands run on vdpbf16ps under this kernel set (else on rounded copies).
+// Whether products with BF16 operands run on BF16 instructions under this kernel set (AMX's tdpbf16ps where
+// the CPU has it, else vdpbf16ps; else on rounded copies), and which ("AMX", "vdpbf16ps" or the copies).
 bool gemm_bf16_native(CpuKernels kernel = CpuKernels::kAuto);
+const char* gemm_bf16_kernel_name(CpuKernels kernel = CpuKernels::kAuto);
 
 // x rounded to the nearest BF16 value (ties to even), returned as the float it stands for; NaN stays NaN
 // (quiet), infinities stay.

@@ -71,7 +71,8 @@ void add_training_options(CLI::App& app, Args& a) {
       "  bert-train --init-from runs/mini --train genre/train.hdf5 --eval genre/dev.hdf5 --out runs/genre \\\n"
       "             --steps 600 --batch-size 32 --lr 5e-5      # fine-tune: the head comes from the task shards\n"
       "The same command with --resume continues an interrupted run exactly.\n"
-      "Guide: docs/training.md (GPUs: --device cuda --precision bf16)");
+      "Guide: docs/training.md (GPUs: --device cuda --precision bf16; CPUs with AMX or AVX512_BF16: "
+      "--precision bf16)");
   app.add_option("--train", a.o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
   app.add_option("--eval", a.o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
   app.add_option("--tokenizer", a.o.tokenizer_path,
@@ -172,9 +173,9 @@ void add_run_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--precision", a.o.precision,
                  "fp32; tf32 (GPU: TF32 tensor cores for the GEMMs, FP32 tensors); or bf16 (GPU: mixed precision, "
-                 "BF16 activations and GEMMs; CPU: every product on BF16-rounded operands with FP32 sums, "
-                 "vdpbf16ps where the CPU has AVX512_BF16, FP32 tensors); weights, optimizer, losses and "
-                 "quantizer scales stay FP32")
+                 "BF16 activations and GEMMs; CPU: every product on BF16-rounded operands with FP32 sums, on "
+                 "AMX tiles (Intel Xeon 4th gen+) or vdpbf16ps (AVX512_BF16) where the CPU has them, FP32 "
+                 "tensors); weights, optimizer, losses and quantizer scales stay FP32")
       ->capture_default_str();
 }
 

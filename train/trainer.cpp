@@ -891,9 +891,9 @@ void TrainingRun::announce() const {
           ? device_->name()
           : fmt::format("the CPU ({} threads, waiting {}, {} kernels{})", num_threads(), openmp_wait_policy(),
                         cpu_kernels_name(CpuKernels::kAuto),
-                        device_->precision() != Precision::kBf16 ? ""
-                        : gemm_bf16_native()                     ? ", BF16 products on vdpbf16ps"
-                                             : ", BF16 products (no AVX512_BF16 here: rounded operands, FP32 kernels)"),
+                        device_->precision() != Precision::kBf16
+                            ? std::string()
+                            : fmt::format(", BF16 products: {}", gemm_bf16_kernel_name())),
       ranks_.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks_.rank(), ranks_.size(),
                                       o_.batch_size * o_.accumulation * ranks_.size())
                         : "");
