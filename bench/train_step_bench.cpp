@@ -100,9 +100,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--modes", modes,
                  "comma-separated: fp32, qat, qat-separate (QAT with every quantizer as an op of its own, the "
-                 "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; CPU), int8-decoder (int8 "
-                 "with the MLM decoder "
-                 "as integers too, dynamically quantized)")
+                 "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; CPU), int8-separate (int8 with "
+                 "Q, K and V as three integer linears, the baseline of their fused product), int8-decoder (int8 "
+                 "with the MLM decoder as integers too, dynamically quantized)")
       ->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
@@ -125,16 +125,20 @@ int main(int argc, char** argv) {
   std::set<std::string> wanted_modes;
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
-    if (m != "fp32" && m != "qat" && m != "qat-separate" && m != "int8" && m != "int8-decoder") {
+    if (m != "fp32" && m != "qat" && m != "qat-separate" && m != "int8" && m != "int8-separate" &&
+        m != "int8-decoder") {
       std::fprintf(stderr,
-                   "error: --modes: unknown mode '%s' (expected fp32, qat, qat-separate, int8 or int8-decoder)\n",
+                   "error: --modes: unknown mode '%s' (expected fp32, qat, qat-separate, int8, int8-separate or "
+                   "int8-decoder)\n",
                    m.c_str());
       return 2;
     }
     wanted_modes.insert(m);
   }
   const std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(precision));
-  if ((wanted_modes.contains("int8") || wanted_modes.contains("int8-decoder")) && device->is_cuda()) {
+  if ((wanted_modes.contains("int8") || wanted_modes.contains("int8-separate") ||
+       wanted_modes.contains("int8-decoder")) &&
+      device->is_cuda()) {
     std::fprintf(stderr, "error: --modes int8 runs integer GEMMs on the CPU; it does not run on a GPU\n");
     return 2;
   }
@@ -188,7 +192,7 @@ int main(int argc, char** argv) {
       const BatchView input = batch.view();
       double fp32_step = 0;
       double fp32_eval = 0;
-      for (const std::string mode : {"fp32", "qat", "qat-separate", "int8", "int8-decoder"}) {
+      for (const std::string mode : {"fp32", "qat", "qat-separate", "int8", "int8-separate", "int8-decoder"}) {
         if (!wanted_modes.contains(mode)) continue;
         const bool qat = mode == "qat" || mode == "qat-separate", int8 = mode.starts_with("int8");
         model::Bert model(config);
@@ -201,7 +205,8 @@ int main(int argc, char** argv) {
         Rng dropout(3);
         if (int8) {  // evaluation only: integer GEMMs in every quantized linear (max-calibrated scales)
           enable_quantization(model, batch, g);
-          model.prepare_integer_inference(/*integer_decoder=*/mode == "int8-decoder");
+          model.prepare_integer_inference(/*integer_decoder=*/mode == "int8-decoder",
+                                          /*fuse_projections=*/mode != "int8-separate");
         }
         if (qat) {
           model.set_fused_quantizers(mode == "qat");
@@ -265,6 +270,8 @@ int main(int argc, char** argv) {
           std::printf("%-6s %6lld %-12s %12s %10s %10s %12.1f", name.c_str(), (long long)b, mode.c_str(), "-", "-", "-",
                       eval_rate);
           if (fp32_eval > 0) std::printf("   INT8/FP32 eval %.2fx", eval_rate / fp32_eval);
+          std::printf("   Q/K/V fused in %lld of %lld layers", (long long)model.fused_projection_layers(),
+                      (long long)config.num_hidden_layers);
           if (json)
             std::fprintf(json,
                          "{\"kind\": \"eval\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", "

@@ -1,5 +1,9 @@
 #include "core/cpu_kernels.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -59,6 +63,22 @@ CpuKernels best_cpu_kernels() {
 
 bool cpu_has_avx512_bf16() {
   return cpu_kernels_supported(CpuKernels::kAvx512) && __builtin_cpu_supports("avx512bf16");
+}
+
+bool amx_usable(AmxOp op) {
+  struct Amx {
+    bool int8 = false, bf16 = false;
+  };
+  static const Amx amx = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !((edx >> 24) & 1)) return Amx{};  // AMX-TILE
+    // Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+    // XTILEDATA).
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    if (syscall(SYS_arch_prctl, kRequestPermission, kTileData) != 0) return Amx{};
+    return Amx{((edx >> 25) & 1) != 0, ((edx >> 22) & 1) != 0};  // AMX-INT8, AMX-BF16
+  }();
+  return op == AmxOp::kInt8 ? amx.int8 : amx.bf16;
 }
 
 CpuKernels resolve_cpu_kernels(CpuKernels kernels) {

@@ -18,6 +18,10 @@ CpuKernels best_cpu_kernels();
 // Whether the CPU has AVX512_BF16 (with the AVX-512 set): products with BF16 operands run on vdpbf16ps
 // when the kernel set is avx512.
 bool cpu_has_avx512_bf16();
+// Whether the CPU has Intel's AMX tile unit with its INT8 (tdpbusd) or BF16 (tdpbf16ps) products, and Linux
+// lets this process use the tiles (asked once: without that the first tile instruction faults).
+enum class AmxOp { kInt8, kBf16 };
+bool amx_usable(AmxOp op);
 // kAuto resolved to the set it stands for; a set the CPU cannot run is an error naming it.
 CpuKernels resolve_cpu_kernels(CpuKernels kernels);
 

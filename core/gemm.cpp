@@ -31,7 +31,7 @@ OneThread<T> one_thread_kernel(CpuKernels kernel, bool bf16) {
   const CpuKernels set = resolve_cpu_kernels(kernel);
   if constexpr (std::is_same_v<T, float>)
     if (bf16)  // only where gemm_bf16_native(kernel)
-      return gemm_avx512_bf16::amx_usable() ? &gemm_avx512_bf16::one_thread_amx : &gemm_avx512_bf16::one_thread;
+      return amx_usable(AmxOp::kBf16) ? &gemm_avx512_bf16::one_thread_amx : &gemm_avx512_bf16::one_thread;
   if (set == CpuKernels::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
   if constexpr (std::is_same_v<T, float>)
     if (set == CpuKernels::kAvx2) return &gemm_avx2::one_thread;
@@ -116,7 +116,7 @@ bool gemm_bf16_native(CpuKernels kernel) {
 
 const char* gemm_bf16_kernel_name(CpuKernels kernel) {
   if (!gemm_bf16_native(kernel)) return "FP32 kernel on rounded copies";
-  return gemm_avx512_bf16::amx_usable() ? "AMX" : "vdpbf16ps";
+  return amx_usable(AmxOp::kBf16) ? "AMX" : "vdpbf16ps";
 }
 
 float round_to_bf16(float x) {

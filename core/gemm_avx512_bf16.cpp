@@ -13,10 +13,6 @@
 // for 16 pairs of steps are one B tile as they lie (rows 128 bytes apart), and A is packed 32 rows at a time
 // with each row's pairs side by side (two A tiles); tdpbf16ps sums 16 x 16 blocks of C in tile registers.
 // There vdpbf16ps runs at FP32's rate of multiply-adds (one a cycle against two FMAs), so only AMX gains.
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <bits/stdc++.h>  // every standard header used, before the target changes
 
 #include "core/gemm_avx512_bf16.h"
@@ -213,21 +209,7 @@ void packed_product(GemmArgs g, float alpha, const float* a, int64_t lda, const 
 // tile 16 rows of 64 bytes.
 constexpr int64_t kAmxRows = 32, kAmxPairs = 16;  // rows of A per strip; pairs of steps per tile
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void load_tile_config() {
-  TileConfig config;
-  for (int i = 0; i < 8; ++i) {
-    config.bytes_per_row[i] = 64;
-    config.rows[i] = 16;
-  }
-  asm volatile("ldtilecfg %0" ::"m"(config));
-}
+#include "core/amx_tiles.inc"
 
 // A's rows i0 .. i0 + rows (zero rows up to kAmxRows), steps p0 .. p0 + kc, each row's `padded` pairs side by
 // side (zeros past kc): row r's pair q at out[r * padded + q], the A tiles' layout.
@@ -347,19 +329,6 @@ void one_thread(GemmArgs g, float alpha, const float* a, int64_t lda, const floa
     packed_product<true>(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
   else
     packed_product<false>(g, alpha, a, lda, b, ldb, beta, c, ldc, bias);
-}
-
-bool amx_usable() {
-  // Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
-  // XTILEDATA); without it the first tile instruction faults.
-  static const bool usable = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    const bool bf16 = (edx >> 22) & 1, tile = (edx >> 24) & 1;
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return bf16 && tile && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return usable;
 }
 
 void one_thread_amx(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

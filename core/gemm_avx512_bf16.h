@@ -9,12 +9,10 @@
 namespace bert::gemm_avx512_bf16 {
 
 // C = alpha op(A) op(B) + beta C (+ bias per column), A and B rounded to BF16, products summed in FP32:
-// on vdpbf16ps, or on AMX's tile unit (one_thread_amx: call only where amx_usable()).
+// on vdpbf16ps, or on AMX's tile unit (one_thread_amx: call only where amx_usable(AmxOp::kBf16)).
 void one_thread(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                 int64_t ldc, const float* bias);
 void one_thread_amx(GemmArgs g, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                     float* c, int64_t ldc, const float* bias);
-// Whether the CPU has AMX-TILE and AMX-BF16 and Linux lets this process use the tiles (asked once).
-bool amx_usable();
 
 }  // namespace bert::gemm_avx512_bf16

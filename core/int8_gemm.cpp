@@ -1,9 +1,6 @@
 #include "core/int8_gemm.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -213,35 +210,7 @@ void run_vnni(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
 
 constexpr int64_t kTileRows = 16, kTileK = 64;  // rows per tile; inputs per tile (64 bytes a row)
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XTILEDATA); without it the first tile instruction faults.
-bool amx_usable() {
-  static const bool usable = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return tile && int8 && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return usable;
-}
-
-// Every tile 16 rows of 64 bytes; loaded once per task (the configuration is the thread's).
-void load_tile_config() {
-  TileConfig config;
-  for (int i = 0; i < 8; ++i) {
-    config.bytes_per_row[i] = 64;
-    config.rows[i] = kTileRows;
-  }
-  asm volatile("ldtilecfg %0" ::"m"(config));
-}
+#include "core/amx_tiles.inc"
 
 // kRowTiles x 16 rows against kBlocks blocks, all k_padded inputs (a multiple of 64), into sums
 // (kRowTiles * 16 rows of 32 int32).
@@ -370,7 +339,7 @@ bool int8_kernel_supported(Int8Kernel kernel) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vnni");
     case Int8Kernel::kAmx:  // its last rows and its epilogue are the VNNI kernel's
-      return int8_kernel_supported(Int8Kernel::kAvx512Vnni) && amx_usable();
+      return int8_kernel_supported(Int8Kernel::kAvx512Vnni) && amx_usable(AmxOp::kInt8);
   }
   return false;
 }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/gemm.h"
 #include "core/openmp_wait.h"
 #include "core/parallel.h"
 #include "core/process.h"
@@ -145,7 +146,11 @@ struct Evaluation {
   const model::BertConfig& config() const { return model.config(); }
   std::string describe_quantization() {
     const int quantized = static_cast<int>(model.enabled_quantizers().size());
-    return quantized ? "fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)" : "FP32";
+    const std::string products =
+        !g.device().is_cuda() && g.device().precision() == Precision::kBf16
+            ? std::string(", BF16 products (") + gemm_bf16_kernel_name() + ")"
+            : "";
+    return (quantized ? "fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)" : "FP32") + products;
   }
 };
 
