@@ -2,7 +2,7 @@
 // product (the machine's ceiling) and on BERT-shaped products, beside OpenBLAS's cblas_sgemm in the
 // same run when the build found OpenBLAS; then the INT8 linear layer (activation quantization included)
 // with each integer kernel this CPU runs, against the FP32 linear (gemm with W^T) on the same shapes;
-// then the same shapes with BF16 operands (vdpbf16ps where the CPU has AVX512_BF16) against FP32; then the
+// then the same shapes with BF16 operands (AMX or vdpbf16ps where the CPU has them) against FP32; then the
 // vector kernels (GELU, softmax, cross-entropy's exp sums) of each CPU kernel set.
 // Median of timed repetitions after a warm-up.
 #include <CLI/CLI.hpp>

@@ -20,8 +20,8 @@ enum class DeviceKind { kCpu, kCuda };
 // tensor cores, and every kernel computes in FP32 registers; parameters, their gradients, the
 // optimizer, losses, reductions and quantizer scales stay FP32 (FP32 master weights).
 // On the CPU (Device::open("cpu", ...)): kFp32, or kBf16, where every product (linear layers, attention,
-// forward and backward) takes BF16-rounded operands and sums in FP32 (vdpbf16ps on AVX512_BF16 CPUs, about
-// twice the FP32 kernel's speed) while every tensor, the weights and the optimizer stay FP32.
+// forward and backward) takes BF16-rounded operands and sums in FP32 (on AMX tiles or vdpbf16ps where the CPU
+// has them: core/gemm.h) while every tensor, the weights and the optimizer stay FP32.
 enum class Precision { kFp32, kTf32, kBf16 };
 Precision parse_precision(const std::string& name);  // fp32 | tf32 | bf16; UserError otherwise
 std::string precision_name(Precision precision);

@@ -1,7 +1,7 @@
 // The fast GEMM against its plain reference: every transpose combination, alpha/beta, strided
 // (sub-matrix) operands, degenerate and large sizes, on 1, 2 and 4 threads (C split into blocks, or
 // the inner dimension split into parts), with each one-thread kernel this CPU runs (the build's, and
-// the AVX-512 one chosen at run time), and with BF16 operands (vdpbf16ps where the CPU has it, else the FP32
+// the AVX-512 one chosen at run time), and with BF16 operands (AMX or vdpbf16ps where the CPU has it, else the FP32
 // kernel on rounded copies) against the reference on the same rounded operands.
 #include <gtest/gtest.h>
 #include <omp.h>
