@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   std::string presets = "tiny,mini", batches = "32,128";
   int steps = 5, warmup = 2;
   int64_t vocab = 16000;
-  std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32";
+  std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32", eval_outputs = "scores";
   bool profile_ops = false, profile_shapes = false;
   int scaling_rounds = 0;
   CLI::App app{"train-step-bench: training-step and evaluation speed of BERT presets (FP32 and QAT)"};
@@ -110,6 +110,12 @@ int main(int argc, char** argv) {
                  "fp32; tf32 (GPU: TF32 GEMMs); or bf16 (GPU: BF16 activations and GEMMs; CPU: products on "
                  "BF16-rounded operands with FP32 sums)")
       ->capture_default_str();
+  app.add_option("--eval-outputs", eval_outputs,
+                 "what the timed evaluation's MLM head gives: scores (its loss and top predictions, as bert-eval "
+                 "scores them: on the CPU the decoder's logits are never stored) or logits (the (masked positions, "
+                 "vocabulary) logits, then their loss: the baseline)")
+      ->check(CLI::IsMember({"scores", "logits"}))
+      ->capture_default_str();
   app.add_flag("--profile", profile_ops,
                "after each measurement, as many steps again with every op timed: a table of milliseconds per "
                "step by op (forward, backward) for training and for evaluation (CPU only)");
@@ -122,6 +128,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   profile_ops = profile_ops || profile_shapes;
+  const model::MlmOutputs mlm_outputs =
+      eval_outputs == "logits" ? model::MlmOutputs::kLogits : model::MlmOutputs::kLossAndPredictions;
   std::set<std::string> wanted_modes;
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
@@ -178,6 +186,9 @@ int main(int argc, char** argv) {
   std::printf(
       "step FLOPs = 3 x B x [L (8 T H^2 + 4 T H I + 4 T^2 H) + 2 P H^2 + 2 P H V + 2 H^2], T=%lld, P=%lld, V=%lld\n",
       (long long)t, (long long)p, (long long)vocab);
+  std::printf("evaluation's MLM head gives: %s\n", eval_outputs == "logits"
+                                                       ? "logits (then their loss)"
+                                                       : "loss and top predictions (no logits on the CPU)");
   std::printf("%-6s %6s %-12s %12s %10s %10s %12s\n", "preset", "batch", "mode", "step (s)", "seq/s", "GFLOP/s",
               "eval seq/s");
 
@@ -240,7 +251,7 @@ int main(int argc, char** argv) {
         auto eval_step = [&](OpProfile* profile) {
           g.set_profile(profile);
           NoGradGuard<float> no_grad(g);
-          model.forward(g, input, false, dropout);
+          model.forward(g, input, false, dropout, mlm_outputs);
           g.clear();
           device->synchronize();
           g.set_profile(nullptr);

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -180,6 +181,30 @@ void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
                     c + r0 * ldc + c0, ldc, bias ? bias + c0 : nullptr);
     if (finish) (*finish)(r0, r1, c0, c1);
   }
+}
+
+void gemm_tiles(GemmArgs g, const float* a, int64_t lda, const float* b, int64_t ldb, const float* bias,
+                int64_t tile_rows, int64_t tile_cols, const OutputTileVisitor& visit, CpuKernels kernel) {
+  BERT_CHECK(tile_rows > 0 && tile_cols > 0,
+             "gemm_tiles: tiles of " + std::to_string(tile_rows) + " x " + std::to_string(tile_cols));
+  if (g.m <= 0 || g.n <= 0) return;
+  // Column tiles outer: a thread's consecutive tiles share their columns of B (packed again from cache).
+  const int64_t row_tiles = (g.m + tile_rows - 1) / tile_rows, col_tiles = (g.n + tile_cols - 1) / tile_cols;
+  parallel_for(row_tiles * col_tiles, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> tile;  // kept: the same shapes come back every batch
+    tile.resize(static_cast<size_t>(tile_rows * tile_cols));
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t r0 = (i % row_tiles) * tile_rows, r1 = std::min(g.m, r0 + tile_rows);
+      const int64_t c0 = (i / row_tiles) * tile_cols, c1 = std::min(g.n, c0 + tile_cols);
+      GemmArgs part = g;
+      part.m = r1 - r0;
+      part.n = c1 - c0;
+      // Inside parallel_for's threads gemm runs on the calling thread only.
+      gemm<float>(part, 1.0f, g.trans_a ? a + r0 : a + r0 * lda, lda, g.trans_b ? b + c0 * ldb : b + c0, ldb, 0.0f,
+                  tile.data(), tile_cols, kernel, bias ? bias + c0 : nullptr);
+      visit(r0, r1, c0, c1, tile.data(), tile_cols);
+    }
+  });
 }
 
 template <typename T>

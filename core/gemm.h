@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "core/cpu_kernels.h"
+#include "core/output_tiles.h"
 
 namespace bert {
 
@@ -36,6 +37,14 @@ using GemmFinish = std::function<void(int64_t r0, int64_t r1, int64_t c0, int64_
 template <typename T>
 void gemm(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
           CpuKernels kernel = CpuKernels::kAuto, const T* bias = nullptr, const GemmFinish* finish = nullptr);
+
+// C = op(A) op(B) + bias (bias may be null) made tile by tile, at most tile_rows x tile_cols each, in a buffer
+// of the thread that made it and handed to visit (core/output_tiles.h); C is never stored whole. Each tile
+// is the one-thread product of its block, as gemm makes its blocks of C (where gemm splits k instead, its
+// sums run in another order).
+void gemm_tiles(GemmArgs args, const float* a, int64_t lda, const float* b, int64_t ldb, const float* bias,
+                int64_t tile_rows, int64_t tile_cols, const OutputTileVisitor& visit,
+                CpuKernels kernel = CpuKernels::kAuto);
 
 // Plain triple loop, accumulating in double (of BF16-rounded operands with args.bf16): the reference the fast
 // path is tested against.

@@ -153,6 +153,8 @@ struct Task {
   const Epilogue& e;
   float* y;
   int64_t ldy;
+  int64_t y_row = 0, y_col = 0;  // the output row and channel at y (a tile of the output, or all of it)
+  float* out(int64_t r, int64_t c) const { return y + (r - y_row) * ldy + (c - y_col); }
 };
 
 // Calls fn(std::integral_constant<int, R>) for R = n_rows (1 <= n_rows <= kMax): the tile kernels take
@@ -173,7 +175,7 @@ void tile_rows(const Task& t, int64_t r0, int64_t r1, int64_t b, Tile tile) {
   for (int64_t r = r0; r < r1; r += kMaxRows)
     with_rows<kMaxRows>(std::min<int64_t>(kMaxRows, r1 - r), [&](auto rows) {
       const Epilogue e{t.e.offsets + c0, t.e.scales + c0, t.e.bias + c0, t.e.row_scales ? t.e.row_scales + r : nullptr};
-      tile(rows, t.a + r * lda, lda, t.w.block(b), groups, e, t.y + r * t.ldy + c0, t.ldy, cols);
+      tile(rows, t.a + r * lda, lda, t.w.block(b), groups, e, t.out(r, c0), t.ldy, cols);
     });
 }
 
@@ -252,7 +254,7 @@ __attribute__((target("avx512f,avx512bw"))) void amx_tiles(const Task& t, int64_
     if (kBlock * j >= cols) break;
     const Block16 block(e, kBlock * j, cols);
     for (int i = 0; i < kRowTiles * kTileRows; ++i)
-      block.store(_mm512_load_si512(&sums[i][kBlock * j]), e, i, t.y + (r + i) * t.ldy + c0 + kBlock * j);
+      block.store(_mm512_load_si512(&sums[i][kBlock * j]), e, i, t.out(r + i, c0 + kBlock * j));
   }
 }
 
@@ -446,48 +448,63 @@ void quantize_activations(const float* x, int64_t m, int64_t k, int64_t ldx, flo
 
 namespace {
 
+// What every product shares: the kernel this CPU runs it on, and per padded channel the combined scale
+// and the bias (padded channels get 0: never stored anyway, the kernels mask them).
+struct Product {
+  Int8Kernel kernel;
+  std::vector<float> scales, biases;
+  Epilogue epilogue;
+  int64_t blocks_per_task;  // channel blocks a task sweeps with its rows
+
+  Product(const Int8Weights& w, float scale_x, const float* row_scales, const float* scale_w, const float* bias,
+          Int8Kernel requested)
+      : kernel(requested == Int8Kernel::kAuto ? best_int8_kernel() : requested),
+        scales(w.blocks() * kBlock, 0.0f),
+        biases(w.blocks() * kBlock, 0.0f),
+        epilogue{w.offsets(), scales.data(), biases.data(), row_scales} {
+    BERT_CHECK(int8_kernel_supported(kernel),
+               std::string("int8_linear: this CPU cannot run the ") + int8_kernel_name(kernel) + " kernel");
+    for (int64_t c = 0; c < w.n(); ++c) {
+      scales[c] = row_scales ? scale_w[c] : scale_x * scale_w[c];
+      if (bias) biases[c] = bias[c];
+    }
+    // AMX takes 64 inputs a step: other widths run the VNNI kernel (the weights are packed alike).
+    if (kernel == Int8Kernel::kAmx && w.k_padded() % kTileK != 0) kernel = Int8Kernel::kAvx512Vnni;
+    blocks_per_task = kernel == Int8Kernel::kAvx512Vnni || kernel == Int8Kernel::kAmx ? 4 : 2;
+  }
+
+  // Rows [r0, r1) of the output against channel blocks [b0, b1).
+  void run(const Task& t, int64_t r0, int64_t r1, int64_t b0, int64_t b1) const {
+    switch (kernel) {
+      case Int8Kernel::kAmx:
+        return run_amx(t, r0, r1, b0, b1);
+      case Int8Kernel::kAvx512Vnni:
+        return run_vnni(t, r0, r1, b0, b1);
+      case Int8Kernel::kAvx2:
+        return run_avx2(t, r0, r1, b0, b1);
+      default:
+        return run_generic(t, r0, r1, b0, b1);
+    }
+  }
+};
+
 // int8_linear with one activation scale (row_scales null) or one per row.
 void integer_product(int64_t m, const uint8_t* a, const Int8Weights& w, float scale_x, const float* row_scales,
                      const float* scale_w, const float* bias, float* y, int64_t ldy, Int8Kernel kernel,
                      Int8Finish finish) {
-  if (kernel == Int8Kernel::kAuto) kernel = best_int8_kernel();
-  BERT_CHECK(int8_kernel_supported(kernel),
-             std::string("int8_linear: this CPU cannot run the ") + int8_kernel_name(kernel) + " kernel");
   BERT_CHECK(ldy >= w.n(), "int8_linear: output row stride below the channel count");
+  const Product product(w, scale_x, row_scales, scale_w, bias, kernel);
   if (m <= 0) return;
-  const int64_t padded = w.blocks() * kBlock;
-  // Padded channels get scale and bias 0 (never stored anyway: the kernels mask them).
-  std::vector<float> scales(padded, 0.0f), biases(padded, 0.0f);
-  for (int64_t c = 0; c < w.n(); ++c) {
-    scales[c] = row_scales ? scale_w[c] : scale_x * scale_w[c];
-    if (bias) biases[c] = bias[c];
-  }
-  const Epilogue e{w.offsets(), scales.data(), biases.data(), row_scales};
-  const Task task{a, w, e, y, ldy};
+  const Task task{a, w, product.epilogue, y, ldy};
   // Tasks: a range of rows against a range of channel blocks; consecutive tasks share their rows.
-  // AMX takes 64 inputs a step: other widths run the VNNI kernel (the weights are packed alike).
-  if (kernel == Int8Kernel::kAmx && w.k_padded() % kTileK != 0) kernel = Int8Kernel::kAvx512Vnni;
-  const int64_t blocks_per_task = kernel == Int8Kernel::kAvx512Vnni || kernel == Int8Kernel::kAmx ? 4 : 2;
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
-  const int64_t block_tasks = (w.blocks() + blocks_per_task - 1) / blocks_per_task;
+  const int64_t block_tasks = (w.blocks() + product.blocks_per_task - 1) / product.blocks_per_task;
   parallel_for(row_tasks * block_tasks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t r0 = (i / block_tasks) * kRowsPerTask, r1 = std::min(m, r0 + kRowsPerTask);
-      const int64_t b0 = (i % block_tasks) * blocks_per_task, b1 = std::min(w.blocks(), b0 + blocks_per_task);
-      switch (kernel) {
-        case Int8Kernel::kAmx:
-          run_amx(task, r0, r1, b0, b1);
-          break;
-        case Int8Kernel::kAvx512Vnni:
-          run_vnni(task, r0, r1, b0, b1);
-          break;
-        case Int8Kernel::kAvx2:
-          run_avx2(task, r0, r1, b0, b1);
-          break;
-        default:
-          run_generic(task, r0, r1, b0, b1);
-          break;
-      }
+      const int64_t b0 = (i % block_tasks) * product.blocks_per_task;
+      const int64_t b1 = std::min(w.blocks(), b0 + product.blocks_per_task);
+      product.run(task, r0, r1, b0, b1);
       if (finish == Int8Finish::kGelu) {  // the task's block of the output, still in cache
         const int64_t c0 = b0 * kBlock, c1 = std::min(w.n(), b1 * kBlock);
         for (int64_t r = r0; r < r1; ++r) vec::gelu(y + r * ldy + c0, y + r * ldy + c0, c1 - c0);
@@ -507,6 +524,30 @@ void int8_linear_per_row(int64_t m, const uint8_t* a, const float* row_scales, c
                          const float* scale_w, const float* bias, float* y, int64_t ldy, Int8Kernel kernel) {
   BERT_CHECK(row_scales != nullptr, "int8_linear_per_row: no row scales");
   integer_product(m, a, w, 0.0f, row_scales, scale_w, bias, y, ldy, kernel, Int8Finish::kNone);
+}
+
+void int8_linear_per_row_tiles(int64_t m, const uint8_t* a, const float* row_scales, const Int8Weights& w,
+                               const float* scale_w, const float* bias, int64_t tile_rows, int64_t tile_cols,
+                               const OutputTileVisitor& visit, Int8Kernel kernel) {
+  BERT_CHECK(row_scales != nullptr, "int8_linear_per_row_tiles: no row scales");
+  BERT_CHECK(tile_rows > 0 && tile_cols > 0 && tile_cols % kBlock == 0,
+             "int8_linear_per_row_tiles: tiles of " + std::to_string(tile_rows) + " x " + std::to_string(tile_cols) +
+                 " (rows > 0, columns a positive multiple of 16)");
+  const Product product(w, 0.0f, row_scales, scale_w, bias, kernel);
+  if (m <= 0 || w.n() <= 0) return;
+  // Column tiles outer: a thread's consecutive tiles share their weights (in cache) and sweep the rows.
+  const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (w.n() + tile_cols - 1) / tile_cols;
+  parallel_for(row_tiles * col_tiles, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> tile;  // kept: the same shapes come back every batch
+    tile.resize(static_cast<size_t>(tile_rows * tile_cols));
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t r0 = (i % row_tiles) * tile_rows, r1 = std::min(m, r0 + tile_rows);
+      const int64_t c0 = (i / row_tiles) * tile_cols, c1 = std::min(w.n(), c0 + tile_cols);
+      const Task task{a, w, product.epilogue, tile.data(), tile_cols, r0, c0};
+      product.run(task, r0, r1, c0 / kBlock, (c1 + kBlock - 1) / kBlock);
+      visit(r0, r1, c0, c1, tile.data(), tile_cols);
+    }
+  });
 }
 
 void quantize_activations_per_row(const float* x, int64_t m, int64_t k, float* scales, uint8_t* out) {

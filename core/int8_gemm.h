@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/output_tiles.h"
+
 namespace bert {
 
 enum class Int8Kernel { kAuto, kGeneric, kAvx2, kAvx512Vnni, kAmx };
@@ -76,6 +78,13 @@ void quantize_activations_per_row(const float* x, int64_t m, int64_t k, float* s
 void int8_linear_per_row(int64_t m, const uint8_t* a, const float* row_scales, const Int8Weights& w,
                          const float* scale_w, const float* bias, float* y, int64_t ldy,
                          Int8Kernel kernel = Int8Kernel::kAuto);
+
+// int8_linear_per_row made tile by tile (at most tile_rows x tile_cols, tile_cols a multiple of 16), each tile
+// in a buffer of its thread handed to visit (core/output_tiles.h); the (m, n) output is never stored. The
+// same values as int8_linear_per_row's.
+void int8_linear_per_row_tiles(int64_t m, const uint8_t* a, const float* row_scales, const Int8Weights& w,
+                               const float* scale_w, const float* bias, int64_t tile_rows, int64_t tile_cols,
+                               const OutputTileVisitor& visit, Int8Kernel kernel = Int8Kernel::kAuto);
 
 // Plain loops over signed, unpacked operands: q_x (m, k), q_w (n, k). The reference of every kernel (the
 // same float rounding at the end: one fused multiply-add per output). With row_scales, row r's scale is

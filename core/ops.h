@@ -73,6 +73,22 @@ Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, con
 // (a layer with no calibrated input scale). CPU, forward only.
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);
 
+// Evaluation of a vocabulary-wide linear layer against targets without its (rows, out) output: the mean
+// cross-entropy of softmax(x W^T + bias) against targets (as cross_entropy gives it, up to the float summation
+// order) and each row's largest column (as row_argmax gives it), the product made tile by tile and each tile
+// reduced while in cache (core/output_tiles.h) instead of stored and read back twice. x (rows, in), weight
+// (out, in), bias (out) or Var{}, a target in [0, out) per row. CPU, forward only (no gradient: NoGradGuard).
+struct LinearScores {
+  Var loss;                          // scalar
+  std::vector<int32_t> predictions;  // (rows)
+};
+LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias,
+                                         std::span<const int32_t> targets);
+// The same for int8_linear_dynamic's product (x quantized per row at run time): its values, never stored.
+LinearScores int8_linear_dynamic_cross_entropy_scores(Graph<float>& g, Var x, const Int8Weights& weights,
+                                                      std::span<const float> scale_w, Var bias,
+                                                      std::span<const int32_t> targets);
+
 // Elementwise with NumPy broadcasting (axes aligned from the right, size-1 axes stretch).
 template <typename T>
 Var add(Graph<T>& g, Var a, Var b);

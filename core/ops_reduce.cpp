@@ -169,7 +169,7 @@ std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
         out[r] = 0;
         continue;
       }
-      out[r] = static_cast<int32_t>(std::find(row, row + cols, vec::max_of_numbers(row, cols)) - row);
+      out[r] = static_cast<int32_t>(vec::index_of(row, cols, vec::max_of_numbers(row, cols)));
     }
   });
   return out;

@@ -8,6 +8,7 @@
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -50,6 +51,10 @@ template <typename T>
 T max_of_numbers(const T* x, int64_t n) {
   const T max = view(x, n).template maxCoeff<Eigen::PropagateNumbers>();  // NaN when every value is
   return max == max ? max : -std::numeric_limits<T>::infinity();
+}
+template <typename T>
+int64_t index_of(const T* x, int64_t n, T value) {
+  return std::find(x, x + n, value) - x;
 }
 template <typename T>
 void add_scaled_exp_shifted(const T* x, T shift, T scale, T* out, int64_t n) {
@@ -113,6 +118,13 @@ T max_of_numbers(const T* x, int64_t n, CpuKernels kernels = CpuKernels::kAuto) 
   if constexpr (std::is_same_v<T, float>)
     if (float_avx512(kernels)) return vec_avx512::max_of_numbers(x, n);
   return build::max_of_numbers(x, n);
+}
+// The first i with x[i] == value (as std::find compares: -0 equals 0, NaN equals nothing), n when none.
+template <typename T>
+int64_t index_of(const T* x, int64_t n, T value, CpuKernels kernels = CpuKernels::kAuto) {
+  if constexpr (std::is_same_v<T, float>)
+    if (float_avx512(kernels)) return vec_avx512::index_of(x, n, value);
+  return build::index_of(x, n, value);
 }
 // out[i] += scale exp(x[i] - shift)
 template <typename T>

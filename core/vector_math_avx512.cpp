@@ -125,6 +125,16 @@ float max_of_numbers(const float* x, int64_t n) {
   return _mm512_reduce_max_ps(max);
 }
 
+int64_t index_of(const float* x, int64_t n, float value) {
+  const __m512 v = splat(value);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 m = lanes(n - i);
+    const __mmask16 equal = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, x + i), v, _CMP_EQ_OQ);
+    if (equal) return i + __builtin_ctz(equal);
+  }
+  return n;
+}
+
 void add_scaled_exp_shifted(const float* x, float shift, float scale, float* out, int64_t n) {
   const __m512 s = splat(shift), k = splat(scale);
   for (int64_t i = 0; i < n; i += kLanes) {

@@ -11,6 +11,7 @@ void exp_shifted(const float* x, float shift, float* out, int64_t n);
 float sum_exp_shifted(const float* x, float shift, int64_t n);
 float max_of(const float* x, int64_t n);
 float max_of_numbers(const float* x, int64_t n);
+int64_t index_of(const float* x, int64_t n, float value);
 void add_scaled_exp_shifted(const float* x, float shift, float scale, float* out, int64_t n);
 void softmax(const float* x, const float* add, float* y, int64_t n);
 void gelu(const float* x, float* y, int64_t n);

@@ -9,7 +9,9 @@ namespace bert::eval {
 void PretrainingMetrics::add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& batch) {
   const int64_t m = static_cast<int64_t>(out.mlm_targets.size());
   if (m > 0) {
-    const std::vector<int32_t> predicted = ops::row_argmax(g, out.mlm_logits);
+    const std::vector<int32_t> predicted = static_cast<int64_t>(out.mlm_predictions.size()) == m
+                                               ? out.mlm_predictions
+                                               : ops::row_argmax(g, out.mlm_logits);
     for (int64_t i = 0; i < m; ++i) {
       mlm_correct += predicted[i] == out.mlm_targets[i];
       ++target_counts[out.mlm_targets[i]];
@@ -168,7 +170,8 @@ PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64
   Rng unused(0);  // dropout is off in evaluation and draws nothing
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
     const BatchView b = batch.view();
-    model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
+    // Only the loss and the top predictions: on the CPU the decoder's logits are never stored.
+    model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused, model::MlmOutputs::kLossAndPredictions);
     metrics.add(g, out, b);
     g.clear();
   }

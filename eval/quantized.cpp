@@ -151,9 +151,11 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
   auto timed_from = std::chrono::steady_clock::now();
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
     const BatchView b = batch.view();
-    const model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
-    for (Var logits : task ? std::vector<Var>{out.logits} : std::vector<Var>{out.mlm_logits, out.nsp_logits})
-      for (int32_t p : ops::row_argmax(g, logits)) r.predictions.push_back(p);
+    // As evaluate() scores: the MLM loss and top predictions, without the decoder's logits.
+    const model::ModelOutputs out =
+        model.forward(g, b, /*training=*/false, unused, model::MlmOutputs::kLossAndPredictions);
+    if (!task) r.predictions.insert(r.predictions.end(), out.mlm_predictions.begin(), out.mlm_predictions.end());
+    for (int32_t p : ops::row_argmax(g, task ? out.logits : out.nsp_logits)) r.predictions.push_back(p);
     if (task)
       r.task.add(g, out);
     else

@@ -368,20 +368,18 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
   return x;
 }
 
-ModelOutputs Bert::forward(Graph<float>& g, const BatchView& in, bool training, Rng& rng) {
+ModelOutputs Bert::forward(Graph<float>& g, const BatchView& in, bool training, Rng& rng, MlmOutputs mlm) {
   ModelOutputs out;
   Var hidden = ops::reshape(g, encode(g, in, training, rng), Shape{in.batch * in.seq_len, config_.hidden_size});
   if (config_.head == Head::kPretraining)
-    pretraining_head(g, hidden, in, training, rng, out);
+    pretraining_head(g, hidden, in, mlm, out);
   else
     classification_head(g, hidden, in, training, rng, out);
   return out;
 }
 
-void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, bool training, Rng& rng,
-                            ModelOutputs& out) {
-  const int64_t b = in.batch, t = in.seq_len, p = in.max_predictions;
-  (void)training, (void)rng;  // the pretraining heads have no dropout
+void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, MlmOutputs mlm, ModelOutputs& out) {
+  const int64_t b = in.batch, t = in.seq_len, p = in.max_predictions;  // the pretraining heads have no dropout
 
   // MLM head at the real masked positions only.
   for (int64_t i = 0; i < b; ++i)
@@ -395,13 +393,23 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, bo
   const auto m = static_cast<int64_t>(out.mlm_rows.size());
   Var selected = ops::gather_rows(g, hidden, out.mlm_rows, Shape{m});
   Var transformed = transform_norm_.forward(g, params_, transform_.forward_gelu(g, params_, selected));
-  if (integer_decoder_ && !g.on_cuda() && !g.grad_enabled())
-    out.mlm_logits = ops::int8_linear_dynamic(g, transformed, *integer_decoder_, integer_decoder_scales_,
-                                              g.param(params_.get(decoder_bias_)));
-  else
-    out.mlm_logits =
-        ops::linear(g, transformed, g.param(params_.get(word_embeddings_)), g.param(params_.get(decoder_bias_)));
-  out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
+  const bool cpu_inference = !g.on_cuda() && !g.grad_enabled();
+  const Var decoder_weight = g.param(params_.get(word_embeddings_)), decoder_bias = g.param(params_.get(decoder_bias_));
+  if (mlm == MlmOutputs::kLossAndPredictions && cpu_inference) {  // no logits
+    ops::LinearScores scores =
+        integer_decoder_
+            ? ops::int8_linear_dynamic_cross_entropy_scores(g, transformed, *integer_decoder_, integer_decoder_scales_,
+                                                            decoder_bias, out.mlm_targets)
+            : ops::linear_cross_entropy_scores(g, transformed, decoder_weight, decoder_bias, out.mlm_targets);
+    out.mlm_loss = scores.loss;
+    out.mlm_predictions = std::move(scores.predictions);
+  } else {
+    out.mlm_logits = integer_decoder_ && cpu_inference ? ops::int8_linear_dynamic(g, transformed, *integer_decoder_,
+                                                                                  integer_decoder_scales_, decoder_bias)
+                                                       : ops::linear(g, transformed, decoder_weight, decoder_bias);
+    out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
+    if (mlm == MlmOutputs::kLossAndPredictions) out.mlm_predictions = ops::row_argmax(g, out.mlm_logits);
+  }
 
   // NSP head on [CLS].
   std::vector<int32_t> cls_rows(b);

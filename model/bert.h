@@ -33,6 +33,9 @@ struct ModelOutputs {
   Var mlm_loss, nsp_loss;            // scalars; nsp_loss needs next_sentence_labels
   std::vector<int32_t> mlm_targets;  // (M)
   std::vector<int32_t> mlm_rows;     // (M) b * T + position, the rows of the sequence output used
+  // (M) the top-scoring token at each masked position, with MlmOutputs::kLossAndPredictions (mlm_logits is then
+  // null where the CPU evaluates without gradients: the logits were never made).
+  std::vector<int32_t> mlm_predictions;
   // Task heads. Sequence classification: logits (B, num_labels), targets (B). Token classification:
   // logits (N, num_labels) at the N labeled tokens (every real token when the batch has no labels),
   // rows b * T + position of each, targets (N).
@@ -41,6 +44,13 @@ struct ModelOutputs {
   // The training objective: MLM + NSP, or the task's mean cross-entropy; null without labels.
   Var loss;
 };
+
+// What the MLM head gives: its logits (M, V) (fill-mask, distillation, comparisons with an export), or only what
+// evaluation scores: its loss and each position's top prediction (ModelOutputs::mlm_predictions). Where the CPU
+// evaluates without gradients, the latter makes the decoder's product tile by tile and reduces each tile in
+// cache (ops::linear_cross_entropy_scores): the (M, V) logits, most of a small model's evaluation traffic, are
+// never stored; elsewhere the predictions are read off the logits.
+enum class MlmOutputs { kLogits, kLossAndPredictions };
 
 class Bert {
  public:
@@ -116,7 +126,8 @@ class Bert {
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);
   // Encoder and head, and the losses when the batch carries their labels.
-  ModelOutputs forward(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);
+  ModelOutputs forward(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng,
+                       MlmOutputs mlm = MlmOutputs::kLogits);
 
  private:
   struct Layer {
@@ -141,8 +152,7 @@ class Bert {
   // The linear layers that carry quantizers, in forward order.
   std::vector<Linear*> quantizable_linears();
   Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng);
-  void pretraining_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
-                        ModelOutputs& out);
+  void pretraining_head(Graph<float>& g, Var hidden, const BatchView& batch, MlmOutputs mlm, ModelOutputs& out);
   void classification_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
                            ModelOutputs& out);
 

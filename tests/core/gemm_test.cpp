@@ -128,6 +128,50 @@ TEST_P(GemmTest, FinishSeesEachFinalBlockOnce) {
   omp_set_num_threads(saved);
 }
 
+// gemm_tiles hands every element of C (with the bias) to its visitor exactly once, in tiles no larger than asked,
+// with the reference's values, on every kernel, thread count, transpose and with BF16 operands.
+TEST_P(GemmTest, TilesCoverCOnceWithTheProductsValues) {
+  const GemmCase s = GetParam();
+  const int saved = omp_get_max_threads();
+  const int64_t tile_rows = 37, tile_cols = 48;
+  for (CpuKernels kernel : kernels_here())
+    for (int threads : {1, 2})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (bool bf16 : {false, true}) {
+            SCOPED_TRACE(std::string(cpu_kernels_name(kernel)) + " threads " + std::to_string(threads) +
+                         " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " bf16=" + std::to_string(bf16));
+            omp_set_num_threads(threads);
+            Rng rng(static_cast<uint64_t>(s.m * 5 + s.n * 11 + s.k));
+            std::vector<float> a(s.m * s.k), b(s.k * s.n), bias(s.n), c(s.m * s.n, -7.0f), expected(s.m * s.n);
+            for (auto& v : a) v = static_cast<float>(rng.next_normal());
+            for (auto& v : b) v = static_cast<float>(rng.next_normal());
+            for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+            std::vector<std::atomic<int>> visits(s.m * s.n);
+            std::atomic<bool> oversized{false};
+            const OutputTileVisitor visit = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* tile,
+                                                int64_t ld) {
+              if (r1 - r0 > tile_rows || c1 - c0 > tile_cols || ld < c1 - c0) oversized = true;
+              for (int64_t i = r0; i < r1; ++i)
+                for (int64_t j = c0; j < c1; ++j) {
+                  ++visits[i * s.n + j];
+                  c[i * s.n + j] = tile[(i - r0) * ld + (j - c0)];
+                }
+            };
+            const GemmArgs args{ta, tb, s.m, s.n, s.k, bf16};
+            const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+            gemm_tiles(args, a.data(), lda, b.data(), ldb, bias.data(), tile_rows, tile_cols, visit, kernel);
+            gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), s.n, bias.data());
+            ASSERT_FALSE(oversized);
+            for (int64_t at = 0; at < s.m * s.n; ++at) {
+              ASSERT_EQ(visits[at].load(), 1) << "(" << at / s.n << ", " << at % s.n << ")";
+              ASSERT_NEAR(c[at], expected[at], 1e-5 * (1.0 + std::sqrt(static_cast<double>(s.k))))
+                  << "(" << at / s.n << ", " << at % s.n << ")";
+            }
+          }
+  omp_set_num_threads(saved);
+}
+
 // Rounding to BF16: to nearest, ties to even, NaN kept (quiet), infinities kept, the largest finite values
 // rounding up to infinity as the hardware's conversion does.
 TEST(Bf16, RoundsToNearestEven) {

@@ -3,8 +3,12 @@
 // quantization rounds.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -117,6 +121,53 @@ TEST(Int8Gemm, GeluFinishEqualsGeluAfterwards) {
     int8_linear(m, a.data(), packed, 0.05f, scale_w.data(), bias.data(), fused.data(), n, kernel, Int8Finish::kGelu);
     ASSERT_EQ(fused, plain) << int8_kernel_name(kernel);
   }
+}
+
+// The per-row product made tile by tile: every element handed over once, in tiles no larger than asked, bit for
+// bit int8_linear_per_row's values, on every kernel and on one and two threads; tiles must be whole blocks.
+TEST(Int8Gemm, TilesCoverThePerRowProductOnceWithItsValues) {
+  const int64_t m = 150, n = 200, k = 96;  // ragged in both directions
+  Rng rng(33);
+  std::vector<float> x(m * k), scale_w(n), bias(n);
+  for (auto& v : x) v = static_cast<float>(rng.next_normal() * 3.0);
+  for (auto& v : scale_w) v = static_cast<float>(std::exp(rng.next_normal()) * 1e-3);
+  for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+  std::vector<int8_t> w(n * k);
+  for (auto& v : w) v = static_cast<int8_t>(std::clamp(std::lround(rng.next_normal() * 50.0), -127L, 127L));
+  std::vector<uint8_t> a(m * int8_row_bytes(k));
+  std::vector<float> row_scales(m);
+  quantize_activations_per_row(x.data(), m, k, row_scales.data(), a.data());
+  const Int8Weights packed(w.data(), n, k);
+  const int saved = omp_get_max_threads();
+  for (Int8Kernel kernel : kernels_here())
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(int8_kernel_name(kernel)) + " threads " + std::to_string(threads));
+      omp_set_num_threads(threads);
+      std::vector<float> whole(m * n), tiled(m * n, -7.0f);
+      int8_linear_per_row(m, a.data(), row_scales.data(), packed, scale_w.data(), bias.data(), whole.data(), n, kernel);
+      std::vector<std::atomic<int>> visits(m * n);
+      std::atomic<bool> oversized{false};
+      const int64_t tile_rows = 37, tile_cols = 48;
+      int8_linear_per_row_tiles(
+          m, a.data(), row_scales.data(), packed, scale_w.data(), bias.data(), tile_rows, tile_cols,
+          [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* tile, int64_t ld) {
+            if (r1 - r0 > tile_rows || c1 - c0 > tile_cols || ld < c1 - c0) oversized = true;
+            for (int64_t i = r0; i < r1; ++i)
+              for (int64_t j = c0; j < c1; ++j) {
+                ++visits[i * n + j];
+                tiled[i * n + j] = tile[(i - r0) * ld + (j - c0)];
+              }
+          },
+          kernel);
+      ASSERT_FALSE(oversized);
+      for (int64_t at = 0; at < m * n; ++at) ASSERT_EQ(visits[at].load(), 1) << "(" << at / n << ", " << at % n << ")";
+      ASSERT_EQ(tiled, whole);
+    }
+  omp_set_num_threads(saved);
+  const auto nothing = [](int64_t, int64_t, int64_t, int64_t, const float*, int64_t) {};
+  EXPECT_THROW(
+      int8_linear_per_row_tiles(m, a.data(), row_scales.data(), packed, scale_w.data(), bias.data(), 32, 40, nothing),
+      std::exception);  // 40 columns: not whole blocks of 16
 }
 
 // The attention's products in INT8: both activations quantized per tensor, batched over leading axes, B

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -870,6 +871,96 @@ void expect_row_argmax_is_max_element() {
 TEST(RowArgmax, IsTheFirstLargestAsMaxElementGivesIt) {
   expect_row_argmax_is_max_element<float>();
   expect_row_argmax_is_max_element<double>();
+}
+
+// ---------------------------------------------------------------- scoring without logits
+
+// What scoring from tiles must give: cross_entropy's loss (up to summation order) and row_argmax's predictions of
+// the logits it never stores; the same on one and two threads, bit for bit.
+void expect_scores_of_logits(const std::function<ops::LinearScores(Graph<float>&)>& scores,
+                             const std::function<Var(Graph<float>&)>& logits, std::span<const int32_t> targets,
+                             const Device& device, int32_t tied_row_prediction) {
+  const int saved = omp_get_max_threads();
+  float first_loss = 0;
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    omp_set_num_threads(threads);
+    Graph<float> g(device);
+    NoGradGuard<float> no_grad(g);
+    const Var z = logits(g);
+    const float expected = g.item(ops::cross_entropy<float>(g, z, targets));
+    const std::vector<int32_t> predicted = ops::row_argmax(g, z);
+    const ops::LinearScores got = scores(g);
+    const float loss = g.item(got.loss);
+    EXPECT_NEAR(loss, expected, 1e-5 * std::abs(expected));
+    EXPECT_EQ(got.predictions, predicted);
+    EXPECT_EQ(got.predictions[0], tied_row_prediction);  // a tie between two tiles: the first column
+    if (threads == 1) first_loss = loss;
+    EXPECT_EQ(loss, first_loss);
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(LinearScores, AreTheCrossEntropyAndArgmaxOfTheLogits) {
+  const int64_t rows = 300, in = 64, out = 1100;  // several row and column tiles, ragged at both ends
+  Tensor<float> x = random_floats({rows, in}, 51), w = random_floats({out, in}, 52), bias = random_floats({out}, 53);
+  // Row 0 of x points along weight row 3, which row 700 (another column tile) repeats: a tie at the top.
+  for (int64_t i = 0; i < in; ++i) w[700 * in + i] = w[3 * in + i], x[i] = 10.0f * w[3 * in + i];
+  bias[700] = bias[3];
+  std::vector<int32_t> targets(rows);
+  Rng rng(54);
+  for (auto& t : targets) t = static_cast<int32_t>(rng.next_below(out));
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(precision == Precision::kBf16 ? "bf16 products" : "fp32");
+    const std::unique_ptr<Device> cpu = Device::open("cpu", precision);
+    expect_scores_of_logits(
+        [&](Graph<float>& g) {
+          return ops::linear_cross_entropy_scores(g, g.constant(x.view()), g.constant(w.view()),
+                                                  g.constant(bias.view()), targets);
+        },
+        [&](Graph<float>& g) {
+          return ops::linear(g, g.constant(x.view()), g.constant(w.view()), g.constant(bias.view()));
+        },
+        targets, *cpu, 3);
+  }
+
+  // The integer decoder's product (x quantized per row at run time).
+  std::vector<int8_t> q(out * in);
+  for (int64_t i = 0; i < out * in; ++i) q[i] = static_cast<int8_t>(std::clamp(std::lround(w[i] * 40.0f), -127L, 127L));
+  const Int8Weights packed(q.data(), out, in);
+  const std::vector<float> scale_w(out, 1.0f / 40.0f);
+  const std::unique_ptr<Device> cpu = Device::open("cpu");
+  expect_scores_of_logits(
+      [&](Graph<float>& g) {
+        return ops::int8_linear_dynamic_cross_entropy_scores(g, g.constant(x.view()), packed, scale_w,
+                                                             g.constant(bias.view()), targets);
+      },
+      [&](Graph<float>& g) {
+        return ops::int8_linear_dynamic(g, g.constant(x.view()), packed, scale_w, g.constant(bias.view()));
+      },
+      targets, *cpu, 3);
+
+  // A row of NaN logits: NaN loss and prediction 0, as cross_entropy and row_argmax give.
+  Tensor<float> nan_x = random_floats({rows, in}, 51);
+  nan_x[5 * in + 7] = std::numeric_limits<float>::quiet_NaN();
+  Graph<float> g;
+  NoGradGuard<float> no_grad(g);
+  const ops::LinearScores nan_scores = ops::linear_cross_entropy_scores(
+      g, g.constant(nan_x.view()), g.constant(w.view()), g.constant(bias.view()), targets);
+  EXPECT_TRUE(std::isnan(g.item(nan_scores.loss)));
+  EXPECT_EQ(nan_scores.predictions[5], 0);
+
+  // Bad input: a target outside the vocabulary, a wrong width, and a graph that records gradients.
+  std::vector<int32_t> bad = targets;
+  bad[9] = static_cast<int32_t>(out);
+  EXPECT_THROW(ops::linear_cross_entropy_scores(g, g.constant(x.view()), g.constant(w.view()), Var{}, bad),
+               std::exception);
+  EXPECT_THROW(ops::linear_cross_entropy_scores(g, g.constant(w.view()), g.constant(x.view()), Var{}, targets),
+               std::exception);
+  Graph<float> recording;
+  EXPECT_THROW(ops::linear_cross_entropy_scores(recording, recording.constant(x.view()), recording.constant(w.view()),
+                                                Var{}, targets),
+               std::exception);
 }
 
 // ---------------------------------------------------------------- composition

@@ -75,6 +75,14 @@ TEST(VectorMath, ExpShiftedMatchesStdExp) {
       if (n > 1) EXPECT_EQ(vec::max_of_numbers(with_nan.data(), n, set), static_cast<float>(numbers_max));
       const std::vector<float> only_nan(n, std::nanf(""));
       EXPECT_EQ(vec::max_of_numbers(only_nan.data(), n, set), -std::numeric_limits<float>::infinity());
+      // index_of: std::find's answer for the first and last values, a repeated one, -0 for 0, a NaN and a miss.
+      std::vector<float> with_repeats = with_nan;
+      with_repeats[n - 1] = 0.0f;
+      if (n > 2) with_repeats[n / 2] = with_repeats[n - 1 - n / 3] = 5.5f;
+      for (float value : {with_repeats[0], with_repeats[n - 1], 5.5f, -0.0f, std::nanf(""), 1e30f})
+        EXPECT_EQ(vec::index_of(with_repeats.data(), n, value, set),
+                  std::find(with_repeats.begin(), with_repeats.end(), value) - with_repeats.begin())
+            << "value " << value << ", n " << n;
     }
   // Double precision (the gradient checks run in double).
   const auto xd = values<double>(999, -50.0, 5.0, 3);

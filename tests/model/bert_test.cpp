@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/ops.h"
 #include "model/bert.h"
 #include "model/config.h"
 #include "tests/common/fixtures.h"
@@ -437,6 +438,39 @@ std::vector<float> eval_logits(Bert& model, bool record_gradients) {
   std::vector<float> logits = g.to_host(out.mlm_logits);
   for (float v : g.to_host(out.nsp_logits)) logits.push_back(v);
   return logits;
+}
+
+// Evaluation's MLM loss and top predictions made without the decoder's logits (MlmOutputs::kLossAndPredictions)
+// are those the logits give (the loss up to summation order), for the float model, the integer encoder and
+// the integer decoder; with gradients recorded the logits are made and the predictions read off them.
+TEST(BertModel, LossAndPredictionsWithoutLogitsAreTheLogitsOnes) {
+  std::unique_ptr<Bert> quantized = quantized_tiny(0);
+  Bert& model = *quantized;
+  std::vector<int32_t> ids(4 * 16), positions{1, 5, 2, 9, 3, 0, 4, 7};
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 5 + static_cast<int32_t>((i * 37) % 55);
+  const std::vector<int32_t> masked{8, 9, 10, 11, 12, 13, 14, 15};
+  std::vector<int8_t> mask(ids.size(), 1), types(ids.size(), 0), labels(4, 0);
+  const BatchView batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}};
+  for (int integer : {0, 1, 2}) {  // float, integer encoder, integer encoder and decoder
+    SCOPED_TRACE("integer " + std::to_string(integer));
+    if (integer > 0) model.prepare_integer_inference(/*integer_decoder=*/integer == 2);
+    for (bool record_gradients : {false, true}) {
+      Graph<float> g;
+      std::unique_ptr<NoGradGuard<float>> no_grad =
+          record_gradients ? nullptr : std::make_unique<NoGradGuard<float>>(g);
+      Rng rng(3);
+      const ModelOutputs logits = model.forward(g, batch, false, rng);
+      const float loss = g.item(logits.mlm_loss);
+      const std::vector<int32_t> predicted = ops::row_argmax(g, logits.mlm_logits);
+      const ModelOutputs scored = model.forward(g, batch, false, rng, MlmOutputs::kLossAndPredictions);
+      EXPECT_EQ(scored.mlm_logits.valid(), record_gradients);  // no logits where evaluation runs without gradients
+      EXPECT_NEAR(g.item(scored.mlm_loss), loss, 1e-5 * loss);
+      ASSERT_EQ(predicted.size(), 7u);  // the real masked positions
+      EXPECT_EQ(scored.mlm_predictions, predicted);
+      EXPECT_TRUE(logits.mlm_predictions.empty());
+    }
+  }
+  model.clear_integer_inference();
 }
 
 TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
