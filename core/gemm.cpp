@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,7 +33,8 @@ OneThread<T> one_thread_kernel(CpuKernels kernel, bool bf16) {
   const CpuKernels set = resolve_cpu_kernels(kernel);
   if constexpr (std::is_same_v<T, float>)
     if (bf16)  // only where gemm_bf16_native(kernel)
-      return amx_usable(AmxOp::kBf16) ? &gemm_avx512_bf16::one_thread_amx : &gemm_avx512_bf16::one_thread;
+      return bf16_products(kernel) == Bf16Products::kAmx ? &gemm_avx512_bf16::one_thread_amx
+                                                         : &gemm_avx512_bf16::one_thread;
   if (set == CpuKernels::kAvx512) return static_cast<OneThread<T>>(&gemm_avx512::one_thread);
   if constexpr (std::is_same_v<T, float>)
     if (set == CpuKernels::kAvx2) return &gemm_avx2::one_thread;
@@ -111,14 +113,42 @@ void rounded_copy(const float* src, int64_t rows, int64_t cols, int64_t ld, std:
 
 }  // namespace
 
-bool gemm_bf16_native(CpuKernels kernel) {
-  return resolve_cpu_kernels(kernel) == CpuKernels::kAvx512 && cpu_has_avx512_bf16();
+const char* bf16_products_name(Bf16Products products) {
+  switch (products) {
+    case Bf16Products::kAmx:
+      return "AMX";
+    case Bf16Products::kVdpbf16ps:
+      return "vdpbf16ps";
+    case Bf16Products::kRoundedCopies:
+      return "FP32 kernel on rounded copies";
+  }
+  return "?";
 }
 
-const char* gemm_bf16_kernel_name(CpuKernels kernel) {
-  if (!gemm_bf16_native(kernel)) return "FP32 kernel on rounded copies";
-  return amx_usable(AmxOp::kBf16) ? "AMX" : "vdpbf16ps";
+Bf16Products choose_bf16_products(bool avx512_set, bool avx512_bf16, bool amx_bf16) {
+  if (!avx512_set || !avx512_bf16) return Bf16Products::kRoundedCopies;
+  return amx_bf16 ? Bf16Products::kAmx : Bf16Products::kVdpbf16ps;
 }
+
+Bf16Products bf16_products(CpuKernels kernel) {
+  if (resolve_cpu_kernels(kernel) != CpuKernels::kAvx512) return Bf16Products::kRoundedCopies;
+  static const Bf16Products chosen = [] {
+    const bool bf16 = cpu_has_avx512_bf16(), amx = amx_usable(AmxOp::kBf16);
+    const char* asked = std::getenv("BERT_BF16_PRODUCTS");
+    if (!asked || !*asked) return choose_bf16_products(true, bf16, amx);
+    const std::string name(asked);
+    if (name == "copies") return Bf16Products::kRoundedCopies;
+    if (name == "vdpbf16ps" && bf16) return Bf16Products::kVdpbf16ps;
+    if (name == "amx" && amx) return Bf16Products::kAmx;
+    throw UserError("BERT_BF16_PRODUCTS='" + name + "': expected 'amx', 'vdpbf16ps' or 'copies', one this CPU runs (" +
+                    (amx ? "AMX, " : "") + (bf16 ? "vdpbf16ps, " : "") + "copies)");
+  }();
+  return chosen;
+}
+
+bool gemm_bf16_native(CpuKernels kernel) { return bf16_products(kernel) != Bf16Products::kRoundedCopies; }
+
+const char* gemm_bf16_kernel_name(CpuKernels kernel) { return bf16_products_name(bf16_products(kernel)); }
 
 float round_to_bf16(float x) {
   uint32_t u = std::bit_cast<uint32_t>(x);

@@ -52,8 +52,20 @@ template <typename T>
 void gemm_reference(GemmArgs args, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
                     const T* bias = nullptr);
 
-// Whether products with BF16 operands run on BF16 instructions under this kernel set (AMX's tdpbf16ps where
-// the CPU has it, else vdpbf16ps; else on rounded copies), and which ("AMX", "vdpbf16ps" or the copies).
+// What products with BF16 operands run on: AMX's tdpbf16ps, AVX512_BF16's vdpbf16ps, or the FP32 kernel on
+// operands rounded to BF16 first (the same values up to summation order).
+enum class Bf16Products { kAmx, kVdpbf16ps, kRoundedCopies };
+const char* bf16_products_name(Bf16Products products);  // "AMX", "vdpbf16ps", "FP32 kernel on rounded copies"
+// The choice for a CPU with these features: AMX where its BF16 tiles are usable, else vdpbf16ps where the CPU
+// has AVX512_BF16 (with the AVX-512 kernel set), else the rounded copies. On Intel cores without usable AMX
+// vdpbf16ps (one a cycle against two FP32 FMAs) is slower than FP32, yet still faster than the rounded
+// copies (the GPU machine's Xeon, tiny training step: 1.30-1.44x the copies, 0.78-0.89x FP32): FP32 training
+// is the better choice there (docs/training.md).
+Bf16Products choose_bf16_products(bool avx512_set, bool avx512_bf16, bool amx_bf16);
+// This CPU's choice under `kernel` (not AVX-512: the rounded copies). BERT_BF16_PRODUCTS=amx, vdpbf16ps or copies
+// overrides it where the CPU runs that (read once; the comparisons in bench/ use it).
+Bf16Products bf16_products(CpuKernels kernel = CpuKernels::kAuto);
+// Whether products with BF16 operands run on BF16 instructions under this kernel set, and which.
 bool gemm_bf16_native(CpuKernels kernel = CpuKernels::kAuto);
 const char* gemm_bf16_kernel_name(CpuKernels kernel = CpuKernels::kAuto);
 

@@ -196,6 +196,24 @@ TEST(Bf16, RoundsToNearestEven) {
   }
 }
 
+// Which BF16 products a CPU gets: AMX where usable, else vdpbf16ps where the CPU has it, else the rounded copies;
+// this CPU's choice is one of those it runs; BERT_BF16_PRODUCTS names the others (bench/ compares them).
+TEST(Bf16, ProductsAreChosenByWhatTheCpuRuns) {
+  using enum Bf16Products;
+  EXPECT_EQ(choose_bf16_products(true, true, true), kAmx);
+  EXPECT_EQ(choose_bf16_products(true, true, false), kVdpbf16ps);
+  EXPECT_EQ(choose_bf16_products(true, false, false), kRoundedCopies);
+  EXPECT_EQ(choose_bf16_products(false, true, true), kRoundedCopies);  // the AVX-512 set not in use
+  EXPECT_EQ(bf16_products(CpuKernels::kBuild), kRoundedCopies);
+  const Bf16Products here = bf16_products();
+  EXPECT_STREQ(gemm_bf16_kernel_name(), bf16_products_name(here));
+  EXPECT_EQ(gemm_bf16_native(), here != kRoundedCopies);
+  if (here == kAmx) EXPECT_TRUE(amx_usable(AmxOp::kBf16));
+  if (here == kVdpbf16ps) EXPECT_TRUE(cpu_has_avx512_bf16());
+  if (std::getenv("BERT_BF16_PRODUCTS") == nullptr && best_cpu_kernels() == CpuKernels::kAvx512)
+    EXPECT_EQ(here, choose_bf16_products(true, cpu_has_avx512_bf16(), amx_usable(AmxOp::kBf16)));
+}
+
 // BF16 operands really are rounded (the product moves away from the FP32 one by their rounding), on every
 // kernel set, and double precision refuses them.
 TEST(Bf16, ProductsDifferFromFp32ByOperandRounding) {
