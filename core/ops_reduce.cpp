@@ -61,7 +61,7 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
 
   Var y = g.emit(Shape{}, {logits});  // first, so that an OpProfile gives the work below to this op
   const T* z = g.value(logits).data();
-  parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+  parallel_for(n, rows_per_thread(c, 4), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       if (row_weight[i] == T(0)) continue;
       const T* row = z + i * c;
@@ -78,7 +78,7 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
     const T upstream = g.grad(y)[0];
     const T* z = g.value(logits).data();
     T* dz = g.grad(logits).data();
-    parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+    parallel_for(n, rows_per_thread(c, 4), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
         if (row_weight[i] == T(0)) continue;
         const T w = upstream * row_weight[i];
@@ -113,7 +113,7 @@ Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature)
     for (int64_t j = 0; j < c; ++j) sum += std::exp(double(row[j] * inv_t - max));
     return static_cast<T>(double(max) + std::log(sum));
   };
-  parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+  parallel_for(n, rows_per_thread(c, 4), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const T* si = s + i * c;
       const T* ti = t + i * c;
@@ -139,7 +139,7 @@ Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature)
     const T* s = g.value(student).data();
     const T* t = g.value(teacher).data();
     T* ds = g.grad(student).data();
-    parallel_for(n, 4, [&](int64_t lo, int64_t hi) {
+    parallel_for(n, rows_per_thread(c, 4), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i)
         for (int64_t j = 0; j < c; ++j) {
           const T q = std::exp(s[i * c + j] * inv_t - lse_student[i]);
@@ -158,7 +158,7 @@ std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
   const int64_t cols = v.shape().last(), rows = v.shape().rows();
   std::vector<int32_t> out(static_cast<size_t>(rows));
   const T* data = v.data();
-  parallel_for(rows, 16, [&](int64_t lo, int64_t hi) {
+  parallel_for(rows, rows_per_thread(cols, 16), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       // What std::max_element gives, found faster (its scalar scan waits on each comparison in turn): the
       // first position of the largest value that is not NaN (max_element never moves onto a NaN), from

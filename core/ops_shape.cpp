@@ -140,7 +140,7 @@ Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_
   Var y = g.emit(out, {table});
   const T* tv = g.value(table).data();
   T* yv = g.value(y).data();
-  parallel_for(n, 64, [&](int64_t lo, int64_t hi) {
+  parallel_for(n, rows_per_thread(cols, 64), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) std::copy(tv + saved[i] * cols, tv + (saved[i] + 1) * cols, yv + i * cols);
   });
   g.on_backward(y, [table, y, saved, n, cols](Graph<T>& g) {
