@@ -187,7 +187,10 @@ void gemm(GemmArgs g, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
     if (finish) (*finish)(0, g.m, 0, g.n);
     return;
   }
-  const GemmGrid grid = gemm_grid(g.m, g.n, threads * kBlocksPerThread, kMinBlockSide);
+  // AMX multiplies so fast that converting and packing a block's slices of A and B costs more than its tiles
+  // on BERT's short inner dimensions (k 128-256): one block per thread packs each operand fewest times.
+  const bool amx = g.bf16 && bf16_products(kernel) == Bf16Products::kAmx;
+  const GemmGrid grid = gemm_grid(g.m, g.n, threads * (amx ? 1 : kBlocksPerThread), kMinBlockSide);
   const int64_t blocks = grid.rows * grid.cols;
   const int64_t k_parts = std::min<int64_t>(threads, g.k / kMinKPart);
   if (blocks * 2 <= threads && k_parts >= 2) {
