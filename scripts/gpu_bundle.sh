@@ -12,7 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bundle}
-jobs=$(nproc 2>/dev/null || echo 2)
+# The machine's processors: nproc alone obeys OMP_NUM_THREADS, which the test suite sets to 1 for its
+# processes (a build under it ran one compile at a time).
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)
 build=build-gpu
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBERT_ARCH=avx2 -DBERT_CUDA=ON > "$build/configure.log" 2>&1 ||

@@ -4,7 +4,9 @@
 # AVX2 in ./build-asan (BERT_SANITIZERS=0 skips that second pass).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=$(nproc 2>/dev/null || echo 2)
+# The machine's processors: nproc alone obeys OMP_NUM_THREADS, which the test suite sets to 1 for its
+# processes (a build under it ran one compile at a time).
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)
 # CTest runs $jobs tests at once; each test process is single-threaded unless it sets its own thread
 # count (the thread-count tests do). Two OpenMP teams per core wait on each other's barriers and run
 # tens of times slower, which is what the default (all cores per process) did under `ctest -j`.

@@ -17,7 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-avx2}
 cpu=${CPU_MODEL:-EPYC-Rome}
-jobs=$(nproc 2>/dev/null || echo 2)
+# The machine's processors: nproc alone obeys OMP_NUM_THREADS, which the test suite sets to 1 for its
+# processes (a build under it ran one compile at a time).
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)
 bash scripts/setup.sh qemu-user > /dev/null
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBERT_ARCH=avx2 -DBERT_CUDA=OFF -DBERT_BUILD_BENCH=OFF > /dev/null
