@@ -116,6 +116,26 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
   return report;
 }
 
+std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, const quant::CalibrationStatistics& stats,
+                                                          quant::Method method, double percentile,
+                                                          const LoaderFactory& make, int64_t max_batches, size_t top,
+                                                          Graph<float>& g) {
+  const SavedModes saved(model);
+  quant::apply_calibration(model, stats, method, percentile);
+  std::vector<SensitivityRow> rows;
+  for (model::Quantizer* q : stats.quantizers) {
+    if (q->is_weight) continue;
+    for (model::Quantizer* other : stats.quantizers) other->mode = model::QuantMode::kFloat;
+    q->mode = model::QuantMode::kQuantize;
+    rows.push_back({q->name, accuracy_of(model, make, max_batches, g), 0.0});
+  }
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const SensitivityRow& a, const SensitivityRow& b) { return a.only_this < b.only_this; });
+  if (rows.size() > top) rows.resize(top);
+  saved.restore(model);
+  return rows;
+}
+
 Json SensitivityReport::to_json() const {
   Json::Array row_list, kept;
   for (const SensitivityRow& row : rows) {

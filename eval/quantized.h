@@ -51,6 +51,15 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
                               double percentile, const LoaderFactory& eval_loader, int64_t max_batches, double max_drop,
                               Graph<float>& g, const std::function<void(const std::string&)>& progress = {});
 
+// The quantizers behind a PTQ row's loss: each chosen activation quantizer enabled alone with its
+// `method` scale (everything else in float), least accurate first, the first `top` of them (only_this
+// filled; all_but_this left 0). Weight quantizers are left out: they take max |w| under every method, so
+// a loss one calibrator has and another has not is in the activations. Leaves the model as it came.
+std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, const quant::CalibrationStatistics& stats,
+                                                          quant::Method method, double percentile,
+                                                          const LoaderFactory& eval_loader, int64_t max_batches,
+                                                          size_t top, Graph<float>& g);
+
 // One pass over the evaluation shards in one mode, timed, with every prediction kept (MLM rows then NSP,
 // or the task's rows) for comparing modes prediction by prediction.
 struct TimedMode {

@@ -91,8 +91,10 @@ class BertEmitter {
   }
 
   // QuantizeLinear -> DequantizeLinear of an activation with the quantizer's scalar scale, or the
-  // tensor itself when the quantizer is off. Each call makes its own pair: one per consumer.
-  std::string qdq(const std::string& tensor, const std::string& quantizer) {
+  // tensor itself when the quantizer is off. Each call makes its own pair: one per consumer (rule 10);
+  // a quantizer read by several consumers (Q, K and V's) gives each a pair named with its `consumer`,
+  // all on the one scale initializer.
+  std::string qdq(const std::string& tensor, const std::string& quantizer, const std::string& consumer = "") {
     if (!quantized(quantizer)) return tensor;
     const float s = params_.get(quantizer + ".scale").value[0];
     const std::string scale = scalar(quantizer + ".scale", s);
@@ -100,16 +102,21 @@ class BertEmitter {
       g_.int8s(quantizer + ".zero_point", {0}, {});
       emitted_.insert(quantizer + ".zero_point");
     }
+    const std::string tag = consumer.empty() ? "" : "." + consumer;
     const std::string q =
-        g_.node("QuantizeLinear", {tensor, scale, quantizer + ".zero_point"}, quantizer + ".quantize");
-    return g_.node("DequantizeLinear", {q, scale, quantizer + ".zero_point"}, quantizer + ".dequantize");
+        g_.node("QuantizeLinear", {tensor, scale, quantizer + ".zero_point"}, quantizer + tag + ".quantize");
+    return g_.node("DequantizeLinear", {q, scale, quantizer + ".zero_point"}, quantizer + tag + ".dequantize");
   }
+
+  // Whether linear() puts its input quantizer's Q/DQ pair on x, or x already went through it (a pair
+  // shared by several layers, or placed earlier in the graph).
+  enum class Input { kQuantize, kQuantized };
 
   // y = x W^T + b as MatMul with the weight stored as [in, out], plus Add. With Q/DQ: the input's pair
   // and the weight's per-output-channel pair (axis 1 of [in, out]); the FP32 weight is clamped to the
   // narrow range [-127 s, 127 s] first, so QuantizeLinear never produces -128.
   std::string linear(const std::string& name, const std::string& x, bool quantizable = true,
-                     const std::string& output = "") {
+                     const std::string& output = "", Input input_mode = Input::kQuantize) {
     Parameter<float> w = params_.get(name + ".weight");
     const int64_t out = w.value.shape()[0], in = w.value.shape()[1];
     const bool qw = quantizable && quantized(name + ".weight_quantizer");
@@ -129,7 +136,7 @@ class BertEmitter {
       const std::string q = g_.node("QuantizeLinear", {weight, s, zp}, name + ".weight_quantizer.quantize", axis1);
       weight = g_.node("DequantizeLinear", {q, s, zp}, name + ".weight_quantizer.dequantize", axis1);
     }
-    const std::string input = quantizable ? qdq(x, name + ".input_quantizer") : x;
+    const std::string input = quantizable && input_mode == Input::kQuantize ? qdq(x, name + ".input_quantizer") : x;
     const std::string product = g_.node("MatMul", {input, weight}, name + ".matmul");
     return g_.node("Add", {product, param(name + ".bias")}, output.empty() ? name : output);
   }
@@ -198,8 +205,11 @@ class BertEmitter {
     const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
     const int64_t h = c_.num_attention_heads, d = c_.head_size();
     const std::string heads_shape = ints("bert.encoder.heads_shape", {0, 0, h, d});
+    // Q, K and V read x through one quantizer: a Q/DQ pair each (rule 10) on one scale initializer, so
+    // TensorRT can fuse the three GEMMs into one.
     auto heads = [&](const std::string& proj, std::vector<int64_t> perm) {
-      const std::string y = linear(p + "attention.self." + proj, x);
+      const std::string input = qdq(x, p + "attention.self.input_quantizer", proj);
+      const std::string y = linear(p + "attention.self." + proj, input, true, "", Input::kQuantized);
       const std::string r = g_.node("Reshape", {y, heads_shape}, p + "attention.self." + proj + ".heads");
       return g_.node("Transpose", {r}, p + "attention.self." + proj + ".transposed",
                      [perm](onnx::NodeProto& n) { OnnxGraph::attribute(n, "perm", perm); });
@@ -214,8 +224,11 @@ class BertEmitter {
     const std::string masked = g_.node("Add", {scaled, mask}, p + "attention.self.masked_scores");
     const std::string probs = g_.node("Softmax", {masked}, p + "attention.self.probs",
                                       [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{-1}); });
-    const std::string context =
-        g_.node("MatMul", {qdq(probs, p + "attention.self.matmul_a_input_quantizer"), v}, p + "attention.self.context");
+    // The output projection's input pair sits right after P V (before the heads are merged: the same
+    // values), where TensorRT's fused INT8 attention expects a Q/DQ.
+    const std::string context = qdq(
+        g_.node("MatMul", {qdq(probs, p + "attention.self.matmul_a_input_quantizer"), v}, p + "attention.self.context"),
+        p + "attention.output.dense.input_quantizer");
     const std::string merged = g_.node("Reshape",
                                        {g_.node("Transpose", {context}, p + "attention.self.context_transposed",
                                                 [](onnx::NodeProto& n) {
@@ -223,7 +236,7 @@ class BertEmitter {
                                                 }),
                                         ints("bert.encoder.merge_shape", {0, 0, h * d})},
                                        p + "attention.self.context_merged");
-    const std::string out = linear(p + "attention.output.dense", merged);
+    const std::string out = linear(p + "attention.output.dense", merged, true, "", Input::kQuantized);
     const std::string residual = g_.node(
         "Add",
         {qdq(out, p + "attention.output.add_input_quantizer"), qdq(x, p + "attention.output.add_residual_quantizer")},

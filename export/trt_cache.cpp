@@ -45,6 +45,14 @@ std::vector<std::string> cache_tensors(const onnx::ModelProto& model) {
   return names;
 }
 
+std::set<std::string> bounded_tensors(const onnx::ModelProto& model) {
+  std::set<std::string> names;
+  for (const auto& n : model.graph().node())
+    if (n.op_type() == "Softmax" || n.op_type() == "Tanh" || n.op_type() == "Sigmoid")
+      for (const auto& out : n.output()) names.insert(out);
+  return names;
+}
+
 onnx::ModelProto with_outputs(const onnx::ModelProto& model, const std::vector<std::string>& names) {
   onnx::ModelProto m = model;
   std::set<std::string> present;
@@ -76,10 +84,11 @@ std::map<std::string, double> calibrate_tensors(const onnx::ModelProto& fp32, da
                              if (it != histograms.end()) it->second.observe(values);
                            });
   std::filesystem::remove(instrumented);
+  const std::set<std::string> bounded = bounded_tensors(fp32);
   std::map<std::string, double> amax;
   for (const auto& [name, histogram] : histograms) {
     if (histogram.count() == 0) throw UserError("ONNX Runtime returned no values for tensor '" + name + "'");
-    amax[name] = histogram.amax(method, o.percentile);
+    amax[name] = quant::calibrated_amax(histogram, method, o.percentile, bounded.count(name) ? 1.0 : 0.0);
   }
   return amax;
 }

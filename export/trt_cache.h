@@ -9,6 +9,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,17 @@ std::vector<std::string> activation_tensors(const onnx::ModelProto& model);
 // internals are never INT8 inputs).
 std::vector<std::string> cache_tensors(const onnx::ModelProto& model);
 
+// The tensors of known range: the outputs of Softmax (the attention probabilities), Tanh and Sigmoid,
+// all within [-1, 1]. Every calibrator gives them amax 1 (quant::calibrated_amax).
+std::set<std::string> bounded_tensors(const onnx::ModelProto& model);
+
 // A copy of the model with these tensors added as graph outputs (to observe them in ONNX Runtime).
 onnx::ModelProto with_outputs(const onnx::ModelProto& model, const std::vector<std::string>& names);
 
 struct CacheOptions {
-  std::string calibrator = "entropy";  // max | percentile | entropy | mse
+  // max | percentile | entropy | mse. Max (TensorRT's MinMaxCalibration) by default, as NVIDIA advises
+  // for NLP models: entropy's KL search clips BERT's rare large activations (docs/quantization.md).
+  std::string calibrator = "max";
   double percentile = 99.99;
   int64_t batches = 16;
   int trt_version = 8601;         // major*1000 + minor*100 + patch

@@ -20,12 +20,14 @@ Bert::Bert(const BertConfig& config) : config_(config) {
       params_.add("bert.embeddings.position_embeddings.weight", {config_.max_position_embeddings, c});
   token_type_embeddings_ = params_.add("bert.embeddings.token_type_embeddings.weight", {config_.type_vocab_size, c});
   embedding_norm_ = LayerNorm::declare(params_, "bert.embeddings.LayerNorm", c, eps);
+  layers_.reserve(static_cast<size_t>(config_.num_hidden_layers));
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
     Layer l;
-    l.query = Linear::declare(params_, p + "attention.self.query", c, c);
-    l.key = Linear::declare(params_, p + "attention.self.key", c, c);
-    l.value = Linear::declare(params_, p + "attention.self.value", c, c);
+    l.self_input = Quantizer::activation(params_, p + "attention.self.input_quantizer");
+    l.query = Linear::declare_shared_input(params_, p + "attention.self.query", c, c);
+    l.key = Linear::declare_shared_input(params_, p + "attention.self.key", c, c);
+    l.value = Linear::declare_shared_input(params_, p + "attention.self.value", c, c);
     l.attention_output = Linear::declare(params_, p + "attention.output.dense", c, c);
     l.attention_norm = LayerNorm::declare(params_, p + "attention.output.LayerNorm", c, eps);
     l.intermediate = Linear::declare(params_, p + "intermediate.dense", c, config_.intermediate_size);
@@ -35,12 +37,15 @@ Bert::Bert(const BertConfig& config) : config_(config) {
     l.matmul_k = Quantizer::activation(params_, p + "attention.self.matmul_k_input_quantizer");
     l.matmul_v = Quantizer::activation(params_, p + "attention.self.matmul_v_input_quantizer");
     l.matmul_a = Quantizer::activation(params_, p + "attention.self.matmul_a_input_quantizer");
+    l.matmul_a.bound = 1.0;  // the attention probabilities (dropout is off whenever a calibrator observes)
     l.attention_add_input = Quantizer::activation(params_, p + "attention.output.add_input_quantizer");
     l.attention_add_residual = Quantizer::activation(params_, p + "attention.output.add_residual_quantizer");
     l.output_add_input = Quantizer::activation(params_, p + "output.add_input_quantizer");
     l.output_add_residual = Quantizer::activation(params_, p + "output.add_residual_quantizer");
     layers_.push_back(std::move(l));
   }
+  for (Layer& l : layers_)  // layers_ is reserved and Bert immovable: the pointers stay valid
+    for (Linear* projection : {&l.query, &l.key, &l.value}) projection->shared_input = &l.self_input;
   if (config_.head != Head::kTokenClassification) pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c);
   if (config_.head == Head::kPretraining) {
     transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c);
@@ -107,10 +112,11 @@ std::vector<Quantizer*> Bert::quantizers() {
   std::vector<Quantizer*> all;
   auto linear = [&all](Linear& l) {
     if (!l.quantizable) return;
-    all.push_back(&l.input_quantizer);
+    if (!l.shared_input) all.push_back(&l.input_quantizer);
     all.push_back(&l.weight_quantizer);
   };
   for (Layer& l : layers_) {
+    all.push_back(&l.self_input);
     linear(l.query);
     linear(l.key);
     linear(l.value);
@@ -126,6 +132,15 @@ std::vector<Quantizer*> Bert::quantizers() {
   if (!pooler_.name.empty()) linear(pooler_);
   if (!transform_.name.empty()) linear(transform_);
   return all;
+}
+
+std::string Bert::current_quantizer_name(const std::string& name) {
+  for (const char* projection : {".attention.self.query.", ".attention.self.key.", ".attention.self.value."}) {
+    const std::string old_suffix = std::string(projection) + "input_quantizer";
+    if (name.starts_with("bert.encoder.layer.") && name.ends_with(old_suffix))
+      return name.substr(0, name.size() - old_suffix.size()) + ".attention.self.input_quantizer";
+  }
+  return name;
 }
 
 std::vector<Linear*> Bert::quantizable_linears() {
@@ -150,7 +165,7 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
     l.projection_scales.clear();
     l.projection_bias.clear();
     const std::array<Linear*, 3> projections = {&l.query, &l.key, &l.value};
-    auto input_scale = [&](const Linear* p) { return params_.get(p->input_quantizer.scale).value.data()[0]; };
+    auto input_scale = [&](const Linear* p) { return params_.get(p->input().scale).value.data()[0]; };
     if (!fuse_projections || !l.integer_attention ||
         !std::all_of(projections.begin(), projections.end(),
                      [&](const Linear* p) { return p->integer_weights && input_scale(p) == input_scale(&l.query); }))
@@ -277,15 +292,17 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
       return q ? ops::dropout(g, v, p, training, rng, *q) : ops::dropout(g, v, p, training, rng);
     });
   };
-  // x as each quantizer that reads it sees it: the Q, K, V projections' inputs and the residual.
-  const std::vector<Var> inputs = quantize_each(g, x,
-                                                {l.query.used_input_quantizer(g), l.key.used_input_quantizer(g),
-                                                 l.value.used_input_quantizer(g), &l.attention_add_residual});
+  // x as each quantizer that reads it sees it: the Q, K, V projections' one input quantizer (unless all
+  // three run integer GEMMs, which quantize x themselves; one that does not needs it) and the residual.
+  const bool projections_quantize =
+      l.query.used_input_quantizer(g) || l.key.used_input_quantizer(g) || l.value.used_input_quantizer(g);
+  const std::vector<Var> inputs =
+      quantize_each(g, x, {projections_quantize ? &l.self_input : nullptr, &l.attention_add_residual});
   // The context (B, T, C), through the output projection, the residual add and LayerNorm.
   auto finish = [&](Var context) {
     Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
                       &l.attention_add_input);
-    return l.attention_norm.forward_sum(g, params_, out, inputs[3]);
+    return l.attention_norm.forward_sum(g, params_, out, inputs[1]);
   };
   // Integer attention (inference) quantizes its operands itself (to the same integers the quantizers give).
   if (l.integer_attention && !g.on_cuda() && !g.grad_enabled() && !training) {
@@ -295,15 +312,15 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
     const double alpha = 1.0 / std::sqrt(static_cast<double>(d));
     Var context;
     if (l.integer_projections && l.query.runs_integer(g) && l.key.runs_integer(g) && l.value.runs_integer(g)) {
-      // x quantized once for the three projections (their input scales were one when prepared).
+      // x quantized once for the three projections (their one input scale).
       Var qkv =
-          ops::int8_linear(g, inputs[0], *l.integer_projections, scale_of(l.query.input_quantizer), l.projection_scales,
+          ops::int8_linear(g, inputs[0], *l.integer_projections, scale_of(l.self_input), l.projection_scales,
                            g.constant(TensorView<float>(l.projection_bias.data(), Shape{3 * h * d})));
       context = ops::int8_attention_packed(g, qkv, mask, h, scales, alpha);
     } else {
       context = ops::int8_attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),
-                                    l.key.forward_quantized_input(g, params_, inputs[1]),
-                                    l.value.forward_quantized_input(g, params_, inputs[2]), mask, h, scales, alpha);
+                                    l.key.forward_quantized_input(g, params_, inputs[0]),
+                                    l.value.forward_quantized_input(g, params_, inputs[0]), mask, h, scales, alpha);
     }
     if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
       context = quantizer->apply(g, params_, context);
@@ -314,8 +331,8 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
     return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
   };
   Var q = heads(l.query, inputs[0], l.matmul_q);
-  Var k = heads(l.key, inputs[1], l.matmul_k);
-  Var v = heads(l.value, inputs[2], l.matmul_v);
+  Var k = heads(l.key, inputs[0], l.matmul_k);
+  Var v = heads(l.value, inputs[0], l.matmul_v);
   const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
   Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
   Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);

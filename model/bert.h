@@ -82,11 +82,15 @@ class Bert {
   bool takes_from(Head source, const std::string& name) const {
     return source == config_.head || !name.starts_with("classifier.");
   }
-  // Every quantizer, in forward order: per layer the Q/K/V/attention-output/FFN linears' input and
-  // weight quantizers, the four attention-matmul input quantizers (matmul_q/k/v/a) and the four
-  // residual-add input quantizers; then the pooler and the MLM transform (those the head has). All
-  // start in kFloat.
+  // Every quantizer, in forward order: per layer the one input quantizer of Q, K and V, their weight
+  // quantizers, the four attention-matmul input quantizers (matmul_q/k/v/a), the attention-output and
+  // FFN linears' input and weight quantizers and the four residual-add input quantizers; then the
+  // pooler and the MLM transform (those the head has). All start in kFloat.
   std::vector<Quantizer*> quantizers();
+  // The name a quantizer of the earlier layout, where Q, K and V each had an input quantizer
+  // ("<layer>.attention.self.{query,key,value}.input_quantizer"), now has: their shared one
+  // ("<layer>.attention.self.input_quantizer"). Any other name comes back unchanged.
+  static std::string current_quantizer_name(const std::string& name);
   // The quantizers in kQuantize mode (the model's INT8 points), in the same order, and their names.
   std::vector<Quantizer*> enabled_quantizers();
   std::vector<std::string> enabled_quantizer_names();
@@ -106,8 +110,8 @@ class Bert {
   // magnitude at 127) and its input per row at run time (dynamic quantization). Faster where the
   // vocabulary is large next to the hidden size; its logits then differ from the fake-quantized model's
   // by that quantization (counted as layers: +1).
-  // With fuse_projections (the default), a layer whose Q, K and V projections read x at one input scale
-  // (as calibration gives them: the same tensor) runs them as one integer linear into Q, K, V side by side
+  // With fuse_projections (the default), a layer whose Q, K and V projections run integer GEMMs (they read x
+  // at their one input scale) runs them as one integer linear into Q, K, V side by side
   // (x quantized once; ops::int8_attention_packed), the same values; off, the baseline it is tested against.
   int64_t prepare_integer_inference(bool integer_decoder = false, bool fuse_projections = true);
   void clear_integer_inference();
@@ -135,6 +139,9 @@ class Bert {
     LayerNorm attention_norm;
     Linear intermediate, output;
     LayerNorm output_norm;
+    // The one input quantizer of Q, K and V (attention.self.input_quantizer): they read the same tensor,
+    // and TensorRT fuses the three GEMMs only when that tensor has one scale.
+    Quantizer self_input;
     // Inputs of Q K^T and of probs V (QDQBERT's names), and both inputs of each residual add.
     Quantizer matmul_q, matmul_k, matmul_v, matmul_a;
     Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;

@@ -24,9 +24,16 @@ Linear Linear::declare(ParameterArena<float>& params, const std::string& name, i
   return l;
 }
 
+Linear Linear::declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out) {
+  Linear l = declare(params, name, in, out, /*quantizable=*/false);
+  l.quantizable = true;
+  l.weight_quantizer = Quantizer::weight(params, name + ".weight_quantizer", out);
+  return l;
+}
+
 Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
   if (runs_integer(g)) return integer_forward(g, params, x);
-  if (quantizable) x = input_quantizer.apply(g, params, x);
+  if (quantizable) x = input().apply(g, params, x);
   return forward_quantized_input(g, params, x);
 }
 
@@ -40,7 +47,7 @@ Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& para
 
 Var Linear::forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x) {
   if (runs_integer(g)) return integer_forward(g, params, x, /*gelu=*/true);
-  if (quantizable) x = input_quantizer.apply(g, params, x);
+  if (quantizable) x = input().apply(g, params, x);
   return forward_gelu_quantized_input(g, params, x);
 }
 
@@ -53,7 +60,7 @@ Var Linear::forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>&
 
 bool Linear::prepare_integer(ParameterArena<float>& params) {
   integer_weights.reset();
-  if (!quantizable || input_quantizer.mode != QuantMode::kQuantize || weight_quantizer.mode != QuantMode::kQuantize)
+  if (!quantizable || input().mode != QuantMode::kQuantize || weight_quantizer.mode != QuantMode::kQuantize)
     return false;
   integer_weights = std::make_shared<const Int8Weights>(quantized_weight(params).data(), out, in);
   return true;
@@ -73,12 +80,12 @@ std::vector<int8_t> Linear::quantized_weight(ParameterArena<float>& params) cons
 }
 
 bool Linear::runs_integer(const Graph<float>& g) const {
-  return integer_weights && !g.on_cuda() && !g.grad_enabled() && input_quantizer.mode == QuantMode::kQuantize &&
+  return integer_weights && !g.on_cuda() && !g.grad_enabled() && input().mode == QuantMode::kQuantize &&
          weight_quantizer.mode == QuantMode::kQuantize;
 }
 
 Var Linear::integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu) const {
-  const float scale_x = params.get(input_quantizer.scale).value.data()[0];
+  const float scale_x = params.get(input().scale).value.data()[0];
   const std::span<const float> scale_w(params.get(weight_quantizer.scale).value.data(), out);
   if (gelu) return ops::int8_linear_gelu(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
   return ops::int8_linear(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));

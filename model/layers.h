@@ -14,16 +14,24 @@ namespace bert::model {
 
 // y = x W^T + b with <name>.weight (out, in) and <name>.bias (out). When quantizable, its
 // input passes through <name>.input_quantizer (per tensor) and its weight through
-// <name>.weight_quantizer (per output channel); both are pass-through until enabled.
+// <name>.weight_quantizer (per output channel); both are pass-through until enabled. Layers that read
+// one tensor at one scale (Q, K and V) share an input quantizer their owner holds (shared_input).
 struct Linear {
   std::string name;
   ParamId weight = -1, bias = -1;
   int64_t in = 0, out = 0;
   bool quantizable = false;
-  Quantizer input_quantizer, weight_quantizer;
+  Quantizer input_quantizer, weight_quantizer;  // input_quantizer unused (no name) when shared_input is set
+  Quantizer* shared_input = nullptr;
 
   static Linear declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
                         bool quantizable = true);
+  // A quantizable layer without an input quantizer of its own: the owner points shared_input at the
+  // quantizer it shares with the other readers of its input.
+  static Linear declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out);
+  // The quantizer of this layer's input: its own or the shared one.
+  Quantizer& input() { return shared_input ? *shared_input : input_quantizer; }
+  const Quantizer& input() const { return shared_input ? *shared_input : input_quantizer; }
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x);
   // The same for an x that already went through input_quantizer (fused into the op that made it).
   Var forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
@@ -31,10 +39,10 @@ struct Linear {
   // ops::int8_linear_gelu).
   Var forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x);
   Var forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
-  // input_quantizer when the op making this layer's input must apply it, else nullptr: a layer without
+  // input() when the op making this layer's input must apply it, else nullptr: a layer without
   // quantizers, or one running integer GEMMs in g (ops::int8_linear quantizes its input itself).
   Quantizer* used_input_quantizer(const Graph<float>& g) {
-    return quantizable && !runs_integer(g) ? &input_quantizer : nullptr;
+    return quantizable && !runs_integer(g) ? &input() : nullptr;
   }
 
   // INT8 inference: the weight quantized with its quantizer's scales and packed for the integer kernels;

@@ -40,6 +40,9 @@ struct Quantizer {
   int64_t channels = 1;
   bool is_weight = false;  // weights: per output channel, narrow range [-127, 127]
   int qmin = -128, qmax = 127;
+  // |x| never exceeds this when it is known (> 0; the attention probabilities: 1). Calibration never
+  // clips such a tensor: every method gives it amax = bound (quant::calibrated_amax).
+  double bound = 0;
   QuantMode mode = QuantMode::kFloat;
   QuantObserver* observer = nullptr;  // used in kCalibrate mode
   int64_t clipped = 0, seen = 0;      // saturated / total elements since the last reset_counts()

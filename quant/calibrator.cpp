@@ -36,6 +36,10 @@ float scale_for_amax(double amax) {
   return static_cast<float>(std::max(amax, kSmallestAmax) / 127.0);
 }
 
+double calibrated_amax(const AbsHistogram& histogram, Method method, double percentile, double bound) {
+  return bound > 0 ? bound : histogram.amax(method, percentile);
+}
+
 bool AbsHistogram::add_batch(float batch_max, int64_t n) {
   max_ = std::max<double>(max_, batch_max);
   total_ += n;

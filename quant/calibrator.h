@@ -54,6 +54,12 @@ class AbsHistogram final : public model::QuantObserver {
   int64_t total_ = 0;
 };
 
+// The amax a calibrator gives a tensor: `bound` when its range is known (> 0: softmax probabilities and
+// tanh, 1), whatever the method and the data; else the histogram's amax by the method. No calibrator
+// clips a bounded tensor: a clipped attention peak is a head lost, while the whole known range costs at
+// most a coarser step (1/127 for probabilities).
+double calibrated_amax(const AbsHistogram& histogram, Method method, double percentile, double bound = 0);
+
 // The scale for an amax: amax / 127, with amax = 0 replaced by a tiny positive value (a zero scale is
 // illegal in Q/DQ and in the fake quantizer).
 float scale_for_amax(double amax);

@@ -49,7 +49,7 @@ std::vector<model::Quantizer*> select(model::Bert& model, const std::string& glo
     if (!matched)
       throw UserError("no quantizer matches '" + pattern +
                       "' (names look like "
-                      "bert.encoder.layer.0.attention.self.query.input_quantizer)");
+                      "bert.encoder.layer.0.attention.self.input_quantizer)");
   }
   return chosen;
 }
@@ -131,7 +131,7 @@ std::map<std::string, double> apply_calibration(model::Bert& model, const Calibr
       }
       amax[q->name] = largest;
     } else {
-      const double a = stats.activations.at(q->name).amax(method, percentile);
+      const double a = calibrated_amax(stats.activations.at(q->name), method, percentile, q->bound);
       scale[0] = scale_for_amax(a);
       amax[q->name] = a;
     }
@@ -208,10 +208,12 @@ std::vector<std::string> read_plan(const std::string& path, model::Bert& model) 
   for (model::Quantizer* q : model.quantizers()) all.insert(q->name);
   std::vector<std::string> names;
   for (const Json& n : keep->as_array()) {
-    if (!n.is_string() || !all.count(n.as_string()))
+    // A plan of the earlier layout keeps one of Q, K, V's input quantizers in float: their shared one now.
+    const std::string name = n.is_string() ? model::Bert::current_quantizer_name(n.as_string()) : "";
+    if (!all.count(name))
       throw UserError("plan file '" + path + "' names '" + (n.is_string() ? n.as_string() : n.dump()) +
                       "', which is not a quantizer of this model");
-    names.push_back(n.as_string());
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   }
   return names;
 }

@@ -70,7 +70,7 @@ $B/bert-train --init-from "$OUT/fp32/checkpoint.h5" --qat --calibrator percentil
 step "export: FP32 and Q/DQ ONNX (checked), TensorRT calibration cache"
 mkdir -p "$OUT/export"
 $B/bert-export --checkpoint "$OUT/fp32" --onnx "$OUT/export/bert-fp32.onnx" --masked-positions \
-  --trt-calib-cache "$OUT/export/bert-fp32.trt.cache" --calib-shards "$TRAIN" --calib-batches $CALIB --calibrator entropy
+  --trt-calib-cache "$OUT/export/bert-fp32.trt.cache" --calib-shards "$TRAIN" --calib-batches $CALIB
 $B/bert-export --checkpoint "$OUT/qat" --onnx "$OUT/export/bert-int8-qdq.onnx" --qdq --masked-positions --plan "$OUT/plan.json" \
   --triton-repo "$OUT/triton" --triton-name bert_int8
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
+
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "data/hdf5_io.h"
@@ -24,6 +26,26 @@ int64_t required_int(hid_t file, const char* name, const std::string& path) {
   auto v = hdf5::read_int_attribute(file, name);
   if (!v) throw UserError("checkpoint '" + path + "' lacks attribute '" + name + "' (not a bert-qat checkpoint?)");
   return *v;
+}
+
+// A scale of the shared Q/K/V input quantizer absent from a checkpoint of the earlier layout, where Q, K
+// and V each had one: the largest of the three (nothing the three covered is clipped), said in the log.
+void merge_earlier_layout(hid_t root, const std::string& path, const std::string& scale_name, float* value) {
+  const std::string quantizer = scale_name.substr(0, scale_name.size() - std::string(".scale").size());
+  if (!quantizer.ends_with(".attention.self.input_quantizer")) return;
+  const std::string layer = quantizer.substr(0, quantizer.size() - std::string("input_quantizer").size());
+  std::vector<float> scales, buffer;
+  const std::vector<hsize_t> one{1};
+  for (const char* projection : {"query", "key", "value"}) {
+    const std::string name = "model/" + layer + projection + ".input_quantizer.scale";
+    if (!hdf5::exists(root, name)) return;
+    hdf5::read_dataset(root, name, buffer, path, "checkpoint", &one);
+    scales.push_back(buffer[0]);
+  }
+  *value = *std::max_element(scales.begin(), scales.end());
+  spdlog::info("{}: {}'s Q, K and V input scales ({:.6g}, {:.6g}, {:.6g}) merged into one at the largest: they "
+               "read one tensor, and TensorRT fuses the three GEMMs only at one scale",
+               path, quantizer, scales[0], scales[1], scales[2]);
 }
 
 }  // namespace
@@ -109,7 +131,10 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
                     "' holds no optimizer state (a model-only checkpoint cannot resume training)");
   for (ParamId id = 0; id < params.size(); ++id) {
     Parameter<float> p = params.get(id);
-    if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) continue;  // FP32 checkpoint
+    if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) {
+      merge_earlier_layout(root, path, *p.name, p.value.data());
+      continue;  // an FP32 checkpoint has no scales; the earlier layout's are merged above
+    }
     if (other_head && model.is_head_parameter(*p.name) &&
         (!model.takes_from(source_head, *p.name) || !hdf5::exists(root, "model/" + *p.name))) {
       s.fresh_parameters.push_back(*p.name);
@@ -134,11 +159,11 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
   const Json enabled = Json::parse(hdf5::read_string_attribute(root, "quantizers_enabled").value_or("[]"));
   for (model::Quantizer* q : model.quantizers()) q->mode = model::QuantMode::kFloat;
   for (const Json& name : enabled.as_array()) {
-    model::Quantizer* q = model.find_quantizer(name.as_string());
+    model::Quantizer* q = model.find_quantizer(model::Bert::current_quantizer_name(name.as_string()));
     if (!q && other_head) continue;  // a quantizer of the other head
     if (!q)
       throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() + "', which this model lacks");
-    if (!hdf5::exists(root, "model/" + q->name + ".scale"))
+    if (!hdf5::exists(root, "model/" + name.as_string() + ".scale"))
       throw UserError("checkpoint '" + path + "' enables quantizer '" + name.as_string() +
                       "' but holds no scale for it");
     q->mode = model::QuantMode::kQuantize;

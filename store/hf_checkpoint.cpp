@@ -223,8 +223,10 @@ ImportReport import_model(const std::string& dir, model::Bert& model, uint64_t i
     if (!scales || !scales->is_object()) throw UserError(where + " has no 'scales' object");
     std::map<std::string, model::Quantizer*> by_name;
     for (model::Quantizer* q : model.quantizers()) by_name[q->name] = q;
+    std::set<std::string> merged;  // shared quantizers given by the earlier layout's three names
     for (const auto& [name, values] : scales->as_object()) {
-      auto it = by_name.find(name);
+      const std::string current = model::Bert::current_quantizer_name(name);
+      auto it = by_name.find(current);
       if (it == by_name.end()) throw UserError(where + " names quantizer '" + name + "', which the model lacks");
       model::Quantizer& q = *it->second;
       Parameter<float> scale = params.get(q.scale);
@@ -232,11 +234,18 @@ ImportReport import_model(const std::string& dir, model::Bert& model, uint64_t i
       if (static_cast<int64_t>(list.size()) != scale.value.numel())
         throw UserError(where + ": quantizer '" + name + "' has " + std::to_string(list.size()) +
                         " scale(s), expected " + std::to_string(scale.value.numel()));
+      // Q, K and V of the earlier layout each had a scale: the shared quantizer takes the largest.
+      const bool merge = current != name && !merged.insert(current).second;
       for (size_t i = 0; i < list.size(); ++i) {
         const double v = list[i].as_number();
         if (!(v > 0)) throw UserError(where + ": quantizer '" + name + "' has a scale that is not positive");
-        scale.value.data()[i] = static_cast<float>(v);
+        float& s = scale.value.data()[i];
+        s = merge ? std::max(s, static_cast<float>(v)) : static_cast<float>(v);
       }
+      if (merge) continue;
+      if (current != name)
+        report.warnings.push_back(where + ": Q, K and V input scales of the earlier layout ('" + name +
+                                  "', ...) merged into '" + current + "' at the largest");
       q.mode = model::QuantMode::kQuantize;
       ++report.quantizers_enabled;
     }

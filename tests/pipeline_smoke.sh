@@ -19,7 +19,7 @@ for f in export/bert-fp32.onnx export/bert-int8-qdq.onnx export/bert-fp32.tokeni
 done
 head -c 8 "$OUT/training_curves.png" | grep -q PNG || fail "training_curves.png is not a PNG"
 grep -q 'backend: "onnxruntime"' "$OUT/triton/bert_int8/config.pbtxt" || fail "Triton config"
-head -1 "$OUT/export/bert-fp32.trt.cache" | grep -q '^TRT-[0-9]*-EntropyCalibration2$' || fail "calibration cache header"
+head -1 "$OUT/export/bert-fp32.trt.cache" | grep -q '^TRT-[0-9]*-MinMaxCalibration$' || fail "calibration cache header"
 grep -qE '^[^:]+: [0-9a-f]{8}$' "$OUT/export/bert-fp32.trt.cache" || fail "calibration cache entries"
 python3 - "$OUT/report.json" <<'PY'
 import json, sys

@@ -104,6 +104,24 @@ grep -q "the MLM decoder among them" "$OUT/int8-decoder.log" && grep -q "^int8 "
 "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" --fill-mask "and god [MASK] the light" --int8 > "$OUT/int8-fill.log" 2>&1 ||
   { tail "$OUT/int8-fill.log"; fail "--int8 --fill-mask"; }
 grep -q "\[MASK\] at position" "$OUT/int8-fill.log" || fail "--int8 --fill-mask printed no candidates"
+# --compare flags a row that loses more than --flag-drop and names the activation quantizers behind it
+# (a 30th-percentile calibration clips most activations: it must lose, and be traced).
+"$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --compare --calib-batches 2 --calibrators max,percentile \
+  --percentile 30 --flag-drop 0 --flag-names 2 --json --json-out "$OUT/flagged.json" > "$OUT/flagged.log" 2>&1 ||
+  { tail "$OUT/flagged.log"; fail "--compare --flag-drop"; }
+python3 - "$OUT/flagged.json" <<'PY' || fail "--compare --flag-drop: $(cat "$OUT/flagged.log")"
+import json, sys
+rows = {r["mode"]: r for r in json.load(open(sys.argv[1]))["compare"]}
+fp32 = rows["fp32"]["mlm_accuracy"]
+assert "flagged" not in rows["fp32"]
+for mode, r in rows.items():
+    assert r.get("flagged", False) == (r["mlm_accuracy"] < fp32), mode
+    if r.get("flagged") and mode.startswith("ptq-"):
+        names = [q["name"] for q in r["responsible"]]
+        assert len(names) == 2 and all("weight_quantizer" not in n for n in names), names
+        assert r["responsible"][0]["only_this"] <= r["responsible"][1]["only_this"]
+assert rows["ptq-percentile"].get("flagged"), "a 30th-percentile calibration lost nothing"
+PY
 expect_error eval-calibration-takes-all "all needed for calibration" "" -- "$BIN/bert-eval" --checkpoint "$OUT/run" \
   --shards "$OUT/shards" --compare --calib-batches 100000
 expect_error bad-scales "--scales 'log'" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --scales log

@@ -43,7 +43,8 @@ struct Args {
   std::string calibrators = "max,percentile,entropy,mse", plan_path, plan_out;
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
-  double max_drop = 0.005;
+  double max_drop = 0.005, flag_drop = 0.005;
+  size_t flag_names = 3;
   std::string save_calibrated, onnx_model, ort_script = ort::default_ort_script(), json_out;
   std::string device_spec = "auto", precision = "fp32";
 };
@@ -103,6 +104,14 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--max-drop", a.max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
       ->capture_default_str();
   app.add_option("--plan-out", a.plan_out, "--sensitivity: write the plan here");
+  app.add_option("--flag-drop", a.flag_drop,
+                 "--compare: flag a row whose accuracy is this much below FP32 (absolute; 0.005 = 0.5 point) and, "
+                 "for a PTQ row, name the activation quantizers behind it (each alone under that calibrator)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--flag-names", a.flag_names, "--compare: how many quantizers a flagged PTQ row names")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_flag("--int8", a.int8,
                "INT8 inference on the CPU for a quantized model (QAT, or --save-calibrated): the linear layers run "
                "integer GEMMs (kernel chosen from the CPU: avx512-vnni, avx2, generic). With --shards: scored and "
@@ -223,6 +232,31 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
         "batches)\n",
         (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
         results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
+  // Rows that lose more than --flag-drop: flagged, and a PTQ row's loss traced to its activation quantizers.
+  auto accuracy = [&](const eval::ModeResult& r) { return e.task_model ? r.task.accuracy() : r.metrics.mlm_accuracy(); };
+  const double fp32 = results.empty() ? 0.0 : accuracy(results[0]);
+  for (size_t i = 1; i < results.size(); ++i) {
+    const double drop = fp32 - accuracy(results[i]);
+    if (!(drop > a.flag_drop)) continue;
+    rows[i]["flagged"] = true;
+    const std::string& mode = results[i].mode;
+    if (!a.json)
+      std::printf("! %s loses %.2f points against FP32 (more than --flag-drop %.2f)%s\n", mode.c_str(), 100 * drop,
+                  100 * a.flag_drop, mode.starts_with("ptq-") ? "; each activation quantizer alone under it:" : "");
+    if (!mode.starts_with("ptq-")) continue;
+    const quant::Method method = quant::parse_method(mode.substr(4));
+    spdlog::info("{}: scoring each activation quantizer alone to find the loss", mode);
+    Json::Array named;
+    for (const eval::SensitivityRow& q : eval::harmful_activation_quantizers(
+             e.model, stats, method, a.calibration.percentile, make_loader, a.max_batches, a.flag_names, e.g)) {
+      if (!a.json) std::printf("    %-64s %10.4f (%+.2f points)\n", q.name.c_str(), q.only_this, 100 * (q.only_this - fp32));
+      Json j;
+      j["name"] = q.name;
+      j["only_this"] = q.only_this;
+      named.push_back(j);
+    }
+    rows[i]["responsible"] = named;
+  }
   e.report["compare"] = rows;
 }
 

@@ -277,7 +277,8 @@ TEST(OnnxExport, QdqMatchesTheFakeQuantizedModelAndRunsWithIntegerKernels) {
   int q = 0, dq = 0;
   for (const auto& n : proto.graph().node())
     q += n.op_type() == "QuantizeLinear", dq += n.op_type() == "DequantizeLinear";
-  EXPECT_EQ(q, static_cast<int>(m.quantizers().size()));
+  // A pair per quantizer, and per consumer: the shared input quantizer of Q, K and V has three a layer.
+  EXPECT_EQ(q, static_cast<int>(m.quantizers().size()) + 2 * static_cast<int>(m.config().num_hidden_layers));
   EXPECT_EQ(dq, q);
   testing::TempDir dir;
   write_onnx(proto, dir.file("qdq.onnx"));
@@ -527,11 +528,14 @@ TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
   options.batches = 2;
   options.ort_script = std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js";
   options.work_dir = dir.path().string();
+  EXPECT_EQ(CacheOptions{}.calibrator, "max") << "the cache's default calibrator is min-max (NVIDIA's advice for NLP)";
+  std::map<std::string, std::map<std::string, double>> amax_by;
   for (const std::string calibrator : {"entropy", "max"}) {
     SCOPED_TRACE(calibrator);
     options.calibrator = calibrator;
     data::ShardLoader loader(lo);
     const std::map<std::string, double> amax = calibrate_tensors(fp32, loader, options);
+    amax_by[calibrator] = amax;
     EXPECT_EQ(amax.size(), names.size());
     write_trt_cache(dir.file("model.cache"), amax, options);
     std::string header;
@@ -543,6 +547,24 @@ TEST(TrtCache, CoversEveryActivationTensorAndRoundTripsBitForBit) {
       EXPECT_EQ(float_hex(scales.at(name)), float_hex(quant::scale_for_amax(amax.at(name)))) << name;
       EXPECT_GT(scales.at(name), 0.0f) << name;
     }
+  }
+  {  // Tensors of known range (softmax probabilities, the pooler's tanh) get amax 1 under every
+     // calibrator; entropy still clips some unbounded tensor (else this would test nothing).
+    const std::set<std::string> bounded = bounded_tensors(fp32);
+    EXPECT_TRUE(bounded.count("bert.encoder.layer.0.attention.self.probs"));
+    EXPECT_TRUE(bounded.count("bert.encoder.layer.1.attention.self.probs"));
+    int checked = 0, clipped = 0;
+    for (const std::string& name : names) {
+      if (bounded.count(name)) {
+        EXPECT_EQ(amax_by["entropy"].at(name), 1.0) << name;
+        EXPECT_EQ(amax_by["max"].at(name), 1.0) << name;
+        ++checked;
+      } else if (amax_by["entropy"].at(name) < 0.99 * amax_by["max"].at(name)) {
+        ++clipped;
+      }
+    }
+    EXPECT_GE(checked, 3);
+    EXPECT_GT(clipped, 0);
   }
   {  // With --masked-positions the cache covers that graph, the gathered masked states included.
     ExportOptions masked;
@@ -637,7 +659,18 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
   EXPECT_EQ(describe(check_qdq_rules(export_bert(m, options))), "");
 
   const std::string weight_q = "bert.encoder.layer.0.attention.self.query.weight_quantizer";
-  const std::string input_q = "bert.encoder.layer.0.attention.self.query.input_quantizer";
+  const std::string input_q = "bert.encoder.layer.0.attention.self.input_quantizer";
+  const std::string input_pair = input_q + ".query";  // the pair of that quantizer before Q's MatMul
+  {  // Q, K and V read x through pairs of their own on the one scale of their shared input quantizer.
+    std::set<std::string> scales;
+    onnx::ModelProto copy = good;
+    for (const char* projection : {"query", "key", "value"}) {
+      const onnx::NodeProto* dq = node(copy, input_q + "." + projection + ".dequantize");
+      ASSERT_NE(dq, nullptr) << projection;
+      scales.insert(dq->input(1));
+    }
+    EXPECT_EQ(scales, std::set<std::string>{input_q + ".scale"});
+  }
   {  // A nonzero zero point.
     onnx::ModelProto bad = good;
     initializer(bad, input_q + ".zero_point")->set_raw_data(std::string(1, '\x05'));
@@ -670,7 +703,7 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
   }
   {  // One DequantizeLinear shared by two consumers.
     onnx::ModelProto bad = good;
-    node(bad, "bert.encoder.layer.0.attention.self.key.matmul")->set_input(0, input_q + ".dequantize");
+    node(bad, "bert.encoder.layer.0.attention.self.key.matmul")->set_input(0, input_pair + ".dequantize");
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
   }
   {  // A weight that would quantize to -128 (not clamped).
@@ -700,12 +733,12 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
   }
   {  // A DequantizeLinear with another scale than its QuantizeLinear.
     onnx::ModelProto bad = good;
-    node(bad, input_q + ".dequantize")->set_input(1, "bert.encoder.layer.0.intermediate.dense.input_quantizer.scale");
+    node(bad, input_pair + ".dequantize")->set_input(1, "bert.encoder.layer.0.intermediate.dense.input_quantizer.scale");
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
   }
   {  // A per-channel scale on an activation's DequantizeLinear.
     onnx::ModelProto bad = good;
-    onnx::NodeProto* dq = node(bad, input_q + ".dequantize");
+    onnx::NodeProto* dq = node(bad, input_pair + ".dequantize");
     dq->set_input(1, weight_q + ".scale");
     dq->add_attribute()->CopyFrom(node(bad, weight_q + ".dequantize")->attribute(0));
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 4));
@@ -713,7 +746,7 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
   {  // A QuantizeLinear feeding a MatMul directly (no DequantizeLinear).
     onnx::ModelProto bad = good;
     node(bad, "bert.encoder.layer.0.attention.self.query.matmul")
-        ->set_input(0, node(bad, input_q + ".quantize")->output(0));
+        ->set_input(0, node(bad, input_pair + ".quantize")->output(0));
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
   }
 }

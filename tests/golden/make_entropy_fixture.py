@@ -84,6 +84,16 @@ def main():
     cases["uniform"] = (rng.uniform(-1, 1, size=n), None)
     sparse = rng.normal(size=n // 20)  # few samples: many empty bins
     cases["sparse_normal"] = (sparse, None)
+    # Attention probabilities as a trained BERT makes them: rows of softmax over 128 keys, most heads
+    # diffuse, one row in eight peaked on a single key (a [CLS]/[SEP] or previous-token head). Bounded by 1;
+    # entropy clips the peaks (the quantity the model uses) to fit the diffuse bulk.
+    rows = 2000
+    logits = rng.normal(size=(rows, 128))
+    peaked = rng.uniform(size=rows) < 0.125
+    logits[peaked, rng.integers(0, 128, size=peaked.sum())] += 9.0
+    attention = np.exp(logits - logits.max(axis=1, keepdims=True))
+    attention /= attention.sum(axis=1, keepdims=True)
+    cases["attention_probs"] = (attention.ravel(), None)
     out = {"bins": BINS, "cases": []}
     for name, (samples, top) in cases.items():
         value_range = float(top if top is not None else np.abs(samples).max())

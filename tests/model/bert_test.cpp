@@ -515,8 +515,9 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   EXPECT_EQ(eval_logits(model, false), fake);
   // Only layers with both quantizers enabled become integer.
   EXPECT_EQ(model.integer_attention_layers(), 0);
-  model.find_quantizer("bert.encoder.layer.0.attention.self.query.input_quantizer")->mode = QuantMode::kFloat;
-  EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 1);
+  // The shared input quantizer of Q, K and V in float: all three stay float.
+  model.find_quantizer("bert.encoder.layer.0.attention.self.input_quantizer")->mode = QuantMode::kFloat;
+  EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers - 1);
   // The attention products only where all four of their quantizers are enabled.
   model.find_quantizer("bert.encoder.layer.0.attention.self.matmul_a_input_quantizer")->mode = QuantMode::kFloat;
   model.prepare_integer_inference();
@@ -556,25 +557,15 @@ TEST(BertModel, IntegerDecoderStaysNearTheFloatDecoder) {
   EXPECT_EQ(eval_logits(model, false), fake);
 }
 
-// Q, K and V read one tensor: where their input quantizers share a scale (as calibration gives them), the
-// three projections run as one integer linear with x quantized once, and the logits are bit for bit those
-// of three separate integer linears.
+// Q, K and V read one tensor through one input quantizer: the three projections run as one integer linear
+// with x quantized once, and the logits are bit for bit those of three separate integer linears.
 TEST(BertModel, FusedIntegerProjectionsGiveTheSeparateProjectionsLogits) {
   std::unique_ptr<Bert> quantized = quantized_tiny(0);
   Bert& model = *quantized;
   const BertConfig& c = model.config();
-  int index = 0;  // distinct activation scales elsewhere, as in the integer-inference test above
+  int index = 0;  // distinct activation scales, as in the integer-inference test above
   for (Quantizer* q : model.quantizers())
     if (!q->is_weight) model.parameters().get(q->scale).value.fill(0.03f * (1.0f + 0.0137f * float(index++)));
-  auto input_scale = [&](int layer, const std::string& projection) {
-    return model.parameters().get(
-        model.find_quantizer("bert.encoder.layer." + std::to_string(layer) + ".attention.self." + projection +
-                             ".input_quantizer")
-            ->scale);
-  };
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer)
-    for (const char* projection : {"query", "key", "value"})
-      input_scale(layer, projection).value.fill(0.0291f + 0.001f * float(layer));
   model.prepare_integer_inference(false, /*fuse_projections=*/false);
   EXPECT_EQ(model.fused_projection_layers(), 0);
   const std::vector<float> separate = eval_logits(model, false);
@@ -587,11 +578,20 @@ TEST(BertModel, FusedIntegerProjectionsGiveTheSeparateProjectionsLogits) {
   for (float& v : w) v *= 2;
   EXPECT_EQ(eval_logits(model, false), separate);
   for (float& v : w) v /= 2;
-  // One input scale apart: that layer keeps three linears.
-  input_scale(0, "key").value.fill(0.0301f);
+  // One projection's weight kept in float (a plan): that layer runs the other two as integer linears on x
+  // as the shared quantizer gives it, the float one on the same x.
+  model.find_quantizer("bert.encoder.layer.0.attention.self.key.weight_quantizer")->mode = QuantMode::kFloat;
+  const std::vector<float> fake = eval_logits(model, true);  // recording gradients: the fake-quantized model
   model.prepare_integer_inference();
   EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers - 1);
   EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers);
+  const std::vector<float> mixed = eval_logits(model, false);
+  double diff = 0, largest = 0;
+  for (size_t i = 0; i < fake.size(); ++i) {
+    diff = std::max(diff, std::abs(double(mixed[i]) - fake[i]));
+    largest = std::max(largest, std::abs(double(fake[i])));
+  }
+  EXPECT_LE(diff, 1e-3 * largest);
   model.clear_integer_inference();
   EXPECT_EQ(model.fused_projection_layers(), 0);
 }

@@ -105,10 +105,42 @@ TEST(Calibrator, EntropyMatchesTheReferenceImplementation) {
     for (const Json& b : c.find("bins")->as_array()) bins.push_back(b.as_number());
     const double range = c.find("range")->as_number(), expected = c.find("amax")->as_number();
     const AbsHistogram h = AbsHistogram::from_bins(range, range, c.find("count")->as_int(), bins);
-    EXPECT_NEAR(h.amax(Method::kEntropy), expected, 1e-9 * range) << c.find("name")->as_string();
+    const std::string name = c.find("name")->as_string();
+    EXPECT_NEAR(h.amax(Method::kEntropy), expected, 1e-9 * range) << name;
+    if (name == "attention_probs") {
+      // The reference itself clips softmax rows (bounded by 1) to a tenth of their range: the peaks a
+      // head attends with. Told the bound, every method keeps the whole range.
+      EXPECT_LT(expected, 0.2 * range);
+      for (Method m : {Method::kMax, Method::kPercentile, Method::kEntropy, Method::kMse})
+        EXPECT_EQ(calibrated_amax(h, m, 99.99, /*bound=*/1.0), 1.0) << method_name(m);
+    }
     ++cases;
   }
-  EXPECT_EQ(cases, 6);
+  EXPECT_EQ(cases, 7);
+}
+
+TEST(Calibrator, ABoundedTensorIsNeverClipped) {
+  // Softmax rows over 128 keys, one row in eight peaked on one key (as the attention_probs fixture).
+  // Unbounded, entropy and percentile clip the peaks; with its bound, every method returns the bound.
+  Rng rng(8);
+  std::vector<float> probs;
+  for (int row = 0; row < 2000; ++row) {
+    std::vector<double> logits(128);
+    for (double& l : logits) l = rng.next_normal();
+    if (rng.next_uniform() < 0.125) logits[rng.next_below(128)] += 9.0;
+    double sum = 0;
+    for (double& l : logits) sum += (l = std::exp(l));
+    for (double l : logits) probs.push_back(static_cast<float>(l / sum));
+  }
+  AbsHistogram h;
+  h.observe(probs);
+  EXPECT_GT(h.max(), 0.9);
+  EXPECT_LT(h.amax(Method::kEntropy), 0.5 * h.max());
+  EXPECT_LT(h.amax(Method::kPercentile, 99.9), 0.5 * h.max());
+  for (Method m : {Method::kMax, Method::kPercentile, Method::kEntropy, Method::kMse}) {
+    EXPECT_EQ(calibrated_amax(h, m, 99.9, /*bound=*/1.0), 1.0) << method_name(m);
+    EXPECT_EQ(calibrated_amax(h, m, 99.9), h.amax(m, 99.9)) << method_name(m) << ": no bound, the method's amax";
+  }
 }
 
 TEST(Calibrator, HistogramGrowsWithLaterBatchesAndBarelyDependsOnOrder) {
@@ -144,7 +176,7 @@ TEST(Calibrator, DegenerateInputsStillGiveALegalScale) {
 TEST(Glob, MatchesStarsAndQuestionMarks) {
   EXPECT_TRUE(glob_match("*", "anything"));
   EXPECT_TRUE(glob_match("bert.encoder.layer.*.attention.self.query.*",
-                         "bert.encoder.layer.1.attention.self.query.input_quantizer"));
+                         "bert.encoder.layer.1.attention.self.query.weight_quantizer"));
   EXPECT_TRUE(glob_match("*layer.?.output*", "bert.encoder.layer.3.output.dense.weight_quantizer"));
   EXPECT_FALSE(glob_match("*layer.?.output*", "bert.encoder.layer.13.output.dense.weight_quantizer"));
   EXPECT_FALSE(glob_match("query", "query2"));
@@ -168,9 +200,12 @@ model::Bert& small_model() {
 
 TEST(Select, ByNameAndGlobWithClearErrors) {
   model::Bert& m = small_model();
-  // Per layer: 6 linears x 2 + 4 attention matmul inputs + 4 residual inputs; pooler and transform 2 each.
-  EXPECT_EQ(m.quantizers().size(), 2u * (12 + 4 + 4) + 4);
-  EXPECT_EQ(default_quantizers(m, false).size(), 2u * (12 + 4) + 4);
+  // Per layer: 6 weights, 4 linear inputs (Q, K and V share one), 4 attention matmul inputs, 4 residual
+  // inputs; pooler and transform 2 each.
+  EXPECT_EQ(m.quantizers().size(), 2u * (10 + 4 + 4) + 4);
+  EXPECT_EQ(default_quantizers(m, false).size(), 2u * (10 + 4) + 4);
+  EXPECT_EQ(select(m, "*.attention.self.*input_quantizer").size(), 2u * 5);
+  EXPECT_THROW(select(m, "*.attention.self.query.input_quantizer"), UserError) << "the earlier layout's name";
   EXPECT_EQ(select(m, "*.weight_quantizer").size(), 2u * 6 + 2);
   EXPECT_EQ(select(m, "bert.encoder.layer.0.attention.self.matmul_?_input_quantizer").size(), 4u);
   EXPECT_EQ(select(m, "bert.pooler.dense.input_quantizer,bert.pooler.dense.*").size(), 2u);
@@ -191,6 +226,12 @@ TEST(Plan, WriteReadAndRejectUnknownNames) {
   EXPECT_EQ(read_plan(dir.file("plan.json"), m), std::vector<std::string>{"bert.pooler.dense.input_quantizer"});
   std::ofstream(dir.file("bad.json")) << R"({"keep_float": ["bert.encoder.layer.9.output.dense.input_quantizer"]})";
   EXPECT_THROW(read_plan(dir.file("bad.json"), m), UserError);
+  // A plan of the earlier layout (Q, K and V each with an input quantizer) keeps their shared one in float.
+  std::ofstream(dir.file("earlier.json"))
+      << R"({"keep_float": ["bert.encoder.layer.1.attention.self.key.input_quantizer",
+                            "bert.encoder.layer.1.attention.self.value.input_quantizer"]})";
+  EXPECT_EQ(read_plan(dir.file("earlier.json"), m),
+            std::vector<std::string>{"bert.encoder.layer.1.attention.self.input_quantizer"});
   std::ofstream(dir.file("junk.json")) << "{";
   EXPECT_THROW(read_plan(dir.file("junk.json"), m), UserError);
 }

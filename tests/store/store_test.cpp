@@ -12,7 +12,9 @@
 
 #include "core/error.h"
 #include "core/text_file.h"
+#include "data/hdf5_io.h"
 #include "model/bert.h"
+#include "store/checkpoint.h"
 #include "store/hf_checkpoint.h"
 #include "store/model_source.h"
 #include "store/safetensors.h"
@@ -384,6 +386,74 @@ TEST(HfExport, ExportImportIsBitExactWithLearnedScales) {
   EXPECT_FALSE(fs::exists(dir.file("out/quantization.json")));
   model::Bert plain(read_config(dir.file("out")));
   EXPECT_EQ(import_model(dir.file("out"), plain).quantizers_enabled, 0);
+}
+
+// Models quantized before Q, K and V shared one input quantizer hold three scales a layer, under the three
+// projections' names. Both our checkpoints and Hugging Face directories load: the shared quantizer takes the
+// largest of the three and is enabled if they were; a plan naming one of them keeps the shared one in float.
+TEST(EarlierLayout, ThreeQkvInputScalesMergeAtTheLargest) {
+  TempDir dir;
+  model::Bert m(read_config(kFixtures + "/tiny"));
+  import_model(kFixtures + "/tiny", m);
+  for (model::Quantizer* q : m.quantizers()) {
+    q->mode = model::QuantMode::kQuantize;
+    for (float& s : m.parameters().get(q->scale).value) s = 0.02f;
+  }
+  const std::string layer = "bert.encoder.layer.1.attention.self.";
+  const float earlier[3] = {0.031f, 0.047f, 0.029f};  // query, key, value
+  const char* projections[3] = {"query", "key", "value"};
+  auto shared_scale = [&](model::Bert& b) { return b.parameters().get(layer + "input_quantizer.scale").value[0]; };
+  auto check = [&](model::Bert& b, const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(shared_scale(b), 0.047f);
+    EXPECT_EQ(b.find_quantizer(layer + "input_quantizer")->mode, model::QuantMode::kQuantize);
+    EXPECT_EQ(b.parameters().get("bert.encoder.layer.0.attention.self.input_quantizer.scale").value[0], 0.02f);
+  };
+
+  // Our checkpoint: the shared dataset replaced by the three earlier ones, the enabled list by their names.
+  const std::string path = dir.file("earlier.h5");
+  store::save_checkpoint(path, m, nullptr, store::TrainingState{});
+  {
+    data::hdf5::Quiet quiet;
+    data::hdf5::Handle f(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_TRUE(f.ok());
+    ASSERT_GE(H5Ldelete(f.get(), ("model/" + layer + "input_quantizer.scale").c_str(), H5P_DEFAULT), 0);
+    Json::Array enabled;
+    for (model::Quantizer* q : m.quantizers())
+      if (q->name != layer + "input_quantizer") enabled.emplace_back(q->name);
+    for (int i = 0; i < 3; ++i) {
+      const std::string name = layer + projections[i] + ".input_quantizer";
+      data::hdf5::write_dataset(f.get(), "model/" + name + ".scale", &earlier[i], {1}, path);
+      enabled.emplace_back(name);
+    }
+    ASSERT_GE(H5Adelete(f.get(), "quantizers_enabled"), 0);
+    data::hdf5::write_attribute(f.get(), "quantizers_enabled", Json(enabled).dump());
+  }
+  model::Bert from_checkpoint(read_config(kFixtures + "/tiny"));
+  store::load_checkpoint(path, from_checkpoint, nullptr);
+  check(from_checkpoint, "checkpoint");
+
+  // A Hugging Face directory whose quantization record names the three.
+  export_model(dir.file("hf"), m, Json());
+  Json record = Json::parse(read_text_file(dir.file("hf/quantization.json"), "record"));
+  Json::Object scales;
+  for (const auto& [name, values] : record.find("scales")->as_object())
+    if (name != layer + "input_quantizer") scales.emplace_back(name, values);
+  for (int i = 0; i < 3; ++i)
+    scales.emplace_back(layer + projections[i] + ".input_quantizer", Json(Json::Array{Json(double(earlier[i]))}));
+  record["scales"] = Json(scales);
+  std::ofstream(dir.file("hf/quantization.json")) << record.dump();
+  // The safetensors metadata holds the record too; drop it so the side file is what is read.
+  {
+    SafetensorsWriter w;
+    add_all(w, m, [](const std::string& n) { return n; });
+    w.write(dir.file("hf/model.safetensors"));
+  }
+  model::Bert from_hf(read_config(dir.file("hf")));
+  const ImportReport report = import_model(dir.file("hf"), from_hf);
+  check(from_hf, "Hugging Face directory");
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("merged into '" + layer + "input_quantizer' at the largest"), std::string::npos);
 }
 
 TEST(HfExport, TaskModelsRoundTripAndFineTuningStartsFromAPretrainingDirectory) {

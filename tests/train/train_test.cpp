@@ -964,6 +964,30 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
     EXPECT_GT(r.metrics.mlm_accuracy(), 0.2) << r.mode << ": far above chance on this corpus";
   for (auto [q, mode] : modes) EXPECT_EQ(q->mode, mode) << "compare_modes leaves the model as it came";
 
+  // The attention probabilities (bounded by 1) keep their whole range under every calibrator.
+  int bounded = 0;
+  for (quant::Method method : {quant::Method::kEntropy, quant::Method::kPercentile, quant::Method::kMse}) {
+    const std::map<std::string, double> amax = quant::apply_calibration(m, stats, method, 99.0);
+    for (model::Quantizer* q : stats.quantizers) {
+      if (q->bound == 0) continue;
+      EXPECT_EQ(amax.at(q->name), 1.0) << q->name << " " << quant::method_name(method);
+      EXPECT_LE(stats.activations.at(q->name).max(), q->bound) << q->name;
+      ++bounded;
+    }
+  }
+  EXPECT_EQ(bounded, 3 * m.config().num_hidden_layers) << "one matmul_a quantizer a layer";
+  for (auto [q, mode] : modes) q->mode = mode;
+
+  // A PTQ row's loss traced to its activation quantizers: each alone, least accurate first.
+  const std::vector<eval::SensitivityRow> harmful =
+      eval::harmful_activation_quantizers(m, stats, quant::Method::kEntropy, 99.99, make, 2, 3, g);
+  ASSERT_EQ(harmful.size(), 3u);
+  for (size_t i = 0; i < harmful.size(); ++i) {
+    EXPECT_EQ(harmful[i].name.find("weight_quantizer"), std::string::npos) << harmful[i].name;
+    if (i > 0) EXPECT_LE(harmful[i - 1].only_this, harmful[i].only_this);
+  }
+  for (auto [q, mode] : modes) EXPECT_EQ(q->mode, mode) << "harmful_activation_quantizers leaves the model as it came";
+
   const eval::SensitivityReport loose = eval::sensitivity(m, stats, quant::Method::kMax, 99.99, make, 2, 1.0, g);
   EXPECT_EQ(loose.rows.size(), stats.quantizers.size());
   EXPECT_TRUE(loose.keep_float.empty()) << "a drop of 1.0 is always allowed";
