@@ -2,12 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/process.h"
 #include "core/sha256.h"
+#include "core/text_file.h"
 #include "data/loader.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"
@@ -155,6 +157,16 @@ void export_checkpoint(ExportRequest a) {
                a.onnx_path, m.graph().node_size(), m.graph().initializer_size(), a.options.opset,
                a.options.qdq ? "Q/DQ, " : "FP32", a.options.qdq ? std::to_string(enabled) + " quantizers" : "",
                a.options.qdq ? " and TensorRT rules" : "", tokenizer_copy.string());
+  if (a.options.qdq) write_fusion_report(fusion_report(written, a.onnx_path), a.report_json);
+}
+
+void write_fusion_report(const FusionReport& report, const std::string& json_path) {
+  std::fputs(report.text().c_str(), stdout);
+  std::fflush(stdout);
+  if (!json_path.empty()) {
+    write_text_file(json_path, report.to_json().dump(2) + "\n");
+    spdlog::info("wrote the fusion report {}", json_path);
+  }
 }
 
 }  // namespace bert::exporter

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "export/bert_onnx.h"
+#include "export/fusion_report.h"
 #include "export/trt_cache.h"
 
 namespace bert::exporter {
@@ -32,11 +33,16 @@ struct ExportRequest {
   // unless triton_name is given.
   std::string triton_repo, triton_name;
   int triton_max_batch = 64;
+  std::string report_json;  // also write the Q/DQ export's fusion report as JSON here ("" for none)
 };
 
 // Does everything `request` asks, or throws UserError naming the flag or file before writing the ONNX
 // file (a request the checkpoint cannot meet, a tokenizer it was not trained with, a Q/DQ graph that
 // breaks TensorRT's rules). Logs one line per file written.
+// A Q/DQ export also prints its fusion report (what TensorRT can run in INT8; export/fusion_report.h).
 void export_checkpoint(ExportRequest request);
+
+// Prints the report's table and findings, and writes its JSON to json_path unless that is empty.
+void write_fusion_report(const FusionReport& report, const std::string& json_path);
 
 }  // namespace bert::exporter

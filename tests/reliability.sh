@@ -176,6 +176,19 @@ rc=$?
 grep -qE "disk full|cannot write" "$OUT/full-export.log" || fail "export: no disk-full message: $(tail -2 "$OUT/full-export.log")"
 [ "$(sum "$OUT/export/model.onnx")" = "$before" ] || fail "export: the previous file changed"
 ls "$OUT"/export/*.tmp.* > /dev/null 2>&1 && fail "export: a temporary file was left behind"
+# The fusion report: of a Q/DQ export (clean here: every GEMM and attention matmul INT8), and clear
+# refusals for an FP32 graph, a file that is no ONNX model and a report asked beside an export.
+"$BIN/bert-export" --checkpoint "$OUT/ptq.h5" --onnx "$OUT/export/qdq.onnx" --qdq --report-json "$OUT/fusion.json" \
+  > "$OUT/qdq-export.log" 2>&1 || fail "Q/DQ export: $(tail -2 "$OUT/qdq-export.log")"
+grep -q "^clean: every GEMM" "$OUT/qdq-export.log" || fail "Q/DQ export: no clean fusion report: $(cat "$OUT/qdq-export.log")"
+"$BIN/bert-export" --report "$OUT/export/qdq.onnx" > "$OUT/fusion.log" 2>&1 && grep -q "^0 .*fused int8" "$OUT/fusion.log" ||
+  fail "--report: $(cat "$OUT/fusion.log")"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['clean'] and len(r['layers'])==1" "$OUT/fusion.json" ||
+  fail "--report-json"
+expect_error report-fp32 "no QuantizeLinear/DequantizeLinear: an FP32 graph" "" -- "$BIN/bert-export" --report "$OUT/export/model.onnx"
+expect_error report-not-onnx "is not an ONNX model" "" -- "$BIN/bert-export" --report "$OUT/tiny.json"
+expect_error report-and-export "--report reads an ONNX file and exports nothing" "" -- "$BIN/bert-export" \
+  --report "$OUT/export/qdq.onnx" --checkpoint "$OUT/run"
 EVAL_JSON=("$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --fill-mask "and god [MASK] the light" --top-k 40 --json-out "$OUT/report.json")
 "${EVAL_JSON[@]}" > "$OUT/report.log" 2>&1 || fail "eval --json-out"
 before=$(sum "$OUT/report.json")

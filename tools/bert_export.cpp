@@ -2,6 +2,7 @@
 // directory.
 #include <CLI/CLI.hpp>
 
+#include "core/error.h"
 #include "core/openmp_wait.h"
 #include "export/export_checkpoint.h"
 #include "ort/runner.h"
@@ -13,6 +14,7 @@ using namespace bert;
 
 struct Args {
   exporter::ExportRequest request;
+  std::string report;  // --report: an ONNX file to report on instead of exporting
   Args() { request.cache.ort_script = ort::default_ort_script(); }
 };
 
@@ -30,10 +32,17 @@ void add_options(CLI::App& app, Args& a) {
       "  bert-export --checkpoint runs/mini --onnx fp32.onnx --trt-calib-cache fp32.cache --calib-shards shards/\n"
       "  bert-export --checkpoint runs/qat --onnx int8.onnx --qdq --triton-repo triton/\n"
       "  bert-export --checkpoint runs/qat --hf bert-qat-int8                # a Hugging Face directory\n"
+      "  bert-export --report int8.onnx     # what TensorRT can run in INT8 (any exporter's Q/DQ BERT)\n"
       "Guide: docs/export.md");
   app.add_option("--checkpoint", a.request.checkpoint,
-                 "checkpoint .h5, its run folder, or a Hugging Face model directory")
-      ->required();
+                 "checkpoint .h5, its run folder, or a Hugging Face model directory (needed unless --report)");
+  app.add_option("--report", a.report,
+                 "print the fusion report of this Q/DQ ONNX file (any exporter's BERT encoder) and export nothing: "
+                 "per encoder layer, which GEMMs and attention matmuls TensorRT can run in INT8, whether Q, K and "
+                 "V share one input scale, whether its fused INT8 attention pattern is complete, and where a "
+                 "missing Q/DQ leaves FP16 with reformat kernels. A --qdq export prints the same for its file")
+      ->check(CLI::ExistingFile);
+  app.add_option("--report-json", a.request.report_json, "also write the fusion report as JSON to this file");
   app.add_option("--onnx", a.request.onnx_path, "output .onnx file");
   app.add_option("--hf", a.request.hf_dir,
                  "also (or only) write a Hugging Face model directory: config.json + model.safetensors "
@@ -75,6 +84,14 @@ void add_options(CLI::App& app, Args& a) {
 }
 
 int run(Args& a) {
+  if (!a.report.empty()) {
+    if (!a.request.checkpoint.empty() || !a.request.onnx_path.empty())
+      throw UserError("--report reads an ONNX file and exports nothing: not with --checkpoint or --onnx");
+    exporter::write_fusion_report(exporter::fusion_report(exporter::read_onnx(a.report), a.report),
+                                  a.request.report_json);
+    return 0;
+  }
+  if (a.request.checkpoint.empty()) throw UserError("--checkpoint is required (or --report MODEL.onnx)");
   exporter::export_checkpoint(a.request);
   return 0;
 }

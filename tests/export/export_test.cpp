@@ -19,6 +19,8 @@
 #include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
 #include "export/export_checkpoint.h"
+#include "export/fusion_report.h"
+#include "export/onnx_graph.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"
 #include "export/trt_cache.h"
@@ -760,6 +762,123 @@ namespace {
 // The whole export of a model source, as bert-export runs it: a Hugging Face directory in, the ONNX
 // file (checked, with the tokenizer's hash in its metadata) and the tokenizer beside it out, a Hugging
 // Face directory beside that; a request the model cannot meet fails before anything is written.
+// The fusion report on our Q/DQ export (clean), and on graphs mutated so that each rule fails its own way.
+TEST(FusionReport, ACleanExportAndEachRuleFailingItsOwnWay) {
+  model::Bert m(small_config());
+  m.initialize(7);
+  quantize_all(m, make_inputs(4, 12, 60, 2));  // every quantizer, the residual inputs too
+  ExportOptions options;
+  options.qdq = true;
+  const onnx::ModelProto good = export_bert(m, options);
+  const FusionReport clean = fusion_report(good, "good");
+  ASSERT_EQ(clean.layers.size(), 2u);
+  EXPECT_TRUE(clean.clean()) << clean.text();
+  EXPECT_TRUE(clean.findings.empty()) << clean.text();
+  EXPECT_EQ(clean.max_length, 32);
+  for (const LayerFusion& l : clean.layers) {
+    EXPECT_EQ(l.head_size, 16);
+    EXPECT_TRUE(l.qkv_one_scale && l.probs_quantized && l.context_quantized && l.attention_fusable);
+    EXPECT_EQ(l.residual_inputs, 4);
+    EXPECT_EQ(l.residual_inputs_quantized, 4);
+    ASSERT_EQ(l.products.size(), 8u);
+    for (const ProductCheck& p : l.products) EXPECT_TRUE(p.int8) << p.role;
+  }
+  EXPECT_NE(clean.text().find("clean: every GEMM"), std::string::npos);
+  EXPECT_TRUE(clean.to_json().find("clean")->as_bool());
+
+  const std::string p = "bert.encoder.layer.1.";
+  auto report = [](const onnx::ModelProto& model) { return fusion_report(model, "mutated"); };
+  auto finding = [](const FusionReport& r, const std::string& text) {
+    for (const std::string& f : r.findings)
+      if (f.find(text) != std::string::npos) return true;
+    return false;
+  };
+  {  // FFN in reads its input unquantized: that GEMM runs in FP16.
+    onnx::ModelProto bad = good;
+    node(bad, p + "intermediate.dense.matmul")->set_input(0, p + "attention.output.LayerNorm");
+    const FusionReport r = report(bad);
+    EXPECT_FALSE(r.clean());
+    EXPECT_TRUE(r.layers[0].int8_ready());
+    EXPECT_FALSE(r.layers[1].products[6].int8);
+    EXPECT_EQ(r.layers[1].products[6].missing, "activation input");
+    EXPECT_TRUE(finding(r, "layer 1 FFN in")) << r.text();
+  }
+  {  // K's pair on another scale: Q, K and V cannot be one GEMM. The same value under another name can.
+    onnx::ModelProto bad = good, renamed = good;
+    const std::string q = p + "attention.self.input_quantizer";
+    for (onnx::ModelProto* model : {&bad, &renamed}) {
+      onnx::TensorProto* scale = model->mutable_graph()->add_initializer();
+      scale->CopyFrom(*initializer(*model, q + ".scale"));
+      scale->set_name("other_scale");
+      if (model == &bad) {
+        float value = 0;
+        std::memcpy(&value, scale->raw_data().data(), 4);
+        value *= 1.5f;
+        std::string raw(4, '\0');
+        std::memcpy(raw.data(), &value, 4);
+        scale->set_raw_data(raw);
+      }
+      node(*model, q + ".key.quantize")->set_input(1, "other_scale");
+      node(*model, q + ".key.dequantize")->set_input(1, "other_scale");
+    }
+    const FusionReport r = report(bad);
+    EXPECT_FALSE(r.layers[1].qkv_one_scale);
+    EXPECT_FALSE(r.clean());
+    EXPECT_TRUE(finding(r, "layer 1: Q, K and V read their input at different scales")) << r.text();
+    EXPECT_TRUE(report(renamed).clean()) << report(renamed).text();
+  }
+  {  // No Q/DQ after P V: the fused INT8 attention cannot run (nor, here, the output projection in INT8).
+    onnx::ModelProto bad = good;
+    node(bad, p + "attention.self.context_transposed")->set_input(0, p + "attention.self.context");
+    const FusionReport r = report(bad);
+    EXPECT_FALSE(r.layers[1].context_quantized);
+    EXPECT_FALSE(r.layers[1].attention_fusable);
+    EXPECT_TRUE(finding(r, "layer 1: no Q/DQ after P V")) << r.text();
+  }
+  {  // The probabilities unquantized: P V runs in FP16.
+    onnx::ModelProto bad = good;
+    node(bad, p + "attention.self.context")->set_input(0, p + "attention.self.probs");
+    const FusionReport r = report(bad);
+    EXPECT_FALSE(r.layers[1].probs_quantized);
+    EXPECT_EQ(r.layers[1].products[4].missing, "probabilities");
+    EXPECT_FALSE(r.layers[1].attention_fusable);
+    EXPECT_TRUE(finding(r, "layer 1 P V")) << r.text();
+  }
+  {  // A residual input unquantized: reported, not a finding (the recipe's, not a GEMM's).
+    onnx::ModelProto bad = good;
+    onnx::NodeProto* add = node(bad, p + "output.residual");
+    add->set_input(1, p + "attention.output.LayerNorm");
+    const FusionReport r = report(bad);
+    EXPECT_EQ(r.layers[1].residual_inputs_quantized, 3);
+    EXPECT_TRUE(r.clean());
+    EXPECT_NE(r.text().find("1 of 8 residual-add inputs are not quantized"), std::string::npos) << r.text();
+  }
+  {  // Head size 128 and 1024 positions: outside TensorRT's fused INT8 attention.
+    model::BertConfig c = small_config();
+    c.hidden_size = 256;
+    c.intermediate_size = 64;
+    c.max_position_embeddings = 1024;
+    model::Bert wide(c);
+    wide.initialize(3);
+    quantize_all(wide, make_inputs(2, 8, 60, 2));
+    const FusionReport r = report(export_bert(wide, options));
+    EXPECT_EQ(r.layers[0].head_size, 128);
+    EXPECT_TRUE(r.layers[0].int8_ready());
+    EXPECT_FALSE(r.layers[0].attention_fusable);
+    EXPECT_TRUE(finding(r, "head size 128")) << r.text();
+    EXPECT_TRUE(finding(r, "1024 positions")) << r.text();
+  }
+  // Nothing to report: an FP32 graph, and a graph that is no BERT encoder.
+  options.qdq = false;
+  testing::expect_user_error([&] { report(export_bert(m, options)); }, "no QuantizeLinear/DequantizeLinear: an FP32 graph");
+  onnx::ModelProto other;
+  OnnxGraph builder(other.mutable_graph());
+  builder.input("x", onnx::TensorProto::FLOAT, {1, 4});
+  const std::string w = builder.floats("w", std::vector<float>(16, 0.5f), {4, 4});
+  builder.node("MatMul", {"x", w}, "y");
+  testing::expect_user_error([&] { report(other); }, "is not a BERT encoder as the fusion report reads one: it has no Softmax");
+}
+
 TEST(ExportCheckpoint, WritesTheOnnxFileWithItsTokenizerAndRefusesWhatTheModelCannotMeet) {
   const std::string source = std::string(BERT_SOURCE_DIR) + "/tests/fixtures/hf/tiny";
   testing::TempDir dir;
