@@ -1,31 +1,46 @@
 #!/usr/bin/env bash
 # Training-step speed on a GPU, ours beside PyTorch on the same GPU in one run: BERT-base (seq 128,
-# batch 64) and BERT-mini (batch 256), vocabulary 30522, FP32, TF32 and BF16 mixed precision, FP32 and
-# QAT steps.
+# batch 64), BERT-mini (batch 256), BERT-large (batch 32) and BERT-base at length 512 (batch 16),
+# vocabulary 30522, FP32, TF32 and BF16 mixed precision, FP32 and QAT steps; seq/s and peak GPU memory.
 # Run on the GPU machine from the repository root with a bundle made by scripts/gpu_bundle.sh:
-#   bash bench/gpu_speed.sh [ours|torch|all] > gpu_speed.txt
-# PyTorch (bench/torch_step_bench.py) runs the same model in eager mode, and with torch.compile for BF16.
+#   bash bench/gpu_speed.sh [ours|torch|compiled|all] > gpu_speed.txt
+# PyTorch (bench/torch_step_bench.py) runs the same model three ways: eager as written (explicit
+# attention, AdamW's default), eager with fused attention (scaled_dot_product_attention) and fused AdamW,
+# and that under torch.compile (`compiled`; a minute of compilation per configuration).
+# Environment: BENCH_STEPS (10), CONFIGS (the "preset batch seq" triples below), PRECISIONS (fp32 tf32
+# bf16), COMPILED_PRECISIONS (bf16: the compiled runs), MODES (ours: fp32,qat,qat-separate).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 steps=${BENCH_STEPS:-10}
-if [ "$what" != torch ]; then
-  for precision in fp32 tf32 bf16; do
-    for config in "base 64" "mini 256"; do
-      set -- $config
-      bash gpu-bundle/run.sh train-step-bench --device cuda --precision "$precision" --presets "$1" --batches "$2" \
-        --vocab 30522 --steps "$steps" --warmup 3 --modes "${MODES:-fp32,qat,qat-separate}" | grep -E "^(device|$1) " | sed "s/^/ours $precision: /"
-    done
+configs=${CONFIGS:-"base 64 128;mini 256 128;large 32 128;base 16 512"}
+precisions=${PRECISIONS:-fp32 tf32 bf16}
+each_config() {  # calls "$@" preset batch seq for every configuration
+  local IFS=';'
+  for config in $configs; do
+    IFS=' ' read -r preset batch seq <<< "$config"
+    "$@" "$preset" "$batch" "$seq"
   done
-fi
-if [ "$what" != ours ]; then
-  for dtype in fp32 tf32 bf16; do
-    for config in "base 64" "mini 256"; do
-      set -- $config
-      python3 bench/torch_step_bench.py --device cuda --dtype "$dtype" --presets "$1" --batches "$2" --vocab 30522 \
-        --steps "$steps" --warmup 3
-    done
-  done
-  python3 bench/torch_step_bench.py --device cuda --dtype bf16 --compile --presets base --batches 64 --vocab 30522 \
-    --steps "$steps" --warmup 3
+}
+ours() {
+  bash gpu-bundle/run.sh train-step-bench --device cuda --precision "$precision" --presets "$1" --batches "$2" \
+    --seq "$3" --vocab 30522 --steps "$steps" --warmup 3 --modes "${MODES:-fp32,qat,qat-separate}" |
+    grep -E "^(device|$1) " | sed "s/^/ours $precision seq $3: /"
+}
+torch_tiers() {
+  python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
+    --vocab 30522 --steps "$steps" --warmup 3
+  python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
+    --vocab 30522 --steps "$steps" --warmup 3 --attention sdpa --adamw fused
+}
+torch_compiled() {
+  python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
+    --vocab 30522 --steps "$steps" --warmup 3 --attention sdpa --adamw fused --compile
+}
+for precision in $precisions; do
+  [ "$what" = ours ] || [ "$what" = all ] && each_config ours
+  [ "$what" = torch ] || [ "$what" = all ] && each_config torch_tiers
+done
+if [ "$what" = compiled ] || [ "$what" = all ]; then
+  for precision in ${COMPILED_PRECISIONS:-bf16}; do each_config torch_compiled; done
 fi

@@ -6,7 +6,9 @@ BERT's initialisation and dropout 0.1, the same shapes and synthetic batches, on
 step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup, and
 evaluation throughput (forward, no grad). Prints one JSON object per configuration. --dtype fp32
 (strict), bf16 (autocast to bfloat16, FP32 master weights; CPU or GPU) or, on a GPU (--device cuda), tf32
-(TF32 matmuls); --compile for torch.compile.
+(TF32 matmuls); --compile for torch.compile. PyTorch at its best on a GPU: --attention sdpa
+(torch.nn.functional.scaled_dot_product_attention, fused attention; no mask argument, nothing is padded, as
+Hugging Face passes none then), --adamw fused and --compile; --seq for the sequence length.
 
 Run with Debian's Python (python3-torch), e.g.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_step_bench.py --threads 1
@@ -25,7 +27,16 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden"))
 from bert_reference import Bert, make_params  # noqa: E402  (the one PyTorch BERT of the project)
 
-PRESETS = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
+PRESETS = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768),
+           "large": (24, 1024)}
+
+
+class SdpaBert(Bert):
+    """The reference model with fused attention (PyTorch 2's scaled_dot_product_attention: FlashAttention or
+    memory-efficient kernels on a GPU). The synthetic batches pad nothing, so no mask is passed."""
+
+    def attend(self, q, k, v, additive):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.dropout > 0 else 0.0)
 
 
 def config(preset, vocab, seq=512):
@@ -85,6 +96,11 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
+    ap.add_argument("--attention", default="explicit", choices=["explicit", "sdpa"],
+                    help="explicit: softmax(q k^T) v as written; sdpa: scaled_dot_product_attention (fused)")
+    ap.add_argument("--adamw", default="default", choices=["default", "fused"],
+                    help="AdamW as torch picks it (foreach), or its fused CUDA kernel")
+    ap.add_argument("--seq", type=int, default=128, help="sequence length (20 masked positions; 80 from 512 on)")
     ap.add_argument("--profile", action="store_true",
                     help="after each measurement, --steps more training steps and evaluations under torch.profiler: "
                          "the ops' self time per step, to stderr (the baseline of train-step-bench --profile)")
@@ -105,14 +121,17 @@ def main():
     autocast = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if a.dtype == "bf16" else (
         lambda: torch.autocast(dev.type, enabled=False))
     fwd = torch.compile(pretraining_loss) if a.compile else pretraining_loss
-    t, p = 128, 20
+    t = a.seq
+    p = 80 if t >= 512 else min(20, t - 2)
+    model_class = SdpaBert if a.attention == "sdpa" else Bert
     for name in a.presets.split(","):
         for b in map(int, a.batches.split(",")):
-            cfg = config(name, a.vocab)
+            cfg = config(name, a.vocab, max(512, t))
             w = make_params(cfg, bert_init=True, requires_grad=False, generator=torch.Generator().manual_seed(1))
             w = {k: torch.nn.Parameter(v.to(dev)) for k, v in w.items()}
-            training, evaluation = Bert(cfg, w, dropout=0.1), Bert(cfg, w)
-            opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01, **({"fused": True} if cuda else {}))
+            training, evaluation = model_class(cfg, w, dropout=0.1), model_class(cfg, w)
+            opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01,
+                                    **({"fused": True} if a.adamw == "fused" else {}))
             batch = tuple(x.to(dev) for x in synthetic_batch(b, t, p, a.vocab))
             def train_step():
                 opt.zero_grad(set_to_none=True)
@@ -147,10 +166,13 @@ def main():
                     profile_steps(a, name, b, lambda: eval_step(), "evaluation")
             step = statistics.median(times)
             mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+            # Device memory in use (context and allocator cache included): what our train-step-bench reports.
+            used = (lambda free, total: (total - free) / 2**30)(*torch.cuda.mem_get_info()) if cuda else 0.0
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            print(json.dumps({"preset": name, "batch": b, "device": a.device, "dtype": a.dtype, "compile": a.compile,
-                              "gpu_mem_gib": round(mem, 2), "step_s": step, "seq_per_s": b / step,
+            print(json.dumps({"preset": name, "batch": b, "seq": t, "device": a.device, "dtype": a.dtype,
+                              "attention": a.attention, "adamw": a.adamw, "compile": a.compile,
+                              "gpu_mem_gib": round(mem, 2), "gpu_used_gib": round(used, 2), "step_s": step, "seq_per_s": b / step,
                               "eval_seq_per_s": b / statistics.median(eval_times), "threads": a.threads,
                               "omp": os.environ.get("OMP_NUM_THREADS"), "openblas": os.environ.get("OPENBLAS_NUM_THREADS"),
                               "flush_denormals": a.flush_denormals, "torch": torch.__version__}), flush=True)

@@ -1,5 +1,5 @@
 // train-step-bench: time of one full training step (forward, backward, clipping, AdamW) for FP32 and
-// QAT, and evaluation throughput, for BERT presets at sequence length 128, with achieved GFLOP/s from an
+// QAT, and evaluation throughput, for BERT presets at sequence length 128 (--seq), with achieved GFLOP/s from an
 // analytic FLOP count and the SGEMM ceiling of the machine measured in the same run. Median of timed
 // steps after warm-up. Synthetic batches with the shard layout (20 masked positions per sequence).
 #include <omp.h>
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   bert::apply_denormal_setting();            // as the tools do (BERT_KEEP_DENORMALS=1 keeps them)
   std::string presets = "tiny,mini", batches = "32,128";
   int steps = 5, warmup = 2;
-  int64_t vocab = 16000;
+  int64_t vocab = 16000, seq = 128;
   std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32", eval_outputs = "scores";
   bool profile_ops = false, profile_shapes = false;
   int scaling_rounds = 0;
@@ -97,6 +97,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000))->capture_default_str();
   app.add_option("--vocab", vocab, "vocabulary size")
       ->check(CLI::Range(int64_t{100}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--seq", seq, "sequence length (masked positions: 20, or 80 from 512 on, as the demo's shards)")
+      ->check(CLI::Range(int64_t{8}, int64_t{512}))
       ->capture_default_str();
   app.add_option("--modes", modes,
                  "comma-separated: fp32, qat, qat-separate (QAT with every quantizer as an op of its own, the "
@@ -166,7 +169,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  const int64_t t = 128, p = 20;
+  const int64_t t = seq, p = seq >= 512 ? 80 : std::min<int64_t>(20, seq - 2);
+  std::printf("sequence length %lld, %lld masked positions\n", (long long)t, (long long)p);
   if (!device->is_cuda()) {  // The SGEMM ceiling through the same kernel path.
     const int64_t n = 2048;
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);

@@ -181,7 +181,7 @@ BertConfig preset(const std::string& name) {
     int64_t layers, hidden;
   };
   static const Size sizes[] = {
-      {"tiny", 2, 128}, {"mini", 4, 256}, {"small", 4, 512}, {"medium", 8, 512}, {"base", 12, 768}};
+      {"tiny", 2, 128}, {"mini", 4, 256}, {"small", 4, 512}, {"medium", 8, 512}, {"base", 12, 768}, {"large", 24, 1024}};
   for (const Size& s : sizes) {
     if (name != s.name) continue;
     BertConfig c;
@@ -191,7 +191,7 @@ BertConfig preset(const std::string& name) {
     c.intermediate_size = 4 * s.hidden;
     return c;
   }
-  throw UserError("unknown model preset '" + name + "': expected tiny, mini, small, medium or base");
+  throw UserError("unknown model preset '" + name + "': expected tiny, mini, small, medium, base or large");
 }
 
 }  // namespace bert::model

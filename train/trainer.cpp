@@ -544,8 +544,9 @@ void report_progress(const TrainOptions& o, int64_t step, double lr, double elap
     const auto [used, total] = device.memory_use();
     memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
   }
-  spdlog::info("step {:>6}/{}  {}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s  ETA {}{}", step, o.steps, window.describe(), lr,
-               window.mean_grad_norm(), seq_per_s, format_duration(seconds_per_step * (o.steps - step)), memory);
+  spdlog::info("step {:>6}/{}  {}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s{}  ETA {}{}", step, o.steps, window.describe(), lr,
+               window.mean_grad_norm(), seq_per_s, ranks.size() > 1 ? " (all ranks)" : "",
+               format_duration(seconds_per_step * (o.steps - step)), memory);
   Json line;
   line["step"] = step;
   window.record(line);
@@ -943,7 +944,9 @@ TrainResult TrainingRun::run_steps() {
   }
   state_.step = result.steps_done = std::min(state_.step, o_.steps);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.sequences_per_second = result.losses.size() * o_.batch_size * o_.accumulation / std::max(result.seconds, 1e-9);
+  // Every rank's sequences: the global rate, as the progress lines give it.
+  result.sequences_per_second = static_cast<double>(result.losses.size() * o_.batch_size * o_.accumulation) *
+                                static_cast<double>(ranks_.size()) / std::max(result.seconds, 1e-9);
   return result;
 }
 
@@ -970,8 +973,12 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
 void TrainingRun::finish(TrainResult& result) {
   if (!result.stopped_early && lead_)
     evaluate_held_out(o_, eval_paths_, model_, loader_, *device_, state_.step, metrics_log_, result);
-  spdlog::info("done: {} steps in {} ({:.1f} sequences/s); checkpoint '{}'", result.losses.size(),
-               format_duration(result.seconds), result.sequences_per_second, files_.checkpoint);
+  const std::string rate =
+      ranks_.size() > 1 ? fmt::format("{:.1f} sequences/s over all {} ranks, {:.1f} per rank", result.sequences_per_second,
+                                      ranks_.size(), result.sequences_per_second / ranks_.size())
+                        : fmt::format("{:.1f} sequences/s", result.sequences_per_second);
+  spdlog::info("done: {} steps in {} ({}); checkpoint '{}'", result.losses.size(), format_duration(result.seconds), rate,
+               files_.checkpoint);
   if (active_.empty()) return;
   // The last save left the values on the host.
   result.saturated_channels = quant::fully_saturated_channels(model_);

@@ -72,7 +72,13 @@ class Bert:
     def __init__(self, cfg, w, dropout=0.0):
         self.cfg, self.w = cfg, w
         self.C = cfg["hidden_size"]
+        self.dropout = dropout
         self.drop = (lambda t: F.dropout(t, dropout, True)) if dropout > 0 else (lambda t: t)
+
+    def attend(self, q, k, v, additive):
+        """Self-attention of (B, H, T, D) heads: softmax(q k^T / sqrt(D) + additive mask), dropout, times v."""
+        probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + additive, dim=-1))
+        return probs @ v
 
     def lin(self, x, name):
         return F.linear(x, self.w[name + ".weight"], self.w[name + ".bias"])
@@ -97,8 +103,7 @@ class Bert:
             p = f"bert.encoder.layer.{i}."
             split = lambda t: t.view(B, T, H, D).transpose(1, 2)
             q, k, v = (split(self.lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
-            probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1))
-            ctx = (probs @ v).transpose(1, 2).reshape(B, T, self.C)
+            ctx = self.attend(q, k, v, additive).transpose(1, 2).reshape(B, T, self.C)
             a = self.norm(self.drop(self.lin(ctx, p + "attention.output.dense")) + x, p + "attention.output.LayerNorm")
             ff = self.lin(F.gelu(self.lin(a, p + "intermediate.dense")), p + "output.dense")
             x = self.norm(self.drop(ff) + a, p + "output.LayerNorm")

@@ -642,6 +642,11 @@ TEST(BertConfig, JsonRoundTripPresetsAndValidation) {
   EXPECT_EQ(mini.num_attention_heads, 4);
   EXPECT_EQ(mini.intermediate_size, 1024);
   EXPECT_EQ(preset("base").num_attention_heads, 12);
+  const BertConfig large = preset("large");  // BERT-large: L24 / H1024 / A16, FFN 4096
+  EXPECT_EQ(large.num_hidden_layers, 24);
+  EXPECT_EQ(large.hidden_size, 1024);
+  EXPECT_EQ(large.num_attention_heads, 16);
+  EXPECT_EQ(large.intermediate_size, 4096);
   EXPECT_EQ(preset("tiny").num_attention_heads, 2);
   EXPECT_THROW(preset("huge"), UserError);
   BertConfig back = BertConfig::from_json(Json::parse(mini.to_json().dump()));
