@@ -104,6 +104,17 @@ model::BertConfig read_checkpoint_config(const std::string& path) {
   }
 }
 
+Json read_checkpoint_run(const std::string& path) {
+  hdf5::Quiet quiet;
+  hdf5::Handle h = hdf5::open_read(path, "checkpoint");
+  try {
+    const Json run = Json::parse(hdf5::read_string_attribute(h.get(), "run").value_or("{}"));
+    return run.is_object() ? run : Json(Json::Object{});
+  } catch (const UserError& e) {
+    throw UserError("checkpoint '" + path + "': its run record: " + e.what());
+  }
+}
+
 TrainingState load_checkpoint(const std::string& path, model::Bert& model, OptimizerMoments* optimizer) {
   hdf5::Quiet quiet;
   hdf5::Handle h = hdf5::open_read(path, "checkpoint");

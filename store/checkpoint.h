@@ -40,6 +40,8 @@ void save_checkpoint(const std::string& path, model::Bert& model, const Optimize
 
 // The model config a checkpoint was made with (to build the model before loading into it).
 model::BertConfig read_checkpoint_config(const std::string& path);
+// The options of the run that wrote the checkpoint (TrainingState::run; an empty object when it has none).
+Json read_checkpoint_run(const std::string& path);
 
 // Loads every parameter (each must be present with its shape; UserError naming the tensor otherwise)
 // and, when `optimizer` is given, the moments into its buffers and its step count (the checkpoint's

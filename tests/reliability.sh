@@ -76,6 +76,17 @@ expect_error data-inspect-corrupt "corrupt.hdf5" "" -- "$BIN/bert-data" inspect 
 
 # A small trained model for the evaluation, export and interruption cases.
 "${TRAIN[@]}" --out "$OUT/run" --steps 20 > "$OUT/run.log" 2>&1 || { tail "$OUT/run.log"; exit 1; }
+
+# --resume keeps the run's plan: a 12-step run stopped at 8 resumes to 12 (not the default 2,000) with its
+# learning rate; a changed --lr is refused; a longer --steps extends it with a warning naming both.
+"${TRAIN[@]}" --out "$OUT/plan" --steps 12 --lr 3e-4 --stop-at 8 > "$OUT/plan.log" 2>&1 || fail "planned run: $(tail -2 "$OUT/plan.log")"
+expect_error resume-other-lr "--lr 0.001: the run being resumed was planned with 0.0003" "" -- "${TRAIN[@]}" --out "$OUT/plan" --resume --lr 1e-3
+"${TRAIN[@]}" --out "$OUT/plan" --resume > "$OUT/plan-resume.log" 2>&1 || fail "resume: $(tail -2 "$OUT/plan-resume.log")"
+grep -q "done: 4 steps" "$OUT/plan-resume.log" && grep -q "step .*12/12" "$OUT/plan-resume.log" ||
+  fail "--resume without --steps did not finish the planned 12 steps: $(grep -E 'step|done' "$OUT/plan-resume.log" | tail -3)"
+"${TRAIN[@]}" --out "$OUT/plan" --resume --steps 14 > "$OUT/plan-extend.log" 2>&1 || fail "extend: $(tail -2 "$OUT/plan-extend.log")"
+grep -q -- "--steps changed on resume: 12 -> 14" "$OUT/plan-extend.log" && grep -q "done: 2 steps" "$OUT/plan-extend.log" ||
+  fail "--resume --steps 14: $(grep -E 'warn|done' "$OUT/plan-extend.log" | tail -3)"
 expect_error eval-missing-checkpoint "nothing.h5" "" -- "$BIN/bert-eval" --checkpoint "$OUT/nothing.h5" --shards "$OUT/shards"
 expect_error eval-corrupt-checkpoint "corrupt.hdf5' is not an HDF5 file" "" -- "$BIN/bert-eval" --checkpoint "$OUT/corrupt.hdf5" --shards "$OUT/shards"
 expect_error eval-unknown-quantizer "no-such-quantizer" "$OUT/never.h5" -- "$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --quantize 'no-such-quantizer*' --save-calibrated "$OUT/never.h5"

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/openmp_wait.h"
 #include "core/parallel.h"
+#include "store/checkpoint.h"
 #include "store/model_source.h"
 #include "tokenizer/load.h"
 #include "tokenizer/tokenizer.h"
@@ -188,13 +189,19 @@ void add_options(CLI::App& app, Args& a) {
 // The options given as words turned into the trainer's, the model config and the tokenizer: the given
 // one, else the copy in the output folder (--resume), else the one shipped with --init-from (a Hugging
 // Face directory's vocab.txt).
-void resolve(Args& a) {
+void resolve(Args& a, const CLI::App& app) {
   using namespace bert;
   train::TrainOptions& o = a.o;
   o.scales = train::parse_scale_training(a.scales);
   o.schedule = train::parse_schedule(a.schedule);
   o.optimizer.kind = train::parse_optimizer(a.optimizer);
   o.on_nonfinite = train::parse_on_nonfinite(a.on_nonfinite);
+  // --resume: the run's plan comes from its record; flags given again must agree (or, --steps, extend it).
+  const std::string checkpoint = (std::filesystem::path(o.output_dir) / "checkpoint.h5").string();
+  if (o.resume && std::filesystem::exists(checkpoint))
+    for (const std::string& w : train::resume_plan(o, store::read_checkpoint_run(checkpoint),
+                                                   [&](const std::string& flag) { return app.count(flag) > 0; }))
+      spdlog::warn("{}", w);
   if (!a.task.empty()) o.task = model::parse_task(a.task);
   o.config = a.config_path.empty() ? model::preset(a.preset) : model::BertConfig::load(a.config_path);
   if (a.dropout >= 0) o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = a.dropout;
@@ -211,7 +218,7 @@ void resolve(Args& a) {
   o.tokenizer_sha256 = tokenizer->file_sha256();
 }
 
-int run(Args& a, int argc, char** argv) {
+int run(Args& a, const CLI::App& app, int argc, char** argv) {
   using namespace bert;
   train::TrainOptions& o = a.o;
   o.process_group = train::process_group_from_environment(o.output_dir);
@@ -230,7 +237,7 @@ int run(Args& a, int argc, char** argv) {
     spdlog::set_level(spdlog::level::warn);
   }
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  resolve(a);
+  resolve(a, app);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   train::TrainResult r = train::train(o, &g_stop);
@@ -247,5 +254,5 @@ int main(int argc, char** argv) {
   CLI::App app;
   add_options(app, args);
   CLI11_PARSE(app, argc, argv);
-  return bert::tools::run_tool([&] { return run(args, argc, argv); });
+  return bert::tools::run_tool([&] { return run(args, app, argc, argv); });
 }

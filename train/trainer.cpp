@@ -125,6 +125,79 @@ Json TrainOptions::to_json() const {
   return j;
 }
 
+std::vector<std::string> resume_plan(TrainOptions& o, const Json& recorded,
+                                     const std::function<bool(const std::string& flag)>& given) {
+  using Set = std::function<void(TrainOptions&, const Json&)>;
+  struct PlanOption {
+    const char* key;   // in TrainOptions::to_json
+    const char* flag;  // bert-train's
+    bool may_change;   // given anew: applied with a warning (else refused)
+    Set set;
+  };
+  static const PlanOption plan[] = {
+      {"steps", "--steps", true, [](TrainOptions& t, const Json& v) { t.steps = v.as_int(); }},
+      {"batch_size", "--batch-size", false, [](TrainOptions& t, const Json& v) { t.batch_size = v.as_int(); }},
+      {"accumulation", "--accumulate", false, [](TrainOptions& t, const Json& v) { t.accumulation = v.as_int(); }},
+      {"learning_rate", "--lr", false, [](TrainOptions& t, const Json& v) { t.learning_rate = v.as_number(); }},
+      {"warmup_fraction", "--warmup", false, [](TrainOptions& t, const Json& v) { t.warmup_fraction = v.as_number(); }},
+      {"schedule", "--schedule", false,
+       [](TrainOptions& t, const Json& v) { t.schedule = parse_schedule(v.as_string()); }},
+      {"optimizer", "--optimizer", false,
+       [](TrainOptions& t, const Json& v) { t.optimizer.kind = parse_optimizer(v.as_string()); }},
+      {"weight_decay", "--weight-decay", false,
+       [](TrainOptions& t, const Json& v) { t.optimizer.weight_decay = v.as_number(); }},
+      {"clip_norm", "--clip", false, [](TrainOptions& t, const Json& v) { t.clip_norm = v.as_number(); }},
+      {"seed", "--seed", false, [](TrainOptions& t, const Json& v) { t.seed = v.as_uint(); }},
+      {"precision", "--precision", true, [](TrainOptions& t, const Json& v) { t.precision = v.as_string(); }},
+      {"init_from", "--init-from", false, [](TrainOptions& t, const Json& v) { t.init_from = v.as_string(); }},
+      {"qat", "--qat", false, [](TrainOptions& t, const Json& v) { t.qat = v.as_bool(); }},
+      {"calibrator", "--calibrator", false,
+       [](TrainOptions& t, const Json& v) { t.calibration.method = v.as_string(); }},
+      {"percentile", "--percentile", false,
+       [](TrainOptions& t, const Json& v) { t.calibration.percentile = v.as_number(); }},
+      {"calib_batches", "--calib-batches", false,
+       [](TrainOptions& t, const Json& v) { t.calibration.batches = v.as_int(); }},
+      {"quantize_residuals", "--quantize-residuals", false,
+       [](TrainOptions& t, const Json& v) { t.calibration.residuals = v.as_bool(); }},
+      {"plan", "--plan", false, [](TrainOptions& t, const Json& v) { t.plan_path = v.as_string(); }},
+      {"scale_lr_multiplier", "--scale-lr-mult", false,
+       [](TrainOptions& t, const Json& v) { t.scale_lr_multiplier = v.as_number(); }},
+      {"scales", "--scales", false,
+       [](TrainOptions& t, const Json& v) { t.scales = parse_scale_training(v.as_string()); }},
+      {"distill_weight", "--distill", false, [](TrainOptions& t, const Json& v) { t.distill_weight = v.as_number(); }},
+      {"distill_temperature", "--distill-temperature", false,
+       [](TrainOptions& t, const Json& v) { t.distill_temperature = v.as_number(); }},
+      {"distill_teacher", "--teacher", false, [](TrainOptions& t, const Json& v) { t.teacher = v.as_string(); }},
+  };
+  std::vector<std::string> warnings;
+  if (!recorded.is_object()) return warnings;
+  const Json now = o.to_json();  // the values as given (or defaulted), before any is taken from the record
+  for (const PlanOption& p : plan) {
+    const Json* was = recorded.find(p.key);
+    if (!was) continue;
+    if (!given(p.flag)) {
+      p.set(o, *was);
+      continue;
+    }
+    const Json* is = now.find(p.key);
+    auto text = [](const Json& v) {  // as a person would write it: 0.0003, linear, true
+      return v.is_number() ? fmt::format("{}", v.as_number()) : v.is_string() ? v.as_string() : v.dump();
+    };
+    const std::string old_value = text(*was), new_value = is ? text(*is) : "(not set)";
+    // Integers exactly (a 64-bit seed), other numbers by value (1e-3 and 0.001), the rest as written.
+    const bool same = is && (was->dump() == is->dump() ||
+                             (was->is_number() && is->is_number() && !was->integer().is_integer &&
+                              was->as_number() == is->as_number()));
+    if (same) continue;
+    if (!p.may_change)
+      throw UserError(std::string(p.flag) + " " + new_value + ": the run being resumed was planned with " + old_value +
+                      "; a resumed run keeps its plan (leave " + p.flag + " out, or start a new run in another --out)");
+    warnings.push_back(std::string(p.flag) + " changed on resume: " + old_value + " -> " + new_value +
+                       (std::string(p.key) == "steps" ? " (warmup and decay now follow the new length)" : ""));
+  }
+  return warnings;
+}
+
 namespace {
 
 std::string format_duration(double seconds) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -105,6 +106,15 @@ TrainOptions::OnNonFinite parse_on_nonfinite(const std::string& name);
 // "learned" | "lsq" | "fixed" (UserError naming --scales otherwise), and back.
 TrainOptions::ScaleTraining parse_scale_training(const std::string& name);
 std::string scale_training_name(TrainOptions::ScaleTraining scales);
+
+// --resume keeps the run's plan: each option of the plan (the schedule, the optimizer, the batch, the
+// seed, precision, QAT and distillation settings) is taken from the run's record (the checkpoint's
+// TrainingState::run) unless `given(flag)` says the command line gave it again. Given with another value,
+// --steps and --precision are applied (a longer or shorter run, whose warmup and decay then follow the new
+// length; other arithmetic) with a warning naming the old and the new value, returned; any other is
+// refused (UserError naming the flag and both values). Options absent from the record are left as given.
+std::vector<std::string> resume_plan(TrainOptions& o, const Json& recorded,
+                                     const std::function<bool(const std::string& flag)>& given);
 
 struct TrainResult {
   int64_t steps_done = 0;

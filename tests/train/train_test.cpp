@@ -158,6 +158,91 @@ TEST(TrainOptions, TheRunRecordKeepsA64BitSeedExactly) {
   EXPECT_EQ(back.find("seed")->as_uint(), o.seed);
 }
 
+// --resume keeps the run's plan: every recorded option comes back when its flag is not given again; given
+// with another value, --steps and --precision are applied with a warning, every other is refused.
+TEST(TrainOptions, ResumeKeepsEveryRecordedOptionOfThePlan) {
+  TrainOptions planned;  // a run started with nothing at its default
+  planned.steps = 12;
+  planned.batch_size = 48;
+  planned.accumulation = 3;
+  planned.learning_rate = 3e-4;
+  planned.warmup_fraction = 0.25;
+  planned.schedule = Schedule::kPoly;
+  planned.optimizer.kind = OptimizerKind::kLamb;
+  planned.optimizer.weight_decay = 0.05;
+  planned.clip_norm = 0.5;
+  planned.seed = (uint64_t{1} << 60) + 7;
+  planned.precision = "bf16";
+  planned.init_from = "runs/base";
+  planned.qat = true;
+  planned.calibration.method = "entropy";
+  planned.calibration.percentile = 99.9;
+  planned.calibration.batches = 7;
+  planned.calibration.residuals = true;
+  planned.plan_path = "plan.json";
+  planned.scale_lr_multiplier = 10;
+  planned.scales = TrainOptions::ScaleTraining::kFixed;
+  planned.distill_weight = 0.5;
+  planned.distill_temperature = 3;
+  planned.teacher = "runs/teacher";
+  const Json recorded = Json::parse(planned.to_json().dump());  // as the checkpoint holds it
+  const std::vector<std::pair<std::string, std::string>> options = {
+      {"steps", "--steps"},
+      {"batch_size", "--batch-size"},
+      {"accumulation", "--accumulate"},
+      {"learning_rate", "--lr"},
+      {"warmup_fraction", "--warmup"},
+      {"schedule", "--schedule"},
+      {"optimizer", "--optimizer"},
+      {"weight_decay", "--weight-decay"},
+      {"clip_norm", "--clip"},
+      {"seed", "--seed"},
+      {"precision", "--precision"},
+      {"init_from", "--init-from"},
+      {"qat", "--qat"},
+      {"calibrator", "--calibrator"},
+      {"percentile", "--percentile"},
+      {"calib_batches", "--calib-batches"},
+      {"quantize_residuals", "--quantize-residuals"},
+      {"plan", "--plan"},
+      {"scale_lr_multiplier", "--scale-lr-mult"},
+      {"scales", "--scales"},
+      {"distill_weight", "--distill"},
+      {"distill_temperature", "--distill-temperature"},
+      {"distill_teacher", "--teacher"}};
+  for (const auto& [key, flag] : options) ASSERT_TRUE(recorded.find(key)) << key << " is recorded";
+
+  // Nothing given again: the whole plan comes back.
+  TrainOptions resumed;
+  resumed.resume = true;
+  EXPECT_TRUE(resume_plan(resumed, recorded, [](const std::string&) { return false; }).empty());
+  EXPECT_EQ(resumed.to_json().dump(), planned.to_json().dump());
+
+  // Each given again with the recorded value: accepted silently; with another value: refused or warned.
+  const Json defaults = TrainOptions().to_json();
+  for (const auto& [key, flag] : options) {
+    SCOPED_TRACE(flag);
+    auto only = [flag = flag](const std::string& f) { return f == flag; };
+    TrainOptions same = planned;
+    EXPECT_TRUE(resume_plan(same, recorded, only).empty());
+    TrainOptions other;  // the flag at its default, which differs from the recorded value
+    other.qat = key == "qat";  // --qat can only be given as true: recorded false in this case
+    const Json record = key == "qat" ? [&] { Json r = recorded; r["qat"] = false; return r; }() : recorded;
+    ASSERT_NE(defaults.find(key) ? defaults.find(key)->dump() : "", recorded.find(key)->dump());
+    if (key == "steps" || key == "precision") {
+      const std::vector<std::string> warnings = resume_plan(other, record, only);
+      ASSERT_EQ(warnings.size(), 1u);
+      EXPECT_NE(warnings[0].find(flag + " changed on resume: " + (key == "steps" ? "12 -> 2000" : "bf16 -> fp32")),
+                std::string::npos)
+          << warnings[0];
+      EXPECT_EQ(other.to_json().find(key)->dump(), defaults.find(key)->dump()) << "the new value applies";
+    } else {
+      expect_user_error([&] { resume_plan(other, record, only); }, flag + " ");
+      expect_user_error([&] { resume_plan(other, record, only); }, "a resumed run keeps its plan");
+    }
+  }
+}
+
 TEST(Optimizer, RejectsBadOptions) {
   expect_user_error([] { parse_optimizer("sgd"); }, "--optimizer 'sgd'");
   EXPECT_EQ(optimizer_name(parse_optimizer("lamb")), "lamb");
