@@ -129,6 +129,7 @@ int64_t train_sentencepiece(const SentencePieceTrainOptions& o, const NextSenten
       {"shuffle_input_sentence", "true"},
       {"max_sentence_length", "8192"},
       {"num_threads", std::to_string(o.threads)},
+      {"minloglevel", "1"},  // its warnings and errors only: bert-data prints one summary line of its own
   };
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned int>(o.seed));  // sentence sampling
   SentenceSource sentences(next_sentence);
