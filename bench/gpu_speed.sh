@@ -2,7 +2,7 @@
 # Training-step speed on a GPU, ours beside PyTorch on the same GPU in one run: BERT-base (seq 128,
 # batch 64), BERT-mini (batch 256), BERT-large (batch 32) and BERT-base at length 512 (batch 16),
 # vocabulary 30522, FP32, TF32 and BF16 mixed precision, FP32 and QAT steps; seq/s and peak GPU memory.
-# Run on the GPU machine from the repository root with a bundle made by scripts/gpu_bundle.sh:
+# Run on a machine with an NVIDIA GPU, from the repository root, with a bundle made by scripts/gpu_bundle.sh:
 #   bash bench/gpu_speed.sh [ours|torch|compiled|all] > gpu_speed.txt
 # PyTorch (bench/torch_step_bench.py) runs the same model three ways: eager as written (explicit
 # attention, AdamW's default), eager with fused attention (scaled_dot_product_attention) and fused AdamW,
