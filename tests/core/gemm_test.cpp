@@ -208,10 +208,15 @@ TEST(Bf16, ProductsAreChosenByWhatTheCpuRuns) {
   const Bf16Products here = bf16_products();
   EXPECT_STREQ(gemm_bf16_kernel_name(), bf16_products_name(here));
   EXPECT_EQ(gemm_bf16_native(), here != kRoundedCopies);
-  if (here == kAmx) EXPECT_TRUE(amx_usable(AmxOp::kBf16));
-  if (here == kVdpbf16ps) EXPECT_TRUE(cpu_has_avx512_bf16());
-  if (std::getenv("BERT_BF16_PRODUCTS") == nullptr && best_cpu_kernels() == CpuKernels::kAvx512)
+  if (here == kAmx) {
+    EXPECT_TRUE(amx_usable(AmxOp::kBf16));
+  }
+  if (here == kVdpbf16ps) {
+    EXPECT_TRUE(cpu_has_avx512_bf16());
+  }
+  if (std::getenv("BERT_BF16_PRODUCTS") == nullptr && best_cpu_kernels() == CpuKernels::kAvx512) {
     EXPECT_EQ(here, choose_bf16_products(true, cpu_has_avx512_bf16(), amx_usable(AmxOp::kBf16)));
+  }
 }
 
 // BF16 operands really are rounded (the product moves away from the FP32 one by their rounding), on every

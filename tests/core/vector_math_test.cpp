@@ -72,7 +72,9 @@ TEST(VectorMath, ExpShiftedMatchesStdExp) {
       double numbers_max = -1e30;
       for (float v : with_nan)
         if (!std::isnan(v)) numbers_max = std::max(numbers_max, double(v));
-      if (n > 1) EXPECT_EQ(vec::max_of_numbers(with_nan.data(), n, set), static_cast<float>(numbers_max));
+      if (n > 1) {
+        EXPECT_EQ(vec::max_of_numbers(with_nan.data(), n, set), static_cast<float>(numbers_max));
+      }
       const std::vector<float> only_nan(n, std::nanf(""));
       EXPECT_EQ(vec::max_of_numbers(only_nan.data(), n, set), -std::numeric_limits<float>::infinity());
       // index_of: std::find's answer for the first and last values, a repeated one, -0 for 0, a NaN and a miss.

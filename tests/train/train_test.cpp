@@ -1069,7 +1069,9 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
   ASSERT_EQ(harmful.size(), 3u);
   for (size_t i = 0; i < harmful.size(); ++i) {
     EXPECT_EQ(harmful[i].name.find("weight_quantizer"), std::string::npos) << harmful[i].name;
-    if (i > 0) EXPECT_LE(harmful[i - 1].only_this, harmful[i].only_this);
+    if (i > 0) {
+      EXPECT_LE(harmful[i - 1].only_this, harmful[i].only_this);
+    }
   }
   for (auto [q, mode] : modes) EXPECT_EQ(q->mode, mode) << "harmful_activation_quantizers leaves the model as it came";
 
