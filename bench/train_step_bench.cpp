@@ -64,7 +64,7 @@ double forward_flops(const model::BertConfig& c, double t, double p) {
 
 void enable_quantization(model::Bert& model, const Batch& batch, Graph<float>& g) {
   quant::CalibrationStatistics stats;
-  stats.quantizers = quant::default_quantizers(model, false);
+  stats.quantizers = quant::default_quantizers(model, quant::CalibrationOptions().residuals);  // the default set
   for (model::Quantizer* q : stats.quantizers)
     if (!q->is_weight) {
       q->observer = &stats.activations[q->name];

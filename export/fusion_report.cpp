@@ -346,7 +346,8 @@ std::string FusionReport::text() const {
   if (residual_quantized < residual)
     s += "  note: " + std::to_string(residual - residual_quantized) + " of " + std::to_string(residual) +
          " residual-add inputs are not quantized: those adds and their LayerNorms run in FP16 and the tensor between "
-         "layers stays FP16 (NVIDIA's recipe quantizes both inputs: --quantize-residuals)\n";
+         "layers stays FP16 (NVIDIA's recipe quantizes both inputs, our default; a model calibrated with "
+         "--no-quantize-residuals leaves them in float)\n";
   s += clean() ? "clean: every GEMM and attention matmul reads INT8, Q, K and V share one scale and the INT8 attention "
                  "pattern is complete in every layer\n"
                : "not clean: " + std::to_string(findings.size()) + " finding(s) above\n";

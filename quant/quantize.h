@@ -22,14 +22,16 @@ std::vector<model::Quantizer*> select(model::Bert& model, const std::string& glo
 bool glob_match(const std::string& pattern, const std::string& name);
 
 // The default set for BERT, as NVIDIA's QDQBERT: every Linear's input and weight, and the inputs of
-// both attention matmuls. The residual-add quantizers join when `residuals` is true.
+// both attention matmuls; with `residuals` (the default of CalibrationOptions), both inputs of each
+// residual add too, as NVIDIA's TensorRT recipe places them (the add then fuses with its LayerNorm and
+// the tensor between layers stays INT8).
 std::vector<model::Quantizer*> default_quantizers(model::Bert& model, bool residuals);
 
 struct CalibrationOptions {
   std::string method = "percentile";  // max | percentile | entropy | mse (activations; weights use max)
   double percentile = 99.99;
   int64_t batches = 16;
-  bool residuals = false;               // also quantize both inputs of each residual add
+  bool residuals = true;                // both inputs of each residual add too (--no-quantize-residuals: not)
   std::string include;                  // comma-separated globs choosing the set instead of the default
   std::string keep_float_globs;         // comma-separated globs kept in float
   std::vector<std::string> keep_float;  // names kept in float (a sensitivity plan)

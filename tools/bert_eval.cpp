@@ -96,7 +96,10 @@ void add_options(CLI::App& app, Args& a) {
                  "--sensitivity then leave out of the evaluation)")
       ->expected(1, -1);
   app.add_option("--calib-batches", a.calibration.batches, "calibration batches")->capture_default_str();
-  app.add_flag("--quantize-residuals", a.calibration.residuals, "also quantize both inputs of each residual add");
+  app.add_flag("--quantize-residuals,!--no-quantize-residuals", a.calibration.residuals,
+               "quantize both inputs of each residual add (the default: NVIDIA's TensorRT recipe, where the add "
+               "fuses with its LayerNorm and the tensor between layers stays INT8); --no-quantize-residuals "
+               "leaves them in float");
   app.add_option("--quantize", a.calibration.include,
                  "comma-separated globs of the quantizers to enable (default set otherwise)");
   app.add_option("--keep-float", a.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");

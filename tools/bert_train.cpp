@@ -120,11 +120,14 @@ void add_quantization_options(CLI::App& app, Args& a) {
   app.add_option("--percentile", a.o.calibration.percentile, "percentile for --calibrator percentile")
       ->capture_default_str();
   app.add_option("--calib-batches", a.o.calibration.batches, "calibration batches")->capture_default_str();
-  app.add_flag("--quantize-residuals", a.o.calibration.residuals, "also quantize both inputs of each residual add");
+  app.add_flag("--quantize-residuals,!--no-quantize-residuals", a.o.calibration.residuals,
+               "quantize both inputs of each residual add (the default: NVIDIA's TensorRT recipe, where the add "
+               "fuses with its LayerNorm and the tensor between layers stays INT8); --no-quantize-residuals "
+               "leaves them in float");
   app.add_option("--plan", a.o.plan_path, "sensitivity plan (from bert-eval --sensitivity): quantizers kept in float");
   app.add_option("--quantize", a.o.calibration.include,
-                 "comma-separated globs of the quantizers to enable (default: every Linear's input and weight and the "
-                 "attention matmul inputs), e.g. '*.weight_quantizer,*matmul_*'");
+                 "comma-separated globs of the quantizers to enable (default: every Linear's input and weight, the "
+                 "attention matmul inputs and both inputs of each residual add), e.g. '*.weight_quantizer,*matmul_*'");
   app.add_option("--keep-float", a.o.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
   app.add_option("--scale-lr-mult", a.o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")
       ->capture_default_str();

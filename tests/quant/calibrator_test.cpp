@@ -258,6 +258,8 @@ TEST(Calibrate, WeightScalesArePerChannelMaxOver127AndKeptFloatStaysFloat) {
 TEST(Calibrate, ChosenSetFollowsIncludeKeepFloatGlobsAndPlan) {
   model::Bert& m = small_model();
   CalibrationOptions o;
+  EXPECT_EQ(chosen_quantizers(m, o).size(), default_quantizers(m, true).size()) << "residual inputs by default";
+  o.residuals = false;
   EXPECT_EQ(chosen_quantizers(m, o).size(), default_quantizers(m, false).size());
   o.include = "*.weight_quantizer,*matmul_a*";
   o.keep_float_globs = "bert.encoder.layer.1.*";

@@ -178,7 +178,7 @@ TEST(TrainOptions, ResumeKeepsEveryRecordedOptionOfThePlan) {
   planned.calibration.method = "entropy";
   planned.calibration.percentile = 99.9;
   planned.calibration.batches = 7;
-  planned.calibration.residuals = true;
+  planned.calibration.residuals = false;  // --no-quantize-residuals
   planned.plan_path = "plan.json";
   planned.scale_lr_multiplier = 10;
   planned.scales = TrainOptions::ScaleTraining::kFixed;
@@ -914,7 +914,9 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
     ++enabled;
     for (float scale : m.parameters().get(q->scale).value) EXPECT_GT(scale, 0.0f) << q->name;
   }
-  EXPECT_EQ(enabled, static_cast<int>(quant::default_quantizers(m, false).size()));
+  // The default set: residual-add inputs included (NVIDIA's TensorRT recipe).
+  EXPECT_EQ(enabled, static_cast<int>(quant::default_quantizers(m, true).size()));
+  EXPECT_GT(quant::default_quantizers(m, true).size(), quant::default_quantizers(m, false).size());
   {  // The learned scales moved away from the calibrated ones (LSQ trains them).
     model::Bert calibrated(store::read_checkpoint_config(path));
     store::load_checkpoint(out.file("fp32") + "/checkpoint.h5", calibrated, nullptr);
