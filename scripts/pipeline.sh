@@ -72,7 +72,13 @@ mkdir -p "$OUT/export"
 $B/bert-export --checkpoint "$OUT/fp32" --onnx "$OUT/export/bert-fp32.onnx" --masked-positions \
   --trt-calib-cache "$OUT/export/bert-fp32.trt.cache" --calib-shards "$TRAIN" --calib-batches $CALIB
 $B/bert-export --checkpoint "$OUT/qat" --onnx "$OUT/export/bert-int8-qdq.onnx" --qdq --masked-positions --plan "$OUT/plan.json" \
-  --triton-repo "$OUT/triton" --triton-name bert_int8
+  --triton-repo "$OUT/triton" --triton-name bert_int8 --report-json "$OUT/export/fusion.json"
+# The recipe this run used, for the report.
+cat > "$OUT/recipe.json" <<JSON
+{"qat_steps": $QAT_STEPS, "calibrator": "percentile", "percentile": 99.99, "calib_batches": $CALIB,
+ "scales": "learned", "lr": $(echo "$LR" | awk '{print $1 / 10}'), "scale_lr_mult": 10, "plan": "plan.json",
+ "trt_cache_calibrator": "max"}
+JSON
 
 for set in heldout $([ -n "$OTHER" ] && echo brown); do
   shards=$([ $set = heldout ] && echo "$HELDOUT" || echo "$OTHER")

@@ -79,6 +79,28 @@ def main():
     for png, title in (("training_curves.png", "Training curves"), ("sensitivity.png", "Sensitivity")):
         if os.path.exists(os.path.join(out, png)):
             lines += [f"![{title}]({png})", ""]
+    recipe_path, fusion_path = os.path.join(out, "recipe.json"), os.path.join(out, "export", "fusion.json")
+    if os.path.exists(recipe_path) and os.path.exists(fusion_path):
+        recipe, fusion = load(recipe_path), load(fusion_path)
+        layers = fusion["layers"]
+        residual = sum(l["residual_inputs_quantized"] for l in layers), sum(l["residual_inputs"] for l in layers)
+        ready = sum(1 for l in layers if l["int8_ready"] and l["attention_fusable"])
+        lines += ["## Quantization recipe", "",
+                  f"QAT for {recipe['qat_steps']} steps from the FP32 checkpoint at learning rate {recipe['lr']:g}: scales "
+                  f"initialised by the {recipe['calibrator']} calibrator ({recipe['percentile']}) on "
+                  f"{recipe['calib_batches']} training batches, then {recipe['scales']} (scales at {recipe['scale_lr_mult']}x "
+                  f"the learning rate), with the sensitivity plan's quantizers kept in float. Placement: TensorRT's fast "
+                  "path (one input scale for Q, K and V, Q/DQ after P V, both residual-add inputs quantized), weights "
+                  f"per channel. TensorRT calibration cache of the FP32 export: the {recipe['trt_cache_calibrator']} "
+                  "calibrator.", "",
+                  f"Fusion report of the Q/DQ export (`bert-export --report`): {ready} of {len(layers)} encoder layers "
+                  "run every GEMM and both attention matmuls in INT8 with the fused INT8 attention pattern complete; "
+                  f"{residual[0]} of {residual[1]} residual-add inputs quantized"
+                  + ("." if fusion["clean"] else "; findings: " + "; ".join(fusion["findings"]) + "."), ""]
+        report["recipe"], report["fusion"] = recipe, {"clean": fusion["clean"], "layers_ready": ready}
+        with open(os.path.join(out, "report.json.tmp"), "w") as f:
+            json.dump(report, f, indent=2)
+        os.replace(os.path.join(out, "report.json.tmp"), os.path.join(out, "report.json"))
     lines += ["Artifacts: `export/bert-fp32.onnx` (+ `bert-fp32.trt.cache`, TensorRT calibration cache), "
               "`export/bert-int8-qdq.onnx` (explicit Q/DQ), tokenizers beside them, and a Triton model repository "
               "in `triton/`.", ""]

@@ -31,6 +31,10 @@ for m in ["fp32", "ptq-max", "ptq-percentile", "ptq-entropy", "ptq-mse", "qat", 
 h = "heldout"
 # The exports score what our engine scores (argmax ties aside).
 assert abs(modes["onnx-fp32 (ORT)"][h]["mlm_accuracy"] - modes["fp32"][h]["mlm_accuracy"]) < 0.005, "FP32 export disagrees"
+# The report names its recipe, and the Q/DQ export's fusion report is clean (every layer INT8-ready) unless
+# the sensitivity plan kept quantizers in float.
+assert r["recipe"]["calibrator"] == "percentile", r.get("recipe")
+assert r["fusion"]["clean"] or r["plan_keep_float"], r.get("fusion")
 assert abs(modes["onnx-int8-qdq (ORT)"][h]["mlm_accuracy"] - modes["qat"][h]["mlm_accuracy"]) < 0.01, "Q/DQ export disagrees"
 # Integer GEMMs give the fake-quantized model's predictions (a float-rounding tie may differ).
 assert modes["qat-int8 (engine)"][h]["agreement"] >= 0.99, "INT8 inference disagrees with the fake-quantized model"
