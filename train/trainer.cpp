@@ -1047,9 +1047,10 @@ void TrainingRun::finish(TrainResult& result) {
   if (!result.stopped_early && lead_)
     evaluate_held_out(o_, eval_paths_, model_, loader_, *device_, state_.step, metrics_log_, result);
   const std::string rate =
-      ranks_.size() > 1 ? fmt::format("{:.1f} sequences/s over all {} ranks, {:.1f} per rank", result.sequences_per_second,
-                                      ranks_.size(), result.sequences_per_second / ranks_.size())
-                        : fmt::format("{:.1f} sequences/s", result.sequences_per_second);
+      ranks_.size() > 1 ? fmt::format("{:.1f} sequences/s over the whole run and all {} ranks, {:.1f} per rank",
+                                      result.sequences_per_second, ranks_.size(),
+                                      result.sequences_per_second / ranks_.size())
+                        : fmt::format("{:.1f} sequences/s over the whole run", result.sequences_per_second);
   spdlog::info("done: {} steps in {} ({}); checkpoint '{}'", result.losses.size(), format_duration(result.seconds), rate,
                files_.checkpoint);
   if (active_.empty()) return;
