@@ -8,7 +8,7 @@
 # Environment: PRESET (mini; base: BERT-base), PRECISION (tf32; bf16 for BF16 mixed precision), runs go to
 # runs/mini-gpu (mini, tf32) or runs/PRESET-gpu-PRECISION; STEPS (pretraining, 10000), BATCH (128), LR (1e-3),
 # QAT_STEPS (1000), VARIANTS (below), EVAL_SETS ("brown"; e.g.
-# "heldout brown"), ORT_BATCHES (unset: no ONNX Runtime scoring). The reference table of bench/README.md:
+# "heldout brown"), ORT_BATCHES (unset: no ONNX Runtime scoring). The reference run:
 #   STEPS=6000 VARIANTS="fp32 learned fixed learned-distill fixed-distill" EVAL_SETS="heldout brown" \
 #   ORT_BATCHES=50 bash bench/gpu_pretrain.sh RESULTS_DIR
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accuracy benchmark behind bench/README.md: evaluates an FP32 pretraining run on the held-out
+# The CPU accuracy benchmark (bench/README.md, "CPU: pretraining the tiny preset"): evaluates an FP32 pretraining run on the held-out
 # documents and on Brown, compares PTQ calibrators, runs a short QAT from it, evaluates that, runs the
 # sensitivity analysis, and times FP32 and QAT training steps. Needs `bash scripts/demo_data.sh` and an
 # FP32 run, e.g.:

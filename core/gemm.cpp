@@ -47,7 +47,7 @@ constexpr double kMinParallelWork = 1 << 18;
 constexpr int64_t kMinKPart = 256;
 // C is cut into about this many blocks per thread, each at least kMinBlockSide on a side where C allows:
 // more blocks balance better (a thread held up takes fewer), bigger ones repack less. Chosen on the
-// GPU machine's 16-core Xeon among 2 or 4 per thread and 64 or 128 (bench/README.md).
+// 16-core Intel Xeon among 2 or 4 per thread and 64 or 128 (docs/performance.md).
 constexpr int64_t kBlocksPerThread = 4;
 constexpr int64_t kMinBlockSide = 64;
 

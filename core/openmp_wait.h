@@ -2,7 +2,7 @@
 // barrier before sleeping; when another process holds some cores, the spinning threads take the time
 // the descheduled ones need, and a step collapses (16 threads on the Xeon with four busy processes:
 // 3-10x slower). Passive waiting (sleep at once) kept 60-85% of the unloaded speed there and cost
-// nothing measurable unloaded (bench/README.md, "Threads under contention").
+// nothing measurable unloaded (docs/performance.md, "Sharing the CPU").
 #pragma once
 
 #include <string>
