@@ -4,7 +4,7 @@
 # distillation (--distill W --distill-temperature T) over a grid, each scored on the test split. The
 # teacher is that FP32 model, or with TEACHER_PRESET (e.g. base) a larger model pretrained and fine-tuned
 # on the task the same way (gpu_finetune.sh with that preset; made first when missing).
-# Run on the GPU machine from the repository root (carry gpu-bundle.tar.xz and cache-gpu, as for
+# Run on a machine with an NVIDIA GPU, from the repository root (carry gpu-bundle.tar.xz and cache-gpu, as for
 # bench/gpu_finetune.sh):
 #   bash bench/gpu_distill.sh [RESULTS_DIR]
 # Environment: TASK (pos; or genre), PRESET (mini), PRECISION (bf16), SEEDS ("1 2 3"), GRID ("0.5:2 0.9:2

@@ -3,7 +3,7 @@
 # needs two GPUs), the loss curve of N GPUs against one GPU with the same global batch, the scaling of
 # BERT-mini and BERT-base from 1 to N GPUs, and the faults: Ctrl-C stops every rank with one checkpoint
 # that --resume continues, and a killed rank ends the job with its name while the last checkpoint stays.
-# Run on the GPU machine from the repository root, with the bundle and the demo corpus as for
+# Run on a machine with an NVIDIA GPU, from the repository root, with the bundle and the demo corpus as for
 # bench/gpu_pretrain.sh:
 #   bash bench/gpu_multi.sh [RESULTS_DIR]
 # Environment: GPUS (2), CURVE_STEPS (300), BERT_NCCL_LIBRARY (default: PyTorch's nvidia-nccl wheel when
@@ -20,7 +20,7 @@ if [ -z "${BERT_NCCL_LIBRARY:-}" ]; then
 print(next((f for p in sys.path for f in glob.glob(os.path.join(p, "nvidia/nccl/lib/libnccl.so.2"))), ""))' 2>/dev/null || true)
   [ -z "$nccl" ] || export BERT_NCCL_LIBRARY=$nccl
 fi
-export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on the lent machines
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off
 {
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "NCCL: ${BERT_NCCL_LIBRARY:-libnccl.so.2 from the library path}"

@@ -25,7 +25,7 @@ struct GemmArgs {
 // The one-thread kernel every product runs on its blocks (core/cpu_kernels.h): Eigen compiled for the
 // build's instruction set, or the AVX-512 set (core/gemm_avx512.cpp: our own register-tiled kernel in
 // single precision, Eigen in double), on independent blocks of C (or parts of k) spread over the
-// OpenMP threads. Measured against OpenBLAS 0.3.21 on the development machine's kind (2 cores, AVX-512):
+// OpenMP threads. Measured against OpenBLAS 0.3.21 on the AMD EPYC (Zen 4), 2 cores:
 // equal or faster on every BERT shape tried.
 // With a bias (n values), C = alpha op(A) op(B) + beta C + bias added to every row, in the kernel's
 // store of C (a linear layer's forward: no pass of its own).
@@ -59,7 +59,7 @@ const char* bf16_products_name(Bf16Products products);  // "AMX", "vdpbf16ps", "
 // The choice for a CPU with these features: AMX where its BF16 tiles are usable, else vdpbf16ps where the CPU
 // has AVX512_BF16 (with the AVX-512 kernel set), else the rounded copies. On Intel cores without usable AMX
 // vdpbf16ps (one a cycle against two FP32 FMAs) is slower than FP32, yet still faster than the rounded
-// copies (the GPU machine's Xeon, tiny training step: 1.30-1.44x the copies, 0.78-0.89x FP32): FP32 training
+// copies (a 16-core Intel Xeon, tiny training step: 1.30-1.44x the copies, 0.78-0.89x FP32): FP32 training
 // is the better choice there (docs/training.md).
 Bf16Products choose_bf16_products(bool avx512_set, bool avx512_bf16, bool amx_bf16);
 // This CPU's choice under `kernel` (not AVX-512: the rounded copies). BERT_BF16_PRODUCTS=amx, vdpbf16ps or copies

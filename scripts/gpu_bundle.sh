@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Builds the GPU-capable programs and tests here (CUDA + a CPU target any x86-64-v3 machine runs) and
-# gathers them with the shared libraries they need into one folder, for a GPU machine that lacks the
+# gathers them with the shared libraries they need into one folder, for a machine with an NVIDIA GPU that lacks the
 # build's Debian packages:
 #   bash scripts/gpu_bundle.sh [OUT]          # default OUT: gpu-bundle/ (bin/, lib/, run.sh)
 #   PACK=1 bash scripts/gpu_bundle.sh         # also OUT.tar.xz (about 11 MB instead of 60: carry that, and
 #                                             # unpack it there with `tar -xJf gpu-bundle.tar.xz`)
-# On the GPU machine, from a copy of the repository root:
+# On the machine with the GPU, from a copy of the repository root:
 #   bash gpu-bundle/run.sh tests               # every GPU test (ops vs CPU, golden model, training)
 #   bash gpu-bundle/run.sh bert-train --help   # any bundled program
-# The CUDA driver and cuBLAS are expected on the GPU machine (they are not bundled).
+# The CUDA driver and cuBLAS are expected on the machine with the GPU (they are not bundled).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bundle}
@@ -47,11 +47,20 @@ here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export BERT_TEST_FIXTURES="${BERT_TEST_FIXTURES:-$here/../tests/fixtures}"
 if [ "${1:-}" = tests ]; then
+  # Every test program that holds GPU tests (their CPU tests run too), then one verdict over all of them.
   shift
-  status=0
+  status=0 passed=0 failed=0 skipped=0
   for t in cuda_tests core_tests model_tests train_tests; do
-    "$here/bin/$t" --gtest_brief=1 "$@" || status=1
+    log=$(mktemp)
+    "$here/bin/$t" --gtest_brief=1 "$@" 2>&1 | tee "$log" || status=1
+    # gtest's closing lines: "[  PASSED  ] N tests.", "[  FAILED  ] N tests, listed below:", "[  SKIPPED ] N tests, ..."
+    read -r p f k < <(awk '/^\[  PASSED  \] [0-9]+ test/ {p += $4} /^\[  FAILED  \] [0-9]+ test/ {f += $4}
+                          /^\[  SKIPPED \] [0-9]+ test/ {k += $4} END {print p + 0, f + 0, k + 0}' "$log")
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + k))
+    rm -f "$log"
   done
+  echo "GPU test programs (${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}): $passed passed, $failed failed, $skipped skipped"
+  [ "$failed" -eq 0 ] || status=1
   exit $status
 fi
 program=$1

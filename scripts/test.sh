@@ -32,7 +32,7 @@ if [ "${BERT_SANITIZERS:-1}" != 0 ]; then
   LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs" -E '^(PipelineSmoke|HfWorkflow)$'
-  # PipelineSmoke (the main job end to end, 3-4 minutes under the sanitizers) and HfWorkflow (a minute)
+  # PipelineSmoke (the end-to-end demo, 3-4 minutes under the sanitizers) and HfWorkflow (a minute)
   # run in the first pass only: their code paths run under the sanitizers through the unit tests
   # (store_tests, export_tests, train_tests) and Reliability (every tool's error paths).
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI smoke test of the main job: the whole pipeline on the committed fixture corpus with a minuscule model,
+# CI smoke test of the end-to-end demo: the whole pipeline on the committed fixture corpus with a minuscule model,
 # then a check of every artifact: shards pass the layout check, both ONNX files were written (bert-export
 # checks them with the ONNX checker and, for Q/DQ, the TensorRT rules before putting them in place) and
 # ran in ONNX Runtime, the calibration cache parses, and the report is valid JSON with every mode.

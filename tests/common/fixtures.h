@@ -1,5 +1,5 @@
 // Where the committed test fixtures are: the source tree's tests/fixtures (compiled in), unless
-// BERT_TEST_FIXTURES names another copy (a test bundle run on another machine, e.g. a GPU machine).
+// BERT_TEST_FIXTURES names another copy (a test bundle run on another machine, e.g. one with a GPU).
 #pragma once
 
 #include <cstdlib>

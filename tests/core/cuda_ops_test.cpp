@@ -96,7 +96,7 @@ class CudaOps : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!Device::cuda_available())
-      GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): these tests run on a GPU machine";
+      GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): these tests run on a machine with an NVIDIA GPU";
     gpu_ = Device::cuda(0, Precision::kFp32);
     gpu_bf16_ = Device::cuda(0, Precision::kBf16);
   }

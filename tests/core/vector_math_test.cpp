@@ -30,7 +30,7 @@ std::vector<CpuKernels> kernel_sets_here() {
 
 // Eigen's exp (the build set) clamps its argument and may underflow to that clamp's result, 2^-128 (a
 // denormal, flushed to zero in the programs: core/float_env.h), instead of 0: seen in a portable (SSE)
-// build here, and on the GPU machine's Xeon for an x86-64-v3 binary that gives 0 on this machine. Ours
+// build here, and on a 16-core Intel Xeon for an x86-64-v3 binary that gives 0 on this machine. Ours
 // (AVX-512) gives 0. Eigen's SSE erf (a build for x86-64-v2) is also off by up to 1.5 ulp of 1 near -1.
 constexpr float kEigenExpUnderflow = std::numeric_limits<float>::min();
 #if defined(__AVX2__)

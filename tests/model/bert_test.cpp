@@ -176,20 +176,20 @@ TEST(BertGolden, OnTheCpuWithBf16ProductsWithinTheirTolerance) {
 
 TEST(BertGolden, OnTheGpuInFp32) {
   if (!Device::cuda_available())
-    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a machine with an NVIDIA GPU";
   const std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kFp32);
   check_golden(*gpu);
 }
 
 TEST(BertGolden, OnTheGpuInTf32WithinItsTolerance) {
   if (!Device::cuda_available())
-    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a machine with an NVIDIA GPU";
   check_golden(*Device::cuda(0, Precision::kTf32), kTf32Tolerance);
 }
 
 TEST(BertGolden, OnTheGpuInBf16WithinItsTolerance) {
   if (!Device::cuda_available())
-    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a machine with an NVIDIA GPU";
   check_golden(*Device::cuda(0, Precision::kBf16), kBf16Tolerance, kBf16GradientTolerance);
 }
 
@@ -285,13 +285,13 @@ TEST(BertGolden, TaskHeadsMatchPyTorch) { check_heads_golden(Device::cpu()); }
 
 TEST(BertGolden, TaskHeadsOnTheGpuInFp32) {
   if (!Device::cuda_available())
-    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a machine with an NVIDIA GPU";
   check_heads_golden(*Device::cuda(0, Precision::kFp32));
 }
 
 TEST(BertGolden, TaskHeadsOnTheGpuInBf16WithinItsTolerance) {
   if (!Device::cuda_available())
-    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a GPU machine";
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a machine with an NVIDIA GPU";
   check_heads_golden(*Device::cuda(0, Precision::kBf16), kBf16GradientTolerance);
 }
 
@@ -407,7 +407,7 @@ TEST(BertModel, FusedQuantizersGiveTheSameQatStepAsSeparateOnes) {
     EXPECT_EQ(fused.clipped, plain.clipped);
   }
   if (!Device::cuda_available())
-    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU part runs on a GPU machine";
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU part runs on a machine with an NVIDIA GPU";
   {
     SCOPED_TRACE("gpu fp32");
     std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kFp32);

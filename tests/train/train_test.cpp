@@ -559,7 +559,7 @@ TEST_F(FactsCorpus, TwoRanksTrainLikeOneProcessWithTheGlobalBatchAndOnlyRankZero
 // interrupted and resumed on the GPU repeats the uninterrupted one bit for bit, and a GPU checkpoint
 // resumes on the CPU. Skipped without a GPU.
 TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices) {
-  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a GPU machine";
+  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
   testing::TempDir out;
   const TrainResult cpu = train(device_run(out.file("cpu"), "cpu", 300));
   const TrainResult gpu = train(device_run(out.file("gpu"), "cuda", 300));
@@ -644,7 +644,7 @@ TEST_F(FactsCorpus, CpuBf16ProductsFollowTheFp32CurveAndResumeExactly) {
 // 3%: BF16 rounding moves single steps by more than FP32's), resumes bit for bit, and QAT from an FP32
 // checkpoint (calibrated on BF16 activations) follows the CPU's QAT. Skipped without a GPU.
 TEST_F(FactsCorpus, GpuBf16TrainingFollowsTheFp32CurveResumesExactlyAndTrainsQat) {
-  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a GPU machine";
+  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
   testing::TempDir out;
   const TrainResult cpu = train(device_run(out.file("cpu"), "cpu", 300));
   const TrainResult bf16 = train(device_run(out.file("bf16"), "cuda", 300, "bf16"));
