@@ -101,11 +101,12 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "sequence length (masked positions: 20, or 80 from 512 on, as the demo's shards)")
       ->check(CLI::Range(int64_t{8}, int64_t{512}))
       ->capture_default_str();
-  app.add_option("--modes", modes,
-                 "comma-separated: fp32, qat, qat-separate (QAT with every quantizer as an op of its own, the "
-                 "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; CPU), int8-separate (int8 with "
-                 "Q, K and V as three integer linears, the baseline of their fused product), int8-decoder (int8 "
-                 "with the MLM decoder as integers too, dynamically quantized)")
+  app.add_option(
+         "--modes", modes,
+         "comma-separated: fp32, qat, qat-separate (QAT with every quantizer as an op of its own, the "
+         "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; CPU), int8-separate (int8 with "
+         "Q, K and V as three integer linears, the baseline of their fused product), int8-decoder (int8 "
+         "with the MLM decoder as integers too, dynamically quantized)")
       ->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();

@@ -3,12 +3,12 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <cstdio>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <set>
 
 #include "core/error.h"
+#include "export/qdq_rules.h"
 
 namespace bert::exporter {
 
@@ -119,19 +119,6 @@ class GraphIndex {
   std::map<const Node*, int> order_;
 };
 
-std::vector<double> float_values(const onnx::TensorProto& t) {
-  std::vector<double> out;
-  if (t.data_type() != onnx::TensorProto::FLOAT) return out;
-  if (!t.raw_data().empty()) {
-    std::vector<float> f(t.raw_data().size() / 4);
-    std::memcpy(f.data(), t.raw_data().data(), f.size() * 4);
-    out.assign(f.begin(), f.end());
-  } else {
-    out.assign(t.float_data().begin(), t.float_data().end());
-  }
-  return out;
-}
-
 std::string node_label(const Node& n) { return n.name().empty() ? n.output(0) : n.name(); }
 
 }  // namespace
@@ -201,8 +188,7 @@ FusionReport fusion_report(const onnx::ModelProto& model, const std::string& wha
   };
   auto pass_values = [](const Node& n) {
     const std::string& op = n.op_type();
-    return op == "QuantizeLinear" || op == "DequantizeLinear" || op == "Dropout" || op == "Cast" ||
-           is_shape_op(op);
+    return op == "QuantizeLinear" || op == "DequantizeLinear" || op == "Dropout" || op == "Cast" || is_shape_op(op);
   };
   auto is_matmul = [](const Node& n) { return n.op_type() == "MatMul"; };
   // The residual add after a GEMM: the first Add of two computed inputs, past its bias Add, dropout and Q/DQ.
@@ -226,16 +212,20 @@ FusionReport fusion_report(const onnx::ModelProto& model, const std::string& wha
     for (int hops = 0; hops < 8 && !qk; ++hops) {
       const Node* p = g.producer(t);
       if (!p) break;
-      if (p->op_type() == "MatMul") qk = p;
-      else if (pass_scores(*p)) t = p->input(0);
-      else break;
+      if (p->op_type() == "MatMul")
+        qk = p;
+      else if (pass_scores(*p))
+        t = p->input(0);
+      else
+        break;
     }
     const Node* pv = g.forward(softmax.output(0), is_matmul, pass_values);
     if (!qk || !pv) throw UserError(where + ": no Q K^T MatMul before it or no P V MatMul after it");
     const Node* q = g.projection_of(qk->input(0));
     const Node* k = g.projection_of(qk->input(1));
     const Node* v = g.projection_of(pv->input(1));
-    const Node* out = g.forward(pv->output(0), [&](const Node& n) { return g.weight_gemm(n); }, pass_values);
+    const Node* out = g.forward(
+        pv->output(0), [&](const Node& n) { return g.weight_gemm(n); }, pass_values);
     if (!q || !k || !v || !out) throw UserError(where + ": its Q, K, V or output projection was not found");
     // FFN in and out: the two weight GEMMs after the output projection, in the graph's (topological) order.
     size_t at = 0;
@@ -269,9 +259,10 @@ FusionReport fusion_report(const onnx::ModelProto& model, const std::string& wha
       sources.insert(qn->input(0));
       scale_names.insert(dq->input(1));
       const onnx::TensorProto* s = g.initializer(dq->input(1));
-      scales.push_back(s ? float_values(*s) : std::vector<double>{});
+      scales.push_back(s ? initializer_values(*s) : std::vector<double>{});
     }
-    const bool equal_values = scales.size() == 3 && !scales[0].empty() && scales[0] == scales[1] && scales[1] == scales[2];
+    const bool equal_values =
+        scales.size() == 3 && !scales[0].empty() && scales[0] == scales[1] && scales[1] == scales[2];
     l.qkv_one_scale = all_quantized && sources.size() == 1 && (scale_names.size() == 1 || equal_values);
 
     auto found = last_dim.find(qk->input(0));
@@ -301,8 +292,9 @@ FusionReport fusion_report(const onnx::ModelProto& model, const std::string& wha
                            (sources.size() == 1 ? "at different scales" : "from different tensors") +
                            ": TensorRT runs three GEMMs instead of one (one input quantizer for the three fixes it)");
     if (!l.context_quantized)
-      r.findings.push_back(layer + ": no Q/DQ after P V (" + node_label(*pv) +
-                           "): TensorRT's fused INT8 attention needs Q/DQ before Q K^T, after the softmax and after P V");
+      r.findings.push_back(
+          layer + ": no Q/DQ after P V (" + node_label(*pv) +
+          "): TensorRT's fused INT8 attention needs Q/DQ before Q K^T, after the softmax and after P V");
     if (!head_ok)
       r.findings.push_back(layer + ": head size " + (l.head_size ? std::to_string(l.head_size) : "unknown") +
                            ": TensorRT's fused INT8 attention takes 16, 32 or 64");
@@ -328,8 +320,8 @@ std::string FusionReport::text() const {
   if (max_length) s += ", up to " + std::to_string(max_length) + " positions";
   s += ")\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%-6s %-5s %-5s %-5s %-6s %-5s %-5s %-6s %-7s %-10s %-10s %s\n", "layer", "Q", "K", "V",
-                "QK^T", "PV", "out", "FFN-in", "FFN-out", "QKV scale", "attention", "residual inputs");
+  std::snprintf(line, sizeof line, "%-6s %-5s %-5s %-5s %-6s %-5s %-5s %-6s %-7s %-10s %-10s %s\n", "layer", "Q", "K",
+                "V", "QK^T", "PV", "out", "FFN-in", "FFN-out", "QKV scale", "attention", "residual inputs");
   s += line;
   for (const LayerFusion& l : layers) {
     auto p = [&](size_t i) { return l.products[i].int8 ? "int8" : "fp16"; };

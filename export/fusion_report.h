@@ -29,12 +29,12 @@ struct ProductCheck {
 
 struct LayerFusion {
   int index = 0;
-  std::vector<ProductCheck> products;  // in the order of ProductCheck::role above
-  bool qkv_one_scale = false;          // Q, K, V read one tensor through Q/DQ of one scale
-  int64_t head_size = 0;               // 0: unknown (shape inference could not tell)
-  bool probs_quantized = false;        // Q/DQ between the softmax and P V
-  bool context_quantized = false;      // Q/DQ right after P V
-  bool attention_fusable = false;      // the fused INT8 attention's whole pattern and limits
+  std::vector<ProductCheck> products;                      // in the order of ProductCheck::role above
+  bool qkv_one_scale = false;                              // Q, K, V read one tensor through Q/DQ of one scale
+  int64_t head_size = 0;                                   // 0: unknown (shape inference could not tell)
+  bool probs_quantized = false;                            // Q/DQ between the softmax and P V
+  bool context_quantized = false;                          // Q/DQ right after P V
+  bool attention_fusable = false;                          // the fused INT8 attention's whole pattern and limits
   int residual_inputs = 0, residual_inputs_quantized = 0;  // inputs of the two residual adds
   // Every GEMM and both attention matmuls run in INT8, and Q, K, V share one scale.
   bool int8_ready() const;

@@ -8,8 +8,21 @@ namespace bert::exporter {
 
 namespace {
 
-// Values of a FLOAT or INT8 initializer (raw_data or the typed field).
-std::vector<double> values_of(const onnx::TensorProto& t) {
+int64_t numel(const onnx::TensorProto& t) {
+  int64_t n = 1;
+  for (int64_t d : t.dims()) n *= d;
+  return n;
+}
+
+const onnx::AttributeProto* find_attribute(const onnx::NodeProto& n, const std::string& name) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<double> initializer_values(const onnx::TensorProto& t) {
   std::vector<double> out;
   if (t.data_type() == onnx::TensorProto::FLOAT) {
     if (!t.raw_data().empty()) {
@@ -30,20 +43,6 @@ std::vector<double> values_of(const onnx::TensorProto& t) {
   }
   return out;
 }
-
-int64_t numel(const onnx::TensorProto& t) {
-  int64_t n = 1;
-  for (int64_t d : t.dims()) n *= d;
-  return n;
-}
-
-const onnx::AttributeProto* find_attribute(const onnx::NodeProto& n, const std::string& name) {
-  for (const auto& a : n.attribute())
-    if (a.name() == name) return &a;
-  return nullptr;
-}
-
-}  // namespace
 
 std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
   std::vector<RuleViolation> v;
@@ -85,7 +84,7 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
       fail(3, n.name(), "scale is not an initializer");
     } else {
       if (scale->data_type() != onnx::TensorProto::FLOAT) fail(3, n.name(), "scale is not FP32");
-      for (double s : values_of(*scale))
+      for (double s : initializer_values(*scale))
         if (!(s > 0) || !std::isfinite(s))
           fail(3, n.name(), "scale " + std::to_string(s) + " is not positive and finite");
     }
@@ -96,7 +95,7 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
     } else {
       if (zp->data_type() != onnx::TensorProto::INT8)
         fail(zp->data_type() == onnx::TensorProto::UINT8 ? 1 : 2, n.name(), "zero point is not INT8");
-      for (double z : values_of(*zp))
+      for (double z : initializer_values(*zp))
         if (z != 0) fail(2, n.name(), "zero point " + std::to_string(z) + " is not 0 (asymmetric)");
     }
     const bool per_channel = scale && numel(*scale) > 1;
@@ -134,7 +133,7 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
       if (weight) {
         if (weight->data_type() != onnx::TensorProto::FLOAT) fail(7, n.name(), "weight initializer is not FP32");
         if (scale) {
-          const std::vector<double> w = values_of(*weight), s = values_of(*scale);
+          const std::vector<double> w = initializer_values(*weight), s = initializer_values(*scale);
           const onnx::AttributeProto* axis = find_attribute(n, "axis");
           const int64_t a = axis ? (axis->i() < 0 ? axis->i() + weight->dims_size() : axis->i()) : 1;
           int64_t inner = 1;
@@ -171,7 +170,7 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model) {
       const onnx::TensorProto* weight = q && init.count(q->input(0)) ? init.at(q->input(0)) : nullptr;
       if (q) {  // Rule 10: the two halves of a pair agree on scale and zero point.
         auto constant = [&init](const onnx::NodeProto* node, int i) -> std::vector<double> {
-          return node->input_size() > i && init.count(node->input(i)) ? values_of(*init.at(node->input(i)))
+          return node->input_size() > i && init.count(node->input(i)) ? initializer_values(*init.at(node->input(i)))
                                                                       : std::vector<double>{};
         };
         if (constant(q, 1) != constant(&n, 1)) fail(10, n.name(), "scale differs from its QuantizeLinear's");

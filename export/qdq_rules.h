@@ -22,4 +22,8 @@ std::vector<RuleViolation> check_qdq_rules(const onnx::ModelProto& model);
 
 std::string describe(const std::vector<RuleViolation>& violations);
 
+// The values of a FLOAT, INT8 or UINT8 initializer (raw_data or the typed field), as doubles; empty for
+// another type.
+std::vector<double> initializer_values(const onnx::TensorProto& t);
+
 }  // namespace bert::exporter

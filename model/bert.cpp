@@ -313,9 +313,8 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
     Var context;
     if (l.integer_projections && l.query.runs_integer(g) && l.key.runs_integer(g) && l.value.runs_integer(g)) {
       // x quantized once for the three projections (their one input scale).
-      Var qkv =
-          ops::int8_linear(g, inputs[0], *l.integer_projections, scale_of(l.self_input), l.projection_scales,
-                           g.constant(TensorView<float>(l.projection_bias.data(), Shape{3 * h * d})));
+      Var qkv = ops::int8_linear(g, inputs[0], *l.integer_projections, scale_of(l.self_input), l.projection_scales,
+                                 g.constant(TensorView<float>(l.projection_bias.data(), Shape{3 * h * d})));
       context = ops::int8_attention_packed(g, qkv, mask, h, scales, alpha);
     } else {
       context = ops::int8_attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),

@@ -180,8 +180,8 @@ BertConfig preset(const std::string& name) {
     const char* name;
     int64_t layers, hidden;
   };
-  static const Size sizes[] = {
-      {"tiny", 2, 128}, {"mini", 4, 256}, {"small", 4, 512}, {"medium", 8, 512}, {"base", 12, 768}, {"large", 24, 1024}};
+  static const Size sizes[] = {{"tiny", 2, 128},   {"mini", 4, 256},  {"small", 4, 512},
+                               {"medium", 8, 512}, {"base", 12, 768}, {"large", 24, 1024}};
   for (const Size& s : sizes) {
     if (name != s.name) continue;
     BertConfig c;

@@ -12,7 +12,7 @@ jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)
 # tens of times slower, which is what the default (all cores per process) did under `ctest -j`.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/build.sh -DBERT_WERROR=ON  # a new compiler warning fails the suite
 ctest --test-dir build --output-on-failure -j "$jobs"
 if [ "${BERT_SANITIZERS:-1}" != 0 ]; then
   echo "[test] the suite again under ASan + UBSan (build-asan)"
@@ -24,7 +24,7 @@ if [ "${BERT_SANITIZERS:-1}" != 0 ]; then
   arch=portable kernels=build
   grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && arch=avx2 kernels=avx2
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-    -DBERT_SANITIZE=address,undefined -DBERT_CUDA=OFF -DBERT_BUILD_BENCH=OFF -DBERT_ARCH=$arch > /dev/null
+    -DBERT_SANITIZE=address,undefined -DBERT_CUDA=OFF -DBERT_BUILD_BENCH=OFF -DBERT_ARCH=$arch -DBERT_WERROR=ON > /dev/null
   cmake --build build-asan -j "$jobs" > build-asan/build.log 2>&1 || { tail -30 build-asan/build.log; exit 1; }
   # allocator_may_return_null: the fuzz regression inputs make libhdf5 attempt huge mallocs, which
   # real malloc refuses (HDF5 then fails cleanly); lsan.supp: one leak inside libhdf5 (see the file).

@@ -43,9 +43,10 @@ void merge_earlier_layout(hid_t root, const std::string& path, const std::string
     scales.push_back(buffer[0]);
   }
   *value = *std::max_element(scales.begin(), scales.end());
-  spdlog::info("{}: {}'s Q, K and V input scales ({:.6g}, {:.6g}, {:.6g}) merged into one at the largest: they "
-               "read one tensor, and TensorRT fuses the three GEMMs only at one scale",
-               path, quantizer, scales[0], scales[1], scales[2]);
+  spdlog::info(
+      "{}: {}'s Q, K and V input scales ({:.6g}, {:.6g}, {:.6g}) merged into one at the largest: they "
+      "read one tensor, and TensorRT fuses the three GEMMs only at one scale",
+      path, quantizer, scales[0], scales[1], scales[2]);
 }
 
 }  // namespace

@@ -158,10 +158,9 @@ struct Evaluation {
   const model::BertConfig& config() const { return model.config(); }
   std::string describe_quantization() {
     const int quantized = static_cast<int>(model.enabled_quantizers().size());
-    const std::string products =
-        !g.device().is_cuda() && g.device().precision() == Precision::kBf16
-            ? std::string(", BF16 products (") + gemm_bf16_kernel_name() + ")"
-            : "";
+    const std::string products = !g.device().is_cuda() && g.device().precision() == Precision::kBf16
+                                     ? std::string(", BF16 products (") + gemm_bf16_kernel_name() + ")"
+                                     : "";
     return (quantized ? "fake-quantized INT8 (" + std::to_string(quantized) + " quantizers)" : "FP32") + products;
   }
 };
@@ -236,7 +235,9 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
         (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
         results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
   // Rows that lose more than --flag-drop: flagged, and a PTQ row's loss traced to its activation quantizers.
-  auto accuracy = [&](const eval::ModeResult& r) { return e.task_model ? r.task.accuracy() : r.metrics.mlm_accuracy(); };
+  auto accuracy = [&](const eval::ModeResult& r) {
+    return e.task_model ? r.task.accuracy() : r.metrics.mlm_accuracy();
+  };
   const double fp32 = results.empty() ? 0.0 : accuracy(results[0]);
   for (size_t i = 1; i < results.size(); ++i) {
     const double drop = fp32 - accuracy(results[i]);
@@ -252,7 +253,8 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
     Json::Array named;
     for (const eval::SensitivityRow& q : eval::harmful_activation_quantizers(
              e.model, stats, method, a.calibration.percentile, make_loader, a.max_batches, a.flag_names, e.g)) {
-      if (!a.json) std::printf("    %-64s %10.4f (%+.2f points)\n", q.name.c_str(), q.only_this, 100 * (q.only_this - fp32));
+      if (!a.json)
+        std::printf("    %-64s %10.4f (%+.2f points)\n", q.name.c_str(), q.only_this, 100 * (q.only_this - fp32));
       Json j;
       j["name"] = q.name;
       j["only_this"] = q.only_this;

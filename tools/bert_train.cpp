@@ -81,7 +81,8 @@ void add_training_options(CLI::App& app, Args& a) {
                  "(default: OUT's copy on --resume, else the one beside --init-from)");
   app.add_option("--out", a.o.output_dir, "output folder")->required();
   app.add_option("--preset", a.preset,
-                 "model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512), base (L12/H768), large (L24/H1024)")
+                 "model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512), base (L12/H768), "
+                 "large (L24/H1024)")
       ->capture_default_str();
   app.add_option("--config", a.config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
   app.add_option("--dropout", a.dropout, "hidden and attention dropout (default: the config's, 0.1)")

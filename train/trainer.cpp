@@ -13,8 +13,8 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/gemm.h"
-#include "core/ops.h"
 #include "core/openmp_wait.h"
+#include "core/ops.h"
 #include "core/parallel.h"
 #include "core/sha256.h"
 #include "core/text_file.h"
@@ -185,9 +185,9 @@ std::vector<std::string> resume_plan(TrainOptions& o, const Json& recorded,
     };
     const std::string old_value = text(*was), new_value = is ? text(*is) : "(not set)";
     // Integers exactly (a 64-bit seed), other numbers by value (1e-3 and 0.001), the rest as written.
-    const bool same = is && (was->dump() == is->dump() ||
-                             (was->is_number() && is->is_number() && !was->integer().is_integer &&
-                              was->as_number() == is->as_number()));
+    const bool same =
+        is && (was->dump() == is->dump() || (was->is_number() && is->is_number() && !was->integer().is_integer &&
+                                             was->as_number() == is->as_number()));
     if (same) continue;
     if (!p.may_change)
       throw UserError(std::string(p.flag) + " " + new_value + ": the run being resumed was planned with " + old_value +
@@ -617,8 +617,8 @@ void report_progress(const TrainOptions& o, int64_t step, double lr, double elap
     const auto [used, total] = device.memory_use();
     memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
   }
-  spdlog::info("step {:>6}/{}  {}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s{}  ETA {}{}", step, o.steps, window.describe(), lr,
-               window.mean_grad_norm(), seq_per_s, ranks.size() > 1 ? " (all ranks)" : "",
+  spdlog::info("step {:>6}/{}  {}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s{}  ETA {}{}", step, o.steps, window.describe(),
+               lr, window.mean_grad_norm(), seq_per_s, ranks.size() > 1 ? " (all ranks)" : "",
                format_duration(seconds_per_step * (o.steps - step)), memory);
   Json line;
   line["step"] = step;
@@ -961,13 +961,12 @@ void TrainingRun::announce() const {
       pretraining ? "" : fmt::format(" {} ({} labels)", model::head_architecture(config_.head), config_.num_labels()),
       model_.parameters().num_elements() / 1e6, config_.vocab_size, o_.steps, o_.batch_size, o_.accumulation,
       loader_.seq_len(), optimizer_name(o_.optimizer.kind), o_.learning_rate, warmup_, schedule_name(o_.schedule),
-      device_->is_cuda()
-          ? device_->name()
-          : fmt::format("the CPU ({} threads, waiting {}, {} kernels{})", num_threads(), openmp_wait_policy(),
-                        cpu_kernels_name(CpuKernels::kAuto),
-                        device_->precision() != Precision::kBf16
-                            ? std::string()
-                            : fmt::format(", BF16 products: {}", gemm_bf16_kernel_name())),
+      device_->is_cuda() ? device_->name()
+                         : fmt::format("the CPU ({} threads, waiting {}, {} kernels{})", num_threads(),
+                                       openmp_wait_policy(), cpu_kernels_name(CpuKernels::kAuto),
+                                       device_->precision() != Precision::kBf16
+                                           ? std::string()
+                                           : fmt::format(", BF16 products: {}", gemm_bf16_kernel_name())),
       ranks_.size() > 1 ? fmt::format(", rank {} of {} (global batch {})", ranks_.rank(), ranks_.size(),
                                       o_.batch_size * o_.accumulation * ranks_.size())
                         : "");
@@ -1047,12 +1046,12 @@ void TrainingRun::finish(TrainResult& result) {
   if (!result.stopped_early && lead_)
     evaluate_held_out(o_, eval_paths_, model_, loader_, *device_, state_.step, metrics_log_, result);
   const std::string rate =
-      ranks_.size() > 1 ? fmt::format("{:.1f} sequences/s over the whole run and all {} ranks, {:.1f} per rank",
-                                      result.sequences_per_second, ranks_.size(),
-                                      result.sequences_per_second / ranks_.size())
-                        : fmt::format("{:.1f} sequences/s over the whole run", result.sequences_per_second);
-  spdlog::info("done: {} steps in {} ({}); checkpoint '{}'", result.losses.size(), format_duration(result.seconds), rate,
-               files_.checkpoint);
+      ranks_.size() > 1
+          ? fmt::format("{:.1f} sequences/s over the whole run and all {} ranks, {:.1f} per rank",
+                        result.sequences_per_second, ranks_.size(), result.sequences_per_second / ranks_.size())
+          : fmt::format("{:.1f} sequences/s over the whole run", result.sequences_per_second);
+  spdlog::info("done: {} steps in {} ({}); checkpoint '{}'", result.losses.size(), format_duration(result.seconds),
+               rate, files_.checkpoint);
   if (active_.empty()) return;
   // The last save left the values on the host.
   result.saturated_channels = quant::fully_saturated_channels(model_);

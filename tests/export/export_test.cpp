@@ -735,7 +735,8 @@ TEST(QdqRules, ExportsFollowEveryRuleAndMutationsAreCaught) {
   }
   {  // A DequantizeLinear with another scale than its QuantizeLinear.
     onnx::ModelProto bad = good;
-    node(bad, input_pair + ".dequantize")->set_input(1, "bert.encoder.layer.0.intermediate.dense.input_quantizer.scale");
+    node(bad, input_pair + ".dequantize")
+        ->set_input(1, "bert.encoder.layer.0.intermediate.dense.input_quantizer.scale");
     EXPECT_TRUE(flags_rule(check_qdq_rules(bad), 10));
   }
   {  // A per-channel scale on an activation's DequantizeLinear.
@@ -870,13 +871,15 @@ TEST(FusionReport, ACleanExportAndEachRuleFailingItsOwnWay) {
   }
   // Nothing to report: an FP32 graph, and a graph that is no BERT encoder.
   options.qdq = false;
-  testing::expect_user_error([&] { report(export_bert(m, options)); }, "no QuantizeLinear/DequantizeLinear: an FP32 graph");
+  testing::expect_user_error([&] { report(export_bert(m, options)); },
+                             "no QuantizeLinear/DequantizeLinear: an FP32 graph");
   onnx::ModelProto other;
   OnnxGraph builder(other.mutable_graph());
   builder.input("x", onnx::TensorProto::FLOAT, {1, 4});
   const std::string w = builder.floats("w", std::vector<float>(16, 0.5f), {4, 4});
   builder.node("MatMul", {"x", w}, "y");
-  testing::expect_user_error([&] { report(other); }, "is not a BERT encoder as the fusion report reads one: it has no Softmax");
+  testing::expect_user_error([&] { report(other); },
+                             "is not a BERT encoder as the fusion report reads one: it has no Softmax");
 }
 
 TEST(ExportCheckpoint, WritesTheOnnxFileWithItsTokenizerAndRefusesWhatTheModelCannotMeet) {

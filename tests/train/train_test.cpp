@@ -186,30 +186,29 @@ TEST(TrainOptions, ResumeKeepsEveryRecordedOptionOfThePlan) {
   planned.distill_temperature = 3;
   planned.teacher = "runs/teacher";
   const Json recorded = Json::parse(planned.to_json().dump());  // as the checkpoint holds it
-  const std::vector<std::pair<std::string, std::string>> options = {
-      {"steps", "--steps"},
-      {"batch_size", "--batch-size"},
-      {"accumulation", "--accumulate"},
-      {"learning_rate", "--lr"},
-      {"warmup_fraction", "--warmup"},
-      {"schedule", "--schedule"},
-      {"optimizer", "--optimizer"},
-      {"weight_decay", "--weight-decay"},
-      {"clip_norm", "--clip"},
-      {"seed", "--seed"},
-      {"precision", "--precision"},
-      {"init_from", "--init-from"},
-      {"qat", "--qat"},
-      {"calibrator", "--calibrator"},
-      {"percentile", "--percentile"},
-      {"calib_batches", "--calib-batches"},
-      {"quantize_residuals", "--quantize-residuals"},
-      {"plan", "--plan"},
-      {"scale_lr_multiplier", "--scale-lr-mult"},
-      {"scales", "--scales"},
-      {"distill_weight", "--distill"},
-      {"distill_temperature", "--distill-temperature"},
-      {"distill_teacher", "--teacher"}};
+  const std::vector<std::pair<std::string, std::string>> options = {{"steps", "--steps"},
+                                                                    {"batch_size", "--batch-size"},
+                                                                    {"accumulation", "--accumulate"},
+                                                                    {"learning_rate", "--lr"},
+                                                                    {"warmup_fraction", "--warmup"},
+                                                                    {"schedule", "--schedule"},
+                                                                    {"optimizer", "--optimizer"},
+                                                                    {"weight_decay", "--weight-decay"},
+                                                                    {"clip_norm", "--clip"},
+                                                                    {"seed", "--seed"},
+                                                                    {"precision", "--precision"},
+                                                                    {"init_from", "--init-from"},
+                                                                    {"qat", "--qat"},
+                                                                    {"calibrator", "--calibrator"},
+                                                                    {"percentile", "--percentile"},
+                                                                    {"calib_batches", "--calib-batches"},
+                                                                    {"quantize_residuals", "--quantize-residuals"},
+                                                                    {"plan", "--plan"},
+                                                                    {"scale_lr_multiplier", "--scale-lr-mult"},
+                                                                    {"scales", "--scales"},
+                                                                    {"distill_weight", "--distill"},
+                                                                    {"distill_temperature", "--distill-temperature"},
+                                                                    {"distill_teacher", "--teacher"}};
   for (const auto& [key, flag] : options) ASSERT_TRUE(recorded.find(key)) << key << " is recorded";
 
   // Nothing given again: the whole plan comes back.
@@ -225,7 +224,7 @@ TEST(TrainOptions, ResumeKeepsEveryRecordedOptionOfThePlan) {
     auto only = [flag = flag](const std::string& f) { return f == flag; };
     TrainOptions same = planned;
     EXPECT_TRUE(resume_plan(same, recorded, only).empty());
-    TrainOptions other;  // the flag at its default, which differs from the recorded value
+    TrainOptions other;        // the flag at its default, which differs from the recorded value
     other.qat = key == "qat";  // --qat can only be given as true: recorded false in this case
     const Json record = key == "qat" ? [&] { Json r = recorded; r["qat"] = false; return r; }() : recorded;
     ASSERT_NE(defaults.find(key) ? defaults.find(key)->dump() : "", recorded.find(key)->dump());
@@ -559,7 +558,8 @@ TEST_F(FactsCorpus, TwoRanksTrainLikeOneProcessWithTheGlobalBatchAndOnlyRankZero
 // interrupted and resumed on the GPU repeats the uninterrupted one bit for bit, and a GPU checkpoint
 // resumes on the CPU. Skipped without a GPU.
 TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices) {
-  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
   testing::TempDir out;
   const TrainResult cpu = train(device_run(out.file("cpu"), "cpu", 300));
   const TrainResult gpu = train(device_run(out.file("gpu"), "cuda", 300));
@@ -644,7 +644,8 @@ TEST_F(FactsCorpus, CpuBf16ProductsFollowTheFp32CurveAndResumeExactly) {
 // 3%: BF16 rounding moves single steps by more than FP32's), resumes bit for bit, and QAT from an FP32
 // checkpoint (calibrated on BF16 activations) follows the CPU's QAT. Skipped without a GPU.
 TEST_F(FactsCorpus, GpuBf16TrainingFollowsTheFp32CurveResumesExactlyAndTrainsQat) {
-  if (!Device::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
   testing::TempDir out;
   const TrainResult cpu = train(device_run(out.file("cpu"), "cpu", 300));
   const TrainResult bf16 = train(device_run(out.file("bf16"), "cuda", 300, "bf16"));
