@@ -165,10 +165,10 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
     l.projection_scales.clear();
     l.projection_bias.clear();
     const std::array<Linear*, 3> projections = {&l.query, &l.key, &l.value};
-    auto input_scale = [&](const Linear* p) { return params_.get(p->input().scale).value.data()[0]; };
+    // Q, K and V read x through their one input quantizer: every layer whose three run integer GEMMs fuses.
     if (!fuse_projections || !l.integer_attention ||
         !std::all_of(projections.begin(), projections.end(),
-                     [&](const Linear* p) { return p->integer_weights && input_scale(p) == input_scale(&l.query); }))
+                     [](const Linear* p) { return p->integer_weights != nullptr; }))
       continue;
     const int64_t c = l.query.in;
     std::vector<int8_t> weights;
