@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Pretraining quality on a GPU: BERT-mini on the demo data for 10k steps (batch 128, TF32), held-out and
 # Brown MLM/NSP accuracy, then QAT from it (1k steps) with learned, fixed and LSQ scales, and FP32 vs PTQ vs
-# QAT on Brown. Run on the GPU
-# machine from the repository root with a bundle (scripts/gpu_bundle.sh) and the demo corpus packed here
+# QAT on Brown. Run on a host with an NVIDIA GPU, from the repository root, with a bundle (scripts/gpu_bundle.sh) and the demo corpus packed here
 # by `tar -C cache -cJf cache-gpu/corpus.tar.xz corpus/{brown.txt,heldout.paragraphs.txt,train.paragraphs.txt,manifest.json}`:
 #   bash bench/gpu_pretrain.sh [RESULTS_DIR]
 # Environment: PRESET (mini; base: BERT-base), PRECISION (tf32; bf16 for BF16 mixed precision), runs go to

@@ -113,24 +113,35 @@ class BertEmitter {
   enum class Input { kQuantize, kQuantized };
 
   // y = x W^T + b as MatMul with the weight stored as [in, out], plus Add. With Q/DQ: the input's pair
-  // and the weight's per-output-channel pair (axis 1 of [in, out]); the FP32 weight is clamped to the
+  // and the weight's per-output-channel pair (axis 1 of [in, out]; a scalar pair when per-tensor); the FP32 weight is clamped to the
   // narrow range [-127 s, 127 s] first, so QuantizeLinear never produces -128.
   std::string linear(const std::string& name, const std::string& x, bool quantizable = true,
                      const std::string& output = "", Input input_mode = Input::kQuantize) {
     Parameter<float> w = params_.get(name + ".weight");
     const int64_t out = w.value.shape()[0], in = w.value.shape()[1];
     const bool qw = quantizable && quantized(name + ".weight_quantizer");
-    const float* scale = qw ? params_.get(name + ".weight_quantizer.scale").value.data() : nullptr;
+    const TensorView<float> scales =
+        qw ? params_.get(name + ".weight_quantizer.scale").value : TensorView<float>();
+    const bool per_tensor = qw && scales.numel() == 1;  // WeightScales::kPerTensor
     std::vector<float> transposed(in * out);
     for (int64_t o = 0; o < out; ++o)
       for (int64_t i = 0; i < in; ++i) {
         float v = w.value[o * in + i];
-        if (qw) v = std::min(std::max(v, -127 * scale[o]), 127 * scale[o]);
+        if (qw) {
+          const float s = scales[per_tensor ? 0 : o];
+          v = std::min(std::max(v, -127 * s), 127 * s);
+        }
         transposed[i * out + o] = v;
       }
     std::string weight = g_.floats(name + ".weight_transposed", transposed, {in, out});
-    if (qw) {
-      const std::string s = g_.floats(name + ".weight_quantizer.scale", std::vector<float>(scale, scale + out), {out});
+    if (qw && per_tensor) {  // a scalar scale: no axis
+      const std::string s = g_.floats(name + ".weight_quantizer.scale", {scales[0]}, {});
+      const std::string zp = g_.int8s(name + ".weight_quantizer.zero_point", {0}, {});
+      const std::string q = g_.node("QuantizeLinear", {weight, s, zp}, name + ".weight_quantizer.quantize");
+      weight = g_.node("DequantizeLinear", {q, s, zp}, name + ".weight_quantizer.dequantize");
+    } else if (qw) {
+      const std::string s =
+          g_.floats(name + ".weight_quantizer.scale", std::vector<float>(scales.begin(), scales.end()), {out});
       const std::string zp = g_.int8s(name + ".weight_quantizer.zero_point", std::vector<int8_t>(out, 0), {out});
       auto axis1 = [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{1}); };
       const std::string q = g_.node("QuantizeLinear", {weight, s, zp}, name + ".weight_quantizer.quantize", axis1);

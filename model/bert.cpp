@@ -15,6 +15,7 @@ Bert::Bert(const BertConfig& config) : config_(config) {
   config_.validate();
   const int64_t c = config_.hidden_size;
   const double eps = config_.layer_norm_eps;
+  const WeightScales w = config_.weight_scales;
   word_embeddings_ = params_.add("bert.embeddings.word_embeddings.weight", {config_.vocab_size, c});
   position_embeddings_ =
       params_.add("bert.embeddings.position_embeddings.weight", {config_.max_position_embeddings, c});
@@ -25,13 +26,13 @@ Bert::Bert(const BertConfig& config) : config_(config) {
     const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
     Layer l;
     l.self_input = Quantizer::activation(params_, p + "attention.self.input_quantizer");
-    l.query = Linear::declare_shared_input(params_, p + "attention.self.query", c, c);
-    l.key = Linear::declare_shared_input(params_, p + "attention.self.key", c, c);
-    l.value = Linear::declare_shared_input(params_, p + "attention.self.value", c, c);
-    l.attention_output = Linear::declare(params_, p + "attention.output.dense", c, c);
+    l.query = Linear::declare_shared_input(params_, p + "attention.self.query", c, c, w);
+    l.key = Linear::declare_shared_input(params_, p + "attention.self.key", c, c, w);
+    l.value = Linear::declare_shared_input(params_, p + "attention.self.value", c, c, w);
+    l.attention_output = Linear::declare(params_, p + "attention.output.dense", c, c, true, w);
     l.attention_norm = LayerNorm::declare(params_, p + "attention.output.LayerNorm", c, eps);
-    l.intermediate = Linear::declare(params_, p + "intermediate.dense", c, config_.intermediate_size);
-    l.output = Linear::declare(params_, p + "output.dense", config_.intermediate_size, c);
+    l.intermediate = Linear::declare(params_, p + "intermediate.dense", c, config_.intermediate_size, true, w);
+    l.output = Linear::declare(params_, p + "output.dense", config_.intermediate_size, c, true, w);
     l.output_norm = LayerNorm::declare(params_, p + "output.LayerNorm", c, eps);
     l.matmul_q = Quantizer::activation(params_, p + "attention.self.matmul_q_input_quantizer");
     l.matmul_k = Quantizer::activation(params_, p + "attention.self.matmul_k_input_quantizer");
@@ -46,9 +47,9 @@ Bert::Bert(const BertConfig& config) : config_(config) {
   }
   for (Layer& l : layers_)  // layers_ is reserved and Bert immovable: the pointers stay valid
     for (Linear* projection : {&l.query, &l.key, &l.value}) projection->shared_input = &l.self_input;
-  if (config_.head != Head::kTokenClassification) pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c);
+  if (config_.head != Head::kTokenClassification) pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c, true, w);
   if (config_.head == Head::kPretraining) {
-    transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c);
+    transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c, true, w);
     transform_norm_ = LayerNorm::declare(params_, "cls.predictions.transform.LayerNorm", c, eps);
     decoder_bias_ = params_.add("cls.predictions.bias", {config_.vocab_size});
     seq_relationship_ = Linear::declare(params_, "cls.seq_relationship", c, 2, /*quantizable=*/false);
@@ -175,8 +176,8 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
     for (Linear* p : projections) {
       const std::vector<int8_t> q = p->quantized_weight(params_);
       weights.insert(weights.end(), q.begin(), q.end());
-      const float* scales = params_.get(p->weight_quantizer.scale).value.data();
-      l.projection_scales.insert(l.projection_scales.end(), scales, scales + p->out);
+      const std::vector<float> scales = p->weight_scales(params_);
+      l.projection_scales.insert(l.projection_scales.end(), scales.begin(), scales.end());
       const float* bias = params_.get(p->bias).value.data();
       l.projection_bias.insert(l.projection_bias.end(), bias, bias + p->out);
     }

@@ -40,6 +40,17 @@ Head parse_task(const std::string& name) {
                   "classification)");
 }
 
+std::string weight_scales_name(WeightScales w) {
+  return w == WeightScales::kPerTensor ? "per-tensor" : "per-channel";
+}
+
+WeightScales parse_weight_scales(const std::string& name, const std::string& what) {
+  if (name == "per-channel") return WeightScales::kPerChannel;
+  if (name == "per-tensor") return WeightScales::kPerTensor;
+  throw UserError(what + " '" + name + "': expected per-channel (one scale per output channel) or per-tensor " +
+                  "(one scale per weight)");
+}
+
 void BertConfig::validate() const {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw UserError("invalid model config: " + what);
@@ -92,6 +103,7 @@ Json BertConfig::to_json() const {
     j["label2id"] = label2id;
     if (classifier_dropout >= 0) j["classifier_dropout"] = classifier_dropout;
   }
+  if (weight_scales != WeightScales::kPerChannel) j["weight_quantization"] = weight_scales_name(weight_scales);
   return j;
 }
 
@@ -132,6 +144,10 @@ BertConfig BertConfig::from_json(const Json& j) {
   real("initializer_range", c.initializer_range);
   if (const Json* v = j.find("classifier_dropout"); v && !v->is_null())
     real("classifier_dropout", c.classifier_dropout);
+  if (const Json* v = j.find("weight_quantization")) {
+    if (!v->is_string()) throw UserError("model config field 'weight_quantization' must be a string");
+    c.weight_scales = parse_weight_scales(v->as_string(), "model config field 'weight_quantization'");
+  }
   if (const Json* a = j.find("architectures"); a && a->is_array() && !a->as_array().empty()) {
     const std::string name = a->as_array().front().is_string() ? a->as_array().front().as_string() : "";
     if (name == "BertForSequenceClassification")

@@ -20,6 +20,14 @@ std::string head_task_name(Head head);     // "pretraining", "seq-cls", "token-c
 // "seq-cls" | "token-cls" (UserError naming --task otherwise).
 Head parse_task(const std::string& name);
 
+// How many scales a weight quantizer has: one per output channel (the default; TensorRT's and
+// pytorch-quantization's default for weights) or one for the whole weight (config.json
+// "weight_quantization": "per-tensor"). It fixes the shape of every "<linear>.weight_quantizer.scale".
+enum class WeightScales { kPerChannel, kPerTensor };
+std::string weight_scales_name(WeightScales w);  // "per-channel" | "per-tensor"
+// "per-channel" | "per-tensor"; UserError naming `what` (a flag or a config field) otherwise.
+WeightScales parse_weight_scales(const std::string& name, const std::string& what = "--weights");
+
 struct BertConfig {
   int64_t vocab_size = 16000;
   int64_t hidden_size = 128;
@@ -39,6 +47,8 @@ struct BertConfig {
   std::vector<std::string> labels;
   // Dropout before a task head's classifier; < 0: hidden_dropout_prob (Hugging Face's null).
   double classifier_dropout = -1;
+  // Weight quantizers' scale layout (not a Hugging Face field; written only when per-tensor).
+  WeightScales weight_scales = WeightScales::kPerChannel;
 
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
   double head_dropout() const { return classifier_dropout >= 0 ? classifier_dropout : hidden_dropout_prob; }

@@ -4,12 +4,19 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "core/ops.h"
 
 namespace bert::model {
 
+namespace {
+int64_t scale_count(WeightScales weight_scales, int64_t out) {
+  return weight_scales == WeightScales::kPerTensor ? 1 : out;
+}
+}  // namespace
+
 Linear Linear::declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
-                       bool quantizable) {
+                       bool quantizable, WeightScales weight_scales) {
   Linear l;
   l.name = name;
   l.in = in;
@@ -19,15 +26,16 @@ Linear Linear::declare(ParameterArena<float>& params, const std::string& name, i
   l.quantizable = quantizable;
   if (quantizable) {
     l.input_quantizer = Quantizer::activation(params, name + ".input_quantizer");
-    l.weight_quantizer = Quantizer::weight(params, name + ".weight_quantizer", out);
+    l.weight_quantizer = Quantizer::weight(params, name + ".weight_quantizer", scale_count(weight_scales, out));
   }
   return l;
 }
 
-Linear Linear::declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out) {
+Linear Linear::declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
+                                    WeightScales weight_scales) {
   Linear l = declare(params, name, in, out, /*quantizable=*/false);
   l.quantizable = true;
-  l.weight_quantizer = Quantizer::weight(params, name + ".weight_quantizer", out);
+  l.weight_quantizer = Quantizer::weight(params, name + ".weight_quantizer", scale_count(weight_scales, out));
   return l;
 }
 
@@ -66,9 +74,17 @@ bool Linear::prepare_integer(ParameterArena<float>& params) {
   return true;
 }
 
+std::vector<float> Linear::weight_scales(ParameterArena<float>& params) const {
+  const TensorView<float> s = params.get(weight_quantizer.scale).value;
+  if (s.numel() == out) return std::vector<float>(s.begin(), s.end());
+  BERT_CHECK(s.numel() == 1, "'" + weight_quantizer.name + "' has " + std::to_string(s.numel()) + " scales for " +
+                                 std::to_string(out) + " channels");
+  return std::vector<float>(out, s[0]);
+}
+
 std::vector<int8_t> Linear::quantized_weight(ParameterArena<float>& params) const {
   const float* w = params.get(weight).value.data();
-  const float* scales = params.get(weight_quantizer.scale).value.data();
+  const std::vector<float> scales = weight_scales(params);
   std::vector<int8_t> q(out * in);
   for (int64_t c = 0; c < out; ++c)
     for (int64_t i = 0; i < in; ++i) {
@@ -86,7 +102,7 @@ bool Linear::runs_integer(const Graph<float>& g) const {
 
 Var Linear::integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu) const {
   const float scale_x = params.get(input().scale).value.data()[0];
-  const std::span<const float> scale_w(params.get(weight_quantizer.scale).value.data(), out);
+  const std::vector<float> scale_w = weight_scales(params);
   if (gelu) return ops::int8_linear_gelu(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
   return ops::int8_linear(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
 }

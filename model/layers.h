@@ -8,13 +8,15 @@
 #include "core/arena.h"
 #include "core/graph.h"
 #include "core/int8_gemm.h"
+#include "model/config.h"
 #include "model/quantizer.h"
 
 namespace bert::model {
 
 // y = x W^T + b with <name>.weight (out, in) and <name>.bias (out). When quantizable, its
 // input passes through <name>.input_quantizer (per tensor) and its weight through
-// <name>.weight_quantizer (per output channel); both are pass-through until enabled. Layers that read
+// <name>.weight_quantizer (per output channel, or one scale for the weight: WeightScales); both are
+// pass-through until enabled. Layers that read
 // one tensor at one scale (Q, K and V) share an input quantizer their owner holds (shared_input).
 struct Linear {
   std::string name;
@@ -25,10 +27,11 @@ struct Linear {
   Quantizer* shared_input = nullptr;
 
   static Linear declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
-                        bool quantizable = true);
+                        bool quantizable = true, WeightScales weight_scales = WeightScales::kPerChannel);
   // A quantizable layer without an input quantizer of its own: the owner points shared_input at the
   // quantizer it shares with the other readers of its input.
-  static Linear declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out);
+  static Linear declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
+                                     WeightScales weight_scales = WeightScales::kPerChannel);
   // The quantizer of this layer's input: its own or the shared one.
   Quantizer& input() { return shared_input ? *shared_input : input_quantizer; }
   const Quantizer& input() const { return shared_input ? *shared_input : input_quantizer; }
@@ -52,6 +55,8 @@ struct Linear {
   bool prepare_integer(ParameterArena<float>& params);
   // The weight as int8 (out, in), rounded and clamped as its quantizer's fake quantization does.
   std::vector<int8_t> quantized_weight(ParameterArena<float>& params) const;
+  // The weight quantizer's scale of each output channel (out values; a per-tensor scale repeated).
+  std::vector<float> weight_scales(ParameterArena<float>& params) const;
   void clear_integer() { integer_weights.reset(); }
   std::shared_ptr<const Int8Weights> integer_weights;
   // Whether forward() runs the integer path in g (prepared, CPU, no gradients, both quantizers enabled).

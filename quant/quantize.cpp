@@ -147,9 +147,10 @@ std::map<std::string, double> calibrate(model::Bert& model, data::ShardLoader& l
                            options.percentile);
 }
 
-Json describe_calibration(const CalibrationOptions& o, int64_t batches_used) {
+Json describe_calibration(const CalibrationOptions& o, int64_t batches_used, model::WeightScales weights) {
   Json recipe;
   recipe["calibrator"] = o.method;
+  recipe["weights"] = model::weight_scales_name(weights);
   recipe["percentile"] = o.percentile;
   recipe["calib_batches"] = batches_used;
   recipe["quantize_residuals"] = o.residuals;
@@ -166,11 +167,12 @@ std::vector<std::string> fully_saturated_channels(model::Bert& model) {
   for (model::Quantizer* q : model.enabled_quantizers()) {
     if (!q->is_weight) continue;
     const TensorView<float> w = model.parameters().get(model.quantized_weight(*q)).value;  // (out, in)
-    const TensorView<float> s = model.parameters().get(q->scale).value;
+    const TensorView<float> s = model.parameters().get(q->scale).value;  // (rows) or one per-tensor scale
     const int64_t rows = w.shape()[0], cols = w.numel() / rows;
     for (int64_t r = 0; r < rows; ++r) {
+      const float scale = s.numel() == 1 ? s[0] : s[r];
       bool all_clipped = cols > 0;
-      for (int64_t c = 0; c < cols && all_clipped; ++c) all_clipped = std::abs(w[r * cols + c]) / s[r] > 127.5f;
+      for (int64_t c = 0; c < cols && all_clipped; ++c) all_clipped = std::abs(w[r * cols + c]) / scale > 127.5f;
       if (all_clipped) dead.push_back(q->name + "[" + std::to_string(r) + "]");
     }
   }

@@ -43,8 +43,9 @@ struct CalibrationOptions {
 std::vector<model::Quantizer*> chosen_quantizers(model::Bert& model, const CalibrationOptions& options);
 
 // The calibration part of a quantization recipe, as recorded in checkpoints and exports: calibrator,
-// percentile, batches used, residuals, selection globs and the names kept in float.
-Json describe_calibration(const CalibrationOptions& options, int64_t batches_used);
+// percentile, weight scales (per-channel or per-tensor), batches used, residuals, selection globs and the
+// names kept in float.
+Json describe_calibration(const CalibrationOptions& options, int64_t batches_used, model::WeightScales weights);
 
 // Statistics of every activation quantizer in the chosen set, from one pass over calibration batches
 // (no gradients, no dropout). Weights need no batches.
@@ -56,7 +57,8 @@ struct CalibrationStatistics {
 CalibrationStatistics collect_statistics(model::Bert& model, data::ShardLoader& loader,
                                          const CalibrationOptions& options, Graph<float>& g);
 
-// Sets every chosen quantizer's scale (weights: per-channel max |w| / 127; activations: amax of
+// Sets every chosen quantizer's scale (weights: max |w| / 127 per channel, or over the weight when
+// per-tensor; activations: amax of
 // `method` / 127) and enables it; every other quantizer goes to float. Returns {name: amax} (the
 // largest channel's amax for weights).
 std::map<std::string, double> apply_calibration(model::Bert& model, const CalibrationStatistics& stats, Method method,

@@ -131,7 +131,14 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
     std::copy(buffer.begin(), buffer.end(), dst);
   };
   const bool has_optimizer_state = hdf5::exists(root, "optimizer");
-  const model::Head source_head = read_checkpoint_config(path).head;
+  const model::BertConfig source_config = read_checkpoint_config(path);
+  const model::Head source_head = source_config.head;
+  const Json enabled = Json::parse(hdf5::read_string_attribute(root, "quantizers_enabled").value_or("[]"));
+  auto enabled_in_checkpoint = [&](const std::string& quantizer) {
+    for (const Json& name : enabled.as_array())
+      if (name.as_string() == quantizer) return true;
+    return false;
+  };
   const bool other_head = source_head != model.config().head;
   if (optimizer && other_head)
     throw UserError("checkpoint '" + path + "' has another head than the model (" +
@@ -146,6 +153,21 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
     if (model::is_quantizer_scale(*p.name) && !hdf5::exists(root, "model/" + *p.name)) {
       merge_earlier_layout(root, path, *p.name, p.value.data());
       continue;  // an FP32 checkpoint has no scales; the earlier layout's are merged above
+    }
+    if (model::is_quantizer_scale(*p.name) && source_config.weight_scales != model.config().weight_scales) {
+      // Weight scales of the other layout (per-channel against per-tensor): placeholders of disabled
+      // quantizers are left as the model has them; an enabled one cannot be converted.
+      const std::string quantizer = p.name->substr(0, p.name->size() - std::string(".scale").size());
+      const std::vector<hsize_t> dims = hdf5::read_dataset(root, "model/" + *p.name, buffer, path, "checkpoint");
+      if (dims != dims_of(p.value.shape())) {
+        if (enabled_in_checkpoint(quantizer))
+          throw UserError("checkpoint '" + path + "' quantizes weights " +
+                          model::weight_scales_name(source_config.weight_scales) + " ('" + quantizer +
+                          "' is enabled), and this model asks " +
+                          model::weight_scales_name(model.config().weight_scales) +
+                          " (--weights): leave --weights out, or quantize an FP32 checkpoint");
+        continue;
+      }
     }
     if (other_head && model.is_head_parameter(*p.name) &&
         (!model.takes_from(source_head, *p.name) || !hdf5::exists(root, "model/" + *p.name))) {
@@ -168,7 +190,6 @@ TrainingState load_checkpoint(const std::string& path, model::Bert& model, Optim
   s.tokenizer_sha256 = hdf5::read_string_attribute(root, "tokenizer_sha256").value_or("");
   s.run = Json::parse(hdf5::read_string_attribute(root, "run").value_or("{}"));
   s.quantization = Json::parse(hdf5::read_string_attribute(root, "quantization").value_or("null"));
-  const Json enabled = Json::parse(hdf5::read_string_attribute(root, "quantizers_enabled").value_or("[]"));
   for (model::Quantizer* q : model.quantizers()) q->mode = model::QuantMode::kFloat;
   for (const Json& name : enabled.as_array()) {
     model::Quantizer* q = model.find_quantizer(model::Bert::current_quantizer_name(name.as_string()));

@@ -233,7 +233,11 @@ ImportReport import_model(const std::string& dir, model::Bert& model, uint64_t i
       const Json::Array& list = values.as_array();
       if (static_cast<int64_t>(list.size()) != scale.value.numel())
         throw UserError(where + ": quantizer '" + name + "' has " + std::to_string(list.size()) +
-                        " scale(s), expected " + std::to_string(scale.value.numel()));
+                        " scale(s), expected " + std::to_string(scale.value.numel()) +
+                        (q.is_weight ? " (the model's weight scales are " +
+                                           model::weight_scales_name(model.config().weight_scales) +
+                                           ": leave --weights out, or quantize the FP32 model)"
+                                     : ""));
       // Q, K and V of the earlier layout each had a scale: the shared quantizer takes the largest.
       const bool merge = current != name && !merged.insert(current).second;
       for (size_t i = 0; i < list.size(); ++i) {

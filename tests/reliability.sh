@@ -196,6 +196,21 @@ grep -q "^clean: every GEMM" "$OUT/qdq-export.log" || fail "Q/DQ export: no clea
   fail "--report: $(cat "$OUT/fusion.log")"
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['clean'] and len(r['layers'])==1" "$OUT/fusion.json" ||
   fail "--report-json"
+# Per-tensor weight scales (--weights): PTQ saved, run as integers, exported with a clean fusion report;
+# refused without a quantization to choose for, on an already quantized model, and for FP32 training.
+"$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --calib-batches 2 --weights per-tensor \
+  --save-calibrated "$OUT/ptq-tensor.h5" > "$OUT/ptq-tensor.log" 2>&1 || fail "--weights per-tensor: $(tail -2 "$OUT/ptq-tensor.log")"
+"$BIN/bert-eval" --checkpoint "$OUT/ptq-tensor.h5" --shards "$OUT/shards" --int8 --max-batches 2 > "$OUT/int8-tensor.log" 2>&1 &&
+  grep -q "^int8 " "$OUT/int8-tensor.log" || fail "--int8 of a per-tensor model: $(tail -3 "$OUT/int8-tensor.log")"
+"$BIN/bert-export" --checkpoint "$OUT/ptq-tensor.h5" --onnx "$OUT/export/qdq-tensor.onnx" --qdq > "$OUT/qdq-tensor.log" 2>&1 &&
+  grep -q "^clean: every GEMM" "$OUT/qdq-tensor.log" || fail "per-tensor Q/DQ export: $(tail -3 "$OUT/qdq-tensor.log")"
+expect_error eval-weights-alone "chooses the weight scales of post-training quantization" "" -- "$BIN/bert-eval" \
+  --checkpoint "$OUT/run" --shards "$OUT/shards" --weights per-tensor
+expect_error eval-weights-of-quantized "quantizes weights per-channel" "" -- "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" \
+  --shards "$OUT/shards" --compare --weights per-tensor
+expect_error eval-weights-bad "--weights" "" -- "$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" \
+  --compare --weights per-row
+expect_error train-weights-without-qat "it goes with --qat" "$N" -- "${TRAIN[@]}" --out "$N" --steps 5 --weights per-tensor
 expect_error report-fp32 "no QuantizeLinear/DequantizeLinear: an FP32 graph" "" -- "$BIN/bert-export" --report "$OUT/export/model.onnx"
 expect_error report-not-onnx "is not an ONNX model" "" -- "$BIN/bert-export" --report "$OUT/tiny.json"
 expect_error report-and-export "--report reads an ONNX file and exports nothing" "" -- "$BIN/bert-export" \

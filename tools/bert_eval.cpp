@@ -47,6 +47,7 @@ struct Args {
   size_t flag_names = 3;
   std::string save_calibrated, onnx_model, ort_script = ort::default_ort_script(), json_out;
   std::string device_spec = "auto", precision = "fp32";
+  std::string weights;  // --weights: the weight quantizers' scales for PTQ (empty: the model's)
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -103,6 +104,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--quantize", a.calibration.include,
                  "comma-separated globs of the quantizers to enable (default set otherwise)");
   app.add_option("--keep-float", a.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
+  app.add_option("--weights", a.weights,
+                 "PTQ weight scales: per-channel (one per output channel, the default) or per-tensor (one per "
+                 "weight); a quantized checkpoint keeps its own")
+      ->check(CLI::IsMember({"per-channel", "per-tensor"}));
   app.add_option("--plan", a.plan_path, "plan file: quantizers kept in float for PTQ");
   app.add_option("--max-drop", a.max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
       ->capture_default_str();
@@ -185,7 +190,7 @@ void save_calibrated(Evaluation& e, const quant::CalibrationStatistics& stats) {
   const auto amax =
       quant::apply_calibration(e.model, stats, quant::parse_method(a.calibration.method), a.calibration.percentile);
   store::TrainingState ptq = e.state;
-  Json recipe = quant::describe_calibration(a.calibration, stats.batches);
+  Json recipe = quant::describe_calibration(a.calibration, stats.batches, e.model.config().weight_scales);
   recipe["qat"] = false;
   recipe["source_checkpoint"] = a.checkpoint;
   ptq.quantization = recipe;
@@ -489,6 +494,10 @@ void check_requests(const Args& a) {
   if (a.int8_decoder && !a.int8) throw UserError("--int8-decoder goes with --int8");
   if (a.int8 && a.device_spec != "auto" && a.device_spec != "cpu")
     throw UserError("--int8: integer inference runs on the CPU, not --device " + a.device_spec);
+  if (!a.weights.empty() && !a.compare && !a.sensitivity && a.save_calibrated.empty())
+    throw UserError("--weights " + a.weights +
+                    " chooses the weight scales of post-training quantization: give it with --compare, --sensitivity "
+                    "or --save-calibrated");
   if (!a.save_calibrated.empty() && a.shards.empty())
     throw UserError(
         "--save-calibrated needs --shards (evaluated after calibrating; calibration reads --calib-shards if given)");
@@ -502,7 +511,8 @@ int run(Args& a) {
   check_requests(a);
   // The device first: the model's device memory must be freed before the device goes.
   const std::unique_ptr<Device> device = Device::open(a.int8 ? "cpu" : a.device_spec, parse_precision(a.precision));
-  const model::BertConfig config = store::read_model_config(source);
+  model::BertConfig config = store::read_model_config(source);
+  if (!a.weights.empty()) config.weight_scales = model::parse_weight_scales(a.weights);
   const bool task_model = config.head != model::Head::kPretraining;
   if (!a.task.empty() && model::parse_task(a.task) != config.head)
     throw UserError("--task " + a.task + ": '" + a.checkpoint + "' is a " + model::head_architecture(config.head));

@@ -48,7 +48,7 @@ int launch_ranks(int argc, char** argv, int nproc, const std::string& output_dir
 struct Args {
   bert::train::TrainOptions o;
   std::string preset = "tiny", config_path, task, schedule = "linear", optimizer = "adamw", on_nonfinite = "stop",
-              scales = "learned";
+              scales = "learned", weights = "per-channel";
   int threads = 0, nproc = 1;
   double dropout = -1;
   Args() { o.device = "auto"; }
@@ -130,6 +130,11 @@ void add_quantization_options(CLI::App& app, Args& a) {
                  "comma-separated globs of the quantizers to enable (default: every Linear's input and weight, the "
                  "attention matmul inputs and both inputs of each residual add), e.g. '*.weight_quantizer,*matmul_*'");
   app.add_option("--keep-float", a.o.calibration.keep_float_globs, "comma-separated globs of quantizers kept in float");
+  app.add_option("--weights", a.weights,
+                 "QAT weight scales: per-channel (one per output channel) or per-tensor (one per weight; TensorRT "
+                 "runs both in INT8)")
+      ->check(CLI::IsMember({"per-channel", "per-tensor"}))
+      ->capture_default_str();
   app.add_option("--scale-lr-mult", a.o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")
       ->capture_default_str();
   app.add_option("--scales", a.scales,
@@ -197,6 +202,7 @@ void resolve(Args& a, const CLI::App& app) {
   using namespace bert;
   train::TrainOptions& o = a.o;
   o.scales = train::parse_scale_training(a.scales);
+  o.weights = model::parse_weight_scales(a.weights);
   o.schedule = train::parse_schedule(a.schedule);
   o.optimizer.kind = train::parse_optimizer(a.optimizer);
   o.on_nonfinite = train::parse_on_nonfinite(a.on_nonfinite);

@@ -63,6 +63,8 @@ void TrainOptions::validate() const {
   if (!(warmup_fraction >= 0 && warmup_fraction < 1)) fail("--warmup: expected a fraction in [0, 1)");
   if (!std::isfinite(clip_norm)) fail("--clip: expected a finite number");
   if (qat) calibration.validate();
+  if (weights != model::WeightScales::kPerChannel && !qat)
+    fail("--weights " + model::weight_scales_name(weights) + " chooses QAT's weight scales: it goes with --qat");
   if (!(scale_lr_multiplier > 0) || !std::isfinite(scale_lr_multiplier))
     fail("--scale-lr-mult: expected a positive number");
   if (qat && init_from.empty() && !resume) fail("--qat needs --init-from (an FP32 checkpoint to start from)");
@@ -110,6 +112,7 @@ Json TrainOptions::to_json() const {
   j["qat"] = qat;
   if (qat) {
     j["calibrator"] = calibration.method;
+    j["weights"] = model::weight_scales_name(weights);
     j["percentile"] = calibration.percentile;
     j["calib_batches"] = calibration.batches;
     j["quantize_residuals"] = calibration.residuals;
@@ -153,6 +156,8 @@ std::vector<std::string> resume_plan(TrainOptions& o, const Json& recorded,
       {"qat", "--qat", false, [](TrainOptions& t, const Json& v) { t.qat = v.as_bool(); }},
       {"calibrator", "--calibrator", false,
        [](TrainOptions& t, const Json& v) { t.calibration.method = v.as_string(); }},
+      {"weights", "--weights", false,
+       [](TrainOptions& t, const Json& v) { t.weights = model::parse_weight_scales(v.as_string()); }},
       {"percentile", "--percentile", false,
        [](TrainOptions& t, const Json& v) { t.calibration.percentile = v.as_number(); }},
       {"calib_batches", "--calib-batches", false,
@@ -331,6 +336,7 @@ model::BertConfig resolve_config(const TrainOptions& o, const RunFiles& files, c
     config = store::read_model_config(store::find_model(o.init_from));
     config.hidden_dropout_prob = o.config.hidden_dropout_prob;
     config.attention_probs_dropout_prob = o.config.attention_probs_dropout_prob;
+    if (o.qat) config.weight_scales = o.weights;  // the layout QAT's weight quantizers take
     if (config.vocab_size != o.tokenizer_vocab_size)
       throw UserError("--init-from '" + o.init_from + "' has vocab_size " + std::to_string(config.vocab_size) +
                       ", the tokenizer " + std::to_string(o.tokenizer_vocab_size));
@@ -364,7 +370,7 @@ Json calibrate_for_qat(const TrainOptions& o, model::Bert& model, const data::Lo
   model.parameters().upload_values();  // the calibrated scales
   spdlog::info("calibrated {} quantizers ({} calibrator, {} batches; {} kept in float)", amax.size(),
                calibration.method, calibration.batches, calibration.keep_float.size());
-  Json recipe = quant::describe_calibration(calibration, calibration.batches);
+  Json recipe = quant::describe_calibration(calibration, calibration.batches, model.config().weight_scales);
   recipe["qat"] = true;
   recipe["init_from"] = o.init_from;
   recipe["qat_steps"] = o.steps;

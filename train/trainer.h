@@ -67,6 +67,7 @@ struct TrainOptions {
   std::string init_from;  // checkpoint whose weights start the run (optimizer starts fresh)
   bool qat = false;
   quant::CalibrationOptions calibration;
+  model::WeightScales weights = model::WeightScales::kPerChannel;  // the weight quantizers' scales (--weights)
   std::string plan_path;             // sensitivity plan: quantizers kept in float
   double scale_lr_multiplier = 1.0;  // scales learn at learning_rate * this
   // How the quantizer scales train: kLearned (default) learns log-scale (Optimizer::set_log_space), so

@@ -763,6 +763,42 @@ namespace {
 // The whole export of a model source, as bert-export runs it: a Hugging Face directory in, the ONNX
 // file (checked, with the tokenizer's hash in its metadata) and the tokenizer beside it out, a Hugging
 // Face directory beside that; a request the model cannot meet fails before anything is written.
+// Per-tensor weight scales (--weights per-tensor): each weight gets a scalar Q/DQ pair without an axis,
+// clamped to its range; the export passes TensorRT's rules, its fusion report is clean, and ONNX Runtime
+// gives the fake-quantized engine's logits.
+TEST(OnnxExport, PerTensorWeightsExportScalarPairsThatRunAndFuse) {
+  model::BertConfig c = small_config();
+  c.weight_scales = model::WeightScales::kPerTensor;
+  model::Bert m(c);
+  m.initialize(5);
+  quantize_all(m, make_inputs(4, 12, 60, 1));
+  ExportOptions options;
+  options.qdq = true;
+  onnx::ModelProto proto = export_bert(m, options);
+  check_onnx(proto);
+  std::map<std::string, const onnx::TensorProto*> initializers;
+  for (const auto& t : proto.graph().initializer()) initializers[t.name()] = &t;
+  int weight_pairs = 0;
+  for (const auto& n : proto.graph().node()) {
+    if (n.op_type() != "QuantizeLinear" || n.name().find(".weight_quantizer.") == std::string::npos) continue;
+    ++weight_pairs;
+    for (const auto& attribute : n.attribute()) EXPECT_NE(attribute.name(), "axis") << n.name();
+    ASSERT_TRUE(initializers.count(n.input(1))) << n.name();
+    EXPECT_EQ(initializers[n.input(1)]->dims_size(), 0) << n.name() << ": a scalar scale";
+  }
+  EXPECT_EQ(weight_pairs, 6 * 2 + 2);
+  EXPECT_EQ(describe(check_qdq_rules(proto)), "");
+  const FusionReport report = fusion_report(proto, "per-tensor");
+  EXPECT_TRUE(report.clean()) << report.text();
+  testing::TempDir dir;
+  write_onnx(proto, dir.file("per_tensor.onnx"));
+  const Inputs in = make_inputs(3, 13, 60, 24);
+  auto [ours_mlm, ours_nsp] = engine(m, in);
+  auto [ort_mlm, ort_nsp] = onnx_runtime(dir.file("per_tensor.onnx"), in, dir, "", "disabled");
+  EXPECT_LT(relative_error(ort_mlm, ours_mlm), 2e-3);
+  EXPECT_LT(relative_error(ort_nsp, ours_nsp), 2e-3);
+}
+
 // The fusion report on our Q/DQ export (clean), and on graphs mutated so that each rule fails its own way.
 TEST(FusionReport, ACleanExportAndEachRuleFailingItsOwnWay) {
   model::Bert m(small_config());

@@ -334,10 +334,12 @@ struct QatStep {
 // The tiny preset over a 60-token vocabulary and 16 positions, every quantizer enabled: activation
 // scales 0.03 (some values saturate), weight scales `weight_scale`, or per channel max |w| / 127 (as max
 // calibration sets them) when it is 0.
-std::unique_ptr<Bert> quantized_tiny(float weight_scale) {
+// With WeightScales::kPerTensor, one weight scale: max |w| / 127 over the weight when weight_scale is 0.
+std::unique_ptr<Bert> quantized_tiny(float weight_scale, WeightScales weight_scales = WeightScales::kPerChannel) {
   BertConfig c = preset("tiny");
   c.vocab_size = 60;
   c.max_position_embeddings = 16;
+  c.weight_scales = weight_scales;
   auto model = std::make_unique<Bert>(c);
   model->initialize(5);
   for (Quantizer* q : model->quantizers()) {
@@ -596,6 +598,78 @@ TEST(BertModel, FusedIntegerProjectionsGiveTheSeparateProjectionsLogits) {
   EXPECT_EQ(model.fused_projection_layers(), 0);
 }
 
+// Per-tensor weight scales: one scale a weight, applied as a per-channel model with that scale in every
+// channel (logits and weight gradients bit for bit; the scale's gradient the channels' sum, with LSQ's
+// gradient scale over the whole weight instead of a row), and the integer engine gives the fake-quantized
+// model's logits.
+TEST(BertModel, PerTensorWeightScalesActAsOneScaleInEveryChannel) {
+  std::unique_ptr<Bert> per_tensor = quantized_tiny(0, WeightScales::kPerTensor);
+  int weights = 0;
+  for (Quantizer* q : per_tensor->quantizers()) {
+    EXPECT_EQ(per_tensor->parameters().shape(q->scale).numel(), 1) << q->name;
+    weights += q->is_weight;
+  }
+  EXPECT_EQ(weights, 6 * 2 + 2);  // six linears a layer, the pooler and the MLM transform
+  const TensorView<float> w0 =
+      per_tensor->parameters().get("bert.encoder.layer.0.intermediate.dense.weight").value;
+  float largest = 0;
+  for (float v : w0) largest = std::max(largest, std::abs(v));
+  EXPECT_EQ(per_tensor->parameters().get("bert.encoder.layer.0.intermediate.dense.weight_quantizer.scale").value[0],
+            largest / 127);
+  // The same model per channel, each channel at the weight's one scale.
+  std::unique_ptr<Bert> per_channel = quantized_tiny(0);
+  for (Quantizer* q : per_channel->quantizers()) {
+    const float one = per_tensor->parameters().get(q->scale).value[0];
+    per_channel->parameters().get(q->scale).value.fill(one);
+  }
+  for (Bert* m : {per_tensor.get(), per_channel.get()}) {
+    int index = 0;  // distinct activation scales, as calibration gives them
+    for (Quantizer* q : m->quantizers())
+      if (!q->is_weight) m->parameters().get(q->scale).value.fill(0.03f * (1.0f + 0.0137f * float(index++)));
+  }
+  const std::vector<float> fake = eval_logits(*per_tensor, true);
+  EXPECT_EQ(fake, eval_logits(*per_channel, true));
+
+  auto gradients = [](Bert& m) {
+    std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
+        masked{7, 10, 12, 0};
+    std::vector<int8_t> mask(16, 1), types(16, 0), labels{1, 0};
+    BatchView batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
+    Graph<float> g;
+    Rng rng(9);
+    ModelOutputs out = m.forward(g, batch, /*training=*/false, rng);
+    m.parameters().zero_grad();
+    g.backward(out.loss);
+  };
+  gradients(*per_tensor);
+  gradients(*per_channel);
+  const std::string linear = "bert.encoder.layer.1.attention.output.dense";
+  const TensorView<float> gw_t = per_tensor->parameters().get(linear + ".weight").grad;
+  const TensorView<float> gw_c = per_channel->parameters().get(linear + ".weight").grad;
+  EXPECT_EQ(std::vector<float>(gw_t.begin(), gw_t.end()), std::vector<float>(gw_c.begin(), gw_c.end()));
+  const TensorView<float> gs_c = per_channel->parameters().get(linear + ".weight_quantizer.scale").grad;
+  double channels_sum = 0;
+  for (float v : gs_c) channels_sum += v;
+  const double out = static_cast<double>(gs_c.numel());
+  const float gs_t = per_tensor->parameters().get(linear + ".weight_quantizer.scale").grad[0];
+  EXPECT_NE(gs_t, 0.0f);
+  EXPECT_NEAR(gs_t, channels_sum / std::sqrt(out), 1e-5 * std::abs(channels_sum));
+
+  // The integer engine, one scale repeated over the channels of each packed weight.
+  Bert& model = *per_tensor;
+  const BertConfig& c = model.config();
+  EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);
+  EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers);
+  const std::vector<float> integer = eval_logits(model, false);
+  double diff = 0, top = 0;
+  for (size_t i = 0; i < fake.size(); ++i) {
+    diff = std::max(diff, std::abs(double(integer[i]) - fake[i]));
+    top = std::max(top, std::abs(double(fake[i])));
+  }
+  EXPECT_LE(diff, 1e-3 * top);
+  model.clear_integer_inference();
+}
+
 TEST(BertModel, InitializationFollowsBert) {
   BertConfig c = preset("tiny");
   c.vocab_size = 100;
@@ -674,6 +748,16 @@ TEST(BertConfig, JsonRoundTripPresetsAndValidation) {
   EXPECT_EQ(error_of(R"({"num_hidden_layers": 2.5})"), "model config field 'num_hidden_layers' must be an integer");
   EXPECT_NE(error_of(R"({"hidden_dropout_prob": 1.0})"), "no error");
   EXPECT_THROW(BertConfig::load("/nonexistent/config.json"), UserError);
+  // The weight quantizers' scale layout: written only when per-tensor, read back, checked.
+  EXPECT_EQ(mini.to_json().find("weight_quantization"), nullptr);
+  BertConfig per_tensor = mini;
+  per_tensor.weight_scales = WeightScales::kPerTensor;
+  EXPECT_EQ(per_tensor.to_json().find("weight_quantization")->as_string(), "per-tensor");
+  EXPECT_EQ(BertConfig::from_json(per_tensor.to_json()).weight_scales, WeightScales::kPerTensor);
+  EXPECT_EQ(error_of(R"({"weight_quantization": "per-row"})"),
+            "model config field 'weight_quantization' 'per-row': expected per-channel (one scale per output channel) "
+            "or per-tensor (one scale per weight)");
+  EXPECT_EQ(error_of(R"({"weight_quantization": 1})"), "model config field 'weight_quantization' must be a string");
 }
 
 }  // namespace

@@ -456,6 +456,63 @@ TEST(EarlierLayout, ThreeQkvInputScalesMergeAtTheLargest) {
   EXPECT_NE(report.warnings[0].find("merged into '" + layer + "input_quantizer' at the largest"), std::string::npos);
 }
 
+// Per-tensor weight scales (config "weight_quantization"): a quantized per-tensor model round-trips through
+// our checkpoints and Hugging Face directories; an FP32 checkpoint of the per-channel layout loads into a
+// per-tensor model (its placeholder scales are not used); quantized weights of the other layout are refused
+// with a message naming the layouts and --weights.
+TEST(WeightScales, PerTensorModelsRoundTripAndTheOtherLayoutLoadsOnlyUnquantized) {
+  TempDir dir;
+  model::BertConfig channel_config = read_config(kFixtures + "/tiny");
+  model::BertConfig tensor_config = channel_config;
+  tensor_config.weight_scales = model::WeightScales::kPerTensor;
+  model::Bert fp32(channel_config);
+  import_model(kFixtures + "/tiny", fp32);
+  store::save_checkpoint(dir.file("fp32.h5"), fp32, nullptr, store::TrainingState{});
+
+  model::Bert per_tensor(tensor_config);
+  store::load_checkpoint(dir.file("fp32.h5"), per_tensor, nullptr);
+  EXPECT_TRUE(per_tensor.enabled_quantizers().empty());
+  const std::string weight = "bert.encoder.layer.1.output.dense.weight";
+  const TensorView<float> a = per_tensor.parameters().get(weight).value, b = fp32.parameters().get(weight).value;
+  EXPECT_EQ(std::vector<float>(a.begin(), a.end()), std::vector<float>(b.begin(), b.end()));
+
+  Rng rng(3);
+  for (model::Quantizer* q : per_tensor.quantizers()) {
+    q->mode = model::QuantMode::kQuantize;
+    for (float& v : per_tensor.parameters().get(q->scale).value) v = static_cast<float>(0.001 + 0.1 * rng.next_uniform());
+  }
+  auto same_model = [&](model::Bert& back, const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(back.config().weight_scales, model::WeightScales::kPerTensor);
+    EXPECT_EQ(back.enabled_quantizers().size(), per_tensor.quantizers().size());
+    ASSERT_EQ(back.parameters().values().numel(), per_tensor.parameters().values().numel());
+    EXPECT_EQ(std::memcmp(back.parameters().values().data(), per_tensor.parameters().values().data(),
+                          per_tensor.parameters().values().numel() * sizeof(float)),
+              0);
+  };
+  store::save_checkpoint(dir.file("per_tensor.h5"), per_tensor, nullptr, store::TrainingState{});
+  model::Bert from_checkpoint(store::read_checkpoint_config(dir.file("per_tensor.h5")));
+  store::load_checkpoint(dir.file("per_tensor.h5"), from_checkpoint, nullptr);
+  same_model(from_checkpoint, "checkpoint");
+  export_model(dir.file("hf"), per_tensor, Json());
+  EXPECT_EQ(Json::parse(read_text_file(dir.file("hf/config.json"), "config")).find("weight_quantization")->as_string(),
+            "per-tensor");
+  model::Bert from_hf(read_config(dir.file("hf")));
+  import_model(dir.file("hf"), from_hf);
+  same_model(from_hf, "Hugging Face directory");
+
+  // Quantized per channel, asked per tensor: refused, naming the file and what to do.
+  for (model::Quantizer* q : fp32.quantizers()) q->mode = model::QuantMode::kQuantize;
+  store::save_checkpoint(dir.file("qat.h5"), fp32, nullptr, store::TrainingState{});
+  model::Bert refused(tensor_config);
+  expect_user_error([&] { store::load_checkpoint(dir.file("qat.h5"), refused, nullptr); },
+                    "quantizes weights per-channel ('bert.encoder.layer.0.attention.self.query.weight_quantizer' is "
+                    "enabled), and this model asks per-tensor (--weights)");
+  export_model(dir.file("hf-channel"), fp32, Json());
+  expect_user_error([&] { import_model(dir.file("hf-channel"), refused); },
+                    "the model's weight scales are per-tensor: leave --weights out, or quantize the FP32 model");
+}
+
 TEST(HfExport, TaskModelsRoundTripAndFineTuningStartsFromAPretrainingDirectory) {
   TempDir dir;
   for (const model::Head head : {model::Head::kSequenceClassification, model::Head::kTokenClassification}) {

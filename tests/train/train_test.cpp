@@ -182,6 +182,7 @@ TEST(TrainOptions, ResumeKeepsEveryRecordedOptionOfThePlan) {
   planned.plan_path = "plan.json";
   planned.scale_lr_multiplier = 10;
   planned.scales = TrainOptions::ScaleTraining::kFixed;
+  planned.weights = model::WeightScales::kPerTensor;
   planned.distill_weight = 0.5;
   planned.distill_temperature = 3;
   planned.teacher = "runs/teacher";
@@ -206,6 +207,7 @@ TEST(TrainOptions, ResumeKeepsEveryRecordedOptionOfThePlan) {
                                                                     {"plan", "--plan"},
                                                                     {"scale_lr_multiplier", "--scale-lr-mult"},
                                                                     {"scales", "--scales"},
+                                                                    {"weights", "--weights"},
                                                                     {"distill_weight", "--distill"},
                                                                     {"distill_temperature", "--distill-temperature"},
                                                                     {"distill_teacher", "--teacher"}};
@@ -990,6 +992,34 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
       }
     }
     expect_user_error([] { parse_scale_training("log"); }, "--scales 'log'");
+
+    // --weights per-tensor: one scale a weight, in the checkpoint's config and its recipe; the run
+    // learns (its last loss below its first) with no channel lost.
+    {
+      TrainOptions per_tensor = qat;
+      per_tensor.weights = model::WeightScales::kPerTensor;
+      per_tensor.output_dir = out.file("qat-per-tensor");
+      const TrainResult r = train(per_tensor);
+      const std::string checkpoint = per_tensor.output_dir + "/checkpoint.h5";
+      const model::BertConfig c = store::read_checkpoint_config(checkpoint);
+      EXPECT_EQ(c.weight_scales, model::WeightScales::kPerTensor);
+      model::Bert trained(c);
+      const Json recipe = store::load_checkpoint(checkpoint, trained, nullptr).quantization;
+      EXPECT_EQ(recipe.find("weights")->as_string(), "per-tensor");
+      int weights = 0;
+      for (model::Quantizer* q : trained.enabled_quantizers()) {
+        if (!q->is_weight) continue;
+        ++weights;
+        EXPECT_EQ(trained.parameters().shape(q->scale).numel(), 1) << q->name;
+      }
+      EXPECT_EQ(weights, 6 * c.num_hidden_layers + 2);
+      ASSERT_EQ(r.losses.size(), 10u);
+      EXPECT_LT(r.losses.back(), r.losses.front());
+      EXPECT_TRUE(r.saturated_channels.empty());
+      TrainOptions unquantized = per_tensor;
+      unquantized.qat = false;
+      expect_user_error([&] { unquantized.validate(); }, "--weights per-tensor chooses QAT's weight scales");
+    }
 
     // Distillation from the FP32 model keeps the student closer to it than the plain QAT run does: KL
     // of the MLM outputs to the teacher's on a held batch, after the same 10 steps.
