@@ -127,6 +127,16 @@ Var tanh(Graph<T>& g, Var x);
 template <typename T>
 Var softmax(Graph<T>& g, Var x, Var mask = Var{});
 
+// Self-attention's core for q, k, v (B, H, T, D) and an additive padding mask (B, T) (or Var{}):
+// matmul(dropout(softmax(alpha q k^T, mask), p), v) -> (B, H, T, D). On the CPU exactly those ops in
+// sequence. On a GPU, where fused_attention() says so, one fused kernel each way (core/ops_attention.cu):
+// the (B, H, T, T) scores and probabilities never reach memory, and the dropout draws are the unfused
+// dropout's (the Rng reserves B H T T), so both give the same values up to float summation order.
+template <typename T>
+Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, double alpha, double p, bool training, Rng& rng);
+// Whether attention() runs fused on g: a GPU graph, head size 16, 32, 64 or 128, length up to 512.
+bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length);
+
 // LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta; gamma, beta (C).
 template <typename T>
 Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps = 1e-12);

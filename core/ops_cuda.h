@@ -49,6 +49,9 @@ Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
 Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
+// Fused attention (ops::attention) and whether its kernels cover a head size and length in `dtype`.
+Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, double alpha, double p, bool training, Rng& rng);
+bool attention_fits(int64_t head_size, int64_t length, DType dtype);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

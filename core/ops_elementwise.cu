@@ -177,15 +177,6 @@ __global__ void tanh_backward(A* dx, const A* dy, const A* y, int64_t n, bool ac
 }
 
 // Rng::bits of core/rng.h, on the device (splitmix64's finaliser of seed ^ mix(index + constant)).
-__device__ __forceinline__ uint64_t mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-__device__ __forceinline__ bool kept(uint64_t seed, uint64_t index, uint64_t threshold) {
-  return (mix(seed ^ mix(index + 0x632BE59BD9B4E019ull)) >> 11) >= threshold;
-}
 template <int W, typename A>
 __global__ void dropout_forward(A* y, uint8_t* keep, const A* x, uint64_t seed, uint64_t first, uint64_t threshold,
                                 float keep_scale, int64_t n) {
@@ -193,7 +184,7 @@ __global__ void dropout_forward(A* y, uint8_t* keep, const A* x, uint64_t seed, 
     cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
     cuda::Pack<uint8_t, W> k;
     for (int j = 0; j < W; ++j) {
-      k.v[j] = kept(seed, first + uint64_t(i + j), threshold);
+      k.v[j] = cuda::kept(seed, first + uint64_t(i + j), threshold);
       p.v[j] = cuda::from_float<A>(cuda::to_float(p.v[j]) * (k.v[j] ? keep_scale : 0.0f));
     }
     cuda::store_pack<W>(keep + i, k);
@@ -232,7 +223,7 @@ struct DropoutSource {
   __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
     const cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
     for (int j = 0; j < W; ++j) {
-      slope[j] = kept(seed, first + uint64_t(i + j), threshold) ? keep_scale : 0.0f;
+      slope[j] = cuda::kept(seed, first + uint64_t(i + j), threshold) ? keep_scale : 0.0f;
       v[j] = cuda::to_float(p.v[j]) * slope[j];
     }
   }

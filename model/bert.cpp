@@ -1,5 +1,7 @@
 #include "model/bert.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -334,9 +336,25 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   Var k = heads(l.key, inputs[0], l.matmul_k);
   Var v = heads(l.value, inputs[0], l.matmul_v);
   const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
-  Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
-  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
-  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
+  Var attended;  // (B, H, T, D)
+  const bool fits = ops::fused_attention(g, d, t);
+  if (fuse_attention_ && fits && l.matmul_a.mode == QuantMode::kFloat) {
+    attended =
+        ops::attention(g, q, k, v, mask, inverse_sqrt_d, config_.attention_probs_dropout_prob, training, rng);
+  } else {
+    if (g.on_cuda() && fuse_attention_ && !told_unfused_attention_) {
+      told_unfused_attention_ = true;
+      spdlog::info("attention runs unfused on the GPU: {}",
+                   !fits ? fmt::format("head size {} and length {} are outside the fused kernels (head size 16, 32, "
+                                       "64 or 128, length up to 512)",
+                                       d, t)
+                         : "the attention probabilities are quantized or calibrated, which the fused kernels do not do");
+    }
+    Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
+    Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
+    attended = ops::matmul(g, probs, v);
+  }
+  Var context = permute(attended, l.attention_output.used_input_quantizer(g));
   return finish(ops::reshape(g, context, Shape{b, t, h * d}));
 }
 

@@ -126,6 +126,11 @@ class Bert {
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
   // default; off runs every quantizer as an op of its own (the baseline the fusion is measured and tested against).
   void set_fused_quantizers(bool on) { fuse_quantizers_ = on; }
+  // On a GPU, self-attention as one fused op each way (ops::attention) where its kernels cover the head
+  // size and length and the attention probabilities are not quantized: the (B, H, T, T) scores and
+  // probabilities never reach memory (less GPU memory; today slower than the unfused ops, so off by
+  // default: bert-train --attention fused). Where it cannot run fused the log says why, once.
+  void set_fused_attention(bool on) { fuse_attention_ = on; }
 
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);
@@ -180,6 +185,8 @@ class Bert {
   std::shared_ptr<const Int8Weights> integer_decoder_;
   std::vector<float> integer_decoder_scales_;
   bool fuse_quantizers_ = true;
+  bool fuse_attention_ = false;
+  bool told_unfused_attention_ = false;  // the log line saying why attention runs unfused, once
 };
 
 }  // namespace bert::model

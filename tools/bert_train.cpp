@@ -48,7 +48,7 @@ int launch_ranks(int argc, char** argv, int nproc, const std::string& output_dir
 struct Args {
   bert::train::TrainOptions o;
   std::string preset = "tiny", config_path, task, schedule = "linear", optimizer = "adamw", on_nonfinite = "stop",
-              scales = "learned", weights = "per-channel";
+              scales = "learned", weights = "per-channel", attention = "unfused";
   int threads = 0, nproc = 1;
   double dropout = -1;
   Args() { o.device = "auto"; }
@@ -187,6 +187,12 @@ void add_run_options(CLI::App& app, Args& a) {
                  "AMX tiles (Intel Xeon 4th gen+) or vdpbf16ps (AVX512_BF16) where the CPU has them, FP32 "
                  "tensors); weights, optimizer, losses and quantizer scales stay FP32")
       ->capture_default_str();
+  app.add_option("--attention", a.attention,
+                 "self-attention on a GPU: unfused (separate ops, the faster today) or fused (one kernel each "
+                 "way: the (batch, heads, length, length) scores never reach memory, less GPU memory; head size "
+                 "16/32/64/128, length up to 512, not where QAT quantizes the attention probabilities)")
+      ->check(CLI::IsMember({"fused", "unfused"}))
+      ->capture_default_str();
 }
 
 void add_options(CLI::App& app, Args& a) {
@@ -203,6 +209,7 @@ void resolve(Args& a, const CLI::App& app) {
   train::TrainOptions& o = a.o;
   o.scales = train::parse_scale_training(a.scales);
   o.weights = model::parse_weight_scales(a.weights);
+  o.fused_attention = a.attention == "fused";
   o.schedule = train::parse_schedule(a.schedule);
   o.optimizer.kind = train::parse_optimizer(a.optimizer);
   o.on_nonfinite = train::parse_on_nonfinite(a.on_nonfinite);

@@ -131,6 +131,18 @@ __global__ void scaled_grad_kernel(X* dx, const Y* dy, float alpha, int64_t n, b
   }
 }
 
+// Dropout's draws: Rng::bits (core/rng.h) on the device; element `index` of a stream is kept when its top
+// 53 bits are at least threshold = ceil(p 2^53).
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ bool kept(uint64_t seed, uint64_t index, uint64_t threshold) {
+  return (mix(seed ^ mix(index + 0x632BE59BD9B4E019ull)) >> 11) >= threshold;
+}
+
 template <typename V>
 __device__ __forceinline__ V warp_sum(V v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -355,6 +355,40 @@ TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
   }
 }
 
+// Fused attention (one kernel each way) against the ops it replaces, run on the CPU: head sizes 16 to
+// 128, lengths from 7 (one partial key tile) to 512, with and without a padding mask, and with dropout
+// (the same draws as the unfused dropout, so the values still agree element for element).
+TEST_F(CudaOps, FusedAttentionGivesTheComposedOps) {
+  struct Case {
+    int64_t b, h, t, d;
+  };
+  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{3, 2, 100, 64}, Case{2, 2, 128, 64},
+                       Case{1, 2, 200, 128}, Case{1, 1, 512, 64}})
+    for (bool masked : {false, true})
+      for (double p : {0.0, 0.1}) {
+        SCOPED_TRACE("B " + std::to_string(c.b) + " H " + std::to_string(c.h) + " T " + std::to_string(c.t) + " D " +
+                     std::to_string(c.d) + (masked ? ", masked" : "") + ", dropout " + std::to_string(p));
+        for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+          Graph<float> probe(*gpu);
+          ASSERT_TRUE(ops::fused_attention(probe, c.d, c.t)) << "the fused kernels cover this shape";
+        }
+        std::vector<float> mask(static_cast<size_t>(c.b * c.t), 0.0f);
+        if (masked)  // the last item padded from 60% of its length, the first untouched
+          for (int64_t i = c.t * 6 / 10; i < c.t; ++i) mask[(c.b - 1) * c.t + i] = -10000.0f;
+        const Shape s{c.b, c.h, c.t, c.d};
+        const double alpha = 1.0 / std::sqrt(double(c.d));
+        compare(
+            {s, s, s},
+            [&](Graph<float>& g, const std::vector<Var>& in) {
+              Rng rng(77);
+              rng.reserve(5);
+              Var m = masked ? g.input(std::span<const float>(mask), Shape{c.b, c.t}) : Var{};
+              return ops::attention(g, in[0], in[1], in[2], m, alpha, p, /*training=*/true, rng);
+            },
+            kGemm, 2 * kGemm, {}, 1.5f);
+      }
+}
+
 TEST_F(CudaOps, CrossEntropyWithIgnoredRowsAndWeights) {
   const std::vector<int32_t> targets = {3, -1, 0, 9, 9, -1, 4};
   compare(

@@ -736,6 +736,55 @@ TEST(Dropout, SameSeedSameMaskAndFiniteDifferences) {
   expect_gradients_match(in, build);
 }
 
+// ---------------------------------------------------------------- attention
+
+// softmax(alpha q k^T + mask) v, written out by hand: (B, H, T, D) operands, (B, T) additive mask.
+Tensor<double> attention_reference(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
+                                   const Tensor<double>& mask, double alpha) {
+  const Shape& s = q.shape();
+  const int64_t b = s[0], h = s[1], t = s[2], d = s[3];
+  Tensor<double> out(s);
+  for (int64_t bh = 0; bh < b * h; ++bh)
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<double> p(static_cast<size_t>(t));
+      double max = -1e300, sum = 0;
+      for (int64_t j = 0; j < t; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += q[(bh * t + i) * d + c] * k[(bh * t + j) * d + c];
+        p[j] = alpha * dot + mask[(bh / h) * t + j];
+        max = std::max(max, p[j]);
+      }
+      for (double& x : p) sum += x = std::exp(x - max);
+      for (int64_t c = 0; c < d; ++c) {
+        double acc = 0;
+        for (int64_t j = 0; j < t; ++j) acc += p[j] / sum * v[(bh * t + j) * d + c];
+        out[(bh * t + i) * d + c] = acc;
+      }
+    }
+  return out;
+}
+
+TEST(Attention, MatchesAHandWrittenReferenceAndFiniteDifferences) {
+  const Shape s{2, 2, 5, 3};
+  Tensor<double> mask(Shape{2, 5}, {0, 0, 0, 0, 0, 0, 0, 0, -1e4, -1e4});  // item 1: last two keys padded
+  std::vector<Tensor<double>> in;
+  for (uint32_t seed : {31u, 32u, 33u}) in.push_back(random_tensor(s, seed));
+  in.push_back(mask.clone());
+  const double alpha = 0.6;
+  auto build = [&](double p) {
+    return [alpha, p](Graph<double>& g, const Leaves& x) {
+      Rng rng(5);
+      return ops::attention(g, x[0], x[1], x[2], x[3], alpha, p, /*training=*/true, rng);
+    };
+  };
+  expect_tensors_near(run_forward(in, build(0.0)), attention_reference(in[0], in[1], in[2], in[3], alpha),
+                      kForwardTolerance);
+  GradCheckOptions options;
+  options.differentiable = {true, true, true, false};
+  expect_gradients_match(in, build(0.0), options);
+  expect_gradients_match(in, build(0.3), options);  // dropout: one mask for every evaluation (same seed)
+}
+
 // ---------------------------------------------------------------- cross_entropy, sum, mean
 
 double cross_entropy_reference(const Tensor<double>& z, const std::vector<int32_t>& t, const std::vector<double>& w,

@@ -426,6 +426,55 @@ TEST(BertModel, FusedQuantizersGiveTheSameQatStepAsSeparateOnes) {
   }
 }
 
+// A training step (dropout on) with the fused attention against the unfused ops, on a GPU: the same
+// dropout draws, so the loss and every gradient agree up to float summation order (BF16: its rounding).
+QatStep float_step(const Device& device, bool fused_attention) {
+  BertConfig c = preset("tiny");
+  c.vocab_size = 60;
+  c.max_position_embeddings = 16;
+  Bert model(c);
+  model.initialize(5);
+  model.set_fused_attention(fused_attention);
+  model.place_on(device);
+  std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
+      masked{7, 10, 12, 0};
+  std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+      types{0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1}, labels{1, 0};
+  BatchView batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
+  Graph<float> g(device);
+  EXPECT_TRUE(ops::fused_attention(g, c.head_size(), 8));
+  Rng rng(9);
+  ModelOutputs out = model.forward(g, batch, /*training=*/true, rng);
+  QatStep r;
+  r.loss = g.item(out.loss);
+  g.backward(out.loss);
+  model.parameters().download_grads();
+  for (ParamId id = 0; id < model.parameters().size(); ++id)
+    for (float v : model.parameters().get(id).grad) r.grads.push_back(v);
+  return r;
+}
+
+TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the fused attention runs on a machine with an NVIDIA GPU";
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(p == Precision::kFp32 ? "fp32" : "bf16");
+    std::unique_ptr<Device> gpu = Device::cuda(0, p);
+    const QatStep fused = float_step(*gpu, true), plain = float_step(*gpu, false);
+    const double tolerance = p == Precision::kFp32 ? 1e-5 : 5e-2;
+    EXPECT_NEAR(fused.loss, plain.loss, tolerance * std::abs(plain.loss));
+    ASSERT_EQ(fused.grads.size(), plain.grads.size());
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < plain.grads.size(); ++i) {
+      diff = std::max(diff, std::abs(double(fused.grads[i]) - plain.grads[i]));
+      scale = std::max(scale, std::abs(double(plain.grads[i])));
+    }
+    std::cout << "[ info ] fused vs unfused attention: loss " << fused.loss << " vs " << plain.loss
+              << ", largest gradient difference " << diff / scale << " of the largest gradient\n";
+    EXPECT_LE(diff, tolerance * scale);
+  }
+}
+
 // Logits of one evaluation batch (MLM then NSP), with or without the graph recording gradients.
 std::vector<float> eval_logits(Bert& model, bool record_gradients) {
   std::vector<int32_t> ids(4 * 16), positions{1, 5, 2, 9, 3, 0, 4, 7};
