@@ -1,0 +1,99 @@
+#include "train/progress.h"
+
+#include <spdlog/spdlog.h>
+
+namespace bert::train {
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(s / 3600), (long long)(s / 60 % 60),
+                (long long)(s % 60));
+  return buf;
+}
+
+// The progress line and its metrics.jsonl record for the window that ends at `step`; then the window
+// starts over. `seconds_per_step`: the run's average so far, for the ETA.
+void report_progress(const TrainOptions& o, int64_t step, double lr, double elapsed, double seconds_per_step,
+                     ProgressWindow& window, model::Bert& model, const std::vector<model::Quantizer*>& active,
+                     const Device& device, Communicator& ranks, std::ofstream& metrics_log) {
+  window.reduce(ranks);
+  if (ranks.rank() != 0) {  // rank 0 reports; the others start their window over
+    for (model::Quantizer* q : active) q->reset_counts();
+    window.reset();
+    return;
+  }
+  const double seq_per_s = window.steps() * o.batch_size * o.accumulation * ranks.size() / window.seconds();
+  std::string memory;
+  if (device.is_cuda()) {
+    const auto [used, total] = device.memory_use();
+    memory = fmt::format("  GPU mem {:.1f}/{:.0f} GiB", used / double(1 << 30), total / double(1 << 30));
+  }
+  spdlog::info("step {:>6}/{}  {}  lr {:.2e}  |g| {:.2f}  {:.0f} seq/s{}  ETA {}{}", step, o.steps, window.describe(),
+               lr, window.mean_grad_norm(), seq_per_s, ranks.size() > 1 ? " (all ranks)" : "",
+               format_duration(seconds_per_step * (o.steps - step)), memory);
+  Json line;
+  line["step"] = step;
+  window.record(line);
+  line["learning_rate"] = lr;
+  line["grad_norm"] = window.mean_grad_norm();
+  line["sequences_per_second"] = seq_per_s;
+  line["elapsed_seconds"] = elapsed;
+  if (!active.empty()) {
+    // Clipping per quantizer over the window: the share of values that saturated.
+    Json clip;
+    double worst = 0;
+    std::string worst_name;
+    model.collect_clip_counts();
+    for (model::Quantizer* q : active) {
+      const double fraction = q->seen ? double(q->clipped) / q->seen : 0.0;
+      clip[q->name] = fraction;
+      if (fraction >= worst) worst = fraction, worst_name = q->name;
+      q->reset_counts();
+    }
+    line["clip_fraction"] = clip;
+    spdlog::info("  clipping: at most {:.4f}% of values, at {}", 100 * worst, worst_name);
+  }
+  metrics_log << line.dump() << "\n" << std::flush;
+  window.reset();
+}
+
+// Held-out evaluation (pretraining or task metrics) into `result`, logged and appended to metrics.jsonl.
+void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& eval_paths, model::Bert& model,
+                       const data::ShardLoader& train_loader, const Device& device, int64_t step,
+                       std::ofstream& metrics_log, TrainResult& result) {
+  if (eval_paths.empty()) return;
+  data::LoaderOptions eo;
+  eo.shards = eval_paths;
+  eo.batch_size = o.batch_size;
+  eo.shuffle = false;
+  eo.repeat = false;
+  data::ShardLoader eval_loader(eo);
+  if (eval_loader.kind() != train_loader.kind() || eval_loader.label_names() != train_loader.label_names())
+    throw UserError("--eval: the evaluation shards ('" + eval_paths.front() + "') are " +
+                    data::shard_kind_name(eval_loader.kind()) + " shards with other labels than the training ones");
+  Graph<float> eval_graph(device);
+  const model::BertConfig& config = model.config();
+  Json line;
+  line["step"] = step;
+  if (config.head == model::Head::kPretraining) {
+    result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
+    const auto& m = result.last_eval;
+    spdlog::info(
+        "eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
+        "(majority {:.4f}) over {} predictions",
+        step, m.mlm_accuracy(), m.most_frequent_token_accuracy(), m.mlm_loss(), m.nsp_accuracy(),
+        m.nsp_majority_accuracy(), m.predictions);
+    line["eval"] = m.to_json();
+  } else {
+    result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph);
+    const auto& m = result.last_task_eval;
+    spdlog::info("eval step {}: accuracy {:.4f} (majority label {:.4f}), macro-F1 {:.4f}, loss {:.4f} over {} {}", step,
+                 m.accuracy(), m.majority_accuracy(), m.macro_f1(), m.loss(), m.examples,
+                 config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
+    line["eval"] = m.to_json(config.labels);
+  }
+  metrics_log << line.dump() << "\n" << std::flush;
+}
+
+}  // namespace bert::train

@@ -1,0 +1,105 @@
+// A training run's progress: the window of steps since the last progress line (its metrics summed over
+// the ranks), the progress line and its metrics.jsonl record, and the held-out evaluation.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/graph.h"
+#include "data/loader.h"
+#include "eval/metrics.h"
+#include "model/bert.h"
+#include "train/communicator.h"
+#include "train/trainer.h"
+
+namespace bert::train {
+
+// h:mm:ss.
+std::string format_duration(double seconds);
+
+// The metrics of the steps since the last progress line: MLM/NSP for pretraining, the task's accuracy
+// for fine-tuning; their progress line and metrics.jsonl fields.
+class ProgressWindow {
+ public:
+  explicit ProgressWindow(const model::BertConfig& config)
+      : pretraining_(config.head == model::Head::kPretraining), labels_(config.num_labels()), task_(labels_) {}
+  void add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& b) {
+    if (pretraining_)
+      pretraining_metrics_.add(g, out, b);
+    else
+      task_.add(g, out);
+  }
+  double loss() const {
+    return pretraining_ ? pretraining_metrics_.mlm_loss() + pretraining_metrics_.nsp_loss() : task_.loss();
+  }
+  std::string describe() const {
+    return pretraining_ ? fmt::format("loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}", loss(),
+                                      pretraining_metrics_.mlm_accuracy(), pretraining_metrics_.nsp_accuracy())
+                        : fmt::format("loss {:.4f}  acc {:.4f}", loss(), task_.accuracy());
+  }
+  void record(Json& line) const {
+    line["loss"] = loss();
+    if (pretraining_) {
+      line["mlm_loss"] = pretraining_metrics_.mlm_loss();
+      line["mlm_accuracy"] = pretraining_metrics_.mlm_accuracy();
+      line["nsp_loss"] = pretraining_metrics_.nsp_loss();
+      line["nsp_accuracy"] = pretraining_metrics_.nsp_accuracy();
+    } else {
+      line["accuracy"] = task_.accuracy();
+    }
+  }
+  // An optimizer step that was applied (skipped steps count only their time).
+  void add_step(double grad_norm) {
+    grad_norm_sum_ += grad_norm;
+    ++steps_;
+  }
+  void add_time(double seconds) { seconds_ += seconds; }
+  // Sums the metrics over the ranks (the step count, time and gradient norm are the same everywhere).
+  void reduce(Communicator& ranks) {
+    if (ranks.size() == 1) return;
+    eval::PretrainingMetrics& p = pretraining_metrics_;
+    std::vector<double> v = {double(p.predictions), double(p.mlm_correct), p.mlm_loss_sum,         double(p.sequences),
+                             double(p.nsp_correct), p.nsp_loss_sum,        double(task_.examples), task_.loss_sum};
+    for (int64_t c : task_.confusion) v.push_back(double(c));
+    ranks.all_reduce_sum(v);
+    p.predictions = int64_t(v[0]), p.mlm_correct = int64_t(v[1]), p.mlm_loss_sum = v[2];
+    p.sequences = int64_t(v[3]), p.nsp_correct = int64_t(v[4]), p.nsp_loss_sum = v[5];
+    task_.examples = int64_t(v[6]), task_.loss_sum = v[7];
+    for (size_t i = 0; i < task_.confusion.size(); ++i) task_.confusion[i] = int64_t(v[8 + i]);
+  }
+  int64_t steps() const { return steps_; }
+  double mean_grad_norm() const { return steps_ ? grad_norm_sum_ / steps_ : 0.0; }
+  double seconds() const { return seconds_; }
+  void reset() {
+    pretraining_metrics_ = {};
+    task_ = eval::TaskMetrics(labels_);
+    seconds_ = grad_norm_sum_ = 0;
+    steps_ = 0;
+  }
+
+ private:
+  double seconds_ = 0, grad_norm_sum_ = 0;
+  int64_t steps_ = 0;
+  bool pretraining_;
+  int64_t labels_;
+  eval::PretrainingMetrics pretraining_metrics_;
+  eval::TaskMetrics task_;
+};
+
+// The progress line and its metrics.jsonl record for the window that ends at `step`; then the window
+// starts over. `seconds_per_step`: the run's average so far, for the ETA.
+void report_progress(const TrainOptions& o, int64_t step, double lr, double elapsed, double seconds_per_step,
+                     ProgressWindow& window, model::Bert& model, const std::vector<model::Quantizer*>& active,
+                     const Device& device, Communicator& ranks, std::ofstream& metrics_log);
+
+// Held-out evaluation (pretraining or task metrics) into `result`, logged and appended to metrics.jsonl.
+void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& eval_paths, model::Bert& model,
+                       const data::ShardLoader& train_loader, const Device& device, int64_t step,
+                       std::ofstream& metrics_log, TrainResult& result);
+
+}  // namespace bert::train
