@@ -20,6 +20,13 @@ class UserError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Out of memory on a GPU: the message says what was asked for, what is in use and what the GPU has. The
+// code that knows the work (the trainer: batch, length, precision) catches it and adds what to lower.
+class OutOfDeviceMemory : public UserError {
+ public:
+  using UserError::UserError;
+};
+
 [[noreturn]] void throw_internal_error(const char* file, int line, const char* condition, const std::string& message);
 
 }  // namespace bert

@@ -127,13 +127,16 @@ Var tanh(Graph<T>& g, Var x);
 template <typename T>
 Var softmax(Graph<T>& g, Var x, Var mask = Var{});
 
-// Self-attention's core for q, k, v (B, H, T, D) and an additive padding mask (B, T) (or Var{}):
-// matmul(dropout(softmax(alpha q k^T, mask), p), v) -> (B, H, T, D). On the CPU exactly those ops in
-// sequence. On a GPU, where fused_attention() says so, one fused kernel each way (core/ops_attention.cu):
-// the (B, H, T, T) scores and probabilities never reach memory, and the dropout draws are the unfused
-// dropout's (the Rng reserves B H T T), so both give the same values up to float summation order.
+// Self-attention's core for the projections q, k, v (B, T, C) split into `heads` heads of D = C / heads
+// and an additive padding mask (B, T) (or Var{}): per head matmul(dropout(softmax(alpha q k^T, mask), p),
+// v), the heads joined again -> (B, T, C). On the CPU exactly those ops in sequence (reshape, permute to
+// (B, H, T, D), scaled_matmul, softmax, dropout, matmul, permute back). On a GPU, where fused_attention()
+// says so, one fused kernel each way (core/ops_attention.cu) that reads and writes the (B, T, C) layout
+// (no permutes): the (B, H, T, T) scores and probabilities never reach memory, and the dropout draws are
+// the unfused dropout's (the Rng reserves B H T T), so both give the same values up to summation order.
 template <typename T>
-Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, double alpha, double p, bool training, Rng& rng);
+Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng);
 // Whether attention() runs fused on g: a GPU graph, head size 16, 32, 64 or 128, length up to 512.
 bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length);
 

@@ -2,6 +2,7 @@
 // core/ops_attention.cu are held to), and the dispatch to those kernels.
 #include <type_traits>
 
+#include "core/error.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
 
@@ -17,20 +18,24 @@ bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length) {
 }
 
 template <typename T>
-Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, double alpha, double p, bool training, Rng& rng) {
+Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng) {
+  const Shape s = g.shape(q);
+  BERT_CHECK(s.rank() == 3 && heads > 0 && s[2] % heads == 0,
+             "attention: q " + s.str() + " is not (B, T, C) with C a multiple of " + std::to_string(heads) + " heads");
+  const int64_t b = s[0], t = s[1], c = s[2], d = c / heads;
   if constexpr (std::is_same_v<T, float>) {
 #if BERT_WITH_CUDA
-    const Shape s = g.shape(q);
-    if (s.rank() == 4 && fused_attention(g, s[3], s[2]))
-      return cuda_impl::attention(g, q, k, v, mask, alpha, p, training, rng);
+    if (fused_attention(g, d, t)) return cuda_impl::attention(g, q, k, v, mask, heads, alpha, p, training, rng);
 #endif
   }
-  Var scores = scaled_matmul(g, q, k, alpha, false, true);  // (B, H, T, T)
+  auto split = [&](Var x) { return permute(g, reshape(g, x, Shape{b, t, heads, d}), {0, 2, 1, 3}); };  // (B, H, T, D)
+  Var scores = scaled_matmul(g, split(q), split(k), alpha, false, true);                              // (B, H, T, T)
   Var probs = dropout(g, softmax(g, scores, mask), p, training, rng);
-  return matmul(g, probs, v);
+  return reshape(g, permute(g, matmul(g, probs, split(v)), {0, 2, 1, 3}), Shape{b, t, c});
 }
 
-template Var attention<float>(Graph<float>&, Var, Var, Var, Var, double, double, bool, Rng&);
-template Var attention<double>(Graph<double>&, Var, Var, Var, Var, double, double, bool, Rng&);
+template Var attention<float>(Graph<float>&, Var, Var, Var, Var, int64_t, double, double, bool, Rng&);
+template Var attention<double>(Graph<double>&, Var, Var, Var, Var, int64_t, double, double, bool, Rng&);
 
 }  // namespace bert::ops

@@ -106,6 +106,7 @@ __device__ __forceinline__ int64_t lesser(int64_t a, int64_t b) { return a < b ?
 
 struct Geometry {
   int64_t heads, length;  // H, T
+  int64_t stride;         // elements from one position to the next within a head: H D ((B, T, H, D) operands)
   int rows;               // query rows per block (16 per warp)
   int padded;             // T rounded up to the key tile
   float alpha;
@@ -134,14 +135,14 @@ __device__ __forceinline__ float keep_factor(const Geometry& q, int64_t bh, int6
   return (word >> (j % 32)) & 1u ? q.keep_scale : 0.0f;
 }
 
-// rows x D of src (row stride D, rows beyond `valid` as zeros) into shared dst (row stride ld), 16 bytes
-// at a time (D * sizeof(A) and ld * sizeof(A) are multiples of 16).
+// rows x D of src (rows `stride` apart, rows beyond `valid` as zeros) into shared dst (row stride ld), 16
+// bytes at a time (D, stride and ld times sizeof(A) are multiples of 16).
 template <int D, typename A>
-__device__ void load_rows(A* dst, int ld, const A* src, int rows, int valid) {
+__device__ void load_rows(A* dst, int ld, const A* src, int64_t stride, int rows, int valid) {
   constexpr int kPerChunk = 16 / sizeof(A), kChunks = D / kPerChunk;
   for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
     const int r = e / kChunks, c = (e % kChunks) * kPerChunk;
-    const uint4 v = r < valid ? *reinterpret_cast<const uint4*>(src + int64_t(r) * D + c) : make_uint4(0, 0, 0, 0);
+    const uint4 v = r < valid ? *reinterpret_cast<const uint4*>(src + r * stride + c) : make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4*>(dst + r * ld + c) = v;
   }
 }
@@ -155,7 +156,7 @@ __device__ void products(const Geometry& q, const A* k, const A* sQ, A* sKV, flo
   constexpr int ldd = D + kTilePad<A>;
   for (int kt = 0; kt < q.padded; kt += kKeyTile) {
     __syncthreads();  // sKV free
-    load_rows<D>(sKV, ldd, k + int64_t(kt) * D, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    load_rows<D>(sKV, ldd, k + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
     __syncthreads();
     for (int c = 0; c < kKeyTile / 16; ++c) {
       typename Tile::Acc acc;
@@ -195,8 +196,8 @@ __global__ void attention_forward(A* out, float* lse, const A* qp, const A* kp, 
   float* stage = sS + q.rows * ld;  // 16 x 16 floats per warp
   const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * q.rows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t base = bh * q.length * D;
-  load_rows<D>(sQ, ldd, qp + base + q0 * D, q.rows, int(lesser(q.rows, q.length - q0)));
+  const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
+  load_rows<D>(sQ, ldd, qp + base + q0 * q.stride, q.stride, q.rows, int(lesser(q.rows, q.length - q0)));
   products<D>(q, kp + base, sQ, sKV, sS, ld);
   // Softmax of each of the warp's rows, dropout, and the row back as A values in place.
   constexpr int kMaxPerLane = kMaxLength / 32;
@@ -232,7 +233,7 @@ __global__ void attention_forward(A* out, float* lse, const A* qp, const A* kp, 
   for (auto& a : acc) Tile::zero(a);
   for (int kt = 0; kt < q.padded; kt += kKeyTile) {
     __syncthreads();
-    load_rows<D>(sKV, ldd, vp + base + int64_t(kt) * D, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    load_rows<D>(sKV, ldd, vp + base + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
     __syncthreads();
     for (int c = 0; c < D / 16; ++c) Tile::template mma<false>(acc[c], sP + kt, ldp, sKV + c * 16, ldd, kKeyTile);
   }
@@ -241,7 +242,7 @@ __global__ void attention_forward(A* out, float* lse, const A* qp, const A* kp, 
     Tile::store(my_stage, 16, acc[c]);
     for (int e = lane; e < 256; e += 32) {
       const int64_t i = q0 + warp * 16 + e / 16;
-      if (i < q.length) out[base + i * D + c * 16 + e % 16] = cuda::from_float<A>(my_stage[e]);
+      if (i < q.length) out[base + i * q.stride + c * 16 + e % 16] = cuda::from_float<A>(my_stage[e]);
     }
     __syncwarp();
   }
@@ -262,10 +263,10 @@ __global__ void attention_backward_query(A* dq, bool accumulate, float* di, cons
   float* stage = sS + q.rows * ld;
   const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * q.rows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t base = bh * q.length * D;
+  const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
   const int valid = int(lesser(q.rows, q.length - q0));
-  load_rows<D>(sQ, ldd, qp + base + q0 * D, q.rows, valid);
-  load_rows<D>(sdO, ldd, dop + base + q0 * D, q.rows, valid);
+  load_rows<D>(sQ, ldd, qp + base + q0 * q.stride, q.stride, q.rows, valid);
+  load_rows<D>(sdO, ldd, dop + base + q0 * q.stride, q.stride, q.rows, valid);
   float* my_stage = stage + warp * 256;
   float* row_di = stage + (q.rows / 16) * 256 + warp * 16;  // Di of the warp's rows
   __syncthreads();
@@ -274,7 +275,7 @@ __global__ void attention_backward_query(A* dq, bool accumulate, float* di, cons
     float s = 0;
     if (i < q.length)
       for (int c = lane; c < D; c += 32)
-        s += cuda::to_float(sdO[(warp * 16 + r) * ldd + c]) * cuda::to_float(op[base + i * D + c]);
+        s += cuda::to_float(sdO[(warp * 16 + r) * ldd + c]) * cuda::to_float(op[base + i * q.stride + c]);
     s = cuda::warp_sum(s);
     if (lane == 0) row_di[r] = s;
     if (lane == 0 && i < q.length) di[bh * q.length + i] = s;
@@ -291,7 +292,7 @@ __global__ void attention_backward_query(A* dq, bool accumulate, float* di, cons
   // dS = P (keep dP - Di) with dP = dO V^T, a key tile at a time.
   for (int kt = 0; kt < q.padded; kt += kKeyTile) {
     __syncthreads();
-    load_rows<D>(sKV, ldd, vp + base + int64_t(kt) * D, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    load_rows<D>(sKV, ldd, vp + base + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
     __syncthreads();
     for (int c = 0; c < kKeyTile / 16; ++c) {
       typename Tile::Acc acc;
@@ -322,7 +323,7 @@ __global__ void attention_backward_query(A* dq, bool accumulate, float* di, cons
   for (auto& a : acc) Tile::zero(a);
   for (int kt = 0; kt < q.padded; kt += kKeyTile) {
     __syncthreads();
-    load_rows<D>(sKV, ldd, kp + base + int64_t(kt) * D, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    load_rows<D>(sKV, ldd, kp + base + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
     __syncthreads();
     for (int c = 0; c < D / 16; ++c) Tile::template mma<false>(acc[c], sdS + kt, ldp, sKV + c * 16, ldd, kKeyTile);
   }
@@ -330,7 +331,7 @@ __global__ void attention_backward_query(A* dq, bool accumulate, float* di, cons
     Tile::store(my_stage, 16, acc[c]);
     for (int e = lane; e < 256; e += 32) {
       const int64_t i = q0 + warp * 16 + e / 16;
-      if (i < q.length) cuda::store_grad(dq, base + i * D + c * 16 + e % 16, q.alpha * my_stage[e], accumulate);
+      if (i < q.length) cuda::store_grad(dq, base + i * q.stride + c * 16 + e % 16, q.alpha * my_stage[e], accumulate);
     }
     __syncwarp();
   }
@@ -356,10 +357,10 @@ __global__ void attention_backward_key(A* dk, bool accumulate_k, A* dv, bool acc
   float* s_di = s_lse + kQueries;
   const int64_t bh = blockIdx.y, b = bh / q.heads, k0 = int64_t(blockIdx.x) * kKeyTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t base = bh * q.length * D;
+  const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
   const int keys = int(lesser(kKeyTile, q.length - k0));
-  load_rows<D>(sK, ldd, kp + base + k0 * D, kKeyTile, keys);
-  load_rows<D>(sV, ldd, vp + base + k0 * D, kKeyTile, keys);
+  load_rows<D>(sK, ldd, kp + base + k0 * q.stride, q.stride, kKeyTile, keys);
+  load_rows<D>(sV, ldd, vp + base + k0 * q.stride, q.stride, kKeyTile, keys);
   float* my_stage = stage + warp * 512;  // two 16 x 16 tiles: S^T and dP^T
   typename Tile::Acc acc_k[D / 16], acc_v[D / 16];
   for (auto& a : acc_k) Tile::zero(a);
@@ -367,8 +368,8 @@ __global__ void attention_backward_key(A* dk, bool accumulate_k, A* dv, bool acc
   for (int64_t qt = 0; qt < q.length; qt += kQueries) {
     __syncthreads();
     const int queries = int(lesser(kQueries, q.length - qt));
-    load_rows<D>(sQ, ldd, qp + base + qt * D, kQueries, queries);
-    load_rows<D>(sdO, ldd, dop + base + qt * D, kQueries, queries);
+    load_rows<D>(sQ, ldd, qp + base + qt * q.stride, q.stride, kQueries, queries);
+    load_rows<D>(sdO, ldd, dop + base + qt * q.stride, q.stride, kQueries, queries);
     for (int r = threadIdx.x; r < kQueries; r += blockDim.x) {
       s_lse[r] = r < queries ? lse[bh * q.length + qt + r] : INFINITY;
       s_di[r] = r < queries ? di[bh * q.length + qt + r] : 0.0f;
@@ -406,7 +407,7 @@ __global__ void attention_backward_key(A* dk, bool accumulate_k, A* dv, bool acc
     Tile::store(my_stage, 16, acc_k[c]);
     Tile::store(my_stage + 256, 16, acc_v[c]);
     for (int e = lane; e < 256; e += 32) {
-      const int64_t j = k0 + warp * 16 + e / 16, at = base + j * D + c * 16 + e % 16;
+      const int64_t j = k0 + warp * 16 + e / 16, at = base + j * q.stride + c * 16 + e % 16;
       if (j >= q.length) continue;
       cuda::store_grad(dk, at, q.alpha * my_stage[e], accumulate_k);
       cuda::store_grad(dv, at, my_stage[256 + e], accumulate_v);
@@ -517,38 +518,43 @@ bool attention_fits(int64_t head_size, int64_t length, DType dtype) {
   return dtype == DType::kBF16 ? fits(cuda::TypeTag<bf16>{}) : fits(cuda::TypeTag<float>{});
 }
 
-Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, double alpha, double p, bool training, Rng& rng) {
+Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng) {
   const Shape s = g.shape(q);
-  BERT_CHECK(s.rank() == 4 && g.shape(k) == s && g.shape(v) == s,
-             "attention: q " + s.str() + ", k " + g.shape(k).str() + ", v " + g.shape(v).str() + " (expected (B, H, T, D) each)");
+  BERT_CHECK(s.rank() == 3 && g.shape(k) == s && g.shape(v) == s && heads > 0 && s[2] % heads == 0,
+             "attention: q " + s.str() + ", k " + g.shape(k).str() + ", v " + g.shape(v).str() + " (expected (B, T, C) " +
+                 "each, C a multiple of " + std::to_string(heads) + " heads)");
+  const int64_t d = s[2] / heads;
   const DType dtype = g.activation_dtype();
-  BERT_CHECK(attention_fits(s[3], s[2], dtype), "attention: no fused kernel for head size " + std::to_string(s[3]) +
-                                                    " and length " + std::to_string(s[2]));
+  BERT_CHECK(attention_fits(d, s[1], dtype),
+             "attention: no fused kernel for head size " + std::to_string(d) + " and length " + std::to_string(s[1]));
   if (mask.valid())
-    BERT_CHECK(g.shape(mask) == Shape({s[0], s[2]}) && g.dtype(mask) == DType::kF32,
+    BERT_CHECK(g.shape(mask) == Shape({s[0], s[1]}) && g.dtype(mask) == DType::kF32,
                "attention: mask " + g.shape(mask).str() + " (expected (B, T) floats)");
   q = as_activation(g, q);
   k = as_activation(g, k);
   v = as_activation(g, v);
   Geometry geometry{};
-  geometry.heads = s[1];
-  geometry.length = s[2];
-  geometry.padded = int((s[2] + kKeyTile - 1) / kKeyTile * kKeyTile);
+  geometry.heads = heads;
+  geometry.length = s[1];
+  geometry.stride = s[2];
+  geometry.padded = int((s[1] + kKeyTile - 1) / kKeyTile * kKeyTile);
   geometry.alpha = static_cast<float>(alpha);
   geometry.mask = mask.valid() ? static_cast<const float*>(g.data(mask)) : nullptr;
   geometry.dropout = training && p > 0.0;
   if (geometry.dropout) {
+    const int64_t rows = s[0] * heads * s[1];  // B H T rows of T probabilities
     geometry.seed = rng.state().seed;
-    geometry.first = rng.reserve(static_cast<uint64_t>(s.numel() / s[3] * s[2]));  // B H T T draws
+    geometry.first = rng.reserve(static_cast<uint64_t>(rows * s[1]));
     geometry.threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
     geometry.keep_scale = static_cast<float>(1.0 / (1.0 - p));
     geometry.words = geometry.padded / 32;
-    geometry.bits = g.scratch<uint32_t>(size_t(s.numel() / s[3] * geometry.words));  // B H T rows
+    geometry.bits = g.scratch<uint32_t>(size_t(rows * geometry.words));
   }
   Var out;
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
-    switch (s[3]) {
+    switch (d) {
       case 16:
         out = fused<16, A>(g, q, k, v, geometry, s[0], dtype);
         break;

@@ -50,7 +50,8 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q)
 Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
 // Fused attention (ops::attention) and whether its kernels cover a head size and length in `dtype`.
-Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, double alpha, double p, bool training, Rng& rng);
+Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng);
 bool attention_fits(int64_t head_size, int64_t length, DType dtype);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);

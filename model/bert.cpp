@@ -328,6 +328,30 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
       context = quantizer->apply(g, params_, context);
     return finish(context);
   }
+  const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
+  // Fused (ops::attention on the projections as they are, (B, T, C)) where asked, covered, and none of the
+  // attention matmuls' quantizers is on (QAT or calibration needs the unfused ops' tensors).
+  const bool fits = ops::fused_attention(g, d, t);
+  const std::array<const Quantizer*, 4> matmul_inputs = {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a};
+  const bool quantized = std::any_of(matmul_inputs.begin(), matmul_inputs.end(),
+                                     [](const Quantizer* q) { return q->mode != QuantMode::kFloat; });
+  if (fuse_attention_ && fits && !quantized) {
+    Var context = ops::attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),
+                                 l.key.forward_quantized_input(g, params_, inputs[0]),
+                                 l.value.forward_quantized_input(g, params_, inputs[0]), mask, h, inverse_sqrt_d,
+                                 config_.attention_probs_dropout_prob, training, rng);
+    if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
+      context = quantizer->apply(g, params_, context);
+    return finish(context);
+  }
+  if (g.on_cuda() && fuse_attention_ && !told_unfused_attention_) {
+    told_unfused_attention_ = true;
+    spdlog::info("attention runs unfused on the GPU: {}",
+                 !fits ? fmt::format("head size {} and length {} are outside the fused kernels (head size 16, 32, "
+                                     "64 or 128, length up to 512)",
+                                     d, t)
+                       : "the attention matmuls' inputs are quantized or calibrated, which the fused kernels do not do");
+  }
   auto heads = [&](Linear& proj, Var input, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
     Var projected = proj.forward_quantized_input(g, params_, input);
     return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
@@ -335,26 +359,9 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   Var q = heads(l.query, inputs[0], l.matmul_q);
   Var k = heads(l.key, inputs[0], l.matmul_k);
   Var v = heads(l.value, inputs[0], l.matmul_v);
-  const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
-  Var attended;  // (B, H, T, D)
-  const bool fits = ops::fused_attention(g, d, t);
-  if (fuse_attention_ && fits && l.matmul_a.mode == QuantMode::kFloat) {
-    attended =
-        ops::attention(g, q, k, v, mask, inverse_sqrt_d, config_.attention_probs_dropout_prob, training, rng);
-  } else {
-    if (g.on_cuda() && fuse_attention_ && !told_unfused_attention_) {
-      told_unfused_attention_ = true;
-      spdlog::info("attention runs unfused on the GPU: {}",
-                   !fits ? fmt::format("head size {} and length {} are outside the fused kernels (head size 16, 32, "
-                                       "64 or 128, length up to 512)",
-                                       d, t)
-                         : "the attention probabilities are quantized or calibrated, which the fused kernels do not do");
-    }
-    Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
-    Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
-    attended = ops::matmul(g, probs, v);
-  }
-  Var context = permute(attended, l.attention_output.used_input_quantizer(g));
+  Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
+  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
+  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
   return finish(ops::reshape(g, context, Shape{b, t, h * d}));
 }
 

@@ -254,6 +254,9 @@ class TrainingRun {
   int64_t step() const { return state_.step; }
   void announce() const;
   TrainResult run_steps();
+  // The message of an out-of-memory step: the model, batch, length and precision, the GPU's memory, the
+  // allocation that failed (`what`) and what to lower.
+  std::string out_of_memory(const std::string& what, int64_t seq_len) const;
   // After the loop: the held-out evaluation of the final model, the summary line, saturated channels.
   void finish(TrainResult& result);
 
@@ -372,6 +375,20 @@ void TrainingRun::save() {
   keep_numbered_checkpoints(o_.output_dir, files_.checkpoint, state_.step, o_.keep_checkpoints);
 }
 
+std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len) const {
+  const int64_t gib = int64_t{1} << 30;
+  const auto [used, total] = device_->memory_use();
+  return fmt::format(
+      "step {}: the training step of L{}/H{} ({} parameters) with batch size {}{} at sequence length {} in {} does "
+      "not fit on the GPU ({:.1f} of {:.1f} GiB in use after the step was dropped): {}. Lower --batch-size (and raise "
+      "--accumulate to keep the global batch), train on shorter sequences{}{}",
+      state_.step, config_.num_hidden_layers, config_.hidden_size, model_.parameters().num_elements(), o_.batch_size,
+      o_.accumulation > 1 ? fmt::format(" (x{} micro-batches)", o_.accumulation) : "", seq_len, o_.precision,
+      double(used) / gib, double(total) / gib, what,
+      o_.precision == "bf16" ? "" : ", or use --precision bf16 (activations in half the memory)",
+      o_.fused_attention ? "" : ", or --attention fused (the attention scores never reach memory)");
+}
+
 TrainResult TrainingRun::run_steps() {
   TrainResult result;
   ParameterArena<float>& params = model_.parameters();
@@ -390,7 +407,12 @@ TrainResult TrainingRun::run_steps() {
   for (state_.step = first_step; state_.step <= o_.steps; ++state_.step) {
     const auto step_start = std::chrono::steady_clock::now();
     params.zero_grad();
-    const StepPasses::Outcome passes = step_passes.run(g, batch, state_.step == first_step && lead_);
+    StepPasses::Outcome passes;
+    try {
+      passes = step_passes.run(g, batch, state_.step == first_step && lead_);
+    } catch (const OutOfDeviceMemory& e) {
+      throw OutOfDeviceMemory(out_of_memory(e.what(), batch.seq_len));
+    }
     const double lr = learning_rate(state_.step, o_.steps, warmup_, o_.learning_rate, o_.schedule);
     if (update_or_skip(o_, params, *optimizer_, lr, state_.step, passes.nonfinite, consecutive_skips,
                        last_saved_step_ >= 0 ? "at step " + std::to_string(last_saved_step_) : "none written yet",

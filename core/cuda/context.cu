@@ -118,7 +118,7 @@ void* allocate(const CudaContext& c, std::size_t bytes) {
                   "out of GPU memory: %.2f GiB requested with %.2f of %.2f GiB in use on %s; "
                   "lower --batch-size (and raise --accumulate to keep the global batch) or the sequence length",
                   bytes / double(1 << 30), used / double(1 << 30), total / double(1 << 30), c.device_name.c_str());
-    throw UserError(text);
+    throw OutOfDeviceMemory(text);
   }
   BERT_CUDA_CHECK(e);
   return p;

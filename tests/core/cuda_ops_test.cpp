@@ -375,7 +375,7 @@ TEST_F(CudaOps, FusedAttentionGivesTheComposedOps) {
         std::vector<float> mask(static_cast<size_t>(c.b * c.t), 0.0f);
         if (masked)  // the last item padded from 60% of its length, the first untouched
           for (int64_t i = c.t * 6 / 10; i < c.t; ++i) mask[(c.b - 1) * c.t + i] = -10000.0f;
-        const Shape s{c.b, c.h, c.t, c.d};
+        const Shape s{c.b, c.t, c.h * c.d};
         const double alpha = 1.0 / std::sqrt(double(c.d));
         compare(
             {s, s, s},
@@ -383,7 +383,7 @@ TEST_F(CudaOps, FusedAttentionGivesTheComposedOps) {
               Rng rng(77);
               rng.reserve(5);
               Var m = masked ? g.input(std::span<const float>(mask), Shape{c.b, c.t}) : Var{};
-              return ops::attention(g, in[0], in[1], in[2], m, alpha, p, /*training=*/true, rng);
+              return ops::attention(g, in[0], in[1], in[2], m, c.h, alpha, p, /*training=*/true, rng);
             },
             kGemm, 2 * kGemm, {}, 1.5f);
       }

@@ -738,34 +738,36 @@ TEST(Dropout, SameSeedSameMaskAndFiniteDifferences) {
 
 // ---------------------------------------------------------------- attention
 
-// softmax(alpha q k^T + mask) v, written out by hand: (B, H, T, D) operands, (B, T) additive mask.
+// softmax(alpha q k^T + mask) v per head, written out by hand: (B, T, H D) operands, (B, T) additive mask.
 Tensor<double> attention_reference(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
-                                   const Tensor<double>& mask, double alpha) {
+                                   const Tensor<double>& mask, int64_t h, double alpha) {
   const Shape& s = q.shape();
-  const int64_t b = s[0], h = s[1], t = s[2], d = s[3];
+  const int64_t b = s[0], t = s[1], c = s[2], d = c / h;
+  auto at = [&](int64_t bi, int64_t pos, int64_t head, int64_t e) { return (bi * t + pos) * c + head * d + e; };
   Tensor<double> out(s);
-  for (int64_t bh = 0; bh < b * h; ++bh)
-    for (int64_t i = 0; i < t; ++i) {
-      std::vector<double> p(static_cast<size_t>(t));
-      double max = -1e300, sum = 0;
-      for (int64_t j = 0; j < t; ++j) {
-        double dot = 0;
-        for (int64_t c = 0; c < d; ++c) dot += q[(bh * t + i) * d + c] * k[(bh * t + j) * d + c];
-        p[j] = alpha * dot + mask[(bh / h) * t + j];
-        max = std::max(max, p[j]);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t head = 0; head < h; ++head)
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<double> p(static_cast<size_t>(t));
+        double max = -1e300, sum = 0;
+        for (int64_t j = 0; j < t; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < d; ++e) dot += q[at(bi, i, head, e)] * k[at(bi, j, head, e)];
+          p[j] = alpha * dot + mask[bi * t + j];
+          max = std::max(max, p[j]);
+        }
+        for (double& x : p) sum += x = std::exp(x - max);
+        for (int64_t e = 0; e < d; ++e) {
+          double acc = 0;
+          for (int64_t j = 0; j < t; ++j) acc += p[j] / sum * v[at(bi, j, head, e)];
+          out[at(bi, i, head, e)] = acc;
+        }
       }
-      for (double& x : p) sum += x = std::exp(x - max);
-      for (int64_t c = 0; c < d; ++c) {
-        double acc = 0;
-        for (int64_t j = 0; j < t; ++j) acc += p[j] / sum * v[(bh * t + j) * d + c];
-        out[(bh * t + i) * d + c] = acc;
-      }
-    }
   return out;
 }
 
 TEST(Attention, MatchesAHandWrittenReferenceAndFiniteDifferences) {
-  const Shape s{2, 2, 5, 3};
+  const Shape s{2, 5, 6};  // two heads of 3
   Tensor<double> mask(Shape{2, 5}, {0, 0, 0, 0, 0, 0, 0, 0, -1e4, -1e4});  // item 1: last two keys padded
   std::vector<Tensor<double>> in;
   for (uint32_t seed : {31u, 32u, 33u}) in.push_back(random_tensor(s, seed));
@@ -774,10 +776,10 @@ TEST(Attention, MatchesAHandWrittenReferenceAndFiniteDifferences) {
   auto build = [&](double p) {
     return [alpha, p](Graph<double>& g, const Leaves& x) {
       Rng rng(5);
-      return ops::attention(g, x[0], x[1], x[2], x[3], alpha, p, /*training=*/true, rng);
+      return ops::attention(g, x[0], x[1], x[2], x[3], 2, alpha, p, /*training=*/true, rng);
     };
   };
-  expect_tensors_near(run_forward(in, build(0.0)), attention_reference(in[0], in[1], in[2], in[3], alpha),
+  expect_tensors_near(run_forward(in, build(0.0)), attention_reference(in[0], in[1], in[2], in[3], 2, alpha),
                       kForwardTolerance);
   GradCheckOptions options;
   options.differentiable = {true, true, true, false};

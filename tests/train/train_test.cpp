@@ -559,6 +559,31 @@ TEST_F(FactsCorpus, TwoRanksTrainLikeOneProcessWithTheGlobalBatchAndOnlyRankZero
 // The same runs on a GPU: a 300-step FP32 run follows the CPU's loss curve, QAT likewise, a run
 // interrupted and resumed on the GPU repeats the uninterrupted one bit for bit, and a GPU checkpoint
 // resumes on the CPU. Skipped without a GPU.
+// A step that does not fit on the GPU: the error names the model, the batch size, the sequence length
+// and the precision, what the GPU has, and what to lower; nothing is left half-written.
+TEST_F(FactsCorpus, GpuOutOfMemoryNamesTheBatchTheLengthAndWhatToLower) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  testing::TempDir out;
+  TrainOptions o = device_run(out.file("oom"), "cuda", 2);
+  o.config.hidden_size = 1024;  // one (batch, length, hidden) activation: 128 GiB in FP32
+  o.config.num_attention_heads = 16;
+  o.config.intermediate_size = 4096;
+  o.batch_size = int64_t{1} << 20;
+  std::string message;
+  try {
+    train(o);
+  } catch (const OutOfDeviceMemory& e) {
+    message = e.what();
+  }
+  for (const char* part : {"step 1: the training step of L1/H1024", "with batch size 1048576 at sequence length",
+                           "in fp32 does not fit on the GPU", "out of GPU memory: ",
+                           "Lower --batch-size (and raise --accumulate to keep the global batch)",
+                           "--precision bf16", "--attention fused"})
+    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' in: " << message;
+  EXPECT_FALSE(std::filesystem::exists(out.file("oom") + "/checkpoint.h5"));
+}
+
 TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices) {
   if (!Device::cuda_available())
     GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
