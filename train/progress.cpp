@@ -14,9 +14,14 @@ std::string format_duration(double seconds) {
 
 // The progress line and its metrics.jsonl record for the window that ends at `step`; then the window
 // starts over. `seconds_per_step`: the run's average so far, for the ETA.
-void report_progress(const TrainOptions& o, int64_t step, double lr, double elapsed, double seconds_per_step,
-                     ProgressWindow& window, model::Bert& model, const std::vector<model::Quantizer*>& active,
-                     const Device& device, Communicator& ranks, std::ofstream& metrics_log) {
+void report_progress(const RunReport& run, int64_t step, double lr, double elapsed, double seconds_per_step,
+                     ProgressWindow& window) {
+  const TrainOptions& o = run.options;
+  Communicator& ranks = run.ranks;
+  model::Bert& model = run.model;
+  const std::vector<model::Quantizer*>& active = run.active;
+  const Device& device = run.device;
+  std::ofstream& metrics_log = run.metrics_log;
   window.reduce(ranks);
   if (ranks.rank() != 0) {  // rank 0 reports; the others start their window over
     for (model::Quantizer* q : active) q->reset_counts();
@@ -59,9 +64,12 @@ void report_progress(const TrainOptions& o, int64_t step, double lr, double elap
 }
 
 // Held-out evaluation (pretraining or task metrics) into `result`, logged and appended to metrics.jsonl.
-void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& eval_paths, model::Bert& model,
-                       const data::ShardLoader& train_loader, const Device& device, int64_t step,
-                       std::ofstream& metrics_log, TrainResult& result) {
+void evaluate_held_out(const RunReport& run, const std::vector<std::string>& eval_paths,
+                       const data::ShardLoader& train_loader, int64_t step, TrainResult& result) {
+  const TrainOptions& o = run.options;
+  model::Bert& model = run.model;
+  const Device& device = run.device;
+  std::ofstream& metrics_log = run.metrics_log;
   if (eval_paths.empty()) return;
   data::LoaderOptions eo;
   eo.shards = eval_paths;

@@ -91,15 +91,24 @@ class ProgressWindow {
   eval::TaskMetrics task_;
 };
 
+// What a run's progress report and held-out evaluation read and write: its options, model, enabled
+// quantizers, device, ranks and metrics log.
+struct RunReport {
+  const TrainOptions& options;
+  model::Bert& model;
+  const std::vector<model::Quantizer*>& active;
+  const Device& device;
+  Communicator& ranks;
+  std::ofstream& metrics_log;
+};
+
 // The progress line and its metrics.jsonl record for the window that ends at `step`; then the window
 // starts over. `seconds_per_step`: the run's average so far, for the ETA.
-void report_progress(const TrainOptions& o, int64_t step, double lr, double elapsed, double seconds_per_step,
-                     ProgressWindow& window, model::Bert& model, const std::vector<model::Quantizer*>& active,
-                     const Device& device, Communicator& ranks, std::ofstream& metrics_log);
+void report_progress(const RunReport& run, int64_t step, double lr, double elapsed, double seconds_per_step,
+                     ProgressWindow& window);
 
 // Held-out evaluation (pretraining or task metrics) into `result`, logged and appended to metrics.jsonl.
-void evaluate_held_out(const TrainOptions& o, const std::vector<std::string>& eval_paths, model::Bert& model,
-                       const data::ShardLoader& train_loader, const Device& device, int64_t step,
-                       std::ofstream& metrics_log, TrainResult& result);
+void evaluate_held_out(const RunReport& run, const std::vector<std::string>& eval_paths,
+                       const data::ShardLoader& train_loader, int64_t step, TrainResult& result);
 
 }  // namespace bert::train

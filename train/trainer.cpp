@@ -73,39 +73,6 @@ double prediction_share(Communicator& ranks, const model::ModelOutputs& out, mod
   return total[0] > 0 ? own * ranks.size() / total[0] : 1.0;
 }
 
-// The end of a step: gradients clipped and the optimizer stepped, unless the passes or the gradient norm
-// went non-finite: then the update is skipped (--on-nonfinite skip, up to --max-skips in a row) or the
-// run stops with a message naming what went wrong and the last checkpoint (left as it was). True when
-// the parameters were updated.
-bool update_or_skip(const TrainOptions& o, ParameterArena<float>& params, Optimizer& optimizer, double lr, int64_t step,
-                    std::string nonfinite, int64_t& consecutive_skips, const std::string& last_saved,
-                    const std::string& checkpoint, ProgressWindow& window) {
-  double grad_norm = 0;
-  if (nonfinite.empty()) {
-    grad_norm = clip_grad_norm(params, o.clip_norm);
-    if (!std::isfinite(grad_norm)) {
-      params.download_grads();
-      nonfinite = "gradient norm is " + std::to_string(grad_norm) +
-                  ", first non-finite gradient: " + first_nonfinite(params, true);
-    }
-  }
-  if (nonfinite.empty()) {
-    consecutive_skips = 0;
-    optimizer.step(lr);  // scales are kept positive by their minimum
-    window.add_step(grad_norm);
-    return true;
-  }
-  const bool skip = o.on_nonfinite == TrainOptions::OnNonFinite::kSkip;
-  if (!skip || ++consecutive_skips > o.max_consecutive_skips)
-    throw UserError(nonfinite + " at step " + std::to_string(step) +
-                    (skip ? " (" + std::to_string(o.max_consecutive_skips) + " steps skipped in a row)" : "") +
-                    "; stopped without writing a checkpoint, the last one ('" + checkpoint + "', " + last_saved +
-                    ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
-  spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", step, nonfinite, consecutive_skips);
-  params.zero_grad();
-  return false;
-}
-
 // The device this rank trains on: --device, or in a job of several processes the GPU of its local rank.
 std::unique_ptr<Device> open_training_device(const TrainOptions& o, const ProcessGroup& job, bool thread_ranks,
                                              int world) {
@@ -262,6 +229,9 @@ class TrainingRun {
 
  private:
   void save();
+  bool update_or_skip(double lr, std::string nonfinite, int64_t& consecutive_skips, ProgressWindow& window);
+  // What the progress line and the held-out evaluation read and write.
+  RunReport report() { return RunReport{o_, model_, active_, *device_, ranks(), metrics_log_}; }
   // The progress line, held-out evaluation, checkpoint and stop that are due after `step`; true to stop.
   bool after_step(int64_t first_step, double lr, bool stop_requested, std::chrono::steady_clock::time_point start,
                   ProgressWindow& window, TrainResult& result);
@@ -389,6 +359,41 @@ std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len)
       o_.fused_attention ? "" : ", or --attention fused (the attention scores never reach memory)");
 }
 
+// The end of a step: gradients clipped and the optimizer stepped, unless the passes or the gradient norm
+// went non-finite: then the update is skipped (--on-nonfinite skip, up to --max-skips in a row) or the
+// run stops with a message naming what went wrong and the last checkpoint (left as it was). True when
+// the parameters were updated.
+bool TrainingRun::update_or_skip(double lr, std::string nonfinite, int64_t& consecutive_skips, ProgressWindow& window) {
+  ParameterArena<float>& params = model_.parameters();
+  double grad_norm = 0;
+  if (nonfinite.empty()) {
+    grad_norm = clip_grad_norm(params, o_.clip_norm);
+    if (!std::isfinite(grad_norm)) {
+      params.download_grads();
+      nonfinite = "gradient norm is " + std::to_string(grad_norm) +
+                  ", first non-finite gradient: " + first_nonfinite(params, true);
+    }
+  }
+  if (nonfinite.empty()) {
+    consecutive_skips = 0;
+    optimizer_->step(lr);  // scales are kept positive by their minimum
+    window.add_step(grad_norm);
+    return true;
+  }
+  const bool skip = o_.on_nonfinite == TrainOptions::OnNonFinite::kSkip;
+  const std::string last_saved =
+      last_saved_step_ >= 0 ? "at step " + std::to_string(last_saved_step_) : "none written yet";
+  if (!skip || ++consecutive_skips > o_.max_consecutive_skips)
+    throw UserError(nonfinite + " at step " + std::to_string(state_.step) +
+                    (skip ? " (" + std::to_string(o_.max_consecutive_skips) + " steps skipped in a row)" : "") +
+                    "; stopped without writing a checkpoint, the last one ('" + files_.checkpoint + "', " + last_saved +
+                    ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
+  spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", state_.step, nonfinite,
+               consecutive_skips);
+  params.zero_grad();
+  return false;
+}
+
 TrainResult TrainingRun::run_steps() {
   TrainResult result;
   ParameterArena<float>& params = model_.parameters();
@@ -414,9 +419,7 @@ TrainResult TrainingRun::run_steps() {
       throw OutOfDeviceMemory(out_of_memory(e.what(), batch.seq_len));
     }
     const double lr = learning_rate(state_.step, o_.steps, warmup_, o_.learning_rate, o_.schedule);
-    if (update_or_skip(o_, params, *optimizer_, lr, state_.step, passes.nonfinite, consecutive_skips,
-                       last_saved_step_ >= 0 ? "at step " + std::to_string(last_saved_step_) : "none written yet",
-                       files_.checkpoint, window)) {
+    if (update_or_skip(lr, passes.nonfinite, consecutive_skips, window)) {
       result.losses.push_back(passes.loss);
     } else {
       ++result.skipped_steps;
@@ -438,12 +441,11 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
   const bool stopping = stop_requested || (o_.stop_at_step > 0 && step == o_.stop_at_step);
   if ((step % o_.log_every == 0 || step == o_.steps || stopping) && window.steps() > 0) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report_progress(o_, step, lr, elapsed, elapsed / (step - first_step + 1), window, model_, active_, *device_,
-                    ranks(), metrics_log_);
+    report_progress(report(), step, lr, elapsed, elapsed / (step - first_step + 1), window);
   }
   const bool last = step == o_.steps;
   if (lead_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last)
-    evaluate_held_out(o_, eval_paths_, model_, loader_, *device_, step, metrics_log_, result);
+    evaluate_held_out(report(), eval_paths_, loader_, step, result);
   if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save();
   if (!stopping) return false;
   if (lead_)
@@ -453,8 +455,7 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
 }
 
 void TrainingRun::finish(TrainResult& result) {
-  if (!result.stopped_early && lead_)
-    evaluate_held_out(o_, eval_paths_, model_, loader_, *device_, state_.step, metrics_log_, result);
+  if (!result.stopped_early && lead_) evaluate_held_out(report(), eval_paths_, loader_, state_.step, result);
   const std::string rate =
       ranks().size() > 1
           ? fmt::format("{:.1f} sequences/s over the whole run and all {} ranks, {:.1f} per rank",
