@@ -32,28 +32,28 @@ __global__ void permute_kernel(A* out, const A* in, Permute p, int64_t n, bool b
   }
 }
 
-// The same permutation when the innermost axis stays innermost and holds a multiple of 4 elements:
-// packs of 4 move, and the index arithmetic is done once per 4 elements.
-template <typename A>
-__global__ void permute_rows_kernel(A* out, const A* in, Permute p, int64_t n4, bool backward, bool accumulate) {
-  const int32_t d3 = static_cast<int32_t>(p.out_dims[3] / 4);
-  BERT_GRID_STRIDE(o, n4) {
+// The same permutation when the innermost axis stays innermost and holds a multiple of W elements:
+// packs of W move (W = 8 BF16 values: one 16-byte access), and the index arithmetic is done once per pack.
+template <typename A, int W>
+__global__ void permute_rows_kernel(A* out, const A* in, Permute p, int64_t packs, bool backward, bool accumulate) {
+  const int32_t d3 = static_cast<int32_t>(p.out_dims[3] / W);
+  BERT_GRID_STRIDE(o, packs) {
     int32_t rest = static_cast<int32_t>(o / d3), i = 0;
     const int32_t inner = static_cast<int32_t>(o % d3);
     for (int axis = 2; axis >= 0; --axis) {
-      i += (rest % static_cast<int32_t>(p.out_dims[axis])) * static_cast<int32_t>(p.in_stride[axis] / 4);
+      i += (rest % static_cast<int32_t>(p.out_dims[axis])) * static_cast<int32_t>(p.in_stride[axis] / W);
       rest /= static_cast<int32_t>(p.out_dims[axis]);
     }
     i += inner;
     if (backward && accumulate) {
-      cuda::Pack<A, 4> a = cuda::load_pack<4>(out + 4 * int64_t(i));
-      const cuda::Pack<A, 4> b = cuda::load_pack<4>(in + 4 * o);
-      for (int j = 0; j < 4; ++j) a.v[j] = cuda::from_float<A>(cuda::to_float(a.v[j]) + cuda::to_float(b.v[j]));
-      cuda::store_pack<4>(out + 4 * int64_t(i), a);
+      cuda::Pack<A, W> a = cuda::load_pack<W>(out + W * int64_t(i));
+      const cuda::Pack<A, W> b = cuda::load_pack<W>(in + W * o);
+      for (int j = 0; j < W; ++j) a.v[j] = cuda::from_float<A>(cuda::to_float(a.v[j]) + cuda::to_float(b.v[j]));
+      cuda::store_pack<W>(out + W * int64_t(i), a);
     } else if (backward) {
-      cuda::store_pack<4>(out + 4 * int64_t(i), cuda::load_pack<4>(in + 4 * o));
+      cuda::store_pack<W>(out + W * int64_t(i), cuda::load_pack<W>(in + W * o));
     } else {
-      cuda::store_pack<4>(out + 4 * o, cuda::load_pack<4>(in + 4 * int64_t(i)));
+      cuda::store_pack<W>(out + W * o, cuda::load_pack<W>(in + W * int64_t(i)));
     }
   }
 }
@@ -215,9 +215,15 @@ Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
       using A = typename decltype(tag)::type;
       A* o = static_cast<A*>(out);
       const A* i = static_cast<const A*>(in);
-      if (rows && reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0)
-        BERT_LAUNCH(permute_rows_kernel<A>, n / 4, g, o, i, p, n / 4, backward, accumulate);
-      else if (small) {
+      const bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+      constexpr int kWide = 16 / sizeof(A);  // one 16-byte access
+      if (rows && aligned && p.out_dims[3] % kWide == 0) {
+        auto* kernel = &permute_rows_kernel<A, kWide>;
+        BERT_LAUNCH(kernel, n / kWide, g, o, i, p, n / kWide, backward, accumulate);
+      } else if (rows && aligned) {
+        auto* kernel = &permute_rows_kernel<A, 4>;
+        BERT_LAUNCH(kernel, n / 4, g, o, i, p, n / 4, backward, accumulate);
+      } else if (small) {
         auto* kernel = &permute_kernel<int32_t, A>;
         BERT_LAUNCH(kernel, n, g, o, i, p, n, backward, accumulate);
       } else {
