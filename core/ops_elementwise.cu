@@ -321,7 +321,7 @@ Var gelu(Graph<float>& g, Var x) {
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
     A *yv = cuda::typed<A>(g.data(y)), *xv = cuda::typed<A>(g.data(x));
-    BERT_LAUNCH_PACKED(gelu_forward, n, cuda::packs_of_4(n, {yv, xv}), g, yv, xv, n);
+    BERT_LAUNCH_PACKED_WIDE(A, gelu_forward, n, cuda::packs_of_4(n, {yv, xv}), g, yv, xv, n);
   });
   g.on_backward(y, [x, y, n, dtype](Graph<float>& g) {
     cuda::with_element_type(dtype, [&](auto tag) {
@@ -329,7 +329,8 @@ Var gelu(Graph<float>& g, Var x) {
       const auto dx = g.raw_grad_target(x);
       A* dxp = cuda::typed<A>(dx.data);
       const A *dy = cuda::typed<A>(g.grad_data(y)), *xv = cuda::typed<A>(g.data(x));
-      BERT_LAUNCH_PACKED(gelu_backward, n, cuda::packs_of_4(n, {dxp, dy, xv}), g, dxp, dy, xv, n, dx.accumulate);
+      BERT_LAUNCH_PACKED_WIDE(A, gelu_backward, n, cuda::packs_of_4(n, {dxp, dy, xv}), g, dxp, dy, xv, n,
+                              dx.accumulate);
     });
   });
   return y;
@@ -367,9 +368,10 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
     A *yv = cuda::typed<A>(g.data(y)), *xv = cuda::typed<A>(g.data(x));
-    // keep is 4-byte aligned for packs: the workspace aligns every allocation to 64 bytes.
-    const bool packed = cuda::packs_of_4(n, {yv, xv}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
-    BERT_LAUNCH_PACKED(dropout_forward, n, packed, g, yv, keep, xv, rng.state().seed, first, threshold, keep_scale, n);
+    // keep is 8-byte aligned for packs of up to 8: the workspace aligns every allocation to 64 bytes.
+    const bool packed = cuda::packs_of_4(n, {yv, xv}) && reinterpret_cast<uintptr_t>(keep) % 8 == 0;
+    BERT_LAUNCH_PACKED_WIDE(A, dropout_forward, n, packed, g, yv, keep, xv, rng.state().seed, first, threshold,
+                            keep_scale, n);
   });
   g.on_backward(y, [x, y, n, keep, keep_scale, dtype](Graph<float>& g) {
     cuda::with_element_type(dtype, [&](auto tag) {
@@ -377,8 +379,8 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
       const auto dx = g.raw_grad_target(x);
       A* dxp = cuda::typed<A>(dx.data);
       const A* dy = cuda::typed<A>(g.grad_data(y));
-      const bool packed = cuda::packs_of_4(n, {dxp, dy}) && reinterpret_cast<uintptr_t>(keep) % 4 == 0;
-      BERT_LAUNCH_PACKED(dropout_backward, n, packed, g, dxp, dy, keep, keep_scale, n, dx.accumulate);
+      const bool packed = cuda::packs_of_4(n, {dxp, dy}) && reinterpret_cast<uintptr_t>(keep) % 8 == 0;
+      BERT_LAUNCH_PACKED_WIDE(A, dropout_backward, n, packed, g, dxp, dy, keep, keep_scale, n, dx.accumulate);
     });
   });
   return y;

@@ -108,6 +108,19 @@ inline bool packs_of_4(int64_t n, std::initializer_list<const void*> pointers) {
       BERT_LAUNCH(kernel<1>, n, g, __VA_ARGS__);       \
   } while (0)
 
+// The same for kernels over elements of type A: 2-byte elements (BF16) move 8 at a time (16 bytes) when
+// n is a multiple of 8 (`packed` has checked the 16-byte alignment), else as BERT_LAUNCH_PACKED.
+#define BERT_LAUNCH_PACKED_WIDE(A, kernel, n, packed, g, ...)         \
+  do {                                                                \
+    if constexpr (sizeof(A) == 2) {                                   \
+      if ((packed) && (n) % 8 == 0) {                                 \
+        BERT_LAUNCH(kernel<8>, (n) / 8, g, __VA_ARGS__);              \
+        break;                                                        \
+      }                                                               \
+    }                                                                 \
+    BERT_LAUNCH_PACKED(kernel, n, packed, g, __VA_ARGS__);            \
+  } while (0)
+
 // Stores one gradient element: added to what the buffer holds, or written when the buffer is fresh
 // (Graph::grad_target; an uninitialised buffer must not be read).
 template <typename V>
