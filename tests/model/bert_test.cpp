@@ -360,16 +360,22 @@ std::unique_ptr<Bert> quantized_tiny(float weight_scale, WeightScales weight_sca
   return model;
 }
 
+// Two sequences of 8 (one padded position), four masked positions: the batch of the step tests below.
+struct StepBatch {
+  std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
+      masked{7, 10, 12, 0};
+  std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+      types{0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1}, labels{1, 0};
+  BatchView view() const { return BatchView{2, 8, 2, ids, mask, types, positions, masked, labels, {}}; }
+};
+
 QatStep qat_step(const Device& device, bool fused) {
   std::unique_ptr<Bert> quantized = quantized_tiny(0.0015f);  // some weights saturate too
   Bert& model = *quantized;
   model.set_fused_quantizers(fused);
   model.place_on(device);
-  std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
-      masked{7, 10, 12, 0};
-  std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1},
-      types{0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1}, labels{1, 0};
-  BatchView batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
+  const StepBatch data;
+  const BatchView batch = data.view();
   Graph<float> g(device);
   Rng rng(9);
   ModelOutputs out = model.forward(g, batch, /*training=*/true, rng);
@@ -384,7 +390,8 @@ QatStep qat_step(const Device& device, bool fused) {
   return r;
 }
 
-void expect_same_step(const QatStep& fused, const QatStep& plain, double tolerance) {
+// The same loss and gradients within `tolerance` of the plain step's (relative to the largest gradient).
+void expect_same_loss_and_gradients(const QatStep& fused, const QatStep& plain, double tolerance, const char* what) {
   EXPECT_NEAR(fused.loss, plain.loss, tolerance * std::abs(plain.loss));
   ASSERT_EQ(fused.grads.size(), plain.grads.size());
   double diff = 0, scale = 0;
@@ -392,9 +399,13 @@ void expect_same_step(const QatStep& fused, const QatStep& plain, double toleran
     diff = std::max(diff, std::abs(double(fused.grads[i]) - plain.grads[i]));
     scale = std::max(scale, std::abs(double(plain.grads[i])));
   }
-  std::cout << "[ info ] fused vs separate quantizers: loss " << fused.loss << " vs " << plain.loss
-            << ", largest gradient difference " << diff / scale << " of the largest gradient\n";
+  std::cout << "[ info ] " << what << ": loss " << fused.loss << " vs " << plain.loss << ", largest gradient difference "
+            << diff / scale << " of the largest gradient\n";
   EXPECT_LE(diff, tolerance * scale);
+}
+
+void expect_same_step(const QatStep& fused, const QatStep& plain, double tolerance) {
+  expect_same_loss_and_gradients(fused, plain, tolerance, "fused vs separate quantizers");
   EXPECT_EQ(fused.seen, plain.seen);
   int64_t saturated = 0;
   for (int64_t c : plain.clipped) saturated += c;
@@ -436,11 +447,8 @@ QatStep float_step(const Device& device, bool fused_attention) {
   model.initialize(5);
   model.set_fused_attention(fused_attention);
   model.place_on(device);
-  std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
-      masked{7, 10, 12, 0};
-  std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1},
-      types{0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1}, labels{1, 0};
-  BatchView batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
+  const StepBatch data;
+  const BatchView batch = data.view();
   Graph<float> g(device);
   EXPECT_TRUE(ops::fused_attention(g, c.head_size(), 8));
   Rng rng(9);
@@ -460,18 +468,8 @@ TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
     SCOPED_TRACE(p == Precision::kFp32 ? "fp32" : "bf16");
     std::unique_ptr<Device> gpu = Device::cuda(0, p);
-    const QatStep fused = float_step(*gpu, true), plain = float_step(*gpu, false);
-    const double tolerance = p == Precision::kFp32 ? 1e-5 : 5e-2;
-    EXPECT_NEAR(fused.loss, plain.loss, tolerance * std::abs(plain.loss));
-    ASSERT_EQ(fused.grads.size(), plain.grads.size());
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < plain.grads.size(); ++i) {
-      diff = std::max(diff, std::abs(double(fused.grads[i]) - plain.grads[i]));
-      scale = std::max(scale, std::abs(double(plain.grads[i])));
-    }
-    std::cout << "[ info ] fused vs unfused attention: loss " << fused.loss << " vs " << plain.loss
-              << ", largest gradient difference " << diff / scale << " of the largest gradient\n";
-    EXPECT_LE(diff, tolerance * scale);
+    expect_same_loss_and_gradients(float_step(*gpu, true), float_step(*gpu, false),
+                                   p == Precision::kFp32 ? 1e-5 : 5e-2, "fused vs unfused attention");
   }
 }
 
