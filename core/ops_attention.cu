@@ -1,9 +1,11 @@
 // Fused self-attention on a CUDA device (ops::attention): softmax(alpha q k^T + mask), dropout, times v,
 // forward and backward side by side like core/ops_attention.cpp, whose composition of ops is the
 // reference. FlashAttention-style: the (B, H, T, T) scores and probabilities never reach memory; the
-// forward saves each row's log-sum-exp and the backward recomputes the probabilities from it. Dropout
-// draws are those the unfused dropout would make on the probabilities (the same counter RNG indices), so
-// fused and unfused agree element for element.
+// forward saves each row's log-sum-exp and one dropout bit per probability, and the backward recomputes
+// the probabilities from them. Q, K, V, the output and their gradients stay in the projections' (B, T, C)
+// layout (head h of position t at columns h D .. h D + D - 1), so no permutes run. Dropout draws are
+// those the unfused dropout would make on the probabilities (the same counter RNG indices), so fused and
+// unfused agree element for element.
 //
 // Each block keeps whole rows of scores in shared memory (lengths up to 512), so the softmax is exact in
 // one pass, not online. The products run on 16 x 16 tiles per warp: tensor cores (WMMA, FP32
