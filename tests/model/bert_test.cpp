@@ -473,6 +473,17 @@ TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
   }
 }
 
+// The largest |actual - expected| over the largest |expected|.
+double largest_relative_difference(const std::vector<float>& actual, const std::vector<float>& expected) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double diff = 0, largest = 0;
+  for (size_t i = 0; i < expected.size() && i < actual.size(); ++i) {
+    diff = std::max(diff, std::abs(double(actual[i]) - expected[i]));
+    largest = std::max(largest, std::abs(double(expected[i])));
+  }
+  return largest > 0 ? diff / largest : diff;
+}
+
 // Logits of one evaluation batch (MLM then NSP), with or without the graph recording gradients.
 std::vector<float> eval_logits(Bert& model, bool record_gradients) {
   std::vector<int32_t> ids(4 * 16), positions{1, 5, 2, 9, 3, 0, 4, 7};
@@ -634,13 +645,7 @@ TEST(BertModel, FusedIntegerProjectionsGiveTheSeparateProjectionsLogits) {
   model.prepare_integer_inference();
   EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers - 1);
   EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers);
-  const std::vector<float> mixed = eval_logits(model, false);
-  double diff = 0, largest = 0;
-  for (size_t i = 0; i < fake.size(); ++i) {
-    diff = std::max(diff, std::abs(double(mixed[i]) - fake[i]));
-    largest = std::max(largest, std::abs(double(fake[i])));
-  }
-  EXPECT_LE(diff, 1e-3 * largest);
+  EXPECT_LE(largest_relative_difference(eval_logits(model, false), fake), 1e-3);
   model.clear_integer_inference();
   EXPECT_EQ(model.fused_projection_layers(), 0);
 }
@@ -707,13 +712,7 @@ TEST(BertModel, PerTensorWeightScalesActAsOneScaleInEveryChannel) {
   const BertConfig& c = model.config();
   EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);
   EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers);
-  const std::vector<float> integer = eval_logits(model, false);
-  double diff = 0, top = 0;
-  for (size_t i = 0; i < fake.size(); ++i) {
-    diff = std::max(diff, std::abs(double(integer[i]) - fake[i]));
-    top = std::max(top, std::abs(double(fake[i])));
-  }
-  EXPECT_LE(diff, 1e-3 * top);
+  EXPECT_LE(largest_relative_difference(eval_logits(model, false), fake), 1e-3);
   model.clear_integer_inference();
 }
 
