@@ -369,10 +369,9 @@ struct StepBatch {
   BatchView view() const { return BatchView{2, 8, 2, ids, mask, types, positions, masked, labels, {}}; }
 };
 
-QatStep qat_step(const Device& device, bool fused) {
-  std::unique_ptr<Bert> quantized = quantized_tiny(0.0015f);  // some weights saturate too
-  Bert& model = *quantized;
-  model.set_fused_quantizers(fused);
+// One training step (dropout on) of `model` on `device` over StepBatch: the loss, every gradient and the
+// quantizers' saturation counts.
+QatStep training_step(Bert& model, const Device& device) {
   model.place_on(device);
   const StepBatch data;
   const BatchView batch = data.view();
@@ -388,6 +387,12 @@ QatStep qat_step(const Device& device, bool fused) {
     for (float v : model.parameters().get(id).grad) r.grads.push_back(v);
   for (Quantizer* q : model.quantizers()) r.clipped.push_back(q->clipped), r.seen.push_back(q->seen);
   return r;
+}
+
+QatStep qat_step(const Device& device, bool fused) {
+  std::unique_ptr<Bert> quantized = quantized_tiny(0.0015f);  // some weights saturate too
+  quantized->set_fused_quantizers(fused);
+  return training_step(*quantized, device);
 }
 
 // The same loss and gradients within `tolerance` of the plain step's (relative to the largest gradient).
@@ -446,20 +451,8 @@ QatStep float_step(const Device& device, bool fused_attention) {
   Bert model(c);
   model.initialize(5);
   model.set_fused_attention(fused_attention);
-  model.place_on(device);
-  const StepBatch data;
-  const BatchView batch = data.view();
-  Graph<float> g(device);
-  EXPECT_TRUE(ops::fused_attention(g, c.head_size(), 8));
-  Rng rng(9);
-  ModelOutputs out = model.forward(g, batch, /*training=*/true, rng);
-  QatStep r;
-  r.loss = g.item(out.loss);
-  g.backward(out.loss);
-  model.parameters().download_grads();
-  for (ParamId id = 0; id < model.parameters().size(); ++id)
-    for (float v : model.parameters().get(id).grad) r.grads.push_back(v);
-  return r;
+  EXPECT_TRUE(ops::fused_attention(Graph<float>(device), c.head_size(), 8));
+  return training_step(model, device);
 }
 
 TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
