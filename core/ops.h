@@ -126,6 +126,11 @@ Var tanh(Graph<T>& g, Var x);
 // `mask` may be Var{} (none); it is a constant (an additive padding mask), never differentiated.
 template <typename T>
 Var softmax(Graph<T>& g, Var x, Var mask = Var{});
+// dropout(softmax(x, mask), p, training, rng): the same values, draws and gradients. On a GPU one kernel
+// each way (rows of up to 1024, a multiple of 4), which saves the probabilities and keep flags once
+// instead of writing and reading the probabilities between two ops.
+template <typename T>
+Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng);
 
 // Self-attention's core for the projections q, k, v (B, T, C) split into `heads` heads of D = C / heads
 // and an additive padding mask (B, T) (or Var{}): per head matmul(dropout(softmax(alpha q k^T, mask), p),

@@ -31,7 +31,7 @@ Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double 
   }
   auto split = [&](Var x) { return permute(g, reshape(g, x, Shape{b, t, heads, d}), {0, 2, 1, 3}); };  // (B, H, T, D)
   Var scores = scaled_matmul(g, split(q), split(k), alpha, false, true);                              // (B, H, T, T)
-  Var probs = dropout(g, softmax(g, scores, mask), p, training, rng);
+  Var probs = softmax_dropout(g, scores, mask, p, training, rng);
   return reshape(g, permute(g, matmul(g, probs, split(v)), {0, 2, 1, 3}), Shape{b, t, c});
 }
 

@@ -113,8 +113,9 @@ struct Geometry {
   int padded;             // T rounded up to the key tile
   float alpha;
   const float* mask;  // (B, T) additive, or nullptr
-  uint64_t seed, first, threshold;
-  float keep_scale;  // 1 / (1 - p); 0 threshold: no dropout
+  uint64_t seed, first;
+  uint32_t threshold;
+  float keep_scale;  // 1 / (1 - p)
   bool dropout;
   // Dropout's keep bits, drawn once by the forward: row (bh, i) holds `words` 32-bit words, bit j % 32 of
   // word j / 32 for key j. The backward reads them instead of drawing again.
@@ -128,7 +129,7 @@ __device__ __forceinline__ float mask_at(const Geometry& q, int64_t b, int64_t k
 // Whether probability (bh, i, j) survives dropout, as the unfused dropout draws it (forward).
 __device__ __forceinline__ bool draw_keep(const Geometry& q, int64_t bh, int64_t i, int64_t j) {
   const uint64_t index = q.first + uint64_t((bh * q.length + i) * q.length + j);
-  return cuda::kept(q.seed, index, q.threshold);
+  return DropoutDraws::kept(q.seed, index, q.threshold);
 }
 // The dropout factor of probability (bh, i, j) from the forward's bits: keep_scale or 0 (backward).
 __device__ __forceinline__ float keep_factor(const Geometry& q, int64_t bh, int64_t i, int64_t j) {
@@ -547,8 +548,8 @@ Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, dou
   if (geometry.dropout) {
     const int64_t rows = s[0] * heads * s[1];  // B H T rows of T probabilities
     geometry.seed = rng.state().seed;
-    geometry.first = rng.reserve(static_cast<uint64_t>(rows * s[1]));
-    geometry.threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
+    geometry.first = DropoutDraws::reserve(rng, static_cast<uint64_t>(rows * s[1]));
+    geometry.threshold = DropoutDraws::threshold(p);
     geometry.keep_scale = static_cast<float>(1.0 / (1.0 - p));
     geometry.words = geometry.padded / 32;
     geometry.bits = g.scratch<uint32_t>(size_t(rows * geometry.words));

@@ -247,11 +247,10 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   if (!training || p == 0.0) return x;
   BERT_DISPATCH_CUDA(g, dropout(g, x, p, rng))
   const int64_t n = g.value(x).numel();
-  const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
-  const Rng stream = rng;
-  // Draw i is dropped when uniform(i) < p, i.e. when its top 53 bits are below p 2^53 (exact in
-  // double), so the comparison stays in integers. The mask is kept (one byte per element) for backward.
-  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
+  const uint64_t first = DropoutDraws::reserve(rng, static_cast<uint64_t>(n));
+  const uint64_t seed = rng.state().seed;
+  // The draws of core/rng.h's DropoutDraws. The mask is kept (one byte per element) for backward.
+  const uint32_t threshold = DropoutDraws::threshold(p);
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p));
   uint8_t* keep = g.template scratch<uint8_t>(n);
   Var y = g.emit(g.shape(x), {x});
@@ -259,15 +258,22 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
   T* yv = g.value(y).data();
   parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
     // Two branch-free passes over local copies (byte stores may alias anything, which would stop
-    // the compiler from vectorising; the hash needs 64-bit multiplies: AVX-512DQ).
-    const Rng local = stream;
-    const uint64_t base = first, below = threshold;
+    // the compiler from vectorising; the hash needs 64-bit multiplies: AVX-512DQ). `first` is a
+    // multiple of four, so whole groups of four share a hash.
+    const uint64_t base = first, s = seed;
+    const uint32_t below = threshold;
     uint8_t* k = keep;
     const T* in = xv;
     T* out = yv;
     const T scale = keep_scale;
-    for (int64_t i = lo; i < hi; ++i) k[i] = (local.bits(base + static_cast<uint64_t>(i)) >> 11) >= below;
-    for (int64_t i = lo; i < hi; ++i) out[i] = in[i] * (k[i] ? scale : T(0));
+    int64_t i = lo;
+    for (; i < hi && i % 4 != 0; ++i) k[i] = DropoutDraws::kept(s, base + static_cast<uint64_t>(i), below);
+    for (; i + 4 <= hi; i += 4) {
+      const uint32_t m = DropoutDraws::kept4(s, (base + static_cast<uint64_t>(i)) / 4, below);
+      for (int l = 0; l < 4; ++l) k[i + l] = (m >> l) & 1u;
+    }
+    for (; i < hi; ++i) k[i] = DropoutDraws::kept(s, base + static_cast<uint64_t>(i), below);
+    for (i = lo; i < hi; ++i) out[i] = in[i] * (k[i] ? scale : T(0));
   });
   g.on_backward(y, [x, y, n, keep, keep_scale](Graph<T>& g) {
     const T* dy = g.grad(y).data();

@@ -176,16 +176,18 @@ __global__ void tanh_backward(A* dx, const A* dy, const A* y, int64_t n, bool ac
   }
 }
 
-// Rng::bits of core/rng.h, on the device (splitmix64's finaliser of seed ^ mix(index + constant)).
+// The draws of core/rng.h's DropoutDraws.
 template <int W, typename A>
-__global__ void dropout_forward(A* y, uint8_t* keep, const A* x, uint64_t seed, uint64_t first, uint64_t threshold,
+__global__ void dropout_forward(A* y, uint8_t* keep, const A* x, uint64_t seed, uint64_t first, uint32_t threshold,
                                 float keep_scale, int64_t n) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
     cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
     cuda::Pack<uint8_t, W> k;
+    bool kept[W];
+    cuda::draw_keeps<W>(kept, seed, first, i, threshold);
     for (int j = 0; j < W; ++j) {
-      k.v[j] = cuda::kept(seed, first + uint64_t(i + j), threshold);
-      p.v[j] = cuda::from_float<A>(cuda::to_float(p.v[j]) * (k.v[j] ? keep_scale : 0.0f));
+      k.v[j] = kept[j];
+      p.v[j] = cuda::from_float<A>(cuda::to_float(p.v[j]) * (kept[j] ? keep_scale : 0.0f));
     }
     cuda::store_pack<W>(keep + i, k);
     cuda::store_pack<W>(y + i, p);
@@ -212,7 +214,8 @@ template <typename A>
 struct DropoutSource {
   const A* x;
   A* dx;
-  uint64_t seed, first, threshold;
+  uint64_t seed, first;
+  uint32_t threshold;
   float keep_scale;
   template <int W>
   __device__ __forceinline__ void load(int64_t i, float (&v)[W]) const {
@@ -222,8 +225,10 @@ struct DropoutSource {
   template <int W>
   __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
     const cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
+    bool kept[W];
+    cuda::draw_keeps<W>(kept, seed, first, i, threshold);
     for (int j = 0; j < W; ++j) {
-      slope[j] = cuda::kept(seed, first + uint64_t(i + j), threshold) ? keep_scale : 0.0f;
+      slope[j] = kept[j] ? keep_scale : 0.0f;
       v[j] = cuda::to_float(p.v[j]) * slope[j];
     }
   }
@@ -360,8 +365,8 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng) {
   x = as_activation(g, x);
   const DType dtype = g.dtype(x);
   const int64_t n = g.shape(x).numel();
-  const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
-  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
+  const uint64_t first = DropoutDraws::reserve(rng, static_cast<uint64_t>(n));
+  const uint32_t threshold = DropoutDraws::threshold(p);
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
   uint8_t* keep = g.scratch<uint8_t>(n);
   Var y = g.emit(g.shape(x), {x}, dtype);
@@ -416,9 +421,9 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q)
   const DType dtype = g.dtype(x);
   const int64_t n = g.shape(x).numel();
   const cuda::QuantizeLaunch launch = cuda::fused_launch(g, q, n);
-  const uint64_t first = rng.reserve(static_cast<uint64_t>(n));
+  const uint64_t first = DropoutDraws::reserve(rng, static_cast<uint64_t>(n));
   const uint64_t seed = rng.state().seed;
-  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 0x1.0p53));
+  const uint32_t threshold = DropoutDraws::threshold(p);
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
   Var y = g.emit(g.shape(x), {x, q.scale}, dtype);
   cuda::with_element_type(dtype, [&](auto tag) {

@@ -92,26 +92,65 @@ __global__ void add_row_vector(A* out, const float* bias, int64_t rows, int64_t 
 
 // y (padded_rows, cols) = x (rows, cols) converted to A, rows past `rows` zero: a parameter (weight,
 // bias) as the GEMM's operand type, with the zero rows that pad its output width.
-template <typename A>
+// W elements a thread (packs of 4 where every pointer allows; a pack across the end of x reads
+// element by element).
+template <int W, typename A>
 __global__ void convert_padded(A* y, const float* x, int64_t rows, int64_t padded_rows, int64_t cols) {
-  BERT_GRID_STRIDE(e, padded_rows * cols) y[e] = cuda::from_float<A>(e < rows * cols ? x[e] : 0.0f);
+  const int64_t n = rows * cols;
+  BERT_GRID_STRIDE_PACKS(e, padded_rows * cols, W) {
+    cuda::Pack<float, W> in{};
+    if (e + W <= n)
+      in = cuda::load_pack<W>(x + e);
+    else
+      for (int j = 0; j < W; ++j) in.v[j] = e + j < n ? x[e + j] : 0.0f;
+    cuda::Pack<A, W> out;
+    for (int j = 0; j < W; ++j) out.v[j] = cuda::from_float<A>(in.v[j]);
+    cuda::store_pack<W>(y + e, out);
+  }
 }
 
-// dbias (cols) += sum over rows of dy (rows, cols) of type A: a GEMV (FP32) or a GEMM against a row of
-// ones (BF16 dy, FP32 sums). Deterministic.
-void add_column_sums(const Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, float* dbias) {
-  const CudaContext& c = cuda::context(g.device());
-  const float one = 1.0f;
-  for (int64_t r0 = 0; r0 < rows; r0 += int64_t(CudaContext::kOnes)) {
-    const int64_t r = std::min<int64_t>(rows - r0, CudaContext::kOnes);
-    if (dy_type == DType::kF32) {
-      BERT_CUBLAS_CHECK(cublasSgemv(cuda::cublas(g), CUBLAS_OP_N, int(cols), int(r), &one,
-                                    static_cast<const float*>(dy) + r0 * cols, int(cols), c.ones, 1, &one, dbias, 1));
-    } else {  // dbias (1, cols) += ones (1, r) dy (r, cols)
-      gemm(g, false, false, 1, cols, r, 1.0f, c.ones_bf16, r, 0, static_cast<const bf16*>(dy) + r0 * cols, cols, 0,
-           1.0f, dbias, cols, 0, 1, CUDA_R_16BF, CUDA_R_32F);
+// dbias (cols) += the column sums of dy (rows, cols), in two deterministic passes. Pass 1: block (32, 8)
+// of grid (column groups, row chunks) sums `chunk` rows of 32 W columns (thread x: W adjacent columns,
+// W-wide accesses; y: every 8th row), the 8 lanes added in order into partial[chunk index][col].
+constexpr int64_t kColumnChunk = 64;  // 128 chunks of 8192 rows: hundreds of blocks
+template <int W, typename A>
+__global__ void column_partials(float* partial, const A* dy, int64_t rows, int64_t cols, int64_t chunk) {
+  __shared__ float lanes[8][32 * W + 1];
+  const int64_t col = (blockIdx.x * 32 + threadIdx.x) * int64_t(W);
+  float acc[W] = {};
+  if (col < cols) {
+    const int64_t end = min(rows, (blockIdx.y + 1) * chunk);
+    for (int64_t r = blockIdx.y * chunk + threadIdx.y; r < end; r += 8) {
+      const cuda::Pack<A, W> p = cuda::load_pack<W>(dy + r * cols + col);
+      for (int w = 0; w < W; ++w) acc[w] += cuda::to_float(p.v[w]);
     }
   }
+  for (int w = 0; w < W; ++w) lanes[threadIdx.y][threadIdx.x * W + w] = acc[w];
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= cols) return;
+  for (int w = 0; w < W; ++w) {
+    float total = 0;
+    for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x * W + w];
+    partial[blockIdx.y * cols + col + w] = total;
+  }
+}
+void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, float* dbias) {
+  const int64_t chunk = std::max<int64_t>(kColumnChunk, (rows + 65534) / 65535);  // the grid's y extent
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  float* partial = g.scratch<float>(chunks * cols);
+  cuda::with_element_type(dy_type, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const A* d = static_cast<const A*>(dy);
+    const bool packed = cols % 4 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0;
+    const int w = packed ? 4 : 1;
+    const dim3 grid(static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)), static_cast<unsigned>(chunks));
+    if (packed)
+      column_partials<4, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+    else
+      column_partials<1, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+    BERT_CUDA_LAUNCHED();
+  });
+  cuda::launch_add_partial_rows(g, dbias, partial, nullptr, nullptr, chunks, cols);  // pass 2
 }
 
 // A parameter-like F32 operand (rows, cols) as the GEMM's operand type A, with zero rows up to
@@ -128,7 +167,9 @@ const A* gemm_operand(Graph<float>& g, Var v, int64_t rows, int64_t padded_rows,
   }
   if (std::is_same_v<A, float> && rows == padded_rows) return cuda::typed<A>(g.data(v));
   A* converted = g.scratch<A>(padded_rows * cols);
-  BERT_LAUNCH(convert_padded<A>, padded_rows * cols, g, converted, g.value(v).data(), rows, padded_rows, cols);
+  const int64_t n = padded_rows * cols;
+  BERT_LAUNCH_PACKED(convert_padded, n, cuda::packs_of_4(n, {converted, g.value(v).data()}), g, converted,
+                     g.value(v).data(), rows, padded_rows, cols);
   return converted;
 }
 

@@ -78,6 +78,15 @@ Var softmax(Graph<T>& g, Var x, Var mask) {
   return y;
 }
 
+template <typename T>
+Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng) {
+  BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
+  if (training && p > 0.0) {
+    BERT_DISPATCH_CUDA(g, softmax_dropout(g, x, mask, p, rng))
+  }
+  return dropout(g, softmax(g, x, mask), p, training, rng);
+}
+
 namespace {
 
 // LayerNorm of x = a, or of x = a + b (b valid: the residual add fused in, each sum formed as its row is
@@ -197,12 +206,13 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
 
 template <typename T>
 Var add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps) {
-  if (g.on_cuda()) return layer_norm(g, add(g, a, b), gamma, beta, eps);
+  BERT_DISPATCH_CUDA(g, add_layer_norm(g, a, b, gamma, beta, eps))
   return normalize(g, a, b, gamma, beta, eps, "add_layer_norm", std::source_location::current());
 }
 
 #define BERT_INSTANTIATE(T)                                     \
   template Var softmax<T>(Graph<T>&, Var, Var);                 \
+  template Var softmax_dropout<T>(Graph<T>&, Var, Var, double, bool, Rng&); \
   template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double); \
   template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);
 BERT_INSTANTIATE(float)

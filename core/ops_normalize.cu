@@ -51,6 +51,151 @@ __global__ void softmax_backward(A* dx, const A* dy, const A* y, int64_t rows, i
     cuda::store_grad(dx, r * k + j, cuda::to_float(yr[j]) * (cuda::to_float(dyr[j]) - dot), accumulate);
 }
 
+// Softmax rows held in registers: one warp a row, lane l holding elements (c 32 + l) 4 + w (w < 4) for c < C,
+// so a row of k <= 128 C elements (k % 4 == 0) is read once and written once, 4 elements an access. With
+// dropout (d.dropped set) the kernel also writes dropout(y) and its keep flags (DropoutDraws' draws, the
+// unfused dropout's: it rounds y to A first, as that op reads it).
+template <typename A>
+struct RowDropout {
+  A* dropped;  // nullptr: softmax alone
+  uint8_t* keep;
+  uint64_t seed, first;
+  uint32_t threshold;
+  float keep_scale;
+};
+// Rows a warp holds at once in the softmax kernels: short rows several, so that each lane has as many
+// loads in flight as for a row of 512.
+template <int C>
+constexpr int kRowsPerWarp = C >= 4 ? 1 : 4 / C;
+template <int C>
+unsigned softmax_blocks(int64_t rows) {
+  const int64_t per_block = int64_t(kWarpsPerBlock) * kRowsPerWarp<C>;
+  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+}
+
+template <int C, typename A>
+__global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_t rows, int k, int64_t rows_per_item,
+                                     RowDropout<A> d) {
+  constexpr int R = kRowsPerWarp<C>;
+  const int64_t first_row = (blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32) * R;
+  const int lane = threadIdx.x % 32;
+  if (first_row >= rows) return;
+  float v[R][C][4], max[R], inv[R];
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = first_row + i;
+    const float* m = mask ? mask + (r / rows_per_item) * k : nullptr;
+    max[i] = -INFINITY;
+    for (int c = 0; c < C; ++c) {
+      const int j = (c * 32 + lane) * 4;
+      if (r < rows && j < k) {
+        const cuda::Pack<A, 4> p = cuda::load_pack<4>(x + r * k + j);
+        cuda::Pack<float, 4> a{};
+        if (m) a = cuda::load_pack<4>(m + j);
+        for (int w = 0; w < 4; ++w) max[i] = fmaxf(max[i], v[i][c][w] = cuda::to_float(p.v[w]) + a.v[w]);
+      } else {
+        for (int w = 0; w < 4; ++w) v[i][c][w] = -INFINITY;
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) max[i] = cuda::warp_max(max[i]);
+  for (int i = 0; i < R; ++i) {
+    float sum = 0;
+    for (int c = 0; c < C; ++c)
+      for (int w = 0; w < 4; ++w) sum += v[i][c][w] = expf(v[i][c][w] - max[i]);
+    inv[i] = sum;
+  }
+  for (int i = 0; i < R; ++i) inv[i] = 1.0f / cuda::warp_sum(inv[i]);
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = first_row + i;
+    if (r >= rows) break;
+    for (int c = 0; c < C; ++c) {
+      const int j = (c * 32 + lane) * 4;
+      if (j >= k) break;
+      cuda::Pack<A, 4> out;
+      for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>(v[i][c][w] * inv[i]);
+      cuda::store_pack<4>(y + r * k + j, out);
+      if (d.dropped) {
+        bool kept[4];
+        cuda::draw_keeps<4>(kept, d.seed, d.first, r * k + j, d.threshold);
+        cuda::Pack<A, 4> dropped;
+        cuda::Pack<uint8_t, 4> flags;
+        for (int w = 0; w < 4; ++w) {
+          flags.v[w] = kept[w];
+          dropped.v[w] = cuda::from_float<A>(cuda::to_float(out.v[w]) * (kept[w] ? d.keep_scale : 0.0f));
+        }
+        cuda::store_pack<4>(d.dropped + r * k + j, dropped);
+        cuda::store_pack<4>(d.keep + r * k + j, flags);
+      }
+    }
+  }
+}
+// dx = y (g - sum_j g_j y_j) with g = dy, or with dropout after the softmax g = dy keep / (1 - p) for the
+// gradient dy of the dropped output; the rows in registers as above.
+template <int C, typename A>
+__global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint8_t* keep, float keep_scale,
+                                      int64_t rows, int k, bool accumulate) {
+  constexpr int R = kRowsPerWarp<C>;
+  const int64_t first_row = (blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32) * R;
+  const int lane = threadIdx.x % 32;
+  if (first_row >= rows) return;
+  float yv[R][C][4], gv[R][C][4], dot[R];
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = first_row + i;
+    dot[i] = 0;
+    for (int c = 0; c < C; ++c) {
+      const int j = (c * 32 + lane) * 4;
+      if (r >= rows || j >= k) break;
+      const cuda::Pack<A, 4> py = cuda::load_pack<4>(y + r * k + j), pd = cuda::load_pack<4>(dy + r * k + j);
+      cuda::Pack<uint8_t, 4> flags{};
+      if (keep) flags = cuda::load_pack<4>(keep + r * k + j);
+      for (int w = 0; w < 4; ++w) {
+        yv[i][c][w] = cuda::to_float(py.v[w]);
+        gv[i][c][w] = cuda::to_float(pd.v[w]) * (keep ? (flags.v[w] ? keep_scale : 0.0f) : 1.0f);
+        dot[i] += gv[i][c][w] * yv[i][c][w];
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) dot[i] = cuda::warp_sum(dot[i]);
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = first_row + i;
+    if (r >= rows) break;
+    for (int c = 0; c < C; ++c) {
+      const int j = (c * 32 + lane) * 4;
+      if (j >= k) break;
+      cuda::Pack<A, 4> out;
+      if (accumulate) out = cuda::load_pack<4>(dx + r * k + j);
+      for (int w = 0; w < 4; ++w) {
+        const float v = yv[i][c][w] * (gv[i][c][w] - dot[i]);
+        out.v[w] = cuda::from_float<A>(accumulate ? cuda::to_float(out.v[w]) + v : v);
+      }
+      cuda::store_pack<4>(dx + r * k + j, out);
+    }
+  }
+}
+// Runs `launch` with the register kernels' C for rows of k (k <= 1024, a multiple of 4); false where they do
+// not apply (the one-pass-per-element kernels above run instead).
+template <typename Launch>
+bool with_row_chunks(int64_t k, std::initializer_list<const void*> pointers, Launch&& launch) {
+  if (k % 4 != 0 || k > 1024) return false;
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  // Registers for the row's chunks only (BERT's widths: 128, 256, 384, 512, 768, 1024).
+  const int64_t chunks = (k + 127) / 128;
+  if (chunks <= 1)
+    launch(std::integral_constant<int, 1>{});
+  else if (chunks <= 2)
+    launch(std::integral_constant<int, 2>{});
+  else if (chunks <= 3)
+    launch(std::integral_constant<int, 3>{});
+  else if (chunks <= 4)
+    launch(std::integral_constant<int, 4>{});
+  else if (chunks <= 6)
+    launch(std::integral_constant<int, 6>{});
+  else
+    launch(std::integral_constant<int, 8>{});
+  return true;
+}
+
 template <typename A>
 __global__ void layer_norm_forward(A* y, float* mean_out, float* rstd_out, const A* x, const float* gamma,
                                    const float* beta, int64_t rows, int64_t c, float eps) {
@@ -94,6 +239,138 @@ __global__ void layer_norm_backward_input(A* dx, const A* dy, const A* x, const 
   }
 }
 
+// LayerNorm with its rows in registers (the layout of the softmax kernels above: C chunks of 128 columns,
+// 4 a lane; c a multiple of 4 up to 1024). With b set, x = a + b rounded to A (what the add op would store)
+// is normalised and, where `sums` is set, stored for the backward.
+template <int C, typename A>
+__global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b,
+                                        const float* gamma, const float* beta, int64_t rows, int c, float eps) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float v[C][4];
+  float sum = 0;
+  for (int k = 0; k < C; ++k) {
+    const int j = (k * 32 + lane) * 4;
+    if (j >= c) break;
+    const cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
+    if (b) {
+      const cuda::Pack<A, 4> pb = cuda::load_pack<4>(b + r * c + j);
+      cuda::Pack<A, 4> ps;
+      for (int w = 0; w < 4; ++w) ps.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) + cuda::to_float(pb.v[w]));
+      if (sums) cuda::store_pack<4>(sums + r * c + j, ps);
+      for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(ps.v[w]);
+    } else {
+      for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(pa.v[w]);
+    }
+  }
+  const float mean = cuda::warp_sum(sum) / float(c);
+  float var = 0;
+  for (int k = 0; k < C; ++k) {
+    if ((k * 32 + lane) * 4 >= c) break;
+    for (int w = 0; w < 4; ++w) var += (v[k][w] - mean) * (v[k][w] - mean);
+  }
+  const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
+  for (int k = 0; k < C; ++k) {
+    const int j = (k * 32 + lane) * 4;
+    if (j >= c) break;
+    const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
+    cuda::Pack<A, 4> out;
+    for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
+    cuda::store_pack<4>(y + r * c + j, out);
+  }
+  if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+}
+
+// Where LayerNorm's backward writes the input's gradient: one target, or two for a + b (the gradient of a
+// sum goes to both addends), each stored or added.
+template <typename A>
+struct InputGrads {
+  A* da = nullptr;
+  A* db = nullptr;
+  bool accumulate_a = false, accumulate_b = false;
+};
+template <int W, typename A>
+__device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float (&v)[W]) {
+  cuda::Pack<A, W> out;
+  if (accumulate) out = cuda::load_pack<W>(d);
+  for (int w = 0; w < W; ++w) out.v[w] = cuda::from_float<A>(accumulate ? cuda::to_float(out.v[w]) + v[w] : v[w]);
+  cuda::store_pack<W>(d, out);
+}
+
+// LayerNorm's backward, rows in registers: the input's gradient row by row and, in the same pass, the
+// block's sums of dy n and dy over its rows per column into partial_gamma/partial_beta[block][col] (gamma's
+// and beta's gradients: layer_norm_param_sums adds the blocks in order). Block i takes rows
+// i kRowsPerNormBlock on, warp w every kWarpsPerBlock-th of them from w; the warps' sums meet in shared
+// memory in warp order (deterministic).
+constexpr int64_t kRowsPerNormBlock = 16;  // 2 rows a warp: 512 blocks for BERT-base, b64
+template <int C, typename A>
+__global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy,
+                                         const A* x, const float* gamma, const float* mean, const float* rstd,
+                                         int64_t rows, int c) {
+  __shared__ float warp_sums[kWarpsPerBlock][C * 128];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Few registers a row (its x and dy as loaded, gamma from the cache), so that blocks share an SM: the
+  // column sums take 8 C registers, the row 4 C.
+  float sum_dyn[C][4] = {}, sum_dy[C][4] = {};
+  const int64_t end = min(rows, (blockIdx.x + 1) * kRowsPerNormBlock);
+  for (int64_t r = blockIdx.x * kRowsPerNormBlock + warp; r < end; r += kWarpsPerBlock) {
+    const float m = mean[r], rs = rstd[r];
+    cuda::Pack<A, 4> px[C], pd[C];
+    float mean_dn = 0, mean_dn_n = 0;
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      px[k] = cuda::load_pack<4>(x + r * c + j);
+      pd[k] = cuda::load_pack<4>(dy + r * c + j);
+    }
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j);
+      for (int w = 0; w < 4; ++w) {
+        const float d = cuda::to_float(pd[k].v[w]), n = (cuda::to_float(px[k].v[w]) - m) * rs, dn = d * gm.v[w];
+        sum_dyn[k][w] += d * n;
+        sum_dy[k][w] += d;
+        mean_dn += dn;
+        mean_dn_n += dn * n;
+      }
+    }
+    if (!to.da && !to.db) continue;
+    mean_dn = cuda::warp_sum(mean_dn) / float(c);
+    mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j);
+      float out[4];
+      for (int w = 0; w < 4; ++w) {
+        const float n = (cuda::to_float(px[k].v[w]) - m) * rs;
+        out[w] = rs * (cuda::to_float(pd[k].v[w]) * gm.v[w] - mean_dn - n * mean_dn_n);
+      }
+      if (to.da) store_grad_to<4>(to.da + r * c + j, to.accumulate_a, out);
+      if (to.db) store_grad_to<4>(to.db + r * c + j, to.accumulate_b, out);
+    }
+  }
+  if (!partial_gamma) return;
+  for (int which = 0; which < 2; ++which) {
+    float(&sums)[C][4] = which == 0 ? sum_dyn : sum_dy;
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      for (int w = 0; w < 4; ++w) warp_sums[warp][j + w] = sums[k][w];
+    }
+    __syncthreads();
+    float* out = (which == 0 ? partial_gamma : partial_beta) + blockIdx.x * int64_t(c);
+    for (int col = threadIdx.x; col < c; col += blockDim.x) {
+      float total = 0;
+      for (int v = 0; v < kWarpsPerBlock; ++v) total += warp_sums[v][col];
+      out[col] = total;
+    }
+    __syncthreads();
+  }
+}
+
 // Pass 1: partial[chunk][col] of sum dy * n (gamma) and sum dy (beta) over the chunk's rows. Block (32,
 // 8): 32 columns, 8 row lanes.
 constexpr int64_t kRowsPerChunk = 256;
@@ -122,15 +399,9 @@ __global__ void layer_norm_param_partials(float* partial_gamma, float* partial_b
   }
 }
 
-// Pass 2: sum the chunks of each column in order.
-__global__ void layer_norm_param_sums(float* dgamma, float* dbeta, const float* partial_gamma,
-                                      const float* partial_beta, int64_t chunks, int64_t c) {
-  BERT_GRID_STRIDE(col, c) {
-    float ag = 0, ab = 0;
-    for (int64_t k = 0; k < chunks; ++k) ag += partial_gamma[k * c + col], ab += partial_beta[k * c + col];
-    if (dgamma) dgamma[col] += ag;
-    if (dbeta) dbeta[col] += ab;
-  }
+void launch_param_sums(Graph<float>& g, float* dgamma, float* dbeta, const float* partial_gamma,
+                       const float* partial_beta, int64_t chunks, int64_t c) {
+  cuda::launch_add_partial_rows(g, dgamma, partial_gamma, dbeta, partial_beta, chunks, c);
 }
 
 // LayerNorm's backward: the input's gradient, then gamma's and beta's (F32 parameters).
@@ -154,7 +425,47 @@ void layer_norm_backward(Graph<float>& g, Var x, Var gamma, Var beta, Var y, con
   layer_norm_param_partials<A><<<dim3(unsigned((c + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, cuda::stream(g)>>>(
       partial_gamma, partial_beta, dy, xv, mean, rstd, rows, c);
   BERT_CUDA_LAUNCHED();
-  BERT_LAUNCH(layer_norm_param_sums, c, g, dgamma, dbeta, partial_gamma, partial_beta, chunks, c);
+  launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, chunks, c);
+}
+
+}  // namespace
+
+namespace {
+
+// The mask (B, K) of softmax's x as floats on the device (nullptr for none), and the rows of one batch item.
+const float* softmax_mask(Graph<float>& g, Var x, Var mask, int64_t& rows_per_item) {
+  const Shape xs = g.shape(x);
+  rows_per_item = xs.rows();
+  if (!mask.valid()) return nullptr;
+  const Shape ms = g.shape(mask);
+  BERT_CHECK(!g.requires_grad(mask), "softmax: the mask is a constant; its gradient is not supported");
+  BERT_CHECK(xs.rank() >= 2 && ms == Shape({xs[0], xs.last()}),
+             "softmax: mask " + ms.str() + " must be (B, K) for x " + xs.str());
+  rows_per_item = xs.rows() / xs[0];
+  return g.value(mask).data();
+}
+
+// softmax's backward into x's gradient from the probabilities y and the gradient of `out` (y itself, or
+// y's dropout with the keep flags `keep`).
+void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const uint8_t* keep, float keep_scale,
+                           int64_t rows, int64_t k, DType dtype) {
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const auto dx = g.raw_grad_target(x);
+    A* dxp = cuda::typed<A>(dx.data);
+    const A* dy = cuda::typed<A>(g.grad_data(out));
+    const A* yv = static_cast<const A*>(y);
+    const bool ran = with_row_chunks(k, {dxp, dy, yv, keep}, [&](auto chunks) {
+      constexpr int C = decltype(chunks)::value;
+      softmax_rows_backward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+          dxp, dy, yv, keep, keep_scale, rows, int(k), dx.accumulate);
+    });
+    BERT_CHECK(ran || !keep, "softmax_dropout: the backward's operands are not 16-byte aligned");
+    if (!ran)
+      softmax_backward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dxp, dy, yv, rows, k,
+                                                                                        dx.accumulate);
+    BERT_CUDA_LAUNCHED();
+  });
 }
 
 }  // namespace
@@ -162,43 +473,141 @@ void layer_norm_backward(Graph<float>& g, Var x, Var gamma, Var beta, Var y, con
 Var softmax(Graph<float>& g, Var x, Var mask) {
   const Shape xs = g.shape(x);
   const int64_t k = xs.last(), rows = xs.rows();
-  const float* mv = nullptr;
-  int64_t rows_per_item = rows;
-  if (mask.valid()) {
-    const Shape ms = g.shape(mask);
-    BERT_CHECK(!g.requires_grad(mask), "softmax: the mask is a constant; its gradient is not supported");
-    BERT_CHECK(xs.rank() >= 2 && ms == Shape({xs[0], k}),
-               "softmax: mask " + ms.str() + " must be (B, K) for x " + xs.str());
-    rows_per_item = rows / xs[0];
-    mv = g.value(mask).data();
-  }
+  int64_t rows_per_item = 0;
+  const float* mv = softmax_mask(g, x, mask, rows_per_item);
   x = as_activation(g, x);
   const DType dtype = g.dtype(x);
   Var y = g.emit(xs, {x}, dtype);
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
-    softmax_forward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-        cuda::typed<A>(g.data(y)), cuda::typed<A>(g.data(x)), mv, rows, k, rows_per_item);
+    A* yv = cuda::typed<A>(g.data(y));
+    const A* xv = cuda::typed<A>(g.data(x));
+    const bool ran = with_row_chunks(k, {yv, xv, mv}, [&](auto chunks) {
+      constexpr int C = decltype(chunks)::value;
+      softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+          yv, xv, mv, rows, int(k), rows_per_item, RowDropout<A>{});
+    });
+    if (!ran)
+      softmax_forward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(yv, xv, mv, rows, k,
+                                                                                        rows_per_item);
     BERT_CUDA_LAUNCHED();
   });
   g.on_backward(y, [x, y, k, rows, dtype](Graph<float>& g) {
+    softmax_backward_into(g, x, y, g.data(y), nullptr, 1.0f, rows, k, dtype);
+  });
+  return y;
+}
+
+Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng) {
+  const Shape xs = g.shape(x);
+  const int64_t k = xs.last(), rows = xs.rows(), n = xs.numel();
+  int64_t rows_per_item = 0;
+  const float* mv = softmax_mask(g, x, mask, rows_per_item);
+  x = as_activation(g, x);
+  // Rows the register kernels do not hold (longer than 1024, not a multiple of 4) take the two ops.
+  if (!with_row_chunks(k, {g.data(x), mv}, [](auto) {})) return dropout(g, softmax(g, x, mask), p, rng);
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(xs, {x}, dtype);
+  // The probabilities themselves are saved for the backward, beside the keep flags (workspace
+  // allocations, 64-byte aligned like y).
+  uint8_t* keep = g.scratch<uint8_t>(n);
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  void* probs = nullptr;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A* pv = g.scratch<A>(n);
+    probs = pv;
+    const RowDropout<A> d{cuda::typed<A>(g.data(y)), keep, rng.state().seed,
+                          DropoutDraws::reserve(rng, static_cast<uint64_t>(n)), DropoutDraws::threshold(p), keep_scale};
+    with_row_chunks(k, {}, [&](auto chunks) {
+      constexpr int C = decltype(chunks)::value;
+      softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+          pv, cuda::typed<A>(g.data(x)), mv, rows, int(k), rows_per_item, d);
+    });
+    BERT_CUDA_LAUNCHED();
+  });
+  g.on_backward(y, [x, y, probs, keep, keep_scale, k, rows, dtype](Graph<float>& g) {
+    softmax_backward_into(g, x, y, probs, keep, keep_scale, rows, k, dtype);
+  });
+  return y;
+}
+
+namespace {
+
+// LayerNorm of a, or of a + b (b valid), with the register kernels; Var{} where they do not apply (rows
+// wider than 1024 or not a multiple of 4, operands not 16-byte aligned, a and b one node).
+Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps) {
+  const Shape xs = g.shape(a);
+  const int64_t c = xs.last(), rows = xs.rows();
+  if (b.valid() && a.index == b.index) return Var{};
+  if (!with_row_chunks(c, {g.data(a), b.valid() ? g.data(b) : nullptr, g.value(gamma).data(), g.value(beta).data()},
+                       [](auto) {}))
+    return Var{};
+  const DType dtype = g.dtype(a);
+  Var y = b.valid() ? g.emit(xs, {a, b, gamma, beta}, dtype) : g.emit(xs, {a, gamma, beta}, dtype);
+  float* mean = g.scratch<float>(rows);
+  float* rstd = g.scratch<float>(rows);
+  void* sums = nullptr;  // a + b, saved for the backward where it runs
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A* sv = b.valid() && g.requires_grad(y) ? g.scratch<A>(rows * c) : nullptr;
+    sums = sv;
+    with_row_chunks(c, {}, [&](auto chunks) {
+      layer_norm_rows_forward<decltype(chunks)::value, A>
+          <<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+              cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
+              b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
+              int(c), static_cast<float>(eps));
+    });
+    BERT_CUDA_LAUNCHED();
+  });
+  g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c, dtype](Graph<float>& g) {
     cuda::with_element_type(dtype, [&](auto tag) {
       using A = typename decltype(tag)::type;
-      const auto dx = g.raw_grad_target(x);
-      softmax_backward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-          cuda::typed<A>(dx.data), cuda::typed<A>(g.grad_data(y)), cuda::typed<A>(g.data(y)), rows, k, dx.accumulate);
+      InputGrads<A> to;
+      if (g.requires_grad(a)) {
+        const auto t = g.raw_grad_target(a);
+        to.da = cuda::typed<A>(t.data), to.accumulate_a = t.accumulate;
+      }
+      if (b.valid() && g.requires_grad(b)) {
+        const auto t = g.raw_grad_target(b);
+        to.db = cuda::typed<A>(t.data), to.accumulate_b = t.accumulate;
+      }
+      float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
+      float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
+      const int64_t blocks = (rows + kRowsPerNormBlock - 1) / kRowsPerNormBlock;
+      const bool params = dgamma || dbeta;
+      float* partial_gamma = params ? g.scratch<float>(blocks * c) : nullptr;
+      float* partial_beta = params ? g.scratch<float>(blocks * c) : nullptr;
+      const A* x = b.valid() ? static_cast<const A*>(sums) : cuda::typed<A>(g.data(a));
+      with_row_chunks(c, {}, [&](auto width) {
+        layer_norm_rows_backward<decltype(width)::value, A><<<unsigned(blocks), 32 * kWarpsPerBlock, 0,
+                                                              cuda::stream(g)>>>(
+            to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
+            rows, int(c));
+      });
       BERT_CUDA_LAUNCHED();
+      if (params) launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, blocks, c);
     });
   });
   return y;
 }
 
+void check_layer_norm(Graph<float>& g, const Shape& xs, Var gamma, Var beta, const char* op) {
+  const int64_t c = xs.last();
+  BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),
+             std::string(op) + ": gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " +
+                 xs.str());
+}
+
+}  // namespace
+
 Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps) {
   const Shape xs = g.shape(x);
   const int64_t c = xs.last(), rows = xs.rows();
-  BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),
-             "layer_norm: gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " + xs.str());
+  check_layer_norm(g, xs, gamma, beta, "layer_norm");
   x = as_activation(g, x);
+  if (Var y = normalize_rows(g, x, Var{}, gamma, beta, eps); y.valid()) return y;
   const DType dtype = g.dtype(x);
   Var y = g.emit(xs, {x, gamma, beta}, dtype);
   float* mean = g.scratch<float>(rows);
@@ -217,6 +626,14 @@ Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps) {
     });
   });
   return y;
+}
+
+Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps) {
+  const Shape xs = g.shape(a);
+  BERT_CHECK(g.shape(b) == xs, "add_layer_norm: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
+  check_layer_norm(g, xs, gamma, beta, "add_layer_norm");
+  Var y = normalize_rows(g, as_activation(g, a), as_activation(g, b), gamma, beta, eps);
+  return y.valid() ? y : layer_norm(g, add(g, a, b), gamma, beta, eps);
 }
 
 }  // namespace bert::ops::cuda_impl

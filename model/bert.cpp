@@ -360,7 +360,10 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   Var k = heads(l.key, inputs[0], l.matmul_k);
   Var v = heads(l.value, inputs[0], l.matmul_v);
   Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
-  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
+  // The probabilities' quantizer (QAT, calibration) reads the dropout's output: fused into it where on.
+  Var probs = l.matmul_a.mode == QuantMode::kFloat
+                  ? ops::softmax_dropout(g, scores, mask, config_.attention_probs_dropout_prob, training, rng)
+                  : dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
   Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
   return finish(ops::reshape(g, context, Shape{b, t, h * d}));
 }

@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "core/cuda/context.h"
 #include "core/graph.h"
+#include "core/rng.h"
 
 namespace bert::cuda {
 
@@ -144,16 +146,58 @@ __global__ void scaled_grad_kernel(X* dx, const Y* dy, float alpha, int64_t n, b
   }
 }
 
-// Dropout's draws: Rng::bits (core/rng.h) on the device; element `index` of a stream is kept when its top
-// 53 bits are at least threshold = ceil(p 2^53).
-__device__ __forceinline__ uint64_t mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+// Second pass of a deterministic column sum: out_a[col] += sum over k < chunks of partial_a[k][col] (and
+// the same for b where out_b is set). Block (32, kLanes): 32 columns, kLanes lanes over the chunks (lane y:
+// chunks y, y + kLanes, ...), the lanes' sums added in lane order. A template so each kernel file has its
+// own copy.
+template <int kLanes = 32>
+__global__ void add_partial_rows(float* out_a, const float* partial_a, float* out_b, const float* partial_b,
+                                 int64_t chunks, int64_t cols) {
+  __shared__ float sa[kLanes][33], sb[kLanes][33];
+  const int64_t col = blockIdx.x * 32 + threadIdx.x;
+  float a = 0, b = 0;
+  if (col < cols) {
+#pragma unroll 4
+    for (int64_t k = threadIdx.y; k < chunks; k += kLanes) a += partial_a[k * cols + col];
+    if (out_b) {
+#pragma unroll 4
+      for (int64_t k = threadIdx.y; k < chunks; k += kLanes) b += partial_b[k * cols + col];
+    }
+  }
+  sa[threadIdx.y][threadIdx.x] = a;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= cols) return;
+  for (int k = 1; k < kLanes; ++k) a += sa[k][threadIdx.x], b += sb[k][threadIdx.x];
+  if (out_a) out_a[col] += a;
+  if (out_b) out_b[col] += b;
 }
-__device__ __forceinline__ bool kept(uint64_t seed, uint64_t index, uint64_t threshold) {
-  return (mix(seed ^ mix(index + 0x632BE59BD9B4E019ull)) >> 11) >= threshold;
+inline void launch_add_partial_rows(const Graph<float>& g, float* out_a, const float* partial_a, float* out_b,
+                                    const float* partial_b, int64_t chunks, int64_t cols) {
+  if (!out_a && !out_b) return;
+  if (!out_a) std::swap(out_a, out_b), std::swap(partial_a, partial_b);
+  add_partial_rows<<<unsigned((cols + 31) / 32), dim3(32, 32), 0, stream(g)>>>(out_a, partial_a, out_b, partial_b,
+                                                                            chunks, cols);
+  BERT_CUDA_LAUNCHED();
+}
+
+// Dropout's keep flags for the W elements first + i .. first + i + W - 1 of a stream (core/rng.h's
+// DropoutDraws): one hash per four where they are whole groups of four, as they are in packs of four or
+// more when `first` and i are multiples of the pack (DropoutDraws::reserve makes `first` one).
+template <int W>
+__device__ __forceinline__ void draw_keeps(bool (&keep)[W], uint64_t seed, uint64_t first, int64_t i,
+                                           uint32_t threshold) {
+  const uint64_t e = first + uint64_t(i);
+  if constexpr (W % 4 == 0) {
+    if (e % 4 == 0) {
+      for (int q = 0; q < W / 4; ++q) {
+        const uint32_t m = DropoutDraws::kept4(seed, e / 4 + q, threshold);
+        for (int l = 0; l < 4; ++l) keep[4 * q + l] = (m >> l) & 1u;
+      }
+      return;
+    }
+  }
+  for (int j = 0; j < W; ++j) keep[j] = DropoutDraws::kept(seed, e + j, threshold);
 }
 
 template <typename V>

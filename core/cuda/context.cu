@@ -67,15 +67,8 @@ CudaContext* create_context(int ordinal, Precision precision) {
   c->cublas_workspace_bytes = std::size_t{32} << 20;  // cuBLAS's recommendation for Hopper
   BERT_CUDA_CHECK(cudaMalloc(&c->cublas_workspace, c->cublas_workspace_bytes));
   BERT_CUBLAS_CHECK(cublasSetWorkspace(handle, c->cublas_workspace, c->cublas_workspace_bytes));
-  std::vector<float> ones(CudaContext::kOnes, 1.0f);
-  BERT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->ones), CudaContext::kOnes * sizeof(float)));
-  BERT_CUDA_CHECK(cudaMemcpy(c->ones, ones.data(), CudaContext::kOnes * sizeof(float), cudaMemcpyHostToDevice));
   BERT_CUDA_CHECK(cudaMalloc(&c->arrivals, sizeof(unsigned int)));
   BERT_CUDA_CHECK(cudaMemset(c->arrivals, 0, sizeof(unsigned int)));
-  const std::vector<uint16_t> ones_bf16(CudaContext::kOnes, 0x3F80);  // 1.0 in BF16
-  BERT_CUDA_CHECK(cudaMalloc(&c->ones_bf16, CudaContext::kOnes * sizeof(uint16_t)));
-  BERT_CUDA_CHECK(
-      cudaMemcpy(c->ones_bf16, ones_bf16.data(), CudaContext::kOnes * sizeof(uint16_t), cudaMemcpyHostToDevice));
   BERT_CUDA_CHECK(
       cudaMalloc(reinterpret_cast<void**>(&c->reduce_scratch), CudaContext::kReduceScratch * sizeof(double)));
   BERT_CUDA_CHECK(cudaMallocHost(&c->host_staging, CudaContext::kHostStaging));
@@ -90,8 +83,6 @@ void destroy_context(CudaContext* c) {
   cublasDestroy(c->cublas);
   cublasLtDestroy(c->cublas_lt);
   cudaFree(c->cublas_workspace);
-  cudaFree(c->ones);
-  cudaFree(c->ones_bf16);
   cudaFree(c->arrivals);
   cudaFree(c->reduce_scratch);
   cudaFreeHost(c->host_staging);

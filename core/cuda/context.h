@@ -22,9 +22,6 @@ struct CudaContext {
   cublasLtContext* cublas_lt = nullptr;  // for GEMMs with a fused bias epilogue
   void* cublas_workspace = nullptr;
   std::size_t cublas_workspace_bytes = 0;
-  float* ones = nullptr;      // kOnes floats of 1 (column sums as a GEMV)
-  void* ones_bf16 = nullptr;  // kOnes BF16 values of 1 (column sums of BF16 gradients as a GEMM)
-  static constexpr std::size_t kOnes = std::size_t{1} << 20;
   double* reduce_scratch = nullptr;  // kReduceScratch doubles for two-pass reductions
   // For kernels whose last block to finish completes a reduction: blocks count their arrival here, and
   // the last one resets it to 0 for the next kernel on the stream.

@@ -246,6 +246,14 @@ TEST_F(CudaOps, LinearWithAndWithoutBias) {
   compare(
       {Shape{300, 24}, Shape{3501, 24}},
       [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
+  // The bias gradient's column sums over many row chunks, 4 columns a thread, added into by a second use.
+  compare(
+      {Shape{2, 700, 24}, Shape{64, 24}, Shape{64}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        Var y = ops::linear(g, in[0], in[1], in[2]);
+        return ops::add(g, y, ops::linear(g, ops::scale(g, in[0], 0.5), in[1], in[2]));
+      },
+      kGemm, kGemm);
 }
 
 TEST_F(CudaOps, AddAndMulWithBroadcasting) {
@@ -327,19 +335,43 @@ TEST_F(CudaOps, SoftmaxWithAndWithoutMask) {
         return ops::softmax(g, in[0], g.input(std::span<const float>(mask), Shape{3, 37}));
       },
       kElementwise, kReduction, {}, 3.0f);
-  compare(
-      {Shape{4, 700}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }, kElementwise,
-      kReduction);
+  // Rows held in registers (a multiple of 4, up to 1024) and one longer (the one-pass-per-element kernel).
+  for (const Shape& s : {Shape{4, 700}, Shape{6, 128}, Shape{2, 1024}, Shape{2, 1028}})
+    compare(
+        {s}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }, kElementwise,
+        kReduction);
 }
 
 TEST_F(CudaOps, LayerNormOddWidthsAndManyRows) {
-  for (const Shape& x : {Shape{3, 7, 45}, Shape{600, 64}, Shape{2, 1000}}) {
+  for (const Shape& x : {Shape{3, 7, 45}, Shape{600, 64}, Shape{2, 1000}, Shape{700, 1024}, Shape{3, 1028}}) {
     SCOPED_TRACE(x.str());
     compare(
         {x, Shape{x.last()}, Shape{x.last()}},
         [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-12); },
         kReduction, kReduction);
   }
+}
+
+// LayerNorm of a residual sum in one kernel each way (rows in registers: widths a multiple of 4 up to 1024)
+// against the CPU, every input's gradient, one of them also added to by a second use; a width the kernels
+// do not hold (45) and one sum of a node with itself take the add and LayerNorm ops.
+TEST_F(CudaOps, AddLayerNormFusedAndNot) {
+  for (const Shape& x : {Shape{3, 7, 64}, Shape{600, 768}, Shape{5, 1024}, Shape{3, 7, 45}, Shape{4, 1100}}) {
+    SCOPED_TRACE(x.str());
+    compare(
+        {x, x, Shape{x.last()}, Shape{x.last()}},
+        [](Graph<float>& g, const std::vector<Var>& in) {
+          Var y = ops::add_layer_norm(g, in[0], in[1], in[2], in[3], 1e-12);
+          return ops::add(g, y, ops::scale(g, in[1], 0.5));  // b's gradient accumulates
+        },
+        kReduction, kReduction);
+  }
+  compare(
+      {Shape{6, 128}, Shape{128}, Shape{128}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::add_layer_norm(g, in[0], in[0], in[1], in[2], 1e-12);
+      },
+      kReduction, kReduction);
 }
 
 TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
@@ -353,6 +385,30 @@ TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
         },
         kExact, kExact);
   }
+}
+
+// softmax and dropout fused (one kernel each way) against the two ops on the CPU: rows the register
+// kernels hold (a multiple of 4 up to 1024; masked and not) and rows they do not (37 wide, 1100 wide),
+// which take the two ops on the GPU too. The draws are the CPU dropout's, element for element.
+TEST_F(CudaOps, SoftmaxDropoutGivesSoftmaxThenDropout) {
+  for (const Shape& s : {Shape{2, 3, 8, 128}, Shape{3, 2, 5, 36}, Shape{2, 1, 3, 1024}, Shape{2, 2, 5, 37},
+                         Shape{2, 1, 2, 1100}})
+    for (bool masked : {false, true}) {
+      SCOPED_TRACE(s.str() + (masked ? ", masked" : ""));
+      std::vector<float> mask(static_cast<size_t>(s[0] * s.last()), 0.0f);
+      if (masked)
+        for (int64_t j = s.last() / 2; j < s.last(); ++j) mask[(s[0] - 1) * s.last() + j] = -10000.0f;
+      compare(
+          {s},
+          [&](Graph<float>& g, const std::vector<Var>& in) {
+            Rng rng(4321);
+            rng.reserve(3);
+            Var m = masked ? g.input(std::span<const float>(mask), Shape{s[0], s.last()}) : Var{};
+            return ops::softmax_dropout(g, in[0], m, 0.2, /*training=*/true, rng);
+          },
+          // BF16: scores up to about 10 stored in BF16 move their exponentials by up to 10 x 2^-9.
+          kElementwise, kReduction, {}, 3.0f, 4e-2);
+    }
 }
 
 // Fused attention (one kernel each way) against the ops it replaces, run on the CPU: head sizes 16 to

@@ -723,6 +723,41 @@ TEST(Dropout, DropsAboutPAndScalesSurvivors) {
   EXPECT_EQ(rng.state().counter, static_cast<uint64_t>(n));
 }
 
+// The draws every dropout kernel shares (core/rng.h): a block starts at a multiple of four, four elements
+// read the four 16-bit fields of one hash, and kept() and kept4() agree on each of them.
+TEST(Dropout, DrawsShareOneHashAmongFourAlignedElements) {
+  Rng rng(5);
+  rng.reserve(3);
+  EXPECT_EQ(DropoutDraws::reserve(rng, 10), 4u) << "a block starts at a multiple of four";
+  EXPECT_EQ(DropoutDraws::reserve(rng, 8), 16u);
+  EXPECT_EQ(rng.state().counter, 24u);
+  EXPECT_EQ(DropoutDraws::threshold(0.1), 6554u);  // ceil(0.1 x 65536)
+  EXPECT_EQ(DropoutDraws::threshold(0.0), 0u);
+  const uint64_t seed = rng.state().seed;
+  const uint32_t threshold = DropoutDraws::threshold(0.5);
+  int64_t kept = 0;
+  for (uint64_t group = 0; group < 1000; ++group) {
+    const uint32_t four = DropoutDraws::kept4(seed, group, threshold);
+    const uint64_t h = Rng::hash(seed, group);
+    for (uint64_t l = 0; l < 4; ++l) {
+      const bool k = DropoutDraws::kept(seed, 4 * group + l, threshold);
+      ASSERT_EQ(k, bool((four >> l) & 1u)) << "element " << 4 * group + l;
+      ASSERT_EQ(k, ((h >> (16 * l)) & 0xFFFFu) >= threshold);
+      kept += k;
+    }
+  }
+  EXPECT_NEAR(double(kept), 2000.0, 5 * std::sqrt(4000 * 0.25));
+  // A dropout op of 6 elements after one of 5: the second starts at element 8 of the stream.
+  Tensor<double> ones(Shape{6}, std::vector<double>(6, 1.0));
+  Graph<double> g;
+  Rng stream(11);
+  ops::dropout(g, g.constant(Tensor<double>(Shape{5}, std::vector<double>(5, 1.0)).view()), 0.5, true, stream);
+  TensorView<double> y = g.value(ops::dropout(g, g.constant(ones.view()), 0.5, true, stream));
+  for (uint64_t i = 0; i < 6; ++i)
+    EXPECT_EQ(y[i] != 0.0, DropoutDraws::kept(stream.state().seed, 8 + i, threshold)) << "element " << i;
+  EXPECT_EQ(stream.state().counter, 14u);
+}
+
 TEST(Dropout, SameSeedSameMaskAndFiniteDifferences) {
   std::vector<Tensor<double>> in;
   in.push_back(random_tensor({3, 4, 5}, 25));
