@@ -93,6 +93,13 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
     }
     device_segments_ = DeviceBuffer(params_.device(), segments.size() * sizeof(cuda_impl::Segment));
     params_.device().copy_to_device(device_segments_.data(), segments.data(), device_segments_.bytes());
+    std::vector<cuda_impl::Chunk> chunks;  // AdamW's blocks: every segment's chunks
+    for (ParamId id = 0; id < params_.size(); ++id)
+      for (int64_t c = 0; c * cuda_impl::kAdamChunk < std::max<int64_t>(segments[id].size, 1); ++c)
+        chunks.push_back({static_cast<int32_t>(id), static_cast<int32_t>(c)});
+    device_chunks_ = DeviceBuffer(params_.device(), chunks.size() * sizeof(cuda_impl::Chunk));
+    params_.device().copy_to_device(device_chunks_.data(), chunks.data(), device_chunks_.bytes());
+    chunk_count_ = static_cast<int>(chunks.size());
     segments_dirty_ = false;
   }
   const cuda_impl::AdamHyper h{static_cast<float>(lr),
@@ -101,9 +108,15 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
                                c1,
                                c2,
                                static_cast<float>(options_.epsilon)};
-  auto* step = options_.kind == OptimizerKind::kLamb ? &cuda_impl::lamb_step : &cuda_impl::adamw_step;
-  step(params_.device(), params_.device_values().data(), params_.device_grads().data(), device_m_.as<float>(),
-       device_v_.as<float>(), device_segments_.as<cuda_impl::Segment>(), static_cast<int>(params_.size()), largest_, h);
+  float* w = params_.device_values().data();
+  const float* g = params_.device_grads().data();
+  const auto* segments = device_segments_.as<cuda_impl::Segment>();
+  if (options_.kind == OptimizerKind::kLamb)
+    cuda_impl::lamb_step(params_.device(), w, g, device_m_.as<float>(), device_v_.as<float>(), segments,
+                         static_cast<int>(params_.size()), largest_, h);
+  else
+    cuda_impl::adamw_step(params_.device(), w, g, device_m_.as<float>(), device_v_.as<float>(), segments,
+                          device_chunks_.as<cuda_impl::Chunk>(), chunk_count_, h);
 }
 #else
 void Optimizer::step_on_device(double, float, float) { BERT_CHECK(false, "a CPU-only build has no GPU optimizer"); }

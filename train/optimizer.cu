@@ -13,7 +13,7 @@ namespace bert::train::cuda_impl {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kChunk = 8192;  // elements per block along a parameter
+constexpr int64_t kChunk = kAdamChunk;  // elements per block along a parameter
 
 unsigned chunks_for(int64_t largest) {
   return static_cast<unsigned>(std::max<int64_t>(1, (largest + kChunk - 1) / kChunk));
@@ -31,10 +31,11 @@ __device__ __forceinline__ void log_space_update(float& w, float g, float& m, fl
   w *= expf(-lr * (m * h.bias_correction1) / (sqrtf(v * h.bias_correction2) + h.epsilon));
 }
 
-// This block's chunk of a log-space segment, for AdamW and LAMB alike.
-__device__ void log_space_block(float* w, const float* g, float* m, float* v, const Segment& s, const AdamHyper& h) {
-  const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
-  for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
+// Chunk `chunk` of a log-space segment, for AdamW and LAMB alike.
+__device__ void log_space_block(float* w, const float* g, float* m, float* v, const Segment& s, const AdamHyper& h,
+                                int64_t chunk) {
+  const int64_t end = min(s.size, (chunk + 1) * kChunk);
+  for (int64_t j = chunk * kChunk + threadIdx.x; j < end; j += blockDim.x) {
     const int64_t i = s.offset + j;
     float wi = w[i], mi = m[i], vi = v[i];
     log_space_update(wi, g[i], mi, vi, h, h.lr * s.lr_multiplier);
@@ -42,21 +43,42 @@ __device__ void log_space_block(float* w, const float* g, float* m, float* v, co
   }
 }
 
-__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, const Segment* segments, AdamHyper h) {
-  const Segment s = segments[blockIdx.y];
-  if (s.log_space) return log_space_block(w, g, m, v, s, h);
+// One AdamW element: decoupled decay first, as torch.optim.AdamW.
+__device__ __forceinline__ void adamw_update(float& w, float g, float& m, float& v, const AdamHyper& h, float lr,
+                                             float wd) {
+  m = h.beta1 * m + (1 - h.beta1) * g;
+  v = h.beta2 * v + (1 - h.beta2) * g * g;
+  w -= lr * (wd * w);
+  w -= lr * (m * h.bias_correction1) / (sqrtf(v * h.bias_correction2) + h.epsilon);
+}
+
+// Block i updates chunk chunks[i]: 16-byte accesses where the chunk starts and ends on a multiple of 4.
+__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, const Segment* segments,
+                             const Chunk* chunks, AdamHyper h) {
+  const Chunk c = chunks[blockIdx.x];
+  const Segment s = segments[c.segment];
+  if (s.log_space) return log_space_block(w, g, m, v, s, h, c.index);
   const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
-  const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
-  for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
-    const int64_t i = s.offset + j;
-    const float gi = g[i];
-    const float mi = h.beta1 * m[i] + (1 - h.beta1) * gi;
-    const float vi = h.beta2 * v[i] + (1 - h.beta2) * gi * gi;
-    m[i] = mi, v[i] = vi;
-    float wi = w[i];
-    wi -= lr * (wd * wi);  // decoupled decay first, as torch.optim.AdamW
-    wi -= lr * (mi * h.bias_correction1) / (sqrtf(vi * h.bias_correction2) + h.epsilon);
-    w[i] = apply_floor(wi, s);
+  const int64_t begin = s.offset + c.index * kChunk, end = s.offset + min(s.size, (c.index + 1) * kChunk);
+  if (begin % 4 == 0 && end % 4 == 0) {
+    for (int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
+      const cuda::Pack<float, 4> gi = cuda::load_pack<4>(g + i);
+      cuda::Pack<float, 4> wi = cuda::load_pack<4>(w + i), mi = cuda::load_pack<4>(m + i),
+                           vi = cuda::load_pack<4>(v + i);
+      for (int e = 0; e < 4; ++e) {
+        adamw_update(wi.v[e], gi.v[e], mi.v[e], vi.v[e], h, lr, wd);
+        wi.v[e] = apply_floor(wi.v[e], s);
+      }
+      cuda::store_pack<4>(w + i, wi);
+      cuda::store_pack<4>(m + i, mi);
+      cuda::store_pack<4>(v + i, vi);
+    }
+    return;
+  }
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float wi = w[i], mi = m[i], vi = v[i];
+    adamw_update(wi, g[i], mi, vi, h, lr, wd);
+    m[i] = mi, v[i] = vi, w[i] = apply_floor(wi, s);
   }
 }
 
@@ -66,7 +88,7 @@ __global__ void lamb_moments(float* w, const float* g, float* m, float* v, const
   __shared__ double shared[32];
   const Segment s = segments[blockIdx.y];
   const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
-  if (s.log_space) return log_space_block(w, g, m, v, s, h);  // no trust ratio; lamb_apply skips it
+  if (s.log_space) return log_space_block(w, g, m, v, s, h, blockIdx.x);  // no trust ratio; lamb_apply skips it
   double w2 = 0, u2 = 0;
   for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
     const int64_t i = s.offset + j;
@@ -124,14 +146,20 @@ __global__ void sum_partials(double* out, const double* partial, int n) {
   acc = cuda::block_sum(acc, shared);
   if (threadIdx.x == 0) out[0] = acc;
 }
-__global__ void scale_kernel(float* g, float s, int64_t n) { BERT_GRID_STRIDE(i, n) g[i] *= s; }
+template <int W>
+__global__ void scale_kernel(float* g, float s, int64_t n) {
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    cuda::Pack<float, W> p = cuda::load_pack<W>(g + i);
+    for (int e = 0; e < W; ++e) p.v[e] *= s;
+    cuda::store_pack<W>(g + i, p);
+  }
+}
 
 }  // namespace
 
 void adamw_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
-                int n_segments, int64_t largest, AdamHyper h) {
-  adamw_kernel<<<dim3(chunks_for(largest), unsigned(n_segments)), kThreads, 0, cuda::stream(device)>>>(w, g, m, v,
-                                                                                                       segments, h);
+                const Chunk* chunks, int n_chunks, AdamHyper h) {
+  adamw_kernel<<<unsigned(n_chunks), kThreads, 0, cuda::stream(device)>>>(w, g, m, v, segments, chunks, h);
   BERT_CUDA_LAUNCHED();
 }
 
@@ -158,7 +186,11 @@ double clip_grad_norm(const Device& device, float* g, int64_t n, double max_norm
   device.copy_to_host(&sum, c.reduce_scratch + kNormBlocks, sizeof(double));
   const double norm = std::sqrt(sum);
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    scale_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, c.stream>>>(g, static_cast<float>(max_norm / norm), n);
+    const float s = static_cast<float>(max_norm / norm);
+    if (cuda::packs_of_4(n, {g}))
+      scale_kernel<4><<<cuda::blocks_for(n / 4), cuda::kThreads, 0, c.stream>>>(g, s, n);
+    else
+      scale_kernel<1><<<cuda::blocks_for(n), cuda::kThreads, 0, c.stream>>>(g, s, n);
     BERT_CUDA_LAUNCHED();
   }
   return norm;

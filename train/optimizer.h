@@ -86,7 +86,8 @@ class Optimizer {
   std::vector<float> minimum_;  // -inf: none
   std::vector<bool> log_space_;
   AlignedVector<float> m_, v_;
-  DeviceBuffer device_m_, device_v_, device_segments_;  // on the arena's GPU
+  DeviceBuffer device_m_, device_v_, device_segments_, device_chunks_;  // on the arena's GPU
+  int chunk_count_ = 0;
   bool segments_dirty_ = true;
   int64_t largest_ = 0;
   void step_on_device(double lr, float c1, float c2);

@@ -18,13 +18,21 @@ struct Segment {
   int log_space = 0;  // Adam on log w, multiplicative update (Optimizer::set_log_space)
 };
 
+// Elements of one segment a block of the AdamW kernel updates, and that block's work: chunk `index` of
+// segment `segment`. The table of chunks lists every segment's chunks, so no block idles.
+constexpr int64_t kAdamChunk = 8192;
+struct Chunk {
+  int32_t segment = 0, index = 0;
+};
+
 struct AdamHyper {
   float lr, beta1, beta2, bias_correction1, bias_correction2, epsilon;
 };
 
-// segments: device array of n_segments; largest: the largest segment's size.
+// segments: device array of n_segments; largest: the largest segment's size; chunks: device array of
+// n_chunks, every segment's kAdamChunk-element chunks (AdamW's blocks).
 void adamw_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
-                int n_segments, int64_t largest, AdamHyper h);
+                const Chunk* chunks, int n_chunks, AdamHyper h);
 void lamb_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
                int n_segments, int64_t largest, AdamHyper h);
 // The L2 norm of g (n elements); when it exceeds max_norm > 0 (and is finite), g is scaled to max_norm.
