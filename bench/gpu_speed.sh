@@ -6,9 +6,11 @@
 #   bash bench/gpu_speed.sh [ours|torch|compiled|all] > gpu_speed.txt
 # PyTorch (bench/torch_step_bench.py) runs the same model three ways: eager as written (explicit
 # attention, AdamW's default), eager with fused attention (scaled_dot_product_attention) and fused AdamW,
-# and that under torch.compile (`compiled`; a minute of compilation per configuration).
+# and that under torch.compile (`compiled`; a minute of compilation per configuration), in its default mode
+# and in reduce-overhead mode (CUDA graphs: no per-kernel launch cost on the host).
 # Environment: BENCH_STEPS (10), CONFIGS (the "preset batch seq" triples below), PRECISIONS (fp32 tf32
-# bf16), COMPILED_PRECISIONS (bf16: the compiled runs), MODES (ours: fp32,qat,qat-separate).
+# bf16), COMPILED_PRECISIONS (bf16: the compiled runs), COMPILE_MODES (default reduce-overhead), MODES (ours:
+# fp32,qat,qat-separate).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -34,8 +36,11 @@ torch_tiers() {
     --vocab 30522 --steps "$steps" --warmup 3 --attention sdpa --adamw fused
 }
 torch_compiled() {
-  python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
-    --vocab 30522 --steps "$steps" --warmup 3 --attention sdpa --adamw fused --compile
+  local IFS=' ' mode  # each_config splits on ';'
+  for mode in ${COMPILE_MODES:-default reduce-overhead}; do
+    python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
+      --vocab 30522 --steps "$steps" --warmup 3 --attention sdpa --adamw fused --compile --compile-mode "$mode"
+  done
 }
 for precision in $precisions; do
   [ "$what" = ours ] || [ "$what" = all ] && each_config ours
