@@ -144,6 +144,15 @@ Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double 
               Rng& rng);
 // Whether attention() runs fused on g: a GPU graph, head size 16, 32, 64 or 128, length up to 512.
 bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length);
+// Attention's two products with the heads left where the projections put them: for q, k, v (B, T, C)
+// with C = heads D, head_scores = alpha q_h k_h^T per head, (B, H, T, T), and head_context = probs_h v_h
+// per head written back as (B, T, C). The values of permuting to (B, H, T, D), scaled_matmul or matmul,
+// and permuting back, which the CPU runs; on a GPU batched GEMMs read and write (B, T, C) in place
+// (core/ops_attention_heads.cu), so no permute moves the heads.
+template <typename T>
+Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha);
+template <typename T>
+Var head_context(Graph<T>& g, Var probs, Var v, int64_t heads);
 
 // LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta; gamma, beta (C).
 template <typename T>

@@ -55,6 +55,8 @@ std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const Quan
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
               Rng& rng);
 bool attention_fits(int64_t head_size, int64_t length, DType dtype);
+Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha);
+Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

@@ -12,12 +12,7 @@ namespace {
 
 using cuda::bf16;
 
-// The compute type for operands of type `operands`: BF16 operands always accumulate in FP32 on the
-// tensor cores; FP32 operands follow the device's precision (FP32, or TF32 tensor cores).
-cublasComputeType_t compute_type(const Graph<float>& g, cudaDataType_t operands) {
-  if (operands == CUDA_R_16BF) return CUBLAS_COMPUTE_32F;
-  return g.device().precision() == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-}
+using cuda::compute_type;
 
 // Row-major C (M, N) = alpha op(A) op(B) + beta C for `batch` items at the given element strides; A and B
 // of type ab, C of type c (BF16 operands may write an FP32 C: weight gradients into FP32 parameters).

@@ -335,16 +335,7 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   const std::array<const Quantizer*, 4> matmul_inputs = {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a};
   const bool quantized = std::any_of(matmul_inputs.begin(), matmul_inputs.end(),
                                      [](const Quantizer* q) { return q->mode != QuantMode::kFloat; });
-  if (fuse_attention_ && fits && !quantized) {
-    Var context = ops::attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),
-                                 l.key.forward_quantized_input(g, params_, inputs[0]),
-                                 l.value.forward_quantized_input(g, params_, inputs[0]), mask, h, inverse_sqrt_d,
-                                 config_.attention_probs_dropout_prob, training, rng);
-    if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
-      context = quantizer->apply(g, params_, context);
-    return finish(context);
-  }
-  if (g.on_cuda() && fuse_attention_ && !told_unfused_attention_) {
+  if (g.on_cuda() && fuse_attention_ && !(fits && !quantized) && !told_unfused_attention_) {
     told_unfused_attention_ = true;
     spdlog::info("attention runs unfused on the GPU: {}",
                  !fits ? fmt::format("head size {} and length {} are outside the fused kernels (head size 16, 32, "
@@ -352,6 +343,24 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
                                      d, t)
                        : "the attention matmuls' inputs are quantized or calibrated, which the fused kernels do not do");
   }
+  if (!quantized) {
+    const Var query = l.query.forward_quantized_input(g, params_, inputs[0]);
+    const Var key = l.key.forward_quantized_input(g, params_, inputs[0]);
+    const Var value = l.value.forward_quantized_input(g, params_, inputs[0]);
+    const double p = config_.attention_probs_dropout_prob;
+    // Fused where asked and covered; else the two products read the projections in place
+    // (ops::head_scores and head_context: no head permutes) around softmax and dropout.
+    Var context = fuse_attention_ && fits
+                      ? ops::attention(g, query, key, value, mask, h, inverse_sqrt_d, p, training, rng)
+                      : ops::head_context(g,
+                                          ops::softmax_dropout(g, ops::head_scores(g, query, key, h, inverse_sqrt_d),
+                                                               mask, p, training, rng),
+                                          value, h);
+    if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
+      context = quantizer->apply(g, params_, context);
+    return finish(context);
+  }
+  // Quantized or calibrated products: each quantizer fused into the head permute that makes its input.
   auto heads = [&](Linear& proj, Var input, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
     Var projected = proj.forward_quantized_input(g, params_, input);
     return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
@@ -360,10 +369,7 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   Var k = heads(l.key, inputs[0], l.matmul_k);
   Var v = heads(l.value, inputs[0], l.matmul_v);
   Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
-  // The probabilities' quantizer (QAT, calibration) reads the dropout's output: fused into it where on.
-  Var probs = l.matmul_a.mode == QuantMode::kFloat
-                  ? ops::softmax_dropout(g, scores, mask, config_.attention_probs_dropout_prob, training, rng)
-                  : dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
+  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
   Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
   return finish(ops::reshape(g, context, Shape{b, t, h * d}));
 }

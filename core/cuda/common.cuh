@@ -76,6 +76,13 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
     BERT_CUDA_LAUNCHED();                                                                                     \
   } while (0)
 
+// The GEMM compute type for operands of type `operands`: BF16 operands always accumulate in FP32 on the
+// tensor cores; FP32 operands follow the device's precision (FP32, or TF32 tensor cores).
+inline cublasComputeType_t compute_type(const Graph<float>& g, cudaDataType_t operands) {
+  if (operands == CUDA_R_16BF) return CUBLAS_COMPUTE_32F;
+  return g.device().precision() == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
 // W consecutive elements moved as one load or store (W = 4: one 16-byte access; W = 1: scalar).
 template <typename V, int W>
 struct alignas(sizeof(V) * W) Pack {

@@ -411,6 +411,34 @@ TEST_F(CudaOps, SoftmaxDropoutGivesSoftmaxThenDropout) {
     }
 }
 
+// Attention's two products on the projections in place (batched GEMMs over every item and head) against
+// the permutes and products they replace, run on the CPU; odd lengths and head sizes, a gradient added
+// into by a second use.
+TEST_F(CudaOps, HeadProductsGiveThePermutedProducts) {
+  struct Case {
+    int64_t b, t, h, d;
+  };
+  for (const Case c : {Case{2, 7, 3, 5}, Case{3, 16, 2, 8}, Case{1, 33, 4, 16}}) {
+    SCOPED_TRACE("B " + std::to_string(c.b) + " T " + std::to_string(c.t) + " H " + std::to_string(c.h) + " D " +
+                 std::to_string(c.d));
+    const Shape s{c.b, c.t, c.h * c.d}, square{c.b, c.h, c.t, c.t};
+    compare(
+        {s, s},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Var scores = ops::head_scores(g, in[0], in[1], c.h, 0.37);
+          return ops::add(g, scores, ops::head_scores(g, in[0], in[0], c.h, 1.0));  // q's gradient twice
+        },
+        kGemm, 2 * kGemm);
+    compare(
+        {square, s},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Var context = ops::head_context(g, in[0], in[1], c.h);
+          return ops::add(g, context, ops::head_context(g, in[0], in[1], c.h));  // both gradients twice
+        },
+        kGemm, 2 * kGemm);
+  }
+}
+
 // Fused attention (one kernel each way) against the ops it replaces, run on the CPU: head sizes 16 to
 // 128, lengths from 7 (one partial key tile) to 512, with and without a padding mask, and with dropout
 // (the same draws as the unfused dropout, so the values still agree element for element).
