@@ -129,10 +129,11 @@ model::BertConfig resolve_config(const TrainOptions& o, const RunFiles& files, c
 // The state training starts from: the checkpoint's on --resume (weights, moments, data order, dropout
 // RNG), else fresh weights or --init-from's, calibrated for QAT; the run folder gets its tokenizer copy,
 // config.json and an empty metrics log.
-store::TrainingState start_state(const TrainOptions& o, const RunFiles& files, const model::BertConfig& config,
-                                 model::Bert& model, Optimizer& optimizer, data::ShardLoader& loader,
-                                 const data::LoaderOptions& loader_options, Rng& dropout_rng, const Device& device,
-                                 bool writes) {
+store::TrainingState start_state(const RunSetup& run, const RunPieces& pieces) {
+  const TrainOptions& o = run.options;
+  const RunFiles& files = run.files;
+  model::Bert& model = pieces.model;
+  Optimizer& optimizer = pieces.optimizer;
   ParameterArena<float>& params = model.parameters();
   store::TrainingState state;
   state.tokenizer_sha256 = o.tokenizer_sha256;
@@ -146,10 +147,10 @@ store::TrainingState start_state(const TrainOptions& o, const RunFiles& files, c
     if (!loaded.tokenizer_sha256.empty() && loaded.tokenizer_sha256 != o.tokenizer_sha256)
       throw UserError("--resume: the checkpoint was trained with another tokenizer than '" + o.tokenizer_path + "'");
     state.step = loaded.step;
-    loader.restore(loaded.loader);
-    dropout_rng = Rng(loaded.dropout_rng);
+    pieces.loader.restore(loaded.loader);
+    pieces.dropout_rng = Rng(loaded.dropout_rng);
     state.quantization = loaded.quantization;
-    if (writes) truncate_metrics(files.metrics, state.step);
+    if (run.writes) truncate_metrics(files.metrics, state.step);
     spdlog::info("resuming from '{}' at step {}", files.checkpoint, state.step);
     return state;
   }
@@ -163,14 +164,14 @@ store::TrainingState start_state(const TrainOptions& o, const RunFiles& files, c
                       "'");
     spdlog::info("weights from '{}' (step {})", o.init_from, init.step);
     if (!init.fresh_parameters.empty())
-      spdlog::info("fine-tuning for {} with {} labels: new head {}", model::head_architecture(config.head),
-                   config.num_labels(), label_list(init.fresh_parameters));
+      spdlog::info("fine-tuning for {} with {} labels: new head {}", model::head_architecture(run.config.head),
+                   run.config.num_labels(), label_list(init.fresh_parameters));
   }
   params.upload_values();
-  if (o.qat) state.quantization = calibrate_for_qat(o, model, loader_options, device);
-  if (!writes) return state;
+  if (o.qat) state.quantization = calibrate_for_qat(o, model, run.loader_options, run.device);
+  if (!run.writes) return state;
   tokenizer::copy_tokenizer(o.tokenizer_path, o.output_dir);
-  write_text_file((fs::path(o.output_dir) / "config.json").string(), config.to_json().dump(2) + "\n");
+  write_text_file((fs::path(o.output_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
   std::ofstream(files.metrics, std::ios::trunc).close();
   return state;
 }

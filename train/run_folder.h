@@ -40,12 +40,27 @@ std::string label_list(const std::vector<std::string>& labels);
 // the given one; with the vocabulary of the tokenizer and the head and labels of the training shards.
 model::BertConfig resolve_config(const TrainOptions& o, const RunFiles& files, const data::ShardLoader& loader);
 
+// What a run is, as start_state() reads it: its options and files, the model config, the loader's
+// options, the device, and whether this process writes the run folder (the lead rank).
+struct RunSetup {
+  const TrainOptions& options;
+  const RunFiles& files;
+  const model::BertConfig& config;
+  const data::LoaderOptions& loader_options;
+  const Device& device;
+  bool writes;
+};
+// What start_state() sets: the weights, the optimizer's moments, the data order and the dropout stream.
+struct RunPieces {
+  model::Bert& model;
+  Optimizer& optimizer;
+  data::ShardLoader& loader;
+  Rng& dropout_rng;
+};
+
 // The state training starts from: the checkpoint's on --resume (weights, moments, data order, dropout
 // RNG), else fresh weights or --init-from's, calibrated for QAT; the run folder gets its tokenizer copy,
 // config.json and an empty metrics log.
-store::TrainingState start_state(const TrainOptions& o, const RunFiles& files, const model::BertConfig& config,
-                                 model::Bert& model, Optimizer& optimizer, data::ShardLoader& loader,
-                                 const data::LoaderOptions& loader_options, Rng& dropout_rng, const Device& device,
-                                 bool writes);
+store::TrainingState start_state(const RunSetup& run, const RunPieces& pieces);
 
 }  // namespace bert::train

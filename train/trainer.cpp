@@ -300,8 +300,8 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
   if (lead_) fs::create_directories(o.output_dir, ec);
   if (ec) throw UserError("cannot create output folder '" + o.output_dir + "': " + ec.message());
 
-  state_ =
-      start_state(o, files_, config_, model_, *optimizer_, loader_, loader_options_, dropout_rng_, *device_, lead_);
+  state_ = start_state(RunSetup{o, files_, config_, loader_options_, *device_, lead_},
+                       RunPieces{model_, *optimizer_, loader_, dropout_rng_});
   if (o.resume) last_saved_step_ = state_.step;
   // Each rank drops out other units: its own stream, derived from the one the checkpoint keeps (rank 0's),
   // drawn in step with it.
