@@ -46,6 +46,12 @@ def main():
             sensitivity = json.load(f).get("sensitivity", {})
     rows = sorted(sensitivity.get("rows", []), key=lambda r: r["only_this"])[:20]
     fp32_acc = sensitivity.get("fp32", 0.0)
+    # No chart of empty bars: where no quantizer alone moves the accuracy (a model still in the MLM plateau)
+    # the report says so instead.
+    if all(abs(fp32_acc - r["only_this"]) < 5e-5 for r in rows):
+        rows = []
+        if os.path.exists(os.path.join(out, "sensitivity.png")):
+            os.remove(os.path.join(out, "sensitivity.png"))
     write(os.path.join(data, "sensitivity.dat"),
           [(i, 100 * (fp32_acc - r["only_this"]), '"%s"' % r["name"].replace("bert.encoder.", "").replace("_quantizer", ""))
            for i, r in enumerate(rows)])
