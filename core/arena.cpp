@@ -1,6 +1,7 @@
 #include "core/arena.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace bert {
 
@@ -38,6 +39,7 @@ Parameter<T> ParameterArena<T>::get(ParamId id) {
   if (device_->is_cuda()) {
     p.device_value = TensorView<T>(device_values_.as<T>() + e.offset, e.shape);
     p.device_grad = TensorView<T>(device_grads_.as<T>() + e.offset, e.shape);
+    if (bf16_current_) p.device_bf16 = static_cast<const uint16_t*>(bf16_copy_.data()) + e.offset;
   }
   return p;
 }
@@ -85,6 +87,8 @@ void ParameterArena<T>::place_on(const Device& device) {
   device_ = &device;
   device_values_.reset();
   device_grads_.reset();
+  bf16_copy_.reset();
+  bf16_current_ = false;
   if (!device.is_cuda()) return;
   const std::size_t bytes = static_cast<std::size_t>(padded_size_) * sizeof(T);
   device_values_ = DeviceBuffer(device, bytes);
@@ -95,6 +99,7 @@ void ParameterArena<T>::place_on(const Device& device) {
 
 template <typename T>
 void ParameterArena<T>::upload_values() {
+  bf16_current_ = false;
   if (device_->is_cuda()) device_->copy_to_device(device_values_.data(), values_.data(), device_values_.bytes());
 }
 
@@ -110,6 +115,7 @@ void ParameterArena<T>::download_grads() {
 
 template <typename T>
 TensorView<T> ParameterArena<T>::device_values() {
+  bf16_current_ = false;
   if (!device_->is_cuda()) return values();
   return TensorView<T>(device_values_.as<T>(), Shape{padded_size_});
 }
@@ -118,6 +124,14 @@ template <typename T>
 TensorView<T> ParameterArena<T>::device_grads() {
   if (!device_->is_cuda()) return grads();
   return TensorView<T>(device_grads_.as<T>(), Shape{padded_size_});
+}
+
+template <typename T>
+void* ParameterArena<T>::bf16_copy_for_update() {
+  if (!std::is_same_v<T, float> || !device_->is_cuda() || device_->precision() != Precision::kBf16) return nullptr;
+  if (!bf16_copy_.data()) bf16_copy_ = DeviceBuffer(*device_, static_cast<std::size_t>(padded_size_) * 2);
+  bf16_current_ = false;
+  return bf16_copy_.data();
 }
 
 template class ParameterArena<float>;

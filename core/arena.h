@@ -29,6 +29,9 @@ struct Parameter {
   TensorView<T> grad;
   TensorView<T> device_value;  // the device mirror, empty unless the arena was placed on a GPU
   TensorView<T> device_grad;
+  // device_value rounded to BF16 (2-byte elements), where the arena keeps a current copy (see
+  // ParameterArena::bf16_copy_for_update); else nullptr.
+  const void* device_bf16 = nullptr;
 };
 
 template <typename T>
@@ -64,8 +67,20 @@ class ParameterArena {
   void upload_values();           // host values -> device (after loading or initialising on the host)
   void download_values();         // device values -> host (before saving or reading them on the host)
   void download_grads();          // device gradients -> host (for diagnostics)
-  TensorView<T> device_values();  // the flat buffers where training runs (the host ones on the CPU)
+  // The flat buffers where training runs (the host ones on the CPU). device_values() marks the BF16
+  // copy stale: its caller may change the values.
+  TensorView<T> device_values();
   TensorView<T> device_grads();
+
+  // --- the BF16 copy of the device values, for BF16 mixed precision on a GPU: the GEMMs read it instead
+  // of rounding every F32 weight at every use. The optimizer writes it beside the values in its own pass:
+  // bf16_copy_for_update() gives the buffer (allocated on first use; nullptr unless the arena is on a GPU
+  // in BF16), bf16_copy_updated() says it now holds the values rounded to nearest. Anything else that
+  // changes the values (upload_values, device_values, place_on) marks it stale, and get() hands it out
+  // only while it is current.
+  void* bf16_copy_for_update();
+  void bf16_copy_updated() { bf16_current_ = bf16_copy_.data() != nullptr; }
+  bool bf16_copy_current() const { return bf16_current_; }
 
  private:
   struct Entry {
@@ -78,6 +93,8 @@ class ParameterArena {
   AlignedVector<T> values_, grads_;
   const Device* device_ = &Device::cpu();
   DeviceBuffer device_values_, device_grads_;
+  DeviceBuffer bf16_copy_;
+  bool bf16_current_ = false;
   int64_t padded_size_ = 0;
   bool allocated_ = false;
 };

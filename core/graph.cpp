@@ -41,7 +41,9 @@ Var Graph<T>::param(const Parameter<T>& p) {
   if (!device_->is_cuda()) return leaf(p.value, p.grad);
   BERT_CHECK(!p.device_value.empty(), "parameter '" + *p.name + "' is not on " + device_->name() +
                                           " (place the arena on the graph's device first)");
-  return leaf(p.device_value, p.device_grad);
+  const Var v = leaf(p.device_value, p.device_grad);
+  node(v).bf16_copy = p.device_bf16;
+  return v;
 }
 
 template <typename T>

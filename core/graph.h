@@ -119,6 +119,9 @@ class Graph {
   TensorView<T> value(Var v) const;
   // The storage of v's value, whatever its dtype.
   void* data(Var v) const { return node(v).value.data(); }
+  // A parameter's value rounded to BF16 where its arena keeps a current copy (Parameter::device_bf16),
+  // else nullptr: what a BF16 GEMM reads instead of rounding the F32 value itself.
+  const void* bf16_copy(Var v) const { return node(v).bf16_copy; }
   // By value: nodes live in a growing vector, so a reference would dangle after the next emit (ASan
   // caught one such use in the quantizer).
   Shape shape(Var v) const { return node(v).value.shape(); }
@@ -187,6 +190,7 @@ class Graph {
     int32_t first_consumer = -1;    // leaves: the first node made from it (its last writer in backward)
     bool reported_final = false;    // leaves: handed to backward's on_final; no closure may write it after
     const char* made_by = nullptr;  // the op's function (std::source_location), for an OpProfile
+    const void* bf16_copy = nullptr;  // parameters: Parameter::device_bf16
   };
   // A recorded backward: the callable's state in closure_memory_, how to call it and how to destroy it
   // (null when trivially destructible).

@@ -174,6 +174,10 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng);
 template <typename T>
 Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights = {},
                   int32_t ignore_index = -1);
+// cross_entropy (every row active, equal weights) and row_argmax of the same logits: on a GPU from one
+// read of each row (the two ops read a vocabulary-wide (N, C) three times), the predictions read on the host.
+template <typename T>
+LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32_t> targets);
 
 // Knowledge distillation: temperature^2 x the mean over rows of KL(softmax(teacher / temperature) ||
 // softmax(student / temperature)), for (N, C) logits. Only the student takes a gradient: the teacher is

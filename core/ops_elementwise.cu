@@ -76,6 +76,23 @@ __global__ void broadcast_forward(A* y, const A* a, const A* b, Broadcast p, int
   }
 }
 
+// y = a op b where one operand is broadcast along leading axes only and the other has y's shape: element
+// e of y takes element e % inner of the repeated operand (position embeddings added to a batch). W elements
+// a thread (inner a multiple of W); I the index type, 32-bit where y allows.
+template <bool kMul, int W, typename I, typename A>
+__global__ void leading_broadcast_forward(A* y, const A* full, const A* repeated, int64_t n, int64_t inner) {
+  BERT_GRID_STRIDE_PACKS(e, n, W) {
+    const cuda::Pack<A, W> f = cuda::load_pack<W>(full + e);
+    const cuda::Pack<A, W> r = cuda::load_pack<W>(repeated + int64_t(I(e) % I(inner)));
+    cuda::Pack<A, W> out;
+    for (int j = 0; j < W; ++j) {
+      const float x = cuda::to_float(f.v[j]), z = cuda::to_float(r.v[j]);
+      out.v[j] = cuda::from_float<A>(kMul ? x * z : x + z);
+    }
+    cuda::store_pack<W>(y + e, out);
+  }
+}
+
 // d(operand w) += sum over the output elements it feeds of dy (times the other operand for mul).
 // One thread per operand element walks its broadcast axes in order: deterministic, no atomics.
 template <typename A>
@@ -103,6 +120,50 @@ __global__ void broadcast_backward(A* dv, const A* dy, const A* other, Broadcast
           }
     cuda::store_grad(dv, e, acc, accumulate);
   }
+}
+
+// dv (inner) (+)= the sum over `rows` of dy (rows, inner): an operand broadcast along leading axes only
+// (position embeddings over the batch). Block (32, 8): thread x takes W adjacent columns, thread y every
+// 8th row; the 8 lanes' sums are added in lane order (deterministic, no atomics).
+template <int W, typename A>
+__global__ void leading_sum_backward(A* dv, const A* dy, int64_t rows, int64_t inner, bool accumulate) {
+  __shared__ float lanes[8][32 * W];
+  const int64_t col = (blockIdx.x * 32 + threadIdx.x) * int64_t(W);
+  float acc[W] = {};
+  if (col < inner)
+    for (int64_t r = threadIdx.y; r < rows; r += 8) {
+      const cuda::Pack<A, W> p = cuda::load_pack<W>(dy + r * inner + col);
+      for (int j = 0; j < W; ++j) acc[j] += cuda::to_float(p.v[j]);
+    }
+  for (int j = 0; j < W; ++j) lanes[threadIdx.y][threadIdx.x * W + j] = acc[j];
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= inner) return;
+  for (int y = 1; y < 8; ++y)
+    for (int j = 0; j < W; ++j) acc[j] += lanes[y][threadIdx.x * W + j];
+  cuda::store_grad_pack<W>(dv + col, acc, accumulate);
+}
+
+// The leading axes along which operand w alone is broadcast: rows (their product) and inner (the rest),
+// or rows 0 when its broadcast axes are not all leading.
+std::pair<int64_t, int64_t> leading_broadcast(const Broadcast& p, int w) {
+  int k = 0;
+  while (k < 4 && p.operand_dims[w][k] == 1) ++k;
+  int64_t rows = 1, inner = 1;
+  for (int i = 0; i < 4; ++i) {
+    if (i >= k && p.operand_dims[w][i] != p.dims[i]) return {0, 0};
+    (i < k ? rows : inner) *= p.dims[i];
+  }
+  return {rows, inner};
+}
+
+// The operand (0 or 1) broadcast along leading axes only while the other has the output's shape, or -1.
+int leading_operand(const Broadcast& p) {
+  for (int w = 0; w < 2; ++w) {
+    bool other_full = true;
+    for (int i = 0; i < 4; ++i) other_full = other_full && p.operand_dims[1 - w][i] == p.dims[i];
+    if (other_full && leading_broadcast(p, w).first > 1) return w;
+  }
+  return -1;
 }
 
 template <typename A>
@@ -257,6 +318,16 @@ Var broadcast_op(Graph<float>& g, Var a, Var b) {
     } else if (p.same_shape) {
       auto* kernel = &same_shape_forward<true, 1, A>;
       BERT_LAUNCH(kernel, n, g, yv, av, bv, n);
+    } else if (const int w = leading_operand(p); w >= 0) {  // a * b = b * a: the order does not matter
+      const int64_t inner = leading_broadcast(p, w).second;
+      const A* full = w == 0 ? bv : av;
+      const A* repeated = w == 0 ? av : bv;
+      const bool packed = cuda::packs_of_4(inner, {yv, full, repeated}), small = n < (int64_t{1} << 31);
+      auto* kernel = packed ? (small ? &leading_broadcast_forward<kMul, 4, int32_t, A>
+                                     : &leading_broadcast_forward<kMul, 4, int64_t, A>)
+                            : (small ? &leading_broadcast_forward<kMul, 1, int32_t, A>
+                                     : &leading_broadcast_forward<kMul, 1, int64_t, A>);
+      BERT_LAUNCH(kernel, packed ? n / 4 : n, g, yv, full, repeated, n, inner);
     } else {
       auto* kernel =
           n < (int64_t{1} << 31) ? &broadcast_forward<kMul, int32_t, A> : &broadcast_forward<kMul, int64_t, A>;
@@ -271,17 +342,30 @@ Var broadcast_op(Graph<float>& g, Var a, Var b) {
       bool passed = false;  // one operand at most takes dy's buffer: two sharing one would alias
       for (int w = 0; w < 2; ++w) {
         if (!g.requires_grad(operands[w])) continue;
-        // A same-shape add passes dy through: the first operand without a gradient yet takes dy's buffer.
-        if (p.same_shape && !kMul && !passed && g.pass_grad_through(operands[w], y)) {
+        // An add passes dy through to an operand of the output's shape: the first such operand without a
+        // gradient yet takes dy's buffer; another one adds dy.
+        bool full = true;
+        for (int i = 0; i < 4; ++i) full = full && p.operand_dims[w][i] == p.dims[i];
+        if (full && !kMul && !passed && g.pass_grad_through(operands[w], y)) {
           passed = true;
           continue;
         }
         const auto dv = g.raw_grad_target(operands[w]);
         A* dvp = cuda::typed<A>(dv.data);
         const int64_t n = g.shape(operands[w]).numel();
-        if (p.same_shape && !kMul) {
+        if (full && !kMul) {
           BERT_LAUNCH_PACKED(cuda::scaled_grad_kernel, n, cuda::packs_of_4(n, {dvp, dy}), g, dvp, dy, 1.0f, n,
                              dv.accumulate);
+          continue;
+        }
+        if (const auto [rows, inner] = leading_broadcast(p, w); !kMul && rows > 1 && inner >= 2048) {
+          const bool packed = cuda::packs_of_4(inner, {dvp, dy});
+          const dim3 grid(unsigned((inner + (packed ? 128 : 32) - 1) / (packed ? 128 : 32)));
+          if (packed)
+            leading_sum_backward<4, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(dvp, dy, rows, inner, dv.accumulate);
+          else
+            leading_sum_backward<1, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(dvp, dy, rows, inner, dv.accumulate);
+          BERT_CUDA_LAUNCHED();
         } else {
           const A* other = kMul ? cuda::typed<A>(g.data(operands[1 - w])) : nullptr;
           BERT_LAUNCH(broadcast_backward<A>, n, g, dvp, dy, other, p, w, n, dv.accumulate);

@@ -136,11 +136,14 @@ void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t row
   cuda::with_element_type(dy_type, [&](auto tag) {
     using A = typename decltype(tag)::type;
     const A* d = static_cast<const A*>(dy);
-    const bool packed = cols % 4 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0;
-    const int w = packed ? 4 : 1;
+    // Packs of 4 where the rows allow, of 2 on an even width (the vocabulary's 30,522), else one by one.
+    const auto address = reinterpret_cast<uintptr_t>(d);
+    const int w = cols % 4 == 0 && address % 16 == 0 ? 4 : cols % 2 == 0 && address % (2 * sizeof(A)) == 0 ? 2 : 1;
     const dim3 grid(static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)), static_cast<unsigned>(chunks));
-    if (packed)
+    if (w == 4)
       column_partials<4, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+    else if (w == 2)
+      column_partials<2, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
     else
       column_partials<1, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
     BERT_CUDA_LAUNCHED();
@@ -149,7 +152,8 @@ void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t row
 }
 
 // A parameter-like F32 operand (rows, cols) as the GEMM's operand type A, with zero rows up to
-// padded_rows: the node's own storage when nothing is to change, else a converted copy in scratch.
+// padded_rows: the node's own storage when nothing is to change, a parameter's BF16 copy kept by its arena
+// (written by the optimizer), else a converted copy in scratch.
 template <typename A>
 const A* gemm_operand(Graph<float>& g, Var v, int64_t rows, int64_t padded_rows, int64_t cols) {
   if (g.dtype(v) == DType::kBF16) {
@@ -161,6 +165,13 @@ const A* gemm_operand(Graph<float>& g, Var v, int64_t rows, int64_t padded_rows,
     return padded;
   }
   if (std::is_same_v<A, float> && rows == padded_rows) return cuda::typed<A>(g.data(v));
+  if (const void* copy = g.bf16_copy(v); copy && std::is_same_v<A, bf16>) {  // the arena's rounded copy
+    if (rows == padded_rows) return static_cast<const A*>(copy);
+    A* padded = g.scratch<A>(padded_rows * cols);
+    cuda::copy_on_device(cuda::context(g.device()), padded, copy, rows * cols * sizeof(A));
+    cuda::fill_zero(cuda::context(g.device()), padded + rows * cols, (padded_rows - rows) * cols * sizeof(A));
+    return padded;
+  }
   A* converted = g.scratch<A>(padded_rows * cols);
   const int64_t n = padded_rows * cols;
   BERT_LAUNCH_PACKED(convert_padded, n, cuda::packs_of_4(n, {converted, g.value(v).data()}), g, converted,

@@ -301,20 +301,19 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 // LayerNorm's backward, rows in registers: the input's gradient row by row and, in the same pass, the
 // block's sums of dy n and dy over its rows per column into partial_gamma/partial_beta[block][col] (gamma's
 // and beta's gradients: layer_norm_param_sums adds the blocks in order). Block i takes rows
-// i kRowsPerNormBlock on, warp w every kWarpsPerBlock-th of them from w; the warps' sums meet in shared
-// memory in warp order (deterministic).
-constexpr int64_t kRowsPerNormBlock = 16;  // 2 rows a warp: 512 blocks for BERT-base, b64
+// i per_block on, warp w every kWarpsPerBlock-th of them from w; the warps' sums meet in shared memory in
+// warp order (deterministic).
 template <int C, typename A>
 __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy,
                                          const A* x, const float* gamma, const float* mean, const float* rstd,
-                                         int64_t rows, int c) {
+                                         int64_t rows, int c, int64_t per_block) {
   __shared__ float warp_sums[kWarpsPerBlock][C * 128];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Few registers a row (its x and dy as loaded, gamma from the cache), so that blocks share an SM: the
   // column sums take 8 C registers, the row 4 C.
   float sum_dyn[C][4] = {}, sum_dy[C][4] = {};
-  const int64_t end = min(rows, (blockIdx.x + 1) * kRowsPerNormBlock);
-  for (int64_t r = blockIdx.x * kRowsPerNormBlock + warp; r < end; r += kWarpsPerBlock) {
+  const int64_t end = min(rows, (blockIdx.x + 1) * per_block);
+  for (int64_t r = blockIdx.x * per_block + warp; r < end; r += kWarpsPerBlock) {
     const float m = mean[r], rs = rstd[r];
     cuda::Pack<A, 4> px[C], pd[C];
     float mean_dn = 0, mean_dn_n = 0;
@@ -575,7 +574,11 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
       }
       float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
       float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
-      const int64_t blocks = (rows + kRowsPerNormBlock - 1) / kRowsPerNormBlock;
+      // At least 2 rows a warp, and at most about 512 blocks (512 partial rows for the column sums' second
+      // pass, which reads them one column per thread: BERT-mini at b256 made 2,048).
+      const int64_t per_block = std::max<int64_t>(2 * kWarpsPerBlock, (rows + 511) / 512 + kWarpsPerBlock - 1) /
+                                kWarpsPerBlock * kWarpsPerBlock;
+      const int64_t blocks = (rows + per_block - 1) / per_block;
       const bool params = dgamma || dbeta;
       float* partial_gamma = params ? g.scratch<float>(blocks * c) : nullptr;
       float* partial_beta = params ? g.scratch<float>(blocks * c) : nullptr;
@@ -584,7 +587,7 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
         layer_norm_rows_backward<decltype(width)::value, A><<<unsigned(blocks), 32 * kWarpsPerBlock, 0,
                                                               cuda::stream(g)>>>(
             to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
-            rows, int(c));
+            rows, int(c), per_block);
       });
       BERT_CUDA_LAUNCHED();
       if (params) launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, blocks, c);

@@ -152,6 +152,15 @@ Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature)
 }
 
 template <typename T>
+LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32_t> targets) {
+  BERT_DISPATCH_CUDA(g, cross_entropy_scores(g, logits, targets))
+  LinearScores scores;
+  scores.loss = cross_entropy<T>(g, logits, targets);
+  scores.predictions = row_argmax(g, logits);
+  return scores;
+}
+
+template <typename T>
 std::vector<int32_t> row_argmax(const Graph<T>& g, Var x) {
   BERT_DISPATCH_CUDA(g, row_argmax(g, x))
   const TensorView<T> v = g.value(x);
@@ -203,6 +212,7 @@ std::vector<int64_t> abs_histogram(Graph<T>& g, Var x, double range, int bins) {
   template Var mean<T>(Graph<T>&, Var);                                                                 \
   template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t); \
   template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                       \
+  template LinearScores cross_entropy_scores<T>(Graph<T>&, Var, std::span<const int32_t>);             \
   template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);                                    \
   template double abs_max<T>(Graph<T>&, Var);                                                           \
   template std::vector<int64_t> abs_histogram<T>(Graph<T>&, Var, double, int);

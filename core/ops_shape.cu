@@ -104,10 +104,17 @@ __global__ void convert_kernel(Y* y, const X* x, int64_t n, bool accumulate) {
   }
 }
 
-template <typename Y, typename X>
+// W elements a thread (packs of 4 where the width and both pointers allow); I the index type, 32-bit
+// where the output allows (a 64-bit division costs several times more).
+template <int W, typename I, typename Y, typename X>
 __global__ void gather_forward(Y* y, const X* table, const int32_t* ids, int64_t n, int64_t cols) {
-  BERT_GRID_STRIDE(e, n * cols)
-  y[e] = cuda::from_float<Y>(cuda::to_float(table[int64_t(ids[e / cols]) * cols + e % cols]));
+  BERT_GRID_STRIDE_PACKS(e, n * cols, W) {
+    const I row = I(e) / I(cols), col = I(e) - row * I(cols);
+    const cuda::Pack<X, W> in = cuda::load_pack<W>(table + int64_t(ids[row]) * cols + col);
+    cuda::Pack<Y, W> out;
+    for (int j = 0; j < W; ++j) out.v[j] = cuda::from_float<Y>(cuda::to_float(in.v[j]));
+    cuda::store_pack<W>(y + e, out);
+  }
 }
 
 // The positions of one id are summed in chunks of at most kGatherChunk (in parallel), then the chunks
@@ -309,8 +316,14 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
     cuda::with_element_type(table_type, [&](auto table_tag) {
       using Y = typename decltype(out_tag)::type;
       using X = typename decltype(table_tag)::type;
-      auto* kernel = &gather_forward<Y, X>;
-      BERT_LAUNCH(kernel, n * cols, g, cuda::typed<Y>(g.data(y)), cuda::typed<X>(g.data(table)), device_ids, n, cols);
+      Y* out = cuda::typed<Y>(g.data(y));
+      const X* from = cuda::typed<X>(g.data(table));
+      const bool packed = cuda::packs_of_4(cols, {out, from});
+      const int64_t total = n * cols;
+      const bool small = total < (int64_t{1} << 31);
+      auto* kernel = packed ? (small ? &gather_forward<4, int32_t, Y, X> : &gather_forward<4, int64_t, Y, X>)
+                            : (small ? &gather_forward<1, int32_t, Y, X> : &gather_forward<1, int64_t, Y, X>);
+      BERT_LAUNCH(kernel, packed ? total / 4 : total, g, out, from, device_ids, n, cols);
     });
   });
   if (!g.requires_grad(y)) return y;

@@ -458,8 +458,13 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, Ml
     out.mlm_logits = integer_decoder_ && cpu_inference ? ops::int8_linear_dynamic(g, transformed, *integer_decoder_,
                                                                                   integer_decoder_scales_, decoder_bias)
                                                        : ops::linear(g, transformed, decoder_weight, decoder_bias);
-    out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
-    if (mlm == MlmOutputs::kLossAndPredictions) out.mlm_predictions = ops::row_argmax(g, out.mlm_logits);
+    if (mlm == MlmOutputs::kLossAndPredictions) {
+      ops::LinearScores scores = ops::cross_entropy_scores<float>(g, out.mlm_logits, out.mlm_targets);
+      out.mlm_loss = scores.loss;
+      out.mlm_predictions = std::move(scores.predictions);
+    } else {
+      out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
+    }
   }
 
   // NSP head on [CLS].

@@ -49,7 +49,8 @@ struct ModelOutputs {
 // evaluation scores: its loss and each position's top prediction (ModelOutputs::mlm_predictions). Where the CPU
 // evaluates without gradients, the latter makes the decoder's product tile by tile and reduces each tile in
 // cache (ops::linear_cross_entropy_scores): the (M, V) logits, most of a small model's evaluation traffic, are
-// never stored; elsewhere the predictions are read off the logits.
+// never stored; elsewhere the predictions are read off the logits (on a GPU in the same pass as the loss:
+// ops::cross_entropy_scores).
 enum class MlmOutputs { kLogits, kLossAndPredictions };
 
 class Bert {

@@ -49,17 +49,22 @@ export BERT_TEST_FIXTURES="${BERT_TEST_FIXTURES:-$here/../tests/fixtures}"
 if [ "${1:-}" = tests ]; then
   # Every test program that holds GPU tests (their CPU tests run too), then one verdict over all of them.
   shift
-  status=0 passed=0 failed=0 skipped=0
+  status=0 passed=0 failed=0 skipped=0 crashed=""
   for t in cuda_tests core_tests model_tests train_tests; do
     log=$(mktemp)
-    "$here/bin/$t" --gtest_brief=1 "$@" 2>&1 | tee "$log" || status=1
-    # gtest's closing lines: "[  PASSED  ] N tests.", "[  FAILED  ] N tests, listed below:", "[  SKIPPED ] N tests, ..."
-    read -r p f k < <(awk '/^\[  PASSED  \] [0-9]+ test/ {p += $4} /^\[  FAILED  \] [0-9]+ test/ {f += $4}
-                          /^\[  SKIPPED \] [0-9]+ test/ {k += $4} END {print p + 0, f + 0, k + 0}' "$log")
+    code=0
+    "$here/bin/$t" --gtest_brief=1 "$@" 2>&1 | tee "$log" || code=$?
+    # Passed and skipped from gtest's closing lines ("[  PASSED  ] N tests.", "[  SKIPPED ] N tests, ...");
+    # failed as the distinct tests named on "[  FAILED  ] Suite.Test" lines (brief output has no count).
+    read -r p k < <(awk '/^\[  PASSED  \] [0-9]+ test/ {p += $4} /^\[  SKIPPED \] [0-9]+ test/ {k += $4}
+                        END {print p + 0, k + 0}' "$log")
+    f=$( (grep -oE '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+' "$log" || true) | sort -u | wc -l)
     passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + k))
+    # A program that stopped without naming a failed test (a crash, an abort) fails the run too.
+    if [ "$code" -ne 0 ]; then status=1; [ "$f" -gt 0 ] || crashed="$crashed $t"; fi
     rm -f "$log"
   done
-  echo "GPU test programs (${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}): $passed passed, $failed failed, $skipped skipped"
+  echo "GPU test programs (${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}): $passed passed, $failed failed, $skipped skipped${crashed:+; stopped without a verdict:$crashed}"
   [ "$failed" -eq 0 ] || status=1
   exit $status
 fi

@@ -114,9 +114,12 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
   if (options_.kind == OptimizerKind::kLamb)
     cuda_impl::lamb_step(params_.device(), w, g, device_m_.as<float>(), device_v_.as<float>(), segments,
                          static_cast<int>(params_.size()), largest_, h);
-  else
-    cuda_impl::adamw_step(params_.device(), w, g, device_m_.as<float>(), device_v_.as<float>(), segments,
+  else {  // AdamW also keeps the arena's BF16 copy of the values (BF16 mixed precision)
+    void* w16 = params_.bf16_copy_for_update();
+    cuda_impl::adamw_step(params_.device(), w, w16, g, device_m_.as<float>(), device_v_.as<float>(), segments,
                           device_chunks_.as<cuda_impl::Chunk>(), chunk_count_, h);
+    if (w16) params_.bf16_copy_updated();
+  }
 }
 #else
 void Optimizer::step_on_device(double, float, float) { BERT_CHECK(false, "a CPU-only build has no GPU optimizer"); }

@@ -53,13 +53,19 @@ __device__ __forceinline__ void adamw_update(float& w, float g, float& m, float&
 }
 
 // Block i updates chunk chunks[i]: 16-byte accesses where the chunk starts and ends on a multiple of 4.
-__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, const Segment* segments,
+// Where w16 is set, the new values rounded to BF16 are written there too (the arena's BF16 copy).
+__global__ void adamw_kernel(float* w, cuda::bf16* w16, const float* g, float* m, float* v, const Segment* segments,
                              const Chunk* chunks, AdamHyper h) {
   const Chunk c = chunks[blockIdx.x];
   const Segment s = segments[c.segment];
-  if (s.log_space) return log_space_block(w, g, m, v, s, h, c.index);
-  const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
   const int64_t begin = s.offset + c.index * kChunk, end = s.offset + min(s.size, (c.index + 1) * kChunk);
+  if (s.log_space) {
+    log_space_block(w, g, m, v, s, h, c.index);
+    if (w16)  // each thread rounds the elements it just wrote
+      for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) w16[i] = cuda::from_float<cuda::bf16>(w[i]);
+    return;
+  }
+  const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
   if (begin % 4 == 0 && end % 4 == 0) {
     for (int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
       const cuda::Pack<float, 4> gi = cuda::load_pack<4>(g + i);
@@ -72,13 +78,20 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, const
       cuda::store_pack<4>(w + i, wi);
       cuda::store_pack<4>(m + i, mi);
       cuda::store_pack<4>(v + i, vi);
+      if (w16) {
+        cuda::Pack<cuda::bf16, 4> rounded;
+        for (int e = 0; e < 4; ++e) rounded.v[e] = cuda::from_float<cuda::bf16>(wi.v[e]);
+        cuda::store_pack<4>(w16 + i, rounded);
+      }
     }
     return;
   }
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float wi = w[i], mi = m[i], vi = v[i];
     adamw_update(wi, g[i], mi, vi, h, lr, wd);
-    m[i] = mi, v[i] = vi, w[i] = apply_floor(wi, s);
+    wi = apply_floor(wi, s);
+    m[i] = mi, v[i] = vi, w[i] = wi;
+    if (w16) w16[i] = cuda::from_float<cuda::bf16>(wi);
   }
 }
 
@@ -157,9 +170,10 @@ __global__ void scale_kernel(float* g, float s, int64_t n) {
 
 }  // namespace
 
-void adamw_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
-                const Chunk* chunks, int n_chunks, AdamHyper h) {
-  adamw_kernel<<<unsigned(n_chunks), kThreads, 0, cuda::stream(device)>>>(w, g, m, v, segments, chunks, h);
+void adamw_step(const Device& device, float* w, void* w16, const float* g, float* m, float* v,
+                const Segment* segments, const Chunk* chunks, int n_chunks, AdamHyper h) {
+  adamw_kernel<<<unsigned(n_chunks), kThreads, 0, cuda::stream(device)>>>(w, static_cast<cuda::bf16*>(w16), g, m, v,
+                                                                        segments, chunks, h);
   BERT_CUDA_LAUNCHED();
 }
 

@@ -30,9 +30,10 @@ struct AdamHyper {
 };
 
 // segments: device array of n_segments; largest: the largest segment's size; chunks: device array of
-// n_chunks, every segment's kAdamChunk-element chunks (AdamW's blocks).
-void adamw_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
-                const Chunk* chunks, int n_chunks, AdamHyper h);
+// n_chunks, every segment's kAdamChunk-element chunks (AdamW's blocks). w16: nullptr, or BF16 storage
+// beside w (same offsets) that receives the new values rounded to nearest.
+void adamw_step(const Device& device, float* w, void* w16, const float* g, float* m, float* v,
+                const Segment* segments, const Chunk* chunks, int n_chunks, AdamHyper h);
 void lamb_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
                int n_segments, int64_t largest, AdamHyper h);
 // The L2 norm of g (n elements); when it exceeds max_norm > 0 (and is finite), g is scaled to max_norm.

@@ -124,7 +124,9 @@ StepPasses::Outcome StepPasses::run(Graph<float>& g, Batch& batch, bool log_buck
   for (int64_t micro = 0; micro < o.accumulation; ++micro) {
     loader.next(batch);
     const BatchView b = batch.view();
-    const model::ModelOutputs out = model.forward(g, b, /*training=*/true, dropout_rng);
+    // The progress window's MLM accuracy takes the predictions from the loss's own pass over the logits.
+    const model::ModelOutputs out =
+        model.forward(g, b, /*training=*/true, dropout_rng, model::MlmOutputs::kLossAndPredictions);
     const auto [objective, logged] = objective_of(g, out, teacher, b, o, prediction_share(ranks, out, config.head));
     // The progress log shows MLM + NSP or the task loss (comparable with runs without distillation); the
     // objective must be finite too.

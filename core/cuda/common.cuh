@@ -137,6 +137,15 @@ __device__ __forceinline__ void store_grad(V* d, int64_t i, float v, bool accumu
   d[i] = from_float<V>(accumulate ? to_float(d[i]) + v : v);
 }
 
+// W gradient values stored at p, or added to what p holds.
+template <int W, typename X>
+__device__ __forceinline__ void store_grad_pack(X* p, const float (&g)[W], bool accumulate) {
+  Pack<X, W> out;
+  if (accumulate) out = load_pack<W>(p);
+  for (int j = 0; j < W; ++j) out.v[j] = from_float<X>(accumulate ? to_float(out.v[j]) + g[j] : g[j]);
+  store_pack<W>(p, out);
+}
+
 // dx (+)= alpha dy, in packs of W (a template so each kernel file has its own copy without relocatable
 // device code). dx and dy may differ in type (a conversion's backward).
 template <int W, typename X, typename Y>

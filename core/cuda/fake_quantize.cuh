@@ -28,15 +28,6 @@ namespace bert::cuda {
 constexpr int64_t kQuantizeBlock = int64_t{1} << 12;
 
 // A source that reads a tensor of type X (an activation, or an F32 weight) and adds the gradient to dx.
-// W gradient values stored at p, or added to what p holds.
-template <int W, typename X>
-__device__ __forceinline__ void store_grad_pack(X* p, const float (&g)[W], bool accumulate) {
-  Pack<X, W> out;
-  if (accumulate) out = load_pack<W>(p);
-  for (int j = 0; j < W; ++j) out.v[j] = from_float<X>(accumulate ? to_float(out.v[j]) + g[j] : g[j]);
-  store_pack<W>(p, out);
-}
-
 template <typename X>
 struct TensorSource {
   const X* x;

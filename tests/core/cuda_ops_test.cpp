@@ -243,6 +243,9 @@ TEST_F(CudaOps, LinearWithAndWithoutBias) {
   compare(
       {Shape{300, 24}, Shape{3501, 24}, Shape{3501}},
       [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare(  // an even width that is not a multiple of 4 (30,522): the bias sums two columns a thread
+      {Shape{300, 24}, Shape{3502, 24}, Shape{3502}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
   compare(
       {Shape{300, 24}, Shape{3501, 24}},
       [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
@@ -259,7 +262,8 @@ TEST_F(CudaOps, LinearWithAndWithoutBias) {
 TEST_F(CudaOps, AddAndMulWithBroadcasting) {
   const std::vector<std::pair<Shape, Shape>> cases = {{{4, 6, 8}, {4, 6, 8}},    {{4, 6, 8}, {6, 8}},
                                                       {{4, 6, 8}, {8}},          {{4, 1, 8}, {4, 6, 1}},
-                                                      {{2, 3, 5, 7}, {3, 1, 7}}, {{5}, {1}}};
+                                                      {{2, 3, 5, 7}, {3, 1, 7}}, {{5}, {1}},
+                                                      {{5, 7}, {3, 5, 7}},       {{3, 5, 7}, {1, 5, 7}}};
   for (const auto& [a, b] : cases) {
     SCOPED_TRACE(a.str() + " " + b.str());
     compare(
@@ -343,7 +347,9 @@ TEST_F(CudaOps, SoftmaxWithAndWithoutMask) {
 }
 
 TEST_F(CudaOps, LayerNormOddWidthsAndManyRows) {
-  for (const Shape& x : {Shape{3, 7, 45}, Shape{600, 64}, Shape{2, 1000}, Shape{700, 1024}, Shape{3, 1028}}) {
+  // 9,001 rows: blocks of 24 rows (more than 512 blocks of 16), the last one ragged.
+  for (const Shape& x :
+       {Shape{3, 7, 45}, Shape{600, 64}, Shape{2, 1000}, Shape{700, 1024}, Shape{3, 1028}, Shape{9001, 32}}) {
     SCOPED_TRACE(x.str());
     compare(
         {x, Shape{x.last()}, Shape{x.last()}},
@@ -496,6 +502,109 @@ TEST_F(CudaOps, CrossEntropyWithIgnoredRowsAndWeights) {
       {Shape{2, 5}},
       [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], none); }, kExact,
       kExact);
+}
+
+// cross_entropy_scores: the loss and its gradient as cross_entropy's, the predictions as row_argmax's, on
+// vocabulary-wide rows of odd width (each row starts at another offset from a 16-byte boundary) with ties
+// in a row's scalar head and in its packed middle, in FP32 and on BF16 logits; the gradient also into a
+// buffer offset from the logits' alignment (the kernel's scalar path).
+TEST_F(CudaOps, CrossEntropyScoresAreTheLossAndTheArgmaxInOnePass) {
+  const std::vector<int32_t> wide = {1, 30000, 12345, 0, 30521, 7, 77};
+  compare(
+      {Shape{7, 30522}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], wide).loss;
+      },
+      kReduction, kReduction, {}, 3.0f);
+  // Rows held in the registers of 512 threads (9,001 wide) and wider than 1,024 threads hold (the
+  // running form).
+  const std::vector<int32_t> three = {0, 9000, 4321};
+  compare(
+      {Shape{3, 9001}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], three).loss;
+      },
+      kReduction, kReduction, {}, 3.0f);
+  const std::vector<int32_t> huge = {70000, 5};
+  compare(
+      {Shape{2, 70001}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], huge).loss;
+      },
+      kReduction, kReduction, {}, 3.0f);
+  const std::vector<int32_t> narrow = {3, 0, 9, 9, 4};
+  compare(
+      {Shape{5, 10}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], narrow).loss;
+      },
+      kReduction, kReduction, {}, 4.0f);
+
+  const int64_t rows = 7, cols = 30522;
+  std::vector<float> v = random_values(rows * cols, 8, 2.0f);
+  v[0 * cols + 1] = v[0 * cols + 2] = 40.0f;        // a tie in row 0's head
+  v[3 * cols + 5000] = v[3 * cols + 20000] = 40.0f;  // a tie in row 3's middle
+  v[5 * cols + cols - 1] = 40.0f;                    // the largest in row 5's tail
+  Graph<float> cpu;
+  const std::vector<int32_t> expected = ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{rows, cols})));
+  EXPECT_EQ(expected[0], 1);
+  EXPECT_EQ(expected[3], 5000);
+  EXPECT_EQ(expected[5], cols - 1);
+  for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+    Graph<float> g(*gpu);
+    Var x = g.input(std::span<const float>(v), Shape{rows, cols});
+    if (gpu->precision() == Precision::kBf16) x = ops::permute(g, x, {0, 1});  // BF16 logits (the ties are exact)
+    const ops::LinearScores scores = ops::cross_entropy_scores<float>(g, x, wide);
+    EXPECT_EQ(scores.predictions, expected) << gpu->name();
+    Graph<float> plain(*gpu);
+    Var y = plain.input(std::span<const float>(v), Shape{rows, cols});
+    if (gpu->precision() == Precision::kBf16) y = ops::permute(plain, y, {0, 1});
+    EXPECT_FLOAT_EQ(g.item(scores.loss), plain.item(ops::cross_entropy<float>(plain, y, wide))) << gpu->name();
+  }
+
+  {  // rows too wide for the registers: the running form finds the first largest too
+    std::vector<float> w = random_values(2 * 70001, 9, 2.0f);
+    w[1 * 70001 + 3] = w[1 * 70001 + 69000] = 40.0f;
+    Graph<float> host;
+    const std::vector<int32_t> first = ops::row_argmax(host, host.constant(TensorView<float>(w.data(), Shape{2, 70001})));
+    EXPECT_EQ(first[1], 3);
+    Graph<float> g(*gpu_);
+    EXPECT_EQ(ops::cross_entropy_scores<float>(g, g.input(std::span<const float>(w), Shape{2, 70001}), huge).predictions,
+              first);
+  }
+
+  // The gradient into a buffer 4 bytes past the logits' alignment, against the CPU's.
+  Graph<float> reference;
+  std::vector<float> cpu_grad(v.size(), 0.0f);
+  Var xc = reference.leaf(TensorView<float>(v.data(), Shape{rows, cols}), TensorView<float>(cpu_grad.data(), Shape{rows, cols}));
+  reference.backward(ops::cross_entropy<float>(reference, xc, wide));
+  DeviceBuffer value(*gpu_, v.size() * 4), grad(*gpu_, (v.size() + 1) * 4);
+  gpu_->copy_to_device(value.data(), v.data(), v.size() * 4);
+  gpu_->fill_zero(grad.data(), grad.bytes());
+  Graph<float> g(*gpu_);
+  Var xg = g.leaf(TensorView<float>(value.as<float>(), Shape{rows, cols}),
+                  TensorView<float>(grad.as<float>() + 1, Shape{rows, cols}));
+  g.backward(ops::cross_entropy_scores<float>(g, xg, wide).loss);
+  std::vector<float> gpu_grad(v.size());
+  gpu_->copy_to_host(gpu_grad.data(), grad.as<float>() + 1, gpu_grad.size() * 4);
+  EXPECT_LE(relative_difference(gpu_grad, cpu_grad), kReduction);
+}
+
+// An operand broadcast along leading axes only (position embeddings over the batch) sums its gradient
+// by columns; widths that move in packs of four and widths that do not, a 3-D operand, and a gradient
+// added into (the operand read twice).
+TEST_F(CudaOps, LeadingBroadcastGradientsSumOverTheBatch) {
+  const auto add = [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); };
+  compare({Shape{5, 16, 128}, Shape{16, 128}}, add, kExact, kReduction);
+  compare({Shape{5, 16, 131}, Shape{16, 131}}, add, kExact, kReduction);
+  compare({Shape{3, 32, 64}, Shape{1, 32, 64}}, add, kExact, kReduction);
+  compare({Shape{2, 3, 32, 64}, Shape{32, 64}}, add, kExact, kReduction);
+  compare(
+      {Shape{4, 40, 64}, Shape{40, 64}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::add(g, ops::add(g, in[0], in[1]), ops::scale(g, in[1], 0.5));
+      },
+      kElementwise, kReduction);
 }
 
 TEST_F(CudaOps, DistillationLossOnVocabularySizedRows) {

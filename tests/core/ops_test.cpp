@@ -905,6 +905,23 @@ TEST(CrossEntropy, AllRowsIgnoredGivesZeroLoss) {
   expect_gradients_match(in, build);
 }
 
+// On the CPU cross_entropy_scores composes cross_entropy and row_argmax: the same loss, gradient and
+// predictions (checked against finite differences as the op it composes).
+TEST(CrossEntropy, ScoresAreTheLossAndTheArgmax) {
+  const std::vector<int32_t> targets{2, 0, 4};
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({3, 5}, 29));
+  in[0][1 * 5 + 1] = in[0][1 * 5 + 3] = 9.0;  // a tie: the first wins
+  Graph<double> g;
+  Var x = g.constant(in[0].view());
+  const ops::LinearScores scores = ops::cross_entropy_scores<double>(g, x, targets);
+  EXPECT_EQ(scores.predictions, ops::row_argmax(g, x));
+  EXPECT_EQ(scores.predictions[1], 1);
+  EXPECT_EQ(g.item(scores.loss), g.item(ops::cross_entropy<double>(g, x, targets)));
+  expect_gradients_match(
+      in, [&](Graph<double>& g, const Leaves& x) { return ops::cross_entropy_scores<double>(g, x[0], targets).loss; });
+}
+
 TEST(CrossEntropy, RejectsTargetOutsideClasses) {
   Graph<double> g;
   Tensor<double> z({2, 3});

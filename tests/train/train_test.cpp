@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/gemm.h"
 #include "core/ops.h"
 #include "data/corpus.h"
 #include "data/examples.h"
@@ -111,6 +113,72 @@ TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
         ASSERT_NEAR(arena.get(id).value[i], ref.w[id][i], 2e-6 * (1 + std::abs(ref.w[id][i]))) << id << "," << i;
   }
   omp_set_num_threads(saved_threads);
+}
+
+// On a GPU in BF16 mixed precision AdamW writes the arena's BF16 copy beside the values: each element
+// the value rounded to nearest, handed out only while current (an upload marks it stale), and a linear
+// layer reading it gives bit for bit what rounding the weights itself gives. FP32 keeps no copy.
+TEST(Optimizer, KeepsTheArenasBf16CopyOnABf16Gpu) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  for (Precision precision : {Precision::kBf16, Precision::kFp32}) {
+    const std::unique_ptr<Device> gpu = Device::cuda(0, precision);
+    ParameterArena<float> arena;
+    arena.add("dense.weight", {3, 5});  // 15 elements: AdamW's scalar path
+    arena.add("dense.bias", {3});
+    arena.add("embeddings.weight", {40, 3500});
+    arena.add("scale", {1});  // log space
+    arena.allocate();
+    Rng rng(12);
+    for (ParamId id = 0; id < arena.size(); ++id)
+      for (float& x : arena.get(id).value) x = static_cast<float>(rng.next_normal());
+    arena.get(3).value[0] = 0.5f;
+    arena.place_on(*gpu);
+    EXPECT_EQ(arena.get(0).device_bf16, nullptr);
+    Optimizer opt({}, arena, {true, false, true, false});
+    opt.set_log_space(3);
+    for (int step = 0; step < 2; ++step) {
+      for (float& x : arena.grads()) x = static_cast<float>(rng.next_normal());
+      gpu->copy_to_device(arena.device_grads().data(), arena.grads().data(), arena.grads().numel() * sizeof(float));
+      opt.step(1e-2);
+    }
+    if (precision == Precision::kFp32) {
+      EXPECT_FALSE(arena.bf16_copy_current());
+      EXPECT_EQ(arena.get(0).device_bf16, nullptr);
+      continue;
+    }
+    ASSERT_TRUE(arena.bf16_copy_current());
+    arena.download_values();  // reads: the copy stays current
+    for (ParamId id = 0; id < arena.size(); ++id) {
+      const Parameter<float> p = arena.get(id);
+      ASSERT_NE(p.device_bf16, nullptr) << p.name;
+      std::vector<uint16_t> copy(static_cast<size_t>(p.value.numel()));
+      gpu->copy_to_host(copy.data(), p.device_bf16, copy.size() * sizeof(uint16_t));
+      for (int64_t i = 0; i < p.value.numel(); ++i) {
+        const uint32_t bits = uint32_t(copy[i]) << 16;
+        float widened;
+        std::memcpy(&widened, &bits, sizeof widened);
+        ASSERT_EQ(widened, round_to_bf16(p.value[i])) << *p.name << " " << i;
+      }
+    }
+    // y = x W^T + b from the copy, then from the weights rounded at the GEMM (the copy marked stale).
+    const std::vector<float> x = [&] {
+      std::vector<float> v(4 * 5);
+      for (float& e : v) e = static_cast<float>(rng.next_normal());
+      return v;
+    }();
+    auto product = [&] {
+      Graph<float> g(*gpu);
+      NoGradGuard<float> no_grad(g);
+      return g.to_host(ops::linear(g, g.input(std::span<const float>(x), Shape{4, 5}), g.param(arena.get(0)),
+                                   g.param(arena.get(1))));
+    };
+    const std::vector<float> from_copy = product();
+    arena.upload_values();
+    EXPECT_FALSE(arena.bf16_copy_current());
+    EXPECT_EQ(arena.get(0).device_bf16, nullptr);
+    EXPECT_EQ(product(), from_copy);
+  }
 }
 
 // A log-space parameter (quantizer scales): Adam on log w, applied as a factor, for AdamW and LAMB.
