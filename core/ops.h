@@ -162,6 +162,12 @@ Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps = 1e-12);
 // gradients as the two ops.
 template <typename T>
 Var add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps = 1e-12);
+// add_layer_norm(dropout(a, p, training, rng), b, ...): a sublayer's output, dropped out, added to the
+// residual and normalised (BERT's every sublayer). The same values, gradients and dropout draws as the two
+// ops; on a GPU one kernel each way: the dropped a is never stored and the backward redraws its mask.
+template <typename T>
+Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, bool training,
+                           Rng& rng);
 
 // Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p).
 // Identity when !training or p == 0. The mask comes from `rng` and is recomputed, not stored.

@@ -210,11 +210,22 @@ Var add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps) {
   return normalize(g, a, b, gamma, beta, eps, "add_layer_norm", std::source_location::current());
 }
 
-#define BERT_INSTANTIATE(T)                                     \
-  template Var softmax<T>(Graph<T>&, Var, Var);                 \
-  template Var softmax_dropout<T>(Graph<T>&, Var, Var, double, bool, Rng&); \
-  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double); \
-  template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);
+// The CPU composes the two ops (dropout's pass is cheap there against the LayerNorm's).
+template <typename T>
+Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, bool training,
+                           Rng& rng) {
+  BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
+  if (!training || p == 0.0) return add_layer_norm(g, a, b, gamma, beta, eps);
+  BERT_DISPATCH_CUDA(g, dropout_add_layer_norm(g, a, b, gamma, beta, eps, p, rng))
+  return add_layer_norm(g, dropout(g, a, p, training, rng), b, gamma, beta, eps);
+}
+
+#define BERT_INSTANTIATE(T)                                                                          \
+  template Var softmax<T>(Graph<T>&, Var, Var);                                                      \
+  template Var softmax_dropout<T>(Graph<T>&, Var, Var, double, bool, Rng&);                          \
+  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);                                      \
+  template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);                             \
+  template Var dropout_add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool, Rng&);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

@@ -239,12 +239,27 @@ __global__ void layer_norm_backward_input(A* dx, const A* dy, const A* x, const 
   }
 }
 
+// Dropout of LayerNorm's first addend inside its kernels (ops::dropout_add_layer_norm): element e of a is
+// kept by DropoutDraws(seed, first + e) and scaled by keep_scale, as ops::dropout does it. Off: threshold 0.
+struct RowDrop {
+  uint64_t seed = 0, first = 0;
+  uint32_t threshold = 0;
+  float keep_scale = 1.0f;
+  __device__ __forceinline__ void scales(float (&s)[4], int64_t e) const {  // e a multiple of 4
+    bool kept[4];
+    cuda::draw_keeps<4>(kept, seed, first, e, threshold);
+    for (int w = 0; w < 4; ++w) s[w] = kept[w] ? keep_scale : 0.0f;
+  }
+};
+
 // LayerNorm with its rows in registers (the layout of the softmax kernels above: C chunks of 128 columns,
 // 4 a lane; c a multiple of 4 up to 1024). With b set, x = a + b rounded to A (what the add op would store)
-// is normalised and, where `sums` is set, stored for the backward.
+// is normalised and, where `sums` is set, stored for the backward; with `drop` on (threshold > 0), a is
+// first dropped out and rounded to A (what the dropout op would store).
 template <int C, typename A>
 __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b,
-                                        const float* gamma, const float* beta, int64_t rows, int c, float eps) {
+                                        const float* gamma, const float* beta, int64_t rows, int c, float eps,
+                                        RowDrop drop) {
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -253,7 +268,12 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
   for (int k = 0; k < C; ++k) {
     const int j = (k * 32 + lane) * 4;
     if (j >= c) break;
-    const cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
+    cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
+    if (drop.threshold) {
+      float keep[4];
+      drop.scales(keep, r * c + j);
+      for (int w = 0; w < 4; ++w) pa.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) * keep[w]);
+    }
     if (b) {
       const cuda::Pack<A, 4> pb = cuda::load_pack<4>(b + r * c + j);
       cuda::Pack<A, 4> ps;
@@ -306,7 +326,7 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 template <int C, typename A>
 __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy,
                                          const A* x, const float* gamma, const float* mean, const float* rstd,
-                                         int64_t rows, int c, int64_t per_block) {
+                                         int64_t rows, int c, int64_t per_block, RowDrop drop) {
   __shared__ float warp_sums[kWarpsPerBlock][C * 128];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Few registers a row (its x and dy as loaded, gamma from the cache), so that blocks share an SM: the
@@ -347,8 +367,13 @@ __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma,
         const float n = (cuda::to_float(px[k].v[w]) - m) * rs;
         out[w] = rs * (cuda::to_float(pd[k].v[w]) * gm.v[w] - mean_dn - n * mean_dn_n);
       }
-      if (to.da) store_grad_to<4>(to.da + r * c + j, to.accumulate_a, out);
       if (to.db) store_grad_to<4>(to.db + r * c + j, to.accumulate_b, out);
+      if (to.da && drop.threshold) {  // through the dropout: its mask redrawn
+        float keep[4];
+        drop.scales(keep, r * c + j);
+        for (int w = 0; w < 4; ++w) out[w] *= keep[w];
+      }
+      if (to.da) store_grad_to<4>(to.da + r * c + j, to.accumulate_a, out);
     }
   }
   if (!partial_gamma) return;
@@ -535,13 +560,23 @@ namespace {
 
 // LayerNorm of a, or of a + b (b valid), with the register kernels; Var{} where they do not apply (rows
 // wider than 1024 or not a multiple of 4, operands not 16-byte aligned, a and b one node).
-Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps) {
+// LayerNorm of a (+ b) with the rows in registers, or Var{} where those kernels do not apply (nothing done,
+// nothing drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`.
+Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double dropout_p = 0.0,
+                   Rng* rng = nullptr) {
   const Shape xs = g.shape(a);
   const int64_t c = xs.last(), rows = xs.rows();
   if (b.valid() && a.index == b.index) return Var{};
   if (!with_row_chunks(c, {g.data(a), b.valid() ? g.data(b) : nullptr, g.value(gamma).data(), g.value(beta).data()},
                        [](auto) {}))
     return Var{};
+  RowDrop drop;
+  if (dropout_p > 0.0) {
+    drop.first = DropoutDraws::reserve(*rng, static_cast<uint64_t>(rows * c));
+    drop.seed = rng->state().seed;
+    drop.threshold = DropoutDraws::threshold(dropout_p);
+    drop.keep_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
+  }
   const DType dtype = g.dtype(a);
   Var y = b.valid() ? g.emit(xs, {a, b, gamma, beta}, dtype) : g.emit(xs, {a, gamma, beta}, dtype);
   float* mean = g.scratch<float>(rows);
@@ -556,11 +591,11 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
           <<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
               cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
               b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
-              int(c), static_cast<float>(eps));
+              int(c), static_cast<float>(eps), drop);
     });
     BERT_CUDA_LAUNCHED();
   });
-  g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c, dtype](Graph<float>& g) {
+  g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c, dtype, drop](Graph<float>& g) {
     cuda::with_element_type(dtype, [&](auto tag) {
       using A = typename decltype(tag)::type;
       InputGrads<A> to;
@@ -587,7 +622,7 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
         layer_norm_rows_backward<decltype(width)::value, A><<<unsigned(blocks), 32 * kWarpsPerBlock, 0,
                                                               cuda::stream(g)>>>(
             to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
-            rows, int(c), per_block);
+            rows, int(c), per_block, drop);
       });
       BERT_CUDA_LAUNCHED();
       if (params) launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, blocks, c);
@@ -637,6 +672,17 @@ Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
   check_layer_norm(g, xs, gamma, beta, "add_layer_norm");
   Var y = normalize_rows(g, as_activation(g, a), as_activation(g, b), gamma, beta, eps);
   return y.valid() ? y : layer_norm(g, add(g, a, b), gamma, beta, eps);
+}
+
+// Shapes checked here; where the register kernels do not apply, the dropout and add_layer_norm ops run.
+Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng) {
+  const Shape xs = g.shape(a);
+  BERT_CHECK(g.shape(b) == xs,
+             "dropout_add_layer_norm: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
+  check_layer_norm(g, xs, gamma, beta, "dropout_add_layer_norm");
+  a = as_activation(g, a), b = as_activation(g, b);
+  Var y = g.dtype(a) == g.dtype(b) ? normalize_rows(g, a, b, gamma, beta, eps, p, &rng) : Var{};
+  return y.valid() ? y : add_layer_norm(g, dropout(g, a, p, rng), b, gamma, beta, eps);
 }
 
 }  // namespace bert::ops::cuda_impl

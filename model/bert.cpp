@@ -303,8 +303,11 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
       quantize_each(g, x, {projections_quantize ? &l.self_input : nullptr, &l.attention_add_residual});
   // The context (B, T, C), through the output projection, the residual add and LayerNorm.
   auto finish = [&](Var context) {
-    Var out = dropout(l.attention_output.forward_quantized_input(g, params_, context), config_.hidden_dropout_prob,
-                      &l.attention_add_input);
+    Var out = l.attention_output.forward_quantized_input(g, params_, context);
+    if (l.attention_add_input.mode == QuantMode::kFloat)  // no quantizer between the dropout and the add
+      return l.attention_norm.forward_dropout_sum(g, params_, out, inputs[1], config_.hidden_dropout_prob, training,
+                                                  rng);
+    out = dropout(out, config_.hidden_dropout_prob, &l.attention_add_input);
     return l.attention_norm.forward_sum(g, params_, out, inputs[1]);
   };
   // Integer attention (inference) quantizes its operands itself (to the same integers the quantizers give).
@@ -410,8 +413,12 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
                           return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
                         });
     Var ff = l.output.forward_quantized_input(g, params_, act);
+    const double p = config_.hidden_dropout_prob;
+    if (l.output_add_input.mode == QuantMode::kFloat) {  // no quantizer between the dropout and the add
+      x = l.output_norm.forward_dropout_sum(g, params_, ff, inputs[1], p, training, rng);
+      continue;
+    }
     ff = quantized(g, params_, &l.output_add_input, g.shape(ff), fuse_quantizers_, [&](const ops::QuantizeOutput* q) {
-      const double p = config_.hidden_dropout_prob;
       return q ? ops::dropout(g, ff, p, training, rng, *q) : ops::dropout(g, ff, p, training, rng);
     });
     x = l.output_norm.forward_sum(g, params_, ff, inputs[1]);

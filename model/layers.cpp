@@ -124,4 +124,10 @@ Var LayerNorm::forward_sum(Graph<float>& g, ParameterArena<float>& params, Var a
   return ops::add_layer_norm(g, a, b, g.param(params.get(gamma)), g.param(params.get(beta)), eps);
 }
 
+Var LayerNorm::forward_dropout_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b, double p,
+                                   bool training, Rng& rng) const {
+  return ops::dropout_add_layer_norm(g, a, b, g.param(params.get(gamma)), g.param(params.get(beta)), eps, p, training,
+                                     rng);
+}
+
 }  // namespace bert::model

@@ -76,6 +76,9 @@ struct LayerNorm {
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x) const;
   // forward(a + b): a residual connection's add and its LayerNorm as one op (ops::add_layer_norm).
   Var forward_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b) const;
+  // LayerNorm(dropout(a) + b) (ops::dropout_add_layer_norm: one kernel each way on a GPU).
+  Var forward_dropout_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b, double p, bool training,
+                          Rng& rng) const;
 };
 
 }  // namespace bert::model

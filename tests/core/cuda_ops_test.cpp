@@ -380,6 +380,32 @@ TEST_F(CudaOps, AddLayerNormFusedAndNot) {
       kReduction, kReduction);
 }
 
+// Dropout, the residual add and LayerNorm in one kernel each way: the CPU's dropout then add_layer_norm
+// (the same draws), every input's gradient, the residual's also added to by a second use; a width the
+// register kernels do not hold (45) runs the two ops; not training or p = 0 is add_layer_norm.
+TEST_F(CudaOps, DropoutAddLayerNormFusedAndNot) {
+  for (const Shape& x : {Shape{3, 7, 64}, Shape{600, 768}, Shape{5, 1024}, Shape{3, 7, 45}}) {
+    for (double p : {0.1, 0.5}) {
+      SCOPED_TRACE(x.str() + " p " + std::to_string(p));
+      compare(
+          {x, x, Shape{x.last()}, Shape{x.last()}},
+          [p](Graph<float>& g, const std::vector<Var>& in) {
+            Rng rng(21);
+            Var y = ops::dropout_add_layer_norm(g, in[0], in[1], in[2], in[3], 1e-12, p, /*training=*/true, rng);
+            return ops::add(g, y, ops::scale(g, in[1], 0.5));  // b's gradient accumulates
+          },
+          kReduction, kReduction);
+    }
+  }
+  compare(
+      {Shape{4, 128}, Shape{4, 128}, Shape{128}, Shape{128}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        Rng rng(21);
+        return ops::dropout_add_layer_norm(g, in[0], in[1], in[2], in[3], 1e-12, 0.1, /*training=*/false, rng);
+      },
+      kReduction, kReduction);
+}
+
 TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
   for (double p : {0.1, 0.5}) {
     compare(

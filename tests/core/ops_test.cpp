@@ -639,6 +639,32 @@ TEST(LayerNorm, MatchesReferenceAndFiniteDifferences) {
 // The residual add fused in: finite differences in double (both addends, gamma, beta), and in float the
 // same bits as layer_norm(add(a, b)), with and without gradients, a used elsewhere too (its gradient
 // accumulates) and b a constant.
+// On the CPU dropout_add_layer_norm is dropout then add_layer_norm with the same draws: checked against
+// finite differences (a fixed mask: the rng restarts at each evaluation) and bit for bit against the ops.
+TEST(DropoutAddLayerNorm, IsDropoutThenAddLayerNorm) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({5, 8}, 51, 2.0));
+  in.push_back(random_tensor({5, 8}, 52, 2.0));
+  in.push_back(random_tensor({8}, 53));
+  in.push_back(random_tensor({8}, 54));
+  auto build = [](Graph<double>& g, const Leaves& x) {
+    Rng rng(9);
+    return ops::dropout_add_layer_norm(g, x[0], x[1], x[2], x[3], 1e-5, 0.3, /*training=*/true, rng);
+  };
+  expect_gradients_match(in, build);
+  auto composed = [](Graph<double>& g, const Leaves& x) {
+    Rng rng(9);
+    return ops::add_layer_norm(g, ops::dropout(g, x[0], 0.3, /*training=*/true, rng), x[1], x[2], x[3], 1e-5);
+  };
+  expect_tensors_near(run_forward(in, build), run_forward(in, composed), 0.0);
+  auto evaluation = [](Graph<double>& g, const Leaves& x) {
+    Rng rng(9);
+    return ops::dropout_add_layer_norm(g, x[0], x[1], x[2], x[3], 1e-5, 0.3, /*training=*/false, rng);
+  };
+  auto plain = [](Graph<double>& g, const Leaves& x) { return ops::add_layer_norm(g, x[0], x[1], x[2], x[3], 1e-5); };
+  expect_tensors_near(run_forward(in, evaluation), run_forward(in, plain), 0.0);
+}
+
 TEST(AddLayerNorm, MatchesFiniteDifferencesAndTheTwoOpsBitForBit) {
   for (Shape s : {Shape{4, 6}, Shape{130, 3}}) {
     SCOPED_TRACE(s.str());
