@@ -30,24 +30,9 @@ void host_fill_zero(void* p, std::size_t bytes) {
 
 }  // namespace
 
-Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "tf32") return Precision::kTf32;
-  if (name == "bf16") return Precision::kBf16;
-  throw UserError("--precision '" + name + "': expected fp32, tf32 or bf16");
-}
+Precision parse_precision(const std::string& name) { return kPrecisionNames.parse(name, "--precision"); }
 
-std::string precision_name(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kTf32:
-      return "tf32";
-    case Precision::kBf16:
-      return "bf16";
-  }
-  return "?";
-}
+std::string precision_name(Precision precision) { return kPrecisionNames.name(precision); }
 
 const Device& Device::cpu() {
   static const Device device(DeviceKind::kCpu, Precision::kFp32);  // immutable: no state to share

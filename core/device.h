@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "core/enum_names.h"
+
 namespace bert {
 
 enum class DeviceKind { kCpu, kCuda };
@@ -23,7 +25,9 @@ enum class DeviceKind { kCpu, kCuda };
 // forward and backward) takes BF16-rounded operands and sums in FP32 (on AMX tiles or vdpbf16ps where the CPU
 // has them: core/gemm.h) while every tensor, the weights and the optimizer stay FP32.
 enum class Precision { kFp32, kTf32, kBf16 };
-Precision parse_precision(const std::string& name);  // fp32 | tf32 | bf16; UserError otherwise
+inline constexpr EnumNames<Precision, 3> kPrecisionNames{
+    {{{Precision::kFp32, "fp32"}, {Precision::kTf32, "tf32"}, {Precision::kBf16, "bf16"}}}};
+Precision parse_precision(const std::string& name);  // fp32 | tf32 | bf16; UserError naming --precision otherwise
 std::string precision_name(Precision precision);
 
 struct CudaContext;  // stream, cuBLAS handle, small staging buffers (core/cuda/context.cu)

@@ -11,9 +11,7 @@
 namespace bert::data {
 
 CorpusFormat parse_corpus_format(const std::string& name) {
-  if (name == "sentences") return CorpusFormat::kSentences;
-  if (name == "paragraphs") return CorpusFormat::kParagraphs;
-  throw UserError("unknown corpus format '" + name + "': expected 'sentences' or 'paragraphs'");
+  return kCorpusFormatNames.parse(name, "unknown corpus format");
 }
 
 // ------------------------------------------------------------------ sentence splitting

@@ -12,9 +12,13 @@
 #include <string_view>
 #include <vector>
 
+#include "core/enum_names.h"
+
 namespace bert::data {
 
 enum class CorpusFormat { kSentences, kParagraphs };
+inline constexpr EnumNames<CorpusFormat, 2> kCorpusFormatNames{
+    {{{CorpusFormat::kSentences, "sentences"}, {CorpusFormat::kParagraphs, "paragraphs"}}}};
 CorpusFormat parse_corpus_format(const std::string& name);  // "sentences" | "paragraphs"; UserError otherwise
 
 // Splits a paragraph of English prose into sentences at . ! ? followed by space and a capital, digit

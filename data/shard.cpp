@@ -52,16 +52,7 @@ void Shard::append_labeled(std::span<const int32_t> tokens, std::span<const int8
   ++size;
 }
 
-std::string shard_kind_name(ShardKind kind) {
-  switch (kind) {
-    case ShardKind::kSequenceLabels:
-      return "seq-cls";
-    case ShardKind::kTokenLabels:
-      return "token-cls";
-    default:
-      return "pretraining";
-  }
-}
+std::string shard_kind_name(ShardKind kind) { return kShardKindNames.name(kind); }
 
 void Shard::clear() {
   size = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/batch.h"
+#include "core/enum_names.h"
 #include "data/examples.h"
 
 namespace bert::data {
@@ -30,6 +31,9 @@ struct ShardMetadata {
 };
 
 enum class ShardKind { kPretraining, kSequenceLabels, kTokenLabels };
+inline constexpr EnumNames<ShardKind, 3> kShardKindNames{{{{ShardKind::kPretraining, "pretraining"},
+                                                           {ShardKind::kSequenceLabels, "seq-cls"},
+                                                           {ShardKind::kTokenLabels, "token-cls"}}}};
 
 struct Shard {
   ShardKind kind = ShardKind::kPretraining;

@@ -21,34 +21,14 @@ std::string head_architecture(Head head) {
   }
 }
 
-std::string head_task_name(Head head) {
-  switch (head) {
-    case Head::kSequenceClassification:
-      return "seq-cls";
-    case Head::kTokenClassification:
-      return "token-cls";
-    default:
-      return "pretraining";
-  }
-}
+std::string head_task_name(Head head) { return kHeadTaskNames.name(head); }
 
-Head parse_task(const std::string& name) {
-  if (name == "seq-cls") return Head::kSequenceClassification;
-  if (name == "token-cls") return Head::kTokenClassification;
-  throw UserError("--task '" + name +
-                  "': expected seq-cls (sequence classification) or token-cls (token "
-                  "classification)");
-}
+Head parse_task(const std::string& name) { return kTaskNames.parse(name, "--task"); }
 
-std::string weight_scales_name(WeightScales w) {
-  return w == WeightScales::kPerTensor ? "per-tensor" : "per-channel";
-}
+std::string weight_scales_name(WeightScales w) { return kWeightScalesNames.name(w); }
 
 WeightScales parse_weight_scales(const std::string& name, const std::string& what) {
-  if (name == "per-channel") return WeightScales::kPerChannel;
-  if (name == "per-tensor") return WeightScales::kPerTensor;
-  throw UserError(what + " '" + name + "': expected per-channel (one scale per output channel) or per-tensor " +
-                  "(one scale per weight)");
+  return kWeightScalesNames.parse(name, what);
 }
 
 void BertConfig::validate() const {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "core/json.h"
 
 namespace bert::model {
@@ -16,6 +17,13 @@ namespace bert::model {
 // kTokenClassification = BertForTokenClassification (dropout + classifier on every token, no pooler).
 enum class Head { kPretraining, kSequenceClassification, kTokenClassification };
 std::string head_architecture(Head head);  // the Hugging Face class name
+inline constexpr EnumNames<Head, 3> kHeadTaskNames{{{{Head::kPretraining, "pretraining"},
+                                                     {Head::kSequenceClassification, "seq-cls"},
+                                                     {Head::kTokenClassification, "token-cls"}}}};
+// The tasks a fine-tuning run takes (--task): the two task heads.
+inline constexpr EnumNames<Head, 2> kTaskNames{
+    {{{Head::kSequenceClassification, "seq-cls", "sequence classification"},
+      {Head::kTokenClassification, "token-cls", "token classification"}}}};
 std::string head_task_name(Head head);     // "pretraining", "seq-cls", "token-cls"
 // "seq-cls" | "token-cls" (UserError naming --task otherwise).
 Head parse_task(const std::string& name);
@@ -24,6 +32,9 @@ Head parse_task(const std::string& name);
 // pytorch-quantization's default for weights) or one for the whole weight (config.json
 // "weight_quantization": "per-tensor"). It fixes the shape of every "<linear>.weight_quantizer.scale".
 enum class WeightScales { kPerChannel, kPerTensor };
+inline constexpr EnumNames<WeightScales, 2> kWeightScalesNames{
+    {{{WeightScales::kPerChannel, "per-channel", "one scale per output channel"},
+      {WeightScales::kPerTensor, "per-tensor", "one scale per weight"}}}};
 std::string weight_scales_name(WeightScales w);  // "per-channel" | "per-tensor"
 // "per-channel" | "per-tensor"; UserError naming `what` (a flag or a config field) otherwise.
 WeightScales parse_weight_scales(const std::string& name, const std::string& what = "--weights");

@@ -9,27 +9,9 @@
 
 namespace bert::quant {
 
-Method parse_method(const std::string& name) {
-  if (name == "max") return Method::kMax;
-  if (name == "percentile") return Method::kPercentile;
-  if (name == "entropy") return Method::kEntropy;
-  if (name == "mse") return Method::kMse;
-  throw UserError("unknown calibrator '" + name + "': expected max, percentile, entropy or mse");
-}
+Method parse_method(const std::string& name) { return kMethodNames.parse(name, "unknown calibrator"); }
 
-std::string method_name(Method m) {
-  switch (m) {
-    case Method::kMax:
-      return "max";
-    case Method::kPercentile:
-      return "percentile";
-    case Method::kEntropy:
-      return "entropy";
-    case Method::kMse:
-      return "mse";
-  }
-  return "?";
-}
+std::string method_name(Method m) { return kMethodNames.name(m); }
 
 float scale_for_amax(double amax) {
   constexpr double kSmallestAmax = 1e-8;  // an all-zero tensor still gets a legal scale

@@ -9,11 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "model/quantizer.h"
 
 namespace bert::quant {
 
 enum class Method { kMax, kPercentile, kEntropy, kMse };
+inline constexpr EnumNames<Method, 4> kMethodNames{
+    {{{Method::kMax, "max"}, {Method::kPercentile, "percentile"}, {Method::kEntropy, "entropy"}, {Method::kMse, "mse"}}}};
 Method parse_method(const std::string& name);  // max | percentile | entropy | mse; UserError otherwise
 std::string method_name(Method m);
 

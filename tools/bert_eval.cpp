@@ -107,7 +107,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--weights", a.weights,
                  "PTQ weight scales: per-channel (one per output channel, the default) or per-tensor (one per "
                  "weight); a quantized checkpoint keeps its own")
-      ->check(CLI::IsMember({"per-channel", "per-tensor"}));
+      ->check(CLI::IsMember(bert::model::kWeightScalesNames.names()));
   app.add_option("--plan", a.plan_path, "plan file: quantizers kept in float for PTQ");
   app.add_option("--max-drop", a.max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
       ->capture_default_str();

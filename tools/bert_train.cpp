@@ -133,7 +133,7 @@ void add_quantization_options(CLI::App& app, Args& a) {
   app.add_option("--weights", a.weights,
                  "QAT weight scales: per-channel (one per output channel) or per-tensor (one per weight; TensorRT "
                  "runs both in INT8)")
-      ->check(CLI::IsMember({"per-channel", "per-tensor"}))
+      ->check(CLI::IsMember(bert::model::kWeightScalesNames.names()))
       ->capture_default_str();
   app.add_option("--scale-lr-mult", a.o.scale_lr_multiplier, "learning-rate multiplier for quantizer scales")
       ->capture_default_str();

@@ -17,25 +17,17 @@ namespace {
 constexpr int64_t kGrain = 1 << 16;
 }
 
-OptimizerKind parse_optimizer(const std::string& name) {
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  if (name == "lamb") return OptimizerKind::kLamb;
-  throw UserError("--optimizer '" + name + "': expected adamw or lamb");
-}
+OptimizerKind parse_optimizer(const std::string& name) { return kOptimizerNames.parse(name, "--optimizer"); }
 
-std::string optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::kLamb ? "lamb" : "adamw"; }
+std::string optimizer_name(OptimizerKind kind) { return kOptimizerNames.name(kind); }
 
 store::OptimizerMoments Optimizer::checkpoint_moments() {
   return {optimizer_name(options_.kind), steps_, m_.data(), v_.data()};
 }
 
-Schedule parse_schedule(const std::string& name) {
-  if (name == "linear") return Schedule::kLinear;
-  if (name == "poly") return Schedule::kPoly;
-  throw UserError("--schedule '" + name + "': expected linear or poly");
-}
+Schedule parse_schedule(const std::string& name) { return kScheduleNames.parse(name, "--schedule"); }
 
-std::string schedule_name(Schedule schedule) { return schedule == Schedule::kPoly ? "poly" : "linear"; }
+std::string schedule_name(Schedule schedule) { return kScheduleNames.name(schedule); }
 
 void OptimizerOptions::validate() const {
   if (!(beta1 >= 0 && beta1 < 1)) throw UserError("--beta1 must be in [0, 1)");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "core/aligned.h"
 #include "core/arena.h"
 
@@ -19,12 +20,15 @@ struct OptimizerMoments;  // store/checkpoint.h
 namespace bert::train {
 
 enum class OptimizerKind { kAdamW, kLamb };
+inline constexpr EnumNames<OptimizerKind, 2> kOptimizerNames{
+    {{{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kLamb, "lamb"}}}};
 // "adamw" | "lamb" (UserError naming --optimizer otherwise), and back.
 OptimizerKind parse_optimizer(const std::string& name);
 std::string optimizer_name(OptimizerKind kind);
 
 // Decay of the learning rate after warmup: linear, or polynomial with power 0.5 (NVIDIA's BERT recipe).
 enum class Schedule { kLinear, kPoly };
+inline constexpr EnumNames<Schedule, 2> kScheduleNames{{{{Schedule::kLinear, "linear"}, {Schedule::kPoly, "poly"}}}};
 Schedule parse_schedule(const std::string& name);  // "linear" | "poly", else UserError naming --schedule
 std::string schedule_name(Schedule schedule);
 

@@ -10,28 +10,14 @@
 namespace bert::train {
 
 TrainOptions::OnNonFinite parse_on_nonfinite(const std::string& name) {
-  if (name == "stop") return TrainOptions::OnNonFinite::kStop;
-  if (name == "skip") return TrainOptions::OnNonFinite::kSkip;
-  throw UserError("--on-nonfinite '" + name + "': expected stop or skip");
+  return kOnNonFiniteNames.parse(name, "--on-nonfinite");
 }
 
 TrainOptions::ScaleTraining parse_scale_training(const std::string& name) {
-  if (name == "learned") return TrainOptions::ScaleTraining::kLearned;
-  if (name == "lsq") return TrainOptions::ScaleTraining::kLsq;
-  if (name == "fixed") return TrainOptions::ScaleTraining::kFixed;
-  throw UserError("--scales '" + name + "': expected learned, lsq or fixed");
+  return kScaleTrainingNames.parse(name, "--scales");
 }
 
-std::string scale_training_name(TrainOptions::ScaleTraining scales) {
-  switch (scales) {
-    case TrainOptions::ScaleTraining::kLsq:
-      return "lsq";
-    case TrainOptions::ScaleTraining::kFixed:
-      return "fixed";
-    default:
-      return "learned";
-  }
-}
+std::string scale_training_name(TrainOptions::ScaleTraining scales) { return kScaleTrainingNames.name(scales); }
 
 void TrainOptions::validate() const {
   auto fail = [](const std::string& msg) { throw UserError(msg); };

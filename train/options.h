@@ -98,6 +98,12 @@ struct TrainOptions {
   Json to_json() const;
 };
 
+inline constexpr EnumNames<TrainOptions::OnNonFinite, 2> kOnNonFiniteNames{
+    {{{TrainOptions::OnNonFinite::kStop, "stop"}, {TrainOptions::OnNonFinite::kSkip, "skip"}}}};
+inline constexpr EnumNames<TrainOptions::ScaleTraining, 3> kScaleTrainingNames{
+    {{{TrainOptions::ScaleTraining::kLearned, "learned"},
+      {TrainOptions::ScaleTraining::kLsq, "lsq"},
+      {TrainOptions::ScaleTraining::kFixed, "fixed"}}}};
 // "stop" | "skip" (UserError naming --on-nonfinite otherwise).
 TrainOptions::OnNonFinite parse_on_nonfinite(const std::string& name);
 // "learned" | "lsq" | "fixed" (UserError naming --scales otherwise), and back.
