@@ -41,7 +41,8 @@ Var softmax(Graph<float>& g, Var x, Var mask);
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng);  // training, p > 0
 Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps);
 Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps);
-Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng);  // training, p > 0
+// Training, p > 0.
+Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
 Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature);
 Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,

@@ -16,7 +16,8 @@ namespace bert::quant {
 
 enum class Method { kMax, kPercentile, kEntropy, kMse };
 inline constexpr EnumNames<Method, 4> kMethodNames{
-    {{{Method::kMax, "max"}, {Method::kPercentile, "percentile"}, {Method::kEntropy, "entropy"}, {Method::kMse, "mse"}}}};
+    {{{Method::kMax, "max"}, {Method::kPercentile, "percentile"}, {Method::kEntropy, "entropy"},
+      {Method::kMse, "mse"}}}};
 Method parse_method(const std::string& name);  // max | percentile | entropy | mse; UserError otherwise
 std::string method_name(Method m);
 

@@ -572,7 +572,8 @@ TEST_F(CudaOps, CrossEntropyScoresAreTheLossAndTheArgmaxInOnePass) {
   v[3 * cols + 5000] = v[3 * cols + 20000] = 40.0f;  // a tie in row 3's middle
   v[5 * cols + cols - 1] = 40.0f;                    // the largest in row 5's tail
   Graph<float> cpu;
-  const std::vector<int32_t> expected = ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{rows, cols})));
+  const std::vector<int32_t> expected =
+      ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{rows, cols})));
   EXPECT_EQ(expected[0], 1);
   EXPECT_EQ(expected[3], 5000);
   EXPECT_EQ(expected[5], cols - 1);
@@ -592,17 +593,19 @@ TEST_F(CudaOps, CrossEntropyScoresAreTheLossAndTheArgmaxInOnePass) {
     std::vector<float> w = random_values(2 * 70001, 9, 2.0f);
     w[1 * 70001 + 3] = w[1 * 70001 + 69000] = 40.0f;
     Graph<float> host;
-    const std::vector<int32_t> first = ops::row_argmax(host, host.constant(TensorView<float>(w.data(), Shape{2, 70001})));
+    const std::vector<int32_t> first =
+        ops::row_argmax(host, host.constant(TensorView<float>(w.data(), Shape{2, 70001})));
     EXPECT_EQ(first[1], 3);
     Graph<float> g(*gpu_);
-    EXPECT_EQ(ops::cross_entropy_scores<float>(g, g.input(std::span<const float>(w), Shape{2, 70001}), huge).predictions,
-              first);
+    Var x = g.input(std::span<const float>(w), Shape{2, 70001});
+    EXPECT_EQ(ops::cross_entropy_scores<float>(g, x, huge).predictions, first);
   }
 
   // The gradient into a buffer 4 bytes past the logits' alignment, against the CPU's.
   Graph<float> reference;
   std::vector<float> cpu_grad(v.size(), 0.0f);
-  Var xc = reference.leaf(TensorView<float>(v.data(), Shape{rows, cols}), TensorView<float>(cpu_grad.data(), Shape{rows, cols}));
+  Var xc = reference.leaf(TensorView<float>(v.data(), Shape{rows, cols}),
+                          TensorView<float>(cpu_grad.data(), Shape{rows, cols}));
   reference.backward(ops::cross_entropy<float>(reference, xc, wide));
   DeviceBuffer value(*gpu_, v.size() * 4), grad(*gpu_, (v.size() + 1) * 4);
   gpu_->copy_to_device(value.data(), v.data(), v.size() * 4);
