@@ -29,6 +29,28 @@ T* Graph<T>::allocate(DType dtype, int64_t n) {
 }
 
 template <typename T>
+T* Graph<T>::allocate_grad(Node& n) {
+  const std::size_t bytes = static_cast<std::size_t>(n.value.numel()) * dtype_size(n.dtype, sizeof(T));
+  n.owns_grad = true;
+  for (auto it = free_grads_.rbegin(); it != free_grads_.rend(); ++it) {
+    if (it->bytes != bytes) continue;
+    void* data = it->data;
+    *it = free_grads_.back();
+    free_grads_.pop_back();
+    return static_cast<T*>(data);
+  }
+  return allocate(n.dtype, n.value.numel());
+}
+
+template <typename T>
+void Graph<T>::release_grad(Node& n) {
+  n.grad_released = true;
+  if (!n.owns_grad || !reuse_grads_) return;
+  free_grads_.push_back({static_cast<std::size_t>(n.value.numel()) * dtype_size(n.dtype, sizeof(T)), n.grad.data()});
+  n.owns_grad = false;
+}
+
+template <typename T>
 TensorView<T> Graph<T>::value(Var v) const {
   const Node& n = node(v);
   BERT_CHECK(n.dtype == DType::kF32, std::string("value() of a node stored as ") + dtype_name(n.dtype) +
@@ -199,11 +221,12 @@ void* Graph<T>::grad_data(Var v) {
   BERT_CHECK(!grad_owner(v).reported_final,
              "a leaf's gradient written after backward reported it final (an op "
              "that writes it did not name it among its inputs)");
+  BERT_CHECK(!grad_owner(v).grad_released, "a node's gradient used after its own backward closure ran");
   if (n.grad.empty() && n.gradient_of >= 0) {  // nodes_ does not grow here
     n.grad = TensorView<T>(static_cast<T*>(grad_data(Var{n.gradient_of, generation_})), n.value.shape());
   }
   if (n.grad.empty()) {
-    n.grad = TensorView<T>(allocate(n.dtype, n.value.numel()), n.value.shape());
+    n.grad = TensorView<T>(allocate_grad(n), n.value.shape());
     device_->fill_zero(n.grad.data(), n.value.numel() * dtype_size(n.dtype, sizeof(T)));
   }
   return n.grad.data();
@@ -231,8 +254,9 @@ typename Graph<T>::RawGradTarget Graph<T>::raw_grad_target(Var v) {
   BERT_CHECK(!owner.reported_final,
              "a leaf's gradient written after backward reported it final (an op that "
              "writes it did not name it among its inputs)");
+  BERT_CHECK(!owner.grad_released, "a node's gradient used after its own backward closure ran");
   if (!owner.grad.empty()) return {owner.grad.data(), true};
-  owner.grad = TensorView<T>(allocate(owner.dtype, owner.value.numel()), owner.value.shape());
+  owner.grad = TensorView<T>(allocate_grad(owner), owner.value.shape());
   return {owner.grad.data(), false};
 }
 
@@ -242,9 +266,12 @@ bool Graph<T>::pass_grad_through(Var x, Var y) {
   Node& owner = grad_owner(x);
   const TensorView<T> dy = grad_owner(y).grad;
   if (owner.is_leaf || !owner.grad.empty() || dy.empty() || dy.numel() != owner.value.numel() ||
-      owner.dtype != grad_owner(y).dtype)
+      owner.dtype != grad_owner(y).dtype || !grad_owner(y).owns_grad)  // one owner per buffer
     return false;
   owner.grad = dy.reshaped(owner.value.shape());
+  // The buffer now belongs to x: it is released after x's closure, not y's.
+  owner.owns_grad = grad_owner(y).owns_grad;
+  grad_owner(y).owns_grad = false;
   return true;
 }
 
@@ -303,10 +330,12 @@ void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>&
     if (nodes_[it->node].grad.empty()) continue;
     if (!profile_) {
       it->run(it->state, *this);
+      release_grad(nodes_[it->node]);
       continue;
     }
     const auto start = std::chrono::steady_clock::now();
     it->run(it->state, *this);
+    release_grad(nodes_[it->node]);
     profile_->add_backward(nodes_[it->node].made_by, nodes_[it->node].value.shape(),
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -330,6 +359,7 @@ template <typename T>
 void Graph<T>::clear() {
   if (profile_) profile_->stop();
   nodes_.clear();
+  free_grads_.clear();
   destroy_closures();
   closure_memory_.reset();
   workspace_.reset();

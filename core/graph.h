@@ -168,6 +168,11 @@ class Graph {
   void backward(Var loss, const std::function<void(TensorView<T> grad)>& on_final = {});
   // Frees every node and all workspace memory handed out; handles taken before become invalid.
   void clear();
+  // Whether backward() hands an inner node's gradient buffer on to a later gradient of the same size once
+  // the node's closure has run (on by default: the gradients of a layer's activations then reuse those of
+  // the layer above instead of each taking new memory). A closure that reads another node's gradient
+  // after that node's closure ran is refused either way (checked).
+  void set_reuse_gradients(bool reuse) { reuse_grads_ = reuse; }
 
   // The gradient buffers of the leaves that take a gradient (each buffer once): what backward's
   // on_final will report.
@@ -191,6 +196,14 @@ class Graph {
     bool reported_final = false;    // leaves: handed to backward's on_final; no closure may write it after
     const char* made_by = nullptr;  // the op's function (std::source_location), for an OpProfile
     const void* bf16_copy = nullptr;  // parameters: Parameter::device_bf16
+    bool owns_grad = false;           // inner nodes: `grad` came from allocate_grad (not passed through)
+    bool grad_released = false;       // its closure has run and its gradient buffer went back for reuse
+  };
+  // A gradient buffer whose node's closure has run: nothing reads or writes it any more this step, so a
+  // later gradient of the same size takes it instead of new workspace memory.
+  struct FreeGrad {
+    std::size_t bytes;
+    void* data;
   };
   // A recorded backward: the callable's state in closure_memory_, how to call it and how to destroy it
   // (null when trivially destructible).
@@ -215,12 +228,18 @@ class Graph {
   bool any_requires_grad(std::initializer_list<Var> inputs) const;
   // Storage for n elements of `dtype`, as the TensorView<T> a node keeps (whatever the element size).
   T* allocate(DType dtype, int64_t n);
+  // Storage for an inner node's gradient: a released buffer of the same size, else new memory.
+  T* allocate_grad(Node& n);
+  // After n's closure ran: its gradient buffer (when it owns one) becomes reusable.
+  void release_grad(Node& n);
 
   const Device* device_;
   Workspace workspace_;       // on device_
   Workspace closure_memory_;  // host memory for the backward closures' captures
   std::vector<Node> nodes_;
   std::vector<Closure> closures_;  // in recording (topological) order
+  std::vector<FreeGrad> free_grads_;  // during backward(); emptied by clear()
+  bool reuse_grads_ = true;
   uint32_t generation_ = 1;
   bool grad_enabled_ = true;
   DType activation_dtype_ = DType::kF32;

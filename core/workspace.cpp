@@ -34,6 +34,7 @@ void* Workspace::allocate_bytes(std::size_t bytes) {
   void* p = b.begin + b.used;
   b.used += bytes;
   in_use_ += bytes;
+  peak_in_use_ = std::max(peak_in_use_, in_use_);
   return p;
 }
 

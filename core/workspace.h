@@ -32,6 +32,8 @@ class Workspace {
   void reset();
 
   std::size_t bytes_in_use() const { return in_use_; }
+  // The most bytes_in_use() has been since the workspace was made (over every cycle).
+  std::size_t peak_bytes_in_use() const { return peak_in_use_; }
   std::size_t capacity() const;
   std::size_t system_allocations() const { return system_allocations_; }  // for tests and logs
 
@@ -47,6 +49,7 @@ class Workspace {
   const Device* device_;
   std::vector<Block> blocks_;
   std::size_t in_use_ = 0;
+  std::size_t peak_in_use_ = 0;
   std::size_t system_allocations_ = 0;
 };
 

@@ -67,7 +67,7 @@ void Optimizer::upload_moments() {
 }
 
 #if BERT_WITH_CUDA
-void Optimizer::step_on_device(double lr, float c1, float c2) {
+void Optimizer::step_on_device(double lr, float c1, float c2, float grad_scale) {
   BERT_CHECK(device_m_.data(), "the optimizer was made before its arena was placed on the GPU");
   if (segments_dirty_) {  // the per-parameter table, uploaded once (and again after a change)
     std::vector<cuda_impl::Segment> segments(static_cast<size_t>(params_.size()));
@@ -99,7 +99,8 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
                                static_cast<float>(options_.beta2),
                                c1,
                                c2,
-                               static_cast<float>(options_.epsilon)};
+                               static_cast<float>(options_.epsilon),
+                               grad_scale};
   float* w = params_.device_values().data();
   const float* g = params_.device_grads().data();
   const auto* segments = device_segments_.as<cuda_impl::Segment>();
@@ -114,15 +115,18 @@ void Optimizer::step_on_device(double lr, float c1, float c2) {
   }
 }
 #else
-void Optimizer::step_on_device(double, float, float) { BERT_CHECK(false, "a CPU-only build has no GPU optimizer"); }
+void Optimizer::step_on_device(double, float, float, float) {
+  BERT_CHECK(false, "a CPU-only build has no GPU optimizer");
+}
 #endif
 
-void Optimizer::step(double lr) {
+void Optimizer::step(double lr, double grad_scale) {
   ++steps_;
+  const float gs = static_cast<float>(grad_scale);
   const double b1 = options_.beta1, b2 = options_.beta2;
   const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(b1, steps_)));
   const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(b2, steps_)));
-  if (params_.on_cuda()) return step_on_device(lr, c1, c2);
+  if (params_.on_cuda()) return step_on_device(lr, c1, c2, gs);
   const float eps = static_cast<float>(options_.epsilon);
   const float b1f = static_cast<float>(b1), b2f = static_cast<float>(b2);
   float* base = params_.values().data();
@@ -149,7 +153,7 @@ void Optimizer::step(double lr) {
     const bool has_floor = std::isfinite(floor_value);
     if (log_space_[id]) {  // Adam on log w (see set_log_space), the same for AdamW and LAMB
       for (int64_t i = 0; i < n; ++i) {
-        const float gl = g[i] * w[i];
+        const float gl = (g[i] * gs) * w[i];
         m[i] = b1f * m[i] + (1 - b1f) * gl;
         v[i] = b2f * v[i] + (1 - b2f) * gl * gl;
         w[i] *= std::exp(-lrf * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps));
@@ -162,8 +166,9 @@ void Optimizer::step(double lr) {
       // trust ratio |w| / |u| (u is recomputed rather than stored).
       double w_norm2 = 0, u_norm2 = 0;
       for (int64_t i = 0; i < n; ++i) {
-        m[i] = b1f * m[i] + (1 - b1f) * g[i];
-        v[i] = b2f * v[i] + (1 - b2f) * g[i] * g[i];
+        const float gi = g[i] * gs;
+        m[i] = b1f * m[i] + (1 - b1f) * gi;
+        v[i] = b2f * v[i] + (1 - b2f) * gi * gi;
         const float u = (m[i] * c1) / (std::sqrt(v[i] * c2) + eps) + wd * w[i];
         w_norm2 += double(w[i]) * w[i];
         u_norm2 += double(u) * u;
@@ -189,8 +194,9 @@ void Optimizer::step(double lr) {
       const float wd = s->wd, lrf = s->lrf, floor_value = s->floor_value;
       const bool has_floor = s->has_floor;
       for (int64_t i = std::max(lo, s->begin), end = std::min(hi, s->end); i < end; ++i) {
-        mv[i] = b1f * mv[i] + (1 - b1f) * gv[i];
-        vv[i] = b2f * vv[i] + (1 - b2f) * gv[i] * gv[i];
+        const float gi = gv[i] * gs;
+        mv[i] = b1f * mv[i] + (1 - b1f) * gi;
+        vv[i] = b2f * vv[i] + (1 - b2f) * gi * gi;
         wv[i] -= lrf * (wd * wv[i]);  // decoupled decay first, as torch.optim.AdamW
         wv[i] -= lrf * (mv[i] * c1) / (std::sqrt(vv[i] * c2) + eps);
         if (has_floor && !(wv[i] >= floor_value)) wv[i] = floor_value;
@@ -207,14 +213,13 @@ double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, S
   return schedule == Schedule::kPoly ? peak * std::sqrt(remaining) : peak * remaining;
 }
 
-double clip_grad_norm(ParameterArena<float>& params, double max_norm) {
+double gradient_norm(ParameterArena<float>& params) {
 #if BERT_WITH_CUDA
   if (params.on_cuda())
-    return cuda_impl::clip_grad_norm(params.device(), params.device_grads().data(), params.device_grads().numel(),
-                                     max_norm);
+    return cuda_impl::gradient_norm(params.device(), params.device_grads().data(), params.device_grads().numel());
 #endif
   TensorView<float> g = params.grads();
-  float* gv = g.data();
+  const float* gv = g.data();
   const int64_t n = g.numel();
   // Sums of fixed blocks, added in order: the same norm whatever the thread count.
   constexpr int64_t kBlock = 1 << 15;
@@ -229,14 +234,13 @@ double clip_grad_norm(ParameterArena<float>& params, double max_norm) {
   });
   double sum = 0;
   for (double s : block_sums) sum += s;
-  const double norm = std::sqrt(sum);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / norm);
-    parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) gv[i] *= scale;
-    });
-  }
-  return norm;
+  return std::sqrt(sum);
+}
+
+double clip_factor(double norm, double max_norm) {
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm)
+    return static_cast<double>(static_cast<float>(max_norm / norm));  // the float the update multiplies by
+  return 1.0;
 }
 
 }  // namespace bert::train

@@ -1,4 +1,4 @@
-// AdamW, LAMB and global-norm clipping on the GPU: the same arithmetic as train/optimizer.cpp, over
+// AdamW, LAMB and the gradients' global norm on the GPU: the same arithmetic as train/optimizer.cpp, over
 // the arena's flat device buffers. Block row y of the grid walks parameter y, so one launch updates
 // every parameter with its own decay, learning-rate multiplier and floor. Norms are summed in double
 // in a fixed order.
@@ -25,7 +25,7 @@ __device__ __forceinline__ float apply_floor(float w, const Segment& s) {
 
 // Optimizer::set_log_space: moments of the gradient with respect to log w, a multiplicative update.
 __device__ __forceinline__ void log_space_update(float& w, float g, float& m, float& v, const AdamHyper& h, float lr) {
-  const float gl = g * w;
+  const float gl = (g * h.grad_scale) * w;
   m = h.beta1 * m + (1 - h.beta1) * gl;
   v = h.beta2 * v + (1 - h.beta2) * gl * gl;
   w *= expf(-lr * (m * h.bias_correction1) / (sqrtf(v * h.bias_correction2) + h.epsilon));
@@ -46,6 +46,7 @@ __device__ void log_space_block(float* w, const float* g, float* m, float* v, co
 // One AdamW element: decoupled decay first, as torch.optim.AdamW.
 __device__ __forceinline__ void adamw_update(float& w, float g, float& m, float& v, const AdamHyper& h, float lr,
                                              float wd) {
+  g *= h.grad_scale;
   m = h.beta1 * m + (1 - h.beta1) * g;
   v = h.beta2 * v + (1 - h.beta2) * g * g;
   w -= lr * (wd * w);
@@ -105,7 +106,7 @@ __global__ void lamb_moments(float* w, const float* g, float* m, float* v, const
   double w2 = 0, u2 = 0;
   for (int64_t j = blockIdx.x * kChunk + threadIdx.x; j < end; j += blockDim.x) {
     const int64_t i = s.offset + j;
-    const float gi = g[i];
+    const float gi = g[i] * h.grad_scale;
     const float mi = h.beta1 * m[i] + (1 - h.beta1) * gi;
     const float vi = h.beta2 * v[i] + (1 - h.beta2) * gi * gi;
     m[i] = mi, v[i] = vi;
@@ -159,15 +160,6 @@ __global__ void sum_partials(double* out, const double* partial, int n) {
   acc = cuda::block_sum(acc, shared);
   if (threadIdx.x == 0) out[0] = acc;
 }
-template <int W>
-__global__ void scale_kernel(float* g, float s, int64_t n) {
-  BERT_GRID_STRIDE_PACKS(i, n, W) {
-    cuda::Pack<float, W> p = cuda::load_pack<W>(g + i);
-    for (int e = 0; e < W; ++e) p.v[e] *= s;
-    cuda::store_pack<W>(g + i, p);
-  }
-}
-
 }  // namespace
 
 void adamw_step(const Device& device, float* w, void* w16, const float* g, float* m, float* v,
@@ -189,7 +181,7 @@ void lamb_step(const Device& device, float* w, const float* g, float* m, float* 
   BERT_CUDA_LAUNCHED();
 }
 
-double clip_grad_norm(const Device& device, float* g, int64_t n, double max_norm) {
+double gradient_norm(const Device& device, const float* g, int64_t n) {
   const CudaContext& c = cuda::context(device);
   static_assert(kNormBlocks + 1 <= CudaContext::kReduceScratch);
   sum_squares_partial<<<kNormBlocks, kThreads, 0, c.stream>>>(c.reduce_scratch, g, n);
@@ -198,16 +190,7 @@ double clip_grad_norm(const Device& device, float* g, int64_t n, double max_norm
   BERT_CUDA_LAUNCHED();
   double sum = 0;
   device.copy_to_host(&sum, c.reduce_scratch + kNormBlocks, sizeof(double));
-  const double norm = std::sqrt(sum);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    const float s = static_cast<float>(max_norm / norm);
-    if (cuda::packs_of_4(n, {g}))
-      scale_kernel<4><<<cuda::blocks_for(n / 4), cuda::kThreads, 0, c.stream>>>(g, s, n);
-    else
-      scale_kernel<1><<<cuda::blocks_for(n), cuda::kThreads, 0, c.stream>>>(g, s, n);
-    BERT_CUDA_LAUNCHED();
-  }
-  return norm;
+  return std::sqrt(sum);
 }
 
 }  // namespace bert::train::cuda_impl

@@ -45,10 +45,12 @@ class Optimizer {
   // `decays[id]`: whether parameter id gets weight decay (not biases and LayerNorm parameters).
   Optimizer(OptimizerOptions options, ParameterArena<float>& params, std::vector<bool> decays);
 
-  // One update from the gradients in the arena, at learning rate lr.
+  // One update from the gradients in the arena, at learning rate lr, each gradient multiplied by
+  // grad_scale as it is read (global-norm clipping: clip_factor; the arena's gradients are left as they
+  // are, and the update is bit for bit the one from gradients scaled beforehand).
   //  AdamW (Loshchilov & Hutter, as torch.optim.AdamW): w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
   //  LAMB (You et al.): u = m_hat / (sqrt(v_hat) + eps) + wd * w;  w -= lr * (|w| / |u|) * u, per tensor
-  void step(double lr);
+  void step(double lr, double grad_scale = 1.0);
   // Parameter `id` learns at lr * multiplier (e.g. quantizer scales at their own rate). Default 1.
   void set_lr_multiplier(ParamId id, double multiplier) {
     lr_multiplier_.at(id) = multiplier;
@@ -94,7 +96,7 @@ class Optimizer {
   int chunk_count_ = 0;
   bool segments_dirty_ = true;
   int64_t largest_ = 0;
-  void step_on_device(double lr, float c1, float c2);
+  void step_on_device(double lr, float c1, float c2, float grad_scale);
   int64_t steps_ = 0;
 };
 
@@ -102,9 +104,13 @@ class Optimizer {
 // at `total`. Steps count from 1.
 double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, Schedule schedule = Schedule::kLinear);
 
-// Global L2 norm of all gradients (on the arena's device); if it exceeds max_norm (> 0), scales them to
-// max_norm. Returns the norm before clipping (inf/NaN when a gradient is not finite, left unscaled for
-// the caller to see).
-double clip_grad_norm(ParameterArena<float>& params, double max_norm);
+// Global L2 norm of all gradients (on the arena's device), summed in double in a fixed order (the same on
+// any thread count); inf or NaN when a gradient is not finite.
+double gradient_norm(ParameterArena<float>& params);
+
+// Global-norm clipping: the factor that brings gradients of norm `norm` to at most max_norm (1 when they
+// are within it, when max_norm <= 0 (no clipping) or when the norm is not finite). Optimizer::step
+// applies it as it reads the gradients.
+double clip_factor(double norm, double max_norm);
 
 }  // namespace bert::train

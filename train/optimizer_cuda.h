@@ -1,5 +1,5 @@
 // The optimizer's CUDA kernels (train/optimizer.cu): AdamW and LAMB over the flat parameter buffers
-// on the GPU, one launch for all parameters, and global-norm clipping. Used by train/optimizer.cpp in
+// on the GPU, one launch for all parameters, and the gradients' global norm. Used by train/optimizer.cpp in
 // a CUDA build only.
 #pragma once
 
@@ -27,6 +27,7 @@ struct Chunk {
 
 struct AdamHyper {
   float lr, beta1, beta2, bias_correction1, bias_correction2, epsilon;
+  float grad_scale;  // each gradient is multiplied by it as it is read (global-norm clipping)
 };
 
 // segments: device array of n_segments; largest: the largest segment's size; chunks: device array of
@@ -36,7 +37,7 @@ void adamw_step(const Device& device, float* w, void* w16, const float* g, float
                 const Segment* segments, const Chunk* chunks, int n_chunks, AdamHyper h);
 void lamb_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
                int n_segments, int64_t largest, AdamHyper h);
-// The L2 norm of g (n elements); when it exceeds max_norm > 0 (and is finite), g is scaled to max_norm.
-double clip_grad_norm(const Device& device, float* g, int64_t n, double max_norm);
+// The L2 norm of g (n elements), summed in double in a fixed order.
+double gradient_norm(const Device& device, const float* g, int64_t n);
 
 }  // namespace bert::train::cuda_impl

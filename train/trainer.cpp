@@ -26,52 +26,13 @@
 #include "train/progress.h"
 #include "train/qat_setup.h"
 #include "train/run_folder.h"
+#include "train/training_step.h"
 
 namespace bert::train {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// The first parameter whose gradient (or value) holds a NaN or infinity, or "".
-std::string first_nonfinite(ParameterArena<float>& params, bool gradients) {
-  for (ParamId id = 0; id < params.size(); ++id) {
-    Parameter<float> p = params.get(id);
-    const TensorView<float> t = gradients ? p.grad : p.value;
-    for (float v : t)
-      if (!std::isfinite(v)) return *p.name;
-  }
-  return "";
-}
-
-// For a non-finite loss: the first non-finite weight, or else the largest one (overflowing activations
-// come from weights that grew too large).
-std::string describe_weights(ParameterArena<float>& params) {
-  const std::string bad = first_nonfinite(params, false);
-  if (!bad.empty()) return "first non-finite weight: " + bad;
-  float largest = 0;
-  std::string where;
-  for (ParamId id = 0; id < params.size(); ++id)
-    for (float v : params.get(id).value)
-      if (std::abs(v) > largest) largest = std::abs(v), where = params.name(id);
-  char text[64];
-  std::snprintf(text, sizeof text, "%.3g", largest);
-  return "weights finite, the largest |w| = " + std::string(text) + " in " + where;
-}
-
-// This rank's share of the micro-batch's predictions over all ranks, times the number of ranks: the
-// factor that turns its mean over its own predictions (masked tokens, labeled tokens) into its part of
-// the mean over the global batch's. Averaging the ranks' gradients then gives the gradient of the
-// global mean, as one process with the global batch computes it (ranks hold different numbers of masked
-// tokens). 1 for one rank and for sequence classification (one prediction per sequence).
-double prediction_share(Communicator& ranks, const model::ModelOutputs& out, model::Head head) {
-  if (ranks.size() == 1 || head == model::Head::kSequenceClassification) return 1.0;
-  const double own =
-      static_cast<double>(head == model::Head::kPretraining ? out.mlm_targets.size() : out.targets.size());
-  std::vector<double> total = {own};
-  ranks.all_reduce_sum(total);
-  return total[0] > 0 ? own * ranks.size() / total[0] : 1.0;
-}
 
 // The device this rank trains on: --device, or in a job of several processes the GPU of its local rank.
 std::unique_ptr<Device> open_training_device(const TrainOptions& o, const ProcessGroup& job, bool thread_ranks,
@@ -93,79 +54,6 @@ std::unique_ptr<Device> open_training_device(const TrainOptions& o, const Proces
                     ": ranks that are threads of one process train on the CPU; several GPUs take one process each "
                     "(bert-train --nproc N, or mpirun)");
   return device;
-}
-
-// The forward and backward passes of one step over its micro-batches, on every rank: gradients land in
-// the arena (averaged over the ranks in buckets during the last micro-batch's backward pass). Every
-// micro-batch runs even after a non-finite loss (the step is then dropped as a whole), so each step does
-// the same work: what data-parallel ranks must agree on.
-struct StepPasses {
-  const TrainOptions& o;
-  model::Bert& model;
-  model::Bert* teacher;  // distillation's, or nullptr
-  data::ShardLoader& loader;
-  Rng& dropout_rng;
-  Communicator& ranks;
-  GradientReduction* reduction;  // nullptr for one rank
-  ProgressWindow& window;
-  const std::atomic<bool>* stop;
-
-  struct Outcome {
-    double loss = 0;        // the logged loss of the step (mean over micro-batches and ranks)
-    std::string nonfinite;  // what went non-finite on any rank, for the message; empty when nothing did
-    bool stop_requested = false;
-  };
-  Outcome run(Graph<float>& g, Batch& batch, bool log_buckets) const;
-};
-
-StepPasses::Outcome StepPasses::run(Graph<float>& g, Batch& batch, bool log_buckets) const {
-  Outcome r;
-  const model::BertConfig& config = model.config();
-  for (int64_t micro = 0; micro < o.accumulation; ++micro) {
-    loader.next(batch);
-    const BatchView b = batch.view();
-    // The progress window's MLM accuracy takes the predictions from the loss's own pass over the logits.
-    const model::ModelOutputs out =
-        model.forward(g, b, /*training=*/true, dropout_rng, model::MlmOutputs::kLossAndPredictions);
-    const auto [objective, logged] = objective_of(g, out, teacher, b, o, prediction_share(ranks, out, config.head));
-    // The progress log shows MLM + NSP or the task loss (comparable with runs without distillation); the
-    // objective must be finite too.
-    const double loss = g.item(logged);
-    if ((!std::isfinite(loss) || (teacher && !std::isfinite(g.item(objective)))) && r.nonfinite.empty()) {
-      std::string parts;
-      if (config.head == model::Head::kPretraining)
-        parts = " (MLM " + std::to_string(g.item(out.mlm_loss)) + ", NSP " + std::to_string(g.item(out.nsp_loss)) + ")";
-      model.parameters().download_values();
-      r.nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(model.parameters());
-    }
-    if (r.nonfinite.empty()) {
-      r.loss += loss / o.accumulation;
-      window.add(g, out, b);
-    }
-    const Var scaled = o.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o.accumulation);
-    if (!reduction || micro + 1 < o.accumulation) {
-      g.backward(scaled);
-      continue;
-    }
-    // Several ranks, the step's last micro-batch. They agree first: any rank's non-finite loss drops the
-    // step everywhere, any rank's stop stops all; the logged loss is averaged. Then its backward pass,
-    // whose gradients are averaged in buckets while it runs.
-    r.stop_requested = stop && stop->load();
-    std::vector<double> agreed = {r.nonfinite.empty() ? 0.0 : 1.0, r.stop_requested ? 1.0 : 0.0, r.loss};
-    ranks.all_reduce_sum(agreed);
-    if (agreed[0] > 0 && r.nonfinite.empty()) r.nonfinite = "a non-finite loss on another rank";
-    r.stop_requested = agreed[1] > 0;
-    r.loss = agreed[2] / ranks.size();
-    reduction->expect(g);
-    g.backward(scaled, [&](TensorView<float> grad) { reduction->on_final(grad); });
-    reduction->finish();
-    if (log_buckets)
-      spdlog::info(
-          "gradients averaged over {} ranks in {} buckets of about {:g} MiB; {} started during the backward pass",
-          ranks.size(), reduction->num_buckets(), o.bucket_mb, reduction->started_early());
-  }
-  if (!reduction) r.stop_requested = stop && stop->load();
-  return r;
 }
 
 // Refuses a job whose ranks were started differently (another command line, model configuration or
@@ -231,7 +119,9 @@ class TrainingRun {
 
  private:
   void save();
-  bool update_or_skip(double lr, std::string nonfinite, int64_t& consecutive_skips, ProgressWindow& window);
+  // A step that went non-finite (`nonfinite` says what): skipped with a warning (--on-nonfinite skip, up
+  // to --max-skips in a row), else the run stops with a message naming the last checkpoint.
+  void skip_or_stop(const std::string& nonfinite, int64_t& consecutive_skips);
   // What the progress line and the held-out evaluation read and write.
   RunReport report() { return RunReport{o_, model_, active_, *device_, ranks(), metrics_log_}; }
   // The progress line, held-out evaluation, checkpoint and stop that are due after `step`; true to stop.
@@ -361,27 +251,7 @@ std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len)
       o_.fused_attention ? "" : ", or --attention fused (the attention scores never reach memory)");
 }
 
-// The end of a step: gradients clipped and the optimizer stepped, unless the passes or the gradient norm
-// went non-finite: then the update is skipped (--on-nonfinite skip, up to --max-skips in a row) or the
-// run stops with a message naming what went wrong and the last checkpoint (left as it was). True when
-// the parameters were updated.
-bool TrainingRun::update_or_skip(double lr, std::string nonfinite, int64_t& consecutive_skips, ProgressWindow& window) {
-  ParameterArena<float>& params = model_.parameters();
-  double grad_norm = 0;
-  if (nonfinite.empty()) {
-    grad_norm = clip_grad_norm(params, o_.clip_norm);
-    if (!std::isfinite(grad_norm)) {
-      params.download_grads();
-      nonfinite = "gradient norm is " + std::to_string(grad_norm) +
-                  ", first non-finite gradient: " + first_nonfinite(params, true);
-    }
-  }
-  if (nonfinite.empty()) {
-    consecutive_skips = 0;
-    optimizer_->step(lr);  // scales are kept positive by their minimum
-    window.add_step(grad_norm);
-    return true;
-  }
+void TrainingRun::skip_or_stop(const std::string& nonfinite, int64_t& consecutive_skips) {
   const bool skip = o_.on_nonfinite == TrainOptions::OnNonFinite::kSkip;
   const std::string last_saved =
       last_saved_step_ >= 0 ? "at step " + std::to_string(last_saved_step_) : "none written yet";
@@ -392,8 +262,6 @@ bool TrainingRun::update_or_skip(double lr, std::string nonfinite, int64_t& cons
                     ") was left as it was. Try a lower --lr, or --on-nonfinite skip.");
   spdlog::warn("step {}: {}; update skipped ({} in a row, --on-nonfinite skip)", state_.step, nonfinite,
                consecutive_skips);
-  params.zero_grad();
-  return false;
 }
 
 TrainResult TrainingRun::run_steps() {
@@ -406,28 +274,30 @@ TrainResult TrainingRun::run_steps() {
                          : nullptr;
   Batch batch;
   ProgressWindow window(config_);
-  const StepPasses step_passes{o_,      model_,          teacher_.get(), loader_, dropout_rng_,
-                               ranks(), reduction.get(), window,         stop_};
+  const TrainingStep training_step(o_,
+                                   {model_, *optimizer_, dropout_rng_, ranks(), teacher_.get(), reduction.get(), stop_});
+  const auto next_batch = [this](Batch& b) { loader_.next(b); };
   const int64_t first_step = state_.step + 1;
   int64_t consecutive_skips = 0;
   const auto start = std::chrono::steady_clock::now();
   for (state_.step = first_step; state_.step <= o_.steps; ++state_.step) {
     const auto step_start = std::chrono::steady_clock::now();
-    params.zero_grad();
-    StepPasses::Outcome passes;
+    const double lr = learning_rate(state_.step, o_.steps, warmup_, o_.learning_rate, o_.schedule);
+    TrainingStep::Outcome outcome;
     try {
-      passes = step_passes.run(g, batch, state_.step == first_step && lead_);
+      outcome = training_step.run(g, batch, next_batch, lr, window, state_.step == first_step && lead_);
     } catch (const OutOfDeviceMemory& e) {
       throw OutOfDeviceMemory(out_of_memory(e.what(), batch.seq_len));
     }
-    const double lr = learning_rate(state_.step, o_.steps, warmup_, o_.learning_rate, o_.schedule);
-    if (update_or_skip(lr, passes.nonfinite, consecutive_skips, window)) {
-      result.losses.push_back(passes.loss);
+    if (outcome.updated) {
+      consecutive_skips = 0;
+      result.losses.push_back(outcome.loss);
     } else {
+      skip_or_stop(outcome.nonfinite, consecutive_skips);
       ++result.skipped_steps;
     }
     window.add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-    if (after_step(first_step, lr, passes.stop_requested, start, window, result)) break;
+    if (after_step(first_step, lr, outcome.stop_requested, start, window, result)) break;
   }
   state_.step = result.steps_done = std::min(state_.step, o_.steps);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -112,6 +112,55 @@ TEST(Graph, SteadyStateStepsDoNotAllocate) {
   EXPECT_GT(closure_allocations, 0u);  // the closures did live there
 }
 
+// Once a node's backward closure has run, its gradient buffer goes to the next gradient of the same size:
+// a chain of same-shape ops needs a few gradient buffers, not one per node, and gives the same gradient.
+TEST(Graph, GradientBuffersAreReusedOnceTheirClosureRan) {
+  Tensor<float> x = testing::to_float(testing::random_tensor({256, 64}, 5));
+  Tensor<float> gx_reuse({256, 64}), gx_plain({256, 64});
+  std::size_t capacity[2] = {0, 0};
+  for (bool reuse : {true, false}) {
+    Graph<float> g;
+    g.set_reuse_gradients(reuse);
+    for (int step = 0; step < 2; ++step) {  // the second step runs in the block the first one measured
+      Tensor<float>& gx = reuse ? gx_reuse : gx_plain;
+      gx.view().fill(0.0f);
+      Var v = g.leaf(x.view(), gx.view());
+      for (int i = 0; i < 12; ++i) v = ops::gelu(g, ops::scale(g, v, 0.9));
+      g.backward(ops::mean(g, v));
+    }
+    capacity[reuse ? 0 : 1] = g.workspace().capacity();
+  }
+  EXPECT_EQ(std::vector<float>(gx_reuse.view().begin(), gx_reuse.view().end()),
+            std::vector<float>(gx_plain.view().begin(), gx_plain.view().end()));
+  // 24 activations either way; 24 gradients without reuse, a handful with it.
+  const std::size_t one = 256 * 64 * sizeof(float);
+  EXPECT_LT(capacity[0] + 12 * one, capacity[1]) << capacity[0] << " vs " << capacity[1];
+}
+
+// A closure that reads the gradient of a node whose own closure already ran (its buffer may hold another
+// gradient by then) is refused.
+TEST(Graph, AGradientReadAfterItsClosureRanIsRefused) {
+  Tensor<float> x = testing::to_float(testing::random_tensor({4}, 6)), gx({4});
+  Graph<float> g;
+  Var leaf = g.leaf(x.view(), gx.view());
+  auto later = std::make_shared<Var>();  // b, made after a: a's closure runs after b's
+  Var a = g.emit(Shape{4}, {leaf});
+  g.value(a).fill(1.0f);
+  g.on_backward(a, [leaf, later](Graph<float>& graph) {
+    TensorView<float> wrong = graph.grad(*later);
+    TensorView<float> dleaf = graph.grad(leaf);
+    for (int64_t i = 0; i < 4; ++i) dleaf[i] += wrong[i];
+  });
+  Var b = ops::scale(g, a, 2.0);
+  *later = b;
+  try {
+    g.backward(ops::mean(g, b));
+    ADD_FAILURE() << "the late read was not refused";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("after its own backward closure ran"), std::string::npos) << e.what();
+  }
+}
+
 // Backward closures live in the graph's closure memory: whatever they capture is destroyed exactly once,
 // when the graph is cleared (after backward, by clear(), or with the graph), and captures larger than
 // a pointer or two survive intact until their closure runs.

@@ -331,7 +331,7 @@ TEST(Schedule, LinearWarmupThenLinearOrPolynomialDecay) {
   EXPECT_EQ(schedule_name(parse_schedule("poly")), "poly");
 }
 
-TEST(Clipping, ScalesToMaxNormAndReportsTheNormBefore) {
+TEST(Clipping, TheFactorBringsTheNormToTheLimit) {
   ParameterArena<float> arena;
   arena.add("a", {2});
   arena.add("b", {1});
@@ -339,13 +339,14 @@ TEST(Clipping, ScalesToMaxNormAndReportsTheNormBefore) {
   arena.get("a").grad[0] = 3;
   arena.get("a").grad[1] = 0;
   arena.get("b").grad[0] = 4;
-  EXPECT_DOUBLE_EQ(clip_grad_norm(arena, 10.0), 5.0);
-  EXPECT_FLOAT_EQ(arena.get("b").grad[0], 4.0f) << "under the limit: unchanged";
-  EXPECT_DOUBLE_EQ(clip_grad_norm(arena, 1.0), 5.0);
-  EXPECT_FLOAT_EQ(arena.get("a").grad[0], 0.6f);
-  EXPECT_FLOAT_EQ(arena.get("b").grad[0], 0.8f);
+  EXPECT_DOUBLE_EQ(gradient_norm(arena), 5.0);
+  EXPECT_EQ(clip_factor(5.0, 10.0), 1.0) << "under the limit: unchanged";
+  EXPECT_EQ(clip_factor(5.0, 1.0), double(0.2f)) << "the factor a float gradient is multiplied by";
+  EXPECT_EQ(clip_factor(5.0, 0.0), 1.0) << "max_norm 0: no clipping";
+  EXPECT_EQ(clip_factor(std::nan(""), 1.0), 1.0);
+  EXPECT_EQ(clip_factor(INFINITY, 1.0), 1.0);
   arena.get("b").grad[0] = std::nanf("");
-  EXPECT_TRUE(std::isnan(clip_grad_norm(arena, 1.0)));
+  EXPECT_TRUE(std::isnan(gradient_norm(arena)));
 }
 
 // The norm is summed in fixed blocks: the same on any thread count, and the double-precision sum.
@@ -356,22 +357,71 @@ TEST(Clipping, LargeArenasGiveTheSameNormOnAnyThreadCount) {
   arena.allocate();
   Rng rng(3);
   for (float& v : arena.grads()) v = static_cast<float>(rng.next_normal());
-  const std::vector<float> grads(arena.grads().begin(), arena.grads().end());
   double reference = 0;
-  for (float v : grads) reference += double(v) * v;
+  for (float v : arena.grads()) reference += double(v) * v;
   reference = std::sqrt(reference);
   const int saved_threads = omp_get_max_threads();
   std::vector<double> norms;
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
-    std::copy(grads.begin(), grads.end(), arena.grads().begin());
-    norms.push_back(clip_grad_norm(arena, 1.0));
-    EXPECT_NEAR(arena.get("a").grad[7], grads[7] / reference, 1e-6) << threads << " threads: scaled to norm 1";
+    norms.push_back(gradient_norm(arena));
   }
   omp_set_num_threads(saved_threads);
   EXPECT_EQ(norms[0], norms[1]);
   EXPECT_EQ(norms[0], norms[2]);
   EXPECT_NEAR(norms[0], reference, 1e-9 * reference);
+}
+
+// Clipping folded into the update: step(lr, s) gives bit for bit the step from gradients multiplied by s
+// beforehand (AdamW, LAMB and a log-space parameter; on the CPU and on a GPU), and leaves the arena's
+// gradients as they were.
+TEST(Clipping, AScaledUpdateIsTheUpdateFromScaledGradients) {
+  std::vector<std::unique_ptr<Device>> gpus;
+  if (Device::cuda_available()) gpus.push_back(Device::cuda(0, Precision::kFp32));
+  std::vector<const Device*> devices = {&Device::cpu()};
+  for (const auto& gpu : gpus) devices.push_back(gpu.get());
+  for (const Device* device : devices)
+    for (const std::string name : {"adamw", "lamb"}) {
+      SCOPED_TRACE(name + " on " + device->name());
+      const float s = static_cast<float>(clip_factor(7.3, 1.0));
+      auto values_after = [&](bool scale_in_step) {
+        ParameterArena<float> arena;
+        arena.add("dense.weight", {3, 5});
+        arena.add("dense.bias", {3});
+        arena.add("embeddings.weight", {40, 350});
+        arena.add("scale", {2});
+        arena.allocate();
+        Rng rng(21);
+        for (float& x : arena.values()) x = static_cast<float>(std::abs(rng.next_normal()) + 0.1);
+        if (device->is_cuda()) arena.place_on(*device);
+        OptimizerOptions options;
+        options.kind = parse_optimizer(name);
+        Optimizer opt(options, arena, {true, false, true, false});
+        opt.set_log_space(3);
+        std::vector<float> unscaled;
+        for (int step = 0; step < 3; ++step) {
+          for (float& x : arena.grads()) x = static_cast<float>(rng.next_normal());
+          unscaled.assign(arena.grads().begin(), arena.grads().end());
+          if (!scale_in_step) {
+            for (float& x : arena.grads()) x *= s;
+          }
+          if (device->is_cuda())
+            device->copy_to_device(arena.device_grads().data(), arena.grads().data(),
+                                   arena.grads().numel() * sizeof(float));
+          opt.step(1e-2, scale_in_step ? s : 1.0);
+        }
+        if (device->is_cuda()) {
+          arena.download_values();
+          arena.download_grads();
+        }
+        if (scale_in_step) {
+          EXPECT_EQ(std::vector<float>(arena.grads().begin(), arena.grads().end()), unscaled)
+              << "the gradients are left as they were";
+        }
+        return std::vector<float>(arena.values().begin(), arena.values().end());
+      };
+      EXPECT_EQ(values_after(true), values_after(false));
+    }
 }
 
 // ---------------------------------------------------------------- a small corpus of facts
