@@ -10,11 +10,14 @@
 # and in reduce-overhead mode (CUDA graphs: no per-kernel launch cost on the host).
 # Environment: BENCH_STEPS (10), CONFIGS (the "preset batch seq" triples below), PRECISIONS (fp32 tf32
 # bf16), COMPILED_PRECISIONS (bf16: the compiled runs), COMPILE_MODES (default reduce-overhead), MODES (ours:
-# fp32,qat,qat-separate).
+# fp32,qat,qat-separate), WARMUP_SECONDS (2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 steps=${BENCH_STEPS:-10}
+# Both sides warm up for at least this long: a GPU reaches its full clocks only after a moment of load
+# (BERT-mini's first half second of steps ran at 60-80% of its later speed on an H200).
+warmup_seconds=${WARMUP_SECONDS:-2}
 configs=${CONFIGS:-"base 64 128;mini 256 128;large 32 128;base 16 512"}
 precisions=${PRECISIONS:-fp32 tf32 bf16}
 each_config() {  # calls "$@" preset batch seq for every configuration
@@ -26,20 +29,22 @@ each_config() {  # calls "$@" preset batch seq for every configuration
 }
 ours() {
   bash gpu-bundle/run.sh train-step-bench --device cuda --precision "$precision" --presets "$1" --batches "$2" \
-    --seq "$3" --vocab 30522 --steps "$steps" --warmup 3 --modes "${MODES:-fp32,qat,qat-separate}" |
+    --seq "$3" --vocab 30522 --steps "$steps" --warmup 3 --warmup-seconds "$warmup_seconds" \
+    --modes "${MODES:-fp32,qat,qat-separate}" |
     grep -E "^(device|$1) " | sed "s/^/ours $precision seq $3: /"
 }
 torch_tiers() {
   python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
-    --vocab 30522 --steps "$steps" --warmup 3
+    --vocab 30522 --steps "$steps" --warmup 3 --warmup-seconds "$warmup_seconds"
   python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
-    --vocab 30522 --steps "$steps" --warmup 3 --attention sdpa --adamw fused
+    --vocab 30522 --steps "$steps" --warmup 3 --warmup-seconds "$warmup_seconds" --attention sdpa --adamw fused
 }
 torch_compiled() {
   local IFS=' ' mode  # each_config splits on ';'
   for mode in ${COMPILE_MODES:-default reduce-overhead}; do
     python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
-      --vocab 30522 --steps "$steps" --warmup 3 --attention sdpa --adamw fused --compile --compile-mode "$mode"
+      --vocab 30522 --steps "$steps" --warmup 3 --warmup-seconds "$warmup_seconds" --attention sdpa --adamw fused \
+      --compile --compile-mode "$mode"
   done
 }
 for precision in $precisions; do

@@ -3,7 +3,8 @@
 (post-LN, erf GELU, tied MLM decoder evaluated at the masked positions, NSP head), from the project's
 one PyTorch reference (tests/golden/bert_reference.py: torch.nn.functional only, no Hugging Face), with
 BERT's initialisation and dropout 0.1, the same shapes and synthetic batches, one full training
-step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup, and
+step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup (and
+--warmup-seconds), and
 evaluation throughput (forward, no grad). Prints one JSON object per configuration. --dtype fp32
 (strict), bf16 (autocast to bfloat16, FP32 master weights; CPU or GPU) or, on a GPU (--device cuda), tf32
 (TF32 matmuls); --compile for torch.compile. PyTorch at its best on a GPU: --attention sdpa
@@ -89,6 +90,9 @@ def main():
     ap.add_argument("--batches", default="32,128")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup-seconds", type=float, default=0.0,
+                    help="and untimed steps until this many seconds have passed (a GPU reaches its clocks after "
+                         "a moment of load)")
     ap.add_argument("--vocab", type=int, default=16000)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--flush-denormals", action="store_true",
@@ -150,19 +154,25 @@ def main():
                     fwd(evaluation, batch)
                 sync()
 
+            def warm_up(one_step):  # at least --warmup steps, for at least --warmup-seconds
+                begin, s = time.perf_counter(), 0
+                while s < a.warmup or time.perf_counter() - begin < a.warmup_seconds:
+                    one_step()
+                    s += 1
+
             times = []
-            for s in range(a.warmup + a.steps):
+            warm_up(train_step)
+            for s in range(a.steps):
                 start = time.perf_counter()
                 train_step()
-                if s >= a.warmup:
-                    times.append(time.perf_counter() - start)
+                times.append(time.perf_counter() - start)
             eval_times = []
             with torch.no_grad():
-                for s in range(a.warmup + a.steps):
+                warm_up(eval_step)
+                for s in range(a.steps):
                     start = time.perf_counter()
                     eval_step()
-                    if s >= a.warmup:
-                        eval_times.append(time.perf_counter() - start)
+                    eval_times.append(time.perf_counter() - start)
             if a.profile:
                 profile_steps(a, name, b, lambda: train_step(), "training step")
                 with torch.no_grad():

@@ -1,7 +1,8 @@
 // train-step-bench: time of one full training step (forward, backward, clipping, AdamW: bert-train's own
 // step, train::TrainingStep, with its default options) for FP32 and QAT, and evaluation throughput, for
 // BERT presets at sequence length 128 (--seq), with achieved GFLOP/s from an analytic FLOP count and the
-// SGEMM ceiling of the machine measured in the same run. Median of timed steps after warm-up. Synthetic batches with the shard layout (20 masked positions per sequence).
+// SGEMM ceiling of the machine measured in the same run. Median of timed steps after warm-up. Synthetic
+// batches with the shard layout (20 masked positions per sequence).
 #include <omp.h>
 #include <CLI/CLI.hpp>
 
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   bert::apply_denormal_setting();            // as the tools do (BERT_KEEP_DENORMALS=1 keeps them)
   std::string presets = "tiny,mini", batches = "32,128";
   int steps = 5, warmup = 2;
+  double warmup_seconds = 0;
   int64_t vocab = 16000, seq = 128;
   std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32", eval_outputs = "scores";
   bool profile_ops = false, profile_shapes = false;
@@ -97,6 +99,11 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches, "comma-separated batch sizes")->capture_default_str();
   app.add_option("--steps", steps, "timed steps (median reported)")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000))->capture_default_str();
+  app.add_option("--warmup-seconds", warmup_seconds,
+                 "and untimed steps until this many seconds have passed (a GPU reaches its clocks after a "
+                 "moment of load; bench/gpu_speed.sh gives both sides the same)")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
   app.add_option("--vocab", vocab, "vocabulary size")
       ->check(CLI::Range(int64_t{100}, int64_t{1} << 20))
       ->capture_default_str();
@@ -271,19 +278,26 @@ int main(int argc, char** argv) {
           device->synchronize();
           g.set_profile(nullptr);
         };
+        // Untimed steps: at least --warmup of them, for at least --warmup-seconds.
+        auto warm_up = [&](auto&& one_step) {
+          const auto begin = std::chrono::steady_clock::now();
+          for (int s = 0; s < warmup || seconds_since(begin) < warmup_seconds; ++s) one_step(nullptr);
+        };
         std::vector<double> times;
-        for (int s = 0; s < warmup + steps && !int8; ++s) {
+        if (!int8) warm_up(train_step);
+        for (int s = 0; s < steps && !int8; ++s) {
           const auto start = std::chrono::steady_clock::now();
           train_step(nullptr);
-          if (s >= warmup) times.push_back(seconds_since(start));
+          times.push_back(seconds_since(start));
         }
         const double step = int8 ? 0.0 : median(times);
         if (mode == "fp32") fp32_step = step;
         std::vector<double> eval_times;
-        for (int s = 0; s < warmup + steps; ++s) {
+        warm_up(eval_step);
+        for (int s = 0; s < steps; ++s) {
           const auto start = std::chrono::steady_clock::now();
           eval_step(nullptr);
-          if (s >= warmup) eval_times.push_back(seconds_since(start));
+          eval_times.push_back(seconds_since(start));
         }
         OpProfile train_profile(profile_shapes), eval_profile(profile_shapes);
         if (profile_ops) {
