@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
         // synthetic batch; with a profile, the time outside the graph's ops is timed into it too.
         const train::TrainOptions step_options;
         train::SingleProcess single;
-        const train::TrainingStep training_step(step_options, {model, optimizer, dropout, single});
+        train::TrainingStep training_step(step_options, {model, optimizer, dropout, single});
         train::ProgressWindow window(config);
         Batch step_batch = batch;
         auto train_step = [&](OpProfile* profile) {

@@ -80,8 +80,14 @@ Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std:
 // (out, in), bias (out) or Var{}, a target in [0, out) per row. CPU, forward only (no gradient: NoGradGuard).
 struct LinearScores {
   Var loss;                          // scalar
-  std::vector<int32_t> predictions;  // (rows)
+  std::vector<int32_t> predictions;  // (rows), unless left on the device:
+  // cross_entropy_scores(..., PredictionsTo::kDevice): (rows) in the graph's memory (its device's), until it
+  // is cleared, for a caller that reads them later (core/readback.h); `predictions` is then empty.
+  const int32_t* device_predictions = nullptr;
 };
+// Where an op that scores rows leaves its predictions: read on the host (waiting for the device), or on
+// the device for the caller to read later.
+enum class PredictionsTo { kHost, kDevice };
 LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias,
                                          std::span<const int32_t> targets);
 // The same for int8_linear_dynamic's product (x quantized per row at run time): its values, never stored.
@@ -181,9 +187,11 @@ template <typename T>
 Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights = {},
                   int32_t ignore_index = -1);
 // cross_entropy (every row active, equal weights) and row_argmax of the same logits: on a GPU from one
-// read of each row (the two ops read a vocabulary-wide (N, C) three times), the predictions read on the host.
+// read of each row (the two ops read a vocabulary-wide (N, C) three times), the predictions read on the host
+// or left on the device (`to`).
 template <typename T>
-LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32_t> targets);
+LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32_t> targets,
+                                  PredictionsTo to = PredictionsTo::kHost);
 
 // Knowledge distillation: temperature^2 x the mean over rows of KL(softmax(teacher / temperature) ||
 // softmax(student / temperature)), for (N, C) logits. Only the student takes a gradient: the teacher is

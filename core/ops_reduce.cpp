@@ -152,11 +152,17 @@ Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature)
 }
 
 template <typename T>
-LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32_t> targets) {
-  BERT_DISPATCH_CUDA(g, cross_entropy_scores(g, logits, targets))
+LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32_t> targets, PredictionsTo to) {
+  BERT_DISPATCH_CUDA(g, cross_entropy_scores(g, logits, targets, to))
   LinearScores scores;
   scores.loss = cross_entropy<T>(g, logits, targets);
   scores.predictions = row_argmax(g, logits);
+  if (to == PredictionsTo::kDevice) {  // the CPU's "device" memory is the graph's own
+    int32_t* kept = g.template scratch<int32_t>(std::max<std::size_t>(scores.predictions.size(), 1));
+    std::copy(scores.predictions.begin(), scores.predictions.end(), kept);
+    scores.device_predictions = kept;
+    scores.predictions.clear();
+  }
   return scores;
 }
 
@@ -212,7 +218,7 @@ std::vector<int64_t> abs_histogram(Graph<T>& g, Var x, double range, int bins) {
   template Var mean<T>(Graph<T>&, Var);                                                                 \
   template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t); \
   template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                       \
-  template LinearScores cross_entropy_scores<T>(Graph<T>&, Var, std::span<const int32_t>);             \
+  template LinearScores cross_entropy_scores<T>(Graph<T>&, Var, std::span<const int32_t>, PredictionsTo);             \
   template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);                                    \
   template double abs_max<T>(Graph<T>&, Var);                                                           \
   template std::vector<int64_t> abs_histogram<T>(Graph<T>&, Var, double, int);

@@ -366,11 +366,15 @@ Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets,
   return cross_entropy_rows_op(g, logits, targets, weights, ignore_index, nullptr);
 }
 
-LinearScores cross_entropy_scores(Graph<float>& g, Var logits, std::span<const int32_t> targets) {
+LinearScores cross_entropy_scores(Graph<float>& g, Var logits, std::span<const int32_t> targets, PredictionsTo to) {
   const int64_t n = g.shape(logits).rank() == 2 ? g.shape(logits)[0] : 0;
   int32_t* argmax = g.scratch<int32_t>(std::max<int64_t>(n, 1));
   LinearScores scores;
   scores.loss = cross_entropy_rows_op(g, logits, targets, {}, -1, argmax);
+  if (to == PredictionsTo::kDevice) {
+    scores.device_predictions = argmax;
+    return scores;
+  }
   scores.predictions.resize(static_cast<size_t>(n));
   g.device().copy_to_host(scores.predictions.data(), argmax, scores.predictions.size() * sizeof(int32_t));
   return scores;

@@ -8,25 +8,40 @@ namespace bert::eval {
 
 void PretrainingMetrics::add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& batch) {
   const int64_t m = static_cast<int64_t>(out.mlm_targets.size());
+  std::vector<int32_t> mlm_predicted, nsp_predicted;
+  double mlm_loss = 0, nsp_loss = 0;
   if (m > 0) {
-    const std::vector<int32_t> predicted = static_cast<int64_t>(out.mlm_predictions.size()) == m
-                                               ? out.mlm_predictions
-                                               : ops::row_argmax(g, out.mlm_logits);
-    for (int64_t i = 0; i < m; ++i) {
-      mlm_correct += predicted[i] == out.mlm_targets[i];
-      ++target_counts[out.mlm_targets[i]];
-    }
-    predictions += m;
-    mlm_loss_sum += double(g.item(out.mlm_loss)) * m;
+    mlm_predicted = static_cast<int64_t>(out.mlm_predictions.size()) == m ? out.mlm_predictions
+                                                                          : ops::row_argmax(g, out.mlm_logits);
+    mlm_loss = g.item(out.mlm_loss);
   }
   if (!batch.next_sentence_labels.empty()) {
-    const std::vector<int32_t> predicted = ops::row_argmax(g, out.nsp_logits);
-    for (int64_t i = 0; i < batch.batch; ++i) {
-      nsp_correct += predicted[i] == batch.next_sentence_labels[i];
-      nsp_random_next += batch.next_sentence_labels[i];
+    nsp_predicted = ops::row_argmax(g, out.nsp_logits);
+    nsp_loss = g.item(out.nsp_loss);
+  }
+  add(mlm_predicted, out.mlm_targets, mlm_loss, nsp_predicted, batch.next_sentence_labels, nsp_loss);
+}
+
+void PretrainingMetrics::add(std::span<const int32_t> mlm_predicted, std::span<const int32_t> mlm_targets,
+                             double mlm_loss, std::span<const int32_t> nsp_predicted,
+                             std::span<const int8_t> nsp_labels, double nsp_loss) {
+  const auto m = static_cast<int64_t>(mlm_targets.size());
+  if (m > 0) {
+    for (int64_t i = 0; i < m; ++i) {
+      mlm_correct += mlm_predicted[i] == mlm_targets[i];
+      ++target_counts[mlm_targets[i]];
     }
-    sequences += batch.batch;
-    nsp_loss_sum += double(g.item(out.nsp_loss)) * batch.batch;
+    predictions += m;
+    mlm_loss_sum += mlm_loss * m;
+  }
+  const auto b = static_cast<int64_t>(nsp_labels.size());
+  if (b > 0) {
+    for (int64_t i = 0; i < b; ++i) {
+      nsp_correct += nsp_predicted[i] == nsp_labels[i];
+      nsp_random_next += nsp_labels[i];
+    }
+    sequences += b;
+    nsp_loss_sum += nsp_loss * b;
   }
 }
 
@@ -75,12 +90,16 @@ Json PretrainingMetrics::to_json() const {
 }
 
 void TaskMetrics::add(const Graph<float>& g, const model::ModelOutputs& out) {
-  const auto n = static_cast<int64_t>(out.targets.size());
+  if (out.targets.empty()) return;
+  add(ops::row_argmax(g, out.logits), out.targets, g.item(out.loss));
+}
+
+void TaskMetrics::add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss) {
+  const auto n = static_cast<int64_t>(targets.size());
   if (n == 0) return;
-  const std::vector<int32_t> predicted = ops::row_argmax(g, out.logits);
-  for (int64_t i = 0; i < n; ++i) ++confusion[out.targets[i] * num_labels + predicted[i]];
+  for (int64_t i = 0; i < n; ++i) ++confusion[targets[i] * num_labels + predicted[i]];
   examples += n;
-  loss_sum += double(g.item(out.loss)) * n;
+  loss_sum += loss * n;
 }
 
 void TaskMetrics::merge(const TaskMetrics& o) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -26,6 +27,11 @@ struct PretrainingMetrics {
 
   // Adds one forward pass's outputs (values read from the graph; call before backward()).
   void add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& batch);
+  // The same from values the caller read itself (a training step reads them after queuing its backward
+  // pass): each masked position's prediction and target, their mean loss, each sequence's NSP prediction
+  // and label (none: no NSP), their mean loss.
+  void add(std::span<const int32_t> mlm_predicted, std::span<const int32_t> mlm_targets, double mlm_loss,
+           std::span<const int32_t> nsp_predicted, std::span<const int8_t> nsp_labels, double nsp_loss);
   void merge(const PretrainingMetrics& other);
 
   double mlm_accuracy() const { return predictions ? double(mlm_correct) / predictions : 0.0; }
@@ -52,6 +58,8 @@ struct TaskMetrics {
       : num_labels(num_labels), confusion(static_cast<size_t>(num_labels * num_labels), 0) {}
   // Adds one forward pass's logits against its targets (call before backward()).
   void add(const Graph<float>& g, const model::ModelOutputs& out);
+  // The same from values the caller read: each example's prediction and target, their mean loss.
+  void add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss);
   void merge(const TaskMetrics& other);
 
   double accuracy() const;

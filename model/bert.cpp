@@ -453,7 +453,8 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, Ml
   Var transformed = transform_norm_.forward(g, params_, transform_.forward_gelu(g, params_, selected));
   const bool cpu_inference = !g.on_cuda() && !g.grad_enabled();
   const Var decoder_weight = g.param(params_.get(word_embeddings_)), decoder_bias = g.param(params_.get(decoder_bias_));
-  if (mlm == MlmOutputs::kLossAndPredictions && cpu_inference) {  // no logits
+  const bool scored = mlm != MlmOutputs::kLogits;
+  if (scored && cpu_inference) {  // no logits
     ops::LinearScores scores =
         integer_decoder_
             ? ops::int8_linear_dynamic_cross_entropy_scores(g, transformed, *integer_decoder_, integer_decoder_scales_,
@@ -461,14 +462,23 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, Ml
             : ops::linear_cross_entropy_scores(g, transformed, decoder_weight, decoder_bias, out.mlm_targets);
     out.mlm_loss = scores.loss;
     out.mlm_predictions = std::move(scores.predictions);
+    if (mlm == MlmOutputs::kLossAndPredictionsOnDevice) {  // the CPU's device memory is the graph's
+      int32_t* kept = g.scratch<int32_t>(std::max<std::size_t>(out.mlm_predictions.size(), 1));
+      std::copy(out.mlm_predictions.begin(), out.mlm_predictions.end(), kept);
+      out.mlm_device_predictions = kept;
+      out.mlm_predictions.clear();
+    }
   } else {
     out.mlm_logits = integer_decoder_ && cpu_inference ? ops::int8_linear_dynamic(g, transformed, *integer_decoder_,
                                                                                   integer_decoder_scales_, decoder_bias)
                                                        : ops::linear(g, transformed, decoder_weight, decoder_bias);
-    if (mlm == MlmOutputs::kLossAndPredictions) {
-      ops::LinearScores scores = ops::cross_entropy_scores<float>(g, out.mlm_logits, out.mlm_targets);
-      out.mlm_loss = scores.loss;
-      out.mlm_predictions = std::move(scores.predictions);
+    if (scored) {
+      ops::LinearScores s = ops::cross_entropy_scores<float>(
+          g, out.mlm_logits, out.mlm_targets,
+          mlm == MlmOutputs::kLossAndPredictions ? ops::PredictionsTo::kHost : ops::PredictionsTo::kDevice);
+      out.mlm_loss = s.loss;
+      out.mlm_predictions = std::move(s.predictions);
+      out.mlm_device_predictions = s.device_predictions;
     } else {
       out.mlm_loss = ops::cross_entropy<float>(g, out.mlm_logits, out.mlm_targets);
     }

@@ -36,6 +36,9 @@ struct ModelOutputs {
   // (M) the top-scoring token at each masked position, with MlmOutputs::kLossAndPredictions (mlm_logits is then
   // null where the CPU evaluates without gradients: the logits were never made).
   std::vector<int32_t> mlm_predictions;
+  // The same (M) left on the graph's device with MlmOutputs::kLossAndPredictionsOnDevice (valid until the
+  // graph is cleared; mlm_predictions is then empty).
+  const int32_t* mlm_device_predictions = nullptr;
   // Task heads. Sequence classification: logits (B, num_labels), targets (B). Token classification:
   // logits (N, num_labels) at the N labeled tokens (every real token when the batch has no labels),
   // rows b * T + position of each, targets (N).
@@ -51,7 +54,9 @@ struct ModelOutputs {
 // cache (ops::linear_cross_entropy_scores): the (M, V) logits, most of a small model's evaluation traffic, are
 // never stored; elsewhere the predictions are read off the logits (on a GPU in the same pass as the loss:
 // ops::cross_entropy_scores).
-enum class MlmOutputs { kLogits, kLossAndPredictions };
+// kLossAndPredictionsOnDevice: as kLossAndPredictions, the predictions left on the device for the caller to
+// read later (core/readback.h): a training step that reads its metrics after queuing its backward pass.
+enum class MlmOutputs { kLogits, kLossAndPredictions, kLossAndPredictionsOnDevice };
 
 class Bert {
  public:

@@ -213,15 +213,11 @@ double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, S
   return schedule == Schedule::kPoly ? peak * std::sqrt(remaining) : peak * remaining;
 }
 
-double gradient_norm(ParameterArena<float>& params) {
-#if BERT_WITH_CUDA
-  if (params.on_cuda())
-    return cuda_impl::gradient_norm(params.device(), params.device_grads().data(), params.device_grads().numel());
-#endif
-  TensorView<float> g = params.grads();
+namespace {
+// Sums of fixed blocks, added in order: the same sum whatever the thread count.
+double sum_of_squares(TensorView<float> g) {
   const float* gv = g.data();
   const int64_t n = g.numel();
-  // Sums of fixed blocks, added in order: the same norm whatever the thread count.
   constexpr int64_t kBlock = 1 << 15;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> block_sums(static_cast<std::size_t>(blocks));
@@ -234,7 +230,27 @@ double gradient_norm(ParameterArena<float>& params) {
   });
   double sum = 0;
   for (double s : block_sums) sum += s;
-  return std::sqrt(sum);
+  return sum;
+}
+}  // namespace
+
+double gradient_norm(ParameterArena<float>& params) {
+#if BERT_WITH_CUDA
+  if (params.on_cuda())
+    return cuda_impl::gradient_norm(params.device(), params.device_grads().data(), params.device_grads().numel());
+#endif
+  return std::sqrt(sum_of_squares(params.grads()));
+}
+
+const double* gradient_sum_of_squares(ParameterArena<float>& params, Readback& later) {
+#if BERT_WITH_CUDA
+  if (params.on_cuda())
+    return later.read<double>(cuda_impl::queue_sum_of_squares(params.device(), params.device_grads().data(),
+                                                              params.device_grads().numel()),
+                              1);
+#endif
+  const double sum = sum_of_squares(params.grads());
+  return later.read<double>(&sum, 1);  // on the CPU: copied at once
 }
 
 double clip_factor(double norm, double max_norm) {

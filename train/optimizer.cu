@@ -181,15 +181,19 @@ void lamb_step(const Device& device, float* w, const float* g, float* m, float* 
   BERT_CUDA_LAUNCHED();
 }
 
-double gradient_norm(const Device& device, const float* g, int64_t n) {
+const double* queue_sum_of_squares(const Device& device, const float* g, int64_t n) {
   const CudaContext& c = cuda::context(device);
   static_assert(kNormBlocks + 1 <= CudaContext::kReduceScratch);
   sum_squares_partial<<<kNormBlocks, kThreads, 0, c.stream>>>(c.reduce_scratch, g, n);
   BERT_CUDA_LAUNCHED();
   sum_partials<<<1, 1024, 0, c.stream>>>(c.reduce_scratch + kNormBlocks, c.reduce_scratch, kNormBlocks);
   BERT_CUDA_LAUNCHED();
+  return c.reduce_scratch + kNormBlocks;
+}
+
+double gradient_norm(const Device& device, const float* g, int64_t n) {
   double sum = 0;
-  device.copy_to_host(&sum, c.reduce_scratch + kNormBlocks, sizeof(double));
+  device.copy_to_host(&sum, queue_sum_of_squares(device, g, n), sizeof(double));
   return std::sqrt(sum);
 }
 

@@ -12,6 +12,7 @@
 #include "core/enum_names.h"
 #include "core/aligned.h"
 #include "core/arena.h"
+#include "core/readback.h"
 
 namespace bert::store {
 struct OptimizerMoments;  // store/checkpoint.h
@@ -107,6 +108,9 @@ double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, S
 // Global L2 norm of all gradients (on the arena's device), summed in double in a fixed order (the same on
 // any thread count); inf or NaN when a gradient is not finite.
 double gradient_norm(ParameterArena<float>& params);
+// The same queued on the arena's device, without waiting: the sum of squares (the norm's square) is at the
+// returned address once `later` has waited (core/readback.h).
+const double* gradient_sum_of_squares(ParameterArena<float>& params, Readback& later);
 
 // Global-norm clipping: the factor that brings gradients of norm `norm` to at most max_norm (1 when they
 // are within it, when max_norm <= 0 (no clipping) or when the norm is not finite). Optimizer::step

@@ -39,5 +39,8 @@ void lamb_step(const Device& device, float* w, const float* g, float* m, float* 
                int n_segments, int64_t largest, AdamHyper h);
 // The L2 norm of g (n elements), summed in double in a fixed order.
 double gradient_norm(const Device& device, const float* g, int64_t n);
+// The same, its sum of squares left in device memory (valid until the next kernel that uses the
+// context's reduction scratch): the address returned.
+const double* queue_sum_of_squares(const Device& device, const float* g, int64_t n);
 
 }  // namespace bert::train::cuda_impl

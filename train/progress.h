@@ -28,11 +28,13 @@ class ProgressWindow {
  public:
   explicit ProgressWindow(const model::BertConfig& config)
       : pretraining_(config.head == model::Head::kPretraining), labels_(config.num_labels()), task_(labels_) {}
-  void add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& b) {
-    if (pretraining_)
-      pretraining_metrics_.add(g, out, b);
-    else
-      task_.add(g, out);
+  // A micro-batch's metrics, from values read back by the training step.
+  void add_pretraining(std::span<const int32_t> mlm_predicted, std::span<const int32_t> mlm_targets, double mlm_loss,
+                       std::span<const int32_t> nsp_predicted, std::span<const int8_t> nsp_labels, double nsp_loss) {
+    pretraining_metrics_.add(mlm_predicted, mlm_targets, mlm_loss, nsp_predicted, nsp_labels, nsp_loss);
+  }
+  void add_task(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss) {
+    task_.add(predicted, targets, loss);
   }
   double loss() const {
     return pretraining_ ? pretraining_metrics_.mlm_loss() + pretraining_metrics_.nsp_loss() : task_.loss();

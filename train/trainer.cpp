@@ -274,8 +274,7 @@ TrainResult TrainingRun::run_steps() {
                          : nullptr;
   Batch batch;
   ProgressWindow window(config_);
-  const TrainingStep training_step(o_,
-                                   {model_, *optimizer_, dropout_rng_, ranks(), teacher_.get(), reduction.get(), stop_});
+  TrainingStep training_step(o_, {model_, *optimizer_, dropout_rng_, ranks(), teacher_.get(), reduction.get(), stop_});
   const auto next_batch = [this](Batch& b) { loader_.next(b); };
   const int64_t first_step = state_.step + 1;
   int64_t consecutive_skips = 0;

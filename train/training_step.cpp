@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -53,37 +54,101 @@ double prediction_share(Communicator& ranks, const model::ModelOutputs& out, mod
   return total[0] > 0 ? own * ranks.size() / total[0] : 1.0;
 }
 
+// Row-wise argmax of (rows, cols) values read back as `dtype` (BF16 widened): the first largest value, as
+// ops::row_argmax.
+std::vector<int32_t> host_row_argmax(const void* values, DType dtype, int64_t rows, int64_t cols) {
+  auto at = [&](int64_t i) {
+    if (dtype == DType::kF32) return static_cast<const float*>(values)[i];
+    return std::bit_cast<float>(uint32_t(static_cast<const uint16_t*>(values)[i]) << 16);
+  };
+  std::vector<int32_t> out(static_cast<size_t>(rows), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    float best = at(r * cols);
+    for (int64_t c = 1; c < cols; ++c)
+      if (at(r * cols + c) > best) best = at(r * cols + c), out[r] = static_cast<int32_t>(c);
+  }
+  return out;
+}
+
 }  // namespace
 
+TrainingStep::MicroBatchReads TrainingStep::queue_reads(const Graph<float>& g, const model::ModelOutputs& out,
+                                                        Var objective, Var logged, const BatchView& b) {
+  Readback& rb = *reads_;
+  MicroBatchReads r;
+  auto scalar = [&](Var v) { return rb.read<float>(g.data(v), 1); };  // losses are F32 nodes
+  r.logged = scalar(logged);
+  r.objective = objective.index == logged.index ? r.logged : scalar(objective);
+  const Var head = p_.model.config().head == model::Head::kPretraining ? out.nsp_logits : out.logits;
+  if (p_.model.config().head == model::Head::kPretraining) {
+    r.mlm_targets = out.mlm_targets;
+    if (!r.mlm_targets.empty()) {
+      r.mlm_loss = scalar(out.mlm_loss);
+      r.mlm_predicted = rb.read<int32_t>(out.mlm_device_predictions, r.mlm_targets.size());
+    }
+    r.nsp_labels.assign(b.next_sentence_labels.begin(), b.next_sentence_labels.end());
+    if (!r.nsp_labels.empty()) r.nsp_loss = scalar(out.nsp_loss);
+  } else {
+    r.task_targets = out.targets;
+    if (!r.task_targets.empty()) r.task_loss = scalar(out.loss);
+  }
+  if ((!r.nsp_labels.empty() || !r.task_targets.empty()) && head.valid()) {
+    const Shape s = g.shape(head);
+    r.head_rows = s.rows(), r.head_cols = s.last(), r.head_dtype = g.dtype(head);
+    r.head_logits = rb.read_bytes(g.data(head), s.numel() * dtype_size(r.head_dtype, sizeof(float)));
+  }
+  return r;
+}
+
+void TrainingStep::take_reads(const MicroBatchReads& r, Outcome& outcome, ProgressWindow& window) {
+  const double loss = *r.logged;
+  if ((!std::isfinite(loss) || !std::isfinite(*r.objective)) && outcome.nonfinite.empty()) {
+    std::string parts;
+    if (r.mlm_loss || r.nsp_loss)
+      parts = " (MLM " + std::to_string(r.mlm_loss ? *r.mlm_loss : 0.0f) + ", NSP " +
+              std::to_string(r.nsp_loss ? *r.nsp_loss : 0.0f) + ")";
+    ParameterArena<float>& params = p_.model.parameters();
+    params.download_values();
+    outcome.nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(params);
+  }
+  if (!outcome.nonfinite.empty()) return;
+  outcome.loss += loss / o_.accumulation;
+  const std::vector<int32_t> head_predicted =
+      r.head_logits ? host_row_argmax(r.head_logits, r.head_dtype, r.head_rows, r.head_cols) : std::vector<int32_t>{};
+  if (p_.model.config().head == model::Head::kPretraining) {
+    window.add_pretraining(std::span<const int32_t>(r.mlm_predicted, r.mlm_predicted ? r.mlm_targets.size() : 0),
+                           r.mlm_targets, r.mlm_loss ? *r.mlm_loss : 0.0, head_predicted, r.nsp_labels,
+                           r.nsp_loss ? *r.nsp_loss : 0.0);
+  } else {
+    window.add_task(head_predicted, r.task_targets, r.task_loss ? *r.task_loss : 0.0);
+  }
+}
+
 TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch,
-                                        double lr, ProgressWindow& window, bool log_buckets) const {
+                                        double lr, ProgressWindow& window, bool log_buckets) {
   Outcome r;
+  if (!reads_) reads_ = std::make_unique<Readback>(g.device());
+  Readback& rb = *reads_;
+  pending_.clear();
   model::Bert& model = p_.model;
   ParameterArena<float>& params = model.parameters();
   const model::BertConfig& config = model.config();
+  // Reads what the wait has brought back: the loss and metrics of each micro-batch queued so far.
+  auto take_pending = [&] {
+    rb.wait();
+    for (const MicroBatchReads& m : pending_) take_reads(m, r, window);
+    pending_.clear();
+  };
   params.zero_grad();
   for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
     next_batch(batch);
     const BatchView b = batch.view();
-    // The progress window's MLM accuracy takes the predictions from the loss's own pass over the logits.
+    // The predictions come from the loss's own pass over the logits and stay on the device until read back.
     const model::ModelOutputs out =
-        model.forward(g, b, /*training=*/true, p_.dropout_rng, model::MlmOutputs::kLossAndPredictions);
+        model.forward(g, b, /*training=*/true, p_.dropout_rng, model::MlmOutputs::kLossAndPredictionsOnDevice);
     const auto [objective, logged] =
         objective_of(g, out, p_.teacher, b, o_, prediction_share(p_.ranks, out, config.head));
-    // The progress log shows MLM + NSP or the task loss (comparable with runs without distillation); the
-    // objective must be finite too.
-    const double loss = g.item(logged);
-    if ((!std::isfinite(loss) || (p_.teacher && !std::isfinite(g.item(objective)))) && r.nonfinite.empty()) {
-      std::string parts;
-      if (config.head == model::Head::kPretraining)
-        parts = " (MLM " + std::to_string(g.item(out.mlm_loss)) + ", NSP " + std::to_string(g.item(out.nsp_loss)) + ")";
-      params.download_values();
-      r.nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(params);
-    }
-    if (r.nonfinite.empty()) {
-      r.loss += loss / o_.accumulation;
-      window.add(g, out, b);
-    }
+    pending_.push_back(queue_reads(g, out, objective, logged, b));
     const Var scaled = o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation);
     if (!p_.reduction || micro + 1 < o_.accumulation) {
       g.backward(scaled);
@@ -92,6 +157,7 @@ TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std
     // Several ranks, the step's last micro-batch. They agree first: any rank's non-finite loss drops the
     // step everywhere, any rank's stop stops all; the logged loss is averaged. Then its backward pass,
     // whose gradients are averaged in buckets while it runs.
+    take_pending();
     r.stop_requested = p_.stop && p_.stop->load();
     std::vector<double> agreed = {r.nonfinite.empty() ? 0.0 : 1.0, r.stop_requested ? 1.0 : 0.0, r.loss};
     p_.ranks.all_reduce_sum(agreed);
@@ -106,9 +172,17 @@ TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std
           "gradients averaged over {} ranks in {} buckets of about {:g} MiB; {} started during the backward pass",
           p_.ranks.size(), p_.reduction->num_buckets(), o_.bucket_mb, p_.reduction->started_early());
   }
+  // One wait for the losses, the metrics and the gradient norm, once all of the passes are queued.
+  const double* sum_of_squares = gradient_sum_of_squares(params, rb);
+  take_pending();
+  rb.wait();
   if (!p_.reduction) r.stop_requested = p_.stop && p_.stop->load();
-  if (!r.nonfinite.empty()) return r;
-  r.grad_norm = gradient_norm(params);
+  r.grad_norm = std::sqrt(*sum_of_squares);
+  rb.clear();
+  if (!r.nonfinite.empty()) {
+    r.grad_norm = 0;
+    return r;
+  }
   if (!std::isfinite(r.grad_norm)) {
     params.download_grads();
     r.nonfinite = "gradient norm is " + std::to_string(r.grad_norm) +

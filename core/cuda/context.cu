@@ -159,6 +159,31 @@ void copy_on_device(const CudaContext& c, void* dst, const void* src, std::size_
 
 void synchronize(const CudaContext& c) { BERT_CUDA_CHECK(cudaStreamSynchronize(c.stream)); }
 
+void* allocate_pinned(std::size_t bytes) {
+  void* p = nullptr;
+  BERT_CUDA_CHECK(cudaMallocHost(&p, bytes == 0 ? 1 : bytes));
+  return p;
+}
+void free_pinned(void* p) {
+  if (p) cudaFreeHost(p);
+}
+void copy_to_host_async(const CudaContext& c, void* pinned_host, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  BERT_CUDA_CHECK(cudaMemcpyAsync(pinned_host, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+}
+void* create_event() {
+  cudaEvent_t e = nullptr;
+  BERT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void destroy_event(void* event) {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+void record_event(const CudaContext& c, void* event) {
+  BERT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), c.stream));
+}
+void wait_event(void* event) { BERT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+
 std::pair<std::size_t, std::size_t> memory_use(const CudaContext& c) {
   std::size_t free_bytes = 0, total = 0;
   if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return {0, c.total_memory};

@@ -53,6 +53,15 @@ void copy_to_host(const CudaContext& c, void* host, const void* src, std::size_t
 void copy_to_device(const CudaContext& c, void* dst, const void* host, std::size_t bytes);
 void copy_on_device(const CudaContext& c, void* dst, const void* src, std::size_t bytes);
 void synchronize(const CudaContext& c);
+// Pinned host memory, and copies into it that return without waiting (core/readback.h); an event
+// recorded on the stream and waited for by the host.
+void* allocate_pinned(std::size_t bytes);
+void free_pinned(void* p);
+void copy_to_host_async(const CudaContext& c, void* pinned_host, const void* src, std::size_t bytes);
+void* create_event();
+void destroy_event(void* event);
+void record_event(const CudaContext& c, void* event);
+void wait_event(void* event);
 std::pair<std::size_t, std::size_t> memory_use(const CudaContext& c);
 
 // Throws InternalError naming the call and CUDA's message; kernels are checked after each launch.

@@ -15,6 +15,7 @@
 #include "core/graph.h"
 #include "core/op_profile.h"
 #include "core/ops.h"
+#include "core/readback.h"
 #include "tests/core/gradcheck.h"
 
 namespace bert {
@@ -158,6 +159,35 @@ TEST(Graph, AGradientReadAfterItsClosureRanIsRefused) {
     ADD_FAILURE() << "the late read was not refused";
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("after its own backward closure ran"), std::string::npos) << e.what();
+  }
+}
+
+// Readback: values are those at the point the read was queued (later work on the same memory does not
+// reach them), reads beyond the pinned memory still arrive, and a second round reuses the memory.
+TEST(Readback, GivesTheValuesAsQueuedOnTheCpuAndOnAGpu) {
+  std::vector<std::unique_ptr<Device>> gpus;
+  if (Device::cuda_available()) gpus.push_back(Device::cuda(0));
+  std::vector<const Device*> devices = {&Device::cpu()};
+  for (const auto& gpu : gpus) devices.push_back(gpu.get());
+  for (const Device* device : devices) {
+    SCOPED_TRACE(device->name());
+    const int64_t n = 40000;  // 160 KB: more than the first round's pinned memory
+    std::vector<float> first(n), second(n, -1.0f);
+    for (int64_t i = 0; i < n; ++i) first[i] = static_cast<float>(i) * 0.5f;
+    DeviceBuffer buffer(*device, n * sizeof(float));
+    Readback reads(*device);
+    for (int round = 0; round < 2; ++round) {
+      device->copy_to_device(buffer.data(), first.data(), n * sizeof(float));
+      const float* one = reads.read<float>(buffer.as<float>() + 7, 1);
+      const float* many = reads.read<float>(buffer.data(), n);
+      device->copy_to_device(buffer.data(), second.data(), n * sizeof(float));  // queued after the reads
+      reads.wait();
+      EXPECT_TRUE(reads.waited());
+      EXPECT_EQ(*one, 3.5f) << "round " << round;
+      EXPECT_EQ(std::vector<float>(many, many + n), first) << "round " << round;
+      reads.clear();
+    }
+    EXPECT_NO_THROW(reads.wait()) << "nothing queued: returns at once";
   }
 }
 
