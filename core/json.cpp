@@ -5,319 +5,104 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
-#include "core/utf8.h"
 
 namespace bert {
 
 namespace {
 
-class Parser {
- public:
-  explicit Parser(std::string_view text) : s_(text) {}
+// The parsing and writing are nlohmann::json's (Debian's nlohmann-json3-dev); Json keeps the project's
+// value type and its typed accessors (UserError naming the expected type).
+using Native = nlohmann::ordered_json;
+constexpr int kMaxDepth = 256;
 
-  Json document() {
-    Json v = value(0);
-    skip_space();
-    if (pos_ != s_.size()) fail("end of input after the value");
-    return v;
-  }
-
- private:
-  static constexpr int kMaxDepth = 256;
-
-  [[noreturn]] void fail(const std::string& expected) const {
-    int line = 1, column = 1;
-    for (size_t i = 0; i < pos_ && i < s_.size(); ++i) {
-      if (s_[i] == '\n')
-        ++line, column = 1;
-      else
-        ++column;
+Json from_native(const Native& n) {
+  switch (n.type()) {
+    case Native::value_t::null:
+      return Json();
+    case Native::value_t::boolean:
+      return Json(n.get<bool>());
+    case Native::value_t::number_integer:
+      return Json(n.get<int64_t>());
+    case Native::value_t::number_unsigned:
+      return Json(n.get<uint64_t>());
+    case Native::value_t::number_float:
+      return Json(n.get<double>());
+    case Native::value_t::string:
+      return Json(n.get_ref<const std::string&>());
+    case Native::value_t::array: {
+      Json::Array a;
+      a.reserve(n.size());
+      for (const Native& e : n) a.push_back(from_native(e));  // depth bounded while parsing
+      return Json(std::move(a));
     }
-    throw UserError("invalid JSON at line " + std::to_string(line) + ", column " + std::to_string(column) +
-                    ": expected " + expected);
-  }
-  void skip_space() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
-  }
-  bool consume(char c) {
-    skip_space();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
+    case Native::value_t::object: {
+      Json::Object o;
+      o.reserve(n.size());
+      for (const auto& [key, value] : n.items()) o.emplace_back(key, from_native(value));
+      return Json(std::move(o));
     }
-    return false;
+    default:
+      throw UserError("invalid JSON: a value of a kind JSON text does not have");
   }
-  void expect_word(std::string_view w) {
-    if (s_.substr(pos_, w.size()) != w) {
-      std::string expected(1, '\'');  // built step by step: GCC 12 warns falsely on "'" + string&& (bug 105329)
-      expected.append(w).push_back('\'');
-      fail(expected);
-    }
-    pos_ += w.size();
-  }
-
-  Json value(int depth) {
-    if (depth > kMaxDepth) fail("nesting no deeper than 256 levels");
-    skip_space();
-    if (pos_ >= s_.size()) fail("a value");
-    const char c = s_[pos_];
-    if (c == '{') return object(depth);
-    if (c == '[') return array(depth);
-    if (c == '"') return Json(string());
-    if (c == 't') return expect_word("true"), Json(true);
-    if (c == 'f') return expect_word("false"), Json(false);
-    if (c == 'n') return expect_word("null"), Json();
-    if (c == '-' || (c >= '0' && c <= '9')) return number();
-    fail("a value");
-  }
-
-  Json object(int depth) {
-    ++pos_;
-    Json::Object members;
-    if (consume('}')) return Json(std::move(members));
-    do {
-      skip_space();
-      if (pos_ >= s_.size() || s_[pos_] != '"') fail("a string key");
-      std::string key = string();
-      if (!consume(':')) fail("':'");
-      members.emplace_back(std::move(key), value(depth + 1));
-    } while (consume(','));
-    if (!consume('}')) fail("',' or '}'");
-    return Json(std::move(members));
-  }
-
-  Json array(int depth) {
-    ++pos_;
-    Json::Array items;
-    if (consume(']')) return Json(std::move(items));
-    do {
-      items.push_back(value(depth + 1));
-    } while (consume(','));
-    if (!consume(']')) fail("',' or ']'");
-    return Json(std::move(items));
-  }
-
-  Json number() {
-    const size_t start = pos_;
-    if (s_[pos_] == '-') ++pos_;
-    auto digits = [&] {
-      size_t n = 0;
-      while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_, ++n;
-      return n;
-    };
-    if (pos_ < s_.size() && s_[pos_] == '0')
-      ++pos_;
-    else if (digits() == 0)
-      fail("a digit");
-    bool integer = true;
-    if (pos_ < s_.size() && s_[pos_] == '.') {
-      ++pos_, integer = false;
-      if (digits() == 0) fail("a digit after '.'");
-    }
-    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-      ++pos_, integer = false;
-      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
-      if (digits() == 0) fail("a digit in the exponent");
-    }
-    const std::string text(s_.substr(start, pos_ - start));
-    if (integer) {  // exactly, when it fits 64 bits; a larger integer becomes a double below
-      errno = 0;
-      char* end = nullptr;
-      if (text[0] == '-') {
-        const long long v = std::strtoll(text.c_str(), &end, 10);
-        if (errno == 0) return Json(static_cast<int64_t>(v));
-      } else {
-        const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-        if (errno == 0) return Json(static_cast<uint64_t>(v));
-      }
-    }
-    const double v = std::strtod(text.c_str(), nullptr);
-    if (!std::isfinite(v)) fail("a finite number");
-    return Json(v);
-  }
-
-  uint32_t hex4() {
-    if (pos_ + 4 > s_.size()) fail("4 hex digits");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = s_[pos_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9')
-        v |= c - '0';
-      else if (c >= 'a' && c <= 'f')
-        v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F')
-        v |= c - 'A' + 10;
-      else
-        fail("a hex digit");
-    }
-    return v;
-  }
-
-  std::string string() {
-    ++pos_;  // opening quote
-    std::string out;
-    while (true) {
-      if (pos_ >= s_.size()) fail("a closing '\"'");
-      const char c = s_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("no control characters inside a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= s_.size()) fail("an escape character");
-      const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {  // surrogate pair
-            if (s_.substr(pos_, 2) != "\\u") fail("a low surrogate");
-            pos_ += 2;
-            const uint32_t low = hex4();
-            if (low < 0xDC00 || low > 0xDFFF) fail("a low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            fail("a high surrogate before a low one");
-          }
-          utf8::append(out, cp);
-          break;
-        }
-        default:
-          fail("a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u)");
-      }
-    }
-  }
-
-  std::string_view s_;
-  size_t pos_ = 0;
-};
-
-void dump_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
 }
 
-void dump_number(std::string& out, const Json& v) {
-  char buf[32];
-  if (const Json::IntegerView i = v.integer(); i.is_integer) {
-    if (i.is_unsigned)
-      std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(i.u));
-    else
-      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(i.s));
-    out += buf;
-    return;
+Native to_native(const Json& v) {
+  if (v.is_null()) return nullptr;
+  if (v.is_bool()) return v.as_bool();
+  if (v.is_number()) {
+    const Json::IntegerView i = v.integer();
+    if (!i.is_integer) return v.as_number();
+    return i.is_unsigned ? Native(i.u) : Native(i.s);
   }
-  const double d = v.as_number();
-  if (std::nearbyint(d) == d && std::abs(d) < 1e15) {
-    std::snprintf(buf, sizeof buf, "%.0f", d);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.17g", d);  // round-trips exactly
+  if (v.is_string()) return v.as_string();
+  if (v.is_array()) {
+    Native a = Native::array();
+    for (const Json& e : v.as_array()) a.push_back(to_native(e));
+    return a;
   }
-  out += buf;
+  Native o = Native::object();
+  for (const auto& [key, value] : v.as_object()) o[key] = to_native(value);
+  return o;
+}
+
+// "line L, column C: what" from nlohmann's "[json.exception.parse_error.101] parse error at line L, column
+// C: what".
+std::string where_and_what(const std::string& message) {
+  const std::string at = "parse error at ";
+  const size_t p = message.find(at);
+  return p == std::string::npos ? message : message.substr(p + at.size());
 }
 
 }  // namespace
 
-Json Json::parse(std::string_view text) { return Parser(text).document(); }
-
-namespace {
-void dump_value(std::string& out, const Json& v, int indent, int level) {
-  auto newline = [&](int l) {
-    if (indent < 0) return;
-    out += '\n';
-    out.append(static_cast<size_t>(indent * l), ' ');
+Json Json::parse(std::string_view text) {
+  // Nesting is refused as it opens, before the document is built (a deep one would exhaust the stack
+  // in from_native and in the destructors).
+  const Native::parser_callback_t depth_limit = [](int depth, Native::parse_event_t event, Native&) {
+    if ((event == Native::parse_event_t::object_start || event == Native::parse_event_t::array_start) &&
+        depth >= kMaxDepth)
+      throw UserError("invalid JSON: nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+    return true;
   };
-  if (v.is_null())
-    out += "null";
-  else if (v.is_bool())
-    out += v.as_bool() ? "true" : "false";
-  else if (v.is_number())
-    dump_number(out, v);
-  else if (v.is_string())
-    dump_string(out, v.as_string());
-  else if (v.is_array()) {
-    const auto& a = v.as_array();
-    out += '[';
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (i) out += indent < 0 ? "," : ",";
-      newline(level + 1);
-      dump_value(out, a[i], indent, level + 1);
-    }
-    if (!a.empty()) newline(level);
-    out += ']';
-  } else {
-    const auto& o = v.as_object();
-    out += '{';
-    for (size_t i = 0; i < o.size(); ++i) {
-      if (i) out += ',';
-      newline(level + 1);
-      dump_string(out, o[i].first);
-      out += indent < 0 ? ":" : ": ";
-      dump_value(out, o[i].second, indent, level + 1);
-    }
-    if (!o.empty()) newline(level);
-    out += '}';
+  Native native;
+  try {
+    native = Native::parse(text.begin(), text.end(), depth_limit);
+  } catch (const Native::parse_error& e) {
+    throw UserError("invalid JSON at " + where_and_what(e.what()));
+  } catch (const Native::out_of_range& e) {  // a number beyond a double's range
+    const std::string what = e.what();
+    throw UserError("invalid JSON: " + what.substr(what.find(']') + 2));
   }
+  return from_native(native);
 }
-}  // namespace
 
 std::string Json::dump(int indent) const {
-  std::string out;
-  dump_value(out, *this, indent, 0);
-  return out;
+  // Numbers as nlohmann writes them (the shortest text that reads back to the same double); bytes of a
+  // string that are not UTF-8 become U+FFFD.
+  return to_native(*this).dump(indent, ' ', false, Native::error_handler_t::replace);
 }
 
 namespace {

@@ -1,5 +1,6 @@
-// Json: a small JSON value (null, bool, number, string, array, object) with a strict parser and a
-// writer. For configs, checkpoint/export metadata, metrics logs and safetensors headers.
+// Json: a JSON value (null, bool, number, string, array, object) for configs, checkpoint/export metadata,
+// metrics logs and safetensors headers, with typed accessors that throw UserError naming the expected
+// type. Parsing and writing are nlohmann::json's (core/json.cpp).
 // Objects keep their keys in insertion order (files read back the way they were written).
 #pragma once
 
@@ -31,10 +32,11 @@ class Json {
   Json(Array a) : value_(std::move(a)) {}
   Json(Object o) : value_(std::move(o)) {}
 
-  // Parses a whole document. Throws UserError "line L, column C: <what was expected>"; nesting deeper
-  // than 256 levels is rejected.
+  // Parses a whole document. Throws UserError "invalid JSON at line L, column C: <what was expected>";
+  // nesting deeper than 256 levels and numbers beyond a double's range are rejected.
   static Json parse(std::string_view text);
-  // Compact when indent < 0, else pretty-printed with `indent` spaces.
+  // Compact when indent < 0, else pretty-printed with `indent` spaces. Doubles as the shortest text that
+  // reads back to the same value (NaN and infinities as null); bytes of a string that are not UTF-8 as U+FFFD.
   std::string dump(int indent = -1) const;
 
   bool is_null() const { return std::holds_alternative<std::monostate>(value_); }

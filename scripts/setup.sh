@@ -8,7 +8,7 @@ packages=(
   libeigen3-dev
   libsentencepiece-dev sentencepiece
   libhdf5-dev hdf5-tools
-  libspdlog-dev libcli11-dev
+  libspdlog-dev libcli11-dev nlohmann-json3-dev
   libprotobuf-dev protobuf-compiler libonnx-dev
   libgtest-dev
   python3            # scripts/demo_corpus.py, report.py, plots.py (standard library only)

@@ -1,6 +1,7 @@
 // JSON: parsing (valid and invalid documents), access, and writing that round-trips.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 #include "core/error.h"
@@ -32,7 +33,7 @@ TEST(Json, DumpRoundTripsAndKeepsKeyOrder) {
   const std::string compact = j.dump();
   EXPECT_EQ(
       compact,
-      R"({"zeta":1,"alpha":[0.10000000000000001,"q\"uote",null],"mid":{"inner":9.9999999999999998e-13},"big":1099511627776})");
+      R"({"zeta":1,"alpha":[0.1,"q\"uote",null],"mid":{"inner":1e-12},"big":1099511627776})");
   Json back = Json::parse(j.dump(2));
   EXPECT_EQ(back.dump(), compact);
   EXPECT_DOUBLE_EQ(back.find("alpha")->as_array()[0].as_number(), 0.1);
@@ -47,7 +48,9 @@ TEST(Json, RejectsMalformedDocumentsWithLineAndColumn) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(error_of("{\"a\": 1,\n \"b\" 2}"), "invalid JSON at line 2, column 6: expected ':'");
+  EXPECT_EQ(error_of("{\"a\": 1,\n \"b\" 2}"),
+            "invalid JSON at line 2, column 6: syntax error while parsing object separator - unexpected number "
+            "literal; expected ':'");
   EXPECT_NE(error_of("[1, 2"), "no error");
   EXPECT_NE(error_of("{\"a\": 01}"), "no error");
   EXPECT_NE(error_of("\"unterminated"), "no error");
@@ -105,6 +108,20 @@ TEST(Json, IntegersKeepAll64Bits) {
   EXPECT_DOUBLE_EQ(Json::parse("36893488147419103232").as_number(), 36893488147419103232.0);
   EXPECT_EQ(Json(int64_t{-42}).dump(), "-42");
   EXPECT_EQ(Json(2.5).dump(), "2.5");
+  EXPECT_EQ(Json(3.0).dump(), "3.0") << "a double stays one when read back";
+  EXPECT_TRUE(Json::parse(Json(3.0).dump()).integer().is_integer == false);
+}
+
+// What the writer does with what JSON cannot hold: non-finite numbers become null, bytes that are not
+// UTF-8 become U+FFFD (the text written is always valid JSON).
+TEST(Json, WritesValidJsonFromAnyValue) {
+  Json j;
+  j["nan"] = std::nan("");
+  j["inf"] = std::numeric_limits<double>::infinity();
+  j["bytes"] = std::string("a\x80z");
+  j["control"] = std::string("\x01\t");
+  EXPECT_EQ(j.dump(), "{\"nan\":null,\"inf\":null,\"bytes\":\"a\xEF\xBF\xBDz\",\"control\":\"\\u0001\\t\"}");
+  EXPECT_NO_THROW(Json::parse(j.dump()));
 }
 
 }  // namespace
