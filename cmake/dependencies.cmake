@@ -4,7 +4,7 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(spdlog REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
-find_package(HDF5 REQUIRED COMPONENTS C CXX)
+find_package(HDF5 REQUIRED COMPONENTS C)  # the C API (data/hdf5_io.h wraps it), not the C++ one
 find_package(Protobuf REQUIRED)
 find_package(ONNX REQUIRED)
 find_package(PkgConfig REQUIRED)
