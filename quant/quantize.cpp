@@ -62,7 +62,6 @@ std::vector<model::Quantizer*> default_quantizers(model::Bert& model, bool resid
 }
 
 void CalibrationOptions::validate() const {
-  parse_method(method);
   if (!(percentile > 0 && percentile <= 100)) throw UserError("--percentile must be in (0, 100]");
   if (batches < 1) throw UserError("--calib-batches must be at least 1");
 }
@@ -143,13 +142,13 @@ std::map<std::string, double> apply_calibration(model::Bert& model, const Calibr
 
 std::map<std::string, double> calibrate(model::Bert& model, data::ShardLoader& loader,
                                         const CalibrationOptions& options, Graph<float>& g) {
-  return apply_calibration(model, collect_statistics(model, loader, options, g), parse_method(options.method),
+  return apply_calibration(model, collect_statistics(model, loader, options, g), options.method,
                            options.percentile);
 }
 
 Json describe_calibration(const CalibrationOptions& o, int64_t batches_used, model::WeightScales weights) {
   Json recipe;
-  recipe["calibrator"] = o.method;
+  recipe["calibrator"] = method_name(o.method);
   recipe["weights"] = model::weight_scales_name(weights);
   recipe["percentile"] = o.percentile;
   recipe["calib_batches"] = batches_used;

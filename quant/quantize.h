@@ -28,7 +28,7 @@ bool glob_match(const std::string& pattern, const std::string& name);
 std::vector<model::Quantizer*> default_quantizers(model::Bert& model, bool residuals);
 
 struct CalibrationOptions {
-  std::string method = "percentile";  // max | percentile | entropy | mse (activations; weights use max)
+  Method method = Method::kPercentile;  // for activations (weights use max)
   double percentile = 99.99;
   int64_t batches = 16;
   bool residuals = true;                // both inputs of each residual add too (--no-quantize-residuals: not)

@@ -27,6 +27,7 @@
 #include "tokenizer/load.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_file.h"
+#include "tools/enum_option.h"
 #include "tools/tool_main.h"
 
 namespace {
@@ -46,7 +47,8 @@ struct Args {
   double max_drop = 0.005, flag_drop = 0.005;
   size_t flag_names = 3;
   std::string save_calibrated, onnx_model, ort_script = ort::default_ort_script(), json_out;
-  std::string device_spec = "auto", precision = "fp32";
+  std::string device_spec = "auto";
+  Precision precision = Precision::kFp32;
   std::string weights;  // --weights: the weight quantizers' scales for PTQ (empty: the model's)
 };
 
@@ -89,7 +91,8 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--sensitivity", a.sensitivity,
                "per-quantizer sensitivity (MLM accuracy with only it / all but it quantized)");
   app.add_option("--calibrators", a.calibrators, "PTQ methods for --compare")->capture_default_str();
-  app.add_option("--calibrator", a.calibration.method, "method for --sensitivity")->capture_default_str();
+  bert::tools::add_enum_option(app, "--calibrator", a.calibration.method, bert::quant::kMethodNames,
+                               "method for --sensitivity");
   app.add_option("--percentile", a.calibration.percentile, "percentile for the percentile calibrator")
       ->capture_default_str();
   app.add_option("--calib-shards", a.calib_shards,
@@ -145,10 +148,9 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--device", a.device_spec, "where to evaluate: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
-  app.add_option("--precision", a.precision,
-                 "fp32; tf32 (GPU: TF32 GEMMs); or bf16 (GPU: BF16 activations and GEMMs; CPU: products on "
-                 "BF16-rounded operands with FP32 sums)")
-      ->capture_default_str();
+  bert::tools::add_enum_option(app, "--precision", a.precision, kPrecisionNames,
+                               "fp32; tf32 (GPU: TF32 GEMMs); or bf16 (GPU: BF16 activations and GEMMs; CPU: "
+                               "products on BF16-rounded operands with FP32 sums)");
 }
 
 // One evaluation: the loaded model and what the steps below share. Each step prints its table (unless
@@ -188,7 +190,7 @@ void check_shards_fit_the_model(const Evaluation& e, data::ShardLoader& loader, 
 void save_calibrated(Evaluation& e, const quant::CalibrationStatistics& stats) {
   Args& a = e.a;
   const auto amax =
-      quant::apply_calibration(e.model, stats, quant::parse_method(a.calibration.method), a.calibration.percentile);
+      quant::apply_calibration(e.model, stats, a.calibration.method, a.calibration.percentile);
   store::TrainingState ptq = e.state;
   Json recipe = quant::describe_calibration(a.calibration, stats.batches, e.model.config().weight_scales);
   recipe["qat"] = false;
@@ -201,7 +203,7 @@ void save_calibrated(Evaluation& e, const quant::CalibrationStatistics& stats) {
     if (ptq.tokenizer_sha256.empty()) ptq.tokenizer_sha256 = sha256_file(a.tokenizer_path);
   }
   store::save_checkpoint(a.save_calibrated, e.model, nullptr, ptq);
-  spdlog::info("calibrated {} quantizers ({}, {} batches) -> {}", amax.size(), a.calibration.method, stats.batches,
+  spdlog::info("calibrated {} quantizers ({}, {} batches) -> {}", amax.size(), quant::method_name(a.calibration.method), stats.batches,
                a.save_calibrated);
 }
 
@@ -273,12 +275,12 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
 // --sensitivity: accuracy with each quantizer alone and with all but it, and a plan (--plan-out).
 void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const eval::LoaderFactory& make_loader) {
   const Args& a = e.a;
-  const auto r = eval::sensitivity(e.model, stats, quant::parse_method(a.calibration.method), a.calibration.percentile,
+  const auto r = eval::sensitivity(e.model, stats, a.calibration.method, a.calibration.percentile,
                                    make_loader, a.max_batches, a.max_drop, e.g,
                                    [](const std::string& name) { spdlog::info("sensitivity: {}", name); });
   if (!a.json) {
     std::printf("FP32 %s accuracy %.4f; all %zu quantizers (%s) %.4f\n", e.task_model ? "task" : "MLM", r.fp32,
-                r.rows.size(), a.calibration.method.c_str(), r.all_quantized);
+                r.rows.size(), quant::method_name(a.calibration.method).c_str(), r.all_quantized);
     std::printf("%-64s %10s %12s\n", "quantizer (most sensitive first)", "only this", "all but this");
     for (const auto& row : r.rows)
       std::printf("%-64s %10.4f %12.4f\n", row.name.c_str(), row.only_this, row.all_but_this);
@@ -288,7 +290,7 @@ void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const
   e.report["sensitivity"] = r.to_json();
   if (!a.plan_out.empty()) {
     Json details;
-    details["calibrator"] = a.calibration.method;
+    details["calibrator"] = quant::method_name(a.calibration.method);
     details["max_mlm_accuracy_drop"] = a.max_drop;
     details["fp32_mlm_accuracy"] = r.fp32;
     details["planned_mlm_accuracy"] = r.planned;
@@ -510,7 +512,7 @@ int run(Args& a) {
   if (a.tokenizer_path.empty()) a.tokenizer_path = source.tokenizer;
   check_requests(a);
   // The device first: the model's device memory must be freed before the device goes.
-  const std::unique_ptr<Device> device = Device::open(a.int8 ? "cpu" : a.device_spec, parse_precision(a.precision));
+  const std::unique_ptr<Device> device = Device::open(a.int8 ? "cpu" : a.device_spec, a.precision);
   model::BertConfig config = store::read_model_config(source);
   if (!a.weights.empty()) config.weight_scales = model::parse_weight_scales(a.weights);
   const bool task_model = config.head != model::Head::kPretraining;

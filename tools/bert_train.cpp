@@ -12,6 +12,7 @@
 #include "store/model_source.h"
 #include "tokenizer/load.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/enum_option.h"
 #include "tools/tool_main.h"
 #include "train/trainer.h"
 
@@ -116,8 +117,8 @@ void add_quantization_options(CLI::App& app, Args& a) {
                  "Hugging Face model directory (config.json + model.safetensors, sharded or not)");
   app.add_flag("--qat", a.o.qat,
                "quantization-aware training: calibrate the quantizers, then train weights and LSQ scales");
-  app.add_option("--calibrator", a.o.calibration.method, "QAT scale initialisation: max | percentile | entropy | mse")
-      ->capture_default_str();
+  bert::tools::add_enum_option(app, "--calibrator", a.o.calibration.method, bert::quant::kMethodNames,
+                               "QAT scale initialisation: max | percentile | entropy | mse");
   app.add_option("--percentile", a.o.calibration.percentile, "percentile for --calibrator percentile")
       ->capture_default_str();
   app.add_option("--calib-batches", a.o.calibration.batches, "calibration batches")->capture_default_str();
@@ -181,12 +182,11 @@ void add_run_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--device", a.o.device, "where to train: auto (a GPU when one is present), cpu, cuda, cuda:N")
       ->capture_default_str();
-  app.add_option("--precision", a.o.precision,
+  bert::tools::add_enum_option(app, "--precision", a.o.precision, bert::kPrecisionNames,
                  "fp32; tf32 (GPU: TF32 tensor cores for the GEMMs, FP32 tensors); or bf16 (GPU: mixed precision, "
                  "BF16 activations and GEMMs; CPU: every product on BF16-rounded operands with FP32 sums, on "
                  "AMX tiles (Intel Xeon 4th gen+) or vdpbf16ps (AVX512_BF16) where the CPU has them, FP32 "
-                 "tensors); weights, optimizer, losses and quantizer scales stay FP32")
-      ->capture_default_str();
+                 "tensors); weights, optimizer, losses and quantizer scales stay FP32");
   app.add_option("--attention", a.attention,
                  "self-attention on a GPU: unfused (separate ops, the faster today) or fused (one kernel each "
                  "way: the (batch, heads, length, length) scores never reach memory, less GPU memory; head size "

@@ -46,7 +46,6 @@ void TrainOptions::validate() const {
   if (!(bucket_mb > 0)) fail("--bucket-mb " + std::to_string(bucket_mb) + ": expected a positive size");
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
   if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");
-  parse_precision(precision);
   optimizer.validate();
   config.validate();
 }
@@ -70,7 +69,7 @@ Json TrainOptions::to_json() const {
   j["clip_norm"] = clip_norm;
   j["seed"] = seed;
   j["device"] = device;
-  j["precision"] = precision;
+  j["precision"] = precision_name(precision);
   j["init_from"] = init_from;
   j["keep_checkpoints"] = keep_checkpoints;
   j["bucket_mb"] = bucket_mb;
@@ -78,7 +77,7 @@ Json TrainOptions::to_json() const {
   j["task"] = model::head_task_name(config.head);
   j["qat"] = qat;
   if (qat) {
-    j["calibrator"] = calibration.method;
+    j["calibrator"] = quant::method_name(calibration.method);
     j["weights"] = model::weight_scales_name(weights);
     j["percentile"] = calibration.percentile;
     j["calib_batches"] = calibration.batches;
@@ -118,11 +117,11 @@ std::vector<std::string> resume_plan(TrainOptions& o, const Json& recorded,
        [](TrainOptions& t, const Json& v) { t.optimizer.weight_decay = v.as_number(); }},
       {"clip_norm", "--clip", false, [](TrainOptions& t, const Json& v) { t.clip_norm = v.as_number(); }},
       {"seed", "--seed", false, [](TrainOptions& t, const Json& v) { t.seed = v.as_uint(); }},
-      {"precision", "--precision", true, [](TrainOptions& t, const Json& v) { t.precision = v.as_string(); }},
+      {"precision", "--precision", true, [](TrainOptions& t, const Json& v) { t.precision = parse_precision(v.as_string()); }},
       {"init_from", "--init-from", false, [](TrainOptions& t, const Json& v) { t.init_from = v.as_string(); }},
       {"qat", "--qat", false, [](TrainOptions& t, const Json& v) { t.qat = v.as_bool(); }},
       {"calibrator", "--calibrator", false,
-       [](TrainOptions& t, const Json& v) { t.calibration.method = v.as_string(); }},
+       [](TrainOptions& t, const Json& v) { t.calibration.method = quant::parse_method(v.as_string()); }},
       {"weights", "--weights", false,
        [](TrainOptions& t, const Json& v) { t.weights = model::parse_weight_scales(v.as_string()); }},
       {"percentile", "--percentile", false,

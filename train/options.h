@@ -35,7 +35,7 @@ struct TrainOptions {
   // Where training runs: auto (a GPU when one is present), cpu, cuda or cuda:N; and the precision (fp32,
   // tf32 or bf16 on a GPU; fp32 or bf16 on the CPU: BF16 products, FP32 tensors; Precision in core/device.h).
   std::string device = "cpu";
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
   bool fused_attention = false;  // on a GPU: Bert::set_fused_attention (--attention fused)
   // The job this process is one rank of (process_group_from_environment; a group of one by default).
   // With several ranks each takes the GPU of its local rank and they exchange through NCCL.

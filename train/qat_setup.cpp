@@ -25,7 +25,7 @@ Json calibrate_for_qat(const TrainOptions& o, model::Bert& model, const data::Lo
   const auto amax = quant::calibrate(model, calibration_loader, calibration, calibration_graph);
   model.parameters().upload_values();  // the calibrated scales
   spdlog::info("calibrated {} quantizers ({} calibrator, {} batches; {} kept in float)", amax.size(),
-               calibration.method, calibration.batches, calibration.keep_float.size());
+               quant::method_name(calibration.method), calibration.batches, calibration.keep_float.size());
   Json recipe = quant::describe_calibration(calibration, calibration.batches, model.config().weight_scales);
   recipe["qat"] = true;
   recipe["init_from"] = o.init_from;

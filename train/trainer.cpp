@@ -48,7 +48,7 @@ std::unique_ptr<Device> open_training_device(const TrainOptions& o, const Proces
                       "rank; use --device cuda (and CUDA_VISIBLE_DEVICES to choose the GPUs)");
     device_spec = "cuda:" + std::to_string(job.local_rank);
   }
-  std::unique_ptr<Device> device = Device::open(device_spec, parse_precision(o.precision));
+  std::unique_ptr<Device> device = Device::open(device_spec, o.precision);
   if (thread_ranks && world > 1 && device->is_cuda())
     throw UserError("--device " + o.device +
                     ": ranks that are threads of one process train on the CPU; several GPUs take one process each "
@@ -245,9 +245,9 @@ std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len)
       "not fit on the GPU ({:.1f} of {:.1f} GiB in use after the step was dropped): {}. Lower --batch-size (and raise "
       "--accumulate to keep the global batch), train on shorter sequences{}{}",
       state_.step, config_.num_hidden_layers, config_.hidden_size, model_.parameters().num_elements(), o_.batch_size,
-      o_.accumulation > 1 ? fmt::format(" (x{} micro-batches)", o_.accumulation) : "", seq_len, o_.precision,
+      o_.accumulation > 1 ? fmt::format(" (x{} micro-batches)", o_.accumulation) : "", seq_len, precision_name(o_.precision),
       double(used) / gib, double(total) / gib, what,
-      o_.precision == "bf16" ? "" : ", or use --precision bf16 (activations in half the memory)",
+      o_.precision == Precision::kBf16 ? "" : ", or use --precision bf16 (activations in half the memory)",
       o_.fused_attention ? "" : ", or --attention fused (the attention scores never reach memory)");
 }
 

@@ -240,10 +240,10 @@ TEST(TrainOptions, ResumeKeepsEveryRecordedOptionOfThePlan) {
   planned.optimizer.weight_decay = 0.05;
   planned.clip_norm = 0.5;
   planned.seed = (uint64_t{1} << 60) + 7;
-  planned.precision = "bf16";
+  planned.precision = Precision::kBf16;
   planned.init_from = "runs/base";
   planned.qat = true;
-  planned.calibration.method = "entropy";
+  planned.calibration.method = quant::Method::kEntropy;
   planned.calibration.percentile = 99.9;
   planned.calibration.batches = 7;
   planned.calibration.residuals = false;  // --no-quantize-residuals
@@ -505,7 +505,7 @@ class FactsCorpus : public ::testing::Test {
                                  const std::string& precision = "fp32") {
     TrainOptions o = options(out);
     o.device = device;
-    o.precision = precision;
+    o.precision = parse_precision(precision);
     o.steps = steps;
     o.batch_size = 32;
     o.log_every = 100;
@@ -518,7 +518,7 @@ class FactsCorpus : public ::testing::Test {
     TrainOptions o = device_run(out, device, 20, precision);
     o.init_from = fp32_checkpoint;
     o.qat = true;
-    o.calibration.method = "percentile";
+    o.calibration.method = quant::Method::kPercentile;
     o.calibration.batches = 4;
     o.learning_rate = 1e-3;
     o.log_every = 5;
@@ -1027,7 +1027,7 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
   TrainOptions qat = options(out.file("qat"));
   qat.init_from = out.file("fp32") + "/checkpoint.h5";
   qat.qat = true;
-  qat.calibration.method = "percentile";
+  qat.calibration.method = quant::Method::kPercentile;
   qat.calibration.batches = 4;
   qat.steps = 10;
   qat.learning_rate = 1e-3;
