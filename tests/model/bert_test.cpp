@@ -447,34 +447,38 @@ TEST(BertModel, FusedQuantizersGiveTheSameQatStepAsSeparateOnes) {
 
 // backward() hands a node's gradient buffer on once the node's closure has run: the same step (float and
 // QAT, fused attention on a GPU) gives the same loss and gradients, bit for bit, in less workspace memory.
-TEST(BertModel, ReusedGradientBuffersGiveTheSameStepInLessMemory) {
-  auto check = [](const Device& device, const char* what, bool quantized, bool fused_attention) {
-    SCOPED_TRACE(what);
-    auto step = [&](bool reuse) {
-      std::unique_ptr<Bert> model = quantized_tiny(0.0015f);
-      if (!quantized)
-        for (Quantizer* q : model->quantizers()) q->mode = QuantMode::kFloat;
-      model->set_fused_attention(fused_attention);
-      return training_step(*model, device, reuse);
-    };
-    const QatStep reused = step(true), plain = step(false);
-    EXPECT_EQ(reused.loss, plain.loss);
-    EXPECT_EQ(reused.grads, plain.grads);
-    EXPECT_EQ(reused.clipped, plain.clipped);
-    EXPECT_LT(reused.workspace_bytes, plain.workspace_bytes);
-    std::cout << "[ info ] " << what << ": workspace " << plain.workspace_bytes << " -> " << reused.workspace_bytes
-              << " bytes with gradient buffers reused\n";
+void check_reused_gradients(const Device& device, const char* what, bool quantized, bool fused_attention) {
+  SCOPED_TRACE(what);
+  auto step = [&](bool reuse) {
+    std::unique_ptr<Bert> model = quantized_tiny(0.0015f);
+    if (!quantized)
+      for (Quantizer* q : model->quantizers()) q->mode = QuantMode::kFloat;
+    model->set_fused_attention(fused_attention);
+    return training_step(*model, device, reuse);
   };
-  check(Device::cpu(), "cpu float", false, false);
-  check(Device::cpu(), "cpu qat", true, false);
+  const QatStep reused = step(true), plain = step(false);
+  EXPECT_EQ(reused.loss, plain.loss);
+  EXPECT_EQ(reused.grads, plain.grads);
+  EXPECT_EQ(reused.clipped, plain.clipped);
+  EXPECT_LT(reused.workspace_bytes, plain.workspace_bytes);
+  std::cout << "[ info ] " << what << ": workspace " << plain.workspace_bytes << " -> " << reused.workspace_bytes
+            << " bytes with gradient buffers reused\n";
+}
+
+TEST(BertModel, ReusedGradientBuffersGiveTheSameStepInLessMemory) {
+  check_reused_gradients(Device::cpu(), "cpu float", false, false);
+  check_reused_gradients(Device::cpu(), "cpu qat", true, false);
+}
+
+TEST(BertModel, ReusedGradientBuffersGiveTheSameStepInLessMemoryOnTheGpu) {
   if (!Device::cuda_available())
     GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU part runs on a machine with an NVIDIA GPU";
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
     std::unique_ptr<Device> gpu = Device::cuda(0, p);
     const bool bf16 = p == Precision::kBf16;
-    check(*gpu, bf16 ? "gpu bf16 float" : "gpu fp32 float", false, false);
-    check(*gpu, bf16 ? "gpu bf16 qat" : "gpu fp32 qat", true, false);
-    check(*gpu, bf16 ? "gpu bf16 fused attention" : "gpu fp32 fused attention", false, true);
+    check_reused_gradients(*gpu, bf16 ? "gpu bf16 float" : "gpu fp32 float", false, false);
+    check_reused_gradients(*gpu, bf16 ? "gpu bf16 qat" : "gpu fp32 qat", true, false);
+    check_reused_gradients(*gpu, bf16 ? "gpu bf16 fused attention" : "gpu fp32 fused attention", false, true);
   }
 }
 
