@@ -235,11 +235,10 @@ double sum_of_squares(TensorView<float> g) {
 }  // namespace
 
 double gradient_norm(ParameterArena<float>& params) {
-#if BERT_WITH_CUDA
-  if (params.on_cuda())
-    return cuda_impl::gradient_norm(params.device(), params.device_grads().data(), params.device_grads().numel());
-#endif
-  return std::sqrt(sum_of_squares(params.grads()));
+  Readback reads(params.device());
+  const double* sum = gradient_sum_of_squares(params, reads);
+  reads.wait();
+  return std::sqrt(*sum);
 }
 
 const double* gradient_sum_of_squares(ParameterArena<float>& params, Readback& later) {

@@ -191,10 +191,4 @@ const double* queue_sum_of_squares(const Device& device, const float* g, int64_t
   return c.reduce_scratch + kNormBlocks;
 }
 
-double gradient_norm(const Device& device, const float* g, int64_t n) {
-  double sum = 0;
-  device.copy_to_host(&sum, queue_sum_of_squares(device, g, n), sizeof(double));
-  return std::sqrt(sum);
-}
-
 }  // namespace bert::train::cuda_impl

@@ -106,7 +106,8 @@ class Optimizer {
 double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, Schedule schedule = Schedule::kLinear);
 
 // Global L2 norm of all gradients (on the arena's device), summed in double in a fixed order (the same on
-// any thread count); inf or NaN when a gradient is not finite.
+// any thread count); inf or NaN when a gradient is not finite. Waits for the device (a training step
+// queues gradient_sum_of_squares instead).
 double gradient_norm(ParameterArena<float>& params);
 // The same queued on the arena's device, without waiting: the sum of squares (the norm's square) is at the
 // returned address once `later` has waited (core/readback.h).

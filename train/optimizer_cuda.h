@@ -37,10 +37,8 @@ void adamw_step(const Device& device, float* w, void* w16, const float* g, float
                 const Segment* segments, const Chunk* chunks, int n_chunks, AdamHyper h);
 void lamb_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
                int n_segments, int64_t largest, AdamHyper h);
-// The L2 norm of g (n elements), summed in double in a fixed order.
-double gradient_norm(const Device& device, const float* g, int64_t n);
-// The same, its sum of squares left in device memory (valid until the next kernel that uses the
-// context's reduction scratch): the address returned.
+// The sum of squares of g (n elements), summed in double in a fixed order, left in device memory (valid
+// until the next kernel that uses the context's reduction scratch): the address returned.
 const double* queue_sum_of_squares(const Device& device, const float* g, int64_t n);
 
 }  // namespace bert::train::cuda_impl

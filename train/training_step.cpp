@@ -175,7 +175,6 @@ TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std
   // One wait for the losses, the metrics and the gradient norm, once all of the passes are queued.
   const double* sum_of_squares = gradient_sum_of_squares(params, rb);
   take_pending();
-  rb.wait();
   if (!p_.reduction) r.stop_requested = p_.stop && p_.stop->load();
   r.grad_norm = std::sqrt(*sum_of_squares);
   rb.clear();
