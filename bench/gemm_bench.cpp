@@ -12,12 +12,12 @@
 #include <cstdio>
 #include <vector>
 
-#include "core/gemm.h"
-#include "core/int8_gemm.h"
-#include "core/openmp_wait.h"
-#include "core/parallel.h"
+#include "kernels/gemm.h"
+#include "kernels/int8_gemm.h"
+#include "sys/openmp_wait.h"
+#include "sys/parallel.h"
 #include "core/rng.h"
-#include "core/vector_math.h"
+#include "kernels/vector_math.h"
 
 #ifdef BERT_BENCH_WITH_OPENBLAS
 #include <cblas.h>

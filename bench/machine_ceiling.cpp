@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "core/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
 
 namespace {
 

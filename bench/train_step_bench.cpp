@@ -13,11 +13,11 @@
 #include <sstream>
 #include <vector>
 
-#include "core/float_env.h"
-#include "core/gemm.h"
+#include "sys/float_env.h"
+#include "kernels/gemm.h"
 #include "core/op_profile.h"
-#include "core/openmp_wait.h"
-#include "core/parallel.h"
+#include "sys/openmp_wait.h"
+#include "sys/parallel.h"
 #include "data/loader.h"
 #include "model/bert.h"
 #include "quant/calibrator.h"

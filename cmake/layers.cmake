@@ -1,5 +1,7 @@
 # One library per folder, with a one-way dependency order the build enforces:
-#   core -> model -> quant -> eval -> train;  quant -> export;  tokenizer -> core;  data -> core, tokenizer
+#   sys (errors, files, JSON, processes, threads) <- kernels (CPU GEMM, INT8, vector math) and core (tensors,
+#   graph, arena, devices) <- ops (forward and backward, CPU and CUDA) <- model -> quant -> eval -> train;
+#   quant -> export;  tokenizer -> sys;  data -> core, tokenizer
 #   (eval, train, export read it). tokenizer holds the Tokenizer interface, WordPiece and the tokenizer
 #   files that travel with models; sentencepiece (SentencePiece, load_tokenizer) -> tokenizer is linked
 #   by the programs that tokenize only, never by a library (cmake/dependencies.cmake says why).
@@ -9,17 +11,20 @@
 #   train uses eval for its periodic held-out evaluation.
 # A library may link only the project libraries listed for it here; anything else is a configure
 # error, so a layering violation cannot slip in unnoticed.
-set(BERT_ALLOWED_DEPS_core   "")
-set(BERT_ALLOWED_DEPS_tokenizer "core")
-set(BERT_ALLOWED_DEPS_sentencepiece "core;tokenizer")
-set(BERT_ALLOWED_DEPS_data   "core;tokenizer")
-set(BERT_ALLOWED_DEPS_model  "core")
-set(BERT_ALLOWED_DEPS_store  "core;model;data;tokenizer")
-set(BERT_ALLOWED_DEPS_quant  "core;model;data")
-set(BERT_ALLOWED_DEPS_train  "core;model;quant;data;tokenizer;eval;store")
-set(BERT_ALLOWED_DEPS_ort    "core;data")
-set(BERT_ALLOWED_DEPS_eval   "core;model;quant;data;tokenizer;ort")
-set(BERT_ALLOWED_DEPS_export "core;model;quant;data;tokenizer;ort;store")
+set(BERT_ALLOWED_DEPS_sys     "")
+set(BERT_ALLOWED_DEPS_kernels "sys")
+set(BERT_ALLOWED_DEPS_core    "sys")
+set(BERT_ALLOWED_DEPS_ops     "sys;kernels;core")
+set(BERT_ALLOWED_DEPS_tokenizer "sys")
+set(BERT_ALLOWED_DEPS_sentencepiece "sys;tokenizer")
+set(BERT_ALLOWED_DEPS_data   "sys;core;tokenizer")
+set(BERT_ALLOWED_DEPS_model  "sys;kernels;core;ops")
+set(BERT_ALLOWED_DEPS_store  "sys;core;model;data;tokenizer")
+set(BERT_ALLOWED_DEPS_quant  "sys;core;ops;model;data")
+set(BERT_ALLOWED_DEPS_train  "sys;kernels;core;ops;model;quant;data;tokenizer;eval;store")
+set(BERT_ALLOWED_DEPS_ort    "sys;core;data")
+set(BERT_ALLOWED_DEPS_eval   "sys;kernels;core;ops;model;quant;data;tokenizer;ort")
+set(BERT_ALLOWED_DEPS_export "sys;core;ops;model;quant;data;tokenizer;ort;store")
 
 # bert_add_library(<folder> SOURCES ... [DEPENDS <project libs>] [LIBS <third-party targets>])
 # creates target bert_<folder>.

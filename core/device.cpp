@@ -5,8 +5,8 @@
 #include <cstring>
 #include <new>
 
-#include "core/error.h"
-#include "core/parallel.h"
+#include "sys/error.h"
+#include "sys/parallel.h"
 
 #if BERT_WITH_CUDA
 #include "core/cuda/context.h"
@@ -49,6 +49,7 @@ constexpr std::size_t kHostAlignment = 256;
 
 #if BERT_WITH_CUDA
 
+int Device::cuda_device_count() { return cuda::device_count(); }
 bool Device::cuda_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<Device> Device::cuda(int ordinal, Precision precision) {
@@ -97,6 +98,7 @@ std::pair<std::size_t, std::size_t> Device::memory_use() const {
 
 #else  // a CPU-only build
 
+int Device::cuda_device_count() { return 0; }
 bool Device::cuda_available() { return false; }
 std::unique_ptr<Device> Device::cuda(int, Precision) {
   throw UserError("--device cuda: this build has no CUDA support (configure with nvcc present, -DBERT_CUDA=ON)");

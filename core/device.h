@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "core/enum_names.h"
+#include "sys/enum_names.h"
 
 namespace bert {
 
@@ -23,7 +23,7 @@ enum class DeviceKind { kCpu, kCuda };
 // optimizer, losses, reductions and quantizer scales stay FP32 (FP32 master weights).
 // On the CPU (Device::open("cpu", ...)): kFp32, or kBf16, where every product (linear layers, attention,
 // forward and backward) takes BF16-rounded operands and sums in FP32 (on AMX tiles or vdpbf16ps where the CPU
-// has them: core/gemm.h) while every tensor, the weights and the optimizer stay FP32.
+// has them: kernels/gemm.h) while every tensor, the weights and the optimizer stay FP32.
 enum class Precision { kFp32, kTf32, kBf16 };
 inline constexpr EnumNames<Precision, 3> kPrecisionNames{
     {{{Precision::kFp32, "fp32"}, {Precision::kTf32, "tf32"}, {Precision::kBf16, "bf16"}}}};
@@ -42,6 +42,7 @@ class Device {
   static std::unique_ptr<Device> open(const std::string& spec, Precision precision = Precision::kFp32);
   // Whether this build can use CUDA and at least one GPU answers (never throws).
   static bool cuda_available();
+  static int cuda_device_count();  // 0 in a build without CUDA or where no GPU answers
   static bool built_with_cuda();
 
   ~Device();

@@ -30,7 +30,7 @@ namespace bert {
 
 // How a node's value and gradient are stored. Every node of a CPU graph, and of a GPU graph in FP32 or
 // TF32, is kF32 (the graph's own T). In BF16 mixed precision (Precision::kBf16) the ops that make
-// activations store them, and their gradients, as kBF16 (ops_cuda.h says which); leaves, losses and
+// activations store them, and their gradients, as kBF16 (ops/cuda_impl.h says which); leaves, losses and
 // parameter gradients stay kF32.
 enum class DType : uint8_t { kF32, kBF16 };
 inline std::size_t dtype_size(DType t, std::size_t native_size) { return t == DType::kBF16 ? 2 : native_size; }

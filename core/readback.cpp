@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/error.h"
+#include "sys/error.h"
 #if BERT_WITH_CUDA
 #include "core/cuda/context.h"
 #endif

@@ -1,6 +1,6 @@
 #include "core/shape.h"
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert {
 

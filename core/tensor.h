@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/aligned.h"
-#include "core/error.h"
+#include "sys/error.h"
 #include "core/shape.h"
 
 namespace bert {

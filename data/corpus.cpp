@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <unordered_set>
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::data {
 

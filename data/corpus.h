@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/enum_names.h"
+#include "sys/enum_names.h"
 
 namespace bert::data {
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "core/error.h"
-#include "core/parallel.h"
+#include "sys/error.h"
+#include "sys/parallel.h"
 #include "data/corpus.h"
 #include "data/shard.h"
 

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <type_traits>
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::data::hdf5 {
 

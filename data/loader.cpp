@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <numeric>
 
-#include "core/error.h"
+#include "sys/error.h"
 #include "core/rng.h"
 
 namespace bert::data {

@@ -5,9 +5,9 @@
 
 #include "data/hdf5_io.h"
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/json.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/json.h"
 
 namespace bert::data {
 

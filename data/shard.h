@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/batch.h"
-#include "core/enum_names.h"
+#include "sys/enum_names.h"
 #include "data/examples.h"
 
 namespace bert::data {

@@ -5,9 +5,9 @@
 #include <map>
 #include <set>
 
-#include "core/error.h"
-#include "core/json.h"
-#include "core/text_file.h"
+#include "sys/error.h"
+#include "sys/json.h"
+#include "sys/text_file.h"
 
 namespace bert::data {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::eval {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "core/ops.h"
+#include "ops/ops.h"
 
 namespace bert::eval {
 

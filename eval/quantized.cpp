@@ -4,9 +4,9 @@
 #include <chrono>
 #include <map>
 
-#include "core/error.h"
-#include "core/int8_gemm.h"
-#include "core/ops.h"
+#include "sys/error.h"
+#include "kernels/int8_gemm.h"
+#include "ops/ops.h"
 
 namespace bert::eval {
 

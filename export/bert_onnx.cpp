@@ -10,8 +10,8 @@
 #include <map>
 #include <set>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
 #include "export/onnx_graph.h"
 
 namespace bert::exporter {

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "core/json.h"
+#include "sys/json.h"
 #include "model/bert.h"
 
 namespace bert::exporter {

@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/process.h"
-#include "core/sha256.h"
-#include "core/text_file.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/process.h"
+#include "sys/sha256.h"
+#include "sys/text_file.h"
 #include "data/loader.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"

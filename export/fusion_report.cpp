@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "core/error.h"
+#include "sys/error.h"
 #include "export/qdq_rules.h"
 
 namespace bert::exporter {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/json.h"
+#include "sys/json.h"
 
 namespace bert::exporter {
 

@@ -3,9 +3,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/text_file.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 #include "export/bert_onnx.h"
 
 namespace bert::exporter {

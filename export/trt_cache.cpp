@@ -9,9 +9,9 @@
 #include <set>
 #include <sstream>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/text_file.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 #include "export/bert_onnx.h"
 #include "ort/runner.h"
 #include "quant/calibrator.h"

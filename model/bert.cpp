@@ -8,8 +8,8 @@
 #include <numeric>
 #include <utility>
 
-#include "core/error.h"
-#include "core/ops.h"
+#include "sys/error.h"
+#include "ops/ops.h"
 
 namespace bert::model {
 

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/text_file.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 
 namespace bert::model {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "core/enum_names.h"
-#include "core/json.h"
+#include "sys/enum_names.h"
+#include "sys/json.h"
 
 namespace bert::model {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/error.h"
-#include "core/ops.h"
+#include "sys/error.h"
+#include "ops/ops.h"
 
 namespace bert::model {
 

@@ -7,7 +7,7 @@
 
 #include "core/arena.h"
 #include "core/graph.h"
-#include "core/int8_gemm.h"
+#include "kernels/int8_gemm.h"
 #include "model/config.h"
 #include "model/quantizer.h"
 

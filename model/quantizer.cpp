@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.h"
-#include "core/ops.h"
+#include "sys/error.h"
+#include "ops/ops.h"
 
 namespace bert::model {
 

@@ -11,7 +11,7 @@
 
 #include "core/arena.h"
 #include "core/graph.h"
-#include "core/ops.h"
+#include "ops/ops.h"
 
 namespace bert::model {
 

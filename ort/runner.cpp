@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/process.h"
+#include "sys/error.h"
+#include "sys/process.h"
 
 namespace bert::ort {
 

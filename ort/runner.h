@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/json.h"
+#include "sys/json.h"
 #include "data/loader.h"
 
 namespace bert::ort {

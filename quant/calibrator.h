@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/enum_names.h"
+#include "sys/enum_names.h"
 #include "model/quantizer.h"
 
 namespace bert::quant {

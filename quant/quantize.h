@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/graph.h"
-#include "core/json.h"
+#include "sys/json.h"
 #include "data/loader.h"
 #include "model/bert.h"
 #include "quant/calibrator.h"

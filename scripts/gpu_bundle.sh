@@ -28,7 +28,6 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 for p in "${programs[@]}"; do cp "$build/tools/$p" "$out/bin/" 2>/dev/null || cp "$build/bench/$p" "$out/bin/"; done
 for t in "${tests[@]}"; do cp "$build/tests/$t" "$out/bin/"; done
-cp "$build/tests/openmp_wait_probe" "$out/bin/"  # core_tests runs it (it looks beside itself)
 # Every non-glibc shared library the binaries load, except the GPU driver's and cuBLAS (the host's
 # own must match its driver).
 for f in "$out"/bin/*; do

@@ -4,8 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
 #include "data/hdf5_io.h"
 
 namespace bert::store {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "core/json.h"
+#include "sys/json.h"
 #include "core/rng.h"
 #include "data/loader.h"
 #include "model/bert.h"

@@ -8,9 +8,9 @@
 #include <set>
 #include <sstream>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/text_file.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 #include "model/quantizer.h"
 #include "store/safetensors.h"
 

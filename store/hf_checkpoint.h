@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/json.h"
+#include "sys/json.h"
 #include "model/bert.h"
 
 namespace bert::hf {

@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
-#include "core/error.h"
-#include "core/sha256.h"
+#include "sys/error.h"
+#include "sys/sha256.h"
 #include "store/hf_checkpoint.h"
 #include "tokenizer/tokenizer_file.h"
 

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/json.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/json.h"
 
 namespace bert::hf {
 

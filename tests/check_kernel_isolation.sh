@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The files compiled for AVX-512 or AVX2 inside a build for any x86-64 (core/gemm_avx512.cpp, core/gemm_avx512_bf16.cpp,
-# core/vector_math_avx512.cpp, core/gemm_avx2.cpp) must define nothing outside their own namespaces: an
+# The files compiled for AVX-512 or AVX2 inside a build for any x86-64 (kernels/gemm_avx512.cpp, kernels/gemm_avx512_bf16.cpp,
+# kernels/vector_math_avx512.cpp, kernels/gemm_avx2.cpp) must define nothing outside their own namespaces: an
 # inline function one of them shared with other files could be the copy the linker keeps, and a build for
 # any x86-64 would then run AVX-512 (or AVX2) code on CPUs without it. And under GCC their code must really
 # be of that instruction set (zmm registers; ymm FMAs for AVX2), or the run-time choice would choose nothing.
-# Usage: check_kernel_isolation.sh libbert_core.a COMPILER_ID (CMake's: GNU, Clang, ...)
+# Usage: check_kernel_isolation.sh libbert_kernels.a COMPILER_ID (CMake's: GNU, Clang, ...)
 set -euo pipefail
 lib=$(realpath "$1")
 compiler=${2:-GNU}

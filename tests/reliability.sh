@@ -28,6 +28,13 @@ TOK=(--tokenizer $VOCAB)
 CFG=(--config "$OUT/tiny.json")
 TRAIN=("${T[@]}" "${SH[@]}" "${TOK[@]}" "${CFG[@]}" --batch-size 32)
 
+# --list-devices answers without the required flags: "cpu" first, then one "cuda:N (name, memory)" a GPU.
+for tool in bert-train bert-eval; do
+  devices=$("$BIN/$tool" --list-devices 2>&1) || fail "$tool --list-devices: exit code $?"
+  [ "$(echo "$devices" | head -1)" = cpu ] || fail "$tool --list-devices: first line '$(echo "$devices" | head -1)', not 'cpu'"
+  echo "$devices" | tail -n +2 | grep -v -q -E '^cuda:[0-9]+ \(' && fail "$tool --list-devices: a line neither cpu nor cuda:N: $devices"
+done
+
 # expect_error NAME FRAGMENT MUST_NOT_EXIST -- COMMAND...: non-zero exit, FRAGMENT in the output, and
 # MUST_NOT_EXIST (a path the command would have created) absent afterwards.
 expect_error() {

@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "core/error.h"
+#include "sys/error.h"
 #include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer_file.h"
 #include "tokenizer/wordpiece.h"

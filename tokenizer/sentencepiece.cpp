@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <unordered_map>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/sha256.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/sha256.h"
 
 namespace bert::tokenizer {
 

@@ -2,8 +2,8 @@
 
 #include <filesystem>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
 
 namespace bert::tokenizer {
 

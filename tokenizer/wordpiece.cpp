@@ -6,11 +6,11 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "core/error.h"
-#include "core/json.h"
-#include "core/sha256.h"
-#include "core/text_file.h"
-#include "core/utf8.h"
+#include "sys/error.h"
+#include "sys/json.h"
+#include "sys/sha256.h"
+#include "sys/text_file.h"
+#include "sys/utf8.h"
 
 namespace bert::tokenizer {
 

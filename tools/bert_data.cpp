@@ -7,9 +7,9 @@
 #include <fstream>
 #include <map>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/openmp_wait.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/openmp_wait.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/loader.h"

@@ -8,13 +8,13 @@
 #include <filesystem>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/gemm.h"
-#include "core/openmp_wait.h"
-#include "core/parallel.h"
-#include "core/process.h"
-#include "core/sha256.h"
-#include "core/text_file.h"
+#include "sys/error.h"
+#include "kernels/gemm.h"
+#include "sys/openmp_wait.h"
+#include "sys/parallel.h"
+#include "sys/process.h"
+#include "sys/sha256.h"
+#include "sys/text_file.h"
 #include "data/loader.h"
 #include "eval/fill_mask.h"
 #include "eval/metrics.h"
@@ -550,6 +550,7 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app;
   add_options(app, args);
+  bert::tools::add_list_devices_flag(app);
   CLI11_PARSE(app, argc, argv);
   // With --json, stdout carries the JSON alone (for `| jq`): progress and errors go to stderr.
   if (args.json) spdlog::set_default_logger(spdlog::stderr_color_st("bert-eval"));

@@ -2,8 +2,8 @@
 // directory.
 #include <CLI/CLI.hpp>
 
-#include "core/error.h"
-#include "core/openmp_wait.h"
+#include "sys/error.h"
+#include "sys/openmp_wait.h"
 #include "export/export_checkpoint.h"
 #include "ort/runner.h"
 #include "tools/tool_main.h"

@@ -5,9 +5,9 @@
 #include <csignal>
 #include <filesystem>
 
-#include "core/error.h"
-#include "core/openmp_wait.h"
-#include "core/parallel.h"
+#include "sys/error.h"
+#include "sys/openmp_wait.h"
+#include "sys/parallel.h"
 #include "store/checkpoint.h"
 #include "store/model_source.h"
 #include "tokenizer/load.h"
@@ -270,6 +270,7 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app;
   add_options(app, args);
+  bert::tools::add_list_devices_flag(app);
   CLI11_PARSE(app, argc, argv);
   return bert::tools::run_tool([&] { return run(args, app, argc, argv); });
 }

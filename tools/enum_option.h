@@ -1,4 +1,4 @@
-// A command-line option bound to an enum through its table of names (core/enum_names.h): the word given
+// A command-line option bound to an enum through its table of names (sys/enum_names.h): the word given
 // is checked against the table (CLI11's error names the flag and the choices) and stored as the value,
 // so the options the tools hand on are typed, never words parsed later.
 #pragma once
@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <string>
 
-#include "core/enum_names.h"
+#include "sys/enum_names.h"
 
 namespace bert::tools {
 

@@ -2,7 +2,7 @@
 
 #include <barrier>
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::train {
 

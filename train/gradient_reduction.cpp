@@ -1,6 +1,6 @@
 #include "train/gradient_reduction.h"
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::train {
 

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "core/error.h"
+#include "sys/error.h"
 
 #if BERT_WITH_CUDA
 #include <cuda_runtime.h>

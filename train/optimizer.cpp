@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/error.h"
-#include "core/parallel.h"
+#include "sys/error.h"
+#include "sys/parallel.h"
 #include "store/checkpoint.h"
 #if BERT_WITH_CUDA
 #include "train/optimizer_cuda.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/cuda/common.cuh"
+#include "ops/cuda/common.cuh"
 #include "train/optimizer_cuda.h"
 
 namespace bert::train::cuda_impl {

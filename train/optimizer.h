@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/enum_names.h"
+#include "sys/enum_names.h"
 #include "core/aligned.h"
 #include "core/arena.h"
 #include "core/readback.h"

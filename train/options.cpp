@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "core/device.h"
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::train {
 

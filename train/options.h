@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/json.h"
+#include "sys/json.h"
 #include "model/config.h"
 #include "quant/quantize.h"
 #include "train/optimizer.h"

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <thread>
 
-#include "core/error.h"
-#include "core/process.h"
+#include "sys/error.h"
+#include "sys/process.h"
 
 extern char** environ;
 

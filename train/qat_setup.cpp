@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/error.h"
-#include "core/ops.h"
+#include "sys/error.h"
+#include "ops/ops.h"
 #include "store/model_source.h"
 #include "train/run_folder.h"
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <fstream>
 
-#include "core/error.h"
-#include "core/text_file.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 #include "store/checkpoint.h"
 #include "store/model_source.h"
 #include "tokenizer/tokenizer_file.h"

@@ -10,14 +10,14 @@
 #include <memory>
 #include <sstream>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/gemm.h"
-#include "core/openmp_wait.h"
-#include "core/ops.h"
-#include "core/parallel.h"
-#include "core/sha256.h"
-#include "core/text_file.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "kernels/gemm.h"
+#include "sys/openmp_wait.h"
+#include "ops/ops.h"
+#include "sys/parallel.h"
+#include "sys/sha256.h"
+#include "sys/text_file.h"
 #include "store/checkpoint.h"
 #include "store/model_source.h"
 #include "tokenizer/tokenizer_file.h"

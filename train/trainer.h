@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/json.h"
+#include "sys/json.h"
 #include "eval/metrics.h"
 #include "train/communicator.h"
 #include "train/options.h"

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "core/ops.h"
+#include "ops/ops.h"
 #include "train/qat_setup.h"
 
 namespace bert::train {

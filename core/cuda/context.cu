@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/cuda/context.h"
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::cuda {
 

@@ -1,5 +1,5 @@
 // The CUDA side of a Device: its stream, cuBLAS handle and a few small buffers kernels share. Only
-// the files of a CUDA build include this (core/device.cpp and the core/ops_*.cu kernels).
+// the files of a CUDA build include this (core/device.cpp and the ops/*.cu kernels).
 #pragma once
 
 #include <cstddef>

@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::testing {
 

@@ -1,6 +1,6 @@
 // EnumNames: one table per enum gives its names both ways, the choices of an error and the list for a
 // command line; the project's enums round-trip through their tables.
-#include "core/enum_names.h"
+#include "sys/enum_names.h"
 
 #include <gtest/gtest.h>
 

@@ -14,9 +14,9 @@
 #include "core/arena.h"
 #include "core/graph.h"
 #include "core/op_profile.h"
-#include "core/ops.h"
+#include "ops/ops.h"
 #include "core/readback.h"
-#include "tests/core/gradcheck.h"
+#include "tests/ops/gradcheck.h"
 
 namespace bert {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "core/arena.h"
 #include "core/device.h"
-#include "core/error.h"
+#include "sys/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/workspace.h"

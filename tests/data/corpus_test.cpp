@@ -3,8 +3,8 @@
 
 #include <fstream>
 
-#include "core/error.h"
-#include "core/sha256.h"
+#include "sys/error.h"
+#include "sys/sha256.h"
 #include "data/corpus.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"

@@ -11,7 +11,7 @@
 #include <map>
 #include <set>
 
-#include "core/error.h"
+#include "sys/error.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/loader.h"

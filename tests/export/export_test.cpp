@@ -14,7 +14,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/json.h"
+#include "sys/json.h"
 #include "data/shard.h"
 #include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"

@@ -1,5 +1,5 @@
 // The JSON parser (configs, safetensors headers, metadata, plans) and the model config on top of it.
-#include "core/json.h"
+#include "sys/json.h"
 #include "model/config.h"
 #include "tests/fuzz/fuzz_target.h"
 

@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-#include "core/error.h"
+#include "sys/error.h"
 
 namespace bert::fuzz {
 

@@ -9,9 +9,9 @@
 #include <memory>
 #include <set>
 
-#include "core/error.h"
+#include "sys/error.h"
 #include "core/graph.h"
-#include "core/ops.h"
+#include "ops/ops.h"
 #include "model/bert.h"
 #include "model/config.h"
 #include "tests/common/fixtures.h"

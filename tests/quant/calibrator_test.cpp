@@ -5,11 +5,11 @@
 #include <cmath>
 #include <fstream>
 
-#include "core/error.h"
+#include "sys/error.h"
 #include "core/graph.h"
-#include "core/json.h"
+#include "sys/json.h"
 #include "core/rng.h"
-#include "core/text_file.h"
+#include "sys/text_file.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
 #include "tests/common/fixtures.h"

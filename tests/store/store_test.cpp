@@ -10,8 +10,8 @@
 #include <functional>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/text_file.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 #include "data/hdf5_io.h"
 #include "model/bert.h"
 #include "store/checkpoint.h"

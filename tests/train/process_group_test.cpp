@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "core/device.h"
-#include "core/ops.h"
+#include "ops/ops.h"
 #include "core/rng.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"

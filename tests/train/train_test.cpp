@@ -14,9 +14,9 @@
 #include <thread>
 
 #include "core/device.h"
-#include "core/error.h"
-#include "core/gemm.h"
-#include "core/ops.h"
+#include "sys/error.h"
+#include "kernels/gemm.h"
+#include "ops/ops.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/task_data.h"

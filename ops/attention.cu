@@ -1,0 +1,577 @@
+// Fused self-attention on a CUDA device (ops::attention): softmax(alpha q k^T + mask), dropout, times v,
+// forward and backward side by side like ops/attention.cpp, whose composition of ops is the
+// reference. FlashAttention-style: the (B, H, T, T) scores and probabilities never reach memory; the
+// forward saves each row's log-sum-exp and one dropout bit per probability, and the backward recomputes
+// the probabilities from them. Q, K, V, the output and their gradients stay in the projections' (B, T, C)
+// layout (head h of position t at columns h D .. h D + D - 1), so no permutes run. Dropout draws are
+// those the unfused dropout would make on the probabilities (the same counter RNG indices), so fused and
+// unfused agree element for element.
+//
+// Each block keeps whole rows of scores in shared memory (lengths up to 512), so the softmax is exact in
+// one pass, not online. The products run on 16 x 16 tiles per warp: tensor cores (WMMA, FP32
+// accumulation) for BF16, FP32 FMAs for float, so FP32 and TF32 steps keep their FP32 arithmetic.
+//   forward      block = (query tile, b h): S = alpha Q K^T + mask, P = softmax(S), O = dropout(P) V
+//   backward dq  block = (query tile, b h): Di = rowsum(dO * O), dP = dO V^T, dS = P (keep dP - Di),
+//                dQ = alpha dS K
+//   backward dkv block = (key tile, b h): over the query tiles, dV += dropout(P)^T dO, dK += alpha dS^T Q
+#include <mma.h>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda_impl.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+using cuda::bf16;
+constexpr int kKeyTile = 64;      // keys per tile of K or V in shared memory
+constexpr int kMaxLength = 512;   // whole score rows fit in shared memory up to here
+// Elements added to each shared row of A values: BF16 rows stay 32-byte aligned for WMMA; FP32 rows stay
+// 16-byte aligned for vector loads and land 4 banks apart (at most 2-way conflicts in the FMA products).
+template <typename A>
+constexpr int kTilePad = std::is_same_v<A, float> ? 4 : 16;
+constexpr int kScorePad = 8;  // floats added to each score row (32-byte aligned rows)
+
+// A warp's 16 x 16 products from shared memory: acc += a (16 x k, row-major, lda) times b (k x 16), b
+// row-major (b[k * ldb + c]) or, with TransB, stored transposed (b[c * ldb + k]).
+template <typename A>
+struct WarpTile;
+
+template <>
+struct WarpTile<bf16> {
+  using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+  static __device__ void zero(Acc& acc) { nvcuda::wmma::fill_fragment(acc, 0.0f); }
+  template <bool TransB>
+  static __device__ void mma(Acc& acc, const bf16* a, int lda, const bf16* b, int ldb, int k) {
+    using namespace nvcuda;
+    using Layout = std::conditional_t<TransB, wmma::col_major, wmma::row_major>;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, Layout> fb;
+    for (int kk = 0; kk < k; kk += 16) {
+      wmma::load_matrix_sync(fa, a + kk, lda);
+      wmma::load_matrix_sync(fb, TransB ? b + kk : b + kk * ldb, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+  }
+  // The tile as floats, row-major (16 x 16 at out, ld a multiple of 8).
+  static __device__ void store(float* out, int ld, const Acc& acc) {
+    nvcuda::wmma::store_matrix_sync(out, acc, ld, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+  }
+};
+
+// FP32: lane l owns row l / 2, columns (l % 2) * 8 .. + 8.
+template <>
+struct WarpTile<float> {
+  struct Acc {
+    float v[8];
+  };
+  static __device__ void zero(Acc& acc) {
+    for (float& x : acc.v) x = 0.0f;
+  }
+  // Four k at a time in 16-byte loads (k, lda, ldb multiples of 4; rows 16-byte aligned).
+  template <bool TransB>
+  static __device__ void mma(Acc& acc, const float* a, int lda, const float* b, int ldb, int k) {
+    const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
+    for (int kk = 0; kk < k; kk += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(a + r * lda + kk);
+      if constexpr (TransB) {
+        for (int j = 0; j < 8; ++j) {
+          const float4 y = *reinterpret_cast<const float4*>(b + (c0 + j) * ldb + kk);
+          acc.v[j] = fmaf(x.w, y.w, fmaf(x.z, y.z, fmaf(x.y, y.y, fmaf(x.x, y.x, acc.v[j]))));
+        }
+      } else {
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+        for (int u = 0; u < 4; ++u) {
+          const float4 y0 = *reinterpret_cast<const float4*>(b + (kk + u) * ldb + c0);
+          const float4 y1 = *reinterpret_cast<const float4*>(b + (kk + u) * ldb + c0 + 4);
+          acc.v[0] = fmaf(xs[u], y0.x, acc.v[0]);
+          acc.v[1] = fmaf(xs[u], y0.y, acc.v[1]);
+          acc.v[2] = fmaf(xs[u], y0.z, acc.v[2]);
+          acc.v[3] = fmaf(xs[u], y0.w, acc.v[3]);
+          acc.v[4] = fmaf(xs[u], y1.x, acc.v[4]);
+          acc.v[5] = fmaf(xs[u], y1.y, acc.v[5]);
+          acc.v[6] = fmaf(xs[u], y1.z, acc.v[6]);
+          acc.v[7] = fmaf(xs[u], y1.w, acc.v[7]);
+        }
+      }
+    }
+  }
+  static __device__ void store(float* out, int ld, const Acc& acc) {
+    const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
+    for (int j = 0; j < 8; ++j) out[r * ld + c0 + j] = acc.v[j];
+    __syncwarp();
+  }
+};
+
+__device__ __forceinline__ int64_t lesser(int64_t a, int64_t b) { return a < b ? a : b; }
+
+struct Geometry {
+  int64_t heads, length;  // H, T
+  int64_t stride;         // elements from one position to the next within a head: H D ((B, T, H, D) operands)
+  int rows;               // query rows per block (16 per warp)
+  int padded;             // T rounded up to the key tile
+  float alpha;
+  const float* mask;  // (B, T) additive, or nullptr
+  uint64_t seed, first;
+  uint32_t threshold;
+  float keep_scale;  // 1 / (1 - p)
+  bool dropout;
+  // Dropout's keep bits, drawn once by the forward: row (bh, i) holds `words` 32-bit words, bit j % 32 of
+  // word j / 32 for key j. The backward reads them instead of drawing again.
+  uint32_t* bits;
+  int words;
+};
+
+__device__ __forceinline__ float mask_at(const Geometry& q, int64_t b, int64_t key) {
+  return q.mask ? q.mask[b * q.length + key] : 0.0f;
+}
+// Whether probability (bh, i, j) survives dropout, as the unfused dropout draws it (forward).
+__device__ __forceinline__ bool draw_keep(const Geometry& q, int64_t bh, int64_t i, int64_t j) {
+  const uint64_t index = q.first + uint64_t((bh * q.length + i) * q.length + j);
+  return DropoutDraws::kept(q.seed, index, q.threshold);
+}
+// The dropout factor of probability (bh, i, j) from the forward's bits: keep_scale or 0 (backward).
+__device__ __forceinline__ float keep_factor(const Geometry& q, int64_t bh, int64_t i, int64_t j) {
+  if (!q.dropout) return 1.0f;
+  const uint32_t word = q.bits[(bh * q.length + i) * q.words + j / 32];
+  return (word >> (j % 32)) & 1u ? q.keep_scale : 0.0f;
+}
+
+// rows x D of src (rows `stride` apart, rows beyond `valid` as zeros) into shared dst (row stride ld), 16
+// bytes at a time (D, stride and ld times sizeof(A) are multiples of 16).
+template <int D, typename A>
+__device__ void load_rows(A* dst, int ld, const A* src, int64_t stride, int rows, int valid) {
+  constexpr int kPerChunk = 16 / sizeof(A), kChunks = D / kPerChunk;
+  for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
+    const int r = e / kChunks, c = (e % kChunks) * kPerChunk;
+    const uint4 v = r < valid ? *reinterpret_cast<const uint4*>(src + r * stride + c) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(dst + r * ld + c) = v;
+  }
+}
+
+// The warp's rows of Q K^T over every key into sS (floats, ld; score() turns them into the softmax's input).
+// sQ holds the block's query rows; K is streamed through sKV a tile at a time.
+template <int D, typename A>
+__device__ void products(const Geometry& q, const A* k, const A* sQ, A* sKV, float* sS, int ld) {
+  using Tile = WarpTile<A>;
+  const int warp = threadIdx.x / 32;
+  constexpr int ldd = D + kTilePad<A>;
+  for (int kt = 0; kt < q.padded; kt += kKeyTile) {
+    __syncthreads();  // sKV free
+    load_rows<D>(sKV, ldd, k + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    __syncthreads();
+    for (int c = 0; c < kKeyTile / 16; ++c) {
+      typename Tile::Acc acc;
+      Tile::zero(acc);
+      Tile::template mma<true>(acc, sQ + warp * 16 * ldd, ldd, sKV + c * 16 * ldd, ldd, D);
+      Tile::store(sS + warp * 16 * ld + kt + c * 16, ld, acc);
+    }
+  }
+  __syncwarp();
+}
+
+// A score as the softmax reads it: alpha times the product, plus the mask; keys beyond T at -inf.
+__device__ __forceinline__ float score(const Geometry& q, int64_t b, int64_t j, float product) {
+  return j < q.length ? product * q.alpha + mask_at(q, b, j) : -INFINITY;
+}
+
+// A shared row of floats rewritten in place as A values (the same bytes: BF16 takes the first half):
+// every lane reads its values first.
+template <typename A>
+__device__ void row_to(float* row, const float* values_per_lane, int count) {
+  __syncwarp();
+  A* out = reinterpret_cast<A*>(row);
+  const int lane = threadIdx.x % 32;
+  for (int i = 0; i < count; ++i) out[lane + 32 * i] = cuda::from_float<A>(values_per_lane[i]);
+  __syncwarp();
+}
+
+template <int D, typename A>
+__global__ void attention_forward(A* out, float* lse, const A* qp, const A* kp, const A* vp, Geometry q) {
+  using Tile = WarpTile<A>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ldd = D + kTilePad<A>;
+  const int ld = q.padded + kScorePad;  // floats per score row (P as A values: 2 ld BF16 per row)
+  A* sQ = reinterpret_cast<A*>(smem);
+  A* sKV = sQ + q.rows * ldd;
+  float* sS = reinterpret_cast<float*>(sKV + kKeyTile * ldd);
+  float* stage = sS + q.rows * ld;  // 16 x 16 floats per warp
+  const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * q.rows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
+  load_rows<D>(sQ, ldd, qp + base + q0 * q.stride, q.stride, q.rows, int(lesser(q.rows, q.length - q0)));
+  products<D>(q, kp + base, sQ, sKV, sS, ld);
+  // Softmax of each of the warp's rows, dropout, and the row back as A values in place.
+  constexpr int kMaxPerLane = kMaxLength / 32;
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = q0 + warp * 16 + r;
+    float* row = sS + (warp * 16 + r) * ld;
+    float v[kMaxPerLane];
+    const int count = q.padded / 32;
+    float max = -INFINITY;
+    for (int t = 0; t < count; ++t) max = fmaxf(max, v[t] = score(q, b, lane + 32 * t, row[lane + 32 * t]));
+    max = cuda::warp_max(max);
+    float sum = 0;
+    for (int t = 0; t < count; ++t) sum += v[t] = expf(v[t] - max);
+    sum = cuda::warp_sum(sum);
+    const float inv = i < q.length ? 1.0f / sum : 0.0f;
+    if (q.dropout && i < q.length) {
+      for (int t = 0; t < count; ++t) {
+        const bool keep = draw_keep(q, bh, i, lane + 32 * t);
+        const uint32_t word = __ballot_sync(0xffffffffu, keep);
+        if (lane == 0) q.bits[(bh * q.length + i) * q.words + t] = word;
+        v[t] *= keep ? inv * q.keep_scale : 0.0f;
+      }
+    } else {
+      for (int t = 0; t < count; ++t) v[t] *= inv;
+    }
+    row_to<A>(row, v, count);
+    if (lane == 0 && i < q.length) lse[bh * q.length + i] = max + logf(sum);
+  }
+  // O = dropout(P) V, V a tile at a time; the warp's D / 16 output tiles stay in registers.
+  const A* sP = reinterpret_cast<const A*>(sS) + warp * 16 * (ld * sizeof(float) / sizeof(A));
+  const int ldp = int(ld * sizeof(float) / sizeof(A));
+  typename Tile::Acc acc[D / 16];
+  for (auto& a : acc) Tile::zero(a);
+  for (int kt = 0; kt < q.padded; kt += kKeyTile) {
+    __syncthreads();
+    load_rows<D>(sKV, ldd, vp + base + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    __syncthreads();
+    for (int c = 0; c < D / 16; ++c) Tile::template mma<false>(acc[c], sP + kt, ldp, sKV + c * 16, ldd, kKeyTile);
+  }
+  float* my_stage = stage + warp * 256;
+  for (int c = 0; c < D / 16; ++c) {
+    Tile::store(my_stage, 16, acc[c]);
+    for (int e = lane; e < 256; e += 32) {
+      const int64_t i = q0 + warp * 16 + e / 16;
+      if (i < q.length) out[base + i * q.stride + c * 16 + e % 16] = cuda::from_float<A>(my_stage[e]);
+    }
+    __syncwarp();
+  }
+}
+
+// dQ, and Di = rowsum(dO * O) for the key-side kernel.
+template <int D, typename A>
+__global__ void attention_backward_query(A* dq, bool accumulate, float* di, const A* qp, const A* kp, const A* vp,
+                                         const A* op, const A* dop, const float* lse, Geometry q) {
+  using Tile = WarpTile<A>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ldd = D + kTilePad<A>;
+  const int ld = q.padded + kScorePad;
+  A* sQ = reinterpret_cast<A*>(smem);
+  A* sdO = sQ + q.rows * ldd;
+  A* sKV = sdO + q.rows * ldd;
+  float* sS = reinterpret_cast<float*>(sKV + kKeyTile * ldd);
+  float* stage = sS + q.rows * ld;
+  const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * q.rows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
+  const int valid = int(lesser(q.rows, q.length - q0));
+  load_rows<D>(sQ, ldd, qp + base + q0 * q.stride, q.stride, q.rows, valid);
+  load_rows<D>(sdO, ldd, dop + base + q0 * q.stride, q.stride, q.rows, valid);
+  float* my_stage = stage + warp * 256;
+  float* row_di = stage + (q.rows / 16) * 256 + warp * 16;  // Di of the warp's rows
+  __syncthreads();
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = q0 + warp * 16 + r;
+    float s = 0;
+    if (i < q.length)
+      for (int c = lane; c < D; c += 32)
+        s += cuda::to_float(sdO[(warp * 16 + r) * ldd + c]) * cuda::to_float(op[base + i * q.stride + c]);
+    s = cuda::warp_sum(s);
+    if (lane == 0) row_di[r] = s;
+    if (lane == 0 && i < q.length) di[bh * q.length + i] = s;
+  }
+  __syncwarp();
+  products<D>(q, kp + base, sQ, sKV, sS, ld);
+  // P from the saved log-sum-exp (rows beyond T: 0).
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = q0 + warp * 16 + r;
+    const float row_lse = i < q.length ? lse[bh * q.length + i] : INFINITY;
+    float* row = sS + (warp * 16 + r) * ld;
+    for (int j = lane; j < q.padded; j += 32) row[j] = expf(score(q, b, j, row[j]) - row_lse);
+  }
+  // dS = P (keep dP - Di) with dP = dO V^T, a key tile at a time.
+  for (int kt = 0; kt < q.padded; kt += kKeyTile) {
+    __syncthreads();
+    load_rows<D>(sKV, ldd, vp + base + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    __syncthreads();
+    for (int c = 0; c < kKeyTile / 16; ++c) {
+      typename Tile::Acc acc;
+      Tile::zero(acc);
+      Tile::template mma<true>(acc, sdO + warp * 16 * ldd, ldd, sKV + c * 16 * ldd, ldd, D);
+      Tile::store(my_stage, 16, acc);
+      for (int e = lane; e < 256; e += 32) {
+        const int r = e / 16;
+        const int64_t i = q0 + warp * 16 + r, j = kt + c * 16 + e % 16;
+        float& s = sS[(warp * 16 + r) * ld + j];
+        s = (i < q.length && j < q.length) ? s * (my_stage[e] * keep_factor(q, bh, i, j) - row_di[r]) : 0.0f;
+      }
+      __syncwarp();
+    }
+  }
+  // dS as A values in place, then dQ = alpha dS K.
+  constexpr int kMaxPerLane = kMaxLength / 32;
+  const int count = q.padded / 32;
+  for (int r = 0; r < 16; ++r) {
+    float* row = sS + (warp * 16 + r) * ld;
+    float v[kMaxPerLane];
+    for (int t = 0; t < count; ++t) v[t] = row[lane + 32 * t];
+    row_to<A>(row, v, count);
+  }
+  const A* sdS = reinterpret_cast<const A*>(sS) + warp * 16 * (ld * sizeof(float) / sizeof(A));
+  const int ldp = int(ld * sizeof(float) / sizeof(A));
+  typename Tile::Acc acc[D / 16];
+  for (auto& a : acc) Tile::zero(a);
+  for (int kt = 0; kt < q.padded; kt += kKeyTile) {
+    __syncthreads();
+    load_rows<D>(sKV, ldd, kp + base + int64_t(kt) * q.stride, q.stride, kKeyTile, int(lesser(kKeyTile, q.length - kt)));
+    __syncthreads();
+    for (int c = 0; c < D / 16; ++c) Tile::template mma<false>(acc[c], sdS + kt, ldp, sKV + c * 16, ldd, kKeyTile);
+  }
+  for (int c = 0; c < D / 16; ++c) {
+    Tile::store(my_stage, 16, acc[c]);
+    for (int e = lane; e < 256; e += 32) {
+      const int64_t i = q0 + warp * 16 + e / 16;
+      if (i < q.length) cuda::store_grad(dq, base + i * q.stride + c * 16 + e % 16, q.alpha * my_stage[e], accumulate);
+    }
+    __syncwarp();
+  }
+}
+
+// dK and dV of one key tile (16 keys a warp), over every query tile.
+template <int D, typename A>
+__global__ void attention_backward_key(A* dk, bool accumulate_k, A* dv, bool accumulate_v, const A* qp, const A* kp,
+                                       const A* vp, const A* dop, const float* lse, const float* di, Geometry q) {
+  using Tile = WarpTile<A>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ldd = D + kTilePad<A>;
+  constexpr int kQueries = 64;                 // query rows per step
+  constexpr int ldq = kQueries + kTilePad<A>;     // P^T and dS^T rows (keys) of kQueries queries
+  A* sK = reinterpret_cast<A*>(smem);
+  A* sV = sK + kKeyTile * ldd;
+  A* sQ = sV + kKeyTile * ldd;
+  A* sdO = sQ + kQueries * ldd;
+  A* sP = sdO + kQueries * ldd;   // dropout(P)^T, keys x queries
+  A* sdS = sP + kKeyTile * ldq;   // dS^T
+  float* stage = reinterpret_cast<float*>(sdS + kKeyTile * ldq);
+  float* s_lse = stage + (kKeyTile / 16) * 512;  // the query step's log-sum-exp and Di
+  float* s_di = s_lse + kQueries;
+  const int64_t bh = blockIdx.y, b = bh / q.heads, k0 = int64_t(blockIdx.x) * kKeyTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
+  const int keys = int(lesser(kKeyTile, q.length - k0));
+  load_rows<D>(sK, ldd, kp + base + k0 * q.stride, q.stride, kKeyTile, keys);
+  load_rows<D>(sV, ldd, vp + base + k0 * q.stride, q.stride, kKeyTile, keys);
+  float* my_stage = stage + warp * 512;  // two 16 x 16 tiles: S^T and dP^T
+  typename Tile::Acc acc_k[D / 16], acc_v[D / 16];
+  for (auto& a : acc_k) Tile::zero(a);
+  for (auto& a : acc_v) Tile::zero(a);
+  for (int64_t qt = 0; qt < q.length; qt += kQueries) {
+    __syncthreads();
+    const int queries = int(lesser(kQueries, q.length - qt));
+    load_rows<D>(sQ, ldd, qp + base + qt * q.stride, q.stride, kQueries, queries);
+    load_rows<D>(sdO, ldd, dop + base + qt * q.stride, q.stride, kQueries, queries);
+    for (int r = threadIdx.x; r < kQueries; r += blockDim.x) {
+      s_lse[r] = r < queries ? lse[bh * q.length + qt + r] : INFINITY;
+      s_di[r] = r < queries ? di[bh * q.length + qt + r] : 0.0f;
+    }
+    __syncthreads();
+    for (int c = 0; c < kQueries / 16; ++c) {
+      typename Tile::Acc s, dp;
+      Tile::zero(s);
+      Tile::zero(dp);
+      Tile::template mma<true>(s, sK + warp * 16 * ldd, ldd, sQ + c * 16 * ldd, ldd, D);
+      Tile::template mma<true>(dp, sV + warp * 16 * ldd, ldd, sdO + c * 16 * ldd, ldd, D);
+      Tile::store(my_stage, 16, s);
+      Tile::store(my_stage + 256, 16, dp);
+      for (int e = lane; e < 256; e += 32) {
+        const int r = e / 16, col = c * 16 + e % 16;
+        const int64_t j = k0 + warp * 16 + r, i = qt + col;
+        float p = 0, ds = 0;
+        if (i < q.length && j < q.length) {
+          const float prob = expf(my_stage[e] * q.alpha + mask_at(q, b, j) - s_lse[col]);
+          const float keep = keep_factor(q, bh, i, j);
+          p = prob * keep;
+          ds = prob * (my_stage[256 + e] * keep - s_di[col]);
+        }
+        sP[(warp * 16 + r) * ldq + col] = cuda::from_float<A>(p);
+        sdS[(warp * 16 + r) * ldq + col] = cuda::from_float<A>(ds);
+      }
+      __syncwarp();
+    }
+    for (int c = 0; c < D / 16; ++c) {
+      Tile::template mma<false>(acc_v[c], sP + warp * 16 * ldq, ldq, sdO + c * 16, ldd, kQueries);
+      Tile::template mma<false>(acc_k[c], sdS + warp * 16 * ldq, ldq, sQ + c * 16, ldd, kQueries);
+    }
+  }
+  for (int c = 0; c < D / 16; ++c) {
+    Tile::store(my_stage, 16, acc_k[c]);
+    Tile::store(my_stage + 256, 16, acc_v[c]);
+    for (int e = lane; e < 256; e += 32) {
+      const int64_t j = k0 + warp * 16 + e / 16, at = base + j * q.stride + c * 16 + e % 16;
+      if (j >= q.length) continue;
+      cuda::store_grad(dk, at, q.alpha * my_stage[e], accumulate_k);
+      cuda::store_grad(dv, at, my_stage[256 + e], accumulate_v);
+    }
+    __syncwarp();
+  }
+}
+
+// Shared memory of each kernel (bytes) for query rows `rows` a block.
+template <int D, typename A>
+size_t forward_bytes(int rows, int padded) {
+  return (size_t(rows + kKeyTile) * (D + kTilePad<A>)) * sizeof(A) +
+         (size_t(rows) * (padded + kScorePad) + size_t(rows / 16) * 256) * sizeof(float);
+}
+template <int D, typename A>
+size_t backward_query_bytes(int rows, int padded) {
+  return (size_t(2 * rows + kKeyTile) * (D + kTilePad<A>)) * sizeof(A) +
+         (size_t(rows) * (padded + kScorePad) + size_t(rows / 16) * 256 + size_t(rows)) * sizeof(float);
+}
+template <int D, typename A>
+size_t backward_key_bytes() {
+  return (size_t(4 * kKeyTile) * (D + kTilePad<A>) + size_t(2 * kKeyTile) * (64 + kTilePad<A>)) * sizeof(A) +
+         (size_t(kKeyTile / 16) * 512 + 2 * 64) * sizeof(float);
+}
+
+// Query rows a block (64, 32 or 16) whose shared memory fits the device.
+template <int D, typename A>
+int rows_that_fit(int padded, size_t limit) {
+  for (int rows : {64, 32, 16})
+    if (forward_bytes<D, A>(rows, padded) <= limit && backward_query_bytes<D, A>(rows, padded) <= limit) return rows;
+  return 0;
+}
+
+size_t shared_limit() {
+  int device = 0, bytes = 0;
+  BERT_CUDA_CHECK(cudaGetDevice(&device));
+  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return size_t(bytes);
+}
+
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <int D, typename A>
+Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t batch, DType dtype) {
+  const int64_t bh = batch * geometry.heads, t = geometry.length;
+  Geometry q = geometry;
+  q.rows = rows_that_fit<D, A>(q.padded, shared_limit());
+  Var out = g.emit(g.shape(qv), {qv, kv, vv}, dtype);
+  float* lse = g.scratch<float>(size_t(bh * t));
+  const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
+  const size_t fwd = forward_bytes<D, A>(q.rows, q.padded);
+  allow_shared(attention_forward<D, A>, fwd);
+  attention_forward<D, A><<<query_grid, 32 * (q.rows / 16), fwd, cuda::stream(g)>>>(
+      cuda::typed<A>(g.data(out)), lse, cuda::typed<A>(g.data(qv)), cuda::typed<A>(g.data(kv)),
+      cuda::typed<A>(g.data(vv)), q);
+  BERT_CUDA_LAUNCHED();
+  g.on_backward(out, [qv, kv, vv, out, lse, q, bh, t, query_grid](Graph<float>& g) {
+    const A *qp = cuda::typed<A>(g.data(qv)), *kp = cuda::typed<A>(g.data(kv)), *vp = cuda::typed<A>(g.data(vv));
+    const A *op = cuda::typed<A>(g.data(out)), *dop = cuda::typed<A>(g.grad_data(out));
+    float* di = g.scratch<float>(size_t(bh * t));
+    // A gradient target for each input that takes one (scratch for one that does not: the kernels write
+    // dQ, dK and dV together).
+    auto target = [&](Var x) {
+      return g.requires_grad(x) ? g.raw_grad_target(x)
+                                : Graph<float>::RawGradTarget{g.scratch<A>(size_t(bh * t * D)), false};
+    };
+    const Graph<float>::RawGradTarget dq = target(qv);
+    const size_t query_bytes = backward_query_bytes<D, A>(q.rows, q.padded);
+    allow_shared(attention_backward_query<D, A>, query_bytes);
+    attention_backward_query<D, A><<<query_grid, 32 * (q.rows / 16), query_bytes, cuda::stream(g)>>>(
+        cuda::typed<A>(dq.data), dq.accumulate, di, qp, kp, vp, op, dop, lse, q);
+    BERT_CUDA_LAUNCHED();
+    if (!g.requires_grad(kv) && !g.requires_grad(vv)) return;
+    const Graph<float>::RawGradTarget dk = target(kv), dv = target(vv);
+    const size_t key_bytes = backward_key_bytes<D, A>();
+    allow_shared(attention_backward_key<D, A>, key_bytes);
+    const dim3 key_grid(unsigned((t + kKeyTile - 1) / kKeyTile), unsigned(bh));
+    attention_backward_key<D, A><<<key_grid, 32 * (kKeyTile / 16), key_bytes, cuda::stream(g)>>>(
+        cuda::typed<A>(dk.data), dk.accumulate, cuda::typed<A>(dv.data), dv.accumulate, qp, kp, vp, dop, lse, di, q);
+    BERT_CUDA_LAUNCHED();
+  });
+  return out;
+}
+
+}  // namespace
+
+bool attention_fits(int64_t head_size, int64_t length, DType dtype) {
+  if (length < 1 || length > kMaxLength) return false;
+  if (head_size != 16 && head_size != 32 && head_size != 64 && head_size != 128) return false;
+  const int padded = int((length + kKeyTile - 1) / kKeyTile * kKeyTile);
+  const size_t limit = shared_limit();
+  auto fits = [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    switch (head_size) {
+      case 16:
+        return rows_that_fit<16, A>(padded, limit) > 0 && backward_key_bytes<16, A>() <= limit;
+      case 32:
+        return rows_that_fit<32, A>(padded, limit) > 0 && backward_key_bytes<32, A>() <= limit;
+      case 64:
+        return rows_that_fit<64, A>(padded, limit) > 0 && backward_key_bytes<64, A>() <= limit;
+      default:
+        return rows_that_fit<128, A>(padded, limit) > 0 && backward_key_bytes<128, A>() <= limit;
+    }
+  };
+  return dtype == DType::kBF16 ? fits(cuda::TypeTag<bf16>{}) : fits(cuda::TypeTag<float>{});
+}
+
+Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng) {
+  const Shape s = g.shape(q);
+  BERT_CHECK(s.rank() == 3 && g.shape(k) == s && g.shape(v) == s && heads > 0 && s[2] % heads == 0,
+             "attention: q " + s.str() + ", k " + g.shape(k).str() + ", v " + g.shape(v).str() + " (expected (B, T, C) " +
+                 "each, C a multiple of " + std::to_string(heads) + " heads)");
+  const int64_t d = s[2] / heads;
+  const DType dtype = g.activation_dtype();
+  BERT_CHECK(attention_fits(d, s[1], dtype),
+             "attention: no fused kernel for head size " + std::to_string(d) + " and length " + std::to_string(s[1]));
+  if (mask.valid())
+    BERT_CHECK(g.shape(mask) == Shape({s[0], s[1]}) && g.dtype(mask) == DType::kF32,
+               "attention: mask " + g.shape(mask).str() + " (expected (B, T) floats)");
+  q = as_activation(g, q);
+  k = as_activation(g, k);
+  v = as_activation(g, v);
+  Geometry geometry{};
+  geometry.heads = heads;
+  geometry.length = s[1];
+  geometry.stride = s[2];
+  geometry.padded = int((s[1] + kKeyTile - 1) / kKeyTile * kKeyTile);
+  geometry.alpha = static_cast<float>(alpha);
+  geometry.mask = mask.valid() ? static_cast<const float*>(g.data(mask)) : nullptr;
+  geometry.dropout = training && p > 0.0;
+  if (geometry.dropout) {
+    const int64_t rows = s[0] * heads * s[1];  // B H T rows of T probabilities
+    geometry.seed = rng.state().seed;
+    geometry.first = DropoutDraws::reserve(rng, static_cast<uint64_t>(rows * s[1]));
+    geometry.threshold = DropoutDraws::threshold(p);
+    geometry.keep_scale = static_cast<float>(1.0 / (1.0 - p));
+    geometry.words = geometry.padded / 32;
+    geometry.bits = g.scratch<uint32_t>(size_t(rows * geometry.words));
+  }
+  Var out;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    switch (d) {
+      case 16:
+        out = fused<16, A>(g, q, k, v, geometry, s[0], dtype);
+        break;
+      case 32:
+        out = fused<32, A>(g, q, k, v, geometry, s[0], dtype);
+        break;
+      case 64:
+        out = fused<64, A>(g, q, k, v, geometry, s[0], dtype);
+        break;
+      default:
+        out = fused<128, A>(g, q, k, v, geometry, s[0], dtype);
+    }
+  });
+  return out;
+}
+
+}  // namespace bert::ops::cuda_impl

@@ -1,0 +1,41 @@
+// Attention's two products per head on the projections in place (head_scores, head_context): on the CPU
+// the permutes and products they are made of; the GPU twin (ops/attention_heads.cu) runs batched GEMMs.
+#include <string>
+
+#include "ops/cuda_impl.h"
+#include "ops/ops.h"
+
+namespace bert::ops {
+
+namespace {
+// (B, T, C) -> (B, H, T, D)
+Var split_heads(auto& g, Var x, int64_t heads) {
+  const Shape s = g.shape(x);
+  BERT_CHECK(s.rank() == 3 && heads > 0 && s[2] % heads == 0,
+             "attention heads: " + s.str() + " is not (B, T, C) with C a multiple of " + std::to_string(heads) +
+                 " heads");
+  return permute(g, reshape(g, x, Shape{s[0], s[1], heads, s[2] / heads}), {0, 2, 1, 3});
+}
+}  // namespace
+
+template <typename T>
+Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha) {
+  BERT_DISPATCH_CUDA(g, head_scores(g, q, k, heads, alpha))
+  BERT_CHECK(g.shape(k) == g.shape(q), "head_scores: k " + g.shape(k).str() + " differs from q " + g.shape(q).str());
+  return scaled_matmul(g, split_heads(g, q, heads), split_heads(g, k, heads), alpha, false, true);
+}
+
+template <typename T>
+Var head_context(Graph<T>& g, Var probs, Var v, int64_t heads) {
+  BERT_DISPATCH_CUDA(g, head_context(g, probs, v, heads))
+  const Shape s = g.shape(v);
+  Var context = matmul(g, probs, split_heads(g, v, heads));  // (B, H, T, D)
+  return reshape(g, permute(g, context, {0, 2, 1, 3}), s);
+}
+
+template Var head_scores<float>(Graph<float>&, Var, Var, int64_t, double);
+template Var head_scores<double>(Graph<double>&, Var, Var, int64_t, double);
+template Var head_context<float>(Graph<float>&, Var, Var, int64_t);
+template Var head_context<double>(Graph<double>&, Var, Var, int64_t);
+
+}  // namespace bert::ops

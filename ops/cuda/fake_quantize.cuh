@@ -1,0 +1,210 @@
+// The fake-quantization kernels on a CUDA device, over a *source*: what produces the values being
+// quantized. The plain op (ops/quantize.cu) reads them from a tensor; an elementwise op with its
+// output's quantizer fused in (GELU, dropout, permute: ops/elementwise.cu, ops/shape.cu) computes them
+// in registers, so the op's unquantized output is never stored, and backward recomputes it from the op's
+// input for the straight-through mask and the LSQ scale gradient. One pass over memory each way instead
+// of two.
+//
+// A source is an elementwise op (each output element made from one input element) given as a small
+// struct with device methods over W consecutive elements of the output, starting at element i:
+//   template <int W> void load(int64_t i, float (&v)[W]) const;   // the values before quantization
+//   template <int W> void load(int64_t i, float (&v)[W], float (&slope)[W]) const;  // and dv/dx
+//   template <int W> void store_input_grad(int64_t i, const float (&dx)[W], bool accumulate) const;
+// The second load computes each value and its derivative together (GELU's erf once); store_input_grad
+// writes or adds the gradient of the elements' inputs (nothing when the input takes none).
+//
+// Rounding divides by the scale and rounds half to even (rintf), exactly as QuantizeLinear and the CPU
+// op do. The scale gradient is summed in fixed blocks of kQuantizeBlock elements, in double, in a fixed
+// order, so a fused op and the two ops in sequence give the same sum whenever their values agree.
+#pragma once
+
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace bert::cuda {
+
+// Elements per thread block, never straddling a channel: small enough that a per-tensor scale spreads
+// over thousands of blocks (the GPU needs them to hide memory latency).
+constexpr int64_t kQuantizeBlock = int64_t{1} << 12;
+
+// A source that reads a tensor of type X (an activation, or an F32 weight) and adds the gradient to dx.
+template <typename X>
+struct TensorSource {
+  const X* x;
+  X* dx;  // nullptr: x takes no gradient
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W]) const {
+    const Pack<X, W> p = load_pack<W>(x + i);
+    for (int j = 0; j < W; ++j) v[j] = to_float(p.v[j]);
+  }
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
+    load<W>(i, v);
+    for (int j = 0; j < W; ++j) slope[j] = 1.0f;
+  }
+  template <int W>
+  __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {
+    if (dx) store_grad_pack<W>(dx + i, g, accumulate);
+  }
+};
+
+// Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kQuantizeBlock,
+// (b + 1) kQuantizeBlock), each thread W consecutive elements at a time.
+template <int W, typename Y, typename Source>
+__global__ void fake_quantize_forward(Y* y, Source source, const float* scale, int64_t per_channel, float lo, float hi,
+                                      unsigned long long* clipped) {
+  __shared__ int64_t shared[32];
+  const int64_t c = blockIdx.y;
+  const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
+  const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
+  const float s = scale[c];
+  int64_t count = 0;
+  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+    float v[W];
+    source.template load<W>(i, v);
+    Pack<Y, W> out;
+    for (int j = 0; j < W; ++j) {
+      const float u = v[j] / s;
+      count += (u < lo) | (u > hi);  // where backward's straight-through mask blocks the gradient
+      out.v[j] = from_float<Y>(fminf(fmaxf(rintf(u), lo), hi) * s);
+    }
+    store_pack<W>(y + i, out);
+  }
+  if (clipped) {
+    count = block_sum(count, shared);
+    if (threadIdx.x == 0 && count) atomicAdd(clipped, static_cast<unsigned long long>(count));
+  }
+}
+
+// Also sums the scale gradient: each block's share in double; when a channel spans several blocks, the
+// last block of the grid to finish adds up every block's share in block order (a fixed tree: the result
+// does not depend on which block finished last) and resets the arrival counter.
+template <int W, typename Y, typename Source>
+__global__ void fake_quantize_backward(Source source, const Y* dy, const float* scale, int64_t per_channel, float lo,
+                                       float hi, bool accumulate, float* ds, double grad_scale, double* partial,
+                                       unsigned int* arrivals) {
+  __shared__ double shared[32];
+  __shared__ bool last;
+  const int64_t c = blockIdx.y;
+  const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
+  const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
+  const float s = scale[c];
+  double acc = 0;
+  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+    float v[W], slope[W], pass[W];
+    source.template load<W>(i, v, slope);
+    const Pack<Y, W> up = load_pack<W>(dy + i);
+    float part = 0;  // this pack's share of the scale gradient
+    for (int j = 0; j < W; ++j) {
+      const float u = v[j] / s;
+      const float d = to_float(up.v[j]);
+      pass[j] = !(u < lo) && !(u > hi) ? d * slope[j] : 0.0f;  // straight through inside the range
+      part += d * (u < lo ? lo : u > hi ? hi : rintf(u) - u);
+    }
+    source.template store_input_grad<W>(i, pass, accumulate);
+    acc += part;
+  }
+  if (!ds) return;
+  acc = block_sum(acc, shared);
+  if (gridDim.x == 1) {  // the channel's only block
+    if (threadIdx.x == 0) ds[c] += static_cast<float>(grad_scale * acc);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    partial[c * gridDim.x + blockIdx.x] = acc;
+    __threadfence();  // the share is visible everywhere before this block counts as arrived
+    last = atomicAdd(arrivals, 1u) == gridDim.x * gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  for (unsigned channel = 0; channel < gridDim.y; ++channel) {
+    double total = 0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(partial + channel * gridDim.x + b);
+    total = block_sum(total, shared);
+    if (threadIdx.x == 0) ds[channel] += static_cast<float>(grad_scale * total);
+  }
+  if (threadIdx.x == 0) *arrivals = 0;
+}
+
+// The quantizer's side of a launch: scales (device), range, LSQ gradient scale, saturation counter.
+struct QuantizeLaunch {
+  const float* scale;
+  float* scale_grad;  // nullptr: the scale takes no gradient (backward only)
+  int64_t n, channels;
+  float lo, hi;
+  double grad_scale;
+  int64_t* clipped;  // device counter, or nullptr
+  int64_t per_channel() const { return n / channels; }
+  int64_t blocks_per_channel() const {
+    const int64_t per = per_channel();
+    return per > kQuantizeBlock ? (per + kQuantizeBlock - 1) / kQuantizeBlock : 1;
+  }
+  dim3 grid() const { return dim3(static_cast<unsigned>(blocks_per_channel()), static_cast<unsigned>(channels)); }
+};
+
+// Elements per access for a kernel moving elements of `bytes` and `other_bytes` (its two element types):
+// 16-byte accesses (8 BF16 values: 8-byte ones leave the memory system half idle; 4 floats), when every
+// pointer is 16-byte aligned and every channel holds a multiple of the width; else 4, else 1.
+// `pointers`: any range of const void* (a braced list, or a vector for a variable number of buffers).
+template <typename Pointers>
+int pack_width(std::size_t bytes, std::size_t other_bytes, int64_t per_channel, const Pointers& pointers) {
+  if (per_channel % 4 != 0) return 1;
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return bytes == 2 && other_bytes == 2 && per_channel % 8 == 0 ? 8 : 4;
+}
+inline int pack_width(std::size_t bytes, std::size_t other_bytes, int64_t per_channel,
+                      std::initializer_list<const void*> pointers) {
+  return pack_width<std::initializer_list<const void*>>(bytes, other_bytes, per_channel, pointers);
+}
+
+// y = fake_quantize(source values), `width` elements per access (pack_width).
+template <typename Y, typename Source>
+void launch_fake_quantize_forward(const Graph<float>& g, const QuantizeLaunch& q, Y* y, const Source& source,
+                                  int width) {
+  if (q.n == 0) return;
+  auto* kernel = width == 8   ? &fake_quantize_forward<8, Y, Source>
+                 : width == 4 ? &fake_quantize_forward<4, Y, Source>
+                              : &fake_quantize_forward<1, Y, Source>;
+  kernel<<<q.grid(), kThreads, 0, stream(g)>>>(y, source, q.scale, q.per_channel(), q.lo, q.hi,
+                                               reinterpret_cast<unsigned long long*>(q.clipped));
+  BERT_CUDA_LAUNCHED();
+}
+
+// The gradients of the source's input (through source.store_input_grad) and of the scale (added to q.scale_grad).
+template <typename Y, typename Source>
+void launch_fake_quantize_backward(Graph<float>& g, const QuantizeLaunch& q, const Y* dy, const Source& source,
+                                   int width, bool accumulate) {
+  if (q.n == 0) return;
+  const int64_t blocks = q.blocks_per_channel() * q.channels;
+  double* partial = q.scale_grad && blocks > q.channels ? g.scratch<double>(blocks) : nullptr;
+  auto* kernel = width == 8   ? &fake_quantize_backward<8, Y, Source>
+                 : width == 4 ? &fake_quantize_backward<4, Y, Source>
+                              : &fake_quantize_backward<1, Y, Source>;
+  kernel<<<q.grid(), kThreads, 0, stream(g)>>>(source, dy, q.scale, q.per_channel(), q.lo, q.hi, accumulate,
+                                               q.scale_grad, q.grad_scale, partial, context(g.device()).arrivals);
+  BERT_CUDA_LAUNCHED();
+}
+
+// The launch of an op with its output's quantizer fused in (ops::QuantizeOutput), over its n outputs.
+inline QuantizeLaunch fused_launch(Graph<float>& g, const ops::QuantizeOutput& q, int64_t n) {
+  BERT_CHECK(g.value(q.scale).numel() == 1,
+             "a fused fake quantization takes one (per-tensor) scale, got " + g.shape(q.scale).str());
+  BERT_CHECK(q.qmin < 0 && q.qmax > 0, "fake_quantize: need qmin < 0 < qmax");
+  return {g.value(q.scale).data(),    nullptr,      n,        1, static_cast<float>(q.qmin),
+          static_cast<float>(q.qmax), q.grad_scale, q.clipped};
+}
+
+// In a fused op's backward: the launch with the scale's gradient (when it takes one), and x's target.
+struct FusedBackward {
+  QuantizeLaunch launch;
+  Graph<float>::RawGradTarget dx;
+};
+inline FusedBackward fused_backward(Graph<float>& g, const QuantizeLaunch& forward, Var x, Var scale) {
+  FusedBackward b{forward, {nullptr, false}};
+  b.launch.scale_grad = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
+  if (g.requires_grad(x)) b.dx = g.raw_grad_target(x);
+  return b;
+}
+
+}  // namespace bert::cuda

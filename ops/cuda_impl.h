@@ -1,0 +1,77 @@
+// The CUDA implementations of the primitive ops (ops/*.cu), one per op of ops/ops.h with the
+// same contract, for graphs on a CUDA device. The ops of ops/ops.h dispatch here on their own; call
+// these directly only in tests. Compiled only in a CUDA build (BERT_WITH_CUDA).
+#pragma once
+
+#include <initializer_list>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "core/graph.h"
+#include "ops/ops.h"
+#include "core/rng.h"
+
+namespace bert::ops::cuda_impl {
+
+// In BF16 mixed precision (Graph::activation_dtype() is kBF16) the ops that make activations
+// (matmul, linear, gather_rows, fake_quantize, gelu, tanh, softmax, layer_norm, dropout, permute) emit
+// BF16 and read an F32 activation input through a conversion node; add, mul and scale keep their
+// inputs' dtype (a BF16/F32 mix is promoted to F32, as in PyTorch); losses and sums emit F32. Parameters
+// (weights, biases, LayerNorm's gamma and beta, tables, scales, masks) are read as F32 wherever they
+// appear, and their gradients are F32. In FP32 and TF32 every node is F32 and nothing is converted.
+
+// x stored as `dtype`: x itself when it already is, else a conversion node whose backward converts the
+// gradient back.
+Var to_dtype(Graph<float>& g, Var x, DType dtype);
+// x in the dtype the graph's activations take.
+inline Var as_activation(Graph<float>& g, Var x) { return to_dtype(g, x, g.activation_dtype()); }
+
+Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha = 1.0);
+Var linear(Graph<float>& g, Var x, Var weight, Var bias);
+Var add(Graph<float>& g, Var a, Var b);
+Var mul(Graph<float>& g, Var a, Var b);
+Var scale(Graph<float>& g, Var x, double alpha);
+Var reshape(Graph<float>& g, Var x, Shape shape);
+Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm);
+Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape ids_shape);
+Var gelu(Graph<float>& g, Var x);
+Var tanh(Graph<float>& g, Var x);
+Var softmax(Graph<float>& g, Var x, Var mask);
+Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng);  // training, p > 0
+Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps);
+Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps);
+// Training, p > 0.
+Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng);
+Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
+Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature);
+Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
+                  int32_t ignore_index);
+LinearScores cross_entropy_scores(Graph<float>& g, Var logits, std::span<const int32_t> targets, PredictionsTo to);
+Var sum(Graph<float>& g, Var x);
+Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped);
+Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
+Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
+Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
+std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
+// Fused attention (ops::attention) and whether its kernels cover a head size and length in `dtype`.
+Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng);
+bool attention_fits(int64_t head_size, int64_t length, DType dtype);
+Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha);
+Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);
+std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
+double abs_max(Graph<float>& g, Var x);
+std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);
+
+}  // namespace bert::ops::cuda_impl
+
+// Inside a CPU op template: hand a float graph on a CUDA device to the CUDA implementation.
+#if BERT_WITH_CUDA
+#define BERT_DISPATCH_CUDA(g, call)                 \
+  if constexpr (std::is_same_v<T, float>) {         \
+    if ((g).on_cuda()) return ops::cuda_impl::call; \
+  }
+#else
+#define BERT_DISPATCH_CUDA(g, call)
+#endif

@@ -1,0 +1,180 @@
+// INT8 inference ops on the CPU: integer linears (static and dynamic activation scales), integer
+// products of two activations, and integer self-attention, all on kernels/int8_gemm. Forward only.
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "kernels/int8_gemm.h"
+#include "ops/ops.h"
+#include "sys/parallel.h"
+#include "kernels/vector_math.h"
+
+namespace bert::ops {
+
+namespace {
+
+// The checks every integer op makes: CPU, and no gradient recorded.
+void check_inference(const Graph<float>& g, const std::string& op) {
+  BERT_CHECK(!g.on_cuda(), op + ": integer inference runs on the CPU");
+  BERT_CHECK(!g.grad_enabled(), op + " has no gradient: run it under NoGradGuard (inference only)");
+}
+
+// The checks every integer linear makes, then its output (.., out). op: the public op's name, for
+// errors; made_by: the same, for an OpProfile.
+Var emit_integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias,
+                        const std::string& op, std::source_location made_by) {
+  check_inference(g, op);
+  const Shape& xs = g.shape(x);
+  BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
+             op + ": x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
+  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), op + ": one weight scale per output");
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), op + " bias " + g.shape(bias).str());
+  return bias.valid() ? g.emit(xs.with_last(weights.n()), {x, bias}, made_by)
+                      : g.emit(xs.with_last(weights.n()), {x}, made_by);
+}
+
+Var integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                   Var bias, Int8Finish finish, const char* op, std::source_location made_by) {
+  Var y = emit_integer_linear(g, x, weights, scale_w, bias, op, made_by);
+  BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
+  const int64_t rows = g.shape(x).rows();
+  uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));  // reused every step
+  quantize_activations(g.value(x).data(), rows, weights.k(), scale_x, quantized);
+  bert::int8_linear(rows, quantized, weights, scale_x, scale_w.data(), bias.valid() ? g.value(bias).data() : nullptr,
+                    g.value(y).data(), weights.n(), Int8Kernel::kAuto, finish);
+  return y;
+}
+
+}  // namespace
+
+Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias) {
+  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kNone, "int8_linear",
+                        std::source_location::current());
+}
+
+Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                     Var bias) {
+  return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kGelu, "int8_linear_gelu",
+                        std::source_location::current());
+}
+
+Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias) {
+  Var y = emit_integer_linear(g, x, weights, scale_w, bias, "int8_linear_dynamic", std::source_location::current());
+  const int64_t rows = g.shape(x).rows();
+  uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));
+  float* row_scales = g.scratch<float>(rows);
+  quantize_activations_per_row(g.value(x).data(), rows, weights.k(), row_scales, quantized);
+  bert::int8_linear_per_row(rows, quantized, row_scales, weights, scale_w.data(),
+                            bias.valid() ? g.value(bias).data() : nullptr, g.value(y).data(), weights.n());
+  return y;
+}
+
+Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b) {
+  check_inference(g, "int8_matmul");
+  BERT_CHECK(scale_a > 0 && scale_b > 0, "int8_matmul: the scales must be positive");
+  const Shape &as = g.shape(a), &bs = g.shape(b);
+  BERT_CHECK(as.rank() >= 2 && as.rank() == bs.rank(), "int8_matmul of " + as.str() + " and " + bs.str());
+  for (int i = 0; i + 2 < as.rank(); ++i)
+    BERT_CHECK(as[i] == bs[i], "int8_matmul: batch axes of " + as.str() + " and " + bs.str() + " differ");
+  const int64_t m = as[-2], k = as[-1], n = trans_b ? bs[-2] : bs[-1];
+  BERT_CHECK((trans_b ? bs[-1] : bs[-2]) == k, "int8_matmul: inner sizes of " + as.str() + " and " + bs.str());
+  const int64_t batch = m * k > 0 ? as.numel() / (m * k) : 0;
+  Var y = g.emit(as.with_last(n), {a, b});
+  const float* av = g.value(a).data();
+  const float* bv = g.value(b).data();
+  float* yv = g.value(y).data();
+  // a quantized in one pass as unsigned rows; then each product on one thread (int8_linear runs
+  // serially inside), b quantized and packed as weights. b's scale and alpha go in the per-channel
+  // scales, a's is the activation scale.
+  const int64_t row = int8_row_bytes(k);
+  uint8_t* qa = g.scratch<uint8_t>(batch * m * row);
+  quantize_activations(av, batch * m, k, scale_a, qa);
+  const std::vector<float> scales(n, static_cast<float>(scale_b * alpha));
+  parallel_for(batch, 1, [&](int64_t lo, int64_t hi) {
+    Int8Weights packed;
+    for (int64_t item = lo; item < hi; ++item) {
+      // b as (N, K) when trans_b, else (K, N): weight (c, i) at c * K + i, or at i * N + c.
+      packed.quantize_pack(bv + item * k * n, n, k, trans_b ? k : 1, trans_b ? 1 : n, scale_b);
+      bert::int8_linear(m, qa + item * m * row, packed, scale_a, scales.data(), nullptr, yv + item * m * n, n);
+    }
+  });
+  return y;
+}
+
+namespace {
+
+// Integer self-attention over Q, K, V rows `ld` floats apart (H * D when separate, 3 * H * D when side by
+// side in one tensor), into y (B, T, H * D). The checks are the callers'.
+void attention_heads(const float* qv, const float* kv, const float* vv, int64_t ld, const float* mv, int64_t batch,
+                     int64_t t, int64_t heads, int64_t d, const Int8AttentionScales& scales, double alpha, float* yv) {
+  const int64_t width = heads * d;
+  // The scales exactly as int8_matmul forms them: the second operand's scale times alpha, per channel.
+  const std::vector<float> score_scales(t, static_cast<float>(scales.k * alpha));
+  const std::vector<float> value_scales(d, scales.v);
+  const int64_t row_t = int8_row_bytes(t), row_d = int8_row_bytes(d);
+  // One task per (sequence, head): its operands quantized and packed, the T x T scores, softmax and the
+  // quantized probabilities stay in this thread's cache; the context goes straight into (B, T, H * D).
+  parallel_for(batch * heads, 1, [&](int64_t lo, int64_t hi) {
+    Int8Weights keys, values;
+    std::vector<uint8_t> queries(t * row_d), probs(t * row_t);
+    std::vector<float> scores(t * t), probs_row(t);
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t b = item / heads, h = item % heads;
+      const int64_t at = b * t * ld + h * d;  // the head's first value in each operand
+      quantize_activations(qv + at, t, d, ld, scales.q, queries.data());
+      keys.quantize_pack(kv + at, t, d, ld, 1, scales.k);    // (T keys, D)
+      values.quantize_pack(vv + at, d, t, 1, ld, scales.v);  // (D, T tokens): V transposed
+      bert::int8_linear(t, queries.data(), keys, scales.q, score_scales.data(), nullptr, scores.data(), t);
+      for (int64_t r = 0; r < t; ++r) {
+        vec::softmax(scores.data() + r * t, mv ? mv + b * t : nullptr, probs_row.data(), t);
+        quantize_activations(probs_row.data(), 1, t, scales.probs, probs.data() + r * row_t);
+      }
+      bert::int8_linear(t, probs.data(), values, scales.probs, value_scales.data(), nullptr, yv + b * t * width + h * d,
+                        width);
+    }
+  });
+}
+
+// The checks both entries make; the mask's values (null: none).
+const float* check_attention(const Graph<float>& g, const Shape& xs, int64_t width, Var mask, int64_t heads,
+                             const Int8AttentionScales& scales, const std::string& op) {
+  check_inference(g, op);
+  BERT_CHECK(scales.q > 0 && scales.k > 0 && scales.v > 0 && scales.probs > 0, op + ": the scales must be positive");
+  BERT_CHECK(heads > 0 && width % heads == 0,
+             op + ": " + std::to_string(width) + " channels do not split into " + std::to_string(heads) + " heads");
+  if (!mask.valid()) return nullptr;
+  BERT_CHECK(g.shape(mask) == Shape({xs[0], xs[1]}),
+             op + ": mask " + g.shape(mask).str() + " must be (B, T) for " + xs.str());
+  return g.value(mask).data();
+}
+
+}  // namespace
+
+Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                   double alpha) {
+  const Shape& qs = g.shape(q);
+  BERT_CHECK(qs.rank() == 3 && g.shape(k) == qs && g.shape(v) == qs,
+             "int8_attention: q, k, v must be one (B, T, C) shape, got " + qs.str() + ", " + g.shape(k).str() + ", " +
+                 g.shape(v).str());
+  const float* mv = check_attention(g, qs, qs[2], mask, heads, scales, "int8_attention");
+  Var y = g.emit(qs, {q, k, v});
+  attention_heads(g.value(q).data(), g.value(k).data(), g.value(v).data(), qs[2], mv, qs[0], qs[1], heads,
+                  qs[2] / heads, scales, alpha, g.value(y).data());
+  return y;
+}
+
+Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                          double alpha) {
+  const Shape& xs = g.shape(qkv);
+  BERT_CHECK(xs.rank() == 3 && xs[2] % 3 == 0, "int8_attention_packed: qkv must be (B, T, 3 C), got " + xs.str());
+  const int64_t width = xs[2] / 3;
+  const float* mv = check_attention(g, xs, width, mask, heads, scales, "int8_attention_packed");
+  Var y = g.emit(xs.with_last(width), {qkv});
+  const float* base = g.value(qkv).data();
+  attention_heads(base, base + width, base + 2 * width, xs[2], mv, xs[0], xs[1], heads, width / heads, scales, alpha,
+                  g.value(y).data());
+  return y;
+}
+
+}  // namespace bert::ops

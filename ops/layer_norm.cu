@@ -1,0 +1,398 @@
+// LayerNorm (add_layer_norm, dropout_add_layer_norm: the residual add and the dropout in the same kernels) on
+// a CUDA device, forward and backward side by side like ops/layer_norm.cpp. One warp per row; the parameter
+// gradients are column sums taken in two fixed-order passes (deterministic).
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/rows.cuh"
+#include "ops/cuda_impl.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+template <typename A>
+__global__ void layer_norm_forward(A* y, float* mean_out, float* rstd_out, const A* x, const float* gamma,
+                                   const float* beta, int64_t rows, int64_t c, float eps) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const A* in = x + r * c;
+  float sum = 0;
+  for (int64_t j = lane; j < c; j += 32) sum += cuda::to_float(in[j]);
+  const float mean = cuda::warp_sum(sum) / float(c);
+  float var = 0;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float d = cuda::to_float(in[j]) - mean;
+    var += d * d;
+  }
+  const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
+  for (int64_t j = lane; j < c; j += 32)
+    y[r * c + j] = cuda::from_float<A>((cuda::to_float(in[j]) - mean) * rstd * gamma[j] + beta[j]);
+  if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+}
+
+template <typename A>
+__global__ void layer_norm_backward_input(A* dx, const A* dy, const A* x, const float* gamma, const float* mean,
+                                          const float* rstd, int64_t rows, int64_t c, bool accumulate) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const A *in = x + r * c, *dyr = dy + r * c;
+  const float m = mean[r], rs = rstd[r];
+  float mean_dn = 0, mean_dn_n = 0;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float dn = cuda::to_float(dyr[j]) * gamma[j];
+    mean_dn += dn;
+    mean_dn_n += dn * (cuda::to_float(in[j]) - m) * rs;
+  }
+  mean_dn = cuda::warp_sum(mean_dn) / float(c);
+  mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
+  for (int64_t j = lane; j < c; j += 32) {
+    const float n = (cuda::to_float(in[j]) - m) * rs;
+    cuda::store_grad(dx, r * c + j, rs * (cuda::to_float(dyr[j]) * gamma[j] - mean_dn - n * mean_dn_n), accumulate);
+  }
+}
+
+// Dropout of LayerNorm's first addend inside its kernels (ops::dropout_add_layer_norm): element e of a is
+// kept by DropoutDraws(seed, first + e) and scaled by keep_scale, as ops::dropout does it. Off: threshold 0.
+struct RowDrop {
+  uint64_t seed = 0, first = 0;
+  uint32_t threshold = 0;
+  float keep_scale = 1.0f;
+  __device__ __forceinline__ void scales(float (&s)[4], int64_t e) const {  // e a multiple of 4
+    bool kept[4];
+    cuda::draw_keeps<4>(kept, seed, first, e, threshold);
+    for (int w = 0; w < 4; ++w) s[w] = kept[w] ? keep_scale : 0.0f;
+  }
+};
+
+// LayerNorm with its rows in registers (ops/cuda/rows.cuh's layout: C chunks of 128 columns,
+// 4 a lane; c a multiple of 4 up to 1024). With b set, x = a + b rounded to A (what the add op would store)
+// is normalised and, where `sums` is set, stored for the backward; with `drop` on (threshold > 0), a is
+// first dropped out and rounded to A (what the dropout op would store).
+template <int C, typename A>
+__global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b,
+                                        const float* gamma, const float* beta, int64_t rows, int c, float eps,
+                                        RowDrop drop) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float v[C][4];
+  float sum = 0;
+  for (int k = 0; k < C; ++k) {
+    const int j = (k * 32 + lane) * 4;
+    if (j >= c) break;
+    cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
+    if (drop.threshold) {
+      float keep[4];
+      drop.scales(keep, r * c + j);
+      for (int w = 0; w < 4; ++w) pa.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) * keep[w]);
+    }
+    if (b) {
+      const cuda::Pack<A, 4> pb = cuda::load_pack<4>(b + r * c + j);
+      cuda::Pack<A, 4> ps;
+      for (int w = 0; w < 4; ++w) ps.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) + cuda::to_float(pb.v[w]));
+      if (sums) cuda::store_pack<4>(sums + r * c + j, ps);
+      for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(ps.v[w]);
+    } else {
+      for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(pa.v[w]);
+    }
+  }
+  const float mean = cuda::warp_sum(sum) / float(c);
+  float var = 0;
+  for (int k = 0; k < C; ++k) {
+    if ((k * 32 + lane) * 4 >= c) break;
+    for (int w = 0; w < 4; ++w) var += (v[k][w] - mean) * (v[k][w] - mean);
+  }
+  const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
+  for (int k = 0; k < C; ++k) {
+    const int j = (k * 32 + lane) * 4;
+    if (j >= c) break;
+    const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
+    cuda::Pack<A, 4> out;
+    for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
+    cuda::store_pack<4>(y + r * c + j, out);
+  }
+  if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+}
+
+// Where LayerNorm's backward writes the input's gradient: one target, or two for a + b (the gradient of a
+// sum goes to both addends), each stored or added.
+template <typename A>
+struct InputGrads {
+  A* da = nullptr;
+  A* db = nullptr;
+  bool accumulate_a = false, accumulate_b = false;
+};
+template <int W, typename A>
+__device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float (&v)[W]) {
+  cuda::Pack<A, W> out;
+  if (accumulate) out = cuda::load_pack<W>(d);
+  for (int w = 0; w < W; ++w) out.v[w] = cuda::from_float<A>(accumulate ? cuda::to_float(out.v[w]) + v[w] : v[w]);
+  cuda::store_pack<W>(d, out);
+}
+
+// LayerNorm's backward, rows in registers: the input's gradient row by row and, in the same pass, the
+// block's sums of dy n and dy over its rows per column into partial_gamma/partial_beta[block][col] (gamma's
+// and beta's gradients: layer_norm_param_sums adds the blocks in order). Block i takes rows
+// i per_block on, warp w every kWarpsPerBlock-th of them from w; the warps' sums meet in shared memory in
+// warp order (deterministic).
+template <int C, typename A>
+__global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy,
+                                         const A* x, const float* gamma, const float* mean, const float* rstd,
+                                         int64_t rows, int c, int64_t per_block, RowDrop drop) {
+  __shared__ float warp_sums[kWarpsPerBlock][C * 128];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Few registers a row (its x and dy as loaded, gamma from the cache), so that blocks share an SM: the
+  // column sums take 8 C registers, the row 4 C.
+  float sum_dyn[C][4] = {}, sum_dy[C][4] = {};
+  const int64_t end = min(rows, (blockIdx.x + 1) * per_block);
+  for (int64_t r = blockIdx.x * per_block + warp; r < end; r += kWarpsPerBlock) {
+    const float m = mean[r], rs = rstd[r];
+    cuda::Pack<A, 4> px[C], pd[C];
+    float mean_dn = 0, mean_dn_n = 0;
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      px[k] = cuda::load_pack<4>(x + r * c + j);
+      pd[k] = cuda::load_pack<4>(dy + r * c + j);
+    }
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j);
+      for (int w = 0; w < 4; ++w) {
+        const float d = cuda::to_float(pd[k].v[w]), n = (cuda::to_float(px[k].v[w]) - m) * rs, dn = d * gm.v[w];
+        sum_dyn[k][w] += d * n;
+        sum_dy[k][w] += d;
+        mean_dn += dn;
+        mean_dn_n += dn * n;
+      }
+    }
+    if (!to.da && !to.db) continue;
+    mean_dn = cuda::warp_sum(mean_dn) / float(c);
+    mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j);
+      float out[4];
+      for (int w = 0; w < 4; ++w) {
+        const float n = (cuda::to_float(px[k].v[w]) - m) * rs;
+        out[w] = rs * (cuda::to_float(pd[k].v[w]) * gm.v[w] - mean_dn - n * mean_dn_n);
+      }
+      if (to.db) store_grad_to<4>(to.db + r * c + j, to.accumulate_b, out);
+      if (to.da && drop.threshold) {  // through the dropout: its mask redrawn
+        float keep[4];
+        drop.scales(keep, r * c + j);
+        for (int w = 0; w < 4; ++w) out[w] *= keep[w];
+      }
+      if (to.da) store_grad_to<4>(to.da + r * c + j, to.accumulate_a, out);
+    }
+  }
+  if (!partial_gamma) return;
+  for (int which = 0; which < 2; ++which) {
+    float(&sums)[C][4] = which == 0 ? sum_dyn : sum_dy;
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      for (int w = 0; w < 4; ++w) warp_sums[warp][j + w] = sums[k][w];
+    }
+    __syncthreads();
+    float* out = (which == 0 ? partial_gamma : partial_beta) + blockIdx.x * int64_t(c);
+    for (int col = threadIdx.x; col < c; col += blockDim.x) {
+      float total = 0;
+      for (int v = 0; v < kWarpsPerBlock; ++v) total += warp_sums[v][col];
+      out[col] = total;
+    }
+    __syncthreads();
+  }
+}
+
+// Pass 1: partial[chunk][col] of sum dy * n (gamma) and sum dy (beta) over the chunk's rows. Block (32,
+// 8): 32 columns, 8 row lanes.
+constexpr int64_t kRowsPerChunk = 256;
+template <typename A>
+__global__ void layer_norm_param_partials(float* partial_gamma, float* partial_beta, const A* dy, const A* x,
+                                          const float* mean, const float* rstd, int64_t rows, int64_t c) {
+  __shared__ float sg[8][33], sb[8][33];
+  const int64_t col = blockIdx.x * 32 + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  float ag = 0, ab = 0;
+  if (col < c) {
+    const int64_t end = min(rows, (chunk + 1) * kRowsPerChunk);
+    for (int64_t r = chunk * kRowsPerChunk + threadIdx.y; r < end; r += 8) {
+      const float d = cuda::to_float(dy[r * c + col]);
+      ag += d * (cuda::to_float(x[r * c + col]) - mean[r]) * rstd[r];
+      ab += d;
+    }
+  }
+  sg[threadIdx.y][threadIdx.x] = ag;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    for (int k = 1; k < 8; ++k) ag += sg[k][threadIdx.x], ab += sb[k][threadIdx.x];
+    partial_gamma[chunk * c + col] = ag;
+    partial_beta[chunk * c + col] = ab;
+  }
+}
+
+void launch_param_sums(Graph<float>& g, float* dgamma, float* dbeta, const float* partial_gamma,
+                       const float* partial_beta, int64_t chunks, int64_t c) {
+  cuda::launch_add_partial_rows(g, dgamma, partial_gamma, dbeta, partial_beta, chunks, c);
+}
+
+// LayerNorm's backward: the input's gradient, then gamma's and beta's (F32 parameters).
+template <typename A>
+void layer_norm_backward(Graph<float>& g, Var x, Var gamma, Var beta, Var y, const float* mean, const float* rstd,
+                         int64_t rows, int64_t c) {
+  const A* dy = cuda::typed<A>(g.grad_data(y));
+  const A* xv = cuda::typed<A>(g.data(x));
+  if (g.requires_grad(x)) {
+    const auto dx = g.raw_grad_target(x);
+    layer_norm_backward_input<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+        cuda::typed<A>(dx.data), dy, xv, g.value(gamma).data(), mean, rstd, rows, c, dx.accumulate);
+    BERT_CUDA_LAUNCHED();
+  }
+  float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
+  float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
+  if (!dgamma && !dbeta) return;
+  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  float* partial_gamma = g.scratch<float>(chunks * c);
+  float* partial_beta = g.scratch<float>(chunks * c);
+  layer_norm_param_partials<A><<<dim3(unsigned((c + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, cuda::stream(g)>>>(
+      partial_gamma, partial_beta, dy, xv, mean, rstd, rows, c);
+  BERT_CUDA_LAUNCHED();
+  launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, chunks, c);
+}
+
+}  // namespace
+
+namespace {
+
+// LayerNorm of a (+ b) with the rows in registers, or Var{} where those kernels do not apply (rows wider
+// than 1024 or not a multiple of 4, operands not 16-byte aligned, a and b one node; nothing done, nothing
+// drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`.
+Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double dropout_p = 0.0,
+                   Rng* rng = nullptr) {
+  const Shape xs = g.shape(a);
+  const int64_t c = xs.last(), rows = xs.rows();
+  if (b.valid() && a.index == b.index) return Var{};
+  if (!with_row_chunks(c, {g.data(a), b.valid() ? g.data(b) : nullptr, g.value(gamma).data(), g.value(beta).data()},
+                       [](auto) {}))
+    return Var{};
+  RowDrop drop;
+  if (dropout_p > 0.0) {
+    drop.first = DropoutDraws::reserve(*rng, static_cast<uint64_t>(rows * c));
+    drop.seed = rng->state().seed;
+    drop.threshold = DropoutDraws::threshold(dropout_p);
+    drop.keep_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
+  }
+  const DType dtype = g.dtype(a);
+  Var y = b.valid() ? g.emit(xs, {a, b, gamma, beta}, dtype) : g.emit(xs, {a, gamma, beta}, dtype);
+  float* mean = g.scratch<float>(rows);
+  float* rstd = g.scratch<float>(rows);
+  void* sums = nullptr;  // a + b, saved for the backward where it runs
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A* sv = b.valid() && g.requires_grad(y) ? g.scratch<A>(rows * c) : nullptr;
+    sums = sv;
+    with_row_chunks(c, {}, [&](auto chunks) {
+      layer_norm_rows_forward<decltype(chunks)::value, A>
+          <<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+              cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
+              b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
+              int(c), static_cast<float>(eps), drop);
+    });
+    BERT_CUDA_LAUNCHED();
+  });
+  g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c, dtype, drop](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      InputGrads<A> to;
+      if (g.requires_grad(a)) {
+        const auto t = g.raw_grad_target(a);
+        to.da = cuda::typed<A>(t.data), to.accumulate_a = t.accumulate;
+      }
+      if (b.valid() && g.requires_grad(b)) {
+        const auto t = g.raw_grad_target(b);
+        to.db = cuda::typed<A>(t.data), to.accumulate_b = t.accumulate;
+      }
+      float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
+      float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
+      // At least 2 rows a warp, and at most about 512 blocks (512 partial rows for the column sums' second
+      // pass, which reads them one column per thread: BERT-mini at b256 made 2,048).
+      const int64_t per_block = std::max<int64_t>(2 * kWarpsPerBlock, (rows + 511) / 512 + kWarpsPerBlock - 1) /
+                                kWarpsPerBlock * kWarpsPerBlock;
+      const int64_t blocks = (rows + per_block - 1) / per_block;
+      const bool params = dgamma || dbeta;
+      float* partial_gamma = params ? g.scratch<float>(blocks * c) : nullptr;
+      float* partial_beta = params ? g.scratch<float>(blocks * c) : nullptr;
+      const A* x = b.valid() ? static_cast<const A*>(sums) : cuda::typed<A>(g.data(a));
+      with_row_chunks(c, {}, [&](auto width) {
+        layer_norm_rows_backward<decltype(width)::value, A><<<unsigned(blocks), 32 * kWarpsPerBlock, 0,
+                                                              cuda::stream(g)>>>(
+            to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
+            rows, int(c), per_block, drop);
+      });
+      BERT_CUDA_LAUNCHED();
+      if (params) launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, blocks, c);
+    });
+  });
+  return y;
+}
+
+void check_layer_norm(Graph<float>& g, const Shape& xs, Var gamma, Var beta, const char* op) {
+  const int64_t c = xs.last();
+  BERT_CHECK(g.shape(gamma) == Shape({c}) && g.shape(beta) == Shape({c}),
+             std::string(op) + ": gamma " + g.shape(gamma).str() + " / beta " + g.shape(beta).str() + " for x " +
+                 xs.str());
+}
+
+}  // namespace
+
+Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps) {
+  const Shape xs = g.shape(x);
+  const int64_t c = xs.last(), rows = xs.rows();
+  check_layer_norm(g, xs, gamma, beta, "layer_norm");
+  x = as_activation(g, x);
+  if (Var y = normalize_rows(g, x, Var{}, gamma, beta, eps); y.valid()) return y;
+  const DType dtype = g.dtype(x);
+  Var y = g.emit(xs, {x, gamma, beta}, dtype);
+  float* mean = g.scratch<float>(rows);
+  float* rstd = g.scratch<float>(rows);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    layer_norm_forward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+        cuda::typed<A>(g.data(y)), mean, rstd, cuda::typed<A>(g.data(x)), g.value(gamma).data(), g.value(beta).data(),
+        rows, c, static_cast<float>(eps));
+    BERT_CUDA_LAUNCHED();
+  });
+  g.on_backward(y, [x, gamma, beta, y, mean, rstd, rows, c, dtype](Graph<float>& g) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      layer_norm_backward<A>(g, x, gamma, beta, y, mean, rstd, rows, c);
+    });
+  });
+  return y;
+}
+
+Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps) {
+  const Shape xs = g.shape(a);
+  BERT_CHECK(g.shape(b) == xs, "add_layer_norm: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
+  check_layer_norm(g, xs, gamma, beta, "add_layer_norm");
+  Var y = normalize_rows(g, as_activation(g, a), as_activation(g, b), gamma, beta, eps);
+  return y.valid() ? y : layer_norm(g, add(g, a, b), gamma, beta, eps);
+}
+
+// Shapes checked here; where the register kernels do not apply, the dropout and add_layer_norm ops run.
+Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng) {
+  const Shape xs = g.shape(a);
+  BERT_CHECK(g.shape(b) == xs,
+             "dropout_add_layer_norm: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
+  check_layer_norm(g, xs, gamma, beta, "dropout_add_layer_norm");
+  a = as_activation(g, a), b = as_activation(g, b);
+  Var y = g.dtype(a) == g.dtype(b) ? normalize_rows(g, a, b, gamma, beta, eps, p, &rng) : Var{};
+  return y.valid() ? y : add_layer_norm(g, dropout(g, a, p, rng), b, gamma, beta, eps);
+}
+
+}  // namespace bert::ops::cuda_impl

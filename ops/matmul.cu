@@ -1,0 +1,325 @@
+// matmul and linear on a CUDA device: cuBLAS GEMMs (FP32, TF32 tensor cores, or BF16 tensor cores
+// with FP32 accumulation, as the device's precision says), forward and backward side by side like
+// ops/matmul.cpp.
+#include <cublasLt.h>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda_impl.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+using cuda::bf16;
+
+using cuda::compute_type;
+
+// Row-major C (M, N) = alpha op(A) op(B) + beta C for `batch` items at the given element strides; A and B
+// of type ab, C of type c (BF16 operands may write an FP32 C: weight gradients into FP32 parameters).
+// cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T on the same memory.
+void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, float beta,
+          void* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaDataType_t ab = CUDA_R_32F,
+          cudaDataType_t ct = CUDA_R_32F) {
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    BERT_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab, int(ldb), a, ab,
+                                   int(lda), &beta, c, ct, int(ldc), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab,
+                                               int(ldb), stride_b, a, ab, int(lda), stride_a, &beta, c, ct, int(ldc),
+                                               stride_c, int(batch), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
+}
+
+// y (rows, out) = x (rows, in) W^T + bias, the bias added in the GEMM's epilogue (cuBLASLt), so y is
+// written once. Column-major view: y^T (out, rows) = W (out, in) x^T, the bias running along y^T's rows.
+// x, W, bias and y all of type `type` (the bias is of the output's type). Returns false when cuBLASLt
+// has no algorithm for the shape (the caller then adds the bias itself).
+bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const void* x, const void* w,
+               const void* bias, void* y, int64_t ldy, cudaDataType_t type) {
+  const CudaContext& c = cuda::context(g.device());
+  auto lt = reinterpret_cast<cublasLtHandle_t>(c.cublas_lt);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(g, type), CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_layout, type, uint64_t(in), uint64_t(out), int64_t(in)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_layout, type, uint64_t(in), uint64_t(rows), int64_t(in)));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_layout, type, uint64_t(out), uint64_t(rows), int64_t(ldy)));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc, w_layout, x_layout, y_layout, y_layout,
+                                                               preference, 1, &heuristic, &found);
+  const bool ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (ok) {
+    const float one = 1.0f, zero = 0.0f;
+    BERT_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, w, w_layout, x, x_layout, &zero, y, y_layout, y, y_layout,
+                                     &heuristic.algo, c.cublas_workspace, c.cublas_workspace_bytes, c.stream));
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(y_layout);
+  cublasLtMatrixLayoutDestroy(x_layout);
+  cublasLtMatrixLayoutDestroy(w_layout);
+  cublasLtMatmulDescDestroy(desc);
+  return ok;
+}
+
+// out (rows, cols) += bias (cols) broadcast over rows: blockIdx.y walks rows, x the columns.
+template <typename A>
+__global__ void add_row_vector(A* out, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const float b = bias[c];
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    out[r * cols + c] = cuda::from_float<A>(cuda::to_float(out[r * cols + c]) + b);
+}
+
+// y (padded_rows, cols) = x (rows, cols) converted to A, rows past `rows` zero: a parameter (weight,
+// bias) as the GEMM's operand type, with the zero rows that pad its output width.
+// W elements a thread (packs of 4 where every pointer allows; a pack across the end of x reads
+// element by element).
+template <int W, typename A>
+__global__ void convert_padded(A* y, const float* x, int64_t rows, int64_t padded_rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  BERT_GRID_STRIDE_PACKS(e, padded_rows * cols, W) {
+    cuda::Pack<float, W> in{};
+    if (e + W <= n)
+      in = cuda::load_pack<W>(x + e);
+    else
+      for (int j = 0; j < W; ++j) in.v[j] = e + j < n ? x[e + j] : 0.0f;
+    cuda::Pack<A, W> out;
+    for (int j = 0; j < W; ++j) out.v[j] = cuda::from_float<A>(in.v[j]);
+    cuda::store_pack<W>(y + e, out);
+  }
+}
+
+// dbias (cols) += the column sums of dy (rows, cols), in two deterministic passes. Pass 1: block (32, 8)
+// of grid (column groups, row chunks) sums `chunk` rows of 32 W columns (thread x: W adjacent columns,
+// W-wide accesses; y: every 8th row), the 8 lanes added in order into partial[chunk index][col].
+constexpr int64_t kColumnChunk = 64;  // 128 chunks of 8192 rows: hundreds of blocks
+template <int W, typename A>
+__global__ void column_partials(float* partial, const A* dy, int64_t rows, int64_t cols, int64_t chunk) {
+  __shared__ float lanes[8][32 * W + 1];
+  const int64_t col = (blockIdx.x * 32 + threadIdx.x) * int64_t(W);
+  float acc[W] = {};
+  if (col < cols) {
+    const int64_t end = min(rows, (blockIdx.y + 1) * chunk);
+    for (int64_t r = blockIdx.y * chunk + threadIdx.y; r < end; r += 8) {
+      const cuda::Pack<A, W> p = cuda::load_pack<W>(dy + r * cols + col);
+      for (int w = 0; w < W; ++w) acc[w] += cuda::to_float(p.v[w]);
+    }
+  }
+  for (int w = 0; w < W; ++w) lanes[threadIdx.y][threadIdx.x * W + w] = acc[w];
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= cols) return;
+  for (int w = 0; w < W; ++w) {
+    float total = 0;
+    for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x * W + w];
+    partial[blockIdx.y * cols + col + w] = total;
+  }
+}
+void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, float* dbias) {
+  const int64_t chunk = std::max<int64_t>(kColumnChunk, (rows + 65534) / 65535);  // the grid's y extent
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  float* partial = g.scratch<float>(chunks * cols);
+  cuda::with_element_type(dy_type, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const A* d = static_cast<const A*>(dy);
+    // Packs of 4 where the rows allow, of 2 on an even width (the vocabulary's 30,522), else one by one.
+    const auto address = reinterpret_cast<uintptr_t>(d);
+    const int w = cols % 4 == 0 && address % 16 == 0 ? 4 : cols % 2 == 0 && address % (2 * sizeof(A)) == 0 ? 2 : 1;
+    const dim3 grid(static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)), static_cast<unsigned>(chunks));
+    if (w == 4)
+      column_partials<4, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+    else if (w == 2)
+      column_partials<2, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+    else
+      column_partials<1, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+    BERT_CUDA_LAUNCHED();
+  });
+  cuda::launch_add_partial_rows(g, dbias, partial, nullptr, nullptr, chunks, cols);  // pass 2
+}
+
+// A parameter-like F32 operand (rows, cols) as the GEMM's operand type A, with zero rows up to
+// padded_rows: the node's own storage when nothing is to change, a parameter's BF16 copy kept by its arena
+// (written by the optimizer), else a converted copy in scratch.
+template <typename A>
+const A* gemm_operand(Graph<float>& g, Var v, int64_t rows, int64_t padded_rows, int64_t cols) {
+  if (g.dtype(v) == DType::kBF16) {
+    BERT_CHECK((std::is_same_v<A, bf16>), "a BF16 operand for an F32 GEMM");
+    if (rows == padded_rows) return cuda::typed<A>(g.data(v));
+    A* padded = g.scratch<A>(padded_rows * cols);
+    cuda::copy_on_device(cuda::context(g.device()), padded, g.data(v), rows * cols * sizeof(A));
+    cuda::fill_zero(cuda::context(g.device()), padded + rows * cols, (padded_rows - rows) * cols * sizeof(A));
+    return padded;
+  }
+  if (std::is_same_v<A, float> && rows == padded_rows) return cuda::typed<A>(g.data(v));
+  if (const void* copy = g.bf16_copy(v); copy && std::is_same_v<A, bf16>) {  // the arena's rounded copy
+    if (rows == padded_rows) return static_cast<const A*>(copy);
+    A* padded = g.scratch<A>(padded_rows * cols);
+    cuda::copy_on_device(cuda::context(g.device()), padded, copy, rows * cols * sizeof(A));
+    cuda::fill_zero(cuda::context(g.device()), padded + rows * cols, (padded_rows - rows) * cols * sizeof(A));
+    return padded;
+  }
+  A* converted = g.scratch<A>(padded_rows * cols);
+  const int64_t n = padded_rows * cols;
+  BERT_LAUNCH_PACKED(convert_padded, n, cuda::packs_of_4(n, {converted, g.value(v).data()}), g, converted,
+                     g.value(v).data(), rows, padded_rows, cols);
+  return converted;
+}
+
+template <typename A>
+Var matmul_typed(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, float alpha) {
+  constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
+  const Shape as = g.shape(a), bs = g.shape(b);
+  const int64_t lda = as[-1], ldb = bs[-1];
+  const int64_t k = trans_b ? bs[-1] : bs[-2], n = trans_b ? bs[-2] : bs[-1];
+  int64_t m, batch = 1, stride_a = 0, stride_b = 0;
+  Shape out;
+  if (bs.rank() == 2 && as.rank() > 2) {  // b shared by every row of a
+    BERT_CHECK(!trans_a, "matmul with a shared 2-D b cannot transpose a");
+    BERT_CHECK(as[-1] == k, "matmul inner sizes differ: " + as.str() + " x " + bs.str());
+    m = as.rows();
+    out = as.with_last(n);
+  } else {
+    BERT_CHECK(as.rank() == bs.rank(), "matmul ranks differ: " + as.str() + " x " + bs.str());
+    for (int i = 0; i < as.rank() - 2; ++i)
+      BERT_CHECK(as[i] == bs[i], "matmul batch axes differ: " + as.str() + " x " + bs.str());
+    m = trans_a ? as[-1] : as[-2];
+    BERT_CHECK((trans_a ? as[-2] : as[-1]) == k, "matmul inner sizes differ: " + as.str() + " x " + bs.str());
+    batch = as.numel() / (as[-1] * as[-2]);
+    stride_a = as[-1] * as[-2];
+    stride_b = bs[-1] * bs[-2];
+    out = as;
+    out[-2] = m;
+    out[-1] = n;
+  }
+  const int64_t stride_c = m * n;
+  Var c = g.emit(out, {a, b}, g.dtype(a));
+  gemm(g, trans_a, trans_b, m, n, k, alpha, g.data(a), lda, stride_a, g.data(b), ldb, stride_b, 0.0f, g.data(c), n,
+       stride_c, batch, type, type);
+  g.on_backward(c, [=](Graph<float>& g) {
+    const void* dc = g.grad_data(c);
+    if (g.requires_grad(a)) {
+      const auto da = g.raw_grad_target(a);
+      const float beta = da.accumulate ? 1.0f : 0.0f;  // cuBLAS does not read C when beta is 0
+      if (!trans_a)                                    // dA (M, K) (+)= dC (M, N) op(B)^T
+        gemm(g, false, !trans_b, m, k, n, alpha, dc, n, stride_c, g.data(b), ldb, stride_b, beta, da.data, lda,
+             stride_a, batch, type, type);
+      else  // dA (K, M) (+)= op(B) (K, N) dC^T
+        gemm(g, trans_b, true, k, m, n, alpha, g.data(b), ldb, stride_b, dc, n, stride_c, beta, da.data, lda, stride_a,
+             batch, type, type);
+    }
+    if (g.requires_grad(b)) {
+      const auto db = g.raw_grad_target(b);
+      const float beta = db.accumulate ? 1.0f : 0.0f;
+      if (!trans_b)  // dB (K, N) (+)= op(A)^T (K, M) dC
+        gemm(g, !trans_a, false, k, n, m, alpha, g.data(a), lda, stride_a, dc, n, stride_c, beta, db.data, ldb,
+             stride_b, batch, type, type);
+      else  // dB (N, K) (+)= dC^T (N, M) op(A)
+        gemm(g, true, trans_a, n, k, m, alpha, dc, n, stride_c, g.data(a), lda, stride_a, beta, db.data, ldb, stride_b,
+             batch, type, type);
+    }
+  });
+  return c;
+}
+
+template <typename A>
+Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
+  constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
+  const Shape xs = g.shape(x), ws = g.shape(weight);
+  const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
+  Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}, g.dtype(x))
+                       : g.emit(xs.with_last(out), {x, weight}, g.dtype(x));
+  // cuBLAS's fast kernels need the leading dimensions, and the extents along them, to be multiples of
+  // 16 bytes; a large product with an output width that is not (a vocabulary of 30522) ran 3-4x slower.
+  // It runs instead on a weight (and bias) with zero rows appended, into an output with padded rows,
+  // and copies back: the copies cost much less than the slow kernels.
+  constexpr int64_t kAlign = 16 / sizeof(A);
+  const int64_t ld =
+      (out % kAlign != 0 && rows * out >= (int64_t{1} << 20)) ? (out + kAlign - 1) / kAlign * kAlign : out;
+  // The weight as the GEMM's operand (a BF16 copy of an F32 weight in mixed precision; padded).
+  const A* w_gemm = gemm_operand<A>(g, weight, out, ld, in);
+  // The bias is of the output's type in cuBLASLt's epilogue: an F32 bias as is, else converted.
+  const A* bias_gemm = bias.valid() ? gemm_operand<A>(g, bias, out, ld, 1) : nullptr;
+  A* yv = cuda::typed<A>(g.data(y));
+  A* y_gemm = ld == out ? yv : g.scratch<A>(rows * ld);
+  const A* xv = cuda::typed<A>(g.data(x));
+  const bool fused = bias_gemm && gemm_bias(g, rows, in, ld, xv, w_gemm, bias_gemm, y_gemm, ld, type);
+  if (!fused) gemm(g, false, true, rows, ld, in, 1.0f, xv, in, 0, w_gemm, in, 0, 0.0f, y_gemm, ld, 0, 1, type, type);
+  if (ld != out)
+    BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(A), y_gemm, ld * sizeof(A), out * sizeof(A), rows,
+                                      cudaMemcpyDeviceToDevice, cuda::stream(g)));
+  if (bias.valid() && !fused) {
+    const dim3 grid(static_cast<unsigned>((out + cuda::kThreads - 1) / cuda::kThreads),
+                    static_cast<unsigned>(std::min<int64_t>(rows, 4096)));
+    add_row_vector<A><<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(yv, g.value(bias).data(), rows, out);
+    BERT_CUDA_LAUNCHED();
+  }
+  g.on_backward(y, [=](Graph<float>& g) {
+    const A* dy = cuda::typed<A>(g.grad_data(y));
+    const A* dy_gemm = dy;
+    if (ld != out) {  // dy with zero columns appended (the padded weight's zero rows meet them in dx)
+      A* padded = g.scratch<A>(rows * ld);
+      BERT_CUDA_CHECK(cudaMemcpy2DAsync(padded, ld * sizeof(A), dy, out * sizeof(A), out * sizeof(A), rows,
+                                        cudaMemcpyDeviceToDevice, cuda::stream(g)));
+      BERT_CUDA_CHECK(
+          cudaMemset2DAsync(padded + out, ld * sizeof(A), 0, (ld - out) * sizeof(A), rows, cuda::stream(g)));
+      dy_gemm = padded;
+    }
+    if (g.requires_grad(x)) {  // dx (N, in) (+)= dy (N, out) W (out, in)
+      const auto dx = g.raw_grad_target(x);
+      gemm(g, false, false, rows, in, ld, 1.0f, dy_gemm, ld, 0, w_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, in,
+           0, 1, type, type);
+    }
+    if (g.requires_grad(weight)) {  // dW (out, in) (+)= dy^T (out, N) x (N, in), in the weight's own type
+      const auto dw = g.raw_grad_target(weight);
+      const cudaDataType_t w_type = g.dtype(weight) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+      gemm(g, true, false, out, in, rows, 1.0f, dy_gemm, ld, 0, xv, in, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, in, 0,
+           1, type, w_type);
+    }
+    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, g.dtype(y), rows, out, g.grad(bias).data());
+  });
+  return y;
+}
+
+}  // namespace
+
+// In BF16 mixed precision both operands become BF16 activations and the product is BF16.
+Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha_d) {
+  const Shape as = g.shape(a), bs = g.shape(b);
+  BERT_CHECK(as.rank() >= 2 && bs.rank() >= 2, "matmul needs rank >= 2, got " + as.str() + " x " + bs.str());
+  a = as_activation(g, a);
+  b = as_activation(g, b);
+  const float alpha = static_cast<float>(alpha_d);
+  if (g.dtype(a) == DType::kBF16) return matmul_typed<bf16>(g, a, b, trans_a, trans_b, alpha);
+  return matmul_typed<float>(g, a, b, trans_a, trans_b, alpha);
+}
+
+// In BF16 mixed precision x becomes a BF16 activation, an F32 weight (and bias) is converted for the
+// GEMM, the output is BF16 and the weight's gradient is written in the weight's own type (F32 into
+// the parameters: FP32 master weights).
+Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
+  const Shape xs = g.shape(x), ws = g.shape(weight);
+  BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
+             "linear: x " + xs.str() + " does not fit weight " + ws.str());
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({ws[0]}), "linear bias " + g.shape(bias).str());
+  if (bias.valid()) BERT_CHECK(g.dtype(bias) == DType::kF32, "linear: a BF16 bias is not supported");
+  x = as_activation(g, x);
+  if (g.dtype(x) == DType::kBF16) return linear_typed<bf16>(g, x, weight, bias);
+  weight = to_dtype(g, weight, DType::kF32);
+  return linear_typed<float>(g, x, weight, bias);
+}
+
+}  // namespace bert::ops::cuda_impl

@@ -1,0 +1,262 @@
+// The primitive ops. Each records its output node and, when gradients are wanted, its backward
+// beside the forward in the same function (ops/*.cpp). Backward closures accumulate (+=) into
+// input gradients. Implemented for T = float (training) and T = double (gradient checks).
+//
+// Shape letters: B batch, T sequence, H heads, D head size, C channels, V vocabulary, N rows.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <vector>
+
+#include "core/graph.h"
+#include "kernels/int8_gemm.h"
+#include "core/rng.h"
+
+namespace bert::ops {
+
+// Matrix product of the last two axes: op(a) (.., M, K) x op(b) (.., K, N) -> (.., M, N), where op
+// transposes when asked. Either a and b have the same rank and equal leading (batch) axes, or b is 2-D
+// and shared by every row of a (then trans_a must be false).
+template <typename T>
+Var matmul(Graph<T>& g, Var a, Var b, bool trans_a = false, bool trans_b = false);
+
+// alpha * matmul(a, b): on the CPU exactly scale(matmul(a, b), alpha); on a GPU alpha is the GEMM's
+// own factor, forward and backward (a pass over the product fewer each way; attention scores).
+template <typename T>
+Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a = false, bool trans_b = false);
+
+// x (.., in) W^T (out, in) + bias (out) -> (.., out). `bias` may be Var{} (none).
+template <typename T>
+Var linear(Graph<T>& g, Var x, Var weight, Var bias);
+
+// gelu(linear(x, weight, bias)) in one op: the GELU is applied to each block of the product as the GEMM
+// finishes it, while the block is in cache, instead of in a pass over memory of its own; when nothing needs
+// a gradient it overwrites the product (one tensor, not two). The same values and gradients as the two ops.
+template <typename T>
+Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias);
+
+// INT8 inference: x (.., in) quantized per tensor (round(x / scale_x) clamped to [-128, 127], as
+// fake_quantize does) times `weights`, quantized per output channel and packed, summed exactly in int32
+// (kernels/int8_gemm.h), then scale_x * scale_w[c] * sum + bias[c] -> (.., out). The values of
+// linear(fake_quantize(x), fake_quantize(W), bias) up to the float summation order. CPU only, and
+// forward only: the graph must not be recording gradients (NoGradGuard).
+Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias);
+// int8_linear then GELU, applied in the integer GEMM to each block of its output (the values of
+// gelu(int8_linear(..)), one pass over memory fewer). CPU, forward only.
+Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
+                     Var bias);
+// INT8 inference of a product of two activations, batched over the leading axes (attention's products
+// one at a time: int8_attention below is held to them): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b,
+// each quantized per tensor as fake_quantize does (round(v / scale) to even, clamped to [-128, 127]), multiplied
+// exactly in int32, then alpha * scale_a * scale_b * sum. The values of alpha * matmul(fake_quantize(a),
+// fake_quantize(b)) up to the float summation order. CPU, forward only.
+Var int8_matmul(Graph<float>& g, Var a, Var b, float scale_a, float scale_b, double alpha, bool trans_b);
+// The per-tensor scales of integer self-attention's four quantized operands.
+struct Int8AttentionScales {
+  float q = 0, k = 0, v = 0, probs = 0;
+};
+// INT8 self-attention for inference: q, k, v (B, T, H * D) as the projections give them, each head's
+// Q K^T and probs V as integer products. The values of int8_matmul(Q, K^T, scales q, k, alpha), softmax
+// with the additive mask (B, T) (may be Var{}), then int8_matmul(probs, V, scales probs, v) on the heads
+// (B, H, T, D), put back as (B, T, H * D); bit for bit, without the permutes or any (B, H, T, T) tensor
+// in memory: each (sequence, head) is one task in cache. CPU, forward only.
+Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                   double alpha);
+// The same with Q, K and V side by side in one (B, T, 3 x H x D) tensor (the three projections as one
+// integer linear), bit for bit.
+Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                          double alpha);
+// The same with dynamic quantization of x: each row at its own scale, its largest magnitude at 127
+// (a layer with no calibrated input scale). CPU, forward only.
+Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);
+
+// Evaluation of a vocabulary-wide linear layer against targets without its (rows, out) output: the mean
+// cross-entropy of softmax(x W^T + bias) against targets (as cross_entropy gives it, up to the float summation
+// order) and each row's largest column (as row_argmax gives it), the product made tile by tile and each tile
+// reduced while in cache (kernels/output_tiles.h) instead of stored and read back twice. x (rows, in), weight
+// (out, in), bias (out) or Var{}, a target in [0, out) per row. CPU, forward only (no gradient: NoGradGuard).
+struct LinearScores {
+  Var loss;                          // scalar
+  std::vector<int32_t> predictions;  // (rows), unless left on the device:
+  // cross_entropy_scores(..., PredictionsTo::kDevice): (rows) in the graph's memory (its device's), until it
+  // is cleared, for a caller that reads them later (core/readback.h); `predictions` is then empty.
+  const int32_t* device_predictions = nullptr;
+};
+// Where an op that scores rows leaves its predictions: read on the host (waiting for the device), or on
+// the device for the caller to read later.
+enum class PredictionsTo { kHost, kDevice };
+LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias,
+                                         std::span<const int32_t> targets);
+// The same for int8_linear_dynamic's product (x quantized per row at run time): its values, never stored.
+LinearScores int8_linear_dynamic_cross_entropy_scores(Graph<float>& g, Var x, const Int8Weights& weights,
+                                                      std::span<const float> scale_w, Var bias,
+                                                      std::span<const int32_t> targets);
+
+// Elementwise with NumPy broadcasting (axes aligned from the right, size-1 axes stretch).
+template <typename T>
+Var add(Graph<T>& g, Var a, Var b);
+template <typename T>
+Var mul(Graph<T>& g, Var a, Var b);
+// alpha * x for a constant alpha.
+template <typename T>
+Var scale(Graph<T>& g, Var x, double alpha);
+
+// The same elements under a new shape (no copy: the output aliases x's storage).
+template <typename T>
+Var reshape(Graph<T>& g, Var x, Shape shape);
+// Output axis i is input axis perm[i] (copies). E.g. (B, T, H, D) -> (B, H, T, D) is {0, 2, 1, 3}.
+template <typename T>
+Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm);
+template <typename T>
+Var transpose(Graph<T>& g, Var x, int axis0, int axis1);
+
+// Rows of a 2-D table picked by ids: table (V, C), ids with shape ids_shape -> ids_shape + (C).
+// Embedding lookup, and selecting positions (masked tokens, [CLS]) from a (N, C) activation. Backward
+// scatters into the table (repeated ids add up). Ids must lie in [0, V).
+template <typename T>
+Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_shape);
+
+// GELU, exact erf form as BERT uses: 0.5 x (1 + erf(x / sqrt(2))).
+template <typename T>
+Var gelu(Graph<T>& g, Var x);
+// Registers y = gelu(x)'s backward (CPU), for an op that computes y itself (gelu, linear_gelu).
+template <typename T>
+void on_gelu_backward(Graph<T>& g, Var x, Var y);
+template <typename T>
+Var tanh(Graph<T>& g, Var x);
+
+// Softmax over the last axis of x (B, .., K), after adding mask (B, K) to every row of batch item b.
+// `mask` may be Var{} (none); it is a constant (an additive padding mask), never differentiated.
+template <typename T>
+Var softmax(Graph<T>& g, Var x, Var mask = Var{});
+// dropout(softmax(x, mask), p, training, rng): the same values, draws and gradients. On a GPU one kernel
+// each way (rows of up to 1024, a multiple of 4), which saves the probabilities and keep flags once
+// instead of writing and reading the probabilities between two ops.
+template <typename T>
+Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng);
+
+// Self-attention's core for the projections q, k, v (B, T, C) split into `heads` heads of D = C / heads
+// and an additive padding mask (B, T) (or Var{}): per head matmul(dropout(softmax(alpha q k^T, mask), p),
+// v), the heads joined again -> (B, T, C). On the CPU exactly those ops in sequence (reshape, permute to
+// (B, H, T, D), scaled_matmul, softmax, dropout, matmul, permute back). On a GPU, where fused_attention()
+// says so, one fused kernel each way (ops/attention.cu) that reads and writes the (B, T, C) layout
+// (no permutes): the (B, H, T, T) scores and probabilities never reach memory, and the dropout draws are
+// the unfused dropout's (the Rng reserves B H T T), so both give the same values up to summation order.
+template <typename T>
+Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng);
+// Whether attention() runs fused on g: a GPU graph, head size 16, 32, 64 or 128, length up to 512.
+bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length);
+// Attention's two products with the heads left where the projections put them: for q, k, v (B, T, C)
+// with C = heads D, head_scores = alpha q_h k_h^T per head, (B, H, T, T), and head_context = probs_h v_h
+// per head written back as (B, T, C). The values of permuting to (B, H, T, D), scaled_matmul or matmul,
+// and permuting back, which the CPU runs; on a GPU batched GEMMs read and write (B, T, C) in place
+// (ops/attention_heads.cu), so no permute moves the heads.
+template <typename T>
+Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha);
+template <typename T>
+Var head_context(Graph<T>& g, Var probs, Var v, int64_t heads);
+
+// LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta; gamma, beta (C).
+template <typename T>
+Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps = 1e-12);
+// layer_norm(add(a, b)) for a and b of one shape (a residual connection): each row's sum formed as it is
+// normalised, not stored unless a gradient needs it (one pass over memory fewer). The same values and
+// gradients as the two ops.
+template <typename T>
+Var add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps = 1e-12);
+// add_layer_norm(dropout(a, p, training, rng), b, ...): a sublayer's output, dropped out, added to the
+// residual and normalised (BERT's every sublayer). The same values, gradients and dropout draws as the two
+// ops; on a GPU one kernel each way: the dropped a is never stored and the backward redraws its mask.
+template <typename T>
+Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, bool training,
+                           Rng& rng);
+
+// Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p).
+// Identity when !training or p == 0. The mask comes from `rng` and is recomputed, not stored.
+template <typename T>
+Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng);
+
+// Mean cross-entropy of logits (N, C) against integer targets (N): rows whose target equals
+// ignore_index are skipped; optional per-row weights (N) give sum_i w_i CE_i / sum_i w_i. With no
+// active rows the loss is 0. Returns a scalar.
+template <typename T>
+Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std::span<const T> weights = {},
+                  int32_t ignore_index = -1);
+// cross_entropy (every row active, equal weights) and row_argmax of the same logits: on a GPU from one
+// read of each row (the two ops read a vocabulary-wide (N, C) three times), the predictions read on the host
+// or left on the device (`to`).
+template <typename T>
+LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32_t> targets,
+                                  PredictionsTo to = PredictionsTo::kHost);
+
+// Knowledge distillation: temperature^2 x the mean over rows of KL(softmax(teacher / temperature) ||
+// softmax(student / temperature)), for (N, C) logits. Only the student takes a gradient: the teacher is
+// a constant or the output of a no-grad forward. temperature^2 keeps the gradient's size independent of
+// the temperature (Hinton et al.).
+template <typename T>
+Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature);
+
+// The index of the largest value in each row of x (.., C) (the first on ties), read on the host. A
+// query, not recorded in the graph.
+template <typename T>
+std::vector<int32_t> row_argmax(const Graph<T>& g, Var x);
+
+// Calibration statistics of |x|, read on the host (queries, not recorded in the graph): the largest
+// |x| (infinity when any element is NaN or infinite), and how many elements fall in each of `bins`
+// equal bins over [0, range): element -> min(bins - 1, int(|x| * (bins / range))) in double arithmetic.
+// On a GPU the counting happens there; only the counts cross to the host.
+template <typename T>
+double abs_max(Graph<T>& g, Var x);
+template <typename T>
+std::vector<int64_t> abs_histogram(Graph<T>& g, Var x, double range, int bins);
+
+// Sum and mean of all elements -> scalar.
+template <typename T>
+Var sum(Graph<T>& g, Var x);
+template <typename T>
+Var mean(Graph<T>& g, Var x);
+
+}  // namespace bert::ops
+
+namespace bert::ops {
+
+// Fake quantization (symmetric, zero point 0): q(x) = clamp(nearbyint(x / s), qmin, qmax) * s, with
+// nearbyint rounding halves to even exactly as ONNX/TensorRT QuantizeLinear does. `scale` is (1)
+// per-tensor, or (R) with one scale per row of x viewed as (R, numel / R): per output channel for a
+// (out, in) weight. Backward (LSQ, Esser et al. 2020):
+//   dx = dy where qmin <= x / s <= qmax, else 0 (straight-through estimator);
+//   ds = grad_scale * sum dy * (round(x/s) - x/s inside, qmin below, qmax above).
+// Scales must be positive. If `clipped` is given, the number of elements that saturated is ADDED to
+// it: a host counter for a CPU graph, a counter in device memory for a GPU graph (so counting never
+// waits for the GPU).
+template <typename T>
+Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale = 1.0,
+                  int64_t* clipped = nullptr);
+
+// A per-tensor fake quantization of an op's output, fused into the op (the arguments of fake_quantize).
+struct QuantizeOutput {
+  Var scale;  // (1)
+  int qmin = -128, qmax = 127;
+  double grad_scale = 1.0;
+  int64_t* clipped = nullptr;
+};
+// fake_quantize(op(x), q...) for the elementwise ops that most often feed a quantizer. On a GPU each is
+// one pass over memory each way: the op's unquantized output is never stored, and backward recomputes
+// it from x. On the CPU, the two ops in sequence.
+template <typename T>
+Var gelu(Graph<T>& g, Var x, const QuantizeOutput& q);
+template <typename T>
+Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const QuantizeOutput& q);
+template <typename T>
+Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
+// x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): on a
+// GPU x is read once forward and its gradient written once backward however many quantizers read it
+// (the input of the Q, K and V projections and of a residual add). On the CPU, one fake_quantize each.
+template <typename T>
+std::vector<Var> fake_quantize_each(Graph<T>& g, Var x, std::span<const QuantizeOutput> quantizers);
+
+}  // namespace bert::ops

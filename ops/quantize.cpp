@@ -1,0 +1,145 @@
+// Fake quantization with the LSQ scale gradient: forward and backward side by side. The ops with their
+// output's quantizer fused in are in their own families (GELU and dropout: ops/elementwise, permute:
+// ops/shape), on the CPU the two ops in sequence.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+#include "ops/cuda_impl.h"
+#include "sys/parallel.h"
+
+namespace bert::ops {
+
+namespace {
+// Work is split into blocks of at most kBlock elements that never straddle a channel, independent of
+// the thread count, so results (the scale gradient's sum order included) are identical on any number of
+// threads and a per-tensor scale still spreads over all cores.
+constexpr int64_t kBlock = int64_t{1} << 14;
+struct Blocks {
+  int64_t per_channel, blocks_per_channel;
+  int64_t count(int64_t channels) const { return channels * blocks_per_channel; }
+  int64_t channel(int64_t b) const { return b / blocks_per_channel; }
+  int64_t begin(int64_t b) const { return channel(b) * per_channel + (b % blocks_per_channel) * kBlock; }
+  int64_t end(int64_t b) const { return std::min(begin(b) + kBlock, (channel(b) + 1) * per_channel); }
+};
+
+// Backward over elements [begin, end) sharing the scale s: dx gets dy where x / s fell inside [lo, hi]
+// (the straight-through estimator; DxMode: kNone, kStore into a fresh buffer, kAdd), and the LSQ scale
+// gradient sum dy * (lo, hi, or round(v) - v) is returned. Branch-free over lanes of kLanes
+// accumulators (a single running sum was a serial chain of dependent adds: 6x the forward's time), the
+// lanes summed in double every kSubBlock elements: the same order on any thread count.
+enum class DxMode { kNone, kStore, kAdd };
+constexpr int kLanes = 16;
+constexpr int64_t kSubBlock = 256;
+
+template <DxMode kDx, typename T>
+double lsq_backward(const T* x, const T* dy, T* dx, int64_t begin, int64_t end, T s, T lo, T hi) {
+  double total = 0;
+  for (int64_t start = begin; start < end; start += kSubBlock) {
+    const int64_t stop = std::min(start + kSubBlock, end);
+    T lanes[kLanes] = {};
+    auto element = [&](int64_t i, T& lane) {
+      const T v = x[i] / s;
+      const bool below = v<lo, above = v> hi;
+      lane += dy[i] * (below ? lo : above ? hi : std::nearbyint(v) - v);
+      const T pass = (below || above) ? T(0) : dy[i];
+      if constexpr (kDx == DxMode::kStore) dx[i] = pass;
+      if constexpr (kDx == DxMode::kAdd) dx[i] += pass;
+    };
+    int64_t i = start;
+    for (; i + kLanes <= stop; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) element(i + j, lanes[j]);
+    for (int j = 0; i < stop; ++i, ++j) element(i, lanes[j]);
+    double sub = 0;
+    for (T lane : lanes) sub += double(lane);
+    total += sub;
+  }
+  return total;
+}
+}  // namespace
+
+template <typename T>
+Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
+  BERT_DISPATCH_CUDA(g, fake_quantize(g, x, scale, qmin, qmax, grad_scale, clipped))
+  const int64_t n = g.value(x).numel();
+  const int64_t channels = g.value(scale).numel();
+  BERT_CHECK(g.shape(scale).rank() == 1 && channels >= 1 && n % channels == 0,
+             "fake_quantize: scale " + g.shape(scale).str() + " does not divide x " + g.shape(x).str());
+  BERT_CHECK(qmin < 0 && qmax > 0, "fake_quantize: need qmin < 0 < qmax");
+  const int64_t per_channel = n / channels;  // elements sharing one scale
+  const Blocks blocks{per_channel, std::max<int64_t>(1, (per_channel + kBlock - 1) / kBlock)};
+  const T* sv = g.value(scale).data();
+  for (int64_t c = 0; c < channels; ++c)
+    BERT_CHECK(sv[c] > T(0) && std::isfinite(double(sv[c])), "fake_quantize: scale must be positive and finite");
+  Var y = g.emit(g.shape(x), {x, scale});
+  const T* xv = g.value(x).data();
+  T* yv = g.value(y).data();
+  const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
+  const int64_t n_blocks = blocks.count(channels);
+  std::vector<int64_t> saturated(static_cast<size_t>(n_blocks), 0);
+  parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const T s = sv[blocks.channel(b)];
+      int64_t count = 0;
+      for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
+        const T v = xv[i] / s;  // divide, as QuantizeLinear does: x * (1/s) can round differently
+        const T q = std::nearbyint(v);
+        // Counted where backward's straight-through mask blocks the gradient (v beyond [qmin, qmax]).
+        count += (v < lo) | (v > hi);
+        yv[i] = std::min(std::max(q, lo), hi) * s;
+      }
+      saturated[b] = count;
+    }
+  });
+  if (clipped)
+    for (int64_t c : saturated) *clipped += c;
+  g.on_backward(y, [x, scale, y, qmin, qmax, grad_scale, channels, blocks, n_blocks](Graph<T>& g) {
+    const T* xv = g.value(x).data();
+    const T* sv = g.value(scale).data();
+    const T* dy = g.grad(y).data();
+    const bool want_dx = g.requires_grad(x);
+    const auto dx = want_dx ? g.grad_target(x) : typename Graph<T>::GradTarget{nullptr, false};
+    T* ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
+    const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
+    std::vector<double> partial(static_cast<size_t>(n_blocks), 0.0);
+    parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const T s = sv[blocks.channel(b)];
+        const int64_t begin = blocks.begin(b), end = blocks.end(b);
+        if (!want_dx)
+          partial[b] = lsq_backward<DxMode::kNone>(xv, dy, dx.data, begin, end, s, lo, hi);
+        else if (dx.accumulate)
+          partial[b] = lsq_backward<DxMode::kAdd>(xv, dy, dx.data, begin, end, s, lo, hi);
+        else
+          partial[b] = lsq_backward<DxMode::kStore>(xv, dy, dx.data, begin, end, s, lo, hi);
+      }
+    });
+    if (!ds) return;
+    for (int64_t c = 0; c < channels; ++c) {  // in block order: the same sum on any thread count
+      double total = 0;
+      for (int64_t b = c * blocks.blocks_per_channel; b < (c + 1) * blocks.blocks_per_channel; ++b) total += partial[b];
+      ds[c] += static_cast<T>(grad_scale * total);
+    }
+  });
+  return y;
+}
+
+template <typename T>
+std::vector<Var> fake_quantize_each(Graph<T>& g, Var x, std::span<const QuantizeOutput> quantizers) {
+  BERT_DISPATCH_CUDA(g, fake_quantize_each(g, x, quantizers))
+  std::vector<Var> out;
+  for (const QuantizeOutput& q : quantizers)
+    out.push_back(fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped));
+  return out;
+}
+
+#define BERT_INSTANTIATE_QUANTIZE(T)                                                          \
+  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);             \
+  template std::vector<Var> fake_quantize_each<T>(Graph<T>&, Var, std::span<const QuantizeOutput>);
+BERT_INSTANTIATE_QUANTIZE(float)
+BERT_INSTANTIATE_QUANTIZE(double)
+#undef BERT_INSTANTIATE_QUANTIZE
+
+}  // namespace bert::ops

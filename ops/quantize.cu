@@ -1,0 +1,245 @@
+// Fake quantization with the LSQ scale gradient on a CUDA device, forward and backward side by side
+// like ops/quantize.cpp. It divides by the scale and rounds half to even (rintf) exactly as
+// QuantizeLinear does, so the GPU agrees bit for bit with the CPU and the ONNX export. The scale
+// gradient is summed per channel in fixed-size blocks in double, in a fixed order.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "ops/cuda/fake_quantize.cuh"
+#include "ops/cuda_impl.h"
+
+namespace bert::ops::cuda_impl {
+
+// The output in the activation dtype (BF16 in mixed precision: q s rounded to 8 mantissa bits, which
+// for |q| <= 256 is q times s rounded once); x, often an F32 weight, in its own.
+Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
+  const int64_t n = g.shape(x).numel();
+  const int64_t channels = g.value(scale).numel();
+  BERT_CHECK(g.shape(scale).rank() == 1 && channels >= 1 && n % channels == 0,
+             "fake_quantize: scale " + g.shape(scale).str() + " does not divide x " + g.shape(x).str());
+  BERT_CHECK(qmin < 0 && qmax > 0, "fake_quantize: need qmin < 0 < qmax");
+  BERT_CHECK(channels <= 65535, "fake_quantize on a GPU: at most 65535 channels");
+  const cuda::QuantizeLaunch q{g.value(scale).data(),    nullptr,    n,      channels, static_cast<float>(qmin),
+                               static_cast<float>(qmax), grad_scale, clipped};
+  const DType in_type = g.dtype(x), out_type = g.activation_dtype();
+  Var y = g.emit(g.shape(x), {x, scale}, out_type);
+  cuda::with_element_type(out_type, [&](auto out_tag) {
+    cuda::with_element_type(in_type, [&](auto in_tag) {
+      using Y = typename decltype(out_tag)::type;
+      using X = typename decltype(in_tag)::type;
+      const int width = cuda::pack_width(sizeof(Y), sizeof(X), q.per_channel(), {g.data(x), g.data(y)});
+      cuda::launch_fake_quantize_forward(g, q, cuda::typed<Y>(g.data(y)),
+                                         cuda::TensorSource<X>{cuda::typed<X>(g.data(x)), nullptr}, width);
+    });
+  });
+  g.on_backward(y, [=](Graph<float>& g) {
+    const auto dx = g.requires_grad(x) ? g.raw_grad_target(x) : Graph<float>::RawGradTarget{nullptr, false};
+    cuda::QuantizeLaunch back = q;
+    back.scale_grad = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
+    cuda::with_element_type(out_type, [&](auto out_tag) {
+      cuda::with_element_type(in_type, [&](auto in_tag) {
+        using Y = typename decltype(out_tag)::type;
+        using X = typename decltype(in_tag)::type;
+        void* dy = g.grad_data(y);
+        const int width = cuda::pack_width(sizeof(Y), sizeof(X), q.per_channel(), {dy, g.data(x), dx.data});
+        cuda::launch_fake_quantize_backward(g, back, cuda::typed<Y>(dy),
+                                            cuda::TensorSource<X>{cuda::typed<X>(g.data(x)), cuda::typed<X>(dx.data)},
+                                            width, dx.accumulate);
+      });
+    });
+  });
+  return y;
+}
+
+namespace {
+
+// fake_quantize_each: up to kMaxEach per-tensor quantizers of one input, in one pass each way.
+constexpr int kMaxEach = 4;
+template <typename A>
+struct Each {
+  int k;
+  const float* scale[kMaxEach];
+  float lo[kMaxEach], hi[kMaxEach];
+  A* y[kMaxEach];
+  const A* dy[kMaxEach];  // nullptr: that output has no gradient
+  float* ds[kMaxEach];    // nullptr: no scale gradient wanted
+  double grad_scale[kMaxEach];
+  unsigned long long* clipped[kMaxEach];
+};
+
+// Block b handles elements [b kQuantizeBlock, (b + 1) kQuantizeBlock), each thread W at a time.
+template <int W, typename A>
+__global__ void fake_quantize_each_forward(Each<A> e, const A* x, int64_t n) {
+  __shared__ int64_t shared[32];
+  const int64_t begin = blockIdx.x * cuda::kQuantizeBlock, end = min(begin + cuda::kQuantizeBlock, n);
+  int64_t count[kMaxEach] = {0, 0, 0, 0};
+  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+    const cuda::Pack<A, W> in = cuda::load_pack<W>(x + i);
+#pragma unroll
+    for (int q = 0; q < kMaxEach; ++q) {
+      if (q >= e.k) break;
+      const float s = *e.scale[q];
+      cuda::Pack<A, W> out;
+      for (int j = 0; j < W; ++j) {
+        const float u = cuda::to_float(in.v[j]) / s;
+        count[q] += (u < e.lo[q]) | (u > e.hi[q]);
+        out.v[j] = cuda::from_float<A>(fminf(fmaxf(rintf(u), e.lo[q]), e.hi[q]) * s);
+      }
+      cuda::store_pack<W>(e.y[q] + i, out);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kMaxEach; ++q) {
+    if (q >= e.k || !e.clipped[q]) continue;
+    const int64_t c = cuda::block_sum(count[q], shared);
+    if (threadIdx.x == 0 && c) atomicAdd(e.clipped[q], static_cast<unsigned long long>(c));
+  }
+}
+
+// dx (+)= the sum of each quantizer's straight-through gradient; each scale's gradient summed as in
+// fake_quantize_backward (block shares in double, the last block adds them up in block order).
+template <int W, typename A>
+__global__ void fake_quantize_each_backward(Each<A> e, A* dx, const A* x, int64_t n, bool accumulate, double* partial,
+                                            unsigned int* arrivals) {
+  __shared__ double shared[32];
+  __shared__ bool last;
+  const int64_t begin = blockIdx.x * cuda::kQuantizeBlock, end = min(begin + cuda::kQuantizeBlock, n);
+  double acc[kMaxEach] = {0, 0, 0, 0};
+  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+    const cuda::Pack<A, W> in = cuda::load_pack<W>(x + i);
+    float total[W];
+    for (int j = 0; j < W; ++j) total[j] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxEach; ++q) {
+      if (q >= e.k || !e.dy[q]) continue;
+      const float s = *e.scale[q], lo = e.lo[q], hi = e.hi[q];
+      const cuda::Pack<A, W> up = cuda::load_pack<W>(e.dy[q] + i);
+      float part = 0;
+      for (int j = 0; j < W; ++j) {
+        const float u = cuda::to_float(in.v[j]) / s;
+        const float d = cuda::to_float(up.v[j]);
+        total[j] += !(u < lo) && !(u > hi) ? d : 0.0f;
+        part += d * (u < lo ? lo : u > hi ? hi : rintf(u) - u);
+      }
+      acc[q] += part;
+    }
+    if (dx) cuda::store_grad_pack<W>(dx + i, total, accumulate);
+  }
+  bool any_scale = false;
+#pragma unroll
+  for (int q = 0; q < kMaxEach; ++q) {
+    if (q >= e.k || !e.ds[q]) continue;
+    any_scale = true;
+    acc[q] = cuda::block_sum(acc[q], shared);
+    if (gridDim.x == 1) {
+      if (threadIdx.x == 0) *e.ds[q] += static_cast<float>(e.grad_scale[q] * acc[q]);
+    } else if (threadIdx.x == 0) {
+      partial[q * gridDim.x + blockIdx.x] = acc[q];
+    }
+  }
+  if (!any_scale || gridDim.x == 1) return;
+  if (threadIdx.x == 0) {
+    __threadfence();  // the shares are visible everywhere before this block counts as arrived
+    last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  for (int q = 0; q < e.k; ++q) {
+    if (!e.ds[q]) continue;
+    double total = 0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(partial + q * gridDim.x + b);
+    total = cuda::block_sum(total, shared);
+    if (threadIdx.x == 0) *e.ds[q] += static_cast<float>(e.grad_scale[q] * total);
+  }
+  if (threadIdx.x == 0) *arrivals = 0;
+}
+
+}  // namespace
+
+// x is read in the activation dtype (an F32 input through a conversion node, as other activation ops).
+std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers) {
+  const int k = static_cast<int>(quantizers.size());
+  std::vector<Var> out;
+  if (k == 0) return out;
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  if (k > kMaxEach) {  // more than the model asks for: one at a time
+    for (const QuantizeOutput& q : quantizers)
+      out.push_back(fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped));
+    return out;
+  }
+  const int64_t n = g.shape(x).numel();
+  std::vector<Var> scales;
+  for (const QuantizeOutput& q : quantizers) {
+    cuda::fused_launch(g, q, n);  // checks: per tensor, qmin < 0 < qmax
+    out.push_back(g.emit(g.shape(x), {x, q.scale}, dtype));
+    scales.push_back(q.scale);
+  }
+  const std::vector<QuantizeOutput> qs(quantizers.begin(), quantizers.end());
+  // Fills the quantizers' side of the kernels' arguments (outputs, scales, ranges).
+  auto arguments = [qs, out](Graph<float>& g, auto tag) {
+    using A = typename decltype(tag)::type;
+    Each<A> e{};
+    e.k = static_cast<int>(qs.size());
+    for (int q = 0; q < e.k; ++q) {
+      e.scale[q] = g.value(qs[q].scale).data();
+      e.lo[q] = static_cast<float>(qs[q].qmin);
+      e.hi[q] = static_cast<float>(qs[q].qmax);
+      e.y[q] = cuda::typed<A>(g.data(out[q]));
+      e.grad_scale[q] = qs[q].grad_scale;
+      e.clipped[q] = reinterpret_cast<unsigned long long*>(qs[q].clipped);
+    }
+    return e;
+  };
+  const unsigned blocks =
+      static_cast<unsigned>(std::max<int64_t>(1, (n + cuda::kQuantizeBlock - 1) / cuda::kQuantizeBlock));
+  if (n > 0) {
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      const Each<A> e = arguments(g, tag);
+      std::vector<const void*> pointers = {g.data(x)};
+      for (Var y : out) pointers.push_back(g.data(y));
+      const int width = cuda::pack_width(sizeof(A), sizeof(A), n, pointers);
+      auto* kernel = width == 8   ? &fake_quantize_each_forward<8, A>
+                     : width == 4 ? &fake_quantize_each_forward<4, A>
+                                  : &fake_quantize_each_forward<1, A>;
+      kernel<<<blocks, cuda::kThreads, 0, cuda::stream(g)>>>(e, cuda::typed<A>(g.data(x)), n);
+      BERT_CUDA_LAUNCHED();
+    });
+  }
+  // One backward for all outputs, run by the first of their closures to run (the latest output that
+  // received a gradient); the others find it done.
+  auto done = std::make_shared<bool>(false);
+  for (Var y : out)
+    g.on_backward(y, [x, n, out, scales, arguments, blocks, done](Graph<float>& g) {
+      if (*done || n == 0) return;
+      *done = true;
+      cuda::with_element_type(g.dtype(x), [&](auto tag) {
+        using A = typename decltype(tag)::type;
+        Each<A> e = arguments(g, tag);
+        bool any_scale = false;
+        std::vector<const void*> pointers = {g.data(x)};
+        for (int q = 0; q < e.k; ++q) {
+          e.dy[q] = g.has_grad(out[q]) ? cuda::typed<A>(g.grad_data(out[q])) : nullptr;
+          e.ds[q] = e.dy[q] && g.requires_grad(scales[q]) ? g.grad(scales[q]).data() : nullptr;
+          any_scale |= e.ds[q] != nullptr;
+          if (e.dy[q]) pointers.push_back(e.dy[q]);
+        }
+        const auto dx = g.requires_grad(x) ? g.raw_grad_target(x) : Graph<float>::RawGradTarget{nullptr, false};
+        pointers.push_back(dx.data);
+        double* partial = any_scale && blocks > 1 ? g.scratch<double>(int64_t(blocks) * e.k) : nullptr;
+        const int width = cuda::pack_width(sizeof(A), sizeof(A), n, pointers);
+        auto* kernel = width == 8   ? &fake_quantize_each_backward<8, A>
+                       : width == 4 ? &fake_quantize_each_backward<4, A>
+                                    : &fake_quantize_each_backward<1, A>;
+        kernel<<<blocks, cuda::kThreads, 0, cuda::stream(g)>>>(e, cuda::typed<A>(dx.data), cuda::typed<A>(g.data(x)), n,
+                                                               dx.accumulate, partial,
+                                                               cuda::context(g.device()).arrivals);
+        BERT_CUDA_LAUNCHED();
+      });
+    });
+  return out;
+}
+
+}  // namespace bert::ops::cuda_impl

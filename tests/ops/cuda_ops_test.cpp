@@ -1,0 +1,986 @@
+// Every primitive op on a CUDA GPU against the same op on the CPU: forward values and the gradients
+// of every input (from a random upstream gradient), at several shapes including odd sizes, broadcast
+// axes, repeated ids and ignored rows. Each comparison runs twice on the GPU: in FP32 (tolerances named
+// per op) and in BF16 mixed precision (BF16 activations and gradients; kBf16 unless named). Skips
+// without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/device.h"
+#include "ops/ops.h"
+
+namespace bert {
+namespace {
+
+using Build = std::function<Var(Graph<float>&, const std::vector<Var>&)>;
+
+// Relative tolerances (max |gpu - cpu| / max |cpu|) per op family, FP32 on both sides.
+constexpr double kExact = 0;           // same arithmetic in the same order: bit for bit
+constexpr double kElementwise = 2e-6;  // erf/exp/tanh differ by an ulp or two between libm and CUDA
+constexpr double kReduction = 1e-5;    // sums in another order (rows, columns, blocks)
+constexpr double kGemm = 1e-5;         // cuBLAS FP32 vs Eigen: other blocking, other sum order
+// BF16 mixed precision against the FP32 CPU: each BF16 store rounds to 8 mantissa bits (relative error
+// up to 2^-9 = 0.2%), and an op's output is a few such roundings of its inputs and of itself.
+constexpr double kBf16 = 2e-2;
+
+struct Result {
+  std::vector<float> value;
+  std::vector<std::vector<float>> grads;  // one per input (empty when the input takes no gradient)
+};
+
+std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+// Runs build on `device` with the inputs as leaves, back-propagates sum(y * upstream) and returns the
+// output and every input's gradient, on the host.
+Result run_on(const Device& device, const std::vector<Shape>& shapes, const std::vector<std::vector<float>>& inputs,
+              const std::vector<bool>& differentiable, const Build& build, uint32_t upstream_seed) {
+  // Poison the workspace first: a backward that reads a gradient buffer it should only write (see
+  // Graph::grad_target) then picks up NaNs instead of the zeros fresh device memory tends to hold.
+  // The pattern is a NaN both as a float and as each of its two BF16 halves.
+  constexpr int64_t kPoisoned = int64_t{4} << 20;
+  Graph<float> g(device, kPoisoned * sizeof(float));
+  const std::vector<uint32_t> nans(static_cast<size_t>(kPoisoned), 0x7FC07FC0u);
+  device.copy_to_device(g.scratch<uint32_t>(kPoisoned), nans.data(), nans.size() * sizeof(uint32_t));
+  g.clear();
+  std::vector<DeviceBuffer> values, grads;
+  std::vector<Var> leaves;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const size_t bytes = inputs[i].size() * sizeof(float);
+    values.emplace_back(device, bytes);
+    grads.emplace_back(device, bytes);
+    device.copy_to_device(values.back().data(), inputs[i].data(), bytes);
+    device.fill_zero(grads.back().data(), bytes);
+    const TensorView<float> v(values.back().as<float>(), shapes[i]);
+    leaves.push_back(differentiable[i] ? g.leaf(v, TensorView<float>(grads.back().as<float>(), shapes[i]))
+                                       : g.constant(v));
+  }
+  Var y = build(g, leaves);
+  Result r;
+  r.value = g.to_host(y);
+  const std::vector<float> upstream = random_values(static_cast<int64_t>(r.value.size()), upstream_seed);
+  Var loss = ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(upstream), g.shape(y))));
+  g.backward(loss);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<float> grad(differentiable[i] ? inputs[i].size() : 0);
+    device.copy_to_host(grad.data(), grads[i].data(), grad.size() * sizeof(float));
+    r.grads.push_back(std::move(grad));
+  }
+  return r;
+}
+
+double relative_difference(const std::vector<float>& actual, const std::vector<float>& expected) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < expected.size() && i < actual.size(); ++i) {
+    diff = std::max(diff, std::abs(double(actual[i]) - double(expected[i])));
+    scale = std::max(scale, std::abs(double(expected[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Device::cuda_available())
+      GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): these tests run on a machine with an NVIDIA GPU";
+    gpu_ = Device::cuda(0, Precision::kFp32);
+    gpu_bf16_ = Device::cuda(0, Precision::kBf16);
+  }
+  // Compares the op on both devices: forward within forward_tol, each gradient within backward_tol in
+  // FP32; both within bf16_tol in BF16 mixed precision.
+  void compare(const std::vector<Shape>& shapes, const Build& build, double forward_tol, double backward_tol,
+               std::vector<bool> differentiable = {}, float scale = 1.0f, double bf16_tol = kBf16) {
+    if (differentiable.empty()) differentiable.assign(shapes.size(), true);
+    std::vector<std::vector<float>> inputs;
+    for (size_t i = 0; i < shapes.size(); ++i)
+      inputs.push_back(random_values(shapes[i].numel(), 11 + uint32_t(i), scale));
+    const Result cpu = run_on(Device::cpu(), shapes, inputs, differentiable, build, 99);
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = gpu->precision() == Precision::kBf16;
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      const Result r = run_on(*gpu, shapes, inputs, differentiable, build, 99);
+      EXPECT_LE(relative_difference(r.value, cpu.value), bf16 ? bf16_tol : forward_tol) << "forward";
+      for (size_t i = 0; i < shapes.size(); ++i)
+        if (differentiable[i]) {
+          EXPECT_LE(relative_difference(r.grads[i], cpu.grads[i]), bf16 ? bf16_tol : backward_tol)
+              << "gradient of input " << i;
+        }
+    }
+  }
+  std::unique_ptr<Device> gpu_, gpu_bf16_;
+};
+
+TEST_F(CudaOps, MatmulEveryTransposeBatchedAndShared) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(std::to_string(ta) + std::to_string(tb));
+      const Shape a = ta ? Shape{3, 2, 17, 13} : Shape{3, 2, 13, 17};
+      const Shape b = tb ? Shape{3, 2, 9, 17} : Shape{3, 2, 17, 9};
+      compare(
+          {a, b}, [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); },
+          kGemm, kGemm);
+      compare(
+          {ta ? Shape{17, 13} : Shape{13, 17}, tb ? Shape{9, 17} : Shape{17, 9}},
+          [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], ta, tb); }, kGemm,
+          kGemm);
+    }
+  for (bool tb : {false, true})  // a 2-D b shared by every row of a 3-D a
+    compare(
+        {Shape{4, 5, 33}, tb ? Shape{7, 33} : Shape{33, 7}},
+        [=](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1], false, tb); }, kGemm,
+        kGemm);
+}
+
+TEST_F(CudaOps, ScaledMatmulFoldsTheScaleIntoTheGemm) {
+  compare(
+      {Shape{2, 3, 11, 8}, Shape{2, 3, 11, 8}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::scaled_matmul(g, in[0], in[1], 0.125, false, true);
+      },
+      kGemm, kGemm);
+}
+
+// Each op's inputs are inner nodes that a second op also reads, recorded before or after it, so the
+// op's backward both writes a fresh (poisoned) gradient buffer and adds to one that holds a gradient.
+TEST_F(CudaOps, InnerGradientsAreWrittenFreshOrAccumulatedInEitherOrder) {
+  const std::vector<int32_t> targets = {3, -1, 0, 9};
+  const std::vector<float> scales = {0.05f};
+  const std::vector<std::pair<std::vector<Shape>, Build>> cases = {
+      {{Shape{2, 5, 6}, Shape{2, 6, 3}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::matmul(g, in[0], in[1]); }},
+      {{Shape{2, 5, 6}, Shape{2, 7, 6}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::scaled_matmul(g, in[0], in[1], 0.3, false, true);
+       }},
+      {{Shape{5, 6}, Shape{4, 6}, Shape{4}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }},
+      {{Shape{4, 6}, Shape{4, 6}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
+      {{Shape{4, 6}, Shape{4, 6}},  // both operands the same node: the add passes dy through, then adds it again
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], ops::add(g, in[1], in[1])); }},
+      {{Shape{4, 6}, Shape{6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }},
+      {{Shape{4, 6}, Shape{6, 6}},  // a residual: x + x W, whose product's backward writes x's gradient
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], ops::matmul(g, in[0], in[1])); }},
+      {{Shape{4, 6}, Shape{4, 6}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -1.5); }},
+      {{Shape{2, 3, 4, 8}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::permute(g, in[0], {0, 2, 1, 3});
+       }},
+      {{Shape{2, 3, 4, 5}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::permute(g, in[0], {0, 2, 1, 3});
+       }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::gelu(g, in[0]); }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::tanh(g, in[0]); }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }},
+      {{Shape{4, 6}, Shape{6}, Shape{6}},
+       [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-5); }},
+      {{Shape{4, 60}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         Rng rng(7);
+         return ops::dropout(g, in[0], 0.3, /*training=*/true, rng);
+       }},
+      {{Shape{4, 10}},
+       [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); }},
+      {{Shape{4, 60}},
+       [&](Graph<float>& g, const std::vector<Var>& in) {
+         return ops::fake_quantize(g, in[0], g.input(std::span<const float>(scales), Shape{1}), -8, 7);
+       }},
+      {{Shape{4, 6}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }},
+      {{Shape{4, 9}},
+       [](Graph<float>& g, const std::vector<Var>& in) {
+         Var teacher;
+         {  // a teacher computed without gradients
+           NoGradGuard<float> no_grad(g);
+           teacher = ops::scale(g, in[0], 1.7);
+         }
+         return ops::distillation_loss(g, in[0], teacher, 2.0);
+       }},
+  };
+  for (bool other_first : {false, true})
+    for (size_t c = 0; c < cases.size(); ++c) {
+      SCOPED_TRACE("case " + std::to_string(c) + (other_first ? ", other reader first" : ", op first"));
+      const Build& op = cases[c].second;
+      compare(
+          cases[c].first,
+          [&](Graph<float>& g, const std::vector<Var>& in) {
+            std::vector<Var> inner;
+            for (Var v : in) inner.push_back(ops::scale(g, v, 0.5));
+            Var other = other_first ? ops::sum(g, inner[0]) : Var{};
+            Var y = op(g, inner);
+            for (size_t i = other_first ? 1 : 0; i < inner.size(); ++i)
+              other = other.valid() ? ops::add(g, other, ops::sum(g, inner[i])) : ops::sum(g, inner[i]);
+            return ops::add(g, y, other);
+          },
+          kGemm, kGemm, {}, 2.0f);
+    }
+}
+
+TEST_F(CudaOps, LinearWithAndWithoutBias) {
+  compare(
+      {Shape{3, 5, 24}, Shape{10, 24}, Shape{10}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare(
+      {Shape{7, 3}, Shape{5, 3}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
+  // A large output whose width is not a multiple of 4 (a vocabulary): computed through padded rows.
+  compare(
+      {Shape{300, 24}, Shape{3501, 24}, Shape{3501}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare(  // an even width that is not a multiple of 4 (30,522): the bias sums two columns a thread
+      {Shape{300, 24}, Shape{3502, 24}, Shape{3502}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], in[2]); }, kGemm, kGemm);
+  compare(
+      {Shape{300, 24}, Shape{3501, 24}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::linear(g, in[0], in[1], Var{}); }, kGemm, kGemm);
+  // The bias gradient's column sums over many row chunks, 4 columns a thread, added into by a second use.
+  compare(
+      {Shape{2, 700, 24}, Shape{64, 24}, Shape{64}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        Var y = ops::linear(g, in[0], in[1], in[2]);
+        return ops::add(g, y, ops::linear(g, ops::scale(g, in[0], 0.5), in[1], in[2]));
+      },
+      kGemm, kGemm);
+}
+
+TEST_F(CudaOps, AddAndMulWithBroadcasting) {
+  const std::vector<std::pair<Shape, Shape>> cases = {{{4, 6, 8}, {4, 6, 8}},    {{4, 6, 8}, {6, 8}},
+                                                      {{4, 6, 8}, {8}},          {{4, 1, 8}, {4, 6, 1}},
+                                                      {{2, 3, 5, 7}, {3, 1, 7}}, {{5}, {1}},
+                                                      {{5, 7}, {3, 5, 7}},       {{3, 5, 7}, {1, 5, 7}}};
+  for (const auto& [a, b] : cases) {
+    SCOPED_TRACE(a.str() + " " + b.str());
+    compare(
+        {a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); }, kExact,
+        kReduction);
+    compare(
+        {a, b}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mul(g, in[0], in[1]); }, kExact,
+        kReduction);
+  }
+}
+
+TEST_F(CudaOps, ScaleReshapePermuteTranspose) {
+  compare(
+      {Shape{3, 7}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, in[0], -0.37); }, kExact,
+      kExact);
+  compare(
+      {Shape{6, 10}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::reshape(g, in[0], Shape{3, 4, 5});
+      },
+      kExact, kExact);
+  compare(
+      {Shape{2, 3, 5, 7}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::permute(g, in[0], {0, 2, 1, 3});
+      },
+      kExact, kExact);
+  compare(
+      {Shape{2, 3, 5, 7}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::permute(g, in[0], {3, 1, 0, 2});
+      },
+      kExact, kExact);
+  compare(
+      {Shape{9, 4}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::transpose(g, in[0], 0, 1); }, kExact,
+      kExact);
+}
+
+TEST_F(CudaOps, GatherRowsWithRepeatedIds) {
+  const std::vector<int32_t> ids = {3, 0, 3, 7, 1, 3, 0, 8, 8, 2, 5, 3};
+  compare(
+      {Shape{9, 13}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::gather_rows(g, in[0], ids, Shape{3, 4});
+      },
+      kExact, kReduction);
+  compare(
+      {Shape{9, 13}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::gather_rows(g, in[0], std::span<const int32_t>(ids).first(1), Shape{});
+      },
+      kExact, kExact);
+}
+
+TEST_F(CudaOps, GeluAndTanh) {
+  compare(
+      {Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::gelu(g, in[0]); }, kElementwise,
+      kElementwise, {}, 3.0f);
+  compare(
+      {Shape{5, 333}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::tanh(g, in[0]); }, kElementwise,
+      kElementwise, {}, 2.0f);
+}
+
+TEST_F(CudaOps, SoftmaxWithAndWithoutMask) {
+  compare(
+      {Shape{3, 2, 5, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); },
+      kElementwise, kReduction, {}, 3.0f);
+  std::vector<float> mask(3 * 37, 0.0f);
+  for (int i = 30; i < 37; ++i) mask[i] = mask[2 * 37 + i - 20] = -10000.0f;
+  compare(
+      {Shape{3, 2, 5, 37}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::softmax(g, in[0], g.input(std::span<const float>(mask), Shape{3, 37}));
+      },
+      kElementwise, kReduction, {}, 3.0f);
+  // Rows held in registers (a multiple of 4, up to 1024) and one longer (the one-pass-per-element kernel).
+  for (const Shape& s : {Shape{4, 700}, Shape{6, 128}, Shape{2, 1024}, Shape{2, 1028}})
+    compare(
+        {s}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::softmax(g, in[0]); }, kElementwise,
+        kReduction);
+}
+
+TEST_F(CudaOps, LayerNormOddWidthsAndManyRows) {
+  // 9,001 rows: blocks of 24 rows (more than 512 blocks of 16), the last one ragged.
+  for (const Shape& x :
+       {Shape{3, 7, 45}, Shape{600, 64}, Shape{2, 1000}, Shape{700, 1024}, Shape{3, 1028}, Shape{9001, 32}}) {
+    SCOPED_TRACE(x.str());
+    compare(
+        {x, Shape{x.last()}, Shape{x.last()}},
+        [](Graph<float>& g, const std::vector<Var>& in) { return ops::layer_norm(g, in[0], in[1], in[2], 1e-12); },
+        kReduction, kReduction);
+  }
+}
+
+// LayerNorm of a residual sum in one kernel each way (rows in registers: widths a multiple of 4 up to 1024)
+// against the CPU, every input's gradient, one of them also added to by a second use; a width the kernels
+// do not hold (45) and one sum of a node with itself take the add and LayerNorm ops.
+TEST_F(CudaOps, AddLayerNormFusedAndNot) {
+  for (const Shape& x : {Shape{3, 7, 64}, Shape{600, 768}, Shape{5, 1024}, Shape{3, 7, 45}, Shape{4, 1100}}) {
+    SCOPED_TRACE(x.str());
+    compare(
+        {x, x, Shape{x.last()}, Shape{x.last()}},
+        [](Graph<float>& g, const std::vector<Var>& in) {
+          Var y = ops::add_layer_norm(g, in[0], in[1], in[2], in[3], 1e-12);
+          return ops::add(g, y, ops::scale(g, in[1], 0.5));  // b's gradient accumulates
+        },
+        kReduction, kReduction);
+  }
+  compare(
+      {Shape{6, 128}, Shape{128}, Shape{128}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::add_layer_norm(g, in[0], in[0], in[1], in[2], 1e-12);
+      },
+      kReduction, kReduction);
+}
+
+// Dropout, the residual add and LayerNorm in one kernel each way: the CPU's dropout then add_layer_norm
+// (the same draws), every input's gradient, the residual's also added to by a second use; a width the
+// register kernels do not hold (45) runs the two ops; not training or p = 0 is add_layer_norm.
+TEST_F(CudaOps, DropoutAddLayerNormFusedAndNot) {
+  for (const Shape& x : {Shape{3, 7, 64}, Shape{600, 768}, Shape{5, 1024}, Shape{3, 7, 45}}) {
+    for (double p : {0.1, 0.5}) {
+      SCOPED_TRACE(x.str() + " p " + std::to_string(p));
+      compare(
+          {x, x, Shape{x.last()}, Shape{x.last()}},
+          [p](Graph<float>& g, const std::vector<Var>& in) {
+            Rng rng(21);
+            Var y = ops::dropout_add_layer_norm(g, in[0], in[1], in[2], in[3], 1e-12, p, /*training=*/true, rng);
+            return ops::add(g, y, ops::scale(g, in[1], 0.5));  // b's gradient accumulates
+          },
+          kReduction, kReduction);
+    }
+  }
+  compare(
+      {Shape{4, 128}, Shape{4, 128}, Shape{128}, Shape{128}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        Rng rng(21);
+        return ops::dropout_add_layer_norm(g, in[0], in[1], in[2], in[3], 1e-12, 0.1, /*training=*/false, rng);
+      },
+      kReduction, kReduction);
+}
+
+TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
+  for (double p : {0.1, 0.5}) {
+    compare(
+        {Shape{7, 1001}},
+        [p](Graph<float>& g, const std::vector<Var>& in) {
+          Rng rng(1234);
+          rng.reserve(17);  // a stream that has been used before
+          return ops::dropout(g, in[0], p, /*training=*/true, rng);
+        },
+        kExact, kExact);
+  }
+}
+
+// softmax and dropout fused (one kernel each way) against the two ops on the CPU: rows the register
+// kernels hold (a multiple of 4 up to 1024; masked and not) and rows they do not (37 wide, 1100 wide),
+// which take the two ops on the GPU too. The draws are the CPU dropout's, element for element.
+TEST_F(CudaOps, SoftmaxDropoutGivesSoftmaxThenDropout) {
+  for (const Shape& s : {Shape{2, 3, 8, 128}, Shape{3, 2, 5, 36}, Shape{2, 1, 3, 1024}, Shape{2, 2, 5, 37},
+                         Shape{2, 1, 2, 1100}})
+    for (bool masked : {false, true}) {
+      SCOPED_TRACE(s.str() + (masked ? ", masked" : ""));
+      std::vector<float> mask(static_cast<size_t>(s[0] * s.last()), 0.0f);
+      if (masked)
+        for (int64_t j = s.last() / 2; j < s.last(); ++j) mask[(s[0] - 1) * s.last() + j] = -10000.0f;
+      compare(
+          {s},
+          [&](Graph<float>& g, const std::vector<Var>& in) {
+            Rng rng(4321);
+            rng.reserve(3);
+            Var m = masked ? g.input(std::span<const float>(mask), Shape{s[0], s.last()}) : Var{};
+            return ops::softmax_dropout(g, in[0], m, 0.2, /*training=*/true, rng);
+          },
+          // BF16: scores up to about 10 stored in BF16 move their exponentials by up to 10 x 2^-9.
+          kElementwise, kReduction, {}, 3.0f, 4e-2);
+    }
+}
+
+// Attention's two products on the projections in place (batched GEMMs over every item and head) against
+// the permutes and products they replace, run on the CPU; odd lengths and head sizes, a gradient added
+// into by a second use.
+TEST_F(CudaOps, HeadProductsGiveThePermutedProducts) {
+  struct Case {
+    int64_t b, t, h, d;
+  };
+  for (const Case c : {Case{2, 7, 3, 5}, Case{3, 16, 2, 8}, Case{1, 33, 4, 16}}) {
+    SCOPED_TRACE("B " + std::to_string(c.b) + " T " + std::to_string(c.t) + " H " + std::to_string(c.h) + " D " +
+                 std::to_string(c.d));
+    const Shape s{c.b, c.t, c.h * c.d}, square{c.b, c.h, c.t, c.t};
+    compare(
+        {s, s},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Var scores = ops::head_scores(g, in[0], in[1], c.h, 0.37);
+          return ops::add(g, scores, ops::head_scores(g, in[0], in[0], c.h, 1.0));  // q's gradient twice
+        },
+        kGemm, 2 * kGemm);
+    compare(
+        {square, s},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Var context = ops::head_context(g, in[0], in[1], c.h);
+          return ops::add(g, context, ops::head_context(g, in[0], in[1], c.h));  // both gradients twice
+        },
+        kGemm, 2 * kGemm);
+  }
+}
+
+// Fused attention (one kernel each way) against the ops it replaces, run on the CPU: head sizes 16 to
+// 128, lengths from 7 (one partial key tile) to 512, with and without a padding mask, and with dropout
+// (the same draws as the unfused dropout, so the values still agree element for element).
+TEST_F(CudaOps, FusedAttentionGivesTheComposedOps) {
+  struct Case {
+    int64_t b, h, t, d;
+  };
+  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{3, 2, 100, 64}, Case{2, 2, 128, 64},
+                       Case{1, 2, 200, 128}, Case{1, 1, 512, 64}})
+    for (bool masked : {false, true})
+      for (double p : {0.0, 0.1}) {
+        SCOPED_TRACE("B " + std::to_string(c.b) + " H " + std::to_string(c.h) + " T " + std::to_string(c.t) + " D " +
+                     std::to_string(c.d) + (masked ? ", masked" : "") + ", dropout " + std::to_string(p));
+        for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+          Graph<float> probe(*gpu);
+          ASSERT_TRUE(ops::fused_attention(probe, c.d, c.t)) << "the fused kernels cover this shape";
+        }
+        std::vector<float> mask(static_cast<size_t>(c.b * c.t), 0.0f);
+        if (masked)  // the last item padded from 60% of its length, the first untouched
+          for (int64_t i = c.t * 6 / 10; i < c.t; ++i) mask[(c.b - 1) * c.t + i] = -10000.0f;
+        const Shape s{c.b, c.t, c.h * c.d};
+        const double alpha = 1.0 / std::sqrt(double(c.d));
+        compare(
+            {s, s, s},
+            [&](Graph<float>& g, const std::vector<Var>& in) {
+              Rng rng(77);
+              rng.reserve(5);
+              Var m = masked ? g.input(std::span<const float>(mask), Shape{c.b, c.t}) : Var{};
+              return ops::attention(g, in[0], in[1], in[2], m, c.h, alpha, p, /*training=*/true, rng);
+            },
+            kGemm, 2 * kGemm, {}, 1.5f);
+      }
+}
+
+TEST_F(CudaOps, CrossEntropyWithIgnoredRowsAndWeights) {
+  const std::vector<int32_t> targets = {3, -1, 0, 9, 9, -1, 4};
+  compare(
+      {Shape{7, 10}},
+      [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], targets); },
+      kReduction, kReduction, {}, 4.0f);
+  const std::vector<float> weights = {0.5f, 1.0f, 2.0f, 1.0f, 0.25f, 3.0f, 1.0f};
+  compare(
+      {Shape{7, 10}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy<float>(g, in[0], targets, weights);
+      },
+      kReduction, kReduction, {}, 4.0f);
+  const std::vector<int32_t> wide = {1, 30000, 12345};  // a vocabulary-sized row
+  compare(
+      {Shape{3, 30522}},
+      [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], wide); },
+      kReduction, kReduction);
+  const std::vector<int32_t> none = {-1, -1};  // no active row: loss 0, no gradient
+  compare(
+      {Shape{2, 5}},
+      [&](Graph<float>& g, const std::vector<Var>& in) { return ops::cross_entropy<float>(g, in[0], none); }, kExact,
+      kExact);
+}
+
+// cross_entropy_scores: the loss and its gradient as cross_entropy's, the predictions as row_argmax's, on
+// vocabulary-wide rows of odd width (each row starts at another offset from a 16-byte boundary) with ties
+// in a row's scalar head and in its packed middle, in FP32 and on BF16 logits; the gradient also into a
+// buffer offset from the logits' alignment (the kernel's scalar path).
+TEST_F(CudaOps, CrossEntropyScoresAreTheLossAndTheArgmaxInOnePass) {
+  const std::vector<int32_t> wide = {1, 30000, 12345, 0, 30521, 7, 77};
+  compare(
+      {Shape{7, 30522}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], wide).loss;
+      },
+      kReduction, kReduction, {}, 3.0f);
+  // Rows held in the registers of 512 threads (9,001 wide) and wider than 1,024 threads hold (the
+  // running form).
+  const std::vector<int32_t> three = {0, 9000, 4321};
+  compare(
+      {Shape{3, 9001}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], three).loss;
+      },
+      kReduction, kReduction, {}, 3.0f);
+  const std::vector<int32_t> huge = {70000, 5};
+  compare(
+      {Shape{2, 70001}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], huge).loss;
+      },
+      kReduction, kReduction, {}, 3.0f);
+  const std::vector<int32_t> narrow = {3, 0, 9, 9, 4};
+  compare(
+      {Shape{5, 10}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::cross_entropy_scores<float>(g, in[0], narrow).loss;
+      },
+      kReduction, kReduction, {}, 4.0f);
+
+  const int64_t rows = 7, cols = 30522;
+  std::vector<float> v = random_values(rows * cols, 8, 2.0f);
+  v[0 * cols + 1] = v[0 * cols + 2] = 40.0f;        // a tie in row 0's head
+  v[3 * cols + 5000] = v[3 * cols + 20000] = 40.0f;  // a tie in row 3's middle
+  v[5 * cols + cols - 1] = 40.0f;                    // the largest in row 5's tail
+  Graph<float> cpu;
+  const std::vector<int32_t> expected =
+      ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{rows, cols})));
+  EXPECT_EQ(expected[0], 1);
+  EXPECT_EQ(expected[3], 5000);
+  EXPECT_EQ(expected[5], cols - 1);
+  for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+    Graph<float> g(*gpu);
+    Var x = g.input(std::span<const float>(v), Shape{rows, cols});
+    if (gpu->precision() == Precision::kBf16) x = ops::permute(g, x, {0, 1});  // BF16 logits (the ties are exact)
+    const ops::LinearScores scores = ops::cross_entropy_scores<float>(g, x, wide);
+    EXPECT_EQ(scores.predictions, expected) << gpu->name();
+    Graph<float> plain(*gpu);
+    Var y = plain.input(std::span<const float>(v), Shape{rows, cols});
+    if (gpu->precision() == Precision::kBf16) y = ops::permute(plain, y, {0, 1});
+    EXPECT_FLOAT_EQ(g.item(scores.loss), plain.item(ops::cross_entropy<float>(plain, y, wide))) << gpu->name();
+  }
+
+  {  // rows too wide for the registers: the running form finds the first largest too
+    std::vector<float> w = random_values(2 * 70001, 9, 2.0f);
+    w[1 * 70001 + 3] = w[1 * 70001 + 69000] = 40.0f;
+    Graph<float> host;
+    const std::vector<int32_t> first =
+        ops::row_argmax(host, host.constant(TensorView<float>(w.data(), Shape{2, 70001})));
+    EXPECT_EQ(first[1], 3);
+    Graph<float> g(*gpu_);
+    Var x = g.input(std::span<const float>(w), Shape{2, 70001});
+    EXPECT_EQ(ops::cross_entropy_scores<float>(g, x, huge).predictions, first);
+  }
+
+  // The gradient into a buffer 4 bytes past the logits' alignment, against the CPU's.
+  Graph<float> reference;
+  std::vector<float> cpu_grad(v.size(), 0.0f);
+  Var xc = reference.leaf(TensorView<float>(v.data(), Shape{rows, cols}),
+                          TensorView<float>(cpu_grad.data(), Shape{rows, cols}));
+  reference.backward(ops::cross_entropy<float>(reference, xc, wide));
+  DeviceBuffer value(*gpu_, v.size() * 4), grad(*gpu_, (v.size() + 1) * 4);
+  gpu_->copy_to_device(value.data(), v.data(), v.size() * 4);
+  gpu_->fill_zero(grad.data(), grad.bytes());
+  Graph<float> g(*gpu_);
+  Var xg = g.leaf(TensorView<float>(value.as<float>(), Shape{rows, cols}),
+                  TensorView<float>(grad.as<float>() + 1, Shape{rows, cols}));
+  g.backward(ops::cross_entropy_scores<float>(g, xg, wide).loss);
+  std::vector<float> gpu_grad(v.size());
+  gpu_->copy_to_host(gpu_grad.data(), grad.as<float>() + 1, gpu_grad.size() * 4);
+  EXPECT_LE(relative_difference(gpu_grad, cpu_grad), kReduction);
+}
+
+// An operand broadcast along leading axes only (position embeddings over the batch) sums its gradient
+// by columns; widths that move in packs of four and widths that do not, a 3-D operand, and a gradient
+// added into (the operand read twice).
+TEST_F(CudaOps, LeadingBroadcastGradientsSumOverTheBatch) {
+  const auto add = [](Graph<float>& g, const std::vector<Var>& in) { return ops::add(g, in[0], in[1]); };
+  compare({Shape{5, 16, 128}, Shape{16, 128}}, add, kExact, kReduction);
+  compare({Shape{5, 16, 131}, Shape{16, 131}}, add, kExact, kReduction);
+  compare({Shape{3, 32, 64}, Shape{1, 32, 64}}, add, kExact, kReduction);
+  compare({Shape{2, 3, 32, 64}, Shape{32, 64}}, add, kExact, kReduction);
+  compare(
+      {Shape{4, 40, 64}, Shape{40, 64}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::add(g, ops::add(g, in[0], in[1]), ops::scale(g, in[1], 0.5));
+      },
+      kElementwise, kReduction);
+}
+
+TEST_F(CudaOps, DistillationLossOnVocabularySizedRows) {
+  for (double temperature : {1.0, 2.0})
+    compare(
+        {Shape{5, 30522}, Shape{5, 30522}},
+        [temperature](Graph<float>& g, const std::vector<Var>& in) {
+          return ops::distillation_loss(g, in[0], in[1], temperature);
+        },
+        kReduction, kReduction, {true, false}, 3.0f);
+  compare({Shape{3, 2}, Shape{3, 2}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::distillation_loss(g, in[0], in[1], 1.5); },
+          kReduction, kReduction, {true, false});
+}
+
+TEST_F(CudaOps, SumAndMean) {
+  compare(
+      {Shape{1000, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }, kReduction,
+      kExact);
+  compare(
+      {Shape{3, 5}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::mean(g, in[0]); }, kReduction,
+      kExact);
+}
+
+TEST_F(CudaOps, FakeQuantizeRoundsLikeTheCpuBitForBit) {
+  // Per tensor and per channel; values spread so that some saturate; scales positive.
+  for (int64_t channels : {int64_t{1}, int64_t{6}}) {
+    SCOPED_TRACE(channels);
+    std::vector<float> scale_values(static_cast<size_t>(channels));
+    for (int64_t c = 0; c < channels; ++c) scale_values[c] = 0.01f * float(c + 1);
+    compare(
+        {Shape{6, 4001}},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Var s = g.input(std::span<const float>(scale_values), Shape{channels});
+          return ops::fake_quantize(g, in[0], s, -128, 127, 0.5);
+        },
+        kExact, kExact, {}, 2.0f);
+  }
+}
+
+TEST_F(CudaOps, FakeQuantizeScaleGradientAndSaturationCount) {
+  const std::vector<float> x = random_values(5 * 40000, 3, 1.5f);
+  const std::vector<float> scales = {0.004f, 0.01f, 0.02f, 0.005f, 0.03f};
+  auto run = [&](const Device& device, int64_t channels, std::vector<float>* grad_scale, int64_t* clipped) {
+    Graph<float> g(device);
+    DeviceBuffer xv(device, x.size() * 4), sv(device, channels * 4), sg(device, channels * 4), counter(device, 8);
+    device.copy_to_device(xv.data(), x.data(), x.size() * 4);
+    device.copy_to_device(sv.data(), scales.data(), channels * 4);
+    device.fill_zero(sg.data(), channels * 4);
+    device.fill_zero(counter.data(), 8);
+    Var xin = g.constant(TensorView<float>(xv.as<float>(), Shape{5, 40000}));
+    Var s =
+        g.leaf(TensorView<float>(sv.as<float>(), Shape{channels}), TensorView<float>(sg.as<float>(), Shape{channels}));
+    Var y = ops::fake_quantize(g, xin, s, -128, 127, 0.25, counter.as<int64_t>());
+    const std::vector<float> up = random_values(5 * 40000, 8);
+    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), Shape{5, 40000}))));
+    grad_scale->resize(channels);
+    device.copy_to_host(grad_scale->data(), sg.data(), channels * 4);
+    device.copy_to_host(clipped, counter.data(), 8);
+  };
+  for (int64_t channels : {int64_t{1}, int64_t{5}}) {
+    std::vector<float> cpu_grad, gpu_grad, bf16_grad;
+    int64_t cpu_clipped = 0, gpu_clipped = 0, bf16_clipped = 0;
+    run(Device::cpu(), channels, &cpu_grad, &cpu_clipped);
+    run(*gpu_, channels, &gpu_grad, &gpu_clipped);
+    run(*gpu_bf16_, channels, &bf16_grad, &bf16_clipped);  // x stays F32: the same elements saturate
+    EXPECT_GT(cpu_clipped, 0);
+    EXPECT_EQ(gpu_clipped, cpu_clipped);
+    EXPECT_EQ(bf16_clipped, cpu_clipped);
+    EXPECT_LE(relative_difference(gpu_grad, cpu_grad), kReduction);
+    EXPECT_LE(relative_difference(bf16_grad, cpu_grad), kBf16);
+  }
+}
+
+// v rounded to the nearest BF16 value (ties to even), as a float.
+float bf16_representable(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+// GELU, dropout and permute with their output's quantizer fused in, against the op followed by
+// fake_quantize: on the GPU in FP32 the same values, gradients, scale gradient and saturation count (the
+// same arithmetic); in BF16 against the CPU within kBf16 (the fused op quantizes its FP32 result, not a
+// BF16 copy of it). Odd sizes run in single elements, the rest in packs.
+TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
+  struct Case {
+    const char* name;
+    Shape shape;
+    std::function<Var(Graph<float>&, Var, const ops::QuantizeOutput*)> op;
+  };
+  auto dropout = [](double p, bool training) {
+    return [p, training](Graph<float>& g, Var x, const ops::QuantizeOutput* q) {
+      Rng rng(77);
+      rng.reserve(5);
+      return q ? ops::dropout(g, x, p, training, rng, *q) : ops::dropout(g, x, p, training, rng);
+    };
+  };
+  auto permute = [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) {
+    return q ? ops::permute(g, x, {0, 2, 1, 3}, *q) : ops::permute(g, x, {0, 2, 1, 3});
+  };
+  const std::vector<Case> cases = {
+      {"gelu", Shape{6, 2048},
+       [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) { return q ? ops::gelu(g, x, *q) : ops::gelu(g, x); }},
+      {"gelu odd", Shape{5, 333},
+       [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) { return q ? ops::gelu(g, x, *q) : ops::gelu(g, x); }},
+      {"dropout", Shape{7, 1000}, dropout(0.1, true)},
+      {"dropout odd", Shape{7, 1001}, dropout(0.5, true)},
+      {"dropout in evaluation", Shape{4, 100}, dropout(0.1, false)},
+      {"permute rows", Shape{3, 40, 4, 16}, permute},
+      {"permute odd", Shape{2, 5, 3, 7}, permute},
+  };
+  struct Run {
+    std::vector<float> y, dx, dscale;
+    int64_t clipped = 0;
+  };
+  auto run = [](const Device& device, const Case& c, bool fused) {
+    const int64_t n = c.shape.numel();
+    // Inputs that BF16 holds exactly: in BF16 the op then sees the CPU's inputs, and only its output and
+    // the gradients are rounded (a rounded input would move values across the clipping boundary).
+    std::vector<float> x = random_values(n, 5, 2.0f);
+    for (float& v : x) v = bf16_representable(v);
+    const std::vector<float> up = random_values(n, 6);
+    const float scale_value = 0.025f;  // |gelu(x)| and |x| / 0.9 reach past 127 steps: some saturate
+    Graph<float> g(device);
+    DeviceBuffer xv(device, n * 4), xg(device, n * 4), sv(device, 4), sg(device, 4), counter(device, 8);
+    device.copy_to_device(xv.data(), x.data(), n * 4);
+    device.copy_to_device(sv.data(), &scale_value, 4);
+    device.fill_zero(xg.data(), n * 4);
+    device.fill_zero(sg.data(), 4);
+    device.fill_zero(counter.data(), 8);
+    Var xin = g.leaf(TensorView<float>(xv.as<float>(), c.shape), TensorView<float>(xg.as<float>(), c.shape));
+    Var s = g.leaf(TensorView<float>(sv.as<float>(), Shape{1}), TensorView<float>(sg.as<float>(), Shape{1}));
+    const ops::QuantizeOutput q{s, -128, 127, 0.3, counter.as<int64_t>()};
+    Var y = fused ? c.op(g, xin, &q) : ops::fake_quantize(g, c.op(g, xin, nullptr), s, -128, 127, 0.3, q.clipped);
+    Run r;
+    r.y = g.to_host(y);
+    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), g.shape(y)))));
+    r.dx.resize(n);
+    r.dscale.resize(1);
+    device.copy_to_host(r.dx.data(), xg.data(), n * 4);
+    device.copy_to_host(r.dscale.data(), sg.data(), 4);
+    device.copy_to_host(&r.clipped, counter.data(), 8);
+    return r;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Run cpu = run(Device::cpu(), c, false);
+    const Run separate = run(*gpu_, c, false), fused = run(*gpu_, c, true), bf16 = run(*gpu_bf16_, c, true);
+    EXPECT_GT(cpu.clipped, 0);
+    EXPECT_LE(relative_difference(fused.y, separate.y), kExact);
+    EXPECT_LE(relative_difference(fused.dx, separate.dx), kExact);
+    EXPECT_LE(relative_difference(fused.dscale, separate.dscale), kReduction);
+    EXPECT_EQ(fused.clipped, separate.clipped);
+    EXPECT_LE(relative_difference(bf16.y, cpu.y), kBf16);
+    EXPECT_LE(relative_difference(bf16.dx, cpu.dx), kBf16);
+    EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);
+    EXPECT_NEAR(double(bf16.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped));
+  }
+}
+
+// Several quantizers reading one input in one op, against one fake_quantize each on the CPU: outputs
+// bit for bit in FP32; the input's gradient (a sum of up to four straight-through terms, added in another
+// order) and the scale gradients within kReduction; in BF16 within kBf16. Also with an output that nothing
+// reads (no gradient, no scale gradient) and with an odd size.
+TEST_F(CudaOps, FakeQuantizeEachEqualsOneFakeQuantizePerQuantizer) {
+  const std::vector<float> scale_values = {0.02f, 0.011f, 0.05f, 0.007f};
+  struct Run {
+    std::vector<float> y, dx, dscale;
+    std::vector<int64_t> clipped;
+  };
+  auto run = [&](const Device& device, int64_t n, bool skip_one) {
+    std::vector<float> x = random_values(n, 21, 1.5f);
+    for (float& v : x) v = bf16_representable(v);
+    Graph<float> g(device);
+    DeviceBuffer xv(device, n * 4), xg(device, n * 4), sv(device, 16), sg(device, 16), counters(device, 32);
+    device.copy_to_device(xv.data(), x.data(), n * 4);
+    device.copy_to_device(sv.data(), scale_values.data(), 16);
+    device.fill_zero(xg.data(), n * 4);
+    device.fill_zero(sg.data(), 16);
+    device.fill_zero(counters.data(), 32);
+    Var xin = g.leaf(TensorView<float>(xv.as<float>(), Shape{n}), TensorView<float>(xg.as<float>(), Shape{n}));
+    std::vector<ops::QuantizeOutput> qs;
+    for (int q = 0; q < 4; ++q) {
+      Var s = g.leaf(TensorView<float>(sv.as<float>() + q, Shape{1}), TensorView<float>(sg.as<float>() + q, Shape{1}));
+      qs.push_back({s, q == 3 ? -127 : -128, 127, 0.1 * (q + 1), counters.as<int64_t>() + q});
+    }
+    const std::vector<Var> ys = ops::fake_quantize_each(g, xin, std::span<const ops::QuantizeOutput>(qs));
+    Run r;
+    Var loss;
+    for (int q = 0; q < 4; ++q) {
+      const std::vector<float> y = g.to_host(ys[q]);
+      r.y.insert(r.y.end(), y.begin(), y.end());
+      if (skip_one && q == 1) continue;  // nothing reads this output
+      const std::vector<float> up = random_values(n, 30 + q);
+      Var term = ops::sum(g, ops::mul(g, ys[q], g.input(std::span<const float>(up), Shape{n})));
+      loss = loss.valid() ? ops::add(g, loss, term) : term;
+    }
+    g.backward(loss);
+    r.dx.resize(n);
+    r.dscale.resize(4);
+    r.clipped.resize(4);
+    device.copy_to_host(r.dx.data(), xg.data(), n * 4);
+    device.copy_to_host(r.dscale.data(), sg.data(), 16);
+    device.copy_to_host(r.clipped.data(), counters.data(), 32);
+    return r;
+  };
+  for (int64_t n : {int64_t{3} * 40000, int64_t{1001}})
+    for (bool skip_one : {false, true}) {
+      SCOPED_TRACE(std::to_string(n) + (skip_one ? ", one output unread" : ""));
+      const Run cpu = run(Device::cpu(), n, skip_one), gpu = run(*gpu_, n, skip_one),
+                bf16 = run(*gpu_bf16_, n, skip_one);
+      EXPECT_LE(relative_difference(gpu.y, cpu.y), kExact);
+      EXPECT_LE(relative_difference(gpu.dx, cpu.dx), kReduction);
+      EXPECT_LE(relative_difference(gpu.dscale, cpu.dscale), kReduction);
+      EXPECT_EQ(gpu.clipped, cpu.clipped);
+      EXPECT_GT(cpu.clipped[3], 0);
+      if (skip_one) {
+        EXPECT_EQ(cpu.dscale[1], 0.0f);
+      }
+      EXPECT_LE(relative_difference(bf16.y, cpu.y), kBf16);
+      EXPECT_LE(relative_difference(bf16.dx, cpu.dx), kBf16);
+      EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);
+      EXPECT_EQ(bf16.clipped, cpu.clipped);
+    }
+}
+
+// Add, mul and scale keep their inputs' dtype, so the comparisons above (F32 leaves) run them in F32
+// only; here their inputs are BF16 activations (GELU outputs) in the BF16 pass.
+TEST_F(CudaOps, AddMulScaleOnBf16Activations) {
+  const std::vector<std::pair<Shape, Shape>> cases = {{{4, 6, 8}, {4, 6, 8}}, {{4, 6, 8}, {8}}, {{4, 1, 8}, {4, 6, 1}}};
+  for (const auto& [a, b] : cases) {
+    SCOPED_TRACE(a.str() + " " + b.str());
+    compare(
+        {a, b},
+        [](Graph<float>& g, const std::vector<Var>& in) {
+          return ops::add(g, ops::gelu(g, in[0]), ops::gelu(g, in[1]));
+        },
+        kElementwise, kElementwise);
+    compare(
+        {a, b},
+        [](Graph<float>& g, const std::vector<Var>& in) {
+          return ops::mul(g, ops::gelu(g, in[0]), ops::gelu(g, in[1]));
+        },
+        kElementwise, kReduction);
+  }
+  compare(
+      {Shape{3, 7}},
+      [](Graph<float>& g, const std::vector<Var>& in) { return ops::scale(g, ops::gelu(g, in[0]), -0.37); },
+      kElementwise, kElementwise);
+}
+
+// Which dtype each node takes in BF16 mixed precision (ops/cuda_impl.h), and that parameter gradients stay F32.
+TEST_F(CudaOps, Bf16ModeStoresActivationsInBf16AndKeepsParametersAndLossesInF32) {
+  Graph<float> g(*gpu_bf16_);
+  EXPECT_EQ(g.activation_dtype(), DType::kBF16);
+  EXPECT_EQ(Graph<float>(*gpu_).activation_dtype(), DType::kF32);
+  const std::vector<float> xs = random_values(4 * 6, 1), ws = random_values(5 * 6, 2), bs = random_values(5, 3),
+                           zs = random_values(4 * 5, 4);
+  DeviceBuffer w(*gpu_bf16_, ws.size() * 4), dw(*gpu_bf16_, ws.size() * 4), b(*gpu_bf16_, bs.size() * 4),
+      db(*gpu_bf16_, bs.size() * 4);
+  gpu_bf16_->copy_to_device(w.data(), ws.data(), ws.size() * 4);
+  gpu_bf16_->copy_to_device(b.data(), bs.data(), bs.size() * 4);
+  gpu_bf16_->fill_zero(dw.data(), dw.bytes());
+  gpu_bf16_->fill_zero(db.data(), db.bytes());
+  Var x = g.input(std::span<const float>(xs), Shape{4, 6});
+  Var wv = g.leaf(TensorView<float>(w.as<float>(), Shape{5, 6}), TensorView<float>(dw.as<float>(), Shape{5, 6}));
+  Var bv = g.leaf(TensorView<float>(b.as<float>(), Shape{5}), TensorView<float>(db.as<float>(), Shape{5}));
+  EXPECT_EQ(g.dtype(x), DType::kF32);
+  Var y = ops::linear(g, x, wv, bv);
+  EXPECT_EQ(g.dtype(y), DType::kBF16);
+  EXPECT_THROW(g.value(y), InternalError);  // its storage holds 2-byte elements
+  EXPECT_EQ(g.dtype(ops::gelu(g, y)), DType::kBF16);
+  EXPECT_EQ(g.dtype(ops::add(g, y, y)), DType::kBF16);
+  EXPECT_EQ(g.dtype(ops::add(g, y, g.input(std::span<const float>(zs), Shape{4, 5}))), DType::kF32);  // promoted
+  const std::vector<int32_t> targets = {1, 0, 4, -1};
+  Var loss = ops::cross_entropy<float>(g, y, targets);
+  EXPECT_EQ(g.dtype(loss), DType::kF32);
+  // The BF16 output, read on the host, is the FP32 product rounded to 8 mantissa bits.
+  const std::vector<float> got = g.to_host(y);
+  for (int r = 0; r < 4; ++r)
+    for (int o = 0; o < 5; ++o) {
+      double expect = bs[o];
+      for (int i = 0; i < 6; ++i) expect += double(xs[r * 6 + i]) * ws[o * 6 + i];
+      EXPECT_NEAR(got[r * 5 + o], expect, 1e-2 * (std::abs(expect) + 1)) << r << "," << o;
+    }
+  g.backward(loss);
+  std::vector<float> grad(ws.size());
+  gpu_bf16_->copy_to_host(grad.data(), dw.data(), dw.bytes());
+  EXPECT_TRUE(std::any_of(grad.begin(), grad.end(), [](float v) { return v != 0; }));
+}
+
+// Calibration statistics: counted on the GPU exactly as on the CPU, for FP32 values and for BF16
+// activations (against the CPU's count of the same values widened).
+TEST_F(CudaOps, AbsMaxAndHistogramCountExactlyLikeTheCpu) {
+  std::vector<float> v = random_values(3 * 100003, 9, 3.0f);
+  v[17] = 0.0f;
+  v[99] = -11.5f;
+  for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+    Graph<float> g(*gpu);
+    Var x = g.input(std::span<const float>(v), Shape{3, 100003});
+    if (gpu->precision() == Precision::kBf16) x = ops::permute(g, x, {0, 1});  // a BF16 copy
+    std::vector<float> on_host = g.to_host(x);
+    Graph<float> cpu;
+    Var xc = cpu.constant(TensorView<float>(on_host.data(), Shape{3, 100003}));
+    EXPECT_EQ(ops::abs_max(g, x), ops::abs_max(cpu, xc));
+    for (double range : {11.5, 4.0, 0.37})
+      EXPECT_EQ(ops::abs_histogram(g, x, range, 2048), ops::abs_histogram(cpu, xc, range, 2048)) << range;
+  }
+  v[5] = std::numeric_limits<float>::infinity();
+  Graph<float> g(*gpu_);
+  EXPECT_EQ(ops::abs_max(g, g.input(std::span<const float>(v), Shape{3, 100003})),
+            std::numeric_limits<double>::infinity());
+}
+
+TEST_F(CudaOps, RowArgmaxOfBf16Activations) {
+  std::vector<float> v = random_values(5 * 1000, 6);
+  v[1 * 1000 + 3] = v[1 * 1000 + 700] = 100.0f;  // exact in BF16: a tie, the first wins
+  v[4 * 1000 + 999] = 50.0f;
+  Graph<float> g(*gpu_bf16_);
+  Var x = ops::permute(g, g.input(std::span<const float>(v), Shape{5, 1000}), {0, 1});  // a BF16 copy
+  ASSERT_EQ(g.dtype(x), DType::kBF16);
+  const std::vector<int32_t> got = ops::row_argmax(g, x);
+  EXPECT_EQ(got[1], 3);
+  EXPECT_EQ(got[4], 999);
+}
+
+TEST_F(CudaOps, RowArgmaxFirstOnTies) {
+  std::vector<float> v = random_values(9 * 30522, 5);
+  v[2 * 30522 + 7] = v[2 * 30522 + 900] = 100.0f;  // a tie: the first wins
+  Graph<float> cpu, gpu(*gpu_);
+  DeviceBuffer d(*gpu_, v.size() * 4);
+  gpu_->copy_to_device(d.data(), v.data(), v.size() * 4);
+  const std::vector<int32_t> expected =
+      ops::row_argmax(cpu, cpu.constant(TensorView<float>(v.data(), Shape{9, 30522})));
+  EXPECT_EQ(ops::row_argmax(gpu, gpu.constant(TensorView<float>(d.as<float>(), Shape{9, 30522}))), expected);
+  EXPECT_EQ(expected[2], 7);
+}
+
+TEST_F(CudaOps, TheDeviceNamesItselfAndReportsMemory) {
+  EXPECT_NE(gpu_->name().find("cuda:0"), std::string::npos);
+  const auto [used, total] = gpu_->memory_use();
+  EXPECT_GT(total, used);
+  EXPECT_GT(used, 0u);
+}
+
+}  // namespace
+}  // namespace bert
