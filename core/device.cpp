@@ -1,6 +1,7 @@
 #include "core/device.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -63,6 +64,13 @@ std::unique_ptr<Device> Device::cuda(int ordinal, Precision precision) {
 }
 
 std::string Device::name() const { return is_cuda() ? cuda::describe(*cuda_) : "cpu"; }
+std::string Device::hardware_name() const {
+  if (!is_cuda()) return "cpu";
+  char text[160];
+  std::snprintf(text, sizeof text, "cuda:%d (%s, %.1f GiB)", cuda_->ordinal, cuda_->device_name.c_str(),
+                cuda_->total_memory / double(1 << 30));
+  return text;
+}
 
 void* Device::allocate(std::size_t bytes) const {
   if (!is_cuda()) return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kHostAlignment));
@@ -104,6 +112,7 @@ std::unique_ptr<Device> Device::cuda(int, Precision) {
   throw UserError("--device cuda: this build has no CUDA support (configure with nvcc present, -DBERT_CUDA=ON)");
 }
 std::string Device::name() const { return "cpu"; }
+std::string Device::hardware_name() const { return "cpu"; }
 void* Device::allocate(std::size_t bytes) const {
   return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kHostAlignment));
 }

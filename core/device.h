@@ -52,7 +52,8 @@ class Device {
   DeviceKind kind() const { return kind_; }
   bool is_cuda() const { return kind_ == DeviceKind::kCuda; }
   Precision precision() const { return precision_; }
-  std::string name() const;  // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)"
+  std::string name() const;           // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB, bf16)"
+  std::string hardware_name() const;  // the same without the precision: "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)"
   CudaContext* cuda_context() const { return cuda_.get(); }
 
   // --- memory on this device (host memory for the CPU device)

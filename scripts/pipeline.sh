@@ -62,7 +62,7 @@ JSON
   MODEL=(--config "$OUT/model.json") BATCH=32 LR=5e-3 CALIB=4 EVAL_BATCHES=0 SENSITIVITY_BATCHES=0
 else
   step "data: demo corpus -> tokenizer -> shards (cached after the first run)"
-  BERT_DATA="$B/bert-data" bash scripts/demo_data.sh
+  OUT=cache BERT_DATA="$B/bert-data" bash scripts/demo_data.sh  # its OUT, not ours (ours may be exported)
   TOKENIZER=cache/data/spm.model TRAIN=cache/data/shards/train HELDOUT=cache/data/shards/heldout OTHER=cache/data/shards/brown
   MODEL=(--preset tiny) BATCH=128 LR=1e-3 CALIB=16 EVAL_BATCHES=40 SENSITIVITY_BATCHES=8
   if [ $RECIPE = gpu ]; then
