@@ -12,12 +12,12 @@
 #include <cstdio>
 #include <vector>
 
+#include "core/rng.h"
 #include "kernels/gemm.h"
 #include "kernels/int8_gemm.h"
+#include "kernels/vector_math.h"
 #include "sys/openmp_wait.h"
 #include "sys/parallel.h"
-#include "core/rng.h"
-#include "kernels/vector_math.h"
 
 #ifdef BERT_BENCH_WITH_OPENBLAS
 #include <cblas.h>

@@ -5,10 +5,10 @@
 // machine). (2) Memory: a triad a = b + s c over arrays larger than the last-level cache, the
 // bandwidth-bound one. (3) Pairs: thread 0 pinned to CPU 0 and thread 1 to CPU j, both running FMAs:
 // where their rate falls to about half, CPU j shares CPU 0's core (a hyperthread the guest is not told of).
-#include <CLI/CLI.hpp>
 #include <immintrin.h>
 #include <omp.h>
 #include <sched.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>

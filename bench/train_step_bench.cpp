@@ -13,15 +13,15 @@
 #include <sstream>
 #include <vector>
 
-#include "sys/float_env.h"
-#include "kernels/gemm.h"
 #include "core/op_profile.h"
-#include "sys/openmp_wait.h"
-#include "sys/parallel.h"
 #include "data/loader.h"
+#include "kernels/gemm.h"
 #include "model/bert.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
+#include "sys/float_env.h"
+#include "sys/openmp_wait.h"
+#include "sys/parallel.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/training_step.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/aligned.h"
-#include "sys/error.h"
 #include "core/shape.h"
+#include "sys/error.h"
 
 namespace bert {
 

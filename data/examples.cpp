@@ -6,10 +6,10 @@
 #include <cmath>
 #include <filesystem>
 
-#include "sys/error.h"
-#include "sys/parallel.h"
 #include "data/corpus.h"
 #include "data/shard.h"
+#include "sys/error.h"
+#include "sys/parallel.h"
 
 namespace bert::data {
 

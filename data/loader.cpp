@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <numeric>
 
-#include "sys/error.h"
 #include "core/rng.h"
+#include "sys/error.h"
 
 namespace bert::data {
 

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "core/batch.h"
-#include "sys/enum_names.h"
 #include "data/examples.h"
+#include "sys/enum_names.h"
 
 namespace bert::data {
 

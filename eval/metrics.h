@@ -6,15 +6,15 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "core/graph.h"
-#include "sys/json.h"
 #include "data/loader.h"
 #include "model/bert.h"
+#include "sys/json.h"
 
 namespace bert::eval {
 

@@ -4,9 +4,9 @@
 #include <chrono>
 #include <map>
 
-#include "sys/error.h"
 #include "kernels/int8_gemm.h"
 #include "ops/ops.h"
+#include "sys/error.h"
 
 namespace bert::eval {
 

@@ -10,9 +10,9 @@
 #include <map>
 #include <set>
 
+#include "export/onnx_graph.h"
 #include "sys/atomic_file.h"
 #include "sys/error.h"
-#include "export/onnx_graph.h"
 
 namespace bert::exporter {
 

@@ -10,8 +10,8 @@
 
 #include <string>
 
-#include "sys/json.h"
 #include "model/bert.h"
+#include "sys/json.h"
 
 namespace bert::exporter {
 

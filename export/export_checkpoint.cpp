@@ -5,11 +5,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "sys/atomic_file.h"
-#include "sys/error.h"
-#include "sys/process.h"
-#include "sys/sha256.h"
-#include "sys/text_file.h"
 #include "data/loader.h"
 #include "export/qdq_rules.h"
 #include "export/triton.h"
@@ -17,6 +12,11 @@
 #include "store/checkpoint.h"
 #include "store/hf_checkpoint.h"
 #include "store/model_source.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/process.h"
+#include "sys/sha256.h"
+#include "sys/text_file.h"
 #include "tokenizer/tokenizer_file.h"
 
 namespace bert::exporter {

@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
-#include "sys/error.h"
 #include "export/qdq_rules.h"
+#include "sys/error.h"
 
 namespace bert::exporter {
 

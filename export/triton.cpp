@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "export/bert_onnx.h"
 #include "sys/atomic_file.h"
 #include "sys/error.h"
 #include "sys/text_file.h"
-#include "export/bert_onnx.h"
 
 namespace bert::exporter {
 

@@ -9,12 +9,12 @@
 #include <set>
 #include <sstream>
 
-#include "sys/atomic_file.h"
-#include "sys/error.h"
-#include "sys/text_file.h"
 #include "export/bert_onnx.h"
 #include "ort/runner.h"
 #include "quant/calibrator.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 
 namespace bert::exporter {
 

@@ -12,10 +12,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "sys/error.h"
 #include "kernels/gemm_avx2.h"
 #include "kernels/gemm_avx512.h"
 #include "kernels/gemm_avx512_bf16.h"
+#include "sys/error.h"
 #include "sys/parallel.h"
 
 namespace bert {

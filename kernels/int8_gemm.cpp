@@ -8,9 +8,9 @@
 #include <type_traits>
 
 #include "kernels/cpu_kernels.h"
+#include "kernels/vector_math.h"
 #include "sys/error.h"
 #include "sys/parallel.h"
-#include "kernels/vector_math.h"
 
 namespace bert {
 

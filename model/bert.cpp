@@ -8,8 +8,8 @@
 #include <numeric>
 #include <utility>
 
-#include "sys/error.h"
 #include "ops/ops.h"
+#include "sys/error.h"
 
 namespace bert::model {
 

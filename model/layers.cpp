@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "sys/error.h"
 #include "ops/ops.h"
+#include "sys/error.h"
 
 namespace bert::model {
 

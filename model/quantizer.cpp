@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "sys/error.h"
 #include "ops/ops.h"
+#include "sys/error.h"
 
 namespace bert::model {
 

@@ -2,9 +2,9 @@
 // ops/attention.cu are held to), and the dispatch to those kernels.
 #include <type_traits>
 
-#include "sys/error.h"
-#include "ops/ops.h"
 #include "ops/cuda_impl.h"
+#include "ops/ops.h"
+#include "sys/error.h"
 
 namespace bert::ops {
 

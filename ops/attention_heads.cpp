@@ -11,9 +11,9 @@ namespace {
 // (B, T, C) -> (B, H, T, D)
 Var split_heads(auto& g, Var x, int64_t heads) {
   const Shape s = g.shape(x);
-  BERT_CHECK(s.rank() == 3 && heads > 0 && s[2] % heads == 0,
-             "attention heads: " + s.str() + " is not (B, T, C) with C a multiple of " + std::to_string(heads) +
-                 " heads");
+  BERT_CHECK(
+      s.rank() == 3 && heads > 0 && s[2] % heads == 0,
+      "attention heads: " + s.str() + " is not (B, T, C) with C a multiple of " + std::to_string(heads) + " heads");
   return permute(g, reshape(g, x, Shape{s[0], s[1], heads, s[2] / heads}), {0, 2, 1, 3});
 }
 }  // namespace

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/graph.h"
-#include "ops/ops.h"
 #include "core/rng.h"
+#include "ops/ops.h"
 
 namespace bert::ops::cuda_impl {
 

@@ -3,10 +3,10 @@
 #include <array>
 #include <cmath>
 
-#include "ops/ops.h"
-#include "ops/cuda_impl.h"
-#include "sys/parallel.h"
 #include "kernels/vector_math.h"
+#include "ops/cuda_impl.h"
+#include "ops/ops.h"
+#include "sys/parallel.h"
 
 namespace bert::ops {
 
@@ -304,14 +304,14 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const Quantiz
   return fake_quantize(g, dropout(g, x, p, training, rng), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
 }
 
-#define BERT_INSTANTIATE(T)                               \
-  template Var add<T>(Graph<T>&, Var, Var);               \
-  template Var mul<T>(Graph<T>&, Var, Var);               \
-  template Var scale<T>(Graph<T>&, Var, double);          \
-  template Var gelu<T>(Graph<T>&, Var);                   \
-  template void on_gelu_backward<T>(Graph<T>&, Var, Var); \
-  template Var tanh<T>(Graph<T>&, Var);                   \
-  template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&);      \
+#define BERT_INSTANTIATE(T)                                    \
+  template Var add<T>(Graph<T>&, Var, Var);                    \
+  template Var mul<T>(Graph<T>&, Var, Var);                    \
+  template Var scale<T>(Graph<T>&, Var, double);               \
+  template Var gelu<T>(Graph<T>&, Var);                        \
+  template void on_gelu_backward<T>(Graph<T>&, Var, Var);      \
+  template Var tanh<T>(Graph<T>&, Var);                        \
+  template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&); \
   template Var gelu<T>(Graph<T>&, Var, const QuantizeOutput&); \
   template Var dropout<T>(Graph<T>&, Var, double, bool, Rng&, const QuantizeOutput&);
 BERT_INSTANTIATE(float)

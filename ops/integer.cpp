@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "kernels/int8_gemm.h"
+#include "kernels/vector_math.h"
 #include "ops/ops.h"
 #include "sys/parallel.h"
-#include "kernels/vector_math.h"
 
 namespace bert::ops {
 

@@ -162,9 +162,9 @@ Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, doubl
   BERT_DISPATCH_CUDA(g, dropout_add_layer_norm(g, a, b, gamma, beta, eps, p, rng))
   return add_layer_norm(g, dropout(g, a, p, training, rng), b, gamma, beta, eps);
 }
-#define BERT_INSTANTIATE(T)                                                                          \
-  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);                                      \
-  template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);                             \
+#define BERT_INSTANTIATE(T)                                              \
+  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);          \
+  template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double); \
   template Var dropout_add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool, Rng&);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

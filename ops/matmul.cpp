@@ -4,10 +4,10 @@
 #include <vector>
 
 #include "kernels/gemm.h"
-#include "ops/ops.h"
-#include "ops/cuda_impl.h"
-#include "sys/parallel.h"
 #include "kernels/vector_math.h"
+#include "ops/cuda_impl.h"
+#include "ops/ops.h"
+#include "sys/parallel.h"
 
 namespace bert::ops {
 

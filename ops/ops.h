@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/graph.h"
-#include "kernels/int8_gemm.h"
 #include "core/rng.h"
+#include "kernels/int8_gemm.h"
 
 namespace bert::ops {
 

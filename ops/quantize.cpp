@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/ops.h"
 #include "ops/cuda_impl.h"
+#include "ops/ops.h"
 #include "sys/parallel.h"
 
 namespace bert::ops {

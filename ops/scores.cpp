@@ -9,9 +9,9 @@
 
 #include "kernels/gemm.h"
 #include "kernels/int8_gemm.h"
+#include "kernels/vector_math.h"
 #include "ops/ops.h"
 #include "sys/parallel.h"
-#include "kernels/vector_math.h"
 
 namespace bert::ops {
 

@@ -4,8 +4,8 @@
 #include <array>
 #include <vector>
 
-#include "ops/ops.h"
 #include "ops/cuda_impl.h"
+#include "ops/ops.h"
 #include "sys/parallel.h"
 
 namespace bert::ops {
@@ -170,10 +170,10 @@ Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeO
   return fake_quantize(g, permute(g, x, perm), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
 }
 
-#define BERT_INSTANTIATE(T)                                            \
-  template Var reshape<T>(Graph<T>&, Var, Shape);                      \
-  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>); \
-  template Var transpose<T>(Graph<T>&, Var, int, int);                 \
+#define BERT_INSTANTIATE(T)                                                     \
+  template Var reshape<T>(Graph<T>&, Var, Shape);                               \
+  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>);          \
+  template Var transpose<T>(Graph<T>&, Var, int, int);                          \
   template Var gather_rows<T>(Graph<T>&, Var, std::span<const int32_t>, Shape); \
   template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>, const QuantizeOutput&);
 BERT_INSTANTIATE(float)

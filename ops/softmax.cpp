@@ -70,8 +70,8 @@ Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& 
   return dropout(g, softmax(g, x, mask), p, training, rng);
 }
 
-#define BERT_INSTANTIATE(T)                                             \
-  template Var softmax<T>(Graph<T>&, Var, Var);                         \
+#define BERT_INSTANTIATE(T)                     \
+  template Var softmax<T>(Graph<T>&, Var, Var); \
   template Var softmax_dropout<T>(Graph<T>&, Var, Var, double, bool, Rng&);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "sys/json.h"
 #include "data/loader.h"
+#include "sys/json.h"
 
 namespace bert::ort {
 

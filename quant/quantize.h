@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "core/graph.h"
-#include "sys/json.h"
 #include "data/loader.h"
 #include "model/bert.h"
 #include "quant/calibrator.h"
+#include "sys/json.h"
 
 namespace bert::quant {
 

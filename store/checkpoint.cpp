@@ -4,9 +4,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "data/hdf5_io.h"
 #include "sys/atomic_file.h"
 #include "sys/error.h"
-#include "data/hdf5_io.h"
 
 namespace bert::store {
 

@@ -6,10 +6,10 @@
 
 #include <string>
 
-#include "sys/json.h"
 #include "core/rng.h"
 #include "data/loader.h"
 #include "model/bert.h"
+#include "sys/json.h"
 
 namespace bert::store {
 

@@ -8,11 +8,11 @@
 #include <set>
 #include <sstream>
 
+#include "model/quantizer.h"
+#include "store/safetensors.h"
 #include "sys/atomic_file.h"
 #include "sys/error.h"
 #include "sys/text_file.h"
-#include "model/quantizer.h"
-#include "store/safetensors.h"
 
 namespace bert::hf {
 

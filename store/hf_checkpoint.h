@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "sys/json.h"
 #include "model/bert.h"
+#include "sys/json.h"
 
 namespace bert::hf {
 

@@ -4,9 +4,9 @@
 
 #include <filesystem>
 
+#include "store/hf_checkpoint.h"
 #include "sys/error.h"
 #include "sys/sha256.h"
-#include "store/hf_checkpoint.h"
 #include "tokenizer/tokenizer_file.h"
 
 namespace bert::store {

@@ -7,14 +7,14 @@
 #include <fstream>
 #include <map>
 
-#include "sys/atomic_file.h"
-#include "sys/error.h"
-#include "sys/openmp_wait.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/task_data.h"
+#include "sys/atomic_file.h"
+#include "sys/error.h"
+#include "sys/openmp_wait.h"
 #include "tokenizer/load.h"
 #include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"

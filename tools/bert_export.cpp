@@ -2,10 +2,10 @@
 // directory.
 #include <CLI/CLI.hpp>
 
-#include "sys/error.h"
-#include "sys/openmp_wait.h"
 #include "export/export_checkpoint.h"
 #include "ort/runner.h"
+#include "sys/error.h"
+#include "sys/openmp_wait.h"
 #include "tools/tool_main.h"
 
 namespace {

@@ -5,11 +5,11 @@
 #include <csignal>
 #include <filesystem>
 
+#include "store/checkpoint.h"
+#include "store/model_source.h"
 #include "sys/error.h"
 #include "sys/openmp_wait.h"
 #include "sys/parallel.h"
-#include "store/checkpoint.h"
-#include "store/model_source.h"
 #include "tokenizer/load.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/enum_option.h"

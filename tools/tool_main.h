@@ -42,7 +42,8 @@ inline void add_list_devices_flag(CLI::App& app) {
       "--list-devices",
       [] {
         std::printf("cpu\n");
-        for (int i = 0; i < Device::cuda_device_count(); ++i) std::printf("%s\n", Device::cuda(i)->hardware_name().c_str());
+        for (int i = 0; i < Device::cuda_device_count(); ++i)
+          std::printf("%s\n", Device::cuda(i)->hardware_name().c_str());
         throw CLI::Success();
       },
       "print the devices this program can use (cpu, cuda:N with its GPU's name) and exit");

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
+#include "store/checkpoint.h"
 #include "sys/error.h"
 #include "sys/parallel.h"
-#include "store/checkpoint.h"
 #if BERT_WITH_CUDA
 #include "train/optimizer_cuda.h"
 #endif

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "sys/enum_names.h"
 #include "core/aligned.h"
 #include "core/arena.h"
 #include "core/readback.h"
+#include "sys/enum_names.h"
 
 namespace bert::store {
 struct OptimizerMoments;  // store/checkpoint.h

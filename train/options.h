@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "sys/json.h"
 #include "model/config.h"
 #include "quant/quantize.h"
+#include "sys/json.h"
 #include "train/optimizer.h"
 #include "train/process_group.h"
 

@@ -2,9 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "sys/error.h"
 #include "ops/ops.h"
 #include "store/model_source.h"
+#include "sys/error.h"
 #include "train/run_folder.h"
 
 namespace bert::train {

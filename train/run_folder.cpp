@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <fstream>
 
-#include "sys/error.h"
-#include "sys/text_file.h"
 #include "store/checkpoint.h"
 #include "store/model_source.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 #include "tokenizer/tokenizer_file.h"
 #include "train/qat_setup.h"
 

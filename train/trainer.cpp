@@ -10,16 +10,16 @@
 #include <memory>
 #include <sstream>
 
+#include "kernels/gemm.h"
+#include "ops/ops.h"
+#include "store/checkpoint.h"
+#include "store/model_source.h"
 #include "sys/atomic_file.h"
 #include "sys/error.h"
-#include "kernels/gemm.h"
 #include "sys/openmp_wait.h"
-#include "ops/ops.h"
 #include "sys/parallel.h"
 #include "sys/sha256.h"
 #include "sys/text_file.h"
-#include "store/checkpoint.h"
-#include "store/model_source.h"
 #include "tokenizer/tokenizer_file.h"
 #include "train/gradient_reduction.h"
 #include "train/nccl_communicator.h"

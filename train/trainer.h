@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "sys/json.h"
 #include "eval/metrics.h"
+#include "sys/json.h"
 #include "train/communicator.h"
 #include "train/options.h"
 

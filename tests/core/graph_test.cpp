@@ -14,8 +14,8 @@
 #include "core/arena.h"
 #include "core/graph.h"
 #include "core/op_profile.h"
-#include "ops/ops.h"
 #include "core/readback.h"
+#include "ops/ops.h"
 #include "tests/ops/gradcheck.h"
 
 namespace bert {

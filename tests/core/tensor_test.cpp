@@ -6,10 +6,10 @@
 
 #include "core/arena.h"
 #include "core/device.h"
-#include "sys/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
+#include "sys/error.h"
 
 namespace bert {
 namespace {

@@ -3,9 +3,9 @@
 
 #include <fstream>
 
+#include "data/corpus.h"
 #include "sys/error.h"
 #include "sys/sha256.h"
-#include "data/corpus.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 

@@ -11,12 +11,12 @@
 #include <map>
 #include <set>
 
-#include "sys/error.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/task_data.h"
+#include "sys/error.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 #include "tokenizer/load.h"

@@ -14,7 +14,6 @@
 #include <set>
 #include <sstream>
 
-#include "sys/json.h"
 #include "data/shard.h"
 #include "eval/onnx_runtime.h"
 #include "export/bert_onnx.h"
@@ -27,6 +26,7 @@
 #include "ort/runner.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
+#include "sys/json.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 

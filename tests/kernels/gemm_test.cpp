@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
 #include "core/rng.h"
+#include "kernels/gemm.h"
 
 namespace bert {
 namespace {

@@ -12,12 +12,12 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cpu_kernels.h"
 #include "core/graph.h"
-#include "kernels/int8_gemm.h"
-#include "ops/ops.h"
 #include "core/rng.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/int8_gemm.h"
 #include "kernels/vector_math.h"
+#include "ops/ops.h"
 
 namespace bert {
 namespace {

@@ -9,11 +9,11 @@
 #include <memory>
 #include <set>
 
-#include "sys/error.h"
 #include "core/graph.h"
-#include "ops/ops.h"
 #include "model/bert.h"
 #include "model/config.h"
+#include "ops/ops.h"
+#include "sys/error.h"
 #include "tests/common/fixtures.h"
 
 namespace bert::model {

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "core/graph.h"
-#include "ops/ops.h"
 #include "core/rng.h"
+#include "ops/ops.h"
 
 namespace bert::testing {
 

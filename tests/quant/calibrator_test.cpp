@@ -5,13 +5,13 @@
 #include <cmath>
 #include <fstream>
 
-#include "sys/error.h"
 #include "core/graph.h"
-#include "sys/json.h"
 #include "core/rng.h"
-#include "sys/text_file.h"
 #include "quant/calibrator.h"
 #include "quant/quantize.h"
+#include "sys/error.h"
+#include "sys/json.h"
+#include "sys/text_file.h"
 #include "tests/common/fixtures.h"
 #include "tests/common/temp_dir.h"
 

@@ -10,14 +10,14 @@
 #include <functional>
 #include <sstream>
 
-#include "sys/error.h"
-#include "sys/text_file.h"
 #include "data/hdf5_io.h"
 #include "model/bert.h"
 #include "store/checkpoint.h"
 #include "store/hf_checkpoint.h"
 #include "store/model_source.h"
 #include "store/safetensors.h"
+#include "sys/error.h"
+#include "sys/text_file.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "core/device.h"
-#include "ops/ops.h"
 #include "core/rng.h"
+#include "ops/ops.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 #include "train/gradient_reduction.h"

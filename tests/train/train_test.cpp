@@ -14,15 +14,15 @@
 #include <thread>
 
 #include "core/device.h"
-#include "sys/error.h"
-#include "kernels/gemm.h"
-#include "ops/ops.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/task_data.h"
 #include "eval/fill_mask.h"
 #include "eval/quantized.h"
+#include "kernels/gemm.h"
+#include "ops/ops.h"
 #include "store/checkpoint.h"
+#include "sys/error.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 #include "tokenizer/load.h"
