@@ -208,6 +208,10 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
   return prepared;
 }
 
+void Bert::set_exact_sums(bool on) {
+  for (Linear* l : quantizable_linears()) l->exact_sums = on;
+}
+
 int64_t Bert::integer_attention_layers() const {
   return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.integer_attention; });
 }

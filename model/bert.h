@@ -132,6 +132,9 @@ class Bert {
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
   // default; off runs every quantizer as an op of its own (the baseline the fusion is measured and tested against).
   void set_fused_quantizers(bool on) { fuse_quantizers_ = on; }
+  // The fake-quantized linears' exact sums in CPU inference (Linear::exact_sums; on by default): off, they
+  // sum the fake-quantized floats as training does (the baseline the exact sums are tested against).
+  void set_exact_sums(bool on);
   // On a GPU, self-attention as one fused op each way (ops::attention) where its kernels cover the head
   // size and length and the attention probabilities are not quantized: the (B, H, T, T) scores and
   // probabilities never reach memory (less GPU memory; today slower than the unfused ops, so off by

@@ -50,6 +50,9 @@ Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& para
   if (runs_integer(g)) return integer_forward(g, params, x);
   Var w = g.param(params.get(weight));
   if (quantizable) w = weight_quantizer.apply(g, params, w);
+  if (sums_exactly(g, params))
+    return ops::exact_quantized_linear(g, x, params.get(input().scale).value.data()[0], w, weight_scales(params),
+                                       g.param(params.get(bias)));
   return ops::linear(g, x, w, g.param(params.get(bias)));
 }
 
@@ -63,6 +66,9 @@ Var Linear::forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>&
   if (runs_integer(g)) return integer_forward(g, params, x, /*gelu=*/true);
   Var w = g.param(params.get(weight));
   if (quantizable) w = weight_quantizer.apply(g, params, w);
+  if (sums_exactly(g, params))
+    return ops::exact_quantized_linear(g, x, params.get(input().scale).value.data()[0], w, weight_scales(params),
+                                       g.param(params.get(bias)), /*gelu=*/true);
   return ops::linear_gelu(g, x, w, g.param(params.get(bias)));
 }
 
@@ -93,6 +99,13 @@ std::vector<int8_t> Linear::quantized_weight(ParameterArena<float>& params) cons
       q[c * in + i] = static_cast<int8_t>(std::clamp(v, float(weight_quantizer.qmin), float(weight_quantizer.qmax)));
     }
   return q;
+}
+
+bool Linear::sums_exactly(const Graph<float>& g, ParameterArena<float>& params) const {
+  const Quantizer& in = input();
+  return quantizable && exact_sums && !g.on_cuda() && !g.grad_enabled() && in.mode == QuantMode::kQuantize &&
+         weight_quantizer.mode == QuantMode::kQuantize && in.qmin >= -128 && in.qmax <= 127 &&
+         weight_quantizer.qmin >= -128 && weight_quantizer.qmax <= 127 && params.get(in.scale).value.numel() == 1;
 }
 
 bool Linear::runs_integer(const Graph<float>& g) const {

@@ -61,6 +61,12 @@ struct Linear {
   std::shared_ptr<const Int8Weights> integer_weights;
   // Whether forward() runs the integer path in g (prepared, CPU, no gradients, both quantizers enabled).
   bool runs_integer(const Graph<float>& g) const;
+  // The fake-quantized float path in CPU inference sums its integer operands exactly
+  // (ops::exact_quantized_linear: the integer engine's values, bit for bit) where both quantizers are
+  // enabled at 8 bits with a per-tensor input scale; off (the test's baseline), ops::linear sums the
+  // fake-quantized floats as they are.
+  bool exact_sums = true;
+  bool sums_exactly(const Graph<float>& g, ParameterArena<float>& params) const;
 
  private:
   Var integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu = false) const;

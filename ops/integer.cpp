@@ -1,9 +1,12 @@
 // INT8 inference ops on the CPU: integer linears (static and dynamic activation scales), integer
 // products of two activations, and integer self-attention, all on kernels/int8_gemm. Forward only.
+#include <algorithm>
+#include <cmath>
 #include <source_location>
 #include <string>
 #include <vector>
 
+#include "kernels/gemm.h"
 #include "kernels/int8_gemm.h"
 #include "kernels/vector_math.h"
 #include "ops/ops.h"
@@ -57,6 +60,42 @@ Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float s
                      Var bias) {
   return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kGelu, "int8_linear_gelu",
                         std::source_location::current());
+}
+
+Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
+                           bool gelu) {
+  const char* op = gelu ? "exact_quantized_linear (gelu)" : "exact_quantized_linear";
+  check_inference(g, op);
+  const Shape &xs = g.shape(x), &ws = g.shape(weight);
+  BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
+             std::string(op) + ": x " + xs.str() + " does not fit the weight " + ws.str());
+  const int64_t n = ws[0], k = ws[1], rows = xs.rows();
+  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == n, std::string(op) + ": one weight scale per output");
+  BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({n}), std::string(op) + " bias " + g.shape(bias).str());
+  Var y = bias.valid() ? g.emit(xs.with_last(n), {x, weight, bias}) : g.emit(xs.with_last(n), {x, weight});
+  // The integers behind the fake-quantized values (each value is q * scale rounded to float: dividing and
+  // rounding to the nearest integer gives q back), clamped as int8_linear's quantization clamps.
+  float* a = g.scratch<float>(rows * k);
+  float* b = g.scratch<float>(n * k);
+  const float* xv = g.value(x).data();
+  const float* wv = g.value(weight).data();
+  parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo * k; i < hi * k; ++i) a[i] = std::clamp(std::nearbyint(xv[i] / scale_x), -128.0f, 127.0f);
+  });
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t i = 0; i < k; ++i) b[c * k + i] = std::clamp(std::nearbyint(wv[c * k + i] / scale_w[c]), -128.0f, 127.0f);
+  float* yv = g.value(y).data();
+  gemm<float>({.trans_a = false, .trans_b = true, .m = rows, .n = n, .k = k}, 1.0f, a, k, b, k, 0.0f, yv, n);
+  const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
+  parallel_for(rows, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      float* row = yv + r * n;
+      for (int64_t c = 0; c < n; ++c) row[c] = std::fma(row[c], scale_x * scale_w[c], bv ? bv[c] : 0.0f);
+      if (gelu) vec::gelu(row, row, n);
+    }
+  });
+  return y;
 }
 
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias) {

@@ -7,6 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/int8_gemm.h"
 
 #include "ops/ops.h"
 #include "tests/ops/gradcheck.h"
@@ -171,6 +176,62 @@ TEST(FakeQuantize, ScaleGradientIsTheGradScaleTimesTheLsqSum) {
   EXPECT_EQ(gx[0], 1.0);
   EXPECT_EQ(gx[1], 0.0);
   EXPECT_EQ(gx[2], 0.0);
+}
+
+// The fake-quantized linear with exact sums (CPU inference): the integer engine's values bit for bit (linear and
+// linear + GELU; per-channel weight scales, bias, odd sizes, inputs clamped at both ends, inputs that were not
+// fake-quantized first), and the plain linear of the same fake-quantized operands up to float summation order.
+TEST(ExactQuantizedLinear, EqualsTheIntegerEngineBitForBitAndTheFloatLinearUpToRounding) {
+  const int64_t rows = 37, k = 203, n = 45;
+  Rng rng(17);
+  const float scale_x = 0.043f;
+  std::vector<float> x(rows * k), w(n * k), scale_w(n), bias(n);
+  for (auto& v : x) v = static_cast<float>(rng.next_normal() * 2.0);
+  x[0] = 50.0f, x[1] = -50.0f;  // beyond the range: clamped to 127 and -128 steps
+  for (auto& v : w) v = static_cast<float>(rng.next_normal() * 0.05);
+  for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+  std::vector<int8_t> q_w(n * k);
+  for (int64_t c = 0; c < n; ++c) {
+    float largest = 0;
+    for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::abs(w[c * k + i]));
+    scale_w[c] = largest / 127.0f;
+    for (int64_t i = 0; i < k; ++i)
+      q_w[c * k + i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[c * k + i] / scale_w[c]), -127.0f, 127.0f));
+  }
+  const Int8Weights packed(q_w.data(), n, k);
+  Tensor<float> tx(Shape{rows, k}, x), tw(Shape{n, k}, w), tb(Shape{n}, bias), sx(Shape{1}, {scale_x}),
+      sw(Shape{n}, scale_w);
+  for (bool prequantized : {true, false}) {
+    for (bool gelu : {false, true}) {
+      SCOPED_TRACE(std::string(prequantized ? "fake-quantized x" : "raw x") + (gelu ? ", gelu" : ""));
+      Graph<float> g;
+      NoGradGuard<float> no_grad(g);
+      Var xv = g.constant(tx.view());
+      if (prequantized) xv = ops::fake_quantize(g, xv, g.constant(sx.view()), -128, 127, 1.0);
+      const Var wq = ops::fake_quantize(g, g.constant(tw.view()), g.constant(sw.view()), -127, 127, 1.0);
+      const Var b = g.constant(tb.view());
+      const std::vector<float> exact = g.to_host(ops::exact_quantized_linear(g, xv, scale_x, wq, scale_w, b, gelu));
+      const std::vector<float> engine = g.to_host(gelu ? ops::int8_linear_gelu(g, xv, packed, scale_x, scale_w, b)
+                                                       : ops::int8_linear(g, xv, packed, scale_x, scale_w, b));
+      ASSERT_EQ(exact, engine);
+      const Var xq = prequantized ? xv : ops::fake_quantize(g, xv, g.constant(sx.view()), -128, 127, 1.0);
+      const std::vector<float> plain = g.to_host(gelu ? ops::linear_gelu(g, xq, wq, b) : ops::linear(g, xq, wq, b));
+      double largest = 0, diff = 0;
+      for (size_t i = 0; i < plain.size(); ++i) {
+        largest = std::max(largest, std::abs(double(plain[i])));
+        diff = std::max(diff, std::abs(double(plain[i]) - exact[i]));
+      }
+      EXPECT_GT(diff, 0.0);  // float summation does differ somewhere: the test would notice the exact sums missing
+      EXPECT_LE(diff, 1e-5 * largest);
+    }
+  }
+  Graph<float> g;
+  const Var xv = g.constant(tx.view()), wv = g.constant(tw.view());
+  EXPECT_THROW(ops::exact_quantized_linear(g, xv, scale_x, wv, scale_w, Var{}), std::exception);  // gradients on
+  NoGradGuard<float> no_grad(g);
+  EXPECT_THROW(ops::exact_quantized_linear(g, xv, scale_x, wv, std::span<const float>(scale_w).first(3), Var{}),
+               std::exception);  // one scale per output
+  EXPECT_THROW(ops::exact_quantized_linear(g, g.constant(tw.view()), scale_x, xv, scale_w, Var{}), std::exception);
 }
 
 }  // namespace
