@@ -83,8 +83,11 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
   parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo * k; i < hi * k; ++i) a[i] = std::clamp(std::nearbyint(xv[i] / scale_x), -128.0f, 127.0f);
   });
-  for (int64_t c = 0; c < n; ++c)
-    for (int64_t i = 0; i < k; ++i) b[c * k + i] = std::clamp(std::nearbyint(wv[c * k + i] / scale_w[c]), -128.0f, 127.0f);
+  parallel_for(n, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c)
+      for (int64_t i = 0; i < k; ++i)
+        b[c * k + i] = std::clamp(std::nearbyint(wv[c * k + i] / scale_w[c]), -128.0f, 127.0f);
+  });
   float* yv = g.value(y).data();
   gemm<float>({.trans_a = false, .trans_b = true, .m = rows, .n = n, .k = k}, 1.0f, a, k, b, k, 0.0f, yv, n);
   const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
