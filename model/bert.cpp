@@ -283,22 +283,9 @@ std::vector<Var> Bert::quantize_each(Graph<float>& g, Var x, std::initializer_li
   return out;
 }
 
-Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng) {
+Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training, Rng& rng) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
   const bool fuse = fuse_quantizers_;
-  // (B, T, H, D) <-> (B, H, T, D), with the quantizer of its output fused in.
-  auto permute = [&](Var v, Quantizer* quantizer) {
-    Shape out = g.shape(v);
-    std::swap(out[1], out[2]);
-    return quantized(g, params_, quantizer, out, fuse, [&](const ops::QuantizeOutput* q) {
-      return q ? ops::permute(g, v, {0, 2, 1, 3}, *q) : ops::permute(g, v, {0, 2, 1, 3});
-    });
-  };
-  auto dropout = [&](Var v, double p, Quantizer* quantizer) {
-    return quantized(g, params_, quantizer, g.shape(v), fuse, [&](const ops::QuantizeOutput* q) {
-      return q ? ops::dropout(g, v, p, training, rng, *q) : ops::dropout(g, v, p, training, rng);
-    });
-  };
   // x as each quantizer that reads it sees it: the Q, K, V projections' one input quantizer (unless all
   // three run integer GEMMs, which quantize x themselves; one that does not needs it) and the residual.
   const bool projections_quantize =
@@ -307,12 +294,8 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
       quantize_each(g, x, {projections_quantize ? &l.self_input : nullptr, &l.attention_add_residual});
   // The context (B, T, C), through the output projection, the residual add and LayerNorm.
   auto finish = [&](Var context) {
-    Var out = l.attention_output.forward_quantized_input(g, params_, context);
-    if (l.attention_add_input.mode == QuantMode::kFloat)  // no quantizer between the dropout and the add
-      return l.attention_norm.forward_dropout_sum(g, params_, out, inputs[1], config_.hidden_dropout_prob, training,
-                                                  rng);
-    out = dropout(out, config_.hidden_dropout_prob, &l.attention_add_input);
-    return l.attention_norm.forward_sum(g, params_, out, inputs[1]);
+    const Var out = l.attention_output.forward_quantized_input(g, params_, context);
+    return residual_norm(g, l.attention_norm, l.attention_add_input, out, inputs[1], training, rng);
   };
   // Integer attention (inference) quantizes its operands itself (to the same integers the quantizers give).
   if (l.integer_attention && !g.on_cuda() && !g.grad_enabled() && !training) {
@@ -340,9 +323,9 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
   // attention matmuls' quantizers is on (QAT or calibration needs the unfused ops' tensors).
   const bool fits = ops::fused_attention(g, d, t);
   const std::array<const Quantizer*, 4> matmul_inputs = {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a};
-  const bool quantized = std::any_of(matmul_inputs.begin(), matmul_inputs.end(),
-                                     [](const Quantizer* q) { return q->mode != QuantMode::kFloat; });
-  if (g.on_cuda() && fuse_attention_ && !(fits && !quantized) && !told_unfused_attention_) {
+  const bool products_quantized = std::any_of(matmul_inputs.begin(), matmul_inputs.end(),
+                                              [](const Quantizer* q) { return q->mode != QuantMode::kFloat; });
+  if (g.on_cuda() && fuse_attention_ && !(fits && !products_quantized) && !told_unfused_attention_) {
     told_unfused_attention_ = true;
     spdlog::info("attention runs unfused on the GPU: {}",
                  !fits ? fmt::format("head size {} and length {} are outside the fused kernels (head size 16, 32, "
@@ -350,35 +333,28 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t b, int64
                                      d, t)
                        : "the attention matmuls' inputs are quantized or calibrated, which the fused kernels do not do");
   }
-  if (!quantized) {
-    const Var query = l.query.forward_quantized_input(g, params_, inputs[0]);
-    const Var key = l.key.forward_quantized_input(g, params_, inputs[0]);
-    const Var value = l.value.forward_quantized_input(g, params_, inputs[0]);
-    const double p = config_.attention_probs_dropout_prob;
-    // Fused where asked and covered; else the two products read the projections in place
-    // (ops::head_scores and head_context: no head permutes) around softmax and dropout.
-    Var context = fuse_attention_ && fits
-                      ? ops::attention(g, query, key, value, mask, h, inverse_sqrt_d, p, training, rng)
-                      : ops::head_context(g,
-                                          ops::softmax_dropout(g, ops::head_scores(g, query, key, h, inverse_sqrt_d),
-                                                               mask, p, training, rng),
-                                          value, h);
-    if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
-      context = quantizer->apply(g, params_, context);
-    return finish(context);
+  // The projections, each through its quantizer where the products' inputs are quantized or calibrated.
+  const Var q = l.matmul_q.apply(g, params_, l.query.forward_quantized_input(g, params_, inputs[0]));
+  const Var k = l.matmul_k.apply(g, params_, l.key.forward_quantized_input(g, params_, inputs[0]));
+  const Var v = l.matmul_v.apply(g, params_, l.value.forward_quantized_input(g, params_, inputs[0]));
+  const double p = config_.attention_probs_dropout_prob;
+  // Fused where asked and covered; else the two products read the projections in place (ops::head_scores
+  // and head_context: no head permutes) around softmax and dropout, with the probabilities' quantizer
+  // fused into them.
+  Var context;
+  if (fuse_attention_ && fits && !products_quantized) {
+    context = ops::attention(g, q, k, v, mask, h, inverse_sqrt_d, p, training, rng);
+  } else {
+    const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d);  // (B, H, T, T)
+    const Var probs = quantized(g, params_, &l.matmul_a, g.shape(scores), fuse, [&](const ops::QuantizeOutput* qa) {
+      return qa ? ops::softmax_dropout(g, scores, mask, p, training, rng, *qa)
+                : ops::softmax_dropout(g, scores, mask, p, training, rng);
+    });
+    context = ops::head_context(g, probs, v, h);
   }
-  // Quantized or calibrated products: each quantizer fused into the head permute that makes its input.
-  auto heads = [&](Linear& proj, Var input, Quantizer& quantizer) {  // (B, T, C) -> (B, H, T, D)
-    Var projected = proj.forward_quantized_input(g, params_, input);
-    return permute(ops::reshape(g, projected, Shape{b, t, h, d}), &quantizer);
-  };
-  Var q = heads(l.query, inputs[0], l.matmul_q);
-  Var k = heads(l.key, inputs[0], l.matmul_k);
-  Var v = heads(l.value, inputs[0], l.matmul_v);
-  Var scores = ops::scaled_matmul(g, q, k, inverse_sqrt_d, false, true);  // (B, H, T, T)
-  Var probs = dropout(ops::softmax(g, scores, mask), config_.attention_probs_dropout_prob, &l.matmul_a);
-  Var context = permute(ops::matmul(g, probs, v), l.attention_output.used_input_quantizer(g));
-  return finish(ops::reshape(g, context, Shape{b, t, h * d}));
+  if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
+    context = quantizer->apply(g, params_, context);
+  return finish(context);
 }
 
 Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) {
@@ -405,7 +381,7 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
   Var mask = g.input(std::span<const float>(mask_values), Shape{b, t});
 
   for (Layer& l : layers_) {
-    Var a = attention(g, l, x, mask, b, t, training, rng);
+    Var a = attention(g, l, x, mask, t, training, rng);
     // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
     const std::vector<Var> inputs =
         quantize_each(g, a, {l.intermediate.used_input_quantizer(g), &l.output_add_residual});
@@ -416,18 +392,23 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
                           if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0]);
                           return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
                         });
-    Var ff = l.output.forward_quantized_input(g, params_, act);
-    const double p = config_.hidden_dropout_prob;
-    if (l.output_add_input.mode == QuantMode::kFloat) {  // no quantizer between the dropout and the add
-      x = l.output_norm.forward_dropout_sum(g, params_, ff, inputs[1], p, training, rng);
-      continue;
-    }
-    ff = quantized(g, params_, &l.output_add_input, g.shape(ff), fuse_quantizers_, [&](const ops::QuantizeOutput* q) {
-      return q ? ops::dropout(g, ff, p, training, rng, *q) : ops::dropout(g, ff, p, training, rng);
-    });
-    x = l.output_norm.forward_sum(g, params_, ff, inputs[1]);
+    const Var ff = l.output.forward_quantized_input(g, params_, act);
+    x = residual_norm(g, l.output_norm, l.output_add_input, ff, inputs[1], training, rng);
   }
   return x;
+}
+
+Var Bert::residual_norm(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer, Var residual,
+                        bool training, Rng& rng) {
+  const double p = config_.hidden_dropout_prob;
+  if (add_input.mode == QuantMode::kFloat)  // no quantizer between the dropout and the add
+    return norm.forward_dropout_sum(g, params_, sublayer, residual, p, training, rng);
+  if (add_input.mode == QuantMode::kQuantize && fuse_quantizers_) {
+    const ops::QuantizeOutput q = add_input.fused_output(g, params_, g.shape(sublayer));
+    return norm.forward_dropout_sum(g, params_, sublayer, residual, p, training, rng, q);
+  }
+  const Var dropped = add_input.apply(g, params_, ops::dropout(g, sublayer, p, training, rng));
+  return norm.forward_sum(g, params_, dropped, residual);
 }
 
 ModelOutputs Bert::forward(Graph<float>& g, const BatchView& in, bool training, Rng& rng, MlmOutputs mlm) {

@@ -172,7 +172,11 @@ class Bert {
   std::vector<Var> quantize_each(Graph<float>& g, Var x, std::initializer_list<Quantizer*> quantizers);
   // The linear layers that carry quantizers, in forward order.
   std::vector<Linear*> quantizable_linears();
-  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t b, int64_t t, bool training, Rng& rng);
+  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t t, bool training, Rng& rng);
+  // norm(add_input(dropout(sublayer)) + residual): a sublayer's residual connection, in one op where the
+  // add's input quantizer is off or fake-quantizes with fusion on.
+  Var residual_norm(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer, Var residual,
+                    bool training, Rng& rng);
   void pretraining_head(Graph<float>& g, Var hidden, const BatchView& batch, MlmOutputs mlm, ModelOutputs& out);
   void classification_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
                            ModelOutputs& out);

@@ -143,4 +143,10 @@ Var LayerNorm::forward_dropout_sum(Graph<float>& g, ParameterArena<float>& param
                                      rng);
 }
 
+Var LayerNorm::forward_dropout_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b, double p,
+                                   bool training, Rng& rng, const ops::QuantizeOutput& q) const {
+  return ops::dropout_add_layer_norm(g, a, b, g.param(params.get(gamma)), g.param(params.get(beta)), eps, p, training,
+                                     rng, q);
+}
+
 }  // namespace bert::model

@@ -85,6 +85,9 @@ struct LayerNorm {
   // LayerNorm(dropout(a) + b) (ops::dropout_add_layer_norm: one kernel each way on a GPU).
   Var forward_dropout_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b, double p, bool training,
                           Rng& rng) const;
+  // LayerNorm(q(dropout(a)) + b) with the add's input quantizer q in the same op.
+  Var forward_dropout_sum(Graph<float>& g, ParameterArena<float>& params, Var a, Var b, double p, bool training,
+                          Rng& rng, const ops::QuantizeOutput& q) const;
 };
 
 }  // namespace bert::model

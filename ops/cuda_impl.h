@@ -43,6 +43,8 @@ Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps);
 Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps);
 // Training, p > 0.
 Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng);
+Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng,
+                           const QuantizeOutput& q);  // p >= 0
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
 Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature);
 Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
@@ -52,7 +54,7 @@ Var sum(Graph<float>& g, Var x);
 Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped);
 Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
-Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
+Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const QuantizeOutput& q);  // p >= 0
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
 // Fused attention (ops::attention) and whether its kernels cover a head size and length in `dtype`.
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,

@@ -1,5 +1,5 @@
-// LayerNorm (and add_layer_norm: the residual add fused in; dropout_add_layer_norm, which the CPU
-// composes): forward and backward side by side; the GPU twin is ops/layer_norm.cu.
+// LayerNorm (and add_layer_norm: the residual add fused in; dropout_add_layer_norm, with or without its
+// quantizer, which the CPU composes): forward and backward side by side; the GPU twin is ops/layer_norm.cu.
 #include <algorithm>
 #include <cmath>
 #include <source_location>
@@ -162,10 +162,22 @@ Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, doubl
   BERT_DISPATCH_CUDA(g, dropout_add_layer_norm(g, a, b, gamma, beta, eps, p, rng))
   return add_layer_norm(g, dropout(g, a, p, training, rng), b, gamma, beta, eps);
 }
-#define BERT_INSTANTIATE(T)                                              \
-  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);          \
-  template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double); \
-  template Var dropout_add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool, Rng&);
+
+// With the residual add's input quantizer: on the CPU the ops in sequence (the GPU fuses them).
+template <typename T>
+Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, bool training,
+                           Rng& rng, const QuantizeOutput& q) {
+  BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
+  BERT_DISPATCH_CUDA(g, dropout_add_layer_norm(g, a, b, gamma, beta, eps, training ? p : 0.0, rng, q))
+  return add_layer_norm(g, dropout(g, a, p, training, rng, q), b, gamma, beta, eps);
+}
+
+#define BERT_INSTANTIATE(T)                                                                          \
+  template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);                                      \
+  template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);                             \
+  template Var dropout_add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool, Rng&); \
+  template Var dropout_add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool, Rng&,  \
+                                         const QuantizeOutput&);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

@@ -1,7 +1,8 @@
-// LayerNorm (add_layer_norm, dropout_add_layer_norm: the residual add and the dropout in the same kernels) on
-// a CUDA device, forward and backward side by side like ops/layer_norm.cpp. One warp per row; the parameter
-// gradients are column sums taken in two fixed-order passes (deterministic).
+// LayerNorm (add_layer_norm, dropout_add_layer_norm: the residual add, the dropout and its quantizer in the
+// same kernels) on a CUDA device, forward and backward side by side like ops/layer_norm.cpp. One warp per
+// row; the parameter gradients are column sums taken in two fixed-order passes (deterministic).
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda/rows.cuh"
 #include "ops/cuda_impl.h"
 
@@ -65,54 +66,82 @@ struct RowDrop {
   }
 };
 
+// The quantizer of LayerNorm's first addend after its dropout (ops::dropout_add_layer_norm with a
+// QuantizeOutput): the dropped value divided by the scale, rounded half to even, clamped and scaled back,
+// in float, as fake_quantize over the dropout computes it. The backward recomputes it from a, passes the
+// gradient straight through inside the range and sums the scale's gradient (cuda::add_scale_gradient).
+template <typename A>
+struct RowQuantize {
+  const float* scale = nullptr;  // nullptr: no quantizer
+  float lo = 0, hi = 0;
+  unsigned long long* clipped = nullptr;  // forward: saturated elements, or nullptr
+  const A* a = nullptr;                   // backward: the dropout's input
+  float* ds = nullptr;                    // backward: the scale's gradient, or nullptr
+  double grad_scale = 1;
+  double* partial = nullptr;
+  unsigned int* arrivals = nullptr;
+};
+
 // LayerNorm with its rows in registers (ops/cuda/rows.cuh's layout: C chunks of 128 columns,
 // 4 a lane; c a multiple of 4 up to 1024). With b set, x = a + b rounded to A (what the add op would store)
 // is normalised and, where `sums` is set, stored for the backward; with `drop` on (threshold > 0), a is
-// first dropped out and rounded to A (what the dropout op would store).
+// first dropped out and rounded to A (what the dropout op would store); with q on, the dropped value is
+// fake-quantized before that rounding.
 template <int C, typename A>
 __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b,
                                         const float* gamma, const float* beta, int64_t rows, int c, float eps,
-                                        RowDrop drop) {
+                                        RowDrop drop, RowQuantize<A> q) {
+  __shared__ int64_t shared[32];
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  float v[C][4];
-  float sum = 0;
-  for (int k = 0; k < C; ++k) {
-    const int j = (k * 32 + lane) * 4;
-    if (j >= c) break;
-    cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
-    if (drop.threshold) {
-      float keep[4];
-      drop.scales(keep, r * c + j);
-      for (int w = 0; w < 4; ++w) pa.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) * keep[w]);
+  int clipped = 0;  // at most 4 C
+  if (r < rows) {   // no early return: the saturation count below is a block's sum
+    float v[C][4];
+    float sum = 0;
+    const cuda::ScaleDivision divide(q.scale ? *q.scale : 1.0f);
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
+      if (drop.threshold || q.scale) {
+        float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if (drop.threshold) drop.scales(keep, r * c + j);
+        for (int w = 0; w < 4; ++w) {
+          const float e = cuda::to_float(pa.v[w]) * keep[w];
+          pa.v[w] = cuda::from_float<A>(q.scale ? cuda::fake_quantize_value(e, divide, q.lo, q.hi, clipped) : e);
+        }
+      }
+      if (b) {
+        const cuda::Pack<A, 4> pb = cuda::load_pack<4>(b + r * c + j);
+        cuda::Pack<A, 4> ps;
+        for (int w = 0; w < 4; ++w) ps.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) + cuda::to_float(pb.v[w]));
+        if (sums) cuda::store_pack<4>(sums + r * c + j, ps);
+        for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(ps.v[w]);
+      } else {
+        for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(pa.v[w]);
+      }
     }
-    if (b) {
-      const cuda::Pack<A, 4> pb = cuda::load_pack<4>(b + r * c + j);
-      cuda::Pack<A, 4> ps;
-      for (int w = 0; w < 4; ++w) ps.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) + cuda::to_float(pb.v[w]));
-      if (sums) cuda::store_pack<4>(sums + r * c + j, ps);
-      for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(ps.v[w]);
-    } else {
-      for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(pa.v[w]);
+    const float mean = cuda::warp_sum(sum) / float(c);
+    float var = 0;
+    for (int k = 0; k < C; ++k) {
+      if ((k * 32 + lane) * 4 >= c) break;
+      for (int w = 0; w < 4; ++w) var += (v[k][w] - mean) * (v[k][w] - mean);
     }
+    const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) break;
+      const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
+      cuda::Pack<A, 4> out;
+      for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
+      cuda::store_pack<4>(y + r * c + j, out);
+    }
+    if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
   }
-  const float mean = cuda::warp_sum(sum) / float(c);
-  float var = 0;
-  for (int k = 0; k < C; ++k) {
-    if ((k * 32 + lane) * 4 >= c) break;
-    for (int w = 0; w < 4; ++w) var += (v[k][w] - mean) * (v[k][w] - mean);
+  if (q.clipped) {
+    const int64_t total = cuda::block_sum(int64_t{clipped}, shared);
+    if (threadIdx.x == 0 && total) atomicAdd(q.clipped, static_cast<unsigned long long>(total));
   }
-  const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
-  for (int k = 0; k < C; ++k) {
-    const int j = (k * 32 + lane) * 4;
-    if (j >= c) break;
-    const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
-    cuda::Pack<A, 4> out;
-    for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
-    cuda::store_pack<4>(y + r * c + j, out);
-  }
-  if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
 }
 
 // Where LayerNorm's backward writes the input's gradient: one target, or two for a + b (the gradient of a
@@ -139,12 +168,14 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 template <int C, typename A>
 __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy,
                                          const A* x, const float* gamma, const float* mean, const float* rstd,
-                                         int64_t rows, int c, int64_t per_block, RowDrop drop) {
+                                         int64_t rows, int c, int64_t per_block, RowDrop drop, RowQuantize<A> q) {
   __shared__ float warp_sums[kWarpsPerBlock][C * 128];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Few registers a row (its x and dy as loaded, gamma from the cache), so that blocks share an SM: the
   // column sums take 8 C registers, the row 4 C.
   float sum_dyn[C][4] = {}, sum_dy[C][4] = {};
+  double acc = 0;  // this thread's share of the quantizer scale's gradient
+  const cuda::ScaleDivision divide(q.scale ? *q.scale : 1.0f);
   const int64_t end = min(rows, (blockIdx.x + 1) * per_block);
   for (int64_t r = blockIdx.x * per_block + warp; r < end; r += kWarpsPerBlock) {
     const float m = mean[r], rs = rstd[r];
@@ -168,7 +199,7 @@ __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma,
         mean_dn_n += dn * n;
       }
     }
-    if (!to.da && !to.db) continue;
+    if (!to.da && !to.db && !q.ds) continue;
     mean_dn = cuda::warp_sum(mean_dn) / float(c);
     mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
     for (int k = 0; k < C; ++k) {
@@ -181,14 +212,23 @@ __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma,
         out[w] = rs * (cuda::to_float(pd[k].v[w]) * gm.v[w] - mean_dn - n * mean_dn_n);
       }
       if (to.db) store_grad_to<4>(to.db + r * c + j, to.accumulate_b, out);
-      if (to.da && drop.threshold) {  // through the dropout: its mask redrawn
-        float keep[4];
-        drop.scales(keep, r * c + j);
+      if (!to.da && !q.ds) continue;
+      float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if (drop.threshold) drop.scales(keep, r * c + j);  // through the dropout: its mask redrawn
+      if (q.scale) {                                     // and the quantizer: straight through inside its range
+        const cuda::Pack<A, 4> pa = cuda::load_pack<4>(q.a + r * c + j);
+        float part = 0;
+        for (int w = 0; w < 4; ++w)
+          out[w] = cuda::fake_quantize_value_grad(cuda::to_float(pa.v[w]) * keep[w], out[w], keep[w], divide, q.lo,
+                                                  q.hi, part);
+        acc += part;
+      } else {
         for (int w = 0; w < 4; ++w) out[w] *= keep[w];
       }
       if (to.da) store_grad_to<4>(to.da + r * c + j, to.accumulate_a, out);
     }
   }
+  if (q.ds) cuda::add_scale_gradient(acc, q.ds, q.grad_scale, q.partial, q.arrivals);
   if (!partial_gamma) return;
   for (int which = 0; which < 2; ++which) {
     float(&sums)[C][4] = which == 0 ? sum_dyn : sum_dy;
@@ -271,9 +311,10 @@ namespace {
 
 // LayerNorm of a (+ b) with the rows in registers, or Var{} where those kernels do not apply (rows wider
 // than 1024 or not a multiple of 4, operands not 16-byte aligned, a and b one node; nothing done, nothing
-// drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`.
+// drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`; with q (and b
+// set), the dropped a is fake-quantized.
 Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double dropout_p = 0.0,
-                   Rng* rng = nullptr) {
+                   Rng* rng = nullptr, const QuantizeOutput* q = nullptr) {
   const Shape xs = g.shape(a);
   const int64_t c = xs.last(), rows = xs.rows();
   if (b.valid() && a.index == b.index) return Var{};
@@ -288,7 +329,18 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     drop.keep_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
   }
   const DType dtype = g.dtype(a);
-  Var y = b.valid() ? g.emit(xs, {a, b, gamma, beta}, dtype) : g.emit(xs, {a, gamma, beta}, dtype);
+  Var y = q           ? g.emit(xs, {a, b, gamma, beta, q->scale}, dtype)
+          : b.valid() ? g.emit(xs, {a, b, gamma, beta}, dtype)
+                      : g.emit(xs, {a, gamma, beta}, dtype);
+  const cuda::QuantizeLaunch quantize = q ? cuda::fused_launch(g, *q, rows * c) : cuda::QuantizeLaunch{};
+  auto quantizer = [q, quantize](auto tag) {
+    RowQuantize<typename decltype(tag)::type> r;
+    if (q) {
+      r.scale = quantize.scale, r.lo = quantize.lo, r.hi = quantize.hi;
+      r.clipped = reinterpret_cast<unsigned long long*>(quantize.clipped), r.grad_scale = quantize.grad_scale;
+    }
+    return r;
+  };
   float* mean = g.scratch<float>(rows);
   float* rstd = g.scratch<float>(rows);
   void* sums = nullptr;  // a + b, saved for the backward where it runs
@@ -301,13 +353,21 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
           <<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
               cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
               b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
-              int(c), static_cast<float>(eps), drop);
+              int(c), static_cast<float>(eps), drop, quantizer(tag));
     });
     BERT_CUDA_LAUNCHED();
   });
-  g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c, dtype, drop](Graph<float>& g) {
+  const Var scale = q ? q->scale : Var{};
+  g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c, dtype, drop, scale, quantizer](Graph<float>& g) {
     cuda::with_element_type(dtype, [&](auto tag) {
       using A = typename decltype(tag)::type;
+      RowQuantize<A> quantize = quantizer(tag);
+      quantize.clipped = nullptr;
+      if (scale.valid()) {
+        quantize.a = cuda::typed<A>(g.data(a));
+        quantize.ds = g.requires_grad(scale) ? g.grad(scale).data() : nullptr;
+        quantize.arrivals = cuda::context(g.device()).arrivals;
+      }
       InputGrads<A> to;
       if (g.requires_grad(a)) {
         const auto t = g.raw_grad_target(a);
@@ -327,12 +387,13 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
       const bool params = dgamma || dbeta;
       float* partial_gamma = params ? g.scratch<float>(blocks * c) : nullptr;
       float* partial_beta = params ? g.scratch<float>(blocks * c) : nullptr;
+      if (quantize.ds && blocks > 1) quantize.partial = g.scratch<double>(blocks);
       const A* x = b.valid() ? static_cast<const A*>(sums) : cuda::typed<A>(g.data(a));
       with_row_chunks(c, {}, [&](auto width) {
-        layer_norm_rows_backward<decltype(width)::value, A><<<unsigned(blocks), 32 * kWarpsPerBlock, 0,
-                                                              cuda::stream(g)>>>(
-            to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
-            rows, int(c), per_block, drop);
+        layer_norm_rows_backward<decltype(width)::value, A>
+            <<<unsigned(blocks), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+                to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
+                rows, int(c), per_block, drop, quantize);
       });
       BERT_CUDA_LAUNCHED();
       if (params) launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, blocks, c);
@@ -393,6 +454,21 @@ Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, d
   a = as_activation(g, a), b = as_activation(g, b);
   Var y = g.dtype(a) == g.dtype(b) ? normalize_rows(g, a, b, gamma, beta, eps, p, &rng) : Var{};
   return y.valid() ? y : add_layer_norm(g, dropout(g, a, p, rng), b, gamma, beta, eps);
+}
+
+// The same with the dropped a fake-quantized (p may be 0: the quantizer alone).
+Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng,
+                           const QuantizeOutput& q) {
+  const Shape xs = g.shape(a);
+  BERT_CHECK(g.shape(b) == xs,
+             "dropout_add_layer_norm: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
+  check_layer_norm(g, xs, gamma, beta, "dropout_add_layer_norm");
+  a = as_activation(g, a), b = as_activation(g, b);
+  Var y = g.dtype(a) == g.dtype(b) ? normalize_rows(g, a, b, gamma, beta, eps, p, &rng, &q) : Var{};
+  if (y.valid()) return y;
+  const Var dropped =
+      p > 0 ? dropout(g, a, p, rng, q) : fake_quantize(g, a, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+  return add_layer_norm(g, dropped, b, gamma, beta, eps);
 }
 
 }  // namespace bert::ops::cuda_impl

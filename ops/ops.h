@@ -260,8 +260,17 @@ template <typename T>
 Var gelu(Graph<T>& g, Var x, const QuantizeOutput& q);
 template <typename T>
 Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const QuantizeOutput& q);
+// fake_quantize(softmax_dropout(x, mask, p, training, rng), q...): the attention probabilities as the
+// products read them. On a GPU one kernel each way (rows as softmax_dropout's): the probabilities and keep
+// flags saved, the quantizer's input recomputed from them in the backward. On the CPU, the ops in sequence.
 template <typename T>
-Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q);
+Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng, const QuantizeOutput& q);
+// add_layer_norm(fake_quantize(dropout(a, p, training, rng), q...), b, ...): a sublayer's output with the
+// residual add's input quantizer. On a GPU one kernel each way, as dropout_add_layer_norm's (the backward
+// reads a again for the quantizer's mask and scale gradient). On the CPU, the ops in sequence.
+template <typename T>
+Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, bool training,
+                           Rng& rng, const QuantizeOutput& q);
 // x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): on a
 // GPU x is read once forward and its gradient written once backward however many quantizers read it
 // (the input of the Q, K and V projections and of a residual add). On the CPU, one fake_quantize each.

@@ -73,26 +73,24 @@ template <int W, typename A>
 __global__ void fake_quantize_each_forward(Each<A> e, const A* x, int64_t n) {
   __shared__ int64_t shared[32];
   const int64_t begin = blockIdx.x * cuda::kQuantizeBlock, end = min(begin + cuda::kQuantizeBlock, n);
-  int64_t count[kMaxEach] = {0, 0, 0, 0};
+  int count[kMaxEach] = {0, 0, 0, 0};  // each at most kQuantizeBlock
   for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
     const cuda::Pack<A, W> in = cuda::load_pack<W>(x + i);
 #pragma unroll
     for (int q = 0; q < kMaxEach; ++q) {
       if (q >= e.k) break;
-      const float s = *e.scale[q];
+      const cuda::ScaleDivision divide(*e.scale[q]);
       cuda::Pack<A, W> out;
-      for (int j = 0; j < W; ++j) {
-        const float u = cuda::to_float(in.v[j]) / s;
-        count[q] += (u < e.lo[q]) | (u > e.hi[q]);
-        out.v[j] = cuda::from_float<A>(fminf(fmaxf(rintf(u), e.lo[q]), e.hi[q]) * s);
-      }
+      for (int j = 0; j < W; ++j)
+        out.v[j] =
+            cuda::from_float<A>(cuda::fake_quantize_value(cuda::to_float(in.v[j]), divide, e.lo[q], e.hi[q], count[q]));
       cuda::store_pack<W>(e.y[q] + i, out);
     }
   }
 #pragma unroll
   for (int q = 0; q < kMaxEach; ++q) {
     if (q >= e.k || !e.clipped[q]) continue;
-    const int64_t c = cuda::block_sum(count[q], shared);
+    const int64_t c = cuda::block_sum(int64_t{count[q]}, shared);
     if (threadIdx.x == 0 && c) atomicAdd(e.clipped[q], static_cast<unsigned long long>(c));
   }
 }
@@ -113,15 +111,13 @@ __global__ void fake_quantize_each_backward(Each<A> e, A* dx, const A* x, int64_
 #pragma unroll
     for (int q = 0; q < kMaxEach; ++q) {
       if (q >= e.k || !e.dy[q]) continue;
-      const float s = *e.scale[q], lo = e.lo[q], hi = e.hi[q];
+      const float lo = e.lo[q], hi = e.hi[q];
+      const cuda::ScaleDivision divide(*e.scale[q]);
       const cuda::Pack<A, W> up = cuda::load_pack<W>(e.dy[q] + i);
       float part = 0;
-      for (int j = 0; j < W; ++j) {
-        const float u = cuda::to_float(in.v[j]) / s;
-        const float d = cuda::to_float(up.v[j]);
-        total[j] += !(u < lo) && !(u > hi) ? d : 0.0f;
-        part += d * (u < lo ? lo : u > hi ? hi : rintf(u) - u);
-      }
+      for (int j = 0; j < W; ++j)
+        total[j] += cuda::fake_quantize_value_grad(cuda::to_float(in.v[j]), cuda::to_float(up.v[j]), 1.0f, divide, lo,
+                                                   hi, part);
       acc[q] += part;
     }
     if (dx) cuda::store_grad_pack<W>(dx + i, total, accumulate);

@@ -163,19 +163,11 @@ Var gather_rows(Graph<T>& g, Var table, std::span<const int32_t> ids, Shape ids_
   return y;
 }
 
-// With the output's quantizer fused in: on the CPU the two ops in sequence (the GPU fuses them).
-template <typename T>
-Var permute(Graph<T>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q) {
-  BERT_DISPATCH_CUDA(g, permute(g, x, perm, q))
-  return fake_quantize(g, permute(g, x, perm), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
-}
-
-#define BERT_INSTANTIATE(T)                                                     \
-  template Var reshape<T>(Graph<T>&, Var, Shape);                               \
-  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>);          \
-  template Var transpose<T>(Graph<T>&, Var, int, int);                          \
-  template Var gather_rows<T>(Graph<T>&, Var, std::span<const int32_t>, Shape); \
-  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>, const QuantizeOutput&);
+#define BERT_INSTANTIATE(T)                                            \
+  template Var reshape<T>(Graph<T>&, Var, Shape);                      \
+  template Var permute<T>(Graph<T>&, Var, std::initializer_list<int>); \
+  template Var transpose<T>(Graph<T>&, Var, int, int);                 \
+  template Var gather_rows<T>(Graph<T>&, Var, std::span<const int32_t>, Shape);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

@@ -58,38 +58,6 @@ __global__ void permute_rows_kernel(A* out, const A* in, Permute p, int64_t pack
   }
 }
 
-// A permutation as the source of a fused fake quantization (ops/cuda/fake_quantize.cuh): element o of
-// the output is element input_index(o) of x. Packs of W > 1 only when the innermost axis stays innermost
-// and holds a multiple of W (then W consecutive outputs are W consecutive inputs).
-template <typename A, typename I>
-struct PermuteSource {
-  const A* x;
-  A* dx;
-  Permute p;
-  __device__ __forceinline__ int64_t input_index(int64_t o) const {
-    I rest = static_cast<I>(o), i = 0;
-    for (int axis = 3; axis >= 0; --axis) {
-      i += (rest % static_cast<I>(p.out_dims[axis])) * static_cast<I>(p.in_stride[axis]);
-      rest /= static_cast<I>(p.out_dims[axis]);
-    }
-    return i;
-  }
-  template <int W>
-  __device__ __forceinline__ void load(int64_t o, float (&v)[W]) const {
-    const cuda::Pack<A, W> in = cuda::load_pack<W>(x + input_index(o));
-    for (int j = 0; j < W; ++j) v[j] = cuda::to_float(in.v[j]);
-  }
-  template <int W>
-  __device__ __forceinline__ void load(int64_t o, float (&v)[W], float (&slope)[W]) const {
-    load<W>(o, v);
-    for (int j = 0; j < W; ++j) slope[j] = 1.0f;
-  }
-  template <int W>
-  __device__ __forceinline__ void store_input_grad(int64_t o, const float (&g)[W], bool accumulate) const {
-    if (dx) cuda::store_grad_pack<W>(dx + input_index(o), g, accumulate);  // a bijection: no write conflicts
-  }
-};
-
 // y (dtype Y) = x (dtype X), element by element; also a conversion's backward (accumulating).
 template <int W, typename Y, typename X>
 __global__ void convert_kernel(Y* y, const X* x, int64_t n, bool accumulate) {
@@ -243,53 +211,6 @@ Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm) {
   g.on_backward(y, [x, y, launch](Graph<float>& g) {
     const auto dx = g.raw_grad_target(x);
     launch(g, dx.data, g.grad_data(y), true, dx.accumulate);
-  });
-  return y;
-}
-
-Var permute(Graph<float>& g, Var x, std::initializer_list<int> perm, const QuantizeOutput& q) {
-  Shape out;
-  const Permute p = plan_permute(g.shape(x), perm, &out);
-  x = as_activation(g, x);
-  const DType dtype = g.dtype(x);
-  const int64_t n = out.numel();
-  const cuda::QuantizeLaunch launch = cuda::fused_launch(g, q, n);
-  const bool small = n < (int64_t{1} << 31);
-  const bool rows = p.in_stride[3] == 1 && p.out_dims[3] % 4 == 0;
-  Var y = g.emit(out, {x, q.scale}, dtype);
-  // With the source of the right index type and pack width (`pointers`: the buffers the kernel accesses).
-  auto run = [p, small, rows, dtype](auto&& launch_with, std::initializer_list<const void*> pointers, int64_t n) {
-    cuda::with_element_type(dtype, [&](auto tag) {
-      using A = typename decltype(tag)::type;
-      // Packs need the innermost axis to stay innermost and to hold a multiple of the width.
-      int width = rows ? cuda::pack_width(sizeof(A), sizeof(A), n, pointers) : 1;
-      while (width > 1 && p.out_dims[3] % width != 0) width /= 2;
-      if (width == 2) width = 1;
-      if (small)
-        launch_with(PermuteSource<A, int32_t>{nullptr, nullptr, p}, width);
-      else
-        launch_with(PermuteSource<A, int64_t>{nullptr, nullptr, p}, width);
-    });
-  };
-  run(
-      [&](auto source, int width) {
-        using A = std::remove_cv_t<std::remove_pointer_t<decltype(source.x)>>;
-        source.x = cuda::typed<A>(g.data(x));
-        cuda::launch_fake_quantize_forward(g, launch, cuda::typed<A>(g.data(y)), source, width);
-      },
-      {g.data(x), g.data(y)}, n);
-  const Var scale = q.scale;
-  g.on_backward(y, [x, y, scale, n, launch, run](Graph<float>& g) {
-    const cuda::FusedBackward b = cuda::fused_backward(g, launch, x, scale);
-    run(
-        [&](auto source, int width) {
-          using A = std::remove_cv_t<std::remove_pointer_t<decltype(source.x)>>;
-          source.x = cuda::typed<A>(g.data(x));
-          source.dx = cuda::typed<A>(b.dx.data);
-          cuda::launch_fake_quantize_backward(g, b.launch, cuda::typed<A>(g.grad_data(y)), source, width,
-                                              b.dx.accumulate);
-        },
-        {g.data(x), g.grad_data(y), b.dx.data}, n);
   });
   return y;
 }

@@ -1,5 +1,5 @@
-// Softmax with an additive mask (and softmax_dropout, which the CPU composes): forward and backward side by
-// side; the GPU twin is ops/softmax.cu.
+// Softmax with an additive mask (and softmax_dropout, with or without its output's quantizer, which the CPU
+// composes): forward and backward side by side; the GPU twin is ops/softmax.cu.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -70,9 +70,19 @@ Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& 
   return dropout(g, softmax(g, x, mask), p, training, rng);
 }
 
-#define BERT_INSTANTIATE(T)                     \
-  template Var softmax<T>(Graph<T>&, Var, Var); \
-  template Var softmax_dropout<T>(Graph<T>&, Var, Var, double, bool, Rng&);
+// With the output's quantizer fused in: on the CPU the ops in sequence (the GPU fuses them).
+template <typename T>
+Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng, const QuantizeOutput& q) {
+  BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
+  BERT_DISPATCH_CUDA(g, softmax_dropout(g, x, mask, training ? p : 0.0, rng, q))
+  return fake_quantize(g, softmax_dropout(g, x, mask, p, training, rng), q.scale, q.qmin, q.qmax, q.grad_scale,
+                       q.clipped);
+}
+
+#define BERT_INSTANTIATE(T)                                                 \
+  template Var softmax<T>(Graph<T>&, Var, Var);                             \
+  template Var softmax_dropout<T>(Graph<T>&, Var, Var, double, bool, Rng&); \
+  template Var softmax_dropout<T>(Graph<T>&, Var, Var, double, bool, Rng&, const QuantizeOutput&);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

@@ -1,6 +1,7 @@
-// Softmax with an additive mask (and softmax_dropout: the dropout in the same kernels) on a CUDA device,
-// forward and backward side by side like ops/softmax.cpp. One warp per row.
+// Softmax with an additive mask (and softmax_dropout: the dropout and the output's quantizer in the same
+// kernels) on a CUDA device, forward and backward side by side like ops/softmax.cpp. One warp per row.
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda/rows.cuh"
 #include "ops/cuda_impl.h"
 
@@ -49,16 +50,21 @@ __global__ void softmax_backward(A* dx, const A* dy, const A* y, int64_t rows, i
 }
 
 // Softmax rows held in registers: one warp a row, lane l holding elements (c 32 + l) 4 + w (w < 4) for c < C,
-// so a row of k <= 128 C elements (k % 4 == 0) is read once and written once, 4 elements an access. With
-// dropout (d.dropped set) the kernel also writes dropout(y) and its keep flags (DropoutDraws' draws, the
-// unfused dropout's: it rounds y to A first, as that op reads it).
+// so a row of k <= 128 C elements (k % 4 == 0) is read once and written once, 4 elements an access.
+// Besides the probabilities y the kernel can write a second output `out` (RowOutput): their dropout (keep
+// flags from DropoutDraws, stored for the backward) and/or their fake quantization (a per-tensor scale),
+// with the values of the unfused ops in sequence: the probabilities rounded to A, times the dropout's
+// keep scale (or 0), then divided by the scale, rounded half to even and clamped, in float.
 template <typename A>
-struct RowDropout {
-  A* dropped;  // nullptr: softmax alone
-  uint8_t* keep;
+struct RowOutput {
+  A* out;         // nullptr: softmax alone
+  uint8_t* keep;  // nullptr: no dropout
   uint64_t seed, first;
   uint32_t threshold;
   float keep_scale;
+  const float* scale;  // nullptr: no quantizer
+  float lo, hi;
+  unsigned long long* clipped;  // saturated elements, or nullptr
 };
 // Rows a warp holds at once in the softmax kernels: short rows several, so that each lane has as many
 // loads in flight as for a row of 512.
@@ -70,17 +76,31 @@ unsigned softmax_blocks(int64_t rows) {
   return static_cast<unsigned>((rows + per_block - 1) / per_block);
 }
 
+// The dropout's multiplier of 4 consecutive elements from element i (1 without dropout), and their flags.
+template <typename A>
+__device__ __forceinline__ void row_slopes(const RowOutput<A>& d, int64_t i, float (&slope)[4],
+                                           cuda::Pack<uint8_t, 4>& flags) {
+  bool kept[4] = {true, true, true, true};
+  if (d.keep) cuda::draw_keeps<4>(kept, d.seed, d.first, i, d.threshold);
+  for (int w = 0; w < 4; ++w) {
+    flags.v[w] = kept[w];
+    slope[w] = d.keep ? (kept[w] ? d.keep_scale : 0.0f) : 1.0f;
+  }
+}
+
 template <int C, typename A>
 __global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_t rows, int k, int64_t rows_per_item,
-                                     RowDropout<A> d) {
+                                     RowOutput<A> d) {
+  __shared__ int64_t shared[32];
   constexpr int R = kRowsPerWarp<C>;
   const int64_t first_row = (blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32) * R;
   const int lane = threadIdx.x % 32;
-  if (first_row >= rows) return;
+  // No early return for rows past the end: the saturation count below is a block's sum.
   float v[R][C][4], max[R], inv[R];
   for (int i = 0; i < R; ++i) {
     const int64_t r = first_row + i;
-    const float* m = mask ? mask + (r / rows_per_item) * k : nullptr;
+    // The item's mask row: a 32-bit division (rows < 2^32, checked on the host), not a 64-bit one.
+    const float* m = mask && r < rows ? mask + int64_t(uint32_t(r) / uint32_t(rows_per_item)) * k : nullptr;
     max[i] = -INFINITY;
     for (int c = 0; c < C; ++c) {
       const int j = (c * 32 + lane) * 4;
@@ -97,11 +117,14 @@ __global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_
   for (int i = 0; i < R; ++i) max[i] = cuda::warp_max(max[i]);
   for (int i = 0; i < R; ++i) {
     float sum = 0;
-    for (int c = 0; c < C; ++c)
-      for (int w = 0; w < 4; ++w) sum += v[i][c][w] = expf(v[i][c][w] - max[i]);
+    if (max[i] != -INFINITY)  // a row past the end: nothing to sum (its exponentials would be NaN)
+      for (int c = 0; c < C; ++c)
+        for (int w = 0; w < 4; ++w) sum += v[i][c][w] = expf(v[i][c][w] - max[i]);
     inv[i] = sum;
   }
   for (int i = 0; i < R; ++i) inv[i] = 1.0f / cuda::warp_sum(inv[i]);
+  int clipped = 0;  // at most 4 R C
+  const cuda::ScaleDivision divide(d.scale ? *d.scale : 1.0f);
   for (int i = 0; i < R; ++i) {
     const int64_t r = first_row + i;
     if (r >= rows) break;
@@ -111,30 +134,49 @@ __global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_
       cuda::Pack<A, 4> out;
       for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>(v[i][c][w] * inv[i]);
       cuda::store_pack<4>(y + r * k + j, out);
-      if (d.dropped) {
-        bool kept[4];
-        cuda::draw_keeps<4>(kept, d.seed, d.first, r * k + j, d.threshold);
-        cuda::Pack<A, 4> dropped;
-        cuda::Pack<uint8_t, 4> flags;
-        for (int w = 0; w < 4; ++w) {
-          flags.v[w] = kept[w];
-          dropped.v[w] = cuda::from_float<A>(cuda::to_float(out.v[w]) * (kept[w] ? d.keep_scale : 0.0f));
-        }
-        cuda::store_pack<4>(d.dropped + r * k + j, dropped);
-        cuda::store_pack<4>(d.keep + r * k + j, flags);
+      if (!d.out) continue;
+      float slope[4];
+      cuda::Pack<uint8_t, 4> flags;
+      row_slopes(d, r * k + j, slope, flags);
+      cuda::Pack<A, 4> second;
+      for (int w = 0; w < 4; ++w) {
+        const float e = cuda::to_float(out.v[w]) * slope[w];
+        second.v[w] = cuda::from_float<A>(d.scale ? cuda::fake_quantize_value(e, divide, d.lo, d.hi, clipped) : e);
       }
+      cuda::store_pack<4>(d.out + r * k + j, second);
+      if (d.keep) cuda::store_pack<4>(d.keep + r * k + j, flags);
     }
   }
+  if (d.clipped) {
+    const int64_t total = cuda::block_sum(int64_t{clipped}, shared);
+    if (threadIdx.x == 0 && total) atomicAdd(d.clipped, static_cast<unsigned long long>(total));
+  }
 }
+
+// The backward's quantizer (RowOutput's): the scale gradient's destination, summed as
+// cuda::add_scale_gradient does.
+struct RowQuantizeGrad {
+  const float* scale;  // nullptr: no quantizer
+  float lo, hi;
+  float* ds;  // nullptr: no scale gradient
+  double grad_scale;
+  double* partial;
+  unsigned int* arrivals;
+};
+
 // dx = y (g - sum_j g_j y_j) with g = dy, or with dropout after the softmax g = dy keep / (1 - p) for the
-// gradient dy of the dropped output; the rows in registers as above.
+// gradient dy of the dropped output; with a quantizer after them g is dy inside its range, 0 outside
+// (straight through), and the scale's gradient adds up dy (q - u) as fake_quantize's does. The rows in
+// registers as above.
 template <int C, typename A>
 __global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint8_t* keep, float keep_scale,
-                                      int64_t rows, int k, bool accumulate) {
+                                      RowQuantizeGrad q, int64_t rows, int k, bool accumulate) {
   constexpr int R = kRowsPerWarp<C>;
   const int64_t first_row = (blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32) * R;
   const int lane = threadIdx.x % 32;
-  if (first_row >= rows) return;
+  // No early return for rows past the end: the scale gradient below is a block's sum.
+  const cuda::ScaleDivision divide(q.scale ? *q.scale : 1.0f);
+  double acc = 0;
   float yv[R][C][4], gv[R][C][4], dot[R];
   for (int i = 0; i < R; ++i) {
     const int64_t r = first_row + i;
@@ -145,11 +187,16 @@ __global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint
       const cuda::Pack<A, 4> py = cuda::load_pack<4>(y + r * k + j), pd = cuda::load_pack<4>(dy + r * k + j);
       cuda::Pack<uint8_t, 4> flags{};
       if (keep) flags = cuda::load_pack<4>(keep + r * k + j);
+      float part = 0;  // this pack's share of the scale gradient
       for (int w = 0; w < 4; ++w) {
         yv[i][c][w] = cuda::to_float(py.v[w]);
-        gv[i][c][w] = cuda::to_float(pd.v[w]) * (keep ? (flags.v[w] ? keep_scale : 0.0f) : 1.0f);
+        const float d = cuda::to_float(pd.v[w]);
+        const float slope = keep ? (flags.v[w] ? keep_scale : 0.0f) : 1.0f;
+        gv[i][c][w] = q.scale ? cuda::fake_quantize_value_grad(yv[i][c][w] * slope, d, slope, divide, q.lo, q.hi, part)
+                              : d * slope;
         dot[i] += gv[i][c][w] * yv[i][c][w];
       }
+      acc += part;
     }
   }
   for (int i = 0; i < R; ++i) dot[i] = cuda::warp_sum(dot[i]);
@@ -168,6 +215,7 @@ __global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint
       cuda::store_pack<4>(dx + r * k + j, out);
     }
   }
+  if (q.ds) cuda::add_scale_gradient(acc, q.ds, q.grad_scale, q.partial, q.arrivals);
 }
 
 }  // namespace
@@ -188,9 +236,9 @@ const float* softmax_mask(Graph<float>& g, Var x, Var mask, int64_t& rows_per_it
 }
 
 // softmax's backward into x's gradient from the probabilities y and the gradient of `out` (y itself, or
-// y's dropout with the keep flags `keep`).
+// y's dropout with the keep flags `keep`, and/or its fake quantization q).
 void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const uint8_t* keep, float keep_scale,
-                           int64_t rows, int64_t k, DType dtype) {
+                           RowQuantizeGrad q, int64_t rows, int64_t k, DType dtype) {
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
     const auto dx = g.raw_grad_target(x);
@@ -199,15 +247,74 @@ void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const
     const A* yv = static_cast<const A*>(y);
     const bool ran = with_row_chunks(k, {dxp, dy, yv, keep}, [&](auto chunks) {
       constexpr int C = decltype(chunks)::value;
-      softmax_rows_backward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-          dxp, dy, yv, keep, keep_scale, rows, int(k), dx.accumulate);
+      const unsigned blocks = softmax_blocks<C>(rows);
+      if (q.ds && blocks > 1) q.partial = g.scratch<double>(blocks);
+      softmax_rows_backward<C, A><<<blocks, 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dxp, dy, yv, keep, keep_scale, q,
+                                                                                       rows, int(k), dx.accumulate);
     });
-    BERT_CHECK(ran || !keep, "softmax_dropout: the backward's operands are not 16-byte aligned");
+    BERT_CHECK(ran || (!keep && !q.scale), "softmax_dropout: the backward's operands are not 16-byte aligned");
     if (!ran)
       softmax_backward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dxp, dy, yv, rows, k,
                                                                                         dx.accumulate);
     BERT_CUDA_LAUNCHED();
   });
+}
+
+// The softmax of x with its dropout (p > 0) and/or its output's quantizer (q) in the same kernels: the
+// probabilities are saved for the backward (a workspace allocation, 64-byte aligned like the output),
+// beside the keep flags. Nullptr where the register kernels do not hold the rows.
+Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const QuantizeOutput* q) {
+  const Shape xs = g.shape(x);
+  const int64_t k = xs.last(), rows = xs.rows(), n = xs.numel();
+  int64_t rows_per_item = 0;
+  const float* mv = softmax_mask(g, x, mask, rows_per_item);
+  x = as_activation(g, x);
+  if (!with_row_chunks(k, {g.data(x), mv}, [](auto) {}) || rows > int64_t{UINT32_MAX}) return Var{};
+  const DType dtype = g.dtype(x);
+  Var y = q ? g.emit(xs, {x, q->scale}, dtype) : g.emit(xs, {x}, dtype);
+  uint8_t* keep = p > 0 ? g.scratch<uint8_t>(n) : nullptr;
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  const uint64_t seed = p > 0 ? rng->state().seed : 0;
+  const uint64_t first = p > 0 ? DropoutDraws::reserve(*rng, static_cast<uint64_t>(n)) : 0;
+  const cuda::QuantizeLaunch quantize = q ? cuda::fused_launch(g, *q, n) : cuda::QuantizeLaunch{};
+  void* probs = nullptr;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    A* pv = g.scratch<A>(n);
+    probs = pv;
+    const RowOutput<A> d{cuda::typed<A>(g.data(y)),
+                         keep,
+                         seed,
+                         first,
+                         p > 0 ? DropoutDraws::threshold(p) : 0u,
+                         keep_scale,
+                         q ? quantize.scale : nullptr,
+                         quantize.lo,
+                         quantize.hi,
+                         reinterpret_cast<unsigned long long*>(quantize.clipped)};
+    with_row_chunks(k, {}, [&](auto chunks) {
+      constexpr int C = decltype(chunks)::value;
+      softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+          pv, cuda::typed<A>(g.data(x)), mv, rows, int(k), rows_per_item, d);
+    });
+    BERT_CUDA_LAUNCHED();
+  });
+  const Var scale = q ? q->scale : Var{};
+  g.on_backward(y, [x, y, scale, quantize, probs, keep, keep_scale, k, rows, dtype](Graph<float>& g) {
+    RowQuantizeGrad back{};
+    if (scale.valid()) {
+      back = {quantize.scale,
+              quantize.lo,
+              quantize.hi,
+              nullptr,
+              quantize.grad_scale,
+              nullptr,
+              cuda::context(g.device()).arrivals};
+      if (g.requires_grad(scale)) back.ds = g.grad(scale).data();
+    }
+    softmax_backward_into(g, x, y, probs, keep, keep_scale, back, rows, k, dtype);
+  });
+  return y;
 }
 
 }  // namespace
@@ -224,54 +331,34 @@ Var softmax(Graph<float>& g, Var x, Var mask) {
     using A = typename decltype(tag)::type;
     A* yv = cuda::typed<A>(g.data(y));
     const A* xv = cuda::typed<A>(g.data(x));
-    const bool ran = with_row_chunks(k, {yv, xv, mv}, [&](auto chunks) {
-      constexpr int C = decltype(chunks)::value;
-      softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-          yv, xv, mv, rows, int(k), rows_per_item, RowDropout<A>{});
-    });
+    const bool ran = rows <= int64_t{UINT32_MAX} && with_row_chunks(k, {yv, xv, mv}, [&](auto chunks) {
+                       constexpr int C = decltype(chunks)::value;
+                       softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+                           yv, xv, mv, rows, int(k), rows_per_item, RowOutput<A>{});
+                     });
     if (!ran)
-      softmax_forward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(yv, xv, mv, rows, k,
-                                                                                        rows_per_item);
+      softmax_forward<A>
+          <<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(yv, xv, mv, rows, k, rows_per_item);
     BERT_CUDA_LAUNCHED();
   });
   g.on_backward(y, [x, y, k, rows, dtype](Graph<float>& g) {
-    softmax_backward_into(g, x, y, g.data(y), nullptr, 1.0f, rows, k, dtype);
+    softmax_backward_into(g, x, y, g.data(y), nullptr, 1.0f, RowQuantizeGrad{}, rows, k, dtype);
   });
   return y;
 }
 
+// Rows the register kernels do not hold (longer than 1024, not a multiple of 4) take the ops in sequence.
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng) {
-  const Shape xs = g.shape(x);
-  const int64_t k = xs.last(), rows = xs.rows(), n = xs.numel();
-  int64_t rows_per_item = 0;
-  const float* mv = softmax_mask(g, x, mask, rows_per_item);
-  x = as_activation(g, x);
-  // Rows the register kernels do not hold (longer than 1024, not a multiple of 4) take the two ops.
-  if (!with_row_chunks(k, {g.data(x), mv}, [](auto) {})) return dropout(g, softmax(g, x, mask), p, rng);
-  const DType dtype = g.dtype(x);
-  Var y = g.emit(xs, {x}, dtype);
-  // The probabilities themselves are saved for the backward, beside the keep flags (workspace
-  // allocations, 64-byte aligned like y).
-  uint8_t* keep = g.scratch<uint8_t>(n);
-  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
-  void* probs = nullptr;
-  cuda::with_element_type(dtype, [&](auto tag) {
-    using A = typename decltype(tag)::type;
-    A* pv = g.scratch<A>(n);
-    probs = pv;
-    const RowDropout<A> d{cuda::typed<A>(g.data(y)), keep, rng.state().seed,
-                          DropoutDraws::reserve(rng, static_cast<uint64_t>(n)), DropoutDraws::threshold(p), keep_scale};
-    with_row_chunks(k, {}, [&](auto chunks) {
-      constexpr int C = decltype(chunks)::value;
-      softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-          pv, cuda::typed<A>(g.data(x)), mv, rows, int(k), rows_per_item, d);
-    });
-    BERT_CUDA_LAUNCHED();
-  });
-  g.on_backward(y, [x, y, probs, keep, keep_scale, k, rows, dtype](Graph<float>& g) {
-    softmax_backward_into(g, x, y, probs, keep, keep_scale, rows, k, dtype);
-  });
-  return y;
+  const Var y = softmax_output(g, x, mask, p, &rng, nullptr);
+  return y.valid() ? y : dropout(g, softmax(g, x, mask), p, rng);
+}
+
+Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const QuantizeOutput& q) {
+  const Var y = softmax_output(g, x, mask, p, &rng, &q);
+  if (y.valid()) return y;
+  const Var probs = softmax(g, x, mask);
+  return p > 0 ? dropout(g, probs, p, rng, q)
+               : fake_quantize(g, probs, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
 }
 
 }  // namespace bert::ops::cuda_impl

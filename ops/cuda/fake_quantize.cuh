@@ -13,15 +13,54 @@
 // The second load computes each value and its derivative together (GELU's erf once); store_input_grad
 // writes or adds the gradient of the elements' inputs (nothing when the input takes none).
 //
-// Rounding divides by the scale and rounds half to even (rintf), exactly as QuantizeLinear and the CPU
-// op do. The scale gradient is summed in fixed blocks of kQuantizeBlock elements, in double, in a fixed
-// order, so a fused op and the two ops in sequence give the same sum whenever their values agree.
+// Rounding divides by the scale (ScaleDivision) and rounds half to even (rintf), exactly as QuantizeLinear
+// and the CPU op do. The scale gradient is summed in fixed blocks of kQuantizeBlock elements, in double, in
+// a fixed order, so a fused op and the two ops in sequence give the same sum whenever their values agree.
 #pragma once
+
+#include <cfloat>
 
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
 
 namespace bert::cuda {
+
+// x / s for a quantizer's scale s, rounded as the IEEE division (to nearest, ties to even) that
+// QuantizeLinear and the CPU op use, in three FMA-pipe instructions instead of the division's subroutine:
+// q = x r with r = RN(1 / s), then q + (x - q s) r, the remainder exact in an FMA. With r within half an
+// ulp of 1 / s and q within an ulp of x / s, that sum rounds to RN(x / s) (Markstein's theorem; the
+// CudaOps tests hold it against the CPU's division at every rounding boundary). Infinite quotients pass
+// through; a scale whose reciprocal is not a normal float divides.
+struct ScaleDivision {
+  float s, r;
+  bool normal;  // r is a normal float
+  __device__ explicit ScaleDivision(float scale)
+      : s(scale), r(1.0f / scale), normal(fabsf(r) >= FLT_MIN && fabsf(r) <= FLT_MAX) {}
+  __device__ __forceinline__ float operator()(float x) const {
+    if (!normal) return x / s;  // the same for every thread
+    const float q = x * r;
+    const float u = fmaf(fmaf(-q, s, x), r, q);
+    return isinf(q) ? q : u;
+  }
+};
+
+// The fake quantization of one value v: divided by the scale, rounded half to even, clamped to [lo, hi]
+// and scaled back; `clipped` counts it where it saturates.
+__device__ __forceinline__ float fake_quantize_value(float v, const ScaleDivision& divide, float lo, float hi,
+                                                     int& clipped) {
+  const float u = divide(v);
+  clipped += (u < lo) | (u > hi);
+  return fminf(fmaxf(rintf(u), lo), hi) * divide.s;
+}
+// Its backward for the gradient d of the quantized value, v's derivative `slope` in its input: the
+// input's gradient (straight through inside the range, 0 outside), and `part` gains the scale's
+// gradient term (LSQ: the rounding error inside the range, the bound outside).
+__device__ __forceinline__ float fake_quantize_value_grad(float v, float d, float slope, const ScaleDivision& divide,
+                                                          float lo, float hi, float& part) {
+  const float u = divide(v);
+  part += d * (u < lo ? lo : u > hi ? hi : rintf(u) - u);
+  return !(u < lo) && !(u > hi) ? d * slope : 0.0f;
+}
 
 // Elements per thread block, never straddling a channel: small enough that a per-tensor scale spreads
 // over thousands of blocks (the GPU needs them to hide memory latency).
@@ -48,6 +87,36 @@ struct TensorSource {
   }
 };
 
+// Adds a thread block's share `acc` (each thread's part) of a scale's gradient, times grad_scale, to the
+// scale of its grid row, ds[blockIdx.y]: directly when the row is one block; else each block stores its
+// share in partial[blockIdx.y gridDim.x + blockIdx.x], and the last block of the grid to finish adds every
+// row's shares up in block order (a fixed tree: the result does not depend on which block finished last)
+// and resets the arrival counter. Every thread of every block calls it.
+__device__ inline void add_scale_gradient(double acc, float* ds, double grad_scale, double* partial,
+                                          unsigned int* arrivals) {
+  __shared__ double shared[32];
+  __shared__ bool last;
+  acc = block_sum(acc, shared);
+  if (gridDim.x == 1) {  // the scale's only block
+    if (threadIdx.x == 0) ds[blockIdx.y] += static_cast<float>(grad_scale * acc);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    partial[blockIdx.y * gridDim.x + blockIdx.x] = acc;
+    __threadfence();  // the share is visible everywhere before this block counts as arrived
+    last = atomicAdd(arrivals, 1u) == gridDim.x * gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  for (unsigned row = 0; row < gridDim.y; ++row) {
+    double total = 0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(partial + row * gridDim.x + b);
+    total = block_sum(total, shared);
+    if (threadIdx.x == 0) ds[row] += static_cast<float>(grad_scale * total);
+  }
+  if (threadIdx.x == 0) *arrivals = 0;
+}
+
 // Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kQuantizeBlock,
 // (b + 1) kQuantizeBlock), each thread W consecutive elements at a time.
 template <int W, typename Y, typename Source>
@@ -57,73 +126,42 @@ __global__ void fake_quantize_forward(Y* y, Source source, const float* scale, i
   const int64_t c = blockIdx.y;
   const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
   const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
-  const float s = scale[c];
-  int64_t count = 0;
+  const ScaleDivision divide(scale[c]);
+  int count = 0;  // at most kQuantizeBlock
   for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
     float v[W];
     source.template load<W>(i, v);
     Pack<Y, W> out;
-    for (int j = 0; j < W; ++j) {
-      const float u = v[j] / s;
-      count += (u < lo) | (u > hi);  // where backward's straight-through mask blocks the gradient
-      out.v[j] = from_float<Y>(fminf(fmaxf(rintf(u), lo), hi) * s);
-    }
+    for (int j = 0; j < W; ++j) out.v[j] = from_float<Y>(fake_quantize_value(v[j], divide, lo, hi, count));
     store_pack<W>(y + i, out);
   }
   if (clipped) {
-    count = block_sum(count, shared);
-    if (threadIdx.x == 0 && count) atomicAdd(clipped, static_cast<unsigned long long>(count));
+    const int64_t total = block_sum(int64_t{count}, shared);
+    if (threadIdx.x == 0 && total) atomicAdd(clipped, static_cast<unsigned long long>(total));
   }
 }
 
-// Also sums the scale gradient: each block's share in double; when a channel spans several blocks, the
-// last block of the grid to finish adds up every block's share in block order (a fixed tree: the result
-// does not depend on which block finished last) and resets the arrival counter.
+// Also sums the scale gradient: each block's share in double, added up by add_scale_gradient.
 template <int W, typename Y, typename Source>
 __global__ void fake_quantize_backward(Source source, const Y* dy, const float* scale, int64_t per_channel, float lo,
                                        float hi, bool accumulate, float* ds, double grad_scale, double* partial,
                                        unsigned int* arrivals) {
-  __shared__ double shared[32];
-  __shared__ bool last;
   const int64_t c = blockIdx.y;
   const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
   const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
-  const float s = scale[c];
+  const ScaleDivision divide(scale[c]);
   double acc = 0;
   for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
     float v[W], slope[W], pass[W];
     source.template load<W>(i, v, slope);
     const Pack<Y, W> up = load_pack<W>(dy + i);
     float part = 0;  // this pack's share of the scale gradient
-    for (int j = 0; j < W; ++j) {
-      const float u = v[j] / s;
-      const float d = to_float(up.v[j]);
-      pass[j] = !(u < lo) && !(u > hi) ? d * slope[j] : 0.0f;  // straight through inside the range
-      part += d * (u < lo ? lo : u > hi ? hi : rintf(u) - u);
-    }
+    for (int j = 0; j < W; ++j)
+      pass[j] = fake_quantize_value_grad(v[j], to_float(up.v[j]), slope[j], divide, lo, hi, part);
     source.template store_input_grad<W>(i, pass, accumulate);
     acc += part;
   }
-  if (!ds) return;
-  acc = block_sum(acc, shared);
-  if (gridDim.x == 1) {  // the channel's only block
-    if (threadIdx.x == 0) ds[c] += static_cast<float>(grad_scale * acc);
-    return;
-  }
-  if (threadIdx.x == 0) {
-    partial[c * gridDim.x + blockIdx.x] = acc;
-    __threadfence();  // the share is visible everywhere before this block counts as arrived
-    last = atomicAdd(arrivals, 1u) == gridDim.x * gridDim.y - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  for (unsigned channel = 0; channel < gridDim.y; ++channel) {
-    double total = 0;
-    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(partial + channel * gridDim.x + b);
-    total = block_sum(total, shared);
-    if (threadIdx.x == 0) ds[channel] += static_cast<float>(grad_scale * total);
-  }
-  if (threadIdx.x == 0) *arrivals = 0;
+  if (ds) add_scale_gradient(acc, ds, grad_scale, partial, arrivals);
 }
 
 // The quantizer's side of a launch: scales (device), range, LSQ gradient scale, saturation counter.

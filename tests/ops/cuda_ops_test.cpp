@@ -674,6 +674,51 @@ TEST_F(CudaOps, FakeQuantizeRoundsLikeTheCpuBitForBit) {
   }
 }
 
+// The GPU divides by a scale through its reciprocal and one FMA correction (cuda::ScaleDivision): at every
+// rounding boundary of 260 steps (each halfway point, one ulp either side of it, each step) and for 64
+// scales from 2^-20 to 4 (powers of two, all-ones mantissas, random ones) it gives what dividing, rounding
+// half to even and clamping give on the host, bit for bit, as the CPU op does, and counts the same
+// saturations.
+TEST_F(CudaOps, FakeQuantizeDividesAsTheCpuAtEveryRoundingBoundary) {
+  const int64_t channels = 64, per_channel = 260 * 4;
+  std::mt19937 gen(5);
+  std::vector<float> scales(channels), x, expected;
+  for (int64_t c = 0; c < channels; ++c) {
+    const uint32_t exponent = 127 - 20 + gen() % 23;
+    const uint32_t mantissa = c % 4 == 0 ? 0x7FFFFFu : c % 4 == 1 ? 0u : gen() & 0x7FFFFFu;
+    const uint32_t bits = exponent << 23 | mantissa;
+    std::memcpy(&scales[c], &bits, 4);
+    for (int k = -130; k < 130; ++k) {
+      const float half = (float(k) + 0.5f) * scales[c];
+      for (float v : {std::nextafter(half, -INFINITY), half, std::nextafter(half, INFINITY), float(k) * scales[c]}) {
+        x.push_back(v);
+        expected.push_back(std::clamp(std::nearbyint(v / scales[c]), -128.0f, 127.0f) * scales[c]);
+      }
+    }
+  }
+  auto run = [&](const Device& device, int64_t* clipped) {
+    Graph<float> g(device);
+    DeviceBuffer counter(device, 8);
+    device.fill_zero(counter.data(), 8);
+    Var s = g.input(std::span<const float>(scales), Shape{channels});
+    Var in = g.input(std::span<const float>(x), Shape{channels, per_channel});
+    std::vector<float> y = g.to_host(ops::fake_quantize(g, in, s, -128, 127, 1.0, counter.as<int64_t>()));
+    device.copy_to_host(clipped, counter.data(), 8);
+    return y;
+  };
+  auto differing = [&](const std::vector<float>& y) {
+    EXPECT_EQ(y.size(), expected.size());
+    int64_t n = 0;
+    for (size_t i = 0; i < y.size() && i < expected.size(); ++i) n += std::memcmp(&y[i], &expected[i], 4) != 0;
+    return n;
+  };
+  int64_t cpu_clipped = 0, gpu_clipped = 0;
+  EXPECT_EQ(differing(run(Device::cpu(), &cpu_clipped)), 0);
+  EXPECT_EQ(differing(run(*gpu_, &gpu_clipped)), 0);
+  EXPECT_GT(cpu_clipped, 0);
+  EXPECT_EQ(gpu_clipped, cpu_clipped);
+}
+
 TEST_F(CudaOps, FakeQuantizeScaleGradientAndSaturationCount) {
   const std::vector<float> x = random_values(5 * 40000, 3, 1.5f);
   const std::vector<float> scales = {0.004f, 0.01f, 0.02f, 0.005f, 0.03f};
@@ -717,15 +762,17 @@ float bf16_representable(float v) {
   return v;
 }
 
-// GELU, dropout and permute with their output's quantizer fused in, against the op followed by
-// fake_quantize: on the GPU in FP32 the same values, gradients, scale gradient and saturation count (the
-// same arithmetic); in BF16 against the CPU within kBf16 (the fused op quantizes its FP32 result, not a
-// BF16 copy of it). Odd sizes run in single elements, the rest in packs.
+// GELU, dropout and softmax (with dropout) with their output's quantizer fused in, against the op followed
+// by fake_quantize: on the GPU in FP32 the same values, gradients, scale gradient and saturation
+// count (the same arithmetic); in BF16 against the CPU within kBf16 (the fused op quantizes its FP32
+// result, not a BF16 copy of it; softmax its probabilities in BF16, as its unfused ops do). Odd sizes run
+// in single elements (softmax: the ops in sequence), the rest in packs.
 TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
   struct Case {
     const char* name;
     Shape shape;
     std::function<Var(Graph<float>&, Var, const ops::QuantizeOutput*)> op;
+    float scale = 0.025f;  // |gelu(x)| and |x| / 0.9 reach past 127 steps: some saturate
   };
   auto dropout = [](double p, bool training) {
     return [p, training](Graph<float>& g, Var x, const ops::QuantizeOutput* q) {
@@ -734,9 +781,22 @@ TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
       return q ? ops::dropout(g, x, p, training, rng, *q) : ops::dropout(g, x, p, training, rng);
     };
   };
-  auto permute = [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) {
-    return q ? ops::permute(g, x, {0, 2, 1, 3}, *q) : ops::permute(g, x, {0, 2, 1, 3});
+  // The attention probabilities: softmax of 4 x (peaked enough that some saturate), a padding mask on every
+  // seventh key where asked, dropout in training.
+  auto softmax = [](double p, bool training, bool masked) {
+    return [=](Graph<float>& g, Var x, const ops::QuantizeOutput* q) {
+      Rng rng(78);
+      rng.reserve(3);
+      const Shape xs = g.shape(x);
+      std::vector<float> m(static_cast<size_t>(xs[0] * xs.last()), 0.0f);
+      for (size_t i = 3; i < m.size(); i += 7) m[i] = -10000.0f;
+      const Var mask = masked ? g.input(std::span<const float>(m), Shape{xs[0], xs.last()}) : Var{};
+      const Var scores = ops::scale(g, x, 4.0);
+      return q ? ops::softmax_dropout(g, scores, mask, p, training, rng, *q)
+               : ops::softmax_dropout(g, scores, mask, p, training, rng);
+    };
   };
+  const float probabilities = 0.0025f;  // 127 steps: 0.3175, which the largest probabilities pass
   const std::vector<Case> cases = {
       {"gelu", Shape{6, 2048},
        [](Graph<float>& g, Var x, const ops::QuantizeOutput* q) { return q ? ops::gelu(g, x, *q) : ops::gelu(g, x); }},
@@ -745,8 +805,10 @@ TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
       {"dropout", Shape{7, 1000}, dropout(0.1, true)},
       {"dropout odd", Shape{7, 1001}, dropout(0.5, true)},
       {"dropout in evaluation", Shape{4, 100}, dropout(0.1, false)},
-      {"permute rows", Shape{3, 40, 4, 16}, permute},
-      {"permute odd", Shape{2, 5, 3, 7}, permute},
+      {"softmax dropout", Shape{2, 3, 40, 40}, softmax(0.1, true, true), probabilities},
+      {"softmax dropout, long rows", Shape{2, 2, 8, 200}, softmax(0.1, true, false), probabilities},
+      {"softmax in evaluation", Shape{3, 2, 16, 24}, softmax(0.1, false, true), probabilities},
+      {"softmax dropout odd (the ops in sequence)", Shape{2, 2, 5, 37}, softmax(0.1, true, true), probabilities},
   };
   struct Run {
     std::vector<float> y, dx, dscale;
@@ -759,7 +821,7 @@ TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
     std::vector<float> x = random_values(n, 5, 2.0f);
     for (float& v : x) v = bf16_representable(v);
     const std::vector<float> up = random_values(n, 6);
-    const float scale_value = 0.025f;  // |gelu(x)| and |x| / 0.9 reach past 127 steps: some saturate
+    const float scale_value = c.scale;
     Graph<float> g(device);
     DeviceBuffer xv(device, n * 4), xg(device, n * 4), sv(device, 4), sg(device, 4), counter(device, 8);
     device.copy_to_device(xv.data(), x.data(), n * 4);
@@ -792,6 +854,89 @@ TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
     EXPECT_EQ(fused.clipped, separate.clipped);
     EXPECT_LE(relative_difference(bf16.y, cpu.y), kBf16);
     EXPECT_LE(relative_difference(bf16.dx, cpu.dx), kBf16);
+    EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);
+    EXPECT_NEAR(double(bf16.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped));
+  }
+}
+
+// dropout_add_layer_norm with the residual add's input quantizer (LayerNorm(q(dropout(a)) + b)) against
+// dropout, fake_quantize and add_layer_norm in sequence: on the GPU in FP32 the same values and gradients
+// bit for bit (the same arithmetic), the scale gradient within kReduction (other blocks), the same
+// saturation count; in BF16 against the CPU within kBf16. Rows of 64 (several a block) and 768 (many
+// blocks: the scale gradient's partials), and of 45, which take the ops in sequence on the GPU too;
+// dropout in training, the quantizer alone (p = 0) and evaluation.
+TEST_F(CudaOps, DropoutAddLayerNormWithItsQuantizerEqualsTheOpsInSequence) {
+  struct Run {
+    std::vector<float> y, da, db, dgamma, dscale;
+    int64_t clipped = 0;
+  };
+  auto run = [](const Device& device, const Shape& shape, double p, bool training, bool fused) {
+    const int64_t n = shape.numel(), c = shape.last();
+    std::vector<float> a = random_values(n, 31, 1.0f), b = random_values(n, 32, 1.0f);
+    for (float& v : a) v = bf16_representable(v);
+    for (float& v : b) v = bf16_representable(v);
+    std::vector<float> gamma = random_values(c, 33, 0.5f), beta = random_values(c, 34, 0.5f);
+    for (float& v : gamma) v += 1.0f;
+    const std::vector<float> up = random_values(n, 35);
+    const float scale_value = 0.01f;  // |a| / 0.9 reaches past 127 steps: some saturate
+    Graph<float> g(device);
+    DeviceBuffer av(device, n * 4), ag(device, n * 4), bv(device, n * 4), bg(device, n * 4), gv(device, c * 4),
+        gg(device, c * 4), tv(device, c * 4), sv(device, 4), sg(device, 4), counter(device, 8);
+    device.copy_to_device(av.data(), a.data(), n * 4);
+    device.copy_to_device(bv.data(), b.data(), n * 4);
+    device.copy_to_device(gv.data(), gamma.data(), c * 4);
+    device.copy_to_device(tv.data(), beta.data(), c * 4);
+    device.copy_to_device(sv.data(), &scale_value, 4);
+    device.fill_zero(ag.data(), n * 4);
+    device.fill_zero(bg.data(), n * 4);
+    device.fill_zero(gg.data(), c * 4);
+    device.fill_zero(sg.data(), 4);
+    device.fill_zero(counter.data(), 8);
+    Var ain = g.leaf(TensorView<float>(av.as<float>(), shape), TensorView<float>(ag.as<float>(), shape));
+    Var bin = g.leaf(TensorView<float>(bv.as<float>(), shape), TensorView<float>(bg.as<float>(), shape));
+    Var gamma_in = g.leaf(TensorView<float>(gv.as<float>(), Shape{c}), TensorView<float>(gg.as<float>(), Shape{c}));
+    Var beta_in = g.constant(TensorView<float>(tv.as<float>(), Shape{c}));
+    Var s = g.leaf(TensorView<float>(sv.as<float>(), Shape{1}), TensorView<float>(sg.as<float>(), Shape{1}));
+    const ops::QuantizeOutput q{s, -128, 127, 0.3, counter.as<int64_t>()};
+    Rng rng(91);
+    rng.reserve(7);
+    Var y = fused ? ops::dropout_add_layer_norm(g, ain, bin, gamma_in, beta_in, 1e-12, p, training, rng, q)
+                  : ops::add_layer_norm(
+                        g, ops::fake_quantize(g, ops::dropout(g, ain, p, training, rng), s, -128, 127, 0.3, q.clipped),
+                        bin, gamma_in, beta_in, 1e-12);
+    Run r;
+    r.y = g.to_host(y);
+    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), shape))));
+    r.da.resize(n), r.db.resize(n), r.dgamma.resize(c), r.dscale.resize(1);
+    device.copy_to_host(r.da.data(), ag.data(), n * 4);
+    device.copy_to_host(r.db.data(), bg.data(), n * 4);
+    device.copy_to_host(r.dgamma.data(), gg.data(), c * 4);
+    device.copy_to_host(r.dscale.data(), sg.data(), 4);
+    device.copy_to_host(&r.clipped, counter.data(), 8);
+    return r;
+  };
+  struct Case {
+    Shape shape;
+    double p;
+    bool training;
+  };
+  for (const Case& c : {Case{{3, 7, 64}, 0.1, true}, Case{{600, 768}, 0.1, true}, Case{{3, 7, 45}, 0.1, true},
+                        Case{{64, 256}, 0.0, true}, Case{{64, 256}, 0.1, false}}) {
+    SCOPED_TRACE(c.shape.str() + " p " + std::to_string(c.p) + (c.training ? "" : " evaluation"));
+    const Run cpu = run(Device::cpu(), c.shape, c.p, c.training, false);
+    const Run separate = run(*gpu_, c.shape, c.p, c.training, false);
+    const Run fused = run(*gpu_, c.shape, c.p, c.training, true),
+              bf16 = run(*gpu_bf16_, c.shape, c.p, c.training, true);
+    EXPECT_GT(cpu.clipped, 0);
+    EXPECT_LE(relative_difference(fused.y, separate.y), kExact);
+    EXPECT_LE(relative_difference(fused.da, separate.da), kExact);
+    EXPECT_LE(relative_difference(fused.db, separate.db), kExact);
+    EXPECT_LE(relative_difference(fused.dgamma, separate.dgamma), kExact);
+    EXPECT_LE(relative_difference(fused.dscale, separate.dscale), kReduction);
+    EXPECT_EQ(fused.clipped, separate.clipped);
+    EXPECT_LE(relative_difference(fused.y, cpu.y), kReduction);
+    EXPECT_LE(relative_difference(bf16.y, cpu.y), kBf16);
+    EXPECT_LE(relative_difference(bf16.da, cpu.da), kBf16);
     EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);
     EXPECT_NEAR(double(bf16.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped));
   }
