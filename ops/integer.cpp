@@ -88,8 +88,28 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
       for (int64_t i = 0; i < k; ++i)
         b[c * k + i] = std::clamp(std::nearbyint(wv[c * k + i] / scale_w[c]), -128.0f, 127.0f);
   });
+  // Every partial sum of up to kExactDepth products (|a b| <= 2^14) is an integer below 2^24 in magnitude:
+  // FP32 holds it exactly, whatever the GEMM's order. Deeper products (BERT-base's second FFN linear,
+  // 3,072 inputs) run in slices of kExactDepth whose sums are added in int32, as int8_linear adds; either
+  // way the sum then rounds to float once, as int8_linear's epilogue rounds it.
+  constexpr int64_t kExactDepth = 1024;
   float* yv = g.value(y).data();
-  gemm<float>({.trans_a = false, .trans_b = true, .m = rows, .n = n, .k = k}, 1.0f, a, k, b, k, 0.0f, yv, n);
+  if (k <= kExactDepth) {
+    gemm<float>({.trans_a = false, .trans_b = true, .m = rows, .n = n, .k = k}, 1.0f, a, k, b, k, 0.0f, yv, n);
+  } else {
+    int32_t* sums = g.scratch<int32_t>(rows * n);
+    for (int64_t first = 0; first < k; first += kExactDepth) {
+      const int64_t depth = std::min(kExactDepth, k - first);
+      gemm<float>({.trans_a = false, .trans_b = true, .m = rows, .n = n, .k = depth}, 1.0f, a + first, k, b + first, k,
+                  0.0f, yv, n);
+      parallel_for(rows, 16, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo * n; i < hi * n; ++i) sums[i] = (first == 0 ? 0 : sums[i]) + static_cast<int32_t>(yv[i]);
+      });
+    }
+    parallel_for(rows, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo * n; i < hi * n; ++i) yv[i] = static_cast<float>(sums[i]);
+    });
+  }
   const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
   parallel_for(rows, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {

@@ -46,8 +46,9 @@ Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_
                 Var bias);
 // The fake-quantized model's linear on the CPU in inference, with exact sums: x holds fake-quantized values
 // (multiples of scale_x) and weight fake-quantized ones (row c multiples of scale_w[c]); both are divided back
-// to their integers, whose products are summed by the FP32 GEMM (exact while every partial sum stays below
-// 2^24: always for in <= 1024 at 8 bits), then scale_x * scale_w[c] * sum + bias[c] as int8_linear's
+// to their integers, whose products are summed by the FP32 GEMM in slices of up to 1024 inputs (each slice's
+// partial sums stay below 2^24: exact), the slices added in int32, then scale_x * scale_w[c] * sum + bias[c]
+// as int8_linear's
 // epilogue computes it, and with gelu set GELU as int8_linear_gelu applies it. So the fake-quantized model
 // and the integer engine give the same values, bit for bit, where float summation order would otherwise set
 // the two apart (and the next quantizer's rounding would amplify that). Forward only (NoGradGuard).

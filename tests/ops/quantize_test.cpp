@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -181,8 +182,14 @@ TEST(FakeQuantize, ScaleGradientIsTheGradScaleTimesTheLsqSum) {
 // The fake-quantized linear with exact sums (CPU inference): the integer engine's values bit for bit (linear and
 // linear + GELU; per-channel weight scales, bias, odd sizes, inputs clamped at both ends, inputs that were not
 // fake-quantized first), and the plain linear of the same fake-quantized operands up to float summation order.
-TEST(ExactQuantizedLinear, EqualsTheIntegerEngineBitForBitAndTheFloatLinearUpToRounding) {
-  const int64_t rows = 37, k = 203, n = 45;
+// Odd sizes, and products deeper than 1024 inputs (BERT-base's second FFN linear has 3,072) whose first row
+// and channel sum past 2^24: FP32 summation in one chain would round there, the slices added in int32 do
+// not. At 2,500 inputs the GEMM kernels' own partial sums still stay below 2^24 (split over vector lanes);
+// at 40,000 they do not, and one GEMM over the whole depth fails this test.
+class ExactQuantizedLinear : public ::testing::TestWithParam<std::array<int64_t, 3>> {};
+
+TEST_P(ExactQuantizedLinear, EqualsTheIntegerEngineBitForBitAndTheFloatLinearUpToRounding) {
+  const auto [rows, k, n] = GetParam();
   Rng rng(17);
   const float scale_x = 0.043f;
   std::vector<float> x(rows * k), w(n * k), scale_w(n), bias(n);
@@ -190,6 +197,9 @@ TEST(ExactQuantizedLinear, EqualsTheIntegerEngineBitForBitAndTheFloatLinearUpToR
   x[0] = 50.0f, x[1] = -50.0f;  // beyond the range: clamped to 127 and -128 steps
   for (auto& v : w) v = static_cast<float>(rng.next_normal() * 0.05);
   for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+  if (k > 1024) {  // row 0 at the top of the range, channel 0 positive: its sum passes 2^24
+    for (int64_t i = 0; i < k; ++i) x[i] = 50.0f, w[i] = 0.05f + 0.2f * std::abs(w[i]);
+  }
   std::vector<int8_t> q_w(n * k);
   for (int64_t c = 0; c < n; ++c) {
     float largest = 0;
@@ -197,6 +207,13 @@ TEST(ExactQuantizedLinear, EqualsTheIntegerEngineBitForBitAndTheFloatLinearUpToR
     scale_w[c] = largest / 127.0f;
     for (int64_t i = 0; i < k; ++i)
       q_w[c * k + i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[c * k + i] / scale_w[c]), -127.0f, 127.0f));
+  }
+  if (k > 1024) {  // the deep row's exact sum, and that a float sum in order would have rounded it
+    int64_t exact = 0;
+    float in_order = 0;
+    for (int64_t i = 0; i < k; ++i) exact += 127 * int64_t{q_w[i]}, in_order += 127.0f * q_w[i];
+    ASSERT_GT(exact, int64_t{1} << 24);
+    ASSERT_NE(in_order, static_cast<float>(exact));
   }
   const Int8Weights packed(q_w.data(), n, k);
   Tensor<float> tx(Shape{rows, k}, x), tw(Shape{n, k}, w), tb(Shape{n}, bias), sx(Shape{1}, {scale_x}),
@@ -233,6 +250,10 @@ TEST(ExactQuantizedLinear, EqualsTheIntegerEngineBitForBitAndTheFloatLinearUpToR
                std::exception);  // one scale per output
   EXPECT_THROW(ops::exact_quantized_linear(g, g.constant(tw.view()), scale_x, xv, scale_w, Var{}), std::exception);
 }
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ExactQuantizedLinear,
+                         ::testing::Values(std::array<int64_t, 3>{37, 203, 45}, std::array<int64_t, 3>{9, 2500, 21},
+                                           std::array<int64_t, 3>{5, 40000, 7}));
 
 }  // namespace
 }  // namespace bert
