@@ -196,12 +196,11 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
 
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
                                   bool integer_decoder) {
-  BERT_CHECK(!g.on_cuda(), "compare_integer: integer inference runs on the CPU");
   const std::vector<model::Quantizer*> enabled = model.enabled_quantizers();
   if (enabled.empty())
     throw UserError("INT8 inference needs a quantized model (a QAT checkpoint, or one saved with --save-calibrated)");
   IntegerComparison c;
-  c.kernel = int8_kernel_name(Int8Kernel::kAuto);
+  c.kernel = g.on_cuda() ? "cuBLASLt int8 tensor-core" : int8_kernel_name(Int8Kernel::kAuto);
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kFloat;
   c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g));
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kQuantize;

@@ -73,13 +73,13 @@ struct TimedMode {
   double sequences_per_second() const { return seconds > 0 ? sequences / seconds : 0.0; }
 };
 
-// A quantized model (quantizers enabled: a QAT checkpoint or a saved calibration) evaluated on the CPU
-// three ways: FP32 (quantizers off), fake-quantized (the float simulation QAT trains), and INT8 with
-// integer GEMMs (Bert::prepare_integer_inference; with integer_decoder, the MLM decoder too, dynamically
-// quantized). Leaves the model as it came.
+// A quantized model (quantizers enabled: a QAT checkpoint or a saved calibration) evaluated on g's device
+// (CPU or GPU) three ways: FP32 (quantizers off; on a GPU in the device's precision), fake-quantized (the
+// float simulation QAT trains), and INT8 with integer GEMMs (Bert::prepare_integer_inference; with
+// integer_decoder, on the CPU, the MLM decoder too, dynamically quantized). Leaves the model as it came.
 struct IntegerComparison {
   std::vector<TimedMode> modes;  // fp32, fake-quant, int8
-  std::string kernel;            // the integer kernel this CPU ran
+  std::string kernel;            // the integer kernel this CPU or GPU ran
   int64_t integer_layers = 0;
   bool integer_decoder = false;          // the MLM decoder ran integer GEMMs too
   int64_t integer_attention_layers = 0;  // encoder layers whose attention products ran as integers

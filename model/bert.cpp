@@ -157,10 +157,14 @@ std::vector<Linear*> Bert::quantizable_linears() {
 }
 
 int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projections) {
+  if (integer_decoder && params_.on_cuda())
+    throw UserError(
+        "an integer MLM decoder runs on the CPU only: on a GPU the decoder stays in the activations' precision "
+        "(leave out --int8-decoder)");
   int64_t prepared = 0;
   for (Linear* l : quantizable_linears()) prepared += l->prepare_integer(params_);
   for (Layer& l : layers_) {
-    l.integer_attention = true;
+    l.integer_attention = !params_.on_cuda();  // the integer attention products run on the CPU
     for (const Quantizer* q : {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a})
       l.integer_attention = l.integer_attention && q->mode == QuantMode::kQuantize && q->qmin == -128 &&
                             q->qmax == 127 && params_.shape(q->scale).numel() == 1;

@@ -105,17 +105,17 @@ class Bert {
   // The weight a weight quantizer quantizes: "<layer>.weight" for "<layer>.weight_quantizer".
   ParamId quantized_weight(const Quantizer& weight_quantizer);
 
-  // INT8 inference on the CPU: each linear layer whose input and weight quantizers are enabled gets its
-  // weight as int8 (Linear::prepare_integer) and runs integer GEMMs whenever the graph records no
-  // gradients (evaluation). The attention products Q K^T and probs V run as integer products too where
-  // their four quantizers are enabled (integer_attention_layers()); softmax, GELU and LayerNorm stay in
-  // float. Returns the number of integer linear layers. Call again after the weights or scales change;
-  // clear to go back to the float path.
+  // INT8 inference on the model's device: each linear layer whose input and weight quantizers are enabled
+  // gets its weight as int8 (Linear::prepare_integer) and runs integer GEMMs whenever the graph records no
+  // gradients (evaluation). On the CPU the attention products Q K^T and probs V run as integer products
+  // too where their four quantizers are enabled (integer_attention_layers()); on a GPU they stay
+  // fake-quantized in float. Softmax, GELU and LayerNorm stay in float. Returns the number of integer
+  // linear layers. Call again after the weights or scales change; clear to go back to the float path.
   // With integer_decoder, the MLM decoder too (it has no quantizers: the fake-quantized model and the
   // export keep it in float): the tied word embeddings quantized per row (symmetric, each row's largest
   // magnitude at 127) and its input per row at run time (dynamic quantization). Faster where the
   // vocabulary is large next to the hidden size; its logits then differ from the fake-quantized model's
-  // by that quantization (counted as layers: +1).
+  // by that quantization (counted as layers: +1). CPU only (UserError on a GPU).
   // With fuse_projections (the default), a layer whose Q, K and V projections run integer GEMMs (they read x
   // at their one input scale) runs them as one integer linear into Q, K, V side by side
   // (x quantized once; ops::int8_attention_packed), the same values; off, the baseline it is tested against.

@@ -40,8 +40,7 @@ Linear Linear::declare_shared_input(ParameterArena<float>& params, const std::st
 }
 
 Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
-  if (runs_integer(g)) return integer_forward(g, params, x);
-  if (quantizable) x = input().apply(g, params, x);
+  if (quantizable && quantizes_input(g)) x = input().apply(g, params, x);
   return forward_quantized_input(g, params, x);
 }
 
@@ -57,8 +56,7 @@ Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& para
 }
 
 Var Linear::forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x) {
-  if (runs_integer(g)) return integer_forward(g, params, x, /*gelu=*/true);
-  if (quantizable) x = input().apply(g, params, x);
+  if (quantizable && quantizes_input(g)) x = input().apply(g, params, x);
   return forward_gelu_quantized_input(g, params, x);
 }
 
@@ -76,7 +74,10 @@ bool Linear::prepare_integer(ParameterArena<float>& params) {
   integer_weights.reset();
   if (!quantizable || input().mode != QuantMode::kQuantize || weight_quantizer.mode != QuantMode::kQuantize)
     return false;
-  integer_weights = std::make_shared<const Int8Weights>(quantized_weight(params).data(), out, in);
+  const std::vector<int8_t> q = quantized_weight(params);
+  integer_weights = std::make_shared<const Int8Weights>(q.data(), out, in);
+  if (params.on_cuda())
+    device_integer_weights = std::make_shared<const ops::DeviceInt8Weights>(params.device(), q.data(), out, in);
   return true;
 }
 
@@ -103,19 +104,21 @@ std::vector<int8_t> Linear::quantized_weight(ParameterArena<float>& params) cons
 
 bool Linear::sums_exactly(const Graph<float>& g, ParameterArena<float>& params) const {
   const Quantizer& in = input();
-  return quantizable && exact_sums && !g.on_cuda() && !g.grad_enabled() && in.mode == QuantMode::kQuantize &&
+  return quantizable && exact_sums && !g.grad_enabled() && in.mode == QuantMode::kQuantize &&
          weight_quantizer.mode == QuantMode::kQuantize && in.qmin >= -128 && in.qmax <= 127 &&
          weight_quantizer.qmin >= -128 && weight_quantizer.qmax <= 127 && params.get(in.scale).value.numel() == 1;
 }
 
 bool Linear::runs_integer(const Graph<float>& g) const {
-  return integer_weights && !g.on_cuda() && !g.grad_enabled() && input().mode == QuantMode::kQuantize &&
-         weight_quantizer.mode == QuantMode::kQuantize;
+  return (g.on_cuda() ? device_integer_weights != nullptr : integer_weights != nullptr) && !g.grad_enabled() &&
+         input().mode == QuantMode::kQuantize && weight_quantizer.mode == QuantMode::kQuantize;
 }
 
 Var Linear::integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu) const {
   const float scale_x = params.get(input().scale).value.data()[0];
   const std::vector<float> scale_w = weight_scales(params);
+  if (g.on_cuda())
+    return ops::int8_linear(g, x, *device_integer_weights, scale_x, scale_w, g.param(params.get(bias)), gelu);
   if (gelu) return ops::int8_linear_gelu(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
   return ops::int8_linear(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
 }

@@ -11,6 +11,10 @@
 #include "model/config.h"
 #include "model/quantizer.h"
 
+namespace bert::ops {
+class DeviceInt8Weights;  // ops/ops.h
+}
+
 namespace bert::model {
 
 // y = x W^T + b with <name>.weight (out, in) and <name>.bias (out). When quantizable, its
@@ -43,25 +47,35 @@ struct Linear {
   Var forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x);
   Var forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
   // input() when the op making this layer's input must apply it, else nullptr: a layer without
-  // quantizers, or one running integer GEMMs in g (ops::int8_linear quantizes its input itself).
+  // quantizers, or one running integer GEMMs in g on FP32 activations (ops::int8_linear quantizes its input
+  // itself). On BF16 activations the integer layer's producer quantizes too, as in the fake-quantized model:
+  // a fused quantizer rounds the producer's FP32 value, which the BF16 copy alone would not always give;
+  // ops::int8_linear recovers those integers from the fake-quantized BF16 values exactly.
   Quantizer* used_input_quantizer(const Graph<float>& g) {
-    return quantizable && !runs_integer(g) ? &input() : nullptr;
+    return quantizable && quantizes_input(g) ? &input() : nullptr;
   }
+  bool quantizes_input(const Graph<float>& g) const { return !runs_integer(g) || g.activation_dtype() == DType::kBF16; }
 
-  // INT8 inference: the weight quantized with its quantizer's scales and packed for the integer kernels;
-  // forward() then runs ops::int8_linear wherever the graph is on the CPU without gradients (elsewhere,
-  // and while training, the float path as before). Only when both quantizers are enabled (returns
-  // whether it did); call again after the weights or scales change.
+  // INT8 inference: the weight quantized with its quantizer's scales and packed for the integer kernels,
+  // and where the arena is on a GPU copied there too (ops::DeviceInt8Weights); forward() then runs
+  // ops::int8_linear wherever the graph records no gradients, on the CPU or that GPU (while training, the
+  // float path as before). Only when both quantizers are enabled (returns whether it did); call again
+  // after the weights or scales change.
   bool prepare_integer(ParameterArena<float>& params);
   // The weight as int8 (out, in), rounded and clamped as its quantizer's fake quantization does.
   std::vector<int8_t> quantized_weight(ParameterArena<float>& params) const;
   // The weight quantizer's scale of each output channel (out values; a per-tensor scale repeated).
   std::vector<float> weight_scales(ParameterArena<float>& params) const;
-  void clear_integer() { integer_weights.reset(); }
+  void clear_integer() {
+    integer_weights.reset();
+    device_integer_weights.reset();
+  }
   std::shared_ptr<const Int8Weights> integer_weights;
-  // Whether forward() runs the integer path in g (prepared, CPU, no gradients, both quantizers enabled).
+  std::shared_ptr<const ops::DeviceInt8Weights> device_integer_weights;  // null unless prepared on a GPU
+  // Whether forward() runs the integer path in g (prepared for g's device, no gradients, both quantizers
+  // enabled).
   bool runs_integer(const Graph<float>& g) const;
-  // The fake-quantized float path in CPU inference sums its integer operands exactly
+  // The fake-quantized float path in inference (CPU or GPU) sums its integer operands exactly
   // (ops::exact_quantized_linear: the integer engine's values, bit for bit) where both quantizers are
   // enabled at 8 bits with a per-tensor input scale; off (the test's baseline), ops::linear sums the
   // fake-quantized floats as they are.

@@ -62,6 +62,11 @@ Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, dou
 bool attention_fits(int64_t head_size, int64_t length, DType dtype);
 Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha);
 Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);
+Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
+                           bool gelu);  // checked by the caller
+// ops::int8_linear with DeviceInt8Weights (checked by the caller).
+Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias, bool gelu);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

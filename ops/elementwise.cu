@@ -171,13 +171,10 @@ __global__ void scale_kernel(A* y, const A* x, float alpha, int64_t n) {
   BERT_GRID_STRIDE(i, n) y[i] = cuda::from_float<A>(alpha * cuda::to_float(x[i]));
 }
 
-constexpr float kInvSqrt2 = 0.70710678118654752440f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
-
-__device__ __forceinline__ float gelu_value(float v) { return 0.5f * v * (1.0f + erff(v * kInvSqrt2)); }
-__device__ __forceinline__ float gelu_derivative(float v) {
-  return 0.5f * (1.0f + erff(v * kInvSqrt2)) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
-}
+using cuda::gelu_derivative;
+using cuda::gelu_value;
+using cuda::kInvSqrt2;
+using cuda::kInvSqrt2Pi;
 
 template <int W, typename A>
 __global__ void gelu_forward(A* y, const A* x, int64_t n) {

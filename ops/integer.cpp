@@ -10,6 +10,9 @@
 #include "kernels/int8_gemm.h"
 #include "kernels/vector_math.h"
 #include "ops/ops.h"
+#if BERT_WITH_CUDA
+#include "ops/cuda_impl.h"
+#endif
 #include "sys/parallel.h"
 
 namespace bert::ops {
@@ -65,7 +68,7 @@ Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float s
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
                            bool gelu) {
   const char* op = gelu ? "exact_quantized_linear (gelu)" : "exact_quantized_linear";
-  check_inference(g, op);
+  BERT_CHECK(!g.grad_enabled(), std::string(op) + " has no gradient: run it under NoGradGuard (inference only)");
   const Shape &xs = g.shape(x), &ws = g.shape(weight);
   BERT_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs[-1] == ws[1],
              std::string(op) + ": x " + xs.str() + " does not fit the weight " + ws.str());
@@ -73,6 +76,9 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
   BERT_CHECK(static_cast<int64_t>(scale_w.size()) == n, std::string(op) + ": one weight scale per output");
   BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
   if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({n}), std::string(op) + " bias " + g.shape(bias).str());
+#if BERT_WITH_CUDA
+  if (g.on_cuda()) return cuda_impl::exact_quantized_linear(g, x, scale_x, weight, scale_w, bias, gelu);
+#endif
   Var y = bias.valid() ? g.emit(xs.with_last(n), {x, weight, bias}) : g.emit(xs.with_last(n), {x, weight});
   // The integers behind the fake-quantized values (each value is q * scale rounded to float: dividing and
   // rounding to the nearest integer gives q back), clamped as int8_linear's quantization clamps.
@@ -119,6 +125,34 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
     }
   });
   return y;
+}
+
+DeviceInt8Weights::DeviceInt8Weights(const Device& device, const int8_t* weights, int64_t n, int64_t k)
+    : device_(&device), n_(n), k_(k), ld_(row_bytes(k)) {
+  BERT_CHECK(n > 0 && k > 0, "DeviceInt8Weights: empty weights");
+  std::vector<int8_t> padded(static_cast<size_t>(n * ld_), 0);
+  for (int64_t c = 0; c < n; ++c) std::copy(weights + c * k, weights + (c + 1) * k, padded.begin() + c * ld_);
+  buffer_ = DeviceBuffer(device, padded.size());
+  device.copy_to_device(buffer_.data(), padded.data(), padded.size());
+}
+
+Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias, bool gelu) {
+  const char* op = gelu ? "int8_linear (gelu, GPU)" : "int8_linear (GPU)";
+  BERT_CHECK(g.on_cuda() && &g.device() == &weights.device(),
+             std::string(op) + ": the weights are on another device than the graph");
+  BERT_CHECK(!g.grad_enabled(), std::string(op) + " has no gradient: run it under NoGradGuard (inference only)");
+  const Shape& xs = g.shape(x);
+  BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
+             std::string(op) + ": x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
+  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), std::string(op) + ": one weight scale per output");
+  BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
+  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), std::string(op) + " bias " + g.shape(bias).str());
+#if BERT_WITH_CUDA
+  return cuda_impl::int8_linear(g, x, weights, scale_x, scale_w, bias, gelu);
+#else
+  throw InternalError(std::string(op) + ": this build has no CUDA support");
+#endif
 }
 
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias) {

@@ -44,11 +44,11 @@ Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias);
 // forward only: the graph must not be recording gradients (NoGradGuard).
 Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                 Var bias);
-// The fake-quantized model's linear on the CPU in inference, with exact sums: x holds fake-quantized values
-// (multiples of scale_x) and weight fake-quantized ones (row c multiples of scale_w[c]); both are divided back
-// to their integers, whose products are summed by the FP32 GEMM in slices of up to 1024 inputs (each slice's
-// partial sums stay below 2^24: exact), the slices added in int32, then scale_x * scale_w[c] * sum + bias[c]
-// as int8_linear's
+// The fake-quantized model's linear in inference, with exact sums: x holds fake-quantized values (multiples
+// of scale_x) and weight fake-quantized ones (row c multiples of scale_w[c]); both are divided back to their
+// integers, whose products are summed by float GEMMs (the CPU's FP32 GEMM; on a GPU BF16 tensor cores with
+// FP32 sums, the integers being exact in BF16) in slices of up to 1024 inputs (each slice's partial sums stay
+// below 2^24: exact), the slices added in int32, then scale_x * scale_w[c] * sum + bias[c] as int8_linear's
 // epilogue computes it, and with gelu set GELU as int8_linear_gelu applies it. So the fake-quantized model
 // and the integer engine give the same values, bit for bit, where float summation order would otherwise set
 // the two apart (and the next quantizer's rounding would amplify that). Forward only (NoGradGuard).
@@ -58,6 +58,33 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
 // gelu(int8_linear(..)), one pass over memory fewer). CPU, forward only.
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias);
+// Int8 weights (n, k) in a device's memory for the integer linears on a GPU: row-major, each row padded
+// with zeros to ld() bytes (a multiple of 16, as the tensor cores' int8 operands need). Made once when
+// the model is prepared for integer inference; the integers int8_linear's Int8Weights packs on the CPU.
+class DeviceInt8Weights {
+ public:
+  DeviceInt8Weights(const Device& device, const int8_t* weights, int64_t n, int64_t k);  // row-major (n, k)
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  int64_t ld() const { return ld_; }
+  const int8_t* data() const { return buffer_.as<const int8_t>(); }
+  const Device& device() const { return *device_; }
+  // The row length of int8 operands of k inputs: k rounded up to a multiple of 16.
+  static int64_t row_bytes(int64_t k) { return (k + 15) / 16 * 16; }
+
+ private:
+  const Device* device_;
+  int64_t n_, k_, ld_;
+  DeviceBuffer buffer_;
+};
+// int8_linear and int8_linear_gelu on a GPU (a graph on the weights' CUDA device): x quantized per tensor
+// in one pass (as int8_linear quantizes), int8 x int8 products summed in int32 on the tensor cores
+// (cuBLASLt), then fma(sum, scale_x * scale_w[c], bias[c]) (and GELU with gelu set) in the activations'
+// dtype: in FP32 the CPU ops' values bit for bit (GELU: the GPU's own, as ops::gelu computes it).
+// Forward only (NoGradGuard).
+Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias, bool gelu = false);
+
 // INT8 inference of a product of two activations, batched over the leading axes (attention's products
 // one at a time: int8_attention below is held to them): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b,
 // each quantized per tensor as fake_quantize does (round(v / scale) to even, clamped to [-128, 127]), multiplied

@@ -124,15 +124,17 @@ void add_options(CLI::App& app, Args& a) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   app.add_flag("--int8", a.int8,
-               "INT8 inference on the CPU for a quantized model (QAT, or --save-calibrated): the linear layers run "
-               "integer GEMMs (kernel chosen from the CPU: avx512-vnni, avx2, generic). With --shards: scored and "
-               "timed beside FP32 and the fake-quantized model, with the share of predictions that agree; with "
-               "--fill-mask: the INT8 model fills");
-  app.add_flag("--int8-decoder", a.int8_decoder,
-               "with --int8, the MLM decoder (tied word embeddings, kept in float by quantization and export) as "
-               "integers too: weights per vocabulary row, its input quantized per row at run time. Faster where the "
-               "vocabulary is large next to the hidden size; agreement with the fake-quantized model then counts "
-               "that quantization too");
+               "INT8 inference for a quantized model (QAT, or --save-calibrated): the linear layers run integer "
+               "GEMMs, on the CPU (kernel chosen from the CPU: amx, avx512-vnni, avx2, generic; the attention "
+               "products too) or a GPU (--device cuda: int8 tensor cores). With --shards: scored and timed beside "
+               "FP32 and the fake-quantized model, with the share of predictions that agree; with --fill-mask: the "
+               "INT8 model fills");
+  app.add_flag(
+      "--int8-decoder", a.int8_decoder,
+      "with --int8 on the CPU, the MLM decoder (tied word embeddings, kept in float by quantization and "
+      "export) as integers too: weights per vocabulary row, its input quantized per row at run time. Faster where the "
+      "vocabulary is large next to the hidden size; agreement with the fake-quantized model then counts "
+      "that quantization too");
   app.add_option("--onnx", a.onnx_model,
                  "also evaluate this ONNX export in ONNX Runtime on --shards (a pretraining model's export made with "
                  "--masked-positions; a task model's export as it is)");
@@ -373,12 +375,13 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
   const eval::IntegerComparison c = eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder);
   e.report["int8"] = c.to_json(e.config().labels);
   if (e.a.json) return;
+  const std::string where = e.g.on_cuda() ? e.g.device().name() : std::to_string(num_threads()) + " threads";
   std::printf(
       "checkpoint %s (step %lld): %lld linear layers as INT8%s, and the attention products of %lld layers (%s kernel, "
-      "%d threads)\n",
+      "%s)\n",
       e.a.checkpoint.c_str(), (long long)e.state.step, (long long)c.integer_layers,
       c.integer_decoder ? ", the MLM decoder among them (dynamic per-row input scales)" : "",
-      (long long)c.integer_attention_layers, c.kernel.c_str(), num_threads());
+      (long long)c.integer_attention_layers, c.kernel.c_str(), where.c_str());
   if (e.task_model)
     std::printf("%-12s %10s %10s %12s %10s\n", "mode", "accuracy", "macro-F1", "sequences/s", "vs FP32");
   else
@@ -494,8 +497,6 @@ void check_requests(const Args& a) {
   if (a.int8 && (a.compare || a.sensitivity))
     throw UserError("--int8 runs the checkpoint's own quantization: not with --compare / --sensitivity");
   if (a.int8_decoder && !a.int8) throw UserError("--int8-decoder goes with --int8");
-  if (a.int8 && a.device_spec != "auto" && a.device_spec != "cpu")
-    throw UserError("--int8: integer inference runs on the CPU, not --device " + a.device_spec);
   if (!a.weights.empty() && !a.compare && !a.sensitivity && a.save_calibrated.empty())
     throw UserError("--weights " + a.weights +
                     " chooses the weight scales of post-training quantization: give it with --compare, --sensitivity "
@@ -512,7 +513,7 @@ int run(Args& a) {
   if (a.tokenizer_path.empty()) a.tokenizer_path = source.tokenizer;
   check_requests(a);
   // The device first: the model's device memory must be freed before the device goes.
-  const std::unique_ptr<Device> device = Device::open(a.int8 ? "cpu" : a.device_spec, a.precision);
+  const std::unique_ptr<Device> device = Device::open(a.device_spec, a.precision);
   model::BertConfig config = store::read_model_config(source);
   if (!a.weights.empty()) config.weight_scales = model::parse_weight_scales(a.weights);
   const bool task_model = config.head != model::Head::kPretraining;

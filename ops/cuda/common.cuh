@@ -59,6 +59,14 @@ inline A* typed(void* p) {
   return static_cast<A*>(p);
 }
 
+// GELU (erf form) and its derivative, as every GPU kernel that applies it computes them.
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+__device__ __forceinline__ float gelu_value(float v) { return 0.5f * v * (1.0f + erff(v * kInvSqrt2)); }
+__device__ __forceinline__ float gelu_derivative(float v) {
+  return 0.5f * (1.0f + erff(v * kInvSqrt2)) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
+}
+
 constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over n elements (capped: each thread then loops).
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {

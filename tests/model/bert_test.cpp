@@ -518,13 +518,13 @@ double largest_relative_difference(const std::vector<float>& actual, const std::
 }
 
 // Logits of one evaluation batch (MLM then NSP), with or without the graph recording gradients.
-std::vector<float> eval_logits(Bert& model, bool record_gradients) {
+std::vector<float> eval_logits(Bert& model, bool record_gradients, const Device& device = Device::cpu()) {
   std::vector<int32_t> ids(4 * 16), positions{1, 5, 2, 9, 3, 0, 4, 7};
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 5 + static_cast<int32_t>((i * 37) % 55);
   std::vector<int32_t> masked(positions.size(), 8);
   std::vector<int8_t> mask(ids.size(), 1), types(ids.size(), 0), labels(4, 0);
   BatchView batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}};
-  Graph<float> g;
+  Graph<float> g(device);
   std::unique_ptr<NoGradGuard<float>> no_grad = record_gradients ? nullptr : std::make_unique<NoGradGuard<float>>(g);
   Rng rng(3);
   ModelOutputs out = model.forward(g, batch, /*training=*/false, rng);
@@ -624,6 +624,64 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   model.find_quantizer("bert.encoder.layer.0.attention.self.matmul_a_input_quantizer")->mode = QuantMode::kFloat;
   model.prepare_integer_inference();
   EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers - 1);
+}
+
+// INT8 inference on the GPU: the linear layers as int8 tensor-core GEMMs (the CPU engine's values), the
+// attention products fake-quantized in float. The fake-quantized model on the GPU sums its linears'
+// integers exactly in inference too (BF16 tensor cores on integer operands), so the two give the same
+// logits bit for bit; the CPU's fake-quantized model gives them up to the float ops that differ between
+// CPU and GPU (erf, exp: an ulp), each such difference moving an activation across a quantizer's rounding
+// boundary at most (one step there). The integer copy of the weights is what runs; recording gradients,
+// and after clearing, the float path. The same in BF16 mixed precision.
+TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): this test runs on a machine with an NVIDIA GPU";
+  const std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kFp32);
+  std::unique_ptr<Bert> on_cpu = quantized_tiny(0), on_gpu = quantized_tiny(0);
+  for (Bert* model : {on_cpu.get(), on_gpu.get()}) {
+    int index = 0;  // distinct activation scales, as in the CPU integer-inference test above
+    for (Quantizer* q : model->quantizers())
+      if (!q->is_weight) model->parameters().get(q->scale).value.fill(0.03f * (1.0f + 0.0137f * float(index++)));
+  }
+  on_gpu->place_on(*gpu);
+  Bert& model = *on_gpu;
+  const BertConfig& c = model.config();
+  const std::vector<float> cpu_fake = eval_logits(*on_cpu, false);  // exact sums, attention products in float
+  const std::vector<float> fake = eval_logits(model, false, *gpu), recorded = eval_logits(model, true, *gpu);
+  EXPECT_THROW(model.prepare_integer_inference(/*integer_decoder=*/true), UserError);  // the decoder: CPU only
+  EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);
+  EXPECT_EQ(model.integer_attention_layers(), 0);  // the products stay fake-quantized in float on the GPU
+  const std::vector<float> integer = eval_logits(model, false, *gpu);
+  EXPECT_EQ(integer, fake);
+  const double cpu_difference = largest_relative_difference(integer, cpu_fake);
+  std::cout << "[ info ] GPU integer vs CPU fake-quantized logits: largest difference " << cpu_difference
+            << " of the largest logit\n";
+  EXPECT_LE(cpu_difference, 2e-2);
+  model.set_exact_sums(false);  // the GPU's fake-quantized model summing floats: float rounding apart
+  EXPECT_LE(largest_relative_difference(eval_logits(model, false, *gpu), integer), 2e-2);
+  model.set_exact_sums(true);
+  // The integer layers run on their device copy: doubling the float weights moves the float path only.
+  TensorView<float> w = model.parameters().get("bert.encoder.layer.0.output.dense.weight").value;
+  for (float& v : w) v *= 2;
+  model.parameters().upload_values();
+  EXPECT_EQ(eval_logits(model, false, *gpu), integer);
+  EXPECT_NE(eval_logits(model, true, *gpu), recorded);
+  for (float& v : w) v /= 2;
+  model.parameters().upload_values();
+  EXPECT_EQ(eval_logits(model, true, *gpu), recorded);
+  model.clear_integer_inference();
+  EXPECT_EQ(eval_logits(model, false, *gpu), fake);
+  // BF16 activations: the integer layers' inputs quantized by their producers as in the fake-quantized model
+  // (Linear::used_input_quantizer), the integer linears recovering those integers: the same logits again.
+  const std::unique_ptr<Device> gpu_bf16 = Device::cuda(0, Precision::kBf16);
+  std::unique_ptr<Bert> in_bf16 = quantized_tiny(0);
+  int index = 0;
+  for (Quantizer* q : in_bf16->quantizers())
+    if (!q->is_weight) in_bf16->parameters().get(q->scale).value.fill(0.03f * (1.0f + 0.0137f * float(index++)));
+  in_bf16->place_on(*gpu_bf16);
+  const std::vector<float> fake_bf16 = eval_logits(*in_bf16, false, *gpu_bf16);
+  in_bf16->prepare_integer_inference();
+  EXPECT_EQ(eval_logits(*in_bf16, false, *gpu_bf16), fake_bf16);
 }
 
 // The MLM decoder as integers too (opt-in; no quantizer of the model covers it): its logits are the float

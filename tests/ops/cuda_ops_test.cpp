@@ -1010,6 +1010,88 @@ TEST_F(CudaOps, FakeQuantizeEachEqualsOneFakeQuantizePerQuantizer) {
 
 // Add, mul and scale keep their inputs' dtype, so the comparisons above (F32 leaves) run them in F32
 // only; here their inputs are BF16 activations (GELU outputs) in the BF16 pass.
+// The integer linear on the GPU (int8 tensor cores, int32 sums, then the CPU's epilogue) against the CPU
+// integer engine on the same integers: in FP32 bit for bit, with and without bias, at odd sizes, 2,500
+// inputs and 40,000 (int32 sums past 2^24); with GELU equal to ops::gelu of its output on the GPU (in
+// FP32); in BF16 the CPU's values rounded to BF16 (inputs BF16-representable, as the BF16 graph stores
+// them). The fake-quantized model's exact sums on the GPU (exact_quantized_linear: BF16 tensor cores on the
+// integers, slices of 1,024 inputs added in int32) give the same values bit for bit.
+TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
+  struct Size {
+    int64_t rows, k, n;
+  };
+  for (const Size& size : {Size{37, 203, 45}, Size{9, 2500, 21}, Size{130, 768, 256}, Size{5, 40000, 7}}) {
+    SCOPED_TRACE(std::to_string(size.rows) + "x" + std::to_string(size.k) + "x" + std::to_string(size.n));
+    std::vector<float> x = random_values(size.rows * size.k, 5);
+    for (float& v : x) v = bf16_representable(v);
+    std::mt19937 gen(7);
+    std::uniform_int_distribution<int> byte(-128, 127);
+    std::uniform_real_distribution<float> uniform(0.001f, 0.01f);
+    std::vector<int8_t> w(static_cast<size_t>(size.n * size.k));
+    for (int8_t& v : w) v = static_cast<int8_t>(byte(gen));
+    std::vector<float> scale_w(static_cast<size_t>(size.n)), bias = random_values(size.n, 9);
+    for (float& s : scale_w) s = uniform(gen);
+    const float scale_x = 3.0f / 127;  // |x| past 3 saturates
+    const Int8Weights packed(w.data(), size.n, size.k);
+    auto cpu = [&](bool with_bias, bool gelu) {
+      Graph<float> g(Device::cpu());
+      NoGradGuard<float> no_grad(g);
+      Var xv = g.input(std::span<const float>(x), Shape{size.rows, size.k});
+      Var b = with_bias ? g.input(std::span<const float>(bias), Shape{size.n}) : Var{};
+      return g.to_host(gelu ? ops::int8_linear_gelu(g, xv, packed, scale_x, scale_w, b)
+                            : ops::int8_linear(g, xv, packed, scale_x, scale_w, b));
+    };
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = gpu->precision() == Precision::kBf16;
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      const ops::DeviceInt8Weights weights(*gpu, w.data(), size.n, size.k);
+      auto run = [&](bool with_bias, bool gelu, bool gelu_op) {
+        Graph<float> g(*gpu);
+        NoGradGuard<float> no_grad(g);
+        Var xv = g.input(std::span<const float>(x), Shape{size.rows, size.k});
+        Var b = with_bias ? g.input(std::span<const float>(bias), Shape{size.n}) : Var{};
+        Var y = ops::int8_linear(g, xv, weights, scale_x, scale_w, b, gelu);
+        return g.to_host(gelu_op ? ops::gelu(g, y) : y);
+      };
+      for (bool with_bias : {true, false}) {
+        std::vector<float> expected = cpu(with_bias, false);
+        if (bf16)
+          for (float& v : expected) v = bf16_representable(v);
+        EXPECT_EQ(run(with_bias, false, false), expected) << "bias " << with_bias;
+      }
+      // The fake-quantized model's exact sums (BF16 tensor cores on the integers): the same values.
+      std::vector<float> x_fake(x.size()), w_fake(w.size());
+      for (size_t i = 0; i < x.size(); ++i)
+        x_fake[i] = std::clamp(std::nearbyint(x[i] / scale_x), -128.0f, 127.0f) * scale_x;
+      for (size_t i = 0; i < w.size(); ++i) w_fake[i] = float(w[i]) * scale_w[i / size.k];
+      for (bool gelu : {false, true}) {
+        Graph<float> g(*gpu);
+        NoGradGuard<float> no_grad(g);
+        Var y = ops::exact_quantized_linear(g, g.input(std::span<const float>(x_fake), Shape{size.rows, size.k}),
+                                            scale_x, g.input(std::span<const float>(w_fake), Shape{size.n, size.k}),
+                                            scale_w, g.input(std::span<const float>(bias), Shape{size.n}), gelu);
+        EXPECT_EQ(g.to_host(y), run(true, gelu, false)) << "exact_quantized_linear, gelu " << gelu;
+      }
+      if (!bf16) {  // (in BF16 ops::gelu reads the product rounded to BF16; the epilogue applies GELU before)
+        EXPECT_EQ(run(true, true, false), run(true, false, true)) << "GELU in the epilogue vs ops::gelu";
+      }
+      EXPECT_LE(relative_difference(run(true, true, false), cpu(true, true)), bf16 ? kBf16 : kElementwise);
+    }
+  }
+  // Inference only, and the weights' own device.
+  const std::vector<int8_t> w(12, 1);
+  const std::vector<float> x(6, 1.0f), scale_w(4, 0.5f);
+  const ops::DeviceInt8Weights weights(*gpu_, w.data(), 4, 3);
+  Graph<float> g(*gpu_);
+  Var xv = g.input(std::span<const float>(x), Shape{2, 3});
+  EXPECT_THROW(ops::int8_linear(g, xv, weights, 0.1f, scale_w, Var{}), std::exception);
+  Graph<float> cpu_graph(Device::cpu());
+  NoGradGuard<float> no_grad(cpu_graph);
+  EXPECT_THROW(ops::int8_linear(cpu_graph, cpu_graph.input(std::span<const float>(x), Shape{2, 3}), weights, 0.1f,
+                                scale_w, Var{}),
+               std::exception);
+}
+
 TEST_F(CudaOps, AddMulScaleOnBf16Activations) {
   const std::vector<std::pair<Shape, Shape>> cases = {{{4, 6, 8}, {4, 6, 8}}, {{4, 6, 8}, {8}}, {{4, 1, 8}, {4, 6, 1}}};
   for (const auto& [a, b] : cases) {

@@ -1,0 +1,225 @@
+// INT8 inference on a CUDA device: the linear layers as integer GEMMs on the tensor cores (cuBLASLt's
+// int8 kernels, exact int32 sums), and the fake-quantized model's linears with the same exact sums (BF16
+// tensor cores on integer operands), beside ops/integer.cpp's CPU ops and held to them by the CudaOps
+// tests. Forward only.
+//
+// cuBLASLt on Hopper offers int8 GEMMs that write int32 sums or int8 outputs at one per-tensor scale, not
+// the per-output-channel scale and bias that dequantize a per-channel quantized linear: the int32 sums go
+// through memory once more, to the kernel that applies them (dequantize_rows).
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <string>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/fake_quantize.cuh"
+#include "ops/cuda_impl.h"
+
+namespace bert::ops::cuda_impl {
+
+namespace {
+
+// q (rows, ld) int8: round(x / scale) half to even, clamped to [-128, 127], as fake_quantize and the
+// CPU's quantize_activations round (the same division: cuda::ScaleDivision); the bytes past k are zero.
+// Each thread makes 4 bytes of a row.
+template <typename A>
+__global__ void quantize_rows(int8_t* q, const A* x, int64_t rows, int64_t k, int64_t ld, float scale) {
+  const cuda::ScaleDivision divide(scale);
+  const int64_t groups = ld / 4;
+  BERT_GRID_STRIDE(i, rows * groups) {
+    const int64_t r = i / groups, c = (i - r * groups) * 4;
+    char4 out;
+    int8_t* bytes = reinterpret_cast<int8_t*>(&out);
+    for (int j = 0; j < 4; ++j) {
+      const float u = c + j < k ? divide(cuda::to_float(x[r * k + c + j])) : 0.0f;
+      bytes[j] = static_cast<int8_t>(fminf(fmaxf(rintf(u), -128.0f), 127.0f));
+    }
+    *reinterpret_cast<char4*>(q + r * ld + c) = out;
+  }
+}
+
+// The same for rows of k == ld inputs, 8 a thread (one 8-byte store), x 32-byte aligned.
+template <typename A>
+__global__ void quantize_rows_packed(int8_t* q, const A* x, int64_t count, float scale) {
+  const cuda::ScaleDivision divide(scale);
+  BERT_GRID_STRIDE_PACKS(i, count, 8) {
+    const cuda::Pack<A, 8> in = cuda::load_pack<8>(x + i);
+    cuda::Pack<int8_t, 8> out;
+    for (int j = 0; j < 8; ++j)
+      out.v[j] = static_cast<int8_t>(fminf(fmaxf(rintf(divide(cuda::to_float(in.v[j]))), -128.0f), 127.0f));
+    cuda::store_pack<8>(q + i, out);
+  }
+}
+
+// One output value of int8_linear's epilogue (kernels/int8_gemm.cpp): fma(float(sum), scale_x * scale_w,
+// bias), then GELU with kGelu. The sum an int32, or an integer an FP32 GEMM summed exactly.
+__device__ __forceinline__ float sum_value(int32_t sum) { return __int2float_rn(sum); }
+__device__ __forceinline__ float sum_value(float sum) { return sum; }
+template <bool kGelu, typename S>
+__device__ __forceinline__ float dequantize(S sum, float scale_x, float scale_w, float bias) {
+  const float v = fmaf(sum_value(sum), __fmul_rn(scale_x, scale_w), bias);
+  return kGelu ? cuda::gelu_value(v) : v;
+}
+
+// y (rows, n) in the output type A from sums (rows, ld_sums) of type S, W outputs a thread (W = 4: n and
+// ld_sums equal and a multiple of 4; bias may be null).
+template <int W, typename A, typename S, bool kGelu>
+__global__ void dequantize_rows(A* y, const S* sums, int64_t rows, int64_t n, int64_t ld_sums, float scale_x,
+                                const float* scale_w, const float* bias) {
+  BERT_GRID_STRIDE_PACKS(i, rows * n, W) {
+    const int64_t r = i / n, c = i - r * n;
+    const cuda::Pack<S, W> s = cuda::load_pack<W>(sums + r * ld_sums + c);
+    cuda::Pack<A, W> out;
+    for (int j = 0; j < W; ++j)
+      out.v[j] = cuda::from_float<A>(dequantize<kGelu>(s.v[j], scale_x, scale_w[c + j], bias ? bias[c + j] : 0.0f));
+    cuda::store_pack<W>(y + i, out);
+  }
+}
+
+// Launches dequantize_rows, in packs of 4 where the shapes allow.
+template <typename A, typename S>
+void launch_dequantize(const Graph<float>& g, A* y, const S* sums, int64_t rows, int64_t n, int64_t ld_sums,
+                       float scale_x, const float* scale_w, const float* bias, bool gelu) {
+  const bool packed = n % 4 == 0 && ld_sums == n && cuda::packs_of_4(rows * n, {y, sums});
+  if (packed) {
+    const auto kernel = gelu ? dequantize_rows<4, A, S, true> : dequantize_rows<4, A, S, false>;
+    BERT_LAUNCH(kernel, rows * n / 4, g, y, sums, rows, n, ld_sums, scale_x, scale_w, bias);
+  } else {
+    const auto kernel = gelu ? dequantize_rows<1, A, S, true> : dequantize_rows<1, A, S, false>;
+    BERT_LAUNCH(kernel, rows * n, g, y, sums, rows, n, ld_sums, scale_x, scale_w, bias);
+  }
+}
+
+// sums (rows, ld_sums) int32 = q (rows, w.ld()) times w^T, on the int8 tensor cores. cuBLASLt is
+// column-major: sums^T (n, rows) = W (n, ld) q^T, i.e. A = W transposed, B = q as it lies (the "TN"
+// layout its int8 kernels take).
+void integer_gemm(const Graph<float>& g, const int8_t* q, int64_t rows, const DeviceInt8Weights& w, int32_t* sums,
+                  int64_t ld_sums) {
+  const CudaContext& c = cuda::context(g.device());
+  auto lt = reinterpret_cast<cublasLtHandle_t>(c.cublas_lt);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t w_layout = nullptr, q_layout = nullptr, s_layout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_layout, CUDA_R_8I, uint64_t(w.ld()), uint64_t(w.n()), w.ld()));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&q_layout, CUDA_R_8I, uint64_t(w.ld()), uint64_t(rows), w.ld()));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&s_layout, CUDA_R_32I, uint64_t(w.n()), uint64_t(rows), ld_sums));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc, w_layout, q_layout, s_layout, s_layout,
+                                                               preference, 1, &heuristic, &found);
+  if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
+    const int32_t one = 1, zero = 0;
+    BERT_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, w.data(), w_layout, q, q_layout, &zero, sums, s_layout, sums,
+                                     s_layout, &heuristic.algo, c.cublas_workspace, c.cublas_workspace_bytes,
+                                     c.stream));
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(s_layout);
+  cublasLtMatrixLayoutDestroy(q_layout);
+  cublasLtMatrixLayoutDestroy(w_layout);
+  cublasLtMatmulDescDestroy(desc);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0)
+    throw UserError("int8_linear: this GPU's cuBLASLt has no int8 tensor-core GEMM for " + std::to_string(rows) +
+                    " rows of " + std::to_string(w.k()) + " inputs and " + std::to_string(w.n()) +
+                    " outputs (cuBLASLt status " + std::to_string(int(status)) +
+                    "); INT8 inference needs an NVIDIA GPU of compute capability 7.5 or later: use --device cpu");
+}
+
+// q (rows, k) as BF16 integers: row r of x divided by its scale (scales[r], or scale for every row),
+// rounded half to even and clamped to [-128, 127], as int8_linear quantizes (and, for x fake-quantized
+// at that scale, the integers behind it). Integers of 8 bits are exact in BF16.
+template <typename A>
+__global__ void integer_values(cuda::bf16* q, const A* x, int64_t rows, int64_t k, float scale, const float* scales) {
+  BERT_GRID_STRIDE(i, rows * k) {
+    const cuda::ScaleDivision divide(scales ? scales[i / k] : scale);
+    q[i] = __float2bfloat16_rn(fminf(fmaxf(rintf(divide(cuda::to_float(x[i]))), -128.0f), 127.0f));
+  }
+}
+
+// sums (count) = sums (or 0, when first) + slice, each slice value an integer held exactly in FP32.
+__global__ void add_slice(int32_t* sums, const float* slice, int64_t count, bool first) {
+  BERT_GRID_STRIDE(i, count) sums[i] = (first ? 0 : sums[i]) + __float2int_rn(slice[i]);
+}
+
+}  // namespace
+
+Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
+                           bool gelu) {
+  const DType dtype = g.activation_dtype();
+  const Shape& xs = g.shape(x);
+  const int64_t rows = xs.rows(), n = g.shape(weight)[0], k = g.shape(weight)[1];
+  Var y =
+      bias.valid() ? g.emit(xs.with_last(n), {x, weight, bias}, dtype) : g.emit(xs.with_last(n), {x, weight}, dtype);
+  if (rows == 0) return y;
+  const float* scales = g.upload(scale_w.data(), scale_w.size());
+  cuda::bf16* a = g.scratch<cuda::bf16>(rows * k);
+  cuda::bf16* b = g.scratch<cuda::bf16>(n * k);
+  cuda::with_element_type(g.dtype(x), [&](auto tag) {
+    using X = typename decltype(tag)::type;
+    BERT_LAUNCH(integer_values<X>, rows * k, g, a, cuda::typed<X>(g.data(x)), rows, k, scale_x, nullptr);
+  });
+  cuda::with_element_type(g.dtype(weight), [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    BERT_LAUNCH(integer_values<W>, n * k, g, b, cuda::typed<W>(g.data(weight)), n, k, 0.0f, scales);
+  });
+  // BF16 tensor-core GEMMs with FP32 sums over slices of up to kExactDepth inputs: every partial sum is an
+  // integer below 2^24 in magnitude (|a b| <= 2^14), exact in FP32 whatever the order; the slices added in
+  // int32 (one slice: its FP32 sums as they are). The products of the int8 engine, by another kernel family.
+  constexpr int64_t kExactDepth = 1024;
+  float* slice = g.scratch<float>(rows * n);
+  int32_t* sums = k > kExactDepth ? g.scratch<int32_t>(rows * n) : nullptr;
+  for (int64_t first = 0; first < k; first += kExactDepth) {
+    const int64_t depth = std::min(kExactDepth, k - first);
+    const float one = 1.0f, zero = 0.0f;
+    // Column-major: slice^T (n, rows) = b[:, first:] (n, depth) a[:, first:]^T.
+    BERT_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(g), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(rows), int(depth), &one,
+                                   b + first, CUDA_R_16BF, int(k), a + first, CUDA_R_16BF, int(k), &zero, slice,
+                                   CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (sums) BERT_LAUNCH(add_slice, rows * n, g, sums, slice, rows * n, first == 0);
+  }
+  const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    if (sums)
+      launch_dequantize(g, cuda::typed<A>(g.data(y)), sums, rows, n, n, scale_x, scales, bv, gelu);
+    else
+      launch_dequantize(g, cuda::typed<A>(g.data(y)), static_cast<const float*>(slice), rows, n, n, scale_x, scales, bv,
+                        gelu);
+  });
+  return y;
+}
+
+Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
+                Var bias, bool gelu) {
+  x = as_activation(g, x);  // as the fake-quantized model's quantizer reads it
+  const DType dtype = g.dtype(x);
+  const Shape& xs = g.shape(x);
+  const int64_t rows = xs.rows(), k = weights.k(), n = weights.n(), ld = weights.ld();
+  Var y = bias.valid() ? g.emit(xs.with_last(n), {x, bias}, dtype) : g.emit(xs.with_last(n), {x}, dtype);
+  if (rows == 0) return y;
+  int8_t* q = g.scratch<int8_t>(rows * ld);
+  const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows
+  int32_t* sums = g.scratch<int32_t>(rows * ld_sums);
+  const float* scales = g.upload(scale_w.data(), scale_w.size());
+  const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const A* xv = cuda::typed<A>(g.data(x));
+    if (k == ld && reinterpret_cast<uintptr_t>(xv) % 32 == 0)
+      BERT_LAUNCH(quantize_rows_packed<A>, rows * k / 8, g, q, xv, rows * k, scale_x);
+    else
+      BERT_LAUNCH(quantize_rows<A>, rows * (ld / 4), g, q, xv, rows, k, ld, scale_x);
+    integer_gemm(g, q, rows, weights, sums, ld_sums);
+    launch_dequantize(g, cuda::typed<A>(g.data(y)), sums, rows, n, ld_sums, scale_x, scales, bv, gelu);
+  });
+  return y;
+}
+
+}  // namespace bert::ops::cuda_impl
