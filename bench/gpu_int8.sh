@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# INT8 inference on a GPU: BERT-mini pretrained on the demo data (STEPS BF16 steps), PTQ (percentile, 16
+# training batches, --save-calibrated), then `bert-eval --int8 --device cuda` in FP32 and BF16 on the
+# held-out and Brown shards (FP32, the fake-quantized model and INT8, timed, with the share of INT8
+# predictions equal to the fake-quantized model's), and `train-step-bench --modes fp32,qat,int8` for the
+# evaluation throughput of BERT-base and mini at batch 128, 8 and 1 (float, fake-quantized and INT8 in
+# the precision given), in BF16 and FP32. Writes RESULTS_DIR/{int8-SET-PRECISION,bench-PRECISION}.json.
+#   bash bench/gpu_int8.sh [RESULTS_DIR]
+# Needs an NVIDIA GPU, a bundle (PACK=1 bash scripts/gpu_bundle.sh) and the demo shards in cache/data
+# (scripts/demo_data.sh). Environment: STEPS (3000), BIN (a build's tools and bench instead of the bundle).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+results=${1:-runs/gpu-int8}
+mkdir -p "$results"
+[ -n "${BIN:-}" ] || [ -d gpu-bundle ] || tar -xJf gpu-bundle.tar.xz
+run() { if [ -n "${BIN:-}" ]; then "$BIN/$1" "${@:2}"; else bash gpu-bundle/run.sh "$@"; fi; }
+D=cache/data
+base=runs/mini-int8-gpu
+[ -f $base/checkpoint.h5 ] ||
+  run bert-train --device cuda --precision bf16 --preset mini --train $D/shards/train --tokenizer $D/spm.model \
+    --out $base --steps "${STEPS:-3000}" --batch-size 128 --lr 1e-3 --warmup 0.1 --log-every 1000 --save-every 0 \
+    --eval-every 0 2>&1 | grep -E "done"
+mkdir -p $base-ptq
+run bert-eval --device cuda --checkpoint $base --shards $D/shards/heldout --max-batches 1 \
+  --save-calibrated $base-ptq/checkpoint.h5 --calibrator percentile --calib-shards $D/shards/train \
+  --calib-batches 16 > /dev/null
+for set in heldout brown; do
+  for precision in fp32 bf16; do
+    echo "== $set, $precision"
+    run bert-eval --device cuda --precision $precision --checkpoint $base-ptq --shards $D/shards/$set --int8 \
+      --json-out "$results/int8-$set-$precision.json" | tail -5
+  done
+done
+for precision in bf16 fp32; do
+  run train-step-bench --device cuda --precision $precision --presets base,mini --batches 128,8,1 --seq 128 \
+    --vocab 30522 --steps 20 --warmup 3 --warmup-seconds 1 --modes fp32,qat,int8 \
+    --json "$results/bench-$precision.json" | grep -E "^(device|mini|base) "
+done
