@@ -4,7 +4,9 @@
 # held-out and Brown shards (FP32, the fake-quantized model and INT8, timed, with the share of INT8
 # predictions equal to the fake-quantized model's), and `train-step-bench --modes fp32,qat,int8` for the
 # evaluation throughput of BERT-base and mini at batch 128, 8 and 1 (float, fake-quantized and INT8 in
-# the precision given), in BF16 and FP32. Writes RESULTS_DIR/{int8-SET-PRECISION,bench-PRECISION}.json.
+# the precision given), in BF16 and FP32, beside PyTorch in BF16 (bench/torch_step_bench.py: SDPA and fused
+# AdamW, eager and compiled; TORCH=0 leaves it out). Writes RESULTS_DIR/{int8-SET-PRECISION,bench-PRECISION,
+# torch-*}.json.
 #   bash bench/gpu_int8.sh [RESULTS_DIR]
 # Needs an NVIDIA GPU, a bundle (PACK=1 bash scripts/gpu_bundle.sh) and the demo shards in cache/data
 # (scripts/demo_data.sh). Environment: STEPS (3000), BIN (a build's tools and bench instead of the bundle).
@@ -36,3 +38,12 @@ for precision in bf16 fp32; do
     --vocab 30522 --steps 20 --warmup 3 --warmup-seconds 1 --modes fp32,qat,int8 \
     --json "$results/bench-$precision.json" | grep -E "^(device|mini|base) "
 done
+[ "${TORCH:-1}" = 1 ] || exit 0
+torch=(python3 bench/torch_step_bench.py --device cuda --dtype bf16 --seq 128 --vocab 30522 --steps 20 --warmup 3
+  --warmup-seconds 1 --attention sdpa --adamw fused)
+"${torch[@]}" --presets base,mini --batches 128,8,1 > "$results/torch-sdpa.json"
+for config in "base 128" "mini 128" "base 8" "base 1"; do
+  set -- $config
+  "${torch[@]}" --presets "$1" --batches "$2" --compile > "$results/torch-compiled-$1-$2.json"
+done
+grep -h eval_seq_per_s "$results"/torch-*.json
