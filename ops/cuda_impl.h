@@ -66,7 +66,7 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
                            bool gelu);  // checked by the caller
 // ops::int8_linear with DeviceInt8Weights (checked by the caller).
 Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu);
+                Var bias, bool gelu, DeviceInt8Gemm gemm);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

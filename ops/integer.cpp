@@ -137,7 +137,7 @@ DeviceInt8Weights::DeviceInt8Weights(const Device& device, const int8_t* weights
 }
 
 Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu) {
+                Var bias, bool gelu, DeviceInt8Gemm gemm) {
   const char* op = gelu ? "int8_linear (gelu, GPU)" : "int8_linear (GPU)";
   BERT_CHECK(g.on_cuda() && &g.device() == &weights.device(),
              std::string(op) + ": the weights are on another device than the graph");
@@ -149,7 +149,7 @@ Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float 
   BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
   if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), std::string(op) + " bias " + g.shape(bias).str());
 #if BERT_WITH_CUDA
-  return cuda_impl::int8_linear(g, x, weights, scale_x, scale_w, bias, gelu);
+  return cuda_impl::int8_linear(g, x, weights, scale_x, scale_w, bias, gelu, gemm);
 #else
   throw InternalError(std::string(op) + ": this build has no CUDA support");
 #endif

@@ -4,15 +4,20 @@
 // tests. Forward only.
 //
 // cuBLASLt on Hopper offers int8 GEMMs that write int32 sums or int8 outputs at one per-tensor scale, not
-// the per-output-channel scale and bias that dequantize a per-channel quantized linear: the int32 sums go
-// through memory once more, to the kernel that applies them (dequantize_rows).
+// the per-output-channel scale and bias that dequantize a per-channel quantized linear: with it the int32
+// sums go through memory once more, to the kernel that applies them (dequantize_rows). On Hopper
+// int8_linear runs our own GEMM with that epilogue inside (cuda/int8_wgmma.cuh); the cuBLASLt path is its
+// reference and the fallback. This file is compiled for sm_90a where the build targets sm_90
+// (ops/CMakeLists.txt).
 #include <cublasLt.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <string>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fake_quantize.cuh"
+#include "ops/cuda/int8_wgmma.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
@@ -148,6 +153,59 @@ __global__ void add_slice(int32_t* sums, const float* slice, int64_t count, bool
   BERT_GRID_STRIDE(i, count) sums[i] = (first ? 0 : sums[i]) + __float2int_rn(slice[i]);
 }
 
+// Whether int8_linear's wgmma GEMM runs here: the build has sm_90a code (BERT_INT8_WGMMA) and the GPU is
+// compute capability 9.0 (H100, H200).
+bool wgmma_runs(const Graph<float>& g) {
+#if BERT_INT8_WGMMA
+  const int ordinal = cuda::context(g.device()).ordinal;
+  int major = 0, minor = 0;
+  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
+  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal));
+  return major == 9 && minor == 0;
+#else
+  (void)g;
+  return false;
+#endif
+}
+
+// The TMA descriptor of an int8 matrix (rows, ld), read in 128 x 128-byte boxes with the 128-byte swizzle
+// the wgmma kernel's operand descriptors expect; rows and bytes past the matrix read as zeros.
+CUtensorMap int8_tensor_map(const int8_t* p, int64_t rows, int64_t ld) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  BERT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                                   cudaEnableDefault, &found));
+  BERT_CHECK(found == cudaDriverEntryPointSuccess && encode, "int8_linear: the driver has no cuTensorMapEncodeTiled");
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(ld), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(ld)};
+  const cuuint32_t box[2] = {cuuint32_t(cuda::int8_wgmma::kTileK), cuuint32_t(cuda::int8_wgmma::kTileM)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box,
+                                 steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  BERT_CHECK(status == CUDA_SUCCESS, "int8_linear: cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) +
+                                         ") for " + std::to_string(rows) + " rows of " + std::to_string(ld) + " bytes");
+  return map;
+}
+
+// y (rows, n) = the dequantized product of q (rows, w.ld()) and w, in one kernel (cuda/int8_wgmma.cuh).
+template <typename A>
+void launch_wgmma(const Graph<float>& g, A* y, const int8_t* q, const DeviceInt8Weights& w, int64_t rows, float scale_x,
+                  const float* scale_w, const float* bias, bool gelu) {
+  namespace wg = cuda::int8_wgmma;
+  BERT_CHECK(rows < (int64_t{1} << 31) && w.ld() < (int64_t{1} << 31), "int8_linear: too large for the TMA kernel");
+  const auto kernel = gelu ? wg::gemm_dequantize<A, true> : wg::gemm_dequantize<A, false>;
+  constexpr int shared = wg::kSharedBytes<A>;
+  BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+  const int64_t row_tiles = (rows + wg::kTileM - 1) / wg::kTileM;
+  BERT_CHECK(row_tiles <= 65535, "int8_linear: " + std::to_string(rows) + " rows exceed the GPU kernel's grid");
+  const dim3 grid(unsigned((w.n() + wg::kTileN - 1) / wg::kTileN), unsigned(row_tiles));
+  const CUtensorMap q_map = int8_tensor_map(q, rows, w.ld()), w_map = int8_tensor_map(w.data(), w.n(), w.ld());
+  kernel<<<grid, wg::kThreads, shared, cuda::stream(g)>>>(q_map, w_map, y, rows, w.n(), w.ld(), scale_x, scale_w, bias);
+  BERT_CUDA_LAUNCHED();
+}
+
 }  // namespace
 
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
@@ -197,7 +255,7 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
 }
 
 Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu) {
+                Var bias, bool gelu, DeviceInt8Gemm gemm) {
   x = as_activation(g, x);  // as the fake-quantized model's quantizer reads it
   const DType dtype = g.dtype(x);
   const Shape& xs = g.shape(x);
@@ -205,8 +263,6 @@ Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float 
   Var y = bias.valid() ? g.emit(xs.with_last(n), {x, bias}, dtype) : g.emit(xs.with_last(n), {x}, dtype);
   if (rows == 0) return y;
   int8_t* q = g.scratch<int8_t>(rows * ld);
-  const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows
-  int32_t* sums = g.scratch<int32_t>(rows * ld_sums);
   const float* scales = g.upload(scale_w.data(), scale_w.size());
   const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
   cuda::with_element_type(dtype, [&](auto tag) {
@@ -216,8 +272,15 @@ Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float 
       BERT_LAUNCH(quantize_rows_packed<A>, rows * k / 8, g, q, xv, rows * k, scale_x);
     else
       BERT_LAUNCH(quantize_rows<A>, rows * (ld / 4), g, q, xv, rows, k, ld, scale_x);
-    integer_gemm(g, q, rows, weights, sums, ld_sums);
-    launch_dequantize(g, cuda::typed<A>(g.data(y)), sums, rows, n, ld_sums, scale_x, scales, bv, gelu);
+    A* yv = cuda::typed<A>(g.data(y));
+    if (gemm == DeviceInt8Gemm::kFastest && wgmma_runs(g)) {
+      launch_wgmma(g, yv, q, weights, rows, scale_x, scales, bv, gelu);
+    } else {
+      const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows
+      int32_t* sums = g.scratch<int32_t>(rows * ld_sums);
+      integer_gemm(g, q, rows, weights, sums, ld_sums);
+      launch_dequantize(g, yv, sums, rows, n, ld_sums, scale_x, scales, bv, gelu);
+    }
   });
   return y;
 }

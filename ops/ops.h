@@ -77,13 +77,16 @@ class DeviceInt8Weights {
   int64_t n_, k_, ld_;
   DeviceBuffer buffer_;
 };
+// The int8 GEMM a GPU's int8_linear runs: the fastest there is (ours on Hopper's wgmma with the
+// dequantization in its epilogue, where the build has sm_90a code and the GPU is compute capability 9.0;
+// else cuBLASLt's), or cuBLASLt's, whose int32 sums a second kernel dequantizes (the reference).
+enum class DeviceInt8Gemm { kFastest, kCublasLt };
 // int8_linear and int8_linear_gelu on a GPU (a graph on the weights' CUDA device): x quantized per tensor
-// in one pass (as int8_linear quantizes), int8 x int8 products summed in int32 on the tensor cores
-// (cuBLASLt), then fma(sum, scale_x * scale_w[c], bias[c]) (and GELU with gelu set) in the activations'
-// dtype: in FP32 the CPU ops' values bit for bit (GELU: the GPU's own, as ops::gelu computes it).
-// Forward only (NoGradGuard).
+// in one pass (as int8_linear quantizes), int8 x int8 products summed in int32 on the tensor cores, then
+// fma(sum, scale_x * scale_w[c], bias[c]) (and GELU with gelu set) in the activations' dtype: in FP32 the
+// CPU ops' values bit for bit (GELU: the GPU's own, as ops::gelu computes it). Forward only (NoGradGuard).
 Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu = false);
+                Var bias, bool gelu = false, DeviceInt8Gemm gemm = DeviceInt8Gemm::kFastest);
 
 // INT8 inference of a product of two activations, batched over the leading axes (attention's products
 // one at a time: int8_attention below is held to them): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b,

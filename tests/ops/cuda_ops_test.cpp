@@ -1010,17 +1010,19 @@ TEST_F(CudaOps, FakeQuantizeEachEqualsOneFakeQuantizePerQuantizer) {
 
 // Add, mul and scale keep their inputs' dtype, so the comparisons above (F32 leaves) run them in F32
 // only; here their inputs are BF16 activations (GELU outputs) in the BF16 pass.
-// The integer linear on the GPU (int8 tensor cores, int32 sums, then the CPU's epilogue) against the CPU
-// integer engine on the same integers: in FP32 bit for bit, with and without bias, at odd sizes, 2,500
-// inputs and 40,000 (int32 sums past 2^24); with GELU equal to ops::gelu of its output on the GPU (in
-// FP32); in BF16 the CPU's values rounded to BF16 (inputs BF16-representable, as the BF16 graph stores
-// them). The fake-quantized model's exact sums on the GPU (exact_quantized_linear: BF16 tensor cores on the
-// integers, slices of 1,024 inputs added in int32) give the same values bit for bit.
+// The integer linear on the GPU (int8 tensor cores, int32 sums, then the CPU's epilogue: our wgmma GEMM with
+// the epilogue inside on an H100 or H200, and cuBLASLt's with a kernel after it) against the CPU integer
+// engine on the same integers: in FP32 bit for bit, with and without bias, at odd sizes and partial tiles
+// (rows, channels, 16-byte pieces of a row), 2,500 inputs and 40,000 (int32 sums past 2^24); with GELU equal to
+// ops::gelu of its output on the GPU (in FP32); in BF16 the CPU's values rounded to BF16 (inputs BF16-representable, as
+// the BF16 graph stores them). The fake-quantized model's exact sums on the GPU (exact_quantized_linear: BF16 tensor
+// cores on the integers, slices of 1,024 inputs added in int32) give the same values bit for bit.
 TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
   struct Size {
     int64_t rows, k, n;
   };
-  for (const Size& size : {Size{37, 203, 45}, Size{9, 2500, 21}, Size{130, 768, 256}, Size{5, 40000, 7}}) {
+  for (const Size& size : {Size{37, 203, 45}, Size{9, 2500, 21}, Size{130, 768, 256}, Size{300, 96, 200},
+                           Size{257, 512, 132}, Size{5, 40000, 7}}) {
     SCOPED_TRACE(std::to_string(size.rows) + "x" + std::to_string(size.k) + "x" + std::to_string(size.n));
     std::vector<float> x = random_values(size.rows * size.k, 5);
     for (float& v : x) v = bf16_representable(v);
@@ -1045,12 +1047,13 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
       const bool bf16 = gpu->precision() == Precision::kBf16;
       SCOPED_TRACE(bf16 ? "bf16" : "fp32");
       const ops::DeviceInt8Weights weights(*gpu, w.data(), size.n, size.k);
-      auto run = [&](bool with_bias, bool gelu, bool gelu_op) {
+      auto run = [&](bool with_bias, bool gelu, bool gelu_op,
+                     ops::DeviceInt8Gemm gemm = ops::DeviceInt8Gemm::kFastest) {
         Graph<float> g(*gpu);
         NoGradGuard<float> no_grad(g);
         Var xv = g.input(std::span<const float>(x), Shape{size.rows, size.k});
         Var b = with_bias ? g.input(std::span<const float>(bias), Shape{size.n}) : Var{};
-        Var y = ops::int8_linear(g, xv, weights, scale_x, scale_w, b, gelu);
+        Var y = ops::int8_linear(g, xv, weights, scale_x, scale_w, b, gelu, gemm);
         return g.to_host(gelu_op ? ops::gelu(g, y) : y);
       };
       for (bool with_bias : {true, false}) {
@@ -1058,7 +1061,9 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
         if (bf16)
           for (float& v : expected) v = bf16_representable(v);
         EXPECT_EQ(run(with_bias, false, false), expected) << "bias " << with_bias;
+        EXPECT_EQ(run(with_bias, false, false, ops::DeviceInt8Gemm::kCublasLt), expected) << "cuBLASLt " << with_bias;
       }
+      EXPECT_EQ(run(true, true, false, ops::DeviceInt8Gemm::kCublasLt), run(true, true, false)) << "cuBLASLt, GELU";
       // The fake-quantized model's exact sums (BF16 tensor cores on the integers): the same values.
       std::vector<float> x_fake(x.size()), w_fake(w.size());
       for (size_t i = 0; i < x.size(); ++i)
