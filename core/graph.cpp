@@ -9,7 +9,7 @@
 
 namespace bert {
 
-const char* dtype_name(DType t) { return t == DType::kBF16 ? "bf16" : "f32"; }
+const char* dtype_name(DType t) { return t == DType::kBF16 ? "bf16" : t == DType::kS8 ? "s8" : "f32"; }
 
 namespace {
 // BF16 is the top half of an IEEE float: widening is exact.
@@ -89,6 +89,12 @@ std::vector<T> Graph<T>::to_host(Var v) const {
     device_->copy_to_host(result.data(), n.value.data(), result.size() * sizeof(T));
     return result;
   }
+  if (n.dtype == DType::kS8) {
+    std::vector<int8_t> integers(result.size());
+    device_->copy_to_host(integers.data(), n.value.data(), integers.size());
+    std::copy(integers.begin(), integers.end(), result.begin());
+    return result;
+  }
   std::vector<uint16_t> bits(result.size());
   device_->copy_to_host(bits.data(), n.value.data(), bits.size() * sizeof(uint16_t));
   for (size_t i = 0; i < bits.size(); ++i) result[i] = static_cast<T>(bf16_bits_to_float(bits[i]));
@@ -164,7 +170,8 @@ Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, std::source_l
 template <typename T>
 Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype, std::source_location made_by) {
   BERT_CHECK(dtype == DType::kF32 || (device_->is_cuda() && std::is_same_v<T, float>),
-             "BF16 nodes exist only on a CUDA graph");
+             "BF16 and int8 nodes exist only on a CUDA graph");
+  BERT_CHECK(dtype != DType::kS8 || !any_requires_grad(inputs), "an int8 node takes no gradient");
   Node n;
   n.value = TensorView<T>(allocate(dtype, shape.numel()), shape);
   n.dtype = dtype;

@@ -31,9 +31,13 @@ namespace bert {
 // How a node's value and gradient are stored. Every node of a CPU graph, and of a GPU graph in FP32 or
 // TF32, is kF32 (the graph's own T). In BF16 mixed precision (Precision::kBf16) the ops that make
 // activations store them, and their gradients, as kBF16 (ops/cuda_impl.h says which); leaves, losses and
-// parameter gradients stay kF32.
-enum class DType : uint8_t { kF32, kBF16 };
-inline std::size_t dtype_size(DType t, std::size_t native_size) { return t == DType::kBF16 ? 2 : native_size; }
+// parameter gradients stay kF32. kS8 holds the integers of INT8 inference on a GPU (an integer linear
+// writing its consumer's quantized input: ops::int8_linear_quantized); such a node takes no gradient and
+// only ops::int8_linear reads it.
+enum class DType : uint8_t { kF32, kBF16, kS8 };
+inline std::size_t dtype_size(DType t, std::size_t native_size) {
+  return t == DType::kBF16 ? 2 : t == DType::kS8 ? 1 : native_size;
+}
 const char* dtype_name(DType t);
 
 // A handle to a node of one graph, valid until that graph is next cleared (checked).

@@ -169,9 +169,28 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
       l.integer_attention = l.integer_attention && q->mode == QuantMode::kQuantize && q->qmin == -128 &&
                             q->qmax == 127 && params_.shape(q->scale).numel() == 1;
     l.integer_projections.reset();
+    l.device_projections.reset();
     l.projection_scales.clear();
     l.projection_bias.clear();
     const std::array<Linear*, 3> projections = {&l.query, &l.key, &l.value};
+    if (fuse_projections && params_.on_cuda() &&
+        std::all_of(projections.begin(), projections.end(),
+                    [](const Linear* p) { return p->device_integer_weights != nullptr; })) {
+      const int64_t c = l.query.in;
+      std::vector<int8_t> weights;
+      std::vector<float> scales, bias;
+      for (Linear* p : projections) {
+        const std::vector<int8_t> q = p->quantized_weight(params_);
+        weights.insert(weights.end(), q.begin(), q.end());
+        const std::vector<float> s = p->weight_scales(params_);
+        scales.insert(scales.end(), s.begin(), s.end());
+        const TensorView<float> b = params_.get(p->bias).value;
+        bias.insert(bias.end(), b.begin(), b.end());
+      }
+      l.device_projections =
+          std::make_shared<const ops::DeviceInt8Weights>(params_.device(), weights.data(), scales, bias, 3 * c, c);
+      continue;
+    }
     // Q, K and V read x through their one input quantizer: every layer whose three run integer GEMMs fuses.
     if (!fuse_projections || !l.integer_attention ||
         !std::all_of(projections.begin(), projections.end(),
@@ -221,7 +240,9 @@ int64_t Bert::integer_attention_layers() const {
 }
 
 int64_t Bert::fused_projection_layers() const {
-  return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.integer_projections != nullptr; });
+  return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) {
+    return l.integer_projections != nullptr || l.device_projections != nullptr;
+  });
 }
 
 void Bert::clear_integer_inference() {
@@ -229,6 +250,7 @@ void Bert::clear_integer_inference() {
   for (Layer& l : layers_) {
     l.integer_attention = false;
     l.integer_projections.reset();
+    l.device_projections.reset();
   }
   integer_decoder_.reset();
   integer_decoder_scales_.clear();
@@ -287,7 +309,8 @@ std::vector<Var> Bert::quantize_each(Graph<float>& g, Var x, std::initializer_li
   return out;
 }
 
-Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training, Rng& rng) {
+Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training, Rng& rng,
+                    std::span<const Var> x_read, std::vector<Var>& ffn_inputs) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
   const bool fuse = fuse_quantizers_;
   // x as each quantizer that reads it sees it: the Q, K, V projections' one input quantizer (unless all
@@ -295,11 +318,16 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
   const bool projections_quantize =
       l.query.used_input_quantizer(g) || l.key.used_input_quantizer(g) || l.value.used_input_quantizer(g);
   const std::vector<Var> inputs =
-      quantize_each(g, x, {projections_quantize ? &l.self_input : nullptr, &l.attention_add_residual});
+      !x_read.empty()
+          ? std::vector<Var>(x_read.begin(), x_read.end())
+          : quantize_each(g, x, {projections_quantize ? &l.self_input : nullptr, &l.attention_add_residual});
   // The context (B, T, C), through the output projection, the residual add and LayerNorm.
   auto finish = [&](Var context) {
     const Var out = l.attention_output.forward_quantized_input(g, params_, context);
-    return residual_norm(g, l.attention_norm, l.attention_add_input, out, inputs[1], training, rng);
+    ffn_inputs = residual_norm_quantized(g, l.attention_norm, l.attention_add_input, out, inputs[1], training,
+                                         ffn_readers(g, l));
+    return ffn_inputs.empty() ? residual_norm(g, l.attention_norm, l.attention_add_input, out, inputs[1], training, rng)
+                              : Var{};
   };
   // Integer attention (inference) quantizes its operands itself (to the same integers the quantizers give).
   if (l.integer_attention && !g.on_cuda() && !g.grad_enabled() && !training) {
@@ -338,9 +366,14 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
                        : "the attention matmuls' inputs are quantized or calibrated, which the fused kernels do not do");
   }
   // The projections, each through its quantizer where the products' inputs are quantized or calibrated.
-  const Var q = l.matmul_q.apply(g, params_, l.query.forward_quantized_input(g, params_, inputs[0]));
-  const Var k = l.matmul_k.apply(g, params_, l.key.forward_quantized_input(g, params_, inputs[0]));
-  const Var v = l.matmul_v.apply(g, params_, l.value.forward_quantized_input(g, params_, inputs[0]));
+  const std::vector<Var> fused_qkv = integer_projections_on_gpu(g, l, inputs[0]);
+  const bool fused = !fused_qkv.empty();
+  const Var q =
+      fused ? fused_qkv[0] : l.matmul_q.apply(g, params_, l.query.forward_quantized_input(g, params_, inputs[0]));
+  const Var k =
+      fused ? fused_qkv[1] : l.matmul_k.apply(g, params_, l.key.forward_quantized_input(g, params_, inputs[0]));
+  const Var v =
+      fused ? fused_qkv[2] : l.matmul_v.apply(g, params_, l.value.forward_quantized_input(g, params_, inputs[0]));
   const double p = config_.attention_probs_dropout_prob;
   // Fused where asked and covered; else the two products read the projections in place (ops::head_scores
   // and head_context: no head permutes) around softmax and dropout, with the probabilities' quantizer
@@ -356,9 +389,50 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
     });
     context = ops::head_context(g, probs, v, h);
   }
-  if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g))
+  // (An integer output layer quantizes the context itself: a quantizer applied as an op of its own reads
+  // the stored context, as int8_linear does.)
+  if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g);
+      quantizer && !l.attention_output.runs_integer(g))
     context = quantizer->apply(g, params_, context);
   return finish(context);
+}
+
+namespace {
+// The scale a quantizer applies in an integer linear's epilogue (ops::Int8OutputPart): its per-tensor scale
+// when it quantizes to [-128, 127], 0 when it is off; false where it cannot run there (calibrating, other
+// ranges or scales).
+bool epilogue_scale(ParameterArena<float>& params, const Quantizer& q, float& scale) {
+  scale = 0.0f;
+  if (q.mode == QuantMode::kFloat) return true;
+  if (q.mode != QuantMode::kQuantize || q.qmin != -128 || q.qmax != 127 || params.shape(q.scale).numel() != 1)
+    return false;
+  scale = params.get(q.scale).value.data()[0];
+  return scale > 0 && std::isnormal(1.0f / scale);
+}
+}  // namespace
+
+std::vector<Var> Bert::integer_projections_on_gpu(Graph<float>& g, Layer& l, Var x) {
+  if (!g.on_cuda() || !l.device_projections || !l.query.runs_integer(g) || !l.key.runs_integer(g) ||
+      !l.value.runs_integer(g))
+    return {};
+  std::array<ops::Int8OutputPart, 3> parts;
+  const std::array<const Quantizer*, 3> products = {&l.matmul_q, &l.matmul_k, &l.matmul_v};
+  for (size_t i = 0; i < 3; ++i) {
+    parts[i].columns = l.query.out;
+    if (!epilogue_scale(params_, *products[i], parts[i].scale)) return {};
+  }
+  return ops::int8_linear_quantized(g, x, *l.device_projections, l.query.input_scale(params_), /*gelu=*/false, parts,
+                                    /*integers=*/false);
+}
+
+Var Bert::integer_activation_on_gpu(Graph<float>& g, Layer& l, Var x) {
+  // (Unfused quantizers quantize the stored GELU output, which the epilogue does not give in BF16.)
+  if (!g.on_cuda() || !fuse_quantizers_ || !l.intermediate.runs_integer(g) || !l.output.runs_integer(g)) return Var{};
+  ops::Int8OutputPart part{l.intermediate.out, 0.0f};
+  if (!epilogue_scale(params_, l.output.input(), part.scale) || part.scale == 0.0f) return Var{};
+  return ops::int8_linear_quantized(g, x, *l.intermediate.device_integer_weights, l.intermediate.input_scale(params_),
+                                    /*gelu=*/true, std::span<const ops::Int8OutputPart>(&part, 1),
+                                    /*integers=*/true)[0];
 }
 
 Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) {
@@ -384,20 +458,29 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
   for (int64_t i = 0; i < b * t; ++i) mask_values[i] = in.attention_mask[i] ? 0.0f : -10000.0f;
   Var mask = g.input(std::span<const float>(mask_values), Shape{b, t});
 
-  for (Layer& l : layers_) {
-    Var a = attention(g, l, x, mask, t, training, rng);
+  std::vector<Var> x_read;  // x as the next attention block's quantizers read it, where its LayerNorm made them
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    std::vector<Var> ffn_inputs;
+    const Var a = attention(g, l, x, mask, t, training, rng, x_read, ffn_inputs);
     // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
     const std::vector<Var> inputs =
-        quantize_each(g, a, {l.intermediate.used_input_quantizer(g), &l.output_add_residual});
+        !ffn_inputs.empty() ? ffn_inputs
+                            : quantize_each(g, a, {l.intermediate.used_input_quantizer(g), &l.output_add_residual});
     // The GELU runs in the intermediate layer's GEMM unless its output quantizer is fused into it.
     const Shape hidden_shape = g.shape(inputs[0]).with_last(l.intermediate.out);
-    Var act = quantized(g, params_, l.output.used_input_quantizer(g), hidden_shape, fuse_quantizers_,
-                        [&](const ops::QuantizeOutput* q) {
-                          if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0]);
-                          return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
-                        });
+    Var act = integer_activation_on_gpu(g, l, inputs[0]);
+    if (!act.valid())
+      act = quantized(g, params_, l.output.used_input_quantizer(g), hidden_shape, fuse_quantizers_,
+                      [&](const ops::QuantizeOutput* q) {
+                        if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0]);
+                        return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
+                      });
     const Var ff = l.output.forward_quantized_input(g, params_, act);
-    x = residual_norm(g, l.output_norm, l.output_add_input, ff, inputs[1], training, rng);
+    x_read = i + 1 < layers_.size() ? residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1],
+                                                              training, attention_readers(g, layers_[i + 1]))
+                                    : std::vector<Var>{};
+    x = x_read.empty() ? residual_norm(g, l.output_norm, l.output_add_input, ff, inputs[1], training, rng) : Var{};
   }
   return x;
 }
@@ -413,6 +496,41 @@ Var Bert::residual_norm(Graph<float>& g, const LayerNorm& norm, Quantizer& add_i
   }
   const Var dropped = add_input.apply(g, params_, ops::dropout(g, sublayer, p, training, rng));
   return norm.forward_sum(g, params_, dropped, residual);
+}
+
+std::array<Bert::Reader, 2> Bert::attention_readers(const Graph<float>& g, Layer& l) {
+  const bool integers = l.query.runs_integer(g) && l.key.runs_integer(g) && l.value.runs_integer(g);
+  const bool quantizes =
+      l.query.used_input_quantizer(g) || l.key.used_input_quantizer(g) || l.value.used_input_quantizer(g);
+  return {Reader{integers || quantizes ? &l.self_input : nullptr, integers}, Reader{&l.attention_add_residual, false}};
+}
+
+std::array<Bert::Reader, 2> Bert::ffn_readers(const Graph<float>& g, Layer& l) {
+  const bool integers = l.intermediate.runs_integer(g);
+  return {Reader{integers ? &l.intermediate.input() : l.intermediate.used_input_quantizer(g), integers},
+          Reader{&l.output_add_residual, false}};
+}
+
+std::vector<Var> Bert::residual_norm_quantized(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input,
+                                               Var sublayer, Var residual, bool training,
+                                               const std::array<Reader, 2>& readers) {
+  // In inference on a GPU, with the quantizers fused as the fake-quantized model fuses them, and an integer
+  // layer among the readers (else the float model: its path as it was).
+  if (!g.on_cuda() || g.grad_enabled() || training || !fuse_quantizers_ ||
+      std::none_of(readers.begin(), readers.end(), [](const Reader& r) { return r.integers; }) ||
+      (add_input.mode != QuantMode::kFloat && add_input.mode != QuantMode::kQuantize))
+    return {};
+  std::array<ops::NormOutput, 2> outputs;
+  for (size_t i = 0; i < readers.size(); ++i) {
+    if (readers[i].quantizer && !epilogue_scale(params_, *readers[i].quantizer, outputs[i].scale)) return {};
+    outputs[i].integers = readers[i].integers;
+  }
+  const ops::QuantizeOutput q = add_input.mode == QuantMode::kQuantize
+                                    ? add_input.fused_output(g, params_, g.shape(sublayer))
+                                    : ops::QuantizeOutput{};
+  return ops::add_layer_norm_quantized(g, sublayer, residual, g.param(params_.get(norm.gamma)),
+                                       g.param(params_.get(norm.beta)), norm.eps,
+                                       add_input.mode == QuantMode::kQuantize ? &q : nullptr, outputs);
 }
 
 ModelOutputs Bert::forward(Graph<float>& g, const BatchView& in, bool training, Rng& rng, MlmOutputs mlm) {

@@ -119,6 +119,10 @@ class Bert {
   // With fuse_projections (the default), a layer whose Q, K and V projections run integer GEMMs (they read x
   // at their one input scale) runs them as one integer linear into Q, K, V side by side
   // (x quantized once; ops::int8_attention_packed), the same values; off, the baseline it is tested against.
+  // On a GPU the fused projections also apply the attention products' input quantizers in their epilogue
+  // (ops::int8_linear_quantized: Q, K, V fake-quantized, one GEMM, no quantize passes), and the FFN's
+  // intermediate layer applies GELU and the output layer's input quantizer there, writing the integers the
+  // output layer reads: the same values as the layers one by one.
   int64_t prepare_integer_inference(bool integer_decoder = false, bool fuse_projections = true);
   void clear_integer_inference();
   bool integer_decoder() const { return integer_decoder_ != nullptr; }
@@ -166,17 +170,46 @@ class Bert {
     // one: weights, per-channel scales and biases side by side (prepare_integer_inference).
     std::shared_ptr<const Int8Weights> integer_projections;
     std::vector<float> projection_scales, projection_bias;
+    // The same on a GPU (where the attention products stay in float): Q, K, V as one integer linear.
+    std::shared_ptr<const ops::DeviceInt8Weights> device_projections;
   };
+  // Q, K and V of x by the GPU's fused integer projections with the attention products' input quantizers
+  // applied in its epilogue, where they run in g (else empty: the projections one by one).
+  std::vector<Var> integer_projections_on_gpu(Graph<float>& g, Layer& layer, Var x);
+  // The FFN's activation as the integers of the output layer's input quantizer, made by the intermediate
+  // layer's GEMM with GELU and that quantizer in its epilogue, where both layers run integer GEMMs on a GPU
+  // (else Var{}).
+  Var integer_activation_on_gpu(Graph<float>& g, Layer& layer, Var x);
   // x through each quantizer (nullptr: none), one output each: those that fake-quantize in one op
   // (ops::fake_quantize_each) when fusion is on.
   std::vector<Var> quantize_each(Graph<float>& g, Var x, std::initializer_list<Quantizer*> quantizers);
   // The linear layers that carry quantizers, in forward order.
   std::vector<Linear*> quantizable_linears();
-  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t t, bool training, Rng& rng);
+  // The attention block of x, through its residual add and LayerNorm. x_read: x as the block's two
+  // quantizers read it (the projections' input, the residual), where the previous LayerNorm made them
+  // (x then unused; else empty). Where its LayerNorm can make the FFN's inputs as their quantizers read
+  // them (residual_norm_quantized), those go to ffn_inputs and the returned Var is invalid.
+  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t t, bool training, Rng& rng,
+                std::span<const Var> x_read, std::vector<Var>& ffn_inputs);
   // norm(add_input(dropout(sublayer)) + residual): a sublayer's residual connection, in one op where the
   // add's input quantizer is off or fake-quantizes with fusion on.
   Var residual_norm(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer, Var residual,
                     bool training, Rng& rng);
+  // A reader of a LayerNorm's output: its quantizer (nullptr: none) and whether an integer layer reads the
+  // integers themselves.
+  struct Reader {
+    const Quantizer* quantizer = nullptr;
+    bool integers = false;
+  };
+  // The readers of the attention block's input (Q, K and V's input quantizer, the residual's) and of the
+  // FFN's (the intermediate layer's, the residual's) in g.
+  std::array<Reader, 2> attention_readers(const Graph<float>& g, Layer& layer);
+  std::array<Reader, 2> ffn_readers(const Graph<float>& g, Layer& layer);
+  // residual_norm's output as each reader reads it (quantize_each of it, or the integers), made in the
+  // LayerNorm's kernel without the output itself (ops::add_layer_norm_quantized), in GPU integer
+  // inference where every reader's quantizer can run there; else empty.
+  std::vector<Var> residual_norm_quantized(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer,
+                                           Var residual, bool training, const std::array<Reader, 2>& readers);
   void pretraining_head(Graph<float>& g, Var hidden, const BatchView& batch, MlmOutputs mlm, ModelOutputs& out);
   void classification_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
                            ModelOutputs& out);

@@ -40,7 +40,8 @@ Linear Linear::declare_shared_input(ParameterArena<float>& params, const std::st
 }
 
 Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
-  if (quantizable && quantizes_input(g)) x = input().apply(g, params, x);
+  // An int8 x holds the integers of this layer's input quantizer already (ops::int8_linear_quantized).
+  if (quantizable && quantizes_input(g) && g.dtype(x) != DType::kS8) x = input().apply(g, params, x);
   return forward_quantized_input(g, params, x);
 }
 
@@ -76,8 +77,12 @@ bool Linear::prepare_integer(ParameterArena<float>& params) {
     return false;
   const std::vector<int8_t> q = quantized_weight(params);
   integer_weights = std::make_shared<const Int8Weights>(q.data(), out, in);
-  if (params.on_cuda())
-    device_integer_weights = std::make_shared<const ops::DeviceInt8Weights>(params.device(), q.data(), out, in);
+  if (params.on_cuda()) {
+    const std::vector<float> scales = weight_scales(params);
+    const TensorView<float> b = params.get(bias).value;
+    device_integer_weights = std::make_shared<const ops::DeviceInt8Weights>(
+        params.device(), q.data(), scales, std::span<const float>(b.data(), b.numel()), out, in);
+  }
   return true;
 }
 
@@ -114,11 +119,12 @@ bool Linear::runs_integer(const Graph<float>& g) const {
          input().mode == QuantMode::kQuantize && weight_quantizer.mode == QuantMode::kQuantize;
 }
 
+float Linear::input_scale(ParameterArena<float>& params) const { return params.get(input().scale).value.data()[0]; }
+
 Var Linear::integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu) const {
-  const float scale_x = params.get(input().scale).value.data()[0];
+  const float scale_x = input_scale(params);
+  if (g.on_cuda()) return ops::int8_linear(g, x, *device_integer_weights, scale_x, gelu);
   const std::vector<float> scale_w = weight_scales(params);
-  if (g.on_cuda())
-    return ops::int8_linear(g, x, *device_integer_weights, scale_x, scale_w, g.param(params.get(bias)), gelu);
   if (gelu) return ops::int8_linear_gelu(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
   return ops::int8_linear(g, x, *integer_weights, scale_x, scale_w, g.param(params.get(bias)));
 }

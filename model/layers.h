@@ -75,6 +75,8 @@ struct Linear {
   // Whether forward() runs the integer path in g (prepared for g's device, no gradients, both quantizers
   // enabled).
   bool runs_integer(const Graph<float>& g) const;
+  // The input quantizer's (per-tensor) scale.
+  float input_scale(ParameterArena<float>& params) const;
   // The fake-quantized float path in inference (CPU or GPU) sums its integer operands exactly
   // (ops::exact_quantized_linear: the integer engine's values, bit for bit) where both quantizers are
   // enabled at 8 bits with a per-tensor input scale; off (the test's baseline), ops::linear sums the

@@ -46,6 +46,8 @@ Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, d
 Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng,
                            const QuantizeOutput& q);  // p >= 0
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
+std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs);
 Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature);
 Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
                   int32_t ignore_index);
@@ -64,9 +66,9 @@ Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha);
 Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
                            bool gelu);  // checked by the caller
-// ops::int8_linear with DeviceInt8Weights (checked by the caller).
-Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu, DeviceInt8Gemm gemm);
+// ops::int8_linear with DeviceInt8Weights and ops::int8_linear_quantized (checked by the caller).
+std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, bool gelu,
+                             std::span<const Int8OutputPart> parts, bool integers, DeviceInt8Gemm gemm);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

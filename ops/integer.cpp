@@ -127,31 +127,73 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
   return y;
 }
 
-DeviceInt8Weights::DeviceInt8Weights(const Device& device, const int8_t* weights, int64_t n, int64_t k)
+DeviceInt8Weights::DeviceInt8Weights(const Device& device, const int8_t* weights, std::span<const float> scales,
+                                     std::span<const float> bias, int64_t n, int64_t k)
     : device_(&device), n_(n), k_(k), ld_(row_bytes(k)) {
   BERT_CHECK(n > 0 && k > 0, "DeviceInt8Weights: empty weights");
+  BERT_CHECK(static_cast<int64_t>(scales.size()) == n, "DeviceInt8Weights: " + std::to_string(scales.size()) +
+                                                           " weight scales for " + std::to_string(n) + " outputs");
+  BERT_CHECK(bias.empty() || static_cast<int64_t>(bias.size()) == n,
+             "DeviceInt8Weights: " + std::to_string(bias.size()) + " biases for " + std::to_string(n) + " outputs");
   std::vector<int8_t> padded(static_cast<size_t>(n * ld_), 0);
   for (int64_t c = 0; c < n; ++c) std::copy(weights + c * k, weights + (c + 1) * k, padded.begin() + c * ld_);
   buffer_ = DeviceBuffer(device, padded.size());
   device.copy_to_device(buffer_.data(), padded.data(), padded.size());
+  const std::vector<float> zeros(bias.empty() ? static_cast<size_t>(n) : 0, 0.0f);
+  const std::span<const float> b = bias.empty() ? std::span<const float>(zeros) : bias;
+  scales_ = DeviceBuffer(device, static_cast<size_t>(n) * sizeof(float));
+  device.copy_to_device(scales_.data(), scales.data(), scales_.bytes());
+  bias_ = DeviceBuffer(device, static_cast<size_t>(n) * sizeof(float));
+  device.copy_to_device(bias_.data(), b.data(), bias_.bytes());
 }
 
-Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu, DeviceInt8Gemm gemm) {
-  const char* op = gelu ? "int8_linear (gelu, GPU)" : "int8_linear (GPU)";
+namespace {
+// The checks the GPU integer linears share: op names the op in the message.
+void check_device_linear(const Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x,
+                         const std::string& op) {
   BERT_CHECK(g.on_cuda() && &g.device() == &weights.device(),
-             std::string(op) + ": the weights are on another device than the graph");
-  BERT_CHECK(!g.grad_enabled(), std::string(op) + " has no gradient: run it under NoGradGuard (inference only)");
+             op + ": the weights are on another device than the graph");
+  BERT_CHECK(!g.grad_enabled(), op + " has no gradient: run it under NoGradGuard (inference only)");
   const Shape& xs = g.shape(x);
   BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
-             std::string(op) + ": x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
-  BERT_CHECK(static_cast<int64_t>(scale_w.size()) == weights.n(), std::string(op) + ": one weight scale per output");
-  BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
-  if (bias.valid()) BERT_CHECK(g.shape(bias) == Shape({weights.n()}), std::string(op) + " bias " + g.shape(bias).str());
+             op + ": x " + xs.str() + " does not fit " + std::to_string(weights.k()) + " inputs");
+  BERT_CHECK(scale_x > 0, op + ": the input scale must be positive");
+}
+}  // namespace
+
+Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, bool gelu,
+                DeviceInt8Gemm gemm) {
+  check_device_linear(g, x, weights, scale_x, gelu ? "int8_linear (gelu, GPU)" : "int8_linear (GPU)");
 #if BERT_WITH_CUDA
-  return cuda_impl::int8_linear(g, x, weights, scale_x, scale_w, bias, gelu, gemm);
+  const Int8OutputPart whole{weights.n(), 0.0f};
+  return cuda_impl::int8_linear(g, x, weights, scale_x, gelu, std::span<const Int8OutputPart>(&whole, 1),
+                                /*integers=*/false, gemm)[0];
 #else
-  throw InternalError(std::string(op) + ": this build has no CUDA support");
+  (void)gemm;
+  throw InternalError("int8_linear (GPU): this build has no CUDA support");
+#endif
+}
+
+std::vector<Var> int8_linear_quantized(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x,
+                                       bool gelu, std::span<const Int8OutputPart> parts, bool integers,
+                                       DeviceInt8Gemm gemm) {
+  const std::string op = "int8_linear_quantized";
+  check_device_linear(g, x, weights, scale_x, op);
+  int64_t columns = 0;
+  for (const Int8OutputPart& p : parts) {
+    BERT_CHECK(p.columns > 0 && (p.scale == 0 || (p.scale > 0 && std::isnormal(1.0f / p.scale))),
+               op + ": a part needs columns and a scale whose reciprocal is a normal float (0: not quantized)");
+    BERT_CHECK(!integers || p.scale > 0, op + ": int8 outputs need every part quantized (a positive scale)");
+    columns += p.columns;
+  }
+  BERT_CHECK(!parts.empty() && parts.size() <= 3 && columns == weights.n(),
+             op + ": 1 to 3 parts of the " + std::to_string(weights.n()) + " outputs, " + std::to_string(parts.size()) +
+                 " parts of " + std::to_string(columns) + " given");
+#if BERT_WITH_CUDA
+  return cuda_impl::int8_linear(g, x, weights, scale_x, gelu, parts, integers, gemm);
+#else
+  (void)gelu, (void)gemm;
+  throw InternalError(op + ": this build has no CUDA support");
 #endif
 }
 

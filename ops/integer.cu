@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fake_quantize.cuh"
@@ -56,43 +57,54 @@ __global__ void quantize_rows_packed(int8_t* q, const A* x, int64_t count, float
   }
 }
 
-// One output value of int8_linear's epilogue (kernels/int8_gemm.cpp): fma(float(sum), scale_x * scale_w,
-// bias), then GELU with kGelu. The sum an int32, or an integer an FP32 GEMM summed exactly.
 __device__ __forceinline__ float sum_value(int32_t sum) { return __int2float_rn(sum); }
 __device__ __forceinline__ float sum_value(float sum) { return sum; }
-template <bool kGelu, typename S>
-__device__ __forceinline__ float dequantize(S sum, float scale_x, float scale_w, float bias) {
-  const float v = fmaf(sum_value(sum), __fmul_rn(scale_x, scale_w), bias);
-  return kGelu ? cuda::gelu_value(v) : v;
-}
 
-// y (rows, n) in the output type A from sums (rows, ld_sums) of type S, W outputs a thread (W = 4: n and
-// ld_sums equal and a multiple of 4; bias may be null).
-template <int W, typename A, typename S, bool kGelu>
-__global__ void dequantize_rows(A* y, const S* sums, int64_t rows, int64_t n, int64_t ld_sums, float scale_x,
-                                const float* scale_w, const float* bias) {
+// The int8 GEMM's epilogue (cuda::Int8Epilogue) as a kernel of its own, from sums (rows, ld_sums) of type S
+// (int32, or integers an FP32 GEMM summed exactly), W outputs a thread (W = 4: n, ld_sums and every part's
+// width multiples of 4).
+template <int W, typename A, typename O, typename S, bool kGelu, bool kQuantize>
+__global__ void dequantize_rows(const cuda::Int8Epilogue e, const S* sums, int64_t rows, int64_t n, int64_t ld_sums) {
   BERT_GRID_STRIDE_PACKS(i, rows * n, W) {
     const int64_t r = i / n, c = i - r * n;
+    const int p = e.part(c);
+    const float scale = cuda::Int8Epilogue::pick(p, e.scale), reciprocal = cuda::Int8Epilogue::pick(p, e.reciprocal);
     const cuda::Pack<S, W> s = cuda::load_pack<W>(sums + r * ld_sums + c);
-    cuda::Pack<A, W> out;
-    for (int j = 0; j < W; ++j)
-      out.v[j] = cuda::from_float<A>(dequantize<kGelu>(s.v[j], scale_x, scale_w[c + j], bias ? bias[c + j] : 0.0f));
-    cuda::store_pack<W>(y + i, out);
+    cuda::Pack<O, W> out;
+    for (int j = 0; j < W; ++j) {
+      const float v = fmaf(sum_value(s.v[j]), __fmul_rn(e.scale_x, e.scale_w[c + j]), e.bias[c + j]);
+      out.v[j] = cuda::int8_epilogue_value<A, O, kGelu, kQuantize>(v, scale, reciprocal);
+    }
+    cuda::store_pack<W>(static_cast<O*>(cuda::Int8Epilogue::pick(p, e.out)) + r * e.width(p) + (c - e.begin(p)), out);
   }
 }
 
+// Whether some part of e is quantized.
+bool quantizes(const cuda::Int8Epilogue& e) { return e.scale[0] > 0 || e.scale[1] > 0 || e.scale[2] > 0; }
+
 // Launches dequantize_rows, in packs of 4 where the shapes allow.
-template <typename A, typename S>
-void launch_dequantize(const Graph<float>& g, A* y, const S* sums, int64_t rows, int64_t n, int64_t ld_sums,
-                       float scale_x, const float* scale_w, const float* bias, bool gelu) {
-  const bool packed = n % 4 == 0 && ld_sums == n && cuda::packs_of_4(rows * n, {y, sums});
-  if (packed) {
-    const auto kernel = gelu ? dequantize_rows<4, A, S, true> : dequantize_rows<4, A, S, false>;
-    BERT_LAUNCH(kernel, rows * n / 4, g, y, sums, rows, n, ld_sums, scale_x, scale_w, bias);
-  } else {
-    const auto kernel = gelu ? dequantize_rows<1, A, S, true> : dequantize_rows<1, A, S, false>;
-    BERT_LAUNCH(kernel, rows * n, g, y, sums, rows, n, ld_sums, scale_x, scale_w, bias);
-  }
+template <typename A, typename O, typename S>
+void launch_dequantize(const Graph<float>& g, const cuda::Int8Epilogue& e, int parts, const S* sums, int64_t rows,
+                       int64_t n, int64_t ld_sums, bool gelu) {
+  bool packed = n % 4 == 0 && ld_sums % 4 == 0 && cuda::packs_of_4(rows * n, {sums});
+  for (int p = 0; p < parts; ++p)
+    packed = packed && e.width(p) % 4 == 0 && reinterpret_cast<uintptr_t>(e.out[p]) % 16 == 0;
+  auto launch = [&](auto w, auto quantize) {
+    constexpr int W = decltype(w)::value;
+    constexpr bool kQuantize = decltype(quantize)::value;
+    if constexpr (kQuantize || !std::is_same_v<O, int8_t>) {
+      const auto kernel =
+          gelu ? dequantize_rows<W, A, O, S, true, kQuantize> : dequantize_rows<W, A, O, S, false, kQuantize>;
+      BERT_LAUNCH(kernel, rows * n / W, g, e, sums, rows, n, ld_sums);
+    }
+  };
+  const bool quantize = quantizes(e);
+  if (packed)
+    quantize ? launch(std::integral_constant<int, 4>{}, std::true_type{})
+             : launch(std::integral_constant<int, 4>{}, std::false_type{});
+  else
+    quantize ? launch(std::integral_constant<int, 1>{}, std::true_type{})
+             : launch(std::integral_constant<int, 1>{}, std::false_type{});
 }
 
 // sums (rows, ld_sums) int32 = q (rows, w.ld()) times w^T, on the int8 tensor cores. cuBLASLt is
@@ -189,21 +201,44 @@ CUtensorMap int8_tensor_map(const int8_t* p, int64_t rows, int64_t ld) {
   return map;
 }
 
-// y (rows, n) = the dequantized product of q (rows, w.ld()) and w, in one kernel (cuda/int8_wgmma.cuh).
-template <typename A>
-void launch_wgmma(const Graph<float>& g, A* y, const int8_t* q, const DeviceInt8Weights& w, int64_t rows, float scale_x,
-                  const float* scale_w, const float* bias, bool gelu) {
+// The dequantized product of q (rows, w.ld()) and w, finished by e, in one kernel (cuda/int8_wgmma.cuh).
+template <typename A, typename O>
+void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8_t* q, const DeviceInt8Weights& w,
+                  int64_t rows, bool gelu) {
   namespace wg = cuda::int8_wgmma;
   BERT_CHECK(rows < (int64_t{1} << 31) && w.ld() < (int64_t{1} << 31), "int8_linear: too large for the TMA kernel");
-  const auto kernel = gelu ? wg::gemm_dequantize<A, true> : wg::gemm_dequantize<A, false>;
-  constexpr int shared = wg::kSharedBytes<A>;
+  using Kernel = void (*)(const CUtensorMap, const CUtensorMap, const cuda::Int8Epilogue, int64_t, int64_t, int64_t);
+  Kernel kernel = nullptr;
+  if constexpr (std::is_same_v<O, int8_t>) {  // every part quantized
+    kernel = gelu ? wg::gemm_dequantize<A, O, true, true> : wg::gemm_dequantize<A, O, false, true>;
+  } else if (quantizes(e)) {
+    kernel = gelu ? wg::gemm_dequantize<A, O, true, true> : wg::gemm_dequantize<A, O, false, true>;
+  } else {
+    kernel = gelu ? wg::gemm_dequantize<A, O, true, false> : wg::gemm_dequantize<A, O, false, false>;
+  }
+  constexpr int shared = wg::kSharedBytes<O>;
   BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   const int64_t row_tiles = (rows + wg::kTileM - 1) / wg::kTileM;
   BERT_CHECK(row_tiles <= 65535, "int8_linear: " + std::to_string(rows) + " rows exceed the GPU kernel's grid");
   const dim3 grid(unsigned((w.n() + wg::kTileN - 1) / wg::kTileN), unsigned(row_tiles));
   const CUtensorMap q_map = int8_tensor_map(q, rows, w.ld()), w_map = int8_tensor_map(w.data(), w.n(), w.ld());
-  kernel<<<grid, wg::kThreads, shared, cuda::stream(g)>>>(q_map, w_map, y, rows, w.n(), w.ld(), scale_x, scale_w, bias);
+  kernel<<<grid, wg::kThreads, shared, cuda::stream(g)>>>(q_map, w_map, e, rows, w.n(), w.ld());
   BERT_CUDA_LAUNCHED();
+}
+
+// Rows of k int8 values into rows of ld bytes, zero past k.
+__global__ void pad_rows(int8_t* q, const int8_t* x, int64_t rows, int64_t k, int64_t ld) {
+  BERT_GRID_STRIDE(i, rows * ld) {
+    const int64_t r = i / ld, c = i - r * ld;
+    q[i] = c < k ? x[r * k + c] : int8_t{0};
+  }
+}
+
+// The epilogue of one unquantized output y (n columns).
+cuda::Int8Epilogue whole_output(void* y, int64_t n, float scale_x, const float* scale_w, const float* bias) {
+  cuda::Int8Epilogue e{scale_x, scale_w, bias, {}, {}, {}, {}};
+  for (int p = 0; p < 3; ++p) e.set_part(p, n, y, 0.0f);
+  return e;
 }
 
 }  // namespace
@@ -242,47 +277,74 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
                                    CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (sums) BERT_LAUNCH(add_slice, rows * n, g, sums, slice, rows * n, first == 0);
   }
-  const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
+  const float* bv = bias.valid() ? g.value(bias).data() : g.scratch<float>(n);
+  if (!bias.valid()) g.device().fill_zero(const_cast<float*>(bv), n * sizeof(float));
+  const cuda::Int8Epilogue e = whole_output(g.data(y), n, scale_x, scales, bv);
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
     if (sums)
-      launch_dequantize(g, cuda::typed<A>(g.data(y)), sums, rows, n, n, scale_x, scales, bv, gelu);
+      launch_dequantize<A, A>(g, e, 1, sums, rows, n, n, gelu);
     else
-      launch_dequantize(g, cuda::typed<A>(g.data(y)), static_cast<const float*>(slice), rows, n, n, scale_x, scales, bv,
-                        gelu);
+      launch_dequantize<A, A>(g, e, 1, static_cast<const float*>(slice), rows, n, n, gelu);
   });
   return y;
 }
 
-Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu, DeviceInt8Gemm gemm) {
-  x = as_activation(g, x);  // as the fake-quantized model's quantizer reads it
-  const DType dtype = g.dtype(x);
+std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, bool gelu,
+                             std::span<const Int8OutputPart> parts, bool integers, DeviceInt8Gemm gemm) {
+  const bool given_integers = g.dtype(x) == DType::kS8;  // the input quantized already (at scale_x)
+  if (!given_integers) x = as_activation(g, x);          // as the fake-quantized model's quantizer reads it
+  const DType dtype = g.activation_dtype();
   const Shape& xs = g.shape(x);
   const int64_t rows = xs.rows(), k = weights.k(), n = weights.n(), ld = weights.ld();
-  Var y = bias.valid() ? g.emit(xs.with_last(n), {x, bias}, dtype) : g.emit(xs.with_last(n), {x}, dtype);
-  if (rows == 0) return y;
-  int8_t* q = g.scratch<int8_t>(rows * ld);
-  const float* scales = g.upload(scale_w.data(), scale_w.size());
-  const float* bv = bias.valid() ? g.value(bias).data() : nullptr;
+  std::vector<Var> outputs;
+  cuda::Int8Epilogue e{scale_x, weights.scales(), weights.bias(), {}, {}, {}, {}};
+  int64_t end = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    outputs.push_back(g.emit(xs.with_last(parts[p].columns), {x}, integers ? DType::kS8 : dtype));
+    end += parts[p].columns;
+    e.set_part(int(p), end, g.data(outputs.back()), parts[p].scale);
+  }
+  for (size_t p = parts.size(); p < 3; ++p) e.set_part(int(p), n, e.out[parts.size() - 1], 0.0f);
+  if (rows == 0) return outputs;
+  const int8_t* q = nullptr;
+  if (given_integers && k == ld) {
+    q = static_cast<const int8_t*>(g.data(x));
+  } else {
+    int8_t* padded = g.scratch<int8_t>(rows * ld);
+    if (given_integers) {
+      BERT_LAUNCH(pad_rows, rows * ld, g, padded, static_cast<const int8_t*>(g.data(x)), rows, k, ld);
+    } else {
+      cuda::with_element_type(dtype, [&](auto tag) {
+        using A = typename decltype(tag)::type;
+        const A* xv = cuda::typed<A>(g.data(x));
+        if (k == ld && reinterpret_cast<uintptr_t>(xv) % 32 == 0)
+          BERT_LAUNCH(quantize_rows_packed<A>, rows * k / 8, g, padded, xv, rows * k, scale_x);
+        else
+          BERT_LAUNCH(quantize_rows<A>, rows * (ld / 4), g, padded, xv, rows, k, ld, scale_x);
+      });
+    }
+    q = padded;
+  }
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
-    const A* xv = cuda::typed<A>(g.data(x));
-    if (k == ld && reinterpret_cast<uintptr_t>(xv) % 32 == 0)
-      BERT_LAUNCH(quantize_rows_packed<A>, rows * k / 8, g, q, xv, rows * k, scale_x);
+    auto run = [&](auto out_tag) {
+      using O = typename decltype(out_tag)::type;
+      if (gemm == DeviceInt8Gemm::kFastest && wgmma_runs(g)) {
+        launch_wgmma<A, O>(g, e, q, weights, rows, gelu);
+      } else {
+        const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows
+        int32_t* sums = g.scratch<int32_t>(rows * ld_sums);
+        integer_gemm(g, q, rows, weights, sums, ld_sums);
+        launch_dequantize<A, O>(g, e, int(parts.size()), sums, rows, n, ld_sums, gelu);
+      }
+    };
+    if (integers)
+      run(cuda::TypeTag<int8_t>{});
     else
-      BERT_LAUNCH(quantize_rows<A>, rows * (ld / 4), g, q, xv, rows, k, ld, scale_x);
-    A* yv = cuda::typed<A>(g.data(y));
-    if (gemm == DeviceInt8Gemm::kFastest && wgmma_runs(g)) {
-      launch_wgmma(g, yv, q, weights, rows, scale_x, scales, bv, gelu);
-    } else {
-      const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows
-      int32_t* sums = g.scratch<int32_t>(rows * ld_sums);
-      integer_gemm(g, q, rows, weights, sums, ld_sums);
-      launch_dequantize(g, yv, sums, rows, n, ld_sums, scale_x, scales, bv, gelu);
-    }
+      run(cuda::TypeTag<A>{});
   });
-  return y;
+  return outputs;
 }
 
 }  // namespace bert::ops::cuda_impl

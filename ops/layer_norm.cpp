@@ -172,6 +172,23 @@ Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, doubl
   return add_layer_norm(g, dropout(g, a, p, training, rng, q), b, gamma, beta, eps);
 }
 
+std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs) {
+  BERT_CHECK(g.on_cuda(), "add_layer_norm_quantized runs on a GPU (INT8 inference there)");
+  BERT_CHECK(!g.grad_enabled(), "add_layer_norm_quantized has no gradient: run it under NoGradGuard");
+  BERT_CHECK(!outputs.empty() && outputs.size() <= 2, "add_layer_norm_quantized: one or two outputs");
+  for (const NormOutput& o : outputs)
+    BERT_CHECK((o.scale == 0 && !o.integers) || (o.scale > 0 && std::isnormal(1.0f / o.scale)),
+               "add_layer_norm_quantized: an output needs a scale whose reciprocal is a normal float (0: not "
+               "quantized; int8 outputs: quantized)");
+#if BERT_WITH_CUDA
+  return cuda_impl::add_layer_norm_quantized(g, a, b, gamma, beta, eps, q, outputs);
+#else
+  (void)a, (void)b, (void)gamma, (void)beta, (void)eps, (void)q;
+  throw InternalError("add_layer_norm_quantized: this build has no CUDA support");
+#endif
+}
+
 #define BERT_INSTANTIATE(T)                                                                          \
   template Var layer_norm<T>(Graph<T>&, Var, Var, Var, double);                                      \
   template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);                             \

@@ -82,15 +82,25 @@ struct RowQuantize {
   unsigned int* arrivals = nullptr;
 };
 
+// Where LayerNorm's output goes in inference when only quantizers read it (ops::add_layer_norm_quantized):
+// up to two outputs instead of y, each the output rounded to A (as y would store it), then fake-quantized
+// at its scale (q * scale in A) or as int8 (the integers); scale 0: the value itself.
+struct RowOutputs {
+  int count = 0;  // 0: y
+  void* out[2] = {nullptr, nullptr};
+  float scale[2] = {0.0f, 0.0f}, reciprocal[2] = {1.0f, 1.0f};
+  bool integers[2] = {false, false};
+};
+
 // LayerNorm with its rows in registers (ops/cuda/rows.cuh's layout: C chunks of 128 columns,
 // 4 a lane; c a multiple of 4 up to 1024). With b set, x = a + b rounded to A (what the add op would store)
 // is normalised and, where `sums` is set, stored for the backward; with `drop` on (threshold > 0), a is
 // first dropped out and rounded to A (what the dropout op would store); with q on, the dropped value is
-// fake-quantized before that rounding.
+// fake-quantized before that rounding. With `outs` set the output goes there instead of y.
 template <int C, typename A>
 __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b,
                                         const float* gamma, const float* beta, int64_t rows, int c, float eps,
-                                        RowDrop drop, RowQuantize<A> q) {
+                                        RowDrop drop, RowQuantize<A> q, RowOutputs outs) {
   __shared__ int64_t shared[32];
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -134,7 +144,31 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
       cuda::Pack<A, 4> out;
       for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
-      cuda::store_pack<4>(y + r * c + j, out);
+      if (outs.count == 0) {
+        cuda::store_pack<4>(y + r * c + j, out);
+        continue;
+      }
+#pragma unroll
+      for (int o = 0; o < 2; ++o) {
+        if (o >= outs.count) break;
+        const float s = outs.scale[o] > 0 ? outs.scale[o] : 1.0f;
+        float quantized[4];
+        for (int w = 0; w < 4; ++w)
+          quantized[w] =
+              fminf(fmaxf(rintf(cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), s, outs.reciprocal[o])),
+                          -128.0f),
+                    127.0f);
+        if (outs.integers[o]) {
+          cuda::Pack<int8_t, 4> integers;
+          for (int w = 0; w < 4; ++w) integers.v[w] = static_cast<int8_t>(quantized[w]);
+          cuda::store_pack<4>(static_cast<int8_t*>(outs.out[o]) + r * c + j, integers);
+        } else {
+          cuda::Pack<A, 4> fake = out;
+          if (outs.scale[o] > 0)
+            for (int w = 0; w < 4; ++w) fake.v[w] = cuda::from_float<A>(quantized[w] * outs.scale[o]);
+          cuda::store_pack<4>(static_cast<A*>(outs.out[o]) + r * c + j, fake);
+        }
+      }
     }
     if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
   }
@@ -313,8 +347,11 @@ namespace {
 // than 1024 or not a multiple of 4, operands not 16-byte aligned, a and b one node; nothing done, nothing
 // drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`; with q (and b
 // set), the dropped a is fake-quantized.
+// With `outputs` (inference), the output goes to them instead (RowOutputs), emitted into `emitted`; y is then
+// the first of them.
 Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double dropout_p = 0.0,
-                   Rng* rng = nullptr, const QuantizeOutput* q = nullptr) {
+                   Rng* rng = nullptr, const QuantizeOutput* q = nullptr, std::span<const NormOutput> outputs = {},
+                   std::vector<Var>* emitted = nullptr) {
   const Shape xs = g.shape(a);
   const int64_t c = xs.last(), rows = xs.rows();
   if (b.valid() && a.index == b.index) return Var{};
@@ -329,7 +366,20 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     drop.keep_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
   }
   const DType dtype = g.dtype(a);
-  Var y = q           ? g.emit(xs, {a, b, gamma, beta, q->scale}, dtype)
+  RowOutputs outs;
+  for (const NormOutput& o : outputs) {
+    const Var made = q           ? g.emit(xs, {a, b, gamma, beta, q->scale}, o.integers ? DType::kS8 : dtype)
+                     : b.valid() ? g.emit(xs, {a, b, gamma, beta}, o.integers ? DType::kS8 : dtype)
+                                 : g.emit(xs, {a, gamma, beta}, o.integers ? DType::kS8 : dtype);
+    emitted->push_back(made);
+    outs.out[outs.count] = g.data(made);
+    outs.scale[outs.count] = o.scale;
+    outs.reciprocal[outs.count] = o.scale > 0 ? 1.0f / o.scale : 1.0f;
+    outs.integers[outs.count] = o.integers;
+    ++outs.count;
+  }
+  Var y = outs.count  ? emitted->front()
+          : q         ? g.emit(xs, {a, b, gamma, beta, q->scale}, dtype)
           : b.valid() ? g.emit(xs, {a, b, gamma, beta}, dtype)
                       : g.emit(xs, {a, gamma, beta}, dtype);
   const cuda::QuantizeLaunch quantize = q ? cuda::fused_launch(g, *q, rows * c) : cuda::QuantizeLaunch{};
@@ -353,7 +403,7 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
           <<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
               cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
               b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
-              int(c), static_cast<float>(eps), drop, quantizer(tag));
+              int(c), static_cast<float>(eps), drop, quantizer(tag), outs);
     });
     BERT_CUDA_LAUNCHED();
   });
@@ -469,6 +519,18 @@ Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, d
   const Var dropped =
       p > 0 ? dropout(g, a, p, rng, q) : fake_quantize(g, a, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
   return add_layer_norm(g, dropped, b, gamma, beta, eps);
+}
+
+std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs) {
+  const Shape xs = g.shape(a);
+  BERT_CHECK(g.shape(b) == xs,
+             "add_layer_norm_quantized: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
+  check_layer_norm(g, xs, gamma, beta, "add_layer_norm_quantized");
+  a = as_activation(g, a), b = as_activation(g, b);
+  std::vector<Var> emitted;
+  if (g.dtype(a) == g.dtype(b)) normalize_rows(g, a, b, gamma, beta, eps, 0.0, nullptr, q, outputs, &emitted);
+  return emitted;
 }
 
 }  // namespace bert::ops::cuda_impl

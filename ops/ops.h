@@ -58,16 +58,21 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
 // gelu(int8_linear(..)), one pass over memory fewer). CPU, forward only.
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias);
-// Int8 weights (n, k) in a device's memory for the integer linears on a GPU: row-major, each row padded
-// with zeros to ld() bytes (a multiple of 16, as the tensor cores' int8 operands need). Made once when
+// An integer linear's constants in a device's memory for INT8 inference on a GPU: the int8 weights (n, k)
+// row-major, each row padded with zeros to ld() bytes (a multiple of 16, as the tensor cores' int8 operands
+// need), the weight scale of each output channel and the bias (zeros where none is given). Made once when
 // the model is prepared for integer inference; the integers int8_linear's Int8Weights packs on the CPU.
 class DeviceInt8Weights {
  public:
-  DeviceInt8Weights(const Device& device, const int8_t* weights, int64_t n, int64_t k);  // row-major (n, k)
+  // weights row-major (n, k); scales: n values; bias: n values or none.
+  DeviceInt8Weights(const Device& device, const int8_t* weights, std::span<const float> scales,
+                    std::span<const float> bias, int64_t n, int64_t k);
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
   int64_t ld() const { return ld_; }
   const int8_t* data() const { return buffer_.as<const int8_t>(); }
+  const float* scales() const { return scales_.as<const float>(); }  // device, n values
+  const float* bias() const { return bias_.as<const float>(); }      // device, n values
   const Device& device() const { return *device_; }
   // The row length of int8 operands of k inputs: k rounded up to a multiple of 16.
   static int64_t row_bytes(int64_t k) { return (k + 15) / 16 * 16; }
@@ -75,7 +80,7 @@ class DeviceInt8Weights {
  private:
   const Device* device_;
   int64_t n_, k_, ld_;
-  DeviceBuffer buffer_;
+  DeviceBuffer buffer_, scales_, bias_;
 };
 // The int8 GEMM a GPU's int8_linear runs: the fastest there is (ours on Hopper's wgmma with the
 // dequantization in its epilogue, where the build has sm_90a code and the GPU is compute capability 9.0;
@@ -84,9 +89,28 @@ enum class DeviceInt8Gemm { kFastest, kCublasLt };
 // int8_linear and int8_linear_gelu on a GPU (a graph on the weights' CUDA device): x quantized per tensor
 // in one pass (as int8_linear quantizes), int8 x int8 products summed in int32 on the tensor cores, then
 // fma(sum, scale_x * scale_w[c], bias[c]) (and GELU with gelu set) in the activations' dtype: in FP32 the
-// CPU ops' values bit for bit (GELU: the GPU's own, as ops::gelu computes it). Forward only (NoGradGuard).
-Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, std::span<const float> scale_w,
-                Var bias, bool gelu = false, DeviceInt8Gemm gemm = DeviceInt8Gemm::kFastest);
+// CPU ops' values bit for bit (GELU: the GPU's own, as ops::gelu computes it). x may also hold the
+// integers themselves (DType::kS8, at scale_x: int8_linear_quantized's output), which skips the
+// quantization. Forward only (NoGradGuard).
+Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, bool gelu = false,
+                DeviceInt8Gemm gemm = DeviceInt8Gemm::kFastest);
+// A part of a GPU integer linear's output columns, quantized in the GEMM's epilogue by the input quantizer of
+// the op that reads it (per tensor, at `scale`, to [-128, 127]; scale 0: the values as int8_linear gives them).
+struct Int8OutputPart {
+  int64_t columns = 0;
+  float scale = 0.0f;
+};
+// int8_linear on a GPU whose output columns are cut into parts (their columns add up to weights.n()), one
+// node each (.., columns), each quantized in the GEMM's epilogue as its consumer's quantizer would: the
+// linear's output rounded to the activations' dtype (the value the fake-quantized model stores), with gelu
+// set GELU of it in FP32, then round(v / scale) half to even, clamped to [-128, 127]. With `integers` the
+// parts are int8 (DType::kS8, every part quantized: the input of an int8_linear at that scale), else the
+// fake quantizer's values q * scale in the activations' dtype. The quantize passes of the consumers (and
+// of a following int8_linear) are never made: Q, K and V from one GEMM with the attention products' input
+// quantizers, the FFN's GELU with the output layer's. Forward only (NoGradGuard).
+std::vector<Var> int8_linear_quantized(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x,
+                                       bool gelu, std::span<const Int8OutputPart> parts, bool integers,
+                                       DeviceInt8Gemm gemm = DeviceInt8Gemm::kFastest);
 
 // INT8 inference of a product of two activations, batched over the leading axes (attention's products
 // one at a time: int8_attention below is held to them): a (.., M, K) and b (.., K, N), or b (.., N, K) with trans_b,
@@ -302,6 +326,20 @@ Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& 
 template <typename T>
 Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, bool training,
                            Rng& rng, const QuantizeOutput& q);
+// One output of add_layer_norm_quantized: the LayerNorm's output quantized per tensor at `scale` to
+// [-128, 127] (0: the value itself), as int8 with `integers` (DType::kS8), else q * scale.
+struct NormOutput {
+  float scale = 0.0f;
+  bool integers = false;
+};
+// Inference on a GPU: add_layer_norm(fake_quantize(a, q...), b) (q may be null: a as it is) whose output
+// only quantizers read: the output rounded to the activations' dtype (as stored), then quantized by each
+// of `outputs` (one or two) in the same kernel: the values fake_quantize_each of the stored output gives,
+// or their integers for an integer layer (int8_linear reads them), one node each, the output itself never
+// stored. Empty where the row kernels do not apply (rows wider than 1,024 or not a multiple of 4,
+// operands not 16-byte aligned): the caller then runs the ops one by one. Forward only (NoGradGuard).
+std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs);
 // x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): on a
 // GPU x is read once forward and its gradient written once backward however many quantizers read it
 // (the input of the Q, K and V projections and of a residual add). On the CPU, one fake_quantize each.

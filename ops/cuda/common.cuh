@@ -45,6 +45,7 @@ struct TypeTag {
 // Calls f(TypeTag<A>{}) with A the element type of `dtype`: one kernel instantiation per type.
 template <typename F>
 void with_element_type(DType dtype, F&& f) {
+  BERT_CHECK(dtype != DType::kS8, "an int8 tensor reached an op that reads activations (only int8_linear reads it)");
   if (dtype == DType::kBF16)
     f(TypeTag<bf16>{});
   else

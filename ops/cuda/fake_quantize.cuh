@@ -36,6 +36,14 @@ struct ScaleDivision {
   bool normal;  // r is a normal float
   __device__ explicit ScaleDivision(float scale)
       : s(scale), r(1.0f / scale), normal(fabsf(r) >= FLT_MIN && fabsf(r) <= FLT_MAX) {}
+  // The same division where the reciprocal r = RN(1 / s) was made elsewhere (the host's IEEE division gives
+  // the same) and is known to be a normal float (the caller checks): no branch, for kernels that divide
+  // many values by scales they pick per value (an integer GEMM's epilogue).
+  __device__ __forceinline__ static float normal_quotient(float x, float s, float r) {
+    const float q = x * r;
+    const float u = fmaf(fmaf(-q, s, x), r, q);
+    return isinf(q) ? q : u;
+  }
   __device__ __forceinline__ float operator()(float x) const {
     if (!normal) return x / s;  // the same for every thread
     const float q = x * r;

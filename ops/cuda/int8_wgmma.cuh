@@ -1,6 +1,7 @@
 // An int8 GEMM on Hopper's warpgroup tensor cores (wgmma, sm_90a) whose epilogue dequantizes per output
 // channel: y (m, n) = finish(fma(float(sum), scale_x * scale_w[c], bias[c])) with exact int32 sums,
-// written once in the output type (float or BF16). cuBLASLt's int8 GEMMs offer no per-channel scale on
+// written once in the output type (float or BF16, or int8 quantized for the consumer: Int8Epilogue, which
+// the unfused path in ops/integer.cu applies too). cuBLASLt's int8 GEMMs offer no per-channel scale on
 // Hopper, so with them the int32 sums go through memory and back (ops/integer.cu keeps that path: the
 // reference this kernel is tested against, and where sm_90a is not there).
 //
@@ -15,21 +16,72 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fake_quantize.cuh"
 
-namespace bert::cuda::int8_wgmma {
+namespace bert::cuda {
+
+// How an integer linear finishes output channel c from its exact sum (ops::int8_linear_quantized): the
+// value fma(float(sum), scale_x * scale_w[c], bias[c]), then by the part of the columns c falls in (up to
+// three, each written to its own (rows, width) tensor): unquantized (scale 0) GELU with kGelu and the value
+// in the output type; quantized, the value rounded to the activations' type A first (as the fake-quantized
+// model stores the linear's output), GELU, then round(v / scale) half to even clamped to [-128, 127],
+// written as int8 or as q * scale in A (the fake quantizer's value). Parts are picked by selects, never by
+// indexing (an indexed register array would live in local memory).
+struct Int8Epilogue {
+  float scale_x;
+  const float* scale_w;
+  const float* bias;
+  int64_t end[3];  // each part's end column (unused parts end at n)
+  void* out[3];
+  float scale[3];
+  float reciprocal[3];  // 1 / scale rounded to nearest (ScaleDivision), a normal float; 1 where unquantized
+  template <typename V>
+  __host__ __device__ __forceinline__ static V pick(int p, const V (&v)[3]) {
+    return p == 0 ? v[0] : p == 1 ? v[1] : v[2];
+  }
+  __host__ __device__ __forceinline__ int part(int64_t c) const { return c < end[0] ? 0 : c < end[1] ? 1 : 2; }
+  __host__ __device__ __forceinline__ int64_t begin(int p) const { return p == 0 ? 0 : p == 1 ? end[0] : end[1]; }
+  __host__ __device__ __forceinline__ int64_t width(int p) const { return pick(p, end) - begin(p); }
+  // Sets part p (columns up to `end_column`, written to `y`, quantized at `part_scale`, 0: not).
+  void set_part(int p, int64_t end_column, void* y, float part_scale) {
+    end[p] = end_column;
+    out[p] = y;
+    scale[p] = part_scale;
+    reciprocal[p] = part_scale > 0 ? 1.0f / part_scale : 1.0f;
+  }
+};
+// kQuantize: some part is quantized (else the values only, O == A).
+template <typename A, typename O, bool kGelu, bool kQuantize>
+__device__ __forceinline__ O int8_epilogue_value(float v, float scale, float reciprocal) {
+  if constexpr (std::is_same_v<O, int8_t>) {  // every part quantized
+    v = to_float(from_float<A>(v));
+    if constexpr (kGelu) v = gelu_value(v);
+    return static_cast<int8_t>(
+        fminf(fmaxf(rintf(ScaleDivision::normal_quotient(v, scale, reciprocal)), -128.0f), 127.0f));
+  } else {
+    if (!kQuantize || scale == 0.0f) return from_float<O>(kGelu ? gelu_value(v) : v);
+    v = to_float(from_float<A>(v));
+    if constexpr (kGelu) v = gelu_value(v);
+    return from_float<O>(fminf(fmaxf(rintf(ScaleDivision::normal_quotient(v, scale, reciprocal)), -128.0f), 127.0f) *
+                         scale);
+  }
+}
+
+namespace int8_wgmma {
 
 constexpr int kTileM = 128, kTileN = 128, kTileK = 128, kStages = 2, kThreads = 288;
 constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
 // A consumer's staged outputs: 64 rows, each padded by 16 bytes (rows 8 apart fall in other banks).
-template <typename A>
-constexpr int kOutRow = kTileN* int(sizeof(A)) + 16;
-template <typename A>
-constexpr int kData = kStages* kStageBytes > 2 * 64 * kOutRow<A> ? kStages* kStageBytes : 2 * 64 * kOutRow<A>;
+template <typename O>
+constexpr int kOutRow = kTileN* int(sizeof(O)) + 16;
+template <typename O>
+constexpr int kData = kStages* kStageBytes > 2 * 64 * kOutRow<O> ? kStages* kStageBytes : 2 * 64 * kOutRow<O>;
 // Data, 1 KiB of alignment slack (the swizzled tiles start at 1 KiB boundaries), the 2 x kStages barriers.
-template <typename A>
-constexpr int kSharedBytes = kData<A> + 1024 + 2 * kStages * 8;
+template <typename O>
+constexpr int kSharedBytes = kData<O> + 1024 + 2 * kStages * 8;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
@@ -85,14 +137,15 @@ __device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b) {
 }
 #endif
 
-template <typename A, bool kGelu>
+// Activations of type A, outputs of type O (A, or int8 where every part is quantized); kQuantize: some part is.
+template <typename A, typename O, bool kGelu, bool kQuantize>
 __global__ void __launch_bounds__(kThreads, 2)
-    gemm_dequantize(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map, A* y,
-                    int64_t m, int64_t n, int64_t ld, float scale_x, const float* scale_w, const float* bias) {
+    gemm_dequantize(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
+                    const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kData<A>);
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kData<O>);
   uint64_t* empty = full + kStages;
   const int64_t m0 = int64_t(blockIdx.y) * kTileM, n0 = int64_t(blockIdx.x) * kTileN;
   const int group = threadIdx.x >> 7;  // 0, 1: consumers (rows 64 group); 2: the producer warp
@@ -132,40 +185,53 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   // Thread's outputs: rows lane / 4 and + 8 of its warp's 16, channels 2 (lane % 4) and + 1 of each 8.
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-  uint8_t* out = shared + group * 64 * kOutRow<A>;
+  uint8_t* out = shared + group * 64 * kOutRow<O>;
   asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both consumers are done with the stages
 #pragma unroll
   for (int j = 0; j < kTileN / 8; ++j) {
     const int local = j * 8 + (lane & 3) * 2;
     const int64_t c = n0 + local;
-    const float s0 = c < n ? __fmul_rn(scale_x, scale_w[c]) : 0.0f,
-                s1 = c + 1 < n ? __fmul_rn(scale_x, scale_w[c + 1]) : 0.0f;
-    const float b0 = bias && c < n ? bias[c] : 0.0f, b1 = bias && c + 1 < n ? bias[c + 1] : 0.0f;
+    const float s0 = c < n ? __fmul_rn(e.scale_x, e.scale_w[c]) : 0.0f,
+                s1 = c + 1 < n ? __fmul_rn(e.scale_x, e.scale_w[c + 1]) : 0.0f;
+    const float b0 = c < n ? e.bias[c] : 0.0f, b1 = c + 1 < n ? e.bias[c + 1] : 0.0f;
+    float q0 = 0.0f, r0 = 1.0f, q1 = 0.0f, r1 = 1.0f;  // the columns' quantizer scales and reciprocals
+    if constexpr (kQuantize) {
+      const int p0 = e.part(c), p1 = e.part(c + 1);
+      q0 = Int8Epilogue::pick(p0, e.scale), r0 = Int8Epilogue::pick(p0, e.reciprocal);
+      q1 = Int8Epilogue::pick(p1, e.scale), r1 = Int8Epilogue::pick(p1, e.reciprocal);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
-            v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
-      if constexpr (kGelu) v0 = gelu_value(v0), v1 = gelu_value(v1);
-      A* at = reinterpret_cast<A*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<A>) + local;
-      at[0] = from_float<A>(v0), at[1] = from_float<A>(v1);
+      const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
+                  v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
+      O* at = reinterpret_cast<O*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local;
+      at[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
+      at[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
     }
   }
   asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
-  constexpr int kPer = 16 / int(sizeof(A)), kPieces = kTileN / kPer;  // 16-byte pieces a row
+  constexpr int kPer = 16 / int(sizeof(O)), kPieces = kTileN / kPer;  // 16-byte pieces a row
   for (int i = threadIdx.x & 127; i < 64 * kPieces; i += 128) {
     const int local_row = i / kPieces, piece = i % kPieces;
     const int64_t r = m0 + row0 + local_row, c = n0 + piece * kPer;
     if (r >= m || c >= n) continue;
-    const A* from = reinterpret_cast<const A*>(out + local_row * kOutRow<A>) + piece * kPer;
-    A* to = y + r * n + c;
-    if (c + kPer <= n && n % kPer == 0)
-      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
-    else
-      for (int e = 0; e < kPer && c + e < n; ++e) to[e] = from[e];
+    const O* from = reinterpret_cast<const O*>(out + local_row * kOutRow<O>) + piece * kPer;
+    const int p = e.part(c);
+    const int64_t begin = e.begin(p), width = e.width(p);
+    if (c + kPer <= begin + width && (c - begin) % kPer == 0 && width % kPer == 0) {
+      *reinterpret_cast<uint4*>(static_cast<O*>(Int8Epilogue::pick(p, e.out)) + r * width + (c - begin)) =
+          *reinterpret_cast<const uint4*>(from);
+    } else {
+      for (int x = 0; x < kPer && c + x < n; ++x) {
+        const int q = e.part(c + x);
+        static_cast<O*>(Int8Epilogue::pick(q, e.out))[r * e.width(q) + (c + x - e.begin(q))] = from[x];
+      }
+    }
   }
 #else
   __trap();  // launched only where the build has sm_90a code (ops/integer.cu checks)
 #endif
 }
 
-}  // namespace bert::cuda::int8_wgmma
+}  // namespace int8_wgmma
+}  // namespace bert::cuda

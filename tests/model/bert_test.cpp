@@ -651,8 +651,14 @@ TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
   EXPECT_THROW(model.prepare_integer_inference(/*integer_decoder=*/true), UserError);  // the decoder: CPU only
   EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);
   EXPECT_EQ(model.integer_attention_layers(), 0);  // the products stay fake-quantized in float on the GPU
+  EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers);  // Q, K, V as one integer linear
   const std::vector<float> integer = eval_logits(model, false, *gpu);
   EXPECT_EQ(integer, fake);
+  // The projections one by one: the same logits.
+  model.prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false);
+  EXPECT_EQ(model.fused_projection_layers(), 0);
+  EXPECT_EQ(eval_logits(model, false, *gpu), fake);
+  model.prepare_integer_inference();
   const double cpu_difference = largest_relative_difference(integer, cpu_fake);
   std::cout << "[ info ] GPU integer vs CPU fake-quantized logits: largest difference " << cpu_difference
             << " of the largest logit\n";
@@ -681,6 +687,8 @@ TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
   in_bf16->place_on(*gpu_bf16);
   const std::vector<float> fake_bf16 = eval_logits(*in_bf16, false, *gpu_bf16);
   in_bf16->prepare_integer_inference();
+  EXPECT_EQ(eval_logits(*in_bf16, false, *gpu_bf16), fake_bf16);
+  in_bf16->prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false);
   EXPECT_EQ(eval_logits(*in_bf16, false, *gpu_bf16), fake_bf16);
 }
 

@@ -1046,14 +1046,14 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
     for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
       const bool bf16 = gpu->precision() == Precision::kBf16;
       SCOPED_TRACE(bf16 ? "bf16" : "fp32");
-      const ops::DeviceInt8Weights weights(*gpu, w.data(), size.n, size.k);
+      const ops::DeviceInt8Weights with_bias_weights(*gpu, w.data(), scale_w, bias, size.n, size.k),
+          no_bias_weights(*gpu, w.data(), scale_w, {}, size.n, size.k);
       auto run = [&](bool with_bias, bool gelu, bool gelu_op,
                      ops::DeviceInt8Gemm gemm = ops::DeviceInt8Gemm::kFastest) {
         Graph<float> g(*gpu);
         NoGradGuard<float> no_grad(g);
         Var xv = g.input(std::span<const float>(x), Shape{size.rows, size.k});
-        Var b = with_bias ? g.input(std::span<const float>(bias), Shape{size.n}) : Var{};
-        Var y = ops::int8_linear(g, xv, weights, scale_x, scale_w, b, gelu, gemm);
+        Var y = ops::int8_linear(g, xv, with_bias ? with_bias_weights : no_bias_weights, scale_x, gelu, gemm);
         return g.to_host(gelu_op ? ops::gelu(g, y) : y);
       };
       for (bool with_bias : {true, false}) {
@@ -1086,15 +1086,163 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
   // Inference only, and the weights' own device.
   const std::vector<int8_t> w(12, 1);
   const std::vector<float> x(6, 1.0f), scale_w(4, 0.5f);
-  const ops::DeviceInt8Weights weights(*gpu_, w.data(), 4, 3);
+  const ops::DeviceInt8Weights weights(*gpu_, w.data(), scale_w, {}, 4, 3);
+  EXPECT_THROW(ops::DeviceInt8Weights(*gpu_, w.data(), std::span<const float>(scale_w).first(3), {}, 4, 3),
+               std::exception);
   Graph<float> g(*gpu_);
   Var xv = g.input(std::span<const float>(x), Shape{2, 3});
-  EXPECT_THROW(ops::int8_linear(g, xv, weights, 0.1f, scale_w, Var{}), std::exception);
+  EXPECT_THROW(ops::int8_linear(g, xv, weights, 0.1f), std::exception);
   Graph<float> cpu_graph(Device::cpu());
   NoGradGuard<float> no_grad(cpu_graph);
-  EXPECT_THROW(ops::int8_linear(cpu_graph, cpu_graph.input(std::span<const float>(x), Shape{2, 3}), weights, 0.1f,
-                                scale_w, Var{}),
+  EXPECT_THROW(ops::int8_linear(cpu_graph, cpu_graph.input(std::span<const float>(x), Shape{2, 3}), weights, 0.1f),
                std::exception);
+}
+
+// The consumers' quantizers in the integer linear's epilogue (int8_linear_quantized) against the ops one by
+// one on the GPU: int8_linear's output (stored in the activations' dtype), each part of its columns
+// fake-quantized by ops::fake_quantize, or with GELU by ops::gelu with the quantizer fused (which
+// quantizes the FP32 GELU of the stored value), bit for bit, in FP32 and BF16, with our wgmma GEMM and
+// cuBLASLt's; the int8 outputs are those integers (the fake-quantized values divided by the scale), and an
+// int8_linear reading them gives the values it gives reading the fake-quantized values. Parts of odd
+// widths (16-byte pieces cut across parts and rows), an unquantized part, inputs of 200 (rows padded to
+// 208 bytes when the integers are read).
+TEST_F(CudaOps, Int8LinearQuantizedEqualsTheOpsOneByOne) {
+  struct Case {
+    int64_t rows, k;
+    std::vector<int64_t> columns;
+  };
+  for (const Case& c : {Case{37, 200, {16, 21, 9}}, Case{130, 768, {128, 128, 128}}, Case{300, 96, {72, 64, 64}},
+                        Case{257, 512, {132}}}) {
+    int64_t n = 0;
+    for (int64_t w : c.columns) n += w;
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.k) + "x" + std::to_string(n));
+    std::vector<float> x = random_values(c.rows * c.k, 5);
+    for (float& v : x) v = bf16_representable(v);
+    std::mt19937 gen(11);
+    std::uniform_int_distribution<int> byte(-128, 127);
+    std::uniform_real_distribution<float> uniform(0.001f, 0.01f);
+    std::vector<int8_t> w(static_cast<size_t>(n * c.k));
+    for (int8_t& v : w) v = static_cast<int8_t>(byte(gen));
+    std::vector<float> scale_w(static_cast<size_t>(n)), bias = random_values(n, 9);
+    for (float& s : scale_w) s = uniform(gen);
+    const float scale_x = 3.0f / 127;
+    std::vector<ops::Int8OutputPart> parts;
+    for (size_t p = 0; p < c.columns.size(); ++p)  // scales near the outputs' spread: some saturate
+      parts.push_back({c.columns[p], 0.004f * float(p + 1)});
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = gpu->precision() == Precision::kBf16;
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      const ops::DeviceInt8Weights weights(*gpu, w.data(), scale_w, bias, n, c.k);
+      for (bool gelu : {false, true})
+        for (ops::DeviceInt8Gemm gemm : {ops::DeviceInt8Gemm::kFastest, ops::DeviceInt8Gemm::kCublasLt}) {
+          SCOPED_TRACE(std::string(gelu ? "gelu" : "no gelu") +
+                       (gemm == ops::DeviceInt8Gemm::kCublasLt ? ", cuBLASLt" : ""));
+          Graph<float> g(*gpu);
+          NoGradGuard<float> no_grad(g);
+          const Var xv = g.input(std::span<const float>(x), Shape{c.rows, c.k});
+          const std::vector<float> y = g.to_host(ops::int8_linear(g, xv, weights, scale_x, false, gemm));
+          const std::vector<Var> fake = ops::int8_linear_quantized(g, xv, weights, scale_x, gelu, parts, false, gemm);
+          const std::vector<Var> integers =
+              ops::int8_linear_quantized(g, xv, weights, scale_x, gelu, parts, true, gemm);
+          ASSERT_EQ(fake.size(), parts.size());
+          int64_t first = 0;
+          for (size_t p = 0; p < parts.size(); ++p) {
+            const int64_t width = parts[p].columns;
+            std::vector<float> part(static_cast<size_t>(c.rows * width));
+            for (int64_t r = 0; r < c.rows; ++r)
+              std::copy_n(y.begin() + r * n + first, width, part.begin() + r * width);
+            first += width;
+            const float s = parts[p].scale;
+            const Var stored = g.input(std::span<const float>(part), Shape{c.rows, width});
+            const Var scale = g.input(std::span<const float>(&s, 1), Shape{1});
+            const Var expected = gelu ? ops::gelu(g, stored, ops::QuantizeOutput{scale})
+                                      : ops::fake_quantize(g, stored, scale, -128, 127);
+            const std::vector<float> want = g.to_host(expected);
+            EXPECT_EQ(g.dtype(fake[p]), g.activation_dtype());
+            EXPECT_EQ(g.shape(fake[p]), Shape({c.rows, width}));
+            EXPECT_EQ(g.to_host(fake[p]), want) << "part " << p;
+            EXPECT_EQ(g.dtype(integers[p]), DType::kS8);
+            std::vector<float> divided(want.size());
+            for (size_t i = 0; i < want.size(); ++i) divided[i] = std::nearbyint(want[i] / s);
+            EXPECT_EQ(g.to_host(integers[p]), divided) << "part " << p;
+            // The integers read by the next integer linear: its values from the fake-quantized input.
+            const ops::DeviceInt8Weights next(*gpu, w.data(), std::span<const float>(scale_w).first(8),
+                                              std::span<const float>(bias).first(8), 8, width);
+            EXPECT_EQ(g.to_host(ops::int8_linear(g, integers[p], next, s, false, gemm)),
+                      g.to_host(ops::int8_linear(g, fake[p], next, s, false, gemm)))
+                << "part " << p;
+          }
+        }
+      // An unquantized part gives int8_linear's values; int8 outputs need every part quantized.
+      Graph<float> g(*gpu);
+      NoGradGuard<float> no_grad(g);
+      const Var xv = g.input(std::span<const float>(x), Shape{c.rows, c.k});
+      std::vector<ops::Int8OutputPart> plain = {{n, 0.0f}};
+      EXPECT_EQ(g.to_host(ops::int8_linear_quantized(g, xv, weights, scale_x, true, plain, false)[0]),
+                g.to_host(ops::int8_linear(g, xv, weights, scale_x, true)));
+      EXPECT_THROW(ops::int8_linear_quantized(g, xv, weights, scale_x, false, plain, true), std::exception);
+      plain[0].columns = n - 1;
+      EXPECT_THROW(ops::int8_linear_quantized(g, xv, weights, scale_x, false, plain, false), std::exception);
+    }
+  }
+}
+
+// LayerNorm writing its output only as its readers' quantizers read it (add_layer_norm_quantized, GPU
+// integer inference) against the ops one by one: dropout_add_layer_norm (with the add's input quantizer or
+// without), then fake_quantize of the stored output for each reader, bit for bit in FP32 and BF16; int8
+// outputs are those values divided by their scale; scale 0 gives the output itself. Rows of 768 and 100
+// columns; rows of 1,030 (past the row kernels) give nothing (the caller's ops run).
+TEST_F(CudaOps, AddLayerNormQuantizedEqualsTheOpsOneByOne) {
+  for (const int64_t c : {int64_t{768}, int64_t{100}}) {
+    SCOPED_TRACE("columns " + std::to_string(c));
+    const int64_t rows = 37;
+    const std::vector<float> a = random_values(rows * c, 3), b = random_values(rows * c, 4);
+    std::vector<float> gamma = random_values(c, 5), beta = random_values(c, 6);
+    const float add_scale = 0.011f, first = 0.021f, second = 0.017f;
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      SCOPED_TRACE(gpu->precision() == Precision::kBf16 ? "bf16" : "fp32");
+      for (bool with_add_quantizer : {true, false}) {
+        SCOPED_TRACE(with_add_quantizer ? "add input quantized" : "add input as it is");
+        Graph<float> g(*gpu);
+        NoGradGuard<float> no_grad(g);
+        const Var av = g.input(std::span<const float>(a), Shape{rows, c});
+        const Var bv = g.input(std::span<const float>(b), Shape{rows, c});
+        const Var gv = g.input(std::span<const float>(gamma), Shape{c});
+        const Var betav = g.input(std::span<const float>(beta), Shape{c});
+        auto scale_of = [&](float s) { return g.input(std::span<const float>(&s, 1), Shape{1}); };
+        const ops::QuantizeOutput q{scale_of(add_scale)};
+        Rng rng(1);
+        const Var y = with_add_quantizer ? ops::dropout_add_layer_norm(g, av, bv, gv, betav, 1e-12, 0.1, false, rng, q)
+                                         : ops::dropout_add_layer_norm(g, av, bv, gv, betav, 1e-12, 0.1, false, rng);
+        const std::vector<float> want_first = g.to_host(ops::fake_quantize(g, y, scale_of(first), -128, 127));
+        const std::vector<float> want_second = g.to_host(ops::fake_quantize(g, y, scale_of(second), -128, 127));
+        const std::array<ops::NormOutput, 2> fake = {ops::NormOutput{first, false}, ops::NormOutput{second, false}};
+        const std::array<ops::NormOutput, 2> mixed = {ops::NormOutput{first, true}, ops::NormOutput{0.0f, false}};
+        const ops::QuantizeOutput* add = with_add_quantizer ? &q : nullptr;
+        const std::vector<Var> made = ops::add_layer_norm_quantized(g, av, bv, gv, betav, 1e-12, add, fake);
+        ASSERT_EQ(made.size(), 2u);
+        EXPECT_EQ(g.dtype(made[0]), g.activation_dtype());
+        EXPECT_EQ(g.to_host(made[0]), want_first);
+        EXPECT_EQ(g.to_host(made[1]), want_second);
+        const std::vector<Var> integers = ops::add_layer_norm_quantized(g, av, bv, gv, betav, 1e-12, add, mixed);
+        ASSERT_EQ(integers.size(), 2u);
+        EXPECT_EQ(g.dtype(integers[0]), DType::kS8);
+        std::vector<float> divided(want_first.size());
+        for (size_t i = 0; i < divided.size(); ++i) divided[i] = std::nearbyint(want_first[i] / first);
+        EXPECT_EQ(g.to_host(integers[0]), divided);
+        EXPECT_EQ(g.to_host(integers[1]), g.to_host(y));
+      }
+    }
+  }
+  Graph<float> g(*gpu_);
+  NoGradGuard<float> no_grad(g);
+  const std::vector<float> wide = random_values(2 * 1030, 3), ones(1030, 1.0f);
+  const Var x = g.input(std::span<const float>(wide), Shape{2, 1030});
+  const Var gv = g.input(std::span<const float>(ones), Shape{1030});
+  const std::array<ops::NormOutput, 1> one = {ops::NormOutput{0.02f, true}};
+  EXPECT_TRUE(ops::add_layer_norm_quantized(g, x, x, gv, gv, 1e-12, nullptr, one).empty());
+  const std::array<ops::NormOutput, 1> unquantized_integers = {ops::NormOutput{0.0f, true}};
+  EXPECT_THROW(ops::add_layer_norm_quantized(g, x, x, gv, gv, 1e-12, nullptr, unquantized_integers), std::exception);
 }
 
 TEST_F(CudaOps, AddMulScaleOnBf16Activations) {
