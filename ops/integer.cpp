@@ -145,6 +145,9 @@ DeviceInt8Weights::DeviceInt8Weights(const Device& device, const int8_t* weights
   device.copy_to_device(scales_.data(), scales.data(), scales_.bytes());
   bias_ = DeviceBuffer(device, static_cast<size_t>(n) * sizeof(float));
   device.copy_to_device(bias_.data(), b.data(), bias_.bytes());
+#if BERT_WITH_CUDA
+  encode_ = cuda_impl::int8_weights_tensor_map(device, data(), n_, ld_, map_.data());
+#endif
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -165,37 +166,34 @@ __global__ void add_slice(int32_t* sums, const float* slice, int64_t count, bool
   BERT_GRID_STRIDE(i, count) sums[i] = (first ? 0 : sums[i]) + __float2int_rn(slice[i]);
 }
 
-// Whether int8_linear's wgmma GEMM runs here: the build has sm_90a code (BERT_INT8_WGMMA) and the GPU is
-// compute capability 9.0 (H100, H200).
-bool wgmma_runs(const Graph<float>& g) {
+// Whether int8_linear's wgmma GEMM runs on a device: the build has sm_90a code (BERT_INT8_WGMMA) and the
+// GPU is compute capability 9.0 (H100, H200).
+bool wgmma_runs(const Device& device) {
 #if BERT_INT8_WGMMA
-  const int ordinal = cuda::context(g.device()).ordinal;
+  const int ordinal = cuda::context(device).ordinal;
   int major = 0, minor = 0;
   BERT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
   BERT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal));
   return major == 9 && minor == 0;
 #else
-  (void)g;
+  (void)device;
   return false;
 #endif
 }
 
-// The TMA descriptor of an int8 matrix (rows, ld), read in 128 x 128-byte boxes with the 128-byte swizzle
-// the wgmma kernel's operand descriptors expect; rows and bytes past the matrix read as zeros.
-CUtensorMap int8_tensor_map(const int8_t* p, int64_t rows, int64_t ld) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  BERT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
-                                                   cudaEnableDefault, &found));
-  BERT_CHECK(found == cudaDriverEntryPointSuccess && encode, "int8_linear: the driver has no cuTensorMapEncodeTiled");
+// The TMA descriptor of an int8 matrix (rows, ld), read in boxes of box_rows rows of 128 bytes with the 128-byte
+// swizzle the wgmma kernel's operand descriptors expect; rows and bytes past the matrix read as zeros. `encode` is the
+// driver's cuTensorMapEncodeTiled.
+CUtensorMap int8_tensor_map(void* encode, const int8_t* p, int64_t rows, int64_t ld, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(ld), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(ld)};
-  const cuuint32_t box[2] = {cuuint32_t(cuda::int8_wgmma::kTileK), cuuint32_t(cuda::int8_wgmma::kTileM)};
+  const cuuint32_t box[2] = {cuuint32_t(cuda::int8_wgmma::kTileK), cuuint32_t(box_rows)};
   const cuuint32_t steps[2] = {1, 1};
-  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box,
-                                 steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult status = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(encode)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box, steps,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   BERT_CHECK(status == CUDA_SUCCESS, "int8_linear: cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) +
                                          ") for " + std::to_string(rows) + " rows of " + std::to_string(ld) + " bytes");
   return map;
@@ -221,8 +219,9 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
   const int64_t row_tiles = (rows + wg::kTileM - 1) / wg::kTileM;
   BERT_CHECK(row_tiles <= 65535, "int8_linear: " + std::to_string(rows) + " rows exceed the GPU kernel's grid");
   const dim3 grid(unsigned((w.n() + wg::kTileN - 1) / wg::kTileN), unsigned(row_tiles));
-  const CUtensorMap q_map = int8_tensor_map(q, rows, w.ld()), w_map = int8_tensor_map(w.data(), w.n(), w.ld());
-  kernel<<<grid, wg::kThreads, shared, cuda::stream(g)>>>(q_map, w_map, e, rows, w.n(), w.ld());
+  const CUtensorMap q_map = int8_tensor_map(w.encode_tensor_map(), q, rows, w.ld(), wg::kTileM);
+  kernel<<<grid, wg::kThreads, shared, cuda::stream(g)>>>(q_map, *static_cast<const CUtensorMap*>(w.tensor_map()), e,
+                                                          rows, w.n(), w.ld());
   BERT_CUDA_LAUNCHED();
 }
 
@@ -330,7 +329,7 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
     using A = typename decltype(tag)::type;
     auto run = [&](auto out_tag) {
       using O = typename decltype(out_tag)::type;
-      if (gemm == DeviceInt8Gemm::kFastest && wgmma_runs(g)) {
+      if (gemm == DeviceInt8Gemm::kFastest && weights.tensor_map()) {
         launch_wgmma<A, O>(g, e, q, weights, rows, gelu);
       } else {
         const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows
@@ -345,6 +344,19 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
       run(cuda::TypeTag<A>{});
   });
   return outputs;
+}
+
+void* int8_weights_tensor_map(const Device& device, const int8_t* weights, int64_t n, int64_t ld, void* map) {
+  if (!wgmma_runs(device)) return nullptr;
+  void* encode = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  BERT_CUDA_CHECK(
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess || !encode) return nullptr;  // cuBLASLt's GEMM then
+  static_assert(sizeof(CUtensorMap) == 128);
+  const CUtensorMap m = int8_tensor_map(encode, weights, n, ld, cuda::int8_wgmma::kTileN);
+  std::memcpy(map, &m, sizeof m);
+  return encode;
 }
 
 }  // namespace bert::ops::cuda_impl

@@ -5,6 +5,8 @@
 // Shape letters: B batch, T sequence, H heads, D head size, C channels, V vocabulary, N rows.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -76,11 +78,18 @@ class DeviceInt8Weights {
   const Device& device() const { return *device_; }
   // The row length of int8 operands of k inputs: k rounded up to a multiple of 16.
   static int64_t row_bytes(int64_t k) { return (k + 15) / 16 * 16; }
+  // What the Hopper GEMM (ops/cuda/int8_wgmma.cuh) needs, made once here rather than on every call: the
+  // weights' TMA descriptor (a CUtensorMap) and the driver's cuTensorMapEncodeTiled for the activations';
+  // nullptr where that GEMM does not run (other GPUs, builds without sm_90a code).
+  const void* tensor_map() const { return encode_ ? map_.data() : nullptr; }
+  void* encode_tensor_map() const { return encode_; }
 
  private:
   const Device* device_;
   int64_t n_, k_, ld_;
   DeviceBuffer buffer_, scales_, bias_;
+  alignas(64) std::array<std::byte, 128> map_{};
+  void* encode_ = nullptr;
 };
 // The int8 GEMM a GPU's int8_linear runs: the fastest there is (ours on Hopper's wgmma with the
 // dequantization in its epilogue, where the build has sm_90a code and the GPU is compute capability 9.0;

@@ -72,13 +72,16 @@ __device__ __forceinline__ O int8_epilogue_value(float v, float scale, float rec
 
 namespace int8_wgmma {
 
-constexpr int kTileM = 128, kTileN = 128, kTileK = 128, kStages = 2, kThreads = 288;
+// kConsumers warpgroups of 64 rows each, a producer warp after them; kBlocks blocks an SM.
+constexpr int kConsumers = 2, kBlocks = 2;
+constexpr int kTileM = 64 * kConsumers, kTileN = 128, kTileK = 128, kStages = 2, kThreads = 128 * kConsumers + 32;
 constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
 // A consumer's staged outputs: 64 rows, each padded by 16 bytes (rows 8 apart fall in other banks).
 template <typename O>
 constexpr int kOutRow = kTileN* int(sizeof(O)) + 16;
 template <typename O>
-constexpr int kData = kStages* kStageBytes > 2 * 64 * kOutRow<O> ? kStages* kStageBytes : 2 * 64 * kOutRow<O>;
+constexpr int kData =
+    kStages* kStageBytes > kConsumers * 64 * kOutRow<O> ? kStages* kStageBytes : kConsumers * 64 * kOutRow<O>;
 // Data, 1 KiB of alignment slack (the swizzled tiles start at 1 KiB boundaries), the 2 x kStages barriers.
 template <typename O>
 constexpr int kSharedBytes = kData<O> + 1024 + 2 * kStages * 8;
@@ -139,7 +142,7 @@ __device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b) {
 
 // Activations of type A, outputs of type O (A, or int8 where every part is quantized); kQuantize: some part is.
 template <typename A, typename O, bool kGelu, bool kQuantize>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kBlocks)
     gemm_dequantize(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
                     const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -151,12 +154,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int group = threadIdx.x >> 7;  // 0, 1: consumers (rows 64 group); 2: the producer warp
   const int tiles = int((ld + kTileK - 1) / kTileK);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], 2);
+    for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], kConsumers);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (group == 2) {
-    if (threadIdx.x == 2 * 128)
+  if (group == kConsumers) {
+    if (threadIdx.x == kConsumers * 128)
       for (int t = 0; t < tiles; ++t) {
         const int s = t % kStages;
         if (t >= kStages) barrier_wait(&empty[s], (t / kStages - 1) & 1);
@@ -186,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Thread's outputs: rows lane / 4 and + 8 of its warp's 16, channels 2 (lane % 4) and + 1 of each 8.
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   uint8_t* out = shared + group * 64 * kOutRow<O>;
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both consumers are done with the stages
+  asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumers * 128) : "memory");  // the consumers are done with the stages
 #pragma unroll
   for (int j = 0; j < kTileN / 8; ++j) {
     const int local = j * 8 + (lane & 3) * 2;
