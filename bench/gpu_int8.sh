@@ -2,7 +2,9 @@
 # INT8 inference on a GPU: BERT-mini pretrained on the demo data (STEPS BF16 steps), PTQ (percentile, 16
 # training batches, --save-calibrated), then `bert-eval --int8 --device cuda` in FP32 and BF16 on the
 # held-out and Brown shards (FP32, the fake-quantized model and INT8, timed, with the share of INT8
-# predictions equal to the fake-quantized model's), and `train-step-bench --modes fp32,qat,int8` for the
+# predictions equal to the fake-quantized model's), the same for task models fine-tuned from it (Brown genres,
+# 600 BF16 steps; part-of-speech tags, 1,000; cache/tasks from scripts/brown_tasks.py, TASKS= leaves them
+# out), and `train-step-bench --modes fp32,qat,int8` for the
 # evaluation throughput of BERT-base and mini at batch 128, 8 and 1 (float, fake-quantized and INT8 in
 # the precision given), in BF16 and FP32, beside PyTorch in BF16 (bench/torch_step_bench.py: SDPA and fused
 # AdamW, eager and compiled; TORCH=0 leaves it out). Writes RESULTS_DIR/{int8-SET-PRECISION,bench-PRECISION,
@@ -31,6 +33,28 @@ for set in heldout brown; do
     echo "== $set, $precision"
     run bert-eval --device cuda --precision $precision --checkpoint $base-ptq --shards $D/shards/$set --int8 \
       --json-out "$results/int8-$set-$precision.json" | tail -5
+  done
+done
+for task in ${TASKS-genre pos}; do
+  kind=token-cls steps=1000
+  [ "$task" = genre ] && kind=seq-cls steps=600
+  shards=cache/tasks/shards-$task
+  mkdir -p $shards runs/$task-int8-gpu-ptq
+  for split in train test; do
+    [ -f $shards/$split.hdf5 ] || run bert-data task --task $kind --input cache/tasks/brown-$task/$split.jsonl \
+      --tokenizer $D/spm.model --labels cache/tasks/brown-$task/labels.txt --max-seq-len 128 \
+      --output $shards/$split.hdf5 > /dev/null
+  done
+  run bert-train --device cuda --precision bf16 --train $shards/train.hdf5 --init-from $base \
+    --out runs/$task-int8-gpu --steps $steps --batch-size 32 --lr 1e-4 --warmup 0.1 --eval-every 0 --save-every 0 \
+    2>&1 | grep -E "done"
+  run bert-eval --device cuda --checkpoint runs/$task-int8-gpu --shards $shards/test.hdf5 --max-batches 1 \
+    --save-calibrated runs/$task-int8-gpu-ptq/checkpoint.h5 --calibrator percentile \
+    --calib-shards $shards/train.hdf5 --calib-batches 16 > /dev/null
+  for precision in fp32 bf16; do
+    echo "== $task, $precision"
+    run bert-eval --device cuda --precision $precision --checkpoint runs/$task-int8-gpu-ptq \
+      --shards $shards/test.hdf5 --int8 --json-out "$results/int8-$task-$precision.json" | tail -5
   done
 done
 for precision in bf16 fp32; do
