@@ -189,16 +189,26 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // Thread's outputs: rows lane / 4 and + 8 of its warp's 16, channels 2 (lane % 4) and + 1 of each 8.
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   uint8_t* out = shared + group * 64 * kOutRow<O>;
+  // Decided once for the tile (the usual case: inside n, in one part): no per-column bounds or part picks.
+  const int columns = n - n0 < kTileN ? int(n - n0) : kTileN;  // the tile's columns inside n
+  const int tile_part = e.part(n0);
+  const bool one_part = e.part(n0 + columns - 1) == tile_part;
+  const float tile_scale = Int8Epilogue::pick(tile_part, e.scale),
+              tile_reciprocal = Int8Epilogue::pick(tile_part, e.reciprocal);
   asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumers * 128) : "memory");  // the consumers are done with the stages
 #pragma unroll
   for (int j = 0; j < kTileN / 8; ++j) {
     const int local = j * 8 + (lane & 3) * 2;
     const int64_t c = n0 + local;
-    const float s0 = c < n ? __fmul_rn(e.scale_x, e.scale_w[c]) : 0.0f,
-                s1 = c + 1 < n ? __fmul_rn(e.scale_x, e.scale_w[c + 1]) : 0.0f;
-    const float b0 = c < n ? e.bias[c] : 0.0f, b1 = c + 1 < n ? e.bias[c + 1] : 0.0f;
-    float q0 = 0.0f, r0 = 1.0f, q1 = 0.0f, r1 = 1.0f;  // the columns' quantizer scales and reciprocals
-    if constexpr (kQuantize) {
+    float s0 = 0.0f, s1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+    if (local + 1 < columns) {
+      s0 = __fmul_rn(e.scale_x, e.scale_w[c]), s1 = __fmul_rn(e.scale_x, e.scale_w[c + 1]);
+      b0 = e.bias[c], b1 = e.bias[c + 1];
+    } else if (local < columns) {
+      s0 = __fmul_rn(e.scale_x, e.scale_w[c]), b0 = e.bias[c];
+    }
+    float q0 = tile_scale, r0 = tile_reciprocal, q1 = tile_scale, r1 = tile_reciprocal;  // the quantizers'
+    if (kQuantize && !one_part) {
       const int p0 = e.part(c), p1 = e.part(c + 1);
       q0 = Int8Epilogue::pick(p0, e.scale), r0 = Int8Epilogue::pick(p0, e.reciprocal);
       q1 = Int8Epilogue::pick(p1, e.scale), r1 = Int8Epilogue::pick(p1, e.reciprocal);
@@ -207,18 +217,28 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     for (int h = 0; h < 2; ++h) {
       const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
                   v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
-      O* at = reinterpret_cast<O*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local;
-      at[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
-      at[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
+      Pack<O, 2> pair;  // one shared-memory store for the two channels
+      pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
+      pair.v[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
+      store_pack<2>(reinterpret_cast<O*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local, pair);
     }
   }
   asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
   constexpr int kPer = 16 / int(sizeof(O)), kPieces = kTileN / kPer;  // 16-byte pieces a row
+  const int64_t tile_begin = e.begin(tile_part), tile_width = e.width(tile_part);
+  // Every piece whole, in the tile's part and 16-byte aligned there: one store each.
+  const bool whole = columns == kTileN && one_part && (n0 - tile_begin) % kPer == 0 && tile_width % kPer == 0;
+  O* const tile_out = static_cast<O*>(Int8Epilogue::pick(tile_part, e.out)) + (n0 - tile_begin);
   for (int i = threadIdx.x & 127; i < 64 * kPieces; i += 128) {
     const int local_row = i / kPieces, piece = i % kPieces;
-    const int64_t r = m0 + row0 + local_row, c = n0 + piece * kPer;
-    if (r >= m || c >= n) continue;
+    const int64_t r = m0 + row0 + local_row;
+    if (r >= m || piece * kPer >= columns) continue;
     const O* from = reinterpret_cast<const O*>(out + local_row * kOutRow<O>) + piece * kPer;
+    if (whole) {
+      *reinterpret_cast<uint4*>(tile_out + r * tile_width + piece * kPer) = *reinterpret_cast<const uint4*>(from);
+      continue;
+    }
+    const int64_t c = n0 + piece * kPer;
     const int p = e.part(c);
     const int64_t begin = e.begin(p), width = e.width(p);
     if (c + kPer <= begin + width && (c - begin) % kPer == 0 && width % kPer == 0) {
