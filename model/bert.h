@@ -141,9 +141,11 @@ class Bert {
   void set_exact_sums(bool on);
   // On a GPU, self-attention as one fused op each way (ops::attention) where its kernels cover the head
   // size and length and the attention probabilities are not quantized: the (B, H, T, T) scores and
-  // probabilities never reach memory (less GPU memory; today slower than the unfused ops, so off by
-  // default: bert-train --attention fused). Where it cannot run fused the log says why, once.
+  // probabilities never reach memory. Off unless set; where it cannot run fused the log says why, once.
   void set_fused_attention(bool on) { fuse_attention_ = on; }
+  // Whether the fused kernels are the faster choice in a precision: BF16 (tensor cores, the tiles in
+  // registers); in FP32 and TF32 the unfused ops' cuBLAS products are faster (bert-train --attention auto).
+  static bool fused_attention_is_faster(Precision p) { return p == Precision::kBf16; }
 
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);

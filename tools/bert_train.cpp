@@ -49,7 +49,7 @@ int launch_ranks(int argc, char** argv, int nproc, const std::string& output_dir
 struct Args {
   bert::train::TrainOptions o;
   std::string preset = "tiny", config_path, task, schedule = "linear", optimizer = "adamw", on_nonfinite = "stop",
-              scales = "learned", weights = "per-channel", attention = "unfused";
+              scales = "learned", weights = "per-channel", attention = "auto";
   int threads = 0, nproc = 1;
   double dropout = -1;
   Args() { o.device = "auto"; }
@@ -188,10 +188,11 @@ void add_run_options(CLI::App& app, Args& a) {
                  "AMX tiles (Intel Xeon 4th gen+) or vdpbf16ps (AVX512_BF16) where the CPU has them, FP32 "
                  "tensors); weights, optimizer, losses and quantizer scales stay FP32");
   app.add_option("--attention", a.attention,
-                 "self-attention on a GPU: unfused (separate ops, the faster today) or fused (one kernel each "
-                 "way: the (batch, heads, length, length) scores never reach memory, less GPU memory; head size "
-                 "16/32/64/128, length up to 512, not where QAT quantizes the attention probabilities)")
-      ->check(CLI::IsMember({"fused", "unfused"}))
+                 "self-attention on a GPU: fused (one kernel each way: the (batch, heads, length, length) scores "
+                 "never reach memory; head size 16/32/64/128, length up to 512, not where QAT quantizes the "
+                 "attention matmuls' inputs), unfused (separate ops), or auto: fused in BF16 (there the faster "
+                 "and smaller), unfused in FP32 and TF32 (there the fused kernels are slower)")
+      ->check(CLI::IsMember({"auto", "fused", "unfused"}))
       ->capture_default_str();
 }
 
@@ -209,7 +210,8 @@ void resolve(Args& a, const CLI::App& app) {
   train::TrainOptions& o = a.o;
   o.scales = train::parse_scale_training(a.scales);
   o.weights = model::parse_weight_scales(a.weights);
-  o.fused_attention = a.attention == "fused";
+  o.fused_attention = a.attention == "fused" ||
+                      (a.attention == "auto" && bert::model::Bert::fused_attention_is_faster(o.precision));
   o.schedule = train::parse_schedule(a.schedule);
   o.optimizer.kind = train::parse_optimizer(a.optimizer);
   o.on_nonfinite = train::parse_on_nonfinite(a.on_nonfinite);

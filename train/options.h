@@ -36,7 +36,7 @@ struct TrainOptions {
   // tf32 or bf16 on a GPU; fp32 or bf16 on the CPU: BF16 products, FP32 tensors; Precision in core/device.h).
   std::string device = "cpu";
   Precision precision = Precision::kFp32;
-  bool fused_attention = false;  // on a GPU: Bert::set_fused_attention (--attention fused)
+  bool fused_attention = false;  // on a GPU: Bert::set_fused_attention (--attention fused; auto in BF16)
   // The job this process is one rank of (process_group_from_environment; a group of one by default).
   // With several ranks each takes the GPU of its local rank and they exchange through NCCL.
   ProcessGroup process_group;
