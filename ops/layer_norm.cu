@@ -109,9 +109,10 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
     float v[C][4];
     float sum = 0;
     const cuda::ScaleDivision divide(q.scale ? *q.scale : 1.0f);
+#pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
-      if (j >= c) break;
+      if (j >= c) continue;  // (not break: the loop unrolls, v stays in registers)
       cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
       if (drop.threshold || q.scale) {
         float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
@@ -133,14 +134,16 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
     }
     const float mean = cuda::warp_sum(sum) / float(c);
     float var = 0;
+#pragma unroll
     for (int k = 0; k < C; ++k) {
-      if ((k * 32 + lane) * 4 >= c) break;
+      if ((k * 32 + lane) * 4 >= c) continue;
       for (int w = 0; w < 4; ++w) var += (v[k][w] - mean) * (v[k][w] - mean);
     }
     const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
+#pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
-      if (j >= c) break;
+      if (j >= c) continue;
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
       cuda::Pack<A, 4> out;
       for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
@@ -198,11 +201,13 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 // block's sums of dy n and dy over its rows per column into partial_gamma/partial_beta[block][col] (gamma's
 // and beta's gradients: layer_norm_param_sums adds the blocks in order). Block i takes rows
 // i per_block on, warp w every kWarpsPerBlock-th of them from w; the warps' sums meet in shared memory in
-// warp order (deterministic).
+// warp order (deterministic). Registers capped for two blocks an SM up to 768 columns (a few spill: 16
+// warps an SM instead of 8); the loops over a row's packs unroll so that its arrays stay in registers.
 template <int C, typename A>
-__global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy,
-                                         const A* x, const float* gamma, const float* mean, const float* rstd,
-                                         int64_t rows, int c, int64_t per_block, RowDrop drop, RowQuantize<A> q) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 6 ? 2 : 1)
+    layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy, const A* x,
+                             const float* gamma, const float* mean, const float* rstd, int64_t rows, int c,
+                             int64_t per_block, RowDrop drop, RowQuantize<A> q) {
   __shared__ float warp_sums[kWarpsPerBlock][C * 128];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Few registers a row (its x and dy as loaded, gamma from the cache), so that blocks share an SM: the
@@ -215,15 +220,17 @@ __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma,
     const float m = mean[r], rs = rstd[r];
     cuda::Pack<A, 4> px[C], pd[C];
     float mean_dn = 0, mean_dn_n = 0;
+#pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
-      if (j >= c) break;
+      if (j >= c) continue;  // (not break: the loop unrolls, its arrays stay in registers)
       px[k] = cuda::load_pack<4>(x + r * c + j);
       pd[k] = cuda::load_pack<4>(dy + r * c + j);
     }
+#pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
-      if (j >= c) break;
+      if (j >= c) continue;
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j);
       for (int w = 0; w < 4; ++w) {
         const float d = cuda::to_float(pd[k].v[w]), n = (cuda::to_float(px[k].v[w]) - m) * rs, dn = d * gm.v[w];
@@ -236,9 +243,10 @@ __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma,
     if (!to.da && !to.db && !q.ds) continue;
     mean_dn = cuda::warp_sum(mean_dn) / float(c);
     mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
+#pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
-      if (j >= c) break;
+      if (j >= c) continue;
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j);
       float out[4];
       for (int w = 0; w < 4; ++w) {
@@ -264,22 +272,25 @@ __global__ void layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma,
   }
   if (q.ds) cuda::add_scale_gradient(acc, q.ds, q.grad_scale, q.partial, q.arrivals);
   if (!partial_gamma) return;
-  for (int which = 0; which < 2; ++which) {
-    float(&sums)[C][4] = which == 0 ? sum_dyn : sum_dy;
+  // Each array by name (not picked at run time, which put one in local memory).
+  auto write_partial = [&](const float(&sums)[C][4], float* partial) {
+#pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
-      if (j >= c) break;
+      if (j >= c) continue;
       for (int w = 0; w < 4; ++w) warp_sums[warp][j + w] = sums[k][w];
     }
     __syncthreads();
-    float* out = (which == 0 ? partial_gamma : partial_beta) + blockIdx.x * int64_t(c);
+    float* out = partial + blockIdx.x * int64_t(c);
     for (int col = threadIdx.x; col < c; col += blockDim.x) {
       float total = 0;
       for (int v = 0; v < kWarpsPerBlock; ++v) total += warp_sums[v][col];
       out[col] = total;
     }
     __syncthreads();
-  }
+  };
+  write_partial(sum_dyn, partial_gamma);
+  write_partial(sum_dy, partial_beta);
 }
 
 // Pass 1: partial[chunk][col] of sum dy * n (gamma) and sum dy (beta) over the chunk's rows. Block (32,

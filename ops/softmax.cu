@@ -97,11 +97,13 @@ __global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_
   const int lane = threadIdx.x % 32;
   // No early return for rows past the end: the saturation count below is a block's sum.
   float v[R][C][4], max[R], inv[R];
+#pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t r = first_row + i;
     // The item's mask row: a 32-bit division (rows < 2^32, checked on the host), not a 64-bit one.
     const float* m = mask && r < rows ? mask + int64_t(uint32_t(r) / uint32_t(rows_per_item)) * k : nullptr;
     max[i] = -INFINITY;
+#pragma unroll
     for (int c = 0; c < C; ++c) {
       const int j = (c * 32 + lane) * 4;
       if (r < rows && j < k) {
@@ -114,23 +116,29 @@ __global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_
       }
     }
   }
+#pragma unroll
   for (int i = 0; i < R; ++i) max[i] = cuda::warp_max(max[i]);
+#pragma unroll
   for (int i = 0; i < R; ++i) {
     float sum = 0;
     if (max[i] != -INFINITY)  // a row past the end: nothing to sum (its exponentials would be NaN)
+#pragma unroll
       for (int c = 0; c < C; ++c)
         for (int w = 0; w < 4; ++w) sum += v[i][c][w] = expf(v[i][c][w] - max[i]);
     inv[i] = sum;
   }
+#pragma unroll
   for (int i = 0; i < R; ++i) inv[i] = 1.0f / cuda::warp_sum(inv[i]);
   int clipped = 0;  // at most 4 R C
   const cuda::ScaleDivision divide(d.scale ? *d.scale : 1.0f);
+#pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t r = first_row + i;
-    if (r >= rows) break;
+    if (r >= rows) continue;  // (not break: the loops unroll, the arrays stay in registers)
+#pragma unroll
     for (int c = 0; c < C; ++c) {
       const int j = (c * 32 + lane) * 4;
-      if (j >= k) break;
+      if (j >= k) continue;
       cuda::Pack<A, 4> out;
       for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>(v[i][c][w] * inv[i]);
       cuda::store_pack<4>(y + r * k + j, out);
@@ -178,12 +186,14 @@ __global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint
   const cuda::ScaleDivision divide(q.scale ? *q.scale : 1.0f);
   double acc = 0;
   float yv[R][C][4], gv[R][C][4], dot[R];
+#pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t r = first_row + i;
     dot[i] = 0;
+#pragma unroll
     for (int c = 0; c < C; ++c) {
       const int j = (c * 32 + lane) * 4;
-      if (r >= rows || j >= k) break;
+      if (r >= rows || j >= k) continue;
       const cuda::Pack<A, 4> py = cuda::load_pack<4>(y + r * k + j), pd = cuda::load_pack<4>(dy + r * k + j);
       cuda::Pack<uint8_t, 4> flags{};
       if (keep) flags = cuda::load_pack<4>(keep + r * k + j);
@@ -199,13 +209,16 @@ __global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint
       acc += part;
     }
   }
+#pragma unroll
   for (int i = 0; i < R; ++i) dot[i] = cuda::warp_sum(dot[i]);
+#pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t r = first_row + i;
-    if (r >= rows) break;
+    if (r >= rows) continue;
+#pragma unroll
     for (int c = 0; c < C; ++c) {
       const int j = (c * 32 + lane) * 4;
-      if (j >= k) break;
+      if (j >= k) continue;
       cuda::Pack<A, 4> out;
       if (accumulate) out = cuda::load_pack<4>(dx + r * k + j);
       for (int w = 0; w < 4; ++w) {
