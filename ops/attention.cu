@@ -555,6 +555,41 @@ __device__ __forceinline__ int tile_rows(const Geometry& q, int64_t first) {
   return int(lesser(kFlashRows, q.length - first));
 }
 
+// The pipeline's two steps. arrive(): this thread's copies but the newest group have landed, and (after
+// the barrier) every thread's. refill(): once every warp has read `tile`, the copy of the tile of rows from
+// `next` on into its place, if any; a group is committed either way.
+__device__ __forceinline__ void arrive() {
+  cuda::mma::wait<1>();
+  __syncthreads();
+}
+template <int D>
+__device__ __forceinline__ void refill(bf16* tile, const bf16* src, const Geometry& q, int64_t next) {
+  __syncthreads();
+  if (next < q.padded) copy_rows_async<D>(tile, src + next * q.stride, q.stride, tile_rows(q, next));
+  cuda::mma::commit();
+}
+
+// Where a BF16 kernel's block and lane sit: item and head (bh, b), the first of the block's 64 rows (query
+// rows or keys), the head's offset in a (B, T, H D) operand, the lane's warp and quad roles, and its two
+// rows (g and g + 8 of its warp's 16) within the block and in T.
+template <int D>
+struct FlashBlock {
+  int64_t bh, b, first, base;
+  int warp, g, t;
+  int local[2];
+  int64_t rows[2];
+  __device__ explicit FlashBlock(const Geometry& q)
+      : bh(blockIdx.y),
+        b(bh / q.heads),
+        first(int64_t(blockIdx.x) * kFlashRows),
+        base(b * q.length * q.stride + (bh % q.heads) * D),
+        warp(threadIdx.x / 32),
+        g(threadIdx.x % 32 / 4),
+        t(threadIdx.x % 4),
+        local{warp * 16 + g, warp * 16 + g + 8},
+        rows{first + local[0], first + local[1]} {}
+};
+
 // Copies in flight, in groups (cp.async): Q with the first K, then the first V; then, as each tile's K
 // (V) has been read by every warp, the next tile's K (V) into its place. Every step commits a group, empty
 // or not, so that wait<1> always means "all but the newest".
@@ -566,10 +601,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + kFlashRows * ld;
   bf16* sV = sK + kFlashRows * ld;
-  const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * kFlashRows;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const int64_t base = b * q.length * q.stride + (bh % q.heads) * D;
-  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const auto [bh, b, q0, base, warp, g, t, local, rows] = FlashBlock<D>(q);
   copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows(q, q0));
   copy_rows_async<D>(sK, kp + base, q.stride, tile_rows(q, 0));
   cuda::mma::commit();
@@ -580,13 +612,10 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running row maximum (base 2); this lane's sum
   for (int kt = 0; kt < q.padded; kt += kFlashRows) {
     const int64_t next = kt + kFlashRows;
-    cuda::mma::wait<1>();  // this K (and Q)
-    __syncthreads();
+    arrive();  // this K (and Q)
     float s[8][4];
     product_tile<D>(s, sQ, warp * 16, sK);
-    __syncthreads();  // sK read by every warp
-    if (next < q.padded) copy_rows_async<D>(sK, kp + base + next * q.stride, q.stride, tile_rows(q, next));
-    cuda::mma::commit();
+    refill<D>(sK, kp + base, q, next);  // sK read by every warp
     float top[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -613,12 +642,9 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
     if (q.dropout) drop_tile(q, bh, rows, kt, s);
-    cuda::mma::wait<1>();  // this V
-    __syncthreads();
+    arrive();  // this V
     accumulate_tile<D>(o, s, sV);
-    __syncthreads();  // sV read by every warp
-    if (next < q.padded) copy_rows_async<D>(sV, vp + base + next * q.stride, q.stride, tile_rows(q, next));
-    cuda::mma::commit();
+    refill<D>(sV, vp + base, q, next);  // sV read by every warp
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -645,10 +671,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   bf16* sdO = sQ + kFlashRows * ld;
   bf16* sK = sdO + kFlashRows * ld;
   bf16* sV = sK + kFlashRows * ld;
-  const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * kFlashRows;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const int64_t base = b * q.length * q.stride + (bh % q.heads) * D;
-  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const auto [bh, b, q0, base, warp, g, t, local, rows] = FlashBlock<D>(q);
   copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows(q, q0));
   copy_rows_async<D>(sdO, dop + base + q0 * q.stride, q.stride, tile_rows(q, q0));
   copy_rows_async<D>(sV, vp + base, q.stride, tile_rows(q, 0));
@@ -679,15 +702,11 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     for (int h = 0; h < 2; ++h)
       if (q.dropout && rows[h] < q.length)
         for (int w = 0; w < 2; ++w) words[h][w] = q.bits[(bh * q.length + rows[h]) * q.words + kt / 32 + w];
-    cuda::mma::wait<1>();  // this V (and Q, dO)
-    __syncthreads();
+    arrive();  // this V (and Q, dO)
     float s[8][4], dp[8][4];
     product_tile<D>(dp, sdO, warp * 16, sV);
-    __syncthreads();  // sV read by every warp
-    if (next < q.padded) copy_rows_async<D>(sV, vp + base + next * q.stride, q.stride, tile_rows(q, next));
-    cuda::mma::commit();
-    cuda::mma::wait<1>();  // this K
-    __syncthreads();
+    refill<D>(sV, vp + base, q, next);  // sV read by every warp
+    arrive();                           // this K
     product_tile<D>(s, sQ, warp * 16, sK);
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -704,9 +723,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
         s[n][e] = ds;
       }
     accumulate_tile<D>(acc, s, sK);
-    __syncthreads();  // sK read by every warp
-    if (next < q.padded) copy_rows_async<D>(sK, kp + base + next * q.stride, q.stride, tile_rows(q, next));
-    cuda::mma::commit();
+    refill<D>(sK, kp + base, q, next);  // sK read by every warp
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -762,11 +779,7 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
   bf16* sV = sK + kFlashRows * ld;
   unsigned char* stages = reinterpret_cast<unsigned char*>(sV + kFlashRows * ld);
   auto stage = [stages](int i) { return QueryStage<D>(stages + i * QueryStage<D>::kBytes); };
-  const int64_t bh = blockIdx.y, b = bh / q.heads, k0 = int64_t(blockIdx.x) * kFlashRows;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const int64_t base = b * q.length * q.stride + (bh % q.heads) * D;
-  const int local[2] = {warp * 16 + g, warp * 16 + g + 8};  // the lane's keys within the block
-  const int64_t keys[2] = {k0 + local[0], k0 + local[1]};
+  const auto [bh, b, k0, base, warp, g, t, local, keys] = FlashBlock<D>(q);  // the lane's keys: local, keys
   copy_rows_async<D>(sK, kp + base + k0 * q.stride, q.stride, tile_rows(q, k0));
   copy_rows_async<D>(sV, vp + base + k0 * q.stride, q.stride, tile_rows(q, k0));
   stage(0).copy(q, bh, base, 0, k0, qp, dop, lse, di);
@@ -780,8 +793,7 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
   for (int64_t qt = 0; qt < q.length; qt += kFlashRows, at ^= 1) {
     if (qt + kFlashRows < q.length) stage(at ^ 1).copy(q, bh, base, qt + kFlashRows, k0, qp, dop, lse, di);
     cuda::mma::commit();
-    cuda::mma::wait<1>();  // this stage (and K, V)
-    __syncthreads();
+    arrive();  // this stage (and K, V)
     const QueryStage<D> s_q = stage(at);
     const int queries = tile_rows(q, qt);
     float s[8][4], dp[8][4];  // S^T and dP^T: the warp's 16 keys by 64 queries
