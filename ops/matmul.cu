@@ -33,46 +33,87 @@ void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t 
                                                stride_c, int(batch), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
 }
 
+// One column-major cuBLASLt product D (m, n) = alpha op(A) op(B) + beta C (C = D) with an epilogue: A stored
+// (trans_a ? k x m : m x k), B (trans_b ? n x k : k x n), both of type ab, D of type d; `vector` is the
+// epilogue's bias (added, of D's type) or bias gradient (written, FP32). Returns false when cuBLASLt has
+// no algorithm for it (the caller then does without the epilogue).
+struct LtProduct {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb;
+  void* d;
+  int64_t ldd;
+  cudaDataType_t ab, dt;
+  float beta;
+  cublasLtEpilogue_t epilogue;
+  void* vector;
+  cudaDataType_t vector_type;
+};
+bool lt_product(const Graph<float>& g, const LtProduct& p) {
+  const CudaContext& c = cuda::context(g.device());
+  auto lt = reinterpret_cast<cublasLtHandle_t>(c.cublas_lt);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, d_layout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(g, p.ab), CUDA_R_32F));
+  const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  BERT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof p.epilogue));
+  BERT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.vector, sizeof p.vector));
+  BERT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &p.vector_type, sizeof p.vector_type));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, p.ab, uint64_t(p.trans_a ? p.k : p.m),
+                                               uint64_t(p.trans_a ? p.m : p.k), p.lda));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, p.ab, uint64_t(p.trans_b ? p.n : p.k),
+                                               uint64_t(p.trans_b ? p.k : p.n), p.ldb));
+  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_layout, p.dt, uint64_t(p.m), uint64_t(p.n), p.ldd));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc, a_layout, b_layout, d_layout, d_layout,
+                                                               preference, 1, &heuristic, &found);
+  const bool ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (ok) {
+    const float one = 1.0f;
+    BERT_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, p.a, a_layout, p.b, b_layout, &p.beta, p.d, d_layout, p.d,
+                                     d_layout, &heuristic.algo, c.cublas_workspace, c.cublas_workspace_bytes,
+                                     c.stream));
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(d_layout);
+  cublasLtMatrixLayoutDestroy(b_layout);
+  cublasLtMatrixLayoutDestroy(a_layout);
+  cublasLtMatmulDescDestroy(desc);
+  return ok;
+}
+
 // y (rows, out) = x (rows, in) W^T + bias, the bias added in the GEMM's epilogue (cuBLASLt), so y is
 // written once. Column-major view: y^T (out, rows) = W (out, in) x^T, the bias running along y^T's rows.
 // x, W, bias and y all of type `type` (the bias is of the output's type). Returns false when cuBLASLt
 // has no algorithm for the shape (the caller then adds the bias itself).
 bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const void* x, const void* w,
                const void* bias, void* y, int64_t ldy, cudaDataType_t type) {
-  const CudaContext& c = cuda::context(g.device());
-  auto lt = reinterpret_cast<cublasLtHandle_t>(c.cublas_lt);
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  BERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(g, type), CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
-  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none));
-  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_layout, type, uint64_t(in), uint64_t(out), int64_t(in)));
-  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_layout, type, uint64_t(in), uint64_t(rows), int64_t(in)));
-  BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_layout, type, uint64_t(out), uint64_t(rows), int64_t(ldy)));
-  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc, w_layout, x_layout, y_layout, y_layout,
-                                                               preference, 1, &heuristic, &found);
-  const bool ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (ok) {
-    const float one = 1.0f, zero = 0.0f;
-    BERT_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, w, w_layout, x, x_layout, &zero, y, y_layout, y, y_layout,
-                                     &heuristic.algo, c.cublas_workspace, c.cublas_workspace_bytes, c.stream));
-  }
-  cublasLtMatmulPreferenceDestroy(preference);
-  cublasLtMatrixLayoutDestroy(y_layout);
-  cublasLtMatrixLayoutDestroy(x_layout);
-  cublasLtMatrixLayoutDestroy(w_layout);
-  cublasLtMatmulDescDestroy(desc);
-  return ok;
+  return lt_product(g, LtProduct{true, false, out, rows, in, w, in, x, in, y, ldy, type, type, 0.0f,
+                                 CUBLASLT_EPILOGUE_BIAS, const_cast<void*>(bias), type});
+}
+
+// dW (out, in) (+)= dy^T x as linear's backward computes it, and the bias gradient's column sums of dy
+// (out) written to dbias (FP32) by the same GEMM's epilogue (BGRADB: the sums over the product's k, the
+// rows). Column-major view: dW^T (in, out) = x^T (in, rows) dy (rows, out), dy stored (ld, rows). Returns
+// false when cuBLASLt has no algorithm for it.
+bool gemm_weight_and_bias_grad(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const void* x,
+                               const void* dy, int64_t ld, void* dw, bool accumulate, float* dbias, cudaDataType_t type,
+                               cudaDataType_t w_type) {
+  return lt_product(g, LtProduct{false, true, in, out, rows, x, in, dy, ld, dw, in, type, w_type,
+                                 accumulate ? 1.0f : 0.0f, CUBLASLT_EPILOGUE_BGRADB, dbias, CUDA_R_32F});
 }
 
 // out (rows, cols) += bias (cols) broadcast over rows: blockIdx.y walks rows, x the columns.
@@ -283,13 +324,23 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
       gemm(g, false, false, rows, in, ld, 1.0f, dy_gemm, ld, 0, w_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, in,
            0, 1, type, type);
     }
+    const bool bias_grad = bias.valid() && g.requires_grad(bias);
+    bool bias_done = false;
     if (g.requires_grad(weight)) {  // dW (out, in) (+)= dy^T (out, N) x (N, in), in the weight's own type
       const auto dw = g.raw_grad_target(weight);
       const cudaDataType_t w_type = g.dtype(weight) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-      gemm(g, true, false, out, in, rows, 1.0f, dy_gemm, ld, 0, xv, in, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, in, 0,
-           1, type, w_type);
+      // The bias gradient in the same GEMM's epilogue where cuBLASLt has one (into scratch: the epilogue
+      // writes, the bias's gradient may already hold a sum).
+      float* sums = bias_grad ? g.scratch<float>(out) : nullptr;
+      bias_done = sums && gemm_weight_and_bias_grad(g, rows, in, out, xv, dy_gemm, ld, dw.data, dw.accumulate, sums,
+                                                    type, w_type);
+      if (bias_done)
+        cuda::launch_add_partial_rows(g, g.grad(bias).data(), sums, nullptr, nullptr, 1, out);
+      else
+        gemm(g, true, false, out, in, rows, 1.0f, dy_gemm, ld, 0, xv, in, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, in,
+             0, 1, type, w_type);
     }
-    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, g.dtype(y), rows, out, g.grad(bias).data());
+    if (bias_grad && !bias_done) add_column_sums(g, dy, g.dtype(y), rows, out, g.grad(bias).data());
   });
   return y;
 }
