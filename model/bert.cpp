@@ -172,41 +172,35 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
     l.device_projections.reset();
     l.projection_scales.clear();
     l.projection_bias.clear();
+    // Q, K and V read x through their one input quantizer, so they fuse into one integer linear: on a GPU in
+    // every layer whose three have device weights, on the CPU in every layer whose three run integer GEMMs
+    // and whose attention products run as integers.
     const std::array<Linear*, 3> projections = {&l.query, &l.key, &l.value};
-    if (fuse_projections && params_.on_cuda() &&
-        std::all_of(projections.begin(), projections.end(),
-                    [](const Linear* p) { return p->device_integer_weights != nullptr; })) {
-      const int64_t c = l.query.in;
-      std::vector<int8_t> weights;
-      std::vector<float> scales, bias;
-      for (Linear* p : projections) {
-        const std::vector<int8_t> q = p->quantized_weight(params_);
-        weights.insert(weights.end(), q.begin(), q.end());
-        const std::vector<float> s = p->weight_scales(params_);
-        scales.insert(scales.end(), s.begin(), s.end());
-        const TensorView<float> b = params_.get(p->bias).value;
-        bias.insert(bias.end(), b.begin(), b.end());
-      }
-      l.device_projections =
-          std::make_shared<const ops::DeviceInt8Weights>(params_.device(), weights.data(), scales, bias, 3 * c, c);
-      continue;
-    }
-    // Q, K and V read x through their one input quantizer: every layer whose three run integer GEMMs fuses.
-    if (!fuse_projections || !l.integer_attention ||
-        !std::all_of(projections.begin(), projections.end(),
-                     [](const Linear* p) { return p->integer_weights != nullptr; }))
-      continue;
+    const bool gpu = params_.on_cuda();
+    const bool fuse = fuse_projections && (gpu || l.integer_attention) &&
+                      std::all_of(projections.begin(), projections.end(), [gpu](const Linear* p) {
+                        return gpu ? p->device_integer_weights != nullptr : p->integer_weights != nullptr;
+                      });
+    if (!fuse) continue;
     const int64_t c = l.query.in;
     std::vector<int8_t> weights;
+    std::vector<float> scales, bias;
     for (Linear* p : projections) {
       const std::vector<int8_t> q = p->quantized_weight(params_);
       weights.insert(weights.end(), q.begin(), q.end());
-      const std::vector<float> scales = p->weight_scales(params_);
-      l.projection_scales.insert(l.projection_scales.end(), scales.begin(), scales.end());
-      const float* bias = params_.get(p->bias).value.data();
-      l.projection_bias.insert(l.projection_bias.end(), bias, bias + p->out);
+      const std::vector<float> s = p->weight_scales(params_);
+      scales.insert(scales.end(), s.begin(), s.end());
+      const TensorView<float> b = params_.get(p->bias).value;
+      bias.insert(bias.end(), b.begin(), b.end());
     }
-    l.integer_projections = std::make_shared<const Int8Weights>(weights.data(), 3 * c, c);
+    if (gpu) {
+      l.device_projections =
+          std::make_shared<const ops::DeviceInt8Weights>(params_.device(), weights.data(), scales, bias, 3 * c, c);
+    } else {
+      l.integer_projections = std::make_shared<const Int8Weights>(weights.data(), 3 * c, c);
+      l.projection_scales = std::move(scales);
+      l.projection_bias = std::move(bias);
+    }
   }
   integer_decoder_.reset();
   integer_decoder_scales_.clear();
