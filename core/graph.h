@@ -161,8 +161,8 @@ class Graph {
   bool grad_enabled() const { return grad_enabled_; }
   void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
   // Times every op's forward and backward into `profile` (the caller's) until set_profile(nullptr); a
-  // forward's time runs until the next node is made, backward() or clear(). CPU graphs only (throws on
-  // a GPU: its host does not wait for the kernels).
+  // forward's time runs until the next node is made, backward() or clear(). On a GPU the host does not
+  // wait for the kernels, so the times are the host's: what it takes to queue each op (launch overhead).
   void set_profile(OpProfile* profile);
   // Back-propagates from a scalar (one-element) loss with d(loss)/d(loss) = 1, then clear()s.
   // `on_final`, when given, is called with each leaf's gradient buffer as soon as no closure still to

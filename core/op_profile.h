@@ -5,8 +5,8 @@
 //   - each op's backward closure,
 // and the caller may time phases outside the graph (the optimizer step) with add(). Ops are named by
 // the function that made the node (std::source_location), so every op is covered without code in it.
-// For finding the ops that stop scaling with threads, or that a baseline runs faster; a GPU graph
-// refuses it (its host does not wait for the kernels, so host time would mean launch time).
+// For finding the ops that stop scaling with threads, or that a baseline runs faster. On a GPU the host
+// does not wait for the kernels, so there it times the host's side: the cost of queuing each op.
 #pragma once
 
 #include <chrono>
