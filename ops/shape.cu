@@ -3,6 +3,7 @@
 // ids (padding, [CLS]) give the same gradient on every run.
 #include <algorithm>
 #include <numeric>
+#include <vector>
 
 #include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda_impl.h"
@@ -248,32 +249,34 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
     });
   });
   if (!g.requires_grad(y)) return y;
-  // For backward: the positions of each distinct id, grouped (sorted on the host), cut into chunks.
-  // A counting sort, stable (positions of one id stay in order) and linear: a comparison sort of a
-  // batch's 32k token ids took milliseconds of host time at the start of every step.
-  std::vector<int32_t> order(static_cast<size_t>(n)), next(static_cast<size_t>(rows) + 1, 0);
-  for (int64_t k = 0; k < n; ++k) ++next[ids[k] + 1];
-  for (int64_t r = 0; r < rows; ++r) next[r + 1] += next[r];
-  for (int64_t k = 0; k < n; ++k) order[next[ids[k]]++] = static_cast<int32_t>(k);
-  std::vector<int32_t> unique, first_chunk, chunk_begin;
-  for (int64_t k = 0; k < n; ++k) {
-    const bool new_id = k == 0 || ids[order[k]] != ids[order[k - 1]];
-    if (new_id) {
-      unique.push_back(ids[order[k]]);
-      first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
+  // For backward: the positions of each distinct id, grouped (sorted on the host), cut into chunks. A
+  // counting sort, stable (positions of one id stay in order) and linear: a comparison sort of a batch's
+  // 32k token ids took milliseconds of host time. It runs when the backward pass reaches this op, where
+  // the host is ahead of the GPU; in the forward it held back the step's first kernels (0.37 ms a call
+  // for 32k ids).
+  g.on_backward(y, [=, host = std::vector<int32_t>(ids.begin(), ids.end())](Graph<float>& g) {
+    std::vector<int32_t> order(static_cast<size_t>(n)), next(static_cast<size_t>(rows) + 1, 0);
+    for (int64_t k = 0; k < n; ++k) ++next[host[k] + 1];
+    for (int64_t r = 0; r < rows; ++r) next[r + 1] += next[r];
+    for (int64_t k = 0; k < n; ++k) order[next[host[k]]++] = static_cast<int32_t>(k);
+    std::vector<int32_t> unique, first_chunk, chunk_begin;
+    for (int64_t k = 0; k < n; ++k) {
+      const bool new_id = k == 0 || host[order[k]] != host[order[k - 1]];
+      if (new_id) {
+        unique.push_back(host[order[k]]);
+        first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
+      }
+      if (new_id || k - chunk_begin.back() == kGatherChunk) chunk_begin.push_back(static_cast<int32_t>(k));
     }
-    if (new_id || k - chunk_begin.back() == kGatherChunk) chunk_begin.push_back(static_cast<int32_t>(k));
-  }
-  first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
-  chunk_begin.push_back(static_cast<int32_t>(n));
-  const int64_t n_unique = static_cast<int64_t>(unique.size());
-  const int64_t n_chunks = static_cast<int64_t>(chunk_begin.size()) - 1;
-  const int32_t* d_unique = g.upload(unique.data(), unique.size());
-  const int32_t* d_first_chunk = g.upload(first_chunk.data(), first_chunk.size());
-  const int32_t* d_chunk_begin = g.upload(chunk_begin.data(), chunk_begin.size());
-  const int32_t* d_order = g.upload(order.data(), order.size());
-  g.on_backward(y, [=](Graph<float>& g) {
+    first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
+    chunk_begin.push_back(static_cast<int32_t>(n));
+    const int64_t n_unique = static_cast<int64_t>(unique.size());
+    const int64_t n_chunks = static_cast<int64_t>(chunk_begin.size()) - 1;
     if (n_chunks == 0) return;
+    const int32_t* d_unique = g.upload(unique.data(), unique.size());
+    const int32_t* d_first_chunk = g.upload(first_chunk.data(), first_chunk.size());
+    const int32_t* d_chunk_begin = g.upload(chunk_begin.data(), chunk_begin.size());
+    const int32_t* d_order = g.upload(order.data(), order.size());
     float* partial = g.scratch<float>(n_chunks * cols);
     cuda::with_element_type(out_type, [&](auto out_tag) {
       using Y = typename decltype(out_tag)::type;
