@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cuda/context.h"
+#include "core/cuda/lt_plans.h"
 #include "sys/error.h"
 
 namespace bert::cuda {
@@ -61,6 +62,7 @@ CudaContext* create_context(int ordinal, Precision precision) {
   cublasLtHandle_t lt;
   BERT_CUBLAS_CHECK(cublasLtCreate(&lt));
   c->cublas_lt = lt;
+  c->lt_plans = new LtPlans;
   // TF32 only when asked: FP32 must reproduce the CPU within FP32 rounding.
   BERT_CUBLAS_CHECK(
       cublasSetMathMode(handle, precision == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
@@ -81,6 +83,7 @@ void destroy_context(CudaContext* c) {
   cudaSetDevice(c->ordinal);
   cudaStreamSynchronize(c->stream);
   cublasDestroy(c->cublas);
+  delete c->lt_plans;  // before the handle its descriptors were made for
   cublasLtDestroy(c->cublas_lt);
   cudaFree(c->cublas_workspace);
   cudaFree(c->arrivals);

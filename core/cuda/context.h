@@ -14,12 +14,15 @@ struct cublasLtContext;
 
 namespace bert {
 
+struct LtPlans;  // core/cuda/lt_plans.h
+
 struct CudaContext {
   int ordinal = 0;
   Precision precision = Precision::kFp32;
   CUstream_st* stream = nullptr;
   cublasContext* cublas = nullptr;
   cublasLtContext* cublas_lt = nullptr;  // for GEMMs with a fused bias epilogue
+  LtPlans* lt_plans = nullptr;           // their descriptors and algorithms, by shape
   void* cublas_workspace = nullptr;
   std::size_t cublas_workspace_bytes = 0;
   double* reduce_scratch = nullptr;  // kReduceScratch doubles for two-pass reductions
