@@ -68,21 +68,33 @@ __global__ void adamw_kernel(float* w, cuda::bf16* w16, const float* g, float* m
   }
   const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
   if (begin % 4 == 0 && end % 4 == 0) {
-    for (int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
-      const cuda::Pack<float, 4> gi = cuda::load_pack<4>(g + i);
-      cuda::Pack<float, 4> wi = cuda::load_pack<4>(w + i), mi = cuda::load_pack<4>(m + i),
-                           vi = cuda::load_pack<4>(v + i);
-      for (int e = 0; e < 4; ++e) {
-        adamw_update(wi.v[e], gi.v[e], mi.v[e], vi.v[e], h, lr, wd);
-        wi.v[e] = apply_floor(wi.v[e], s);
+    // kPacks packs of 4 a thread an iteration, all loaded before any is stored: more loads in flight.
+    constexpr int kPacks = 2;
+    for (int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * kPacks * blockDim.x) {
+      cuda::Pack<float, 4> gi[kPacks], wi[kPacks], mi[kPacks], vi[kPacks];
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        const int64_t e = i + p * 4 * int64_t(blockDim.x);
+        if (e >= end) continue;
+        gi[p] = cuda::load_pack<4>(g + e), wi[p] = cuda::load_pack<4>(w + e);
+        mi[p] = cuda::load_pack<4>(m + e), vi[p] = cuda::load_pack<4>(v + e);
       }
-      cuda::store_pack<4>(w + i, wi);
-      cuda::store_pack<4>(m + i, mi);
-      cuda::store_pack<4>(v + i, vi);
-      if (w16) {
-        cuda::Pack<cuda::bf16, 4> rounded;
-        for (int e = 0; e < 4; ++e) rounded.v[e] = cuda::from_float<cuda::bf16>(wi.v[e]);
-        cuda::store_pack<4>(w16 + i, rounded);
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        const int64_t e = i + p * 4 * int64_t(blockDim.x);
+        if (e >= end) continue;
+        for (int k = 0; k < 4; ++k) {
+          adamw_update(wi[p].v[k], gi[p].v[k], mi[p].v[k], vi[p].v[k], h, lr, wd);
+          wi[p].v[k] = apply_floor(wi[p].v[k], s);
+        }
+        cuda::store_pack<4>(w + e, wi[p]);
+        cuda::store_pack<4>(m + e, mi[p]);
+        cuda::store_pack<4>(v + e, vi[p]);
+        if (w16) {
+          cuda::Pack<cuda::bf16, 4> rounded;
+          for (int k = 0; k < 4; ++k) rounded.v[k] = cuda::from_float<cuda::bf16>(wi[p].v[k]);
+          cuda::store_pack<4>(w16 + e, rounded);
+        }
       }
     }
     return;
