@@ -2,8 +2,10 @@
 // like ops/shape.cpp. The gather's backward adds rows in a fixed order (no atomics), so repeated
 // ids (padding, [CLS]) give the same gradient on every run.
 #include <algorithm>
-#include <numeric>
-#include <vector>
+#include <cstddef>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda_impl.h"
@@ -88,14 +90,54 @@ __global__ void gather_forward(Y* y, const X* table, const int32_t* ids, int64_t
 
 // The positions of one id are summed in chunks of at most kGatherChunk (in parallel), then the chunks
 // of each id in order: a fixed order whatever the id frequencies, and no long serial loop for a
-// frequent id (padding, segment ids).
+// frequent id (padding, segment ids). The grouping is made on the GPU from the ids the forward uploaded
+// (no host work, no copy back): the positions sorted by id (a stable radix sort: an id's positions stay
+// in order), then each run of one id cut into chunks. Its sizes stay on the GPU (counts[0] runs,
+// counts[1] chunks); the passes are launched for their upper bounds and read the counts.
 constexpr int64_t kGatherChunk = 64;
+
+__global__ void gather_positions(int32_t* positions, int64_t n) { BERT_GRID_STRIDE(i, n) positions[i] = int32_t(i); }
+
+// heads[i] = i where a run of equal ids starts in the sorted ids, else 0: their running maximum is the
+// start of each position's run.
+__global__ void gather_run_heads(int32_t* heads, const int32_t* sorted, int64_t n) {
+  BERT_GRID_STRIDE(i, n) heads[i] = (i == 0 || sorted[i] != sorted[i - 1]) ? int32_t(i) : 0;
+}
+struct Larger {
+  __host__ __device__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
+};
+
+// Whether sorted position i starts a run (bit 32) and a chunk (bit 0): one exclusive sum numbers both.
+__global__ void gather_chunk_marks(int64_t* marks, const int32_t* run_begin, int64_t n) {
+  BERT_GRID_STRIDE(i, n) {
+    const int64_t offset = i - run_begin[i];
+    marks[i] = (int64_t{offset == 0} << 32) | int64_t{offset % kGatherChunk == 0};
+  }
+}
+
+// From the numbering: chunk_begin[k] (chunk k's first sorted position; n after the last chunk), unique[u]
+// (run u's id), first_chunk[u] (its first chunk; the chunk count after the last run), counts.
+__global__ void gather_chunk_layout(int32_t* chunk_begin, int32_t* unique, int32_t* first_chunk, int32_t* counts,
+                                    const int64_t* numbers, const int64_t* marks, const int32_t* sorted, int64_t n) {
+  BERT_GRID_STRIDE(i, n) {
+    const int32_t u = int32_t(numbers[i] >> 32), k = int32_t(numbers[i] & 0xffffffff);
+    const bool run = (marks[i] >> 32) != 0, chunk = (marks[i] & 1) != 0;
+    if (chunk) chunk_begin[k] = int32_t(i);
+    if (run) unique[u] = sorted[i], first_chunk[u] = k;
+    if (i == n - 1) {
+      const int32_t runs = u + int32_t(run), chunks = k + int32_t(chunk);
+      chunk_begin[chunks] = int32_t(n);
+      first_chunk[runs] = chunks;
+      counts[0] = runs, counts[1] = chunks;
+    }
+  }
+}
 
 // Pass 1: partial[k] (a row of cols) = sum of dy's rows order[chunk_begin[k] .. chunk_begin[k + 1]).
 template <typename Y>
 __global__ void gather_backward_chunks(float* partial, const Y* dy, const int32_t* chunk_begin, const int32_t* order,
-                                       int64_t n_chunks, int64_t cols) {
-  BERT_GRID_STRIDE(e, n_chunks * cols) {
+                                       const int32_t* counts, int64_t cols) {
+  BERT_GRID_STRIDE(e, int64_t(counts[1]) * cols) {
     const int64_t k = e / cols, c = e % cols;
     float acc = 0;
     for (int32_t i = chunk_begin[k]; i < chunk_begin[k + 1]; ++i)
@@ -107,8 +149,8 @@ __global__ void gather_backward_chunks(float* partial, const Y* dy, const int32_
 // Pass 2: row unique[u] of the table += the sum of its chunks first_chunk[u] .. first_chunk[u + 1].
 template <typename X>
 __global__ void gather_backward_rows(X* dtable, const float* partial, const int32_t* unique, const int32_t* first_chunk,
-                                     int64_t n_unique, int64_t cols) {
-  BERT_GRID_STRIDE(e, n_unique * cols) {
+                                     const int32_t* counts, int64_t cols) {
+  BERT_GRID_STRIDE(e, int64_t(counts[0]) * cols) {
     const int64_t u = e / cols, c = e % cols;
     float acc = 0;
     for (int32_t k = first_chunk[u]; k < first_chunk[u + 1]; ++k) acc += partial[int64_t(k) * cols + c];
@@ -249,44 +291,45 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
     });
   });
   if (!g.requires_grad(y)) return y;
-  // For backward: the positions of each distinct id, grouped (sorted on the host), cut into chunks. A
-  // counting sort, stable (positions of one id stay in order) and linear: a comparison sort of a batch's
-  // 32k token ids took milliseconds of host time. It runs when the backward pass reaches this op, where
-  // the host is ahead of the GPU; in the forward it held back the step's first kernels (0.37 ms a call
-  // for 32k ids).
-  g.on_backward(y, [=, host = std::vector<int32_t>(ids.begin(), ids.end())](Graph<float>& g) {
-    std::vector<int32_t> order(static_cast<size_t>(n)), next(static_cast<size_t>(rows) + 1, 0);
-    for (int64_t k = 0; k < n; ++k) ++next[host[k] + 1];
-    for (int64_t r = 0; r < rows; ++r) next[r + 1] += next[r];
-    for (int64_t k = 0; k < n; ++k) order[next[host[k]]++] = static_cast<int32_t>(k);
-    std::vector<int32_t> unique, first_chunk, chunk_begin;
-    for (int64_t k = 0; k < n; ++k) {
-      const bool new_id = k == 0 || host[order[k]] != host[order[k - 1]];
-      if (new_id) {
-        unique.push_back(host[order[k]]);
-        first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
-      }
-      if (new_id || k - chunk_begin.back() == kGatherChunk) chunk_begin.push_back(static_cast<int32_t>(k));
-    }
-    first_chunk.push_back(static_cast<int32_t>(chunk_begin.size()));
-    chunk_begin.push_back(static_cast<int32_t>(n));
-    const int64_t n_unique = static_cast<int64_t>(unique.size());
-    const int64_t n_chunks = static_cast<int64_t>(chunk_begin.size()) - 1;
-    if (n_chunks == 0) return;
-    const int32_t* d_unique = g.upload(unique.data(), unique.size());
-    const int32_t* d_first_chunk = g.upload(first_chunk.data(), first_chunk.size());
-    const int32_t* d_chunk_begin = g.upload(chunk_begin.data(), chunk_begin.size());
-    const int32_t* d_order = g.upload(order.data(), order.size());
-    float* partial = g.scratch<float>(n_chunks * cols);
+  g.on_backward(y, [=](Graph<float>& g) {
+    if (n == 0) return;
+    const int count = static_cast<int>(n);
+    cudaStream_t stream = cuda::stream(g);
+    int bits = 1;  // the ids' significant bits: the radix sort's passes
+    while (bits < 31 && (int64_t{1} << bits) < rows) ++bits;
+    int32_t *positions = g.scratch<int32_t>(n), *sorted = g.scratch<int32_t>(n), *order = g.scratch<int32_t>(n);
+    int32_t *heads = g.scratch<int32_t>(n), *run_begin = g.scratch<int32_t>(n);
+    int64_t *marks = g.scratch<int64_t>(n), *numbers = g.scratch<int64_t>(n);
+    size_t sort_bytes = 0, scan_bytes = 0, sum_bytes = 0;
+    BERT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, device_ids, sorted, positions, order, count, 0,
+                                                    bits, stream));
+    BERT_CUDA_CHECK(cub::DeviceScan::InclusiveScan(nullptr, scan_bytes, heads, run_begin, Larger{}, count, stream));
+    BERT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, sum_bytes, marks, numbers, count, stream));
+    size_t temp_bytes = std::max({sort_bytes, scan_bytes, sum_bytes});  // enough for each of the three
+    void* temp = g.scratch<std::byte>(temp_bytes);
+    BERT_LAUNCH(gather_positions, n, g, positions, n);
+    BERT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, device_ids, sorted, positions, order, count, 0,
+                                                    bits, stream));
+    BERT_LAUNCH(gather_run_heads, n, g, heads, sorted, n);
+    BERT_CUDA_CHECK(cub::DeviceScan::InclusiveScan(temp, temp_bytes, heads, run_begin, Larger{}, count, stream));
+    BERT_LAUNCH(gather_chunk_marks, n, g, marks, run_begin, n);
+    BERT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, marks, numbers, count, stream));
+    // At most n runs (and no more than the table's rows), each of at most one chunk more than its
+    // positions / kGatherChunk.
+    const int64_t max_runs = std::min(n, rows), max_chunks = std::min(n, max_runs + n / kGatherChunk);
+    int32_t *chunk_begin = g.scratch<int32_t>(max_chunks + 1), *unique = g.scratch<int32_t>(max_runs);
+    int32_t *first_chunk = g.scratch<int32_t>(max_runs + 1), *counts = g.scratch<int32_t>(2);
+    BERT_LAUNCH(gather_chunk_layout, n, g, chunk_begin, unique, first_chunk, counts, numbers, marks, sorted, n);
+    float* partial = g.scratch<float>(max_chunks * cols);
     cuda::with_element_type(out_type, [&](auto out_tag) {
       using Y = typename decltype(out_tag)::type;
-      BERT_LAUNCH(gather_backward_chunks<Y>, n_chunks * cols, g, partial, cuda::typed<Y>(g.grad_data(y)), d_chunk_begin,
-                  d_order, n_chunks, cols);
+      BERT_LAUNCH(gather_backward_chunks<Y>, max_chunks * cols, g, partial, cuda::typed<Y>(g.grad_data(y)), chunk_begin,
+                  order, counts, cols);
     });
     cuda::with_element_type(table_type, [&](auto table_tag) {
       using X = typename decltype(table_tag)::type;
-      BERT_LAUNCH(gather_backward_rows<X>, n_unique * cols, g, cuda::typed<X>(g.grad_data(table)), partial, d_unique,
-                  d_first_chunk, n_unique, cols);
+      BERT_LAUNCH(gather_backward_rows<X>, max_runs * cols, g, cuda::typed<X>(g.grad_data(table)), partial, unique,
+                  first_chunk, counts, cols);
     });
   });
   return y;

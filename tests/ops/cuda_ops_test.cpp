@@ -316,6 +316,31 @@ TEST_F(CudaOps, GatherRowsWithRepeatedIds) {
         return ops::gather_rows(g, in[0], std::span<const int32_t>(ids).first(1), Shape{});
       },
       kExact, kExact);
+  // The backward's grouping on the GPU: a padding-like id repeated 1,000 times (16 chunks of 64), two ids
+  // of 130 (3 chunks each), the rest scattered over a 3,000-row table; and a 2-row table (token types).
+  std::vector<int32_t> many(1000, 0);
+  for (int32_t id : {1, 2})
+    for (int i = 0; i < 130; ++i) many.insert(many.begin() + (i * 7 + id) % int(many.size()), id);
+  std::mt19937 gen(5);
+  while (many.size() < 4100) many.push_back(int32_t(gen() % 3000));
+  std::shuffle(many.begin(), many.end(), gen);
+  const Build gather_many = [&](Graph<float>& g, const std::vector<Var>& in) {
+    return ops::gather_rows(g, in[0], many, Shape{41, 100});
+  };
+  compare({Shape{3000, 24}}, gather_many, kExact, kReduction);
+  std::vector<int32_t> types(700);
+  for (size_t i = 0; i < types.size(); ++i) types[i] = int32_t(gen() % 2);
+  compare(
+      {Shape{2, 24}},
+      [&](Graph<float>& g, const std::vector<Var>& in) {
+        return ops::gather_rows(g, in[0], types, Shape{7, 100});
+      },
+      kExact, kReduction);
+  // The same gradient on every run (no atomics in the sums).
+  const std::vector<std::vector<float>> table = {random_values(3000 * 24, 3)};
+  const Result first = run_on(*gpu_, {Shape{3000, 24}}, table, {true}, gather_many, 7);
+  const Result second = run_on(*gpu_, {Shape{3000, 24}}, table, {true}, gather_many, 7);
+  EXPECT_EQ(first.grads[0], second.grads[0]);
 }
 
 TEST_F(CudaOps, GeluAndTanh) {
