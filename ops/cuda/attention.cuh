@@ -1,0 +1,75 @@
+// What the two kernel sets of the fused attention (ops/attention.cu: FP32 and TF32, and the dispatch;
+// ops/attention_bf16.cu: BF16 on the tensor cores) share: the problem's geometry, the mask and dropout
+// as both read them, and the BF16 kernels' launches.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/graph.h"
+#include "core/rng.h"
+#include "ops/cuda/common.cuh"
+
+namespace bert::ops::cuda_impl {
+
+__device__ __forceinline__ int64_t lesser(int64_t a, int64_t b) { return a < b ? a : b; }
+
+struct Geometry {
+  int64_t heads, length;  // H, T
+  int64_t stride;         // elements from one position to the next within a head: H D ((B, T, H, D) operands)
+  int rows;               // query rows per block (16 per warp)
+  int padded;             // T rounded up to the key tile
+  float alpha;
+  const float* mask;  // (B, T) additive, or nullptr
+  uint64_t seed, first;
+  uint32_t threshold;
+  float keep_scale;  // 1 / (1 - p)
+  bool dropout;
+  // Dropout's keep bits, drawn once by the forward: row (bh, i) holds `words` 32-bit words, bit j % 32 of
+  // word j / 32 for key j. The backward reads them instead of drawing again.
+  uint32_t* bits;
+  int words;
+};
+
+__device__ __forceinline__ float mask_at(const Geometry& q, int64_t b, int64_t key) {
+  return q.mask ? q.mask[b * q.length + key] : 0.0f;
+}
+// Whether probability (bh, i, j) survives dropout, as the unfused dropout draws it (forward).
+__device__ __forceinline__ bool draw_keep(const Geometry& q, int64_t bh, int64_t i, int64_t j) {
+  const uint64_t index = q.first + uint64_t((bh * q.length + i) * q.length + j);
+  return DropoutDraws::kept(q.seed, index, q.threshold);
+}
+// The dropout factor of probability (bh, i, j) from the forward's bits: keep_scale or 0 (backward).
+__device__ __forceinline__ float keep_factor(const Geometry& q, int64_t bh, int64_t i, int64_t j) {
+  if (!q.dropout) return 1.0f;
+  const uint32_t word = q.bits[(bh * q.length + i) * q.words + j / 32];
+  return (word >> (j % 32)) & 1u ? q.keep_scale : 0.0f;
+}
+
+// Rows of every tile of the BF16 kernels: a block's own 64 query rows (or keys) and each streamed tile.
+constexpr int kFlashRows = 64;
+
+// A kernel's dynamic shared memory above the default 48 KiB.
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// The BF16 kernels (ops/attention_bf16.cu), head sizes 16, 32, 64 and 128: the shared memory a block of
+// theirs needs (the larger of forward and backward), and their launches on the graph's stream, grids of
+// (query tiles or key tiles of 64, B H).
+size_t flash_shared_bytes(int head_size);
+void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* out, float* lse,
+                          const cuda::bf16* q, const cuda::bf16* k, const cuda::bf16* v, const Geometry& geometry);
+void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* dq, bool accumulate,
+                                 float* di, const cuda::bf16* q, const cuda::bf16* k, const cuda::bf16* v,
+                                 const cuda::bf16* out, const cuda::bf16* dout, const float* lse,
+                                 const Geometry& geometry);
+void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* dk, bool accumulate_k,
+                               cuda::bf16* dv, bool accumulate_v, const cuda::bf16* q, const cuda::bf16* k,
+                               const cuda::bf16* v, const cuda::bf16* dout, const float* lse, const float* di,
+                               const Geometry& geometry);
+
+}  // namespace bert::ops::cuda_impl
