@@ -447,10 +447,14 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
   Var x = embedding_norm_.forward(g, params_, ops::add(g, ops::add(g, words, pos), type));
   x = ops::dropout(g, x, config_.hidden_dropout_prob, training, rng);
 
-  // Additive padding mask (B, T): 0 for real tokens, -10000 for padding (as the original BERT).
-  std::vector<float> mask_values(static_cast<size_t>(b * t));
-  for (int64_t i = 0; i < b * t; ++i) mask_values[i] = in.attention_mask[i] ? 0.0f : -10000.0f;
-  Var mask = g.input(std::span<const float>(mask_values), Shape{b, t});
+  // Additive padding mask (B, T): 0 for real tokens, -10000 for padding (as the original BERT); none where
+  // nothing is padded (adding zeros changes no score; the attention kernels skip reading it).
+  Var mask;
+  if (std::any_of(in.attention_mask.begin(), in.attention_mask.end(), [](auto m) { return m == 0; })) {
+    std::vector<float> mask_values(static_cast<size_t>(b * t));
+    for (int64_t i = 0; i < b * t; ++i) mask_values[i] = in.attention_mask[i] ? 0.0f : -10000.0f;
+    mask = g.input(std::span<const float>(mask_values), Shape{b, t});
+  }
 
   std::vector<Var> x_read;  // x as the next attention block's quantizers read it, where its LayerNorm made them
   for (size_t i = 0; i < layers_.size(); ++i) {
