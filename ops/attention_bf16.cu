@@ -136,31 +136,52 @@ __device__ __forceinline__ void draw_tile(const Geometry& q, int64_t bh, const i
 
 // Dropout on a warp's tile of probabilities (rows `rows`, keys kt .. kt + 63): kept ones times
 // keep_scale, the others 0, drawn as the unfused dropout draws them; the keep bits go to q.bits (two words
-// a row) for the backward.
+// a row) for the backward. kFull: every row and key of the tile lies below T.
+template <bool kFull>
 __device__ void drop_tile(const Geometry& q, int64_t bh, const int64_t (&rows)[2], int kt, float (&p)[8][4]) {
+  const int t = threadIdx.x % 4;
   uint32_t words[2][2] = {};
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     uint32_t kept[2];
     draw_tile(q, bh, rows, kt, n, kept);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = tile_column(n, e), h = e / 2;
-      const bool keep = rows[h] < q.length && kt + c < q.length && (kept[h] >> (e % 2)) & 1u;
-      p[n][e] *= keep ? q.keep_scale : 0.0f;
-      words[h][n / 4] |= uint32_t(keep) << (c % 32);
+    for (int h = 0; h < 2; ++h) {
+      if (!kFull) {  // bits beyond T cleared
+        const int64_t c = kt + n * 8 + 2 * t;
+        if (rows[h] >= q.length || c >= q.length) kept[h] = 0;
+        if (c + 1 >= q.length) kept[h] &= 1u;
+      }
+      words[h][n / 4] |= kept[h] << (n % 4 * 8 + 2 * t);  // this lane's two keys of the word
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[n][e] *= (kept[e / 2] >> (e % 2)) & 1u ? q.keep_scale : 0.0f;
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     words[h][0] = quad_or(words[h][0]);
     words[h][1] = quad_or(words[h][1]);
-    if (rows[h] < q.length && threadIdx.x % 4 == 0) {
+    if ((kFull || rows[h] < q.length) && t == 0) {
       uint32_t* out = q.bits + (bh * q.length + rows[h]) * q.words + kt / 32;
       out[0] = words[h][0];
       out[1] = words[h][1];
     }
   }
+}
+
+// The additive mask of the lane's two keys of C tile n (kt + n * 8 + 2t, + 1) times log2 e, -inf for keys
+// beyond T.
+template <bool kFull>
+__device__ __forceinline__ float2 key_bias(const Geometry& q, int64_t b, int kt, int n) {
+  const int64_t j = kt + n * 8 + 2 * (threadIdx.x % 4);
+  const float* mask = q.mask ? q.mask + b * q.length + j : nullptr;
+  if (kFull) {
+    if (!mask) return {0.0f, 0.0f};
+    const float2 m = *reinterpret_cast<const float2*>(mask);  // T a multiple of 64, j even: 8-byte aligned
+    return {m.x * kLog2e, m.y * kLog2e};
+  }
+  return {j < q.length ? (mask ? mask[0] * kLog2e : 0.0f) : -INFINITY,
+          j + 1 < q.length ? (mask ? mask[1] * kLog2e : 0.0f) : -INFINITY};
 }
 
 // Rows of a tile starting at `first`: 64, or what is left of T.
@@ -206,7 +227,7 @@ struct FlashBlock {
 // Copies in flight, in groups (cp.async): Q with the first K, then the first V; then, as each tile's K
 // (V) has been read by every warp, the next tile's K (V) into its place. Every step commits a group, empty
 // or not, so that wait<1> always means "all but the newest".
-template <int D>
+template <int D, bool kFull>
 __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     flash_forward(bf16* out, float* lse, const bf16* qp, const bf16* kp, const bf16* vp, Geometry q) {
   constexpr int ld = kFlashLd<D>;
@@ -231,13 +252,14 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     refill<D>(sK, kp + base, q, next);  // sK read by every warp
     float top[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 8; ++n) {
+      const float2 bias = key_bias<kFull>(q, b, kt, n);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t j = kt + tile_column(n, e);
-        s[n][e] = j < q.length ? fmaf(s[n][e], scale, mask_at(q, b, j) * kLog2e) : -INFINITY;
+        s[n][e] = fmaf(s[n][e], scale, e % 2 ? bias.y : bias.x);
         top[e / 2] = fmaxf(top[e / 2], s[n][e]);
       }
+    }
     float rescale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -254,7 +276,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     for (int n = 0; n < D / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
-    if (q.dropout) drop_tile(q, bh, rows, kt, s);
+    if (q.dropout) drop_tile<kFull>(q, bh, rows, kt, s);
     arrive();  // this V
     accumulate_tile<D>(o, s, sV);
     refill<D>(sV, vp + base, q, next);  // sV read by every warp
@@ -274,7 +296,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
 // dQ = alpha dS K over every key tile, dS = P (keep dP - Di), dP = dO V^T; and Di = rowsum(dO * O) of the
 // block's rows for the key-side kernel. Copies: Q, dO and the first V, then the first K; then each tile's
 // V (K) replaced by the next once read.
-template <int D>
+template <int D, bool kFull>
 __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     flash_backward_query(bf16* dq, bool accumulate, float* di, const bf16* qp, const bf16* kp, const bf16* vp,
                          const bf16* op, const bf16* dop, const float* lse, Geometry q) {
@@ -310,11 +332,11 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   float acc[D / 8][4] = {};
   for (int kt = 0; kt < q.padded; kt += kFlashRows) {
     const int64_t next = kt + kFlashRows;
-    uint32_t words[2][2] = {};
+    uint32_t words[2][2] = {};  // shifted to this lane's keys: bit (n % 4) 8 + w for key kt + n 8 + 2t + w
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (q.dropout && rows[h] < q.length)
-        for (int w = 0; w < 2; ++w) words[h][w] = q.bits[(bh * q.length + rows[h]) * q.words + kt / 32 + w];
+      if (q.dropout && (kFull || rows[h] < q.length))
+        for (int w = 0; w < 2; ++w) words[h][w] = q.bits[(bh * q.length + rows[h]) * q.words + kt / 32 + w] >> 2 * t;
     arrive();  // this V (and Q, dO)
     float s[8][4], dp[8][4];
     product_tile<D>(dp, sdO, warp * 16, sV);
@@ -322,19 +344,20 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     arrive();                           // this K
     product_tile<D>(s, sQ, warp * 16, sK);
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 8; ++n) {
+      const float2 bias = key_bias<kFull>(q, b, kt, n);  // -inf beyond T: p = 0 there
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int c = tile_column(n, e), h = e / 2;
-        const int64_t j = kt + c;
+        const int h = e / 2;
         float ds = 0.0f;
-        if (rows[h] < q.length && j < q.length) {
-          const float p = exp2f(fmaf(s[n][e], scale, fmaf(mask_at(q, b, j), kLog2e, -row_lse[h])));
-          const float keep = !q.dropout ? 1.0f : (words[h][n / 4] >> (c % 32)) & 1u ? q.keep_scale : 0.0f;
+        if (kFull || rows[h] < q.length) {
+          const float p = exp2f(fmaf(s[n][e], scale, (e % 2 ? bias.y : bias.x) - row_lse[h]));
+          const float keep = !q.dropout ? 1.0f : (words[h][n / 4] >> (n % 4 * 8 + e % 2)) & 1u ? q.keep_scale : 0.0f;
           ds = p * (dp[n][e] * keep - row_di[h]);
         }
         s[n][e] = ds;
       }
+    }
     accumulate_tile<D>(acc, s, sK);
     refill<D>(sK, kp + base, q, next);  // sK read by every warp
   }
@@ -382,7 +405,7 @@ struct QueryStage {
 
 // dK = alpha dS^T Q and dV = dropout(P)^T dO of the block's 64 keys, over every query tile; the query tiles
 // in two stages, the next one copied while this one is multiplied.
-template <int D>
+template <int D, bool kFull>
 __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
     flash_backward_key(bf16* dk, bool accumulate_k, bf16* dv, bool accumulate_v, const bf16* qp, const bf16* kp,
                        const bf16* vp, const bf16* dop, const float* lse, const float* di, Geometry q) {
@@ -422,7 +445,7 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
       for (int e = 0; e < 4; ++e) {
         const int c = c0 + e % 2, h = e / 2;
         float p = 0.0f, ds = 0.0f;
-        if (c < queries && keys[h] < q.length) {
+        if (kFull || (c < queries && keys[h] < q.length)) {
           const float query_lse = e % 2 ? row_lse.y : row_lse.x, query_di = e % 2 ? row_di.y : row_di.x;
           const float prob = exp2f(fmaf(s[n][e], scale, fmaf(-query_lse, kLog2e, key_mask[h])));
           const uint32_t word = e % 2 ? (local[h] < 32 ? words.z : words.w) : (local[h] < 32 ? words.x : words.y);
@@ -477,6 +500,17 @@ void with_head_size(int head_size, F&& f) {
   }
 }
 
+// The same with kFull (std::bool_constant) as well: whether T is a multiple of the tile (no bounds checks).
+template <typename F>
+void with_kernel(int head_size, const Geometry& geometry, F&& f) {
+  with_head_size(head_size, [&](auto size) {
+    if (geometry.length % kFlashRows == 0)
+      f(size, std::true_type{});
+    else
+      f(size, std::false_type{});
+  });
+}
+
 }  // namespace
 
 size_t flash_shared_bytes(int head_size) {
@@ -490,10 +524,11 @@ size_t flash_shared_bytes(int head_size) {
 
 void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, bf16* out, float* lse, const bf16* q,
                           const bf16* k, const bf16* v, const Geometry& geometry) {
-  with_head_size(head_size, [&](auto size) {
+  with_kernel(head_size, geometry, [&](auto size, auto full) {
     constexpr int D = decltype(size)::value;
-    allow_shared(flash_forward<D>, flash_forward_bytes<D>());
-    flash_forward<D><<<grid, 128, flash_forward_bytes<D>(), cuda::stream(g)>>>(out, lse, q, k, v, geometry);
+    constexpr bool kFull = decltype(full)::value;
+    allow_shared(flash_forward<D, kFull>, flash_forward_bytes<D>());
+    flash_forward<D, kFull><<<grid, 128, flash_forward_bytes<D>(), cuda::stream(g)>>>(out, lse, q, k, v, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
@@ -501,11 +536,12 @@ void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, bf16*
 void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, bf16* dq, bool accumulate, float* di,
                                  const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout,
                                  const float* lse, const Geometry& geometry) {
-  with_head_size(head_size, [&](auto size) {
+  with_kernel(head_size, geometry, [&](auto size, auto full) {
     constexpr int D = decltype(size)::value;
-    allow_shared(flash_backward_query<D>, flash_backward_bytes<D>());
-    flash_backward_query<D><<<grid, 128, flash_backward_bytes<D>(), cuda::stream(g)>>>(dq, accumulate, di, q, k, v, out,
-                                                                                       dout, lse, geometry);
+    constexpr bool kFull = decltype(full)::value;
+    allow_shared(flash_backward_query<D, kFull>, flash_backward_bytes<D>());
+    flash_backward_query<D, kFull><<<grid, 128, flash_backward_bytes<D>(), cuda::stream(g)>>>(
+        dq, accumulate, di, q, k, v, out, dout, lse, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
@@ -513,11 +549,12 @@ void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid
 void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, bf16* dk, bool accumulate_k, bf16* dv,
                                bool accumulate_v, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                const float* lse, const float* di, const Geometry& geometry) {
-  with_head_size(head_size, [&](auto size) {
+  with_kernel(head_size, geometry, [&](auto size, auto full) {
     constexpr int D = decltype(size)::value;
-    allow_shared(flash_backward_key<D>, flash_backward_bytes<D>());
-    flash_backward_key<D><<<grid, 128, flash_backward_bytes<D>(), cuda::stream(g)>>>(dk, accumulate_k, dv, accumulate_v,
-                                                                                     q, k, v, dout, lse, di, geometry);
+    constexpr bool kFull = decltype(full)::value;
+    allow_shared(flash_backward_key<D, kFull>, flash_backward_bytes<D>());
+    flash_backward_key<D, kFull><<<grid, 128, flash_backward_bytes<D>(), cuda::stream(g)>>>(
+        dk, accumulate_k, dv, accumulate_v, q, k, v, dout, lse, di, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
