@@ -59,10 +59,10 @@ struct RowDrop {
   uint64_t seed = 0, first = 0;
   uint32_t threshold = 0;
   float keep_scale = 1.0f;
-  __device__ __forceinline__ void scales(float (&s)[4], int64_t e) const {  // e a multiple of 4
-    bool kept[4];
-    cuda::draw_keeps<4>(kept, seed, first, e, threshold);
-    for (int w = 0; w < 4; ++w) s[w] = kept[w] ? keep_scale : 0.0f;
+  // e a multiple of 4, and so first + e (DropoutDraws::reserve): the four share one hash.
+  __device__ __forceinline__ void scales(float (&s)[4], int64_t e) const {
+    const uint32_t kept = DropoutDraws::kept4(seed, (first + uint64_t(e)) / 4, threshold);
+    for (int w = 0; w < 4; ++w) s[w] = (kept >> w) & 1u ? keep_scale : 0.0f;
   }
 };
 
@@ -96,8 +96,9 @@ struct RowOutputs {
 // 4 a lane; c a multiple of 4 up to 1024). With b set, x = a + b rounded to A (what the add op would store)
 // is normalised and, where `sums` is set, stored for the backward; with `drop` on (threshold > 0), a is
 // first dropped out and rounded to A (what the dropout op would store); with q on, the dropped value is
-// fake-quantized before that rounding. With `outs` set the output goes there instead of y.
-template <int C, typename A>
+// fake-quantized before that rounding. With `outs` set the output goes there instead of y. kPlain: neither
+// q nor outs (a training step's LayerNorm), those paths compiled out (fewer registers and instructions).
+template <int C, typename A, bool kPlain>
 __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b,
                                         const float* gamma, const float* beta, int64_t rows, int c, float eps,
                                         RowDrop drop, RowQuantize<A> q, RowOutputs outs) {
@@ -108,28 +109,37 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
   if (r < rows) {   // no early return: the saturation count below is a block's sum
     float v[C][4];
     float sum = 0;
-    const cuda::ScaleDivision divide(q.scale ? *q.scale : 1.0f);
+    const cuda::ScaleDivision divide(!kPlain && q.scale ? *q.scale : 1.0f);
+    const int64_t row = r * c;
+    cuda::Pack<A, 4> pa[C], pb[C];
+#pragma unroll
+    for (int k = 0; k < C; ++k) {  // every load first, then the arithmetic
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) continue;  // (not break: the loop unrolls, the arrays stay in registers)
+      pa[k] = cuda::load_pack<4>(a + row + j);
+      if (b) pb[k] = cuda::load_pack<4>(b + row + j);
+    }
 #pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
-      if (j >= c) continue;  // (not break: the loop unrolls, v stays in registers)
-      cuda::Pack<A, 4> pa = cuda::load_pack<4>(a + r * c + j);
-      if (drop.threshold || q.scale) {
+      if (j >= c) continue;
+      const bool quantized = !kPlain && q.scale;
+      if (drop.threshold || quantized) {
         float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-        if (drop.threshold) drop.scales(keep, r * c + j);
+        if (drop.threshold) drop.scales(keep, row + j);
         for (int w = 0; w < 4; ++w) {
-          const float e = cuda::to_float(pa.v[w]) * keep[w];
-          pa.v[w] = cuda::from_float<A>(q.scale ? cuda::fake_quantize_value(e, divide, q.lo, q.hi, clipped) : e);
+          const float e = cuda::to_float(pa[k].v[w]) * keep[w];
+          pa[k].v[w] = cuda::from_float<A>(quantized ? cuda::fake_quantize_value(e, divide, q.lo, q.hi, clipped) : e);
         }
       }
       if (b) {
-        const cuda::Pack<A, 4> pb = cuda::load_pack<4>(b + r * c + j);
         cuda::Pack<A, 4> ps;
-        for (int w = 0; w < 4; ++w) ps.v[w] = cuda::from_float<A>(cuda::to_float(pa.v[w]) + cuda::to_float(pb.v[w]));
-        if (sums) cuda::store_pack<4>(sums + r * c + j, ps);
+        for (int w = 0; w < 4; ++w)
+          ps.v[w] = cuda::from_float<A>(cuda::to_float(pa[k].v[w]) + cuda::to_float(pb[k].v[w]));
+        if (sums) cuda::store_pack<4>(sums + row + j, ps);
         for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(ps.v[w]);
       } else {
-        for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(pa.v[w]);
+        for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(pa[k].v[w]);
       }
     }
     const float mean = cuda::warp_sum(sum) / float(c);
@@ -147,35 +157,37 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
       cuda::Pack<A, 4> out;
       for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
-      if (outs.count == 0) {
-        cuda::store_pack<4>(y + r * c + j, out);
-        continue;
-      }
+      if constexpr (!kPlain) {
+        if (outs.count > 0) {
 #pragma unroll
-      for (int o = 0; o < 2; ++o) {
-        if (o >= outs.count) break;
-        const float s = outs.scale[o] > 0 ? outs.scale[o] : 1.0f;
-        float quantized[4];
-        for (int w = 0; w < 4; ++w)
-          quantized[w] =
-              fminf(fmaxf(rintf(cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), s, outs.reciprocal[o])),
-                          -128.0f),
-                    127.0f);
-        if (outs.integers[o]) {
-          cuda::Pack<int8_t, 4> integers;
-          for (int w = 0; w < 4; ++w) integers.v[w] = static_cast<int8_t>(quantized[w]);
-          cuda::store_pack<4>(static_cast<int8_t*>(outs.out[o]) + r * c + j, integers);
-        } else {
-          cuda::Pack<A, 4> fake = out;
-          if (outs.scale[o] > 0)
-            for (int w = 0; w < 4; ++w) fake.v[w] = cuda::from_float<A>(quantized[w] * outs.scale[o]);
-          cuda::store_pack<4>(static_cast<A*>(outs.out[o]) + r * c + j, fake);
+          for (int o = 0; o < 2; ++o) {
+            if (o >= outs.count) break;
+            const float s = outs.scale[o] > 0 ? outs.scale[o] : 1.0f;
+            float quantized[4];
+            for (int w = 0; w < 4; ++w)
+              quantized[w] = fminf(
+                  fmaxf(rintf(cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), s, outs.reciprocal[o])),
+                        -128.0f),
+                  127.0f);
+            if (outs.integers[o]) {
+              cuda::Pack<int8_t, 4> integers;
+              for (int w = 0; w < 4; ++w) integers.v[w] = static_cast<int8_t>(quantized[w]);
+              cuda::store_pack<4>(static_cast<int8_t*>(outs.out[o]) + row + j, integers);
+            } else {
+              cuda::Pack<A, 4> fake = out;
+              if (outs.scale[o] > 0)
+                for (int w = 0; w < 4; ++w) fake.v[w] = cuda::from_float<A>(quantized[w] * outs.scale[o]);
+              cuda::store_pack<4>(static_cast<A*>(outs.out[o]) + row + j, fake);
+            }
+          }
+          continue;
         }
       }
+      cuda::store_pack<4>(y + row + j, out);
     }
     if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
   }
-  if (q.clipped) {
+  if (!kPlain && q.clipped) {
     const int64_t total = cuda::block_sum(int64_t{clipped}, shared);
     if (threadIdx.x == 0 && total) atomicAdd(q.clipped, static_cast<unsigned long long>(total));
   }
@@ -200,21 +212,34 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 // LayerNorm's backward, rows in registers: the input's gradient row by row and, in the same pass, the
 // block's sums of dy n and dy over its rows per column into partial_gamma/partial_beta[block][col] (gamma's
 // and beta's gradients: layer_norm_param_sums adds the blocks in order). Block i takes rows
-// i per_block on, warp w every kWarpsPerBlock-th of them from w; the warps' sums meet in shared memory in
-// warp order (deterministic). Registers capped for two blocks an SM up to 768 columns (a few spill: 16
-// warps an SM instead of 8); the loops over a row's packs unroll so that its arrays stay in registers.
-template <int C, typename A>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 6 ? 2 : 1)
+// i per_block on, warp w every kWarpsPerBlock-th of them from w, adding into its own rows of the column
+// sums in shared memory (backward_row_shared bytes; registers would hold 8 C floats a lane and leave room
+// for two blocks an SM); the warps' sums are then added in warp order (deterministic). The loops over a
+// row's packs unroll so that its arrays stay in registers.
+template <int C>
+constexpr size_t backward_row_shared() {
+  return size_t(2 * kWarpsPerBlock) * C * 128 * sizeof(float);
+}
+template <int C, typename A, bool kPlain>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 4 : 3)
     layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy, const A* x,
                              const float* gamma, const float* mean, const float* rstd, int64_t rows, int c,
                              int64_t per_block, RowDrop drop, RowQuantize<A> q) {
-  __shared__ float warp_sums[kWarpsPerBlock][C * 128];
+  extern __shared__ __align__(16) float column_sums[];  // [2][kWarpsPerBlock][C 128]: dy n, then dy
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Few registers a row (its x and dy as loaded, gamma from the cache), so that blocks share an SM: the
-  // column sums take 8 C registers, the row 4 C.
-  float sum_dyn[C][4] = {}, sum_dy[C][4] = {};
+  float* const sum_dyn = column_sums + warp * C * 128;                    // this warp's, touched by its
+  float* const sum_dy = column_sums + (kWarpsPerBlock + warp) * C * 128;  // lanes' own columns only
+  if (partial_gamma)
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) continue;
+      *reinterpret_cast<float4*>(sum_dyn + j) = float4{};
+      *reinterpret_cast<float4*>(sum_dy + j) = float4{};
+    }
   double acc = 0;  // this thread's share of the quantizer scale's gradient
-  const cuda::ScaleDivision divide(q.scale ? *q.scale : 1.0f);
+  const bool quantized = !kPlain && q.scale;
+  const cuda::ScaleDivision divide(quantized ? *q.scale : 1.0f);
   const int64_t end = min(rows, (blockIdx.x + 1) * per_block);
   for (int64_t r = blockIdx.x * per_block + warp; r < end; r += kWarpsPerBlock) {
     const float m = mean[r], rs = rstd[r];
@@ -232,15 +257,18 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 6 ? 2 : 1)
       const int j = (k * 32 + lane) * 4;
       if (j >= c) continue;
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j);
+      cuda::Pack<float, 4> dyn, dys;
+      if (partial_gamma) dyn = cuda::load_pack<4>(sum_dyn + j), dys = cuda::load_pack<4>(sum_dy + j);
       for (int w = 0; w < 4; ++w) {
         const float d = cuda::to_float(pd[k].v[w]), n = (cuda::to_float(px[k].v[w]) - m) * rs, dn = d * gm.v[w];
-        sum_dyn[k][w] += d * n;
-        sum_dy[k][w] += d;
+        dyn.v[w] += d * n;
+        dys.v[w] += d;
         mean_dn += dn;
         mean_dn_n += dn * n;
       }
+      if (partial_gamma) cuda::store_pack<4>(sum_dyn + j, dyn), cuda::store_pack<4>(sum_dy + j, dys);
     }
-    if (!to.da && !to.db && !q.ds) continue;
+    if (!to.da && !to.db && (kPlain || !q.ds)) continue;
     mean_dn = cuda::warp_sum(mean_dn) / float(c);
     mean_dn_n = cuda::warp_sum(mean_dn_n) / float(c);
 #pragma unroll
@@ -254,10 +282,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 6 ? 2 : 1)
         out[w] = rs * (cuda::to_float(pd[k].v[w]) * gm.v[w] - mean_dn - n * mean_dn_n);
       }
       if (to.db) store_grad_to<4>(to.db + r * c + j, to.accumulate_b, out);
-      if (!to.da && !q.ds) continue;
+      if (!to.da && (kPlain || !q.ds)) continue;
       float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
       if (drop.threshold) drop.scales(keep, r * c + j);  // through the dropout: its mask redrawn
-      if (q.scale) {                                     // and the quantizer: straight through inside its range
+      if (quantized) {                                   // and the quantizer: straight through inside its range
         const cuda::Pack<A, 4> pa = cuda::load_pack<4>(q.a + r * c + j);
         float part = 0;
         for (int w = 0; w < 4; ++w)
@@ -270,27 +298,18 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 6 ? 2 : 1)
       if (to.da) store_grad_to<4>(to.da + r * c + j, to.accumulate_a, out);
     }
   }
-  if (q.ds) cuda::add_scale_gradient(acc, q.ds, q.grad_scale, q.partial, q.arrivals);
+  if (!kPlain && q.ds) cuda::add_scale_gradient(acc, q.ds, q.grad_scale, q.partial, q.arrivals);
   if (!partial_gamma) return;
-  // Each array by name (not picked at run time, which put one in local memory).
-  auto write_partial = [&](const float(&sums)[C][4], float* partial) {
-#pragma unroll
-    for (int k = 0; k < C; ++k) {
-      const int j = (k * 32 + lane) * 4;
-      if (j >= c) continue;
-      for (int w = 0; w < 4; ++w) warp_sums[warp][j + w] = sums[k][w];
+  __syncthreads();
+  for (int col = threadIdx.x; col < c; col += blockDim.x) {
+    float total_dyn = 0, total_dy = 0;
+    for (int v = 0; v < kWarpsPerBlock; ++v) {
+      total_dyn += column_sums[v * C * 128 + col];
+      total_dy += column_sums[(kWarpsPerBlock + v) * C * 128 + col];
     }
-    __syncthreads();
-    float* out = partial + blockIdx.x * int64_t(c);
-    for (int col = threadIdx.x; col < c; col += blockDim.x) {
-      float total = 0;
-      for (int v = 0; v < kWarpsPerBlock; ++v) total += warp_sums[v][col];
-      out[col] = total;
-    }
-    __syncthreads();
-  };
-  write_partial(sum_dyn, partial_gamma);
-  write_partial(sum_dy, partial_beta);
+    partial_gamma[blockIdx.x * int64_t(c) + col] = total_dyn;
+    partial_beta[blockIdx.x * int64_t(c) + col] = total_dy;
+  }
 }
 
 // Pass 1: partial[chunk][col] of sum dy * n (gamma) and sum dy (beta) over the chunk's rows. Block (32,
@@ -410,11 +429,17 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     A* sv = b.valid() && g.requires_grad(y) ? g.scratch<A>(rows * c) : nullptr;
     sums = sv;
     with_row_chunks(c, {}, [&](auto chunks) {
-      layer_norm_rows_forward<decltype(chunks)::value, A>
-          <<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-              cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
-              b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
-              int(c), static_cast<float>(eps), drop, quantizer(tag), outs);
+      auto launch = [&](auto kernel) {
+        kernel<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+            cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
+            b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows, int(c),
+            static_cast<float>(eps), drop, quantizer(tag), outs);
+      };
+      constexpr int kChunks = decltype(chunks)::value;
+      if (!q && outs.count == 0)
+        launch(layer_norm_rows_forward<kChunks, A, true>);
+      else
+        launch(layer_norm_rows_forward<kChunks, A, false>);
     });
     BERT_CUDA_LAUNCHED();
   });
@@ -440,9 +465,10 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
       }
       float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
       float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
-      // At least 2 rows a warp, and at most about 512 blocks (512 partial rows for the column sums' second
-      // pass, which reads them one column per thread: BERT-mini at b256 made 2,048).
-      const int64_t per_block = std::max<int64_t>(2 * kWarpsPerBlock, (rows + 511) / 512 + kWarpsPerBlock - 1) /
+      // At least 2 rows a warp, and at most about 384 blocks: one wave of three blocks an SM on an H100
+      // (BERT-base's 8,192 rows: 342 blocks of 24), and few partial rows for the column sums' second pass,
+      // which reads them one column per thread.
+      const int64_t per_block = std::max<int64_t>(2 * kWarpsPerBlock, (rows + 383) / 384 + kWarpsPerBlock - 1) /
                                 kWarpsPerBlock * kWarpsPerBlock;
       const int64_t blocks = (rows + per_block - 1) / per_block;
       const bool params = dgamma || dbeta;
@@ -451,10 +477,21 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
       if (quantize.ds && blocks > 1) quantize.partial = g.scratch<double>(blocks);
       const A* x = b.valid() ? static_cast<const A*>(sums) : cuda::typed<A>(g.data(a));
       with_row_chunks(c, {}, [&](auto width) {
-        layer_norm_rows_backward<decltype(width)::value, A>
-            <<<unsigned(blocks), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-                to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
-                rows, int(c), per_block, drop, quantize);
+        constexpr int kChunks = decltype(width)::value;
+        auto launch = [&](auto kernel) {
+          constexpr size_t bytes = backward_row_shared<kChunks>();
+          // From 48 KiB on (768 columns: exactly 48, to which the quantizer's reduction adds static bytes),
+          // beyond the default limit.
+          if (bytes >= 48 * 1024)
+            BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+          kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, bytes, cuda::stream(g)>>>(
+              to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
+              rows, int(c), per_block, drop, quantize);
+        };
+        if (!scale.valid())
+          launch(layer_norm_rows_backward<kChunks, A, true>);
+        else
+          launch(layer_norm_rows_backward<kChunks, A, false>);
       });
       BERT_CUDA_LAUNCHED();
       if (params) launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, blocks, c);
