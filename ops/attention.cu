@@ -469,16 +469,9 @@ bool attention_fits(int64_t head_size, int64_t length, DType dtype) {
     if (dtype == DType::kBF16) return flash_shared_bytes(D) <= limit;
     return rows_that_fit<D, float>(padded, limit) > 0 && backward_key_bytes<D, float>() <= limit;
   };
-  switch (head_size) {
-    case 16:
-      return fits(std::integral_constant<int, 16>{});
-    case 32:
-      return fits(std::integral_constant<int, 32>{});
-    case 64:
-      return fits(std::integral_constant<int, 64>{});
-    default:
-      return fits(std::integral_constant<int, 128>{});
-  }
+  bool fit = false;
+  with_head_size(int(head_size), [&](auto size) { fit = fits(size); });
+  return fit;
 }
 
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
@@ -517,19 +510,8 @@ Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, dou
   Var out;
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
-    switch (d) {
-      case 16:
-        out = fused<16, A>(g, q, k, v, geometry, s[0], dtype);
-        break;
-      case 32:
-        out = fused<32, A>(g, q, k, v, geometry, s[0], dtype);
-        break;
-      case 64:
-        out = fused<64, A>(g, q, k, v, geometry, s[0], dtype);
-        break;
-      default:
-        out = fused<128, A>(g, q, k, v, geometry, s[0], dtype);
-    }
+    with_head_size(int(d),
+                   [&](auto size) { out = fused<decltype(size)::value, A>(g, q, k, v, geometry, s[0], dtype); });
   });
   return out;
 }

@@ -483,23 +483,6 @@ constexpr size_t flash_backward_bytes() {  // either backward kernel (the key si
   return size_t(2 * kFlashRows) * kFlashLd<D> * sizeof(bf16) + 2 * QueryStage<D>::kBytes;
 }
 
-// The kernel for head size D, as a call of f with std::integral_constant<int, D>.
-template <typename F>
-void with_head_size(int head_size, F&& f) {
-  switch (head_size) {
-    case 16:
-      return f(std::integral_constant<int, 16>{});
-    case 32:
-      return f(std::integral_constant<int, 32>{});
-    case 64:
-      return f(std::integral_constant<int, 64>{});
-    case 128:
-      return f(std::integral_constant<int, 128>{});
-    default:
-      BERT_CHECK(false, "fused attention: no BF16 kernel for head size " + std::to_string(head_size));
-  }
-}
-
 // The same with kFull (std::bool_constant) as well: whether T is a multiple of the tile (no bounds checks).
 template <typename F>
 void with_kernel(int head_size, const Geometry& geometry, F&& f) {

@@ -1,12 +1,14 @@
 // What the two kernel sets of the fused attention (ops/attention.cu: FP32 and TF32, and the dispatch;
 // ops/attention_bf16.cu: BF16 on the tensor cores) share: the problem's geometry, the mask and dropout
-// as both read them, and the BF16 kernels' launches.
+// as both read them, the head sizes they are made for, and the BF16 kernels' launches.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "core/graph.h"
 #include "core/rng.h"
@@ -46,6 +48,24 @@ __device__ __forceinline__ float keep_factor(const Geometry& q, int64_t bh, int6
   if (!q.dropout) return 1.0f;
   const uint32_t word = q.bits[(bh * q.length + i) * q.words + j / 32];
   return (word >> (j % 32)) & 1u ? q.keep_scale : 0.0f;
+}
+
+// f called with std::integral_constant<int, D> for head size D (16, 32, 64 or 128): the kernels are made
+// for each.
+template <typename F>
+void with_head_size(int head_size, F&& f) {
+  switch (head_size) {
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    default:
+      BERT_CHECK(false, "fused attention: no kernel for head size " + std::to_string(head_size) + " (16, 32, 64, 128)");
+  }
 }
 
 // Rows of every tile of the BF16 kernels: a block's own 64 query rows (or keys) and each streamed tile.
