@@ -558,16 +558,22 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, Ml
   Var transformed = transform_norm_.forward(g, params_, transform_.forward_gelu(g, params_, selected));
   const bool cpu_inference = !g.on_cuda() && !g.grad_enabled();
   const Var decoder_weight = g.param(params_.get(word_embeddings_)), decoder_bias = g.param(params_.get(decoder_bias_));
-  const bool scored = mlm != MlmOutputs::kLogits;
-  if (scored && cpu_inference) {  // no logits
+  const bool keep_logits = mlm == MlmOutputs::kLogits || mlm == MlmOutputs::kLogitsAndPredictionsOnDevice;
+  const ops::PredictionsTo predictions_to =
+      mlm == MlmOutputs::kLossAndPredictions ? ops::PredictionsTo::kHost : ops::PredictionsTo::kDevice;
+  if (!keep_logits && (cpu_inference || g.on_cuda())) {  // scored without the logits
     ops::LinearScores scores =
-        integer_decoder_
+        integer_decoder_ && cpu_inference
             ? ops::int8_linear_dynamic_cross_entropy_scores(g, transformed, *integer_decoder_, integer_decoder_scales_,
                                                             decoder_bias, out.mlm_targets)
-            : ops::linear_cross_entropy_scores(g, transformed, decoder_weight, decoder_bias, out.mlm_targets);
+        : cpu_inference
+            ? ops::linear_cross_entropy_scores(g, transformed, decoder_weight, decoder_bias, out.mlm_targets)
+            : ops::linear_cross_entropy_scores(g, transformed, decoder_weight, decoder_bias, out.mlm_targets,
+                                               predictions_to);
     out.mlm_loss = scores.loss;
     out.mlm_predictions = std::move(scores.predictions);
-    if (mlm == MlmOutputs::kLossAndPredictionsOnDevice) {  // the CPU's device memory is the graph's
+    out.mlm_device_predictions = scores.device_predictions;
+    if (cpu_inference && predictions_to == ops::PredictionsTo::kDevice) {  // the CPU's device memory is the graph's
       int32_t* kept = g.scratch<int32_t>(std::max<std::size_t>(out.mlm_predictions.size(), 1));
       std::copy(out.mlm_predictions.begin(), out.mlm_predictions.end(), kept);
       out.mlm_device_predictions = kept;
@@ -577,10 +583,8 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, Ml
     out.mlm_logits = integer_decoder_ && cpu_inference ? ops::int8_linear_dynamic(g, transformed, *integer_decoder_,
                                                                                   integer_decoder_scales_, decoder_bias)
                                                        : ops::linear(g, transformed, decoder_weight, decoder_bias);
-    if (scored) {
-      ops::LinearScores s = ops::cross_entropy_scores<float>(
-          g, out.mlm_logits, out.mlm_targets,
-          mlm == MlmOutputs::kLossAndPredictions ? ops::PredictionsTo::kHost : ops::PredictionsTo::kDevice);
+    if (mlm != MlmOutputs::kLogits) {
+      ops::LinearScores s = ops::cross_entropy_scores<float>(g, out.mlm_logits, out.mlm_targets, predictions_to);
       out.mlm_loss = s.loss;
       out.mlm_predictions = std::move(s.predictions);
       out.mlm_device_predictions = s.device_predictions;

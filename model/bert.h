@@ -34,10 +34,10 @@ struct ModelOutputs {
   std::vector<int32_t> mlm_targets;  // (M)
   std::vector<int32_t> mlm_rows;     // (M) b * T + position, the rows of the sequence output used
   // (M) the top-scoring token at each masked position, with MlmOutputs::kLossAndPredictions (mlm_logits is then
-  // null where the CPU evaluates without gradients: the logits were never made).
+  // null on a GPU and where the CPU evaluates without gradients: the logits were never made).
   std::vector<int32_t> mlm_predictions;
-  // The same (M) left on the graph's device with MlmOutputs::kLossAndPredictionsOnDevice (valid until the
-  // graph is cleared; mlm_predictions is then empty).
+  // The same (M) left on the graph's device with MlmOutputs::kLossAndPredictionsOnDevice or
+  // kLogitsAndPredictionsOnDevice (valid until the graph is cleared; mlm_predictions is then empty).
   const int32_t* mlm_device_predictions = nullptr;
   // Task heads. Sequence classification: logits (B, num_labels), targets (B). Token classification:
   // logits (N, num_labels) at the N labeled tokens (every real token when the batch has no labels),
@@ -49,14 +49,15 @@ struct ModelOutputs {
 };
 
 // What the MLM head gives: its logits (M, V) (fill-mask, distillation, comparisons with an export), or only what
-// evaluation scores: its loss and each position's top prediction (ModelOutputs::mlm_predictions). Where the CPU
-// evaluates without gradients, the latter makes the decoder's product tile by tile and reduces each tile in
-// cache (ops::linear_cross_entropy_scores): the (M, V) logits, most of a small model's evaluation traffic, are
-// never stored; elsewhere the predictions are read off the logits (on a GPU in the same pass as the loss:
-// ops::cross_entropy_scores).
+// evaluation and training score: its loss and each position's top prediction (ModelOutputs::mlm_predictions).
+// The latter never makes the (M, V) logits as a node, most of a small model's traffic in the head: on a GPU the
+// decoder's GEMM output is scored where it lies, with gradients (ops::linear_cross_entropy_scores); where the
+// CPU evaluates without gradients the product is made tile by tile and each tile reduced in cache; a CPU that
+// trains reads the predictions off the logits.
 // kLossAndPredictionsOnDevice: as kLossAndPredictions, the predictions left on the device for the caller to
 // read later (core/readback.h): a training step that reads its metrics after queuing its backward pass.
-enum class MlmOutputs { kLogits, kLossAndPredictions, kLossAndPredictionsOnDevice };
+// kLogitsAndPredictionsOnDevice: the logits too (a training step that distils from them).
+enum class MlmOutputs { kLogits, kLossAndPredictions, kLossAndPredictionsOnDevice, kLogitsAndPredictionsOnDevice };
 
 class Bert {
  public:

@@ -52,6 +52,8 @@ Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperat
 Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
                   int32_t ignore_index);
 LinearScores cross_entropy_scores(Graph<float>& g, Var logits, std::span<const int32_t> targets, PredictionsTo to);
+LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias, std::span<const int32_t> targets,
+                                         PredictionsTo to);
 Var sum(Graph<float>& g, Var x);
 Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped);
 Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);

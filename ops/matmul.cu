@@ -5,6 +5,7 @@
 
 #include "core/cuda/lt_plans.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cross_entropy.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
@@ -114,14 +115,21 @@ bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, con
                                  CUBLASLT_EPILOGUE_BIAS, const_cast<void*>(bias), type});
 }
 
-// out (rows, cols) += bias (cols) broadcast over rows: blockIdx.y walks rows, x the columns.
+// out (rows, cols; rows ld apart) += bias (cols) broadcast over rows: blockIdx.y walks rows, x the columns.
 template <typename A>
-__global__ void add_row_vector(A* out, const float* bias, int64_t rows, int64_t cols) {
+__global__ void add_row_vector(A* out, const float* bias, int64_t rows, int64_t cols, int64_t ld) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   const float b = bias[c];
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    out[r * cols + c] = cuda::from_float<A>(cuda::to_float(out[r * cols + c]) + b);
+    out[r * ld + c] = cuda::from_float<A>(cuda::to_float(out[r * ld + c]) + b);
+}
+template <typename A>
+void launch_add_row_vector(const Graph<float>& g, A* out, const float* bias, int64_t rows, int64_t cols, int64_t ld) {
+  const dim3 grid(static_cast<unsigned>((cols + cuda::kThreads - 1) / cuda::kThreads),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 4096)));
+  add_row_vector<A><<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(out, bias, rows, cols, ld);
+  BERT_CUDA_LAUNCHED();
 }
 
 // y (padded_rows, cols) = x (rows, cols) converted to A, rows past `rows` zero: a parameter (weight,
@@ -143,19 +151,19 @@ __global__ void convert_padded(A* y, const float* x, int64_t rows, int64_t padde
   }
 }
 
-// dbias (cols) += the column sums of dy (rows, cols), in two deterministic passes. Pass 1: block (32, 8)
+// dbias (cols) += the column sums of dy (rows, cols; rows ld apart), in two deterministic passes. Pass 1: block (32, 8)
 // of grid (column groups, row chunks) sums `chunk` rows of 32 W columns (thread x: W adjacent columns,
 // W-wide accesses; y: every 8th row), the 8 lanes added in order into partial[chunk index][col].
 constexpr int64_t kColumnChunk = 64;  // 128 chunks of 8192 rows: hundreds of blocks
 template <int W, typename A>
-__global__ void column_partials(float* partial, const A* dy, int64_t rows, int64_t cols, int64_t chunk) {
+__global__ void column_partials(float* partial, const A* dy, int64_t rows, int64_t cols, int64_t ld, int64_t chunk) {
   __shared__ float lanes[8][32 * W + 1];
   const int64_t col = (blockIdx.x * 32 + threadIdx.x) * int64_t(W);
   float acc[W] = {};
   if (col < cols) {
     const int64_t end = min(rows, (blockIdx.y + 1) * chunk);
     for (int64_t r = blockIdx.y * chunk + threadIdx.y; r < end; r += 8) {
-      const cuda::Pack<A, W> p = cuda::load_pack<W>(dy + r * cols + col);
+      const cuda::Pack<A, W> p = cuda::load_pack<W>(dy + r * ld + col);
       for (int w = 0; w < W; ++w) acc[w] += cuda::to_float(p.v[w]);
     }
   }
@@ -168,7 +176,8 @@ __global__ void column_partials(float* partial, const A* dy, int64_t rows, int64
     partial[blockIdx.y * cols + col + w] = total;
   }
 }
-void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, float* dbias) {
+void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, int64_t ld,
+                     float* dbias) {
   const int64_t chunk = std::max<int64_t>(kColumnChunk, (rows + 65534) / 65535);  // the grid's y extent
   const int64_t chunks = (rows + chunk - 1) / chunk;
   float* partial = g.scratch<float>(chunks * cols);
@@ -177,14 +186,16 @@ void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t row
     const A* d = static_cast<const A*>(dy);
     // Packs of 4 where the rows allow, of 2 on an even width (the vocabulary's 30,522), else one by one.
     const auto address = reinterpret_cast<uintptr_t>(d);
-    const int w = cols % 4 == 0 && address % 16 == 0 ? 4 : cols % 2 == 0 && address % (2 * sizeof(A)) == 0 ? 2 : 1;
+    const int w = cols % 4 == 0 && ld % 4 == 0 && address % 16 == 0                ? 4
+                  : cols % 2 == 0 && ld % 2 == 0 && address % (2 * sizeof(A)) == 0 ? 2
+                                                                                   : 1;
     const dim3 grid(static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)), static_cast<unsigned>(chunks));
     if (w == 4)
-      column_partials<4, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+      column_partials<4, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, ld, chunk);
     else if (w == 2)
-      column_partials<2, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+      column_partials<2, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, ld, chunk);
     else
-      column_partials<1, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, chunk);
+      column_partials<1, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, ld, chunk);
     BERT_CUDA_LAUNCHED();
   });
   cuda::launch_add_partial_rows(g, dbias, partial, nullptr, nullptr, chunks, cols);  // pass 2
@@ -274,6 +285,16 @@ Var matmul_typed(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, floa
   return c;
 }
 
+// The row stride of a linear layer's GEMM output. cuBLAS's fast kernels need the leading dimensions, and
+// the extents along them, to be multiples of 16 bytes; a large product with an output width that is not
+// (a vocabulary of 30522) ran 3-4x slower. It runs instead on a weight (and bias) with zero rows appended,
+// into an output with padded rows.
+template <typename A>
+int64_t padded_width(int64_t rows, int64_t out) {
+  constexpr int64_t kAlign = 16 / sizeof(A);
+  return out % kAlign != 0 && rows * out >= (int64_t{1} << 20) ? (out + kAlign - 1) / kAlign * kAlign : out;
+}
+
 template <typename A>
 Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
@@ -281,13 +302,9 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
   const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
   Var y = bias.valid() ? g.emit(xs.with_last(out), {x, weight, bias}, g.dtype(x))
                        : g.emit(xs.with_last(out), {x, weight}, g.dtype(x));
-  // cuBLAS's fast kernels need the leading dimensions, and the extents along them, to be multiples of
-  // 16 bytes; a large product with an output width that is not (a vocabulary of 30522) ran 3-4x slower.
-  // It runs instead on a weight (and bias) with zero rows appended, into an output with padded rows,
-  // and copies back: the copies cost much less than the slow kernels.
-  constexpr int64_t kAlign = 16 / sizeof(A);
-  const int64_t ld =
-      (out % kAlign != 0 && rows * out >= (int64_t{1} << 20)) ? (out + kAlign - 1) / kAlign * kAlign : out;
+  // An odd output width runs padded (padded_width) and copies back: the copies cost much less than the
+  // slow kernels.
+  const int64_t ld = padded_width<A>(rows, out);
   // The weight as the GEMM's operand (a BF16 copy of an F32 weight in mixed precision; padded).
   const A* w_gemm = gemm_operand<A>(g, weight, out, ld, in);
   // The bias is of the output's type in cuBLASLt's epilogue: an F32 bias as is, else converted.
@@ -300,12 +317,7 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
   if (ld != out)
     BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(A), y_gemm, ld * sizeof(A), out * sizeof(A), rows,
                                       cudaMemcpyDeviceToDevice, cuda::stream(g)));
-  if (bias.valid() && !fused) {
-    const dim3 grid(static_cast<unsigned>((out + cuda::kThreads - 1) / cuda::kThreads),
-                    static_cast<unsigned>(std::min<int64_t>(rows, 4096)));
-    add_row_vector<A><<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(yv, g.value(bias).data(), rows, out);
-    BERT_CUDA_LAUNCHED();
-  }
+  if (bias.valid() && !fused) launch_add_row_vector(g, yv, g.value(bias).data(), rows, out, out);
   g.on_backward(y, [=](Graph<float>& g) {
     const A* dy = cuda::typed<A>(g.grad_data(y));
     const A* dy_gemm = dy;
@@ -331,11 +343,64 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
     // The bias gradient in two passes of our own: cuBLASLt's BGRADB epilogue ran as a separate kernel
     // (21 us a call on 32,768 rows of 256 on an H200, these two take 11) and slowed the MLM decoder's
     // weight-gradient GEMM by a fifth.
-    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, g.dtype(y), rows, out, g.grad(bias).data());
+    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, g.dtype(y), rows, out, out, g.grad(bias).data());
   });
   return y;
 }
 
+// linear_typed's product scored by the cross-entropy where the GEMM wrote it: no (rows, out) logits node,
+// so none of the copies an odd output width costs linear (the padded output back into the node, the
+// node's gradient out into a padded buffer); the gradient of the logits is written in the padded layout,
+// zero in the padding, for the backward GEMMs. The same GEMMs and kernels as linear then
+// cross_entropy_scores, so the same values, bit for bit.
+template <typename A>
+LinearScores linear_cross_entropy_typed(Graph<float>& g, Var x, Var weight, Var bias, std::span<const int32_t> targets,
+                                        PredictionsTo to) {
+  constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
+  const Shape xs = g.shape(x), ws = g.shape(weight);
+  const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
+  const CrossEntropyRows ce = prepare_cross_entropy(g, targets, {}, -1, out);
+  const int64_t ld = padded_width<A>(rows, out);
+  const A* w_gemm = gemm_operand<A>(g, weight, out, ld, in);
+  const A* bias_gemm = bias.valid() ? gemm_operand<A>(g, bias, out, ld, 1) : nullptr;
+  const A* xv = cuda::typed<A>(g.data(x));
+  A* z = g.scratch<A>(std::max<int64_t>(rows * ld, 1));  // the logits, kept for the backward pass
+  if (rows > 0) {
+    const bool fused = bias_gemm && gemm_bias(g, rows, in, ld, xv, w_gemm, bias_gemm, z, ld, type);
+    if (!fused) gemm(g, false, true, rows, ld, in, 1.0f, xv, in, 0, w_gemm, in, 0, 0.0f, z, ld, 0, 1, type, type);
+    if (bias.valid() && !fused) launch_add_row_vector(g, z, g.value(bias).data(), rows, out, ld);
+  }
+
+  LinearScores scores;
+  scores.loss = bias.valid() ? g.emit(Shape{}, {x, weight, bias}) : g.emit(Shape{}, {x, weight});
+  int32_t* argmax = g.scratch<int32_t>(std::max<int64_t>(rows, 1));
+  cross_entropy_forward(g, ce, g.dtype(x), z, ld, argmax, g.value(scores.loss).data());
+  const Var loss = scores.loss;
+  g.on_backward(loss, [=](Graph<float>& g) {
+    if (rows == 0) return;
+    A* dz = g.scratch<A>(rows * ld);  // zero in the padding: the padded weight's zero rows meet it in dx
+    cross_entropy_backward(g, ce, g.dtype(x), z, ld, g.grad(loss).data(), dz, false);
+    if (g.requires_grad(x)) {  // dx (N, in) (+)= dz (N, out) W (out, in)
+      const auto dx = g.raw_grad_target(x);
+      gemm(g, false, false, rows, in, ld, 1.0f, dz, ld, 0, w_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, in, 0,
+           1, type, type);
+    }
+    if (g.requires_grad(weight)) {  // dW (out, in) (+)= dz^T (out, N) x (N, in), in the weight's own type
+      const auto dw = g.raw_grad_target(weight);
+      const cudaDataType_t w_type = g.dtype(weight) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+      gemm(g, true, false, out, in, rows, 1.0f, dz, ld, 0, xv, in, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, in, 0, 1,
+           type, w_type);
+    }
+    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dz, g.dtype(x), rows, out, ld, g.grad(bias).data());
+  });
+  if (to == PredictionsTo::kDevice) {
+    scores.device_predictions = argmax;
+  } else {
+    scores.predictions.resize(static_cast<size_t>(rows));
+    g.device().copy_to_host(scores.predictions.data(), argmax, scores.predictions.size() * sizeof(int32_t));
+  }
+  return scores;
+}
 }  // namespace
 
 // In BF16 mixed precision both operands become BF16 activations and the product is BF16.
@@ -362,6 +427,24 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
   if (g.dtype(x) == DType::kBF16) return linear_typed<bf16>(g, x, weight, bias);
   weight = to_dtype(g, weight, DType::kF32);
   return linear_typed<float>(g, x, weight, bias);
+}
+
+// As linear: x becomes an activation of the step's precision, an F32 weight is converted for the GEMM.
+LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias, std::span<const int32_t> targets,
+                                         PredictionsTo to) {
+  const Shape xs = g.shape(x), ws = g.shape(weight);
+  BERT_CHECK(ws.rank() == 2 && xs.rank() == 2 && xs[1] == ws[1],
+             "linear_cross_entropy_scores: x " + xs.str() + " does not fit weight " + ws.str());
+  if (bias.valid())
+    BERT_CHECK(g.shape(bias) == Shape({ws[0]}) && g.dtype(bias) == DType::kF32,
+               "linear_cross_entropy_scores: bias " + g.shape(bias).str() + " (F32, one per output expected)");
+  BERT_CHECK(static_cast<int64_t>(targets.size()) == xs[0],
+             "linear_cross_entropy_scores: " + std::to_string(targets.size()) + " targets for " +
+                 std::to_string(xs[0]) + " rows");
+  x = as_activation(g, x);
+  if (g.dtype(x) == DType::kBF16) return linear_cross_entropy_typed<bf16>(g, x, weight, bias, targets, to);
+  weight = to_dtype(g, weight, DType::kF32);
+  return linear_cross_entropy_typed<float>(g, x, weight, bias, targets, to);
 }
 
 }  // namespace bert::ops::cuda_impl

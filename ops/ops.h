@@ -146,11 +146,14 @@ Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, con
 // (a layer with no calibrated input scale). CPU, forward only.
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);
 
-// Evaluation of a vocabulary-wide linear layer against targets without its (rows, out) output: the mean
+// A vocabulary-wide linear layer scored against targets without its (rows, out) output as a node: the mean
 // cross-entropy of softmax(x W^T + bias) against targets (as cross_entropy gives it, up to the float summation
-// order) and each row's largest column (as row_argmax gives it), the product made tile by tile and each tile
-// reduced while in cache (kernels/output_tiles.h) instead of stored and read back twice. x (rows, in), weight
-// (out, in), bias (out) or Var{}, a target in [0, out) per row. CPU, forward only (no gradient: NoGradGuard).
+// order) and each row's largest column (as row_argmax gives it). x (rows, in), weight (out, in), bias (out) or
+// Var{}, a target in [0, out) per row.
+// On the CPU: evaluation only (no gradient: NoGradGuard), the product made tile by tile and each tile reduced
+// while in cache (kernels/output_tiles.h) instead of stored and read back twice; predictions on the host.
+// On a GPU: with gradients (of x, weight and bias), the GEMM's output scored in place, without the copies
+// linear makes for an odd output width; the same values as linear then cross_entropy_scores, bit for bit.
 struct LinearScores {
   Var loss;                          // scalar
   std::vector<int32_t> predictions;  // (rows), unless left on the device:
@@ -161,8 +164,8 @@ struct LinearScores {
 // Where an op that scores rows leaves its predictions: read on the host (waiting for the device), or on
 // the device for the caller to read later.
 enum class PredictionsTo { kHost, kDevice };
-LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias,
-                                         std::span<const int32_t> targets);
+LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias, std::span<const int32_t> targets,
+                                         PredictionsTo to = PredictionsTo::kHost);
 // The same for int8_linear_dynamic's product (x quantized per row at run time): its values, never stored.
 LinearScores int8_linear_dynamic_cross_entropy_scores(Graph<float>& g, Var x, const Int8Weights& weights,
                                                       std::span<const float> scale_w, Var bias,

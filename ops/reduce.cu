@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cross_entropy.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
@@ -83,7 +84,7 @@ struct FirstLargest {
 constexpr int kRowsPerBlock = 8;
 template <typename A>
 __global__ void cross_entropy_rows(float* logsumexp, double* row_loss, int32_t* argmax, const A* z,
-                                   const int32_t* target, const float* row_weight, int64_t n, int64_t c) {
+                                   const int32_t* target, const float* row_weight, int64_t n, int64_t c, int64_t ld) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (r >= n) return;  // uniform per warp
@@ -92,7 +93,7 @@ __global__ void cross_entropy_rows(float* logsumexp, double* row_loss, int32_t* 
     if (lane == 0) row_loss[r] = 0.0, logsumexp[r] = 0.0f;
     return;
   }
-  const A* row = z + r * c;
+  const A* row = z + r * ld;
   OnlineSum online;
   FirstLargest best;
   visit_row(row, c, lane, 32, [&](int64_t j, const auto& pack) {
@@ -179,15 +180,16 @@ __global__ void distillation_backward(float* ds, const float* s, const float* t,
 }
 
 // One block per row: dz = upstream w_r (softmax(z_r) - onehot(target_r)), from the saved log-sum-exp (a
-// warp a row, as the forward, measured slower here: nothing to reduce). Packed = dz sits as z does against
-// 16-byte boundaries (both rows then move in 16-byte packs).
+// warp a row, as the forward, measured slower here: nothing to reduce), rows ld apart, columns c..ld-1
+// zeroed. Packed = dz sits as z does against 16-byte boundaries (both rows then move in 16-byte packs).
 template <bool Packed, typename A>
-__global__ void cross_entropy_backward(A* dz, const A* z, const float* upstream, const int32_t* target,
-                                       const float* row_weight, const float* logsumexp, int64_t c, bool accumulate) {
+__global__ void cross_entropy_backward_rows(A* dz, const A* z, const float* upstream, const int32_t* target,
+                                            const float* row_weight, const float* logsumexp, int64_t c, int64_t ld,
+                                            bool accumulate) {
   const int64_t r = blockIdx.x;
   const float w = upstream[0] * row_weight[r], lse = logsumexp[r];
   const int64_t t = target[r];
-  A* out = dz + r * c;
+  A* out = dz + r * ld;
   auto grad = [&](int64_t j, const auto& pack) {
     constexpr int n = sizeof(pack.v) / sizeof(pack.v[0]);
     cuda::Pack<A, n> d;
@@ -200,10 +202,11 @@ __global__ void cross_entropy_backward(A* dz, const A* z, const float* upstream,
     cuda::store_pack<n>(out + j, d);
   };
   if constexpr (Packed) {
-    visit_row(z + r * c, c, threadIdx.x, blockDim.x, grad);
+    visit_row(z + r * ld, c, threadIdx.x, blockDim.x, grad);
   } else {
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) grad(j, cuda::Pack<A, 1>{z[r * c + j]});
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) grad(j, cuda::Pack<A, 1>{z[r * ld + j]});
   }
+  for (int64_t j = c + threadIdx.x; j < ld; j += blockDim.x) out[j] = cuda::from_float<A>(0.0f);
 }
 
 // One block per row: the index of the largest value, the first one on ties (as std::max_element).
@@ -280,6 +283,64 @@ __global__ void abs_histogram_kernel(unsigned long long* counts, const A* x, int
 
 }  // namespace
 
+CrossEntropyRows prepare_cross_entropy(Graph<float>& g, std::span<const int32_t> targets,
+                                       std::span<const float> weights, int32_t ignore_index, int64_t classes) {
+  const auto n = static_cast<int64_t>(targets.size());
+  BERT_CHECK(weights.empty() || static_cast<int64_t>(weights.size()) == n, "cross_entropy: weights size");
+  // Row weights normalised on the host exactly as on the CPU; targets of skipped rows become 0.
+  std::vector<int32_t> target(static_cast<size_t>(n));
+  std::vector<float> row_weight(static_cast<size_t>(n));
+  double total_weight = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool active = targets[i] != ignore_index;
+    if (active)
+      BERT_CHECK(targets[i] >= 0 && targets[i] < classes, "cross_entropy: target " + std::to_string(targets[i]) +
+                                                              " outside [0, " + std::to_string(classes) + ")");
+    target[i] = active ? targets[i] : 0;
+    row_weight[i] = active ? (weights.empty() ? 1.0f : weights[i]) : 0.0f;
+    total_weight += row_weight[i];
+  }
+  const float inv_total = total_weight > 0 ? static_cast<float>(1.0 / total_weight) : 0.0f;
+  for (float& w : row_weight) w *= inv_total;
+  CrossEntropyRows rows;
+  rows.n = n, rows.c = classes;
+  rows.target = g.upload(target.data(), target.size());
+  rows.weight = g.upload(row_weight.data(), row_weight.size());
+  rows.logsumexp = g.scratch<float>(std::max<int64_t>(n, 1));
+  return rows;
+}
+
+void cross_entropy_forward(Graph<float>& g, const CrossEntropyRows& rows, DType dtype, const void* z, int64_t ld,
+                           int32_t* argmax, float* loss) {
+  double* row_loss = g.scratch<double>(std::max<int64_t>(rows.n, 1));
+  if (rows.n > 0) {
+    const unsigned blocks = unsigned((rows.n + kRowsPerBlock - 1) / kRowsPerBlock);
+    cuda::with_element_type(dtype, [&](auto tag) {
+      using A = typename decltype(tag)::type;
+      cross_entropy_rows<A><<<blocks, 32 * kRowsPerBlock, 0, cuda::stream(g)>>>(
+          rows.logsumexp, row_loss, argmax, static_cast<const A*>(z), rows.target, rows.weight, rows.n, rows.c, ld);
+      BERT_CUDA_LAUNCHED();
+    });
+  }
+  sum_rows_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(loss, row_loss, rows.n, 1.0);
+  BERT_CUDA_LAUNCHED();
+}
+
+void cross_entropy_backward(Graph<float>& g, const CrossEntropyRows& rows, DType dtype, const void* z, int64_t ld,
+                            const float* upstream, void* dz, bool accumulate) {
+  if (rows.n == 0) return;
+  const unsigned threads = rows.c >= 8192 ? 512 : rows.c >= 512 ? 256 : 32;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const bool packed = (reinterpret_cast<uintptr_t>(dz) - reinterpret_cast<uintptr_t>(z)) % 16 == 0;
+    auto* kernel = packed ? &cross_entropy_backward_rows<true, A> : &cross_entropy_backward_rows<false, A>;
+    kernel<<<unsigned(rows.n), threads, 0, cuda::stream(g)>>>(static_cast<A*>(dz), static_cast<const A*>(z), upstream,
+                                                              rows.target, rows.weight, rows.logsumexp, rows.c, ld,
+                                                              accumulate);
+    BERT_CUDA_LAUNCHED();
+  });
+}
+
 Var sum(Graph<float>& g, Var x) {
   const DType dtype = g.dtype(x);
   Var y = g.emit(Shape{}, {x});
@@ -306,55 +367,16 @@ Var cross_entropy_rows_op(Graph<float>& g, Var logits, std::span<const int32_t> 
                           std::span<const float> weights, int32_t ignore_index, int32_t* argmax) {
   const Shape ls = g.shape(logits);
   BERT_CHECK(ls.rank() == 2, "cross_entropy: logits must be (N, C), got " + ls.str());
-  const int64_t n = ls[0], c = ls[1];
-  BERT_CHECK(static_cast<int64_t>(targets.size()) == n,
-             "cross_entropy: " + std::to_string(targets.size()) + " targets for " + std::to_string(n) + " rows");
-  BERT_CHECK(weights.empty() || static_cast<int64_t>(weights.size()) == n, "cross_entropy: weights size");
-  // Row weights normalised on the host exactly as on the CPU; targets of skipped rows become 0.
-  std::vector<int32_t> target(static_cast<size_t>(n));
-  std::vector<float> row_weight(static_cast<size_t>(n));
-  double total_weight = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const bool active = targets[i] != ignore_index;
-    if (active)
-      BERT_CHECK(targets[i] >= 0 && targets[i] < c,
-                 "cross_entropy: target " + std::to_string(targets[i]) + " outside [0, " + std::to_string(c) + ")");
-    target[i] = active ? targets[i] : 0;
-    row_weight[i] = active ? (weights.empty() ? 1.0f : weights[i]) : 0.0f;
-    total_weight += row_weight[i];
-  }
-  const float inv_total = total_weight > 0 ? static_cast<float>(1.0 / total_weight) : 0.0f;
-  for (float& w : row_weight) w *= inv_total;
-  const int32_t* d_target = g.upload(target.data(), target.size());
-  const float* d_weight = g.upload(row_weight.data(), row_weight.size());
-  float* logsumexp = g.scratch<float>(std::max<int64_t>(n, 1));
-  double* row_loss = g.scratch<double>(std::max<int64_t>(n, 1));
+  BERT_CHECK(static_cast<int64_t>(targets.size()) == ls[0],
+             "cross_entropy: " + std::to_string(targets.size()) + " targets for " + std::to_string(ls[0]) + " rows");
+  const CrossEntropyRows rows = prepare_cross_entropy(g, targets, weights, ignore_index, ls[1]);
   Var y = g.emit(Shape{}, {logits});
   const DType dtype = g.dtype(logits);
-  const unsigned blocks = unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  const unsigned threads = c >= 8192 ? 512 : c >= 512 ? 256 : 32;  // the backward's: a block a row
-  if (n > 0) {
-    cuda::with_element_type(dtype, [&](auto tag) {
-      using A = typename decltype(tag)::type;
-      cross_entropy_rows<A><<<blocks, 32 * kRowsPerBlock, 0, cuda::stream(g)>>>(
-          logsumexp, row_loss, argmax, cuda::typed<A>(g.data(logits)), d_target, d_weight, n, c);
-      BERT_CUDA_LAUNCHED();
-    });
-  }
-  sum_rows_kernel<<<1, kReduceThreads, 0, cuda::stream(g)>>>(g.value(y).data(), row_loss, n, 1.0);
-  BERT_CUDA_LAUNCHED();
-  g.on_backward(y, [logits, y, d_target, d_weight, logsumexp, n, c, dtype, threads](Graph<float>& g) {
-    if (n == 0) return;
-    cuda::with_element_type(dtype, [&](auto tag) {
-      using A = typename decltype(tag)::type;
-      const auto dz = g.raw_grad_target(logits);
-      const A* z = cuda::typed<A>(g.data(logits));
-      const bool packed = (reinterpret_cast<uintptr_t>(dz.data) - reinterpret_cast<uintptr_t>(z)) % 16 == 0;
-      auto* kernel = packed ? &cross_entropy_backward<true, A> : &cross_entropy_backward<false, A>;
-      kernel<<<unsigned(n), threads, 0, cuda::stream(g)>>>(cuda::typed<A>(dz.data), z, g.grad(y).data(), d_target,
-                                                           d_weight, logsumexp, c, dz.accumulate);
-      BERT_CUDA_LAUNCHED();
-    });
+  cross_entropy_forward(g, rows, dtype, g.data(logits), rows.c, argmax, g.value(y).data());
+  g.on_backward(y, [logits, y, rows, dtype](Graph<float>& g) {
+    if (rows.n == 0) return;
+    const auto dz = g.raw_grad_target(logits);
+    cross_entropy_backward(g, rows, dtype, g.data(logits), rows.c, g.grad(y).data(), dz.data, dz.accumulate);
   });
   return y;
 }

@@ -1,5 +1,6 @@
-// Scoring a vocabulary-wide linear layer without its output: the product made tile by tile
-// (kernels/output_tiles.h) and each tile reduced to softmax statistics while in cache. Forward only.
+// Scoring a vocabulary-wide linear layer without its output, on the CPU: the product made tile by tile
+// (kernels/output_tiles.h) and each tile reduced to softmax statistics while in cache. Forward only. On a
+// GPU the op is ops/matmul.cu's (the GEMM's output scored in place, with gradients).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +13,10 @@
 #include "kernels/vector_math.h"
 #include "ops/ops.h"
 #include "sys/parallel.h"
+
+#if BERT_WITH_CUDA
+#include "ops/cuda_impl.h"
+#endif
 
 namespace bert::ops {
 
@@ -110,8 +115,12 @@ void check_scoring(const Graph<float>& g, const Shape& x, int64_t inputs, int64_
 
 }  // namespace
 
-LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias,
-                                         std::span<const int32_t> targets) {
+LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias, std::span<const int32_t> targets,
+                                         PredictionsTo to) {
+#if BERT_WITH_CUDA
+  if (g.on_cuda()) return cuda_impl::linear_cross_entropy_scores(g, x, weight, bias, targets, to);
+#endif
+  BERT_CHECK(to == PredictionsTo::kHost, "linear_cross_entropy_scores on the CPU leaves its predictions on the host");
   const Shape &xs = g.shape(x), &ws = g.shape(weight);
   BERT_CHECK(ws.rank() == 2, "linear_cross_entropy_scores: weight " + ws.str() + " must be (out, in)");
   check_scoring(g, xs, ws[1], ws[0], targets, "linear_cross_entropy_scores");

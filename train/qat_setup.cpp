@@ -106,7 +106,7 @@ std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::Be
 
 Objective objective_of(Graph<float>& g, const model::ModelOutputs& out, model::Bert* teacher, const BatchView& b,
                        const TrainOptions& o, double share) {
-  const bool pretraining = out.mlm_logits.valid();
+  const bool pretraining = out.mlm_loss.valid();
   auto weighted = [&](Var v) { return share == 1.0 ? v : ops::scale(g, v, share); };
   const Var loss = pretraining && share != 1.0 ? ops::add(g, weighted(out.mlm_loss), out.nsp_loss) : weighted(out.loss);
   if (!teacher) return {loss, loss};

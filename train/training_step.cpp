@@ -143,9 +143,11 @@ TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std
   for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
     next_batch(batch);
     const BatchView b = batch.view();
-    // The predictions come from the loss's own pass over the logits and stay on the device until read back.
-    const model::ModelOutputs out =
-        model.forward(g, b, /*training=*/true, p_.dropout_rng, model::MlmOutputs::kLossAndPredictionsOnDevice);
+    // The predictions come from the loss's own pass over the logits and stay on the device until read back;
+    // the logits are kept as a node only for a teacher to distil into.
+    const model::ModelOutputs out = model.forward(
+        g, b, /*training=*/true, p_.dropout_rng,
+        p_.teacher ? model::MlmOutputs::kLogitsAndPredictionsOnDevice : model::MlmOutputs::kLossAndPredictionsOnDevice);
     const auto [objective, logged] =
         objective_of(g, out, p_.teacher, b, o_, prediction_share(p_.ranks, out, config.head));
     pending_.push_back(queue_reads(g, out, objective, logged, b));

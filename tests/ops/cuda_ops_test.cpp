@@ -644,6 +644,80 @@ TEST_F(CudaOps, CrossEntropyScoresAreTheLossAndTheArgmaxInOnePass) {
   EXPECT_LE(relative_difference(gpu_grad, cpu_grad), kReduction);
 }
 
+// linear_cross_entropy_scores on a GPU: the loss, predictions and gradients of linear then
+// cross_entropy_scores without the logits as a node. Against the CPU's linear + cross_entropy (FP32 and BF16
+// tolerances), and against the two GPU ops themselves: bit for bit where the output width needs no padding,
+// within float rounding of the log-sum-exp where the GEMM's output is padded (a vocabulary-wide product: the
+// rows then start elsewhere against 16-byte boundaries, so each thread sums its exponentials in another
+// order), the predictions equal either way.
+TEST_F(CudaOps, LinearCrossEntropyScoresAreLinearThenCrossEntropyWithoutTheLogits) {
+  struct Case {
+    int64_t rows, in, out;
+    bool bias, padded;
+  };
+  // 40 x 30522 outputs take the padded GEMM (30524 wide in FP32, 30528 in BF16); 6 x 37 do not.
+  for (const Case c : {Case{6, 16, 37, true, false}, Case{6, 16, 37, false, false}, Case{40, 32, 30522, true, true}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.in) + "->" + std::to_string(c.out) +
+                 (c.bias ? " with bias" : " without bias"));
+    std::vector<int32_t> targets(static_cast<size_t>(c.rows));
+    for (int64_t r = 0; r < c.rows; ++r) targets[r] = static_cast<int32_t>((r * 7919 + 3) % c.out);
+    targets.back() = static_cast<int32_t>(c.out - 1);
+    std::vector<Shape> shapes = {Shape{c.rows, c.in}, Shape{c.out, c.in}};
+    if (c.bias) shapes.push_back(Shape{c.out});
+    const auto bias_of = [&](const std::vector<Var>& in) { return c.bias ? in[2] : Var{}; };
+    const Build scored = [&](Graph<float>& g, const std::vector<Var>& in) {
+      if (!g.on_cuda()) return ops::cross_entropy<float>(g, ops::linear(g, in[0], in[1], bias_of(in)), targets);
+      return ops::linear_cross_entropy_scores(g, in[0], in[1], bias_of(in), targets).loss;
+    };
+    compare(shapes, scored, kGemm, kGemm, {}, 0.5f);
+
+    const Build composed = [&](Graph<float>& g, const std::vector<Var>& in) {
+      return ops::cross_entropy_scores<float>(g, ops::linear(g, in[0], in[1], bias_of(in)), targets).loss;
+    };
+    std::vector<std::vector<float>> inputs;
+    for (size_t i = 0; i < shapes.size(); ++i)
+      inputs.push_back(random_values(shapes[i].numel(), 21 + uint32_t(i), 0.5f));
+    const std::vector<bool> differentiable(shapes.size(), true);
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      SCOPED_TRACE(gpu->name());
+      const Result fused = run_on(*gpu, shapes, inputs, differentiable, scored, 5);
+      const Result plain = run_on(*gpu, shapes, inputs, differentiable, composed, 5);
+      // Padded, a BF16 gradient of the logits may round the other way where the log-sum-exp moved by an ulp.
+      const double loss_tolerance = c.padded ? 1e-6 : kExact;
+      const double grad_tolerance = !c.padded ? kExact : gpu->precision() == Precision::kBf16 ? 4e-3 : 1e-5;
+      EXPECT_LE(relative_difference(fused.value, plain.value), loss_tolerance) << "loss";
+      for (size_t i = 0; i < shapes.size(); ++i)
+        EXPECT_LE(relative_difference(fused.grads[i], plain.grads[i]), grad_tolerance) << "gradient " << i;
+
+      std::vector<std::vector<float>> values = inputs;  // the predictions, on the host and left on the device
+      Graph<float> g(*gpu);
+      std::vector<Var> in;
+      for (size_t i = 0; i < shapes.size(); ++i) in.push_back(g.input(std::span<const float>(values[i]), shapes[i]));
+      NoGradGuard<float> no_grad(g);
+      const std::vector<int32_t> expected =
+          ops::cross_entropy_scores<float>(g, ops::linear(g, in[0], in[1], bias_of(in)), targets).predictions;
+      EXPECT_EQ(ops::linear_cross_entropy_scores(g, in[0], in[1], bias_of(in), targets).predictions, expected);
+      const ops::LinearScores kept =
+          ops::linear_cross_entropy_scores(g, in[0], in[1], bias_of(in), targets, ops::PredictionsTo::kDevice);
+      ASSERT_NE(kept.device_predictions, nullptr);
+      EXPECT_TRUE(kept.predictions.empty());
+      std::vector<int32_t> read(expected.size());
+      gpu->copy_to_host(read.data(), kept.device_predictions, read.size() * sizeof(int32_t));
+      EXPECT_EQ(read, expected);
+    }
+  }
+
+  // Bad input: a target outside the outputs, a width that does not fit the weight.
+  Graph<float> g(*gpu_);
+  const std::vector<float> x = random_values(4 * 8, 1), w = random_values(10 * 8, 2);
+  const Var xv = g.input(std::span<const float>(x), Shape{4, 8}), wv = g.input(std::span<const float>(w), Shape{10, 8});
+  EXPECT_THROW(ops::linear_cross_entropy_scores(g, xv, wv, Var{}, std::vector<int32_t>{0, 1, 10, 2}), std::exception);
+  EXPECT_THROW(ops::linear_cross_entropy_scores(g, xv, wv, Var{}, std::vector<int32_t>{0, 1}), std::exception);
+  EXPECT_THROW(
+      ops::linear_cross_entropy_scores(g, ops::reshape(g, xv, Shape{8, 4}), wv, Var{}, std::vector<int32_t>(8, 0)),
+      std::exception);
+}
+
 // An operand broadcast along leading axes only (position embeddings over the batch) sums its gradient
 // by columns; widths that move in packs of four and widths that do not, a 3-D operand, and a gradient
 // added into (the operand read twice).
