@@ -359,29 +359,43 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
                                      d, t)
                        : "the attention matmuls' inputs are quantized or calibrated, which the fused kernels do not do");
   }
-  // The projections, each through its quantizer where the products' inputs are quantized or calibrated.
-  const std::vector<Var> fused_qkv = integer_projections_on_gpu(g, l, inputs[0]);
-  const bool fused = !fused_qkv.empty();
-  const Var q =
-      fused ? fused_qkv[0] : l.matmul_q.apply(g, params_, l.query.forward_quantized_input(g, params_, inputs[0]));
-  const Var k =
-      fused ? fused_qkv[1] : l.matmul_k.apply(g, params_, l.key.forward_quantized_input(g, params_, inputs[0]));
-  const Var v =
-      fused ? fused_qkv[2] : l.matmul_v.apply(g, params_, l.value.forward_quantized_input(g, params_, inputs[0]));
   const double p = config_.attention_probs_dropout_prob;
-  // Fused where asked and covered; else the two products read the projections in place (ops::head_scores
-  // and head_context: no head permutes) around softmax and dropout, with the probabilities' quantizer
-  // fused into them.
+  // Float projections into fused attention: one op from x (ops::self_attention: on a GPU the three
+  // projections as one batched GEMM each way).
+  const std::array<const Linear*, 3> projections = {&l.query, &l.key, &l.value};
+  const bool float_projections = l.self_input.mode == QuantMode::kFloat &&
+                                 std::all_of(projections.begin(), projections.end(), [&](const Linear* projection) {
+                                   return projection->weight_quantizer.mode == QuantMode::kFloat && !projection->runs_integer(g);
+                                 });
   Var context;
-  if (fuse_attention_ && fits && !products_quantized) {
-    context = ops::attention(g, q, k, v, mask, h, inverse_sqrt_d, p, training, rng);
+  if (g.on_cuda() && fuse_attention_ && fits && !products_quantized && float_projections) {
+    auto param = [&](ParamId id) { return g.param(params_.get(id)); };
+    context = ops::self_attention(g, inputs[0], {param(l.query.weight), param(l.key.weight), param(l.value.weight)},
+                                  {param(l.query.bias), param(l.key.bias), param(l.value.bias)}, mask, h,
+                                  inverse_sqrt_d, p, training, rng);
   } else {
-    const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d);  // (B, H, T, T)
-    const Var probs = quantized(g, params_, &l.matmul_a, g.shape(scores), fuse, [&](const ops::QuantizeOutput* qa) {
-      return qa ? ops::softmax_dropout(g, scores, mask, p, training, rng, *qa)
-                : ops::softmax_dropout(g, scores, mask, p, training, rng);
-    });
-    context = ops::head_context(g, probs, v, h);
+    // The projections, each through its quantizer where the products' inputs are quantized or calibrated.
+    const std::vector<Var> fused_qkv = integer_projections_on_gpu(g, l, inputs[0]);
+    const bool fused = !fused_qkv.empty();
+    const Var q =
+        fused ? fused_qkv[0] : l.matmul_q.apply(g, params_, l.query.forward_quantized_input(g, params_, inputs[0]));
+    const Var k =
+        fused ? fused_qkv[1] : l.matmul_k.apply(g, params_, l.key.forward_quantized_input(g, params_, inputs[0]));
+    const Var v =
+        fused ? fused_qkv[2] : l.matmul_v.apply(g, params_, l.value.forward_quantized_input(g, params_, inputs[0]));
+    // Fused where asked and covered; else the two products read the projections in place (ops::head_scores
+    // and head_context: no head permutes) around softmax and dropout, with the probabilities' quantizer
+    // fused into them.
+    if (fuse_attention_ && fits && !products_quantized) {
+      context = ops::attention(g, q, k, v, mask, h, inverse_sqrt_d, p, training, rng);
+    } else {
+      const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d);  // (B, H, T, T)
+      const Var probs = quantized(g, params_, &l.matmul_a, g.shape(scores), fuse, [&](const ops::QuantizeOutput* qa) {
+        return qa ? ops::softmax_dropout(g, scores, mask, p, training, rng, *qa)
+                  : ops::softmax_dropout(g, scores, mask, p, training, rng);
+      });
+      context = ops::head_context(g, probs, v, h);
+    }
   }
   // (An integer output layer quantizes the context itself: a quantizer applied as an op of its own reads
   // the stored context, as int8_linear does.)

@@ -19,9 +19,11 @@
 //                dQ = alpha dS K
 //   backward dkv block = (key tile, b h): over the query tiles, dV += dropout(P)^T dO, dK += alpha dS^T Q
 #include <algorithm>
+#include <array>
 
 #include "ops/cuda/attention.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gemm.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
@@ -399,62 +401,207 @@ size_t shared_limit() {
   return size_t(bytes);
 }
 
-// The forward and its backward: the BF16 kernels for BF16 activations (A = bf16), else the FP32 ones.
+// The forward's kernel: out and each row's log-sum-exp from Q, K, V (the BF16 kernels for A = bf16, else
+// the FP32 ones). q.rows set, grid (query tiles, B H).
 template <int D, typename A>
-Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t batch, DType dtype) {
-  constexpr bool kBf16 = std::is_same_v<A, bf16>;
-  const int64_t bh = batch * geometry.heads, t = geometry.length;
-  Geometry q = geometry;
-  q.rows = kBf16 ? kFlashRows : rows_that_fit<D, A>(q.padded, shared_limit());
-  Var out = g.emit(g.shape(qv), {qv, kv, vv}, dtype);
-  float* lse = g.scratch<float>(size_t(bh * t));
-  const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
-  const A *qp = cuda::typed<A>(g.data(qv)), *kp = cuda::typed<A>(g.data(kv)), *vp = cuda::typed<A>(g.data(vv));
-  if constexpr (kBf16) {
-    launch_flash_forward(g, D, query_grid, cuda::typed<A>(g.data(out)), lse, qp, kp, vp, q);
+void forward_kernels(const Graph<float>& g, const Geometry& q, dim3 query_grid, A* out, float* lse, const A* qp,
+                     const A* kp, const A* vp) {
+  if constexpr (std::is_same_v<A, bf16>) {
+    launch_flash_forward(g, D, query_grid, out, lse, qp, kp, vp, q);
   } else {
     const size_t fwd = forward_bytes<D, A>(q.rows, q.padded);
     allow_shared(attention_forward<D, A>, fwd);
-    attention_forward<D, A>
-        <<<query_grid, 32 * (q.rows / 16), fwd, cuda::stream(g)>>>(cuda::typed<A>(g.data(out)), lse, qp, kp, vp, q);
+    attention_forward<D, A><<<query_grid, 32 * (q.rows / 16), fwd, cuda::stream(g)>>>(out, lse, qp, kp, vp, q);
   }
   BERT_CUDA_LAUNCHED();
+}
+
+// Where the backward's kernels write the gradients of Q, K and V (each added into where accumulate is set).
+template <typename A>
+struct AttentionGrads {
+  A *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  bool accumulate_q = false, accumulate_k = false, accumulate_v = false;
+};
+
+// The backward's two kernels: dQ, then dK and dV (skipped when `keys` is false).
+template <int D, typename A>
+void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64_t bh, int64_t t,
+                      const AttentionGrads<A>& d, bool keys, const A* qp, const A* kp, const A* vp, const A* op,
+                      const A* dop, const float* lse) {
+  float* di = g.scratch<float>(size_t(bh * t));
+  if constexpr (std::is_same_v<A, bf16>) {
+    launch_flash_backward_query(g, D, query_grid, d.dq, d.accumulate_q, di, qp, kp, vp, op, dop, lse, q);
+  } else {
+    const size_t query_bytes = backward_query_bytes<D, A>(q.rows, q.padded);
+    allow_shared(attention_backward_query<D, A>, query_bytes);
+    attention_backward_query<D, A><<<query_grid, 32 * (q.rows / 16), query_bytes, cuda::stream(g)>>>(
+        d.dq, d.accumulate_q, di, qp, kp, vp, op, dop, lse, q);
+  }
+  BERT_CUDA_LAUNCHED();
+  if (!keys) return;
+  const dim3 key_grid(unsigned((t + kKeyTile - 1) / kKeyTile), unsigned(bh));
+  if constexpr (std::is_same_v<A, bf16>) {
+    launch_flash_backward_key(g, D, key_grid, d.dk, d.accumulate_k, d.dv, d.accumulate_v, qp, kp, vp, dop, lse, di, q);
+  } else {
+    const size_t key_bytes = backward_key_bytes<D, A>();
+    allow_shared(attention_backward_key<D, A>, key_bytes);
+    attention_backward_key<D, A><<<key_grid, 32 * (kKeyTile / 16), key_bytes, cuda::stream(g)>>>(
+        d.dk, d.accumulate_k, d.dv, d.accumulate_v, qp, kp, vp, dop, lse, di, q);
+  }
+  BERT_CUDA_LAUNCHED();
+}
+
+template <int D, typename A>
+Geometry with_rows(Geometry q) {
+  q.rows = std::is_same_v<A, bf16> ? kFlashRows : rows_that_fit<D, A>(q.padded, shared_limit());
+  return q;
+}
+
+// The forward and its backward on three (B, T, C) nodes.
+template <int D, typename A>
+Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t batch, DType dtype) {
+  const int64_t bh = batch * geometry.heads, t = geometry.length;
+  const Geometry q = with_rows<D, A>(geometry);
+  Var out = g.emit(g.shape(qv), {qv, kv, vv}, dtype);
+  float* lse = g.scratch<float>(size_t(bh * t));
+  const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
+  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), lse, cuda::typed<A>(g.data(qv)),
+                        cuda::typed<A>(g.data(kv)), cuda::typed<A>(g.data(vv)));
   g.on_backward(out, [qv, kv, vv, out, lse, q, bh, t, query_grid](Graph<float>& g) {
-    const A *qp = cuda::typed<A>(g.data(qv)), *kp = cuda::typed<A>(g.data(kv)), *vp = cuda::typed<A>(g.data(vv));
-    const A *op = cuda::typed<A>(g.data(out)), *dop = cuda::typed<A>(g.grad_data(out));
-    float* di = g.scratch<float>(size_t(bh * t));
     // A gradient target for each input that takes one (scratch for one that does not: the kernels write
     // dQ, dK and dV together).
     auto target = [&](Var x) {
       return g.requires_grad(x) ? g.raw_grad_target(x)
                                 : Graph<float>::RawGradTarget{g.scratch<A>(size_t(bh * t * D)), false};
     };
+    AttentionGrads<A> d;
     const Graph<float>::RawGradTarget dq = target(qv);
-    if constexpr (kBf16) {
-      launch_flash_backward_query(g, D, query_grid, cuda::typed<A>(dq.data), dq.accumulate, di, qp, kp, vp, op, dop,
-                                  lse, q);
-    } else {
-      const size_t query_bytes = backward_query_bytes<D, A>(q.rows, q.padded);
-      allow_shared(attention_backward_query<D, A>, query_bytes);
-      attention_backward_query<D, A><<<query_grid, 32 * (q.rows / 16), query_bytes, cuda::stream(g)>>>(
-          cuda::typed<A>(dq.data), dq.accumulate, di, qp, kp, vp, op, dop, lse, q);
+    d.dq = cuda::typed<A>(dq.data), d.accumulate_q = dq.accumulate;
+    const bool keys = g.requires_grad(kv) || g.requires_grad(vv);
+    if (keys) {
+      const Graph<float>::RawGradTarget dk = target(kv), dv = target(vv);
+      d.dk = cuda::typed<A>(dk.data), d.accumulate_k = dk.accumulate;
+      d.dv = cuda::typed<A>(dv.data), d.accumulate_v = dv.accumulate;
     }
-    BERT_CUDA_LAUNCHED();
-    if (!g.requires_grad(kv) && !g.requires_grad(vv)) return;
-    const Graph<float>::RawGradTarget dk = target(kv), dv = target(vv);
-    const dim3 key_grid(unsigned((t + kKeyTile - 1) / kKeyTile), unsigned(bh));
-    if constexpr (kBf16) {
-      launch_flash_backward_key(g, D, key_grid, cuda::typed<A>(dk.data), dk.accumulate, cuda::typed<A>(dv.data),
-                                dv.accumulate, qp, kp, vp, dop, lse, di, q);
-    } else {
-      const size_t key_bytes = backward_key_bytes<D, A>();
-      allow_shared(attention_backward_key<D, A>, key_bytes);
-      attention_backward_key<D, A><<<key_grid, 32 * (kKeyTile / 16), key_bytes, cuda::stream(g)>>>(
-          cuda::typed<A>(dk.data), dk.accumulate, cuda::typed<A>(dv.data), dv.accumulate, qp, kp, vp, dop, lse, di, q);
-    }
-    BERT_CUDA_LAUNCHED();
+    backward_kernels<D, A>(g, q, query_grid, bh, t, d, keys, cuda::typed<A>(g.data(qv)), cuda::typed<A>(g.data(kv)),
+                           cuda::typed<A>(g.data(vv)), cuda::typed<A>(g.data(out)), cuda::typed<A>(g.grad_data(out)),
+                           lse);
   });
   return out;
+}
+
+// The step's equally spaced pointers: p[i] = p[0] + i stride for a stride > 0 (elements), else 0.
+template <typename P>
+int64_t spacing(const std::array<P*, 3>& p) {
+  const int64_t stride = p[1] - p[0];
+  return stride > 0 && p[2] - p[1] == stride ? stride : 0;
+}
+
+// Self-attention from x: the three projections as one (3, B, T, C) node (Q, K, V one after another), one
+// batched GEMM where the weights (and biases) lie equally spaced; then the fused kernels on its three parts
+// (the attention's node reads the projections' node). The backward: the kernels' dQ, dK, dV into the
+// projections' gradient, then x's gradient as three products added up, the weights' as one batched GEMM and
+// the biases' as one column sum over the three parts (each where the three gradients lie equally spaced).
+template <int D, typename A>
+Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, Geometry geometry,
+              int64_t batch, DType dtype) {
+  constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
+  const int64_t bh = batch * geometry.heads, t = geometry.length, c = geometry.stride, n = batch * t;
+  const Geometry q = with_rows<D, A>(geometry);
+  std::array<const A*, 3> wp{}, bp{};
+  for (int i = 0; i < 3; ++i) wp[i] = gemm_operand<A>(g, w[i], c, c, c), bp[i] = gemm_operand<A>(g, b[i], c, c, 1);
+  const Var projections = g.emit(Shape{3, batch, t, c}, {x, w[0], b[0], w[1], b[1], w[2], b[2]}, dtype);
+  A* qkv = cuda::typed<A>(g.data(projections));
+  const A* xv = cuda::typed<A>(g.data(x));
+  const int64_t w_stride = spacing(wp), b_stride = spacing(bp);
+  if (!(w_stride && b_stride && gemm_bias(g, n, c, c, xv, wp[0], bp[0], qkv, c, type, 3, w_stride, b_stride, n * c)))
+    for (int i = 0; i < 3; ++i)
+      linear_product(g, n, c, c, xv, wp[i], bp[i], g.value(b[i]).data(), c, qkv + i * n * c, c, type);
+  g.on_backward(projections, [=](Graph<float>& g) {
+    const A* dqkv = cuda::typed<A>(g.grad_data(projections));
+    if (g.requires_grad(x)) {  // dx (+)= dQ Wq + dK Wk + dV Wv
+      const auto dx = g.raw_grad_target(x);
+      for (int i = 0; i < 3; ++i)
+        gemm(g, false, false, n, c, c, 1.0f, dqkv + i * n * c, c, 0, wp[i], c, 0, i > 0 || dx.accumulate ? 1.0f : 0.0f,
+             dx.data, c, 0, 1, type, type);
+    }
+    // dW_i (+)= dY_i^T x, in the weights' own type.
+    std::array<Graph<float>::RawGradTarget, 3> dw{};
+    std::array<float*, 3> dw_data{};
+    bool weights = true, same = true;
+    for (int i = 0; i < 3; ++i) {
+      if (!g.requires_grad(w[i])) {
+        weights = false;
+        continue;
+      }
+      dw[i] = g.raw_grad_target(w[i]);
+      dw_data[i] = static_cast<float*>(dw[i].data);
+      same = same && dw[i].accumulate == dw[0].accumulate && g.dtype(w[i]) == g.dtype(w[0]);
+    }
+    auto w_type = [&](int i) { return g.dtype(w[i]) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; };
+    const int64_t dw_stride = weights && same && g.dtype(w[0]) == DType::kF32 ? spacing(dw_data) : 0;
+    if (dw_stride) {
+      gemm(g, true, false, c, c, n, 1.0f, dqkv, c, n * c, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw[0].data, c,
+           dw_stride, 3, type, w_type(0));
+    } else {
+      for (int i = 0; i < 3; ++i)
+        if (g.requires_grad(w[i]))
+          gemm(g, true, false, c, c, n, 1.0f, dqkv + i * n * c, c, 0, xv, c, 0, dw[i].accumulate ? 1.0f : 0.0f,
+               dw[i].data, c, 0, 1, type, w_type(i));
+    }
+    std::array<float*, 3> db{};
+    for (int i = 0; i < 3; ++i) db[i] = g.requires_grad(b[i]) ? g.grad(b[i]).data() : nullptr;
+    if (const int64_t db_stride = db[0] && db[1] && db[2] ? spacing(db) : 0) {
+      add_column_sums(g, dqkv, dtype, n, c, c, db[0], 3, n * c, db_stride);
+    } else {
+      for (int i = 0; i < 3; ++i)
+        if (db[i]) add_column_sums(g, dqkv + i * n * c, dtype, n, c, c, db[i]);
+    }
+  });
+
+  Var out = g.emit(g.shape(x), {projections}, dtype);
+  float* lse = g.scratch<float>(size_t(bh * t));
+  const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
+  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), lse, qkv, qkv + n * c, qkv + 2 * n * c);
+  g.on_backward(out, [=](Graph<float>& g) {
+    const auto target = g.raw_grad_target(projections);
+    A* dqkv = cuda::typed<A>(target.data);
+    const AttentionGrads<A> d{
+        dqkv, dqkv + n * c, dqkv + 2 * n * c, target.accumulate, target.accumulate, target.accumulate};
+    backward_kernels<D, A>(g, q, query_grid, bh, t, d, true, qkv, qkv + n * c, qkv + 2 * n * c,
+                           cuda::typed<A>(g.data(out)), cuda::typed<A>(g.grad_data(out)), lse);
+  });
+  return out;
+}
+
+// attention's checks and geometry (heads, length, mask, dropout: its draws reserved from rng) for (B, T, C)
+// operands.
+Geometry make_geometry(Graph<float>& g, const Shape& s, Var mask, int64_t heads, double alpha, double p, bool training,
+                       Rng& rng) {
+  const int64_t d = s[2] / heads;
+  BERT_CHECK(attention_fits(d, s[1], g.activation_dtype()),
+             "attention: no fused kernel for head size " + std::to_string(d) + " and length " + std::to_string(s[1]));
+  if (mask.valid())
+    BERT_CHECK(g.shape(mask) == Shape({s[0], s[1]}) && g.dtype(mask) == DType::kF32,
+               "attention: mask " + g.shape(mask).str() + " (expected (B, T) floats)");
+  Geometry geometry{};
+  geometry.heads = heads;
+  geometry.length = s[1];
+  geometry.stride = s[2];
+  geometry.padded = int((s[1] + kKeyTile - 1) / kKeyTile * kKeyTile);
+  geometry.alpha = static_cast<float>(alpha);
+  geometry.mask = mask.valid() ? static_cast<const float*>(g.data(mask)) : nullptr;
+  geometry.dropout = training && p > 0.0;
+  if (geometry.dropout) {
+    const int64_t rows = s[0] * heads * s[1];  // B H T rows of T probabilities
+    geometry.seed = rng.state().seed;
+    geometry.first = DropoutDraws::reserve(rng, static_cast<uint64_t>(rows * s[1]));
+    geometry.threshold = DropoutDraws::threshold(p);
+    geometry.keep_scale = static_cast<float>(1.0 / (1.0 - p));
+    geometry.words = geometry.padded / 32;
+    geometry.bits = g.scratch<uint32_t>(size_t(rows * geometry.words));
+  }
+  return geometry;
 }
 
 }  // namespace
@@ -480,38 +627,32 @@ Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, dou
   BERT_CHECK(s.rank() == 3 && g.shape(k) == s && g.shape(v) == s && heads > 0 && s[2] % heads == 0,
              "attention: q " + s.str() + ", k " + g.shape(k).str() + ", v " + g.shape(v).str() + " (expected (B, T, C) " +
                  "each, C a multiple of " + std::to_string(heads) + " heads)");
-  const int64_t d = s[2] / heads;
-  const DType dtype = g.activation_dtype();
-  BERT_CHECK(attention_fits(d, s[1], dtype),
-             "attention: no fused kernel for head size " + std::to_string(d) + " and length " + std::to_string(s[1]));
-  if (mask.valid())
-    BERT_CHECK(g.shape(mask) == Shape({s[0], s[1]}) && g.dtype(mask) == DType::kF32,
-               "attention: mask " + g.shape(mask).str() + " (expected (B, T) floats)");
   q = as_activation(g, q);
   k = as_activation(g, k);
   v = as_activation(g, v);
-  Geometry geometry{};
-  geometry.heads = heads;
-  geometry.length = s[1];
-  geometry.stride = s[2];
-  geometry.padded = int((s[1] + kKeyTile - 1) / kKeyTile * kKeyTile);
-  geometry.alpha = static_cast<float>(alpha);
-  geometry.mask = mask.valid() ? static_cast<const float*>(g.data(mask)) : nullptr;
-  geometry.dropout = training && p > 0.0;
-  if (geometry.dropout) {
-    const int64_t rows = s[0] * heads * s[1];  // B H T rows of T probabilities
-    geometry.seed = rng.state().seed;
-    geometry.first = DropoutDraws::reserve(rng, static_cast<uint64_t>(rows * s[1]));
-    geometry.threshold = DropoutDraws::threshold(p);
-    geometry.keep_scale = static_cast<float>(1.0 / (1.0 - p));
-    geometry.words = geometry.padded / 32;
-    geometry.bits = g.scratch<uint32_t>(size_t(rows * geometry.words));
-  }
+  const Geometry geometry = make_geometry(g, s, mask, heads, alpha, p, training, rng);
+  const DType dtype = g.activation_dtype();
   Var out;
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
-    with_head_size(int(d),
+    with_head_size(int(s[2] / heads),
                    [&](auto size) { out = fused<decltype(size)::value, A>(g, q, k, v, geometry, s[0], dtype); });
+  });
+  return out;
+}
+
+Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases,
+                   Var mask, int64_t heads, double alpha, double p, bool training, Rng& rng) {
+  const Shape s = g.shape(x);
+  x = as_activation(g, x);
+  const Geometry geometry = make_geometry(g, s, mask, heads, alpha, p, training, rng);
+  const DType dtype = g.activation_dtype();
+  Var out;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    with_head_size(int(s[2] / heads), [&](auto size) {
+      out = projected<decltype(size)::value, A>(g, x, weights, biases, geometry, s[0], dtype);
+    });
   });
   return out;
 }

@@ -3,6 +3,7 @@
 // these directly only in tests. Compiled only in a CUDA build (BERT_WITH_CUDA).
 #pragma once
 
+#include <array>
 #include <initializer_list>
 #include <span>
 #include <type_traits>
@@ -64,6 +65,9 @@ std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const Quan
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
               Rng& rng);
 bool attention_fits(int64_t head_size, int64_t length, DType dtype);
+// ops::self_attention where attention runs fused (x (B, T, C), C a multiple of 8).
+Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases,
+                   Var mask, int64_t heads, double alpha, double p, bool training, Rng& rng);
 Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha);
 Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,

@@ -6,23 +6,18 @@
 #include "core/cuda/lt_plans.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cross_entropy.cuh"
+#include "ops/cuda/gemm.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
 
-namespace {
-
 using cuda::bf16;
-
 using cuda::compute_type;
 
-// Row-major C (M, N) = alpha op(A) op(B) + beta C for `batch` items at the given element strides; A and B
-// of type ab, C of type c (BF16 operands may write an FP32 C: weight gradients into FP32 parameters).
 // cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T on the same memory.
 void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, float beta,
-          void* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaDataType_t ab = CUDA_R_32F,
-          cudaDataType_t ct = CUDA_R_32F) {
+          void* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaDataType_t ab, cudaDataType_t ct) {
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (batch == 1) {
@@ -35,9 +30,12 @@ void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t 
                                                stride_c, int(batch), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
 }
 
+namespace {
+
 // One column-major cuBLASLt product D (m, n) = alpha op(A) op(B) + beta C (C = D) with an epilogue: A stored
 // (trans_a ? k x m : m x k), B (trans_b ? n x k : k x n), both of type ab, D of type d; `vector` is the
-// epilogue's bias (added, of D's type). Returns false when cuBLASLt has no algorithm for it (the caller
+// epilogue's bias (added, of D's type). `batch` such products with A, B, D and the bias at the given strides
+// (elements; 0: the same for every item). Returns false when cuBLASLt has no algorithm for it (the caller
 // then does without the epilogue).
 struct LtProduct {
   bool trans_a, trans_b;
@@ -53,12 +51,14 @@ struct LtProduct {
   cublasLtEpilogue_t epilogue;
   void* vector;
   cudaDataType_t vector_type;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0, vector_stride = 0;
 };
 // The plan for p's shape: made (descriptors, the heuristic's algorithm) at its first use, then kept
 // by the context.
 const LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const LtProduct& p) {
-  const LtPlans::Key key = {p.trans_a, p.trans_b, p.m,  p.n,        p.k,           p.lda,  p.ldb,
-                            p.ldd,     p.ab,      p.dt, p.epilogue, p.vector_type, compute};
+  const LtPlans::Key key = {p.trans_a, p.trans_b, p.m,        p.n,        p.k,        p.lda,
+                            p.ldb,     p.ldd,     p.ab,       p.dt,       p.epilogue, p.vector_type,
+                            compute,   p.batch,   p.stride_a, p.stride_b, p.stride_d, p.vector_stride};
   const auto [it, made] = c.lt_plans->plans.try_emplace(key);
   LtPlan& plan = it->second;
   if (!made) return plan;
@@ -78,6 +78,19 @@ const LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const L
   BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, p.ab, uint64_t(p.trans_b ? p.n : p.k),
                                                uint64_t(p.trans_b ? p.k : p.n), p.ldb));
   BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, p.dt, uint64_t(p.m), uint64_t(p.n), p.ldd));
+  if (p.batch > 1) {
+    const int32_t count = int32_t(p.batch);
+    const std::array<std::pair<cublasLtMatrixLayout_t, int64_t>, 3> layouts = {
+        {{plan.a, p.stride_a}, {plan.b, p.stride_b}, {plan.d, p.stride_d}}};
+    for (const auto& [layout, stride] : layouts) {
+      BERT_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      BERT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                         sizeof stride));
+    }
+    BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                     &p.vector_stride, sizeof p.vector_stride));
+  }
   cublasLtMatmulPreference_t preference = nullptr;
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -105,15 +118,35 @@ bool lt_product(const Graph<float>& g, const LtProduct& p) {
   return true;
 }
 
-// y (rows, out) = x (rows, in) W^T + bias, the bias added in the GEMM's epilogue (cuBLASLt), so y is
-// written once. Column-major view: y^T (out, rows) = W (out, in) x^T, the bias running along y^T's rows.
-// x, W, bias and y all of type `type` (the bias is of the output's type). Returns false when cuBLASLt
-// has no algorithm for the shape (the caller then adds the bias itself).
+}  // namespace
+
+// The bias is added in the GEMM's epilogue (cuBLASLt), so y is written once. Column-major view: y^T (out,
+// rows) = W (out, in) x^T, the bias running along y^T's rows (the bias is of the output's type).
 bool gemm_bias(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const void* x, const void* w,
-               const void* bias, void* y, int64_t ldy, cudaDataType_t type) {
-  return lt_product(g, LtProduct{true, false, out, rows, in, w, in, x, in, y, ldy, type, type, 0.0f,
-                                 CUBLASLT_EPILOGUE_BIAS, const_cast<void*>(bias), type});
+               const void* bias, void* y, int64_t ldy, cudaDataType_t type, int64_t batch, int64_t w_stride,
+               int64_t bias_stride, int64_t y_stride) {
+  LtProduct p{true,
+              false,
+              out,
+              rows,
+              in,
+              w,
+              in,
+              x,
+              in,
+              y,
+              ldy,
+              type,
+              type,
+              0.0f,
+              CUBLASLT_EPILOGUE_BIAS,
+              const_cast<void*>(bias),
+              type};
+  p.batch = batch, p.stride_a = w_stride, p.stride_d = y_stride, p.vector_stride = bias_stride;
+  return lt_product(g, p);
 }
+
+namespace {
 
 // out (rows, cols; rows ld apart) += bias (cols) broadcast over rows: blockIdx.y walks rows, x the columns.
 template <typename A>
@@ -124,13 +157,24 @@ __global__ void add_row_vector(A* out, const float* bias, int64_t rows, int64_t 
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     out[r * ld + c] = cuda::from_float<A>(cuda::to_float(out[r * ld + c]) + b);
 }
-template <typename A>
-void launch_add_row_vector(const Graph<float>& g, A* out, const float* bias, int64_t rows, int64_t cols, int64_t ld) {
-  const dim3 grid(static_cast<unsigned>((cols + cuda::kThreads - 1) / cuda::kThreads),
+}  // namespace
+
+void linear_product(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const void* x, const void* w,
+                    const void* bias_gemm, const float* bias, int64_t bias_cols, void* y, int64_t ldy,
+                    cudaDataType_t type) {
+  if (bias_gemm && gemm_bias(g, rows, in, out, x, w, bias_gemm, y, ldy, type)) return;
+  gemm(g, false, true, rows, out, in, 1.0f, x, in, 0, w, in, 0, 0.0f, y, ldy, 0, 1, type, type);
+  if (!bias) return;
+  const dim3 grid(static_cast<unsigned>((bias_cols + cuda::kThreads - 1) / cuda::kThreads),
                   static_cast<unsigned>(std::min<int64_t>(rows, 4096)));
-  add_row_vector<A><<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(out, bias, rows, cols, ld);
+  cuda::with_element_type(type == CUDA_R_16BF ? DType::kBF16 : DType::kF32, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    add_row_vector<A><<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(static_cast<A*>(y), bias, rows, bias_cols, ldy);
+  });
   BERT_CUDA_LAUNCHED();
 }
+
+namespace {
 
 // y (padded_rows, cols) = x (rows, cols) converted to A, rows past `rows` zero: a parameter (weight,
 // bias) as the GEMM's operand type, with the zero rows that pad its output width.
@@ -151,59 +195,121 @@ __global__ void convert_padded(A* y, const float* x, int64_t rows, int64_t padde
   }
 }
 
-// dbias (cols) += the column sums of dy (rows, cols; rows ld apart), in two deterministic passes. Pass 1: block (32, 8)
-// of grid (column groups, row chunks) sums `chunk` rows of 32 W columns (thread x: W adjacent columns,
-// W-wide accesses; y: every 8th row), the 8 lanes added in order into partial[chunk index][col].
-constexpr int64_t kColumnChunk = 64;  // 128 chunks of 8192 rows: hundreds of blocks
+// dbias (cols) += the column sums of dy (rows, cols; rows ld apart), deterministically. Block (32, 8) of grid
+// (row chunks, column groups, parts) sums `chunk` rows of 32 W columns (thread x: W adjacent columns, W-wide
+// accesses; y: every 8th row), its 8 lanes added in order into partial[chunk][col]. The last block of a
+// column group to finish (counted in arrivals[group]) then adds the group's partials over the chunks in a
+// fixed order (lane y: chunks y, y + 8, ...; the lanes in order) into dbias and resets its counter: one
+// launch instead of a second kernel for the partials (3.5 us a call on an H200, most of it latency). The
+// chunks run fastest in the grid, so a group's blocks run together and its last block's sums overlap the
+// next groups' reads. Without counters (more column groups than the context has) the second kernel does it
+// (cuda::add_partial_rows).
+constexpr int64_t kColumnChunk = 64, kMostChunks = 128;  // 8192 rows: 128 chunks, hundreds of blocks
 template <int W, typename A>
-__global__ void column_partials(float* partial, const A* dy, int64_t rows, int64_t cols, int64_t ld, int64_t chunk) {
+__global__ void column_sums(float* dbias, float* partial, unsigned int* arrivals, const A* dy, int64_t rows,
+                            int64_t cols, int64_t ld, int64_t chunk, int64_t dy_part_stride,
+                            int64_t dbias_part_stride) {
   __shared__ float lanes[8][32 * W + 1];
-  const int64_t col = (blockIdx.x * 32 + threadIdx.x) * int64_t(W);
+  __shared__ bool last;
+  const unsigned chunks = gridDim.x, group = blockIdx.y;
+  dy += blockIdx.z * dy_part_stride;  // grid z: the parts
+  dbias += blockIdx.z * dbias_part_stride;
+  partial += int64_t(blockIdx.z) * chunks * cols;
+  if (arrivals) arrivals += blockIdx.z * gridDim.y;
+  const int64_t col = (group * 32 + threadIdx.x) * int64_t(W);
+  const bool here = col < cols;
   float acc[W] = {};
-  if (col < cols) {
-    const int64_t end = min(rows, (blockIdx.y + 1) * chunk);
-    for (int64_t r = blockIdx.y * chunk + threadIdx.y; r < end; r += 8) {
+  if (here) {
+    const int64_t end = min(rows, (blockIdx.x + 1) * chunk);
+    for (int64_t r = blockIdx.x * chunk + threadIdx.y; r < end; r += 8) {
       const cuda::Pack<A, W> p = cuda::load_pack<W>(dy + r * ld + col);
       for (int w = 0; w < W; ++w) acc[w] += cuda::to_float(p.v[w]);
     }
   }
   for (int w = 0; w < W; ++w) lanes[threadIdx.y][threadIdx.x * W + w] = acc[w];
   __syncthreads();
-  if (threadIdx.y != 0 || col >= cols) return;
-  for (int w = 0; w < W; ++w) {
-    float total = 0;
-    for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x * W + w];
-    partial[blockIdx.y * cols + col + w] = total;
+  if (threadIdx.y == 0 && here) {
+    for (int w = 0; w < W; ++w) {
+      float total = 0;
+      for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x * W + w];
+      partial[blockIdx.x * cols + col + w] = total;
+    }
+    __threadfence();  // the partials are visible everywhere before this block counts as arrived
   }
+  if (!arrivals) return;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(arrivals + group, 1u) == chunks - 1;
+  __syncthreads();
+  if (!last) return;
+  // Lane y adds chunks y, y + 8, ... in order, their partials loaded eight at a time (loads in flight: one
+  // block reads the whole group's partials, so their latency is its time).
+  for (int w = 0; w < W; ++w) acc[w] = 0;
+  constexpr int kInFlight = 8;
+  if (here)
+    for (unsigned k0 = threadIdx.y; k0 < chunks; k0 += 8 * kInFlight) {
+      cuda::Pack<float, W> p[kInFlight];
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j)
+        if (k0 + 8 * j < chunks) p[j] = cuda::load_pack_cg<W>(partial + (k0 + 8 * j) * cols + col);
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j)
+        if (k0 + 8 * j < chunks)
+          for (int w = 0; w < W; ++w) acc[w] += p[j].v[w];
+    }
+  for (int w = 0; w < W; ++w) lanes[threadIdx.y][threadIdx.x * W + w] = acc[w];
+  __syncthreads();
+  if (threadIdx.y == 0 && here)
+    for (int w = 0; w < W; ++w) {
+      float total = 0;
+      for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x * W + w];
+      dbias[col + w] += total;
+    }
+  if (threadIdx.x == 0 && threadIdx.y == 0) arrivals[group] = 0;
 }
+}  // namespace
+
 void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, int64_t ld,
-                     float* dbias) {
-  const int64_t chunk = std::max<int64_t>(kColumnChunk, (rows + 65534) / 65535);  // the grid's y extent
+                     float* dbias, int parts, int64_t dy_part_stride, int64_t dbias_part_stride) {
+  // At most kMostChunks chunks: the last block of a column group reads that many partial rows.
+  const int64_t chunk = std::max<int64_t>(kColumnChunk, (rows + kMostChunks - 1) / kMostChunks);
   const int64_t chunks = (rows + chunk - 1) / chunk;
-  float* partial = g.scratch<float>(chunks * cols);
+  float* partial = g.scratch<float>(parts * chunks * cols);
+  bool finished = false;
   cuda::with_element_type(dy_type, [&](auto tag) {
     using A = typename decltype(tag)::type;
     const A* d = static_cast<const A*>(dy);
-    // Packs of 4 where the rows allow, of 2 on an even width (the vocabulary's 30,522), else one by one.
+    // Packs of 4 where the rows allow (16 bytes of floats, 8 of BF16: 16-byte BF16 packs made groups of 256
+    // columns, too few for the final sums), else 2 elements on an even width (the vocabulary's 30,522), else
+    // one by one.
     const auto address = reinterpret_cast<uintptr_t>(d);
-    const int w = cols % 4 == 0 && ld % 4 == 0 && address % 16 == 0                ? 4
-                  : cols % 2 == 0 && ld % 2 == 0 && address % (2 * sizeof(A)) == 0 ? 2
-                                                                                   : 1;
-    const dim3 grid(static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)), static_cast<unsigned>(chunks));
-    if (w == 4)
-      column_partials<4, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, ld, chunk);
+    constexpr int kWide = 4;
+    const bool wide =
+        cols % kWide == 0 && ld % kWide == 0 && dy_part_stride % kWide == 0 && address % (kWide * sizeof(A)) == 0;
+    const int w = wide                                                                                        ? kWide
+                  : cols % 2 == 0 && ld % 2 == 0 && dy_part_stride % 2 == 0 && address % (2 * sizeof(A)) == 0 ? 2
+                                                                                                              : 1;
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)),
+                    static_cast<unsigned>(parts));
+    unsigned int* arrivals = grid.y * grid.z <= CudaContext::kArrivals ? cuda::context(g.device()).arrivals : nullptr;
+    finished = arrivals != nullptr;
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(dbias, partial, arrivals, d, rows, cols, ld, chunk,
+                                                        dy_part_stride, dbias_part_stride);
+    };
+    if (w == kWide)
+      launch(column_sums<kWide, A>);
     else if (w == 2)
-      column_partials<2, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, ld, chunk);
+      launch(column_sums<2, A>);
     else
-      column_partials<1, A><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(partial, d, rows, cols, ld, chunk);
+      launch(column_sums<1, A>);
     BERT_CUDA_LAUNCHED();
   });
-  cuda::launch_add_partial_rows(g, dbias, partial, nullptr, nullptr, chunks, cols);  // pass 2
+  if (finished) return;
+  for (int part = 0; part < parts; ++part)
+    cuda::launch_add_partial_rows(g, dbias + part * dbias_part_stride, partial + part * chunks * cols, nullptr, nullptr,
+                                  chunks, cols);
 }
 
-// A parameter-like F32 operand (rows, cols) as the GEMM's operand type A, with zero rows up to
-// padded_rows: the node's own storage when nothing is to change, a parameter's BF16 copy kept by its arena
-// (written by the optimizer), else a converted copy in scratch.
 template <typename A>
 const A* gemm_operand(Graph<float>& g, Var v, int64_t rows, int64_t padded_rows, int64_t cols) {
   if (g.dtype(v) == DType::kBF16) {
@@ -228,6 +334,10 @@ const A* gemm_operand(Graph<float>& g, Var v, int64_t rows, int64_t padded_rows,
                      g.value(v).data(), rows, padded_rows, cols);
   return converted;
 }
+template const float* gemm_operand<float>(Graph<float>&, Var, int64_t, int64_t, int64_t);
+template const bf16* gemm_operand<bf16>(Graph<float>&, Var, int64_t, int64_t, int64_t);
+
+namespace {
 
 template <typename A>
 Var matmul_typed(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, float alpha) {
@@ -312,12 +422,11 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
   A* yv = cuda::typed<A>(g.data(y));
   A* y_gemm = ld == out ? yv : g.scratch<A>(rows * ld);
   const A* xv = cuda::typed<A>(g.data(x));
-  const bool fused = bias_gemm && gemm_bias(g, rows, in, ld, xv, w_gemm, bias_gemm, y_gemm, ld, type);
-  if (!fused) gemm(g, false, true, rows, ld, in, 1.0f, xv, in, 0, w_gemm, in, 0, 0.0f, y_gemm, ld, 0, 1, type, type);
+  linear_product(g, rows, in, ld, xv, w_gemm, bias_gemm, bias.valid() ? g.value(bias).data() : nullptr, out, y_gemm, ld,
+                 type);
   if (ld != out)
     BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(A), y_gemm, ld * sizeof(A), out * sizeof(A), rows,
                                       cudaMemcpyDeviceToDevice, cuda::stream(g)));
-  if (bias.valid() && !fused) launch_add_row_vector(g, yv, g.value(bias).data(), rows, out, out);
   g.on_backward(y, [=](Graph<float>& g) {
     const A* dy = cuda::typed<A>(g.grad_data(y));
     const A* dy_gemm = dy;
@@ -365,11 +474,9 @@ LinearScores linear_cross_entropy_typed(Graph<float>& g, Var x, Var weight, Var 
   const A* bias_gemm = bias.valid() ? gemm_operand<A>(g, bias, out, ld, 1) : nullptr;
   const A* xv = cuda::typed<A>(g.data(x));
   A* z = g.scratch<A>(std::max<int64_t>(rows * ld, 1));  // the logits, kept for the backward pass
-  if (rows > 0) {
-    const bool fused = bias_gemm && gemm_bias(g, rows, in, ld, xv, w_gemm, bias_gemm, z, ld, type);
-    if (!fused) gemm(g, false, true, rows, ld, in, 1.0f, xv, in, 0, w_gemm, in, 0, 0.0f, z, ld, 0, 1, type, type);
-    if (bias.valid() && !fused) launch_add_row_vector(g, z, g.value(bias).data(), rows, out, ld);
-  }
+  if (rows > 0)
+    linear_product(g, rows, in, ld, xv, w_gemm, bias_gemm, bias.valid() ? g.value(bias).data() : nullptr, out, z, ld,
+                   type);
 
   LinearScores scores;
   scores.loss = bias.valid() ? g.emit(Shape{}, {x, weight, bias}) : g.emit(Shape{}, {x, weight});

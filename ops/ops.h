@@ -226,6 +226,16 @@ Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double 
               Rng& rng);
 // Whether attention() runs fused on g: a GPU graph, head size 16, 32, 64 or 128, length up to 512.
 bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length);
+// attention() on the three projections of one input: q, k, v = linear(x, weights[i], biases[i]) for x
+// (B, T, C), weights (C, C) and biases (C) (F32: parameters), the same values and gradients. On the CPU
+// and wherever attention() would not run fused, exactly those ops. Where it runs fused on a GPU, the
+// projections go into one (3, B, T, C) buffer, as one batched GEMM (and their weight gradients as another,
+// their bias gradients as one column sum) where the three weights, biases and gradients lie equally spaced
+// in memory, as a ParameterArena lays out parameters declared alike one after another: fewer, larger
+// products than three linears.
+template <typename T>
+Var self_attention(Graph<T>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases, Var mask,
+                   int64_t heads, double alpha, double p, bool training, Rng& rng);
 // Attention's two products with the heads left where the projections put them: for q, k, v (B, T, C)
 // with C = heads D, head_scores = alpha q_h k_h^T per head, (B, H, T, T), and head_context = probs_h v_h
 // per head written back as (B, T, C). The values of permuting to (B, H, T, D), scaled_matmul or matmul,

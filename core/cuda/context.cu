@@ -69,8 +69,8 @@ CudaContext* create_context(int ordinal, Precision precision) {
   c->cublas_workspace_bytes = std::size_t{32} << 20;  // cuBLAS's recommendation for Hopper
   BERT_CUDA_CHECK(cudaMalloc(&c->cublas_workspace, c->cublas_workspace_bytes));
   BERT_CUBLAS_CHECK(cublasSetWorkspace(handle, c->cublas_workspace, c->cublas_workspace_bytes));
-  BERT_CUDA_CHECK(cudaMalloc(&c->arrivals, sizeof(unsigned int)));
-  BERT_CUDA_CHECK(cudaMemset(c->arrivals, 0, sizeof(unsigned int)));
+  BERT_CUDA_CHECK(cudaMalloc(&c->arrivals, CudaContext::kArrivals * sizeof(unsigned int)));
+  BERT_CUDA_CHECK(cudaMemset(c->arrivals, 0, CudaContext::kArrivals * sizeof(unsigned int)));
   BERT_CUDA_CHECK(
       cudaMalloc(reinterpret_cast<void**>(&c->reduce_scratch), CudaContext::kReduceScratch * sizeof(double)));
   BERT_CUDA_CHECK(cudaMallocHost(&c->host_staging, CudaContext::kHostStaging));

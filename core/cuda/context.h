@@ -26,9 +26,11 @@ struct CudaContext {
   void* cublas_workspace = nullptr;
   std::size_t cublas_workspace_bytes = 0;
   double* reduce_scratch = nullptr;  // kReduceScratch doubles for two-pass reductions
-  // For kernels whose last block to finish completes a reduction: blocks count their arrival here, and
-  // the last one resets it to 0 for the next kernel on the stream.
+  // For kernels whose last block to finish completes a reduction: blocks count their arrival here (kArrivals
+  // counters, one per group of blocks that finish a reduction together; [0] for a whole grid), and the last
+  // one resets its counter to 0 for the next kernel on the stream.
   unsigned int* arrivals = nullptr;
+  static constexpr unsigned kArrivals = 4096;
   static constexpr std::size_t kReduceScratch = std::size_t{1} << 16;
   void* host_staging = nullptr;  // pinned, kHostStaging bytes: small device -> host reads
   static constexpr std::size_t kHostStaging = std::size_t{1} << 20;

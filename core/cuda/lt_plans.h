@@ -29,10 +29,10 @@ struct LtPlan {
   }
 };
 
-// Plans by what decides them: transposes, sizes, leading dimensions, types, epilogue (pointers and
-// scalars are set per call).
+// Plans by what decides them: transposes, sizes, leading dimensions, types, epilogue, batch count and
+// strides (pointers and scalars are set per call).
 struct LtPlans {
-  using Key = std::array<int64_t, 13>;
+  using Key = std::array<int64_t, 18>;
   std::map<Key, LtPlan> plans;
 };
 

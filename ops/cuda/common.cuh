@@ -101,6 +101,21 @@ template <int W, typename V>
 __device__ __forceinline__ Pack<V, W> load_pack(const V* p) {
   return *reinterpret_cast<const Pack<V, W>*>(p);
 }
+// The same for floats written by other blocks of this kernel (read through L2, not a stale L1 line).
+template <int W>
+__device__ __forceinline__ Pack<float, W> load_pack_cg(const float* p) {
+  Pack<float, W> out;
+  if constexpr (W == 4) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+    out.v[0] = v.x, out.v[1] = v.y, out.v[2] = v.z, out.v[3] = v.w;
+  } else if constexpr (W == 2) {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(p));
+    out.v[0] = v.x, out.v[1] = v.y;
+  } else {
+    for (int w = 0; w < W; ++w) out.v[w] = __ldcg(p + w);
+  }
+  return out;
+}
 template <int W, typename V>
 __device__ __forceinline__ void store_pack(V* p, const Pack<V, W>& pack) {
   *reinterpret_cast<Pack<V, W>*>(p) = pack;

@@ -848,6 +848,56 @@ TEST(Attention, MatchesAHandWrittenReferenceAndFiniteDifferences) {
   expect_gradients_match(in, build(0.3), options);  // dropout: one mask for every evaluation (same seed)
 }
 
+// self_attention on the CPU: attention on three linears of x (the hand-written reference on the
+// projections), gradients of x, the weights and the biases against finite differences.
+TEST(Attention, SelfAttentionIsAttentionOnThreeLinearsWithItsGradients) {
+  const Shape s{2, 5, 6};
+  Tensor<double> mask(Shape{2, 5}, {0, 0, 0, 0, 0, 0, 0, 0, -1e4, -1e4});
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor(s, 41));
+  for (uint32_t seed : {42u, 44u, 46u}) {
+    in.push_back(random_tensor(Shape{6, 6}, seed));
+    in.push_back(random_tensor(Shape{6}, seed + 1));
+  }
+  in.push_back(mask.clone());
+  const double alpha = 0.6;
+  auto build = [&](double p) {
+    return [alpha, p](Graph<double>& g, const Leaves& x) {
+      Rng rng(5);
+      return ops::self_attention(g, x[0], {x[1], x[3], x[5]}, {x[2], x[4], x[6]}, x[7], 2, alpha, p,
+                                 /*training=*/true, rng);
+    };
+  };
+  // The projections by hand: x W^T + b.
+  std::vector<Tensor<double>> projected;
+  for (int i = 0; i < 3; ++i) {
+    Tensor<double> y(s);
+    const Tensor<double>& w = in[1 + 2 * i];
+    const Tensor<double>& b = in[2 + 2 * i];
+    for (int64_t r = 0; r < 10; ++r)
+      for (int64_t o = 0; o < 6; ++o) {
+        double acc = b[o];
+        for (int64_t k = 0; k < 6; ++k) acc += in[0][r * 6 + k] * w[o * 6 + k];
+        y[r * 6 + o] = acc;
+      }
+    projected.push_back(std::move(y));
+  }
+  expect_tensors_near(run_forward(in, build(0.0)),
+                      attention_reference(projected[0], projected[1], projected[2], in[7], 2, alpha),
+                      kForwardTolerance);
+  GradCheckOptions options;
+  options.differentiable = {true, true, true, true, true, true, true, false};
+  expect_gradients_match(in, build(0.0), options);
+  expect_gradients_match(in, build(0.3), options);
+  Graph<double> g;  // a projection of another width
+  Rng rng(1);
+  const Var x = g.constant(in[0].view()), w = g.constant(in[1].view()), b = g.constant(in[2].view());
+  Tensor<double> narrow = random_tensor(Shape{4, 6}, 9);
+  EXPECT_THROW(
+      ops::self_attention(g, x, {w, g.constant(narrow.view()), w}, {b, b, b}, Var{}, 2, alpha, 0.0, false, rng),
+      std::exception);
+}
+
 // ---------------------------------------------------------------- cross_entropy, sum, mean
 
 double cross_entropy_reference(const Tensor<double>& z, const std::vector<int32_t>& t, const std::vector<double>& w,
