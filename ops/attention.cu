@@ -150,6 +150,7 @@ __global__ void attention_forward(A* out, float* lse, const A* qp, const A* kp, 
   const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * q.rows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
+  const int64_t obase = (bh / q.heads) * q.length * q.out_stride + (bh % q.heads) * D;  // in O and dO
   load_rows<D>(sQ, ldd, qp + base + q0 * q.stride, q.stride, q.rows, int(lesser(q.rows, q.length - q0)));
   products<D>(q, kp + base, sQ, sKV, sS, ld);
   // Softmax of each of the warp's rows, dropout, and the row back as A values in place.
@@ -195,7 +196,7 @@ __global__ void attention_forward(A* out, float* lse, const A* qp, const A* kp, 
     Tile::store(my_stage, 16, acc[c]);
     for (int e = lane; e < 256; e += 32) {
       const int64_t i = q0 + warp * 16 + e / 16;
-      if (i < q.length) out[base + i * q.stride + c * 16 + e % 16] = cuda::from_float<A>(my_stage[e]);
+      if (i < q.length) out[obase + i * q.out_stride + c * 16 + e % 16] = cuda::from_float<A>(my_stage[e]);
     }
     __syncwarp();
   }
@@ -217,9 +218,10 @@ __global__ void attention_backward_query(A* dq, bool accumulate, float* di, cons
   const int64_t bh = blockIdx.y, b = bh / q.heads, q0 = int64_t(blockIdx.x) * q.rows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
+  const int64_t obase = (bh / q.heads) * q.length * q.out_stride + (bh % q.heads) * D;  // in O and dO
   const int valid = int(lesser(q.rows, q.length - q0));
   load_rows<D>(sQ, ldd, qp + base + q0 * q.stride, q.stride, q.rows, valid);
-  load_rows<D>(sdO, ldd, dop + base + q0 * q.stride, q.stride, q.rows, valid);
+  load_rows<D>(sdO, ldd, dop + obase + q0 * q.out_stride, q.out_stride, q.rows, valid);
   float* my_stage = stage + warp * 256;
   float* row_di = stage + (q.rows / 16) * 256 + warp * 16;  // Di of the warp's rows
   __syncthreads();
@@ -228,7 +230,7 @@ __global__ void attention_backward_query(A* dq, bool accumulate, float* di, cons
     float s = 0;
     if (i < q.length)
       for (int c = lane; c < D; c += 32)
-        s += cuda::to_float(sdO[(warp * 16 + r) * ldd + c]) * cuda::to_float(op[base + i * q.stride + c]);
+        s += cuda::to_float(sdO[(warp * 16 + r) * ldd + c]) * cuda::to_float(op[obase + i * q.out_stride + c]);
     s = cuda::warp_sum(s);
     if (lane == 0) row_di[r] = s;
     if (lane == 0 && i < q.length) di[bh * q.length + i] = s;
@@ -311,6 +313,7 @@ __global__ void attention_backward_key(A* dk, bool accumulate_k, A* dv, bool acc
   const int64_t bh = blockIdx.y, b = bh / q.heads, k0 = int64_t(blockIdx.x) * kKeyTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t base = (bh / q.heads) * q.length * q.stride + (bh % q.heads) * D;
+  const int64_t obase = (bh / q.heads) * q.length * q.out_stride + (bh % q.heads) * D;  // in O and dO
   const int keys = int(lesser(kKeyTile, q.length - k0));
   load_rows<D>(sK, ldd, kp + base + k0 * q.stride, q.stride, kKeyTile, keys);
   load_rows<D>(sV, ldd, vp + base + k0 * q.stride, q.stride, kKeyTile, keys);
@@ -322,7 +325,7 @@ __global__ void attention_backward_key(A* dk, bool accumulate_k, A* dv, bool acc
     __syncthreads();
     const int queries = int(lesser(kQueries, q.length - qt));
     load_rows<D>(sQ, ldd, qp + base + qt * q.stride, q.stride, kQueries, queries);
-    load_rows<D>(sdO, ldd, dop + base + qt * q.stride, q.stride, kQueries, queries);
+    load_rows<D>(sdO, ldd, dop + obase + qt * q.out_stride, q.out_stride, kQueries, queries);
     for (int r = threadIdx.x; r < kQueries; r += blockDim.x) {
       s_lse[r] = r < queries ? lse[bh * q.length + qt + r] : INFINITY;
       s_di[r] = r < queries ? di[bh * q.length + qt + r] : 0.0f;
@@ -497,33 +500,43 @@ int64_t spacing(const std::array<P*, 3>& p) {
   return stride > 0 && p[2] - p[1] == stride ? stride : 0;
 }
 
-// Self-attention from x: the three projections as one (3, B, T, C) node (Q, K, V one after another), one
-// batched GEMM where the weights (and biases) lie equally spaced; then the fused kernels on its three parts
-// (the attention's node reads the projections' node). The backward: the kernels' dQ, dK, dV into the
-// projections' gradient, then x's gradient as three products added up, the weights' as one batched GEMM and
-// the biases' as one column sum over the three parts (each where the three gradients lie equally spaced).
+// Self-attention from x: the three projections side by side as one (B, T, 3C) node (each position's Q, K
+// and V in a row), one batched GEMM where the weights (and biases) lie equally spaced; then the fused
+// kernels on its three parts, rows 3C apart (the attention's node reads the projections' node). The
+// backward: the kernels' dQ, dK, dV side by side into the projections' gradient (N, 3C); x's gradient as one
+// GEMM of it with the three weights stacked (3C, C) (copied together: one copy where they lie equally
+// spaced); the weights' as one batched GEMM and the biases' as one column sum over the three parts where their
+// gradients lie equally spaced too.
 template <int D, typename A>
 Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, Geometry geometry,
               int64_t batch, DType dtype) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
-  const int64_t bh = batch * geometry.heads, t = geometry.length, c = geometry.stride, n = batch * t;
+  const int64_t bh = batch * geometry.heads, t = geometry.length, c = geometry.out_stride, n = batch * t;
+  geometry.stride = 3 * c;
   const Geometry q = with_rows<D, A>(geometry);
   std::array<const A*, 3> wp{}, bp{};
   for (int i = 0; i < 3; ++i) wp[i] = gemm_operand<A>(g, w[i], c, c, c), bp[i] = gemm_operand<A>(g, b[i], c, c, 1);
-  const Var projections = g.emit(Shape{3, batch, t, c}, {x, w[0], b[0], w[1], b[1], w[2], b[2]}, dtype);
+  const Var projections = g.emit(Shape{batch, t, 3 * c}, {x, w[0], b[0], w[1], b[1], w[2], b[2]}, dtype);
   A* qkv = cuda::typed<A>(g.data(projections));
   const A* xv = cuda::typed<A>(g.data(x));
   const int64_t w_stride = spacing(wp), b_stride = spacing(bp);
-  if (!(w_stride && b_stride && gemm_bias(g, n, c, c, xv, wp[0], bp[0], qkv, c, type, 3, w_stride, b_stride, n * c)))
+  if (!(w_stride && b_stride && gemm_bias(g, n, c, c, xv, wp[0], bp[0], qkv, 3 * c, type, 3, w_stride, b_stride, c)))
     for (int i = 0; i < 3; ++i)
-      linear_product(g, n, c, c, xv, wp[i], bp[i], g.value(b[i]).data(), c, qkv + i * n * c, c, type);
+      linear_product(g, n, c, c, xv, wp[i], bp[i], g.value(b[i]).data(), c, qkv + i * c, 3 * c, type);
   g.on_backward(projections, [=](Graph<float>& g) {
     const A* dqkv = cuda::typed<A>(g.grad_data(projections));
-    if (g.requires_grad(x)) {  // dx (+)= dQ Wq + dK Wk + dV Wv
+    const CudaContext& context = cuda::context(g.device());
+    if (g.requires_grad(x)) {  // dx (+)= [dQ dK dV] (N, 3C) [Wq; Wk; Wv] (3C, C)
+      A* stacked = g.scratch<A>(size_t(3 * c * c));
+      if (w_stride) {
+        BERT_CUDA_CHECK(cudaMemcpy2DAsync(stacked, c * c * sizeof(A), wp[0], w_stride * sizeof(A), c * c * sizeof(A), 3,
+                                          cudaMemcpyDeviceToDevice, context.stream));
+      } else {
+        for (int i = 0; i < 3; ++i) cuda::copy_on_device(context, stacked + i * c * c, wp[i], c * c * sizeof(A));
+      }
       const auto dx = g.raw_grad_target(x);
-      for (int i = 0; i < 3; ++i)
-        gemm(g, false, false, n, c, c, 1.0f, dqkv + i * n * c, c, 0, wp[i], c, 0, i > 0 || dx.accumulate ? 1.0f : 0.0f,
-             dx.data, c, 0, 1, type, type);
+      gemm(g, false, false, n, c, 3 * c, 1.0f, dqkv, 3 * c, 0, stacked, c, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, c,
+           0, 1, type, type);
     }
     // dW_i (+)= dY_i^T x, in the weights' own type.
     std::array<Graph<float>::RawGradTarget, 3> dw{};
@@ -541,35 +554,34 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
     auto w_type = [&](int i) { return g.dtype(w[i]) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; };
     const int64_t dw_stride = weights && same && g.dtype(w[0]) == DType::kF32 ? spacing(dw_data) : 0;
     if (dw_stride) {
-      gemm(g, true, false, c, c, n, 1.0f, dqkv, c, n * c, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw[0].data, c,
+      gemm(g, true, false, c, c, n, 1.0f, dqkv, 3 * c, c, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw[0].data, c,
            dw_stride, 3, type, w_type(0));
     } else {
       for (int i = 0; i < 3; ++i)
         if (g.requires_grad(w[i]))
-          gemm(g, true, false, c, c, n, 1.0f, dqkv + i * n * c, c, 0, xv, c, 0, dw[i].accumulate ? 1.0f : 0.0f,
+          gemm(g, true, false, c, c, n, 1.0f, dqkv + i * c, 3 * c, 0, xv, c, 0, dw[i].accumulate ? 1.0f : 0.0f,
                dw[i].data, c, 0, 1, type, w_type(i));
     }
     std::array<float*, 3> db{};
     for (int i = 0; i < 3; ++i) db[i] = g.requires_grad(b[i]) ? g.grad(b[i]).data() : nullptr;
     if (const int64_t db_stride = db[0] && db[1] && db[2] ? spacing(db) : 0) {
-      add_column_sums(g, dqkv, dtype, n, c, c, db[0], 3, n * c, db_stride);
+      add_column_sums(g, dqkv, dtype, n, c, 3 * c, db[0], 3, c, db_stride);
     } else {
       for (int i = 0; i < 3; ++i)
-        if (db[i]) add_column_sums(g, dqkv + i * n * c, dtype, n, c, c, db[i]);
+        if (db[i]) add_column_sums(g, dqkv + i * c, dtype, n, c, 3 * c, db[i]);
     }
   });
 
   Var out = g.emit(g.shape(x), {projections}, dtype);
   float* lse = g.scratch<float>(size_t(bh * t));
   const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
-  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), lse, qkv, qkv + n * c, qkv + 2 * n * c);
+  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), lse, qkv, qkv + c, qkv + 2 * c);
   g.on_backward(out, [=](Graph<float>& g) {
     const auto target = g.raw_grad_target(projections);
     A* dqkv = cuda::typed<A>(target.data);
-    const AttentionGrads<A> d{
-        dqkv, dqkv + n * c, dqkv + 2 * n * c, target.accumulate, target.accumulate, target.accumulate};
-    backward_kernels<D, A>(g, q, query_grid, bh, t, d, true, qkv, qkv + n * c, qkv + 2 * n * c,
-                           cuda::typed<A>(g.data(out)), cuda::typed<A>(g.grad_data(out)), lse);
+    const AttentionGrads<A> d{dqkv, dqkv + c, dqkv + 2 * c, target.accumulate, target.accumulate, target.accumulate};
+    backward_kernels<D, A>(g, q, query_grid, bh, t, d, true, qkv, qkv + c, qkv + 2 * c, cuda::typed<A>(g.data(out)),
+                           cuda::typed<A>(g.grad_data(out)), lse);
   });
   return out;
 }
@@ -588,6 +600,7 @@ Geometry make_geometry(Graph<float>& g, const Shape& s, Var mask, int64_t heads,
   geometry.heads = heads;
   geometry.length = s[1];
   geometry.stride = s[2];
+  geometry.out_stride = s[2];
   geometry.padded = int((s[1] + kKeyTile - 1) / kKeyTile * kKeyTile);
   geometry.alpha = static_cast<float>(alpha);
   geometry.mask = mask.valid() ? static_cast<const float*>(g.data(mask)) : nullptr;

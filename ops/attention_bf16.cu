@@ -208,7 +208,7 @@ __device__ __forceinline__ void refill(bf16* tile, const bf16* src, const Geomet
 // rows (g and g + 8 of its warp's 16) within the block and in T.
 template <int D>
 struct FlashBlock {
-  int64_t bh, b, first, base;
+  int64_t bh, b, first, base, obase;  // base: in Q, K, V (and their gradients); obase: in O and dO
   int warp, g, t;
   int local[2];
   int64_t rows[2];
@@ -217,6 +217,7 @@ struct FlashBlock {
         b(bh / q.heads),
         first(int64_t(blockIdx.x) * kFlashRows),
         base(b * q.length * q.stride + (bh % q.heads) * D),
+        obase(b * q.length * q.out_stride + (bh % q.heads) * D),
         warp(threadIdx.x / 32),
         g(threadIdx.x % 32 / 4),
         t(threadIdx.x % 4),
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + kFlashRows * ld;
   bf16* sV = sK + kFlashRows * ld;
-  const auto [bh, b, q0, base, warp, g, t, local, rows] = FlashBlock<D>(q);
+  const auto [bh, b, q0, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
   copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows(q, q0));
   copy_rows_async<D>(sK, kp + base, q.stride, tile_rows(q, 0));
   cuda::mma::commit();
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     const float sum = quad_sum(l[h]);
     if (rows[h] >= q.length) continue;
     const float inv = 1.0f / sum;
-    bf16* row = out + base + rows[h] * q.stride + 2 * t;
+    bf16* row = out + obase + rows[h] * q.out_stride + 2 * t;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) store_pair(row + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv, false);
     if (t == 0) lse[bh * q.length + rows[h]] = m[h] / kLog2e + logf(sum);
@@ -306,9 +307,9 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   bf16* sdO = sQ + kFlashRows * ld;
   bf16* sK = sdO + kFlashRows * ld;
   bf16* sV = sK + kFlashRows * ld;
-  const auto [bh, b, q0, base, warp, g, t, local, rows] = FlashBlock<D>(q);
+  const auto [bh, b, q0, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
   copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows(q, q0));
-  copy_rows_async<D>(sdO, dop + base + q0 * q.stride, q.stride, tile_rows(q, q0));
+  copy_rows_async<D>(sdO, dop + obase + q0 * q.out_stride, q.out_stride, tile_rows(q, q0));
   copy_rows_async<D>(sV, vp + base, q.stride, tile_rows(q, 0));
   cuda::mma::commit();
   copy_rows_async<D>(sK, kp + base, q.stride, tile_rows(q, 0));
@@ -319,8 +320,8 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     float s = 0;
     if (rows[h] < q.length)
       for (int c = 8 * t; c < D; c += 32) {
-        const cuda::Pack<bf16, 8> x = cuda::load_pack<8>(op + base + rows[h] * q.stride + c);
-        const cuda::Pack<bf16, 8> y = cuda::load_pack<8>(dop + base + rows[h] * q.stride + c);
+        const cuda::Pack<bf16, 8> x = cuda::load_pack<8>(op + obase + rows[h] * q.out_stride + c);
+        const cuda::Pack<bf16, 8> y = cuda::load_pack<8>(dop + obase + rows[h] * q.out_stride + c);
 #pragma unroll
         for (int j = 0; j < 8; ++j) s += cuda::to_float(x.v[j]) * cuda::to_float(y.v[j]);
       }
@@ -388,11 +389,11 @@ struct QueryStage {
         di(lse + kFlashRows),
         bits(reinterpret_cast<uint32_t*>(di + kFlashRows)) {}
   // Asynchronous copies of the tile starting at query qt (the caller commits them).
-  __device__ void copy(const Geometry& g, int64_t bh, int64_t base, int64_t qt, int64_t k0, const bf16* qp,
-                       const bf16* dop, const float* lse_in, const float* di_in) {
+  __device__ void copy(const Geometry& g, int64_t bh, int64_t base, int64_t obase, int64_t qt, int64_t k0,
+                       const bf16* qp, const bf16* dop, const float* lse_in, const float* di_in) {
     const int queries = tile_rows(g, qt);
     copy_rows_async<D>(q, qp + base + qt * g.stride, g.stride, queries);
-    copy_rows_async<D>(dout, dop + base + qt * g.stride, g.stride, queries);
+    copy_rows_async<D>(dout, dop + obase + qt * g.out_stride, g.out_stride, queries);
     for (int r = threadIdx.x; r < kFlashRows; r += blockDim.x) {
       const bool row = r < queries;
       const int64_t at = bh * g.length + qt + (row ? r : 0);
@@ -415,10 +416,10 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
   bf16* sV = sK + kFlashRows * ld;
   unsigned char* stages = reinterpret_cast<unsigned char*>(sV + kFlashRows * ld);
   auto stage = [stages](int i) { return QueryStage<D>(stages + i * QueryStage<D>::kBytes); };
-  const auto [bh, b, k0, base, warp, g, t, local, keys] = FlashBlock<D>(q);  // the lane's keys: local, keys
+  const auto [bh, b, k0, base, obase, warp, g, t, local, keys] = FlashBlock<D>(q);  // the lane's keys: local, keys
   copy_rows_async<D>(sK, kp + base + k0 * q.stride, q.stride, tile_rows(q, k0));
   copy_rows_async<D>(sV, vp + base + k0 * q.stride, q.stride, tile_rows(q, k0));
-  stage(0).copy(q, bh, base, 0, k0, qp, dop, lse, di);
+  stage(0).copy(q, bh, base, obase, 0, k0, qp, dop, lse, di);
   cuda::mma::commit();
   float key_mask[2];  // base 2
 #pragma unroll
@@ -427,7 +428,7 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
   float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
   int at = 0;
   for (int64_t qt = 0; qt < q.length; qt += kFlashRows, at ^= 1) {
-    if (qt + kFlashRows < q.length) stage(at ^ 1).copy(q, bh, base, qt + kFlashRows, k0, qp, dop, lse, di);
+    if (qt + kFlashRows < q.length) stage(at ^ 1).copy(q, bh, base, obase, qt + kFlashRows, k0, qp, dop, lse, di);
     cuda::mma::commit();
     arrive();  // this stage (and K, V)
     const QueryStage<D> s_q = stage(at);

@@ -20,7 +20,9 @@ __device__ __forceinline__ int64_t lesser(int64_t a, int64_t b) { return a < b ?
 
 struct Geometry {
   int64_t heads, length;  // H, T
-  int64_t stride;         // elements from one position to the next within a head: H D ((B, T, H, D) operands)
+  int64_t stride;         // elements from one position to the next within a head in Q, K, V and their gradients:
+                          // H D for (B, T, H D) operands, 3 H D where the three lie side by side in one tensor
+  int64_t out_stride;     // the same in the output and its gradient: H D
   int rows;               // query rows per block (16 per warp)
   int padded;             // T rounded up to the key tile
   float alpha;

@@ -539,12 +539,14 @@ TEST_F(CudaOps, FusedAttentionGivesTheComposedOps) {
 }
 
 // self_attention: attention on three linears of one input, from separate buffers, against the CPU's
-// composition of those ops, masked and with dropout.
+// composition of those ops, masked and with dropout; on the GPU the fused kernels read Q, K and V side by
+// side (rows 3C apart) and write the output with rows C apart.
 TEST_F(CudaOps, SelfAttentionIsAttentionOnThreeLinears) {
   struct Case {
     int64_t b, h, t, d;
   };
-  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{3, 2, 100, 64}})
+  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{3, 2, 100, 64}, Case{2, 2, 128, 64},
+                       Case{1, 2, 200, 128}})
     for (bool masked : {false, true})
       for (double p : {0.0, 0.1}) {
         SCOPED_TRACE("B " + std::to_string(c.b) + " H " + std::to_string(c.h) + " T " + std::to_string(c.t) + " D " +
