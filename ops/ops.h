@@ -229,9 +229,10 @@ bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length);
 // attention() on the three projections of one input: q, k, v = linear(x, weights[i], biases[i]) for x
 // (B, T, C), weights (C, C) and biases (C) (F32: parameters), the same values and gradients. On the CPU
 // and wherever attention() would not run fused, exactly those ops. Where it runs fused on a GPU, the
-// projections go into one (3, B, T, C) buffer, as one batched GEMM (and their weight gradients as another,
-// their bias gradients as one column sum) where the three weights, biases and gradients lie equally spaced
-// in memory, as a ParameterArena lays out parameters declared alike one after another: fewer, larger
+// projections go side by side into one (B, T, 3C) tensor that the fused kernels read in place, as one batched
+// GEMM (and their weight gradients as another, their bias gradients as one column sum) where the three
+// weights, biases and gradients lie equally spaced in memory, as a ParameterArena lays out parameters
+// declared alike one after another; x's gradient is one GEMM with the weights stacked: fewer, larger
 // products than three linears.
 template <typename T>
 Var self_attention(Graph<T>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases, Var mask,
