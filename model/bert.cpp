@@ -580,10 +580,8 @@ void Bert::pretraining_head(Graph<float>& g, Var hidden, const BatchView& in, Ml
         integer_decoder_ && cpu_inference
             ? ops::int8_linear_dynamic_cross_entropy_scores(g, transformed, *integer_decoder_, integer_decoder_scales_,
                                                             decoder_bias, out.mlm_targets)
-        : cpu_inference
-            ? ops::linear_cross_entropy_scores(g, transformed, decoder_weight, decoder_bias, out.mlm_targets)
             : ops::linear_cross_entropy_scores(g, transformed, decoder_weight, decoder_bias, out.mlm_targets,
-                                               predictions_to);
+                                               cpu_inference ? ops::PredictionsTo::kHost : predictions_to);
     out.mlm_loss = scores.loss;
     out.mlm_predictions = std::move(scores.predictions);
     out.mlm_device_predictions = scores.device_predictions;

@@ -586,6 +586,13 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
   return out;
 }
 
+// f(head size as an integral constant, cuda::TypeTag of the element type): the kernels' instantiation for
+// the activations' dtype and the head size.
+template <typename F>
+void with_kernels(DType dtype, int64_t head_size, F&& f) {
+  cuda::with_element_type(dtype, [&](auto tag) { with_head_size(int(head_size), [&](auto size) { f(size, tag); }); });
+}
+
 // attention's checks and geometry (heads, length, mask, dropout: its draws reserved from rng) for (B, T, C)
 // operands.
 Geometry make_geometry(Graph<float>& g, const Shape& s, Var mask, int64_t heads, double alpha, double p, bool training,
@@ -646,10 +653,8 @@ Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, dou
   const Geometry geometry = make_geometry(g, s, mask, heads, alpha, p, training, rng);
   const DType dtype = g.activation_dtype();
   Var out;
-  cuda::with_element_type(dtype, [&](auto tag) {
-    using A = typename decltype(tag)::type;
-    with_head_size(int(s[2] / heads),
-                   [&](auto size) { out = fused<decltype(size)::value, A>(g, q, k, v, geometry, s[0], dtype); });
+  with_kernels(dtype, s[2] / heads, [&](auto size, auto tag) {
+    out = fused<decltype(size)::value, typename decltype(tag)::type>(g, q, k, v, geometry, s[0], dtype);
   });
   return out;
 }
@@ -661,11 +666,8 @@ Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, co
   const Geometry geometry = make_geometry(g, s, mask, heads, alpha, p, training, rng);
   const DType dtype = g.activation_dtype();
   Var out;
-  cuda::with_element_type(dtype, [&](auto tag) {
-    using A = typename decltype(tag)::type;
-    with_head_size(int(s[2] / heads), [&](auto size) {
-      out = projected<decltype(size)::value, A>(g, x, weights, biases, geometry, s[0], dtype);
-    });
+  with_kernels(dtype, s[2] / heads, [&](auto size, auto tag) {
+    out = projected<decltype(size)::value, typename decltype(tag)::type>(g, x, weights, biases, geometry, s[0], dtype);
   });
   return out;
 }
