@@ -4,7 +4,7 @@
 one PyTorch reference (tests/golden/bert_reference.py: torch.nn.functional only, no Hugging Face), with
 BERT's initialisation and dropout 0.1, the same shapes and synthetic batches, one full training
 step (forward, backward, clip_grad_norm, AdamW) timed as the median of --steps after --warmup (and
---warmup-seconds), and
+--warmup-seconds; on a GPU the mean of --steps steps run back to back, as our train-step-bench times them), and
 evaluation throughput (forward, no grad). Prints one JSON object per configuration. --dtype fp32
 (strict), bf16 (autocast to bfloat16, FP32 master weights; CPU or GPU) or, on a GPU (--device cuda), tf32
 (TF32 matmuls); --compile for torch.compile. PyTorch at its best on a GPU: --attention sdpa
@@ -140,14 +140,15 @@ def main():
             opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01,
                                     **({"fused": True} if a.adamw == "fused" else {}))
             batch = tuple(x.to(dev) for x in synthetic_batch(b, t, p, a.vocab))
-            def train_step():
+            def train_step(wait=True):
                 opt.zero_grad(set_to_none=True)
                 with autocast():
                     loss = fwd(training, batch)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
                 opt.step()
-                sync()
+                if wait:
+                    sync()
 
             def eval_step():
                 with autocast():
@@ -162,10 +163,17 @@ def main():
 
             times = []
             warm_up(train_step)
-            for s in range(a.steps):
+            if cuda:  # steps back to back, as a training loop queues them: the mean from first to last
                 start = time.perf_counter()
-                train_step()
-                times.append(time.perf_counter() - start)
+                for s in range(a.steps):
+                    train_step(wait=False)
+                sync()
+                times.append((time.perf_counter() - start) / a.steps)
+            else:
+                for s in range(a.steps):
+                    start = time.perf_counter()
+                    train_step()
+                    times.append(time.perf_counter() - start)
             eval_times = []
             with torch.no_grad():
                 warm_up(eval_step)

@@ -67,33 +67,45 @@ void Optimizer::upload_moments() {
 }
 
 #if BERT_WITH_CUDA
-void Optimizer::step_on_device(double lr, float c1, float c2, float grad_scale) {
+void Optimizer::prepare_device() {
   BERT_CHECK(device_m_.data(), "the optimizer was made before its arena was placed on the GPU");
-  if (segments_dirty_) {  // the per-parameter table, uploaded once (and again after a change)
-    std::vector<cuda_impl::Segment> segments(static_cast<size_t>(params_.size()));
-    largest_ = 0;
-    for (ParamId id = 0; id < params_.size(); ++id) {
-      cuda_impl::Segment& s = segments[id];
-      s.offset = params_.offset(id);
-      s.size = params_.shape(id).numel();
-      s.weight_decay = decays_[id] ? static_cast<float>(options_.weight_decay) : 0.0f;
-      s.lr_multiplier = static_cast<float>(lr_multiplier_[id]);
-      s.has_minimum = std::isfinite(minimum_[id]);
-      s.minimum = s.has_minimum ? minimum_[id] : 0.0f;
-      s.log_space = log_space_[id];
-      largest_ = std::max(largest_, s.size);
-    }
-    device_segments_ = DeviceBuffer(params_.device(), segments.size() * sizeof(cuda_impl::Segment));
-    params_.device().copy_to_device(device_segments_.data(), segments.data(), device_segments_.bytes());
-    std::vector<cuda_impl::Chunk> chunks;  // AdamW's blocks: every segment's chunks
-    for (ParamId id = 0; id < params_.size(); ++id)
-      for (int64_t c = 0; c * cuda_impl::kAdamChunk < std::max<int64_t>(segments[id].size, 1); ++c)
-        chunks.push_back({static_cast<int32_t>(id), static_cast<int32_t>(c)});
-    device_chunks_ = DeviceBuffer(params_.device(), chunks.size() * sizeof(cuda_impl::Chunk));
-    params_.device().copy_to_device(device_chunks_.data(), chunks.data(), device_chunks_.bytes());
-    chunk_count_ = static_cast<int>(chunks.size());
-    segments_dirty_ = false;
+  if (!device_control_.data()) {
+    device_control_ = DeviceBuffer(params_.device(), sizeof(cuda_impl::UpdateControl));
+    const cuda_impl::UpdateControl initial;
+    params_.device().copy_to_device(device_control_.data(), &initial, sizeof initial);
   }
+  if (!segments_dirty_) return;
+  // The per-parameter table, uploaded once (and again after a change).
+  std::vector<cuda_impl::Segment> segments(static_cast<size_t>(params_.size()));
+  largest_ = 0;
+  for (ParamId id = 0; id < params_.size(); ++id) {
+    cuda_impl::Segment& s = segments[id];
+    s.offset = params_.offset(id);
+    s.size = params_.shape(id).numel();
+    s.weight_decay = decays_[id] ? static_cast<float>(options_.weight_decay) : 0.0f;
+    s.lr_multiplier = static_cast<float>(lr_multiplier_[id]);
+    s.has_minimum = std::isfinite(minimum_[id]);
+    s.minimum = s.has_minimum ? minimum_[id] : 0.0f;
+    s.log_space = log_space_[id];
+    largest_ = std::max(largest_, s.size);
+  }
+  device_segments_ = DeviceBuffer(params_.device(), segments.size() * sizeof(cuda_impl::Segment));
+  params_.device().copy_to_device(device_segments_.data(), segments.data(), device_segments_.bytes());
+  std::vector<cuda_impl::Chunk> chunks;  // AdamW's blocks: every segment's chunks
+  for (ParamId id = 0; id < params_.size(); ++id)
+    for (int64_t c = 0; c * cuda_impl::kAdamChunk < std::max<int64_t>(segments[id].size, 1); ++c)
+      chunks.push_back({static_cast<int32_t>(id), static_cast<int32_t>(c)});
+  device_chunks_ = DeviceBuffer(params_.device(), chunks.size() * sizeof(cuda_impl::Chunk));
+  params_.device().copy_to_device(device_chunks_.data(), chunks.data(), device_chunks_.bytes());
+  chunk_count_ = static_cast<int>(chunks.size());
+  if (options_.kind == OptimizerKind::kLamb)
+    device_lamb_partials_ = DeviceBuffer(
+        params_.device(), sizeof(double) * cuda_impl::lamb_partials(static_cast<int>(params_.size()), largest_));
+  segments_dirty_ = false;
+}
+
+void Optimizer::step_on_device(double lr, float c1, float c2, float grad_scale, const void* control) {
+  prepare_device();
   const cuda_impl::AdamHyper h{static_cast<float>(lr),
                                static_cast<float>(options_.beta1),
                                static_cast<float>(options_.beta2),
@@ -101,27 +113,63 @@ void Optimizer::step_on_device(double lr, float c1, float c2, float grad_scale) 
                                c2,
                                static_cast<float>(options_.epsilon),
                                grad_scale};
+  const auto* decision = static_cast<const cuda_impl::UpdateControl*>(control);
   float* w = params_.device_values().data();
   const float* g = params_.device_grads().data();
   const auto* segments = device_segments_.as<cuda_impl::Segment>();
   if (options_.kind == OptimizerKind::kLamb)
     cuda_impl::lamb_step(params_.device(), w, g, device_m_.as<float>(), device_v_.as<float>(), segments,
-                         static_cast<int>(params_.size()), largest_, h);
+                         static_cast<int>(params_.size()), largest_, h, device_lamb_partials_.as<double>(), decision);
   else {  // AdamW also keeps the arena's BF16 copy of the values (BF16 mixed precision)
     void* w16 = params_.bf16_copy_for_update();
     cuda_impl::adamw_step(params_.device(), w, w16, g, device_m_.as<float>(), device_v_.as<float>(), segments,
-                          device_chunks_.as<cuda_impl::Chunk>(), chunk_count_, h);
+                          device_chunks_.as<cuda_impl::Chunk>(), chunk_count_, h, decision);
     if (w16) params_.bf16_copy_updated();
   }
 }
+
+const double* Optimizer::queue_step(double lr, double max_norm, Readback& later) {
+  BERT_CHECK(params_.on_cuda(), "Optimizer::queue_step runs on a GPU (the CPU steps with step())");
+  prepare_device();
+  auto* control = device_control_.as<cuda_impl::UpdateControl>();
+  if (device_steps_stale_) {  // the host's count (a checkpoint's, or synchronous steps) for the decisions
+    const long long steps = steps_;
+    params_.device().copy_to_device(&control->steps, &steps, sizeof steps);
+    device_steps_stale_ = false;
+  }
+  const cuda_impl::UpdateRule rule{max_norm, options_.beta1, options_.beta2};
+  const double* sum =
+      later.read<double>(cuda_impl::queue_sum_of_squares(params_.device(), params_.device_grads().data(),
+                                                         params_.device_grads().numel(), control, rule),
+                         1);
+  step_on_device(lr, 1.0f, 1.0f, 1.0f, control);
+  return sum;
+}
+
+void Optimizer::flag_nonfinite(std::span<const float* const> device_values) {
+  prepare_device();
+  auto* control = device_control_.as<cuda_impl::UpdateControl>();
+  for (std::size_t i = 0; i < device_values.size(); i += cuda_impl::kMaxFlagged)
+    cuda_impl::flag_nonfinite(params_.device(), device_values.data() + i,
+                              static_cast<int>(std::min<std::size_t>(cuda_impl::kMaxFlagged, device_values.size() - i)),
+                              control);
+}
 #else
-void Optimizer::step_on_device(double, float, float, float) {
+void Optimizer::step_on_device(double, float, float, float, const void*) {
+  BERT_CHECK(false, "a CPU-only build has no GPU optimizer");
+}
+const double* Optimizer::queue_step(double, double, Readback&) {
+  BERT_CHECK(false, "a CPU-only build has no GPU optimizer");
+  return nullptr;
+}
+void Optimizer::flag_nonfinite(std::span<const float* const>) {
   BERT_CHECK(false, "a CPU-only build has no GPU optimizer");
 }
 #endif
 
 void Optimizer::step(double lr, double grad_scale) {
   ++steps_;
+  device_steps_stale_ = true;
   const float gs = static_cast<float>(grad_scale);
   const double b1 = options_.beta1, b2 = options_.beta2;
   const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(b1, steps_)));

@@ -43,6 +43,16 @@ __device__ void log_space_block(float* w, const float* g, float* m, float* v, co
   }
 }
 
+// The device's decision (UpdateControl) into h; false where it skips the update. No control: h as given.
+__device__ __forceinline__ bool take_decision(const UpdateControl* control, AdamHyper& h) {
+  if (!control) return true;
+  if (!control->apply) return false;
+  h.grad_scale = control->grad_scale;
+  h.bias_correction1 = control->bias_correction1;
+  h.bias_correction2 = control->bias_correction2;
+  return true;
+}
+
 // One AdamW element: decoupled decay first, as torch.optim.AdamW.
 __device__ __forceinline__ void adamw_update(float& w, float g, float& m, float& v, const AdamHyper& h, float lr,
                                              float wd) {
@@ -56,7 +66,8 @@ __device__ __forceinline__ void adamw_update(float& w, float g, float& m, float&
 // Block i updates chunk chunks[i]: 16-byte accesses where the chunk starts and ends on a multiple of 4.
 // Where w16 is set, the new values rounded to BF16 are written there too (the arena's BF16 copy).
 __global__ void adamw_kernel(float* w, cuda::bf16* w16, const float* g, float* m, float* v, const Segment* segments,
-                             const Chunk* chunks, AdamHyper h) {
+                             const Chunk* chunks, AdamHyper h, const UpdateControl* control) {
+  if (!take_decision(control, h)) return;
   const Chunk c = chunks[blockIdx.x];
   const Segment s = segments[c.segment];
   const int64_t begin = s.offset + c.index * kChunk, end = s.offset + min(s.size, (c.index + 1) * kChunk);
@@ -110,8 +121,9 @@ __global__ void adamw_kernel(float* w, cuda::bf16* w16, const float* g, float* m
 
 // LAMB pass 1: moments, and per block the sums of w^2 and u^2 (u the Adam update plus decay).
 __global__ void lamb_moments(float* w, const float* g, float* m, float* v, const Segment* segments, AdamHyper h,
-                             double* partial_w, double* partial_u) {
+                             double* partial_w, double* partial_u, const UpdateControl* control) {
   __shared__ double shared[32];
+  if (!take_decision(control, h)) return;
   const Segment s = segments[blockIdx.y];
   const int64_t end = min(s.size, (int64_t(blockIdx.x) + 1) * kChunk);
   if (s.log_space) return log_space_block(w, g, m, v, s, h, blockIdx.x);  // no trust ratio; lamb_apply skips it
@@ -136,7 +148,8 @@ __global__ void lamb_moments(float* w, const float* g, float* m, float* v, const
 
 // LAMB pass 2: the trust ratio |w| / |u| of each parameter (partials summed in order), then the update.
 __global__ void lamb_apply(float* w, const float* m, const float* v, const Segment* segments, AdamHyper h,
-                           const double* partial_w, const double* partial_u) {
+                           const double* partial_w, const double* partial_u, const UpdateControl* control) {
+  if (!take_decision(control, h)) return;
   const Segment s = segments[blockIdx.y];
   if (s.log_space) return;  // done in lamb_moments
   double w2 = 0, u2 = 0;
@@ -165,40 +178,75 @@ __global__ void sum_squares_partial(double* partial, const float* g, int64_t n) 
   acc = cuda::block_sum(acc, shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
-__global__ void sum_partials(double* out, const double* partial, int n) {
+// The decision on a queued update, from the gradients' sum of squares: as TrainingStep decides on the host
+// (clip_factor, Optimizer::step's bias corrections), one thread.
+__device__ void decide_update(UpdateControl* c, double sum_of_squares, UpdateRule rule) {
+  const double norm = sqrt(sum_of_squares);
+  const bool finite = isfinite(norm);
+  c->apply = c->nonfinite == 0 && finite;
+  c->nonfinite = 0;
+  c->grad_scale = (rule.max_norm > 0 && finite && norm > rule.max_norm) ? float(rule.max_norm / norm) : 1.0f;
+  if (!c->apply) return;
+  const double t = double(++c->steps);
+  c->bias_correction1 = float(1.0 / (1.0 - pow(rule.beta1, t)));
+  c->bias_correction2 = float(1.0 / (1.0 - pow(rule.beta2, t)));
+}
+
+__global__ void sum_partials(double* out, const double* partial, int n, UpdateControl* decide, UpdateRule rule) {
   __shared__ double shared[32];
   double acc = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
   acc = cuda::block_sum(acc, shared);
-  if (threadIdx.x == 0) out[0] = acc;
+  if (threadIdx.x != 0) return;
+  out[0] = acc;
+  if (decide) decide_update(decide, acc, rule);
+}
+
+struct Flagged {
+  const float* values[kMaxFlagged];
+};
+__global__ void flag_nonfinite_kernel(Flagged f, int n, UpdateControl* control) {
+  for (int i = 0; i < n; ++i)
+    if (!isfinite(*f.values[i])) control->nonfinite = 1;
 }
 }  // namespace
 
-void adamw_step(const Device& device, float* w, void* w16, const float* g, float* m, float* v,
-                const Segment* segments, const Chunk* chunks, int n_chunks, AdamHyper h) {
-  adamw_kernel<<<unsigned(n_chunks), kThreads, 0, cuda::stream(device)>>>(w, static_cast<cuda::bf16*>(w16), g, m, v,
-                                                                        segments, chunks, h);
+void flag_nonfinite(const Device& device, const float* const* values, int n, UpdateControl* control) {
+  BERT_CHECK(n >= 0 && n <= kMaxFlagged, "flag_nonfinite takes up to 4 values");
+  if (n == 0) return;
+  Flagged f{};
+  for (int i = 0; i < n; ++i) f.values[i] = values[i];
+  flag_nonfinite_kernel<<<1, 1, 0, cuda::stream(device)>>>(f, n, control);
   BERT_CUDA_LAUNCHED();
 }
+
+void adamw_step(const Device& device, float* w, void* w16, const float* g, float* m, float* v, const Segment* segments,
+                const Chunk* chunks, int n_chunks, AdamHyper h, const UpdateControl* control) {
+  adamw_kernel<<<unsigned(n_chunks), kThreads, 0, cuda::stream(device)>>>(w, static_cast<cuda::bf16*>(w16), g, m, v,
+                                                                          segments, chunks, h, control);
+  BERT_CUDA_LAUNCHED();
+}
+
+int64_t lamb_partials(int n_segments, int64_t largest) { return 2 * int64_t(chunks_for(largest)) * n_segments; }
 
 void lamb_step(const Device& device, float* w, const float* g, float* m, float* v, const Segment* segments,
-               int n_segments, int64_t largest, AdamHyper h) {
+               int n_segments, int64_t largest, AdamHyper h, double* partials, const UpdateControl* control) {
   const dim3 grid(chunks_for(largest), unsigned(n_segments));
-  DeviceBuffer partials(device, 2 * sizeof(double) * grid.x * grid.y);
-  double* partial_w = partials.as<double>();
+  double* partial_w = partials;
   double* partial_u = partial_w + grid.x * grid.y;
-  lamb_moments<<<grid, kThreads, 0, cuda::stream(device)>>>(w, g, m, v, segments, h, partial_w, partial_u);
+  lamb_moments<<<grid, kThreads, 0, cuda::stream(device)>>>(w, g, m, v, segments, h, partial_w, partial_u, control);
   BERT_CUDA_LAUNCHED();
-  lamb_apply<<<grid, kThreads, 0, cuda::stream(device)>>>(w, m, v, segments, h, partial_w, partial_u);
+  lamb_apply<<<grid, kThreads, 0, cuda::stream(device)>>>(w, m, v, segments, h, partial_w, partial_u, control);
   BERT_CUDA_LAUNCHED();
 }
 
-const double* queue_sum_of_squares(const Device& device, const float* g, int64_t n) {
+const double* queue_sum_of_squares(const Device& device, const float* g, int64_t n, UpdateControl* decide,
+                                   UpdateRule rule) {
   const CudaContext& c = cuda::context(device);
   static_assert(kNormBlocks + 1 <= CudaContext::kReduceScratch);
   sum_squares_partial<<<kNormBlocks, kThreads, 0, c.stream>>>(c.reduce_scratch, g, n);
   BERT_CUDA_LAUNCHED();
-  sum_partials<<<1, 1024, 0, c.stream>>>(c.reduce_scratch + kNormBlocks, c.reduce_scratch, kNormBlocks);
+  sum_partials<<<1, 1024, 0, c.stream>>>(c.reduce_scratch + kNormBlocks, c.reduce_scratch, kNormBlocks, decide, rule);
   BERT_CUDA_LAUNCHED();
   return c.reduce_scratch + kNormBlocks;
 }

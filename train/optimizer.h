@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,16 @@ class Optimizer {
   //  AdamW (Loshchilov & Hutter, as torch.optim.AdamW): w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
   //  LAMB (You et al.): u = m_hat / (sqrt(v_hat) + eps) + wd * w;  w -= lr * (|w| / |u|) * u, per tensor
   void step(double lr, double grad_scale = 1.0);
+  // The same queued on the arena's GPU with the decision left to the device, so the host need not wait for
+  // the step's losses and norm: the update is skipped where a value flagged by flag_nonfinite() or the
+  // gradients' norm is NaN or infinite, else made with the gradients scaled by clip_factor(norm, max_norm),
+  // exactly as step(lr, clip_factor(...)) (the device counts the steps). Queues the gradients' sum of
+  // squares (gradient_sum_of_squares) and returns where it will be once `later` has waited. Once the host
+  // knows the decision, it tells queued_step_taken() whether the update was made (steps() counts it then).
+  const double* queue_step(double lr, double max_norm, Readback& later);
+  // Queues a check of up to 4 device scalars (a step's losses) for queue_step's decision.
+  void flag_nonfinite(std::span<const float* const> device_values);
+  void queued_step_taken(bool updated) { steps_ += updated ? 1 : 0; }
   // Parameter `id` learns at lr * multiplier (e.g. quantizer scales at their own rate). Default 1.
   void set_lr_multiplier(ParamId id, double multiplier) {
     lr_multiplier_.at(id) = multiplier;
@@ -78,7 +89,10 @@ class Optimizer {
   // Moments, for checkpoints: flat buffers in the arena's layout.
   TensorView<float> first_moment() { return TensorView<float>(m_.data(), Shape{static_cast<int64_t>(m_.size())}); }
   TensorView<float> second_moment() { return TensorView<float>(v_.data(), Shape{static_cast<int64_t>(v_.size())}); }
-  void set_steps(int64_t steps) { steps_ = steps; }
+  void set_steps(int64_t steps) {
+    steps_ = steps;
+    device_steps_stale_ = true;
+  }
   // The host moments as a checkpoint reads and writes them (after a load, set_steps(moments.steps)).
   store::OptimizerMoments checkpoint_moments();
   // The device moments to and from the host copies above (no-ops on the CPU).
@@ -94,10 +108,15 @@ class Optimizer {
   std::vector<bool> log_space_;
   AlignedVector<float> m_, v_;
   DeviceBuffer device_m_, device_v_, device_segments_, device_chunks_;  // on the arena's GPU
+  DeviceBuffer device_lamb_partials_;                                   // LAMB's per-block norms
+  DeviceBuffer device_control_;     // queue_step's decision (cuda_impl::UpdateControl)
+  bool device_steps_stale_ = true;  // the decision's step count differs from steps_
   int chunk_count_ = 0;
   bool segments_dirty_ = true;
   int64_t largest_ = 0;
-  void step_on_device(double lr, float c1, float c2, float grad_scale);
+  void prepare_device();
+  // control: the device's decision (queue_step), or nullptr (c1, c2, grad_scale as given).
+  void step_on_device(double lr, float c1, float c2, float grad_scale, const void* control = nullptr);
   int64_t steps_ = 0;
 };
 

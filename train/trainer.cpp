@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include "kernels/gemm.h"
 #include "ops/ops.h"
@@ -279,15 +281,13 @@ TrainResult TrainingRun::run_steps() {
   const int64_t first_step = state_.step + 1;
   int64_t consecutive_skips = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (state_.step = first_step; state_.step <= o_.steps; ++state_.step) {
-    const auto step_start = std::chrono::steady_clock::now();
-    const double lr = learning_rate(state_.step, o_.steps, warmup_, o_.learning_rate, o_.schedule);
-    TrainingStep::Outcome outcome;
-    try {
-      outcome = training_step.run(g, batch, next_batch, lr, window, state_.step == first_step && lead_);
-    } catch (const OutOfDeviceMemory& e) {
-      throw OutOfDeviceMemory(out_of_memory(e.what(), batch.seq_len));
-    }
+  auto last_taken = start;
+  bool stop_seen = false;
+  // Takes the outcome of the oldest queued step, `step`: the loss, a skip or a stop, then what is due after
+  // it (progress, evaluation, checkpoint); true when the run stops there.
+  const auto take = [&](int64_t step, double lr) {
+    state_.step = step;
+    const TrainingStep::Outcome outcome = training_step.finish(window);
     if (outcome.updated) {
       consecutive_skips = 0;
       result.losses.push_back(outcome.loss);
@@ -295,8 +295,39 @@ TrainResult TrainingRun::run_steps() {
       skip_or_stop(outcome.nonfinite, consecutive_skips);
       ++result.skipped_steps;
     }
-    window.add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-    if (after_step(first_step, lr, outcome.stop_requested, start, window, result)) break;
+    const auto now = std::chrono::steady_clock::now();
+    window.add_time(std::chrono::duration<double>(now - last_taken).count());
+    last_taken = now;
+    stop_seen = stop_seen || outcome.stop_requested;
+    // (A stop seen while the next step is queued stops after that one.)
+    return after_step(first_step, lr, stop_seen && training_step.queued() == 0, start, window, result);
+  };
+  // On a GPU (one rank) step n + 1 is queued before step n is taken, so the GPU never waits for the host
+  // between steps; a step after which something is due (progress line, evaluation, checkpoint, the end) is
+  // taken before the next one is queued, so what is saved or evaluated is that step's model.
+  const auto due_after = [&](int64_t step) {
+    return step == o_.steps || step % o_.log_every == 0 || (o_.eval_every > 0 && step % o_.eval_every == 0) ||
+           (o_.save_every > 0 && step % o_.save_every == 0) || (o_.stop_at_step > 0 && step == o_.stop_at_step);
+  };
+  std::optional<std::pair<int64_t, double>> held;  // the step queued and not taken yet, and its learning rate
+  for (int64_t step = first_step; step <= o_.steps; ++step) {
+    const double lr = learning_rate(step, o_.steps, warmup_, o_.learning_rate, o_.schedule);
+    state_.step = step;  // (what an out-of-memory message names)
+    try {
+      training_step.queue(g, batch, next_batch, lr, window, step == first_step && lead_);
+    } catch (const OutOfDeviceMemory& e) {
+      throw OutOfDeviceMemory(out_of_memory(e.what(), batch.seq_len));
+    }
+    if (held) {
+      const auto [held_step, held_lr] = *held;
+      held.reset();
+      if (take(held_step, held_lr)) break;
+    }
+    if (!training_step.pipelined() || due_after(step) || stop_seen) {
+      if (take(step, lr)) break;
+    } else {
+      held = {step, lr};
+    }
   }
   state_.step = result.steps_done = std::min(state_.step, o_.steps);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -72,9 +73,9 @@ std::vector<int32_t> host_row_argmax(const void* values, DType dtype, int64_t ro
 
 }  // namespace
 
-TrainingStep::MicroBatchReads TrainingStep::queue_reads(const Graph<float>& g, const model::ModelOutputs& out,
-                                                        Var objective, Var logged, const BatchView& b) {
-  Readback& rb = *reads_;
+TrainingStep::MicroBatchReads TrainingStep::queue_reads(Readback& rb, const Graph<float>& g,
+                                                        const model::ModelOutputs& out, Var objective, Var logged,
+                                                        const BatchView& b) {
   MicroBatchReads r;
   auto scalar = [&](Var v) { return rb.read<float>(g.data(v), 1); };  // losses are F32 nodes
   r.logged = scalar(logged);
@@ -124,20 +125,96 @@ void TrainingStep::take_reads(const MicroBatchReads& r, Outcome& outcome, Progre
   }
 }
 
+bool TrainingStep::pipelined() const {
+  return p_.model.parameters().on_cuda() && !p_.reduction && p_.ranks.size() == 1;
+}
+
 TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch,
                                         double lr, ProgressWindow& window, bool log_buckets) {
+  BERT_CHECK(queued_.empty(), "TrainingStep::run with steps queued: finish() them first");
+  queue(g, batch, next_batch, lr, window, log_buckets);
+  return finish(window);
+}
+
+void TrainingStep::queue(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch, double lr,
+                         ProgressWindow& window, bool log_buckets) {
+  BERT_CHECK(queued_.size() < 2, "TrainingStep::queue: two steps are queued already");
+  Queued& q = queued_.emplace_back();
+  if (spare_reads_.empty()) {
+    q.reads = std::make_unique<Readback>(g.device());
+  } else {
+    q.reads = std::move(spare_reads_.back());
+    spare_reads_.pop_back();
+  }
+  if (!pipelined()) {
+    q.outcome = run_synchronous(q, g, batch, next_batch, lr, window, log_buckets);
+    q.finished = true;
+    return;
+  }
+  model::Bert& model = p_.model;
+  ParameterArena<float>& params = model.parameters();
+  params.zero_grad();
+  for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
+    next_batch(batch);
+    const BatchView b = batch.view();
+    const model::ModelOutputs out = model.forward(
+        g, b, /*training=*/true, p_.dropout_rng,
+        p_.teacher ? model::MlmOutputs::kLogitsAndPredictionsOnDevice : model::MlmOutputs::kLossAndPredictionsOnDevice);
+    const auto [objective, logged] = objective_of(g, out, p_.teacher, b, o_, 1.0);
+    q.pending.push_back(queue_reads(*q.reads, g, out, objective, logged, b));
+    // The GPU skips the update where a loss is not finite, as the host would.
+    const std::array<const float*, 2> losses = {static_cast<const float*>(g.data(logged)),
+                                                static_cast<const float*>(g.data(objective))};  // F32 scalars
+    p_.optimizer.flag_nonfinite(std::span<const float* const>(losses.data(), objective.index == logged.index ? 1 : 2));
+    g.backward(o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation));
+  }
+  q.sum_of_squares = p_.optimizer.queue_step(lr, o_.clip_norm, *q.reads);
+}
+
+TrainingStep::Outcome TrainingStep::finish(ProgressWindow& window) {
+  BERT_CHECK(!queued_.empty(), "TrainingStep::finish: no step is queued");
+  Queued q = std::move(queued_.front());
+  queued_.pop_front();
   Outcome r;
-  if (!reads_) reads_ = std::make_unique<Readback>(g.device());
-  Readback& rb = *reads_;
-  pending_.clear();
+  if (q.finished) {
+    r = q.outcome;
+  } else {
+    q.reads->wait();
+    for (const MicroBatchReads& m : q.pending) take_reads(m, r, window);
+    r.stop_requested = p_.stop && p_.stop->load();
+    r.grad_norm = std::sqrt(*q.sum_of_squares);
+    // As the GPU decided (cuda_impl::UpdateControl): no update after a non-finite loss or norm.
+    if (r.nonfinite.empty() && !std::isfinite(r.grad_norm)) r.nonfinite = nonfinite_norm(r.grad_norm);
+    r.updated = r.nonfinite.empty();
+    if (!r.updated) r.grad_norm = 0;
+    p_.optimizer.queued_step_taken(r.updated);
+    if (r.updated) window.add_step(r.grad_norm);
+  }
+  q.reads->clear();
+  spare_reads_.push_back(std::move(q.reads));
+  return r;
+}
+
+std::string TrainingStep::nonfinite_norm(double norm) {
+  ParameterArena<float>& params = p_.model.parameters();
+  params.download_grads();
+  return "gradient norm is " + std::to_string(norm) + ", first non-finite gradient: " + first_nonfinite(params, true);
+}
+
+TrainingStep::Outcome TrainingStep::run_synchronous(Queued& q, Graph<float>& g, Batch& batch,
+                                                    const std::function<void(Batch&)>& next_batch, double lr,
+                                                    ProgressWindow& window, bool log_buckets) {
+  Outcome r;
+  Readback& rb = *q.reads;
+  std::vector<MicroBatchReads>& pending = q.pending;
   model::Bert& model = p_.model;
   ParameterArena<float>& params = model.parameters();
   const model::BertConfig& config = model.config();
   // Reads what the wait has brought back: the loss and metrics of each micro-batch queued so far.
   auto take_pending = [&] {
     rb.wait();
-    for (const MicroBatchReads& m : pending_) take_reads(m, r, window);
-    pending_.clear();
+    for (const MicroBatchReads& m : pending) take_reads(m, r, window);
+    pending.clear();
   };
   params.zero_grad();
   for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
@@ -150,7 +227,7 @@ TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std
         p_.teacher ? model::MlmOutputs::kLogitsAndPredictionsOnDevice : model::MlmOutputs::kLossAndPredictionsOnDevice);
     const auto [objective, logged] =
         objective_of(g, out, p_.teacher, b, o_, prediction_share(p_.ranks, out, config.head));
-    pending_.push_back(queue_reads(g, out, objective, logged, b));
+    pending.push_back(queue_reads(rb, g, out, objective, logged, b));
     const Var scaled = o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation);
     if (!p_.reduction || micro + 1 < o_.accumulation) {
       g.backward(scaled);
@@ -179,15 +256,12 @@ TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std
   take_pending();
   if (!p_.reduction) r.stop_requested = p_.stop && p_.stop->load();
   r.grad_norm = std::sqrt(*sum_of_squares);
-  rb.clear();
   if (!r.nonfinite.empty()) {
     r.grad_norm = 0;
     return r;
   }
   if (!std::isfinite(r.grad_norm)) {
-    params.download_grads();
-    r.nonfinite = "gradient norm is " + std::to_string(r.grad_norm) +
-                  ", first non-finite gradient: " + first_nonfinite(params, true);
+    r.nonfinite = nonfinite_norm(r.grad_norm);
     return r;
   }
   p_.optimizer.step(lr, clip_factor(r.grad_norm, o_.clip_norm));  // scales are kept positive by their minimum

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -50,10 +51,25 @@ class TrainingStep {
   // update at learning rate lr. A non-finite step leaves the weights and moments as they were (and the
   // gradients as the passes made them, for the caller's message). Every micro-batch runs even after a
   // non-finite loss, so each rank does the same work. `log_buckets`: log the gradient buckets (first step).
-  // On a GPU the host waits for the device once a step (one rank): the losses and predictions are read
-  // back after the backward pass and the gradient norm have been queued, then the update is queued.
+  // On several GPU ranks the host waits for the device once a step: the losses and predictions are read
+  // back after the backward pass and the gradient norm have been queued, then the update is queued. On
+  // one GPU the update is queued with the rest (see queue()), and run() waits for the step's end.
   Outcome run(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch, double lr,
               ProgressWindow& window, bool log_buckets = false);
+
+  // run() in two halves, so that the next step can be queued before this one's outcome is known. Where
+  // pipelined() (one rank on a GPU), queue() queues the whole step, the update included, with the decision
+  // to update or skip it and the clipping left to the GPU (Optimizer::queue_step): the host never waits
+  // inside a step, and while the GPU runs step n the host queues step n + 1, then finish()es step n (its
+  // losses, metrics and norm; the window gets them then). At most two steps are queued at once. Elsewhere
+  // queue() runs the step as run() does and finish() returns its outcome. A non-finite step is skipped on
+  // the GPU as run() skips it; when its message is made the next step may have run already, and the
+  // weights or gradients it names are then that step's.
+  bool pipelined() const;
+  void queue(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch, double lr,
+             ProgressWindow& window, bool log_buckets = false);
+  Outcome finish(ProgressWindow& window);  // the oldest queued step's
+  std::size_t queued() const { return queued_.size(); }
 
  private:
   // What one micro-batch's forward pass queued for reading back, and what the host kept of its batch.
@@ -68,15 +84,29 @@ class TrainingStep {
     std::vector<int32_t> mlm_targets, task_targets;
     std::vector<int8_t> nsp_labels;
   };
-  MicroBatchReads queue_reads(const Graph<float>& g, const model::ModelOutputs& out, Var objective, Var logged,
-                              const BatchView& b);
+  MicroBatchReads queue_reads(Readback& rb, const Graph<float>& g, const model::ModelOutputs& out, Var objective,
+                              Var logged, const BatchView& b);
   // After the wait: adds a micro-batch's loss and metrics, or notes what went non-finite.
   void take_reads(const MicroBatchReads& r, Outcome& outcome, ProgressWindow& window);
 
+  // A queued step: its reads, or (not pipelined) its outcome already known.
+  struct Queued {
+    std::unique_ptr<Readback> reads;
+    std::vector<MicroBatchReads> pending;
+    const double* sum_of_squares = nullptr;  // pipelined: the gradients' sum of squares, read back
+    bool finished = false;
+    Outcome outcome;
+  };
+  // The whole step with the host deciding on the update (one wait a step): run()'s path where not pipelined.
+  Outcome run_synchronous(Queued& q, Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch,
+                          double lr, ProgressWindow& window, bool log_buckets);
+  // What a non-finite gradient norm says: the first parameter with a non-finite gradient.
+  std::string nonfinite_norm(double norm);
+
   const TrainOptions& o_;
   Parts p_;
-  std::unique_ptr<Readback> reads_;  // on the graph's device, made at the first step
-  std::vector<MicroBatchReads> pending_;
+  std::deque<Queued> queued_;
+  std::vector<std::unique_ptr<Readback>> spare_reads_;  // on the graph's device, reused
 };
 
 }  // namespace bert::train

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "core/device.h"
+#include "core/readback.h"
 #include "data/corpus.h"
 #include "data/examples.h"
 #include "data/task_data.h"
@@ -179,6 +181,88 @@ TEST(Optimizer, KeepsTheArenasBf16CopyOnABf16Gpu) {
     EXPECT_EQ(arena.get(0).device_bf16, nullptr);
     EXPECT_EQ(product(), from_copy);
   }
+}
+
+// An update queued with the decision left to the GPU (Optimizer::queue_step, what a pipelined training step
+// queues) is bit for bit the update the host decides on (step(lr, clip_factor(norm, max))): clipped and
+// unclipped, skipped after a flagged non-finite loss or a non-finite gradient (weights, moments and step
+// count left as they were), and counting from a step count set as a checkpoint sets it; AdamW (with its
+// BF16 copy) and LAMB, a log-space parameter among them.
+TEST(Optimizer, AQueuedUpdateIsTheUpdateTheHostDecidesOn) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  for (const std::string name : {"adamw", "lamb"})
+    for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+      if (name == "lamb" && precision == Precision::kBf16) continue;  // LAMB keeps no BF16 copy
+      SCOPED_TRACE(name + (precision == Precision::kBf16 ? " bf16" : " fp32"));
+      const std::unique_ptr<Device> gpu = Device::cuda(0, precision);
+      struct Side {
+        ParameterArena<float> arena;
+        std::unique_ptr<Optimizer> opt;
+      };
+      Side host, queued;
+      for (Side* side : {&host, &queued}) {
+        side->arena.add("dense.weight", {3, 5});
+        side->arena.add("dense.bias", {3});
+        side->arena.add("embeddings.weight", {40, 350});
+        side->arena.add("scale", {2});
+        side->arena.allocate();
+        Rng rng(31);
+        for (float& x : side->arena.values()) x = static_cast<float>(std::abs(rng.next_normal()) + 0.1);
+        side->arena.place_on(*gpu);
+        OptimizerOptions options;
+        options.kind = parse_optimizer(name);
+        side->opt = std::make_unique<Optimizer>(options, side->arena, std::vector<bool>{true, false, true, false});
+        side->opt->set_log_space(3);
+      }
+      DeviceBuffer loss(*gpu, sizeof(float));
+      const float* loss_on_device = loss.as<float>();
+      Readback reads(*gpu);
+      Rng rng(32);
+      const double max_norm = 20.0;
+      // Each step: gradients (scaled by `size`, one made infinite where asked), a loss, then both updates.
+      auto step = [&](double size, bool infinite_gradient, float loss_value, int64_t set_steps_to) {
+        std::vector<float> g(static_cast<size_t>(host.arena.grads().numel()));
+        for (float& x : g) x = static_cast<float>(size * rng.next_normal());
+        if (infinite_gradient) g[17] = INFINITY;
+        for (Side* side : {&host, &queued}) {
+          gpu->copy_to_device(side->arena.device_grads().data(), g.data(), g.size() * sizeof(float));
+          if (set_steps_to >= 0) side->opt->set_steps(set_steps_to);
+        }
+        const double norm = gradient_norm(host.arena);
+        const bool update = std::isfinite(loss_value) && std::isfinite(norm);
+        if (update) host.opt->step(1e-2, clip_factor(norm, max_norm));
+        gpu->copy_to_device(loss.data(), &loss_value, sizeof loss_value);
+        queued.opt->flag_nonfinite(std::span<const float* const>(&loss_on_device, 1));
+        const double* sum = queued.opt->queue_step(1e-2, max_norm, reads);
+        reads.wait();
+        EXPECT_EQ(std::sqrt(*sum), norm);
+        reads.clear();
+        queued.opt->queued_step_taken(update);
+        EXPECT_EQ(queued.opt->steps(), host.opt->steps());
+        for (Side* side : {&host, &queued}) side->arena.download_values();
+        EXPECT_EQ(std::vector<float>(queued.arena.values().begin(), queued.arena.values().end()),
+                  std::vector<float>(host.arena.values().begin(), host.arena.values().end()));
+        if (precision == Precision::kBf16) {
+          EXPECT_TRUE(queued.arena.bf16_copy_current());
+        }
+      };
+      step(10.0, false, 1.0f, -1);      // norm about 10 x sqrt(14,020): clipped
+      step(10.0, false, NAN, -1);       // a non-finite loss: skipped
+      step(0.01, true, 2.0f, -1);       // an infinite gradient: skipped
+      step(0.01, false, 2.0f, -1);      // norm about 1.2: not clipped
+      step(0.01, false, INFINITY, -1);  // skipped
+      step(0.01, false, 3.0f, 40);      // from step 40 on (a checkpoint's count)
+      step(10.0, false, 3.0f, -1);
+      EXPECT_EQ(host.opt->steps(), 42);  // steps 1, 4, then 41 and 42 from the count set to 40
+      queued.opt->download_moments();
+      host.opt->download_moments();
+      const TensorView<float> m = queued.opt->first_moment(), v = queued.opt->second_moment();
+      EXPECT_EQ(std::vector<float>(m.begin(), m.end()),
+                std::vector<float>(host.opt->first_moment().begin(), host.opt->first_moment().end()));
+      EXPECT_EQ(std::vector<float>(v.begin(), v.end()),
+                std::vector<float>(host.opt->second_moment().begin(), host.opt->second_moment().end()));
+    }
 }
 
 // A log-space parameter (quantizer scales): Adam on log w, applied as a factor, for AdamW and LAMB.
@@ -725,6 +809,22 @@ TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices)
   const TrainResult uninterrupted = train(full);
   std::vector<double> part2;
   EXPECT_EQ(stopped_and_resumed(full, out.file("gpu_resumed"), &part2), uninterrupted.losses);
+  // A stop asked for (Ctrl-C) while step 2 is queued behind step 1 (one GPU runs a step ahead) stops after
+  // step 2 with step 2's checkpoint, and the resumed run continues exactly.
+  {
+    const std::atomic<bool> stop{true};
+    TrainOptions first = full;
+    first.output_dir = out.file("gpu_ctrl_c");
+    const TrainResult stopped = train(first, &stop);
+    EXPECT_TRUE(stopped.stopped_early);
+    EXPECT_EQ(stopped.steps_done, 2);
+    TrainOptions second = first;
+    second.resume = true;
+    std::vector<double> joined = stopped.losses;
+    const TrainResult rest = train(second);
+    joined.insert(joined.end(), rest.losses.begin(), rest.losses.end());
+    EXPECT_EQ(joined, uninterrupted.losses);
+  }
 
   // A GPU checkpoint resumes on the CPU (and the CPU continues as the GPU did, within rounding).
   TrainOptions gpu_part1 = full;
