@@ -100,6 +100,14 @@ class Graph {
   U* scratch(std::size_t n) {
     return workspace_.allocate<U>(n);
   }
+  // Uninitialised host memory valid until the graph is cleared, from the bump allocator of the backward
+  // closures' captures: once a step's graph has been built, building it again allocates nothing (for
+  // what an op works out on the host before uploading it).
+  template <typename U>
+  U* host_scratch(std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<U> && alignof(U) <= Workspace::kAlignment);
+    return static_cast<U*>(closure_memory_.allocate_bytes(n * sizeof(U)));
+  }
   // Copies n host values into this device's scratch memory and returns the device pointer.
   template <typename U>
   U* upload(const U* host, std::size_t n) {

@@ -3,9 +3,7 @@
 // ids (padding, [CLS]) give the same gradient on every run.
 #include <algorithm>
 #include <cstddef>
-
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
+#include <span>
 
 #include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda_impl.h"
@@ -90,47 +88,47 @@ __global__ void gather_forward(Y* y, const X* table, const int32_t* ids, int64_t
 
 // The positions of one id are summed in chunks of at most kGatherChunk (in parallel), then the chunks
 // of each id in order: a fixed order whatever the id frequencies, and no long serial loop for a
-// frequent id (padding, segment ids). The grouping is made on the GPU from the ids the forward uploaded
-// (no host work, no copy back): the positions sorted by id (a stable radix sort: an id's positions stay
-// in order), then each run of one id cut into chunks. Its sizes stay on the GPU (counts[0] runs,
-// counts[1] chunks); the passes are launched for their upper bounds and read the counts.
+// frequent id (padding, segment ids). The grouping is made on the host, where the ids are, as the forward
+// uploads them (one upload, no kernels: a sort and two scans on the GPU took eight launches a gather):
+// the positions sorted by id (a stable counting sort: an id's positions stay in order), then each run of
+// one id cut into chunks.
 constexpr int64_t kGatherChunk = 64;
 
-__global__ void gather_positions(int32_t* positions, int64_t n) { BERT_GRID_STRIDE(i, n) positions[i] = int32_t(i); }
-
-// heads[i] = i where a run of equal ids starts in the sorted ids, else 0: their running maximum is the
-// start of each position's run.
-__global__ void gather_run_heads(int32_t* heads, const int32_t* sorted, int64_t n) {
-  BERT_GRID_STRIDE(i, n) heads[i] = (i == 0 || sorted[i] != sorted[i - 1]) ? int32_t(i) : 0;
-}
-struct Larger {
-  __host__ __device__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
+// The layout, in one array of host scratch memory: order (n: the positions sorted by id), chunk_begin
+// (chunks + 1: chunk k's first sorted position, n after the last chunk), unique (runs: run u's id),
+// first_chunk (runs + 1: its first chunk, the chunk count after the last run), counts (2: runs, chunks).
+// O(n + rows): a count per row, then each row's chunks, then the positions placed in order.
+struct GatherLayout {
+  const int32_t* data = nullptr;
+  int64_t size = 0, runs = 0, chunks = 0;
+  int64_t chunk_begin = 0, unique = 0, first_chunk = 0, counts = 0;  // offsets into data
 };
-
-// Whether sorted position i starts a run (bit 32) and a chunk (bit 0): one exclusive sum numbers both.
-__global__ void gather_chunk_marks(int64_t* marks, const int32_t* run_begin, int64_t n) {
-  BERT_GRID_STRIDE(i, n) {
-    const int64_t offset = i - run_begin[i];
-    marks[i] = (int64_t{offset == 0} << 32) | int64_t{offset % kGatherChunk == 0};
+GatherLayout gather_layout(Graph<float>& g, std::span<const int32_t> ids, int64_t rows) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  int32_t* begin = g.host_scratch<int32_t>(static_cast<size_t>(rows) + 1);  // counts, then each id's next slot
+  std::fill(begin, begin + rows + 1, 0);
+  for (int32_t id : ids) ++begin[id + 1];
+  GatherLayout l;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t count = begin[r + 1];
+    l.runs += count > 0;
+    l.chunks += (count + kGatherChunk - 1) / kGatherChunk;
+    begin[r + 1] += begin[r];
   }
-}
-
-// From the numbering: chunk_begin[k] (chunk k's first sorted position; n after the last chunk), unique[u]
-// (run u's id), first_chunk[u] (its first chunk; the chunk count after the last run), counts.
-__global__ void gather_chunk_layout(int32_t* chunk_begin, int32_t* unique, int32_t* first_chunk, int32_t* counts,
-                                    const int64_t* numbers, const int64_t* marks, const int32_t* sorted, int64_t n) {
-  BERT_GRID_STRIDE(i, n) {
-    const int32_t u = int32_t(numbers[i] >> 32), k = int32_t(numbers[i] & 0xffffffff);
-    const bool run = (marks[i] >> 32) != 0, chunk = (marks[i] & 1) != 0;
-    if (chunk) chunk_begin[k] = int32_t(i);
-    if (run) unique[u] = sorted[i], first_chunk[u] = k;
-    if (i == n - 1) {
-      const int32_t runs = u + int32_t(run), chunks = k + int32_t(chunk);
-      chunk_begin[chunks] = int32_t(n);
-      first_chunk[runs] = chunks;
-      counts[0] = runs, counts[1] = chunks;
-    }
+  l.chunk_begin = n, l.unique = n + l.chunks + 1, l.first_chunk = l.unique + l.runs;
+  l.counts = l.first_chunk + l.runs + 1, l.size = l.counts + 2;
+  int32_t* d = g.host_scratch<int32_t>(static_cast<size_t>(l.size));
+  int32_t *chunk_begin = d + l.chunk_begin, *unique = d + l.unique, *first_chunk = d + l.first_chunk;
+  for (int64_t r = 0, u = 0, k = 0; r < rows; ++r) {
+    if (begin[r + 1] == begin[r]) continue;
+    unique[u] = static_cast<int32_t>(r), first_chunk[u++] = static_cast<int32_t>(k);
+    for (int32_t at = begin[r]; at < begin[r + 1]; at += kGatherChunk) chunk_begin[k++] = at;
   }
+  chunk_begin[l.chunks] = static_cast<int32_t>(n), first_chunk[l.runs] = static_cast<int32_t>(l.chunks);
+  d[l.counts] = static_cast<int32_t>(l.runs), d[l.counts + 1] = static_cast<int32_t>(l.chunks);
+  for (int64_t i = 0; i < n; ++i) d[begin[ids[i]]++] = static_cast<int32_t>(i);  // in order within an id
+  l.data = d;
+  return l;
 }
 
 // Pass 1: partial[k] (a row of cols) = sum of dy's rows order[chunk_begin[k] .. chunk_begin[k + 1]).
@@ -290,45 +288,22 @@ Var gather_rows(Graph<float>& g, Var table, std::span<const int32_t> ids, Shape 
       BERT_LAUNCH(kernel, packed ? total / 4 : total, g, out, from, device_ids, n, cols);
     });
   });
-  if (!g.requires_grad(y)) return y;
+  if (!g.requires_grad(y) || n == 0) return y;
+  const GatherLayout layout = gather_layout(g, ids, rows);
+  const int32_t* l = g.upload(layout.data, static_cast<size_t>(layout.size));
+  const int32_t *order = l, *chunk_begin = l + layout.chunk_begin, *unique = l + layout.unique;
+  const int32_t *first_chunk = l + layout.first_chunk, *counts = l + layout.counts;
+  const int64_t runs = layout.runs, chunks = layout.chunks;
   g.on_backward(y, [=](Graph<float>& g) {
-    if (n == 0) return;
-    const int count = static_cast<int>(n);
-    cudaStream_t stream = cuda::stream(g);
-    int bits = 1;  // the ids' significant bits: the radix sort's passes
-    while (bits < 31 && (int64_t{1} << bits) < rows) ++bits;
-    int32_t *positions = g.scratch<int32_t>(n), *sorted = g.scratch<int32_t>(n), *order = g.scratch<int32_t>(n);
-    int32_t *heads = g.scratch<int32_t>(n), *run_begin = g.scratch<int32_t>(n);
-    int64_t *marks = g.scratch<int64_t>(n), *numbers = g.scratch<int64_t>(n);
-    size_t sort_bytes = 0, scan_bytes = 0, sum_bytes = 0;
-    BERT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, device_ids, sorted, positions, order, count, 0,
-                                                    bits, stream));
-    BERT_CUDA_CHECK(cub::DeviceScan::InclusiveScan(nullptr, scan_bytes, heads, run_begin, Larger{}, count, stream));
-    BERT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, sum_bytes, marks, numbers, count, stream));
-    size_t temp_bytes = std::max({sort_bytes, scan_bytes, sum_bytes});  // enough for each of the three
-    void* temp = g.scratch<std::byte>(temp_bytes);
-    BERT_LAUNCH(gather_positions, n, g, positions, n);
-    BERT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, device_ids, sorted, positions, order, count, 0,
-                                                    bits, stream));
-    BERT_LAUNCH(gather_run_heads, n, g, heads, sorted, n);
-    BERT_CUDA_CHECK(cub::DeviceScan::InclusiveScan(temp, temp_bytes, heads, run_begin, Larger{}, count, stream));
-    BERT_LAUNCH(gather_chunk_marks, n, g, marks, run_begin, n);
-    BERT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, marks, numbers, count, stream));
-    // At most n runs (and no more than the table's rows), each of at most one chunk more than its
-    // positions / kGatherChunk.
-    const int64_t max_runs = std::min(n, rows), max_chunks = std::min(n, max_runs + n / kGatherChunk);
-    int32_t *chunk_begin = g.scratch<int32_t>(max_chunks + 1), *unique = g.scratch<int32_t>(max_runs);
-    int32_t *first_chunk = g.scratch<int32_t>(max_runs + 1), *counts = g.scratch<int32_t>(2);
-    BERT_LAUNCH(gather_chunk_layout, n, g, chunk_begin, unique, first_chunk, counts, numbers, marks, sorted, n);
-    float* partial = g.scratch<float>(max_chunks * cols);
+    float* partial = g.scratch<float>(chunks * cols);
     cuda::with_element_type(out_type, [&](auto out_tag) {
       using Y = typename decltype(out_tag)::type;
-      BERT_LAUNCH(gather_backward_chunks<Y>, max_chunks * cols, g, partial, cuda::typed<Y>(g.grad_data(y)), chunk_begin,
+      BERT_LAUNCH(gather_backward_chunks<Y>, chunks * cols, g, partial, cuda::typed<Y>(g.grad_data(y)), chunk_begin,
                   order, counts, cols);
     });
     cuda::with_element_type(table_type, [&](auto table_tag) {
       using X = typename decltype(table_tag)::type;
-      BERT_LAUNCH(gather_backward_rows<X>, max_runs * cols, g, cuda::typed<X>(g.grad_data(table)), partial, unique,
+      BERT_LAUNCH(gather_backward_rows<X>, runs * cols, g, cuda::typed<X>(g.grad_data(table)), partial, unique,
                   first_chunk, counts, cols);
     });
   });

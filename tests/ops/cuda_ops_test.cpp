@@ -324,7 +324,7 @@ TEST_F(CudaOps, GatherRowsWithRepeatedIds) {
         return ops::gather_rows(g, in[0], std::span<const int32_t>(ids).first(1), Shape{});
       },
       kExact, kExact);
-  // The backward's grouping on the GPU: a padding-like id repeated 1,000 times (16 chunks of 64), two ids
+  // The backward's grouping (made on the host): a padding-like id repeated 1,000 times (16 chunks of 64), two ids
   // of 130 (3 chunks each), the rest scattered over a 3,000-row table; and a 2-row table (token types).
   std::vector<int32_t> many(1000, 0);
   for (int32_t id : {1, 2})
