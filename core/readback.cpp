@@ -49,16 +49,26 @@ const void* Readback::read_bytes(const void* on_device, std::size_t bytes) {
   cuda::copy_to_host_async(*device_.cuda_context(), to, on_device, bytes);
 #endif
   ++pending_;
+  sealed_ = false;  // (a copy after seal(): wait() records the event again)
   return to;
+}
+
+void Readback::seal() {
+  if (pending_ == 0 || sealed_) return;
+#if BERT_WITH_CUDA
+  cuda::record_event(*device_.cuda_context(), event_);
+#endif
+  sealed_ = true;
 }
 
 void Readback::wait() {
   if (pending_ == 0) return;
+  seal();
 #if BERT_WITH_CUDA
-  cuda::record_event(*device_.cuda_context(), event_);
   cuda::wait_event(event_);
 #endif
   pending_ = 0;
+  sealed_ = false;
 }
 
 void Readback::clear() {

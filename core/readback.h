@@ -29,6 +29,10 @@ class Readback {
     return static_cast<const U*>(read_bytes(on_device, n * sizeof(U)));
   }
   const void* read_bytes(const void* on_device, std::size_t bytes);
+  // Marks the end of this round's copies on the device: wait() then waits for the copies queued before
+  // this call, not for the work queued after it (a training step queued ahead of the one being read).
+  // Without it, wait() waits for everything queued until it is called.
+  void seal();
   // Waits for every copy queued since the last wait() (a no-op when none is).
   void wait();
   bool waited() const { return pending_ == 0; }
@@ -41,6 +45,7 @@ class Readback {
   void* pinned_ = nullptr;  // capacity_ bytes (host memory on the CPU)
   std::size_t capacity_ = 0, used_ = 0, needed_ = 0;
   std::size_t pending_ = 0;  // copies queued since the last wait()
+  bool sealed_ = false;      // event_ recorded after them (seal())
   void* event_ = nullptr;    // a CUDA event recorded after the copies
   // Reads beyond the capacity this round: copied at once (waiting), kept here until clear().
   std::deque<std::vector<std::byte>> overflow_;

@@ -169,6 +169,7 @@ void TrainingStep::queue(Graph<float>& g, Batch& batch, const std::function<void
     g.backward(o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation));
   }
   q.sum_of_squares = p_.optimizer.queue_step(lr, o_.clip_norm, *q.reads);
+  q.reads->seal();  // finish() waits for this step's reads, not for the step queued after it
 }
 
 TrainingStep::Outcome TrainingStep::finish(ProgressWindow& window) {
