@@ -163,7 +163,8 @@ TEST(Graph, AGradientReadAfterItsClosureRanIsRefused) {
 }
 
 // Readback: values are those at the point the read was queued (later work on the same memory does not
-// reach them), reads beyond the pinned memory still arrive, and a second round reuses the memory.
+// reach them), reads beyond the pinned memory still arrive, a second round reuses the memory, and reads
+// queued after seal() arrive too.
 TEST(Readback, GivesTheValuesAsQueuedOnTheCpuAndOnAGpu) {
   std::vector<std::unique_ptr<Device>> gpus;
   if (Device::cuda_available()) gpus.push_back(Device::cuda(0));
@@ -188,6 +189,19 @@ TEST(Readback, GivesTheValuesAsQueuedOnTheCpuAndOnAGpu) {
       reads.clear();
     }
     EXPECT_NO_THROW(reads.wait()) << "nothing queued: returns at once";
+    // Sealed (a training step's reads, with the next step queued after them), and a read after the seal:
+    // wait() brings both.
+    device->copy_to_device(buffer.data(), first.data(), n * sizeof(float));
+    const float* before = reads.read<float>(buffer.as<float>() + 9, 1);
+    reads.seal();
+    device->copy_to_device(buffer.data(), second.data(), n * sizeof(float));
+    const float* after = reads.read<float>(buffer.as<float>() + 9, 1);
+    device->copy_to_device(buffer.data(), first.data(), n * sizeof(float));
+    reads.seal();
+    reads.wait();
+    EXPECT_EQ(*before, 4.5f);
+    EXPECT_EQ(*after, -1.0f);
+    reads.clear();
   }
 }
 
