@@ -363,6 +363,7 @@ int main(int argc, char** argv) {
         if (device->is_cuda()) {
           const auto [used, total] = device->memory_use();
           std::printf("   GPU memory %.2f GiB", used / double(1 << 30));
+          // (A host a whole step ahead also waits here for room in CUDA's launch queue.)
           if (host_queue_s > 0) std::printf("   host queues a step in %.2f ms", 1e3 * host_queue_s);
         }
         std::printf("\n");
