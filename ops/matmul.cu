@@ -473,7 +473,7 @@ LinearScores linear_cross_entropy_typed(Graph<float>& g, Var x, Var weight, Var 
   const A* w_gemm = gemm_operand<A>(g, weight, out, ld, in);
   const A* bias_gemm = bias.valid() ? gemm_operand<A>(g, bias, out, ld, 1) : nullptr;
   const A* xv = cuda::typed<A>(g.data(x));
-  A* z = g.scratch<A>(std::max<int64_t>(rows * ld, 1));  // the logits, kept for the backward pass
+  A* z = g.scratch<A>(std::max<int64_t>(rows * ld, 1));  // the logits, kept for the backward pass (its dz)
   if (rows > 0)
     linear_product(g, rows, in, ld, xv, w_gemm, bias_gemm, bias.valid() ? g.value(bias).data() : nullptr, out, z, ld,
                    type);
@@ -485,8 +485,13 @@ LinearScores linear_cross_entropy_typed(Graph<float>& g, Var x, Var weight, Var 
   const Var loss = scores.loss;
   g.on_backward(loss, [=](Graph<float>& g) {
     if (rows == 0) return;
-    A* dz = g.scratch<A>(rows * ld);  // zero in the padding: the padded weight's zero rows meet it in dx
-    cross_entropy_backward(g, ce, g.dtype(x), z, ld, g.grad(loss).data(), dz, false);
+    // The gradient of the logits in place of the logits (zero in the padding: the padded weight's zero rows
+    // meet it in dx), with the bias gradient's column sums in the same pass where the layout allows.
+    A* dz = z;
+    const bool bias_summed =
+        bias.valid() && g.requires_grad(bias) &&
+        cross_entropy_backward_with_column_sums(g, ce, g.dtype(x), z, ld, g.grad(loss).data(), dz, g.grad(bias).data());
+    if (!bias_summed) cross_entropy_backward(g, ce, g.dtype(x), z, ld, g.grad(loss).data(), dz, false);
     if (g.requires_grad(x)) {  // dx (N, in) (+)= dz (N, out) W (out, in)
       const auto dx = g.raw_grad_target(x);
       gemm(g, false, false, rows, in, ld, 1.0f, dz, ld, 0, w_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, in, 0,
@@ -498,7 +503,8 @@ LinearScores linear_cross_entropy_typed(Graph<float>& g, Var x, Var weight, Var 
       gemm(g, true, false, out, in, rows, 1.0f, dz, ld, 0, xv, in, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, in, 0, 1,
            type, w_type);
     }
-    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dz, g.dtype(x), rows, out, ld, g.grad(bias).data());
+    if (bias.valid() && g.requires_grad(bias) && !bias_summed)
+      add_column_sums(g, dz, g.dtype(x), rows, out, ld, g.grad(bias).data());
   });
   if (to == PredictionsTo::kDevice) {
     scores.device_predictions = argmax;

@@ -1,11 +1,13 @@
 // Reductions on a CUDA device (sum, cross-entropy) and the row argmax query, forward and backward side
 // by side like ops/reduce.cpp. Sums over many elements accumulate in double in a fixed order.
+#include <algorithm>
 #include <cfloat>
 #include <cstring>
 #include <limits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cross_entropy.cuh"
+#include "ops/cuda/gemm.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
@@ -209,6 +211,49 @@ __global__ void cross_entropy_backward_rows(A* dz, const A* z, const float* upst
   for (int64_t j = c + threadIdx.x; j < ld; j += blockDim.x) out[j] = cuda::from_float<A>(0.0f);
 }
 
+// cross_entropy_backward_rows with the column sums of dz beside it: block (x, y) covers one 16-byte pack of
+// W columns a thread (columns W (x blockDim.x + threadIdx.x) ..) over rows y rows_per_block .. (that many),
+// four rows' loads in flight at a time, and writes each column's sum over its rows to row y of `partial`
+// (gridDim.y, ld). The sums are of the values as stored (rounded to A), as a column sum of dz reads them. dz
+// may be z itself. Needs ld a multiple of W and z, dz with 16-byte aligned rows.
+template <typename A>
+__global__ void cross_entropy_backward_sums(A* dz, const A* z, const float* upstream, const int32_t* target,
+                                            const float* row_weight, const float* logsumexp, int64_t n, int64_t c,
+                                            int64_t ld, int64_t rows_per_block, float* partial) {
+  constexpr int W = 16 / sizeof(A), kRows = 4;
+  const int64_t j = int64_t(W) * (int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (j >= ld) return;
+  float sums[W];
+#pragma unroll
+  for (int i = 0; i < W; ++i) sums[i] = 0.0f;
+  const float up = upstream[0];
+  const int64_t first = int64_t(blockIdx.y) * rows_per_block, last = min(n, first + rows_per_block);
+  for (int64_t r0 = first; r0 < last; r0 += kRows) {
+    cuda::Pack<A, W> in[kRows];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k)
+      if (r0 + k < last) in[k] = cuda::load_pack<W>(z + (r0 + k) * ld + j);
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t r = r0 + k;
+      if (r >= last) continue;
+      const float w = up * row_weight[r], lse = logsumexp[r];
+      const int64_t t = target[r];
+      cuda::Pack<A, W> out;
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        float v = 0.0f;  // the padding (columns c..ld-1), and a skipped row: zero
+        if (j + i < c && w != 0.0f) v = w * expf(cuda::to_float(in[k].v[i]) - lse) - (j + i == t ? w : 0.0f);
+        out.v[i] = cuda::from_float<A>(v);
+        sums[i] += cuda::to_float(out.v[i]);
+      }
+      cuda::store_pack<W>(dz + r * ld + j, out);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i) partial[int64_t(blockIdx.y) * ld + j + i] = sums[i];
+}
+
 // One block per row: the index of the largest value, the first one on ties (as std::max_element).
 template <typename A>
 __global__ void row_argmax_kernel(int32_t* out, const A* x, int64_t c) {
@@ -339,6 +384,33 @@ void cross_entropy_backward(Graph<float>& g, const CrossEntropyRows& rows, DType
                                                               accumulate);
     BERT_CUDA_LAUNCHED();
   });
+}
+
+bool cross_entropy_backward_with_column_sums(Graph<float>& g, const CrossEntropyRows& rows, DType dtype, const void* z,
+                                             int64_t ld, const float* upstream, void* dz, float* dbias) {
+  constexpr int kThreads = 256;
+  const int pack = dtype == DType::kBF16 ? 8 : 4;  // elements in 16 bytes
+  const bool aligned = reinterpret_cast<uintptr_t>(z) % 16 == 0 && reinterpret_cast<uintptr_t>(dz) % 16 == 0;
+  if (rows.n == 0 || ld % pack != 0 || !aligned) return false;
+  // About eight blocks of 256 threads an SM in all (the GPU's threads full), a column slice of 256 packs by
+  // a range of rows each; then the row ranges' sums are added in order (add_column_sums).
+  int sms = 0;
+  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device().cuda_context()->ordinal));
+  const int64_t column_blocks = (ld / pack + kThreads - 1) / kThreads;
+  const int64_t row_blocks = std::clamp<int64_t>(8 * int64_t(std::max(sms, 1)) / column_blocks, 1, rows.n);
+  const int64_t rows_per_block = (rows.n + row_blocks - 1) / row_blocks;
+  const int64_t used = (rows.n + rows_per_block - 1) / rows_per_block;
+  if (used > 65535) return false;  // (the grid's y limit; not with these sizes)
+  float* partial = g.scratch<float>(used * ld);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    cross_entropy_backward_sums<A><<<dim3(unsigned(column_blocks), unsigned(used)), kThreads, 0, cuda::stream(g)>>>(
+        static_cast<A*>(dz), static_cast<const A*>(z), upstream, rows.target, rows.weight, rows.logsumexp, rows.n,
+        rows.c, ld, rows_per_block, partial);
+    BERT_CUDA_LAUNCHED();
+  });
+  add_column_sums(g, partial, DType::kF32, used, rows.c, ld, dbias);
+  return true;
 }
 
 Var sum(Graph<float>& g, Var x) {

@@ -31,5 +31,12 @@ void cross_entropy_forward(Graph<float>& g, const CrossEntropyRows& rows, DType 
 // ld > c, columns c..ld-1 of each dz row are set to zero (not added to).
 void cross_entropy_backward(Graph<float>& g, const CrossEntropyRows& rows, DType dtype, const void* z, int64_t ld,
                             const float* upstream, void* dz, bool accumulate);
+// cross_entropy_backward (dz set, not added to; dz may be z itself) with dbias (c) += the column sums of dz
+// (a linear layer's bias gradient) from the same pass: each block sums its rows' columns, then the blocks'
+// sums are added in a fixed order. The values of cross_entropy_backward then add_column_sums up to the
+// order of the sums. false, with nothing done, where the layout does not suit it (rows ld apart not a whole
+// number of 16-byte packs): call those two then.
+bool cross_entropy_backward_with_column_sums(Graph<float>& g, const CrossEntropyRows& rows, DType dtype, const void* z,
+                                             int64_t ld, const float* upstream, void* dz, float* dbias);
 
 }  // namespace bert::ops::cuda_impl
