@@ -125,6 +125,22 @@ void TrainingStep::take_reads(const MicroBatchReads& r, Outcome& outcome, Progre
   }
 }
 
+TrainingStep::Losses TrainingStep::forward_pass(Graph<float>& g, Batch& batch,
+                                                const std::function<void(Batch&)>& next_batch, Readback& rb,
+                                                std::vector<MicroBatchReads>& pending) {
+  next_batch(batch);
+  const BatchView b = batch.view();
+  // The predictions come from the loss's own pass over the logits and stay on the device until read back;
+  // the logits are kept as a node only for a teacher to distil into.
+  const model::ModelOutputs out = p_.model.forward(
+      g, b, /*training=*/true, p_.dropout_rng,
+      p_.teacher ? model::MlmOutputs::kLogitsAndPredictionsOnDevice : model::MlmOutputs::kLossAndPredictionsOnDevice);
+  const auto [objective, logged] =
+      objective_of(g, out, p_.teacher, b, o_, prediction_share(p_.ranks, out, p_.model.config().head));
+  pending.push_back(queue_reads(rb, g, out, objective, logged, b));
+  return {objective, logged, o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation)};
+}
+
 bool TrainingStep::pipelined() const {
   return p_.model.parameters().on_cuda() && !p_.reduction && p_.ranks.size() == 1;
 }
@@ -151,22 +167,15 @@ void TrainingStep::queue(Graph<float>& g, Batch& batch, const std::function<void
     q.finished = true;
     return;
   }
-  model::Bert& model = p_.model;
-  ParameterArena<float>& params = model.parameters();
-  params.zero_grad();
+  p_.model.parameters().zero_grad();
   for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
-    next_batch(batch);
-    const BatchView b = batch.view();
-    const model::ModelOutputs out = model.forward(
-        g, b, /*training=*/true, p_.dropout_rng,
-        p_.teacher ? model::MlmOutputs::kLogitsAndPredictionsOnDevice : model::MlmOutputs::kLossAndPredictionsOnDevice);
-    const auto [objective, logged] = objective_of(g, out, p_.teacher, b, o_, 1.0);
-    q.pending.push_back(queue_reads(*q.reads, g, out, objective, logged, b));
+    const Losses l = forward_pass(g, batch, next_batch, *q.reads, q.pending);
     // The GPU skips the update where a loss is not finite, as the host would.
-    const std::array<const float*, 2> losses = {static_cast<const float*>(g.data(logged)),
-                                                static_cast<const float*>(g.data(objective))};  // F32 scalars
-    p_.optimizer.flag_nonfinite(std::span<const float* const>(losses.data(), objective.index == logged.index ? 1 : 2));
-    g.backward(o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation));
+    const std::array<const float*, 2> losses = {static_cast<const float*>(g.data(l.logged)),
+                                                static_cast<const float*>(g.data(l.objective))};  // F32 scalars
+    p_.optimizer.flag_nonfinite(
+        std::span<const float* const>(losses.data(), l.objective.index == l.logged.index ? 1 : 2));
+    g.backward(l.scaled);
   }
   q.sum_of_squares = p_.optimizer.queue_step(lr, o_.clip_norm, *q.reads);
   q.reads->seal();  // finish() waits for this step's reads, not for the step queued after it
@@ -208,9 +217,7 @@ TrainingStep::Outcome TrainingStep::run_synchronous(Queued& q, Graph<float>& g, 
   Outcome r;
   Readback& rb = *q.reads;
   std::vector<MicroBatchReads>& pending = q.pending;
-  model::Bert& model = p_.model;
-  ParameterArena<float>& params = model.parameters();
-  const model::BertConfig& config = model.config();
+  ParameterArena<float>& params = p_.model.parameters();
   // Reads what the wait has brought back: the loss and metrics of each micro-batch queued so far.
   auto take_pending = [&] {
     rb.wait();
@@ -219,17 +226,7 @@ TrainingStep::Outcome TrainingStep::run_synchronous(Queued& q, Graph<float>& g, 
   };
   params.zero_grad();
   for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
-    next_batch(batch);
-    const BatchView b = batch.view();
-    // The predictions come from the loss's own pass over the logits and stay on the device until read back;
-    // the logits are kept as a node only for a teacher to distil into.
-    const model::ModelOutputs out = model.forward(
-        g, b, /*training=*/true, p_.dropout_rng,
-        p_.teacher ? model::MlmOutputs::kLogitsAndPredictionsOnDevice : model::MlmOutputs::kLossAndPredictionsOnDevice);
-    const auto [objective, logged] =
-        objective_of(g, out, p_.teacher, b, o_, prediction_share(p_.ranks, out, config.head));
-    pending.push_back(queue_reads(rb, g, out, objective, logged, b));
-    const Var scaled = o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation);
+    const Var scaled = forward_pass(g, batch, next_batch, rb, pending).scaled;
     if (!p_.reduction || micro + 1 < o_.accumulation) {
       g.backward(scaled);
       continue;

@@ -97,6 +97,13 @@ class TrainingStep {
     bool finished = false;
     Outcome outcome;
   };
+  // A micro-batch's forward pass: the next batch (next_batch), the model, the objective and the reads queued
+  // into rb (pending gets them). scaled: the objective divided by the number of micro-batches.
+  struct Losses {
+    Var objective, logged, scaled;
+  };
+  Losses forward_pass(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch, Readback& rb,
+                      std::vector<MicroBatchReads>& pending);
   // The whole step with the host deciding on the update (one wait a step): run()'s path where not pipelined.
   Outcome run_synchronous(Queued& q, Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch,
                           double lr, ProgressWindow& window, bool log_buckets);
