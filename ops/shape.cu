@@ -89,7 +89,7 @@ __global__ void gather_forward(Y* y, const X* table, const int32_t* ids, int64_t
 // The positions of one id are summed in chunks of at most kGatherChunk (in parallel), then the chunks
 // of each id in order: a fixed order whatever the id frequencies, and no long serial loop for a
 // frequent id (padding, segment ids). The grouping is made on the host, where the ids are, as the forward
-// uploads them (one upload, no kernels: a sort and two scans on the GPU took eight launches a gather):
+// uploads them (one upload, no kernels: a sort and two scans on the GPU took about ten launches a gather):
 // the positions sorted by id (a stable counting sort: an id's positions stay in order), then each run of
 // one id cut into chunks.
 constexpr int64_t kGatherChunk = 64;
