@@ -504,9 +504,8 @@ int64_t spacing(const std::array<P*, 3>& p) {
 // and V in a row), one batched GEMM where the weights (and biases) lie equally spaced; then the fused
 // kernels on its three parts, rows 3C apart (the attention's node reads the projections' node). The
 // backward: the kernels' dQ, dK, dV side by side into the projections' gradient (N, 3C); x's gradient as one
-// GEMM of it with the three weights stacked (3C, C) (copied together: one copy where they lie equally
-// spaced); the weights' as one batched GEMM and the biases' as one column sum over the three parts where their
-// gradients lie equally spaced too.
+// GEMM of it with the three weights stacked (3C, C) (three copies); the weights' as one batched GEMM and
+// the biases' as one column sum over the three parts where their gradients lie equally spaced too.
 template <int D, typename A>
 Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, Geometry geometry,
               int64_t batch, DType dtype) {
@@ -528,12 +527,7 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
     const CudaContext& context = cuda::context(g.device());
     if (g.requires_grad(x)) {  // dx (+)= [dQ dK dV] (N, 3C) [Wq; Wk; Wv] (3C, C)
       A* stacked = g.scratch<A>(size_t(3 * c * c));
-      if (w_stride) {
-        BERT_CUDA_CHECK(cudaMemcpy2DAsync(stacked, c * c * sizeof(A), wp[0], w_stride * sizeof(A), c * c * sizeof(A), 3,
-                                          cudaMemcpyDeviceToDevice, context.stream));
-      } else {
-        for (int i = 0; i < 3; ++i) cuda::copy_on_device(context, stacked + i * c * c, wp[i], c * c * sizeof(A));
-      }
+      for (int i = 0; i < 3; ++i) cuda::copy_on_device(context, stacked + i * c * c, wp[i], c * c * sizeof(A));
       const auto dx = g.raw_grad_target(x);
       gemm(g, false, false, n, c, 3 * c, 1.0f, dqkv, 3 * c, 0, stacked, c, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, c,
            0, 1, type, type);
