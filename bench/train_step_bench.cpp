@@ -336,8 +336,9 @@ int main(int argc, char** argv) {
           std::printf("%-6s %6lld %-12s %12s %10s %10s %12.1f", name.c_str(), (long long)b, mode.c_str(), "-", "-", "-",
                       eval_rate);
           if (fp32_eval > 0) std::printf("   INT8/FP32 eval %.2fx", eval_rate / fp32_eval);
-          std::printf("   Q/K/V fused in %lld of %lld layers", (long long)model.fused_projection_layers(),
-                      (long long)config.num_hidden_layers);
+          std::printf("   Q/K/V fused in %lld of %lld layers, attention as integers in %lld",
+                      (long long)model.fused_projection_layers(), (long long)config.num_hidden_layers,
+                      (long long)model.integer_attention_layers());
           if (json)
             std::fprintf(json,
                          "{\"kind\": \"eval\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", "

@@ -33,7 +33,7 @@ namespace bert {
 // activations store them, and their gradients, as kBF16 (ops/cuda_impl.h says which); leaves, losses and
 // parameter gradients stay kF32. kS8 holds the integers of INT8 inference on a GPU (an integer linear
 // writing its consumer's quantized input: ops::int8_linear_quantized); such a node takes no gradient and
-// only ops::int8_linear reads it.
+// only ops::int8_linear and ops::int8_attention_integers read it.
 enum class DType : uint8_t { kF32, kBF16, kS8 };
 inline std::size_t dtype_size(DType t, std::size_t native_size) {
   return t == DType::kBF16 ? 2 : t == DType::kS8 ? 1 : native_size;

@@ -156,7 +156,16 @@ std::vector<Linear*> Bert::quantizable_linears() {
   return all;
 }
 
-int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projections) {
+namespace {
+// Whether every quantizer quantizes per tensor to [-128, 127] (the integer attention products' condition).
+bool per_tensor_int8(std::span<const Quantizer* const> quantizers, const ParameterArena<float>& params) {
+  return std::all_of(quantizers.begin(), quantizers.end(), [&](const Quantizer* q) {
+    return q->mode == QuantMode::kQuantize && q->qmin == -128 && q->qmax == 127 && params.shape(q->scale).numel() == 1;
+  });
+}
+}  // namespace
+
+int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projections, bool integer_attention) {
   if (integer_decoder && params_.on_cuda())
     throw UserError(
         "an integer MLM decoder runs on the CPU only: on a GPU the decoder stays in the activations' precision "
@@ -164,10 +173,10 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
   int64_t prepared = 0;
   for (Linear* l : quantizable_linears()) prepared += l->prepare_integer(params_);
   for (Layer& l : layers_) {
-    l.integer_attention = !params_.on_cuda();  // the integer attention products run on the CPU
-    for (const Quantizer* q : {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a})
-      l.integer_attention = l.integer_attention && q->mode == QuantMode::kQuantize && q->qmin == -128 &&
-                            q->qmax == 127 && params_.shape(q->scale).numel() == 1;
+    const std::array<const Quantizer*, 4> products = {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a};
+    l.integer_attention = integer_attention && per_tensor_int8(products, params_);
+    const int64_t head_size = config_.head_size();
+    if (params_.on_cuda() && head_size != 32 && head_size != 64 && head_size != 128) l.integer_attention = false;
     l.integer_projections.reset();
     l.device_projections.reset();
     l.projection_scales.clear();
@@ -181,7 +190,10 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
                       std::all_of(projections.begin(), projections.end(), [gpu](const Linear* p) {
                         return gpu ? p->device_integer_weights != nullptr : p->integer_weights != nullptr;
                       });
-    if (!fuse) continue;
+    if (!fuse) {
+      if (gpu) l.integer_attention = false;  // (its kernel reads the fused projections' integers)
+      continue;
+    }
     const int64_t c = l.query.in;
     std::vector<int8_t> weights;
     std::vector<float> scales, bias;
@@ -226,6 +238,7 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
 }
 
 void Bert::set_exact_sums(bool on) {
+  exact_sums_ = on;
   for (Linear* l : quantizable_linears()) l->exact_sums = on;
 }
 
@@ -303,6 +316,20 @@ std::vector<Var> Bert::quantize_each(Graph<float>& g, Var x, std::initializer_li
   return out;
 }
 
+namespace {
+// The scale a quantizer applies in an integer linear's epilogue (ops::Int8OutputPart): its per-tensor scale
+// when it quantizes to [-128, 127], 0 when it is off; false where it cannot run there (calibrating, other
+// ranges or scales).
+bool epilogue_scale(ParameterArena<float>& params, const Quantizer& q, float& scale) {
+  scale = 0.0f;
+  if (q.mode == QuantMode::kFloat) return true;
+  if (q.mode != QuantMode::kQuantize || q.qmin != -128 || q.qmax != 127 || params.shape(q.scale).numel() != 1)
+    return false;
+  scale = params.get(q.scale).value.data()[0];
+  return scale > 0 && std::isnormal(1.0f / scale);
+}
+}  // namespace
+
 Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training, Rng& rng,
                     std::span<const Var> x_read, std::vector<Var>& ffn_inputs) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
@@ -344,6 +371,8 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
       context = quantizer->apply(g, params_, context);
     return finish(context);
   }
+  if (Var context = integer_attention_on_gpu(g, l, inputs[0], mask, t, training); context.valid())
+    return finish(context);
   const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
   // Fused (ops::attention on the projections as they are, (B, T, C)) where asked, covered, and none of the
   // attention matmuls' quantizers is on (QAT or calibration needs the unfused ops' tensors).
@@ -388,6 +417,15 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
     // fused into them.
     if (fuse_attention_ && fits && !products_quantized) {
       context = ops::attention(g, q, k, v, mask, h, inverse_sqrt_d, p, training, rng);
+    } else if (g.on_cuda() && !g.grad_enabled() && !training && exact_sums_ &&
+               per_tensor_int8(matmul_inputs, params_)) {
+      // Inference with exact sums: the products on the integers behind the fake-quantized values.
+      auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
+      const ops::Int8AttentionScales scales{scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v),
+                                            scale_of(l.matmul_a)};
+      const Shape scores_shape{g.shape(q)[0], h, t, t};
+      context = ops::exact_quantized_attention(g, q, k, v, mask, h, scales, inverse_sqrt_d,
+                                               l.matmul_a.fused_output(g, params_, scores_shape));
     } else {
       const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d);  // (B, H, T, T)
       const Var probs = quantized(g, params_, &l.matmul_a, g.shape(scores), fuse, [&](const ops::QuantizeOutput* qa) {
@@ -405,20 +443,6 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
   return finish(context);
 }
 
-namespace {
-// The scale a quantizer applies in an integer linear's epilogue (ops::Int8OutputPart): its per-tensor scale
-// when it quantizes to [-128, 127], 0 when it is off; false where it cannot run there (calibrating, other
-// ranges or scales).
-bool epilogue_scale(ParameterArena<float>& params, const Quantizer& q, float& scale) {
-  scale = 0.0f;
-  if (q.mode == QuantMode::kFloat) return true;
-  if (q.mode != QuantMode::kQuantize || q.qmin != -128 || q.qmax != 127 || params.shape(q.scale).numel() != 1)
-    return false;
-  scale = params.get(q.scale).value.data()[0];
-  return scale > 0 && std::isnormal(1.0f / scale);
-}
-}  // namespace
-
 std::vector<Var> Bert::integer_projections_on_gpu(Graph<float>& g, Layer& l, Var x) {
   if (!g.on_cuda() || !l.device_projections || !l.query.runs_integer(g) || !l.key.runs_integer(g) ||
       !l.value.runs_integer(g))
@@ -431,6 +455,40 @@ std::vector<Var> Bert::integer_projections_on_gpu(Graph<float>& g, Layer& l, Var
   }
   return ops::int8_linear_quantized(g, x, *l.device_projections, l.query.input_scale(params_), /*gelu=*/false, parts,
                                     /*integers=*/false);
+}
+
+Var Bert::integer_attention_on_gpu(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training) {
+  if (!l.integer_attention || !g.on_cuda() || g.grad_enabled() || training || !l.device_projections ||
+      !l.query.runs_integer(g) || !l.key.runs_integer(g) || !l.value.runs_integer(g))
+    return Var{};
+  const int64_t h = config_.num_attention_heads, d = config_.head_size();
+  if (!ops::int8_attention_fits(g, d, t)) {
+    if (!told_float_attention_)
+      spdlog::info(
+          "the attention products run fake-quantized in float: length {} with head size {} is outside the "
+          "GPU's integer attention (length up to 512)",
+          t, d);
+    told_float_attention_ = true;
+    return Var{};
+  }
+  auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
+  const ops::Int8AttentionScales scales{scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v),
+                                        scale_of(l.matmul_a)};
+  // Q, K and V as the integers of their quantizers, from one GEMM.
+  const std::array<ops::Int8OutputPart, 3> parts = {
+      ops::Int8OutputPart{l.query.out, scales.q}, {l.key.out, scales.k}, {l.value.out, scales.v}};
+  const std::vector<Var> qkv = ops::int8_linear_quantized(g, x, *l.device_projections, l.query.input_scale(params_),
+                                                          /*gelu=*/false, parts, /*integers=*/true);
+  // An integer output layer reads the context as its input quantizer's integers, made here.
+  float out_scale = 0.0f;
+  if (l.attention_output.runs_integer(g) && !epilogue_scale(params_, l.attention_output.input(), out_scale))
+    out_scale = 0.0f;
+  Var context = ops::int8_attention_integers(g, qkv[0], qkv[1], qkv[2], mask, h, scales,
+                                             1.0 / std::sqrt(static_cast<double>(d)), out_scale);
+  if (Quantizer* quantizer = l.attention_output.used_input_quantizer(g);
+      quantizer && !l.attention_output.runs_integer(g))
+    context = quantizer->apply(g, params_, context);
+  return context;
 }
 
 Var Bert::integer_activation_on_gpu(Graph<float>& g, Layer& l, Var x) {

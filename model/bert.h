@@ -108,10 +108,14 @@ class Bert {
 
   // INT8 inference on the model's device: each linear layer whose input and weight quantizers are enabled
   // gets its weight as int8 (Linear::prepare_integer) and runs integer GEMMs whenever the graph records no
-  // gradients (evaluation). On the CPU the attention products Q K^T and probs V run as integer products
-  // too where their four quantizers are enabled (integer_attention_layers()); on a GPU they stay
-  // fake-quantized in float. Softmax, GELU and LayerNorm stay in float. Returns the number of integer
-  // linear layers. Call again after the weights or scales change; clear to go back to the float path.
+  // gradients (evaluation). With integer_attention (the default) the attention products Q K^T and probs V
+  // run as integer products too where their four quantizers are enabled per tensor to [-128, 127]
+  // (integer_attention_layers()): on the CPU ops::int8_attention; on a GPU, where Q, K and V are one integer
+  // linear (fuse_projections) and the head size is 32, 64 or 128, ops::int8_attention_integers on the
+  // integers that linear writes (sequences past its length limit, 512: the fake-quantized products, with
+  // one info line); off, they stay fake-quantized in float. Softmax, GELU and LayerNorm stay in float.
+  // Returns the number of integer linear layers. Call again after the weights or scales change; clear to go
+  // back to the float path.
   // With integer_decoder, the MLM decoder too (it has no quantizers: the fake-quantized model and the
   // export keep it in float): the tied word embeddings quantized per row (symmetric, each row's largest
   // magnitude at 127) and its input per row at run time (dynamic quantization). Faster where the
@@ -124,7 +128,8 @@ class Bert {
   // (ops::int8_linear_quantized: Q, K, V fake-quantized, one GEMM, no quantize passes), and the FFN's
   // intermediate layer applies GELU and the output layer's input quantizer there, writing the integers the
   // output layer reads: the same values as the layers one by one.
-  int64_t prepare_integer_inference(bool integer_decoder = false, bool fuse_projections = true);
+  int64_t prepare_integer_inference(bool integer_decoder = false, bool fuse_projections = true,
+                                    bool integer_attention = true);
   void clear_integer_inference();
   bool integer_decoder() const { return integer_decoder_ != nullptr; }
   // The encoder layers whose attention products run as integers (prepare_integer_inference: those whose
@@ -137,8 +142,10 @@ class Bert {
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by
   // default; off runs every quantizer as an op of its own (the baseline the fusion is measured and tested against).
   void set_fused_quantizers(bool on) { fuse_quantizers_ = on; }
-  // The fake-quantized linears' exact sums in CPU inference (Linear::exact_sums; on by default): off, they
-  // sum the fake-quantized floats as training does (the baseline the exact sums are tested against).
+  // The fake-quantized linears' exact sums in inference (Linear::exact_sums; on by default), and on a GPU
+  // the attention products' (ops::exact_quantized_attention, where their four quantizers are per tensor
+  // to [-128, 127]): off, they sum the fake-quantized floats as training does (the baseline the exact sums
+  // are tested against).
   void set_exact_sums(bool on);
   // On a GPU, self-attention as one fused op each way (ops::attention) where its kernels cover the head
   // size and length and the attention probabilities are not quantized: the (B, H, T, T) scores and
@@ -166,8 +173,9 @@ class Bert {
     // Inputs of Q K^T and of probs V (QDQBERT's names), and both inputs of each residual add.
     Quantizer matmul_q, matmul_k, matmul_v, matmul_a;
     Quantizer attention_add_input, attention_add_residual, output_add_input, output_add_residual;
-    // Self-attention as integer products (ops::int8_attention) in CPU inference: set by
-    // prepare_integer_inference where the four matmul quantizers are enabled (per tensor, [-128, 127]).
+    // Self-attention as integer products in inference (ops::int8_attention on the CPU,
+    // ops::int8_attention_integers on a GPU): set by prepare_integer_inference where the four matmul
+    // quantizers are enabled (per tensor, [-128, 127]) and, on a GPU, the projections are one integer linear.
     bool integer_attention = false;
     // Q, K, V as one integer linear (3C, C), where integer attention runs and the three input scales are
     // one: weights, per-channel scales and biases side by side (prepare_integer_inference).
@@ -179,6 +187,9 @@ class Bert {
   // Q, K and V of x by the GPU's fused integer projections with the attention products' input quantizers
   // applied in its epilogue, where they run in g (else empty: the projections one by one).
   std::vector<Var> integer_projections_on_gpu(Graph<float>& g, Layer& layer, Var x);
+  // The context of integer attention on a GPU (ops::int8_attention_integers on the integers the fused
+  // projections write), as the output layer reads it; Var{} where it does not run (the float path then).
+  Var integer_attention_on_gpu(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t t, bool training);
   // The FFN's activation as the integers of the output layer's input quantizer, made by the intermediate
   // layer's GEMM with GELU and that quantizer in its epilogue, where both layers run integer GEMMs on a GPU
   // (else Var{}).
@@ -236,6 +247,8 @@ class Bert {
   bool fuse_quantizers_ = true;
   bool fuse_attention_ = false;
   bool told_unfused_attention_ = false;  // the log line saying why attention runs unfused, once
+  bool exact_sums_ = true;               // set_exact_sums
+  bool told_float_attention_ = false;    // the log line saying why integer attention runs in float, once
 };
 
 }  // namespace bert::model

@@ -33,6 +33,25 @@ Var head_context(Graph<T>& g, Var probs, Var v, int64_t heads) {
   return reshape(g, permute(g, context, {0, 2, 1, 3}), s);
 }
 
+Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
+                              const Int8AttentionScales& scales, double alpha, const QuantizeOutput& probs_quantizer) {
+  const std::string op = "exact_quantized_attention";
+  BERT_CHECK(g.on_cuda(), op + ": runs on a CUDA device");
+  BERT_CHECK(!g.grad_enabled(), op + " has no gradient: run it under NoGradGuard (inference only)");
+  BERT_CHECK(g.shape(k) == g.shape(q) && g.shape(v) == g.shape(q), op + ": q, k, v must be one (B, T, C) shape, got " +
+                                                                       g.shape(q).str() + ", " + g.shape(k).str() +
+                                                                       ", " + g.shape(v).str());
+  BERT_CHECK(scales.q > 0 && scales.k > 0 && scales.v > 0 && scales.probs > 0 && probs_quantizer.scale.valid() &&
+                 probs_quantizer.qmin == -128 && probs_quantizer.qmax == 127,
+             op + ": positive scales and a probabilities' quantizer to [-128, 127]");
+#if BERT_WITH_CUDA
+  return cuda_impl::exact_quantized_attention(g, q, k, v, mask, heads, scales, alpha, probs_quantizer);
+#else
+  (void)mask, (void)heads, (void)alpha;
+  throw InternalError(op + ": this build has no CUDA support");
+#endif
+}
+
 template Var head_scores<float>(Graph<float>&, Var, Var, int64_t, double);
 template Var head_scores<double>(Graph<double>&, Var, Var, int64_t, double);
 template Var head_context<float>(Graph<float>&, Var, Var, int64_t);

@@ -4,6 +4,7 @@
 // (b, h) pair. Forward and backward side by side; the CPU's reference is the permutes and batched
 // products these replace (ops/attention.cpp).
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
@@ -61,7 +62,53 @@ Geometry geometry(Graph<float>& g, Var x, int64_t heads, const char* op) {
   return {s[0], s[1], s[2], heads, s[2] / heads};
 }
 
+// x's integers at `scale` (round(x / scale) half to even, clamped to [-128, 127]) as values of A, exact
+// there; the scale from the host or, where `scale_on_device` is set, from the device.
+template <typename A>
+__global__ void integers_of(A* q, const A* x, int64_t n, float scale, const float* scale_on_device) {
+  const cuda::ScaleDivision divide(scale_on_device ? *scale_on_device : scale);
+  BERT_GRID_STRIDE(i, n) q[i] = cuda::from_float<A>(fminf(fmaxf(rintf(divide(cuda::to_float(x[i]))), -128.0f), 127.0f));
+}
+
 }  // namespace
+
+Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
+                              const Int8AttentionScales& scales, double alpha, const QuantizeOutput& probs_quantizer) {
+  const Geometry s = geometry(g, v, heads, "exact_quantized_attention");
+  const int64_t t = s.length, c = s.channels, d = s.head_size, n = s.batch * t * c;
+  q = as_activation(g, q), k = as_activation(g, k), v = as_activation(g, v);
+  const DType dtype = g.dtype(v);
+  Var scores = g.emit(Shape{s.batch, heads, t, t}, {q, k}, dtype), probs;
+  void* integers[3] = {};
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const std::array<Var, 3> operands = {q, k, v};
+    const std::array<float, 3> operand_scales = {scales.q, scales.k, scales.v};
+    for (int i = 0; i < 3; ++i) {
+      A* values = g.scratch<A>(n);
+      BERT_LAUNCH(integers_of<A>, n, g, values, cuda::typed<A>(g.data(operands[i])), n, operand_scales[i], nullptr);
+      integers[i] = values;
+    }
+    // S_bh (T, T) = (scale_q RN(scale_k alpha)) Q_bh K_bh^T on the integers: exact FP32 sums, one rounding.
+    head_gemm<A>(g, false, true, t, t, d, scales.q * static_cast<float>(scales.k * alpha),
+                 projection(integers[0], t, c, d), projection(integers[1], t, c, d), 0.0f,
+                 square(g.data(scores), t, heads), s.batch, heads);
+  });
+  Rng unused(0);  // (no dropout)
+  probs = softmax_dropout(g, scores, mask, 0.0, unused, probs_quantizer);
+  Var context = g.emit(g.shape(v), {probs, v}, dtype);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const int64_t count = s.batch * heads * t * t;
+    A* p = g.scratch<A>(count);
+    BERT_LAUNCH(integers_of<A>, count, g, p, cuda::typed<A>(g.data(probs)), count, 0.0f,
+                g.value(probs_quantizer.scale).data());
+    // O_bh (T, D) = (scale_probs scale_v) P_bh V_bh on the integers.
+    head_gemm<A>(g, false, false, t, d, t, scales.probs * scales.v, square(p, t, heads),
+                 projection(integers[2], t, c, d), 0.0f, projection(g.data(context), t, c, d), s.batch, heads);
+  });
+  return context;
+}
 
 Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha_d) {
   const Geometry s = geometry(g, q, heads, "head_scores");

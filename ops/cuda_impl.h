@@ -69,6 +69,8 @@ bool attention_fits(int64_t head_size, int64_t length, DType dtype);
 Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases,
                    Var mask, int64_t heads, double alpha, double p, bool training, Rng& rng);
 Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha);
+Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
+                              const Int8AttentionScales& scales, double alpha, const QuantizeOutput& probs_quantizer);
 Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
                            bool gelu);  // checked by the caller
@@ -78,6 +80,11 @@ void* int8_weights_tensor_map(const Device& device, const int8_t* weights, int64
 // ops::int8_linear with DeviceInt8Weights and ops::int8_linear_quantized (checked by the caller).
 std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, bool gelu,
                              std::span<const Int8OutputPart> parts, bool integers, DeviceInt8Gemm gemm);
+// ops::int8_attention_integers (checked by the caller) and whether its kernel covers a head size and length
+// on the graph's GPU.
+Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                   double alpha, float out_scale);
+bool int8_attention_fits(const Graph<float>& g, int64_t head_size, int64_t length);
 std::vector<int32_t> row_argmax(const Graph<float>& g, Var x);
 double abs_max(Graph<float>& g, Var x);
 std::vector<int64_t> abs_histogram(Graph<float>& g, Var x, double range, int bins);

@@ -318,4 +318,44 @@ Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, con
   return y;
 }
 
+Var int8_attention_integers(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
+                            const Int8AttentionScales& scales, double alpha, float out_scale) {
+  const std::string op = "int8_attention_integers";
+  BERT_CHECK(g.on_cuda(), op + ": runs on a CUDA device (on the CPU: int8_attention)");
+  BERT_CHECK(!g.grad_enabled(), op + " has no gradient: run it under NoGradGuard (inference only)");
+  const Shape& qs = g.shape(q);
+  BERT_CHECK(qs.rank() == 3 && g.shape(k) == qs && g.shape(v) == qs,
+             op + ": q, k, v must be one (B, T, C) shape, got " + qs.str() + ", " + g.shape(k).str() + ", " +
+                 g.shape(v).str());
+  BERT_CHECK(g.dtype(q) == DType::kS8 && g.dtype(k) == DType::kS8 && g.dtype(v) == DType::kS8,
+             op + ": q, k and v must be int8 (their quantizers' integers)");
+  auto usable = [](float s) { return s > 0 && std::isnormal(1.0f / s); };
+  BERT_CHECK(usable(scales.q) && usable(scales.k) && usable(scales.v) && usable(scales.probs),
+             op + ": the scales must be positive, with normal reciprocals");
+  BERT_CHECK(out_scale == 0 || usable(out_scale), op + ": out_scale must be 0 (values) or positive");
+  BERT_CHECK(heads > 0 && qs[2] % heads == 0,
+             op + ": " + std::to_string(qs[2]) + " channels do not split into " + std::to_string(heads) + " heads");
+  BERT_CHECK(int8_attention_fits(g, qs[2] / heads, qs[1]),
+             op + ": head size " + std::to_string(qs[2] / heads) + " and length " + std::to_string(qs[1]) +
+                 " are outside the kernel (head size 32, 64 or 128, length up to 512, compute capability 8.0+)");
+  if (mask.valid())
+    BERT_CHECK(g.shape(mask) == Shape({qs[0], qs[1]}) && g.dtype(mask) == DType::kF32,
+               op + ": mask " + g.shape(mask).str() + " must be (B, T) FP32 for " + qs.str());
+#if BERT_WITH_CUDA
+  return cuda_impl::int8_attention(g, q, k, v, mask, heads, scales, alpha, out_scale);
+#else
+  (void)alpha;
+  throw InternalError(op + ": this build has no CUDA support");
+#endif
+}
+
+bool int8_attention_fits(const Graph<float>& g, int64_t head_size, int64_t length) {
+#if BERT_WITH_CUDA
+  return g.on_cuda() && cuda_impl::int8_attention_fits(g, head_size, length);
+#else
+  (void)g, (void)head_size, (void)length;
+  return false;
+#endif
+}
+
 }  // namespace bert::ops

@@ -20,6 +20,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda/int8_wgmma.cuh"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda_impl.h"
 
 namespace bert::ops::cuda_impl {
@@ -240,6 +241,227 @@ cuda::Int8Epilogue whole_output(void* y, int64_t n, float scale_x, const float* 
   return e;
 }
 
+// INT8 self-attention from the integers of Q, K and V (ops::int8_attention_integers). A block takes 64 query
+// rows of one (sequence, head), a warp 16 of them; the head's keys (T, D) and values, transposed (D, T), are
+// in shared memory as int8, rows padded by 16 bytes (the fragments' 4-byte loads fall in distinct banks),
+// T rounded up to 32 with zero keys that the mask row (-inf there) leaves out. Q K^T and P V are int8
+// tensor-core products (mma.sync m16n8k32, exact int32 sums). The scores are float(sum) * scale rounded to
+// the activations' type A as the fake-quantized model stores them, plus the mask; softmax as the GPU's
+// softmax kernel makes it (the row's max, expf of the differences, their sum, times its reciprocal), each
+// probability rounded to A and quantized by the probabilities' quantizer to [-128, 127]. Up to 128 keys
+// (kResident) a row's scores stay in registers, made once; longer, three passes over the keys, 32 at a
+// time, make them again in each (the row's max, the exponentials' sum, the products), the same values in
+// the same order. Nothing of size T x T exists in memory.
+// The probabilities of 32 keys become an A fragment in registers: the C tiles give lane (g, t) keys 2t, 2t + 1
+// of each 8, the A fragment wants columns 4t .. 4t + 3, so column 4t + i holds key 2t + i (i < 2) or
+// 8 + 2t + i - 2 (16 more for the second half), and V^T keeps its keys in that order (permuted_key).
+namespace attention_int8 {
+constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 32;
+constexpr int kResidentChunks = 4;  // lengths up to 128: every score of a row in registers, made once
+
+struct Args {
+  const int8_t *q, *k, *v;  // (B, T, ld) each, head h at columns h * D
+  int64_t ld;
+  const float* mask;  // (B, T) additive, or null
+  void* y;            // (B, T, H * D) in O
+  int t, heads;
+  float score_scale;                    // scale_q * RN(scale_k * alpha)
+  float probs_scale, probs_reciprocal;  // the probabilities' quantizer
+  float context_scale;                  // scale_probs * scale_v
+  float out_scale, out_reciprocal;      // O = int8: the consumer's quantizer
+};
+
+// The position of key r (0 .. 31) of a chunk in V^T's rows: see above.
+__host__ __device__ constexpr int permuted_key(int r) {
+  const int w = r & 7;
+  return (r & 16) + 4 * (w >> 1) + 2 * ((r >> 3) & 1) + (w & 1);
+}
+
+constexpr int shared_bytes(int t, int d) {
+  const int tp = (t + kChunk - 1) / kChunk * kChunk;
+  return tp * (d + 16) + d * (tp + 16) + tp * int(sizeof(float));
+}
+
+template <typename A, typename O, int kD, bool kResident>
+__global__ void __launch_bounds__(32 * kWarps) forward(const Args a) {
+  extern __shared__ __align__(16) uint8_t shared[];
+  const int tp = (a.t + kChunk - 1) / kChunk * kChunk, ks_ld = kD + 16, vt_ld = tp + 16;
+  int8_t* ks = reinterpret_cast<int8_t*>(shared);
+  int8_t* vt = ks + tp * ks_ld;
+  float* mask = reinterpret_cast<float*>(vt + kD * vt_ld);
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int64_t head = int64_t(b) * a.t * a.ld + int64_t(h) * kD;  // the head's first value in q, k, v
+  constexpr int kPieces = kD / 16;
+  for (int i = threadIdx.x; i < tp * kPieces; i += blockDim.x) {
+    const int r = i / kPieces, c = (i % kPieces) * 16;
+    uint4 key = {0, 0, 0, 0};
+    if (r < a.t) key = *reinterpret_cast<const uint4*>(a.k + head + r * a.ld + c);
+    *reinterpret_cast<uint4*>(ks + r * ks_ld + c) = key;
+  }
+  // (A warp's threads take 32 consecutive keys of 16 channels: each byte store of the transpose goes to
+  // one row of V^T, 8 words in 8 banks.)
+  for (int i = threadIdx.x; i < tp * kPieces; i += blockDim.x) {
+    const int r = i % tp, c = (i / tp) * 16;
+    uint4 value = {0, 0, 0, 0};
+    if (r < a.t) value = *reinterpret_cast<const uint4*>(a.v + head + r * a.ld + c);
+    const int8_t* bytes = reinterpret_cast<const int8_t*>(&value);
+    const int at = (r & ~(kChunk - 1)) + permuted_key(r & (kChunk - 1));
+#pragma unroll
+    for (int j = 0; j < 16; ++j) vt[(c + j) * vt_ld + at] = bytes[j];
+  }
+  for (int i = threadIdx.x; i < tp; i += blockDim.x)
+    mask[i] = i < a.t ? (a.mask ? a.mask[int64_t(b) * a.t + i] : 0.0f) : -INFINITY;
+  __syncthreads();
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int row0 = blockIdx.x * kRows + (threadIdx.x / 32) * 16 + g, row1 = row0 + 8;
+  if (row0 - g >= a.t) return;  // the warp's rows are all past the end
+  // Q's A fragments, straight from memory (rows past the end: zeros, never written).
+  uint32_t qa[kD / 32][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 32; ++kk) {
+    const int c = kk * 32 + 4 * t4;
+    const int8_t* q0 = a.q + head + int64_t(row0) * a.ld + c;
+    const int8_t* q1 = a.q + head + int64_t(row1) * a.ld + c;
+    qa[kk][0] = row0 < a.t ? *reinterpret_cast<const uint32_t*>(q0) : 0u;
+    qa[kk][1] = row1 < a.t ? *reinterpret_cast<const uint32_t*>(q1) : 0u;
+    qa[kk][2] = row0 < a.t ? *reinterpret_cast<const uint32_t*>(q0 + 16) : 0u;
+    qa[kk][3] = row1 < a.t ? *reinterpret_cast<const uint32_t*>(q1 + 16) : 0u;
+  }
+  // The scores of chunk c: s[j][e], j the 8-key tile, e as the C fragment (rows row0, row1).
+  auto scores = [&](int c, float(&s)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      cuda::mma::IntAccumulator sum = {0, 0, 0, 0};
+      const int8_t* key = ks + (c * kChunk + j * 8 + g) * ks_ld + 4 * t4;
+#pragma unroll
+      for (int kk = 0; kk < kD / 32; ++kk)
+        cuda::mma::product(sum, qa[kk], *reinterpret_cast<const uint32_t*>(key + kk * 32),
+                           *reinterpret_cast<const uint32_t*>(key + kk * 32 + 16));
+      const int k0 = c * kChunk + j * 8 + 2 * t4;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[j][e] = cuda::to_float(cuda::from_float<A>(__int2float_rn(sum[e]) * a.score_scale)) + mask[k0 + (e & 1)];
+    }
+  };
+  const int chunks = tp / kChunk;
+  float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
+  auto take_max = [&](const float(&s)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      max0 = fmaxf(max0, fmaxf(s[j][0], s[j][1])), max1 = fmaxf(max1, fmaxf(s[j][2], s[j][3]));
+  };
+  auto row_max = [&] {
+#pragma unroll
+    for (int o = 1; o < 4; o *= 2) {
+      max0 = fmaxf(max0, __shfl_xor_sync(0xFFFFFFFFu, max0, o));
+      max1 = fmaxf(max1, __shfl_xor_sync(0xFFFFFFFFu, max1, o));
+    }
+  };
+  // The exponentials of the scores in s (written over them), added into the row sums where `add`.
+  auto exponentials = [&](float(&s)[4][4], bool add) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = expf(s[j][e] - (e < 2 ? max0 : max1));
+      if (add) sum0 += s[j][0] + s[j][1], sum1 += s[j][2] + s[j][3];
+    }
+  };
+  auto row_sum = [&] {
+#pragma unroll
+    for (int o = 1; o < 4; o *= 2) {
+      sum0 += __shfl_xor_sync(0xFFFFFFFFu, sum0, o);
+      sum1 += __shfl_xor_sync(0xFFFFFFFFu, sum1, o);
+    }
+  };
+  cuda::mma::IntAccumulator context[kD / 8];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) context[n][0] = context[n][1] = context[n][2] = context[n][3] = 0;
+  // Chunk c's exponentials as quantized probabilities, times its values into the context.
+  auto add_products = [&](int c, const float(&s)[4][4], float inv0, float inv1) {
+    int p[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float prob = cuda::to_float(cuda::from_float<A>(s[j][e] * (e < 2 ? inv0 : inv1)));
+        p[j][e] = int(
+            fminf(fmaxf(rintf(cuda::ScaleDivision::normal_quotient(prob, a.probs_scale, a.probs_reciprocal)), -128.0f),
+                  127.0f));
+      }
+    const uint32_t pa[4] = {
+        cuda::mma::pack_s8(p[0][0], p[0][1], p[1][0], p[1][1]), cuda::mma::pack_s8(p[0][2], p[0][3], p[1][2], p[1][3]),
+        cuda::mma::pack_s8(p[2][0], p[2][1], p[3][0], p[3][1]), cuda::mma::pack_s8(p[2][2], p[2][3], p[3][2], p[3][3])};
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      const int8_t* value = vt + (n * 8 + g) * vt_ld + c * kChunk + 4 * t4;
+      cuda::mma::product(context[n], pa, *reinterpret_cast<const uint32_t*>(value),
+                         *reinterpret_cast<const uint32_t*>(value + 16));
+    }
+  };
+  if constexpr (kResident) {  // up to kResidentChunks chunks: the scores made once, kept in registers
+    float s[kResidentChunks][4][4];
+#pragma unroll
+    for (int c = 0; c < kResidentChunks; ++c)
+      if (c < chunks) scores(c, s[c]), take_max(s[c]);
+    row_max();
+#pragma unroll
+    for (int c = 0; c < kResidentChunks; ++c)
+      if (c < chunks) exponentials(s[c], true);
+    row_sum();
+    const float inv0 = 1.0f / sum0, inv1 = 1.0f / sum1;
+#pragma unroll
+    for (int c = 0; c < kResidentChunks; ++c)
+      if (c < chunks) add_products(c, s[c], inv0, inv1);
+  } else {  // three passes, the scores made again in each
+    for (int c = 0; c < chunks; ++c) {
+      float s[4][4];
+      scores(c, s);
+      take_max(s);
+    }
+    row_max();
+    for (int c = 0; c < chunks; ++c) {
+      float s[4][4];
+      scores(c, s);
+      exponentials(s, true);
+    }
+    row_sum();
+    const float inv0 = 1.0f / sum0, inv1 = 1.0f / sum1;
+    for (int c = 0; c < chunks; ++c) {
+      float s[4][4];
+      scores(c, s);
+      exponentials(s, false);
+      add_products(c, s, inv0, inv1);
+    }
+  }
+  // Lane (g, t) has rows row0, row1, channels 8n + 2t, + 1 of the head: the context in A, or its integers at
+  // the consumer's scale (the stored context quantized, as the fake-quantized model quantizes it).
+  O* y = static_cast<O*>(a.y);
+  const int64_t width = int64_t(a.heads) * kD;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half ? row1 : row0;
+    if (row >= a.t) continue;
+    O* out = y + (int64_t(b) * a.t + row) * width + int64_t(h) * kD + 2 * t4;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      cuda::Pack<O, 2> pair;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = __int2float_rn(context[n][2 * half + e]) * a.context_scale;
+        if constexpr (std::is_same_v<O, int8_t>) {
+          const float stored = cuda::to_float(cuda::from_float<A>(v));
+          pair.v[e] = static_cast<int8_t>(
+              fminf(fmaxf(rintf(cuda::ScaleDivision::normal_quotient(stored, a.out_scale, a.out_reciprocal)), -128.0f),
+                    127.0f));
+        } else {
+          pair.v[e] = cuda::from_float<O>(v);
+        }
+      }
+      cuda::store_pack<2>(out + n * 8, pair);
+    }
+  }
+}
+}  // namespace attention_int8
 }  // namespace
 
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
@@ -344,6 +566,63 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
       run(cuda::TypeTag<A>{});
   });
   return outputs;
+}
+
+bool int8_attention_fits(const Graph<float>& g, int64_t head_size, int64_t length) {
+  if ((head_size != 32 && head_size != 64 && head_size != 128) || length < 1 || length > 512) return false;
+  // (int8 mma.sync: sm_80 and later.)
+  const int ordinal = cuda::context(g.device()).ordinal;
+  int major = 0, limit = 0;
+  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
+  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
+  return major >= 8 && attention_int8::shared_bytes(int(length), int(head_size)) <= limit;
+}
+
+Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,
+                   double alpha, float out_scale) {
+  namespace at = attention_int8;
+  const Shape& qs = g.shape(q);
+  const int64_t batch = qs[0], t = qs[1], width = qs[2], d = width / heads;
+  const DType dtype = g.activation_dtype(), out_dtype = out_scale > 0 ? DType::kS8 : dtype;
+  Var y = mask.valid() ? g.emit(qs, {q, k, v, mask}, out_dtype) : g.emit(qs, {q, k, v}, out_dtype);
+  if (batch * t == 0) return y;
+  BERT_CHECK(batch <= 65535 && heads <= 65535, "int8_attention_integers: " + std::to_string(batch) + " sequences or " +
+                                                   std::to_string(heads) + " heads exceed the GPU kernel's grid");
+  at::Args a{};
+  a.q = static_cast<const int8_t*>(g.data(q));
+  a.k = static_cast<const int8_t*>(g.data(k));
+  a.v = static_cast<const int8_t*>(g.data(v));
+  a.ld = width;
+  a.mask = mask.valid() ? static_cast<const float*>(g.data(mask)) : nullptr;
+  a.y = g.data(y);
+  a.t = int(t), a.heads = int(heads);
+  // The scales as the CPU's integer attention forms them (int8_matmul: the second operand's scale times
+  // alpha, rounded to float, times the first's).
+  a.score_scale = scales.q * static_cast<float>(scales.k * alpha);
+  a.probs_scale = scales.probs, a.probs_reciprocal = 1.0f / scales.probs;
+  a.context_scale = scales.probs * scales.v;
+  a.out_scale = out_scale > 0 ? out_scale : 1.0f, a.out_reciprocal = 1.0f / a.out_scale;
+  const int shared = at::shared_bytes(int(t), int(d));
+  const dim3 grid(unsigned((t + at::kRows - 1) / at::kRows), unsigned(heads), unsigned(batch));
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    auto launch = [&](auto out_tag) {
+      using O = typename decltype(out_tag)::type;
+      const bool resident = (t + at::kChunk - 1) / at::kChunk <= at::kResidentChunks;
+      void (*kernel)(const at::Args) = d == 32 ? (resident ? at::forward<A, O, 32, true> : at::forward<A, O, 32, false>)
+                                       : d == 64
+                                           ? (resident ? at::forward<A, O, 64, true> : at::forward<A, O, 64, false>)
+                                           : (resident ? at::forward<A, O, 128, true> : at::forward<A, O, 128, false>);
+      BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+      kernel<<<grid, 32 * at::kWarps, shared, cuda::stream(g)>>>(a);
+      BERT_CUDA_LAUNCHED();
+    };
+    if (out_scale > 0)
+      launch(cuda::TypeTag<int8_t>{});
+    else
+      launch(cuda::TypeTag<A>{});
+  });
+  return y;
 }
 
 void* int8_weights_tensor_map(const Device& device, const int8_t* weights, int64_t n, int64_t ld, void* map) {

@@ -142,6 +142,20 @@ Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads
 // integer linear), bit for bit.
 Var int8_attention_packed(Graph<float>& g, Var qkv, Var mask, int64_t heads, const Int8AttentionScales& scales,
                           double alpha);
+// INT8 self-attention on a GPU from the integers of Q, K and V (DType::kS8, (B, T, H x D) each, as
+// int8_linear_quantized's integer parts give them at scales.q, .k, .v): each head's Q K^T and probs V as
+// int8 tensor-core products with exact int32 sums, the scores and the softmax in FP32. The values of
+// int8_attention on the fake-quantized Q, K and V, with the scores and each probability rounded to the
+// activations' dtype before use, as the fake-quantized model stores them (in FP32: int8_attention's, up to
+// expf and the softmax's summation order), without any (B, H, T, T) tensor in memory. The context (B, T,
+// H x D) in the activations' dtype, or with out_scale > 0 its integers (kS8) at that scale, as the next
+// layer's input quantizer gives them from the stored context. Forward only; covered head sizes and lengths:
+// int8_attention_fits (else the fake-quantized products run).
+Var int8_attention_integers(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
+                            const Int8AttentionScales& scales, double alpha, float out_scale = 0.0f);
+// Whether int8_attention_integers runs on g's device for a head size and length: head size 32, 64 or
+// 128, length up to 512 (keys and values of a head in shared memory), a GPU of compute capability 8.0 or later.
+bool int8_attention_fits(const Graph<float>& g, int64_t head_size, int64_t length);
 // The same with dynamic quantization of x: each row at its own scale, its largest magnitude at 127
 // (a layer with no calibrated input scale). CPU, forward only.
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias);
@@ -343,6 +357,17 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const Quantiz
 // flags saved, the quantizer's input recomputed from them in the backward. On the CPU, the ops in sequence.
 template <typename T>
 Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng, const QuantizeOutput& q);
+// Attention's products on fake-quantized operands as inference with exact sums makes them, on a GPU
+// (forward only): q, k, v (B, T, H x D) fake-quantized at scales.q, .k, .v (per tensor, to [-128, 127]);
+// their integers (round(x / scale), exact in the activations' dtype) multiplied by batched GEMMs whose FP32
+// sums are exact, each scaled once: the scores (scale_q RN(scale_k alpha)) Q_h K_h^T rounded to the
+// activations' dtype, softmax_dropout's softmax with the additive mask and the probabilities' quantizer,
+// then the context (scale_probs scale_v) P_h V_h on the probabilities' integers. head_scores, softmax and
+// head_context on the fake-quantized values, without the rounding of q * scale to BF16 that moves BF16
+// scores by a step; the values of int8_attention_integers (up to the softmax's summation order), by other
+// kernels.
+Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
+                              const Int8AttentionScales& scales, double alpha, const QuantizeOutput& probs_quantizer);
 // add_layer_norm(fake_quantize(dropout(a, p, training, rng), q...), b, ...): a sublayer's output with the
 // residual add's input quantizer. On a GPU one kernel each way, as dropout_add_layer_norm's (the backward
 // reads a again for the quantizer's mask and scale gradient). On the CPU, the ops in sequence.

@@ -109,3 +109,26 @@ __device__ __forceinline__ void wait() {
 }
 
 }  // namespace bert::cuda::mma
+
+namespace bert::cuda::mma {
+
+// Integer products (mma.sync m16n8k32, int8 operands, exact int32 sums; sm_80 and later). Fragments
+// (lane l, g = l / 4, t = l % 4): A (16 x 32, 4 registers of four int8): a[0] row g, columns 4t .. 4t + 3;
+// a[1] row g + 8, the same columns; a[2], a[3] the same rows, columns 16 + 4t .. 16 + 4t + 3. B (32 x 8,
+// 2 registers): b0 k rows 4t .. 4t + 3 of column g, b1 k rows 16 + 4t .. 16 + 4t + 3. C as above (int32).
+using IntAccumulator = int[4];
+
+// d += a b (16 x 32 by 32 x 8, int32 sums).
+__device__ __forceinline__ void product(IntAccumulator& d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four int8 values in one register, the first in the low byte.
+__device__ __forceinline__ uint32_t pack_s8(int v0, int v1, int v2, int v3) {
+  return (uint32_t(v0) & 0xFF) | ((uint32_t(v1) & 0xFF) << 8) | ((uint32_t(v2) & 0xFF) << 16) | (uint32_t(v3) << 24);
+}
+
+}  // namespace bert::cuda::mma

@@ -626,13 +626,15 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers - 1);
 }
 
-// INT8 inference on the GPU: the linear layers as int8 tensor-core GEMMs (the CPU engine's values), the
-// attention products fake-quantized in float. The fake-quantized model on the GPU sums its linears'
-// integers exactly in inference too (BF16 tensor cores on integer operands), so the two give the same
-// logits bit for bit; the CPU's fake-quantized model gives them up to the float ops that differ between
-// CPU and GPU (erf, exp: an ulp), each such difference moving an activation across a quantizer's rounding
-// boundary at most (one step there). The integer copy of the weights is what runs; recording gradients,
-// and after clearing, the float path. The same in BF16 mixed precision.
+// INT8 inference on the GPU: the linear layers as int8 tensor-core GEMMs (the CPU engine's values), with
+// the attention products fake-quantized in float (integer_attention off). The fake-quantized model on the
+// GPU sums its linears' integers exactly in inference too (BF16 tensor cores on integer operands), so the
+// two give the same logits bit for bit; the CPU's fake-quantized model gives them up to the float ops that
+// differ between CPU and GPU (erf, exp: an ulp), each such difference moving an activation across a
+// quantizer's rounding boundary at most (one step there). With the attention products as integers too
+// (the default: ops::int8_attention_integers), the CPU integer engine's logits and the fake-quantized
+// model's up to such steps. The integer copy of the weights is what runs; recording gradients, and after
+// clearing, the float path. The same in BF16 mixed precision.
 TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
   if (!Device::cuda_available())
     GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): this test runs on a machine with an NVIDIA GPU";
@@ -649,14 +651,29 @@ TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
   const std::vector<float> cpu_fake = eval_logits(*on_cpu, false);  // exact sums, attention products in float
   const std::vector<float> fake = eval_logits(model, false, *gpu), recorded = eval_logits(model, true, *gpu);
   EXPECT_THROW(model.prepare_integer_inference(/*integer_decoder=*/true), UserError);  // the decoder: CPU only
-  EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);
-  EXPECT_EQ(model.integer_attention_layers(), 0);  // the products stay fake-quantized in float on the GPU
+  EXPECT_EQ(model.prepare_integer_inference(false, true, /*integer_attention=*/false), 6 * c.num_hidden_layers + 2);
+  EXPECT_EQ(model.integer_attention_layers(), 0);                   // the products fake-quantized in float
   EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers);  // Q, K, V as one integer linear
-  const std::vector<float> integer = eval_logits(model, false, *gpu);
-  EXPECT_EQ(integer, fake);
+  EXPECT_EQ(eval_logits(model, false, *gpu), fake);
   // The projections one by one: the same logits.
-  model.prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false);
+  model.prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false, false);
   EXPECT_EQ(model.fused_projection_layers(), 0);
+  EXPECT_EQ(eval_logits(model, false, *gpu), fake);
+  // The attention products as integers too.
+  model.prepare_integer_inference();
+  EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers);
+  const std::vector<float> integer = eval_logits(model, false, *gpu);
+  const double fake_difference = largest_relative_difference(integer, fake);
+  on_cpu->prepare_integer_inference();
+  const double engine_difference = largest_relative_difference(integer, eval_logits(*on_cpu, false));
+  on_cpu->clear_integer_inference();
+  std::cout << "[ info ] GPU integer attention vs the fake-quantized logits: largest difference " << fake_difference
+            << ", vs the CPU integer engine: " << engine_difference << " of the largest logit\n";
+  EXPECT_LE(fake_difference, 1e-3);
+  EXPECT_LE(engine_difference, 2e-2);  // (the CPU's erf and exp apart, as the float paths below)
+  // The projections one by one leave the products fake-quantized (the kernel reads the fused linear's integers).
+  model.prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false);
+  EXPECT_EQ(model.integer_attention_layers(), 0);
   EXPECT_EQ(eval_logits(model, false, *gpu), fake);
   model.prepare_integer_inference();
   const double cpu_difference = largest_relative_difference(integer, cpu_fake);
@@ -686,10 +703,24 @@ TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
     if (!q->is_weight) in_bf16->parameters().get(q->scale).value.fill(0.03f * (1.0f + 0.0137f * float(index++)));
   in_bf16->place_on(*gpu_bf16);
   const std::vector<float> fake_bf16 = eval_logits(*in_bf16, false, *gpu_bf16);
-  in_bf16->prepare_integer_inference();
+  in_bf16->prepare_integer_inference(false, true, /*integer_attention=*/false);
   EXPECT_EQ(eval_logits(*in_bf16, false, *gpu_bf16), fake_bf16);
   in_bf16->prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false);
   EXPECT_EQ(eval_logits(*in_bf16, false, *gpu_bf16), fake_bf16);
+  // Integer attention in BF16: the scores and probabilities rounded to BF16 as the fake-quantized model
+  // stores them, whose products sum exactly in inference (ops::exact_quantized_attention); without the exact
+  // sums, it multiplies BF16 roundings of the quantized values.
+  in_bf16->prepare_integer_inference();
+  EXPECT_EQ(in_bf16->integer_attention_layers(), c.num_hidden_layers);
+  const std::vector<float> integer_bf16 = eval_logits(*in_bf16, false, *gpu_bf16);
+  const double bf16_difference = largest_relative_difference(integer_bf16, fake_bf16);
+  in_bf16->clear_integer_inference();
+  in_bf16->set_exact_sums(false);
+  const double rounded_difference = largest_relative_difference(integer_bf16, eval_logits(*in_bf16, false, *gpu_bf16));
+  std::cout << "[ info ] BF16: GPU integer attention vs the fake-quantized logits: largest difference "
+            << bf16_difference << " of the largest logit (" << rounded_difference << " without exact sums)\n";
+  EXPECT_LE(bf16_difference, 1e-3);
+  EXPECT_LE(rounded_difference, 5e-2);
 }
 
 // The MLM decoder as integers too (opt-in; no quantizer of the model covers it): its logits are the float

@@ -1417,6 +1417,188 @@ TEST_F(CudaOps, Int8LinearQuantizedEqualsTheOpsOneByOne) {
   }
 }
 
+// INT8 self-attention as int8_attention_integers documents it, on the host: exact integer products, the
+// scores and probabilities rounded to BF16 where `bf16` (as the BF16 fake-quantized model stores them),
+// softmax in float (std::exp), the context rounded as stored. Integers (B, T, H D) in q, k, v.
+std::vector<float> int8_attention_reference(const std::array<std::vector<int8_t>, 3>& qkv,
+                                            const std::vector<float>& mask, int64_t batch, int64_t t, int64_t heads,
+                                            int64_t d, const ops::Int8AttentionScales& scales, double alpha,
+                                            bool bf16) {
+  auto stored = [bf16](float v) { return bf16 ? bf16_representable(v) : v; };
+  const int64_t width = heads * d;
+  const float score_scale = scales.q * static_cast<float>(scales.k * alpha), context_scale = scales.probs * scales.v;
+  std::vector<float> y(static_cast<size_t>(batch * t * width)), s(static_cast<size_t>(t));
+  std::vector<int> p(static_cast<size_t>(t));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < t; ++i) {
+        const int8_t* q = qkv[0].data() + (b * t + i) * width + h * d;
+        float max = -std::numeric_limits<float>::infinity(), sum = 0;
+        for (int64_t j = 0; j < t; ++j) {
+          const int8_t* k = qkv[1].data() + (b * t + j) * width + h * d;
+          int dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += int(q[c]) * int(k[c]);
+          s[j] = stored(float(dot) * score_scale) + mask[size_t(b * t + j)];
+          max = std::max(max, s[j]);
+        }
+        for (int64_t j = 0; j < t; ++j) sum += s[j] = std::exp(s[j] - max);
+        const float inverse = 1.0f / sum;
+        for (int64_t j = 0; j < t; ++j)
+          p[j] = int(std::clamp(std::nearbyint(stored(s[j] * inverse) / scales.probs), -128.0f, 127.0f));
+        for (int64_t c = 0; c < d; ++c) {
+          int dot = 0;
+          for (int64_t j = 0; j < t; ++j) dot += p[j] * int(qkv[2][size_t((b * t + j) * width + h * d + c)]);
+          y[size_t((b * t + i) * width + h * d + c)] = stored(float(dot) * context_scale);
+        }
+      }
+  return y;
+}
+
+// INT8 self-attention on the GPU (int8_attention_integers: int8 tensor-core products of the integers of Q, K
+// and V) against the CPU's integer attention (int8_attention, FP32) and the host reference above (FP32 and
+// BF16). The products' sums are exact on every side; the softmax differs by expf against the host's exp and
+// by summation order, and such a difference can move a probability across its quantizer's rounding boundary:
+// one quantization step of one probability, at most sp * sv * 128 in a context value. So: at most 2 such
+// steps in any value, and nearly every value equal (within 1e-6 of the largest). Against the fake-quantized
+// ops on the GPU (head_scores, softmax with the probabilities' quantizer, head_context) on the same values:
+// the same in FP32; in BF16 those multiply BF16 roundings of the quantized values (q * scale is not a BF16
+// number), so scores a BF16 step apart and more probabilities a step apart (1.4% of the mean value, on
+// average, here): the mean difference within 2.5% of the mean value. The fake-quantized model's products with exact
+// sums (exact_quantized_attention: cuBLAS on the integers) as the CPU engine, in both precisions. The int8 output is
+// the stored context quantized at the consumer's scale, bit for bit. Lengths of 1 to 512 (partial chunks of 32 keys and
+// blocks of 64 queries), padded keys, head sizes 32, 64, 128.
+TEST_F(CudaOps, Int8AttentionOnTheGpuEqualsTheCpuEngine) {
+  struct Case {
+    int64_t batch, t, heads, d;
+  };
+  for (const Case& c :
+       {Case{3, 37, 2, 64}, Case{2, 128, 3, 32}, Case{1, 300, 2, 128}, Case{2, 512, 1, 64}, Case{2, 1, 2, 64}}) {
+    const int64_t width = c.heads * c.d, n = c.batch * c.t * width;
+    SCOPED_TRACE("B " + std::to_string(c.batch) + " T " + std::to_string(c.t) + " H " + std::to_string(c.heads) +
+                 " D " + std::to_string(c.d));
+    std::mt19937 gen(uint32_t(c.t * 7 + c.d));
+    std::uniform_int_distribution<int> byte(-128, 127);
+    std::array<std::vector<int8_t>, 3> integers;
+    for (auto& v : integers) {
+      v.resize(size_t(n));
+      for (int8_t& x : v) x = static_cast<int8_t>(byte(gen));
+    }
+    // Scores spread over a few units (some probabilities near 1, most near 0), the probabilities' quantizer
+    // at 1 / 127 as max calibration sets it.
+    const ops::Int8AttentionScales scales{0.0231f, 0.0187f, 0.0313f, 1.0f / 127};
+    const double alpha = 1.0 / std::sqrt(double(c.d));
+    std::vector<float> mask(size_t(c.batch * c.t), 0.0f);
+    for (int64_t b = 0; b < c.batch; ++b)  // sequence b: its last b * 3 keys padded (one key stays)
+      for (int64_t j = std::max<int64_t>(1, c.t - 3 * b); j < c.t; ++j) mask[size_t(b * c.t + j)] = -10000.0f;
+    std::array<std::vector<float>, 3> values;  // the fake-quantized model's Q, K, V
+    const std::array<float, 3> operand_scales = {scales.q, scales.k, scales.v};
+    for (int i = 0; i < 3; ++i) {
+      values[i].resize(size_t(n));
+      for (int64_t j = 0; j < n; ++j) values[i][j] = float(integers[i][j]) * operand_scales[i];
+    }
+    const Shape shape{c.batch, c.t, width};
+    std::vector<float> cpu;
+    {
+      Graph<float> g(Device::cpu());
+      NoGradGuard<float> no_grad(g);
+      auto in = [&](const std::vector<float>& v) { return g.input(std::span<const float>(v), shape); };
+      cpu = g.to_host(ops::int8_attention(g, in(values[0]), in(values[1]), in(values[2]),
+                                          g.input(std::span<const float>(mask), Shape{c.batch, c.t}), c.heads, scales,
+                                          alpha));
+    }
+    const float step = scales.probs * scales.v * 128;  // one probability's quantization step, at most
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = gpu->precision() == Precision::kBf16;
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      Graph<float> g(*gpu);
+      NoGradGuard<float> no_grad(g);
+      ASSERT_TRUE(ops::int8_attention_fits(g, c.d, c.t));
+      std::array<Var, 3> qkv;
+      for (int i = 0; i < 3; ++i) {
+        qkv[i] = g.emit(shape, {}, DType::kS8);
+        gpu->copy_to_device(g.data(qkv[i]), integers[i].data(), size_t(n));
+      }
+      const Var mv = g.input(std::span<const float>(mask), Shape{c.batch, c.t});
+      const Var context = ops::int8_attention_integers(g, qkv[0], qkv[1], qkv[2], mv, c.heads, scales, alpha);
+      EXPECT_EQ(g.dtype(context), g.activation_dtype());
+      EXPECT_EQ(g.shape(context), shape);
+      const std::vector<float> y = g.to_host(context);
+      // The fake-quantized ops on the same values.
+      auto in = [&](const std::vector<float>& v) { return g.input(std::span<const float>(v), shape); };
+      const Var q = in(values[0]), k = in(values[1]), v = in(values[2]);
+      const float probs_scale = scales.probs;
+      const Var sp = g.input(std::span<const float>(&probs_scale, 1), Shape{1});
+      Rng rng(1);
+      const Var probs = ops::softmax_dropout(g, ops::head_scores(g, q, k, c.heads, alpha), mv, 0.0, false, rng,
+                                             ops::QuantizeOutput{sp});
+      const std::vector<float> fake = g.to_host(ops::head_context(g, probs, v, c.heads));
+      const std::vector<float> exact =
+          g.to_host(ops::exact_quantized_attention(g, q, k, v, mv, c.heads, scales, alpha, ops::QuantizeOutput{sp}));
+      const std::vector<float> reference =
+          int8_attention_reference(integers, mask, c.batch, c.t, c.heads, c.d, scales, alpha, bf16);
+      using Reference = std::pair<const std::vector<float>*, const char*>;
+      for (const auto& [expected, name] :
+           {Reference{&cpu, "CPU engine"}, Reference{&reference, "host reference"},
+            Reference{&exact, "exact_quantized_attention"}, Reference{&fake, "fake-quantized ops"}}) {
+        if (bf16 && expected == &cpu) continue;  // (the CPU engine rounds nothing to BF16)
+        double largest = 0, worst = 0, total = 0, magnitude = 0;
+        int64_t apart = 0;
+        for (int64_t j = 0; j < n; ++j) largest = std::max(largest, std::abs(double((*expected)[j])));
+        for (int64_t j = 0; j < n; ++j) {
+          const double diff = std::abs(double(y[j]) - (*expected)[j]);
+          worst = std::max(worst, diff);
+          total += diff, magnitude += std::abs(double((*expected)[j]));
+          apart += diff > 1e-6 * largest;
+        }
+        std::cout << "[ info ] " << name << (bf16 ? " (bf16)" : "") << ": " << apart << " of " << n
+                  << " context values apart, largest difference " << worst << " (a step: " << step
+                  << "), mean difference " << total / double(n) << " (mean value " << magnitude / double(n) << ")\n";
+        if (bf16 && expected == &fake) {
+          EXPECT_LE(total, 2.5e-2 * magnitude) << name;
+        } else {
+          EXPECT_LE(worst, 2 * step) << name;
+          EXPECT_LE(double(apart), 0.01 * double(n)) << name;
+        }
+      }
+      // The context's integers at the output layer's scale: the stored context quantized.
+      const float out_scale = 0.0117f;
+      const Var quantized =
+          ops::int8_attention_integers(g, qkv[0], qkv[1], qkv[2], mv, c.heads, scales, alpha, out_scale);
+      EXPECT_EQ(g.dtype(quantized), DType::kS8);
+      std::vector<float> want(y.size());
+      for (size_t j = 0; j < y.size(); ++j) want[j] = std::clamp(std::nearbyint(y[j] / out_scale), -128.0f, 127.0f);
+      EXPECT_EQ(g.to_host(quantized), want);
+      if (c.t == 37) {  // no mask: every key counts
+        const std::vector<float> unmasked =
+            g.to_host(ops::int8_attention_integers(g, qkv[0], qkv[1], qkv[2], Var{}, c.heads, scales, alpha));
+        std::vector<float> zeros(mask.size(), 0.0f);
+        const Var zero_mask = g.input(std::span<const float>(zeros), Shape{c.batch, c.t});
+        EXPECT_EQ(unmasked, g.to_host(ops::int8_attention_integers(g, qkv[0], qkv[1], qkv[2], zero_mask, c.heads,
+                                                                   scales, alpha)));
+      }
+    }
+  }
+  // What it covers, and bad input.
+  Graph<float> g(*gpu_);
+  NoGradGuard<float> no_grad(g);
+  EXPECT_FALSE(ops::int8_attention_fits(g, 16, 128));
+  EXPECT_FALSE(ops::int8_attention_fits(g, 64, 513));
+  const Shape shape{1, 8, 64};
+  const std::vector<float> x(64 * 8, 0.5f);
+  const Var floats = g.input(std::span<const float>(x), shape);
+  const Var s8 = g.emit(shape, {}, DType::kS8);
+  const ops::Int8AttentionScales scales{0.1f, 0.1f, 0.1f, 1.0f / 127};
+  EXPECT_THROW(ops::int8_attention_integers(g, floats, floats, floats, Var{}, 1, scales, 0.125), std::exception);
+  EXPECT_THROW(ops::int8_attention_integers(g, s8, s8, s8, Var{}, 3, scales, 0.125), std::exception);  // 64 / 3
+  EXPECT_THROW(ops::int8_attention_integers(g, s8, s8, s8, Var{}, 4, scales, 0.125), std::exception);  // head 16
+  EXPECT_THROW(ops::int8_attention_integers(g, s8, s8, s8, Var{}, 1, {0.1f, 0.0f, 0.1f, 0.1f}, 0.125), std::exception);
+  Graph<float> cpu_graph(Device::cpu());
+  NoGradGuard<float> cpu_no_grad(cpu_graph);
+  const Var on_cpu = cpu_graph.input(std::span<const float>(x), shape);
+  EXPECT_THROW(ops::int8_attention_integers(cpu_graph, on_cpu, on_cpu, on_cpu, Var{}, 1, scales, 0.125),
+               std::exception);
+}
+
 // LayerNorm writing its output only as its readers' quantizers read it (add_layer_norm_quantized, GPU
 // integer inference) against the ops one by one: dropout_add_layer_norm (with the add's input quantizer or
 // without), then fake_quantize of the stored output for each reader, bit for bit in FP32 and BF16; int8
