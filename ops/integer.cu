@@ -210,6 +210,8 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
   Kernel kernel = nullptr;
   if constexpr (std::is_same_v<O, int8_t>) {  // every part quantized
     kernel = gelu ? wg::gemm_dequantize<A, O, true, true> : wg::gemm_dequantize<A, O, false, true>;
+    if constexpr (std::is_same_v<A, cuda::bf16>)
+      if (e.table) kernel = wg::gemm_dequantize<A, O, true, true, true>;
   } else if (quantizes(e)) {
     kernel = gelu ? wg::gemm_dequantize<A, O, true, true> : wg::gemm_dequantize<A, O, false, true>;
   } else {
@@ -552,6 +554,12 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
     auto run = [&](auto out_tag) {
       using O = typename decltype(out_tag)::type;
       if (gemm == DeviceInt8Gemm::kFastest && weights.tensor_map()) {
+        // BF16 GELU into one quantized part: the epilogue looks the integers up (int8_epilogue_table).
+        if (std::is_same_v<A, cuda::bf16> && std::is_same_v<O, int8_t> && gelu && parts.size() == 1) {
+          int8_t* table = g.scratch<int8_t>(65536);
+          BERT_LAUNCH(cuda::int8_epilogue_table, 65536, g, table, e.scale[0], e.reciprocal[0]);
+          e.table = table;
+        }
         launch_wgmma<A, O>(g, e, q, weights, rows, gelu);
       } else {
         const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows

@@ -38,6 +38,10 @@ struct Int8Epilogue {
   void* out[3];
   float scale[3];
   float reciprocal[3];  // 1 / scale rounded to nearest (ScaleDivision), a normal float; 1 where unquantized
+  // With BF16 activations, GELU and one quantized part, written as int8: that part's integer for each BF16
+  // value of the linear's output, indexed by its 16 bits (int8_epilogue_table), or nullptr. The output
+  // is rounded to BF16 before GELU, so the epilogue's arithmetic after that rounding is a lookup.
+  const int8_t* table = nullptr;
   template <typename V>
   __host__ __device__ __forceinline__ static V pick(int p, const V (&v)[3]) {
     return p == 0 ? v[0] : p == 1 ? v[1] : v[2];
@@ -68,6 +72,18 @@ __device__ __forceinline__ O int8_epilogue_value(float v, float scale, float rec
     return from_float<O>(fminf(fmaxf(rintf(ScaleDivision::normal_quotient(v, scale, reciprocal)), -128.0f), 127.0f) *
                          scale);
   }
+}
+
+// The table of Int8Epilogue::table for a quantizer at (scale, reciprocal): entry b is the integer
+// int8_epilogue_value gives for the BF16 value of bits b, GELU applied: the same function, so the same values.
+__global__ void int8_epilogue_table(int8_t* table, float scale, float reciprocal) {
+  BERT_GRID_STRIDE(i, 65536) {
+    const float v = to_float(__ushort_as_bfloat16(static_cast<unsigned short>(i)));
+    table[i] = int8_epilogue_value<bf16, int8_t, true, true>(v, scale, reciprocal);
+  }
+}
+__device__ __forceinline__ int8_t int8_epilogue_lookup(const int8_t* table, float v) {
+  return __ldg(table + __bfloat16_as_ushort(from_float<bf16>(v)));
 }
 
 namespace int8_wgmma {
@@ -140,8 +156,9 @@ __device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b) {
 }
 #endif
 
-// Activations of type A, outputs of type O (A, or int8 where every part is quantized); kQuantize: some part is.
-template <typename A, typename O, bool kGelu, bool kQuantize>
+// Activations of type A, outputs of type O (A, or int8 where every part is quantized); kQuantize: some part is;
+// kTable: e.table gives the integers (A BF16, O int8, GELU, one part).
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable = false>
 __global__ void __launch_bounds__(kThreads, kBlocks)
     gemm_dequantize(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
                     const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
@@ -218,8 +235,13 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
                   v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
       Pack<O, 2> pair;  // one shared-memory store for the two channels
-      pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
-      pair.v[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
+      if constexpr (kTable) {
+        pair.v[0] = int8_epilogue_lookup(e.table, v0);
+        pair.v[1] = int8_epilogue_lookup(e.table, v1);
+      } else {
+        pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
+        pair.v[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
+      }
       store_pack<2>(reinterpret_cast<O*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local, pair);
     }
   }

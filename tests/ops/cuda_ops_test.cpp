@@ -1335,7 +1335,8 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
 // cuBLASLt's; the int8 outputs are those integers (the fake-quantized values divided by the scale), and an
 // int8_linear reading them gives the values it gives reading the fake-quantized values. Parts of odd
 // widths (16-byte pieces cut across parts and rows), an unquantized part, inputs of 200 (rows padded to
-// 208 bytes when the integers are read).
+// 208 bytes when the integers are read); one part with GELU into int8 in BF16 (the wgmma epilogue's lookup
+// table, Int8Epilogue::table).
 TEST_F(CudaOps, Int8LinearQuantizedEqualsTheOpsOneByOne) {
   struct Case {
     int64_t rows, k;
