@@ -5,7 +5,7 @@
 # predictions equal to the fake-quantized model's), the same for task models fine-tuned from it (Brown genres,
 # 600 BF16 steps; part-of-speech tags, 1,000; cache/tasks from scripts/brown_tasks.py, TASKS= leaves them
 # out), and `train-step-bench --modes fp32,fp32-fused,qat,int8` for the
-# evaluation throughput of BERT-base and mini at batch 128, 8 and 1 (float with the attention products
+# evaluation throughput of BERT-base and mini at batch 128, 32, 8 and 1 (float with the attention products
 # unfused and fused, fake-quantized and INT8 in
 # the precision given), in BF16 and FP32, beside PyTorch in BF16 (bench/torch_step_bench.py: SDPA and fused
 # AdamW, eager and compiled; TORCH=0 leaves it out). Writes RESULTS_DIR/{int8-SET-PRECISION,bench-PRECISION,
@@ -13,7 +13,9 @@
 #   bash bench/gpu_int8.sh [RESULTS_DIR]
 # Needs an NVIDIA GPU, a bundle (PACK=1 bash scripts/gpu_bundle.sh) and the demo shards in cache/data
 # (scripts/demo_data.sh). Environment: STEPS (3000), BIN (a build's tools and bench instead of the bundle),
-# AGREEMENT=0 (the throughput alone: no model trained, no agreement measured).
+# AGREEMENT=0 (the throughput alone: no model trained, no agreement measured), PRECISIONS (ours, default
+# "bf16 fp32"), COMPILED (PyTorch's runs under torch.compile, default "base-128 base-32 mini-128 base-8
+# base-1").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-runs/gpu-int8}
@@ -62,17 +64,17 @@ agreement() {
   done
 }
 [ "${AGREEMENT:-1}" = 0 ] || agreement
-for precision in bf16 fp32; do
-  run train-step-bench --device cuda --precision $precision --presets base,mini --batches 128,8,1 --seq 128 \
+for precision in ${PRECISIONS:-bf16 fp32}; do
+  run train-step-bench --device cuda --precision $precision --presets base,mini --batches 128,32,8,1 --seq 128 \
     --vocab 30522 --steps 20 --warmup 3 --warmup-seconds 1 --modes fp32,fp32-fused,qat,int8 \
     --json "$results/bench-$precision.json" | grep -E "^(device|mini|base) "
 done
 [ "${TORCH:-1}" = 1 ] || exit 0
 torch=(python3 bench/torch_step_bench.py --device cuda --dtype bf16 --seq 128 --vocab 30522 --steps 20 --warmup 3
   --warmup-seconds 1 --attention sdpa --adamw fused)
-"${torch[@]}" --presets base,mini --batches 128,8,1 > "$results/torch-sdpa.json"
-for config in "base 128" "mini 128" "base 8" "base 1"; do
-  set -- $config
+"${torch[@]}" --presets base,mini --batches 128,32,8,1 > "$results/torch-sdpa.json"
+for config in ${COMPILED:-base-128 base-32 mini-128 base-8 base-1}; do
+  set -- ${config/-/ }
   "${torch[@]}" --presets "$1" --batches "$2" --compile > "$results/torch-compiled-$1-$2.json"
 done
 grep -h eval_seq_per_s "$results"/torch-*.json
