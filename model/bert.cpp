@@ -330,6 +330,11 @@ bool epilogue_scale(ParameterArena<float>& params, const Quantizer& q, float& sc
 }
 }  // namespace
 
+ops::Int8AttentionScales Bert::attention_scales(const Layer& l) {
+  auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
+  return {scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v), scale_of(l.matmul_a)};
+}
+
 Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training, Rng& rng,
                     std::span<const Var> x_read, std::vector<Var>& ffn_inputs) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
@@ -352,15 +357,14 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
   };
   // Integer attention (inference) quantizes its operands itself (to the same integers the quantizers give).
   if (l.integer_attention && !g.on_cuda() && !g.grad_enabled() && !training) {
-    auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
-    const ops::Int8AttentionScales scales{scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v),
-                                          scale_of(l.matmul_a)};
+    const ops::Int8AttentionScales scales = attention_scales(l);
     const double alpha = 1.0 / std::sqrt(static_cast<double>(d));
     Var context;
     if (l.integer_projections && l.query.runs_integer(g) && l.key.runs_integer(g) && l.value.runs_integer(g)) {
       // x quantized once for the three projections (their one input scale).
-      Var qkv = ops::int8_linear(g, inputs[0], *l.integer_projections, scale_of(l.self_input), l.projection_scales,
-                                 g.constant(TensorView<float>(l.projection_bias.data(), Shape{3 * h * d})));
+      Var qkv =
+          ops::int8_linear(g, inputs[0], *l.integer_projections, l.query.input_scale(params_), l.projection_scales,
+                           g.constant(TensorView<float>(l.projection_bias.data(), Shape{3 * h * d})));
       context = ops::int8_attention_packed(g, qkv, mask, h, scales, alpha);
     } else {
       context = ops::int8_attention(g, l.query.forward_quantized_input(g, params_, inputs[0]),
@@ -420,11 +424,8 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
     } else if (g.on_cuda() && !g.grad_enabled() && !training && exact_sums_ &&
                per_tensor_int8(matmul_inputs, params_)) {
       // Inference with exact sums: the products on the integers behind the fake-quantized values.
-      auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
-      const ops::Int8AttentionScales scales{scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v),
-                                            scale_of(l.matmul_a)};
       const Shape scores_shape{g.shape(q)[0], h, t, t};
-      context = ops::exact_quantized_attention(g, q, k, v, mask, h, scales, inverse_sqrt_d,
+      context = ops::exact_quantized_attention(g, q, k, v, mask, h, attention_scales(l), inverse_sqrt_d,
                                                l.matmul_a.fused_output(g, params_, scores_shape));
     } else {
       const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d);  // (B, H, T, T)
@@ -471,9 +472,7 @@ Var Bert::integer_attention_on_gpu(Graph<float>& g, Layer& l, Var x, Var mask, i
     told_float_attention_ = true;
     return Var{};
   }
-  auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
-  const ops::Int8AttentionScales scales{scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v),
-                                        scale_of(l.matmul_a)};
+  const ops::Int8AttentionScales scales = attention_scales(l);
   // Q, K and V as the integers of their quantizers, from one GEMM.
   const std::array<ops::Int8OutputPart, 3> parts = {
       ops::Int8OutputPart{l.query.out, scales.q}, {l.key.out, scales.k}, {l.value.out, scales.v}};

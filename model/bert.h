@@ -187,6 +187,8 @@ class Bert {
   // Q, K and V of x by the GPU's fused integer projections with the attention products' input quantizers
   // applied in its epilogue, where they run in g (else empty: the projections one by one).
   std::vector<Var> integer_projections_on_gpu(Graph<float>& g, Layer& layer, Var x);
+  // The per-tensor scales of the attention products' four quantizers (integer or exact products).
+  ops::Int8AttentionScales attention_scales(const Layer& layer);
   // The context of integer attention on a GPU (ops::int8_attention_integers on the integers the fused
   // projections write), as the output layer reads it; Var{} where it does not run (the float path then).
   Var integer_attention_on_gpu(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t t, bool training);
