@@ -134,6 +134,17 @@ void* ParameterArena<T>::bf16_copy_for_update() {
   return bf16_copy_.data();
 }
 
+template <typename T>
+void ParameterArena<T>::upload_bf16_copy(std::span<const uint16_t> bits) {
+  BERT_CHECK(
+      static_cast<int64_t>(bits.size()) == padded_size_,
+      "upload_bf16_copy: " + std::to_string(bits.size()) + " values for an arena of " + std::to_string(padded_size_));
+  void* copy = bf16_copy_for_update();
+  if (!copy) return;
+  device_->copy_to_device(copy, bits.data(), bits.size_bytes());
+  bf16_copy_updated();
+}
+
 template class ParameterArena<float>;
 template class ParameterArena<double>;
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -81,6 +82,10 @@ class ParameterArena {
   void* bf16_copy_for_update();
   void bf16_copy_updated() { bf16_current_ = bf16_copy_.data() != nullptr; }
   bool bf16_copy_current() const { return bf16_current_; }
+  // For inference, where no optimizer writes it: the copy from `bits`, values() each rounded to nearest BF16
+  // (its 16-bit pattern, padding included), current until the values change. The caller makes sure the host
+  // values are the device's (download_values first). Nothing unless the arena is on a GPU in BF16.
+  void upload_bf16_copy(std::span<const uint16_t> bits);
 
  private:
   struct Entry {

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <utility>
 
+#include "kernels/gemm.h"
 #include "ops/ops.h"
 #include "sys/error.h"
 
@@ -70,6 +72,16 @@ void Bert::place_on(const Device& device) {
   clip_counters_ = DeviceBuffer(device, all.size() * sizeof(int64_t));
   device.fill_zero(clip_counters_.data(), clip_counters_.bytes());
   for (size_t i = 0; i < all.size(); ++i) all[i]->device_clipped = clip_counters_.as<int64_t>() + i;
+}
+
+void Bert::round_weights_for_inference() {
+  if (!params_.on_cuda() || params_.device().precision() != Precision::kBf16) return;
+  params_.download_values();
+  const TensorView<float> values = params_.values();
+  std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
+  for (size_t i = 0; i < bits.size(); ++i)
+    bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(round_to_bf16(values[i])) >> 16);
+  params_.upload_bf16_copy(bits);
 }
 
 void Bert::collect_clip_counts() {
@@ -170,6 +182,7 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
     throw UserError(
         "an integer MLM decoder runs on the CPU only: on a GPU the decoder stays in the activations' precision "
         "(leave out --int8-decoder)");
+  round_weights_for_inference();  // what stays in float (the MLM decoder) reads BF16 weights made once
   int64_t prepared = 0;
   for (Linear* l : quantizable_linears()) prepared += l->prepare_integer(params_);
   for (Layer& l : layers_) {

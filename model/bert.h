@@ -75,6 +75,10 @@ class Bert {
   // evaluation there; the host copy stays the one initialize() and checkpoints use (see
   // ParameterArena). The device must outlive the model.
   void place_on(const Device& device);
+  // On a GPU in BF16, for inference: the weights rounded to BF16 once (the arena's BF16 copy, from the
+  // device's values), which the GEMMs then read instead of rounding each weight at each use. Training's
+  // optimizer keeps that copy itself; anything that changes the values makes it stale (it is then not used).
+  void round_weights_for_inference();
   // On a GPU, adds the saturation counts gathered on the device to each quantizer's `clipped` (one
   // copy for all quantizers); nothing to do on the CPU, where they are counted directly.
   void collect_clip_counts();

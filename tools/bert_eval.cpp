@@ -531,6 +531,7 @@ int run(Args& a) {
                     "' has no enabled quantizers (an FP32 model): give a QAT checkpoint or one saved with "
                     "--save-calibrated");
   model.place_on(*device);
+  model.round_weights_for_inference();
   // Self-attention fused where that is the faster (BF16 on a GPU; a float model's, not the integer engine's).
   model.set_fused_attention(device->is_cuda() && model::Bert::fused_attention_is_faster(a.precision));
   Graph<float> g(*device);

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -119,7 +120,8 @@ TEST(Optimizer, AdamWAndLambMatchTheReferenceComputation) {
 
 // On a GPU in BF16 mixed precision AdamW writes the arena's BF16 copy beside the values: each element
 // the value rounded to nearest, handed out only while current (an upload marks it stale), and a linear
-// layer reading it gives bit for bit what rounding the weights itself gives. FP32 keeps no copy.
+// layer reading it gives bit for bit what rounding the weights itself gives; the copy an inference uploads
+// (upload_bf16_copy) is the same. FP32 keeps no copy.
 TEST(Optimizer, KeepsTheArenasBf16CopyOnABf16Gpu) {
   if (!Device::cuda_available())
     GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
@@ -179,6 +181,16 @@ TEST(Optimizer, KeepsTheArenasBf16CopyOnABf16Gpu) {
     arena.upload_values();
     EXPECT_FALSE(arena.bf16_copy_current());
     EXPECT_EQ(arena.get(0).device_bf16, nullptr);
+    EXPECT_EQ(product(), from_copy);
+    // The copy an inference makes from the host values (Bert::round_weights_for_inference): current again,
+    // the same bits as the optimizer's, the same product.
+    std::vector<uint16_t> bits(static_cast<size_t>(arena.values().numel()));
+    for (size_t i = 0; i < bits.size(); ++i)
+      bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(round_to_bf16(arena.values()[i])) >> 16);
+    EXPECT_THROW(arena.upload_bf16_copy(std::span<const uint16_t>(bits).first(bits.size() - 1)), std::exception);
+    arena.upload_bf16_copy(bits);
+    ASSERT_TRUE(arena.bf16_copy_current());
+    EXPECT_NE(arena.get(0).device_bf16, nullptr);
     EXPECT_EQ(product(), from_copy);
   }
 }
