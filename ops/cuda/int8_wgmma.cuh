@@ -10,7 +10,10 @@
 // (128-byte swizzle) into a ring of kStages stages guarded by mbarriers; two consumer warpgroups each
 // multiply 64 rows of the tile (wgmma m64n128k32, four a slice) and release the stage. The epilogue
 // stages each warpgroup's outputs in shared memory and writes them out in 16-byte pieces along the rows.
-// Two blocks an SM.
+// Two blocks an SM. With 1- and 2-byte outputs whose parts end on tile boundaries the staging has room of
+// its own beside the stages and the kernel is persistent: a block takes tile after tile (gridDim.x blocks,
+// tile i + gridDim.x next), and the producer loads the next tile's slices while the consumers finish the
+// last. Otherwise the staging reuses the stages and a block makes one tile.
 #pragma once
 
 #include <cuda.h>
@@ -96,11 +99,23 @@ constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
 template <typename O>
 constexpr int kOutRow = kTileN* int(sizeof(O)) + 16;
 template <typename O>
-constexpr int kData =
-    kStages* kStageBytes > kConsumers * 64 * kOutRow<O> ? kStages* kStageBytes : kConsumers * 64 * kOutRow<O>;
+constexpr int kStaging = kConsumers * 64 * kOutRow<O>;
+// The stages, and the staging after them (persistent) or over them.
+template <typename O, bool kPersistent>
+constexpr int kData = kPersistent                          ? kStages* kStageBytes + kStaging<O>
+                      : kStages* kStageBytes > kStaging<O> ? kStages* kStageBytes
+                                                           : kStaging<O>;
 // Data, 1 KiB of alignment slack (the swizzled tiles start at 1 KiB boundaries), the 2 x kStages barriers.
-template <typename O>
-constexpr int kSharedBytes = kData<O> + 1024 + 2 * kStages * 8;
+template <typename O, bool kPersistent>
+constexpr int kSharedBytes = kData<O, kPersistent> + 1024 + 2 * kStages * 8;
+// Whether the persistent kernel runs: 1- and 2-byte outputs (4-byte staging beside the stages leaves room for
+// one block an SM), every tile inside one part of the output (parts end on tile boundaries).
+inline bool persistent_fits(int output_bytes, const Int8Epilogue& e, int64_t n) {
+  if (output_bytes >= 4) return false;
+  for (int p = 0; p < 3; ++p)
+    if (e.end[p] < n && e.end[p] % kTileN != 0) return false;
+  return true;
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
@@ -157,121 +172,141 @@ __device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b) {
 #endif
 
 // Activations of type A, outputs of type O (A, or int8 where every part is quantized); kQuantize: some part is;
-// kTable: e.table gives the integers (A BF16, O int8, GELU, one part).
-template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable = false>
+// kTable: e.table gives the integers (A BF16, O int8, GELU, one part); kPersistent: a block makes tile after tile
+// (persistent_fits), else one.
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable, bool kPersistent>
 __global__ void __launch_bounds__(kThreads, kBlocks)
     gemm_dequantize(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
                     const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kData<O>);
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kData<O, kPersistent>);
   uint64_t* empty = full + kStages;
-  const int64_t m0 = int64_t(blockIdx.y) * kTileM, n0 = int64_t(blockIdx.x) * kTileN;
   const int group = threadIdx.x >> 7;  // 0, 1: consumers (rows 64 group); 2: the producer warp
-  const int tiles = int((ld + kTileK - 1) / kTileK);
+  const int tiles = int((ld + kTileK - 1) / kTileK);  // K slices
+  // Output tiles, row tiles after column tiles: a block takes tiles blockIdx.x, + gridDim.x, ...
+  const int column_tiles = int((n + kTileN - 1) / kTileN), output_tiles = column_tiles * int((m + kTileM - 1) / kTileM);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], kConsumers);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   if (group == kConsumers) {
-    if (threadIdx.x == kConsumers * 128)
-      for (int t = 0; t < tiles; ++t) {
-        const int s = t % kStages;
-        if (t >= kStages) barrier_wait(&empty[s], (t / kStages - 1) & 1);
-        barrier_expect(&full[s], kStageBytes);
-        uint8_t* stage = shared + s * kStageBytes;
-        tma_load(stage, &q_map, &full[s], t * kTileK, int(m0));
-        tma_load(stage + kTileM * kTileK, &w_map, &full[s], t * kTileK, int(n0));
+    if (threadIdx.x == kConsumers * 128) {
+      int u = 0;  // slices loaded so far, over every tile of this block
+      for (int tile = blockIdx.x; tile < output_tiles; tile += gridDim.x) {
+        const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
+        for (int t = 0; t < tiles; ++t, ++u) {
+          const int s = u % kStages;
+          if (u >= kStages) barrier_wait(&empty[s], (u / kStages - 1) & 1);
+          barrier_expect(&full[s], kStageBytes);
+          uint8_t* stage = shared + s * kStageBytes;
+          tma_load(stage, &q_map, &full[s], t * kTileK, m0);
+          tma_load(stage + kTileM * kTileK, &w_map, &full[s], t * kTileK, n0);
+        }
       }
+    }
     return;
   }
-  int d[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = 0;
   const int row0 = group * 64;
-  for (int t = 0; t < tiles; ++t) {
-    const int s = t % kStages;
-    barrier_wait(&full[s], (t / kStages) & 1);
-    const uint8_t* stage = shared + s * kStageBytes;
-    const uint32_t a = shared_address(stage + row0 * kTileK), b = shared_address(stage + kTileM * kTileK);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < kTileK / 32; ++kk) wgmma(d, descriptor(a + kk * 32), descriptor(b + kk * 32));
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[s]);
-  }
-  // Thread's outputs: rows lane / 4 and + 8 of its warp's 16, channels 2 (lane % 4) and + 1 of each 8.
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-  uint8_t* out = shared + group * 64 * kOutRow<O>;
-  // Decided once for the tile (the usual case: inside n, in one part): no per-column bounds or part picks.
-  const int columns = n - n0 < kTileN ? int(n - n0) : kTileN;  // the tile's columns inside n
-  const int tile_part = e.part(n0);
-  const bool one_part = e.part(n0 + columns - 1) == tile_part;
-  const float tile_scale = Int8Epilogue::pick(tile_part, e.scale),
-              tile_reciprocal = Int8Epilogue::pick(tile_part, e.reciprocal);
-  asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumers * 128) : "memory");  // the consumers are done with the stages
+  uint8_t* out = shared + (kPersistent ? kStages * kStageBytes : 0) + group * 64 * kOutRow<O>;
+  int u = 0;  // slices used so far
+  auto make_tile = [&](int tile) {
+    const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
+    int d[64];
 #pragma unroll
-  for (int j = 0; j < kTileN / 8; ++j) {
-    const int local = j * 8 + (lane & 3) * 2;
-    const int64_t c = n0 + local;
-    float s0 = 0.0f, s1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
-    if (local + 1 < columns) {
-      s0 = __fmul_rn(e.scale_x, e.scale_w[c]), s1 = __fmul_rn(e.scale_x, e.scale_w[c + 1]);
-      b0 = e.bias[c], b1 = e.bias[c + 1];
-    } else if (local < columns) {
-      s0 = __fmul_rn(e.scale_x, e.scale_w[c]), b0 = e.bias[c];
-    }
-    float q0 = tile_scale, r0 = tile_reciprocal, q1 = tile_scale, r1 = tile_reciprocal;  // the quantizers'
-    if (kQuantize && !one_part) {
-      const int p0 = e.part(c), p1 = e.part(c + 1);
-      q0 = Int8Epilogue::pick(p0, e.scale), r0 = Int8Epilogue::pick(p0, e.reciprocal);
-      q1 = Int8Epilogue::pick(p1, e.scale), r1 = Int8Epilogue::pick(p1, e.reciprocal);
-    }
+    for (int i = 0; i < 64; ++i) d[i] = 0;
+    for (int t = 0; t < tiles; ++t, ++u) {
+      const int s = u % kStages;
+      barrier_wait(&full[s], (u / kStages) & 1);
+      const uint8_t* stage = shared + s * kStageBytes;
+      const uint32_t a = shared_address(stage + row0 * kTileK), b = shared_address(stage + kTileM * kTileK);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
-                  v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
-      Pack<O, 2> pair;  // one shared-memory store for the two channels
-      if constexpr (kTable) {
-        pair.v[0] = int8_epilogue_lookup(e.table, v0);
-        pair.v[1] = int8_epilogue_lookup(e.table, v1);
+      for (int kk = 0; kk < kTileK / 32; ++kk) wgmma(d, descriptor(a + kk * 32), descriptor(b + kk * 32));
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[s]);
+    }
+    // Thread's outputs: rows lane / 4 and + 8 of its warp's 16, channels 2 (lane % 4) and + 1 of each 8.
+    // Decided once for the tile (the usual case: inside n, in one part): no per-column bounds or part picks.
+    const int columns = n - n0 < kTileN ? int(n - n0) : kTileN;  // the tile's columns inside n
+    const int tile_part = e.part(n0);
+    const bool one_part = kPersistent || e.part(n0 + columns - 1) == tile_part;
+    const float tile_scale = Int8Epilogue::pick(tile_part, e.scale),
+                tile_reciprocal = Int8Epilogue::pick(tile_part, e.reciprocal);
+    if constexpr (!kPersistent)  // the staging over the stages: both consumers done with them
+      asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumers * 128) : "memory");
+#pragma unroll
+    for (int j = 0; j < kTileN / 8; ++j) {
+      const int local = j * 8 + (lane & 3) * 2;
+      const int64_t c = n0 + local;
+      float s0 = 0.0f, s1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+      if (local + 1 < columns) {
+        s0 = __fmul_rn(e.scale_x, e.scale_w[c]), s1 = __fmul_rn(e.scale_x, e.scale_w[c + 1]);
+        b0 = e.bias[c], b1 = e.bias[c + 1];
+      } else if (local < columns) {
+        s0 = __fmul_rn(e.scale_x, e.scale_w[c]), b0 = e.bias[c];
+      }
+      float q0 = tile_scale, r0 = tile_reciprocal, q1 = tile_scale, r1 = tile_reciprocal;  // the quantizers'
+      if (kQuantize && !one_part) {
+        const int p0 = e.part(c), p1 = e.part(c + 1);
+        q0 = Int8Epilogue::pick(p0, e.scale), r0 = Int8Epilogue::pick(p0, e.reciprocal);
+        q1 = Int8Epilogue::pick(p1, e.scale), r1 = Int8Epilogue::pick(p1, e.reciprocal);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
+                    v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
+        Pack<O, 2> pair;  // one shared-memory store for the two channels
+        if constexpr (kTable) {
+          pair.v[0] = int8_epilogue_lookup(e.table, v0);
+          pair.v[1] = int8_epilogue_lookup(e.table, v1);
+        } else {
+          pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
+          pair.v[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
+        }
+        store_pack<2>(reinterpret_cast<O*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local, pair);
+      }
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
+    constexpr int kPer = 16 / int(sizeof(O)), kPieces = kTileN / kPer;  // 16-byte pieces a row
+    const int64_t tile_begin = e.begin(tile_part), tile_width = e.width(tile_part);
+    // Every piece whole, in the tile's part and 16-byte aligned there: one store each.
+    const bool whole = columns == kTileN && one_part && (n0 - tile_begin) % kPer == 0 && tile_width % kPer == 0;
+    O* const tile_out = static_cast<O*>(Int8Epilogue::pick(tile_part, e.out)) + (n0 - tile_begin);
+    for (int i = threadIdx.x & 127; i < 64 * kPieces; i += 128) {
+      const int local_row = i / kPieces, piece = i % kPieces;
+      const int64_t r = m0 + row0 + local_row;
+      if (r >= m || piece * kPer >= columns) continue;
+      const O* from = reinterpret_cast<const O*>(out + local_row * kOutRow<O>) + piece * kPer;
+      if (whole) {
+        *reinterpret_cast<uint4*>(tile_out + r * tile_width + piece * kPer) = *reinterpret_cast<const uint4*>(from);
+        continue;
+      }
+      const int64_t c = n0 + piece * kPer;
+      const int p = e.part(c);
+      const int64_t begin = e.begin(p), width = e.width(p);
+      if (c + kPer <= begin + width && (c - begin) % kPer == 0 && width % kPer == 0) {
+        *reinterpret_cast<uint4*>(static_cast<O*>(Int8Epilogue::pick(p, e.out)) + r * width + (c - begin)) =
+            *reinterpret_cast<const uint4*>(from);
       } else {
-        pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
-        pair.v[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
-      }
-      store_pack<2>(reinterpret_cast<O*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local, pair);
-    }
-  }
-  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
-  constexpr int kPer = 16 / int(sizeof(O)), kPieces = kTileN / kPer;  // 16-byte pieces a row
-  const int64_t tile_begin = e.begin(tile_part), tile_width = e.width(tile_part);
-  // Every piece whole, in the tile's part and 16-byte aligned there: one store each.
-  const bool whole = columns == kTileN && one_part && (n0 - tile_begin) % kPer == 0 && tile_width % kPer == 0;
-  O* const tile_out = static_cast<O*>(Int8Epilogue::pick(tile_part, e.out)) + (n0 - tile_begin);
-  for (int i = threadIdx.x & 127; i < 64 * kPieces; i += 128) {
-    const int local_row = i / kPieces, piece = i % kPieces;
-    const int64_t r = m0 + row0 + local_row;
-    if (r >= m || piece * kPer >= columns) continue;
-    const O* from = reinterpret_cast<const O*>(out + local_row * kOutRow<O>) + piece * kPer;
-    if (whole) {
-      *reinterpret_cast<uint4*>(tile_out + r * tile_width + piece * kPer) = *reinterpret_cast<const uint4*>(from);
-      continue;
-    }
-    const int64_t c = n0 + piece * kPer;
-    const int p = e.part(c);
-    const int64_t begin = e.begin(p), width = e.width(p);
-    if (c + kPer <= begin + width && (c - begin) % kPer == 0 && width % kPer == 0) {
-      *reinterpret_cast<uint4*>(static_cast<O*>(Int8Epilogue::pick(p, e.out)) + r * width + (c - begin)) =
-          *reinterpret_cast<const uint4*>(from);
-    } else {
-      for (int x = 0; x < kPer && c + x < n; ++x) {
-        const int q = e.part(c + x);
-        static_cast<O*>(Int8Epilogue::pick(q, e.out))[r * e.width(q) + (c + x - e.begin(q))] = from[x];
+        for (int x = 0; x < kPer && c + x < n; ++x) {
+          const int q = e.part(c + x);
+          static_cast<O*>(Int8Epilogue::pick(q, e.out))[r * e.width(q) + (c + x - e.begin(q))] = from[x];
+        }
       }
     }
+    if constexpr (kPersistent)  // the staging read before the next tile's
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
+  };
+  if constexpr (kPersistent) {
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < output_tiles; tile += gridDim.x) make_tile(tile);
+  } else {
+    make_tile(blockIdx.x);
   }
 #else
   __trap();  // launched only where the build has sm_90a code (ops/integer.cu checks)
