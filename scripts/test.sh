@@ -18,12 +18,14 @@ if [ "${BERT_SANITIZERS:-1}" != 0 ]; then
   echo "[test] the suite again under ASan + UBSan (build-asan)"
   # CPU-only: the sanitizers watch host memory (the CUDA code is built above; its tests need a GPU).
   # -g1 (line tables: file:line in the reports) compiles faster than -g; the benchmarks are not needed.
+  # -O1 (the level AddressSanitizer's documentation suggests): on 2 cores the build takes 6 minutes instead
+  # of -O2's 8.5 and the suite 3.6 instead of 2.8, 1.7 minutes less in all.
   # This pass targets AVX2 (x86-64-v3) while the first is native, and takes the AVX2 kernel set
   # (BERT_CPU_KERNELS=avx2: nothing AVX-512 chosen at run time), so every test runs the code an AVX2-only
   # machine runs, whatever this machine has; the kernel tests still hold every set to its reference.
   arch=portable kernels=build
   grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && arch=avx2 kernels=avx2
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DBERT_SANITIZE=address,undefined -DBERT_CUDA=OFF -DBERT_BUILD_BENCH=OFF -DBERT_ARCH=$arch -DBERT_WERROR=ON > /dev/null
   cmake --build build-asan -j "$jobs" > build-asan/build.log 2>&1 || { tail -30 build-asan/build.log; exit 1; }
   # allocator_may_return_null: the fuzz regression inputs make libhdf5 attempt huge mallocs, which
