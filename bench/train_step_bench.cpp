@@ -114,7 +114,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{8}, int64_t{512}))
       ->capture_default_str();
   app.add_option("--modes", modes,
-                 "comma-separated: fp32, fp32-fused (fused attention on a GPU: Bert::set_fused_attention), qat, "
+                 "comma-separated: fp32, fp32-fused (fused attention on a GPU: Bert::set_fused_attention), "
+                 "fp32-recompute (the unfused attention's scores and probabilities computed again in the backward: "
+                 "Bert::set_recompute_attention), qat, "
                  "qat-separate (QAT with every quantizer as an op of its own, the "
                  "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; on a GPU the linear "
                  "layers), int8-separate (int8 with "
@@ -153,11 +155,11 @@ int main(int argc, char** argv) {
   std::set<std::string> wanted_modes;
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
-    if (m != "fp32" && m != "fp32-fused" && m != "qat" && m != "qat-separate" && m != "int8" &&
+    if (m != "fp32" && m != "fp32-fused" && m != "fp32-recompute" && m != "qat" && m != "qat-separate" && m != "int8" &&
         m != "int8-separate" && m != "int8-decoder") {
       std::fprintf(stderr,
-                   "error: --modes: unknown mode '%s' (expected fp32, fp32-fused, qat, qat-separate, int8, "
-                   "int8-separate or int8-decoder)\n",
+                   "error: --modes: unknown mode '%s' (expected fp32, fp32-fused, fp32-recompute, qat, qat-separate, "
+                   "int8, int8-separate or int8-decoder)\n",
                    m.c_str());
       return 2;
     }
@@ -221,12 +223,13 @@ int main(int argc, char** argv) {
       double fp32_step = 0;
       double fp32_eval = 0;
       for (const std::string mode :
-           {"fp32", "fp32-fused", "qat", "qat-separate", "int8", "int8-separate", "int8-decoder"}) {
+           {"fp32", "fp32-fused", "fp32-recompute", "qat", "qat-separate", "int8", "int8-separate", "int8-decoder"}) {
         if (!wanted_modes.contains(mode)) continue;
         const bool qat = mode == "qat" || mode == "qat-separate", int8 = mode.starts_with("int8");
         model::Bert model(config);
         model.initialize(1);
         model.set_fused_attention(mode == "fp32-fused");
+        model.set_recompute_attention(mode == "fp32-recompute");
         model.place_on(*device);
         std::vector<bool> decays;
         for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));

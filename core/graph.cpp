@@ -128,7 +128,7 @@ void Graph<T>::set_profile(OpProfile* profile) {
 }
 
 template <typename T>
-bool Graph<T>::any_requires_grad(std::initializer_list<Var> inputs) const {
+bool Graph<T>::any_requires_grad(std::span<const Var> inputs) const {
   if (!grad_enabled_) return false;
   return std::any_of(inputs.begin(), inputs.end(), [&](Var v) { return node(v).requires_grad; });
 }
@@ -142,18 +142,19 @@ Var Graph<T>::constant(TensorView<T> value) {
 }
 
 template <typename T>
-Var Graph<T>::leaf(TensorView<T> value, TensorView<T> grad) {
+Var Graph<T>::leaf(TensorView<T> value, TensorView<T> grad, bool grad_uninitialised) {
   BERT_CHECK(grad.shape() == value.shape(), "leaf grad " + grad.shape().str() + " vs value " + value.shape().str());
   Node n;
   n.value = value;
   n.grad = grad;
   n.is_leaf = true;
   n.requires_grad = grad_enabled_;
+  n.grad_unwritten = grad_uninitialised && grad_enabled_;
   return push(n);
 }
 
 template <typename T>
-void Graph<T>::note_consumer(std::initializer_list<Var> inputs, int32_t consumer) {
+void Graph<T>::note_consumer(std::span<const Var> inputs, int32_t consumer) {
   for (Var v : inputs) {
     Node& owner = grad_owner(v);
     if (owner.is_leaf && owner.first_consumer < 0) owner.first_consumer = consumer;
@@ -167,6 +168,11 @@ Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, std::source_l
 
 template <typename T>
 Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype, std::source_location made_by) {
+  return emit(shape, std::span<const Var>(inputs.begin(), inputs.size()), dtype, made_by);
+}
+
+template <typename T>
+Var Graph<T>::emit(Shape shape, std::span<const Var> inputs, DType dtype, std::source_location made_by) {
   BERT_CHECK(dtype == DType::kF32 || (device_->is_cuda() && std::is_same_v<T, float>),
              "BF16 and int8 nodes exist only on a CUDA graph");
   BERT_CHECK(dtype != DType::kS8 || !any_requires_grad(inputs), "an int8 node takes no gradient");
@@ -182,8 +188,8 @@ template <typename T>
 Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs, std::source_location made_by) {
   Node n;
   n.value = value;
-  n.requires_grad = any_requires_grad(inputs);
-  if (n.requires_grad) note_consumer(inputs, static_cast<int32_t>(nodes_.size()));
+  n.requires_grad = any_requires_grad({inputs.begin(), inputs.size()});
+  if (n.requires_grad) note_consumer({inputs.begin(), inputs.size()}, static_cast<int32_t>(nodes_.size()));
   return push_made_by(n, made_by);
 }
 
@@ -192,7 +198,7 @@ Var Graph<T>::emit_view(Var x, Shape shape, std::source_location made_by) {
   Node n;
   n.value = node(x).value.reshaped(shape);
   n.dtype = node(x).dtype;
-  n.requires_grad = any_requires_grad({x});
+  n.requires_grad = any_requires_grad({&x, 1});
   n.gradient_of = x.index;
   return push_made_by(n, made_by);
 }
@@ -214,6 +220,18 @@ void Graph<T>::destroy_closures() {
 }
 
 template <typename T>
+void* Graph<T>::transient_bytes(int slot, std::size_t bytes) {
+  BERT_CHECK(slot >= 0 && slot < kTransientSlots,
+             "transient slot " + std::to_string(slot) + " of " + std::to_string(kTransientSlots));
+  DeviceBuffer& b = transients_[slot];
+  if (b.bytes() < bytes) {
+    b.reset();  // stream-ordered on a GPU: the kernels queued on the old buffer still read it
+    b = DeviceBuffer(*device_, bytes);
+  }
+  return b.data();
+}
+
+template <typename T>
 TensorView<T> Graph<T>::grad(Var v) {
   BERT_CHECK(node(v).dtype == DType::kF32, std::string("grad() of a node stored as ") + dtype_name(node(v).dtype));
   return TensorView<T>(static_cast<T*>(grad_data(v)), node(v).value.shape());
@@ -230,9 +248,10 @@ void* Graph<T>::grad_data(Var v) {
   if (n.grad.empty() && n.gradient_of >= 0) {  // nodes_ does not grow here
     n.grad = TensorView<T>(static_cast<T*>(grad_data(Var{n.gradient_of, generation_})), n.value.shape());
   }
-  if (n.grad.empty()) {
-    n.grad = TensorView<T>(allocate_grad(n), n.value.shape());
+  if (n.grad.empty() || n.grad_unwritten) {
+    if (n.grad.empty()) n.grad = TensorView<T>(allocate_grad(n), n.value.shape());
     device_->fill_zero(n.grad.data(), n.value.numel() * dtype_size(n.dtype, sizeof(T)));
+    n.grad_unwritten = false;
   }
   return n.grad.data();
 }
@@ -260,6 +279,10 @@ typename Graph<T>::RawGradTarget Graph<T>::raw_grad_target(Var v) {
              "a leaf's gradient written after backward reported it final (an op that "
              "writes it did not name it among its inputs)");
   BERT_CHECK(!owner.grad_released, "a node's gradient used after its own backward closure ran");
+  if (owner.grad_unwritten) {
+    owner.grad_unwritten = false;
+    return {owner.grad.data(), false};
+  }
   if (!owner.grad.empty()) return {owner.grad.data(), true};
   owner.grad = TensorView<T>(allocate_grad(owner), owner.value.shape());
   return {owner.grad.data(), false};
@@ -291,9 +314,6 @@ void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>&
   BERT_CHECK(root.value.numel() == 1, "backward() needs a scalar loss, got shape " + root.value.shape().str());
   BERT_CHECK(root.dtype == DType::kF32, "backward() from a loss stored as bf16");
   BERT_CHECK(root.requires_grad, "backward() from a loss that does not depend on anything requiring a gradient");
-  for (const Node& n : nodes_)
-    BERT_CHECK(n.is_leaf || !n.requires_grad || n.has_closure || n.gradient_of >= 0,
-               "an op recorded a node without its backward");
   if (!device_->is_cuda()) {
     grad(loss)[0] += T(1);
   } else {  // an inner node's gradient starts at zero: set it
@@ -301,6 +321,34 @@ void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>&
     const T one(1);
     device_->copy_to_device(grad(loss).data(), &one, sizeof(T));
   }
+  run_closures(on_final);
+}
+
+template <typename T>
+void Graph<T>::backward_from(Var out, const void* grad) {
+  struct ClearOnExit {
+    Graph* g;
+    ~ClearOnExit() { g->clear(); }
+  } clear_on_exit{this};
+  BERT_CHECK(node(out).requires_grad, "backward_from() an output that does not require a gradient");
+  Node& root = grad_owner(out);  // a reshape's output: the node it views
+  BERT_CHECK(!root.is_leaf && root.grad.empty(), "backward_from() needs an op's output without a gradient yet");
+  root.grad = TensorView<T>(static_cast<T*>(const_cast<void*>(grad)), root.value.shape());
+  root.owns_grad = false;  // the caller's buffer: never handed on to another gradient
+  run_closures({});
+}
+
+template <typename T>
+Graph<T>& Graph<T>::sub_graph() {
+  if (!sub_) sub_ = std::make_unique<Graph<T>>(*device_);
+  return *sub_;
+}
+
+template <typename T>
+void Graph<T>::run_closures(const std::function<void(TensorView<T> grad)>& on_final) {
+  for (const Node& n : nodes_)
+    BERT_CHECK(n.is_leaf || !n.requires_grad || n.has_closure || n.gradient_of >= 0,
+               "an op recorded a node without its backward");
   // Gradient buffers of leaves, each with the first node made from any leaf sharing it: once the
   // closures run in reverse have passed below that node, nothing writes the buffer any more.
   struct Pending {
@@ -344,6 +392,11 @@ void Graph<T>::backward(Var loss, const std::function<void(TensorView<T> grad)>&
     profile_->add_backward(nodes_[it->node].made_by, nodes_[it->node].value.shape(),
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
+  for (Node& n : nodes_)  // an uninitialised gradient nothing flowed into is zero
+    if (n.grad_unwritten) {
+      device_->fill_zero(n.grad.data(), n.value.numel() * sizeof(T));
+      n.grad_unwritten = false;
+    }
   report_final_above(-1);
 }
 

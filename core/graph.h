@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <new>
 #include <source_location>
 #include <span>
@@ -58,7 +59,10 @@ class Graph {
 
   // --- leaves
   Var constant(TensorView<T> value);                  // never receives a gradient
-  Var leaf(TensorView<T> value, TensorView<T> grad);  // gradient accumulates into `grad`
+  // Gradient accumulates into `grad`; with grad_uninitialised, `grad` holds nothing yet: the first op to
+  // write it stores instead of adding (as an inner node's), and a gradient nothing flowed into is zeroed when
+  // the backward ends (a sub-graph's leaf writing its outer graph's fresh gradient, ops::recompute).
+  Var leaf(TensorView<T> value, TensorView<T> grad, bool grad_uninitialised = false);
   // A parameter of an arena, on this graph's device (the arena must have been placed there).
   Var param(const Parameter<T>& p);
   // A constant holding a copy of host values (token ids turned into masks, weights), on this device.
@@ -71,6 +75,8 @@ class Graph {
            std::source_location made_by = std::source_location::current());
   // The same with the output stored as `dtype` (kBF16: 2 bytes per element).
   Var emit(Shape shape, std::initializer_list<Var> inputs, DType dtype,
+           std::source_location made_by = std::source_location::current());
+  Var emit(Shape shape, std::span<const Var> inputs, DType dtype,
            std::source_location made_by = std::source_location::current());
   // A new node whose output aliases existing storage (a reshape); its gradient is its own buffer.
   Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs,
@@ -107,6 +113,17 @@ class Graph {
   U* host_scratch(std::size_t n) {
     static_assert(std::is_trivially_copyable_v<U> && alignof(U) <= Workspace::kAlignment);
     return static_cast<U*>(closure_memory_.allocate_bytes(n * sizeof(U)));
+  }
+  // Memory on this graph's device for what an op makes and consumes within itself (the feed-forward
+  // block's GELU output, ops::feed_forward) instead of keeping it until the graph is cleared: valid until
+  // the op's forward returns, or its backward closure does. Slot `slot` (< kTransientSlots) is one buffer
+  // kept across steps and grown to the largest request (the old one freed in stream order), so every
+  // layer's op reuses the same memory; two slots for an op that needs two temporaries at once.
+  static constexpr int kTransientSlots = 2;
+  template <typename U>
+  U* transient(int slot, std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<U>);
+    return static_cast<U*>(transient_bytes(slot, n * sizeof(U)));
   }
   // Copies n host values into this device's scratch memory and returns the device pointer.
   template <typename U>
@@ -178,6 +195,13 @@ class Graph {
   // tied weights do, once for all of them), with the device's work to complete it already queued: what
   // an all-reduce overlapped with the rest of the backward pass starts from.
   void backward(Var loss, const std::function<void(TensorView<T> grad)>& on_final = {});
+  // Back-propagates from an op's output `out` whose gradient is given (`grad`: out's elements, of its dtype,
+  // on this device; read, not kept), then clear()s: the backward of a computation run on a graph of its own
+  // (ops::recompute).
+  void backward_from(Var out, const void* grad);
+  // A graph on the same device kept by this one (made on first use, its workspace kept across clear()): where
+  // an op runs a computation whose tensors live only while the op runs (ops::recompute).
+  Graph& sub_graph();
   // Frees every node and all workspace memory handed out; handles taken before become invalid.
   void clear();
   // Whether backward() hands an inner node's gradient buffer on to a later gradient of the same size once
@@ -210,6 +234,7 @@ class Graph {
     const void* bf16_copy = nullptr;  // parameters: Parameter::device_bf16
     bool owns_grad = false;           // inner nodes: `grad` came from allocate_grad (not passed through)
     bool grad_released = false;       // its closure has run and its gradient buffer went back for reuse
+    bool grad_unwritten = false;      // leaves made with grad_uninitialised, until first written
   };
   // A gradient buffer whose node's closure has run: nothing reads or writes it any more this step, so a
   // later gradient of the same size takes it instead of new workspace memory.
@@ -229,7 +254,7 @@ class Graph {
   bool takes_closure(Var out);
   void destroy_closures();  // runs the callables' destructors and empties closures_
   // Records `consumer` as made from each input (for leaves: the first such node).
-  void note_consumer(std::initializer_list<Var> inputs, int32_t consumer);
+  void note_consumer(std::span<const Var> inputs, int32_t consumer);
   const Node& node(Var v) const;
   Node& node(Var v) { return const_cast<Node&>(static_cast<const Graph*>(this)->node(v)); }
   // The node that owns v's gradient buffer (v itself, or what an emit_view chain points at).
@@ -237,13 +262,16 @@ class Graph {
   Var push(Node n);
   // A node made by an op: starts timing that op's forward when profiling.
   Var push_made_by(Node n, const std::source_location& made_by);
-  bool any_requires_grad(std::initializer_list<Var> inputs) const;
+  bool any_requires_grad(std::span<const Var> inputs) const;
   // Storage for n elements of `dtype`, as the TensorView<T> a node keeps (whatever the element size).
   T* allocate(DType dtype, int64_t n);
+  // backward()'s loop: the closures in reverse, each node's gradient released after its closure.
+  void run_closures(const std::function<void(TensorView<T> grad)>& on_final);
   // Storage for an inner node's gradient: a released buffer of the same size, else new memory.
   T* allocate_grad(Node& n);
   // After n's closure ran: its gradient buffer (when it owns one) becomes reusable.
   void release_grad(Node& n);
+  void* transient_bytes(int slot, std::size_t bytes);
 
   const Device* device_;
   Workspace workspace_;       // on device_
@@ -251,6 +279,8 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<Closure> closures_;  // in recording (topological) order
   std::vector<FreeGrad> free_grads_;  // during backward(); emptied by clear()
+  DeviceBuffer transients_[kTransientSlots];  // transient(): kept across clear()
+  std::unique_ptr<Graph> sub_;                // sub_graph()
   bool reuse_grads_ = true;
   uint32_t generation_ = 1;
   bool grad_enabled_ = true;

@@ -440,6 +440,16 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
       const Shape scores_shape{g.shape(q)[0], h, t, t};
       context = ops::exact_quantized_attention(g, q, k, v, mask, h, attention_scales(l), inverse_sqrt_d,
                                                l.matmul_a.fused_output(g, params_, scores_shape));
+    } else if (recompute_attention_ && g.grad_enabled() && g.activation_dtype() == DType::kF32 && !products_quantized) {
+      // The (B, H, T, T) scores and probabilities not kept until the step ends (ops::recompute: the backward
+      // computes them again), one layer's at a time instead of every layer's.
+      std::vector<Var> in = {q, k, v};
+      if (mask.valid()) in.push_back(mask);
+      context = ops::recompute<float>(g, in, rng, [=](Graph<float>& g, std::span<const Var> in, Rng& rng) {
+        const Var scores = ops::head_scores(g, in[0], in[1], h, inverse_sqrt_d);
+        return ops::head_context(g, ops::softmax_dropout(g, scores, in.size() > 3 ? in[3] : Var{}, p, training, rng),
+                                 in[2], h);
+      });
     } else {
       const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d);  // (B, H, T, T)
       const Var probs = quantized(g, params_, &l.matmul_a, g.shape(scores), fuse, [&](const ops::QuantizeOutput* qa) {
@@ -549,16 +559,23 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
     const std::vector<Var> inputs =
         !ffn_inputs.empty() ? ffn_inputs
                             : quantize_each(g, a, {l.intermediate.used_input_quantizer(g), &l.output_add_residual});
-    // The GELU runs in the intermediate layer's GEMM unless its output quantizer is fused into it.
-    const Shape hidden_shape = g.shape(inputs[0]).with_last(l.intermediate.out);
-    Var act = integer_activation_on_gpu(g, l, inputs[0]);
-    if (!act.valid())
-      act = quantized(g, params_, l.output.used_input_quantizer(g), hidden_shape, fuse_quantizers_,
-                      [&](const ops::QuantizeOutput* q) {
-                        if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0]);
-                        return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
-                      });
-    const Var ff = l.output.forward_quantized_input(g, params_, act);
+    Var ff;
+    if (l.intermediate.runs_float() && l.output.runs_float()) {  // the GELU's output not kept on a GPU
+      ff = ops::feed_forward(g, inputs[0], g.param(params_.get(l.intermediate.weight)),
+                             g.param(params_.get(l.intermediate.bias)), g.param(params_.get(l.output.weight)),
+                             g.param(params_.get(l.output.bias)));
+    } else {
+      // The GELU runs in the intermediate layer's GEMM unless its output quantizer is fused into it.
+      const Shape hidden_shape = g.shape(inputs[0]).with_last(l.intermediate.out);
+      Var act = integer_activation_on_gpu(g, l, inputs[0]);
+      if (!act.valid())
+        act = quantized(g, params_, l.output.used_input_quantizer(g), hidden_shape, fuse_quantizers_,
+                        [&](const ops::QuantizeOutput* q) {
+                          if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0]);
+                          return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
+                        });
+      ff = l.output.forward_quantized_input(g, params_, act);
+    }
     x_read = i + 1 < layers_.size() ? residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1],
                                                               training, attention_readers(g, layers_[i + 1]))
                                     : std::vector<Var>{};

@@ -155,6 +155,11 @@ class Bert {
   // size and length and the attention probabilities are not quantized: the (B, H, T, T) scores and
   // probabilities never reach memory. Off unless set; where it cannot run fused the log says why, once.
   void set_fused_attention(bool on) { fuse_attention_ = on; }
+  // Where the attention runs unfused in a step with F32 activations (FP32, TF32, the CPU): its (B, H, T, T)
+  // scores and probabilities computed again in the backward instead of kept until the step ends
+  // (ops::recompute), for one more pass of the attention's forward. Off unless set (bert-train --attention
+  // recompute).
+  void set_recompute_attention(bool on) { recompute_attention_ = on; }
   // Whether the fused kernels are the faster choice in a precision: BF16 (tensor cores, the tiles in
   // registers); in FP32 and TF32 the unfused ops' cuBLAS products are faster (bert-train --attention auto).
   static bool fused_attention_is_faster(Precision p) { return p == Precision::kBf16; }
@@ -252,6 +257,7 @@ class Bert {
   std::vector<float> integer_decoder_scales_;
   bool fuse_quantizers_ = true;
   bool fuse_attention_ = false;
+  bool recompute_attention_ = false;
   bool told_unfused_attention_ = false;  // the log line saying why attention runs unfused, once
   bool exact_sums_ = true;               // set_exact_sums
   bool told_float_attention_ = false;    // the log line saying why integer attention runs in float, once

@@ -55,6 +55,11 @@ struct Linear {
     return quantizable && quantizes_input(g) ? &input() : nullptr;
   }
   bool quantizes_input(const Graph<float>& g) const { return !runs_integer(g) || g.activation_dtype() == DType::kBF16; }
+  // Whether forward() is ops::linear itself: no quantizer enabled (a float model, or one not calibrated
+  // yet), so no integer path either.
+  bool runs_float() const {
+    return !quantizable || (input().mode == QuantMode::kFloat && weight_quantizer.mode == QuantMode::kFloat);
+  }
 
   // INT8 inference: the weight quantized with its quantizer's scales and packed for the integer kernels,
   // and where the arena is on a GPU copied there too (ops::DeviceInt8Weights); forward() then runs

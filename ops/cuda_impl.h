@@ -30,6 +30,7 @@ inline Var as_activation(Graph<float>& g, Var x) { return to_dtype(g, x, g.activ
 
 Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha = 1.0);
 Var linear(Graph<float>& g, Var x, Var weight, Var bias);
+Var feed_forward(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2);
 Var add(Graph<float>& g, Var a, Var b);
 Var mul(Graph<float>& g, Var a, Var b);
 Var scale(Graph<float>& g, Var x, double alpha);

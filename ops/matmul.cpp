@@ -226,11 +226,18 @@ Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias) {
   return y;
 }
 
+template <typename T>
+Var feed_forward(Graph<T>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
+  BERT_DISPATCH_CUDA(g, feed_forward(g, x, w1, b1, w2, b2))
+  return linear(g, linear_gelu(g, x, w1, b1), w2, b2);
+}
+
 #define BERT_INSTANTIATE(T)                                               \
   template Var matmul<T>(Graph<T>&, Var, Var, bool, bool);                \
   template Var scaled_matmul<T>(Graph<T>&, Var, Var, double, bool, bool); \
   template Var linear<T>(Graph<T>&, Var, Var, Var);                       \
-  template Var linear_gelu<T>(Graph<T>&, Var, Var, Var);
+  template Var linear_gelu<T>(Graph<T>&, Var, Var, Var);                  \
+  template Var feed_forward<T>(Graph<T>&, Var, Var, Var, Var, Var);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

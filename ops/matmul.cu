@@ -457,6 +457,84 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
   return y;
 }
 
+// The feed-forward block's GELU, forward (pre -> act, as ops::gelu's kernel computes it) and backward with
+// the forward again: d (the gradient of act, in place) times the GELU's slope at pre, and act = gelu(pre)
+// for the second GEMM's weight gradient, from one read of pre.
+template <int W, typename A>
+__global__ void ffn_gelu(A* act, const A* pre, int64_t n) {
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    cuda::Pack<A, W> p = cuda::load_pack<W>(pre + i);
+    for (int j = 0; j < W; ++j) p.v[j] = cuda::from_float<A>(cuda::gelu_value(cuda::to_float(p.v[j])));
+    cuda::store_pack<W>(act + i, p);
+  }
+}
+template <int W, typename A>
+__global__ void ffn_gelu_backward(A* d, A* act, const A* pre, int64_t n) {
+  BERT_GRID_STRIDE_PACKS(i, n, W) {
+    const cuda::Pack<A, W> p = cuda::load_pack<W>(pre + i);
+    cuda::Pack<A, W> g = cuda::load_pack<W>(d + i), a;
+    for (int j = 0; j < W; ++j) {
+      const float v = cuda::to_float(p.v[j]);
+      a.v[j] = cuda::from_float<A>(cuda::gelu_value(v));
+      g.v[j] = cuda::from_float<A>(cuda::to_float(g.v[j]) * cuda::gelu_derivative(v));
+    }
+    cuda::store_pack<W>(act + i, a);
+    cuda::store_pack<W>(d + i, g);
+  }
+}
+
+// ops::feed_forward on a GPU, or Var{} where the widths would run padded (linear_typed's copies): the caller
+// then runs the three ops. The first product `pre` is kept (scratch) for the backward; the GELU's output
+// goes to transient slot 0 and the second GEMM reads it there. The backward: dact = dy W2 into slot 1, then
+// one pass turns it into dpre in place and writes gelu(pre) into slot 0 again for dW2 = dy^T act; then the
+// first linear's gradients from dpre. The kernels and GEMMs of linear, gelu, linear: the same bits.
+template <typename A>
+Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
+  constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
+  const Shape xs = g.shape(x);
+  const int64_t rows = xs.rows(), in = g.shape(w1)[1], hidden = g.shape(w1)[0], out = g.shape(w2)[0];
+  if (padded_width<A>(rows, hidden) != hidden || padded_width<A>(rows, out) != out) return Var{};
+  const int64_t n = rows * hidden;
+  Var y = g.emit(xs.with_last(out), {x, w1, b1, w2, b2}, g.dtype(x));
+  const bool backward = g.requires_grad(y);
+  const A* w1_gemm = gemm_operand<A>(g, w1, hidden, hidden, in);
+  const A* b1_gemm = gemm_operand<A>(g, b1, hidden, hidden, 1);
+  const A* w2_gemm = gemm_operand<A>(g, w2, out, out, hidden);
+  const A* b2_gemm = gemm_operand<A>(g, b2, out, out, 1);
+  const A* xv = cuda::typed<A>(g.data(x));
+  A* pre = backward ? g.scratch<A>(n) : g.transient<A>(1, n);
+  A* act = g.transient<A>(0, n);
+  linear_product(g, rows, in, hidden, xv, w1_gemm, b1_gemm, g.value(b1).data(), hidden, pre, hidden, type);
+  BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu, n, cuda::packs_of_4(n, {act, pre}), g, act, pre, n);
+  linear_product(g, rows, hidden, out, act, w2_gemm, b2_gemm, g.value(b2).data(), out, cuda::typed<A>(g.data(y)), out,
+                 type);
+  g.on_backward(y, [=](Graph<float>& g) {
+    const A* dy = cuda::typed<A>(g.grad_data(y));
+    A* act = g.transient<A>(0, n);
+    A* d = g.transient<A>(1, n);
+    gemm(g, false, false, rows, hidden, out, 1.0f, dy, out, 0, w2_gemm, hidden, 0, 0.0f, d, hidden, 0, 1, type, type);
+    BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu_backward, n, cuda::packs_of_4(n, {d, act, pre}), g, d, act, pre, n);
+    // dW (out, in) (+)= dy^T (out, N) x (N, in), in the weight's own type; the bias as the column sums.
+    auto weight_grads = [&](Var w, Var b, const A* dz, const A* input, int64_t o, int64_t i) {
+      if (g.requires_grad(w)) {
+        const auto dw = g.raw_grad_target(w);
+        const cudaDataType_t w_type = g.dtype(w) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+        gemm(g, true, false, o, i, rows, 1.0f, dz, o, 0, input, i, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, i, 0, 1,
+             type, w_type);
+      }
+      if (g.requires_grad(b)) add_column_sums(g, dz, g.dtype(y), rows, o, o, g.grad(b).data());
+    };
+    weight_grads(w2, b2, dy, act, out, hidden);
+    if (g.requires_grad(x)) {  // dx (N, in) (+)= dpre (N, hidden) W1 (hidden, in)
+      const auto dx = g.raw_grad_target(x);
+      gemm(g, false, false, rows, in, hidden, 1.0f, d, hidden, 0, w1_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data,
+           in, 0, 1, type, type);
+    }
+    weight_grads(w1, b1, d, xv, hidden, in);
+  });
+  return y;
+}
+
 // linear_typed's product scored by the cross-entropy where the GEMM wrote it: no (rows, out) logits node,
 // so none of the copies an odd output width costs linear (the padded output back into the node, the
 // node's gradient out into a padded buffer); the gradient of the logits is written in the padded layout,
@@ -540,6 +618,22 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
   if (g.dtype(x) == DType::kBF16) return linear_typed<bf16>(g, x, weight, bias);
   weight = to_dtype(g, weight, DType::kF32);
   return linear_typed<float>(g, x, weight, bias);
+}
+
+// As linear for each product; where the widths would run padded, the three ops.
+Var feed_forward(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
+  const Shape xs = g.shape(x), s1 = g.shape(w1), s2 = g.shape(w2);
+  BERT_CHECK(s1.rank() == 2 && s2.rank() == 2 && xs.rank() >= 1 && xs[-1] == s1[1] && s2[1] == s1[0],
+             "feed_forward: x " + xs.str() + " does not fit weights " + s1.str() + " and " + s2.str());
+  BERT_CHECK(
+      b1.valid() && b2.valid() && g.shape(b1) == Shape({s1[0]}) && g.shape(b2) == Shape({s2[0]}) &&
+          g.dtype(b1) == DType::kF32 && g.dtype(b2) == DType::kF32,
+      "feed_forward: biases of " + std::to_string(s1[0]) + " and " + std::to_string(s2[0]) + " F32 values expected");
+  x = as_activation(g, x);
+  Var y = g.dtype(x) == DType::kBF16
+              ? feed_forward_typed<bf16>(g, x, w1, b1, w2, b2)
+              : feed_forward_typed<float>(g, x, to_dtype(g, w1, DType::kF32), b1, to_dtype(g, w2, DType::kF32), b2);
+  return y.valid() ? y : linear(g, gelu(g, linear(g, x, w1, b1)), w2, b2);
 }
 
 // As linear: x becomes an activation of the step's precision, an F32 weight is converted for the GEMM.

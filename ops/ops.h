@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <span>
 #include <vector>
@@ -38,6 +39,24 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias);
 // a gradient it overwrites the product (one tensor, not two). The same values and gradients as the two ops.
 template <typename T>
 Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias);
+
+// A transformer's feed-forward block, linear(gelu(linear(x, w1, b1)), w2, b2), in one op. On a GPU the GELU's
+// output, the largest activation of a BERT layer, lives only while the op runs (Graph::transient): the
+// backward computes it again from the first product, in the pass that applies the GELU's derivative. The
+// same values and gradients as the three ops, bit for bit; on the CPU it is those ops (linear_gelu, linear).
+template <typename T>
+Var feed_forward(Graph<T>& g, Var x, Var w1, Var b1, Var w2, Var b2);
+
+// Activation checkpointing: y = fn(g', inputs', rng) computed on g's sub-graph (Graph::sub_graph), whose
+// tensors live only while this op runs: g keeps y and none of what fn made on the way. The backward runs fn
+// again on the same inputs with rng as it was (the same dropout draws) and back-propagates y's gradient
+// through that. The values and gradients of fn run on g, bit for bit (fn's ops are deterministic), for the
+// memory of one call's intermediate tensors instead of every call's, and the time of fn's forward once more.
+// Without gradients fn runs on g itself. F32 nodes only (the CPU, or a GPU step in FP32 or TF32).
+template <typename T>
+using Recomputed = std::function<Var(Graph<T>& g, std::span<const Var> inputs, Rng& rng)>;
+template <typename T>
+Var recompute(Graph<T>& g, std::span<const Var> inputs, Rng& rng, Recomputed<T> fn);
 
 // INT8 inference: x (.., in) quantized per tensor (round(x / scale_x) clamped to [-128, 127], as
 // fake_quantize does) times `weights`, quantized per output channel and packed, summed exactly in int32

@@ -190,9 +190,12 @@ void add_run_options(CLI::App& app, Args& a) {
   app.add_option("--attention", a.attention,
                  "self-attention on a GPU: fused (one kernel each way: the (batch, heads, length, length) scores "
                  "never reach memory; head size 16/32/64/128, length up to 512, not where QAT quantizes the "
-                 "attention matmuls' inputs), unfused (separate ops), or auto: fused in BF16 (there the faster "
-                 "and smaller), unfused in FP32 and TF32 (there the fused kernels are slower)")
-      ->check(CLI::IsMember({"auto", "fused", "unfused"}))
+                 "attention matmuls' inputs), unfused (separate ops, their scores and probabilities kept for the "
+                 "backward), recompute (FP32 and TF32: the separate ops, the backward computing the scores and "
+                 "probabilities again instead of keeping them: much less memory than unfused, a few percent "
+                 "slower, faster than fused there; in BF16 as fused), or auto: fused in BF16 (there the faster "
+                 "and smaller), unfused in FP32 and TF32 (there the fastest)")
+      ->check(CLI::IsMember({"auto", "fused", "unfused", "recompute"}))
       ->capture_default_str();
 }
 
@@ -211,7 +214,9 @@ void resolve(Args& a, const CLI::App& app) {
   o.scales = train::parse_scale_training(a.scales);
   o.weights = model::parse_weight_scales(a.weights);
   o.fused_attention = a.attention == "fused" ||
-                      (a.attention == "auto" && bert::model::Bert::fused_attention_is_faster(o.precision));
+                      (a.attention == "auto" && bert::model::Bert::fused_attention_is_faster(o.precision)) ||
+                      (a.attention == "recompute" && o.precision == bert::Precision::kBf16);
+  o.recompute_attention = a.attention == "recompute" && !o.fused_attention;
   o.schedule = train::parse_schedule(a.schedule);
   o.optimizer.kind = train::parse_optimizer(a.optimizer);
   o.on_nonfinite = train::parse_on_nonfinite(a.on_nonfinite);

@@ -179,6 +179,7 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
   // are loaded or initialised on the host and uploaded in start_state.
   model_.place_on(*device_);
   model_.set_fused_attention(o.fused_attention);
+  model_.set_recompute_attention(o.recompute_attention);
   ParameterArena<float>& params = model_.parameters();
   std::vector<bool> decays;
   for (ParamId id = 0; id < params.size(); ++id) decays.push_back(model_.decays(id));
@@ -247,10 +248,13 @@ std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len)
       "not fit on the GPU ({:.1f} of {:.1f} GiB in use after the step was dropped): {}. Lower --batch-size (and raise "
       "--accumulate to keep the global batch), train on shorter sequences{}{}",
       state_.step, config_.num_hidden_layers, config_.hidden_size, model_.parameters().num_elements(), o_.batch_size,
-      o_.accumulation > 1 ? fmt::format(" (x{} micro-batches)", o_.accumulation) : "", seq_len, precision_name(o_.precision),
-      double(used) / gib, double(total) / gib, what,
+      o_.accumulation > 1 ? fmt::format(" (x{} micro-batches)", o_.accumulation) : "", seq_len,
+      precision_name(o_.precision), double(used) / gib, double(total) / gib, what,
       o_.precision == Precision::kBf16 ? "" : ", or use --precision bf16 (activations in half the memory)",
-      o_.fused_attention ? "" : ", or --attention fused (the attention scores never reach memory)");
+      o_.fused_attention || o_.recompute_attention ? ""
+      : o_.precision == Precision::kBf16
+          ? ", or --attention fused (the attention scores never reach memory)"
+          : ", or --attention recompute (the attention scores computed again in the backward instead of kept)");
 }
 
 void TrainingRun::skip_or_stop(const std::string& nonfinite, int64_t& consecutive_skips) {

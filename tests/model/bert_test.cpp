@@ -506,6 +506,43 @@ TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
   }
 }
 
+// The unfused attention with its scores and probabilities computed again in the backward (bert-train
+// --attention recompute): the kept step's loss and gradients bit for bit (the same dropout draws) with less
+// kept in the step's workspace; on the CPU and in a GPU's FP32 (a BF16 step keeps them: F32 activations only).
+QatStep recompute_step(const Device& device, bool recompute) {
+  BertConfig c = preset("tiny");
+  c.vocab_size = 60;
+  c.max_position_embeddings = 16;
+  Bert model(c);
+  model.initialize(5);
+  model.set_recompute_attention(recompute);
+  return training_step(model, device);
+}
+
+TEST(BertModel, RecomputedAttentionGivesTheKeptStepInLessMemory) {
+  std::vector<std::unique_ptr<Device>> gpus;
+  if (Device::cuda_available()) {
+    gpus.push_back(Device::cuda(0, Precision::kFp32));
+    gpus.push_back(Device::cuda(0, Precision::kBf16));
+  }
+  std::vector<const Device*> devices = {&Device::cpu()};
+  for (const auto& gpu : gpus) devices.push_back(gpu.get());
+  for (const Device* device : devices) {
+    const bool bf16 = device->is_cuda() && device->precision() == Precision::kBf16;
+    SCOPED_TRACE(device->name());
+    const QatStep again = recompute_step(*device, true), kept = recompute_step(*device, false);
+    EXPECT_EQ(again.loss, kept.loss);
+    EXPECT_EQ(again.grads, kept.grads);
+    if (bf16)
+      EXPECT_EQ(again.workspace_bytes, kept.workspace_bytes);
+    else
+      EXPECT_LT(again.workspace_bytes, kept.workspace_bytes);
+    std::cout << "[ info ] " << device->name() << ": workspace " << kept.workspace_bytes << " -> "
+              << again.workspace_bytes << " bytes with the attention recomputed\n";
+  }
+  if (gpus.empty()) GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the CPU part ran";
+}
+
 // The largest |actual - expected| over the largest |expected|.
 double largest_relative_difference(const std::vector<float>& actual, const std::vector<float>& expected) {
   EXPECT_EQ(actual.size(), expected.size());

@@ -504,6 +504,43 @@ TEST_F(CudaOps, HeadProductsGiveThePermutedProducts) {
   }
 }
 
+// The unfused attention's core (scores, softmax with dropout and a padding mask, context) recomputed in the
+// backward (ops::recompute, as FP32 and TF32 steps run it): the same bits as the ops kept, values and the
+// gradients of q, k and v, the same draws; the graph keeps the context only. A BF16 step's tensors are refused.
+TEST_F(CudaOps, RecomputedAttentionCoreEqualsTheKeptOps) {
+  const int64_t b = 3, t = 37, heads = 4, d = 16, c = heads * d;
+  std::vector<float> mask(static_cast<size_t>(b * t), 0.0f);
+  for (int64_t j = 30; j < t; ++j) mask[static_cast<size_t>(2 * t + j)] = -10000.0f;  // the last item padded
+  const auto core = [&](Graph<float>& g, std::span<const Var> in, Rng& rng) {
+    const Var scores = ops::head_scores(g, in[0], in[1], heads, 0.25);
+    return ops::head_context(g, ops::softmax_dropout(g, scores, in[3], 0.1, true, rng), in[2], heads);
+  };
+  auto run = [&](const Device& device, bool recomputed, size_t* kept) {
+    return run_on(
+        device, {Shape{b, t, c}, Shape{b, t, c}, Shape{b, t, c}},
+        {random_values(b * t * c, 61, 0.5f), random_values(b * t * c, 62, 0.5f), random_values(b * t * c, 63, 0.5f)},
+        {true, true, true},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Rng rng(5);
+          std::vector<Var> inputs = {ops::scale(g, in[0], 1.0), in[1], in[2],
+                                     g.input(std::span<const float>(mask), Shape{b, t})};
+          const size_t before = g.workspace().bytes_in_use();
+          const Var y = recomputed ? ops::recompute<float>(g, inputs, rng, core) : core(g, inputs, rng);
+          *kept = g.workspace().bytes_in_use() - before;
+          return ops::add(g, y, inputs[0]);  // q's gradient added to
+        },
+        17);
+  };
+  size_t kept_direct = 0, kept_recomputed = 0;
+  const Result direct = run(*gpu_, false, &kept_direct), again = run(*gpu_, true, &kept_recomputed);
+  EXPECT_LE(relative_difference(again.value, direct.value), kExact);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LE(relative_difference(again.grads[i], direct.grads[i]), kExact) << i;
+  const size_t square = static_cast<size_t>(b * heads * t * t) * sizeof(float);
+  EXPECT_LE(kept_recomputed + 2 * square, kept_direct);  // at least the scores and probabilities not kept
+  size_t unused = 0;
+  EXPECT_THROW(run(*gpu_bf16_, true, &unused), std::exception);
+}
+
 // Fused attention (one kernel each way) against the ops it replaces, run on the CPU: head sizes 16 to
 // 128, lengths from 7 (one partial key tile) to 512, with and without a padding mask, and with dropout
 // (the same draws as the unfused dropout, so the values still agree element for element).
@@ -847,6 +884,80 @@ TEST_F(CudaOps, LinearCrossEntropyScoresAreLinearThenCrossEntropyWithoutTheLogit
   EXPECT_THROW(
       ops::linear_cross_entropy_scores(g, ops::reshape(g, xv, Shape{8, 4}), wv, Var{}, std::vector<int32_t>(8, 0)),
       std::exception);
+}
+
+// The feed-forward block on a GPU: the CPU's values within the GEMM tolerance, and against linear, gelu,
+// linear on the same GPU the same bits, forward and every gradient, with x's gradient added to (x is also
+// the residual) and written fresh; a width that would run padded takes the three ops. Its forward keeps
+// the first product but not the GELU's output: the workspace holds one (rows, hidden) tensor less.
+TEST_F(CudaOps, FeedForwardIsLinearGeluLinearWithoutKeepingTheGelu) {
+  struct Case {
+    int64_t rows, width, hidden;
+  };
+  // 37 rows: odd packs; 1,024 x 1,030 runs padded in either precision (1,030 is no multiple of 4 or 8).
+  for (const Case c : {Case{37, 24, 64}, Case{256, 64, 256}, Case{1024, 32, 1030}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " rows, " + std::to_string(c.width) + " -> " + std::to_string(c.hidden));
+    const std::vector<Shape> shapes = {Shape{c.rows, c.width}, Shape{c.hidden, c.width}, Shape{c.hidden},
+                                       Shape{c.width, c.hidden}, Shape{c.width}};
+    for (const bool residual : {false, true}) {
+      SCOPED_TRACE(residual ? "x also the residual" : "x read once");
+      const Build fused = [&](Graph<float>& g, const std::vector<Var>& in) {
+        const Var y = ops::feed_forward(g, in[0], in[1], in[2], in[3], in[4]);
+        return residual ? ops::add(g, y, in[0]) : y;
+      };
+      const Build composed = [&](Graph<float>& g, const std::vector<Var>& in) {
+        const Var y = ops::linear(g, ops::gelu(g, ops::linear(g, in[0], in[1], in[2])), in[3], in[4]);
+        return residual ? ops::add(g, y, in[0]) : y;
+      };
+      compare(shapes, fused, kGemm, kGemm, {}, 0.5f);
+      std::vector<std::vector<float>> inputs;
+      for (size_t i = 0; i < shapes.size(); ++i)
+        inputs.push_back(random_values(shapes[i].numel(), 31 + uint32_t(i), 0.5f));
+      const std::vector<bool> differentiable(shapes.size(), true);
+      for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+        SCOPED_TRACE(gpu->name());
+        const Result f = run_on(*gpu, shapes, inputs, differentiable, fused, 7);
+        const Result p = run_on(*gpu, shapes, inputs, differentiable, composed, 7);
+        EXPECT_LE(relative_difference(f.value, p.value), kExact) << "forward";
+        for (size_t i = 0; i < shapes.size(); ++i)
+          EXPECT_LE(relative_difference(f.grads[i], p.grads[i]), kExact) << "gradient of input " << i;
+      }
+    }
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {  // what the forward keeps for the backward
+      SCOPED_TRACE(gpu->name());
+      auto kept = [&](bool fused) {
+        Graph<float> g(*gpu);
+        std::vector<DeviceBuffer> storage;
+        std::vector<Var> in;
+        for (const Shape& s : shapes) {
+          storage.emplace_back(*gpu, s.numel() * sizeof(float) * 2);
+          const auto v = TensorView<float>(storage.back().as<float>(), s);
+          gpu->fill_zero(v.data(), s.numel() * sizeof(float) * 2);
+          in.push_back(g.leaf(v, TensorView<float>(storage.back().as<float>() + s.numel(), s)));
+        }
+        const size_t before = g.workspace().bytes_in_use();
+        fused ? ops::feed_forward(g, in[0], in[1], in[2], in[3], in[4])
+              : ops::linear(g, ops::gelu(g, ops::linear(g, in[0], in[1], in[2])), in[3], in[4]);
+        return g.workspace().bytes_in_use() - before;
+      };
+      const size_t element = gpu->precision() == Precision::kBf16 ? 2 : 4;
+      const size_t gelu_output = static_cast<size_t>(c.rows * c.hidden) * element;
+      if (c.rows < 1024)
+        EXPECT_LE(kept(true) + gelu_output, kept(false));
+      else
+        EXPECT_EQ(kept(true), kept(false));  // padded: the three ops
+    }
+  }
+  Graph<float> g(*gpu_);  // bad input: widths that do not chain, a missing bias
+  const std::vector<float> x = random_values(4 * 8, 1), w1 = random_values(16 * 8, 2), w2 = random_values(8 * 12, 3),
+                           b = random_values(16, 4);
+  const Var xv = g.input(std::span<const float>(x), Shape{4, 8}),
+            w1v = g.input(std::span<const float>(w1), Shape{16, 8}),
+            w2v = g.input(std::span<const float>(w2), Shape{8, 12}),
+            b1v = g.input(std::span<const float>(b), Shape{16}),
+            b2v = g.input(std::span<const float>(b.data(), 8), Shape{8});
+  EXPECT_THROW(ops::feed_forward(g, xv, w1v, b1v, w2v, b2v), std::exception);
+  EXPECT_THROW(ops::feed_forward(g, xv, w1v, Var{}, ops::reshape(g, w2v, Shape{6, 16}), b2v), std::exception);
 }
 
 // An operand broadcast along leading axes only (position embeddings over the batch) sums its gradient

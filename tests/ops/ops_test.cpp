@@ -207,6 +207,112 @@ TEST(LinearGelu, MatchesReferenceAndFiniteDifferences) {
   }
 }
 
+// The feed-forward block linear(gelu(linear(x, W1, b1)), W2, b2): a reference loop's values, finite
+// differences through both products and the GELU (on the CPU the op is those three; the GPU's own is held to
+// them by CudaOps.FeedForwardIsLinearGeluLinearWithoutKeepingTheGelu).
+TEST(FeedForward, MatchesReferenceAndFiniteDifferences) {
+  for (Shape xs : {Shape{5, 4}, Shape{2, 3, 4}}) {
+    SCOPED_TRACE(xs.str());
+    std::vector<Tensor<double>> in;
+    in.push_back(random_tensor(xs, 25));
+    in.push_back(random_tensor({6, 4}, 26));
+    in.push_back(random_tensor({6}, 27));
+    in.push_back(random_tensor({3, 6}, 28));
+    in.push_back(random_tensor({3}, 29));
+    auto build = [](Graph<double>& g, const Leaves& x) { return ops::feed_forward(g, x[0], x[1], x[2], x[3], x[4]); };
+    Tensor<double> hidden = linear_reference(in[0], in[1], &in[2]);
+    for (int64_t i = 0; i < hidden.numel(); ++i)
+      hidden[i] = 0.5 * hidden[i] * (1.0 + std::erf(hidden[i] / std::sqrt(2.0)));
+    expect_tensors_near(run_forward(in, build), linear_reference(hidden, in[3], &in[4]), kForwardTolerance);
+    expect_gradients_match(in, build);
+  }
+}
+
+// Activation checkpointing, fn = a product, softmax, dropout, a product (the attention's core) on the
+// graph's sub-graph: finite differences through the recomputed backward (the same draws each pass); against
+// fn on the graph itself the same bits forward and backward, inputs that are leaves and inner nodes, a
+// gradient written fresh and one added to, the same rng state after; the graph keeps fn's output only.
+TEST(Recompute, GivesFnsValuesAndGradientsKeepingOnlyItsOutput) {
+  const auto fn = [](auto& g, std::span<const Var> in, Rng& rng) {
+    const Var scores = ops::matmul(g, in[0], in[1], false, true);
+    return ops::matmul(g, ops::dropout(g, ops::softmax(g, scores), 0.25, true, rng), in[2]);
+  };
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({5, 4}, 51));
+  in.push_back(random_tensor({6, 4}, 52));
+  in.push_back(random_tensor({6, 3}, 53));
+  expect_gradients_match(in, [&](Graph<double>& g, const Leaves& x) {
+    Rng rng(7);
+    return ops::recompute<double>(g, x, rng, fn);
+  });
+
+  struct Run {
+    std::vector<float> y, da, db, dc;
+    uint64_t counter = 0;
+    size_t kept = 0;
+  };
+  Tensor<float> a = testing::to_float(in[0]), b = testing::to_float(in[1]), c = testing::to_float(in[2]);
+  Tensor<float> c5 = testing::to_float(random_tensor({5, 3}, 55)), r = testing::to_float(random_tensor({5, 3}, 54));
+  // q = a / 2 (an inner node) and its gradient: fresh when only fn reads q, added to when q is read again
+  // after fn (that reader's backward runs first); q also given twice (fn's scores q q^T: two sub-graph
+  // leaves on one gradient buffer).
+  enum class Q { kFresh, kAddedTo, kTwice };
+  auto run = [&](bool recomputed, Q use) {
+    Run out;
+    Tensor<float> ga({5, 4}), gb({6, 4}), gc({6, 3}), gc5({5, 3});
+    Graph<float> g;
+    {  // NaN in the workspace: a fresh gradient added to instead of stored would show
+      constexpr size_t kPoisoned = size_t{1} << 16;
+      float* poison = g.scratch<float>(kPoisoned);
+      std::fill(poison, poison + kPoisoned, std::numeric_limits<float>::quiet_NaN());
+      g.clear();
+    }
+    Rng rng(11);
+    const Var av = g.leaf(a.view(), ga.view()), bv = g.leaf(b.view(), gb.view());
+    const Var cv = use == Q::kTwice ? g.leaf(c5.view(), gc5.view()) : g.leaf(c.view(), gc.view());
+    const Var q = ops::scale(g, av, 0.5);
+    const std::vector<Var> inputs = {q, use == Q::kTwice ? q : bv, cv};
+    const size_t before = g.workspace().bytes_in_use();
+    const Var y = recomputed ? ops::recompute<float>(g, inputs, rng, fn) : fn(g, inputs, rng);
+    out.kept = g.workspace().bytes_in_use() - before;
+    out.counter = rng.state().counter;
+    out.y.assign(g.value(y).data(), g.value(y).data() + 15);
+    Var loss = ops::sum(g, ops::mul(g, y, g.constant(r.view())));
+    if (use == Q::kAddedTo) loss = ops::add(g, loss, ops::sum(g, ops::mul(g, q, q)));
+    g.backward(loss);
+    out.da.assign(ga.data(), ga.data() + ga.numel());
+    out.db.assign(gb.data(), gb.data() + gb.numel());
+    out.dc = use == Q::kTwice ? std::vector<float>(gc5.data(), gc5.data() + gc5.numel())
+                              : std::vector<float>(gc.data(), gc.data() + gc.numel());
+    return out;
+  };
+  Run direct;
+  for (const Q use : {Q::kFresh, Q::kAddedTo, Q::kTwice}) {
+    SCOPED_TRACE(use == Q::kFresh ? "q's gradient fresh" : use == Q::kAddedTo ? "added to" : "q twice");
+    const Run plain = run(false, use), recomputed = run(true, use);
+    EXPECT_EQ(recomputed.y, plain.y);
+    EXPECT_EQ(recomputed.da, plain.da);
+    EXPECT_EQ(recomputed.db, plain.db);
+    EXPECT_EQ(recomputed.dc, plain.dc);
+    for (const float v : recomputed.da) EXPECT_TRUE(std::isfinite(v));
+    EXPECT_EQ(recomputed.counter, plain.counter);
+    EXPECT_GT(recomputed.counter, 0u);
+    constexpr size_t kAlign = Workspace::kAlignment;
+    EXPECT_EQ(recomputed.kept, (15 * sizeof(float) + kAlign - 1) / kAlign * kAlign);  // y alone
+    EXPECT_GT(plain.kept, 4 * recomputed.kept);
+    if (use == Q::kFresh) direct = plain;
+  }
+
+  Graph<float> g;  // without gradients: fn on the graph itself
+  NoGradGuard<float> no_grad(g);
+  Rng rng(11);
+  const std::vector<Var> inputs = {ops::scale(g, g.constant(a.view()), 0.5), g.constant(b.view()),
+                                   g.constant(c.view())};
+  const Var y = ops::recompute<float>(g, inputs, rng, fn);
+  EXPECT_EQ(std::vector<float>(g.value(y).data(), g.value(y).data() + 15), direct.y);
+  EXPECT_EQ(g.sub_graph().num_nodes(), 0u);
+}
+
 // In float at a size the GEMM threads (blocks of C finished on several threads): the same bits as the two
 // ops, forward with and without gradients, and the same gradients.
 TEST(LinearGelu, SameBitsAsGeluOfLinearWithAndWithoutGradients) {

@@ -792,8 +792,8 @@ TEST_F(FactsCorpus, GpuOutOfMemoryNamesTheBatchTheLengthAndWhatToLower) {
   }
   for (const char* part : {"step 1: the training step of L1/H1024", "with batch size 1048576 at sequence length",
                            "in fp32 does not fit on the GPU", "out of GPU memory: ",
-                           "Lower --batch-size (and raise --accumulate to keep the global batch)",
-                           "--precision bf16", "--attention fused"})
+                           "Lower --batch-size (and raise --accumulate to keep the global batch)", "--precision bf16",
+                           "--attention recompute"})
     EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' in: " << message;
   EXPECT_FALSE(std::filesystem::exists(out.file("oom") + "/checkpoint.h5"));
 }
