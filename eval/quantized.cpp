@@ -200,12 +200,13 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
   if (enabled.empty())
     throw UserError("INT8 inference needs a quantized model (a QAT checkpoint, or one saved with --save-calibrated)");
   IntegerComparison c;
-  c.kernel = g.on_cuda() ? "cuBLASLt int8 tensor-core" : int8_kernel_name(Int8Kernel::kAuto);
+  c.kernel = int8_kernel_name(Int8Kernel::kAuto);  // on a GPU: named once its layers are prepared (below)
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kFloat;
   c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g));
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kQuantize;
   c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g));
   c.integer_layers = model.prepare_integer_inference(integer_decoder);
+  if (g.on_cuda()) c.kernel = model.device_int8_gemm();
   c.integer_decoder = model.integer_decoder();
   c.integer_attention_layers = model.integer_attention_layers();
   if (c.integer_layers == 0 || (c.integer_decoder && c.integer_layers == 1)) {

@@ -75,7 +75,7 @@ void Bert::place_on(const Device& device) {
 }
 
 void Bert::round_weights_for_inference() {
-  if (!params_.on_cuda() || params_.device().precision() != Precision::kBf16) return;
+  if (!params_.on_cuda() || params_.device().precision() != Precision::kBf16 || params_.bf16_copy_current()) return;
   params_.download_values();
   const TensorView<float> values = params_.values();
   std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
@@ -257,6 +257,15 @@ void Bert::set_exact_sums(bool on) {
 
 int64_t Bert::integer_attention_layers() const {
   return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.integer_attention; });
+}
+
+std::string Bert::device_int8_gemm() const {
+  for (const Layer& l : layers_)
+    for (const Linear* p : {&l.query, &l.key, &l.value, &l.attention_output, &l.intermediate, &l.output})
+      if (p->device_integer_weights)
+        return p->device_integer_weights->tensor_map() ? "wgmma int8 GEMM with the dequantization in its epilogue"
+                                                       : "cuBLASLt int8 tensor-core GEMM";
+  return "";
 }
 
 int64_t Bert::fused_projection_layers() const {

@@ -78,6 +78,8 @@ class Bert {
   // On a GPU in BF16, for inference: the weights rounded to BF16 once (the arena's BF16 copy, from the
   // device's values), which the GEMMs then read instead of rounding each weight at each use. Training's
   // optimizer keeps that copy itself; anything that changes the values makes it stale (it is then not used).
+  // Nothing to do while the copy is current (bert-eval --int8 asks twice: after place_on and in
+  // prepare_integer_inference).
   void round_weights_for_inference();
   // On a GPU, adds the saturation counts gathered on the device to each quantizer's `clipped` (one
   // copy for all quantizers); nothing to do on the CPU, where they are counted directly.
@@ -141,6 +143,9 @@ class Bert {
   int64_t integer_attention_layers() const;
   // The layers among those whose Q, K, V projections run as one integer linear.
   int64_t fused_projection_layers() const;
+  // The int8 GEMM the integer layers run on a GPU (after prepare_integer_inference there): ours on Hopper's
+  // wgmma, or cuBLASLt's (ops::DeviceInt8Gemm); "" where none runs on a GPU.
+  std::string device_int8_gemm() const;
 
   // Whether a quantizer that follows a GELU, a dropout or a permute runs inside that op, and the
   // quantizers reading one activation run as one op (on a GPU fewer passes over memory; the same values). On by

@@ -623,6 +623,7 @@ TEST(BertModel, IntegerInferenceGivesTheFakeQuantizedModelsLogits) {
   EXPECT_EQ(eval_logits(model, false), recorded);
   model.set_exact_sums(true);
   EXPECT_EQ(model.prepare_integer_inference(), 6 * c.num_hidden_layers + 2);  // + pooler and MLM transform
+  EXPECT_EQ(model.device_int8_gemm(), "");                                    // the CPU's integer kernels
   EXPECT_EQ(model.integer_attention_layers(), c.num_hidden_layers);           // Q K^T and probs V as integers too
   const std::vector<float> integer = eval_logits(model, false);
   ASSERT_EQ(integer.size(), fake.size());
@@ -689,6 +690,10 @@ TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
   const std::vector<float> fake = eval_logits(model, false, *gpu), recorded = eval_logits(model, true, *gpu);
   EXPECT_THROW(model.prepare_integer_inference(/*integer_decoder=*/true), UserError);  // the decoder: CPU only
   EXPECT_EQ(model.prepare_integer_inference(false, true, /*integer_attention=*/false), 6 * c.num_hidden_layers + 2);
+  // The GEMM bert-eval names: ours on Hopper (H100, H200: this build has sm_90a code), else cuBLASLt's.
+  const bool hopper = gpu->name().find("H100") != std::string::npos || gpu->name().find("H200") != std::string::npos;
+  EXPECT_EQ(model.device_int8_gemm(),
+            hopper ? "wgmma int8 GEMM with the dequantization in its epilogue" : "cuBLASLt int8 tensor-core GEMM");
   EXPECT_EQ(model.integer_attention_layers(), 0);                   // the products fake-quantized in float
   EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers);  // Q, K, V as one integer linear
   EXPECT_EQ(eval_logits(model, false, *gpu), fake);
