@@ -5,6 +5,7 @@
 #include <hdf5.h>
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -482,17 +483,22 @@ TEST(BertModel, ReusedGradientBuffersGiveTheSameStepInLessMemoryOnTheGpu) {
   }
 }
 
-// A training step (dropout on) with the fused attention against the unfused ops, on a GPU: the same
-// dropout draws, so the loss and every gradient agree up to float summation order (BF16: its rounding).
-QatStep float_step(const Device& device, bool fused_attention) {
+// A training step (dropout on) of a tiny float model, its attention set up by `set`.
+QatStep tiny_float_step(const Device& device, const std::function<void(Bert&)>& set) {
   BertConfig c = preset("tiny");
   c.vocab_size = 60;
   c.max_position_embeddings = 16;
   Bert model(c);
   model.initialize(5);
-  model.set_fused_attention(fused_attention);
-  EXPECT_TRUE(ops::fused_attention(Graph<float>(device), c.head_size(), 8));
+  set(model);
   return training_step(model, device);
+}
+
+// A training step (dropout on) with the fused attention against the unfused ops, on a GPU: the same
+// dropout draws, so the loss and every gradient agree up to float summation order (BF16: its rounding).
+QatStep float_step(const Device& device, bool fused_attention) {
+  EXPECT_TRUE(ops::fused_attention(Graph<float>(device), preset("tiny").head_size(), 8));
+  return tiny_float_step(device, [&](Bert& model) { model.set_fused_attention(fused_attention); });
 }
 
 TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
@@ -510,13 +516,7 @@ TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
 // --attention recompute): the kept step's loss and gradients bit for bit (the same dropout draws) with less
 // kept in the step's workspace; on the CPU and in a GPU's FP32 (a BF16 step keeps them: F32 activations only).
 QatStep recompute_step(const Device& device, bool recompute) {
-  BertConfig c = preset("tiny");
-  c.vocab_size = 60;
-  c.max_position_embeddings = 16;
-  Bert model(c);
-  model.initialize(5);
-  model.set_recompute_attention(recompute);
-  return training_step(model, device);
+  return tiny_float_step(device, [&](Bert& model) { model.set_recompute_attention(recompute); });
 }
 
 TEST(BertModel, RecomputedAttentionGivesTheKeptStepInLessMemory) {
