@@ -197,33 +197,55 @@ __global__ void convert_padded(A* y, const float* x, int64_t rows, int64_t padde
 
 // dbias (cols) += the column sums of dy (rows, cols; rows ld apart), deterministically. Block (32, 8) of grid
 // (row chunks, column groups, parts) sums `chunk` rows of 32 W columns (thread x: W adjacent columns, W-wide
-// accesses; y: every 8th row), its 8 lanes added in order into partial[chunk][col]. The last block of a
-// column group to finish (counted in arrivals[group]) then adds the group's partials over the chunks in a
-// fixed order (lane y: chunks y, y + 8, ...; the lanes in order) into dbias and resets its counter: one
-// launch instead of a second kernel for the partials (3.5 us a call on an H200, most of it latency). The
-// chunks run fastest in the grid, so a group's blocks run together and its last block's sums overlap the
-// next groups' reads. Without counters (more column groups than the context has) the second kernel does it
-// (cuda::add_partial_rows).
+// accesses; y: every 8th row, kRowsInFlight of them loaded before the first is added), its 8 lanes added in
+// order into partial[chunk][col]. The last block of a column group to finish (counted in arrivals[group])
+// then adds the group's partials over the chunks in a fixed order (lane y: chunks y, y + 8, ...; the lanes
+// in order) into dbias and resets its counter: one launch instead of a second kernel for the partials (3.5
+// us a call on an H200, most of it latency). The chunks run fastest in the grid, so a group's blocks run
+// together and its last block's sums overlap the next groups' reads. Without counters (more column groups
+// than the context has) the second kernel does it (cuda::add_partial_rows).
+//
+// The rows come from a Source: `read(part, r, col)` loads what row r's W columns need (the loads of
+// kRowsInFlight rows are issued together: one at a time left the kernel waiting on memory), `value(part, r,
+// col, loaded)` gives the W values to add, after writing whatever the source produces. RowsOf reads a
+// matrix; GeluBackwardRows (below) is the feed-forward block's GELU backward, which sums the gradient it
+// writes: the same values in the same order, so the same bits as writing it, then summing it.
 constexpr int64_t kColumnChunk = 64, kMostChunks = 128;  // 8192 rows: 128 chunks, hundreds of blocks
+constexpr int kRowsInFlight = 4;
 template <int W, typename A>
-__global__ void column_sums(float* dbias, float* partial, unsigned int* arrivals, const A* dy, int64_t rows,
-                            int64_t cols, int64_t ld, int64_t chunk, int64_t dy_part_stride,
-                            int64_t dbias_part_stride) {
+struct RowsOf {
+  const A* dy;
+  int64_t ld, part_stride;
+  __device__ cuda::Pack<A, W> read(unsigned part, int64_t r, int64_t col) const {
+    return cuda::load_pack<W>(dy + part * part_stride + r * ld + col);
+  }
+  __device__ cuda::Pack<A, W> value(unsigned, int64_t, int64_t, const cuda::Pack<A, W>& loaded) const { return loaded; }
+};
+template <int W, typename Source>
+__global__ void column_sums(float* dbias, float* partial, unsigned int* arrivals, Source source, int64_t rows,
+                            int64_t cols, int64_t chunk, int64_t dbias_part_stride) {
   __shared__ float lanes[8][32 * W + 1];
   __shared__ bool last;
-  const unsigned chunks = gridDim.x, group = blockIdx.y;
-  dy += blockIdx.z * dy_part_stride;  // grid z: the parts
-  dbias += blockIdx.z * dbias_part_stride;
-  partial += int64_t(blockIdx.z) * chunks * cols;
-  if (arrivals) arrivals += blockIdx.z * gridDim.y;
+  const unsigned chunks = gridDim.x, group = blockIdx.y, part = blockIdx.z;  // grid z: the parts
+  dbias += part * dbias_part_stride;
+  partial += int64_t(part) * chunks * cols;
+  if (arrivals) arrivals += part * gridDim.y;
   const int64_t col = (group * 32 + threadIdx.x) * int64_t(W);
   const bool here = col < cols;
   float acc[W] = {};
   if (here) {
     const int64_t end = min(rows, (blockIdx.x + 1) * chunk);
-    for (int64_t r = blockIdx.x * chunk + threadIdx.y; r < end; r += 8) {
-      const cuda::Pack<A, W> p = cuda::load_pack<W>(dy + r * ld + col);
-      for (int w = 0; w < W; ++w) acc[w] += cuda::to_float(p.v[w]);
+    for (int64_t r0 = blockIdx.x * chunk + threadIdx.y; r0 < end; r0 += 8 * kRowsInFlight) {
+      decltype(source.read(0, 0, 0)) loaded[kRowsInFlight];
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j)
+        if (r0 + 8 * j < end) loaded[j] = source.read(part, r0 + 8 * j, col);
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j)
+        if (r0 + 8 * j < end) {
+          const auto p = source.value(part, r0 + 8 * j, col, loaded[j]);
+          for (int w = 0; w < W; ++w) acc[w] += cuda::to_float(p.v[w]);
+        }
     }
   }
   for (int w = 0; w < W; ++w) lanes[threadIdx.y][threadIdx.x * W + w] = acc[w];
@@ -266,48 +288,55 @@ __global__ void column_sums(float* dbias, float* partial, unsigned int* arrivals
     }
   if (threadIdx.x == 0 && threadIdx.y == 0) arrivals[group] = 0;
 }
-}  // namespace
 
-void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, int64_t ld,
-                     float* dbias, int parts, int64_t dy_part_stride, int64_t dbias_part_stride) {
+// Launches column_sums over `parts` parts of (rows, cols) from the source make_source<W>() gives, W the
+// widest of 4, 2, 1 that `fits(W)`.
+template <typename MakeSource>
+void launch_column_sums(Graph<float>& g, int64_t rows, int64_t cols, float* dbias, int parts, int64_t dbias_part_stride,
+                        auto fits, MakeSource make_source) {
   // At most kMostChunks chunks: the last block of a column group reads that many partial rows.
   const int64_t chunk = std::max<int64_t>(kColumnChunk, (rows + kMostChunks - 1) / kMostChunks);
   const int64_t chunks = (rows + chunk - 1) / chunk;
   float* partial = g.scratch<float>(parts * chunks * cols);
-  bool finished = false;
-  cuda::with_element_type(dy_type, [&](auto tag) {
-    using A = typename decltype(tag)::type;
-    const A* d = static_cast<const A*>(dy);
-    // Packs of 4 where the rows allow (16 bytes of floats, 8 of BF16: 16-byte BF16 packs made groups of 256
-    // columns, too few for the final sums), else 2 elements on an even width (the vocabulary's 30,522), else
-    // one by one.
-    const auto address = reinterpret_cast<uintptr_t>(d);
-    constexpr int kWide = 4;
-    const bool wide =
-        cols % kWide == 0 && ld % kWide == 0 && dy_part_stride % kWide == 0 && address % (kWide * sizeof(A)) == 0;
-    const int w = wide                                                                                        ? kWide
-                  : cols % 2 == 0 && ld % 2 == 0 && dy_part_stride % 2 == 0 && address % (2 * sizeof(A)) == 0 ? 2
-                                                                                                              : 1;
-    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)),
-                    static_cast<unsigned>(parts));
-    unsigned int* arrivals = grid.y * grid.z <= CudaContext::kArrivals ? cuda::context(g.device()).arrivals : nullptr;
-    finished = arrivals != nullptr;
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(dbias, partial, arrivals, d, rows, cols, ld, chunk,
-                                                        dy_part_stride, dbias_part_stride);
-    };
-    if (w == kWide)
-      launch(column_sums<kWide, A>);
-    else if (w == 2)
-      launch(column_sums<2, A>);
-    else
-      launch(column_sums<1, A>);
-    BERT_CUDA_LAUNCHED();
-  });
-  if (finished) return;
+  // Packs of 4 where the rows allow (16 bytes of floats, 8 of BF16: 16-byte BF16 packs made groups of 256
+  // columns, too few for the final sums), else 2 elements on an even width (the vocabulary's 30,522), else
+  // one by one.
+  const int w = fits(4) ? 4 : fits(2) ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)),
+                  static_cast<unsigned>(parts));
+  unsigned int* arrivals = grid.y * grid.z <= CudaContext::kArrivals ? cuda::context(g.device()).arrivals : nullptr;
+  auto launch = [&](auto width) {
+    constexpr int W = decltype(width)::value;
+    column_sums<W><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(
+        dbias, partial, arrivals, make_source.template operator()<W>(), rows, cols, chunk, dbias_part_stride);
+  };
+  if (w == 4)
+    launch(std::integral_constant<int, 4>{});
+  else if (w == 2)
+    launch(std::integral_constant<int, 2>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+  BERT_CUDA_LAUNCHED();
+  if (arrivals) return;
   for (int part = 0; part < parts; ++part)
     cuda::launch_add_partial_rows(g, dbias + part * dbias_part_stride, partial + part * chunks * cols, nullptr, nullptr,
                                   chunks, cols);
+}
+}  // namespace
+
+void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, int64_t ld,
+                     float* dbias, int parts, int64_t dy_part_stride, int64_t dbias_part_stride) {
+  cuda::with_element_type(dy_type, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const A* d = static_cast<const A*>(dy);
+    const auto address = reinterpret_cast<uintptr_t>(d);
+    auto fits = [&](int64_t w) {
+      return cols % w == 0 && ld % w == 0 && dy_part_stride % w == 0 && address % (w * sizeof(A)) == 0;
+    };
+    launch_column_sums(g, rows, cols, dbias, parts, dbias_part_stride, fits, [&]<int W>() {
+      return RowsOf<W, A>{d, ld, dy_part_stride};
+    });
+  });
 }
 
 template <typename A>
@@ -469,25 +498,52 @@ __global__ void ffn_gelu(A* act, const A* pre, int64_t n) {
   }
 }
 template <int W, typename A>
+__device__ __forceinline__ void gelu_backward_pack(cuda::Pack<A, W>& g, cuda::Pack<A, W>& a,
+                                                   const cuda::Pack<A, W>& p) {
+  for (int j = 0; j < W; ++j) {
+    const float v = cuda::to_float(p.v[j]);
+    a.v[j] = cuda::from_float<A>(cuda::gelu_value(v));
+    g.v[j] = cuda::from_float<A>(cuda::to_float(g.v[j]) * cuda::gelu_derivative(v));
+  }
+}
+template <int W, typename A>
 __global__ void ffn_gelu_backward(A* d, A* act, const A* pre, int64_t n) {
   BERT_GRID_STRIDE_PACKS(i, n, W) {
     const cuda::Pack<A, W> p = cuda::load_pack<W>(pre + i);
     cuda::Pack<A, W> g = cuda::load_pack<W>(d + i), a;
-    for (int j = 0; j < W; ++j) {
-      const float v = cuda::to_float(p.v[j]);
-      a.v[j] = cuda::from_float<A>(cuda::gelu_value(v));
-      g.v[j] = cuda::from_float<A>(cuda::to_float(g.v[j]) * cuda::gelu_derivative(v));
-    }
+    gelu_backward_pack(g, a, p);
     cuda::store_pack<W>(act + i, a);
     cuda::store_pack<W>(d + i, g);
   }
 }
+// The same pass as column_sums' source: the first linear's bias gradient (dpre's column sums) from the
+// values it writes, so dpre is not read again.
+template <int W, typename A>
+struct GeluBackwardRows {
+  A *d, *act;
+  const A* pre;
+  int64_t ld;
+  struct Loaded {
+    cuda::Pack<A, W> g, p;
+  };
+  __device__ Loaded read(unsigned, int64_t r, int64_t col) const {
+    return {cuda::load_pack<W>(d + r * ld + col), cuda::load_pack<W>(pre + r * ld + col)};
+  }
+  __device__ cuda::Pack<A, W> value(unsigned, int64_t r, int64_t col, Loaded loaded) const {
+    cuda::Pack<A, W> a;
+    gelu_backward_pack(loaded.g, a, loaded.p);
+    cuda::store_pack<W>(act + r * ld + col, a);
+    cuda::store_pack<W>(d + r * ld + col, loaded.g);
+    return loaded.g;
+  }
+};
 
 // ops::feed_forward on a GPU, or Var{} where the widths would run padded (linear_typed's copies): the caller
 // then runs the three ops. The first product `pre` is kept (scratch) for the backward; the GELU's output
 // goes to transient slot 0 and the second GEMM reads it there. The backward: dact = dy W2 into slot 1, then
-// one pass turns it into dpre in place and writes gelu(pre) into slot 0 again for dW2 = dy^T act; then the
-// first linear's gradients from dpre. The kernels and GEMMs of linear, gelu, linear: the same bits.
+// one pass turns it into dpre in place, writes gelu(pre) into slot 0 again for dW2 = dy^T act and sums
+// dpre's columns into b1's gradient; then the first linear's other gradients from dpre. The kernels and GEMMs of
+// linear, gelu, linear: the same bits.
 template <typename A>
 Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
@@ -513,24 +569,36 @@ Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
     A* act = g.transient<A>(0, n);
     A* d = g.transient<A>(1, n);
     gemm(g, false, false, rows, hidden, out, 1.0f, dy, out, 0, w2_gemm, hidden, 0, 0.0f, d, hidden, 0, 1, type, type);
-    BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu_backward, n, cuda::packs_of_4(n, {d, act, pre}), g, d, act, pre, n);
+    // dpre = dact gelu'(pre) in place, act = gelu(pre) again, and b1's gradient as dpre's column sums,
+    // in one pass.
+    const bool b1_grad = g.requires_grad(b1);
+    if (b1_grad) {
+      const auto address =
+          reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(act) | reinterpret_cast<uintptr_t>(pre);
+      auto fits = [&](int64_t w) { return hidden % w == 0 && address % (w * sizeof(A)) == 0; };
+      launch_column_sums(g, rows, hidden, g.grad(b1).data(), 1, 0, fits, [&]<int W>() {
+        return GeluBackwardRows<W, A>{d, act, pre, hidden};
+      });
+    } else {
+      BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu_backward, n, cuda::packs_of_4(n, {d, act, pre}), g, d, act, pre, n);
+    }
     // dW (out, in) (+)= dy^T (out, N) x (N, in), in the weight's own type; the bias as the column sums.
-    auto weight_grads = [&](Var w, Var b, const A* dz, const A* input, int64_t o, int64_t i) {
+    auto weight_grads = [&](Var w, Var b, const A* dz, const A* input, int64_t o, int64_t i, bool bias_done) {
       if (g.requires_grad(w)) {
         const auto dw = g.raw_grad_target(w);
         const cudaDataType_t w_type = g.dtype(w) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
         gemm(g, true, false, o, i, rows, 1.0f, dz, o, 0, input, i, 0, dw.accumulate ? 1.0f : 0.0f, dw.data, i, 0, 1,
              type, w_type);
       }
-      if (g.requires_grad(b)) add_column_sums(g, dz, g.dtype(y), rows, o, o, g.grad(b).data());
+      if (g.requires_grad(b) && !bias_done) add_column_sums(g, dz, g.dtype(y), rows, o, o, g.grad(b).data());
     };
-    weight_grads(w2, b2, dy, act, out, hidden);
+    weight_grads(w2, b2, dy, act, out, hidden, false);
     if (g.requires_grad(x)) {  // dx (N, in) (+)= dpre (N, hidden) W1 (hidden, in)
       const auto dx = g.raw_grad_target(x);
       gemm(g, false, false, rows, in, hidden, 1.0f, d, hidden, 0, w1_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data,
            in, 0, 1, type, type);
     }
-    weight_grads(w1, b1, d, xv, hidden, in);
+    weight_grads(w1, b1, d, xv, hidden, in, b1_grad);
   });
   return y;
 }
