@@ -102,7 +102,7 @@ __global__ void cross_entropy_rows(float* logsumexp, double* row_loss, int32_t* 
     constexpr int w = sizeof(pack.v) / sizeof(pack.v[0]);
     float v[w], m = -INFINITY;
     for (int i = 0; i < w; ++i) v[i] = cuda::to_float(pack.v[i]), m = fmaxf(m, v[i]);
-    if (argmax)
+    if (argmax && (best.index < 0 || m > best.value))  // only a pack that can hold a new first-largest
       for (int i = 0; i < w; ++i) best.see(v[i], j + i);
     if (m > online.max) {
       online.sum = online.max == -INFINITY ? 0.0f : online.sum * expf(online.max - m);
