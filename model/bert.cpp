@@ -30,9 +30,9 @@ Bert::Bert(const BertConfig& config) : config_(config) {
     const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
     Layer l;
     l.self_input = Quantizer::activation(params_, p + "attention.self.input_quantizer");
-    l.query = Linear::declare_shared_input(params_, p + "attention.self.query", c, c, w);
-    l.key = Linear::declare_shared_input(params_, p + "attention.self.key", c, c, w);
-    l.value = Linear::declare_shared_input(params_, p + "attention.self.value", c, c, w);
+    const std::array<Linear, 3> qkv = Linear::declare_side_by_side(
+        params_, {p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"}, c, c, w);
+    l.query = qkv[0], l.key = qkv[1], l.value = qkv[2];
     l.attention_output = Linear::declare(params_, p + "attention.output.dense", c, c, true, w);
     l.attention_norm = LayerNorm::declare(params_, p + "attention.output.LayerNorm", c, eps);
     l.intermediate = Linear::declare(params_, p + "intermediate.dense", c, config_.intermediate_size, true, w);

@@ -31,12 +31,20 @@ Linear Linear::declare(ParameterArena<float>& params, const std::string& name, i
   return l;
 }
 
-Linear Linear::declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
-                                    WeightScales weight_scales) {
-  Linear l = declare(params, name, in, out, /*quantizable=*/false);
-  l.quantizable = true;
-  l.weight_quantizer = Quantizer::weight(params, name + ".weight_quantizer", scale_count(weight_scales, out));
-  return l;
+std::array<Linear, 3> Linear::declare_side_by_side(ParameterArena<float>& params,
+                                                   const std::array<std::string, 3>& names, int64_t in, int64_t out,
+                                                   WeightScales weight_scales) {
+  std::array<Linear, 3> layers;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Linear& l = layers[i];
+    l.name = names[i], l.in = in, l.out = out, l.quantizable = true;
+    l.weight = params.add(names[i] + ".weight", {out, in});
+  }
+  for (size_t i = 0; i < layers.size(); ++i) layers[i].bias = params.add(names[i] + ".bias", {out});
+  for (size_t i = 0; i < layers.size(); ++i)
+    layers[i].weight_quantizer =
+        Quantizer::weight(params, names[i] + ".weight_quantizer", scale_count(weight_scales, out));
+  return layers;
 }
 
 Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {

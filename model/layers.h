@@ -2,6 +2,7 @@
 // Face state-dict names and applying core ops in forward().
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -32,10 +33,15 @@ struct Linear {
 
   static Linear declare(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
                         bool quantizable = true, WeightScales weight_scales = WeightScales::kPerChannel);
-  // A quantizable layer without an input quantizer of its own: the owner points shared_input at the
-  // quantizer it shares with the other readers of its input.
-  static Linear declare_shared_input(ParameterArena<float>& params, const std::string& name, int64_t in, int64_t out,
-                                     WeightScales weight_scales = WeightScales::kPerChannel);
+  // Three quantizable layers of one (in) input without input quantizers of their own (the owner points
+  // each shared_input at the quantizer they share), with their weights side by side in the arena, then
+  // their biases, then their weight quantizers: the self-attention's Q, K and V projections, which
+  // ops::self_attention multiplies as one (3 out, in) matrix on a GPU. The order draws the same initial
+  // weights as declaring the layers one by one (biases and scales draw nothing); checkpoints store
+  // parameters by name.
+  static std::array<Linear, 3> declare_side_by_side(ParameterArena<float>& params,
+                                                    const std::array<std::string, 3>& names, int64_t in, int64_t out,
+                                                    WeightScales weight_scales);
   // The quantizer of this layer's input: its own or the shared one.
   Quantizer& input() { return shared_input ? *shared_input : input_quantizer; }
   const Quantizer& input() const { return shared_input ? *shared_input : input_quantizer; }

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "core/graph.h"
+#include "core/rng.h"
 #include "model/bert.h"
 #include "model/config.h"
 #include "ops/ops.h"
@@ -920,6 +921,34 @@ TEST(BertModel, InitializationFollowsBert) {
     decaying += expected;
   }
   EXPECT_EQ(decaying, 3 + 2 * 6 + 3);  // 3 embeddings, 6 linear weights per layer, pooler + transform + NSP
+}
+
+// The self-attention's Q, K and V weights lie side by side in the arena, then their biases (the layout
+// ops::self_attention reads in place on a GPU), and initialisation still draws them as when each projection's
+// weight, bias and scale were declared in turn: the normals after the three embeddings' go to layer 0's
+// query, key and value weights, in that order.
+TEST(BertModel, ProjectionWeightsLieSideBySideAndDrawTheirFormerValues) {
+  BertConfig c = preset("tiny");
+  c.vocab_size = 100;
+  Bert model(c);
+  model.initialize(7);
+  ParameterArena<float>& p = model.parameters();
+  const int64_t h = c.hidden_size;
+  const std::string self = "bert.encoder.layer.0.attention.self.";
+  const ParamId query = p.id(self + "query.weight"), query_bias = p.id(self + "query.bias");
+  EXPECT_EQ(p.offset(p.id(self + "key.weight")), p.offset(query) + h * h);
+  EXPECT_EQ(p.offset(p.id(self + "value.weight")), p.offset(query) + 2 * h * h);
+  EXPECT_EQ(p.offset(p.id(self + "key.bias")), p.offset(query_bias) + h);
+  EXPECT_EQ(p.offset(p.id(self + "value.bias")), p.offset(query_bias) + 2 * h);
+  Rng rng(7);
+  rng.reserve(2 * (c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * h);  // two draws a normal
+  for (const char* name : {"query", "key", "value"}) {
+    const TensorView<float> w = p.get(self + name + ".weight").value;
+    int64_t differing = 0;
+    for (int64_t i = 0; i < w.numel(); ++i)
+      differing += w[i] != static_cast<float>(c.initializer_range * rng.next_normal());
+    EXPECT_EQ(differing, 0) << name;
+  }
 }
 
 TEST(BertModel, QuantizerRegistryFindsEnablesAndMapsWeights) {

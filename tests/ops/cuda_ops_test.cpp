@@ -614,24 +614,33 @@ TEST_F(CudaOps, SelfAttentionIsAttentionOnThreeLinears) {
       }
 }
 
-// The same with the weights and biases in a ParameterArena, as the model declares them (weight, bias and a
-// per-channel scale for each projection): equally spaced, so the projections run as one batched GEMM each way
-// and the bias gradients as one column sum. Against the same parameters through three linears and attention on
-// the same GPU, then again adding into the gradients (a second micro-batch).
+// The same with the weights and biases in a ParameterArena: weight, bias and a per-channel scale for each
+// projection (equally spaced: the projections run as one batched GEMM each way, the bias gradients as one
+// column sum), and as the model declares them (Linear::declare_side_by_side: the three weights, then the
+// biases, then the scales: x's gradient reads the weights in place, theirs is one GEMM). Against the same
+// parameters through three linears and attention on the same GPU, then again adding into the gradients (a
+// second micro-batch).
 TEST_F(CudaOps, SelfAttentionBatchesTheProjectionsOfEquallySpacedParameters) {
   const int64_t b = 2, h = 4, t = 64, d = 32, c = h * d;
   const double alpha = 1.0 / std::sqrt(double(d));
   const std::vector<float> x_values = random_values(b * t * c, 3);
   const std::vector<float> upstream = random_values(b * t * c, 4);
-  for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
-    SCOPED_TRACE(gpu->name());
+  for (const auto& [gpu, side_by_side] : {std::pair{gpu_.get(), false}, std::pair{gpu_bf16_.get(), false},
+                                          std::pair{gpu_.get(), true}, std::pair{gpu_bf16_.get(), true}}) {
+    SCOPED_TRACE(gpu->name() + (side_by_side ? ", side by side" : ", interleaved"));
     ParameterArena<float> params;
     std::array<ParamId, 3> w{}, bias{};
+    const std::string names[3] = {"q", "k", "v"};
     for (int i = 0; i < 3; ++i) {
-      const std::string name = std::string(1, "qkv"[i]);
-      w[i] = params.add(name + ".weight", Shape{c, c});
-      bias[i] = params.add(name + ".bias", Shape{c});
-      params.add(name + ".scale", Shape{c});
+      w[i] = params.add(names[i] + ".weight", Shape{c, c});
+      if (side_by_side) continue;
+      bias[i] = params.add(names[i] + ".bias", Shape{c});
+      params.add(names[i] + ".scale", Shape{c});
+    }
+    if (side_by_side) {
+      for (int i = 0; i < 3; ++i) bias[i] = params.add(names[i] + ".bias", Shape{c});
+      for (int i = 0; i < 3; ++i) params.add(names[i] + ".scale", Shape{c});
+      ASSERT_EQ(params.offset(w[1]) - params.offset(w[0]), c * c);
     }
     params.allocate();
     for (int i = 0; i < 3; ++i) {
