@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   double warmup_seconds = 0;
   int64_t vocab = 16000, seq = 128;
   std::string json_path, modes = "fp32,qat", device_spec = "cpu", precision = "fp32", eval_outputs = "scores";
-  bool profile_ops = false, profile_shapes = false;
+  bool profile_ops = false, profile_shapes = false, cuda_graphs = true;
   int scaling_rounds = 0;
   CLI::App app{"train-step-bench: training-step and evaluation speed of BERT presets (FP32 and QAT)"};
   app.add_option("--presets", presets, "comma-separated presets")->capture_default_str();
@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
       "(its launch overhead; the kernels' own times are ncu's), the wait for the GPU in \"(zero, norm, "
       "update)\"");
   app.add_flag("--profile-shapes", profile_shapes, "--profile with one row per op and output shape");
+  app.add_flag("!--no-cuda-graphs", cuda_graphs,
+               "on a GPU, launch the training step's kernels op by op, as bert-train --no-cuda-graphs (default: "
+               "each step recorded and launched as one CUDA graph once two steps have run)");
   app.add_option("--scaling-rounds", scaling_rounds,
                  "after each measurement, this many rounds of --steps training steps on 1 thread then on all "
                  "threads, alternating (a busy or throttled machine slows both alike): the scaling efficiency, "
@@ -252,7 +255,8 @@ int main(int argc, char** argv) {
         }
         // One step of bert-train (its default options: no accumulation, clipping at norm 1) over the
         // synthetic batch; with a profile, the time outside the graph's ops is timed into it too.
-        const train::TrainOptions step_options;
+        train::TrainOptions step_options;
+        step_options.cuda_graphs = cuda_graphs;
         train::SingleProcess single;
         train::TrainingStep training_step(step_options, {model, optimizer, dropout, single});
         train::ProgressWindow window(config);
@@ -369,6 +373,10 @@ int main(int argc, char** argv) {
           std::printf("   GPU memory %.2f GiB", used / double(1 << 30));
           // (A host a whole step ahead also waits here for room in CUDA's launch queue.)
           if (host_queue_s > 0) std::printf("   host queues a step in %.2f ms", 1e3 * host_queue_s);
+          if (training_step.graphs().launches() > 0)
+            std::printf(" (recorded: %lld steps as CUDA graphs, %lld made)",
+                        (long long)training_step.graphs().launches(),
+                        (long long)training_step.graphs().instantiations());
         }
         std::printf("\n");
         if (scaling_rounds > 0) {

@@ -189,6 +189,7 @@ class Graph {
   // forward's time runs until the next node is made, backward() or clear(). On a GPU the host does not
   // wait for the kernels, so the times are the host's: what it takes to queue each op (launch overhead).
   void set_profile(OpProfile* profile);
+  bool profiling() const { return profile_ != nullptr; }
   // Back-propagates from a scalar (one-element) loss with d(loss)/d(loss) = 1, then clear()s.
   // `on_final`, when given, is called with each leaf's gradient buffer as soon as no closure still to
   // run writes it (after the closures of every op that took the leaf; leaves sharing one buffer, as

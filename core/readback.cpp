@@ -29,6 +29,7 @@ Readback::Readback(const Device& device) : device_(device) {
 Readback::~Readback() {
 #if BERT_WITH_CUDA
   if (device_.is_cuda()) {
+    for (void* p : extra_pinned_) cuda::free_pinned(p);
     cuda::free_pinned(pinned_);
     cuda::destroy_event(event_);
   }
@@ -37,15 +38,21 @@ Readback::~Readback() {
 
 const void* Readback::read_bytes(const void* on_device, std::size_t bytes) {
   needed_ += round_up(bytes);
-  if (!device_.is_cuda() || used_ + round_up(bytes) > capacity_) {
-    // The CPU (its memory is the host's), or beyond this round's pinned memory: a copy now.
+  if (!device_.is_cuda()) {  // the CPU: its memory is the host's, a copy now
     overflow_.emplace_back(std::max<std::size_t>(bytes, 1));
     device_.copy_to_host(overflow_.back().data(), on_device, bytes);
     return overflow_.back().data();
   }
-  void* to = static_cast<std::byte*>(pinned_) + used_;
-  used_ += round_up(bytes);
+  void* to = nullptr;
 #if BERT_WITH_CUDA
+  if (used_ + round_up(bytes) > capacity_) {
+    // Beyond this round's pinned memory: pinned memory of its own until clear(), copied into without
+    // waiting as well (the stream may be being recorded: core/step_graph.h).
+    to = extra_pinned_.emplace_back(cuda::allocate_pinned(bytes));
+  } else {
+    to = static_cast<std::byte*>(pinned_) + used_;
+    used_ += round_up(bytes);
+  }
   cuda::copy_to_host_async(*device_.cuda_context(), to, on_device, bytes);
 #endif
   ++pending_;
@@ -75,6 +82,8 @@ void Readback::clear() {
   BERT_CHECK(pending_ == 0, "Readback::clear() with copies still queued (wait() first)");
   overflow_.clear();
 #if BERT_WITH_CUDA
+  for (void* p : extra_pinned_) cuda::free_pinned(p);
+  extra_pinned_.clear();
   if (device_.is_cuda() && needed_ > capacity_) {
     cuda::free_pinned(pinned_);
     capacity_ = needed_ + needed_ / 4;

@@ -47,8 +47,10 @@ class Readback {
   std::size_t pending_ = 0;  // copies queued since the last wait()
   bool sealed_ = false;      // event_ recorded after them (seal())
   void* event_ = nullptr;    // a CUDA event recorded after the copies
-  // Reads beyond the capacity this round: copied at once (waiting), kept here until clear().
+  // The CPU's reads (copied at once), kept here until clear().
   std::deque<std::vector<std::byte>> overflow_;
+  // On a GPU, reads beyond the capacity this round: pinned memory of their own until clear().
+  std::vector<void*> extra_pinned_;
 };
 
 }  // namespace bert

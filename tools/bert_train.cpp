@@ -197,6 +197,10 @@ void add_run_options(CLI::App& app, Args& a) {
                  "and smaller), unfused in FP32 and TF32 (there the fastest)")
       ->check(CLI::IsMember({"auto", "fused", "unfused", "recompute"}))
       ->capture_default_str();
+  app.add_flag("!--no-cuda-graphs", a.o.cuda_graphs,
+               "on one GPU, launch each step's kernels op by op instead of recording the step and launching it "
+               "as one CUDA graph (the default once two steps of a shape have run: the GPU then waits less "
+               "between kernels)");
 }
 
 void add_options(CLI::App& app, Args& a) {

@@ -38,6 +38,9 @@ struct TrainOptions {
   Precision precision = Precision::kFp32;
   bool fused_attention = false;  // on a GPU: Bert::set_fused_attention (--attention fused; auto in BF16)
   bool recompute_attention = false;  // Bert::set_recompute_attention (--attention recompute in FP32, TF32)
+  // On one GPU, each step recorded and launched as one CUDA graph once its shape has settled
+  // (core/step_graph.h; --no-cuda-graphs: op by op).
+  bool cuda_graphs = true;
   // The job this process is one rank of (process_group_from_environment; a group of one by default).
   // With several ranks each takes the GPU of its local rank and they exchange through NCCL.
   ProcessGroup process_group;

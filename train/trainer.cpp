@@ -334,6 +334,8 @@ TrainResult TrainingRun::run_steps() {
     }
   }
   state_.step = result.steps_done = std::min(state_.step, o_.steps);
+  result.graph_steps = training_step.graphs().launches();
+  result.graph_instantiations = training_step.graphs().instantiations();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Every rank's sequences: the global rate, as the progress lines give it.
   result.sequences_per_second = static_cast<double>(result.losses.size() * o_.batch_size * o_.accumulation) *
@@ -369,6 +371,9 @@ void TrainingRun::finish(TrainResult& result) {
           : fmt::format("{:.1f} sequences/s over the whole run", result.sequences_per_second);
   spdlog::info("done: {} steps in {} ({}); checkpoint '{}'", result.losses.size(), format_duration(result.seconds),
                rate, files_.checkpoint);
+  if (result.graph_steps > 0)
+    spdlog::info("{} of the steps ran as one CUDA graph each ({} graph{} made, the others updated in place)",
+                 result.graph_steps, result.graph_instantiations, result.graph_instantiations == 1 ? "" : "s");
   if (active_.empty()) return;
   // The last save left the values on the host.
   result.saturated_channels = quant::fully_saturated_channels(model_);

@@ -25,6 +25,9 @@ struct TrainResult {
   eval::PretrainingMetrics last_eval;
   eval::TaskMetrics last_task_eval;  // fine-tuning runs
   std::vector<double> losses;        // per optimizer step, from this run's first step
+  // One GPU: steps recorded and launched as CUDA graphs (TrainOptions::cuda_graphs), and how many of them
+  // made a new executable graph rather than updating the last one.
+  int64_t graph_steps = 0, graph_instantiations = 0;
 };
 
 // Runs training. `stop` (e.g. set by a SIGINT handler) is checked every step; when set, a checkpoint

@@ -125,10 +125,8 @@ void TrainingStep::take_reads(const MicroBatchReads& r, Outcome& outcome, Progre
   }
 }
 
-TrainingStep::Losses TrainingStep::forward_pass(Graph<float>& g, Batch& batch,
-                                                const std::function<void(Batch&)>& next_batch, Readback& rb,
+TrainingStep::Losses TrainingStep::forward_pass(Graph<float>& g, const Batch& batch, Readback& rb,
                                                 std::vector<MicroBatchReads>& pending) {
-  next_batch(batch);
   const BatchView b = batch.view();
   // The predictions come from the loss's own pass over the logits and stay on the device until read back;
   // the logits are kept as a node only for a teacher to distil into.
@@ -139,6 +137,23 @@ TrainingStep::Losses TrainingStep::forward_pass(Graph<float>& g, Batch& batch,
       objective_of(g, out, p_.teacher, b, o_, prediction_share(p_.ranks, out, p_.model.config().head));
   pending.push_back(queue_reads(rb, g, out, objective, logged, b));
   return {objective, logged, o_.accumulation == 1 ? objective : ops::scale(g, objective, 1.0 / o_.accumulation)};
+}
+
+bool TrainingStep::record_this_step(const Graph<float>& g, const std::vector<int64_t>& shapes) {
+  if (!o_.cuda_graphs || graphs_off_ || g.profiling()) return false;  // (a profile times each op: waits)
+  same_shape_steps_ = shapes == last_shapes_ ? same_shape_steps_ + 1 : 0;
+  last_shapes_ = shapes;
+  if (same_shape_steps_ < 2) return false;  // two steps of a shape run op by op first: its memory is in place
+  // Steps whose ops keep changing make a new executable graph each time, which costs more than it saves.
+  if (graph_.launches() >= 50 && graph_.instantiations() * 5 > graph_.launches()) {
+    graphs_off_ = true;
+    spdlog::info(
+        "training steps run op by op from here: {} of {} steps recorded as CUDA graphs needed a graph of "
+        "their own (their memory moved)",
+        graph_.instantiations(), graph_.launches());
+    return false;
+  }
+  return true;
 }
 
 bool TrainingStep::pipelined() const {
@@ -167,9 +182,27 @@ void TrainingStep::queue(Graph<float>& g, Batch& batch, const std::function<void
     q.finished = true;
     return;
   }
+  // The micro-batches first: their shapes decide whether the step is recorded as one CUDA graph (a later
+  // one is the one before it filled again, as when the caller's batch is filled again).
+  next_batch(batch);
+  std::vector<const Batch*> micro_batches = {&batch};
+  for (int64_t micro = 1; micro < o_.accumulation; ++micro) {
+    if (later_batches_.size() < static_cast<size_t>(micro)) later_batches_.emplace_back();
+    Batch& b = later_batches_[micro - 1];
+    b = *micro_batches.back();
+    next_batch(b);
+    micro_batches.push_back(&b);
+  }
+  std::vector<int64_t> shapes;
+  for (const Batch* b : micro_batches) shapes.insert(shapes.end(), {b->size, b->seq_len, b->max_predictions});
+  struct Abandon {  // a recording that throws is abandoned
+    StepGraph& graph;
+    ~Abandon() { graph.abandon(); }
+  } abandon{graph_};
+  if (record_this_step(g, shapes)) graph_.record(g.device());
   p_.model.parameters().zero_grad();
-  for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
-    const Losses l = forward_pass(g, batch, next_batch, *q.reads, q.pending);
+  for (const Batch* micro_batch : micro_batches) {
+    const Losses l = forward_pass(g, *micro_batch, *q.reads, q.pending);
     // The GPU skips the update where a loss is not finite, as the host would.
     const std::array<const float*, 2> losses = {static_cast<const float*>(g.data(l.logged)),
                                                 static_cast<const float*>(g.data(l.objective))};  // F32 scalars
@@ -178,6 +211,7 @@ void TrainingStep::queue(Graph<float>& g, Batch& batch, const std::function<void
     g.backward(l.scaled);
   }
   q.sum_of_squares = p_.optimizer.queue_step(lr, o_.clip_norm, *q.reads);
+  graph_.launch(shapes);
   q.reads->seal();  // finish() waits for this step's reads, not for the step queued after it
 }
 
@@ -226,7 +260,8 @@ TrainingStep::Outcome TrainingStep::run_synchronous(Queued& q, Graph<float>& g, 
   };
   params.zero_grad();
   for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
-    const Var scaled = forward_pass(g, batch, next_batch, rb, pending).scaled;
+    next_batch(batch);
+    const Var scaled = forward_pass(g, batch, rb, pending).scaled;
     if (!p_.reduction || micro + 1 < o_.accumulation) {
       g.backward(scaled);
       continue;

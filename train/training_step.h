@@ -15,6 +15,7 @@
 #include "core/graph.h"
 #include "core/readback.h"
 #include "core/rng.h"
+#include "core/step_graph.h"
 #include "model/bert.h"
 #include "train/communicator.h"
 #include "train/gradient_reduction.h"
@@ -46,8 +47,8 @@ class TrainingStep {
     double grad_norm = 0;  // before clipping
     bool updated = false;  // the optimizer stepped (nothing went non-finite)
   };
-  // Zeroes the gradients, runs o.accumulation micro-batches (each filled into `batch` by next_batch; the
-  // progress window gets each one's metrics) and, when the loss and the gradient norm are finite, the
+  // Zeroes the gradients, runs o.accumulation micro-batches (each filled by next_batch: the first into
+  // `batch`, each later one into a copy of the one before it; the progress window gets each one's metrics) and, when the loss and the gradient norm are finite, the
   // update at learning rate lr. A non-finite step leaves the weights and moments as they were (and the
   // gradients as the passes made them, for the caller's message). Every micro-batch runs even after a
   // non-finite loss, so each rank does the same work. `log_buckets`: log the gradient buckets (first step).
@@ -70,6 +71,9 @@ class TrainingStep {
              ProgressWindow& window, bool log_buckets = false);
   Outcome finish(ProgressWindow& window);  // the oldest queued step's
   std::size_t queued() const { return queued_.size(); }
+  // The pipelined steps recorded and launched as CUDA graphs (TrainOptions::cuda_graphs), and how many of
+  // them made a new executable graph (the first, and each of a new shape).
+  const StepGraph& graphs() const { return graph_; }
 
  private:
   // What one micro-batch's forward pass queued for reading back, and what the host kept of its batch.
@@ -97,13 +101,17 @@ class TrainingStep {
     bool finished = false;
     Outcome outcome;
   };
-  // A micro-batch's forward pass: the next batch (next_batch), the model, the objective and the reads queued
-  // into rb (pending gets them). scaled: the objective divided by the number of micro-batches.
+  // A micro-batch's forward pass: the model on `batch`, the objective and the reads queued into rb (pending
+  // gets them). scaled: the objective divided by the number of micro-batches.
   struct Losses {
     Var objective, logged, scaled;
   };
-  Losses forward_pass(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch, Readback& rb,
-                      std::vector<MicroBatchReads>& pending);
+  Losses forward_pass(Graph<float>& g, const Batch& batch, Readback& rb, std::vector<MicroBatchReads>& pending);
+  // Whether a pipelined step is recorded as a CUDA graph, given the shapes (batch, length, predictions) of its
+  // micro-batches: with TrainOptions::cuda_graphs, after two steps of those shapes ran (op by op: its memory
+  // is then in place); not any more once more than one recording in five (of at least 50) has made a new
+  // executable graph; never while `g` times its ops (Graph::set_profile).
+  bool record_this_step(const Graph<float>& g, const std::vector<int64_t>& shapes);
   // The whole step with the host deciding on the update (one wait a step): run()'s path where not pipelined.
   Outcome run_synchronous(Queued& q, Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch,
                           double lr, ProgressWindow& window, bool log_buckets);
@@ -114,6 +122,11 @@ class TrainingStep {
   Parts p_;
   std::deque<Queued> queued_;
   std::vector<std::unique_ptr<Readback>> spare_reads_;  // on the graph's device, reused
+  StepGraph graph_;                                     // pipelined steps as CUDA graphs (record_this_step)
+  std::vector<Batch> later_batches_;                    // micro-batches after the first (pipelined steps)
+  std::vector<int64_t> last_shapes_;
+  int64_t same_shape_steps_ = 0;
+  bool graphs_off_ = false;
 };
 
 }  // namespace bert::train

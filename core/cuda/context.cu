@@ -55,6 +55,10 @@ CudaContext* create_context(int ordinal, Precision precision) {
   cudaStream_t stream;
   BERT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   c->stream = stream;
+  cudaStream_t side;
+  BERT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  c->side_stream = side;
+  c->capture_start = create_event();
   cublasHandle_t handle;
   BERT_CUBLAS_CHECK(cublasCreate(&handle));
   c->cublas = handle;
@@ -90,6 +94,8 @@ void destroy_context(CudaContext* c) {
   cudaFree(c->reduce_scratch);
   cudaFreeHost(c->host_staging);
   cudaFreeHost(c->upload_ring);
+  destroy_event(c->capture_start);
+  cudaStreamDestroy(c->side_stream);
   cudaStreamDestroy(c->stream);
   delete c;
 }
@@ -103,7 +109,10 @@ std::string describe(const CudaContext& c) {
 
 void* allocate(const CudaContext& c, std::size_t bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, c.stream);
+  ++c.memory_events;
+  // While recording, from the side stream, waited for at once: usable by the recorded work and after it.
+  const cudaError_t e = cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, c.capturing ? c.side_stream : c.stream);
+  if (e == cudaSuccess && c.capturing) BERT_CUDA_CHECK(cudaStreamSynchronize(c.side_stream));
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     auto [used, total] = memory_use(c);
@@ -118,7 +127,14 @@ void* allocate(const CudaContext& c, std::size_t bytes) {
   return p;
 }
 
-void free(const CudaContext& c, void* p) { cudaFreeAsync(p, c.stream); }
+void free(const CudaContext& c, void* p) {
+  ++c.memory_events;
+  if (c.capturing) {  // the recorded work may use it, and the work queued before the recording does
+    c.deferred_frees.push_back(p);
+    return;
+  }
+  cudaFreeAsync(p, c.stream);
+}
 
 void fill_zero(const CudaContext& c, void* p, std::size_t bytes) {
   BERT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c.stream));
@@ -139,13 +155,29 @@ void copy_to_host(const CudaContext& c, void* host, const void* src, std::size_t
 void copy_to_device(const CudaContext& c, void* dst, const void* host, std::size_t bytes) {
   if (bytes == 0) return;
   if (bytes > CudaContext::kUploadRing / 4) {  // large (weights): the runtime stages it, perhaps waiting
+    BERT_CHECK(!c.capturing, "a step recorded as a CUDA graph uploads " + std::to_string(bytes >> 20) +
+                                 " MiB at once (train with --no-cuda-graphs)");
     BERT_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c.stream));
     return;
   }
   // Small (batches, ids, masks): copied into the pinned ring, from there asynchronously; the caller may
   // reuse its buffer at once. Before the ring wraps, every copy out of it must have finished: one wait
   // per kUploadRing bytes uploaded (many steps).
-  if (c.upload_offset + bytes > CudaContext::kUploadRing) {
+  // While recording, the copies out of the ring run when the graph does: the ring may wrap once, after
+  // the work queued before the recording (which read what it would overwrite) has finished, and never
+  // over the recording's own uploads.
+  if (c.capturing) {
+    const std::size_t limit = c.ring_wrapped_in_capture ? c.capture_ring_start : CudaContext::kUploadRing;
+    if (c.upload_offset + bytes > limit) {
+      BERT_CHECK(!c.ring_wrapped_in_capture && bytes <= c.capture_ring_start,
+                 "a step recorded as a CUDA graph uploads more than the " +
+                     std::to_string(CudaContext::kUploadRing >> 20) +
+                     " MiB upload ring holds (train with --no-cuda-graphs)");
+      BERT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(c.capture_start)));
+      c.ring_wrapped_in_capture = true;
+      c.upload_offset = 0;
+    }
+  } else if (c.upload_offset + bytes > CudaContext::kUploadRing) {
     BERT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
     c.upload_offset = 0;
   }
@@ -186,6 +218,70 @@ void record_event(const CudaContext& c, void* event) {
   BERT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), c.stream));
 }
 void wait_event(void* event) { BERT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+
+void begin_capture(CudaContext& c) {
+  BERT_CHECK(!c.capturing, "begin_capture: the stream is being recorded already");
+  record_event(c, c.capture_start);
+  // Relaxed: the host may wait for other streams and events while recording (allocate, copy_to_device).
+  BERT_CUDA_CHECK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeRelaxed));
+  c.capturing = true;
+  c.ring_wrapped_in_capture = false;
+  c.capture_ring_start = c.upload_offset;
+}
+
+namespace {
+// The frees asked for while recording, queued after the graph (or, abandoned, after what came before).
+void release_deferred(const CudaContext& c) {
+  for (void* p : c.deferred_frees) cudaFreeAsync(p, c.stream);
+  c.deferred_frees.clear();
+}
+}  // namespace
+
+bool end_capture_and_launch(CudaContext& c, void*& exec) {
+  BERT_CHECK(c.capturing, "end_capture_and_launch: the stream is not being recorded");
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(c.stream, &graph);
+  c.capturing = false;
+  if (ended != cudaSuccess) {
+    release_deferred(c);
+    BERT_CUDA_CHECK(ended);
+  }
+  bool made = false;
+  if (exec) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(static_cast<cudaGraphExec_t>(exec), graph, &info) != cudaSuccess) {
+      (void)cudaGetLastError();  // another shape of step: made afresh below
+      destroy_graph(exec);
+      exec = nullptr;
+    }
+  }
+  if (!exec) {
+    cudaGraphExec_t made_exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&made_exec, graph, 0);
+    if (e != cudaSuccess) cudaGraphDestroy(graph);
+    BERT_CUDA_CHECK(e);
+    exec = made_exec;
+    made = true;
+  }
+  cudaGraphDestroy(graph);
+  BERT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), c.stream));
+  release_deferred(c);
+  return made;
+}
+
+void abandon_capture(CudaContext& c) noexcept {
+  if (!c.capturing) return;
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(c.stream, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  c.capturing = false;
+  release_deferred(c);
+}
+
+void destroy_graph(void* exec) noexcept {
+  if (exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+}
 
 std::pair<std::size_t, std::size_t> memory_use(const CudaContext& c) {
   std::size_t free_bytes = 0, total = 0;

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/device.h"
 
@@ -39,6 +41,17 @@ struct CudaContext {
   void* upload_ring = nullptr;
   static constexpr std::size_t kUploadRing = std::size_t{32} << 20;
   mutable std::size_t upload_offset = 0;  // copies change only this, through a const context
+  // While the stream's work is being recorded into a CUDA graph (begin_capture .. end_capture_and_launch):
+  // memory is allocated on side_stream (the recording stream's allocations would be the graph's own),
+  // frees wait in deferred_frees until the graph is launched, and the upload ring wraps (once) by waiting
+  // for capture_start (an event recorded before the recording: what came before it has read the ring).
+  CUstream_st* side_stream = nullptr;
+  bool capturing = false;
+  mutable std::vector<void*> deferred_frees;
+  void* capture_start = nullptr;
+  mutable bool ring_wrapped_in_capture = false;
+  std::size_t capture_ring_start = 0;  // the upload ring's offset when the recording began
+  mutable uint64_t memory_events = 0;  // allocations and frees so far (a recorded graph's addresses are current)
   std::string device_name;
   std::size_t total_memory = 0;
 };
@@ -68,6 +81,16 @@ void destroy_event(void* event);
 void record_event(const CudaContext& c, void* event);
 void wait_event(void* event);
 std::pair<std::size_t, std::size_t> memory_use(const CudaContext& c);
+
+// The stream's work recorded as a CUDA graph (core/step_graph.h). begin_capture starts recording (the
+// work is queued, not run); end_capture_and_launch ends it and launches it: `exec` (an executable graph,
+// nullptr at first) is updated in place where the recording has the same nodes as the one it was made
+// from, and made afresh where not (returns true then). abandon_capture ends a recording without running
+// it (after an exception). destroy_graph frees an executable graph.
+void begin_capture(CudaContext& c);
+bool end_capture_and_launch(CudaContext& c, void*& exec);
+void abandon_capture(CudaContext& c) noexcept;
+void destroy_graph(void* exec) noexcept;
 
 // Throws InternalError naming the call and CUDA's message; kernels are checked after each launch.
 void check(int status, const char* what, const char* file, int line);

@@ -15,6 +15,7 @@
 #include "core/graph.h"
 #include "core/op_profile.h"
 #include "core/readback.h"
+#include "core/step_graph.h"
 #include "ops/ops.h"
 #include "tests/ops/gradcheck.h"
 
@@ -202,6 +203,66 @@ TEST(Readback, GivesTheValuesAsQueuedOnTheCpuAndOnAGpu) {
     EXPECT_EQ(*before, 4.5f);
     EXPECT_EQ(*after, -1.0f);
     reads.clear();
+  }
+}
+
+// StepGraph: work recorded from a GPU's stream runs when the recording is launched, memory allocated and
+// freed while recording included (the copies through the pinned upload ring and the read-back too); a
+// second recording with the same key and no memory moved since updates the graph in place, one with another
+// key makes a new graph; an abandoned recording runs nothing and leaves the stream as it was. On the CPU
+// nothing is recorded: the work runs as it is queued.
+TEST(StepGraph, RunsTheRecordedWorkWhenLaunchedAndUpdatesItForTheSameKey) {
+  std::vector<std::unique_ptr<Device>> gpus;
+  if (Device::cuda_available()) gpus.push_back(Device::cuda(0));
+  std::vector<const Device*> devices = {&Device::cpu()};
+  for (const auto& gpu : gpus) devices.push_back(gpu.get());
+  for (const Device* device : devices) {
+    SCOPED_TRACE(device->name());
+    const int64_t n = 3000;
+    DeviceBuffer out(*device, n * sizeof(float)), kept(*device, n * sizeof(float));
+    device->fill_zero(out.data(), n * sizeof(float));
+    Readback reads(*device);
+    StepGraph steps;
+    // One step: `size` copies of `value` uploaded into a buffer (made while recording, or `kept`), copied
+    // into `out`, and `out` read back.
+    auto step = [&](float value, int64_t size, bool make_memory) {
+      steps.record(*device);
+      EXPECT_EQ(steps.recording(), device->is_cuda());
+      const std::vector<float> host(static_cast<size_t>(size), value);
+      DeviceBuffer made;
+      if (make_memory) made = DeviceBuffer(*device, size * sizeof(float));
+      void* staging = make_memory ? made.data() : kept.data();
+      device->copy_to_device(staging, host.data(), size * sizeof(float));
+      device->copy_on_device(out.data(), staging, size * sizeof(float));
+      made.reset();  // freed while recording: released after the graph has run
+      const float* back = reads.read<float>(out.data(), n);
+      steps.launch({size});
+      reads.wait();
+      std::vector<float> values(back, back + n);
+      reads.clear();
+      return values;
+    };
+    const int64_t graphs = device->is_cuda() ? 1 : 0;
+    EXPECT_EQ(step(1.0f, n, true), std::vector<float>(n, 1.0f));
+    EXPECT_EQ(steps.instantiations(), graphs);
+    EXPECT_EQ(step(2.0f, n, false), std::vector<float>(n, 2.0f)) << "the same key, no memory moved: updated";
+    EXPECT_EQ(steps.instantiations(), graphs);
+    std::vector<float> expected(n, 2.0f);
+    std::fill(expected.begin(), expected.begin() + n / 2, 3.0f);
+    EXPECT_EQ(step(3.0f, n / 2, false), expected) << "another key: a graph of its own";
+    EXPECT_EQ(steps.instantiations(), 2 * graphs);
+    EXPECT_EQ(steps.launches(), 3 * graphs);
+    // Abandoned: nothing of it runs, and the stream goes on.
+    steps.record(*device);
+    const std::vector<float> nines(n, 9.0f);
+    device->copy_to_device(kept.data(), nines.data(), n * sizeof(float));
+    if (device->is_cuda()) device->copy_on_device(out.data(), kept.data(), n * sizeof(float));
+    steps.abandon();
+    EXPECT_FALSE(steps.recording());
+    std::vector<float> now(n);
+    device->copy_to_host(now.data(), out.data(), n * sizeof(float));
+    EXPECT_EQ(now, expected);
+    EXPECT_EQ(steps.launches(), 3 * graphs);
   }
 }
 

@@ -874,6 +874,31 @@ TEST_F(FactsCorpus, GpuTrainingFollowsTheCpuResumesExactlyAndMovesAcrossDevices)
   EXPECT_NEAR(qat_gpu.last_eval.mlm_accuracy(), qat_cpu.last_eval.mlm_accuracy(), 0.02);
 }
 
+// bert-train on one GPU records each step as a CUDA graph once two steps have run (one graph made, updated
+// in place after): the losses and the weights are those of the run launched op by op, bit for bit, in FP32
+// and in BF16 with its fused attention. Skipped without a GPU.
+TEST_F(FactsCorpus, GpuStepsRunAsCudaGraphsRepeatTheStepsOpByOp) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  testing::TempDir out;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainOptions recorded = device_run(out.file("graphs_" + precision), "cuda", 12, precision);
+    recorded.fused_attention = precision == "bf16";
+    TrainOptions op_by_op = recorded;
+    op_by_op.output_dir = out.file("op_by_op_" + precision);
+    op_by_op.cuda_graphs = false;
+    const TrainResult a = train(recorded), b = train(op_by_op);
+    EXPECT_EQ(a.graph_steps, 10) << "steps 3 to 12";
+    EXPECT_EQ(a.graph_instantiations, 1);
+    EXPECT_EQ(b.graph_steps, 0);
+    ASSERT_EQ(a.losses.size(), 12u);
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(parameters_of(recorded.output_dir + "/checkpoint.h5"),
+              parameters_of(op_by_op.output_dir + "/checkpoint.h5"));
+  }
+}
+
 // BF16 products on the CPU (--device cpu --precision bf16): the run follows the FP32 curve (each 25-step
 // mean within 3%), learns, and resumes bit for bit.
 TEST_F(FactsCorpus, CpuBf16ProductsFollowTheFp32CurveAndResumeExactly) {

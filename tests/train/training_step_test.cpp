@@ -1,0 +1,130 @@
+// A training step on a GPU recorded and launched as one CUDA graph (core/step_graph.h) against the same
+// step launched op by op. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
+#include "core/graph.h"
+#include "core/rng.h"
+#include "model/bert.h"
+#include "train/communicator.h"
+#include "train/optimizer.h"
+#include "train/progress.h"
+#include "train/training_step.h"
+
+namespace bert::train {
+namespace {
+
+// B sequences of T random tokens, p masked positions each (`short_rows` of them hold one fewer, the rest
+// 0-padded as the shards pad them), half of them with a random next sentence.
+Batch random_batch(int64_t b, int64_t t, int64_t p, int64_t vocab, uint64_t seed, int64_t short_rows = 0) {
+  Rng rng(seed);
+  Batch batch;
+  batch.size = b, batch.seq_len = t, batch.max_predictions = p;
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < t; ++j) {
+      batch.input_ids.push_back(j == 0 ? 2 : static_cast<int32_t>(5 + rng.next_below(vocab - 5)));
+      batch.input_mask.push_back(j < t - i % 3 ? 1 : 0);  // some rows padded
+      batch.segment_ids.push_back(j < t / 2 ? 0 : 1);
+    }
+    const int64_t used = i < short_rows ? p - 1 : p;
+    for (int64_t k = 0; k < p; ++k) {
+      batch.masked_lm_positions.push_back(k < used ? static_cast<int32_t>(1 + k * (t - 4) / p) : 0);
+      batch.masked_lm_ids.push_back(k < used ? static_cast<int32_t>(5 + rng.next_below(vocab - 5)) : 0);
+    }
+    batch.next_sentence_labels.push_back(static_cast<int8_t>(rng.next_below(2)));
+  }
+  return batch;
+}
+
+struct StepsRun {
+  std::vector<double> losses;
+  std::vector<float> weights;
+  int64_t launches = 0, instantiations = 0;
+};
+
+// Ten pipelined steps of two micro-batches each, of the shapes below, with or without CUDA graphs.
+StepsRun train_steps(Precision precision, bool graphs) {
+  const std::unique_ptr<Device> gpu = Device::cuda(0, precision);
+  model::BertConfig config;
+  config.vocab_size = 200;
+  config.hidden_size = 64;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 2;
+  config.intermediate_size = 128;
+  config.max_position_embeddings = 64;
+  config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.1;
+  model::Bert model(config);
+  model.initialize(3);
+  model.set_fused_attention(precision == Precision::kBf16);
+  model.place_on(*gpu);
+  std::vector<bool> decays;
+  for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
+  Optimizer optimizer({}, model.parameters(), decays);
+  Rng dropout(11);
+  SingleProcess single;
+  TrainOptions o;
+  o.accumulation = 2;
+  o.cuda_graphs = graphs;
+  TrainingStep step(o, {model, optimizer, dropout, single});
+  ProgressWindow window(config);
+  Graph<float> g(*gpu);
+  // (batch, length, predictions) of each step's two micro-batches: a shape that settles (steps 1-2 op by op,
+  // 3-5 recorded: one graph, updated); a larger second micro-batch (step 6, op by op: memory grows); the
+  // first shape again (step 7, op by op: it has to settle again); a new, smaller shape (8-9 op by op, 10
+  // recorded: a new graph). Each batch drawn afresh, a few rows holding one prediction fewer (the number
+  // of predictions, and so the MLM head's work, changes from step to step).
+  const std::vector<std::array<std::array<int64_t, 3>, 2>> shapes = {
+      {{{8, 32, 5}, {8, 32, 5}}}, {{{8, 32, 5}, {8, 32, 5}}},  {{{8, 32, 5}, {8, 32, 5}}}, {{{8, 32, 5}, {8, 32, 5}}},
+      {{{8, 32, 5}, {8, 32, 5}}}, {{{8, 32, 5}, {16, 64, 9}}}, {{{8, 32, 5}, {8, 32, 5}}}, {{{6, 24, 4}, {6, 24, 4}}},
+      {{{6, 24, 4}, {6, 24, 4}}}, {{{6, 24, 4}, {6, 24, 4}}}};
+  StepsRun run;
+  int64_t drawn = 0;
+  auto take = [&] {
+    const TrainingStep::Outcome outcome = step.finish(window);
+    EXPECT_TRUE(outcome.updated) << outcome.nonfinite;
+    run.losses.push_back(outcome.loss);
+    window.reset();
+  };
+  for (const auto& micro : shapes) {
+    int64_t m = 0;
+    Batch batch;
+    step.queue(
+        g, batch,
+        [&](Batch& b) {
+          const auto [size, length, predictions] = micro[m++];
+          b = random_batch(size, length, predictions, config.vocab_size, 100 + drawn, drawn % 3);
+          ++drawn;
+        },
+        1e-3, window);
+    if (step.queued() == 2) take();
+  }
+  while (step.queued() > 0) take();
+  model.parameters().download_values();
+  run.weights.assign(model.parameters().values().begin(), model.parameters().values().end());
+  run.launches = step.graphs().launches();
+  run.instantiations = step.graphs().instantiations();
+  return run;
+}
+
+TEST(TrainingStepOnTheGpu, RecordedStepsRepeatStepsOpByOpBitForBit) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    const StepsRun op_by_op = train_steps(precision, false);
+    const StepsRun recorded = train_steps(precision, true);
+    EXPECT_EQ(op_by_op.launches, 0);
+    EXPECT_EQ(recorded.launches, 4) << "steps 3-5 and 10";
+    EXPECT_EQ(recorded.instantiations, 2) << "steps 3 and 10 (steps 4 and 5 update step 3's graph)";
+    ASSERT_EQ(recorded.losses.size(), 10u);
+    EXPECT_EQ(recorded.losses, op_by_op.losses);
+    EXPECT_EQ(recorded.weights, op_by_op.weights);
+  }
+}
+
+}  // namespace
+}  // namespace bert::train
