@@ -11,7 +11,7 @@ namespace bert::ops {
 
 bool fused_attention(const Graph<float>& g, int64_t head_size, int64_t length) {
 #if BERT_WITH_CUDA
-  return g.on_cuda() && cuda_impl::attention_fits(head_size, length, g.activation_dtype());
+  return g.on_cuda() && cuda_impl::attention_fits(g, head_size, length);
 #else
   (void)g, (void)head_size, (void)length;
   return false;

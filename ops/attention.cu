@@ -397,12 +397,7 @@ int rows_that_fit(int padded, size_t limit) {
   return 0;
 }
 
-size_t shared_limit() {
-  int device = 0, bytes = 0;
-  BERT_CUDA_CHECK(cudaGetDevice(&device));
-  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return size_t(bytes);
-}
+size_t shared_limit(const Graph<float>& g) { return cuda::context(g.device()).shared_optin; }
 
 // The forward's kernel: out and each row's log-sum-exp from Q, K, V (the BF16 kernels for A = bf16, else
 // the FP32 ones). q.rows set, grid (query tiles, B H).
@@ -455,8 +450,8 @@ void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64
 }
 
 template <int D, typename A>
-Geometry with_rows(Geometry q) {
-  q.rows = std::is_same_v<A, bf16> ? kFlashRows : rows_that_fit<D, A>(q.padded, shared_limit());
+Geometry with_rows(const Graph<float>& g, Geometry q) {
+  q.rows = std::is_same_v<A, bf16> ? kFlashRows : rows_that_fit<D, A>(q.padded, shared_limit(g));
   return q;
 }
 
@@ -464,7 +459,7 @@ Geometry with_rows(Geometry q) {
 template <int D, typename A>
 Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t batch, DType dtype) {
   const int64_t bh = batch * geometry.heads, t = geometry.length;
-  const Geometry q = with_rows<D, A>(geometry);
+  const Geometry q = with_rows<D, A>(g, geometry);
   Var out = g.emit(g.shape(qv), {qv, kv, vv}, dtype);
   float* lse = g.scratch<float>(size_t(bh * t));
   const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
@@ -514,7 +509,7 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
   const int64_t bh = batch * geometry.heads, t = geometry.length, c = geometry.out_stride, n = batch * t;
   geometry.stride = 3 * c;
-  const Geometry q = with_rows<D, A>(geometry);
+  const Geometry q = with_rows<D, A>(g, geometry);
   std::array<const A*, 3> wp{}, bp{};
   for (int i = 0; i < 3; ++i) wp[i] = gemm_operand<A>(g, w[i], c, c, c), bp[i] = gemm_operand<A>(g, b[i], c, c, 1);
   const Var projections = g.emit(Shape{batch, t, 3 * c}, {x, w[0], b[0], w[1], b[1], w[2], b[2]}, dtype);
@@ -604,7 +599,7 @@ void with_kernels(DType dtype, int64_t head_size, F&& f) {
 Geometry make_geometry(Graph<float>& g, const Shape& s, Var mask, int64_t heads, double alpha, double p, bool training,
                        Rng& rng) {
   const int64_t d = s[2] / heads;
-  BERT_CHECK(attention_fits(d, s[1], g.activation_dtype()),
+  BERT_CHECK(attention_fits(g, d, s[1]),
              "attention: no fused kernel for head size " + std::to_string(d) + " and length " + std::to_string(s[1]));
   if (mask.valid())
     BERT_CHECK(g.shape(mask) == Shape({s[0], s[1]}) && g.dtype(mask) == DType::kF32,
@@ -632,11 +627,12 @@ Geometry make_geometry(Graph<float>& g, const Shape& s, Var mask, int64_t heads,
 
 }  // namespace
 
-bool attention_fits(int64_t head_size, int64_t length, DType dtype) {
+bool attention_fits(const Graph<float>& g, int64_t head_size, int64_t length) {
+  const DType dtype = g.activation_dtype();
   if (length < 1 || length > kMaxLength) return false;
   if (head_size != 16 && head_size != 32 && head_size != 64 && head_size != 128) return false;
   const int padded = int((length + kKeyTile - 1) / kKeyTile * kKeyTile);
-  const size_t limit = shared_limit();
+  const size_t limit = shared_limit(g);
   auto fits = [&](auto size) {
     constexpr int D = decltype(size)::value;
     if (dtype == DType::kBF16) return flash_shared_bytes(D) <= limit;

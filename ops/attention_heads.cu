@@ -62,14 +62,6 @@ Geometry geometry(Graph<float>& g, Var x, int64_t heads, const char* op) {
   return {s[0], s[1], s[2], heads, s[2] / heads};
 }
 
-// x's integers at `scale` (round(x / scale) half to even, clamped to [-128, 127]) as values of A, exact
-// there; the scale from the host or, where `scale_on_device` is set, from the device.
-template <typename A>
-__global__ void integers_of(A* q, const A* x, int64_t n, float scale, const float* scale_on_device) {
-  const cuda::ScaleDivision divide(scale_on_device ? *scale_on_device : scale);
-  BERT_GRID_STRIDE(i, n) q[i] = cuda::from_float<A>(fminf(fmaxf(rintf(divide(cuda::to_float(x[i]))), -128.0f), 127.0f));
-}
-
 }  // namespace
 
 Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
@@ -86,7 +78,8 @@ Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, in
     const std::array<float, 3> operand_scales = {scales.q, scales.k, scales.v};
     for (int i = 0; i < 3; ++i) {
       A* values = g.scratch<A>(n);
-      BERT_LAUNCH(integers_of<A>, n, g, values, cuda::typed<A>(g.data(operands[i])), n, operand_scales[i], nullptr);
+      BERT_LAUNCH((cuda::int8_values<A, A>), n, g, values, cuda::typed<A>(g.data(operands[i])), int64_t{1}, n,
+                  operand_scales[i], nullptr, int64_t{1});
       integers[i] = values;
     }
     // S_bh (T, T) = (scale_q RN(scale_k alpha)) Q_bh K_bh^T on the integers: exact FP32 sums, one rounding.
@@ -101,8 +94,8 @@ Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, in
     using A = typename decltype(tag)::type;
     const int64_t count = s.batch * heads * t * t;
     A* p = g.scratch<A>(count);
-    BERT_LAUNCH(integers_of<A>, count, g, p, cuda::typed<A>(g.data(probs)), count, 0.0f,
-                g.value(probs_quantizer.scale).data());
+    BERT_LAUNCH((cuda::int8_values<A, A>), count, g, p, cuda::typed<A>(g.data(probs)), int64_t{1}, count, 0.0f,
+                g.value(probs_quantizer.scale).data(), int64_t{1});
     // O_bh (T, D) = (scale_probs scale_v) P_bh V_bh on the integers.
     head_gemm<A>(g, false, false, t, d, t, scales.probs * scales.v, square(p, t, heads),
                  projection(integers[2], t, c, d), 0.0f, projection(g.data(context), t, c, d), s.batch, heads);

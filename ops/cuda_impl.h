@@ -62,10 +62,11 @@ Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const QuantizeOutput& q);  // p >= 0
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
-// Fused attention (ops::attention) and whether its kernels cover a head size and length in `dtype`.
+// Fused attention (ops::attention) and whether its kernels cover a head size and length on g's GPU in g's
+// activation dtype.
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
               Rng& rng);
-bool attention_fits(int64_t head_size, int64_t length, DType dtype);
+bool attention_fits(const Graph<float>& g, int64_t head_size, int64_t length);
 // ops::self_attention where attention runs fused (x (B, T, C), C a multiple of 8).
 Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases,
                    Var mask, int64_t heads, double alpha, double p, bool training, Rng& rng);

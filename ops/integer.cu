@@ -39,8 +39,7 @@ __global__ void quantize_rows(int8_t* q, const A* x, int64_t rows, int64_t k, in
     char4 out;
     int8_t* bytes = reinterpret_cast<int8_t*>(&out);
     for (int j = 0; j < 4; ++j) {
-      const float u = c + j < k ? divide(cuda::to_float(x[r * k + c + j])) : 0.0f;
-      bytes[j] = static_cast<int8_t>(fminf(fmaxf(rintf(u), -128.0f), 127.0f));
+      bytes[j] = static_cast<int8_t>(c + j < k ? cuda::int8_of(cuda::to_float(x[r * k + c + j]), divide) : 0.0f);
     }
     *reinterpret_cast<char4*>(q + r * ld + c) = out;
   }
@@ -53,8 +52,7 @@ __global__ void quantize_rows_packed(int8_t* q, const A* x, int64_t count, float
   BERT_GRID_STRIDE_PACKS(i, count, 8) {
     const cuda::Pack<A, 8> in = cuda::load_pack<8>(x + i);
     cuda::Pack<int8_t, 8> out;
-    for (int j = 0; j < 8; ++j)
-      out.v[j] = static_cast<int8_t>(fminf(fmaxf(rintf(divide(cuda::to_float(in.v[j]))), -128.0f), 127.0f));
+    for (int j = 0; j < 8; ++j) out.v[j] = static_cast<int8_t>(cuda::int8_of(cuda::to_float(in.v[j]), divide));
     cuda::store_pack<8>(q + i, out);
   }
 }
@@ -151,17 +149,6 @@ void integer_gemm(const Graph<float>& g, const int8_t* q, int64_t rows, const De
                     "); INT8 inference needs an NVIDIA GPU of compute capability 7.5 or later: use --device cpu");
 }
 
-// q (rows, k) as BF16 integers: row r of x divided by its scale (scales[r], or scale for every row),
-// rounded half to even and clamped to [-128, 127], as int8_linear quantizes (and, for x fake-quantized
-// at that scale, the integers behind it). Integers of 8 bits are exact in BF16.
-template <typename A>
-__global__ void integer_values(cuda::bf16* q, const A* x, int64_t rows, int64_t k, float scale, const float* scales) {
-  BERT_GRID_STRIDE(i, rows * k) {
-    const cuda::ScaleDivision divide(scales ? scales[i / k] : scale);
-    q[i] = __float2bfloat16_rn(fminf(fmaxf(rintf(divide(cuda::to_float(x[i]))), -128.0f), 127.0f));
-  }
-}
-
 // sums (count) = sums (or 0, when first) + slice, each slice value an integer held exactly in FP32.
 __global__ void add_slice(int32_t* sums, const float* slice, int64_t count, bool first) {
   BERT_GRID_STRIDE(i, count) sums[i] = (first ? 0 : sums[i]) + __float2int_rn(slice[i]);
@@ -171,11 +158,8 @@ __global__ void add_slice(int32_t* sums, const float* slice, int64_t count, bool
 // GPU is compute capability 9.0 (H100, H200).
 bool wgmma_runs(const Device& device) {
 #if BERT_INT8_WGMMA
-  const int ordinal = cuda::context(device).ordinal;
-  int major = 0, minor = 0;
-  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
-  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal));
-  return major == 9 && minor == 0;
+  const CudaContext& c = cuda::context(device);
+  return c.compute_major == 9 && c.compute_minor == 0;
 #else
   (void)device;
   return false;
@@ -209,8 +193,7 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
   using Kernel = void (*)(const CUtensorMap, const CUtensorMap, const cuda::Int8Epilogue, int64_t, int64_t, int64_t);
   const int64_t tiles = (rows + wg::kTileM - 1) / wg::kTileM * ((w.n() + wg::kTileN - 1) / wg::kTileN);
   BERT_CHECK(tiles < (int64_t{1} << 31), "int8_linear: " + std::to_string(rows) + " rows exceed the GPU kernel's grid");
-  int sms = 0;
-  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda::context(g.device()).ordinal));
+  const int sms = cuda::context(g.device()).sm_count;
   // Persistent where blocks would take more than one tile (fewer tiles ran 0-5% slower so, at 4,096 rows).
   const bool persistent = tiles > int64_t{wg::kBlocks} * sms && wg::persistent_fits(int(sizeof(O)), e, w.n());
   auto pick = [&](auto persistent_tag) -> Kernel {
@@ -402,9 +385,7 @@ __global__ void __launch_bounds__(32 * kWarps) forward(const Args a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float prob = cuda::to_float(cuda::from_float<A>(s[j][e] * (e < 2 ? inv0 : inv1)));
-        p[j][e] = int(
-            fminf(fmaxf(rintf(cuda::ScaleDivision::normal_quotient(prob, a.probs_scale, a.probs_reciprocal)), -128.0f),
-                  127.0f));
+        p[j][e] = int(cuda::int8_round(cuda::ScaleDivision::normal_quotient(prob, a.probs_scale, a.probs_reciprocal)));
       }
     const uint32_t pa[4] = {
         cuda::mma::pack_s8(p[0][0], p[0][1], p[1][0], p[1][1]), cuda::mma::pack_s8(p[0][2], p[0][3], p[1][2], p[1][3]),
@@ -469,8 +450,7 @@ __global__ void __launch_bounds__(32 * kWarps) forward(const Args a) {
         if constexpr (std::is_same_v<O, int8_t>) {
           const float stored = cuda::to_float(cuda::from_float<A>(v));
           pair.v[e] = static_cast<int8_t>(
-              fminf(fmaxf(rintf(cuda::ScaleDivision::normal_quotient(stored, a.out_scale, a.out_reciprocal)), -128.0f),
-                    127.0f));
+              cuda::int8_round(cuda::ScaleDivision::normal_quotient(stored, a.out_scale, a.out_reciprocal)));
         } else {
           pair.v[e] = cuda::from_float<O>(v);
         }
@@ -495,11 +475,12 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
   cuda::bf16* b = g.scratch<cuda::bf16>(n * k);
   cuda::with_element_type(g.dtype(x), [&](auto tag) {
     using X = typename decltype(tag)::type;
-    BERT_LAUNCH(integer_values<X>, rows * k, g, a, cuda::typed<X>(g.data(x)), rows, k, scale_x, nullptr);
+    BERT_LAUNCH((cuda::int8_values<cuda::bf16, X>), rows * k, g, a, cuda::typed<X>(g.data(x)), rows, k, scale_x,
+                nullptr, int64_t{1});
   });
   cuda::with_element_type(g.dtype(weight), [&](auto tag) {
     using W = typename decltype(tag)::type;
-    BERT_LAUNCH(integer_values<W>, n * k, g, b, cuda::typed<W>(g.data(weight)), n, k, 0.0f, scales);
+    BERT_LAUNCH((cuda::int8_values<cuda::bf16, W>), n * k, g, b, cuda::typed<W>(g.data(weight)), n, k, 0.0f, scales, n);
   });
   // BF16 tensor-core GEMMs with FP32 sums over slices of up to kExactDepth inputs: every partial sum is an
   // integer below 2^24 in magnitude (|a b| <= 2^14), exact in FP32 whatever the order; the slices added in
@@ -595,11 +576,8 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
 bool int8_attention_fits(const Graph<float>& g, int64_t head_size, int64_t length) {
   if ((head_size != 32 && head_size != 64 && head_size != 128) || length < 1 || length > 512) return false;
   // (int8 mma.sync: sm_80 and later.)
-  const int ordinal = cuda::context(g.device()).ordinal;
-  int major = 0, limit = 0;
-  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
-  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
-  return major >= 8 && attention_int8::shared_bytes(int(length), int(head_size)) <= limit;
+  const CudaContext& c = cuda::context(g.device());
+  return c.compute_major >= 8 && size_t(attention_int8::shared_bytes(int(length), int(head_size))) <= c.shared_optin;
 }
 
 Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, const Int8AttentionScales& scales,

@@ -165,10 +165,8 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
             const float s = outs.scale[o] > 0 ? outs.scale[o] : 1.0f;
             float quantized[4];
             for (int w = 0; w < 4; ++w)
-              quantized[w] = fminf(
-                  fmaxf(rintf(cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), s, outs.reciprocal[o])),
-                        -128.0f),
-                  127.0f);
+              quantized[w] = cuda::int8_round(
+                  cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), s, outs.reciprocal[o]));
             if (outs.integers[o]) {
               cuda::Pack<int8_t, 4> integers;
               for (int w = 0; w < 4; ++w) integers.v[w] = static_cast<int8_t>(quantized[w]);

@@ -394,8 +394,7 @@ bool cross_entropy_backward_with_column_sums(Graph<float>& g, const CrossEntropy
   if (rows.n == 0 || ld % pack != 0 || !aligned) return false;
   // About eight blocks of 256 threads an SM in all (the GPU's threads full), a column slice of 256 packs by
   // a range of rows each; then the row ranges' sums are added in order (add_column_sums).
-  int sms = 0;
-  BERT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device().cuda_context()->ordinal));
+  const int sms = g.device().cuda_context()->sm_count;
   const int64_t column_blocks = (ld / pack + kThreads - 1) / kThreads;
   const int64_t row_blocks = std::clamp<int64_t>(8 * int64_t(std::max(sms, 1)) / column_blocks, 1, rows.n);
   const int64_t rows_per_block = (rows.n + row_blocks - 1) / row_blocks;

@@ -52,6 +52,10 @@ CudaContext* create_context(int ordinal, Precision precision) {
   BERT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
   c->device_name = prop.name;
   c->total_memory = prop.totalGlobalMem;
+  c->sm_count = prop.multiProcessorCount;
+  c->compute_major = prop.major;
+  c->compute_minor = prop.minor;
+  c->shared_optin = prop.sharedMemPerBlockOptin;
   cudaStream_t stream;
   BERT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   c->stream = stream;

@@ -54,6 +54,10 @@ struct CudaContext {
   mutable uint64_t memory_events = 0;  // allocations and frees so far (a recorded graph's addresses are current)
   std::string device_name;
   std::size_t total_memory = 0;
+  // What kernels size themselves by, read once: streaming multiprocessors, compute capability, and the
+  // shared memory a block may opt into.
+  int sm_count = 0, compute_major = 0, compute_minor = 0;
+  std::size_t shared_optin = 0;
 };
 
 namespace cuda {

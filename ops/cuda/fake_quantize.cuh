@@ -52,6 +52,23 @@ struct ScaleDivision {
   }
 };
 
+// The int8 integer of a quotient u = v / scale: rounded half to even and clamped to [-128, 127], as
+// QuantizeLinear, fake quantization and the CPU's integer engine make it; exact as a float (and in BF16).
+// int8_of divides too (ScaleDivision).
+__device__ __forceinline__ float int8_round(float u) { return fminf(fmaxf(rintf(u), -128.0f), 127.0f); }
+__device__ __forceinline__ float int8_of(float v, const ScaleDivision& divide) { return int8_round(divide(v)); }
+
+// q (rows, k) = int8_of each element of x as a value of Q (exact): row r at scales[r % scale_rows] where
+// `scales` (device memory) is given, else at `scale` (one row of a single device scale: scale_rows 1).
+template <typename Q, typename A>
+__global__ void int8_values(Q* q, const A* x, int64_t rows, int64_t k, float scale, const float* scales,
+                            int64_t scale_rows) {
+  BERT_GRID_STRIDE(i, rows * k) {
+    const ScaleDivision divide(scales ? scales[(i / k) % scale_rows] : scale);
+    q[i] = from_float<Q>(int8_of(to_float(x[i]), divide));
+  }
+}
+
 // The fake quantization of one value v: divided by the scale, rounded half to even, clamped to [lo, hi]
 // and scaled back; `clipped` counts it where it saturates.
 __device__ __forceinline__ float fake_quantize_value(float v, const ScaleDivision& divide, float lo, float hi,

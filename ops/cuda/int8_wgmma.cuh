@@ -66,14 +66,12 @@ __device__ __forceinline__ O int8_epilogue_value(float v, float scale, float rec
   if constexpr (std::is_same_v<O, int8_t>) {  // every part quantized
     v = to_float(from_float<A>(v));
     if constexpr (kGelu) v = gelu_value(v);
-    return static_cast<int8_t>(
-        fminf(fmaxf(rintf(ScaleDivision::normal_quotient(v, scale, reciprocal)), -128.0f), 127.0f));
+    return static_cast<int8_t>(int8_round(ScaleDivision::normal_quotient(v, scale, reciprocal)));
   } else {
     if (!kQuantize || scale == 0.0f) return from_float<O>(kGelu ? gelu_value(v) : v);
     v = to_float(from_float<A>(v));
     if constexpr (kGelu) v = gelu_value(v);
-    return from_float<O>(fminf(fmaxf(rintf(ScaleDivision::normal_quotient(v, scale, reciprocal)), -128.0f), 127.0f) *
-                         scale);
+    return from_float<O>(int8_round(ScaleDivision::normal_quotient(v, scale, reciprocal)) * scale);
   }
 }
 
