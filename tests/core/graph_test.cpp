@@ -163,15 +163,19 @@ TEST(Graph, AGradientReadAfterItsClosureRanIsRefused) {
   }
 }
 
+// The CPU, and the first GPU where there is one.
+struct DevicesHere {
+  std::unique_ptr<Device> gpu = Device::cuda_available() ? Device::cuda(0) : nullptr;
+  std::vector<const Device*> devices =
+      gpu ? std::vector<const Device*>{&Device::cpu(), gpu.get()} : std::vector<const Device*>{&Device::cpu()};
+};
+
 // Readback: values are those at the point the read was queued (later work on the same memory does not
 // reach them), reads beyond the pinned memory still arrive, a second round reuses the memory, and reads
 // queued after seal() arrive too.
 TEST(Readback, GivesTheValuesAsQueuedOnTheCpuAndOnAGpu) {
-  std::vector<std::unique_ptr<Device>> gpus;
-  if (Device::cuda_available()) gpus.push_back(Device::cuda(0));
-  std::vector<const Device*> devices = {&Device::cpu()};
-  for (const auto& gpu : gpus) devices.push_back(gpu.get());
-  for (const Device* device : devices) {
+  const DevicesHere here;
+  for (const Device* device : here.devices) {
     SCOPED_TRACE(device->name());
     const int64_t n = 40000;  // 160 KB: more than the first round's pinned memory
     std::vector<float> first(n), second(n, -1.0f);
@@ -212,11 +216,8 @@ TEST(Readback, GivesTheValuesAsQueuedOnTheCpuAndOnAGpu) {
 // key makes a new graph; an abandoned recording runs nothing and leaves the stream as it was. On the CPU
 // nothing is recorded: the work runs as it is queued.
 TEST(StepGraph, RunsTheRecordedWorkWhenLaunchedAndUpdatesItForTheSameKey) {
-  std::vector<std::unique_ptr<Device>> gpus;
-  if (Device::cuda_available()) gpus.push_back(Device::cuda(0));
-  std::vector<const Device*> devices = {&Device::cpu()};
-  for (const auto& gpu : gpus) devices.push_back(gpu.get());
-  for (const Device* device : devices) {
+  const DevicesHere here;
+  for (const Device* device : here.devices) {
     SCOPED_TRACE(device->name());
     const int64_t n = 3000;
     DeviceBuffer out(*device, n * sizeof(float)), kept(*device, n * sizeof(float));
