@@ -27,23 +27,40 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <int D>
 constexpr int kFlashLd = D + 8;
 // Blocks an SM the register budget is set for: the forward and dQ kernels four up to head size 64 (128
-// registers a thread), two beyond; the dK dV kernel, with two accumulators, three up to 32, two beyond
-// (at three it would spill).
+// registers a thread), two beyond; the dK dV kernel, with two accumulators, three up to 64 (at 64 it
+// spills 112 bytes a thread and still takes 5% less time than at two, an H200 at length 128), two beyond.
 template <int D>
 constexpr int kFlashBlocks = D <= 64 ? 4 : 2;
 template <int D>
-constexpr int kFlashKeyBlocks = D <= 32 ? 3 : 2;
+constexpr int kFlashKeyBlocks = D <= 64 ? 3 : 2;
+
+// Threads of every BF16 kernel's block: four warps.
+constexpr int kFlashThreads = 128;
 
 // The 64 rows from src (a (B, T, H D) operand, rows `stride` apart) into shared dst, rows from `valid`
-// on as zeros: asynchronous 16-byte copies, part of the caller's next group.
+// on as zeros: asynchronous 16-byte copies, part of the caller's next group. A thread copies the same
+// 16 bytes of every (128 / (D / 8))-th row, its addresses advanced by a constant (a thread's copies were
+// the larger part of the forward's instructions with the row and column worked out per copy).
 template <int D>
 __device__ __forceinline__ void copy_rows_async(bf16* dst, const bf16* src, int64_t stride, int valid) {
-  constexpr int kChunks = D / 8;
-  for (int e = threadIdx.x; e < kFlashRows * kChunks; e += blockDim.x) {
-    const int r = e / kChunks, c = (e % kChunks) * 8;
-    const bool row = r < valid;
-    cuda::mma::copy_async<16>(dst + r * kFlashLd<D> + c, src + (row ? r : 0) * stride + c, row);
+  constexpr int kChunks = D / 8, kRowsAPass = kFlashThreads / kChunks;
+  static_assert(kFlashThreads % kChunks == 0 && kFlashRows % kRowsAPass == 0, "whole rows a pass");
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * 8;
+  const bf16* from = src + r * stride + c;
+  bf16* to = dst + r * kFlashLd<D> + c;
+#pragma unroll
+  for (int i = 0; i < kFlashRows / kRowsAPass; ++i) {
+    const bool row = r + i * kRowsAPass < valid;
+    cuda::mma::copy_async<16>(to + i * kRowsAPass * kFlashLd<D>, row ? from + i * kRowsAPass * stride : src, row);
   }
+}
+
+// 2^x as the SFU gives it (ex2.approx.ftz: results below 2^-126 are 0): exp2f adds a range check and
+// two multiplies to each for the subnormal results, which the probabilities do not need.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // s (a warp's 16 x 64 tile, 8 C tiles) = the 16 rows of sa from row r0 times the 64 rows of sb (both
@@ -114,15 +131,18 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // The dropout draws of the lane's two columns of C tile n (keys kt + n * 8 + 2t, + 1) in the rows of
 // half h, as bits 0 and 1 of kept[h]. Where T is a multiple of 4, the four keys of a hash (DropoutDraws)
-// lie in one row of one quad: lane t hashes row half t / 2's keys n * 8 + 4 (t % 2) .. + 3, and the quad
-// hands each lane its bits (one hash a lane a tile instead of four).
-__device__ __forceinline__ void draw_tile(const Geometry& q, int64_t bh, const int64_t (&rows)[2], int kt, int n,
-                                          uint32_t (&kept)[2]) {
+// lie in one row of one quad: lane t hashes row half t / 2's keys n * 8 + 4 (t % 2) .. + 3 (the index of
+// their first draw less kt + n * 8 is `lane_draws`, lane_draws() below), and the quad hands each lane its
+// bits (one hash a lane a tile instead of four).
+__device__ __forceinline__ uint64_t lane_draws(const Geometry& q, int64_t bh, const int64_t (&rows)[2]) {
+  const int t = threadIdx.x % 4;
+  return q.first + uint64_t((bh * q.length + (t / 2 ? rows[1] : rows[0])) * q.length + 4 * (t % 2));
+}
+__device__ __forceinline__ void draw_tile(const Geometry& q, int64_t bh, const int64_t (&rows)[2], uint64_t first,
+                                          int kt, int n, uint32_t (&kept)[2]) {
   const int t = threadIdx.x % 4;
   if (q.length % 4 == 0) {
-    const int64_t i = t / 2 ? rows[1] : rows[0];
-    const uint64_t e = q.first + uint64_t((bh * q.length + i) * q.length + kt + n * 8 + 4 * (t % 2));
-    const uint32_t four = DropoutDraws::kept4(q.seed, e / 4, q.threshold);
+    const uint32_t four = DropoutDraws::kept4(q.seed, (first + uint64_t(kt + n * 8)) / 4, q.threshold);
     const int quad = threadIdx.x % 32 & ~3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) kept[h] = (__shfl_sync(0xffffffffu, four, quad + 2 * h + t / 2) >> (2 * (t % 2))) & 3u;
@@ -134,17 +154,18 @@ __device__ __forceinline__ void draw_tile(const Geometry& q, int64_t bh, const i
     kept[h] = uint32_t(draw_keep(q, bh, rows[h], c)) | uint32_t(draw_keep(q, bh, rows[h], c + 1)) << 1;
 }
 
-// Dropout on a warp's tile of probabilities (rows `rows`, keys kt .. kt + 63): kept ones times
-// keep_scale, the others 0, drawn as the unfused dropout draws them; the keep bits go to q.bits (two words
-// a row) for the backward. kFull: every row and key of the tile lies below T.
+// Dropout on a warp's tile of probabilities (rows `rows`, keys kt .. kt + 63; `first` as draw_tile takes
+// it): kept ones times keep_scale, the others 0, drawn as the unfused dropout draws them; the keep bits go
+// to q.bits (two words a row) for the backward. kFull: every row and key of the tile lies below T.
 template <bool kFull>
-__device__ void drop_tile(const Geometry& q, int64_t bh, const int64_t (&rows)[2], int kt, float (&p)[8][4]) {
+__device__ void drop_tile(const Geometry& q, int64_t bh, const int64_t (&rows)[2], uint64_t first, int kt,
+                          float (&p)[8][4]) {
   const int t = threadIdx.x % 4;
   uint32_t words[2][2] = {};
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     uint32_t kept[2];
-    draw_tile(q, bh, rows, kt, n, kept);
+    draw_tile(q, bh, rows, first, kt, n, kept);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (!kFull) {  // bits beyond T cleared
@@ -184,9 +205,10 @@ __device__ __forceinline__ float2 key_bias(const Geometry& q, int64_t b, int kt,
           j + 1 < q.length ? (mask ? mask[1] * kLog2e : 0.0f) : -INFINITY};
 }
 
-// Rows of a tile starting at `first`: 64, or what is left of T.
+// Rows of a tile starting at `first`: 64, or what is left of T (kFull: 64, known to the compiler).
+template <bool kFull>
 __device__ __forceinline__ int tile_rows(const Geometry& q, int64_t first) {
-  return int(lesser(kFlashRows, q.length - first));
+  return kFull ? kFlashRows : int(lesser(kFlashRows, q.length - first));
 }
 
 // The pipeline's two steps. arrive(): this thread's copies but the newest group have landed, and (after
@@ -196,10 +218,10 @@ __device__ __forceinline__ void arrive() {
   cuda::mma::wait<1>();
   __syncthreads();
 }
-template <int D>
+template <int D, bool kFull>
 __device__ __forceinline__ void refill(bf16* tile, const bf16* src, const Geometry& q, int64_t next) {
   __syncthreads();
-  if (next < q.padded) copy_rows_async<D>(tile, src + next * q.stride, q.stride, tile_rows(q, next));
+  if (next < q.padded) copy_rows_async<D>(tile, src + next * q.stride, q.stride, tile_rows<kFull>(q, next));
   cuda::mma::commit();
 }
 
@@ -229,7 +251,7 @@ struct FlashBlock {
 // (V) has been read by every warp, the next tile's K (V) into its place. Every step commits a group, empty
 // or not, so that wait<1> always means "all but the newest".
 template <int D, bool kFull>
-__global__ void __launch_bounds__(128, kFlashBlocks<D>)
+__global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
     flash_forward(bf16* out, float* lse, const bf16* qp, const bf16* kp, const bf16* vp, Geometry q) {
   constexpr int ld = kFlashLd<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -237,20 +259,21 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   bf16* sK = sQ + kFlashRows * ld;
   bf16* sV = sK + kFlashRows * ld;
   const auto [bh, b, q0, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
-  copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows(q, q0));
-  copy_rows_async<D>(sK, kp + base, q.stride, tile_rows(q, 0));
+  copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows<kFull>(q, q0));
+  copy_rows_async<D>(sK, kp + base, q.stride, tile_rows<kFull>(q, 0));
   cuda::mma::commit();
-  copy_rows_async<D>(sV, vp + base, q.stride, tile_rows(q, 0));
+  copy_rows_async<D>(sV, vp + base, q.stride, tile_rows<kFull>(q, 0));
   cuda::mma::commit();
   const float scale = q.alpha * kLog2e;
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running row maximum (base 2); this lane's sum
+  const uint64_t draws = q.dropout ? lane_draws(q, bh, rows) : 0;
   for (int kt = 0; kt < q.padded; kt += kFlashRows) {
     const int64_t next = kt + kFlashRows;
     arrive();  // this K (and Q)
     float s[8][4];
     product_tile<D>(s, sQ, warp * 16, sK);
-    refill<D>(sK, kp + base, q, next);  // sK read by every warp
+    refill<D, kFull>(sK, kp + base, q, next);  // sK read by every warp
     float top[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
@@ -265,22 +288,22 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float next_max = fmaxf(m[h], quad_max(top[h]));  // finite: every tile holds a key below T
-      rescale[h] = exp2f(m[h] - next_max);                   // 0 on the first tile
+      rescale[h] = exp2_approx(m[h] - next_max);             // 0 on the first tile
       m[h] = next_max;
       l[h] *= rescale[h];
     }
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) l[e / 2] += s[n][e] = exp2f(s[n][e] - m[e / 2]);
+      for (int e = 0; e < 4; ++e) l[e / 2] += s[n][e] = exp2_approx(s[n][e] - m[e / 2]);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
-    if (q.dropout) drop_tile<kFull>(q, bh, rows, kt, s);
+    if (q.dropout) drop_tile<kFull>(q, bh, rows, draws, kt, s);
     arrive();  // this V
     accumulate_tile<D>(o, s, sV);
-    refill<D>(sV, vp + base, q, next);  // sV read by every warp
+    refill<D, kFull>(sV, vp + base, q, next);  // sV read by every warp
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -298,7 +321,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
 // block's rows for the key-side kernel. Copies: Q, dO and the first V, then the first K; then each tile's
 // V (K) replaced by the next once read.
 template <int D, bool kFull>
-__global__ void __launch_bounds__(128, kFlashBlocks<D>)
+__global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
     flash_backward_query(bf16* dq, bool accumulate, float* di, const bf16* qp, const bf16* kp, const bf16* vp,
                          const bf16* op, const bf16* dop, const float* lse, Geometry q) {
   constexpr int ld = kFlashLd<D>;
@@ -308,11 +331,11 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
   bf16* sK = sdO + kFlashRows * ld;
   bf16* sV = sK + kFlashRows * ld;
   const auto [bh, b, q0, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
-  copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows(q, q0));
-  copy_rows_async<D>(sdO, dop + obase + q0 * q.out_stride, q.out_stride, tile_rows(q, q0));
-  copy_rows_async<D>(sV, vp + base, q.stride, tile_rows(q, 0));
+  copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows<kFull>(q, q0));
+  copy_rows_async<D>(sdO, dop + obase + q0 * q.out_stride, q.out_stride, tile_rows<kFull>(q, q0));
+  copy_rows_async<D>(sV, vp + base, q.stride, tile_rows<kFull>(q, 0));
   cuda::mma::commit();
-  copy_rows_async<D>(sK, kp + base, q.stride, tile_rows(q, 0));
+  copy_rows_async<D>(sK, kp + base, q.stride, tile_rows<kFull>(q, 0));
   cuda::mma::commit();
   float row_di[2], row_lse[2];  // row_lse in base 2
 #pragma unroll
@@ -341,7 +364,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
     arrive();  // this V (and Q, dO)
     float s[8][4], dp[8][4];
     product_tile<D>(dp, sdO, warp * 16, sV);
-    refill<D>(sV, vp + base, q, next);  // sV read by every warp
+    refill<D, kFull>(sV, vp + base, q, next);  // sV read by every warp
     arrive();                           // this K
     product_tile<D>(s, sQ, warp * 16, sK);
 #pragma unroll
@@ -352,7 +375,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
         const int h = e / 2;
         float ds = 0.0f;
         if (kFull || rows[h] < q.length) {
-          const float p = exp2f(fmaf(s[n][e], scale, (e % 2 ? bias.y : bias.x) - row_lse[h]));
+          const float p = exp2_approx(fmaf(s[n][e], scale, (e % 2 ? bias.y : bias.x) - row_lse[h]));
           const float keep = !q.dropout ? 1.0f : (words[h][n / 4] >> (n % 4 * 8 + e % 2)) & 1u ? q.keep_scale : 0.0f;
           ds = p * (dp[n][e] * keep - row_di[h]);
         }
@@ -360,7 +383,7 @@ __global__ void __launch_bounds__(128, kFlashBlocks<D>)
       }
     }
     accumulate_tile<D>(acc, s, sK);
-    refill<D>(sK, kp + base, q, next);  // sK read by every warp
+    refill<D, kFull>(sK, kp + base, q, next);  // sK read by every warp
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -389,12 +412,13 @@ struct QueryStage {
         di(lse + kFlashRows),
         bits(reinterpret_cast<uint32_t*>(di + kFlashRows)) {}
   // Asynchronous copies of the tile starting at query qt (the caller commits them).
+  template <bool kFull>
   __device__ void copy(const Geometry& g, int64_t bh, int64_t base, int64_t obase, int64_t qt, int64_t k0,
                        const bf16* qp, const bf16* dop, const float* lse_in, const float* di_in) {
-    const int queries = tile_rows(g, qt);
+    const int queries = tile_rows<kFull>(g, qt);
     copy_rows_async<D>(q, qp + base + qt * g.stride, g.stride, queries);
     copy_rows_async<D>(dout, dop + obase + qt * g.out_stride, g.out_stride, queries);
-    for (int r = threadIdx.x; r < kFlashRows; r += blockDim.x) {
+    for (int r = threadIdx.x; r < kFlashRows; r += kFlashThreads) {
       const bool row = r < queries;
       const int64_t at = bh * g.length + qt + (row ? r : 0);
       cuda::mma::copy_async<4>(lse + r, lse_in + at, row);
@@ -407,7 +431,7 @@ struct QueryStage {
 // dK = alpha dS^T Q and dV = dropout(P)^T dO of the block's 64 keys, over every query tile; the query tiles
 // in two stages, the next one copied while this one is multiplied.
 template <int D, bool kFull>
-__global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
+__global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
     flash_backward_key(bf16* dk, bool accumulate_k, bf16* dv, bool accumulate_v, const bf16* qp, const bf16* kp,
                        const bf16* vp, const bf16* dop, const float* lse, const float* di, Geometry q) {
   constexpr int ld = kFlashLd<D>;
@@ -417,9 +441,9 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
   unsigned char* stages = reinterpret_cast<unsigned char*>(sV + kFlashRows * ld);
   auto stage = [stages](int i) { return QueryStage<D>(stages + i * QueryStage<D>::kBytes); };
   const auto [bh, b, k0, base, obase, warp, g, t, local, keys] = FlashBlock<D>(q);  // the lane's keys: local, keys
-  copy_rows_async<D>(sK, kp + base + k0 * q.stride, q.stride, tile_rows(q, k0));
-  copy_rows_async<D>(sV, vp + base + k0 * q.stride, q.stride, tile_rows(q, k0));
-  stage(0).copy(q, bh, base, obase, 0, k0, qp, dop, lse, di);
+  copy_rows_async<D>(sK, kp + base + k0 * q.stride, q.stride, tile_rows<kFull>(q, k0));
+  copy_rows_async<D>(sV, vp + base + k0 * q.stride, q.stride, tile_rows<kFull>(q, k0));
+  stage(0).template copy<kFull>(q, bh, base, obase, 0, k0, qp, dop, lse, di);
   cuda::mma::commit();
   float key_mask[2];  // base 2
 #pragma unroll
@@ -428,11 +452,12 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
   float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
   int at = 0;
   for (int64_t qt = 0; qt < q.length; qt += kFlashRows, at ^= 1) {
-    if (qt + kFlashRows < q.length) stage(at ^ 1).copy(q, bh, base, obase, qt + kFlashRows, k0, qp, dop, lse, di);
+    if (qt + kFlashRows < q.length)
+      stage(at ^ 1).template copy<kFull>(q, bh, base, obase, qt + kFlashRows, k0, qp, dop, lse, di);
     cuda::mma::commit();
     arrive();  // this stage (and K, V)
     const QueryStage<D> s_q = stage(at);
-    const int queries = tile_rows(q, qt);
+    const int queries = tile_rows<kFull>(q, qt);
     float s[8][4], dp[8][4];  // S^T and dP^T: the warp's 16 keys by 64 queries
     product_tile<D>(s, sK, warp * 16, s_q.q);
     product_tile<D>(dp, sV, warp * 16, s_q.dout);
@@ -448,7 +473,7 @@ __global__ void __launch_bounds__(128, kFlashKeyBlocks<D>)
         float p = 0.0f, ds = 0.0f;
         if (kFull || (c < queries && keys[h] < q.length)) {
           const float query_lse = e % 2 ? row_lse.y : row_lse.x, query_di = e % 2 ? row_di.y : row_di.x;
-          const float prob = exp2f(fmaf(s[n][e], scale, fmaf(-query_lse, kLog2e, key_mask[h])));
+          const float prob = exp2_approx(fmaf(s[n][e], scale, fmaf(-query_lse, kLog2e, key_mask[h])));
           const uint32_t word = e % 2 ? (local[h] < 32 ? words.z : words.w) : (local[h] < 32 ? words.x : words.y);
           const float keep = !q.dropout ? 1.0f : (word >> (local[h] % 32)) & 1u ? q.keep_scale : 0.0f;
           p = prob * keep;
@@ -512,7 +537,8 @@ void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, bf16*
     constexpr int D = decltype(size)::value;
     constexpr bool kFull = decltype(full)::value;
     allow_shared(flash_forward<D, kFull>, flash_forward_bytes<D>());
-    flash_forward<D, kFull><<<grid, 128, flash_forward_bytes<D>(), cuda::stream(g)>>>(out, lse, q, k, v, geometry);
+    flash_forward<D, kFull>
+        <<<grid, kFlashThreads, flash_forward_bytes<D>(), cuda::stream(g)>>>(out, lse, q, k, v, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
@@ -524,7 +550,7 @@ void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid
     constexpr int D = decltype(size)::value;
     constexpr bool kFull = decltype(full)::value;
     allow_shared(flash_backward_query<D, kFull>, flash_backward_bytes<D>());
-    flash_backward_query<D, kFull><<<grid, 128, flash_backward_bytes<D>(), cuda::stream(g)>>>(
+    flash_backward_query<D, kFull><<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(
         dq, accumulate, di, q, k, v, out, dout, lse, geometry);
     BERT_CUDA_LAUNCHED();
   });
@@ -537,7 +563,7 @@ void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, 
     constexpr int D = decltype(size)::value;
     constexpr bool kFull = decltype(full)::value;
     allow_shared(flash_backward_key<D, kFull>, flash_backward_bytes<D>());
-    flash_backward_key<D, kFull><<<grid, 128, flash_backward_bytes<D>(), cuda::stream(g)>>>(
+    flash_backward_key<D, kFull><<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(
         dk, accumulate_k, dv, accumulate_v, q, k, v, dout, lse, di, geometry);
     BERT_CUDA_LAUNCHED();
   });
