@@ -10,12 +10,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
 
 #include "core/op_profile.h"
 #include "data/loader.h"
+#include "eval/output_reads.h"
 #include "kernels/gemm.h"
 #include "model/bert.h"
 #include "quant/calibrator.h"
@@ -143,8 +145,9 @@ int main(int argc, char** argv) {
       "update)\"");
   app.add_flag("--profile-shapes", profile_shapes, "--profile with one row per op and output shape");
   app.add_flag("!--no-cuda-graphs", cuda_graphs,
-               "on a GPU, launch the training step's kernels op by op, as bert-train --no-cuda-graphs (default: "
-               "each step recorded and launched as one CUDA graph once two steps have run)");
+               "on a GPU, launch the training step's and the evaluation's kernels op by op, as bert-train and "
+               "bert-eval --no-cuda-graphs (default: each step, and each evaluation batch, recorded and launched "
+               "as one CUDA graph once two have run)");
   app.add_option("--scaling-rounds", scaling_rounds,
                  "after each measurement, this many rounds of --steps training steps on 1 thread then on all "
                  "threads, alternating (a busy or throttled machine slows both alike): the scaling efficiency, "
@@ -280,10 +283,18 @@ int main(int argc, char** argv) {
           window.reset();
           g.set_profile(nullptr);
         };
+        // Scores as bert-eval's evaluation runs them (eval::BatchEvaluator: on a GPU, recorded and launched as
+        // one CUDA graph once two batches have run, unless --no-cuda-graphs); logits op by op.
+        std::optional<eval::BatchEvaluator> evaluator;
+        if (mlm_outputs != model::MlmOutputs::kLogits) evaluator.emplace(model, g, cuda_graphs);
         auto eval_step = [&](OpProfile* profile) {
           g.set_profile(profile);
-          NoGradGuard<float> no_grad(g);
-          model.forward(g, input, false, dropout, mlm_outputs);
+          if (evaluator) {
+            evaluator->run(input);
+          } else {
+            NoGradGuard<float> no_grad(g);
+            model.forward(g, input, false, dropout, mlm_outputs);
+          }
           g.clear();
           device->synchronize();
           g.set_profile(nullptr);
@@ -327,17 +338,29 @@ int main(int argc, char** argv) {
         if (mode == "fp32") fp32_step = step;
         std::vector<double> eval_times;
         warm_up(eval_step);
-        for (int s = 0; s < steps; ++s) {
+        double eval_batch_s = 0;  // seconds a batch
+        if (evaluator && device->is_cuda()) {
+          // On a GPU the batches run back to back as bert-eval runs them: the host queues one while the GPU
+          // runs the one before (eval::BatchEvaluator::queue), timed from the first to the last.
           const auto start = std::chrono::steady_clock::now();
-          eval_step(nullptr);
-          eval_times.push_back(seconds_since(start));
+          for (int s = 0; s < steps; ++s) evaluator->queue(input);
+          evaluator->finish();
+          eval_batch_s = seconds_since(start) / steps;
+          g.clear();
+        } else {
+          for (int s = 0; s < steps; ++s) {
+            const auto start = std::chrono::steady_clock::now();
+            eval_step(nullptr);
+            eval_times.push_back(seconds_since(start));
+          }
+          eval_batch_s = median(eval_times);
         }
         OpProfile train_profile(profile_shapes), eval_profile(profile_shapes);
         if (profile_ops) {
           for (int s = 0; s < steps && !int8; ++s) train_step(&train_profile);
           for (int s = 0; s < steps; ++s) eval_step(&eval_profile);
         }
-        const double eval_rate = b / median(eval_times);
+        const double eval_rate = b / eval_batch_s;
         if (mode == "fp32") fp32_eval = eval_rate;
         if (int8) {  // no training step: evaluation only
           std::printf("%-6s %6lld %-12s %12s %10s %10s %12.1f", name.c_str(), (long long)b, mode.c_str(), "-", "-", "-",
@@ -367,7 +390,7 @@ int main(int argc, char** argv) {
                        "{\"kind\": \"step\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", \"step_s\": %.6f, "
                        "\"seq_per_s\": %.3f, \"gflops\": %.3f, \"step_gflop\": %.3f, \"eval_seq_per_s\": %.3f}\n",
                        name.c_str(), (long long)b, mode.c_str(), step, b / step, gflops,
-                       3 * b * forward_flops(config, t, p) / 1e9, b / median(eval_times));
+                       3 * b * forward_flops(config, t, p) / 1e9, eval_rate);
         if (device->is_cuda()) {
           const auto [used, total] = device->memory_use();
           std::printf("   GPU memory %.2f GiB", used / double(1 << 30));

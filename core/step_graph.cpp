@@ -46,6 +46,20 @@ void StepGraph::launch(const std::vector<int64_t>& key) {
 #endif
 }
 
+bool StepGraph::schedule(const std::vector<int64_t>& key, std::string& stopped) {
+  if (off_) return false;
+  same_key_runs_ = key == last_key_ ? same_key_runs_ + 1 : 0;
+  last_key_ = key;
+  if (same_key_runs_ < 2) return false;
+  if (launches_ >= 50 && instantiations_ * 5 > launches_) {
+    off_ = true;
+    stopped = std::to_string(instantiations_) + " of " + std::to_string(launches_) +
+              " recorded as CUDA graphs needed a graph of their own (their memory moved)";
+    return false;
+  }
+  return true;
+}
+
 void StepGraph::abandon() noexcept {
   if (!recording_) return;
 #if BERT_WITH_CUDA

@@ -2,25 +2,9 @@
 
 #include <algorithm>
 
-#include "ops/ops.h"
+#include "eval/output_reads.h"
 
 namespace bert::eval {
-
-void PretrainingMetrics::add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& batch) {
-  const int64_t m = static_cast<int64_t>(out.mlm_targets.size());
-  std::vector<int32_t> mlm_predicted, nsp_predicted;
-  double mlm_loss = 0, nsp_loss = 0;
-  if (m > 0) {
-    mlm_predicted = static_cast<int64_t>(out.mlm_predictions.size()) == m ? out.mlm_predictions
-                                                                          : ops::row_argmax(g, out.mlm_logits);
-    mlm_loss = g.item(out.mlm_loss);
-  }
-  if (!batch.next_sentence_labels.empty()) {
-    nsp_predicted = ops::row_argmax(g, out.nsp_logits);
-    nsp_loss = g.item(out.nsp_loss);
-  }
-  add(mlm_predicted, out.mlm_targets, mlm_loss, nsp_predicted, batch.next_sentence_labels, nsp_loss);
-}
 
 void PretrainingMetrics::add(std::span<const int32_t> mlm_predicted, std::span<const int32_t> mlm_targets,
                              double mlm_loss, std::span<const int32_t> nsp_predicted,
@@ -87,11 +71,6 @@ Json PretrainingMetrics::to_json() const {
   j["nsp_sequences"] = sequences;
   j["nsp_baseline_majority_accuracy"] = nsp_majority_accuracy();
   return j;
-}
-
-void TaskMetrics::add(const Graph<float>& g, const model::ModelOutputs& out) {
-  if (out.targets.empty()) return;
-  add(ops::row_argmax(g, out.logits), out.targets, g.item(out.loss));
 }
 
 void TaskMetrics::add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss) {
@@ -168,33 +147,28 @@ Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
   return j;
 }
 
-TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
-  NoGradGuard<float> no_grad(g);
-  TaskMetrics metrics(model.config().num_labels());
+namespace {
+template <typename Metrics>
+Metrics evaluate_into(Metrics metrics, model::Bert& model, data::ShardLoader& loader, int64_t max_batches,
+                      Graph<float>& g, bool cuda_graphs) {
+  BatchEvaluator evaluator(model, g, cuda_graphs);
   Batch batch;
-  Rng unused(0);
-  for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
-    const BatchView b = batch.view();
-    model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused);
-    metrics.add(g, out);
-    g.clear();
-  }
+  for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n)
+    if (const OutputReads* r = evaluator.queue(batch.view())) r->add_to(metrics);
+  if (const OutputReads* r = evaluator.finish()) r->add_to(metrics);
+  g.clear();
   return metrics;
 }
+}  // namespace
 
-PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
-  NoGradGuard<float> no_grad(g);
-  PretrainingMetrics metrics;
-  Batch batch;
-  Rng unused(0);  // dropout is off in evaluation and draws nothing
-  for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
-    const BatchView b = batch.view();
-    // Only the loss and the top predictions: on the CPU the decoder's logits are never stored.
-    model::ModelOutputs out = model.forward(g, b, /*training=*/false, unused, model::MlmOutputs::kLossAndPredictions);
-    metrics.add(g, out, b);
-    g.clear();
-  }
-  return metrics;
+TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
+                          bool cuda_graphs) {
+  return evaluate_into(TaskMetrics(model.config().num_labels()), model, loader, max_batches, g, cuda_graphs);
+}
+
+PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
+                            bool cuda_graphs) {
+  return evaluate_into(PretrainingMetrics{}, model, loader, max_batches, g, cuda_graphs);
 }
 
 }  // namespace bert::eval

@@ -25,11 +25,9 @@ struct PretrainingMetrics {
   double nsp_loss_sum = 0;
   std::unordered_map<int32_t, int64_t> target_counts;  // for the most-frequent-token baseline
 
-  // Adds one forward pass's outputs (values read from the graph; call before backward()).
-  void add(const Graph<float>& g, const model::ModelOutputs& out, const BatchView& batch);
-  // The same from values the caller read itself (a training step reads them after queuing its backward
-  // pass): each masked position's prediction and target, their mean loss, each sequence's NSP prediction
-  // and label (none: no NSP), their mean loss.
+  // Adds one forward pass's values, read back (eval::OutputReads::add_to): each masked position's
+  // prediction and target, their mean loss, each sequence's NSP prediction and label (none: no NSP), their
+  // mean loss.
   void add(std::span<const int32_t> mlm_predicted, std::span<const int32_t> mlm_targets, double mlm_loss,
            std::span<const int32_t> nsp_predicted, std::span<const int8_t> nsp_labels, double nsp_loss);
   void merge(const PretrainingMetrics& other);
@@ -56,9 +54,8 @@ struct TaskMetrics {
   TaskMetrics() = default;
   explicit TaskMetrics(int64_t num_labels)
       : num_labels(num_labels), confusion(static_cast<size_t>(num_labels * num_labels), 0) {}
-  // Adds one forward pass's logits against its targets (call before backward()).
-  void add(const Graph<float>& g, const model::ModelOutputs& out);
-  // The same from values the caller read: each example's prediction and target, their mean loss.
+  // Adds one forward pass's values, read back (eval::OutputReads::add_to): each example's prediction and
+  // target, their mean loss.
   void add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss);
   void merge(const TaskMetrics& other);
 
@@ -72,10 +69,12 @@ struct TaskMetrics {
   Json to_json(const std::vector<std::string>& label_names) const;
 };
 
-// Evaluates without gradients or dropout over the loader's batches (at most max_batches; <= 0 = all).
-TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
-
-// Evaluates without gradients or dropout over the loader's batches (at most max_batches; <= 0 = all).
-PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
+// Evaluates without gradients or dropout over the loader's batches (at most max_batches; <= 0 = all). On a
+// GPU, batches of repeating shapes run as one CUDA graph each unless !cuda_graphs (core/step_graph.h; the
+// same values as op by op).
+TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
+                          bool cuda_graphs = true);
+PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
+                            bool cuda_graphs = true);
 
 }  // namespace bert::eval

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 
+#include "eval/output_reads.h"
 #include "kernels/int8_gemm.h"
 #include "ops/ops.h"
 #include "sys/error.h"
@@ -158,36 +159,39 @@ Json SensitivityReport::to_json() const {
 namespace {
 
 TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoader loader, int64_t max_batches,
-                     Graph<float>& g) {
-  NoGradGuard<float> no_grad(g);
+                     Graph<float>& g, bool cuda_graphs) {
   TimedMode r;
   r.mode = mode;
   const bool task = model.config().head != model::Head::kPretraining;
   if (task) r.task = TaskMetrics(model.config().num_labels());
   Batch batch;
-  Rng unused(0);  // dropout is off in evaluation and draws nothing
-  // The first batch is scored but not timed: it grows the workspace and wakes the threads, which would
-  // otherwise count against whichever mode runs first.
+  // As evaluate() scores, pipelined: the MLM loss and top predictions, without the decoder's logits.
+  BatchEvaluator evaluator(model, g, cuda_graphs);
+  auto take = [&](const OutputReads& out) {
+    if (!task && out.mlm_predicted)
+      r.predictions.insert(r.predictions.end(), out.mlm_predicted, out.mlm_predicted + out.mlm_targets.size());
+    for (int32_t p : out.head_predictions()) r.predictions.push_back(p);
+    if (task)
+      out.add_to(r.task);
+    else
+      out.add_to(r.metrics);
+  };
+  // The first batch is scored alone and not timed: it grows the workspace and wakes the threads, which
+  // would otherwise count against whichever mode runs first.
   auto timed_from = std::chrono::steady_clock::now();
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n) {
     const BatchView b = batch.view();
-    // As evaluate() scores: the MLM loss and top predictions, without the decoder's logits.
-    const model::ModelOutputs out =
-        model.forward(g, b, /*training=*/false, unused, model::MlmOutputs::kLossAndPredictions);
-    if (!task) r.predictions.insert(r.predictions.end(), out.mlm_predictions.begin(), out.mlm_predictions.end());
-    for (int32_t p : ops::row_argmax(g, task ? out.logits : out.nsp_logits)) r.predictions.push_back(p);
-    if (task)
-      r.task.add(g, out);
-    else
-      r.metrics.add(g, out, b);
-    g.clear();
     if (n == 0) {
+      take(evaluator.run(b));
       r.warmup_sequences = b.batch;
       timed_from = std::chrono::steady_clock::now();
-    } else {
-      r.sequences += b.batch;
+      continue;
     }
+    if (const OutputReads* out = evaluator.queue(b)) take(*out);
+    r.sequences += b.batch;
   }
+  if (const OutputReads* out = evaluator.finish()) take(*out);
+  g.clear();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
   return r;
 }
@@ -195,16 +199,16 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
 }  // namespace
 
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
-                                  bool integer_decoder) {
+                                  bool integer_decoder, bool cuda_graphs) {
   const std::vector<model::Quantizer*> enabled = model.enabled_quantizers();
   if (enabled.empty())
     throw UserError("INT8 inference needs a quantized model (a QAT checkpoint, or one saved with --save-calibrated)");
   IntegerComparison c;
   c.kernel = int8_kernel_name(Int8Kernel::kAuto);  // on a GPU: named once its layers are prepared (below)
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kFloat;
-  c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g));
+  c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g, cuda_graphs));
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kQuantize;
-  c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g));
+  c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g, cuda_graphs));
   c.integer_layers = model.prepare_integer_inference(integer_decoder);
   if (g.on_cuda()) c.kernel = model.device_int8_gemm();
   c.integer_decoder = model.integer_decoder();
@@ -214,7 +218,7 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
     throw UserError("no linear layer has both its input and weight quantizers enabled: nothing runs as INT8");
   }
   try {
-    c.modes.push_back(timed_pass("int8", model, make(), max_batches, g));
+    c.modes.push_back(timed_pass("int8", model, make(), max_batches, g, cuda_graphs));
   } catch (...) {
     model.clear_integer_inference();
     throw;

@@ -88,7 +88,7 @@ struct IntegerComparison {
   Json to_json(const std::vector<std::string>& label_names) const;
 };
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& eval_loader, int64_t max_batches,
-                                  Graph<float>& g, bool integer_decoder = false);
+                                  Graph<float>& g, bool integer_decoder = false, bool cuda_graphs = true);
 
 // The model's size: every parameter (quantizer scales aside) in FP32, and deployed with the weights of
 // the enabled weight quantizers stored as INT8.

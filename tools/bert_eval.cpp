@@ -40,7 +40,7 @@ struct Args {
   bool mlm = false, nsp = false, json = false;
   int64_t batch_size = 64, max_batches = 0;
   int top_k = 5, threads = 0;
-  bool compare = false, sensitivity = false, int8 = false, int8_decoder = false;
+  bool compare = false, sensitivity = false, int8 = false, int8_decoder = false, cuda_graphs = true;
   std::string calibrators = "max,percentile,entropy,mse", plan_path, plan_out;
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
@@ -145,6 +145,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--save-calibrated", a.save_calibrated,
                  "post-training quantization: calibrate with --calibrator on --calib-shards (or --shards) and save "
                  "the model with its scales and quantizers enabled as a checkpoint (then evaluate or export it)");
+  app.add_flag("!--no-cuda-graphs", a.cuda_graphs,
+               "on a GPU, run each batch's kernels op by op instead of recording the batch's forward pass and "
+               "launching it as one CUDA graph (the default once two batches of a shape have run: the same "
+               "values, with less waiting between kernels)");
   app.add_flag("--json", a.json, "print JSON instead of a table");
   app.add_option("--json-out", a.json_out, "also write the JSON report to this file");
   app.add_option("--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
@@ -304,7 +308,7 @@ void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const
 // A task model's metrics on the shards: accuracy, macro-F1, loss and per-label F1.
 void task_metrics(Evaluation& e, data::ShardLoader& loader, size_t shard_count) {
   const model::BertConfig& config = e.config();
-  const eval::TaskMetrics t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g);
+  const eval::TaskMetrics t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g, e.a.cuda_graphs);
   e.report["task"] = model::head_task_name(config.head);
   e.report["metrics"] = t.to_json(config.labels);
   if (e.a.json) return;
@@ -372,7 +376,8 @@ void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
 
 // --int8: FP32, fake-quantized and integer inference side by side, timed, with their agreement.
 void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
-  const eval::IntegerComparison c = eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder);
+  const eval::IntegerComparison c =
+      eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder, e.a.cuda_graphs);
   e.report["int8"] = c.to_json(e.config().labels);
   if (e.a.json) return;
   const std::string where = e.g.on_cuda() ? e.g.device().name() : std::to_string(num_threads()) + " threads";
@@ -451,7 +456,7 @@ void evaluate_shards(Evaluation& e) {
   }
   const bool pretraining = !a.compare && !a.sensitivity && !a.int8 && !e.task_model;
   eval::PretrainingMetrics m;
-  if (pretraining) m = eval::evaluate(e.model, loader, a.max_batches, e.g);
+  if (pretraining) m = eval::evaluate(e.model, loader, a.max_batches, e.g, a.cuda_graphs);
   if (!a.onnx_model.empty()) onnx_metrics(e, lo);
   if (pretraining) print_pretraining_metrics(e, m, lo.shards.size());
   e.report["shards"] = static_cast<int64_t>(lo.shards.size());

@@ -85,7 +85,7 @@ void evaluate_held_out(const RunReport& run, const std::vector<std::string>& eva
   Json line;
   line["step"] = step;
   if (config.head == model::Head::kPretraining) {
-    result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph);
+    result.last_eval = eval::evaluate(model, eval_loader, o.eval_batches, eval_graph, o.cuda_graphs);
     const auto& m = result.last_eval;
     spdlog::info(
         "eval step {}: MLM acc {:.4f} (most-frequent-token {:.4f}), MLM loss {:.4f}, NSP acc {:.4f} "
@@ -94,7 +94,7 @@ void evaluate_held_out(const RunReport& run, const std::vector<std::string>& eva
         m.nsp_majority_accuracy(), m.predictions);
     line["eval"] = m.to_json();
   } else {
-    result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph);
+    result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph, o.cuda_graphs);
     const auto& m = result.last_task_eval;
     spdlog::info("eval step {}: accuracy {:.4f} (majority label {:.4f}), macro-F1 {:.4f}, loss {:.4f} over {} {}", step,
                  m.accuracy(), m.majority_accuracy(), m.macro_f1(), m.loss(), m.examples,

@@ -13,6 +13,7 @@
 #include "core/graph.h"
 #include "data/loader.h"
 #include "eval/metrics.h"
+#include "eval/output_reads.h"
 #include "model/bert.h"
 #include "train/communicator.h"
 #include "train/trainer.h"
@@ -29,12 +30,11 @@ class ProgressWindow {
   explicit ProgressWindow(const model::BertConfig& config)
       : pretraining_(config.head == model::Head::kPretraining), labels_(config.num_labels()), task_(labels_) {}
   // A micro-batch's metrics, from values read back by the training step.
-  void add_pretraining(std::span<const int32_t> mlm_predicted, std::span<const int32_t> mlm_targets, double mlm_loss,
-                       std::span<const int32_t> nsp_predicted, std::span<const int8_t> nsp_labels, double nsp_loss) {
-    pretraining_metrics_.add(mlm_predicted, mlm_targets, mlm_loss, nsp_predicted, nsp_labels, nsp_loss);
-  }
-  void add_task(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss) {
-    task_.add(predicted, targets, loss);
+  void add(const eval::OutputReads& reads) {
+    if (pretraining_)
+      reads.add_to(pretraining_metrics_);
+    else
+      reads.add_to(task_);
   }
   double loss() const {
     return pretraining_ ? pretraining_metrics_.mlm_loss() + pretraining_metrics_.nsp_loss() : task_.loss();

@@ -55,49 +55,15 @@ double prediction_share(Communicator& ranks, const model::ModelOutputs& out, mod
   return total[0] > 0 ? own * ranks.size() / total[0] : 1.0;
 }
 
-// Row-wise argmax of (rows, cols) values read back as `dtype` (BF16 widened): the first largest value, as
-// ops::row_argmax.
-std::vector<int32_t> host_row_argmax(const void* values, DType dtype, int64_t rows, int64_t cols) {
-  auto at = [&](int64_t i) {
-    if (dtype == DType::kF32) return static_cast<const float*>(values)[i];
-    return std::bit_cast<float>(uint32_t(static_cast<const uint16_t*>(values)[i]) << 16);
-  };
-  std::vector<int32_t> out(static_cast<size_t>(rows), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    float best = at(r * cols);
-    for (int64_t c = 1; c < cols; ++c)
-      if (at(r * cols + c) > best) best = at(r * cols + c), out[r] = static_cast<int32_t>(c);
-  }
-  return out;
-}
-
 }  // namespace
 
 TrainingStep::MicroBatchReads TrainingStep::queue_reads(Readback& rb, const Graph<float>& g,
                                                         const model::ModelOutputs& out, Var objective, Var logged,
                                                         const BatchView& b) {
   MicroBatchReads r;
-  auto scalar = [&](Var v) { return rb.read<float>(g.data(v), 1); };  // losses are F32 nodes
-  r.logged = scalar(logged);
-  r.objective = objective.index == logged.index ? r.logged : scalar(objective);
-  const Var head = p_.model.config().head == model::Head::kPretraining ? out.nsp_logits : out.logits;
-  if (p_.model.config().head == model::Head::kPretraining) {
-    r.mlm_targets = out.mlm_targets;
-    if (!r.mlm_targets.empty()) {
-      r.mlm_loss = scalar(out.mlm_loss);
-      r.mlm_predicted = rb.read<int32_t>(out.mlm_device_predictions, r.mlm_targets.size());
-    }
-    r.nsp_labels.assign(b.next_sentence_labels.begin(), b.next_sentence_labels.end());
-    if (!r.nsp_labels.empty()) r.nsp_loss = scalar(out.nsp_loss);
-  } else {
-    r.task_targets = out.targets;
-    if (!r.task_targets.empty()) r.task_loss = scalar(out.loss);
-  }
-  if ((!r.nsp_labels.empty() || !r.task_targets.empty()) && head.valid()) {
-    const Shape s = g.shape(head);
-    r.head_rows = s.rows(), r.head_cols = s.last(), r.head_dtype = g.dtype(head);
-    r.head_logits = rb.read_bytes(g.data(head), s.numel() * dtype_size(r.head_dtype, sizeof(float)));
-  }
+  r.logged = rb.read<float>(g.data(logged), 1);  // losses are F32 nodes
+  r.objective = objective.index == logged.index ? r.logged : rb.read<float>(g.data(objective), 1);
+  r.outputs = eval::OutputReads::queue(rb, g, out, b, p_.model.config().head);
   return r;
 }
 
@@ -105,24 +71,17 @@ void TrainingStep::take_reads(const MicroBatchReads& r, Outcome& outcome, Progre
   const double loss = *r.logged;
   if ((!std::isfinite(loss) || !std::isfinite(*r.objective)) && outcome.nonfinite.empty()) {
     std::string parts;
-    if (r.mlm_loss || r.nsp_loss)
-      parts = " (MLM " + std::to_string(r.mlm_loss ? *r.mlm_loss : 0.0f) + ", NSP " +
-              std::to_string(r.nsp_loss ? *r.nsp_loss : 0.0f) + ")";
+    const eval::OutputReads& o = r.outputs;
+    if (o.mlm_loss || o.nsp_loss)
+      parts = " (MLM " + std::to_string(o.mlm_loss ? *o.mlm_loss : 0.0f) + ", NSP " +
+              std::to_string(o.nsp_loss ? *o.nsp_loss : 0.0f) + ")";
     ParameterArena<float>& params = p_.model.parameters();
     params.download_values();
     outcome.nonfinite = "loss is " + std::to_string(loss) + parts + ", " + describe_weights(params);
   }
   if (!outcome.nonfinite.empty()) return;
   outcome.loss += loss / o_.accumulation;
-  const std::vector<int32_t> head_predicted =
-      r.head_logits ? host_row_argmax(r.head_logits, r.head_dtype, r.head_rows, r.head_cols) : std::vector<int32_t>{};
-  if (p_.model.config().head == model::Head::kPretraining) {
-    window.add_pretraining(std::span<const int32_t>(r.mlm_predicted, r.mlm_predicted ? r.mlm_targets.size() : 0),
-                           r.mlm_targets, r.mlm_loss ? *r.mlm_loss : 0.0, head_predicted, r.nsp_labels,
-                           r.nsp_loss ? *r.nsp_loss : 0.0);
-  } else {
-    window.add_task(head_predicted, r.task_targets, r.task_loss ? *r.task_loss : 0.0);
-  }
+  window.add(r.outputs);
 }
 
 TrainingStep::Losses TrainingStep::forward_pass(Graph<float>& g, const Batch& batch, Readback& rb,
@@ -140,20 +99,11 @@ TrainingStep::Losses TrainingStep::forward_pass(Graph<float>& g, const Batch& ba
 }
 
 bool TrainingStep::record_this_step(const Graph<float>& g, const std::vector<int64_t>& shapes) {
-  if (!o_.cuda_graphs || graphs_off_ || g.profiling()) return false;  // (a profile times each op: waits)
-  same_shape_steps_ = shapes == last_shapes_ ? same_shape_steps_ + 1 : 0;
-  last_shapes_ = shapes;
-  if (same_shape_steps_ < 2) return false;  // two steps of a shape run op by op first: its memory is in place
-  // Steps whose ops keep changing make a new executable graph each time, which costs more than it saves.
-  if (graph_.launches() >= 50 && graph_.instantiations() * 5 > graph_.launches()) {
-    graphs_off_ = true;
-    spdlog::info(
-        "training steps run op by op from here: {} of {} steps recorded as CUDA graphs needed a graph of "
-        "their own (their memory moved)",
-        graph_.instantiations(), graph_.launches());
-    return false;
-  }
-  return true;
+  if (!o_.cuda_graphs || g.profiling()) return false;  // (a profile times each op: waits)
+  std::string stopped;
+  const bool record = graph_.schedule(shapes, stopped);
+  if (!stopped.empty()) spdlog::info("training steps run op by op from here: {}", stopped);
+  return record;
 }
 
 bool TrainingStep::pipelined() const {

@@ -16,6 +16,7 @@
 #include "core/readback.h"
 #include "core/rng.h"
 #include "core/step_graph.h"
+#include "eval/output_reads.h"
 #include "model/bert.h"
 #include "train/communicator.h"
 #include "train/gradient_reduction.h"
@@ -80,13 +81,7 @@ class TrainingStep {
   struct MicroBatchReads {
     const float* logged = nullptr;     // the logged loss
     const float* objective = nullptr;  // distillation: the objective (else the logged loss)
-    const float *mlm_loss = nullptr, *nsp_loss = nullptr, *task_loss = nullptr;
-    const int32_t* mlm_predicted = nullptr;
-    const void* head_logits = nullptr;  // NSP logits (B, 2), or the task head's (N, labels)
-    DType head_dtype = DType::kF32;
-    int64_t head_rows = 0, head_cols = 0;
-    std::vector<int32_t> mlm_targets, task_targets;
-    std::vector<int8_t> nsp_labels;
+    eval::OutputReads outputs;         // the losses and predictions the metrics need
   };
   MicroBatchReads queue_reads(Readback& rb, const Graph<float>& g, const model::ModelOutputs& out, Var objective,
                               Var logged, const BatchView& b);
@@ -108,9 +103,8 @@ class TrainingStep {
   };
   Losses forward_pass(Graph<float>& g, const Batch& batch, Readback& rb, std::vector<MicroBatchReads>& pending);
   // Whether a pipelined step is recorded as a CUDA graph, given the shapes (batch, length, predictions) of its
-  // micro-batches: with TrainOptions::cuda_graphs, after two steps of those shapes ran (op by op: its memory
-  // is then in place); not any more once more than one recording in five (of at least 50) has made a new
-  // executable graph; never while `g` times its ops (Graph::set_profile).
+  // micro-batches: with TrainOptions::cuda_graphs, as StepGraph::schedule says; never while `g` times its ops
+  // (Graph::set_profile).
   bool record_this_step(const Graph<float>& g, const std::vector<int64_t>& shapes);
   // The whole step with the host deciding on the update (one wait a step): run()'s path where not pipelined.
   Outcome run_synchronous(Queued& q, Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch,
@@ -124,9 +118,6 @@ class TrainingStep {
   std::vector<std::unique_ptr<Readback>> spare_reads_;  // on the graph's device, reused
   StepGraph graph_;                                     // pipelined steps as CUDA graphs (record_this_step)
   std::vector<Batch> later_batches_;                    // micro-batches after the first (pipelined steps)
-  std::vector<int64_t> last_shapes_;
-  int64_t same_shape_steps_ = 0;
-  bool graphs_off_ = false;
 };
 
 }  // namespace bert::train

@@ -1,5 +1,5 @@
-// A training step on a GPU recorded and launched as one CUDA graph (core/step_graph.h) against the same
-// step launched op by op. Skipped without a GPU.
+// A training step, and an evaluation batch (eval::BatchEvaluator), on a GPU recorded and launched as one
+// CUDA graph (core/step_graph.h) against the same work launched op by op. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "core/graph.h"
 #include "core/rng.h"
+#include "eval/output_reads.h"
 #include "model/bert.h"
 #include "train/communicator.h"
 #include "train/optimizer.h"
@@ -40,6 +41,18 @@ Batch random_batch(int64_t b, int64_t t, int64_t p, int64_t vocab, uint64_t seed
   return batch;
 }
 
+// Two layers of 64, a vocabulary of 200.
+model::BertConfig small_config() {
+  model::BertConfig config;
+  config.vocab_size = 200;
+  config.hidden_size = 64;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 2;
+  config.intermediate_size = 128;
+  config.max_position_embeddings = 64;
+  return config;
+}
+
 struct StepsRun {
   std::vector<double> losses;
   std::vector<float> weights;
@@ -49,13 +62,7 @@ struct StepsRun {
 // Ten pipelined steps of two micro-batches each, of the shapes below, with or without CUDA graphs.
 StepsRun train_steps(Precision precision, bool graphs) {
   const std::unique_ptr<Device> gpu = Device::cuda(0, precision);
-  model::BertConfig config;
-  config.vocab_size = 200;
-  config.hidden_size = 64;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 2;
-  config.intermediate_size = 128;
-  config.max_position_embeddings = 64;
+  model::BertConfig config = small_config();
   config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.1;
   model::Bert model(config);
   model.initialize(3);
@@ -124,6 +131,78 @@ TEST(TrainingStepOnTheGpu, RecordedStepsRepeatStepsOpByOpBitForBit) {
     EXPECT_EQ(recorded.losses, op_by_op.losses);
     EXPECT_EQ(recorded.weights, op_by_op.weights);
   }
+}
+
+// What an evaluation batch read back: MLM loss and predictions, NSP loss and predictions.
+struct BatchRead {
+  float mlm_loss = 0, nsp_loss = 0;
+  std::vector<int32_t> mlm, nsp;
+  bool operator==(const BatchRead&) const = default;
+};
+
+struct EvaluationRun {
+  std::vector<BatchRead> batches;
+  int64_t launches = 0, instantiations = 0;
+};
+
+// Eight evaluation batches of the shapes below through a small model, with or without CUDA graphs: float,
+// fake-quantized (every quantizer on) or INT8 (the quantized model's integer GEMMs and attention).
+enum class Numerics { kFloat, kFakeQuant, kInt8 };
+EvaluationRun evaluate_batches(Precision precision, Numerics numerics, bool graphs) {
+  const std::unique_ptr<Device> gpu = Device::cuda(0, precision);
+  model::BertConfig config = small_config();
+  model::Bert model(config);
+  model.initialize(3);
+  model.set_fused_attention(precision == Precision::kBf16);
+  if (numerics != Numerics::kFloat)
+    for (model::Quantizer* q : model.quantizers()) {
+      q->mode = model::QuantMode::kQuantize;
+      model.parameters().get(q->scale).value.fill(q->is_weight ? 0.0005f : 0.02f);
+    }
+  model.place_on(*gpu);
+  if (numerics == Numerics::kInt8) {
+    EXPECT_GT(model.prepare_integer_inference(false), 0);
+  }
+  Graph<float> g(*gpu);
+  eval::BatchEvaluator evaluator(model, g, graphs);
+  // (batch, length, predictions): a shape that settles (batches 1-2 op by op, 3-4 recorded: one graph,
+  // updated), a larger one (op by op), the first again (op by op twice, then recorded), a last, shorter batch.
+  const std::vector<std::array<int64_t, 3>> shapes = {{8, 32, 5}, {8, 32, 5}, {8, 32, 5}, {8, 32, 5}, {16, 64, 9},
+                                                      {8, 32, 5}, {8, 32, 5}, {8, 32, 5}, {3, 32, 5}};
+  EvaluationRun run;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [size, length, predictions] = shapes[i];
+    const Batch batch = random_batch(size, length, predictions, config.vocab_size, 200 + i, i % 3);
+    const eval::OutputReads& r = evaluator.run(batch.view());
+    BatchRead read;
+    read.mlm_loss = *r.mlm_loss, read.nsp_loss = *r.nsp_loss;
+    read.mlm.assign(r.mlm_predicted, r.mlm_predicted + r.mlm_targets.size());
+    read.nsp = r.head_predictions();
+    EXPECT_EQ(read.nsp.size(), static_cast<size_t>(size));
+    run.batches.push_back(read);
+  }
+  run.launches = evaluator.graphs().launches();
+  run.instantiations = evaluator.graphs().instantiations();
+  return run;
+}
+
+TEST(BatchEvaluatorOnTheGpu, RecordedBatchesReadWhatBatchesOpByOpRead) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  for (Precision precision : {Precision::kFp32, Precision::kBf16})
+    for (Numerics numerics : {Numerics::kFloat, Numerics::kFakeQuant, Numerics::kInt8}) {
+      SCOPED_TRACE(std::string(precision_name(precision)) + ", numerics " + std::to_string(int(numerics)));
+      const EvaluationRun op_by_op = evaluate_batches(precision, numerics, false);
+      const EvaluationRun recorded = evaluate_batches(precision, numerics, true);
+      EXPECT_EQ(op_by_op.launches, 0);
+      EXPECT_EQ(recorded.launches, 3) << "batches 3, 4 and 8";
+      EXPECT_EQ(recorded.instantiations, 2) << "batches 3 and 8 (batch 4 updates batch 3's graph)";
+      EXPECT_TRUE(recorded.batches == op_by_op.batches);
+      for (size_t i = 0; i < recorded.batches.size(); ++i) {
+        EXPECT_EQ(recorded.batches[i].mlm_loss, op_by_op.batches[i].mlm_loss) << "batch " << i;
+        EXPECT_EQ(recorded.batches[i].mlm, op_by_op.batches[i].mlm) << "batch " << i;
+      }
+    }
 }
 
 }  // namespace
