@@ -1,9 +1,10 @@
 // StepGraph: a training step's work (or an evaluation batch's forward pass) on a GPU recorded from the
-// device's stream and launched as one CUDA graph. Launched op by op, the GPU waits between kernels for each launch to
-// arrive (about 1.7 us each, 500 kernels a BERT-base step); as one graph the driver hands them over together. Each step
-// is recorded afresh (its kernels' arguments differ: dropout seeds, batch data, learning rate), and the executable
-// graph made from the first recording is updated in place from each later one with the same nodes; a step
-// of another shape makes a new one. On the CPU, record() and launch() do nothing.
+// device's stream and launched as one CUDA graph. Launched op by op, the GPU waits between kernels for each
+// launch to arrive (about 1.7 us each, 500 kernels a BERT-base step); as one graph the driver hands them
+// over together. Each step is recorded afresh (its kernels' arguments differ: dropout seeds, batch data,
+// learning rate), and the executable graph made from the first recording is updated in place from each
+// later one with the same nodes; a step of another shape makes a new one. On the CPU, record() and
+// launch() do nothing.
 //
 // While recording, nothing runs: the host must not wait for the stream (a read-back that waits, a
 // synchronise) until launch(). Memory allocated meanwhile is usable at once; memory freed meanwhile is
