@@ -29,7 +29,7 @@ struct OutputReads {
   // After the Readback's wait():
   // The head's prediction for each row of its logits (NSP: each sequence; tasks: each example).
   std::vector<int32_t> head_predictions() const;
-  // Adds the pass to the metrics, as PretrainingMetrics::add and TaskMetrics::add add it from the graph.
+  // Adds the pass's losses and predictions to the metrics.
   void add_to(PretrainingMetrics& metrics) const;
   void add_to(TaskMetrics& metrics) const;
 

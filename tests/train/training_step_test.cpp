@@ -145,7 +145,8 @@ struct EvaluationRun {
   int64_t launches = 0, instantiations = 0;
 };
 
-// Eight evaluation batches of the shapes below through a small model, with or without CUDA graphs: float,
+// Nine evaluation batches of the shapes below through a small model: with CUDA graphs and pipelined (each
+// batch queued before the one before it is read back), or op by op one batch at a time; float,
 // fake-quantized (every quantizer on) or INT8 (the quantized model's integer GEMMs and attention).
 enum class Numerics { kFloat, kFakeQuant, kInt8 };
 EvaluationRun evaluate_batches(Precision precision, Numerics numerics, bool graphs) {
@@ -170,23 +171,30 @@ EvaluationRun evaluate_batches(Precision precision, Numerics numerics, bool grap
   const std::vector<std::array<int64_t, 3>> shapes = {{8, 32, 5}, {8, 32, 5}, {8, 32, 5}, {8, 32, 5}, {16, 64, 9},
                                                       {8, 32, 5}, {8, 32, 5}, {8, 32, 5}, {3, 32, 5}};
   EvaluationRun run;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const auto [size, length, predictions] = shapes[i];
-    const Batch batch = random_batch(size, length, predictions, config.vocab_size, 200 + i, i % 3);
-    const eval::OutputReads& r = evaluator.run(batch.view());
+  auto take = [&](const eval::OutputReads& r) {
     BatchRead read;
     read.mlm_loss = *r.mlm_loss, read.nsp_loss = *r.nsp_loss;
     read.mlm.assign(r.mlm_predicted, r.mlm_predicted + r.mlm_targets.size());
     read.nsp = r.head_predictions();
-    EXPECT_EQ(read.nsp.size(), static_cast<size_t>(size));
+    EXPECT_EQ(read.nsp.size(), r.nsp_labels.size());
     run.batches.push_back(read);
+  };
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [size, length, predictions] = shapes[i];
+    const Batch batch = random_batch(size, length, predictions, config.vocab_size, 200 + i, i % 3);
+    if (!graphs) {
+      take(evaluator.run(batch.view()));
+    } else if (const eval::OutputReads* r = evaluator.queue(batch.view())) {
+      take(*r);
+    }
   }
+  if (const eval::OutputReads* r = evaluator.finish()) take(*r);
   run.launches = evaluator.graphs().launches();
   run.instantiations = evaluator.graphs().instantiations();
   return run;
 }
 
-TEST(BatchEvaluatorOnTheGpu, RecordedBatchesReadWhatBatchesOpByOpRead) {
+TEST(BatchEvaluatorOnTheGpu, RecordedPipelinedBatchesReadWhatBatchesOpByOpRead) {
   if (!Device::cuda_available())
     GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
   for (Precision precision : {Precision::kFp32, Precision::kBf16})
@@ -197,6 +205,7 @@ TEST(BatchEvaluatorOnTheGpu, RecordedBatchesReadWhatBatchesOpByOpRead) {
       EXPECT_EQ(op_by_op.launches, 0);
       EXPECT_EQ(recorded.launches, 3) << "batches 3, 4 and 8";
       EXPECT_EQ(recorded.instantiations, 2) << "batches 3 and 8 (batch 4 updates batch 3's graph)";
+      ASSERT_EQ(recorded.batches.size(), 9u);
       EXPECT_TRUE(recorded.batches == op_by_op.batches);
       for (size_t i = 0; i < recorded.batches.size(); ++i) {
         EXPECT_EQ(recorded.batches[i].mlm_loss, op_by_op.batches[i].mlm_loss) << "batch " << i;
