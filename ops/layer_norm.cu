@@ -162,6 +162,10 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
 #pragma unroll
           for (int o = 0; o < 2; ++o) {
             if (o >= outs.count) break;
+            if (!outs.integers[o] && !(outs.scale[o] > 0)) {  // the value itself: no quotients to work out
+              cuda::store_pack<4>(static_cast<A*>(outs.out[o]) + row + j, out);
+              continue;
+            }
             const float s = outs.scale[o] > 0 ? outs.scale[o] : 1.0f;
             float quantized[4];
             for (int w = 0; w < 4; ++w)
@@ -172,9 +176,8 @@ __global__ void layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* r
               for (int w = 0; w < 4; ++w) integers.v[w] = static_cast<int8_t>(quantized[w]);
               cuda::store_pack<4>(static_cast<int8_t*>(outs.out[o]) + row + j, integers);
             } else {
-              cuda::Pack<A, 4> fake = out;
-              if (outs.scale[o] > 0)
-                for (int w = 0; w < 4; ++w) fake.v[w] = cuda::from_float<A>(quantized[w] * outs.scale[o]);
+              cuda::Pack<A, 4> fake;
+              for (int w = 0; w < 4; ++w) fake.v[w] = cuda::from_float<A>(quantized[w] * outs.scale[o]);
               cuda::store_pack<4>(static_cast<A*>(outs.out[o]) + row + j, fake);
             }
           }

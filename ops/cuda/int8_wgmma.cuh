@@ -9,7 +9,9 @@
 // A block makes a 128 x 128 tile of y from 128-byte slices of K: one producer warp loads them by TMA
 // (128-byte swizzle) into a ring of kStages stages guarded by mbarriers; two consumer warpgroups each
 // multiply 64 rows of the tile (wgmma m64n128k32, four a slice) and release the stage. The epilogue
-// stages each warpgroup's outputs in shared memory and writes them out in 16-byte pieces along the rows.
+// stages each warpgroup's outputs in shared memory and writes them out in 16-byte pieces along the rows; the
+// tile's weight scales and biases reach shared memory by cp.async while its products run (read from global
+// memory in the epilogue, each waited for in turn, they were up to a fifth of the kernel's stalls).
 // Two blocks an SM. With 1- and 2-byte outputs whose parts end on tile boundaries the staging has room of
 // its own beside the stages and the kernel is persistent: a block takes tile after tile (gridDim.x blocks,
 // tile i + gridDim.x next), and the producer loads the next tile's slices while the consumers finish the
@@ -23,6 +25,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fake_quantize.cuh"
+#include "ops/cuda/mma.cuh"
 
 namespace bert::cuda {
 
@@ -83,6 +86,8 @@ __global__ void int8_epilogue_table(int8_t* table, float scale, float reciprocal
     table[i] = int8_epilogue_value<bf16, int8_t, true, true>(v, scale, reciprocal);
   }
 }
+// (Read from global memory, L1-cached: a window of the table in shared memory, magnitudes 2^-12 to 2^4,
+// made BERT-base's FFN GEMM 15% slower on an H200.)
 __device__ __forceinline__ int8_t int8_epilogue_lookup(const int8_t* table, float v) {
   return __ldg(table + __bfloat16_as_ushort(from_float<bf16>(v)));
 }
@@ -103,9 +108,12 @@ template <typename O, bool kPersistent>
 constexpr int kData = kPersistent                          ? kStages* kStageBytes + kStaging<O>
                       : kStages* kStageBytes > kStaging<O> ? kStages* kStageBytes
                                                            : kStaging<O>;
-// Data, 1 KiB of alignment slack (the swizzled tiles start at 1 KiB boundaries), the 2 x kStages barriers.
+// Each consumer's copy of its tile's weight scales and biases (kTileN of each).
+constexpr int kColumnBytes = kConsumers * 2 * kTileN * 4;
+// Data, 1 KiB of alignment slack (the swizzled tiles start at 1 KiB boundaries), the 2 x kStages barriers,
+// the columns.
 template <typename O, bool kPersistent>
-constexpr int kSharedBytes = kData<O, kPersistent> + 1024 + 2 * kStages * 8;
+constexpr int kSharedBytes = kData<O, kPersistent> + 1024 + 2 * kStages * 8 + kColumnBytes;
 // Whether the persistent kernel runs: 1- and 2-byte outputs (4-byte staging beside the stages leaves room for
 // one block an SM), every tile inside one part of the output (parts end on tile boundaries).
 inline bool persistent_fits(int output_bytes, const Int8Epilogue& e, int64_t n) {
@@ -181,6 +189,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   uint8_t* shared = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + kData<O, kPersistent>);
   uint64_t* empty = full + kStages;
+  float* columns_shared = reinterpret_cast<float*>(empty + kStages);
   const int group = threadIdx.x >> 7;  // 0, 1: consumers (rows 64 group); 2: the producer warp
   const int tiles = int((ld + kTileK - 1) / kTileK);  // K slices
   // Output tiles, row tiles after column tiles: a block takes tiles blockIdx.x, + gridDim.x, ...
@@ -210,9 +219,19 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   const int row0 = group * 64;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   uint8_t* out = shared + (kPersistent ? kStages * kStageBytes : 0) + group * 64 * kOutRow<O>;
+  float* const column_scale = columns_shared + group * 2 * kTileN;  // this consumer's; its biases after them
+  float* const column_bias = column_scale + kTileN;
   int u = 0;  // slices used so far
   auto make_tile = [&](int tile) {
     const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
+    {  // Thread i's column n0 + i (zeros past n), in flight while the products run (the last tile's epilogue
+       // read its columns before the barriers that ended it).
+      const int i = threadIdx.x & 127;
+      const bool inside = n0 + i < n;
+      mma::copy_async<4>(column_scale + i, e.scale_w + (inside ? n0 + i : 0), inside);
+      mma::copy_async<4>(column_bias + i, e.bias + (inside ? n0 + i : 0), inside);
+      mma::commit();
+    }
     int d[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0;
@@ -235,19 +254,19 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     const bool one_part = kPersistent || e.part(n0 + columns - 1) == tile_part;
     const float tile_scale = Int8Epilogue::pick(tile_part, e.scale),
                 tile_reciprocal = Int8Epilogue::pick(tile_part, e.reciprocal);
+    mma::wait<0>();              // this thread's columns, then everyone's after the barrier
     if constexpr (!kPersistent)  // the staging over the stages: both consumers done with them
       asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumers * 128) : "memory");
+    else
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
 #pragma unroll
     for (int j = 0; j < kTileN / 8; ++j) {
       const int local = j * 8 + (lane & 3) * 2;
       const int64_t c = n0 + local;
-      float s0 = 0.0f, s1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
-      if (local + 1 < columns) {
-        s0 = __fmul_rn(e.scale_x, e.scale_w[c]), s1 = __fmul_rn(e.scale_x, e.scale_w[c + 1]);
-        b0 = e.bias[c], b1 = e.bias[c + 1];
-      } else if (local < columns) {
-        s0 = __fmul_rn(e.scale_x, e.scale_w[c]), b0 = e.bias[c];
-      }
+      const float2 scales = *reinterpret_cast<const float2*>(column_scale + local),
+                   biases = *reinterpret_cast<const float2*>(column_bias + local);
+      const float s0 = __fmul_rn(e.scale_x, scales.x), s1 = __fmul_rn(e.scale_x, scales.y), b0 = biases.x,
+                  b1 = biases.y;                                                           // zeros past n
       float q0 = tile_scale, r0 = tile_reciprocal, q1 = tile_scale, r1 = tile_reciprocal;  // the quantizers'
       if (kQuantize && !one_part) {
         const int p0 = e.part(c), p1 = e.part(c + 1);
