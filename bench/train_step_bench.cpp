@@ -18,6 +18,7 @@
 #include "core/op_profile.h"
 #include "data/loader.h"
 #include "eval/output_reads.h"
+#include "eval/quantized.h"
 #include "kernels/gemm.h"
 #include "model/bert.h"
 #include "quant/calibrator.h"
@@ -232,6 +233,10 @@ int main(int argc, char** argv) {
            {"fp32", "fp32-fused", "fp32-recompute", "qat", "qat-separate", "int8", "int8-separate", "int8-decoder"}) {
         if (!wanted_modes.contains(mode)) continue;
         const bool qat = mode == "qat" || mode == "qat-separate", int8 = mode.starts_with("int8");
+        if (const std::string why = int8 ? eval::integer_inference_left_out(*device) : ""; !why.empty()) {
+          std::printf("%-6s %6lld %-12s left out: %s\n", name.c_str(), (long long)b, mode.c_str(), why.c_str());
+          continue;
+        }
         model::Bert model(config);
         model.initialize(1);
         model.set_fused_attention(mode == "fp32-fused");

@@ -64,6 +64,9 @@ std::unique_ptr<Device> Device::cuda(int ordinal, Precision precision) {
 }
 
 std::string Device::name() const { return is_cuda() ? cuda::describe(*cuda_) : "cpu"; }
+std::pair<int, int> Device::compute_capability() const {
+  return is_cuda() ? std::pair{cuda_->compute_major, cuda_->compute_minor} : std::pair{0, 0};
+}
 std::string Device::hardware_name() const {
   if (!is_cuda()) return "cpu";
   char text[160];
@@ -112,6 +115,7 @@ std::unique_ptr<Device> Device::cuda(int, Precision) {
   throw UserError("--device cuda: this build has no CUDA support (configure with nvcc present, -DBERT_CUDA=ON)");
 }
 std::string Device::name() const { return "cpu"; }
+std::pair<int, int> Device::compute_capability() const { return {0, 0}; }
 std::string Device::hardware_name() const { return "cpu"; }
 void* Device::allocate(std::size_t bytes) const {
   return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kHostAlignment));

@@ -54,6 +54,11 @@ class Device {
   Precision precision() const { return precision_; }
   std::string name() const;           // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB, bf16)"
   std::string hardware_name() const;  // the same without the precision: "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)"
+  // A GPU's compute capability (major, minor); (0, 0) for the CPU.
+  std::pair<int, int> compute_capability() const;
+  // Whether a GPU of that capability has int8 tensor cores, which INT8 inference on it needs (7.5, Turing,
+  // and later).
+  static constexpr bool int8_tensor_cores(int major, int minor) { return major > 7 || (major == 7 && minor >= 5); }
   CudaContext* cuda_context() const { return cuda_.get(); }
 
   // --- memory on this device (host memory for the CPU device)

@@ -198,6 +198,14 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
 
 }  // namespace
 
+std::string integer_inference_left_out(const Device& device) {
+  const auto [major, minor] = device.compute_capability();
+  if (!device.is_cuda() || Device::int8_tensor_cores(major, minor)) return "";
+  return device.hardware_name() + " (compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+         ") has no int8 tensor cores (7.5 or later): INT8 inference is left out there; the fake-quantized model "
+         "gives its predictions (the same up to float summation order), and --device cpu runs the integer engine";
+}
+
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
                                   bool integer_decoder, bool cuda_graphs) {
   const std::vector<model::Quantizer*> enabled = model.enabled_quantizers();
@@ -209,6 +217,11 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
   c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g, cuda_graphs));
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kQuantize;
   c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g, cuda_graphs));
+  c.left_out = integer_inference_left_out(g.device());
+  if (!c.left_out.empty()) {
+    c.kernel.clear();
+    return c;
+  }
   c.integer_layers = model.prepare_integer_inference(integer_decoder);
   if (g.on_cuda()) c.kernel = model.device_int8_gemm();
   c.integer_decoder = model.integer_decoder();
@@ -238,6 +251,7 @@ Json IntegerComparison::to_json(const std::vector<std::string>& label_names) con
   j["integer_attention_layers"] = integer_attention_layers;
   j["agreement_with_fake_quant"] = agreement();
   j["predictions_compared"] = compared;
+  if (!left_out.empty()) j["int8_left_out"] = left_out;
   Json::Array rows;
   for (const TimedMode& m : modes) {
     Json row = m.task.num_labels ? m.task.to_json(label_names) : m.metrics.to_json();

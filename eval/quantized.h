@@ -84,9 +84,14 @@ struct IntegerComparison {
   bool integer_decoder = false;          // the MLM decoder ran integer GEMMs too
   int64_t integer_attention_layers = 0;  // encoder layers whose attention products ran as integers
   int64_t agreeing = 0, compared = 0;    // int8 predictions equal to the fake-quantized model's
+  // Why the int8 pass did not run (a GPU without int8 tensor cores: modes then holds fp32 and fake-quant),
+  // or empty.
+  std::string left_out;
   double agreement() const { return compared ? double(agreeing) / compared : 0.0; }
   Json to_json(const std::vector<std::string>& label_names) const;
 };
+// Why INT8 inference cannot run on `device` (a GPU without int8 tensor cores), or empty where it can.
+std::string integer_inference_left_out(const Device& device);
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& eval_loader, int64_t max_batches,
                                   Graph<float>& g, bool integer_decoder = false, bool cuda_graphs = true);
 

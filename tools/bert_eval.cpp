@@ -126,7 +126,8 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--int8", a.int8,
                "INT8 inference for a quantized model (QAT, or --save-calibrated): the linear layers run integer "
                "GEMMs, on the CPU (kernel chosen from the CPU: amx, avx512-vnni, avx2, generic; the attention "
-               "products too) or a GPU (--device cuda: int8 tensor cores). With --shards: scored and timed beside "
+               "products too) or a GPU (--device cuda: int8 tensor cores, compute capability 7.5 or later; on an older "
+               "GPU left out with a warning). With --shards: scored and timed beside "
                "FP32 and the fake-quantized model, with the share of predictions that agree; with --fill-mask: the "
                "INT8 model fills");
   app.add_flag(
@@ -379,14 +380,19 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
   const eval::IntegerComparison c =
       eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder, e.a.cuda_graphs);
   e.report["int8"] = c.to_json(e.config().labels);
+  if (!c.left_out.empty()) spdlog::warn("--int8: {}", c.left_out);
   if (e.a.json) return;
   const std::string where = e.g.on_cuda() ? e.g.device().name() : std::to_string(num_threads()) + " threads";
-  std::printf(
-      "checkpoint %s (step %lld): %lld linear layers as INT8%s, and the attention products of %lld layers (%s kernel, "
-      "%s)\n",
-      e.a.checkpoint.c_str(), (long long)e.state.step, (long long)c.integer_layers,
-      c.integer_decoder ? ", the MLM decoder among them (dynamic per-row input scales)" : "",
-      (long long)c.integer_attention_layers, c.kernel.c_str(), where.c_str());
+  if (c.left_out.empty())
+    std::printf(
+        "checkpoint %s (step %lld): %lld linear layers as INT8%s, and the attention products of %lld layers "
+        "(%s kernel, %s)\n",
+        e.a.checkpoint.c_str(), (long long)e.state.step, (long long)c.integer_layers,
+        c.integer_decoder ? ", the MLM decoder among them (dynamic per-row input scales)" : "",
+        (long long)c.integer_attention_layers, c.kernel.c_str(), where.c_str());
+  else
+    std::printf("checkpoint %s (step %lld): FP32 and fake-quantized on %s, INT8 left out (no int8 tensor cores)\n",
+                e.a.checkpoint.c_str(), (long long)e.state.step, where.c_str());
   if (e.task_model)
     std::printf("%-12s %10s %10s %12s %10s\n", "mode", "accuracy", "macro-F1", "sequences/s", "vs FP32");
   else
@@ -397,6 +403,7 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
                 e.task_model ? m.task.accuracy() : m.metrics.mlm_accuracy(),
                 e.task_model ? m.task.macro_f1() : m.metrics.nsp_accuracy(), m.sequences_per_second(),
                 fp32 > 0 ? m.sequences_per_second() / fp32 : 0.0);
+  if (!c.left_out.empty()) return;
   const eval::TimedMode& first = c.modes.front();
   std::printf(
       "INT8 agrees with the fake-quantized model on %.4f of %lld predictions (%lld sequences; each mode's first batch "
@@ -468,7 +475,9 @@ void fill_mask(Evaluation& e) {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(a.tokenizer_path);
   if (!e.state.tokenizer_sha256.empty() && tokenizer->file_sha256() != e.state.tokenizer_sha256)
     throw UserError("tokenizer '" + a.tokenizer_path + "' is not the one the checkpoint was trained with");
-  if (a.int8) {
+  const std::string int8_left_out = a.int8 ? eval::integer_inference_left_out(e.g.device()) : "";
+  if (!int8_left_out.empty()) spdlog::warn("--int8: {}", int8_left_out);
+  if (a.int8 && int8_left_out.empty()) {
     const int64_t layers = e.model.prepare_integer_inference(a.int8_decoder);
     if (layers == int64_t{a.int8_decoder})
       throw UserError("--int8: no linear layer of '" + a.checkpoint + "' has both quantizers enabled");

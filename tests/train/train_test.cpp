@@ -1397,6 +1397,25 @@ TEST_F(FactsCorpus, QatCalibratesTrainsScalesResumesAndReportsAgainstFp32AndPtq)
   EXPECT_DOUBLE_EQ(strict.planned, strict.fp32) << "everything in float is the FP32 model";
 }
 
+// INT8 inference is left out, with the reason, only on a GPU without int8 tensor cores (before compute
+// capability 7.5); the CPU runs its integer engine, and so does this machine's GPU where it has them.
+TEST(IntegerInference, IsLeftOutOnlyOnGpusWithoutInt8TensorCores) {
+  for (auto [major, minor] : {std::pair{6, 1}, {7, 0}, {7, 2}}) EXPECT_FALSE(Device::int8_tensor_cores(major, minor));
+  for (auto [major, minor] : {std::pair{7, 5}, {8, 0}, {8, 9}, {9, 0}, {10, 0}, {12, 0}})
+    EXPECT_TRUE(Device::int8_tensor_cores(major, minor)) << major << "." << minor;
+  EXPECT_EQ(Device::cpu().compute_capability(), std::pair(0, 0));
+  EXPECT_EQ(eval::integer_inference_left_out(Device::cpu()), "");
+  if (!Device::cuda_available()) return;
+  const std::unique_ptr<Device> gpu = Device::cuda(0);
+  const auto [major, minor] = gpu->compute_capability();
+  EXPECT_GT(major, 0);
+  const std::string why = eval::integer_inference_left_out(*gpu);
+  EXPECT_EQ(why.empty(), Device::int8_tensor_cores(major, minor)) << why;
+  if (!why.empty()) {
+    EXPECT_NE(why.find("no int8 tensor cores"), std::string::npos) << why;
+  }
+}
+
 }  // namespace
 }  // namespace bert::train
 
