@@ -191,39 +191,45 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
   namespace wg = cuda::int8_wgmma;
   BERT_CHECK(rows < (int64_t{1} << 31) && w.ld() < (int64_t{1} << 31), "int8_linear: too large for the TMA kernel");
   using Kernel = void (*)(const CUtensorMap, const CUtensorMap, const cuda::Int8Epilogue, int64_t, int64_t, int64_t);
-  const int64_t tiles = (rows + wg::kTileM - 1) / wg::kTileM * ((w.n() + wg::kTileN - 1) / wg::kTileN);
+  const int64_t column_tiles = (w.n() + wg::kTileN - 1) / wg::kTileN;
+  const int64_t tiles = (rows + wg::one_tile::kTileM - 1) / wg::one_tile::kTileM * column_tiles;
   BERT_CHECK(tiles < (int64_t{1} << 31), "int8_linear: " + std::to_string(rows) + " rows exceed the GPU kernel's grid");
   const int sms = cuda::context(g.device()).sm_count;
-  // Persistent where blocks would take more than one tile (fewer tiles ran 0-5% slower so, at 4,096 rows).
-  const bool persistent = tiles > int64_t{wg::kBlocks} * sms && wg::persistent_fits(int(sizeof(O)), e, w.n());
-  auto pick = [&](auto persistent_tag) -> Kernel {
-    constexpr bool kP = decltype(persistent_tag)::value;
+  // Ping-pong where one-tile blocks would run in more than one wave and a tile's products are long enough to
+  // hide the other consumer's epilogue: 8 slices of K and more. (With fewer it was slower on an H200: BERT-base's
+  // GEMMs of 768 inputs about even, BERT-mini's of 256 4% slower; the FFN's second GEMM, 3,072, 10% faster.)
+  const bool ping_pong = tiles > int64_t{wg::one_tile::kBlocks} * sms && w.ld() >= 8 * wg::kTileK;
+  auto pick = [&](auto ping_pong_tag) -> Kernel {
+    constexpr bool kP = decltype(ping_pong_tag)::value;
+    auto kernel = [](auto gelu, auto quantize, auto table) -> Kernel {
+      constexpr bool kG = decltype(gelu)::value, kQ = decltype(quantize)::value, kT = decltype(table)::value;
+      if constexpr (kP)
+        return wg::gemm_ping_pong<A, O, kG, kQ, kT>;
+      else
+        return wg::gemm_one_tile<A, O, kG, kQ, kT>;
+    };
+    using T = std::true_type;
+    using F = std::false_type;
     if constexpr (std::is_same_v<O, int8_t>) {  // every part quantized
       if constexpr (std::is_same_v<A, cuda::bf16>)
-        if (e.table) return wg::gemm_dequantize<A, O, true, true, true, kP>;
-      return gelu ? wg::gemm_dequantize<A, O, true, true, false, kP>
-                  : wg::gemm_dequantize<A, O, false, true, false, kP>;
+        if (e.table) return kernel(T{}, T{}, T{});
+      return gelu ? kernel(T{}, T{}, F{}) : kernel(F{}, T{}, F{});
     } else if (quantizes(e)) {
-      return gelu ? wg::gemm_dequantize<A, O, true, true, false, kP>
-                  : wg::gemm_dequantize<A, O, false, true, false, kP>;
+      return gelu ? kernel(T{}, T{}, F{}) : kernel(F{}, T{}, F{});
     } else {
-      return gelu ? wg::gemm_dequantize<A, O, true, false, false, kP>
-                  : wg::gemm_dequantize<A, O, false, false, false, kP>;
+      return gelu ? kernel(T{}, F{}, F{}) : kernel(F{}, F{}, F{});
     }
   };
-  // (4-byte outputs never run the persistent kernel: not compiled)
-  Kernel kernel = nullptr;
-  if constexpr (sizeof(O) < 4)
-    kernel = persistent ? pick(std::true_type{}) : pick(std::false_type{});
-  else
-    kernel = pick(std::false_type{});
-  const int shared = persistent ? wg::kSharedBytes<O, true> : wg::kSharedBytes<O, false>;
+  const Kernel kernel = ping_pong ? pick(std::true_type{}) : pick(std::false_type{});
+  const int shared = ping_pong ? wg::ping_pong::kSharedBytes<O> : wg::one_tile::kSharedBytes<O>;
   BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
-  // Persistent: as many blocks as run at once, each taking tiles in turn.
-  const dim3 grid{unsigned(persistent ? int64_t{wg::kBlocks} * sms : tiles)};
-  const CUtensorMap q_map = int8_tensor_map(w.encode_tensor_map(), q, rows, w.ld(), wg::kTileM);
-  kernel<<<grid, wg::kThreads, shared, cuda::stream(g)>>>(q_map, *static_cast<const CUtensorMap*>(w.tensor_map()), e,
-                                                          rows, w.n(), w.ld());
+  // Ping-pong: a block an SM, each taking tiles in turn. Both read 128-row boxes of q.
+  static_assert(wg::ping_pong::kTileM == wg::one_tile::kTileM);
+  const dim3 grid{unsigned(ping_pong ? sms : tiles)};
+  const int threads = ping_pong ? wg::ping_pong::kThreads : wg::one_tile::kThreads;
+  const CUtensorMap q_map = int8_tensor_map(w.encode_tensor_map(), q, rows, w.ld(), wg::one_tile::kTileM);
+  kernel<<<grid, threads, shared, cuda::stream(g)>>>(q_map, *static_cast<const CUtensorMap*>(w.tensor_map()), e, rows,
+                                                     w.n(), w.ld());
   BERT_CUDA_LAUNCHED();
 }
 

@@ -5,17 +5,24 @@
 // Hopper, so with them the int32 sums go through memory and back (ops/integer.cu keeps that path: the
 // reference this kernel is tested against, and where sm_90a is not there).
 //
-// q (m, ld) and w (n, ld) int8 row-major, ld a multiple of 16 (both K-major, as int8 wgmma takes them).
-// A block makes a 128 x 128 tile of y from 128-byte slices of K: one producer warp loads them by TMA
-// (128-byte swizzle) into a ring of kStages stages guarded by mbarriers; two consumer warpgroups each
-// multiply 64 rows of the tile (wgmma m64n128k32, four a slice) and release the stage. The epilogue
-// stages each warpgroup's outputs in shared memory and writes them out in 16-byte pieces along the rows; the
-// tile's weight scales and biases reach shared memory by cp.async while its products run (read from global
-// memory in the epilogue, each waited for in turn, they were up to a fifth of the kernel's stalls).
-// Two blocks an SM. With 1- and 2-byte outputs whose parts end on tile boundaries the staging has room of
-// its own beside the stages and the kernel is persistent: a block takes tile after tile (gridDim.x blocks,
-// tile i + gridDim.x next), and the producer loads the next tile's slices while the consumers finish the
-// last. Otherwise the staging reuses the stages and a block makes one tile.
+// q (m, ld) and w (n, ld) int8 row-major, ld a multiple of 16 (both K-major, as int8 wgmma takes them). Tiles
+// of y are 128 x 128, made from 128-byte slices of K that a producer loads by TMA (128-byte swizzle) into a
+// ring of stages guarded by mbarriers; consumer warpgroups multiply them (wgmma m64n128k32, four a slice and
+// 64 rows) and release the stage. The epilogue stages 64 rows of outputs at a time in shared memory and writes
+// them out in 16-byte pieces along the rows; the tile's weight scales and biases reach shared memory by
+// cp.async while its products run (read from global memory in the epilogue, each waited for in turn, they were
+// up to a fifth of the kernel's stalls). Two schedules, after CUTLASS's:
+// - one_tile: a block makes one tile, its two consumer warpgroups 64 rows each, two blocks an SM, two stages
+//   that the staging then reuses.
+// - ping_pong: a persistent block an SM, each consumer warpgroup making whole tiles (128 int32 accumulators
+//   a thread, registers moved to it from the producer's warpgroup by setmaxnreg), the two taking turns at the
+//   tensor cores so that one's epilogue runs under the other's products; 4-6 stages. It pays where a tile's
+//   products outlast an epilogue (ops/integer.cu picks it from 1,024 inputs, with more than two waves of
+//   tiles): the epilogue is instruction-bound (ncu counts ~20 instructions an output at 768 inputs, waits
+//   included), and one warpgroup alone issues it at under half the rate of the one-tile schedule's four.
+// Shared memory is addressed through the kernel's shared array (aligned_shared), so that the epilogue's
+// staging and column reads compile to shared-memory instructions, not generic ones.
+
 #pragma once
 
 #include <cuda.h>
@@ -63,19 +70,32 @@ struct Int8Epilogue {
     reciprocal[p] = part_scale > 0 ? 1.0f / part_scale : 1.0f;
   }
 };
+// The quotient of an int8 output before rounding: v rounded to the activations' type A first (as the
+// fake-quantized model stores the linear's output), GELU with kGelu, divided by the scale.
+template <typename A, bool kGelu>
+__device__ __forceinline__ float int8_epilogue_quotient(float v, float scale, float reciprocal) {
+  v = to_float(from_float<A>(v));
+  if constexpr (kGelu) v = gelu_value(v);
+  return ScaleDivision::normal_quotient(v, scale, reciprocal);
+}
 // kQuantize: some part is quantized (else the values only, O == A).
 template <typename A, typename O, bool kGelu, bool kQuantize>
 __device__ __forceinline__ O int8_epilogue_value(float v, float scale, float reciprocal) {
   if constexpr (std::is_same_v<O, int8_t>) {  // every part quantized
-    v = to_float(from_float<A>(v));
-    if constexpr (kGelu) v = gelu_value(v);
-    return static_cast<int8_t>(int8_round(ScaleDivision::normal_quotient(v, scale, reciprocal)));
+    return static_cast<int8_t>(int8_round(int8_epilogue_quotient<A, kGelu>(v, scale, reciprocal)));
   } else {
     if (!kQuantize || scale == 0.0f) return from_float<O>(kGelu ? gelu_value(v) : v);
-    v = to_float(from_float<A>(v));
-    if constexpr (kGelu) v = gelu_value(v);
-    return from_float<O>(int8_round(ScaleDivision::normal_quotient(v, scale, reciprocal)) * scale);
+    return from_float<O>(int8_round(int8_epilogue_quotient<A, kGelu>(v, scale, reciprocal)) * scale);
   }
+}
+// The integers of two quotients, u0 in the low byte: int8_round's (half to even, clamped to [-128, 127]) for
+// every number but NaN (0 here; no finite sum, scale and bias make one), in three instructions (cvt.rni twice,
+// one saturating pack) where int8_round and a conversion take four a value. (Doing without conversions, BF16
+// rounding and rounding to integers on the bits, took more instructions and was slower.)
+__device__ __forceinline__ uint16_t int8_pair(float u0, float u1) {
+  uint32_t packed;
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;\n" : "=r"(packed) : "r"(__float2int_rn(u1)), "r"(__float2int_rn(u0)));
+  return static_cast<uint16_t>(packed);
 }
 
 // The table of Int8Epilogue::table for a quantizer at (scale, reciprocal): entry b is the integer
@@ -94,34 +114,52 @@ __device__ __forceinline__ int8_t int8_epilogue_lookup(const int8_t* table, floa
 
 namespace int8_wgmma {
 
-// kConsumers warpgroups of 64 rows each, a producer warp after them; kBlocks blocks an SM.
-constexpr int kConsumers = 2, kBlocks = 2;
-constexpr int kTileM = 64 * kConsumers, kTileN = 128, kTileK = 128, kStages = 2, kThreads = 128 * kConsumers + 32;
-constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
+constexpr int kTileN = 128, kTileK = 128;
 // A consumer's staged outputs: 64 rows, each padded by 16 bytes (rows 8 apart fall in other banks).
 template <typename O>
 constexpr int kOutRow = kTileN* int(sizeof(O)) + 16;
+// Each consumer's copy of its tile's weight scales and biases (kTileN of each), for two consumers.
+constexpr int kColumnBytes = 2 * 2 * kTileN * 4;
+// The most dynamic shared memory a block may have on Hopper (227 KiB).
+constexpr int kMaxShared = 232448;
+
+// One tile a block: two consumer warpgroups of 64 rows each share a 128 x 128 tile, a producer warp after them,
+// two blocks an SM, two stages; the staging reuses the stages.
+namespace one_tile {
+constexpr int kConsumers = 2, kBlocks = 2;
+constexpr int kTileM = 64 * kConsumers, kStages = 2, kThreads = 128 * kConsumers + 32;
+constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
 template <typename O>
-constexpr int kStaging = kConsumers * 64 * kOutRow<O>;
-// The stages, and the staging after them (persistent) or over them.
-template <typename O, bool kPersistent>
-constexpr int kData = kPersistent                          ? kStages* kStageBytes + kStaging<O>
-                      : kStages* kStageBytes > kStaging<O> ? kStages* kStageBytes
-                                                           : kStaging<O>;
-// Each consumer's copy of its tile's weight scales and biases (kTileN of each).
-constexpr int kColumnBytes = kConsumers * 2 * kTileN * 4;
+constexpr int kData =
+    kStages* kStageBytes > kConsumers * 64 * kOutRow<O> ? kStages* kStageBytes : kConsumers * 64 * kOutRow<O>;
 // Data, 1 KiB of alignment slack (the swizzled tiles start at 1 KiB boundaries), the 2 x kStages barriers,
 // the columns.
-template <typename O, bool kPersistent>
-constexpr int kSharedBytes = kData<O, kPersistent> + 1024 + 2 * kStages * 8 + kColumnBytes;
-// Whether the persistent kernel runs: 1- and 2-byte outputs (4-byte staging beside the stages leaves room for
-// one block an SM), every tile inside one part of the output (parts end on tile boundaries).
-inline bool persistent_fits(int output_bytes, const Int8Epilogue& e, int64_t n) {
-  if (output_bytes >= 4) return false;
-  for (int p = 0; p < 3; ++p)
-    if (e.end[p] < n && e.end[p] % kTileN != 0) return false;
-  return true;
-}
+template <typename O>
+constexpr int kSharedBytes = kData<O> + 1024 + 2 * kStages * 8 + kColumnBytes;
+}  // namespace one_tile
+
+// Ping-pong, persistent: one block an SM takes tile after tile (blockIdx.x, + gridDim.x, ...), its two consumer
+// warpgroups each making whole 128 x 128 tiles in turn (the block's even tiles, its odd ones), so that one's
+// epilogue runs while the other's products do; the producer warp fills a ring of kStages<O> stages in the
+// tiles' order. Each consumer stages 64 rows of outputs at a time beside the stages.
+namespace ping_pong {
+// Two consumer warpgroups and a producer warpgroup (one thread of it loads), whose registers go to the
+// consumers (setmaxnreg: 40 a producer thread, 232 a consumer's, for 128 accumulators beside the epilogue's).
+constexpr int kTileM = 128, kThreads = 3 * 128, kProducerRegisters = 40, kConsumerRegisters = 232;
+constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
+template <typename O>
+constexpr int kStaging = 2 * 64 * kOutRow<O>;
+constexpr int kMaxStages = 6;
+// As many stages as fit beside the staging, the columns, the barriers and the alignment slack (int8 outputs
+// 6, BF16 5, float 4).
+template <typename O>
+constexpr int kStages = (kMaxShared - kStaging<O> - kColumnBytes - 2 * kMaxStages * 8 - 1024) / kStageBytes < kMaxStages
+                            ? (kMaxShared - kStaging<O> - kColumnBytes - 2 * kMaxStages * 8 - 1024) / kStageBytes
+                            : kMaxStages;
+template <typename O>
+constexpr int kSharedBytes = kStages<O>* kStageBytes + kStaging<O> + 1024 + 2 * kStages<O> * 8 + kColumnBytes;
+static_assert(kSharedBytes<float> <= kMaxShared && kStages<float> >= 2);
+}  // namespace ping_pong
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
@@ -149,6 +187,19 @@ __device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
       "r"(parity)
       : "memory");
 }
+// The first 1 KiB boundary in dynamic shared memory (the swizzled tiles start at one), found by pointer
+// arithmetic on the shared array so that the compiler knows what derives from it is shared memory (LDS/STS,
+// not generic loads and stores).
+__device__ __forceinline__ uint8_t* aligned_shared(uint8_t* raw) {
+  return raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
+}
+// Named barrier `id` of `threads` threads: waited for, or arrived at without waiting.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Tile (c0, c1) of `map` (inner coordinate first) into shared memory, completing on `b`.
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* b, int c0, int c1) {
   asm volatile(
@@ -175,24 +226,163 @@ __device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b) {
         "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
       : "l"(a), "l"(b));
 }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The producer: loads the slices of the block's tiles (blockIdx.x, + gridDim.x, ...) into the ring of kStages
+// stages of (kTileM + kTileN) x kTileK bytes, in order, each stage once its consumers released it.
+template <int kTileM, int kStages>
+__device__ __forceinline__ void produce(uint8_t* shared, uint64_t* full, uint64_t* empty, const CUtensorMap& q_map,
+                                        const CUtensorMap& w_map, int output_tiles, int column_tiles, int slices) {
+  constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
+  int u = 0;  // slices loaded so far, over every tile of this block
+  for (int tile = blockIdx.x; tile < output_tiles; tile += gridDim.x) {
+    const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
+    for (int t = 0; t < slices; ++t, ++u) {
+      const int s = u % kStages;
+      if (u >= kStages) barrier_wait(&empty[s], (u / kStages - 1) & 1);
+      barrier_expect(&full[s], kStageBytes);
+      uint8_t* stage = shared + s * kStageBytes;
+      tma_load(stage, &q_map, &full[s], t * kTileK, m0);
+      tma_load(stage + kTileM * kTileK, &w_map, &full[s], t * kTileK, n0);
+    }
+  }
+}
+
+// A consumer's thread starts copying its tile's weight scales and biases (column n0 + thread, zeros past n)
+// into shared memory; read after mma::wait<0>() and a barrier of the warpgroup.
+__device__ __forceinline__ void fetch_columns(const Int8Epilogue& e, float* column_scale, float* column_bias,
+                                              int64_t n0, int64_t n) {
+  const int i = threadIdx.x & 127;
+  const bool inside = n0 + i < n;
+  mma::copy_async<4>(column_scale + i, e.scale_w + (inside ? n0 + i : 0), inside);
+  mma::copy_async<4>(column_bias + i, e.bias + (inside ? n0 + i : 0), inside);
+  mma::commit();
+}
+
+// How a tile's outputs are finished: decided once for the tile (the usual case: inside n, in one part, no
+// per-column bounds or part picks).
+struct TileParts {
+  int columns;  // the tile's columns inside n
+  int part;     // the part of its first column
+  bool one_part;
+  float scale, reciprocal;  // that part's quantizer
+  __device__ TileParts(const Int8Epilogue& e, int64_t n0, int64_t n) {
+    columns = n - n0 < kTileN ? int(n - n0) : kTileN;
+    part = e.part(n0);
+    one_part = e.part(n0 + columns - 1) == part;
+    scale = Int8Epilogue::pick(part, e.scale);
+    reciprocal = Int8Epilogue::pick(part, e.reciprocal);
+  }
+};
+
+// A warpgroup's 64 x 128 sums d, finished by e, into `staging` (64 rows of kOutRow<O>). Thread's outputs: rows
+// lane / 4 and + 8 of its warp's 16, channels 2 (lane % 4) and + 1 of each 8. kParts: the quantizer picked per
+// column (a tile across parts), else the tile's.
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable, bool kParts>
+__device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
+                                               const float* column_scale, const float* column_bias, int64_t n0,
+                                               const TileParts& tp) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; ++j) {
+    const int local = j * 8 + (lane & 3) * 2;
+    const float2 scales = *reinterpret_cast<const float2*>(column_scale + local),
+                 biases = *reinterpret_cast<const float2*>(column_bias + local);
+    const float s0 = __fmul_rn(e.scale_x, scales.x), s1 = __fmul_rn(e.scale_x, scales.y), b0 = biases.x,
+                b1 = biases.y;                                                   // zeros past n
+    float q0 = tp.scale, r0 = tp.reciprocal, q1 = tp.scale, r1 = tp.reciprocal;  // the quantizers'
+    if constexpr (kParts) {
+      const int64_t c = n0 + local;
+      const int p0 = e.part(c), p1 = e.part(c + 1);
+      q0 = Int8Epilogue::pick(p0, e.scale), r0 = Int8Epilogue::pick(p0, e.reciprocal);
+      q1 = Int8Epilogue::pick(p1, e.scale), r1 = Int8Epilogue::pick(p1, e.reciprocal);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
+                  v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
+      O* const to = reinterpret_cast<O*>(staging + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local;
+      if constexpr (kTable) {
+        Pack<O, 2> pair;  // one shared-memory store for the two channels
+        pair.v[0] = int8_epilogue_lookup(e.table, v0);
+        pair.v[1] = int8_epilogue_lookup(e.table, v1);
+        store_pack<2>(to, pair);
+      } else if constexpr (std::is_same_v<O, int8_t>) {
+        *reinterpret_cast<uint16_t*>(to) =
+            int8_pair(int8_epilogue_quotient<A, kGelu>(v0, q0, r0), int8_epilogue_quotient<A, kGelu>(v1, q1, r1));
+      } else {
+        Pack<O, 2> pair;
+        pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
+        pair.v[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
+        store_pack<2>(to, pair);
+      }
+    }
+  }
+}
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable>
+__device__ __forceinline__ void finish(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
+                                       const float* column_scale, const float* column_bias, int64_t n0,
+                                       const TileParts& tp) {
+  if (kQuantize && !tp.one_part)
+    finish_columns<A, O, kGelu, kQuantize, kTable, true>(d, staging, e, column_scale, column_bias, n0, tp);
+  else
+    finish_columns<A, O, kGelu, kQuantize, kTable, false>(d, staging, e, column_scale, column_bias, n0, tp);
+}
+
+// A warpgroup writes 64 staged rows (rows r0 .. r0 + 63 of y, those below m) to their parts in 16-byte pieces.
+template <typename O>
+__device__ __forceinline__ void store(const uint8_t* staging, const Int8Epilogue& e, int64_t r0, int64_t m, int64_t n0,
+                                      int64_t n, const TileParts& tp) {
+  constexpr int kPer = 16 / int(sizeof(O)), kPieces = kTileN / kPer;  // 16-byte pieces a row
+  const int64_t tile_begin = e.begin(tp.part), tile_width = e.width(tp.part);
+  // Every piece whole, in the tile's part and 16-byte aligned there: one store each.
+  const bool whole = tp.columns == kTileN && tp.one_part && (n0 - tile_begin) % kPer == 0 && tile_width % kPer == 0;
+  O* const tile_out = static_cast<O*>(Int8Epilogue::pick(tp.part, e.out)) + (n0 - tile_begin);
+  for (int i = threadIdx.x & 127; i < 64 * kPieces; i += 128) {
+    const int local_row = i / kPieces, piece = i % kPieces;
+    const int64_t r = r0 + local_row;
+    if (r >= m || piece * kPer >= tp.columns) continue;
+    const O* from = reinterpret_cast<const O*>(staging + local_row * kOutRow<O>) + piece * kPer;
+    if (whole) {
+      *reinterpret_cast<uint4*>(tile_out + r * tile_width + piece * kPer) = *reinterpret_cast<const uint4*>(from);
+      continue;
+    }
+    const int64_t c = n0 + piece * kPer;
+    const int p = e.part(c);
+    const int64_t begin = e.begin(p), width = e.width(p);
+    if (c + kPer <= begin + width && (c - begin) % kPer == 0 && width % kPer == 0) {
+      *reinterpret_cast<uint4*>(static_cast<O*>(Int8Epilogue::pick(p, e.out)) + r * width + (c - begin)) =
+          *reinterpret_cast<const uint4*>(from);
+    } else {
+      for (int x = 0; x < kPer && c + x < n; ++x) {
+        const int q = e.part(c + x);
+        static_cast<O*>(Int8Epilogue::pick(q, e.out))[r * e.width(q) + (c + x - e.begin(q))] = from[x];
+      }
+    }
+  }
+}
 #endif
 
 // Activations of type A, outputs of type O (A, or int8 where every part is quantized); kQuantize: some part is;
-// kTable: e.table gives the integers (A BF16, O int8, GELU, one part); kPersistent: a block makes tile after tile
-// (persistent_fits), else one.
-template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable, bool kPersistent>
-__global__ void __launch_bounds__(kThreads, kBlocks)
-    gemm_dequantize(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
-                    const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
+// kTable: e.table gives the integers (A BF16, O int8, GELU, one part). One tile a block (one_tile).
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable>
+__global__ void __launch_bounds__(one_tile::kThreads, one_tile::kBlocks)
+    gemm_one_tile(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
+                  const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace one_tile;
   extern __shared__ __align__(1024) uint8_t shared_raw[];
-  uint8_t* shared = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kData<O, kPersistent>);
+  uint8_t* const shared = aligned_shared(shared_raw);
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kData<O>);
   uint64_t* empty = full + kStages;
   float* columns_shared = reinterpret_cast<float*>(empty + kStages);
   const int group = threadIdx.x >> 7;  // 0, 1: consumers (rows 64 group); 2: the producer warp
-  const int tiles = int((ld + kTileK - 1) / kTileK);  // K slices
-  // Output tiles, row tiles after column tiles: a block takes tiles blockIdx.x, + gridDim.x, ...
+  const int slices = int((ld + kTileK - 1) / kTileK);
   const int column_tiles = int((n + kTileN - 1) / kTileN), output_tiles = column_tiles * int((m + kTileM - 1) / kTileM);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], kConsumers);
@@ -200,130 +390,115 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   }
   __syncthreads();
   if (group == kConsumers) {
-    if (threadIdx.x == kConsumers * 128) {
-      int u = 0;  // slices loaded so far, over every tile of this block
-      for (int tile = blockIdx.x; tile < output_tiles; tile += gridDim.x) {
-        const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
-        for (int t = 0; t < tiles; ++t, ++u) {
-          const int s = u % kStages;
-          if (u >= kStages) barrier_wait(&empty[s], (u / kStages - 1) & 1);
-          barrier_expect(&full[s], kStageBytes);
-          uint8_t* stage = shared + s * kStageBytes;
-          tma_load(stage, &q_map, &full[s], t * kTileK, m0);
-          tma_load(stage + kTileM * kTileK, &w_map, &full[s], t * kTileK, n0);
-        }
-      }
-    }
+    if (threadIdx.x == kConsumers * 128)
+      produce<kTileM, kStages>(shared, full, empty, q_map, w_map, output_tiles, column_tiles, slices);
     return;
   }
-  const int row0 = group * 64;
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-  uint8_t* out = shared + (kPersistent ? kStages * kStageBytes : 0) + group * 64 * kOutRow<O>;
+  const int row0 = group * 64, tile = blockIdx.x;
+  const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
   float* const column_scale = columns_shared + group * 2 * kTileN;  // this consumer's; its biases after them
   float* const column_bias = column_scale + kTileN;
-  int u = 0;  // slices used so far
-  auto make_tile = [&](int tile) {
-    const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
-    {  // Thread i's column n0 + i (zeros past n), in flight while the products run (the last tile's epilogue
-       // read its columns before the barriers that ended it).
-      const int i = threadIdx.x & 127;
-      const bool inside = n0 + i < n;
-      mma::copy_async<4>(column_scale + i, e.scale_w + (inside ? n0 + i : 0), inside);
-      mma::copy_async<4>(column_bias + i, e.bias + (inside ? n0 + i : 0), inside);
-      mma::commit();
-    }
-    int d[64];
+  fetch_columns(e, column_scale, column_bias, n0, n);  // in flight while the products run
+  int d[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0;
-    for (int t = 0; t < tiles; ++t, ++u) {
-      const int s = u % kStages;
-      barrier_wait(&full[s], (u / kStages) & 1);
-      const uint8_t* stage = shared + s * kStageBytes;
-      const uint32_t a = shared_address(stage + row0 * kTileK), b = shared_address(stage + kTileM * kTileK);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  for (int i = 0; i < 64; ++i) d[i] = 0;
+  for (int t = 0; t < slices; ++t) {
+    const int s = t % kStages;
+    barrier_wait(&full[s], (t / kStages) & 1);
+    const uint8_t* stage = shared + s * kStageBytes;
+    const uint32_t a = shared_address(stage + row0 * kTileK), b = shared_address(stage + kTileM * kTileK);
+    wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kTileK / 32; ++kk) wgmma(d, descriptor(a + kk * 32), descriptor(b + kk * 32));
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[s]);
-    }
-    // Thread's outputs: rows lane / 4 and + 8 of its warp's 16, channels 2 (lane % 4) and + 1 of each 8.
-    // Decided once for the tile (the usual case: inside n, in one part): no per-column bounds or part picks.
-    const int columns = n - n0 < kTileN ? int(n - n0) : kTileN;  // the tile's columns inside n
-    const int tile_part = e.part(n0);
-    const bool one_part = kPersistent || e.part(n0 + columns - 1) == tile_part;
-    const float tile_scale = Int8Epilogue::pick(tile_part, e.scale),
-                tile_reciprocal = Int8Epilogue::pick(tile_part, e.reciprocal);
-    mma::wait<0>();              // this thread's columns, then everyone's after the barrier
-    if constexpr (!kPersistent)  // the staging over the stages: both consumers done with them
-      asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumers * 128) : "memory");
-    else
-      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
-#pragma unroll
-    for (int j = 0; j < kTileN / 8; ++j) {
-      const int local = j * 8 + (lane & 3) * 2;
-      const int64_t c = n0 + local;
-      const float2 scales = *reinterpret_cast<const float2*>(column_scale + local),
-                   biases = *reinterpret_cast<const float2*>(column_bias + local);
-      const float s0 = __fmul_rn(e.scale_x, scales.x), s1 = __fmul_rn(e.scale_x, scales.y), b0 = biases.x,
-                  b1 = biases.y;                                                           // zeros past n
-      float q0 = tile_scale, r0 = tile_reciprocal, q1 = tile_scale, r1 = tile_reciprocal;  // the quantizers'
-      if (kQuantize && !one_part) {
-        const int p0 = e.part(c), p1 = e.part(c + 1);
-        q0 = Int8Epilogue::pick(p0, e.scale), r0 = Int8Epilogue::pick(p0, e.reciprocal);
-        q1 = Int8Epilogue::pick(p1, e.scale), r1 = Int8Epilogue::pick(p1, e.reciprocal);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
-                    v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
-        Pack<O, 2> pair;  // one shared-memory store for the two channels
-        if constexpr (kTable) {
-          pair.v[0] = int8_epilogue_lookup(e.table, v0);
-          pair.v[1] = int8_epilogue_lookup(e.table, v1);
-        } else {
-          pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
-          pair.v[1] = int8_epilogue_value<A, O, kGelu, kQuantize>(v1, q1, r1);
-        }
-        store_pack<2>(reinterpret_cast<O*>(out + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local, pair);
-      }
-    }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
-    constexpr int kPer = 16 / int(sizeof(O)), kPieces = kTileN / kPer;  // 16-byte pieces a row
-    const int64_t tile_begin = e.begin(tile_part), tile_width = e.width(tile_part);
-    // Every piece whole, in the tile's part and 16-byte aligned there: one store each.
-    const bool whole = columns == kTileN && one_part && (n0 - tile_begin) % kPer == 0 && tile_width % kPer == 0;
-    O* const tile_out = static_cast<O*>(Int8Epilogue::pick(tile_part, e.out)) + (n0 - tile_begin);
-    for (int i = threadIdx.x & 127; i < 64 * kPieces; i += 128) {
-      const int local_row = i / kPieces, piece = i % kPieces;
-      const int64_t r = m0 + row0 + local_row;
-      if (r >= m || piece * kPer >= columns) continue;
-      const O* from = reinterpret_cast<const O*>(out + local_row * kOutRow<O>) + piece * kPer;
-      if (whole) {
-        *reinterpret_cast<uint4*>(tile_out + r * tile_width + piece * kPer) = *reinterpret_cast<const uint4*>(from);
-        continue;
-      }
-      const int64_t c = n0 + piece * kPer;
-      const int p = e.part(c);
-      const int64_t begin = e.begin(p), width = e.width(p);
-      if (c + kPer <= begin + width && (c - begin) % kPer == 0 && width % kPer == 0) {
-        *reinterpret_cast<uint4*>(static_cast<O*>(Int8Epilogue::pick(p, e.out)) + r * width + (c - begin)) =
-            *reinterpret_cast<const uint4*>(from);
-      } else {
-        for (int x = 0; x < kPer && c + x < n; ++x) {
-          const int q = e.part(c + x);
-          static_cast<O*>(Int8Epilogue::pick(q, e.out))[r * e.width(q) + (c + x - e.begin(q))] = from[x];
-        }
-      }
-    }
-    if constexpr (kPersistent)  // the staging read before the next tile's
-      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + group) : "memory");
-  };
-  if constexpr (kPersistent) {
+    for (int kk = 0; kk < kTileK / 32; ++kk) wgmma(d, descriptor(a + kk * 32), descriptor(b + kk * 32));
+    wgmma_commit();
+    wgmma_wait<0>();
+    if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[s]);
+  }
+  const TileParts tp(e, n0, n);
+  mma::wait<0>();                   // this thread's columns, then everyone's after the barrier
+  named_sync(1, kConsumers * 128);  // and the staging over the stages: both consumers done with them
+  uint8_t* staging = shared + group * 64 * kOutRow<O>;
+  finish<A, O, kGelu, kQuantize, kTable>(d, staging, e, column_scale, column_bias, n0, tp);
+  named_sync(2 + group, 128);
+  store<O>(staging, e, m0 + row0, m, n0, n, tp);
+#else
+  __trap();  // launched only where the build has sm_90a code (ops/integer.cu checks)
+#endif
+}
+
+// The same, ping-pong (ping_pong): a block an SM, each consumer warpgroup making whole tiles in turn.
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable>
+__global__ void __launch_bounds__(ping_pong::kThreads, 1)
+    gemm_ping_pong(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
+                   const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace ping_pong;
+  constexpr int S = kStages<O>;
+  extern __shared__ __align__(1024) uint8_t shared_raw[];
+  uint8_t* const shared = aligned_shared(shared_raw);
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + S * kStageBytes + kStaging<O>);
+  uint64_t* empty = full + S;
+  float* columns_shared = reinterpret_cast<float*>(empty + S);
+  const int group = threadIdx.x >> 7;  // 0, 1: consumers (the block's even tiles, its odd ones); 2: the producer
+  const int slices = int((ld + kTileK - 1) / kTileK);
+  const int column_tiles = int((n + kTileN - 1) / kTileN), output_tiles = column_tiles * int((m + kTileM - 1) / kTileM);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (group == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (threadIdx.x == 2 * 128)
+      produce<kTileM, S>(shared, full, empty, q_map, w_map, output_tiles, column_tiles, slices);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  float* const column_scale = columns_shared + group * 2 * kTileN;  // this consumer's; its biases after them
+  float* const column_bias = column_scale + kTileN;
+  uint8_t* const staging = shared + S * kStageBytes + group * 64 * kOutRow<O>;
+  // Turns: consumer g waits at barrier 1 + g for the other's products to end, and arrives at the other's.
+  const int my_turn = 1 + group, other_turn = 2 - group, own = 3 + group;
 #pragma unroll 1
-    for (int tile = blockIdx.x; tile < output_tiles; tile += gridDim.x) make_tile(tile);
-  } else {
-    make_tile(blockIdx.x);
+  for (int j = group, tile = blockIdx.x + group * gridDim.x; tile < output_tiles; j += 2, tile += 2 * gridDim.x) {
+    const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
+    fetch_columns(e, column_scale, column_bias, n0, n);  // in flight while the products run
+    int d0[64], d1[64];                                  // rows 0-63, 64-127
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d0[i] = 0, d1[i] = 0;
+    if (j > 0) named_sync(my_turn, 256);
+    int u = j * slices, last = 0;  // the ring's slice; the stage of the slice before
+    for (int t = 0; t < slices; ++t, ++u) {
+      const int s = u % S;
+      barrier_wait(&full[s], (u / S) & 1);
+      const uint8_t* stage = shared + s * kStageBytes;
+      const uint32_t a = shared_address(stage), b = shared_address(stage + kTileM * kTileK);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTileK / 32; ++kk) {
+        wgmma(d0, descriptor(a + kk * 32), descriptor(b + kk * 32));
+        wgmma(d1, descriptor(a + 64 * kTileK + kk * 32), descriptor(b + kk * 32));
+      }
+      wgmma_commit();
+      if (t > 0) {  // the slice before done: its stage released (one group kept in flight)
+        wgmma_wait<1>();
+        if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[last]);
+      }
+      last = s;
+    }
+    wgmma_wait<0>();
+    if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[last]);
+    if (tile + gridDim.x < output_tiles) named_arrive(other_turn, 256);  // the block's next tile is the other's
+    const TileParts tp(e, n0, n);
+    mma::wait<0>();        // this thread's columns, then everyone's after the barrier (which also ends the last
+    named_sync(own, 128);  // tile's reads of the staging)
+    finish<A, O, kGelu, kQuantize, kTable>(d0, staging, e, column_scale, column_bias, n0, tp);
+    named_sync(own, 128);
+    store<O>(staging, e, m0, m, n0, n, tp);
+    named_sync(own, 128);
+    finish<A, O, kGelu, kQuantize, kTable>(d1, staging, e, column_scale, column_bias, n0, tp);
+    named_sync(own, 128);
+    store<O>(staging, e, m0 + 64, m, n0, n, tp);
   }
 #else
   __trap();  // launched only where the build has sm_90a code (ops/integer.cu checks)
