@@ -27,6 +27,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -130,8 +131,7 @@ constexpr int kConsumers = 2, kBlocks = 2;
 constexpr int kTileM = 64 * kConsumers, kStages = 2, kThreads = 128 * kConsumers + 32;
 constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
 template <typename O>
-constexpr int kData =
-    kStages* kStageBytes > kConsumers * 64 * kOutRow<O> ? kStages* kStageBytes : kConsumers * 64 * kOutRow<O>;
+constexpr int kData = std::max(kStages * kStageBytes, kConsumers * 64 * kOutRow<O>);
 // Data, 1 KiB of alignment slack (the swizzled tiles start at 1 KiB boundaries), the 2 x kStages barriers,
 // the columns.
 template <typename O>
@@ -140,8 +140,8 @@ constexpr int kSharedBytes = kData<O> + 1024 + 2 * kStages * 8 + kColumnBytes;
 
 // Ping-pong, persistent: one block an SM takes tile after tile (blockIdx.x, + gridDim.x, ...), its two consumer
 // warpgroups each making whole 128 x 128 tiles in turn (the block's even tiles, its odd ones), so that one's
-// epilogue runs while the other's products do; the producer warp fills a ring of kStages<O> stages in the
-// tiles' order. Each consumer stages 64 rows of outputs at a time beside the stages.
+// epilogue runs while the other's products do; the producer fills a ring of kStages<O> stages in the tiles'
+// order. Each consumer stages 64 rows of outputs at a time beside the stages.
 namespace ping_pong {
 // Two consumer warpgroups and a producer warpgroup (one thread of it loads), whose registers go to the
 // consumers (setmaxnreg: 40 a producer thread, 232 a consumer's, for 128 accumulators beside the epilogue's).
@@ -153,9 +153,8 @@ constexpr int kMaxStages = 6;
 // As many stages as fit beside the staging, the columns, the barriers and the alignment slack (int8 outputs
 // 6, BF16 5, float 4).
 template <typename O>
-constexpr int kStages = (kMaxShared - kStaging<O> - kColumnBytes - 2 * kMaxStages * 8 - 1024) / kStageBytes < kMaxStages
-                            ? (kMaxShared - kStaging<O> - kColumnBytes - 2 * kMaxStages * 8 - 1024) / kStageBytes
-                            : kMaxStages;
+constexpr int kStages =
+    std::min(kMaxStages, (kMaxShared - kStaging<O> - kColumnBytes - 2 * kMaxStages * 8 - 1024) / kStageBytes);
 template <typename O>
 constexpr int kSharedBytes = kStages<O>* kStageBytes + kStaging<O> + 1024 + 2 * kStages<O> * 8 + kColumnBytes;
 static_assert(kSharedBytes<float> <= kMaxShared && kStages<float> >= 2);
