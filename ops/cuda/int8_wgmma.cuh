@@ -18,8 +18,9 @@
 //   a thread, registers moved to it from the producer's warpgroup by setmaxnreg), the two taking turns at the
 //   tensor cores so that one's epilogue runs under the other's products; 4-6 stages. It pays where a tile's
 //   products outlast an epilogue (ops/integer.cu picks it from 1,024 inputs, with more than two waves of
-//   tiles): the epilogue is instruction-bound (ncu counts ~20 instructions an output at 768 inputs, waits
-//   included), and one warpgroup alone issues it at under half the rate of the one-tile schedule's four.
+//   tiles): the epilogue is instruction-bound (ncu counts 21-24 instructions an output at 768 inputs, the
+//   products and waits included), and one warpgroup alone issues it at under half the rate of the one-tile
+//   schedule's four.
 // Shared memory is addressed through the kernel's shared array (aligned_shared), so that the epilogue's
 // staging and column reads compile to shared-memory instructions, not generic ones.
 
