@@ -195,16 +195,18 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
   const int64_t tiles = (rows + wg::one_tile::kTileM - 1) / wg::one_tile::kTileM * column_tiles;
   BERT_CHECK(tiles < (int64_t{1} << 31), "int8_linear: " + std::to_string(rows) + " rows exceed the GPU kernel's grid");
   const int sms = cuda::context(g.device()).sm_count;
-  // Ping-pong where one-tile blocks would run in more than one wave and a tile's products are long enough to
-  // hide the other consumer's epilogue: 8 slices of K and more. (With fewer it was slower on an H200: BERT-base's
-  // GEMMs of 768 inputs about even, BERT-mini's of 256 4% slower; the FFN's second GEMM, 3,072, 10% faster.)
-  const bool ping_pong = tiles > int64_t{wg::one_tile::kBlocks} * sms && w.ld() >= 8 * wg::kTileK;
-  auto pick = [&](auto ping_pong_tag) -> Kernel {
-    constexpr bool kP = decltype(ping_pong_tag)::value;
+  // Ping-pong where one-tile blocks would run in more than one wave: from 8 slices of K (1,024 inputs) with one
+  // warpgroup a side, below with two (pairs). Against one-tile blocks on an H200 (ncu, real clocks, BERT-base
+  // at 16,384 rows): 768 inputs 70.8 -> 65.7 us (Q/K/V), 25.1 -> 22.7 (attention output), 104.8 -> 101.3 (the
+  // FFN's first, GELU lookup); 3,072 inputs 62.7 -> 54.4 with one a side, 56.7 with pairs.
+  const bool ping_pong = tiles > int64_t{wg::one_tile::kBlocks} * sms;
+  const int side = w.ld() >= 8 * wg::kTileK ? 1 : 2;
+  auto pick = [&](auto schedule) -> Kernel {
+    constexpr int kSide = decltype(schedule)::value;  // warpgroups a ping-pong side, 0: one tile a block
     auto kernel = [](auto gelu, auto quantize, auto table) -> Kernel {
       constexpr bool kG = decltype(gelu)::value, kQ = decltype(quantize)::value, kT = decltype(table)::value;
-      if constexpr (kP)
-        return wg::gemm_ping_pong<A, O, kG, kQ, kT>;
+      if constexpr (kSide > 0)
+        return wg::gemm_ping_pong<A, O, kG, kQ, kT, kSide>;
       else
         return wg::gemm_one_tile<A, O, kG, kQ, kT>;
     };
@@ -220,13 +222,19 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
       return gelu ? kernel(T{}, F{}, F{}) : kernel(F{}, F{}, F{});
     }
   };
-  const Kernel kernel = ping_pong ? pick(std::true_type{}) : pick(std::false_type{});
-  const int shared = ping_pong ? wg::ping_pong::kSharedBytes<O> : wg::one_tile::kSharedBytes<O>;
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  const Kernel kernel = !ping_pong ? pick(std::integral_constant<int, 0>{}) : side == 1 ? pick(One{}) : pick(Two{});
+  const int shared = !ping_pong  ? wg::one_tile::kSharedBytes<O>
+                     : side == 1 ? wg::ping_pong::kSharedBytes<O, 1>
+                                 : wg::ping_pong::kSharedBytes<O, 2>;
   BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   // Ping-pong: a block an SM, each taking tiles in turn. Both read 128-row boxes of q.
   static_assert(wg::ping_pong::kTileM == wg::one_tile::kTileM);
   const dim3 grid{unsigned(ping_pong ? sms : tiles)};
-  const int threads = ping_pong ? wg::ping_pong::kThreads : wg::one_tile::kThreads;
+  const int threads = !ping_pong  ? wg::one_tile::kThreads
+                      : side == 1 ? wg::ping_pong::kThreads<1>
+                                  : wg::ping_pong::kThreads<2>;
   const CUtensorMap q_map = int8_tensor_map(w.encode_tensor_map(), q, rows, w.ld(), wg::one_tile::kTileM);
   kernel<<<grid, threads, shared, cuda::stream(g)>>>(q_map, *static_cast<const CUtensorMap*>(w.tensor_map()), e, rows,
                                                      w.n(), w.ld());

@@ -14,13 +14,14 @@
 // up to a fifth of the kernel's stalls). Two schedules, after CUTLASS's:
 // - one_tile: a block makes one tile, its two consumer warpgroups 64 rows each, two blocks an SM, two stages
 //   that the staging then reuses.
-// - ping_pong: a persistent block an SM, each consumer warpgroup making whole tiles (128 int32 accumulators
-//   a thread, registers moved to it from the producer's warpgroup by setmaxnreg), the two taking turns at the
-//   tensor cores so that one's epilogue runs under the other's products; 4-6 stages. It pays where a tile's
-//   products outlast an epilogue (ops/integer.cu picks it from 1,024 inputs, with more than two waves of
-//   tiles): the epilogue is instruction-bound (ncu counts 21-24 instructions an output at 768 inputs, the
-//   products and waits included), and one warpgroup alone issues it at under half the rate of the one-tile
-//   schedule's four.
+// - ping_pong: a persistent block an SM whose two sides take its tiles in turn at the tensor cores, so that
+//   one side's epilogue runs under the other's products; 4-6 stages; registers moved to the consumers from the
+//   producer's warpgroup by setmaxnreg. A side is one warpgroup making whole tiles (128 int32 accumulators a
+//   thread) or a pair of them making 64 rows each. The epilogue is instruction-bound (ncu counts 21-24
+//   instructions an output at 768 inputs, the products and waits included): one warpgroup a side issues it at
+//   under half the rate of the one-tile schedule's four warpgroups an SM, and pays only where a tile's products
+//   are long (from 1,024 inputs); pairs pay below that. ops/integer.cu runs ping-pong where one-tile blocks
+//   would take more than two waves.
 // Shared memory is addressed through the kernel's shared array (aligned_shared), so that the epilogue's
 // staging and column reads compile to shared-memory instructions, not generic ones.
 
@@ -139,26 +140,42 @@ template <typename O>
 constexpr int kSharedBytes = kData<O> + 1024 + 2 * kStages * 8 + kColumnBytes;
 }  // namespace one_tile
 
-// Ping-pong, persistent: one block an SM takes tile after tile (blockIdx.x, + gridDim.x, ...), its two consumer
-// warpgroups each making whole 128 x 128 tiles in turn (the block's even tiles, its odd ones), so that one's
-// epilogue runs while the other's products do; the producer fills a ring of kStages<O> stages in the tiles'
-// order. Each consumer stages 64 rows of outputs at a time beside the stages.
+// Ping-pong, persistent: one block an SM takes tile after tile (blockIdx.x, + gridDim.x, ...), its two sides
+// making whole 128 x 128 tiles in turn (the block's even tiles, its odd ones), so that one side's epilogue runs
+// while the other's products do; the producer fills a ring of kStages stages in the tiles' order. A side is
+// kSide consumer warpgroups: one making all 128 rows of its tiles (ping-pong proper, 128 accumulators a thread),
+// or two making 64 rows each (a pair, as one_tile's: 64 accumulators a thread, and the epilogue issued by twice
+// the warps). Each consumer stages 64 rows of outputs at a time beside the stages.
 namespace ping_pong {
-// Two consumer warpgroups and a producer warpgroup (one thread of it loads), whose registers go to the
-// consumers (setmaxnreg: 40 a producer thread, 232 a consumer's, for 128 accumulators beside the epilogue's).
-constexpr int kTileM = 128, kThreads = 3 * 128, kProducerRegisters = 40, kConsumerRegisters = 232;
-constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
-template <typename O>
-constexpr int kStaging = 2 * 64 * kOutRow<O>;
+constexpr int kTileM = 128, kStageBytes = (kTileM + kTileN) * kTileK;
+// The consumer warpgroups and a producer warpgroup (one thread of it loads), whose registers go to the
+// consumers by setmaxnreg: of the 168 a thread a block of 384 has at launch, 40 a producer thread, 232 a
+// consumer's (128 accumulators beside the epilogue's); of 640 threads' 96, 24 and 112.
+template <int kSide>
+constexpr int kThreads = (2 * kSide + 1) * 128;
+template <int kSide>
+constexpr int kProducerRegisters = kSide == 1 ? 40 : 24;
+template <int kSide>
+constexpr int kConsumerRegisters = kSide == 1 ? 232 : 112;
+template <typename O, int kSide>
+constexpr int kStaging = 2 * kSide * 64 * kOutRow<O>;
 constexpr int kMaxStages = 6;
-// As many stages as fit beside the staging, the columns, the barriers and the alignment slack (int8 outputs
-// 6, BF16 5, float 4).
-template <typename O>
-constexpr int kStages =
-    std::min(kMaxStages, (kMaxShared - kStaging<O> - kColumnBytes - 2 * kMaxStages * 8 - 1024) / kStageBytes);
-template <typename O>
-constexpr int kSharedBytes = kStages<O>* kStageBytes + kStaging<O> + 1024 + 2 * kStages<O> * 8 + kColumnBytes;
-static_assert(kSharedBytes<float> <= kMaxShared && kStages<float> >= 2);
+// As many stages as fit beside the staging, each consumer's columns, the barriers and the alignment slack
+// (int8 outputs 6, BF16 5, float 4 with one warpgroup a side; 5, 4, 2 with two).
+template <typename O, int kSide>
+constexpr int kStages = std::min(kMaxStages,
+                                 (kMaxShared - kStaging<O, kSide> - kSide * kColumnBytes - 2 * kMaxStages * 8 - 1024) /
+                                     kStageBytes);
+template <typename O, int kSide>
+constexpr int kSharedBytes =
+    kStages<O, kSide>* kStageBytes + kStaging<O, kSide> + 1024 + 2 * kStages<O, kSide> * 8 + kSide* kColumnBytes;
+// setmaxnreg moves registers within the block's pool (a request beyond it waits forever).
+template <int kSide>
+constexpr bool kRegistersFit = kProducerRegisters<kSide> * 128 + kConsumerRegisters<kSide> * 2 * kSide * 128 <=
+                               65536 / kThreads<kSide> / 8 * 8 * kThreads<kSide>;
+static_assert(kRegistersFit<1> && kRegistersFit<2>);
+static_assert(kSharedBytes<float, 1> <= kMaxShared && kStages<float, 1> >= 2);
+static_assert(kSharedBytes<float, 2> <= kMaxShared && kStages<float, 2> >= 2);
 }  // namespace ping_pong
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -426,59 +443,64 @@ __global__ void __launch_bounds__(one_tile::kThreads, one_tile::kBlocks)
 #endif
 }
 
-// The same, ping-pong (ping_pong): a block an SM, each consumer warpgroup making whole tiles in turn.
-template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable>
-__global__ void __launch_bounds__(ping_pong::kThreads, 1)
+// The same, ping-pong (ping_pong): a block an SM, each side of kSide consumer warpgroups making whole tiles in turn.
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable, int kSide>
+__global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
     gemm_ping_pong(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap w_map,
                    const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace ping_pong;
-  constexpr int S = kStages<O>;
+  constexpr int S = kStages<O, kSide>, kRows = kTileM / kSide, kSideThreads = kSide * 128;
   extern __shared__ __align__(1024) uint8_t shared_raw[];
   uint8_t* const shared = aligned_shared(shared_raw);
-  uint64_t* full = reinterpret_cast<uint64_t*>(shared + S * kStageBytes + kStaging<O>);
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + S * kStageBytes + kStaging<O, kSide>);
   uint64_t* empty = full + S;
   float* columns_shared = reinterpret_cast<float*>(empty + S);
-  const int group = threadIdx.x >> 7;  // 0, 1: consumers (the block's even tiles, its odd ones); 2: the producer
+  // Consumers 0 .. 2 kSide - 1: side group / kSide (the block's even tiles, its odd ones), rows kRows x
+  // (group % kSide) of them; the producer after them.
+  const int group = threadIdx.x >> 7, side = group / kSide, row0 = group % kSide * kRows;
   const int slices = int((ld + kTileK - 1) / kTileK);
   const int column_tiles = int((n + kTileN - 1) / kTileN), output_tiles = column_tiles * int((m + kTileM - 1) / kTileM);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], 1);
+    for (int s = 0; s < S; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], kSide);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (group == 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    if (threadIdx.x == 2 * 128)
+  if (group == 2 * kSide) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters<kSide>));
+    if (threadIdx.x == 2 * kSide * 128)
       produce<kTileM, S>(shared, full, empty, q_map, w_map, output_tiles, column_tiles, slices);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters<kSide>));
   float* const column_scale = columns_shared + group * 2 * kTileN;  // this consumer's; its biases after them
   float* const column_bias = column_scale + kTileN;
   uint8_t* const staging = shared + S * kStageBytes + group * 64 * kOutRow<O>;
-  // Turns: consumer g waits at barrier 1 + g for the other's products to end, and arrives at the other's.
-  const int my_turn = 1 + group, other_turn = 2 - group, own = 3 + group;
+  // Turns: side s waits at barrier 1 + s for the other side's products to end, and arrives at the other's (each
+  // side's threads arrive, the other's wait); barrier 3 + group is the warpgroup's own.
+  const int my_turn = 1 + side, other_turn = 2 - side, own = 3 + group;
 #pragma unroll 1
-  for (int j = group, tile = blockIdx.x + group * gridDim.x; tile < output_tiles; j += 2, tile += 2 * gridDim.x) {
+  for (int j = side, tile = blockIdx.x + side * gridDim.x; tile < output_tiles; j += 2, tile += 2 * gridDim.x) {
     const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
     fetch_columns(e, column_scale, column_bias, n0, n);  // in flight while the products run
-    int d0[64], d1[64];                                  // rows 0-63, 64-127
+    int d[kRows / 64][64];                               // rows row0 + 64 r
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d0[i] = 0, d1[i] = 0;
-    if (j > 0) named_sync(my_turn, 256);
+    for (int r = 0; r < kRows / 64; ++r)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) d[r][i] = 0;
+    if (j > 0) named_sync(my_turn, 2 * kSideThreads);
     int u = j * slices, last = 0;  // the ring's slice; the stage of the slice before
     for (int t = 0; t < slices; ++t, ++u) {
       const int s = u % S;
       barrier_wait(&full[s], (u / S) & 1);
       const uint8_t* stage = shared + s * kStageBytes;
-      const uint32_t a = shared_address(stage), b = shared_address(stage + kTileM * kTileK);
+      const uint32_t a = shared_address(stage + row0 * kTileK), b = shared_address(stage + kTileM * kTileK);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kTileK / 32; ++kk) {
-        wgmma(d0, descriptor(a + kk * 32), descriptor(b + kk * 32));
-        wgmma(d1, descriptor(a + 64 * kTileK + kk * 32), descriptor(b + kk * 32));
-      }
+      for (int kk = 0; kk < kTileK / 32; ++kk)
+#pragma unroll
+        for (int r = 0; r < kRows / 64; ++r)
+          wgmma(d[r], descriptor(a + r * 64 * kTileK + kk * 32), descriptor(b + kk * 32));
       wgmma_commit();
       if (t > 0) {  // the slice before done: its stage released (one group kept in flight)
         wgmma_wait<1>();
@@ -488,17 +510,17 @@ __global__ void __launch_bounds__(ping_pong::kThreads, 1)
     }
     wgmma_wait<0>();
     if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[last]);
-    if (tile + gridDim.x < output_tiles) named_arrive(other_turn, 256);  // the block's next tile is the other's
+    // The block's next tile is the other side's.
+    if (tile + gridDim.x < output_tiles) named_arrive(other_turn, 2 * kSideThreads);
     const TileParts tp(e, n0, n);
-    mma::wait<0>();        // this thread's columns, then everyone's after the barrier (which also ends the last
-    named_sync(own, 128);  // tile's reads of the staging)
-    finish<A, O, kGelu, kQuantize, kTable>(d0, staging, e, column_scale, column_bias, n0, tp);
-    named_sync(own, 128);
-    store<O>(staging, e, m0, m, n0, n, tp);
-    named_sync(own, 128);
-    finish<A, O, kGelu, kQuantize, kTable>(d1, staging, e, column_scale, column_bias, n0, tp);
-    named_sync(own, 128);
-    store<O>(staging, e, m0 + 64, m, n0, n, tp);
+    mma::wait<0>();  // this thread's columns, then everyone's after the first barrier (which also ends the last
+#pragma unroll       // tile's reads of the staging)
+    for (int r = 0; r < kRows / 64; ++r) {
+      named_sync(own, 128);
+      finish<A, O, kGelu, kQuantize, kTable>(d[r], staging, e, column_scale, column_bias, n0, tp);
+      named_sync(own, 128);
+      store<O>(staging, e, m0 + row0 + r * 64, m, n0, n, tp);
+    }
   }
 #else
   __trap();  // launched only where the build has sm_90a code (ops/integer.cu checks)

@@ -1370,8 +1370,9 @@ TEST_F(CudaOps, FakeQuantizeEachEqualsOneFakeQuantizePerQuantizer) {
 // the epilogue inside on an H100 or H200, and cuBLASLt's with a kernel after it) against the CPU integer
 // engine on the same integers: in FP32 bit for bit, with and without bias, at odd sizes and partial tiles
 // (rows, channels, 16-byte pieces of a row), 2,500 inputs and 40,000 (int32 sums past 2^24), 297 tiles of 128 x 128
-// (more than an H100 runs at once, one-tile blocks in waves; partial tiles at both edges) and 288 of 1,000 inputs
-// (the ping-pong kernel, its ring of stages wrapping within tiles); with GELU equal to
+// (more than two waves of one-tile blocks on an H100: the ping-pong kernel, two warpgroups a side; partial tiles
+// at both edges), 288 of 1,000 inputs (the same, its ring of stages wrapping within tiles) and of 1,100 (one
+// warpgroup a side); with GELU equal to
 // ops::gelu of its output on the GPU (in FP32); in BF16 the CPU's values rounded to BF16 (inputs BF16-representable, as
 // the BF16 graph stores them). The fake-quantized model's exact sums on the GPU (exact_quantized_linear: BF16 tensor
 // cores on the integers, slices of 1,024 inputs added in int32) give the same values bit for bit.
@@ -1379,8 +1380,9 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
   struct Size {
     int64_t rows, k, n;
   };
-  for (const Size& size : {Size{37, 203, 45}, Size{9, 2500, 21}, Size{130, 768, 256}, Size{300, 96, 200},
-                           Size{257, 512, 132}, Size{5, 40000, 7}, Size{4200, 200, 1100}, Size{2200, 1000, 2000}}) {
+  for (const Size& size :
+       {Size{37, 203, 45}, Size{9, 2500, 21}, Size{130, 768, 256}, Size{300, 96, 200}, Size{257, 512, 132},
+        Size{5, 40000, 7}, Size{4200, 200, 1100}, Size{2200, 1000, 2000}, Size{2200, 1100, 2000}}) {
     SCOPED_TRACE(std::to_string(size.rows) + "x" + std::to_string(size.k) + "x" + std::to_string(size.n));
     std::vector<float> x = random_values(size.rows * size.k, 5);
     for (float& v : x) v = bf16_representable(v);
@@ -1465,15 +1467,17 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
 // widths (16-byte pieces cut across parts and rows), an unquantized part, inputs of 200 (rows padded to
 // 208 bytes when the integers are read); one part with GELU into int8 in BF16 (the wgmma epilogue's lookup
 // table, Int8Epilogue::table); 4,300 rows in parts ending on 128-column tiles and in parts that do not, with 200
-// inputs (one-tile blocks, many waves) and 1,030 (the ping-pong wgmma kernel).
+// inputs (the ping-pong kernel, two warpgroups a side) and 1,030 (one warpgroup a side), and in one part (the
+// lookup table) with each.
 TEST_F(CudaOps, Int8LinearQuantizedEqualsTheOpsOneByOne) {
   struct Case {
     int64_t rows, k;
     std::vector<int64_t> columns;
   };
-  for (const Case& c : {Case{37, 200, {16, 21, 9}}, Case{130, 768, {128, 128, 128}}, Case{300, 96, {72, 64, 64}},
-                        Case{257, 512, {132}}, Case{4300, 200, {256, 384, 300}}, Case{4300, 200, {900}},
-                        Case{4300, 1030, {256, 384, 300}}, Case{4300, 1030, {200, 330, 370}}}) {
+  for (const Case& c :
+       {Case{37, 200, {16, 21, 9}}, Case{130, 768, {128, 128, 128}}, Case{300, 96, {72, 64, 64}}, Case{257, 512, {132}},
+        Case{4300, 200, {256, 384, 300}}, Case{4300, 200, {900}}, Case{4300, 1030, {256, 384, 300}},
+        Case{4300, 1030, {200, 330, 370}}, Case{4300, 1030, {900}}}) {
     int64_t n = 0;
     for (int64_t w : c.columns) n += w;
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.k) + "x" + std::to_string(n));
