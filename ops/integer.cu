@@ -297,8 +297,11 @@ constexpr int shared_bytes(int t, int d) {
   return tp * (d + 16) + d * (tp + 16) + tp * int(sizeof(float));
 }
 
+// Head size 64 with every score of a row in registers (BERT-base and -large at lengths up to 128): five blocks
+// an SM, at most 102 registers (a few values spilled): 79.3 -> 75.3 us a BERT-base layer at batch 128 on an
+// H200, against four blocks at 111. The other variants as the compiler lays them out (0: no minimum).
 template <typename A, typename O, int kD, bool kResident>
-__global__ void __launch_bounds__(32 * kWarps) forward(const Args a) {
+__global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) forward(const Args a) {
   extern __shared__ __align__(16) uint8_t shared[];
   const int tp = (a.t + kChunk - 1) / kChunk * kChunk, ks_ld = kD + 16, vt_ld = tp + 16;
   int8_t* ks = reinterpret_cast<int8_t*>(shared);

@@ -74,19 +74,28 @@ __global__ void fake_quantize_each_forward(Each<A> e, const A* x, int64_t n) {
   __shared__ int64_t shared[32];
   const int64_t begin = blockIdx.x * cuda::kQuantizeBlock, end = min(begin + cuda::kQuantizeBlock, n);
   int count[kMaxEach] = {0, 0, 0, 0};  // each at most kQuantizeBlock
-  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
-    const cuda::Pack<A, W> in = cuda::load_pack<W>(x + i);
+  // The divisions made once (a reciprocal each), and tested once for their branch-free quotient.
+  cuda::ScaleDivision divide[kMaxEach] = {cuda::ScaleDivision(1.0f), cuda::ScaleDivision(1.0f),
+                                          cuda::ScaleDivision(1.0f), cuda::ScaleDivision(1.0f)};
+  bool normal = true;
 #pragma unroll
-    for (int q = 0; q < kMaxEach; ++q) {
-      if (q >= e.k) break;
-      const cuda::ScaleDivision divide(*e.scale[q]);
-      cuda::Pack<A, W> out;
-      for (int j = 0; j < W; ++j)
-        out.v[j] =
-            cuda::from_float<A>(cuda::fake_quantize_value(cuda::to_float(in.v[j]), divide, e.lo[q], e.hi[q], count[q]));
-      cuda::store_pack<W>(e.y[q] + i, out);
+  for (int q = 0; q < kMaxEach; ++q)
+    if (q < e.k) divide[q] = cuda::ScaleDivision(*e.scale[q]), normal = normal && divide[q].normal;
+  cuda::with_division(normal, [&](auto normal_tag) {
+    constexpr bool kNormal = decltype(normal_tag)::value;
+    for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+      const cuda::Pack<A, W> in = cuda::load_pack<W>(x + i);
+#pragma unroll
+      for (int q = 0; q < kMaxEach; ++q) {
+        if (q >= e.k) break;
+        cuda::Pack<A, W> out;
+        for (int j = 0; j < W; ++j)
+          out.v[j] = cuda::from_float<A>(
+              cuda::fake_quantize_value<kNormal>(cuda::to_float(in.v[j]), divide[q], e.lo[q], e.hi[q], count[q]));
+        cuda::store_pack<W>(e.y[q] + i, out);
+      }
     }
-  }
+  });
 #pragma unroll
   for (int q = 0; q < kMaxEach; ++q) {
     if (q >= e.k || !e.clipped[q]) continue;

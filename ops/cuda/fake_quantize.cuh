@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cfloat>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
@@ -69,20 +70,42 @@ __global__ void int8_values(Q* q, const A* x, int64_t rows, int64_t k, float sca
   }
 }
 
+// The quotient v / divide.s; kNormal: divide.normal is known to hold (with_division tested it once, outside
+// the caller's loops), so no per-value branch to the IEEE division, which a loop over values otherwise
+// carries (compiled as a convergence region around each value).
+template <bool kNormal>
+__device__ __forceinline__ float quotient(float v, const ScaleDivision& divide) {
+  if constexpr (kNormal)
+    return ScaleDivision::normal_quotient(v, divide.s, divide.r);
+  else
+    return divide(v);
+}
+// f(std::true_type{}) where `normal` (every division f makes has a normal reciprocal), else
+// f(std::false_type{}): f's loops compiled twice, the test made once.
+template <typename F>
+__device__ __forceinline__ void with_division(bool normal, F&& f) {
+  if (normal)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 // The fake quantization of one value v: divided by the scale, rounded half to even, clamped to [lo, hi]
 // and scaled back; `clipped` counts it where it saturates.
+template <bool kNormal = false>
 __device__ __forceinline__ float fake_quantize_value(float v, const ScaleDivision& divide, float lo, float hi,
                                                      int& clipped) {
-  const float u = divide(v);
+  const float u = quotient<kNormal>(v, divide);
   clipped += (u < lo) | (u > hi);
   return fminf(fmaxf(rintf(u), lo), hi) * divide.s;
 }
 // Its backward for the gradient d of the quantized value, v's derivative `slope` in its input: the
 // input's gradient (straight through inside the range, 0 outside), and `part` gains the scale's
 // gradient term (LSQ: the rounding error inside the range, the bound outside).
+template <bool kNormal = false>
 __device__ __forceinline__ float fake_quantize_value_grad(float v, float d, float slope, const ScaleDivision& divide,
                                                           float lo, float hi, float& part) {
-  const float u = divide(v);
+  const float u = quotient<kNormal>(v, divide);
   part += d * (u < lo ? lo : u > hi ? hi : rintf(u) - u);
   return !(u < lo) && !(u > hi) ? d * slope : 0.0f;
 }
@@ -153,13 +176,16 @@ __global__ void fake_quantize_forward(Y* y, Source source, const float* scale, i
   const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
   const ScaleDivision divide(scale[c]);
   int count = 0;  // at most kQuantizeBlock
-  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
-    float v[W];
-    source.template load<W>(i, v);
-    Pack<Y, W> out;
-    for (int j = 0; j < W; ++j) out.v[j] = from_float<Y>(fake_quantize_value(v[j], divide, lo, hi, count));
-    store_pack<W>(y + i, out);
-  }
+  with_division(divide.normal, [&](auto normal) {
+    for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+      float v[W];
+      source.template load<W>(i, v);
+      Pack<Y, W> out;
+      for (int j = 0; j < W; ++j)
+        out.v[j] = from_float<Y>(fake_quantize_value<decltype(normal)::value>(v[j], divide, lo, hi, count));
+      store_pack<W>(y + i, out);
+    }
+  });
   if (clipped) {
     const int64_t total = block_sum(int64_t{count}, shared);
     if (threadIdx.x == 0 && total) atomicAdd(clipped, static_cast<unsigned long long>(total));
@@ -176,16 +202,19 @@ __global__ void fake_quantize_backward(Source source, const Y* dy, const float* 
   const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
   const ScaleDivision divide(scale[c]);
   double acc = 0;
-  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
-    float v[W], slope[W], pass[W];
-    source.template load<W>(i, v, slope);
-    const Pack<Y, W> up = load_pack<W>(dy + i);
-    float part = 0;  // this pack's share of the scale gradient
-    for (int j = 0; j < W; ++j)
-      pass[j] = fake_quantize_value_grad(v[j], to_float(up.v[j]), slope[j], divide, lo, hi, part);
-    source.template store_input_grad<W>(i, pass, accumulate);
-    acc += part;
-  }
+  with_division(divide.normal, [&](auto normal) {
+    for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+      float v[W], slope[W], pass[W];
+      source.template load<W>(i, v, slope);
+      const Pack<Y, W> up = load_pack<W>(dy + i);
+      float part = 0;  // this pack's share of the scale gradient
+      for (int j = 0; j < W; ++j)
+        pass[j] =
+            fake_quantize_value_grad<decltype(normal)::value>(v[j], to_float(up.v[j]), slope[j], divide, lo, hi, part);
+      source.template store_input_grad<W>(i, pass, accumulate);
+      acc += part;
+    }
+  });
   if (ds) add_scale_gradient(acc, ds, grad_scale, partial, arrivals);
 }
 
