@@ -113,24 +113,32 @@ __global__ void fake_quantize_each_backward(Each<A> e, A* dx, const A* x, int64_
   __shared__ bool last;
   const int64_t begin = blockIdx.x * cuda::kQuantizeBlock, end = min(begin + cuda::kQuantizeBlock, n);
   double acc[kMaxEach] = {0, 0, 0, 0};
-  for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
-    const cuda::Pack<A, W> in = cuda::load_pack<W>(x + i);
-    float total[W];
-    for (int j = 0; j < W; ++j) total[j] = 0.0f;
+  // The divisions made once, and tested once for their branch-free quotient (as in the forward).
+  cuda::ScaleDivision divide[kMaxEach] = {cuda::ScaleDivision(1.0f), cuda::ScaleDivision(1.0f),
+                                          cuda::ScaleDivision(1.0f), cuda::ScaleDivision(1.0f)};
+  bool normal = true;
 #pragma unroll
-    for (int q = 0; q < kMaxEach; ++q) {
-      if (q >= e.k || !e.dy[q]) continue;
-      const float lo = e.lo[q], hi = e.hi[q];
-      const cuda::ScaleDivision divide(*e.scale[q]);
-      const cuda::Pack<A, W> up = cuda::load_pack<W>(e.dy[q] + i);
-      float part = 0;
-      for (int j = 0; j < W; ++j)
-        total[j] += cuda::fake_quantize_value_grad(cuda::to_float(in.v[j]), cuda::to_float(up.v[j]), 1.0f, divide, lo,
-                                                   hi, part);
-      acc[q] += part;
+  for (int q = 0; q < kMaxEach; ++q)
+    if (q < e.k && e.dy[q]) divide[q] = cuda::ScaleDivision(*e.scale[q]), normal = normal && divide[q].normal;
+  cuda::with_division(normal, [&](auto normal_tag) {
+    constexpr bool kNormal = decltype(normal_tag)::value;
+    for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
+      const cuda::Pack<A, W> in = cuda::load_pack<W>(x + i);
+      float total[W];
+      for (int j = 0; j < W; ++j) total[j] = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kMaxEach; ++q) {
+        if (q >= e.k || !e.dy[q]) continue;
+        const cuda::Pack<A, W> up = cuda::load_pack<W>(e.dy[q] + i);
+        float part = 0;
+        for (int j = 0; j < W; ++j)
+          total[j] += cuda::fake_quantize_value_grad<kNormal>(cuda::to_float(in.v[j]), cuda::to_float(up.v[j]), 1.0f,
+                                                              divide[q], e.lo[q], e.hi[q], part);
+        acc[q] += part;
+      }
+      if (dx) cuda::store_grad_pack<W>(dx + i, total, accumulate);
     }
-    if (dx) cuda::store_grad_pack<W>(dx + i, total, accumulate);
-  }
+  });
   bool any_scale = false;
 #pragma unroll
   for (int q = 0; q < kMaxEach; ++q) {

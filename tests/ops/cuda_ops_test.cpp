@@ -1077,25 +1077,30 @@ TEST_F(CudaOps, FakeQuantizeDividesAsTheCpuAtEveryRoundingBoundary) {
 
 TEST_F(CudaOps, FakeQuantizeScaleGradientAndSaturationCount) {
   const std::vector<float> x = random_values(5 * 40000, 3, 1.5f);
-  const std::vector<float> scales = {0.004f, 0.01f, 0.02f, 0.005f, 0.03f};
+  const std::vector<float> five = {0.004f, 0.01f, 0.02f, 0.005f, 0.03f};
+  // Per tensor, five channels of 40,000 (several blocks each) and 200 of 1,000 (a warp each, as a weight's rows).
   auto run = [&](const Device& device, int64_t channels, std::vector<float>* grad_scale, int64_t* clipped) {
+    std::vector<float> scales(channels);
+    for (int64_t c = 0; c < channels; ++c) scales[c] = five[c % 5];
+    const Shape shape{channels, 5 * 40000 / channels};
     Graph<float> g(device);
     DeviceBuffer xv(device, x.size() * 4), sv(device, channels * 4), sg(device, channels * 4), counter(device, 8);
     device.copy_to_device(xv.data(), x.data(), x.size() * 4);
     device.copy_to_device(sv.data(), scales.data(), channels * 4);
     device.fill_zero(sg.data(), channels * 4);
     device.fill_zero(counter.data(), 8);
-    Var xin = g.constant(TensorView<float>(xv.as<float>(), Shape{5, 40000}));
+    Var xin = g.constant(TensorView<float>(xv.as<float>(), shape));
     Var s =
         g.leaf(TensorView<float>(sv.as<float>(), Shape{channels}), TensorView<float>(sg.as<float>(), Shape{channels}));
     Var y = ops::fake_quantize(g, xin, s, -128, 127, 0.25, counter.as<int64_t>());
     const std::vector<float> up = random_values(5 * 40000, 8);
-    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), Shape{5, 40000}))));
+    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), shape))));
     grad_scale->resize(channels);
     device.copy_to_host(grad_scale->data(), sg.data(), channels * 4);
     device.copy_to_host(clipped, counter.data(), 8);
   };
-  for (int64_t channels : {int64_t{1}, int64_t{5}}) {
+  for (int64_t channels : {int64_t{1}, int64_t{5}, int64_t{200}}) {
+    SCOPED_TRACE(channels);
     std::vector<float> cpu_grad, gpu_grad, bf16_grad;
     int64_t cpu_clipped = 0, gpu_clipped = 0, bf16_clipped = 0;
     run(Device::cpu(), channels, &cpu_grad, &cpu_clipped);
