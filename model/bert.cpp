@@ -358,8 +358,9 @@ ops::Int8AttentionScales Bert::attention_scales(const Layer& l) {
 }
 
 Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training, Rng& rng,
-                    std::span<const Var> x_read, std::vector<Var>& ffn_inputs) {
+                    std::span<const Var> x_read, std::vector<Var>& ffn_inputs, std::span<const Var> weights) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
+  auto weight = [&](size_t i) { return i < weights.size() ? weights[i] : Var{}; };
   const bool fuse = fuse_quantizers_;
   // x as each quantizer that reads it sees it: the Q, K, V projections' one input quantizer (unless all
   // three run integer GEMMs, which quantize x themselves; one that does not needs it) and the residual.
@@ -371,7 +372,7 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
           : quantize_each(g, x, {projections_quantize ? &l.self_input : nullptr, &l.attention_add_residual});
   // The context (B, T, C), through the output projection, the residual add and LayerNorm.
   auto finish = [&](Var context) {
-    const Var out = l.attention_output.forward_quantized_input(g, params_, context);
+    const Var out = l.attention_output.forward_quantized_input(g, params_, context, weight(3));
     ffn_inputs = residual_norm_quantized(g, l.attention_norm, l.attention_add_input, out, inputs[1], training,
                                          ffn_readers(g, l));
     return ffn_inputs.empty() ? residual_norm(g, l.attention_norm, l.attention_add_input, out, inputs[1], training, rng)
@@ -432,12 +433,14 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
     // The projections, each through its quantizer where the products' inputs are quantized or calibrated.
     const std::vector<Var> fused_qkv = integer_projections_on_gpu(g, l, inputs[0]);
     const bool fused = !fused_qkv.empty();
-    const Var q =
-        fused ? fused_qkv[0] : l.matmul_q.apply(g, params_, l.query.forward_quantized_input(g, params_, inputs[0]));
-    const Var k =
-        fused ? fused_qkv[1] : l.matmul_k.apply(g, params_, l.key.forward_quantized_input(g, params_, inputs[0]));
-    const Var v =
-        fused ? fused_qkv[2] : l.matmul_v.apply(g, params_, l.value.forward_quantized_input(g, params_, inputs[0]));
+    const Var q = fused
+                      ? fused_qkv[0]
+                      : l.matmul_q.apply(g, params_, l.query.forward_quantized_input(g, params_, inputs[0], weight(0)));
+    const Var k = fused ? fused_qkv[1]
+                        : l.matmul_k.apply(g, params_, l.key.forward_quantized_input(g, params_, inputs[0], weight(1)));
+    const Var v = fused
+                      ? fused_qkv[2]
+                      : l.matmul_v.apply(g, params_, l.value.forward_quantized_input(g, params_, inputs[0], weight(2)));
     // Fused where asked and covered; else the two products read the projections in place (ops::head_scores
     // and head_context: no head permutes) around softmax and dropout, with the probabilities' quantizer
     // fused into them.
@@ -563,7 +566,14 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
     std::vector<Var> ffn_inputs;
-    const Var a = attention(g, l, x, mask, t, training, rng, x_read, ffn_inputs);
+    // On a GPU, the layer's weights fake-quantized as one op where all six are (QAT): one launch each way
+    // instead of six.
+    const std::array<Linear*, 6> linears = {&l.query,        &l.key,   &l.value, &l.attention_output,
+                                            &l.intermediate, &l.output};
+    const std::vector<Var> weights =
+        g.on_cuda() && fuse_quantizers_ ? Linear::quantize_weights(g, params_, linears) : std::vector<Var>{};
+    auto weight = [&](size_t i) { return i < weights.size() ? weights[i] : Var{}; };
+    const Var a = attention(g, l, x, mask, t, training, rng, x_read, ffn_inputs, weights);
     // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
     const std::vector<Var> inputs =
         !ffn_inputs.empty() ? ffn_inputs
@@ -580,10 +590,11 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
       if (!act.valid())
         act = quantized(g, params_, l.output.used_input_quantizer(g), hidden_shape, fuse_quantizers_,
                         [&](const ops::QuantizeOutput* q) {
-                          if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0]);
-                          return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0]), *q);
+                          if (!q) return l.intermediate.forward_gelu_quantized_input(g, params_, inputs[0], weight(4));
+                          return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0], weight(4)),
+                                           *q);
                         });
-      ff = l.output.forward_quantized_input(g, params_, act);
+      ff = l.output.forward_quantized_input(g, params_, act, weight(5));
     }
     x_read = i + 1 < layers_.size() ? residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1],
                                                               training, attention_readers(g, layers_[i + 1]))

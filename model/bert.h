@@ -219,8 +219,10 @@ class Bert {
   // quantizers read it (the projections' input, the residual), where the previous LayerNorm made them
   // (x then unused; else empty). Where its LayerNorm can make the FFN's inputs as their quantizers read
   // them (residual_norm_quantized), those go to ffn_inputs and the returned Var is invalid.
+  // weights: the layer's six weights fake-quantized ahead (Q, K, V, attention output, intermediate, output:
+  // Linear::quantize_weights), or empty.
   Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t t, bool training, Rng& rng,
-                std::span<const Var> x_read, std::vector<Var>& ffn_inputs);
+                std::span<const Var> x_read, std::vector<Var>& ffn_inputs, std::span<const Var> weights);
   // norm(add_input(dropout(sublayer)) + residual): a sublayer's residual connection, in one op where the
   // add's input quantizer is off or fake-quantizes with fusion on.
   Var residual_norm(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer, Var residual,

@@ -53,11 +53,12 @@ Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
   return forward_quantized_input(g, params, x);
 }
 
-Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x) {
+Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x, Var quantized_weight) {
   // x is already fake-quantized: the integer path quantizes it again to the same integers.
   if (runs_integer(g)) return integer_forward(g, params, x);
-  Var w = g.param(params.get(weight));
-  if (quantizable) w = weight_quantizer.apply(g, params, w);
+  Var w = quantized_weight;
+  if (!w.valid()) w = g.param(params.get(weight));
+  if (quantizable && !quantized_weight.valid()) w = weight_quantizer.apply(g, params, w);
   if (sums_exactly(g, params))
     return ops::exact_quantized_linear(g, x, params.get(input().scale).value.data()[0], w, weight_scales(params),
                                        g.param(params.get(bias)));
@@ -69,14 +70,27 @@ Var Linear::forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x) 
   return forward_gelu_quantized_input(g, params, x);
 }
 
-Var Linear::forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x) {
+Var Linear::forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x, Var quantized_weight) {
   if (runs_integer(g)) return integer_forward(g, params, x, /*gelu=*/true);
-  Var w = g.param(params.get(weight));
-  if (quantizable) w = weight_quantizer.apply(g, params, w);
+  Var w = quantized_weight;
+  if (!w.valid()) w = g.param(params.get(weight));
+  if (quantizable && !quantized_weight.valid()) w = weight_quantizer.apply(g, params, w);
   if (sums_exactly(g, params))
     return ops::exact_quantized_linear(g, x, params.get(input().scale).value.data()[0], w, weight_scales(params),
                                        g.param(params.get(bias)), /*gelu=*/true);
   return ops::linear_gelu(g, x, w, g.param(params.get(bias)));
+}
+
+std::vector<Var> Linear::quantize_weights(Graph<float>& g, ParameterArena<float>& params,
+                                          std::span<Linear* const> layers) {
+  for (const Linear* l : layers)
+    if (!l->quantizable || l->weight_quantizer.mode != QuantMode::kQuantize || l->runs_integer(g)) return {};
+  std::vector<ops::QuantizeInput> inputs;
+  for (Linear* l : layers) {
+    const Var w = g.param(params.get(l->weight));
+    inputs.push_back({w, l->weight_quantizer.weight_output(g, params, g.shape(w))});
+  }
+  return ops::fake_quantize_many(g, std::span<const ops::QuantizeInput>(inputs));
 }
 
 bool Linear::prepare_integer(ParameterArena<float>& params) {

@@ -4,7 +4,9 @@
 
 #include <array>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/arena.h"
 #include "core/graph.h"
@@ -47,11 +49,17 @@ struct Linear {
   const Quantizer& input() const { return shared_input ? *shared_input : input_quantizer; }
   Var forward(Graph<float>& g, ParameterArena<float>& params, Var x);
   // The same for an x that already went through input_quantizer (fused into the op that made it).
-  Var forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
+  // `quantized_weight`: the weight through weight_quantizer already (quantize_weights), or none.
+  Var forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x, Var quantized_weight = {});
   // gelu(forward(x)) and gelu(forward_quantized_input(x)): one op on either path (ops::linear_gelu,
   // ops::int8_linear_gelu).
   Var forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x);
-  Var forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x);
+  Var forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x, Var quantized_weight = {});
+  // The weights of `layers` through their weight quantizers as one op (ops::fake_quantize_many: one launch
+  // each way on a GPU for a whole encoder layer's), in order, for their forward_quantized_input; empty
+  // unless every layer fake-quantizes its weight in g (none off, calibrating or running integer GEMMs).
+  static std::vector<Var> quantize_weights(Graph<float>& g, ParameterArena<float>& params,
+                                           std::span<Linear* const> layers);
   // input() when the op making this layer's input must apply it, else nullptr: a layer without
   // quantizers, or one running integer GEMMs in g on FP32 activations (ops::int8_linear quantizes its input
   // itself). On BF16 activations the integer layer's producer quantizes too, as in the fake-quantized model:

@@ -40,11 +40,8 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
         const ops::QuantizeOutput q = fused_output(g, params, s);
         return ops::fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
       }
-      // LSQ's gradient scale 1 / sqrt(N * qmax), N = elements per scale: here a weight row.
-      const double grad_scale = 1.0 / std::sqrt(static_cast<double>(s.numel() / channels) * qmax);
-      Var y = ops::fake_quantize(g, x, g.param(params.get(scale)), qmin, qmax, grad_scale, counter(g));
-      seen += s.numel();
-      return y;
+      const ops::QuantizeOutput q = weight_output(g, params, s);
+      return ops::fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
     }
   }
   return x;
@@ -54,6 +51,19 @@ int64_t* Quantizer::counter(const Graph<float>& g) {
   if (!g.on_cuda()) return &clipped;
   BERT_CHECK(device_clipped, "quantizer '" + name + "' has no counter on the GPU (Bert::place_on)");
   return device_clipped;
+}
+
+ops::QuantizeOutput Quantizer::weight_output(Graph<float>& g, ParameterArena<float>& params, const Shape& shape) {
+  BERT_CHECK(is_weight && mode == QuantMode::kQuantize, "quantizer '" + name + "' is not a weight's, fake-quantizing");
+  ops::QuantizeOutput q;
+  q.scale = g.param(params.get(scale));
+  q.qmin = qmin;
+  q.qmax = qmax;
+  // LSQ's gradient scale 1 / sqrt(N * qmax), N = elements per scale: here a weight row.
+  q.grad_scale = 1.0 / std::sqrt(static_cast<double>(shape.numel() / channels) * qmax);
+  q.clipped = counter(g);
+  seen += shape.numel();
+  return q;
 }
 
 ops::QuantizeOutput Quantizer::fused_output(Graph<float>& g, ParameterArena<float>& params, const Shape& shape) {

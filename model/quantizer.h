@@ -54,6 +54,9 @@ struct Quantizer {
   // This (activation) quantizer in kQuantize mode as an ops::QuantizeOutput, for an op that fuses it;
   // `shape` is the op's output shape. Counts the elements as apply() does.
   ops::QuantizeOutput fused_output(Graph<float>& g, ParameterArena<float>& params, const Shape& shape);
+  // This (weight) quantizer in kQuantize mode as the arguments of its fake_quantize, for a weight of
+  // `shape` (ops::fake_quantize_many: several weights in one op). Counts the elements as apply() does.
+  ops::QuantizeOutput weight_output(Graph<float>& g, ParameterArena<float>& params, const Shape& shape);
   // make(q) is the op that makes this quantizer's input, with q (const ops::QuantizeOutput*) fused into it.
   // In kQuantize mode with `fuse`, make(&fused_output(...)); otherwise make(nullptr) then apply() (pass-
   // through, calibration, or the unfused sequence).

@@ -62,6 +62,8 @@ Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const QuantizeOutput& q);  // p >= 0
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
+// Empty where the one-launch kernels do not apply (the caller quantizes one by one).
+std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInput> inputs);
 // Fused attention (ops::attention) and whether its kernels cover a head size and length on g's GPU in g's
 // activation dtype.
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,

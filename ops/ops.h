@@ -407,6 +407,17 @@ struct NormOutput {
 // operands not 16-byte aligned): the caller then runs the ops one by one. Forward only (NoGradGuard).
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
                                           const QuantizeOutput* q, std::span<const NormOutput> outputs);
+// Several tensors each fake-quantized by its own quantizer (a layer's weights, per output channel): one
+// output per tensor, in order, the values and gradients of one fake_quantize each. On a GPU one kernel each
+// way for all of them where every tensor is F32 and each channel fits a block (a weight's row up to 4,096:
+// each fake_quantize alone is a few microseconds, mostly starting and finishing); else, and on the CPU,
+// one fake_quantize each.
+struct QuantizeInput {
+  Var x;
+  QuantizeOutput q;
+};
+template <typename T>
+std::vector<Var> fake_quantize_many(Graph<T>& g, std::span<const QuantizeInput> inputs);
 // x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): on a
 // GPU x is read once forward and its gradient written once backward however many quantizers read it
 // (the input of the Q, K and V projections and of a residual add). On the CPU, one fake_quantize each.

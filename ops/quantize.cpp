@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda_impl.h"
@@ -135,9 +136,24 @@ std::vector<Var> fake_quantize_each(Graph<T>& g, Var x, std::span<const Quantize
   return out;
 }
 
-#define BERT_INSTANTIATE_QUANTIZE(T)                                                          \
-  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);             \
-  template std::vector<Var> fake_quantize_each<T>(Graph<T>&, Var, std::span<const QuantizeOutput>);
+template <typename T>
+std::vector<Var> fake_quantize_many(Graph<T>& g, std::span<const QuantizeInput> inputs) {
+  if constexpr (std::is_same_v<T, float>) {
+#if BERT_WITH_CUDA
+    if (g.on_cuda())
+      if (std::vector<Var> out = cuda_impl::fake_quantize_many(g, inputs); !out.empty()) return out;
+#endif
+  }
+  std::vector<Var> out;
+  for (const QuantizeInput& in : inputs)
+    out.push_back(fake_quantize(g, in.x, in.q.scale, in.q.qmin, in.q.qmax, in.q.grad_scale, in.q.clipped));
+  return out;
+}
+
+#define BERT_INSTANTIATE_QUANTIZE(T)                                                                \
+  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);                   \
+  template std::vector<Var> fake_quantize_each<T>(Graph<T>&, Var, std::span<const QuantizeOutput>); \
+  template std::vector<Var> fake_quantize_many<T>(Graph<T>&, std::span<const QuantizeInput>);
 BERT_INSTANTIATE_QUANTIZE(float)
 BERT_INSTANTIATE_QUANTIZE(double)
 #undef BERT_INSTANTIATE_QUANTIZE

@@ -4,6 +4,7 @@
 // gradient is summed per channel in fixed-size blocks in double, in a fixed order.
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "ops/cuda/fake_quantize.cuh"
@@ -169,6 +170,226 @@ __global__ void fake_quantize_each_backward(Each<A> e, A* dx, const A* x, int64_
 }
 
 }  // namespace
+
+namespace {
+
+// fake_quantize_many: up to kMaxMany F32 tensors, a warp a channel, kChannels of one tensor a block (grid:
+// every tensor's blocks in turn). A block a channel (fake_quantize's layout for channels that fit one) made
+// thousands of small blocks, whose starting and finishing bounded the kernel (about 7 ns a block however
+// many tensors one launch took: a layer's six weights in 50 us). A channel's scale gradient is its warp's
+// sum in double (a fixed tree), added by lane 0: one writer a channel, deterministic.
+// A lane loads kManyPacks packs before it stores any (the stores may alias the loads, so the compiler
+// would not move a later pack's loads above them): a 3,072-wide row is 24 packs of 4 a lane.
+constexpr int kMaxMany = 8, kChannels = cuda::kThreads / 32, kManyPacks = 4;
+template <typename Y>
+struct Many {
+  int k;
+  unsigned first[kMaxMany + 1];  // tensor t's channels are in blocks first[t] .. first[t + 1] - 1
+  const float* x[kMaxMany];
+  Y* y[kMaxMany];
+  const float* scale[kMaxMany];
+  int64_t channels[kMaxMany], per_channel[kMaxMany];
+  float lo[kMaxMany], hi[kMaxMany];
+  unsigned long long* clipped[kMaxMany];
+  const Y* dy[kMaxMany];  // backward: nullptr, that output took no gradient
+  float* dx[kMaxMany];    // nullptr: that input takes none
+  bool accumulate[kMaxMany];
+  float* ds[kMaxMany];  // nullptr: no scale gradient wanted
+  double grad_scale[kMaxMany];
+};
+// The block's tensor and the warp's channel (channels at or past the tensor's count: none). The table's
+// fields are read through compile-time indices (loops that unroll): a kernel parameter indexed at run time
+// is copied to local memory first.
+struct ManyBlock {
+  int t;
+  int64_t channel;
+};
+template <typename Y>
+__device__ __forceinline__ ManyBlock many_block(const Many<Y>& m) {
+  ManyBlock b{0, 0};
+#pragma unroll
+  for (int t = 1; t < kMaxMany; ++t)
+    if (t < m.k && blockIdx.x >= m.first[t]) b.t = t;
+#pragma unroll
+  for (int t = 0; t < kMaxMany; ++t)
+    if (t == b.t) b.channel = int64_t(blockIdx.x - m.first[t]) * kChannels + threadIdx.x / 32;
+  return b;
+}
+template <typename V>
+__device__ __forceinline__ V pick(const V (&field)[kMaxMany], int t) {
+  V v{};
+#pragma unroll
+  for (int i = 0; i < kMaxMany; ++i)
+    if (i == t) v = field[i];
+  return v;
+}
+
+template <int W, typename Y>
+__global__ void __launch_bounds__(cuda::kThreads) fake_quantize_many_forward(Many<Y> m) {
+  __shared__ int64_t shared[32];
+  const ManyBlock b = many_block(m);
+  int count = 0;
+  if (b.channel < pick(m.channels, b.t)) {  // no early return: the saturation count is the block's sum
+    const int64_t per = pick(m.per_channel, b.t), begin = b.channel * per, end = begin + per;
+    const float* x = pick(m.x, b.t);
+    Y* y = pick(m.y, b.t);
+    const float lo = pick(m.lo, b.t), hi = pick(m.hi, b.t);
+    const cuda::ScaleDivision divide(pick(m.scale, b.t)[b.channel]);
+    cuda::with_division(divide.normal, [&](auto normal) {
+      for (int64_t i0 = begin + W * (threadIdx.x % 32); i0 < end; i0 += 32 * W * kManyPacks) {
+        cuda::Pack<float, W> in[kManyPacks];
+#pragma unroll
+        for (int u = 0; u < kManyPacks; ++u)
+          if (i0 + u * 32 * W < end) in[u] = cuda::load_pack<W>(x + i0 + u * 32 * W);
+#pragma unroll
+        for (int u = 0; u < kManyPacks; ++u) {
+          if (i0 + u * 32 * W >= end) break;
+          cuda::Pack<Y, W> out;
+          for (int j = 0; j < W; ++j)
+            out.v[j] = cuda::from_float<Y>(
+                cuda::fake_quantize_value<decltype(normal)::value>(in[u].v[j], divide, lo, hi, count));
+          cuda::store_pack<W>(y + i0 + u * 32 * W, out);
+        }
+      }
+    });
+  }
+  unsigned long long* clipped = pick(m.clipped, b.t);
+  if (clipped) {  // the same for the whole block
+    const int64_t total = cuda::block_sum(int64_t{count}, shared);
+    if (threadIdx.x == 0 && total) atomicAdd(clipped, static_cast<unsigned long long>(total));
+  }
+}
+
+template <int W, typename Y>
+__global__ void __launch_bounds__(cuda::kThreads) fake_quantize_many_backward(Many<Y> m) {
+  const ManyBlock b = many_block(m);
+  const Y* dy = pick(m.dy, b.t);
+  if (!dy || b.channel >= pick(m.channels, b.t)) return;  // nothing shared between warps
+  const int64_t per = pick(m.per_channel, b.t), begin = b.channel * per, end = begin + per;
+  const float* x = pick(m.x, b.t);
+  float* dx = pick(m.dx, b.t);
+  const bool accumulate = pick(m.accumulate, b.t);
+  const float lo = pick(m.lo, b.t), hi = pick(m.hi, b.t);
+  const cuda::ScaleDivision divide(pick(m.scale, b.t)[b.channel]);
+  double acc = 0;
+  cuda::with_division(divide.normal, [&](auto normal) {
+    for (int64_t i0 = begin + W * (threadIdx.x % 32); i0 < end; i0 += 32 * W * kManyPacks) {
+      cuda::Pack<float, W> in[kManyPacks];
+      cuda::Pack<Y, W> up[kManyPacks];
+#pragma unroll
+      for (int u = 0; u < kManyPacks; ++u)
+        if (i0 + u * 32 * W < end)
+          in[u] = cuda::load_pack<W>(x + i0 + u * 32 * W), up[u] = cuda::load_pack<W>(dy + i0 + u * 32 * W);
+#pragma unroll
+      for (int u = 0; u < kManyPacks; ++u) {
+        const int64_t i = i0 + u * 32 * W;
+        if (i >= end) break;
+        float pass[W];
+        float part = 0;  // this pack's share of the scale gradient
+        for (int j = 0; j < W; ++j)
+          pass[j] = cuda::fake_quantize_value_grad<decltype(normal)::value>(in[u].v[j], cuda::to_float(up[u].v[j]),
+                                                                            1.0f, divide, lo, hi, part);
+        if (dx) cuda::store_grad_pack<W>(dx + i, pass, accumulate);
+        acc += part;
+      }
+    }
+  });
+  float* ds = pick(m.ds, b.t);
+  if (!ds) return;
+  acc = cuda::warp_sum(acc);
+  if (threadIdx.x % 32 == 0) ds[b.channel] += static_cast<float>(pick(m.grad_scale, b.t) * acc);
+}
+
+}  // namespace
+
+std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInput> inputs) {
+  const int k = static_cast<int>(inputs.size());
+  if (k == 0 || k > kMaxMany) return {};
+  int64_t blocks = 0;
+  for (const QuantizeInput& in : inputs) {
+    const int64_t n = g.shape(in.x).numel(), channels = g.value(in.q.scale).numel();
+    if (g.dtype(in.x) != DType::kF32 || n == 0 || channels < 1 || n % channels != 0 ||
+        n / channels > cuda::kQuantizeBlock || !(in.q.qmin < 0 && in.q.qmax > 0))
+      return {};
+    blocks += (channels + kChannels - 1) / kChannels;
+  }
+  if (blocks > int64_t{INT32_MAX}) return {};
+  const DType out_type = g.activation_dtype();
+  std::vector<Var> out;
+  std::vector<const void*> pointers;
+  int64_t width_elements = 0;  // a divisor of every channel's length
+  for (const QuantizeInput& in : inputs) {
+    out.push_back(g.emit(g.shape(in.x), {in.x, in.q.scale}, out_type));
+    pointers.push_back(g.data(in.x));
+    pointers.push_back(g.data(out.back()));
+    const int64_t per = g.shape(in.x).numel() / g.value(in.q.scale).numel();
+    width_elements = width_elements ? std::gcd(width_elements, per) : per;
+  }
+  const std::vector<QuantizeInput> items(inputs.begin(), inputs.end());
+  // The table of the kernels' arguments (outputs, scales, ranges) for element type Y.
+  auto table = [items, out](Graph<float>& g, auto tag) {
+    using Y = typename decltype(tag)::type;
+    Many<Y> m{};
+    m.k = static_cast<int>(items.size());
+    unsigned first = 0;
+    for (int t = 0; t < m.k; ++t) {
+      const QuantizeInput& in = items[t];
+      const int64_t channels = g.value(in.q.scale).numel();
+      m.first[t] = first;
+      first += static_cast<unsigned>((channels + kChannels - 1) / kChannels);
+      m.channels[t] = channels;
+      m.x[t] = g.value(in.x).data();
+      m.y[t] = cuda::typed<Y>(g.data(out[t]));
+      m.scale[t] = g.value(in.q.scale).data();
+      m.per_channel[t] = g.shape(in.x).numel() / channels;
+      m.lo[t] = static_cast<float>(in.q.qmin), m.hi[t] = static_cast<float>(in.q.qmax);
+      m.clipped[t] = reinterpret_cast<unsigned long long*>(in.q.clipped);
+      m.grad_scale[t] = in.q.grad_scale;
+    }
+    m.first[m.k] = first;
+    return m;
+  };
+  const int width = cuda::pack_width(dtype_size(out_type, 4), 4, width_elements, pointers);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  cuda::with_element_type(out_type, [&](auto tag) {
+    using Y = typename decltype(tag)::type;
+    auto* kernel = width == 4 ? &fake_quantize_many_forward<4, Y> : &fake_quantize_many_forward<1, Y>;
+    kernel<<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(table(g, tag));
+    BERT_CUDA_LAUNCHED();
+  });
+  // One backward for all outputs, run by the first of their closures to run (the latest output: every
+  // output's consumers were recorded after it); the others find it done.
+  auto done = std::make_shared<bool>(false);
+  for (Var y : out)
+    g.on_backward(y, [items, out, table, grid, out_type, done](Graph<float>& g) {
+      if (*done) return;
+      *done = true;
+      cuda::with_element_type(out_type, [&](auto tag) {
+        using Y = typename decltype(tag)::type;
+        Many<Y> m = table(g, tag);
+        std::vector<const void*> pointers;
+        int64_t width_elements = 0;
+        for (int t = 0; t < m.k; ++t) {
+          const QuantizeInput& in = items[t];
+          m.dy[t] = g.has_grad(out[t]) ? cuda::typed<Y>(g.grad_data(out[t])) : nullptr;
+          if (m.dy[t] && g.requires_grad(in.x)) {
+            const auto target = g.raw_grad_target(in.x);
+            m.dx[t] = static_cast<float*>(target.data), m.accumulate[t] = target.accumulate;
+          }
+          m.ds[t] = m.dy[t] && g.requires_grad(in.q.scale) ? g.grad(in.q.scale).data() : nullptr;
+          for (const void* p :
+               {static_cast<const void*>(m.x[t]), static_cast<const void*>(m.dy[t]), static_cast<const void*>(m.dx[t])})
+            if (p) pointers.push_back(p);
+          width_elements = width_elements ? std::gcd(width_elements, m.per_channel[t]) : m.per_channel[t];
+        }
+        const int width = cuda::pack_width(sizeof(Y), 4, width_elements, pointers);
+        auto* kernel = width == 4 ? &fake_quantize_many_backward<4, Y> : &fake_quantize_many_backward<1, Y>;
+        kernel<<<grid, cuda::kThreads, 0, cuda::stream(g)>>>(m);
+        BERT_CUDA_LAUNCHED();
+      });
+    });
+  return out;
+}
 
 // x is read in the activation dtype (an F32 input through a conversion node, as other activation ops).
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers) {

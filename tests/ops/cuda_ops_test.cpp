@@ -1303,6 +1303,92 @@ TEST_F(CudaOps, DropoutAddLayerNormWithItsQuantizerEqualsTheOpsInSequence) {
   }
 }
 
+// Several weights fake-quantized per channel in one op (fake_quantize_many: one launch each way on the GPU)
+// against one fake_quantize each on the same device: outputs, input gradients and saturation counts bit
+// for bit, in FP32 and BF16, the scale gradients within kReduction (a warp's sum against a block's); and
+// the CPU's within kReduction (kBf16 for the BF16 run's scale gradients). Rows of 768 (packs of 4) and 45
+// (one at a time), an output nothing reads, an input without a gradient; and a row longer than a block
+// (5,000), where the op quantizes one tensor at a time.
+TEST_F(CudaOps, FakeQuantizeManyEqualsOneFakeQuantizeEach) {
+  struct Run {
+    std::vector<float> y, dx, dscale;
+    std::vector<int64_t> clipped;
+  };
+  auto run = [](const Device& device, const std::vector<Shape>& shapes, bool many) {
+    const int k = static_cast<int>(shapes.size());
+    Graph<float> g(device);
+    std::vector<DeviceBuffer> buffers;
+    auto buffer = [&](const std::vector<float>& host) {
+      buffers.emplace_back(device, host.size() * 4);
+      device.copy_to_device(buffers.back().data(), host.data(), host.size() * 4);
+      return buffers.back().as<float>();
+    };
+    DeviceBuffer counters(device, 8 * k);
+    device.fill_zero(counters.data(), 8 * k);
+    std::vector<ops::QuantizeInput> inputs;
+    std::vector<float*> dx, ds;
+    for (int t = 0; t < k; ++t) {
+      const Shape& shape = shapes[t];
+      const int64_t n = shape.numel(), channels = shape[0];
+      std::vector<float> scales(channels);
+      for (int64_t c = 0; c < channels; ++c) scales[c] = 0.004f + 0.002f * float((c + t) % 7);
+      float* xv = buffer(random_values(n, 60 + t, 0.5f));
+      dx.push_back(buffer(std::vector<float>(n, 0.0f)));
+      float* sv = buffer(scales);
+      ds.push_back(buffer(std::vector<float>(channels, 0.0f)));
+      const Var x = t == 1 ? g.constant(TensorView<float>(xv, shape))  // takes no gradient
+                           : g.leaf(TensorView<float>(xv, shape), TensorView<float>(dx.back(), shape));
+      const Var s = g.leaf(TensorView<float>(sv, Shape{channels}), TensorView<float>(ds.back(), Shape{channels}));
+      inputs.push_back({x, ops::QuantizeOutput{s, -127, 127, 0.1 * (t + 1), counters.as<int64_t>() + t}});
+    }
+    std::vector<Var> ys;
+    if (many) {
+      ys = ops::fake_quantize_many(g, std::span<const ops::QuantizeInput>(inputs));
+    } else {
+      for (const ops::QuantizeInput& in : inputs)
+        ys.push_back(ops::fake_quantize(g, in.x, in.q.scale, in.q.qmin, in.q.qmax, in.q.grad_scale, in.q.clipped));
+    }
+    Run r;
+    Var loss;
+    for (int t = 0; t < k; ++t) {
+      const std::vector<float> y = g.to_host(ys[t]);
+      r.y.insert(r.y.end(), y.begin(), y.end());
+      if (t == 2) continue;  // nothing reads this output
+      const std::vector<float> up = random_values(shapes[t].numel(), 70 + t);
+      const Var term = ops::sum(g, ops::mul(g, ys[t], g.input(std::span<const float>(up), shapes[t])));
+      loss = loss.valid() ? ops::add(g, loss, term) : term;
+    }
+    g.backward(loss);
+    r.clipped.resize(k);
+    device.copy_to_host(r.clipped.data(), counters.data(), 8 * k);
+    for (int t = 0; t < k; ++t) {
+      std::vector<float> d(shapes[t].numel()), s(shapes[t][0]);
+      device.copy_to_host(d.data(), dx[t], d.size() * 4);
+      device.copy_to_host(s.data(), ds[t], s.size() * 4);
+      r.dx.insert(r.dx.end(), d.begin(), d.end());
+      r.dscale.insert(r.dscale.end(), s.begin(), s.end());
+    }
+    return r;
+  };
+  const std::vector<Shape> layer = {Shape{96, 768}, Shape{96, 768}, Shape{40, 768}, Shape{33, 45}, Shape{768, 96}};
+  const std::vector<Shape> long_rows = {Shape{4, 5000}, Shape{8, 768}, Shape{8, 768}};
+  for (const auto* shapes : {&layer, &long_rows}) {
+    SCOPED_TRACE(shapes == &layer ? "a layer's weights" : "a row longer than a block");
+    const Run cpu = run(Device::cpu(), *shapes, false);
+    for (const Device* device : {gpu_.get(), gpu_bf16_.get()}) {
+      SCOPED_TRACE(device == gpu_.get() ? "fp32" : "bf16");
+      const Run one = run(*device, *shapes, false), many = run(*device, *shapes, true);
+      EXPECT_LE(relative_difference(many.y, one.y), kExact);
+      EXPECT_LE(relative_difference(many.dx, one.dx), kExact);
+      EXPECT_LE(relative_difference(many.dscale, one.dscale), kReduction);
+      EXPECT_EQ(many.clipped, one.clipped);
+      EXPECT_LE(relative_difference(many.dscale, cpu.dscale), device == gpu_.get() ? kReduction : kBf16);
+      EXPECT_EQ(many.clipped, cpu.clipped);
+    }
+    EXPECT_GT(cpu.clipped[0], 0);
+  }
+}
+
 // Several quantizers reading one input in one op, against one fake_quantize each on the CPU: outputs
 // bit for bit in FP32; the input's gradient (a sum of up to four straight-through terms, added in another
 // order) and the scale gradients within kReduction; in BF16 within kBf16. Also with an output that nothing
