@@ -56,9 +56,7 @@ Var Linear::forward(Graph<float>& g, ParameterArena<float>& params, Var x) {
 Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x, Var quantized_weight) {
   // x is already fake-quantized: the integer path quantizes it again to the same integers.
   if (runs_integer(g)) return integer_forward(g, params, x);
-  Var w = quantized_weight;
-  if (!w.valid()) w = g.param(params.get(weight));
-  if (quantizable && !quantized_weight.valid()) w = weight_quantizer.apply(g, params, w);
+  const Var w = product_weight(g, params, quantized_weight);
   if (sums_exactly(g, params))
     return ops::exact_quantized_linear(g, x, params.get(input().scale).value.data()[0], w, weight_scales(params),
                                        g.param(params.get(bias)));
@@ -72,13 +70,17 @@ Var Linear::forward_gelu(Graph<float>& g, ParameterArena<float>& params, Var x) 
 
 Var Linear::forward_gelu_quantized_input(Graph<float>& g, ParameterArena<float>& params, Var x, Var quantized_weight) {
   if (runs_integer(g)) return integer_forward(g, params, x, /*gelu=*/true);
-  Var w = quantized_weight;
-  if (!w.valid()) w = g.param(params.get(weight));
-  if (quantizable && !quantized_weight.valid()) w = weight_quantizer.apply(g, params, w);
+  const Var w = product_weight(g, params, quantized_weight);
   if (sums_exactly(g, params))
     return ops::exact_quantized_linear(g, x, params.get(input().scale).value.data()[0], w, weight_scales(params),
                                        g.param(params.get(bias)), /*gelu=*/true);
   return ops::linear_gelu(g, x, w, g.param(params.get(bias)));
+}
+
+Var Linear::product_weight(Graph<float>& g, ParameterArena<float>& params, Var quantized_weight) {
+  if (quantized_weight.valid()) return quantized_weight;
+  const Var w = g.param(params.get(weight));
+  return quantizable ? weight_quantizer.apply(g, params, w) : w;
 }
 
 std::vector<Var> Linear::quantize_weights(Graph<float>& g, ParameterArena<float>& params,

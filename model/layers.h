@@ -60,6 +60,9 @@ struct Linear {
   // unless every layer fake-quantizes its weight in g (none off, calibrating or running integer GEMMs).
   static std::vector<Var> quantize_weights(Graph<float>& g, ParameterArena<float>& params,
                                            std::span<Linear* const> layers);
+  // The weight as the product reads it: quantized_weight where given, else the parameter through
+  // weight_quantizer (when quantizable).
+  Var product_weight(Graph<float>& g, ParameterArena<float>& params, Var quantized_weight);
   // input() when the op making this layer's input must apply it, else nullptr: a layer without
   // quantizers, or one running integer GEMMs in g on FP32 activations (ops::int8_linear quantizes its input
   // itself). On BF16 activations the integer layer's producer quantizes too, as in the fake-quantized model:
