@@ -88,9 +88,10 @@ __device__ __forceinline__ void row_slopes(const RowOutput<A>& d, int64_t i, flo
   }
 }
 
-template <int C, typename A>
-__global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_t rows, int k, int64_t rows_per_item,
-                                     RowOutput<A> d) {
+template <int C, typename A, bool kFull>
+__global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_t rows, int width,
+                                     int64_t rows_per_item, RowOutput<A> d) {
+  const int k = kFull ? C * 128 : width;  // kFull: rows of 128 C (with_full_rows), no bounds test a pack
   __shared__ int64_t shared[32];
   constexpr int R = kRowsPerWarp<C>;
   const int64_t first_row = (blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32) * R;
@@ -176,9 +177,10 @@ struct RowQuantizeGrad {
 // gradient dy of the dropped output; with a quantizer after them g is dy inside its range, 0 outside
 // (straight through), and the scale's gradient adds up dy (q - u) as fake_quantize's does. The rows in
 // registers as above.
-template <int C, typename A>
+template <int C, typename A, bool kFull>
 __global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint8_t* keep, float keep_scale,
-                                      RowQuantizeGrad q, int64_t rows, int k, bool accumulate) {
+                                      RowQuantizeGrad q, int64_t rows, int width, bool accumulate) {
+  const int k = kFull ? C * 128 : width;
   constexpr int R = kRowsPerWarp<C>;
   const int64_t first_row = (blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32) * R;
   const int lane = threadIdx.x % 32;
@@ -262,8 +264,10 @@ void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const
       constexpr int C = decltype(chunks)::value;
       const unsigned blocks = softmax_blocks<C>(rows);
       if (q.ds && blocks > 1) q.partial = g.scratch<double>(blocks);
-      softmax_rows_backward<C, A><<<blocks, 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dxp, dy, yv, keep, keep_scale, q,
-                                                                                       rows, int(k), dx.accumulate);
+      with_full_rows<C>(k, [&](auto full) {
+        softmax_rows_backward<C, A, decltype(full)::value><<<blocks, 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+            dxp, dy, yv, keep, keep_scale, q, rows, int(k), dx.accumulate);
+      });
     });
     BERT_CHECK(ran || (!keep && !q.scale), "softmax_dropout: the backward's operands are not 16-byte aligned");
     if (!ran)
@@ -307,8 +311,11 @@ Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const Q
                          reinterpret_cast<unsigned long long*>(quantize.clipped)};
     with_row_chunks(k, {}, [&](auto chunks) {
       constexpr int C = decltype(chunks)::value;
-      softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-          pv, cuda::typed<A>(g.data(x)), mv, rows, int(k), rows_per_item, d);
+      with_full_rows<C>(k, [&](auto full) {
+        softmax_rows_forward<C, A, decltype(full)::value>
+            <<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(pv, cuda::typed<A>(g.data(x)), mv,
+                                                                                   rows, int(k), rows_per_item, d);
+      });
     });
     BERT_CUDA_LAUNCHED();
   });
@@ -346,8 +353,11 @@ Var softmax(Graph<float>& g, Var x, Var mask) {
     const A* xv = cuda::typed<A>(g.data(x));
     const bool ran = rows <= int64_t{UINT32_MAX} && with_row_chunks(k, {yv, xv, mv}, [&](auto chunks) {
                        constexpr int C = decltype(chunks)::value;
-                       softmax_rows_forward<C, A><<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-                           yv, xv, mv, rows, int(k), rows_per_item, RowOutput<A>{});
+                       with_full_rows<C>(k, [&](auto full) {
+                         softmax_rows_forward<C, A, decltype(full)::value>
+                             <<<softmax_blocks<C>(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+                                 yv, xv, mv, rows, int(k), rows_per_item, RowOutput<A>{});
+                       });
                      });
     if (!ran)
       softmax_forward<A>

@@ -35,4 +35,14 @@ bool with_row_chunks(int64_t k, std::initializer_list<const void*> pointers, Lau
   return true;
 }
 
+// f(std::true_type{}) where rows of k fill their C chunks (k = 128 C: every BERT width), so that a kernel
+// compiled for it knows k and skips the per-pack bounds tests; else f(std::false_type{}).
+template <int C, typename F>
+void with_full_rows(int64_t k, F&& f) {
+  if (k == int64_t{C} * 128)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 }  // namespace bert::ops::cuda_impl

@@ -397,7 +397,8 @@ TEST_F(CudaOps, LayerNormOddWidthsAndManyRows) {
 
 // LayerNorm of a residual sum in one kernel each way (rows in registers: widths a multiple of 4 up to 1024)
 // against the CPU, every input's gradient, one of them also added to by a second use; a width the kernels
-// do not hold (45) and one sum of a node with itself take the add and LayerNorm ops.
+// do not hold (45) and one sum of a node with itself take the add and LayerNorm ops. 768 and 1,024 fill
+// their chunks (the kernels compiled for full rows), 64 does not (the bounds tests).
 TEST_F(CudaOps, AddLayerNormFusedAndNot) {
   for (const Shape& x : {Shape{3, 7, 64}, Shape{600, 768}, Shape{5, 1024}, Shape{3, 7, 45}, Shape{4, 1100}}) {
     SCOPED_TRACE(x.str());
