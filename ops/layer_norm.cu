@@ -249,10 +249,11 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 // i per_block on, warp w every kWarpsPerBlock-th of them from w, adding into its own rows of the column
 // sums in shared memory (backward_row_shared bytes; registers would hold 8 C floats a lane and leave room
 // for two blocks an SM); the warps' sums are then added in warp order (deterministic). The loops over a
-// row's packs unroll so that its arrays stay in registers. A warp loads its next row while it works on the
-// current one, at two blocks an SM from 640 columns on (up to 128 registers), as many blocks as are
-// resident: BERT-base's BF16 LayerNorm backward 24.7 -> 21.3 us with kFull (23.7 with kFull alone, three
-// blocks an SM), and 264 partial rows instead of 342 for the second pass (7.5 -> 5.2 us).
+// row's packs unroll so that its arrays stay in registers. In the plain kernel a warp loads its next row
+// while it works on the current one (below), at two blocks an SM from 640 columns on (up to 128
+// registers), as many blocks as are resident: BERT-base's BF16 LayerNorm backward 24.7 -> 21.3 us with
+// kFull (23.7 with kFull alone, three blocks an SM), and 264 partial rows instead of 342 for the second
+// pass (7.5 -> 5.2 us).
 template <int C>
 constexpr size_t backward_row_shared() {
   return size_t(2 * kWarpsPerBlock) * C * 128 * sizeof(float);
@@ -279,15 +280,29 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
   const bool quantized = !kPlain && q.scale;
   const cuda::ScaleDivision divide(quantized ? *q.scale : 1.0f);
   const int64_t end = min(rows, (blockIdx.x + 1) * per_block);
+  // The plain kernel loads x's and dy's next row while it works on the current one; the quantized one has
+  // no registers for that and loads the quantizer's input (q.a) with the row instead, so that its loads
+  // are in flight through the row's first pass (loaded where the second pass reads it, BERT-base's QAT
+  // LayerNorm backward took 39.5 us in BF16; so, 35.4).
   int64_t r = blockIdx.x * per_block + warp;
-  RowPacks<C, A> ahead;  // x's row (a) and dy's (b), loaded a row ahead
-  if (r < end) ahead.load(x, dy, r * c, c, lane);
+  RowPacks<C, A> ahead;  // x's row (a) and dy's (b)
+  if (kPlain && r < end) ahead.load(x, dy, r * c, c, lane);
 #pragma unroll 1
   for (; r < end; r += kWarpsPerBlock) {
     const float m = mean[r], rs = rstd[r];
-    const RowPacks<C, A> row = ahead;
+    RowPacks<C, A> row;
+    cuda::Pack<A, 4> qa[C];  // the quantizer's input, the dropout's (quantized only)
+    if constexpr (kPlain) {
+      row = ahead;
+      if (r + kWarpsPerBlock < end) ahead.load(x, dy, (r + kWarpsPerBlock) * c, c, lane);
+    } else {
+      row.load(x, dy, r * c, c, lane);
+      if (quantized)
+#pragma unroll
+        for (int k = 0; k < C; ++k)
+          if ((k * 32 + lane) * 4 < c) qa[k] = cuda::load_pack<4>(q.a + r * c + (k * 32 + lane) * 4);
+    }
     const auto &px = row.a, &pd = row.b;
-    if (r + kWarpsPerBlock < end) ahead.load(x, dy, (r + kWarpsPerBlock) * c, c, lane);
     float mean_dn = 0, mean_dn_n = 0;
 #pragma unroll
     for (int k = 0; k < C; ++k) {
@@ -323,7 +338,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
       float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
       if (drop.threshold) drop.scales(keep, r * c + j);  // through the dropout: its mask redrawn
       if (quantized) {                                   // and the quantizer: straight through inside its range
-        const cuda::Pack<A, 4> pa = cuda::load_pack<4>(q.a + r * c + j);
+        const cuda::Pack<A, 4>& pa = qa[k];
         float part = 0;
         for (int w = 0; w < 4; ++w)
           out[w] = cuda::fake_quantize_value_grad(cuda::to_float(pa.v[w]) * keep[w], out[w], keep[w], divide, q.lo,
