@@ -79,8 +79,9 @@ __global__ void adamw_kernel(float* w, cuda::bf16* w16, const float* g, float* m
   }
   const float lr = h.lr * s.lr_multiplier, wd = s.weight_decay;
   if (begin % 4 == 0 && end % 4 == 0) {
-    // kPacks packs of 4 a thread an iteration, all loaded before any is stored: more loads in flight.
-    constexpr int kPacks = 2;
+    // kPacks packs of 4 a thread an iteration, all loaded before any is stored: more loads in flight
+    // (BERT-base's step in BF16 on an H200, ncu: two packs 1.00 ms, four 0.875, eight 0.86).
+    constexpr int kPacks = 4;
     for (int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * kPacks * blockDim.x) {
       cuda::Pack<float, 4> gi[kPacks], wi[kPacks], mi[kPacks], vi[kPacks];
 #pragma unroll
