@@ -107,8 +107,8 @@ struct RowPacks {
   }
 };
 
-// The blocks a row kernel runs in: as many as fit on the device at once (at most one a kWarpsPerBlock
-// rows), each warp taking every (blocks kWarpsPerBlock)-th row from its own.
+// How many blocks of `kernel` (with `shared_bytes` of dynamic shared memory) fit on the device at once, at
+// most one a kWarpsPerBlock rows.
 template <typename Kernel>
 unsigned resident_row_blocks(const Graph<float>& g, Kernel kernel, int64_t rows, size_t shared_bytes = 0) {
   int per_sm = 0;
