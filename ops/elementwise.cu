@@ -173,8 +173,6 @@ __global__ void scale_kernel(A* y, const A* x, float alpha, int64_t n) {
 
 using cuda::gelu_derivative;
 using cuda::gelu_value;
-using cuda::kInvSqrt2;
-using cuda::kInvSqrt2Pi;
 
 template <int W, typename A>
 __global__ void gelu_forward(A* y, const A* x, int64_t n) {
@@ -210,12 +208,7 @@ struct GeluSource {
   template <int W>
   __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
     const cuda::Pack<A, W> p = cuda::load_pack<W>(x + i);
-    for (int j = 0; j < W; ++j) {
-      const float u = cuda::to_float(p.v[j]);
-      const float e = erff(u * kInvSqrt2);  // once for both; the same arithmetic as gelu_value and gelu_derivative
-      v[j] = 0.5f * u * (1.0f + e);
-      slope[j] = 0.5f * (1.0f + e) + u * kInvSqrt2Pi * expf(-0.5f * u * u);
-    }
+    for (int j = 0; j < W; ++j) cuda::gelu_value_and_derivative(cuda::to_float(p.v[j]), v[j], slope[j]);
   }
   template <int W>
   __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {

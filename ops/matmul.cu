@@ -501,9 +501,10 @@ template <int W, typename A>
 __device__ __forceinline__ void gelu_backward_pack(cuda::Pack<A, W>& g, cuda::Pack<A, W>& a,
                                                    const cuda::Pack<A, W>& p) {
   for (int j = 0; j < W; ++j) {
-    const float v = cuda::to_float(p.v[j]);
-    a.v[j] = cuda::from_float<A>(cuda::gelu_value(v));
-    g.v[j] = cuda::from_float<A>(cuda::to_float(g.v[j]) * cuda::gelu_derivative(v));
+    float value, slope;
+    cuda::gelu_value_and_derivative(cuda::to_float(p.v[j]), value, slope);
+    a.v[j] = cuda::from_float<A>(value);
+    g.v[j] = cuda::from_float<A>(cuda::to_float(g.v[j]) * slope);
   }
 }
 template <int W, typename A>

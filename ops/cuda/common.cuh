@@ -67,6 +67,13 @@ __device__ __forceinline__ float gelu_value(float v) { return 0.5f * v * (1.0f +
 __device__ __forceinline__ float gelu_derivative(float v) {
   return 0.5f * (1.0f + erff(v * kInvSqrt2)) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
 }
+// Both from one erf (the compiler does not share it between the two calls): the same arithmetic, the
+// same values.
+__device__ __forceinline__ void gelu_value_and_derivative(float v, float& value, float& derivative) {
+  const float e = erff(v * kInvSqrt2);
+  value = 0.5f * v * (1.0f + e);
+  derivative = 0.5f * (1.0f + e) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
+}
 
 constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over n elements (capped: each thread then loops).
