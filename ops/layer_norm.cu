@@ -55,14 +55,21 @@ __global__ void layer_norm_backward_input(A* dx, const A* dy, const A* x, const 
 
 // Dropout of LayerNorm's first addend inside its kernels (ops::dropout_add_layer_norm): element e of a is
 // kept by DropoutDraws(seed, first + e) and scaled by keep_scale, as ops::dropout does it. Off: threshold 0.
+// With `bits` set (a training step), the forward keeps the draws for the backward, which then reads them
+// instead of drawing again: a word a lane a row (lane l's columns (k 32 + l) 4 + w, k < C <= 8, at bit
+// 4 k + w), bits[row 32 + lane]; 128 bytes a row.
 struct RowDrop {
   uint64_t seed = 0, first = 0;
   uint32_t threshold = 0;
   float keep_scale = 1.0f;
-  // e a multiple of 4, and so first + e (DropoutDraws::reserve): the four share one hash.
-  __device__ __forceinline__ void scales(float (&s)[4], int64_t e) const {
-    const uint32_t kept = DropoutDraws::kept4(seed, (first + uint64_t(e)) / 4, threshold);
-    for (int w = 0; w < 4; ++w) s[w] = (kept >> w) & 1u ? keep_scale : 0.0f;
+  uint32_t* bits = nullptr;
+  // The keep bits of elements e .. e + 3 (bit w: e + w kept); e a multiple of 4, and so first + e
+  // (DropoutDraws::reserve): the four share one hash.
+  __device__ __forceinline__ uint32_t kept(int64_t e) const {
+    return DropoutDraws::kept4(seed, (first + uint64_t(e)) / 4, threshold);
+  }
+  __device__ __forceinline__ void scales(float (&s)[4], uint32_t kept4) const {
+    for (int w = 0; w < 4; ++w) s[w] = (kept4 >> w) & 1u ? keep_scale : 0.0f;
   }
 };
 
@@ -148,6 +155,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
     RowPacks<C, A> packs;  // every load first, then the arithmetic
     packs.load(a, b, row, c, lane);
     auto &pa = packs.a, &pb = packs.b;
+    uint32_t kept_bits = 0;  // this lane's draws of the row, for drop.bits
 #pragma unroll
     for (int k = 0; k < C; ++k) {
       const int j = (k * 32 + lane) * 4;
@@ -155,7 +163,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
       const bool quantized = !kPlain && q.scale;
       if (drop.threshold || quantized) {
         float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-        if (drop.threshold) drop.scales(keep, row + j);
+        if (drop.threshold) {
+          const uint32_t kept = drop.kept(row + j);
+          kept_bits |= kept << (4 * k);
+          drop.scales(keep, kept);
+        }
         for (int w = 0; w < 4; ++w) {
           const float e = cuda::to_float(pa[k].v[w]) * keep[w];
           pa[k].v[w] =
@@ -217,6 +229,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
       cuda::store_pack<4>(y + row + j, out);
     }
     if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+    if (drop.bits) drop.bits[r * 32 + lane] = kept_bits;
   };
   if (r < rows)
     cuda::with_division(kPlain || divide.normal, normalize);  // no early return: the saturation
@@ -290,6 +303,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
 #pragma unroll 1
   for (; r < end; r += kWarpsPerBlock) {
     const float m = mean[r], rs = rstd[r];
+    const uint32_t kept_bits = drop.bits ? drop.bits[r * 32 + lane] : 0u;  // used in the second pass
     RowPacks<C, A> row;
     cuda::Pack<A, 4> qa[C];  // the quantizer's input, the dropout's (quantized only)
     if constexpr (kPlain) {
@@ -336,7 +350,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
       if (to.db) store_grad_to<4>(to.db + r * c + j, to.accumulate_b, out);
       if (!to.da && (kPlain || !q.ds)) continue;
       float keep[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-      if (drop.threshold) drop.scales(keep, r * c + j);  // through the dropout: its mask redrawn
+      if (drop.threshold)  // through the dropout: its mask as the forward kept it, or drawn again
+        drop.scales(keep, drop.bits ? (kept_bits >> (4 * k)) & 15u : drop.kept(r * c + j));
       if (quantized) {                                   // and the quantizer: straight through inside its range
         const cuda::Pack<A, 4>& pa = qa[k];
         float part = 0;
@@ -475,6 +490,7 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
   };
   float* mean = g.scratch<float>(rows);
   float* rstd = g.scratch<float>(rows);
+  if (drop.threshold && g.requires_grad(y)) drop.bits = g.scratch<uint32_t>(rows * 32);
   void* sums = nullptr;  // a + b, saved for the backward where it runs
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
