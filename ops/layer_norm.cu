@@ -98,6 +98,14 @@ struct RowOutputs {
   float scale[2] = {0.0f, 0.0f}, reciprocal[2] = {1.0f, 1.0f};
   bool integers[2] = {false, false};
 };
+// The outputs an INT8 model's residual LayerNorms make, compiled in: the integers of the next integer
+// layer's input and the residual add's input, fake-quantized (kIntegersFake) or as it is (kIntegersValue).
+// kAny: whatever RowOutputs holds, its kinds tested a chunk.
+enum class NormOuts { kAny, kIntegersFake, kIntegersValue };
+NormOuts norm_outs(const RowOutputs& o) {
+  if (o.count != 2 || !o.integers[0] || !(o.scale[0] > 0) || o.integers[1]) return NormOuts::kAny;
+  return o.scale[1] > 0 ? NormOuts::kIntegersFake : NormOuts::kIntegersValue;
+}
 
 // A row's loads in the register layout (ops/cuda/rows.cuh): a's packs and, where b is set, b's.
 template <int C, typename A>
@@ -132,10 +140,12 @@ unsigned resident_row_blocks(const Graph<float>& g, Kernel kernel, int64_t rows,
 // q nor outs (a training step's LayerNorm), those paths compiled out (fewer registers and instructions).
 // kFull: c = 128 C (with_full_rows), known when compiled: no bounds test or address arithmetic a pack
 // (BERT-base's LayerNorm in a BF16 step 18.2 -> 15.4 us, 70 -> 64 registers; its INT8 one 46 -> 38 us).
+// kOuts: the outputs' kinds where known when compiled (NormOuts; the integers rounded and saturated by
+// int8_quad's two packs).
 // The quantized variants are held to 64 registers (four blocks an SM; a little spilled): with the division
 // chosen once per row they took 84, two blocks an SM (BERT-base's INT8 LayerNorm 57.6 us against 46.1).
 // (0: no minimum.)
-template <int C, typename A, bool kPlain, bool kFull>
+template <int C, typename A, bool kPlain, bool kFull, NormOuts kOuts = NormOuts::kAny>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
     layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b, const float* gamma,
                             const float* beta, int64_t rows, int width, float eps, RowDrop drop, RowQuantize<A> q,
@@ -199,7 +209,24 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
       cuda::Pack<A, 4> out;
       for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
-      if constexpr (!kPlain) {
+      if constexpr (kOuts != NormOuts::kAny) {
+        float u[4];
+        for (int w = 0; w < 4; ++w)
+          u[w] = cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), outs.scale[0], outs.reciprocal[0]);
+        *reinterpret_cast<uint32_t*>(static_cast<int8_t*>(outs.out[0]) + row + j) =
+            cuda::int8_quad(u[0], u[1], u[2], u[3]);
+        if constexpr (kOuts == NormOuts::kIntegersFake) {
+          cuda::Pack<A, 4> fake;
+          for (int w = 0; w < 4; ++w)
+            fake.v[w] = cuda::from_float<A>(cuda::int8_round(cuda::ScaleDivision::normal_quotient(
+                                                cuda::to_float(out.v[w]), outs.scale[1], outs.reciprocal[1])) *
+                                            outs.scale[1]);
+          cuda::store_pack<4>(static_cast<A*>(outs.out[1]) + row + j, fake);
+        } else {
+          cuda::store_pack<4>(static_cast<A*>(outs.out[1]) + row + j, out);
+        }
+        continue;
+      } else if constexpr (!kPlain) {
         if (outs.count > 0) {
 #pragma unroll
           for (int o = 0; o < 2; ++o) {
@@ -508,6 +535,10 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
         constexpr bool kFull = decltype(full)::value;
         if (!q && outs.count == 0)
           launch(layer_norm_rows_forward<kChunks, A, true, kFull>);
+        else if (norm_outs(outs) == NormOuts::kIntegersFake)
+          launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kIntegersFake>);
+        else if (norm_outs(outs) == NormOuts::kIntegersValue)
+          launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kIntegersValue>);
         else
           launch(layer_norm_rows_forward<kChunks, A, false, kFull>);
       });

@@ -59,6 +59,25 @@ struct ScaleDivision {
 __device__ __forceinline__ float int8_round(float u) { return fminf(fmaxf(rintf(u), -128.0f), 127.0f); }
 __device__ __forceinline__ float int8_of(float v, const ScaleDivision& divide) { return int8_round(divide(v)); }
 
+// The integers of two quotients, u0 in the low byte: int8_round's (half to even, clamped to [-128, 127]) for
+// every number but NaN (0 here; no finite sum, scale and bias make one), in three instructions (cvt.rni twice,
+// one saturating pack) where int8_round and a conversion take four a value. (Doing without conversions, BF16
+// rounding and rounding to integers on the bits, took more instructions and was slower.)
+__device__ __forceinline__ uint16_t int8_pair(float u0, float u1) {
+  uint32_t packed;
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;\n" : "=r"(packed) : "r"(__float2int_rn(u1)), "r"(__float2int_rn(u0)));
+  return static_cast<uint16_t>(packed);
+}
+// Four, u0 in the lowest byte: two saturating packs, the second taking the first's two bytes above its own.
+__device__ __forceinline__ uint32_t int8_quad(float u0, float u1, float u2, float u3) {
+  uint32_t high, packed;
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;\n" : "=r"(high) : "r"(__float2int_rn(u3)), "r"(__float2int_rn(u2)));
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;\n"
+      : "=r"(packed)
+      : "r"(__float2int_rn(u1)), "r"(__float2int_rn(u0)), "r"(high));
+  return packed;
+}
+
 // q (rows, k) = int8_of each element of x as a value of Q (exact): row r at scales[r % scale_rows] where
 // `scales` (device memory) is given, else at `scale` (one row of a single device scale: scale_rows 1).
 template <typename Q, typename A>

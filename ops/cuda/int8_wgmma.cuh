@@ -91,16 +91,6 @@ __device__ __forceinline__ O int8_epilogue_value(float v, float scale, float rec
     return from_float<O>(int8_round(int8_epilogue_quotient<A, kGelu>(v, scale, reciprocal)) * scale);
   }
 }
-// The integers of two quotients, u0 in the low byte: int8_round's (half to even, clamped to [-128, 127]) for
-// every number but NaN (0 here; no finite sum, scale and bias make one), in three instructions (cvt.rni twice,
-// one saturating pack) where int8_round and a conversion take four a value. (Doing without conversions, BF16
-// rounding and rounding to integers on the bits, took more instructions and was slower.)
-__device__ __forceinline__ uint16_t int8_pair(float u0, float u1) {
-  uint32_t packed;
-  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;\n" : "=r"(packed) : "r"(__float2int_rn(u1)), "r"(__float2int_rn(u0)));
-  return static_cast<uint16_t>(packed);
-}
-
 // The table of Int8Epilogue::table for a quantizer at (scale, reciprocal): entry b is the integer
 // int8_epilogue_value gives for the BF16 value of bits b, GELU applied: the same function, so the same values.
 __global__ void int8_epilogue_table(int8_t* table, float scale, float reciprocal) {

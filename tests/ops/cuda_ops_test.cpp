@@ -1829,8 +1829,10 @@ TEST_F(CudaOps, Int8AttentionOnTheGpuEqualsTheCpuEngine) {
 // LayerNorm writing its output only as its readers' quantizers read it (add_layer_norm_quantized, GPU
 // integer inference) against the ops one by one: dropout_add_layer_norm (with the add's input quantizer or
 // without), then fake_quantize of the stored output for each reader, bit for bit in FP32 and BF16; int8
-// outputs are those values divided by their scale; scale 0 gives the output itself. Rows of 768 and 100
-// columns; rows of 1,030 (past the row kernels) give nothing (the caller's ops run).
+// outputs are those values divided by their scale; scale 0 gives the output itself. Both fake-quantized runs
+// the kernel that tests the outputs' kinds a chunk; integers with the output itself or with a fake-quantized
+// one run the kernels compiled for those. Rows of 768 and 100 columns; rows of 1,030 (past the row kernels)
+// give nothing (the caller's ops run).
 TEST_F(CudaOps, AddLayerNormQuantizedEqualsTheOpsOneByOne) {
   for (const int64_t c : {int64_t{768}, int64_t{100}}) {
     SCOPED_TRACE("columns " + std::to_string(c));
@@ -1870,6 +1872,13 @@ TEST_F(CudaOps, AddLayerNormQuantizedEqualsTheOpsOneByOne) {
         for (size_t i = 0; i < divided.size(); ++i) divided[i] = std::nearbyint(want_first[i] / first);
         EXPECT_EQ(g.to_host(integers[0]), divided);
         EXPECT_EQ(g.to_host(integers[1]), g.to_host(y));
+        // An INT8 model's residual LayerNorm: the integers and the fake-quantized values (compiled in).
+        const std::array<ops::NormOutput, 2> integers_fake = {ops::NormOutput{first, true},
+                                                              ops::NormOutput{second, false}};
+        const std::vector<Var> both = ops::add_layer_norm_quantized(g, av, bv, gv, betav, 1e-12, add, integers_fake);
+        ASSERT_EQ(both.size(), 2u);
+        EXPECT_EQ(g.to_host(both[0]), divided);
+        EXPECT_EQ(g.to_host(both[1]), want_second);
       }
     }
   }
