@@ -156,9 +156,23 @@ Var Graph<T>::leaf(TensorView<T> value, TensorView<T> grad, bool grad_uninitiali
 template <typename T>
 void Graph<T>::note_consumer(std::span<const Var> inputs, int32_t consumer) {
   for (Var v : inputs) {
+    ++node(v).readers;
     Node& owner = grad_owner(v);
     if (owner.is_leaf && owner.first_consumer < 0) owner.first_consumer = consumer;
   }
+}
+
+template <typename T>
+void Graph<T>::set_bias_of(Var y, Var bias) {
+  node(y).bias_of = bias.index;
+}
+
+template <typename T>
+Var Graph<T>::bias_to_sum(Var y) {
+  const Node& n = node(y);
+  if (n.bias_of < 0 || n.readers != 1 || n.gradient_of >= 0) return Var{};
+  const Var bias{n.bias_of, generation_};
+  return requires_grad(bias) ? bias : Var{};
 }
 
 template <typename T>
@@ -200,6 +214,7 @@ Var Graph<T>::emit_view(Var x, Shape shape, std::source_location made_by) {
   n.dtype = node(x).dtype;
   n.requires_grad = any_requires_grad({&x, 1});
   n.gradient_of = x.index;
+  ++node(x).readers;  // its gradient is x's: a writer x cannot see
   return push_made_by(n, made_by);
 }
 

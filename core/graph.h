@@ -181,6 +181,16 @@ class Graph {
   // from y's own backward (nothing reads y's gradient after it). Returns false when it could not, and
   // then the op copies dy itself.
   bool pass_grad_through(Var x, Var y);
+  // A linear's bias gradient summed by the op that reads the linear's output. The linear says that its
+  // bias's gradient is the column sums of y's gradient (set_bias_of); bias_to_sum(y) gives that bias to
+  // the op that writes y's gradient, where it is y's only reader (nothing else made from y, no view of it)
+  // and the bias takes a gradient, else Var{}. That op may then add the column sums of what it writes into
+  // the bias's gradient in a pass it makes anyway, and say so (set_bias_summed); the linear's backward
+  // then does not sum them again (bias_summed).
+  void set_bias_of(Var y, Var bias);
+  Var bias_to_sum(Var y);
+  void set_bias_summed(Var y) { node(y).bias_summed = true; }
+  bool bias_summed(Var y) const { return node(y).bias_summed; }
 
   // --- modes and lifetime
   bool grad_enabled() const { return grad_enabled_; }
@@ -236,6 +246,9 @@ class Graph {
     bool owns_grad = false;           // inner nodes: `grad` came from allocate_grad (not passed through)
     bool grad_released = false;       // its closure has run and its gradient buffer went back for reuse
     bool grad_unwritten = false;      // leaves made with grad_uninitialised, until first written
+    int32_t readers = 0;              // nodes made from it that take a gradient, and views of it
+    int32_t bias_of = -1;             // set_bias_of: the bias whose gradient its gradient's column sums are
+    bool bias_summed = false;         // set_bias_summed
   };
   // A gradient buffer whose node's closure has run: nothing reads or writes it any more this step, so a
   // later gradient of the same size takes it instead of new workspace memory.

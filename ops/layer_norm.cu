@@ -285,7 +285,7 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 
 // LayerNorm's backward, rows in registers: the input's gradient row by row and, in the same pass, the
 // block's sums of dy n and dy over its rows per column into partial_gamma/partial_beta[block][col] (gamma's
-// and beta's gradients: launch_param_sums adds the blocks in order). Block i takes rows
+// and beta's gradients: cuda::launch_add_partial_rows adds the blocks in order). Block i takes rows
 // i per_block on, warp w every kWarpsPerBlock-th of them from w, adding into its own rows of the column
 // sums in shared memory (backward_row_shared bytes; registers would hold 8 C floats a lane and leave room
 // for two blocks an SM); the warps' sums are then added in warp order (deterministic). The loops over a
@@ -293,29 +293,34 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 // while it works on the current one (below), at two blocks an SM from 640 columns on (up to 128
 // registers), as many blocks as are resident: BERT-base's BF16 LayerNorm backward 24.7 -> 21.3 us with
 // kFull (23.7 with kFull alone, three blocks an SM), and 264 partial rows instead of 342 for the second
-// pass (7.5 -> 5.2 us).
+// pass (7.5 -> 5.2 us). With partial_da set, the blocks also sum the gradient they write to a (its rows
+// as stored) into partial_da[block][col], a third array of column sums: a linear's bias gradient
+// (Graph::bias_to_sum), added by the second pass with gamma's and beta's.
 template <int C>
-constexpr size_t backward_row_shared() {
-  return size_t(2 * kWarpsPerBlock) * C * 128 * sizeof(float);
+constexpr size_t backward_row_shared(int sums = 2) {
+  return size_t(sums * kWarpsPerBlock) * C * 128 * sizeof(float);
 }
 template <int C, typename A, bool kPlain, bool kFull>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
-    layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, const A* dy, const A* x,
-                             const float* gamma, const float* mean, const float* rstd, int64_t rows, int width,
-                             int64_t per_block, RowDrop drop, RowQuantize<A> q) {
+    layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, float* partial_da,
+                             const A* dy, const A* x, const float* gamma, const float* mean, const float* rstd,
+                             int64_t rows, int width, int64_t per_block, RowDrop drop, RowQuantize<A> q) {
   const int c = kFull ? C * 128 : width;
-  extern __shared__ __align__(16) float column_sums[];  // [2][kWarpsPerBlock][C 128]: dy n, then dy
+  extern __shared__ __align__(16) float column_sums[];  // [2 or 3][kWarpsPerBlock][C 128]: dy n, dy, da
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* const sum_dyn = column_sums + warp * C * 128;                    // this warp's, touched by its
-  float* const sum_dy = column_sums + (kWarpsPerBlock + warp) * C * 128;  // lanes' own columns only
-  if (partial_gamma)
+  float* const sum_dyn = column_sums + warp * C * 128;                        // this warp's, touched by
+  float* const sum_dy = column_sums + (kWarpsPerBlock + warp) * C * 128;      // its lanes' own columns
+  float* const sum_da = column_sums + (2 * kWarpsPerBlock + warp) * C * 128;  // only
 #pragma unroll
-    for (int k = 0; k < C; ++k) {
-      const int j = (k * 32 + lane) * 4;
-      if (j >= c) continue;
+  for (int k = 0; k < C; ++k) {
+    const int j = (k * 32 + lane) * 4;
+    if (j >= c) continue;
+    if (partial_gamma) {
       *reinterpret_cast<float4*>(sum_dyn + j) = float4{};
       *reinterpret_cast<float4*>(sum_dy + j) = float4{};
     }
+    if (partial_da) *reinterpret_cast<float4*>(sum_da + j) = float4{};
+  }
   double acc = 0;  // this thread's share of the quantizer scale's gradient
   const bool quantized = !kPlain && q.scale;
   const cuda::ScaleDivision divide(quantized ? *q.scale : 1.0f);
@@ -390,19 +395,31 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
         for (int w = 0; w < 4; ++w) out[w] *= keep[w];
       }
       if (to.da) store_grad_to<4>(to.da + r * c + j, to.accumulate_a, out);
+      if (partial_da) {  // what was stored (partial_da only where to.da is stored, not added to)
+        cuda::Pack<float, 4> sums = cuda::load_pack<4>(sum_da + j);
+        for (int w = 0; w < 4; ++w) sums.v[w] += cuda::to_float(cuda::from_float<A>(out[w]));
+        cuda::store_pack<4>(sum_da + j, sums);
+      }
     }
   }
   if (!kPlain && q.ds) cuda::add_scale_gradient(acc, q.ds, q.grad_scale, q.partial, q.arrivals);
-  if (!partial_gamma) return;
+  if (!partial_gamma && !partial_da) return;
   __syncthreads();
   for (int col = threadIdx.x; col < c; col += blockDim.x) {
-    float total_dyn = 0, total_dy = 0;
-    for (int v = 0; v < kWarpsPerBlock; ++v) {
-      total_dyn += column_sums[v * C * 128 + col];
-      total_dy += column_sums[(kWarpsPerBlock + v) * C * 128 + col];
+    if (partial_gamma) {
+      float total_dyn = 0, total_dy = 0;
+      for (int v = 0; v < kWarpsPerBlock; ++v) {
+        total_dyn += column_sums[v * C * 128 + col];
+        total_dy += column_sums[(kWarpsPerBlock + v) * C * 128 + col];
+      }
+      partial_gamma[blockIdx.x * int64_t(c) + col] = total_dyn;
+      partial_beta[blockIdx.x * int64_t(c) + col] = total_dy;
     }
-    partial_gamma[blockIdx.x * int64_t(c) + col] = total_dyn;
-    partial_beta[blockIdx.x * int64_t(c) + col] = total_dy;
+    if (partial_da) {
+      float total = 0;
+      for (int v = 0; v < kWarpsPerBlock; ++v) total += column_sums[(2 * kWarpsPerBlock + v) * C * 128 + col];
+      partial_da[blockIdx.x * int64_t(c) + col] = total;
+    }
   }
 }
 
@@ -568,13 +585,16 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
       float* dgamma = g.requires_grad(gamma) ? g.grad(gamma).data() : nullptr;
       float* dbeta = g.requires_grad(beta) ? g.grad(beta).data() : nullptr;
       const bool params = dgamma || dbeta;
+      // a's gradient summed into the bias of the linear that made a, where this writes all of it.
+      const Var bias = to.da && !to.accumulate_a ? g.bias_to_sum(a) : Var{};
+      float* dbias = bias.valid() ? g.grad(bias).data() : nullptr;
       const A* x = b.valid() ? static_cast<const A*>(sums) : cuda::typed<A>(g.data(a));
       int64_t blocks = 0;
-      float *partial_gamma = nullptr, *partial_beta = nullptr;
+      float *partial_gamma = nullptr, *partial_beta = nullptr, *partial_da = nullptr;
       with_row_chunks(c, {}, [&](auto width) {
         constexpr int kChunks = decltype(width)::value;
         auto launch = [&](auto kernel) {
-          constexpr size_t bytes = backward_row_shared<kChunks>();
+          const size_t bytes = backward_row_shared<kChunks>(dbias ? 3 : 2);
           // From 48 KiB on (768 columns: exactly 48, to which the quantizer's reduction adds static bytes),
           // beyond the default limit.
           if (bytes >= 48 * 1024)
@@ -588,10 +608,11 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
               kWarpsPerBlock * kWarpsPerBlock;
           blocks = (rows + per_block - 1) / per_block;
           if (params) partial_gamma = g.scratch<float>(blocks * c), partial_beta = g.scratch<float>(blocks * c);
+          if (dbias) partial_da = g.scratch<float>(blocks * c);
           if (quantize.ds && blocks > 1) quantize.partial = g.scratch<double>(blocks);
           kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, bytes, cuda::stream(g)>>>(
-              to, partial_gamma, partial_beta, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(), mean, rstd,
-              rows, int(c), per_block, drop, quantize);
+              to, partial_gamma, partial_beta, partial_da, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(),
+              mean, rstd, rows, int(c), per_block, drop, quantize);
         };
         with_full_rows<kChunks>(c, [&](auto full) {
           constexpr bool kFull = decltype(full)::value;
@@ -602,7 +623,8 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
         });
       });
       BERT_CUDA_LAUNCHED();
-      if (params) launch_param_sums(g, dgamma, dbeta, partial_gamma, partial_beta, blocks, c);
+      cuda::launch_add_partial_rows(g, dgamma, partial_gamma, dbeta, partial_beta, blocks, c, dbias, partial_da);
+      if (dbias) g.set_bias_summed(a);
     });
   });
   return y;

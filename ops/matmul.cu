@@ -456,6 +456,7 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
   if (ld != out)
     BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(A), y_gemm, ld * sizeof(A), out * sizeof(A), rows,
                                       cudaMemcpyDeviceToDevice, cuda::stream(g)));
+  if (bias.valid() && g.requires_grad(bias)) g.set_bias_of(y, bias);  // its reader may sum dy's columns
   g.on_backward(y, [=](Graph<float>& g) {
     const A* dy = cuda::typed<A>(g.grad_data(y));
     const A* dy_gemm = dy;
@@ -480,8 +481,9 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
     }
     // The bias gradient in two passes of our own: cuBLASLt's BGRADB epilogue ran as a separate kernel
     // (21 us a call on 32,768 rows of 256 on an H200, these two take 11) and slowed the MLM decoder's
-    // weight-gradient GEMM by a fifth.
-    if (bias.valid() && g.requires_grad(bias)) add_column_sums(g, dy, g.dtype(y), rows, out, out, g.grad(bias).data());
+    // weight-gradient GEMM by a fifth. Not where y's reader summed dy as it wrote it (Graph::bias_summed).
+    if (bias.valid() && g.requires_grad(bias) && !g.bias_summed(y))
+      add_column_sums(g, dy, g.dtype(y), rows, out, out, g.grad(bias).data());
   });
   return y;
 }
@@ -544,7 +546,8 @@ struct GeluBackwardRows {
 // goes to transient slot 0 and the second GEMM reads it there. The backward: dact = dy W2 into slot 1, then
 // one pass turns it into dpre in place, writes gelu(pre) into slot 0 again for dW2 = dy^T act and sums
 // dpre's columns into b1's gradient; then the first linear's other gradients from dpre. The kernels and GEMMs of
-// linear, gelu, linear: the same bits.
+// linear, gelu, linear: the same bits. b2's gradient is dy's column sums, summed by y's reader where it
+// says so (Graph::bias_summed: dropout_add_layer_norm), as linear's.
 template <typename A>
 Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
@@ -565,6 +568,7 @@ Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
   BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu, n, cuda::packs_of_4(n, {act, pre}), g, act, pre, n);
   linear_product(g, rows, hidden, out, act, w2_gemm, b2_gemm, g.value(b2).data(), out, cuda::typed<A>(g.data(y)), out,
                  type);
+  if (g.requires_grad(b2)) g.set_bias_of(y, b2);  // its reader may sum dy's columns
   g.on_backward(y, [=](Graph<float>& g) {
     const A* dy = cuda::typed<A>(g.grad_data(y));
     A* act = g.transient<A>(0, n);
@@ -593,7 +597,7 @@ Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
       }
       if (g.requires_grad(b) && !bias_done) add_column_sums(g, dz, g.dtype(y), rows, o, o, g.grad(b).data());
     };
-    weight_grads(w2, b2, dy, act, out, hidden, false);
+    weight_grads(w2, b2, dy, act, out, hidden, g.bias_summed(y));
     if (g.requires_grad(x)) {  // dx (N, in) (+)= dpre (N, hidden) W1 (hidden, in)
       const auto dx = g.raw_grad_target(x);
       gemm(g, false, false, rows, in, hidden, 1.0f, d, hidden, 0, w1_gemm, in, 0, dx.accumulate ? 1.0f : 0.0f, dx.data,

@@ -444,6 +444,35 @@ TEST_F(CudaOps, DropoutAddLayerNormFusedAndNot) {
       kReduction, kReduction);
 }
 
+// A linear (or the feed-forward block) read only by dropout_add_layer_norm: its bias gradient is summed in
+// the LayerNorm's backward from the gradient it writes (Graph::bias_to_sum), not by a pass of the linear's
+// own; against the CPU, which sums it in the linear. With a second reader of the linear's output the linear
+// sums it itself; rows the LayerNorm kernels do not take (45 wide) leave it to the linear too.
+TEST_F(CudaOps, LinearBiasGradientSummedByTheLayerNormReadingIt) {
+  for (const int64_t c : {int64_t{128}, int64_t{768}, int64_t{45}}) {
+    for (bool second_reader : {false, true}) {
+      SCOPED_TRACE("width " + std::to_string(c) + (second_reader ? ", a second reader" : ""));
+      compare(
+          {Shape{3, 50, 40}, Shape{c, 40}, Shape{c}, Shape{3, 50, c}, Shape{c}, Shape{c}},
+          [second_reader](Graph<float>& g, const std::vector<Var>& in) {
+            Rng rng(21);
+            const Var a = ops::linear(g, in[0], in[1], in[2]);
+            Var y = ops::dropout_add_layer_norm(g, a, in[3], in[4], in[5], 1e-12, 0.1, /*training=*/true, rng);
+            return second_reader ? ops::add(g, y, ops::scale(g, a, 0.5)) : y;
+          },
+          kReduction, kReduction);
+    }
+  }
+  compare(
+      {Shape{2, 30, 64}, Shape{256, 64}, Shape{256}, Shape{64, 256}, Shape{64}, Shape{64}, Shape{64}},
+      [](Graph<float>& g, const std::vector<Var>& in) {
+        Rng rng(22);
+        const Var ff = ops::feed_forward(g, in[0], in[1], in[2], in[3], in[4]);
+        return ops::dropout_add_layer_norm(g, ff, in[0], in[5], in[6], 1e-12, 0.1, /*training=*/true, rng);
+      },
+      kReduction, kReduction);
+}
+
 TEST_F(CudaOps, DropoutDropsTheSameElementsAsTheCpu) {
   for (double p : {0.1, 0.5}) {
     compare(
