@@ -53,6 +53,41 @@ TEST(Graph, IsFreedAfterBackward) {
   EXPECT_THROW(g.value(loss), InternalError) << "a handle from before backward() is stale";
 }
 
+// Graph::bias_to_sum hands a linear's bias to the reader of its output only where that reader is the only
+// one: nothing else made from the output, no view of it, and the bias takes a gradient.
+TEST(Graph, BiasToSumGoesToTheOutputsOnlyReader) {
+  TinyModel model;
+  Graph<float> g;
+  Tensor<float> x = testing::to_float(testing::random_tensor({5, 3}, 2));
+  const Var bias = g.param(model.arena.get(model.bias));
+  auto linear = [&] {
+    const Var y = ops::linear(g, g.constant(x.view()), g.param(model.arena.get(model.weight)), bias);
+    g.set_bias_of(y, bias);
+    return y;
+  };
+  const Var alone = linear();
+  EXPECT_FALSE(g.bias_to_sum(alone).valid()) << "no reader yet";
+  ops::gelu(g, alone);
+  EXPECT_EQ(g.bias_to_sum(alone).index, bias.index);
+  EXPECT_FALSE(g.bias_summed(alone));
+  g.set_bias_summed(alone);
+  EXPECT_TRUE(g.bias_summed(alone));
+  const Var shared = linear();
+  ops::gelu(g, shared);
+  ops::tanh(g, shared);
+  EXPECT_FALSE(g.bias_to_sum(shared).valid()) << "two readers";
+  const Var viewed = linear();
+  ops::gelu(g, viewed);
+  const Var view = ops::reshape(g, viewed, Shape{20});
+  EXPECT_FALSE(g.bias_to_sum(viewed).valid()) << "a view writes its gradient too";
+  EXPECT_FALSE(g.bias_to_sum(view).valid()) << "the view is no linear's output";
+  const Var fixed = ops::linear(g, g.constant(x.view()), g.param(model.arena.get(model.weight)),
+                                g.constant(model.arena.get(model.bias).value));
+  g.set_bias_of(fixed, g.constant(model.arena.get(model.bias).value));
+  ops::gelu(g, fixed);
+  EXPECT_FALSE(g.bias_to_sum(fixed).valid()) << "a bias without a gradient";
+}
+
 TEST(Graph, NoGradModeRecordsNothingAndRestoresTheMode) {
   TinyModel model;
   Tensor<float> x = testing::to_float(testing::random_tensor({5, 3}, 2));
