@@ -194,45 +194,48 @@ __global__ void scaled_grad_kernel(X* dx, const Y* dy, float alpha, int64_t n, b
 }
 
 // Second pass of a deterministic column sum: out_a[col] += sum over k < chunks of partial_a[k][col] (and
-// the same for b and c where out_b, out_c are set). Block (32, kLanes): 32 columns, kLanes lanes over the
-// chunks (lane y: chunks y, y + kLanes, ...), the lanes' sums added in lane order. A template so each
-// kernel file has its own copy.
+// the same for b and c where out_b, out_c are set). Grid (column groups of 32, arrays): block (32, kLanes)
+// adds one array's 32 columns, kLanes lanes over the chunks (lane y: chunks y, y + kLanes, ..., eight loads
+// in flight), the lanes' sums added in lane order. One block an array: BERT-base's LayerNorm (264 chunks of
+// 768 columns, three arrays) had 24 blocks and 6.7 us on an H200 with the arrays one after another in
+// each. A template so each kernel file has its own copy.
+struct PartialRows {
+  float* out[3];
+  const float* partial[3];
+};
 template <int kLanes = 32>
-__global__ void add_partial_rows(float* out_a, const float* partial_a, float* out_b, const float* partial_b,
-                                 float* out_c, const float* partial_c, int64_t chunks, int64_t cols) {
-  __shared__ float sa[kLanes][33], sb[kLanes][33], sc[kLanes][33];
+__global__ void add_partial_rows(PartialRows rows, int64_t chunks, int64_t cols) {
+  __shared__ float lanes[kLanes][33];
+  float* const out = rows.out[blockIdx.y];
+  const float* const partial = rows.partial[blockIdx.y];
   const int64_t col = blockIdx.x * 32 + threadIdx.x;
-  float a = 0, b = 0, c = 0;
-  if (col < cols) {
-#pragma unroll 4
-    for (int64_t k = threadIdx.y; k < chunks; k += kLanes) a += partial_a[k * cols + col];
-    if (out_b) {
-#pragma unroll 4
-      for (int64_t k = threadIdx.y; k < chunks; k += kLanes) b += partial_b[k * cols + col];
+  constexpr int kInFlight = 8;
+  float sum = 0;
+  if (col < cols)
+    for (int64_t k0 = threadIdx.y; k0 < chunks; k0 += kInFlight * kLanes) {
+      float v[kInFlight];
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j)
+        if (k0 + j * kLanes < chunks) v[j] = partial[(k0 + j * kLanes) * cols + col];
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j)
+        if (k0 + j * kLanes < chunks) sum += v[j];
     }
-    if (out_c) {
-#pragma unroll 4
-      for (int64_t k = threadIdx.y; k < chunks; k += kLanes) c += partial_c[k * cols + col];
-    }
-  }
-  sa[threadIdx.y][threadIdx.x] = a;
-  sb[threadIdx.y][threadIdx.x] = b;
-  sc[threadIdx.y][threadIdx.x] = c;
+  lanes[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y != 0 || col >= cols) return;
-  for (int k = 1; k < kLanes; ++k) a += sa[k][threadIdx.x], b += sb[k][threadIdx.x], c += sc[k][threadIdx.x];
-  out_a[col] += a;
-  if (out_b) out_b[col] += b;
-  if (out_c) out_c[col] += c;
+  for (int k = 1; k < kLanes; ++k) sum += lanes[k][threadIdx.x];
+  out[col] += sum;
 }
 inline void launch_add_partial_rows(const Graph<float>& g, float* out_a, const float* partial_a, float* out_b,
                                     const float* partial_b, int64_t chunks, int64_t cols, float* out_c = nullptr,
                                     const float* partial_c = nullptr) {
-  if (!out_a) std::swap(out_a, out_b), std::swap(partial_a, partial_b);
-  if (!out_a) std::swap(out_a, out_c), std::swap(partial_a, partial_c);
-  if (!out_a) return;
-  add_partial_rows<<<unsigned((cols + 31) / 32), dim3(32, 32), 0, stream(g)>>>(out_a, partial_a, out_b, partial_b,
-                                                                               out_c, partial_c, chunks, cols);
+  PartialRows rows{};
+  unsigned arrays = 0;
+  for (auto [out, partial] : {std::pair{out_a, partial_a}, std::pair{out_b, partial_b}, std::pair{out_c, partial_c}})
+    if (out) rows.out[arrays] = out, rows.partial[arrays] = partial, ++arrays;
+  if (arrays == 0) return;
+  add_partial_rows<<<dim3(unsigned((cols + 31) / 32), arrays), dim3(32, 32), 0, stream(g)>>>(rows, chunks, cols);
   BERT_CUDA_LAUNCHED();
 }
 
