@@ -297,10 +297,15 @@ constexpr int shared_bytes(int t, int d) {
   return tp * (d + 16) + d * (tp + 16) + tp * int(sizeof(float));
 }
 
+// K and V pieces (16 bytes of a row) a thread loads before storing any: the loads of a round in flight together
+// (one round at lengths up to 128 with head size 64).
+constexpr int kLoadRound = 4;
+
 // Head size 64 with every score of a row in registers (BERT-base and -large at lengths up to 128): five blocks
 // an SM, at most 102 registers (a few values spilled): 79.3 -> 75.3 us a BERT-base layer at batch 128 on an
 // H200, against four blocks at 111. The other variants as the compiler lays them out (0: no minimum).
-template <typename A, typename O, int kD, bool kResident>
+// kMask: a mask row is given or the keys are padded to a multiple of 32 (else no score has one to add).
+template <typename A, typename O, int kD, bool kResident, bool kMask>
 __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) forward(const Args a) {
   extern __shared__ __align__(16) uint8_t shared[];
   const int tp = (a.t + kChunk - 1) / kChunk * kChunk, ks_ld = kD + 16, vt_ld = tp + 16;
@@ -310,25 +315,37 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
   const int b = blockIdx.z, h = blockIdx.y;
   const int64_t head = int64_t(b) * a.t * a.ld + int64_t(h) * kD;  // the head's first value in q, k, v
   constexpr int kPieces = kD / 16;
-  for (int i = threadIdx.x; i < tp * kPieces; i += blockDim.x) {
-    const int r = i / kPieces, c = (i % kPieces) * 16;
-    uint4 key = {0, 0, 0, 0};
-    if (r < a.t) key = *reinterpret_cast<const uint4*>(a.k + head + r * a.ld + c);
-    *reinterpret_cast<uint4*>(ks + r * ks_ld + c) = key;
-  }
-  // (A warp's threads take 32 consecutive keys of 16 channels: each byte store of the transpose goes to
-  // one row of V^T, 8 words in 8 banks.)
-  for (int i = threadIdx.x; i < tp * kPieces; i += blockDim.x) {
-    const int r = i % tp, c = (i / tp) * 16;
-    uint4 value = {0, 0, 0, 0};
-    if (r < a.t) value = *reinterpret_cast<const uint4*>(a.v + head + r * a.ld + c);
-    const int8_t* bytes = reinterpret_cast<const int8_t*>(&value);
-    const int at = (r & ~(kChunk - 1)) + permuted_key(r & (kChunk - 1));
+  // Piece i of K: row i / kPieces, channels 16 (i % kPieces); of V: a warp's 32 lanes take 32 consecutive keys
+  // of 16 channels (each byte store of the transpose goes to one row of V^T, 8 words in 8 banks). Rows past
+  // the end are zeros.
+  const int pieces = tp * kPieces;
+  for (int round = 0; round < pieces; round += kLoadRound * 32 * kWarps) {
+    uint4 key[kLoadRound], value[kLoadRound];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) vt[(c + j) * vt_ld + at] = bytes[j];
+    for (int j = 0; j < kLoadRound; ++j) {
+      const int i = round + j * 32 * kWarps + threadIdx.x;
+      const int kr = i / kPieces, kc = (i % kPieces) * 16;
+      const int vr = i / (32 * kPieces) * 32 + i % 32, vc = (i / 32) % kPieces * 16;
+      key[j] = value[j] = uint4{0, 0, 0, 0};
+      if (i < pieces && kr < a.t) key[j] = *reinterpret_cast<const uint4*>(a.k + head + int64_t(kr) * a.ld + kc);
+      if (i < pieces && vr < a.t) value[j] = *reinterpret_cast<const uint4*>(a.v + head + int64_t(vr) * a.ld + vc);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadRound; ++j) {
+      const int i = round + j * 32 * kWarps + threadIdx.x;
+      if (i >= pieces) break;
+      const int kr = i / kPieces, kc = (i % kPieces) * 16;
+      const int vr = i / (32 * kPieces) * 32 + i % 32, vc = (i / 32) % kPieces * 16;
+      *reinterpret_cast<uint4*>(ks + kr * ks_ld + kc) = key[j];
+      const int8_t* bytes = reinterpret_cast<const int8_t*>(&value[j]);
+      const int at = (vr & ~(kChunk - 1)) + permuted_key(vr & (kChunk - 1));
+#pragma unroll
+      for (int x = 0; x < 16; ++x) vt[(vc + x) * vt_ld + at] = bytes[x];
+    }
   }
-  for (int i = threadIdx.x; i < tp; i += blockDim.x)
-    mask[i] = i < a.t ? (a.mask ? a.mask[int64_t(b) * a.t + i] : 0.0f) : -INFINITY;
+  if constexpr (kMask)
+    for (int i = threadIdx.x; i < tp; i += blockDim.x)
+      mask[i] = i < a.t ? (a.mask ? a.mask[int64_t(b) * a.t + i] : 0.0f) : -INFINITY;
   __syncthreads();
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int row0 = blockIdx.x * kRows + (threadIdx.x / 32) * 16 + g, row1 = row0 + 8;
@@ -358,7 +375,8 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
       const int k0 = c * kChunk + j * 8 + 2 * t4;
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        s[j][e] = cuda::to_float(cuda::from_float<A>(__int2float_rn(sum[e]) * a.score_scale)) + mask[k0 + (e & 1)];
+        s[j][e] = cuda::to_float(cuda::from_float<A>(__int2float_rn(sum[e]) * a.score_scale)) +
+                  (kMask ? mask[k0 + (e & 1)] : 0.0f);
     }
   };
   const int chunks = tp / kChunk;
@@ -394,19 +412,34 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
   cuda::mma::IntAccumulator context[kD / 8];
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) context[n][0] = context[n][1] = context[n][2] = context[n][3] = 0;
-  // Chunk c's exponentials as quantized probabilities, times its values into the context.
+  // Chunk c's exponentials as quantized probabilities, times its values into the context. A probability is at
+  // most 1 (NaN where every key of its row is masked), so its quotient by the quantizer's scale is finite: no
+  // test for infinite quotients; the integers rounded and saturated four at a time (int8_quad), which differs
+  // from int8_round only for NaN (0, not -128): rows whose keys are all masked take int8_round.
+  bool some_row_empty = false;  // set once the rows' maxima are known
   auto add_products = [&](int c, const float(&s)[4][4], float inv0, float inv1) {
-    int p[4][4];
+    float u[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float prob = cuda::to_float(cuda::from_float<A>(s[j][e] * (e < 2 ? inv0 : inv1)));
-        p[j][e] = int(cuda::int8_round(cuda::ScaleDivision::normal_quotient(prob, a.probs_scale, a.probs_reciprocal)));
+        const float q = prob * a.probs_reciprocal;
+        u[j][e] = fmaf(fmaf(-q, a.probs_scale, prob), a.probs_reciprocal, q);
       }
-    const uint32_t pa[4] = {
-        cuda::mma::pack_s8(p[0][0], p[0][1], p[1][0], p[1][1]), cuda::mma::pack_s8(p[0][2], p[0][3], p[1][2], p[1][3]),
-        cuda::mma::pack_s8(p[2][0], p[2][1], p[3][0], p[3][1]), cuda::mma::pack_s8(p[2][2], p[2][3], p[3][2], p[3][3])};
+    uint32_t pa[4];
+    if (!some_row_empty) {
+      pa[0] = cuda::int8_quad(u[0][0], u[0][1], u[1][0], u[1][1]);
+      pa[1] = cuda::int8_quad(u[0][2], u[0][3], u[1][2], u[1][3]);
+      pa[2] = cuda::int8_quad(u[2][0], u[2][1], u[3][0], u[3][1]);
+      pa[3] = cuda::int8_quad(u[2][2], u[2][3], u[3][2], u[3][3]);
+    } else {
+      auto r = [&](int j, int e) { return int(cuda::int8_round(u[j][e])); };
+      pa[0] = cuda::mma::pack_s8(r(0, 0), r(0, 1), r(1, 0), r(1, 1));
+      pa[1] = cuda::mma::pack_s8(r(0, 2), r(0, 3), r(1, 2), r(1, 3));
+      pa[2] = cuda::mma::pack_s8(r(2, 0), r(2, 1), r(3, 0), r(3, 1));
+      pa[3] = cuda::mma::pack_s8(r(2, 2), r(2, 3), r(3, 2), r(3, 3));
+    }
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
       const int8_t* value = vt + (n * 8 + g) * vt_ld + c * kChunk + 4 * t4;
@@ -420,6 +453,7 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
     for (int c = 0; c < kResidentChunks; ++c)
       if (c < chunks) scores(c, s[c]), take_max(s[c]);
     row_max();
+    some_row_empty = !__all_sync(0xFFFFFFFFu, max0 > -INFINITY && max1 > -INFINITY);
 #pragma unroll
     for (int c = 0; c < kResidentChunks; ++c)
       if (c < chunks) exponentials(s[c], true);
@@ -435,6 +469,7 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
       take_max(s);
     }
     row_max();
+    some_row_empty = !__all_sync(0xFFFFFFFFu, max0 > -INFINITY && max1 > -INFINITY);
     for (int c = 0; c < chunks; ++c) {
       float s[4][4];
       scores(c, s);
@@ -628,10 +663,15 @@ Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads
     auto launch = [&](auto out_tag) {
       using O = typename decltype(out_tag)::type;
       const bool resident = (t + at::kChunk - 1) / at::kChunk <= at::kResidentChunks;
-      void (*kernel)(const at::Args) = d == 32 ? (resident ? at::forward<A, O, 32, true> : at::forward<A, O, 32, false>)
-                                       : d == 64
-                                           ? (resident ? at::forward<A, O, 64, true> : at::forward<A, O, 64, false>)
-                                           : (resident ? at::forward<A, O, 128, true> : at::forward<A, O, 128, false>);
+      const bool masked = mask.valid() || t % at::kChunk != 0;
+      auto pick = [&](auto d_tag) -> void (*)(const at::Args) {
+        constexpr int D = decltype(d_tag)::value;
+        if (resident) return masked ? at::forward<A, O, D, true, true> : at::forward<A, O, D, true, false>;
+        return masked ? at::forward<A, O, D, false, true> : at::forward<A, O, D, false, false>;
+      };
+      void (*kernel)(const at::Args) = d == 32   ? pick(std::integral_constant<int, 32>{})
+                                       : d == 64 ? pick(std::integral_constant<int, 64>{})
+                                                 : pick(std::integral_constant<int, 128>{});
       BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
       kernel<<<grid, 32 * at::kWarps, shared, cuda::stream(g)>>>(a);
       BERT_CUDA_LAUNCHED();

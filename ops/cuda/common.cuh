@@ -38,6 +38,15 @@ template <>
 __device__ __forceinline__ bf16 from_float<bf16>(float v) {
   return __float2bfloat16_rn(v);
 }
+// v0 and v1 rounded to A and back (to_float(from_float<A>(v)) each); to BF16 by one conversion for both
+// (F2FP: one instruction on a full-rate pipe, where each alone takes a conversion of its own).
+template <typename A>
+__device__ __forceinline__ void round_pair(float& v0, float& v1) {
+  if constexpr (std::is_same_v<A, bf16>) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
+    v0 = __low2float(p), v1 = __high2float(p);
+  }
+}
 template <typename A>
 struct TypeTag {
   using type = A;

@@ -81,6 +81,15 @@ __device__ __forceinline__ float int8_epilogue_quotient(float v, float scale, fl
   if constexpr (kGelu) v = gelu_value(v);
   return ScaleDivision::normal_quotient(v, scale, reciprocal);
 }
+// The same for two values at once (their rounding to A one conversion: round_pair).
+template <typename A, bool kGelu>
+__device__ __forceinline__ void int8_epilogue_quotients(float& v0, float& v1, float scale0, float reciprocal0,
+                                                        float scale1, float reciprocal1) {
+  round_pair<A>(v0, v1);
+  if constexpr (kGelu) v0 = gelu_value(v0), v1 = gelu_value(v1);
+  v0 = ScaleDivision::normal_quotient(v0, scale0, reciprocal0);
+  v1 = ScaleDivision::normal_quotient(v1, scale1, reciprocal1);
+}
 // kQuantize: some part is quantized (else the values only, O == A).
 template <typename A, typename O, bool kGelu, bool kQuantize>
 __device__ __forceinline__ O int8_epilogue_value(float v, float scale, float reciprocal) {
@@ -174,8 +183,12 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 }
 // The operand descriptor of a K-major tile of 128-byte rows, 128-byte swizzle: 8-row groups 1,024 bytes
 // apart (stride), the leading offset unused under swizzling.
-__device__ __forceinline__ uint64_t descriptor(uint32_t address) {
-  return uint64_t((address & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+// Built from its low word: the descriptor of address + b (b a multiple of 16, inside shared memory, whose
+// addresses are below 2^18) is the low word plus b / 16, the 14-bit address field never overflowing; so the
+// loops add offsets to one low word instead of building each descriptor from its address.
+__device__ __forceinline__ uint32_t descriptor_low(uint32_t address) { return ((address & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t descriptor_of(uint32_t low) {
+  return uint64_t(low) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 __device__ __forceinline__ void barrier_init(uint64_t* b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(b)), "r"(count));
@@ -215,14 +228,15 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       "l"(map), "r"(shared_address(b)), "r"(c0), "r"(c1)
       : "memory");
 }
-// d (64 x 128 of int32, 64 a thread) += a (64 x 32 int8) b (128 x 32 int8)^T.
-__device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b) {
+// d (64 x 128 of int32, 64 a thread) = a (64 x 32 int8) b (128 x 32 int8)^T, plus d where `accumulate` (a tile's
+// first product starts its sums: no zeroing of the accumulators).
+__device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile(
-      "{\n wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
       "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
       "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, "
-      "1;\n}\n"
+      "p;\n}\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]),
         "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]),
         "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]),
@@ -231,7 +245,7 @@ __device__ __forceinline__ void wgmma(int (&d)[64], uint64_t a, uint64_t b) {
         "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
         "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]),
         "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-      : "l"(a), "l"(b));
+      : "l"(a), "l"(b), "r"(int(accumulate)));
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -240,6 +254,22 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
+// The coordinates of the tiles tile, tile + step, tile + 2 step, ... of a row-major grid of tiles with
+// `column_tiles` a row: divisions when the walk starts, none a tile.
+struct TileWalk {
+  int row, column, step_rows, step_columns, columns;
+  __device__ TileWalk(int tile, int step, int column_tiles)
+      : row(tile / column_tiles),
+        column(tile % column_tiles),
+        step_rows(step / column_tiles),
+        step_columns(step % column_tiles),
+        columns(column_tiles) {}
+  __device__ __forceinline__ void next() {
+    row += step_rows, column += step_columns;
+    if (column >= columns) column -= columns, ++row;
+  }
+};
+
 // The producer: loads the slices of the block's tiles (blockIdx.x, + gridDim.x, ...) into the ring of kStages
 // stages of (kTileM + kTileN) x kTileK bytes, in order, each stage once its consumers released it.
 template <int kTileM, int kStages>
@@ -247,8 +277,9 @@ __device__ __forceinline__ void produce(uint8_t* shared, uint64_t* full, uint64_
                                         const CUtensorMap& w_map, int output_tiles, int column_tiles, int slices) {
   constexpr int kStageBytes = (kTileM + kTileN) * kTileK;
   int u = 0;  // slices loaded so far, over every tile of this block
-  for (int tile = blockIdx.x; tile < output_tiles; tile += gridDim.x) {
-    const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
+  TileWalk at(blockIdx.x, gridDim.x, column_tiles);
+  for (int tile = blockIdx.x; tile < output_tiles; tile += gridDim.x, at.next()) {
+    const int m0 = at.row * kTileM, n0 = at.column * kTileN;
     for (int t = 0; t < slices; ++t, ++u) {
       const int s = u % kStages;
       if (u >= kStages) barrier_wait(&empty[s], (u / kStages - 1) & 1);
@@ -261,7 +292,8 @@ __device__ __forceinline__ void produce(uint8_t* shared, uint64_t* full, uint64_
 }
 
 // A consumer's thread starts copying its tile's weight scales and biases (column n0 + thread, zeros past n)
-// into shared memory; read after mma::wait<0>() and a barrier of the warpgroup.
+// into shared memory; after mma::wait<0>() it multiplies its scale by the input's (scale_columns), and the
+// warpgroup reads them after a barrier.
 __device__ __forceinline__ void fetch_columns(const Int8Epilogue& e, float* column_scale, float* column_bias,
                                               int64_t n0, int64_t n) {
   const int i = threadIdx.x & 127;
@@ -269,6 +301,11 @@ __device__ __forceinline__ void fetch_columns(const Int8Epilogue& e, float* colu
   mma::copy_async<4>(column_scale + i, e.scale_w + (inside ? n0 + i : 0), inside);
   mma::copy_async<4>(column_bias + i, e.bias + (inside ? n0 + i : 0), inside);
   mma::commit();
+}
+
+__device__ __forceinline__ void scale_columns(const Int8Epilogue& e, float* column_scale) {
+  float& own = column_scale[threadIdx.x & 127];
+  own = __fmul_rn(e.scale_x, own);
 }
 
 // How a tile's outputs are finished: decided once for the tile (the usual case: inside n, in one part, no
@@ -300,8 +337,7 @@ __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* stag
     const int local = j * 8 + (lane & 3) * 2;
     const float2 scales = *reinterpret_cast<const float2*>(column_scale + local),
                  biases = *reinterpret_cast<const float2*>(column_bias + local);
-    const float s0 = __fmul_rn(e.scale_x, scales.x), s1 = __fmul_rn(e.scale_x, scales.y), b0 = biases.x,
-                b1 = biases.y;                                                   // zeros past n
+    const float s0 = scales.x, s1 = scales.y, b0 = biases.x, b1 = biases.y;      // scale_x s_w; zeros past n
     float q0 = tp.scale, r0 = tp.reciprocal, q1 = tp.scale, r1 = tp.reciprocal;  // the quantizers'
     if constexpr (kParts) {
       const int64_t c = n0 + local;
@@ -320,8 +356,11 @@ __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* stag
         pair.v[1] = int8_epilogue_lookup(e.table, v1);
         store_pack<2>(to, pair);
       } else if constexpr (std::is_same_v<O, int8_t>) {
-        *reinterpret_cast<uint16_t*>(to) =
-            int8_pair(int8_epilogue_quotient<A, kGelu>(v0, q0, r0), int8_epilogue_quotient<A, kGelu>(v1, q1, r1));
+        float u0 = v0, u1 = v1;
+        int8_epilogue_quotients<A, kGelu>(u0, u1, q0, r0, q1, r1);
+        *reinterpret_cast<uint16_t*>(to) = int8_pair(u0, u1);
+      } else if constexpr (std::is_same_v<O, bf16> && !kQuantize && !kGelu) {
+        *reinterpret_cast<__nv_bfloat162*>(to) = __floats2bfloat162_rn(v0, v1);
       } else {
         Pack<O, 2> pair;
         pair.v[0] = int8_epilogue_value<A, O, kGelu, kQuantize>(v0, q0, r0);
@@ -406,23 +445,24 @@ __global__ void __launch_bounds__(one_tile::kThreads, one_tile::kBlocks)
   float* const column_scale = columns_shared + group * 2 * kTileN;  // this consumer's; its biases after them
   float* const column_bias = column_scale + kTileN;
   fetch_columns(e, column_scale, column_bias, n0, n);  // in flight while the products run
-  int d[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = 0;
+  int d[64];                                           // the first product writes them
+  const uint32_t a0 = descriptor_low(shared_address(shared + row0 * kTileK)),
+                 b0 = descriptor_low(shared_address(shared + kTileM * kTileK));  // stage 0's
   for (int t = 0; t < slices; ++t) {
     const int s = t % kStages;
     barrier_wait(&full[s], (t / kStages) & 1);
-    const uint8_t* stage = shared + s * kStageBytes;
-    const uint32_t a = shared_address(stage + row0 * kTileK), b = shared_address(stage + kTileM * kTileK);
+    const uint32_t a = a0 + s * (kStageBytes / 16), b = b0 + s * (kStageBytes / 16);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTileK / 32; ++kk) wgmma(d, descriptor(a + kk * 32), descriptor(b + kk * 32));
+    for (int kk = 0; kk < kTileK / 32; ++kk)
+      wgmma(d, descriptor_of(a + kk * 2), descriptor_of(b + kk * 2), t > 0 || kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     if ((threadIdx.x & 127) == 0) barrier_arrive(&empty[s]);
   }
   const TileParts tp(e, n0, n);
-  mma::wait<0>();                   // this thread's columns, then everyone's after the barrier
+  mma::wait<0>();  // this thread's columns, then everyone's after the barrier
+  scale_columns(e, column_scale);
   named_sync(1, kConsumers * 128);  // and the staging over the stages: both consumers done with them
   uint8_t* staging = shared + group * 64 * kOutRow<O>;
   finish<A, O, kGelu, kQuantize, kTable>(d, staging, e, column_scale, column_bias, n0, tp);
@@ -469,28 +509,27 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
   // Turns: side s waits at barrier 1 + s for the other side's products to end, and arrives at the other's (each
   // side's threads arrive, the other's wait); barrier 3 + group is the warpgroup's own.
   const int my_turn = 1 + side, other_turn = 2 - side, own = 3 + group;
+  const uint32_t a0 = descriptor_low(shared_address(shared + row0 * kTileK)),
+                 b0 = descriptor_low(shared_address(shared + kTileM * kTileK));  // stage 0's
+  TileWalk at(blockIdx.x + side * gridDim.x, 2 * gridDim.x, column_tiles);
 #pragma unroll 1
-  for (int j = side, tile = blockIdx.x + side * gridDim.x; tile < output_tiles; j += 2, tile += 2 * gridDim.x) {
-    const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
+  for (int j = side, tile = blockIdx.x + side * gridDim.x; tile < output_tiles;
+       j += 2, tile += 2 * gridDim.x, at.next()) {
+    const int m0 = at.row * kTileM, n0 = at.column * kTileN;
     fetch_columns(e, column_scale, column_bias, n0, n);  // in flight while the products run
-    int d[kRows / 64][64];                               // rows row0 + 64 r
-#pragma unroll
-    for (int r = 0; r < kRows / 64; ++r)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) d[r][i] = 0;
+    int d[kRows / 64][64];                               // rows row0 + 64 r; the first product writes them
     if (j > 0) named_sync(my_turn, 2 * kSideThreads);
     int u = j * slices, last = 0;  // the ring's slice; the stage of the slice before
     for (int t = 0; t < slices; ++t, ++u) {
       const int s = u % S;
       barrier_wait(&full[s], (u / S) & 1);
-      const uint8_t* stage = shared + s * kStageBytes;
-      const uint32_t a = shared_address(stage + row0 * kTileK), b = shared_address(stage + kTileM * kTileK);
+      const uint32_t a = a0 + s * (kStageBytes / 16), b = b0 + s * (kStageBytes / 16);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTileK / 32; ++kk)
 #pragma unroll
         for (int r = 0; r < kRows / 64; ++r)
-          wgmma(d[r], descriptor(a + r * 64 * kTileK + kk * 32), descriptor(b + kk * 32));
+          wgmma(d[r], descriptor_of(a + (r * 64 * kTileK + kk * 32) / 16), descriptor_of(b + kk * 2), t > 0 || kk > 0);
       wgmma_commit();
       if (t > 0) {  // the slice before done: its stage released (one group kept in flight)
         wgmma_wait<1>();
@@ -504,7 +543,8 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
     if (tile + gridDim.x < output_tiles) named_arrive(other_turn, 2 * kSideThreads);
     const TileParts tp(e, n0, n);
     mma::wait<0>();  // this thread's columns, then everyone's after the first barrier (which also ends the last
-#pragma unroll       // tile's reads of the staging)
+    scale_columns(e, column_scale);  // tile's reads of the staging)
+#pragma unroll
     for (int r = 0; r < kRows / 64; ++r) {
       named_sync(own, 128);
       finish<A, O, kGelu, kQuantize, kTable>(d[r], staging, e, column_scale, column_bias, n0, tp);

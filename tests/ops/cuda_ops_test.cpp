@@ -1824,7 +1824,7 @@ TEST_F(CudaOps, Int8AttentionOnTheGpuEqualsTheCpuEngine) {
       std::vector<float> want(y.size());
       for (size_t j = 0; j < y.size(); ++j) want[j] = std::clamp(std::nearbyint(y[j] / out_scale), -128.0f, 127.0f);
       EXPECT_EQ(g.to_host(quantized), want);
-      if (c.t == 37) {  // no mask: every key counts
+      {  // no mask: every key counts (at lengths a multiple of 32 the kernel that adds no mask)
         const std::vector<float> unmasked =
             g.to_host(ops::int8_attention_integers(g, qkv[0], qkv[1], qkv[2], Var{}, c.heads, scales, alpha));
         std::vector<float> zeros(mask.size(), 0.0f);
