@@ -373,10 +373,13 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
         cuda::mma::product(sum, qa[kk], *reinterpret_cast<const uint32_t*>(key + kk * 32),
                            *reinterpret_cast<const uint32_t*>(key + kk * 32 + 16));
       const int k0 = c * kChunk + j * 8 + 2 * t4;
+      float v[4];  // rounded to A a pair at a time
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[j][e] = cuda::to_float(cuda::from_float<A>(__int2float_rn(sum[e]) * a.score_scale)) +
-                  (kMask ? mask[k0 + (e & 1)] : 0.0f);
+      for (int e = 0; e < 4; ++e) v[e] = __int2float_rn(sum[e]) * a.score_scale;
+      cuda::round_pair<A>(v[0], v[1]);
+      cuda::round_pair<A>(v[2], v[3]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = v[e] + (kMask ? mask[k0 + (e & 1)] : 0.0f);
     }
   };
   const int chunks = tp / kChunk;
@@ -420,13 +423,18 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
   auto add_products = [&](int c, const float(&s)[4][4], float inv0, float inv1) {
     float u[4][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 4; ++j) {
+      float prob[4];  // rounded to A a pair at a time
+#pragma unroll
+      for (int e = 0; e < 4; ++e) prob[e] = s[j][e] * (e < 2 ? inv0 : inv1);
+      cuda::round_pair<A>(prob[0], prob[1]);
+      cuda::round_pair<A>(prob[2], prob[3]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float prob = cuda::to_float(cuda::from_float<A>(s[j][e] * (e < 2 ? inv0 : inv1)));
-        const float q = prob * a.probs_reciprocal;
-        u[j][e] = fmaf(fmaf(-q, a.probs_scale, prob), a.probs_reciprocal, q);
+        const float q = prob[e] * a.probs_reciprocal;
+        u[j][e] = fmaf(fmaf(-q, a.probs_scale, prob[e]), a.probs_reciprocal, q);
       }
+    }
     uint32_t pa[4];
     if (!some_row_empty) {
       pa[0] = cuda::int8_quad(u[0][0], u[0][1], u[1][0], u[1][1]);

@@ -99,12 +99,16 @@ struct RowOutputs {
   bool integers[2] = {false, false};
 };
 // The outputs an INT8 model's residual LayerNorms make, compiled in: the integers of the next integer
-// layer's input and the residual add's input, fake-quantized (kIntegersFake) or as it is (kIntegersValue).
-// kAny: whatever RowOutputs holds, its kinds tested a chunk.
-enum class NormOuts { kAny, kIntegersFake, kIntegersValue };
+// layer's input and the residual add's input, fake-quantized (kIntegersFake; kIntegersShared where its
+// quantizer's scale is the integers' own, as calibration gives two quantizers of the same tensor: the
+// quotient worked out once) or as it is (kIntegersValue). kAny: whatever RowOutputs holds, its kinds tested
+// a chunk.
+enum class NormOuts { kAny, kIntegersFake, kIntegersShared, kIntegersValue };
 NormOuts norm_outs(const RowOutputs& o) {
   if (o.count != 2 || !o.integers[0] || !(o.scale[0] > 0) || o.integers[1]) return NormOuts::kAny;
-  return o.scale[1] > 0 ? NormOuts::kIntegersFake : NormOuts::kIntegersValue;
+  if (!(o.scale[1] > 0)) return NormOuts::kIntegersValue;
+  return o.scale[1] == o.scale[0] && o.reciprocal[1] == o.reciprocal[0] ? NormOuts::kIntegersShared
+                                                                        : NormOuts::kIntegersFake;
 }
 
 // A row's loads in the register layout (ops/cuda/rows.cuh): a's packs and, where b is set, b's.
@@ -215,7 +219,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
           u[w] = cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), outs.scale[0], outs.reciprocal[0]);
         *reinterpret_cast<uint32_t*>(static_cast<int8_t*>(outs.out[0]) + row + j) =
             cuda::int8_quad(u[0], u[1], u[2], u[3]);
-        if constexpr (kOuts == NormOuts::kIntegersFake) {
+        if constexpr (kOuts == NormOuts::kIntegersShared) {
+          cuda::Pack<A, 4> fake;
+          for (int w = 0; w < 4; ++w) fake.v[w] = cuda::from_float<A>(cuda::int8_round(u[w]) * outs.scale[0]);
+          cuda::store_pack<4>(static_cast<A*>(outs.out[1]) + row + j, fake);
+        } else if constexpr (kOuts == NormOuts::kIntegersFake) {
           cuda::Pack<A, 4> fake;
           for (int w = 0; w < 4; ++w)
             fake.v[w] = cuda::from_float<A>(cuda::int8_round(cuda::ScaleDivision::normal_quotient(
@@ -552,8 +560,11 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
         constexpr bool kFull = decltype(full)::value;
         if (!q && outs.count == 0)
           launch(layer_norm_rows_forward<kChunks, A, true, kFull>);
-        else if (norm_outs(outs) == NormOuts::kIntegersFake)
+        else if (norm_outs(outs) == NormOuts::kIntegersFake ||
+                 (!kFull && norm_outs(outs) == NormOuts::kIntegersShared))  // (compiled for full rows only)
           launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kIntegersFake>);
+        else if (norm_outs(outs) == NormOuts::kIntegersShared)
+          launch(layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersShared>);
         else if (norm_outs(outs) == NormOuts::kIntegersValue)
           launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kIntegersValue>);
         else

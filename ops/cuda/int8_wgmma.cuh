@@ -291,20 +291,20 @@ __device__ __forceinline__ void produce(uint8_t* shared, uint64_t* full, uint64_
   }
 }
 
-// A consumer's thread starts copying its tile's weight scales and biases (column n0 + thread, zeros past n)
-// into shared memory; after mma::wait<0>() it multiplies its scale by the input's (scale_columns), and the
-// warpgroup reads them after a barrier.
-__device__ __forceinline__ void fetch_columns(const Int8Epilogue& e, float* column_scale, float* column_bias,
-                                              int64_t n0, int64_t n) {
+// A consumer's thread starts copying its tile's weight scale and bias (column n0 + thread, zeros past n)
+// into shared memory, the columns in pairs: scales 2p, 2p + 1 then biases 2p, 2p + 1 at columns + 4p (one
+// 16-byte read of a thread's pair in the epilogue). After mma::wait<0>() the thread multiplies its scale by
+// the input's (scale_columns), and the warpgroup reads them after a barrier.
+__device__ __forceinline__ int column_slot(int i) { return (i >> 1) * 4 + (i & 1); }
+__device__ __forceinline__ void fetch_columns(const Int8Epilogue& e, float* columns, int64_t n0, int64_t n) {
   const int i = threadIdx.x & 127;
   const bool inside = n0 + i < n;
-  mma::copy_async<4>(column_scale + i, e.scale_w + (inside ? n0 + i : 0), inside);
-  mma::copy_async<4>(column_bias + i, e.bias + (inside ? n0 + i : 0), inside);
+  mma::copy_async<4>(columns + column_slot(i), e.scale_w + (inside ? n0 + i : 0), inside);
+  mma::copy_async<4>(columns + column_slot(i) + 2, e.bias + (inside ? n0 + i : 0), inside);
   mma::commit();
 }
-
-__device__ __forceinline__ void scale_columns(const Int8Epilogue& e, float* column_scale) {
-  float& own = column_scale[threadIdx.x & 127];
+__device__ __forceinline__ void scale_columns(const Int8Epilogue& e, float* columns) {
+  float& own = columns[column_slot(threadIdx.x & 127)];
   own = __fmul_rn(e.scale_x, own);
 }
 
@@ -329,15 +329,13 @@ struct TileParts {
 // column (a tile across parts), else the tile's.
 template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable, bool kParts>
 __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
-                                               const float* column_scale, const float* column_bias, int64_t n0,
-                                               const TileParts& tp) {
+                                               const float* columns, int64_t n0, const TileParts& tp) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
 #pragma unroll
   for (int j = 0; j < kTileN / 8; ++j) {
     const int local = j * 8 + (lane & 3) * 2;
-    const float2 scales = *reinterpret_cast<const float2*>(column_scale + local),
-                 biases = *reinterpret_cast<const float2*>(column_bias + local);
-    const float s0 = scales.x, s1 = scales.y, b0 = biases.x, b1 = biases.y;      // scale_x s_w; zeros past n
+    const float4 pair = *reinterpret_cast<const float4*>(columns + 2 * local);
+    const float s0 = pair.x, s1 = pair.y, b0 = pair.z, b1 = pair.w;              // scale_x s_w, bias; zeros past n
     float q0 = tp.scale, r0 = tp.reciprocal, q1 = tp.scale, r1 = tp.reciprocal;  // the quantizers'
     if constexpr (kParts) {
       const int64_t c = n0 + local;
@@ -372,12 +370,11 @@ __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* stag
 }
 template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable>
 __device__ __forceinline__ void finish(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
-                                       const float* column_scale, const float* column_bias, int64_t n0,
-                                       const TileParts& tp) {
+                                       const float* columns, int64_t n0, const TileParts& tp) {
   if (kQuantize && !tp.one_part)
-    finish_columns<A, O, kGelu, kQuantize, kTable, true>(d, staging, e, column_scale, column_bias, n0, tp);
+    finish_columns<A, O, kGelu, kQuantize, kTable, true>(d, staging, e, columns, n0, tp);
   else
-    finish_columns<A, O, kGelu, kQuantize, kTable, false>(d, staging, e, column_scale, column_bias, n0, tp);
+    finish_columns<A, O, kGelu, kQuantize, kTable, false>(d, staging, e, columns, n0, tp);
 }
 
 // A warpgroup writes 64 staged rows (rows r0 .. r0 + 63 of y, those below m) to their parts in 16-byte pieces.
@@ -442,10 +439,9 @@ __global__ void __launch_bounds__(one_tile::kThreads, one_tile::kBlocks)
   }
   const int row0 = group * 64, tile = blockIdx.x;
   const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
-  float* const column_scale = columns_shared + group * 2 * kTileN;  // this consumer's; its biases after them
-  float* const column_bias = column_scale + kTileN;
-  fetch_columns(e, column_scale, column_bias, n0, n);  // in flight while the products run
-  int d[64];                                           // the first product writes them
+  float* const columns = columns_shared + group * 2 * kTileN;  // this consumer's
+  fetch_columns(e, columns, n0, n);  // in flight while the products run
+  int d[64];                         // the first product writes them
   const uint32_t a0 = descriptor_low(shared_address(shared + row0 * kTileK)),
                  b0 = descriptor_low(shared_address(shared + kTileM * kTileK));  // stage 0's
   for (int t = 0; t < slices; ++t) {
@@ -462,10 +458,10 @@ __global__ void __launch_bounds__(one_tile::kThreads, one_tile::kBlocks)
   }
   const TileParts tp(e, n0, n);
   mma::wait<0>();  // this thread's columns, then everyone's after the barrier
-  scale_columns(e, column_scale);
+  scale_columns(e, columns);
   named_sync(1, kConsumers * 128);  // and the staging over the stages: both consumers done with them
   uint8_t* staging = shared + group * 64 * kOutRow<O>;
-  finish<A, O, kGelu, kQuantize, kTable>(d, staging, e, column_scale, column_bias, n0, tp);
+  finish<A, O, kGelu, kQuantize, kTable>(d, staging, e, columns, n0, tp);
   named_sync(2 + group, 128);
   store<O>(staging, e, m0 + row0, m, n0, n, tp);
 #else
@@ -503,8 +499,7 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters<kSide>));
-  float* const column_scale = columns_shared + group * 2 * kTileN;  // this consumer's; its biases after them
-  float* const column_bias = column_scale + kTileN;
+  float* const columns = columns_shared + group * 2 * kTileN;  // this consumer's
   uint8_t* const staging = shared + S * kStageBytes + group * 64 * kOutRow<O>;
   // Turns: side s waits at barrier 1 + s for the other side's products to end, and arrives at the other's (each
   // side's threads arrive, the other's wait); barrier 3 + group is the warpgroup's own.
@@ -516,7 +511,7 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
   for (int j = side, tile = blockIdx.x + side * gridDim.x; tile < output_tiles;
        j += 2, tile += 2 * gridDim.x, at.next()) {
     const int m0 = at.row * kTileM, n0 = at.column * kTileN;
-    fetch_columns(e, column_scale, column_bias, n0, n);  // in flight while the products run
+    fetch_columns(e, columns, n0, n);  // in flight while the products run
     int d[kRows / 64][64];                               // rows row0 + 64 r; the first product writes them
     if (j > 0) named_sync(my_turn, 2 * kSideThreads);
     int u = j * slices, last = 0;  // the ring's slice; the stage of the slice before
@@ -543,11 +538,11 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
     if (tile + gridDim.x < output_tiles) named_arrive(other_turn, 2 * kSideThreads);
     const TileParts tp(e, n0, n);
     mma::wait<0>();  // this thread's columns, then everyone's after the first barrier (which also ends the last
-    scale_columns(e, column_scale);  // tile's reads of the staging)
+    scale_columns(e, columns);  // tile's reads of the staging)
 #pragma unroll
     for (int r = 0; r < kRows / 64; ++r) {
       named_sync(own, 128);
-      finish<A, O, kGelu, kQuantize, kTable>(d[r], staging, e, column_scale, column_bias, n0, tp);
+      finish<A, O, kGelu, kQuantize, kTable>(d[r], staging, e, columns, n0, tp);
       named_sync(own, 128);
       store<O>(staging, e, m0 + row0 + r * 64, m, n0, n, tp);
     }

@@ -1860,8 +1860,8 @@ TEST_F(CudaOps, Int8AttentionOnTheGpuEqualsTheCpuEngine) {
 // without), then fake_quantize of the stored output for each reader, bit for bit in FP32 and BF16; int8
 // outputs are those values divided by their scale; scale 0 gives the output itself. Both fake-quantized runs
 // the kernel that tests the outputs' kinds a chunk; integers with the output itself or with a fake-quantized
-// one run the kernels compiled for those. Rows of 768 and 100 columns; rows of 1,030 (past the row kernels)
-// give nothing (the caller's ops run).
+// one (at another scale or at the integers' own) run the kernels compiled for those. Rows of 768 and 100 columns; rows
+// of 1,030 (past the row kernels) give nothing (the caller's ops run).
 TEST_F(CudaOps, AddLayerNormQuantizedEqualsTheOpsOneByOne) {
   for (const int64_t c : {int64_t{768}, int64_t{100}}) {
     SCOPED_TRACE("columns " + std::to_string(c));
@@ -1908,6 +1908,13 @@ TEST_F(CudaOps, AddLayerNormQuantizedEqualsTheOpsOneByOne) {
         ASSERT_EQ(both.size(), 2u);
         EXPECT_EQ(g.to_host(both[0]), divided);
         EXPECT_EQ(g.to_host(both[1]), want_second);
+        // The same with both quantizers at one scale (the quotients worked out once on rows of 768).
+        const std::array<ops::NormOutput, 2> shared_scale = {ops::NormOutput{first, true},
+                                                             ops::NormOutput{first, false}};
+        const std::vector<Var> once = ops::add_layer_norm_quantized(g, av, bv, gv, betav, 1e-12, add, shared_scale);
+        ASSERT_EQ(once.size(), 2u);
+        EXPECT_EQ(g.to_host(once[0]), divided);
+        EXPECT_EQ(g.to_host(once[1]), want_first);
       }
     }
   }
