@@ -17,11 +17,11 @@
 // - ping_pong: a persistent block an SM whose two sides take its tiles in turn at the tensor cores, so that
 //   one side's epilogue runs under the other's products; 4-6 stages; registers moved to the consumers from the
 //   producer's warpgroup by setmaxnreg. A side is one warpgroup making whole tiles (128 int32 accumulators a
-//   thread) or a pair of them making 64 rows each. The epilogue is instruction-bound (ncu counts 21-24
-//   instructions an output at 768 inputs, the products and waits included): one warpgroup a side issues it at
-//   under half the rate of the one-tile schedule's four warpgroups an SM, and pays only where a tile's products
-//   are long (from 1,024 inputs); pairs pay below that. ops/integer.cu runs ping-pong where one-tile blocks
-//   would take more than two waves.
+//   thread) or a pair of them making 64 rows each. The epilogue is latency- and instruction-bound (ncu
+//   counts about 20 instructions an output at 768 inputs, the products and waits included): one warpgroup a
+//   side issues it at under half the rate of the one-tile schedule's four warpgroups an SM, and pays only where
+//   a tile's products are long (from 1,024 inputs); pairs pay below that. ops/integer.cu runs ping-pong where
+//   one-tile blocks would take more than two waves.
 // Shared memory is addressed through the kernel's shared array (aligned_shared), so that the epilogue's
 // staging and column reads compile to shared-memory instructions, not generic ones.
 
@@ -440,8 +440,8 @@ __global__ void __launch_bounds__(one_tile::kThreads, one_tile::kBlocks)
   const int row0 = group * 64, tile = blockIdx.x;
   const int m0 = tile / column_tiles * kTileM, n0 = tile % column_tiles * kTileN;
   float* const columns = columns_shared + group * 2 * kTileN;  // this consumer's
-  fetch_columns(e, columns, n0, n);  // in flight while the products run
-  int d[64];                         // the first product writes them
+  fetch_columns(e, columns, n0, n);                            // in flight while the products run
+  int d[64];                                                   // the first product writes them
   const uint32_t a0 = descriptor_low(shared_address(shared + row0 * kTileK)),
                  b0 = descriptor_low(shared_address(shared + kTileM * kTileK));  // stage 0's
   for (int t = 0; t < slices; ++t) {
@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
        j += 2, tile += 2 * gridDim.x, at.next()) {
     const int m0 = at.row * kTileM, n0 = at.column * kTileN;
     fetch_columns(e, columns, n0, n);  // in flight while the products run
-    int d[kRows / 64][64];                               // rows row0 + 64 r; the first product writes them
+    int d[kRows / 64][64];             // rows row0 + 64 r; the first product writes them
     if (j > 0) named_sync(my_turn, 2 * kSideThreads);
     int u = j * slices, last = 0;  // the ring's slice; the stage of the slice before
     for (int t = 0; t < slices; ++t, ++u) {
