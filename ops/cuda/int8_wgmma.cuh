@@ -108,11 +108,6 @@ __global__ void int8_epilogue_table(int8_t* table, float scale, float reciprocal
     table[i] = int8_epilogue_value<bf16, int8_t, true, true>(v, scale, reciprocal);
   }
 }
-// (Read from global memory, L1-cached: a window of the table in shared memory, magnitudes 2^-12 to 2^4,
-// made BERT-base's FFN GEMM 15% slower on an H200.)
-__device__ __forceinline__ int8_t int8_epilogue_lookup(const int8_t* table, float v) {
-  return __ldg(table + __bfloat16_as_ushort(from_float<bf16>(v)));
-}
 
 namespace int8_wgmma {
 
@@ -330,6 +325,7 @@ struct TileParts {
 template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable, bool kParts>
 __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
                                                const float* columns, int64_t n0, const TileParts& tp) {
+  static_assert(!kTable, "the table's outputs: finish_table");
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
 #pragma unroll
   for (int j = 0; j < kTileN / 8; ++j) {
@@ -348,12 +344,7 @@ __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* stag
       const float v0 = fmaf(__int2float_rn(d[4 * j + 2 * h]), s0, b0),
                   v1 = fmaf(__int2float_rn(d[4 * j + 2 * h + 1]), s1, b1);
       O* const to = reinterpret_cast<O*>(staging + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<O>) + local;
-      if constexpr (kTable) {
-        Pack<O, 2> pair;  // one shared-memory store for the two channels
-        pair.v[0] = int8_epilogue_lookup(e.table, v0);
-        pair.v[1] = int8_epilogue_lookup(e.table, v1);
-        store_pack<2>(to, pair);
-      } else if constexpr (std::is_same_v<O, int8_t>) {
+      if constexpr (std::is_same_v<O, int8_t>) {
         float u0 = v0, u1 = v1;
         int8_epilogue_quotients<A, kGelu>(u0, u1, q0, r0, q1, r1);
         *reinterpret_cast<uint16_t*>(to) = int8_pair(u0, u1);
@@ -368,10 +359,57 @@ __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* stag
     }
   }
 }
+// The same through e.table (kTable: one part, GELU, int8 out): two column pairs (eight outputs) at a time, each
+// pair of values rounded to BF16 by one conversion whose two halves index the table, the eight lookups in
+// flight together before their stores (the lookups' latency, not their count, had set the pace). The table is
+// read from global memory, L1-cached (a window of it in shared memory, magnitudes 2^-12 to 2^4, made
+// BERT-base's FFN GEMM 15% slower on an H200).
+__device__ __forceinline__ void finish_table(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
+                                             const float* columns) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; j += 2) {
+    uint32_t bits[2][2];  // [column pair][row half]: the two BF16 values' bits, the first channel low
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int local = (j + jj) * 8 + (lane & 3) * 2;
+      const float4 pair = *reinterpret_cast<const float4*>(columns + 2 * local);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __nv_bfloat162 b =
+            __floats2bfloat162_rn(fmaf(__int2float_rn(d[4 * (j + jj) + 2 * h]), pair.x, pair.z),
+                                  fmaf(__int2float_rn(d[4 * (j + jj) + 2 * h + 1]), pair.y, pair.w));
+        bits[jj][h] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+    }
+    int8_t got[2][2][2];
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        got[jj][h][0] = __ldg(e.table + (bits[jj][h] & 0xFFFFu));
+        got[jj][h][1] = __ldg(e.table + (bits[jj][h] >> 16));
+      }
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int local = (j + jj) * 8 + (lane & 3) * 2;
+        int8_t* const to =
+            reinterpret_cast<int8_t*>(staging + (warp * 16 + (lane >> 2) + h * 8) * kOutRow<int8_t>) + local;
+        Pack<int8_t, 2> out;  // one shared-memory store for the two channels
+        out.v[0] = got[jj][h][0], out.v[1] = got[jj][h][1];
+        store_pack<2>(to, out);
+      }
+  }
+}
 template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable>
 __device__ __forceinline__ void finish(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
                                        const float* columns, int64_t n0, const TileParts& tp) {
-  if (kQuantize && !tp.one_part)
+  if constexpr (kTable) {
+    static_assert(std::is_same_v<A, bf16> && std::is_same_v<O, int8_t> && kGelu);
+    finish_table(d, staging, e, columns);  // (kTable: one part)
+  } else if (kQuantize && !tp.one_part)
     finish_columns<A, O, kGelu, kQuantize, kTable, true>(d, staging, e, columns, n0, tp);
   else
     finish_columns<A, O, kGelu, kQuantize, kTable, false>(d, staging, e, columns, n0, tp);
