@@ -10,9 +10,10 @@
 # and in reduce-overhead mode (CUDA graphs: no per-kernel launch cost on the host).
 # Environment: BENCH_STEPS (10), CONFIGS (the "preset batch seq" triples below), PRECISIONS (fp32 tf32
 # bf16), COMPILED_PRECISIONS (bf16: the compiled runs), COMPILE_MODES (default reduce-overhead), MODES (ours:
-# fp32,fp32-fused,fp32-recompute,qat,qat-separate; fp32-fused is the step with fused attention, bert-train's
-# default in BF16, fp32 the unfused one, its default in FP32 and TF32, fp32-recompute the unfused one with the
-# scores and probabilities computed again in the backward, --attention recompute), WARMUP_SECONDS (2).
+# fp32,fp32-fused,fp32-recompute,qat,qat-fused,qat-separate; fp32-fused is the step with fused attention,
+# bert-train's default in BF16, fp32 the unfused one, its default in FP32 and TF32, fp32-recompute the unfused
+# one with the scores and probabilities computed again in the backward, --attention recompute; qat-fused the
+# QAT step with the fused attention, bert-train --qat's default in BF16), WARMUP_SECONDS (2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -32,7 +33,7 @@ each_config() {  # calls "$@" preset batch seq for every configuration
 ours() {
   bash gpu-bundle/run.sh train-step-bench --device cuda --precision "$precision" --presets "$1" --batches "$2" \
     --seq "$3" --vocab 30522 --steps "$steps" --warmup 3 --warmup-seconds "$warmup_seconds" \
-    --modes "${MODES:-fp32,fp32-fused,fp32-recompute,qat,qat-separate}" |
+    --modes "${MODES:-fp32,fp32-fused,fp32-recompute,qat,qat-fused,qat-separate}" |
     grep -E "^(device|$1) " | sed "s/^/ours $precision seq $3: /"
 }
 torch_tiers() {

@@ -119,8 +119,9 @@ int main(int argc, char** argv) {
   app.add_option("--modes", modes,
                  "comma-separated: fp32, fp32-fused (fused attention on a GPU: Bert::set_fused_attention), "
                  "fp32-recompute (the unfused attention's scores and probabilities computed again in the backward: "
-                 "Bert::set_recompute_attention), qat, "
-                 "qat-separate (QAT with every quantizer as an op of its own, the "
+                 "Bert::set_recompute_attention), qat, qat-fused (QAT with the fused attention: the probabilities' "
+                 "quantizer inside its BF16 kernels; bert-train --qat's default in BF16; its QAT/FP32 ratio against "
+                 "fp32-fused), qat-separate (QAT with every quantizer as an op of its own, the "
                  "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; on a GPU the linear "
                  "layers), int8-separate (int8 with "
                  "Q, K and V as three integer linears, the baseline of their fused product), int8-decoder (int8 "
@@ -162,12 +163,13 @@ int main(int argc, char** argv) {
   std::set<std::string> wanted_modes;
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
-    if (m != "fp32" && m != "fp32-fused" && m != "fp32-recompute" && m != "qat" && m != "qat-separate" && m != "int8" &&
-        m != "int8-separate" && m != "int8-decoder") {
-      std::fprintf(stderr,
-                   "error: --modes: unknown mode '%s' (expected fp32, fp32-fused, fp32-recompute, qat, qat-separate, "
-                   "int8, int8-separate or int8-decoder)\n",
-                   m.c_str());
+    if (m != "fp32" && m != "fp32-fused" && m != "fp32-recompute" && m != "qat" && m != "qat-fused" &&
+        m != "qat-separate" && m != "int8" && m != "int8-separate" && m != "int8-decoder") {
+      std::fprintf(
+          stderr,
+          "error: --modes: unknown mode '%s' (expected fp32, fp32-fused, fp32-recompute, qat, qat-fused, qat-separate, "
+          "int8, int8-separate or int8-decoder)\n",
+          m.c_str());
       return 2;
     }
     wanted_modes.insert(m);
@@ -227,19 +229,19 @@ int main(int argc, char** argv) {
       const int64_t b = std::stoll(bs);
       const Batch batch = synthetic_batch(b, t, p, vocab, 7);
       const BatchView input = batch.view();
-      double fp32_step = 0;
+      double fp32_step = 0, fused_step = 0;  // the float steps QAT's are set against
       double fp32_eval = 0;
-      for (const std::string mode :
-           {"fp32", "fp32-fused", "fp32-recompute", "qat", "qat-separate", "int8", "int8-separate", "int8-decoder"}) {
+      for (const std::string mode : {"fp32", "fp32-fused", "fp32-recompute", "qat", "qat-fused", "qat-separate", "int8",
+                                     "int8-separate", "int8-decoder"}) {
         if (!wanted_modes.contains(mode)) continue;
-        const bool qat = mode == "qat" || mode == "qat-separate", int8 = mode.starts_with("int8");
+        const bool qat = mode.starts_with("qat"), int8 = mode.starts_with("int8");
         if (const std::string why = int8 ? eval::integer_inference_left_out(*device) : ""; !why.empty()) {
           std::printf("%-6s %6lld %-12s left out: %s\n", name.c_str(), (long long)b, mode.c_str(), why.c_str());
           continue;
         }
         model::Bert model(config);
         model.initialize(1);
-        model.set_fused_attention(mode == "fp32-fused");
+        model.set_fused_attention(mode == "fp32-fused" || mode == "qat-fused");
         model.set_recompute_attention(mode == "fp32-recompute");
         model.place_on(*device);
         std::vector<bool> decays;
@@ -253,7 +255,7 @@ int main(int argc, char** argv) {
                                           /*fuse_projections=*/mode != "int8-separate");
         }
         if (qat) {
-          model.set_fused_quantizers(mode == "qat");
+          model.set_fused_quantizers(mode != "qat-separate");
           enable_quantization(model, batch, g);
           model.parameters().upload_values();
           for (model::Quantizer* q : model.enabled_quantizers()) {  // as bert-train's default (--scales learned)
@@ -341,6 +343,7 @@ int main(int argc, char** argv) {
         }
         const double step = int8 ? 0.0 : median(times);
         if (mode == "fp32") fp32_step = step;
+        if (mode == "fp32-fused") fused_step = step;
         std::vector<double> eval_times;
         warm_up(eval_step);
         double eval_batch_s = 0;  // seconds a batch
@@ -389,7 +392,8 @@ int main(int argc, char** argv) {
         const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
         std::printf("%-6s %6lld %-12s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode.c_str(), step,
                     b / step, gflops, eval_rate);
-        if (qat && fp32_step > 0) std::printf("   QAT/FP32 step %.2f", step / fp32_step);
+        if (const double base = mode == "qat-fused" ? fused_step : fp32_step; qat && base > 0)
+          std::printf("   QAT/FP32 step %.2f", step / base);
         if (json)
           std::fprintf(json,
                        "{\"kind\": \"step\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", \"step_s\": %.6f, "

@@ -401,19 +401,30 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
   if (Var context = integer_attention_on_gpu(g, l, inputs[0], mask, t, training); context.valid())
     return finish(context);
   const double inverse_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
-  // Fused (ops::attention on the projections as they are, (B, T, C)) where asked, covered, and none of the
-  // attention matmuls' quantizers is on (QAT or calibration needs the unfused ops' tensors).
+  // Fused (ops::attention on the projections as they are, (B, T, C)) where asked and covered, unless an
+  // attention matmul's quantizer calibrates (its observer needs the unfused ops' tensors). With the
+  // matmuls' quantizers on (QAT), Q, K and V are fake-quantized before the fused kernels and the
+  // probabilities' quantizer runs inside them, where they have it (BF16).
   const bool fits = ops::fused_attention(g, d, t);
   const std::array<const Quantizer*, 4> matmul_inputs = {&l.matmul_q, &l.matmul_k, &l.matmul_v, &l.matmul_a};
   const bool products_quantized = std::any_of(matmul_inputs.begin(), matmul_inputs.end(),
                                               [](const Quantizer* q) { return q->mode != QuantMode::kFloat; });
-  if (g.on_cuda() && fuse_attention_ && !(fits && !products_quantized) && !told_unfused_attention_) {
+  const bool calibrating = std::any_of(matmul_inputs.begin(), matmul_inputs.end(),
+                                       [](const Quantizer* q) { return q->mode == QuantMode::kCalibrate; });
+  const bool probs_quantized = l.matmul_a.mode == QuantMode::kQuantize;
+  const bool fused_here =
+      fuse_attention_ && fits && !calibrating && (!probs_quantized || ops::fused_quantized_attention(g, d, t));
+  // Inference of a quantized model with exact sums (the products on the integers behind the values).
+  const bool exact_products =
+      g.on_cuda() && !g.grad_enabled() && !training && exact_sums_ && per_tensor_int8(matmul_inputs, params_);
+  if (g.on_cuda() && fuse_attention_ && !fused_here && !exact_products && !told_unfused_attention_) {
     told_unfused_attention_ = true;
     spdlog::info("attention runs unfused on the GPU: {}",
                  !fits ? fmt::format("head size {} and length {} are outside the fused kernels (head size 16, 32, "
                                      "64 or 128, length up to 512)",
                                      d, t)
-                       : "the attention matmuls' inputs are quantized or calibrated, which the fused kernels do not do");
+                 : calibrating ? "the attention matmuls' inputs are calibrated, which needs the unfused ops' tensors"
+                               : "the attention probabilities' quantizer runs in the BF16 fused kernels only");
   }
   const double p = config_.attention_probs_dropout_prob;
   // Float projections into fused attention: one op from x (ops::self_attention: on a GPU the three
@@ -444,14 +455,15 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
     // Fused where asked and covered; else the two products read the projections in place (ops::head_scores
     // and head_context: no head permutes) around softmax and dropout, with the probabilities' quantizer
     // fused into them.
-    if (fuse_attention_ && fits && !products_quantized) {
-      context = ops::attention(g, q, k, v, mask, h, inverse_sqrt_d, p, training, rng);
-    } else if (g.on_cuda() && !g.grad_enabled() && !training && exact_sums_ &&
-               per_tensor_int8(matmul_inputs, params_)) {
+    const Shape scores_shape{g.shape(q)[0], h, t, t};
+    if (exact_products) {
       // Inference with exact sums: the products on the integers behind the fake-quantized values.
-      const Shape scores_shape{g.shape(q)[0], h, t, t};
       context = ops::exact_quantized_attention(g, q, k, v, mask, h, attention_scales(l), inverse_sqrt_d,
                                                l.matmul_a.fused_output(g, params_, scores_shape));
+    } else if (fused_here) {
+      context = probs_quantized ? ops::attention(g, q, k, v, mask, h, inverse_sqrt_d, p, training, rng,
+                                                 l.matmul_a.fused_output(g, params_, scores_shape))
+                                : ops::attention(g, q, k, v, mask, h, inverse_sqrt_d, p, training, rng);
     } else if (recompute_attention_ && g.grad_enabled() && g.activation_dtype() == DType::kF32 && !products_quantized) {
       // The (B, H, T, T) scores and probabilities not kept until the step ends (ops::recompute: the backward
       // computes them again), one layer's at a time instead of every layer's.

@@ -157,8 +157,10 @@ class Bert {
   // are tested against).
   void set_exact_sums(bool on);
   // On a GPU, self-attention as one fused op each way (ops::attention) where its kernels cover the head
-  // size and length and the attention probabilities are not quantized: the (B, H, T, T) scores and
-  // probabilities never reach memory. Off unless set; where it cannot run fused the log says why, once.
+  // size and length: the (B, H, T, T) scores and probabilities never reach memory. In QAT the probabilities'
+  // quantizer runs inside the BF16 kernels (Q, K and V are fake-quantized before them); calibrating the
+  // attention matmuls' quantizers, or their QAT in FP32 and TF32, runs the unfused ops. Off unless set; where
+  // it cannot run fused the log says why, once.
   void set_fused_attention(bool on) { fuse_attention_ = on; }
   // Where the attention runs unfused in a step with F32 activations (FP32, TF32, the CPU): its (B, H, T, T)
   // scores and probabilities computed again in the backward instead of kept until the step ends

@@ -35,6 +35,26 @@ Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double 
   return head_context(g, probs, v, heads);
 }
 
+bool fused_quantized_attention(const Graph<float>& g, int64_t head_size, int64_t length) {
+  return fused_attention(g, head_size, length) && g.activation_dtype() == DType::kBF16;
+}
+
+template <typename T>
+Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng, const QuantizeOutput& probs) {
+  const Shape s = g.shape(q);
+  BERT_CHECK(s.rank() == 3 && heads > 0 && s[2] % heads == 0,
+             "attention: q " + s.str() + " is not (B, T, C) with C a multiple of " + std::to_string(heads) + " heads");
+  if constexpr (std::is_same_v<T, float>) {
+#if BERT_WITH_CUDA
+    if (fused_quantized_attention(g, s[2] / heads, s[1]))
+      return cuda_impl::attention(g, q, k, v, mask, heads, alpha, p, training, rng, &probs);
+#endif
+  }
+  const Var probabilities = softmax_dropout(g, head_scores(g, q, k, heads, alpha), mask, p, training, rng, probs);
+  return head_context(g, probabilities, v, heads);
+}
+
 template <typename T>
 Var self_attention(Graph<T>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases, Var mask,
                    int64_t heads, double alpha, double p, bool training, Rng& rng) {
@@ -66,5 +86,9 @@ template Var self_attention<float>(Graph<float>&, Var, const std::array<Var, 3>&
 template Var self_attention<double>(Graph<double>&, Var, const std::array<Var, 3>&, const std::array<Var, 3>&, Var,
                                     int64_t, double, double, bool, Rng&);
 template Var attention<double>(Graph<double>&, Var, Var, Var, Var, int64_t, double, double, bool, Rng&);
+template Var attention<float>(Graph<float>&, Var, Var, Var, Var, int64_t, double, double, bool, Rng&,
+                              const QuantizeOutput&);
+template Var attention<double>(Graph<double>&, Var, Var, Var, Var, int64_t, double, double, bool, Rng&,
+                               const QuantizeOutput&);
 
 }  // namespace bert::ops

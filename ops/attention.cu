@@ -23,6 +23,7 @@
 
 #include "ops/cuda/attention.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda/gemm.cuh"
 #include "ops/cuda_impl.h"
 
@@ -400,13 +401,14 @@ int rows_that_fit(int padded, size_t limit) {
 size_t shared_limit(const Graph<float>& g) { return cuda::context(g.device()).shared_optin; }
 
 // The forward's kernel: out and each row's log-sum-exp from Q, K, V (the BF16 kernels for A = bf16, else
-// the FP32 ones). q.rows set, grid (query tiles, B H).
+// the FP32 ones; `passed` as launch_flash_forward's, BF16 only). q.rows set, grid (query tiles, B H).
 template <int D, typename A>
-void forward_kernels(const Graph<float>& g, const Geometry& q, dim3 query_grid, A* out, float* lse, const A* qp,
-                     const A* kp, const A* vp) {
+void forward_kernels(const Graph<float>& g, const Geometry& q, dim3 query_grid, A* out, A* passed, float* lse,
+                     const A* qp, const A* kp, const A* vp) {
   if constexpr (std::is_same_v<A, bf16>) {
-    launch_flash_forward(g, D, query_grid, out, lse, qp, kp, vp, q);
+    launch_flash_forward(g, D, query_grid, out, passed, lse, qp, kp, vp, q);
   } else {
+    (void)passed;
     const size_t fwd = forward_bytes<D, A>(q.rows, q.padded);
     allow_shared(attention_forward<D, A>, fwd);
     attention_forward<D, A><<<query_grid, 32 * (q.rows / 16), fwd, cuda::stream(g)>>>(out, lse, qp, kp, vp, q);
@@ -455,17 +457,31 @@ Geometry with_rows(const Graph<float>& g, Geometry q) {
   return q;
 }
 
-// The forward and its backward on three (B, T, C) nodes.
+// The forward and its backward on three (B, T, C) nodes, with the probabilities' quantizer where `probs` is
+// given (BF16 only): its scale is then an input of the output, which takes its gradient.
 template <int D, typename A>
-Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t batch, DType dtype) {
+Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t batch, DType dtype,
+          const QuantizeOutput* probs) {
   const int64_t bh = batch * geometry.heads, t = geometry.length;
+  Var scale;
+  if (probs) {
+    BERT_CHECK((std::is_same_v<A, bf16>), "attention: the probabilities' quantizer runs in the BF16 kernels only");
+    const cuda::QuantizeLaunch launch = cuda::fused_launch(g, *probs, bh * t * t);
+    scale = probs->scale;
+    geometry.probs_scale = launch.scale;
+    geometry.probs_lo = launch.lo, geometry.probs_hi = launch.hi;
+    geometry.probs_clipped = reinterpret_cast<unsigned long long*>(launch.clipped);
+    geometry.probs_grad_scale = launch.grad_scale;
+    geometry.arrivals = cuda::context(g.device()).arrivals;
+  }
   const Geometry q = with_rows<D, A>(g, geometry);
-  Var out = g.emit(g.shape(qv), {qv, kv, vv}, dtype);
+  Var out = probs ? g.emit(g.shape(qv), {qv, kv, vv, scale}, dtype) : g.emit(g.shape(qv), {qv, kv, vv}, dtype);
   float* lse = g.scratch<float>(size_t(bh * t));
+  A* passed = probs ? g.scratch<A>(size_t(bh * t * D)) : nullptr;  // (B, T, C) as out
   const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
-  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), lse, cuda::typed<A>(g.data(qv)),
+  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), passed, lse, cuda::typed<A>(g.data(qv)),
                         cuda::typed<A>(g.data(kv)), cuda::typed<A>(g.data(vv)));
-  g.on_backward(out, [qv, kv, vv, out, lse, q, bh, t, query_grid](Graph<float>& g) {
+  g.on_backward(out, [qv, kv, vv, out, scale, passed, lse, q, bh, t, query_grid](Graph<float>& g) {
     // A gradient target for each input that takes one (scratch for one that does not: the kernels write
     // dQ, dK and dV together).
     auto target = [&](Var x) {
@@ -475,15 +491,24 @@ Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t ba
     AttentionGrads<A> d;
     const Graph<float>::RawGradTarget dq = target(qv);
     d.dq = cuda::typed<A>(dq.data), d.accumulate_q = dq.accumulate;
-    const bool keys = g.requires_grad(kv) || g.requires_grad(vv);
+    Geometry backward = q;  // with the scale gradient's destination, where the scale takes one
+    if (scale.valid() && g.requires_grad(scale)) {
+      backward.probs_grad = g.grad(scale).data();
+      const int64_t key_blocks = (t + kKeyTile - 1) / kKeyTile * bh;
+      backward.probs_partial = key_blocks > 1 ? g.scratch<double>(size_t(key_blocks)) : nullptr;
+    }
+    // The key side runs for the scale's gradient too.
+    const bool keys = g.requires_grad(kv) || g.requires_grad(vv) || backward.probs_grad;
     if (keys) {
       const Graph<float>::RawGradTarget dk = target(kv), dv = target(vv);
       d.dk = cuda::typed<A>(dk.data), d.accumulate_k = dk.accumulate;
       d.dv = cuda::typed<A>(dv.data), d.accumulate_v = dv.accumulate;
     }
-    backward_kernels<D, A>(g, q, query_grid, bh, t, d, keys, cuda::typed<A>(g.data(qv)), cuda::typed<A>(g.data(kv)),
-                           cuda::typed<A>(g.data(vv)), cuda::typed<A>(g.data(out)), cuda::typed<A>(g.grad_data(out)),
-                           lse);
+    // Di's operand: the output, or with the quantizer what it passes (launch_flash_forward).
+    const A* di_operand = passed ? passed : cuda::typed<A>(g.data(out));
+    backward_kernels<D, A>(g, backward, query_grid, bh, t, d, keys, cuda::typed<A>(g.data(qv)),
+                           cuda::typed<A>(g.data(kv)), cuda::typed<A>(g.data(vv)), di_operand,
+                           cuda::typed<A>(g.grad_data(out)), lse);
   });
   return out;
 }
@@ -576,7 +601,7 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
   Var out = g.emit(g.shape(x), {projections}, dtype);
   float* lse = g.scratch<float>(size_t(bh * t));
   const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
-  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), lse, qkv, qkv + c, qkv + 2 * c);
+  forward_kernels<D, A>(g, q, query_grid, cuda::typed<A>(g.data(out)), nullptr, lse, qkv, qkv + c, qkv + 2 * c);
   g.on_backward(out, [=](Graph<float>& g) {
     const auto target = g.raw_grad_target(projections);
     A* dqkv = cuda::typed<A>(target.data);
@@ -644,7 +669,7 @@ bool attention_fits(const Graph<float>& g, int64_t head_size, int64_t length) {
 }
 
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
-              Rng& rng) {
+              Rng& rng, const QuantizeOutput* probs) {
   const Shape s = g.shape(q);
   BERT_CHECK(s.rank() == 3 && g.shape(k) == s && g.shape(v) == s && heads > 0 && s[2] % heads == 0,
              "attention: q " + s.str() + ", k " + g.shape(k).str() + ", v " + g.shape(v).str() + " (expected (B, T, C) " +
@@ -656,7 +681,7 @@ Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, dou
   const DType dtype = g.activation_dtype();
   Var out;
   with_kernels(dtype, s[2] / heads, [&](auto size, auto tag) {
-    out = fused<decltype(size)::value, typename decltype(tag)::type>(g, q, k, v, geometry, s[0], dtype);
+    out = fused<decltype(size)::value, typename decltype(tag)::type>(g, q, k, v, geometry, s[0], dtype, probs);
   });
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include "ops/cuda/attention.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace bert::ops::cuda_impl {
@@ -247,80 +248,170 @@ struct FlashBlock {
         rows{first + local[0], first + local[1]} {}
 };
 
+// A tile of scores s (16 x 64, keys kt ..) in base 2, scaled and with the keys' bias; this lane's row
+// maxima of it in top.
+template <bool kFull>
+__device__ __forceinline__ void scores_base2(const Geometry& q, int64_t b, int kt, float scale, float (&s)[8][4],
+                                             float (&top)[2]) {
+  top[0] = top[1] = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const float2 bias = key_bias<kFull>(q, b, kt, n);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = fmaf(s[n][e], scale, e % 2 ? bias.y : bias.x);
+      top[e / 2] = fmaxf(top[e / 2], s[n][e]);
+    }
+  }
+}
+// The online softmax's step for a tile s from scores_base2: the running maxima m grow to include it (the
+// factor by which earlier sums shrink in rescale), s becomes exp2(s - m), and the lane's sums l gain it.
+__device__ __forceinline__ void online_softmax(float (&s)[8][4], const float (&top)[2], float (&m)[2], float (&l)[2],
+                                               float (&rescale)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float next_max = fmaxf(m[h], quad_max(top[h]));  // finite: every tile holds a key below T
+    rescale[h] = exp2_approx(m[h] - next_max);             // 0 on the first tile
+    m[h] = next_max;
+    l[h] *= rescale[h];
+  }
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) l[e / 2] += s[n][e] = exp2_approx(s[n][e] - m[e / 2]);
+}
+
+// The probabilities' quantizer on a dropped-out probability x (Geometry::probs_scale): its fake-quantized
+// value; `passed` is x where the quantizer passes the gradient (inside its range), else 0, and `clipped`
+// counts x where it saturates.
+__device__ __forceinline__ float quantize_probability(float x, const Geometry& q, const cuda::ScaleDivision& divide,
+                                                      float& passed, int& clipped) {
+  const float u = divide(x);
+  const bool inside = !(u < q.probs_lo) && !(u > q.probs_hi);
+  clipped += !inside;
+  passed = inside ? x : 0.0f;
+  return fminf(fmaxf(rintf(u), q.probs_lo), q.probs_hi) * divide.s;
+}
+
 // Copies in flight, in groups (cp.async): Q with the first K, then the first V; then, as each tile's K
 // (V) has been read by every warp, the next tile's K (V) into its place. Every step commits a group, empty
 // or not, so that wait<1> always means "all but the newest".
-template <int D, bool kFull>
+// kQuant: the probabilities' quantizer (Geometry::probs_scale) reads them exactly normalised, so a first
+// pass over the K tiles (alternating between sK and sV) finds each row's log-sum-exp; the second computes
+// the probabilities from it as the backward does, and multiplies V by their fake-quantized values (out)
+// and by those the quantizer passes (passed: Di's operand in the backward).
+template <int D, bool kFull, bool kQuant>
 __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
-    flash_forward(bf16* out, float* lse, const bf16* qp, const bf16* kp, const bf16* vp, Geometry q) {
+    flash_forward(bf16* out, bf16* passed, float* lse, const bf16* qp, const bf16* kp, const bf16* vp, Geometry q) {
   constexpr int ld = kFlashLd<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + kFlashRows * ld;
   bf16* sV = sK + kFlashRows * ld;
   const auto [bh, b, q0, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
+  const float scale = q.alpha * kLog2e;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running row maximum (base 2); this lane's sum
+  float row_lse[2];                                          // kQuant: each row's log-sum-exp, base 2
   copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows<kFull>(q, q0));
+  if constexpr (kQuant) {
+    copy_rows_async<D>(sK, kp + base, q.stride, tile_rows<kFull>(q, 0));
+    cuda::mma::commit();
+    if (kFlashRows < q.padded)
+      copy_rows_async<D>(sV, kp + base + kFlashRows * q.stride, q.stride, tile_rows<kFull>(q, kFlashRows));
+    cuda::mma::commit();
+    for (int kt = 0; kt < q.padded; kt += kFlashRows) {
+      bf16* tile = kt / kFlashRows % 2 ? sV : sK;
+      arrive();  // this K (and Q)
+      float s[8][4], top[2], rescale[2];
+      product_tile<D>(s, sQ, warp * 16, tile);
+      refill<D, kFull>(tile, kp + base, q, kt + 2 * kFlashRows);  // read by every warp
+      scores_base2<kFull>(q, b, kt, scale, s, top);
+      online_softmax(s, top, m, l, rescale);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(l[h]);  // every lane of the warp takes part in the shuffles
+      row_lse[h] = rows[h] < q.length ? m[h] + log2f(sum) : INFINITY;
+    }
+    // Both tiles free: the last refill's barrier follows every warp's last read of either.
+  }
   copy_rows_async<D>(sK, kp + base, q.stride, tile_rows<kFull>(q, 0));
   cuda::mma::commit();
   copy_rows_async<D>(sV, vp + base, q.stride, tile_rows<kFull>(q, 0));
   cuda::mma::commit();
-  const float scale = q.alpha * kLog2e;
-  float o[D / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running row maximum (base 2); this lane's sum
+  float o[D / 8][4] = {}, o_passed[kQuant ? D / 8 : 1][4] = {};
   const uint64_t draws = q.dropout ? lane_draws(q, bh, rows) : 0;
+  const cuda::ScaleDivision divide(kQuant ? *q.probs_scale : 1.0f);
+  int clipped = 0;
   for (int kt = 0; kt < q.padded; kt += kFlashRows) {
     const int64_t next = kt + kFlashRows;
     arrive();  // this K (and Q)
     float s[8][4];
     product_tile<D>(s, sQ, warp * 16, sK);
     refill<D, kFull>(sK, kp + base, q, next);  // sK read by every warp
-    float top[2] = {-INFINITY, -INFINITY};
+    if constexpr (kQuant) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const float2 bias = key_bias<kFull>(q, b, kt, n);
+      for (int n = 0; n < 8; ++n) {
+        const float2 bias = key_bias<kFull>(q, b, kt, n);  // -inf beyond T: p = 0 there
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = fmaf(s[n][e], scale, e % 2 ? bias.y : bias.x);
-        top[e / 2] = fmaxf(top[e / 2], s[n][e]);
+        for (int e = 0; e < 4; ++e)
+          s[n][e] = exp2_approx(fmaf(s[n][e], scale, (e % 2 ? bias.y : bias.x) - row_lse[e / 2]));
       }
+    } else {
+      float top[2], rescale[2];
+      scores_base2<kFull>(q, b, kt, scale, s, top);
+      online_softmax(s, top, m, l, rescale);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
     }
-    float rescale[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float next_max = fmaxf(m[h], quad_max(top[h]));  // finite: every tile holds a key below T
-      rescale[h] = exp2_approx(m[h] - next_max);             // 0 on the first tile
-      m[h] = next_max;
-      l[h] *= rescale[h];
-    }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) l[e / 2] += s[n][e] = exp2_approx(s[n][e] - m[e / 2]);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
     if (q.dropout) drop_tile<kFull>(q, bh, rows, draws, kt, s);
-    arrive();  // this V
-    accumulate_tile<D>(o, s, sV);
+    if constexpr (kQuant) {
+      float pass[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = quantize_probability(s[n][e], q, divide, pass[n][e], clipped);
+      arrive();  // this V
+      accumulate_tile<D>(o, s, sV);
+      accumulate_tile<D>(o_passed, pass, sV);
+    } else {
+      arrive();  // this V
+      accumulate_tile<D>(o, s, sV);
+    }
     refill<D, kFull>(sV, vp + base, q, next);  // sV read by every warp
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float sum = quad_sum(l[h]);
+    const float sum = kQuant ? 1.0f : quad_sum(l[h]);
     if (rows[h] >= q.length) continue;
     const float inv = 1.0f / sum;
     bf16* row = out + obase + rows[h] * q.out_stride + 2 * t;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) store_pair(row + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv, false);
-    if (t == 0) lse[bh * q.length + rows[h]] = m[h] / kLog2e + logf(sum);
+    if constexpr (kQuant) {
+      bf16* passed_row = passed + obase + rows[h] * q.out_stride + 2 * t;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) store_pair(passed_row + n * 8, o_passed[n][2 * h], o_passed[n][2 * h + 1], false);
+      if (t == 0) lse[bh * q.length + rows[h]] = row_lse[h] / kLog2e;
+    } else {
+      if (t == 0) lse[bh * q.length + rows[h]] = m[h] / kLog2e + logf(sum);
+    }
+  }
+  if (kQuant && q.probs_clipped) {
+    const int warp_clipped = cuda::warp_sum(clipped);
+    if (threadIdx.x % 32 == 0 && warp_clipped)
+      atomicAdd(q.probs_clipped, static_cast<unsigned long long>(warp_clipped));
   }
 }
 
 // dQ = alpha dS K over every key tile, dS = P (keep dP - Di), dP = dO V^T; and Di = rowsum(dO * O) of the
 // block's rows for the key-side kernel. Copies: Q, dO and the first V, then the first K; then each tile's
-// V (K) replaced by the next once read.
-template <int D, bool kFull>
+// V (K) replaced by the next once read. kQuant: dP reaches the probabilities only where their quantizer
+// passes it (dS = P (pass keep dP - Di)), and `op` is the forward's `passed`, so that Di is still the row
+// sum of P times its gradient.
+template <int D, bool kFull, bool kQuant>
 __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
     flash_backward_query(bf16* dq, bool accumulate, float* di, const bf16* qp, const bf16* kp, const bf16* vp,
                          const bf16* op, const bf16* dop, const float* lse, Geometry q) {
@@ -353,6 +444,7 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
     if (t == 0 && rows[h] < q.length) di[bh * q.length + rows[h]] = row_di[h];
   }
   const float scale = q.alpha * kLog2e;
+  const cuda::ScaleDivision divide(kQuant ? *q.probs_scale : 1.0f);
   float acc[D / 8][4] = {};
   for (int kt = 0; kt < q.padded; kt += kFlashRows) {
     const int64_t next = kt + kFlashRows;
@@ -377,7 +469,12 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
         if (kFull || rows[h] < q.length) {
           const float p = exp2_approx(fmaf(s[n][e], scale, (e % 2 ? bias.y : bias.x) - row_lse[h]));
           const float keep = !q.dropout ? 1.0f : (words[h][n / 4] >> (n % 4 * 8 + e % 2)) & 1u ? q.keep_scale : 0.0f;
-          ds = p * (dp[n][e] * keep - row_di[h]);
+          float gradient = dp[n][e] * keep;
+          if constexpr (kQuant) {
+            const float u = divide(p * keep);
+            if (u < q.probs_lo || u > q.probs_hi) gradient = 0.0f;
+          }
+          ds = p * (gradient - row_di[h]);
         }
         s[n][e] = ds;
       }
@@ -429,8 +526,10 @@ struct QueryStage {
 };
 
 // dK = alpha dS^T Q and dV = dropout(P)^T dO of the block's 64 keys, over every query tile; the query tiles
-// in two stages, the next one copied while this one is multiplied.
-template <int D, bool kFull>
+// in two stages, the next one copied while this one is multiplied. kQuant: dV from the fake-quantized
+// dropout(P), dS as the query side's, and the quantizer's scale gradient (LSQ: dP times the rounding error
+// inside the range, times the bound outside) summed over the grid.
+template <int D, bool kFull, bool kQuant>
 __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
     flash_backward_key(bf16* dk, bool accumulate_k, bf16* dv, bool accumulate_v, const bf16* qp, const bf16* kp,
                        const bf16* vp, const bf16* dop, const float* lse, const float* di, Geometry q) {
@@ -449,6 +548,8 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
 #pragma unroll
   for (int h = 0; h < 2; ++h) key_mask[h] = keys[h] < q.length ? mask_at(q, b, keys[h]) * kLog2e : 0.0f;
   const float scale = q.alpha * kLog2e;
+  const cuda::ScaleDivision divide(kQuant ? *q.probs_scale : 1.0f);
+  float scale_part = 0.0f;  // kQuant: this lane's share of the scale gradient
   float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
   int at = 0;
   for (int64_t qt = 0; qt < q.length; qt += kFlashRows, at ^= 1) {
@@ -477,7 +578,15 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
           const uint32_t word = e % 2 ? (local[h] < 32 ? words.z : words.w) : (local[h] < 32 ? words.x : words.y);
           const float keep = !q.dropout ? 1.0f : (word >> (local[h] % 32)) & 1u ? q.keep_scale : 0.0f;
           p = prob * keep;
-          ds = prob * (dp[n][e] * keep - query_di);
+          float gradient = dp[n][e] * keep;
+          if constexpr (kQuant) {
+            const float u = divide(p);
+            const bool below = u<q.probs_lo, above = u> q.probs_hi;
+            scale_part += dp[n][e] * (below ? q.probs_lo : above ? q.probs_hi : rintf(u) - u);
+            if (below || above) gradient = 0.0f;
+            p = fminf(fmaxf(rintf(u), q.probs_lo), q.probs_hi) * divide.s;
+          }
+          ds = prob * (gradient - query_di);
         }
         s[n][e] = p;
         dp[n][e] = ds;
@@ -497,6 +606,8 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
       store_pair(dv + at_key + n * 8, acc_v[n][2 * h], acc_v[n][2 * h + 1], accumulate_v);
     }
   }
+  if (kQuant && q.probs_grad)
+    cuda::add_grid_scale_gradient(scale_part, q.probs_grad, q.probs_grad_scale, q.probs_partial, q.arrivals);
 }
 
 // Shared memory of the BF16 kernels (bytes).
@@ -509,14 +620,21 @@ constexpr size_t flash_backward_bytes() {  // either backward kernel (the key si
   return size_t(2 * kFlashRows) * kFlashLd<D> * sizeof(bf16) + 2 * QueryStage<D>::kBytes;
 }
 
-// The same with kFull (std::bool_constant) as well: whether T is a multiple of the tile (no bounds checks).
+// The same with kFull and kQuant (std::bool_constant) as well: whether T is a multiple of the tile (no
+// bounds checks), and whether the probabilities are quantized.
 template <typename F>
 void with_kernel(int head_size, const Geometry& geometry, F&& f) {
   with_head_size(head_size, [&](auto size) {
+    auto quant = [&](auto full) {
+      if (geometry.probs_scale)
+        f(size, full, std::true_type{});
+      else
+        f(size, full, std::false_type{});
+    };
     if (geometry.length % kFlashRows == 0)
-      f(size, std::true_type{});
+      quant(std::true_type{});
     else
-      f(size, std::false_type{});
+      quant(std::false_type{});
   });
 }
 
@@ -531,14 +649,13 @@ size_t flash_shared_bytes(int head_size) {
   return bytes;
 }
 
-void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, bf16* out, float* lse, const bf16* q,
-                          const bf16* k, const bf16* v, const Geometry& geometry) {
-  with_kernel(head_size, geometry, [&](auto size, auto full) {
+void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, bf16* out, bf16* passed, float* lse,
+                          const bf16* q, const bf16* k, const bf16* v, const Geometry& geometry) {
+  with_kernel(head_size, geometry, [&](auto size, auto full, auto quant) {
     constexpr int D = decltype(size)::value;
-    constexpr bool kFull = decltype(full)::value;
-    allow_shared(flash_forward<D, kFull>, flash_forward_bytes<D>());
-    flash_forward<D, kFull>
-        <<<grid, kFlashThreads, flash_forward_bytes<D>(), cuda::stream(g)>>>(out, lse, q, k, v, geometry);
+    const auto kernel = flash_forward<D, decltype(full)::value, decltype(quant)::value>;
+    allow_shared(kernel, flash_forward_bytes<D>());
+    kernel<<<grid, kFlashThreads, flash_forward_bytes<D>(), cuda::stream(g)>>>(out, passed, lse, q, k, v, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
@@ -546,12 +663,12 @@ void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, bf16*
 void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, bf16* dq, bool accumulate, float* di,
                                  const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout,
                                  const float* lse, const Geometry& geometry) {
-  with_kernel(head_size, geometry, [&](auto size, auto full) {
+  with_kernel(head_size, geometry, [&](auto size, auto full, auto quant) {
     constexpr int D = decltype(size)::value;
-    constexpr bool kFull = decltype(full)::value;
-    allow_shared(flash_backward_query<D, kFull>, flash_backward_bytes<D>());
-    flash_backward_query<D, kFull><<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(
-        dq, accumulate, di, q, k, v, out, dout, lse, geometry);
+    const auto kernel = flash_backward_query<D, decltype(full)::value, decltype(quant)::value>;
+    allow_shared(kernel, flash_backward_bytes<D>());
+    kernel<<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(dq, accumulate, di, q, k, v, out, dout,
+                                                                                lse, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
@@ -559,12 +676,12 @@ void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid
 void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, bf16* dk, bool accumulate_k, bf16* dv,
                                bool accumulate_v, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                const float* lse, const float* di, const Geometry& geometry) {
-  with_kernel(head_size, geometry, [&](auto size, auto full) {
+  with_kernel(head_size, geometry, [&](auto size, auto full, auto quant) {
     constexpr int D = decltype(size)::value;
-    constexpr bool kFull = decltype(full)::value;
-    allow_shared(flash_backward_key<D, kFull>, flash_backward_bytes<D>());
-    flash_backward_key<D, kFull><<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(
-        dk, accumulate_k, dv, accumulate_v, q, k, v, dout, lse, di, geometry);
+    const auto kernel = flash_backward_key<D, decltype(full)::value, decltype(quant)::value>;
+    allow_shared(kernel, flash_backward_bytes<D>());
+    kernel<<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(dk, accumulate_k, dv, accumulate_v, q,
+                                                                                k, v, dout, lse, di, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }

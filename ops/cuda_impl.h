@@ -64,10 +64,10 @@ Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const 
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
 // Empty where the one-launch kernels do not apply (the caller quantizes one by one).
 std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInput> inputs);
-// Fused attention (ops::attention) and whether its kernels cover a head size and length on g's GPU in g's
-// activation dtype.
+// Fused attention (ops::attention, with the probabilities' quantizer where `probs` is given: BF16 only)
+// and whether its kernels cover a head size and length on g's GPU in g's activation dtype.
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
-              Rng& rng);
+              Rng& rng, const QuantizeOutput* probs = nullptr);
 bool attention_fits(const Graph<float>& g, int64_t head_size, int64_t length);
 // ops::self_attention where attention runs fused (x (B, T, C), C a multiple of 8).
 Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases,

@@ -376,6 +376,19 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const Quantiz
 // flags saved, the quantizer's input recomputed from them in the backward. On the CPU, the ops in sequence.
 template <typename T>
 Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng, const QuantizeOutput& q);
+// attention() with the probabilities' quantizer (QAT): per head matmul(fake_quantize(dropout(softmax(alpha
+// q k^T, mask), p), probs...), v), the quantizer per tensor, its scale taking the LSQ gradient. On the CPU
+// the ops in sequence (head_scores, softmax_dropout with the quantizer, head_context). On a GPU, where
+// fused_quantized_attention() says so, the fused kernels with the quantizer inside: the probabilities are
+// exactly normalised before it (a first pass over the keys finds each row's log-sum-exp), and the forward
+// also keeps the context of what the quantizer passes (its gradient's straight-through part), from which
+// the backward's row sums come. The same values as the ops up to summation order.
+template <typename T>
+Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
+              Rng& rng, const QuantizeOutput& probs);
+// Whether that runs fused: where attention() does, with BF16 activations (the FP32 and TF32 kernels have no
+// quantizer; the ops in sequence run there).
+bool fused_quantized_attention(const Graph<float>& g, int64_t head_size, int64_t length);
 // Attention's products on fake-quantized operands as inference with exact sums makes them, on a GPU
 // (forward only): q, k, v (B, T, H x D) fake-quantized at scales.q, .k, .v (per tensor, to [-128, 127]);
 // their integers (round(x / scale), exact in the activations' dtype) multiplied by batched GEMMs whose FP32

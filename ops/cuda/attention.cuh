@@ -35,6 +35,18 @@ struct Geometry {
   // word j / 32 for key j. The backward reads them instead of drawing again.
   uint32_t* bits;
   int words;
+  // The probabilities' quantizer (the BF16 kernels only): fake_quantize of the dropped-out probabilities
+  // before the product with V, per tensor at *probs_scale to [probs_lo, probs_hi] (nullptr: none), its
+  // saturations counted into probs_clipped (or not: nullptr). The backward's LSQ scale gradient goes to
+  // probs_grad (nullptr: none) times probs_grad_scale, summed over the key-side grid's blocks in
+  // probs_partial (cuda::add_grid_scale_gradient, the arrival counter `arrivals`).
+  const float* probs_scale;
+  float probs_lo, probs_hi;
+  unsigned long long* probs_clipped;
+  float* probs_grad;
+  double probs_grad_scale;
+  double* probs_partial;
+  unsigned int* arrivals;
 };
 
 __device__ __forceinline__ float mask_at(const Geometry& q, int64_t b, int64_t key) {
@@ -83,8 +95,13 @@ void allow_shared(Kernel kernel, size_t bytes) {
 // theirs needs (the larger of forward and backward), and their launches on the graph's stream, grids of
 // (query tiles or key tiles of 64, B H).
 size_t flash_shared_bytes(int head_size);
-void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* out, float* lse,
-                          const cuda::bf16* q, const cuda::bf16* k, const cuda::bf16* v, const Geometry& geometry);
+// With the probabilities' quantizer (geometry.probs_scale), the forward also writes `passed`: the context
+// of the dropped-out probabilities where the quantizer passes their gradient (inside its range), else 0,
+// which the query-side backward reads in place of `out` for Di (the softmax's row sum of gradient times
+// probability).
+void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* out, cuda::bf16* passed,
+                          float* lse, const cuda::bf16* q, const cuda::bf16* k, const cuda::bf16* v,
+                          const Geometry& geometry);
 void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* dq, bool accumulate,
                                  float* di, const cuda::bf16* q, const cuda::bf16* k, const cuda::bf16* v,
                                  const cuda::bf16* out, const cuda::bf16* dout, const float* lse,

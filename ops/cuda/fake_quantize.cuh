@@ -154,34 +154,45 @@ struct TensorSource {
   }
 };
 
-// Adds a thread block's share `acc` (each thread's part) of a scale's gradient, times grad_scale, to the
-// scale of its grid row, ds[blockIdx.y]: directly when the row is one block; else each block stores its
-// share in partial[blockIdx.y gridDim.x + blockIdx.x], and the last block of the grid to finish adds every
-// row's shares up in block order (a fixed tree: the result does not depend on which block finished last)
-// and resets the arrival counter. Every thread of every block calls it.
-__device__ inline void add_scale_gradient(double acc, float* ds, double grad_scale, double* partial,
-                                          unsigned int* arrivals) {
+// Adds a thread block's share `acc` (each thread's part) of a scale's gradient, times grad_scale, to
+// ds[row]: directly when the row is one block (shares == 1); else the block stores its share in
+// partial[row shares + share], and the last block of the grid to finish adds every row's shares up in
+// share order (a fixed tree: the result does not depend on which block finished last) and resets the
+// arrival counter. Every thread of every block calls it; rows x shares is the grid's size.
+__device__ inline void add_share(double acc, float* ds, double grad_scale, double* partial, unsigned int* arrivals,
+                                 unsigned row, unsigned rows, unsigned share, unsigned shares) {
   __shared__ double shared[32];
   __shared__ bool last;
   acc = block_sum(acc, shared);
-  if (gridDim.x == 1) {  // the scale's only block
-    if (threadIdx.x == 0) ds[blockIdx.y] += static_cast<float>(grad_scale * acc);
+  if (shares == 1) {  // the scale's only block
+    if (threadIdx.x == 0) ds[row] += static_cast<float>(grad_scale * acc);
     return;
   }
   if (threadIdx.x == 0) {
-    partial[blockIdx.y * gridDim.x + blockIdx.x] = acc;
+    partial[row * shares + share] = acc;
     __threadfence();  // the share is visible everywhere before this block counts as arrived
-    last = atomicAdd(arrivals, 1u) == gridDim.x * gridDim.y - 1;
+    last = atomicAdd(arrivals, 1u) == rows * shares - 1;
   }
   __syncthreads();
   if (!last) return;
-  for (unsigned row = 0; row < gridDim.y; ++row) {
+  for (unsigned r = 0; r < rows; ++r) {
     double total = 0;
-    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(partial + row * gridDim.x + b);
+    for (unsigned b = threadIdx.x; b < shares; b += blockDim.x) total += __ldcg(partial + r * shares + b);
     total = block_sum(total, shared);
-    if (threadIdx.x == 0) ds[row] += static_cast<float>(grad_scale * total);
+    if (threadIdx.x == 0) ds[r] += static_cast<float>(grad_scale * total);
   }
   if (threadIdx.x == 0) *arrivals = 0;
+}
+// A grid row's blocks share the scale of that row, ds[blockIdx.y] (a per-channel quantizer's channels).
+__device__ inline void add_scale_gradient(double acc, float* ds, double grad_scale, double* partial,
+                                          unsigned int* arrivals) {
+  add_share(acc, ds, grad_scale, partial, arrivals, blockIdx.y, gridDim.y, blockIdx.x, gridDim.x);
+}
+// Every block of the grid shares one scale, ds[0] (a fused op's per-tensor quantizer on a 2-D grid);
+// partial holds gridDim.x gridDim.y doubles.
+__device__ inline void add_grid_scale_gradient(double acc, float* ds, double grad_scale, double* partial,
+                                               unsigned int* arrivals) {
+  add_share(acc, ds, grad_scale, partial, arrivals, 0, 1, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
 }
 
 // Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kQuantizeBlock,

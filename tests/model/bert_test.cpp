@@ -481,6 +481,7 @@ TEST(BertModel, ReusedGradientBuffersGiveTheSameStepInLessMemoryOnTheGpu) {
     check_reused_gradients(*gpu, bf16 ? "gpu bf16 float" : "gpu fp32 float", false, false);
     check_reused_gradients(*gpu, bf16 ? "gpu bf16 qat" : "gpu fp32 qat", true, false);
     check_reused_gradients(*gpu, bf16 ? "gpu bf16 fused attention" : "gpu fp32 fused attention", false, true);
+    check_reused_gradients(*gpu, bf16 ? "gpu bf16 qat, fused attention" : "gpu fp32 qat, fused attention", true, true);
   }
 }
 
@@ -510,6 +511,27 @@ TEST(BertModel, FusedAttentionGivesTheUnfusedTrainingStep) {
     std::unique_ptr<Device> gpu = Device::cuda(0, p);
     expect_same_loss_and_gradients(float_step(*gpu, true), float_step(*gpu, false),
                                    p == Precision::kFp32 ? 1e-5 : 5e-2, "fused vs unfused attention");
+  }
+}
+
+// A QAT step (every quantizer on, dropout on) with the fused attention against the unfused ops: in BF16 Q,
+// K and V fake-quantized before the fused kernels and the probabilities' quantizer inside them, the same
+// dropout draws, so the loss and every gradient (the quantizers' scales too) agree up to BF16 rounding; in
+// FP32 the fused kernels leave QAT to the ops (the same step).
+TEST(BertModel, FusedAttentionGivesTheUnfusedQatStep) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the fused attention runs on a machine with an NVIDIA GPU";
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(p == Precision::kFp32 ? "fp32" : "bf16");
+    std::unique_ptr<Device> gpu = Device::cuda(0, p);
+    EXPECT_EQ(ops::fused_quantized_attention(Graph<float>(*gpu), preset("tiny").head_size(), 8), p == Precision::kBf16);
+    auto step = [&](bool fused_attention) {
+      std::unique_ptr<Bert> model = quantized_tiny(0.0015f);
+      model->set_fused_attention(fused_attention);
+      return training_step(*model, *gpu);
+    };
+    expect_same_loss_and_gradients(step(true), step(false), p == Precision::kFp32 ? 1e-5 : 5e-2,
+                                   "qat, fused vs unfused attention");
   }
 }
 

@@ -33,6 +33,10 @@ constexpr double kGemm = 1e-5;         // cuBLAS FP32 vs Eigen: other blocking, 
 // BF16 mixed precision against the FP32 CPU: each BF16 store rounds to 8 mantissa bits (relative error
 // up to 2^-9 = 0.2%), and an op's output is a few such roundings of its inputs and of itself.
 constexpr double kBf16 = 2e-2;
+// Attention with the probabilities' quantizer on inputs BF16 holds exactly: a sum in another order moves a
+// probability across a rounding boundary of its quantizer now and then, which moves an output by a step
+// (2^-8) times a value of V. In BF16 the output's rounding comes on top: kBf16 there.
+constexpr double kAttentionQuantized = 1e-4;
 
 struct Result {
   std::vector<float> value;
@@ -1248,6 +1252,89 @@ TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
     EXPECT_LE(relative_difference(bf16.dscale, cpu.dscale), kBf16);
     EXPECT_NEAR(double(bf16.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped));
   }
+}
+
+// Fused attention with the probabilities' quantizer (QAT) against the ops in sequence on the CPU (scores,
+// softmax, dropout, fake_quantize, context): in BF16 the fused kernels (the probabilities normalised by a
+// first pass, quantized inside), in FP32 the GPU's ops in sequence. Inputs BF16 holds exactly and a scale
+// of 2^-8 (its multiples too), so BF16 rounds only the output and the gradients; some probabilities past 127
+// steps (0.496) saturate. Values, the gradients of Q, K, V and the scale (LSQ), and the saturation count;
+// lengths from 7 (one partial key tile) to 512 (eight tiles), masked and not, dropout in training and
+// evaluation.
+TEST_F(CudaOps, FusedAttentionWithTheProbabilitiesQuantizerGivesTheOps) {
+  struct Case {
+    int64_t b, h, t, d;
+  };
+  struct Run {
+    std::vector<float> y, dscale;
+    std::array<std::vector<float>, 3> dqkv;
+    int64_t clipped = 0;
+  };
+  auto run = [](const Device& device, const Case& c, bool masked, double p, bool training) {
+    const Shape s{c.b, c.t, c.h * c.d};
+    const int64_t n = s.numel();
+    Graph<float> g(device);
+    std::vector<DeviceBuffer> buffers;
+    auto leaf = [&](const std::vector<float>& values, const Shape& shape) {
+      buffers.emplace_back(device, values.size() * 4);
+      device.copy_to_device(buffers.back().data(), values.data(), values.size() * 4);
+      buffers.emplace_back(device, values.size() * 4);
+      device.fill_zero(buffers.back().data(), values.size() * 4);
+      return g.leaf(TensorView<float>(buffers[buffers.size() - 2].as<float>(), shape),
+                    TensorView<float>(buffers.back().as<float>(), shape));
+    };
+    std::array<Var, 3> qkv;
+    for (uint32_t i = 0; i < 3; ++i) {
+      std::vector<float> x = random_values(n, 41 + i, 1.5f);
+      for (float& v : x) v = bf16_representable(v);
+      qkv[i] = leaf(x, s);
+    }
+    const Var scale = leaf({1.0f / 256}, Shape{1});
+    DeviceBuffer counter(device, 8);
+    device.fill_zero(counter.data(), 8);
+    std::vector<float> mask(static_cast<size_t>(c.b * c.t), 0.0f);
+    if (masked)  // the last item padded from 60% of its length
+      for (int64_t i = c.t * 6 / 10; i < c.t; ++i) mask[(c.b - 1) * c.t + i] = -10000.0f;
+    const Var m = masked ? g.input(std::span<const float>(mask), Shape{c.b, c.t}) : Var{};
+    Rng rng(77);
+    rng.reserve(5);
+    const Var y = ops::attention(g, qkv[0], qkv[1], qkv[2], m, c.h, 1.0 / std::sqrt(double(c.d)), p, training, rng,
+                                 ops::QuantizeOutput{scale, -128, 127, 0.3, counter.as<int64_t>()});
+    Run r;
+    r.y = g.to_host(y);
+    g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(random_values(n, 45)), s))));
+    for (size_t i = 0; i < 3; ++i) {
+      r.dqkv[i].resize(size_t(n));
+      device.copy_to_host(r.dqkv[i].data(), buffers[2 * i + 1].data(), n * 4);
+    }
+    r.dscale.resize(1);
+    device.copy_to_host(r.dscale.data(), buffers[7].data(), 4);
+    device.copy_to_host(&r.clipped, counter.data(), 8);
+    return r;
+  };
+  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{3, 2, 100, 64}, Case{2, 2, 128, 64},
+                       Case{1, 2, 200, 128}, Case{1, 1, 512, 64}})
+    for (bool masked : {false, true})
+      for (const auto& [p, training] : {std::pair{0.0, true}, std::pair{0.1, true}, std::pair{0.1, false}}) {
+        SCOPED_TRACE("B " + std::to_string(c.b) + " H " + std::to_string(c.h) + " T " + std::to_string(c.t) + " D " +
+                     std::to_string(c.d) + (masked ? ", masked" : "") + ", dropout " + std::to_string(p) +
+                     (training ? "" : ", evaluation"));
+        Graph<float> probe(*gpu_bf16_), probe_fp32(*gpu_);
+        ASSERT_TRUE(ops::fused_quantized_attention(probe, c.d, c.t)) << "the BF16 kernels cover this shape";
+        EXPECT_FALSE(ops::fused_quantized_attention(probe_fp32, c.d, c.t)) << "FP32: the ops in sequence";
+        const Run cpu = run(Device::cpu(), c, masked, p, training);
+        EXPECT_GT(cpu.clipped, 0);
+        for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+          const bool bf16 = gpu->precision() == Precision::kBf16;
+          SCOPED_TRACE(bf16 ? "bf16, fused" : "fp32, the ops in sequence");
+          const Run r = run(*gpu, c, masked, p, training);
+          EXPECT_LE(relative_difference(r.y, cpu.y), bf16 ? kBf16 : kAttentionQuantized);
+          for (size_t i = 0; i < 3; ++i)
+            EXPECT_LE(relative_difference(r.dqkv[i], cpu.dqkv[i]), bf16 ? kBf16 : kAttentionQuantized) << "input " << i;
+          EXPECT_LE(relative_difference(r.dscale, cpu.dscale), bf16 ? kBf16 : kAttentionQuantized) << "scale";
+          EXPECT_NEAR(double(r.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped) + 1);
+        }
+      }
 }
 
 // dropout_add_layer_norm with the residual add's input quantizer (LayerNorm(q(dropout(a)) + b)) against
