@@ -69,7 +69,11 @@ double forward_flops(const model::BertConfig& c, double t, double p) {
   return c.num_hidden_layers * layer + 2 * p * h * h + 2 * p * h * v + 2 * h * h;
 }
 
-void enable_quantization(model::Bert& model, const Batch& batch, Graph<float>& g) {
+// Calibration runs in a graph of its own, freed before the steps (as bert-train's QAT set-up does): the
+// steps' GPU memory is then their own, not the calibration forward's (every activation of an unfused
+// forward held at once).
+void enable_quantization(model::Bert& model, const Batch& batch, const Device& device) {
+  Graph<float> g(device);
   quant::CalibrationStatistics stats;
   stats.quantizers = quant::default_quantizers(model, quant::CalibrationOptions().residuals);  // the default set
   for (model::Quantizer* q : stats.quantizers)
@@ -250,13 +254,13 @@ int main(int argc, char** argv) {
         Graph<float> g(*device);
         Rng dropout(3);
         if (int8) {  // evaluation only: integer GEMMs in every quantized linear (max-calibrated scales)
-          enable_quantization(model, batch, g);
+          enable_quantization(model, batch, *device);
           model.prepare_integer_inference(/*integer_decoder=*/mode == "int8-decoder",
                                           /*fuse_projections=*/mode != "int8-separate");
         }
         if (qat) {
           model.set_fused_quantizers(mode != "qat-separate");
-          enable_quantization(model, batch, g);
+          enable_quantization(model, batch, *device);
           model.parameters().upload_values();
           for (model::Quantizer* q : model.enabled_quantizers()) {  // as bert-train's default (--scales learned)
             optimizer.set_log_space(q->scale);
