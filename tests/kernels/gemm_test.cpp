@@ -23,37 +23,6 @@ struct GemmCase {
   int64_t m, n, k;
 };
 
-template <typename T>
-void check_against_reference(CpuKernels kernel, GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad, double tol,
-                             bool with_bias = false, bool bf16 = false) {
-  Rng rng(static_cast<uint64_t>(s.m * 131 + s.n * 17 + s.k + ta * 2 + tb));
-  const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
-  const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
-  const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = s.n + pad;
-  std::vector<T> a(a_rows * lda), b(b_rows * ldb), c(s.m * ldc);
-  for (auto& v : a) v = static_cast<T>(rng.next_normal());
-  for (auto& v : b) v = static_cast<T>(rng.next_normal());
-  for (auto& v : c) v = static_cast<T>(rng.next_normal());
-  std::vector<T> expected = c, bias_values(s.n);
-  for (auto& v : bias_values) v = static_cast<T>(rng.next_normal());
-  const T* bias = with_bias ? bias_values.data() : nullptr;
-  const std::vector<T> a_saved = a, b_saved = b;
-  gemm<T>({ta, tb, s.m, s.n, s.k, bf16}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, kernel, bias);
-  ASSERT_EQ(a, a_saved);  // the operands are read, never rounded in place
-  ASSERT_EQ(b, b_saved);
-  gemm_reference<T>({ta, tb, s.m, s.n, s.k, bf16}, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc,
-                    bias);
-  for (int64_t i = 0; i < s.m; ++i) {
-    for (int64_t j = 0; j < ldc; ++j) {
-      const int64_t at = i * ldc + j;
-      // Within the matrix: close to the reference; in the padding: untouched.
-      const double scale = 1.0 + std::sqrt(static_cast<double>(s.k));
-      ASSERT_NEAR(c[at], expected[at], tol * scale)
-          << cpu_kernels_name(kernel) << " (" << i << ", " << j << ") ta=" << ta << " tb=" << tb << " bf16=" << bf16;
-    }
-  }
-}
-
 std::vector<CpuKernels> kernels_here() {
   std::vector<CpuKernels> kernels = {CpuKernels::kBuild};
   for (CpuKernels set : {CpuKernels::kAvx2, CpuKernels::kAvx512})
@@ -61,26 +30,61 @@ std::vector<CpuKernels> kernels_here() {
   return kernels;
 }
 
+// One product against the reference, made once and held against each kernel at 1, 2 and 4 threads (the
+// reference's plain loops take most of the time, above all under the sanitizers).
+template <typename T>
+void check_against_reference(GemmCase s, bool ta, bool tb, T alpha, T beta, int64_t pad, double tol,
+                             bool with_bias = false, bool bf16 = false) {
+  Rng rng(static_cast<uint64_t>(s.m * 131 + s.n * 17 + s.k + ta * 2 + tb));
+  const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
+  const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
+  const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = s.n + pad;
+  std::vector<T> a(a_rows * lda), b(b_rows * ldb), c0(s.m * ldc);
+  for (auto& v : a) v = static_cast<T>(rng.next_normal());
+  for (auto& v : b) v = static_cast<T>(rng.next_normal());
+  for (auto& v : c0) v = static_cast<T>(rng.next_normal());
+  std::vector<T> expected = c0, bias_values(s.n);
+  for (auto& v : bias_values) v = static_cast<T>(rng.next_normal());
+  const T* bias = with_bias ? bias_values.data() : nullptr;
+  const std::vector<T> a_saved = a, b_saved = b;
+  gemm_reference<T>({ta, tb, s.m, s.n, s.k, bf16}, alpha, a.data(), lda, b.data(), ldb, beta, expected.data(), ldc,
+                    bias);
+  for (CpuKernels kernel : kernels_here())
+    for (int threads : {1, 2, 4}) {
+      omp_set_num_threads(threads);
+      std::vector<T> c = c0;
+      gemm<T>({ta, tb, s.m, s.n, s.k, bf16}, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, kernel, bias);
+      ASSERT_EQ(a, a_saved);  // the operands are read, never rounded in place
+      ASSERT_EQ(b, b_saved);
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          const int64_t at = i * ldc + j;
+          // Within the matrix: close to the reference; in the padding: untouched.
+          const double scale = 1.0 + std::sqrt(static_cast<double>(s.k));
+          ASSERT_NEAR(c[at], expected[at], tol * scale)
+              << cpu_kernels_name(kernel) << " threads " << threads << " (" << i << ", " << j << ") ta=" << ta
+              << " tb=" << tb << " bf16=" << bf16;
+        }
+      }
+    }
+}
+
 class GemmTest : public ::testing::TestWithParam<GemmCase> {};
 
 TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
   const int saved = omp_get_max_threads();
-  for (CpuKernels kernel : kernels_here())
-    for (int threads : {1, 2, 4}) {
-      omp_set_num_threads(threads);
-      for (bool ta : {false, true})
-        for (bool tb : {false, true}) {
-          check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5);
-          check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5);
-          check_against_reference<double>(kernel, GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13);
-          // A bias added to every row (a linear layer's forward), with and without beta.
-          check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 1, 1e-5, /*with_bias=*/true);
-          check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 0, 1e-5, /*with_bias=*/true);
-          check_against_reference<double>(kernel, GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13, /*with_bias=*/true);
-          // BF16 operands, FP32 sums: as close to the reference on the rounded operands as FP32 is to its own.
-          check_against_reference<float>(kernel, GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5, false, /*bf16=*/true);
-          check_against_reference<float>(kernel, GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5, true, /*bf16=*/true);
-        }
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_against_reference<float>(GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5);
+      check_against_reference<float>(GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5);
+      check_against_reference<double>(GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13);
+      // A bias added to every row (a linear layer's forward), with and without beta.
+      check_against_reference<float>(GetParam(), ta, tb, 1.0f, 0.0f, 1, 1e-5, /*with_bias=*/true);
+      check_against_reference<float>(GetParam(), ta, tb, 0.5f, 1.0f, 0, 1e-5, /*with_bias=*/true);
+      check_against_reference<double>(GetParam(), ta, tb, -1.5, 0.25, 2, 1e-13, /*with_bias=*/true);
+      // BF16 operands, FP32 sums: as close to the reference on the rounded operands as FP32 is to its own.
+      check_against_reference<float>(GetParam(), ta, tb, 1.0f, 0.0f, 0, 1e-5, false, /*bf16=*/true);
+      check_against_reference<float>(GetParam(), ta, tb, 0.5f, 1.0f, 3, 1e-5, true, /*bf16=*/true);
     }
   omp_set_num_threads(saved);
 }
@@ -90,19 +94,24 @@ TEST_P(GemmTest, FastPathMatchesReferenceFloatAndDouble) {
 TEST_P(GemmTest, FinishSeesEachFinalBlockOnce) {
   const GemmCase s = GetParam();
   const int saved = omp_get_max_threads();
-  for (CpuKernels kernel : kernels_here())
-    for (int threads : {1, 2, 4})
-      for (bool ta : {false, true})
-        for (bool tb : {false, true})
-          for (bool bf16 : {false, true}) {
+  const int64_t ldc = s.n + 2;  // two padding columns the finish must not see
+  Rng rng(static_cast<uint64_t>(s.m * 7 + s.n * 3 + s.k));
+  std::vector<float> a(s.m * s.k), b(s.k * s.n);
+  for (auto& v : a) v = static_cast<float>(rng.next_normal());
+  for (auto& v : b) v = static_cast<float>(rng.next_normal());
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool bf16 : {false, true}) {
+        const GemmArgs args{ta, tb, s.m, s.n, s.k, bf16};
+        const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+        std::vector<float> expected(s.m * ldc, -7.0f);  // made once, held against every kernel and thread count
+        gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), ldc);
+        for (CpuKernels kernel : kernels_here())
+          for (int threads : {1, 2, 4}) {
             SCOPED_TRACE(std::string(cpu_kernels_name(kernel)) + " threads " + std::to_string(threads) +
                          " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " bf16=" + std::to_string(bf16));
             omp_set_num_threads(threads);
-            Rng rng(static_cast<uint64_t>(s.m * 7 + s.n * 3 + s.k));
-            const int64_t ldc = s.n + 2;  // two padding columns the finish must not see
-            std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * ldc, -7.0f), expected(s.m * ldc, -7.0f);
-            for (auto& v : a) v = static_cast<float>(rng.next_normal());
-            for (auto& v : b) v = static_cast<float>(rng.next_normal());
+            std::vector<float> c(s.m * ldc, -7.0f);
             std::vector<std::atomic<int>> visits(s.m * ldc);
             const GemmFinish finish = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
               for (int64_t i = r0; i < r1; ++i)
@@ -111,10 +120,7 @@ TEST_P(GemmTest, FinishSeesEachFinalBlockOnce) {
                   c[i * ldc + j] = 2.0f * c[i * ldc + j] + 1.0f;
                 }
             };
-            const GemmArgs args{ta, tb, s.m, s.n, s.k, bf16};
-            const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
             gemm<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, kernel, nullptr, &finish);
-            gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), ldc);
             for (int64_t i = 0; i < s.m; ++i)
               for (int64_t j = 0; j < ldc; ++j) {
                 const int64_t at = i * ldc + j;
@@ -125,6 +131,7 @@ TEST_P(GemmTest, FinishSeesEachFinalBlockOnce) {
                     << "(" << i << ", " << j << ")";
               }
           }
+      }
   omp_set_num_threads(saved);
 }
 
@@ -134,19 +141,24 @@ TEST_P(GemmTest, TilesCoverCOnceWithTheProductsValues) {
   const GemmCase s = GetParam();
   const int saved = omp_get_max_threads();
   const int64_t tile_rows = 37, tile_cols = 48;
-  for (CpuKernels kernel : kernels_here())
-    for (int threads : {1, 2})
-      for (bool ta : {false, true})
-        for (bool tb : {false, true})
-          for (bool bf16 : {false, true}) {
+  Rng rng(static_cast<uint64_t>(s.m * 5 + s.n * 11 + s.k));
+  std::vector<float> a(s.m * s.k), b(s.k * s.n), bias(s.n);
+  for (auto& v : a) v = static_cast<float>(rng.next_normal());
+  for (auto& v : b) v = static_cast<float>(rng.next_normal());
+  for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool bf16 : {false, true}) {
+        const GemmArgs args{ta, tb, s.m, s.n, s.k, bf16};
+        const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+        std::vector<float> expected(s.m * s.n);  // made once, held against every kernel and thread count
+        gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), s.n, bias.data());
+        for (CpuKernels kernel : kernels_here())
+          for (int threads : {1, 2}) {
             SCOPED_TRACE(std::string(cpu_kernels_name(kernel)) + " threads " + std::to_string(threads) +
                          " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " bf16=" + std::to_string(bf16));
             omp_set_num_threads(threads);
-            Rng rng(static_cast<uint64_t>(s.m * 5 + s.n * 11 + s.k));
-            std::vector<float> a(s.m * s.k), b(s.k * s.n), bias(s.n), c(s.m * s.n, -7.0f), expected(s.m * s.n);
-            for (auto& v : a) v = static_cast<float>(rng.next_normal());
-            for (auto& v : b) v = static_cast<float>(rng.next_normal());
-            for (auto& v : bias) v = static_cast<float>(rng.next_normal());
+            std::vector<float> c(s.m * s.n, -7.0f);
             std::vector<std::atomic<int>> visits(s.m * s.n);
             std::atomic<bool> oversized{false};
             const OutputTileVisitor visit = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* tile,
@@ -158,10 +170,7 @@ TEST_P(GemmTest, TilesCoverCOnceWithTheProductsValues) {
                   c[i * s.n + j] = tile[(i - r0) * ld + (j - c0)];
                 }
             };
-            const GemmArgs args{ta, tb, s.m, s.n, s.k, bf16};
-            const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
             gemm_tiles(args, a.data(), lda, b.data(), ldb, bias.data(), tile_rows, tile_cols, visit, kernel);
-            gemm_reference<float>(args, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, expected.data(), s.n, bias.data());
             ASSERT_FALSE(oversized);
             for (int64_t at = 0; at < s.m * s.n; ++at) {
               ASSERT_EQ(visits[at].load(), 1) << "(" << at / s.n << ", " << at % s.n << ")";
@@ -169,6 +178,7 @@ TEST_P(GemmTest, TilesCoverCOnceWithTheProductsValues) {
                   << "(" << at / s.n << ", " << at % s.n << ")";
             }
           }
+      }
   omp_set_num_threads(saved);
 }
 
