@@ -282,15 +282,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[8][4], const float (&t
 }
 
 // The probabilities' quantizer on a dropped-out probability x (Geometry::probs_scale): its fake-quantized
-// value; `passed` is x where the quantizer passes the gradient (inside its range), else 0, and `clipped`
-// counts x where it saturates.
+// value (cuda::fake_quantize_value's arithmetic); `passed` is x where the quantizer passes the gradient
+// (inside its range), else 0, and `clipped` counts x where it saturates.
 __device__ __forceinline__ float quantize_probability(float x, const Geometry& q, const cuda::ScaleDivision& divide,
                                                       float& passed, int& clipped) {
-  const float u = divide(x);
-  const bool inside = !(u < q.probs_lo) && !(u > q.probs_hi);
-  clipped += !inside;
-  passed = inside ? x : 0.0f;
-  return fminf(fmaxf(rintf(u), q.probs_lo), q.probs_hi) * divide.s;
+  int saturated = 0;
+  const float value = cuda::fake_quantize_value(x, divide, q.probs_lo, q.probs_hi, saturated);
+  clipped += saturated;
+  passed = saturated ? 0.0f : x;
+  return value;
 }
 
 // Copies in flight, in groups (cp.async): Q with the first K, then the first V; then, as each tile's K
@@ -579,12 +579,10 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
           const float keep = !q.dropout ? 1.0f : (word >> (local[h] % 32)) & 1u ? q.keep_scale : 0.0f;
           p = prob * keep;
           float gradient = dp[n][e] * keep;
-          if constexpr (kQuant) {
-            const float u = divide(p);
-            const bool below = u<q.probs_lo, above = u> q.probs_hi;
-            scale_part += dp[n][e] * (below ? q.probs_lo : above ? q.probs_hi : rintf(u) - u);
-            if (below || above) gradient = 0.0f;
-            p = fminf(fmaxf(rintf(u), q.probs_lo), q.probs_hi) * divide.s;
+          if constexpr (kQuant) {  // through the quantizer (straight through inside its range) and the dropout
+            gradient = cuda::fake_quantize_value_grad(p, dp[n][e], keep, divide, q.probs_lo, q.probs_hi, scale_part);
+            int saturated = 0;  // (counted by the forward)
+            p = cuda::fake_quantize_value(p, divide, q.probs_lo, q.probs_hi, saturated);
           }
           ds = prob * (gradient - query_di);
         }
