@@ -442,7 +442,8 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
                                   inverse_sqrt_d, p, training, rng);
   } else {
     // The projections, each through its quantizer where the products' inputs are quantized or calibrated.
-    const std::vector<Var> fused_qkv = integer_projections_on_gpu(g, l, inputs[0]);
+    std::vector<Var> fused_qkv = integer_projections_on_gpu(g, l, inputs[0]);
+    if (fused_qkv.empty()) fused_qkv = quantized_projections_on_gpu(g, l, inputs[0], weights);
     const bool fused = !fused_qkv.empty();
     const Var q = fused
                       ? fused_qkv[0]
@@ -503,6 +504,28 @@ std::vector<Var> Bert::integer_projections_on_gpu(Graph<float>& g, Layer& l, Var
   }
   return ops::int8_linear_quantized(g, x, *l.device_projections, l.query.input_scale(params_), /*gelu=*/false, parts,
                                     /*integers=*/false);
+}
+
+std::vector<Var> Bert::quantized_projections_on_gpu(Graph<float>& g, Layer& l, Var x, std::span<const Var> weights) {
+  if (!g.on_cuda() || !fuse_quantizers_ || weights.size() < 3) return {};
+  const std::array<Linear*, 3> projections = {&l.query, &l.key, &l.value};
+  const std::array<Quantizer*, 3> products = {&l.matmul_q, &l.matmul_k, &l.matmul_v};
+  for (size_t i = 0; i < 3; ++i) {
+    const Linear& p = *projections[i];
+    if (!weights[i].valid() || p.runs_integer(g) || p.sums_exactly(g, params_) ||
+        products[i]->mode != QuantMode::kQuantize || products[i]->channels != 1)
+      return {};
+  }
+  const Shape shape = g.shape(x);
+  std::array<ops::QuantizeOutput, 3> quantizers;
+  std::array<Var, 3> biases;
+  for (size_t i = 0; i < 3; ++i) {
+    quantizers[i] = products[i]->fused_output(g, params_, shape);
+    biases[i] = g.param(params_.get(projections[i]->bias));
+  }
+  const std::array<Var, 3> out =
+      ops::quantized_projections(g, x, {weights[0], weights[1], weights[2]}, biases, quantizers);
+  return {out.begin(), out.end()};
 }
 
 Var Bert::integer_attention_on_gpu(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training) {

@@ -203,6 +203,11 @@ class Bert {
   // Q, K and V of x by the GPU's fused integer projections with the attention products' input quantizers
   // applied in its epilogue, where they run in g (else empty: the projections one by one).
   std::vector<Var> integer_projections_on_gpu(Graph<float>& g, Layer& layer, Var x);
+  // Q, K and V of x (already through the projections' input quantizer) with the attention products' input
+  // quantizers, by ops::quantized_projections (on a GPU one GEMM each way for the three), where the
+  // weights are fake-quantized in g (`weights`, Linear::quantize_weights) and those quantizers quantize per
+  // tensor (QAT); else empty: the projections one by one.
+  std::vector<Var> quantized_projections_on_gpu(Graph<float>& g, Layer& layer, Var x, std::span<const Var> weights);
   // The per-tensor scales of the attention products' four quantizers (integer or exact products).
   ops::Int8AttentionScales attention_scales(const Layer& layer);
   // The context of integer attention on a GPU (ops::int8_attention_integers on the integers the fused

@@ -520,21 +520,18 @@ int64_t spacing(const std::array<P*, 3>& p) {
   return stride > 0 && p[2] - p[1] == stride ? stride : 0;
 }
 
-// Self-attention from x: the three projections side by side as one (B, T, 3C) node (each position's Q, K
-// and V in a row), one batched GEMM where the weights (and biases) lie equally spaced; then the fused
-// kernels on its three parts, rows 3C apart (the attention's node reads the projections' node). The
-// backward: the kernels' dQ, dK, dV side by side into the projections' gradient (N, 3C); x's gradient as one
-// GEMM of it with the three weights stacked (3C, C) (in place where the weights lie side by side, as the
-// model declares them, else three copies); the weights' as one GEMM where their gradients lie side by side
-// and C is small, else one batched GEMM where they lie equally spaced; the biases' as one column sum over the
-// three parts where their gradients lie equally spaced too.
-template <int D, typename A>
-Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, Geometry geometry,
-              int64_t batch, DType dtype) {
+// The three projections of x (N rows of C) side by side as one (B, T, 3C) node (each position's Q, K and
+// V in a row): one batched GEMM where the weights (and biases) lie equally spaced, else three. The
+// backward takes the node's gradient (N, 3C): x's as one GEMM of it with the three weights stacked (3C, C)
+// (in place where the weights lie side by side, as the model declares them and as fake_quantize_many
+// makes them, else three copies); the weights' as one GEMM where their gradients lie side by side and C is
+// small, else one batched GEMM where they lie equally spaced, else three; the biases' as one column sum
+// over the three parts where their gradients lie equally spaced too.
+template <typename A>
+Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, int64_t batch,
+                   int64_t t, DType dtype) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
-  const int64_t bh = batch * geometry.heads, t = geometry.length, c = geometry.out_stride, n = batch * t;
-  geometry.stride = 3 * c;
-  const Geometry q = with_rows<D, A>(g, geometry);
+  const int64_t c = g.shape(x)[-1], n = batch * t;
   std::array<const A*, 3> wp{}, bp{};
   for (int i = 0; i < 3; ++i) wp[i] = gemm_operand<A>(g, w[i], c, c, c), bp[i] = gemm_operand<A>(g, b[i], c, c, 1);
   const Var projections = g.emit(Shape{batch, t, 3 * c}, {x, w[0], b[0], w[1], b[1], w[2], b[2]}, dtype);
@@ -548,7 +545,7 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
     const A* dqkv = cuda::typed<A>(g.grad_data(projections));
     const CudaContext& context = cuda::context(g.device());
     if (g.requires_grad(x)) {  // dx (+)= [dQ dK dV] (N, 3C) [Wq; Wk; Wv] (3C, C)
-      const A* stacked = wp[0];  // the weights side by side (Linear::declare_side_by_side), else copies
+      const A* stacked = wp[0];  // the weights side by side, else copies
       if (w_stride != c * c) {
         A* copies = g.scratch<A>(size_t(3 * c * c));
         for (int i = 0; i < 3; ++i) cuda::copy_on_device(context, copies + i * c * c, wp[i], c * c * sizeof(A));
@@ -558,9 +555,9 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
       gemm(g, false, false, n, c, 3 * c, 1.0f, dqkv, 3 * c, 0, stacked, c, 0, dx.accumulate ? 1.0f : 0.0f, dx.data, c,
            0, 1, type, type);
     }
-    // dW_i (+)= dY_i^T x, in the weights' own type.
+    // dW_i (+)= dY_i^T x, in the weights' own type (F32 parameters, or BF16 quantized weights).
     std::array<Graph<float>::RawGradTarget, 3> dw{};
-    std::array<float*, 3> dw_data{};
+    std::array<const std::byte*, 3> dw_bytes{};
     bool weights = true, same = true;
     for (int i = 0; i < 3; ++i) {
       if (!g.requires_grad(w[i])) {
@@ -568,11 +565,13 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
         continue;
       }
       dw[i] = g.raw_grad_target(w[i]);
-      dw_data[i] = static_cast<float*>(dw[i].data);
+      dw_bytes[i] = static_cast<const std::byte*>(dw[i].data);
       same = same && dw[i].accumulate == dw[0].accumulate && g.dtype(w[i]) == g.dtype(w[0]);
     }
     auto w_type = [&](int i) { return g.dtype(w[i]) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; };
-    const int64_t dw_stride = weights && same && g.dtype(w[0]) == DType::kF32 ? spacing(dw_data) : 0;
+    const int64_t w_size = int64_t(dtype_size(g.dtype(w[0]), sizeof(float)));
+    const int64_t dw_byte_stride = weights && same ? spacing(dw_bytes) : 0;
+    const int64_t dw_stride = dw_byte_stride % w_size == 0 ? dw_byte_stride / w_size : 0;
     // Side by side and narrow: [dWq; dWk; dWv] (3C, C) (+)= [dQ dK dV]^T x as one product. The batched one
     // gave BERT-mini's 256 x 256 products 12 output tiles on an H200's 132 SMs (40-50 us a layer; the whole
     // step 1.3% faster as one); at BERT-base's 768 the batched product was as fast or faster.
@@ -597,7 +596,20 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
         if (db[i]) add_column_sums(g, dqkv + i * c, dtype, n, c, 3 * c, db[i]);
     }
   });
+  return projections;
+}
 
+// Self-attention from x: the three projections side by side (projections_of), then the fused kernels on
+// its three parts, rows 3C apart (the attention's node reads the projections' node); the kernels' dQ, dK,
+// dV go side by side into the projections' gradient (N, 3C).
+template <int D, typename A>
+Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, Geometry geometry,
+              int64_t batch, DType dtype) {
+  const int64_t bh = batch * geometry.heads, t = geometry.length, c = geometry.out_stride;
+  geometry.stride = 3 * c;
+  const Geometry q = with_rows<D, A>(g, geometry);
+  const Var projections = projections_of<A>(g, x, w, b, batch, t, dtype);
+  const A* qkv = cuda::typed<A>(g.data(projections));
   Var out = g.emit(g.shape(x), {projections}, dtype);
   float* lse = g.scratch<float>(size_t(bh * t));
   const dim3 query_grid(unsigned((t + q.rows - 1) / q.rows), unsigned(bh));
@@ -695,6 +707,61 @@ Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, co
   Var out;
   with_kernels(dtype, s[2] / heads, [&](auto size, auto tag) {
     out = projected<decltype(size)::value, typename decltype(tag)::type>(g, x, weights, biases, geometry, s[0], dtype);
+  });
+  return out;
+}
+
+std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::array<Var, 3>& weights,
+                                         const std::array<Var, 3>& biases,
+                                         const std::array<QuantizeOutput, 3>& quantizers) {
+  const Shape s = g.shape(x);
+  const int64_t c = s[-1], n = s.numel() / c;
+  if (c % 8 != 0 || n * c >= (int64_t{1} << 32)) return {};
+  std::array<cuda::QuantizeLaunch, 3> launches;
+  for (int i = 0; i < 3; ++i) launches[i] = cuda::fused_launch(g, quantizers[i], n * c);  // checks: per tensor
+  x = as_activation(g, x);
+  const DType dtype = g.dtype(x);
+  std::array<Var, 3> out;
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const Var projections = projections_of<A>(g, x, weights, biases, n, 1, dtype);
+    const A* p = cuda::typed<A>(g.data(projections));
+    auto part = [p, c](int i, A* dx) { return cuda::ColumnsSource<A>{p + i * c, dx, uint32_t(c), 3 * c}; };
+    for (int i = 0; i < 3; ++i) {
+      out[i] = g.emit(s, {projections, quantizers[i].scale}, dtype);
+      A* y = cuda::typed<A>(g.data(out[i]));
+      cuda::launch_fake_quantize_forward(g, launches[i], y, part(i, nullptr),
+                                         cuda::pack_width(sizeof(A), sizeof(A), c, {p + i * c, y}));
+    }
+    // One backward for the three outputs, run by the first of their closures to run (the last output's:
+    // every output's readers were recorded after it); the others find it done. It writes the projections'
+    // gradient whole (each part through its quantizer), so one target serves the three parts.
+    bool* done = g.host_scratch<bool>(1);
+    *done = false;
+    const std::array<Var, 3> ys = out;
+    const std::array<Var, 3> scales = {quantizers[0].scale, quantizers[1].scale, quantizers[2].scale};
+    for (int i = 0; i < 3; ++i)
+      g.on_backward(out[i], [=](Graph<float>& g) {
+        if (*done) return;
+        *done = true;
+        const auto target =
+            g.requires_grad(projections) ? g.raw_grad_target(projections) : Graph<float>::RawGradTarget{nullptr, false};
+        A* dp = cuda::typed<A>(target.data);
+        for (int j = 0; j < 3; ++j) {
+          A* dpart = dp ? dp + j * c : nullptr;
+          if (!g.has_grad(ys[j])) {  // nothing flowed into this output: its part of a fresh gradient is zero
+            if (dpart && !target.accumulate)
+              BERT_CUDA_CHECK(cudaMemset2DAsync(dpart, 3 * c * sizeof(A), 0, c * sizeof(A), n, cuda::stream(g)));
+            continue;
+          }
+          cuda::QuantizeLaunch back = launches[j];
+          back.scale_grad = g.requires_grad(scales[j]) ? g.grad(scales[j]).data() : nullptr;
+          const A* dy = cuda::typed<A>(g.grad_data(ys[j]));
+          cuda::launch_fake_quantize_backward(g, back, dy, part(j, dpart),
+                                              cuda::pack_width(sizeof(A), sizeof(A), c, {dy, p + j * c, dpart}),
+                                              target.accumulate);
+        }
+      });
   });
   return out;
 }

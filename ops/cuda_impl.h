@@ -64,6 +64,11 @@ Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const 
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
 // Empty where the one-launch kernels do not apply (the caller quantizes one by one).
 std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInput> inputs);
+// ops::quantized_projections: invalid Vars where the GPU path does not apply (C not a multiple of 8, a
+// part of 2^32 elements or more); the caller then runs the ops one by one.
+std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::array<Var, 3>& weights,
+                                         const std::array<Var, 3>& biases,
+                                         const std::array<QuantizeOutput, 3>& quantizers);
 // Fused attention (ops::attention, with the probabilities' quantizer where `probs` is given: BF16 only)
 // and whether its kernels cover a head size and length on g's GPU in g's activation dtype.
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,

@@ -431,6 +431,17 @@ struct QuantizeInput {
 };
 template <typename T>
 std::vector<Var> fake_quantize_many(Graph<T>& g, std::span<const QuantizeInput> inputs);
+// Self-attention's Q, K and V with their quantizers (QAT): y_i = fake_quantize(linear(x, weights[i],
+// biases[i]), quantizers[i]) for x (B, T, C), weights (C, C) (the weights' quantized values) and biases (C),
+// each quantizer per tensor; the same values and gradients as those ops. On a GPU the three products run as
+// self_attention()'s do (one batched GEMM each way where the weights and their gradients lie equally spaced,
+// x's gradient one GEMM with the weights stacked, the bias gradients one column sum) into one (B, T, 3C)
+// tensor, which each quantizer reads in place: fewer, larger products than three linears. On the CPU, and
+// where C is not a multiple of 8, the ops one by one.
+template <typename T>
+std::array<Var, 3> quantized_projections(Graph<T>& g, Var x, const std::array<Var, 3>& weights,
+                                         const std::array<Var, 3>& biases,
+                                         const std::array<QuantizeOutput, 3>& quantizers);
 // x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): on a
 // GPU x is read once forward and its gradient written once backward however many quantizers read it
 // (the input of the Q, K and V projections and of a residual add). On the CPU, one fake_quantize each.

@@ -2,6 +2,7 @@
 // output's quantizer fused in are in their own families (GELU and dropout: ops/elementwise, permute:
 // ops/shape), on the CPU the two ops in sequence.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -150,10 +151,38 @@ std::vector<Var> fake_quantize_many(Graph<T>& g, std::span<const QuantizeInput> 
   return out;
 }
 
+template <typename T>
+std::array<Var, 3> quantized_projections(Graph<T>& g, Var x, const std::array<Var, 3>& weights,
+                                         const std::array<Var, 3>& biases,
+                                         const std::array<QuantizeOutput, 3>& quantizers) {
+  const Shape s = g.shape(x);
+  BERT_CHECK(s.rank() >= 2, "quantized_projections: x " + s.str() + " is not (B, T, C)");
+  for (int i = 0; i < 3; ++i)
+    BERT_CHECK(g.shape(weights[i]) == Shape({s[-1], s[-1]}) && g.shape(biases[i]) == Shape({s[-1]}),
+               "quantized_projections: projection " + std::to_string(i) + " has weight " + g.shape(weights[i]).str() +
+                   " and bias " + g.shape(biases[i]).str() +
+                   " (expected (C, C) and (C) for C = " + std::to_string(s[-1]) + ")");
+  if constexpr (std::is_same_v<T, float>) {
+#if BERT_WITH_CUDA
+    if (g.on_cuda())
+      if (std::array<Var, 3> out = cuda_impl::quantized_projections(g, x, weights, biases, quantizers); out[0].valid())
+        return out;
+#endif
+  }
+  std::array<Var, 3> out;
+  for (int i = 0; i < 3; ++i) {
+    const QuantizeOutput& q = quantizers[i];
+    out[i] = fake_quantize(g, linear(g, x, weights[i], biases[i]), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+  }
+  return out;
+}
+
 #define BERT_INSTANTIATE_QUANTIZE(T)                                                                \
   template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);                   \
   template std::vector<Var> fake_quantize_each<T>(Graph<T>&, Var, std::span<const QuantizeOutput>); \
-  template std::vector<Var> fake_quantize_many<T>(Graph<T>&, std::span<const QuantizeInput>);
+  template std::vector<Var> fake_quantize_many<T>(Graph<T>&, std::span<const QuantizeInput>);       \
+  template std::array<Var, 3> quantized_projections<T>(                                             \
+      Graph<T>&, Var, const std::array<Var, 3>&, const std::array<Var, 3>&, const std::array<QuantizeOutput, 3>&);
 BERT_INSTANTIATE_QUANTIZE(float)
 BERT_INSTANTIATE_QUANTIZE(double)
 #undef BERT_INSTANTIATE_QUANTIZE

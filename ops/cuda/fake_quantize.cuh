@@ -154,6 +154,36 @@ struct TensorSource {
   }
 };
 
+// A source that reads `cols` columns of a row-major matrix whose rows lie `ld` elements apart (one part
+// of a wider tensor, read in place): element i of the (rows, cols) part is x[(i / cols) ld + i % cols],
+// and its gradient goes to the same place of dx. A pack of W never crosses a row (cols % W == 0, which
+// pack_width checks when given cols as the channel length); the part holds fewer than 2^32 elements.
+template <typename X>
+struct ColumnsSource {
+  const X* x;
+  X* dx;  // nullptr: x takes no gradient
+  uint32_t cols;
+  int64_t ld;
+  __device__ __forceinline__ int64_t at(int64_t i) const {
+    const uint32_t row = uint32_t(i) / cols;
+    return int64_t(row) * ld + (uint32_t(i) - row * cols);
+  }
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W]) const {
+    const Pack<X, W> p = load_pack<W>(x + at(i));
+    for (int j = 0; j < W; ++j) v[j] = to_float(p.v[j]);
+  }
+  template <int W>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
+    load<W>(i, v);
+    for (int j = 0; j < W; ++j) slope[j] = 1.0f;
+  }
+  template <int W>
+  __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {
+    if (dx) store_grad_pack<W>(dx + at(i), g, accumulate);
+  }
+};
+
 // Adds a thread block's share `acc` (each thread's part) of a scale's gradient, times grad_scale, to
 // ds[row]: directly when the row is one block (shares == 1); else the block stores its share in
 // partial[row shares + share], and the last block of the grid to finish adds every row's shares up in
