@@ -726,7 +726,9 @@ std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::arra
     using A = typename decltype(tag)::type;
     const Var projections = projections_of<A>(g, x, weights, biases, n, 1, dtype);
     const A* p = cuda::typed<A>(g.data(projections));
-    auto part = [p, c](int i, A* dx) { return cuda::ColumnsSource<A>{p + i * c, dx, uint32_t(c), 3 * c}; };
+    auto part = [p, c](int i, A* dx) {
+      return cuda::ColumnsSource<A>{p + i * c, dx, cuda::Columns{uint32_t(c), 3 * c}};
+    };
     for (int i = 0; i < 3; ++i) {
       out[i] = g.emit(s, {projections, quantizers[i].scale}, dtype);
       A* y = cuda::typed<A>(g.data(out[i]));

@@ -133,44 +133,31 @@ __device__ __forceinline__ float fake_quantize_value_grad(float v, float d, floa
 // over thousands of blocks (the GPU needs them to hide memory latency).
 constexpr int64_t kQuantizeBlock = int64_t{1} << 12;
 
-// A source that reads a tensor of type X (an activation, or an F32 weight) and adds the gradient to dx.
-template <typename X>
-struct TensorSource {
-  const X* x;
-  X* dx;  // nullptr: x takes no gradient
-  template <int W>
-  __device__ __forceinline__ void load(int64_t i, float (&v)[W]) const {
-    const Pack<X, W> p = load_pack<W>(x + i);
-    for (int j = 0; j < W; ++j) v[j] = to_float(p.v[j]);
-  }
-  template <int W>
-  __device__ __forceinline__ void load(int64_t i, float (&v)[W], float (&slope)[W]) const {
-    load<W>(i, v);
-    for (int j = 0; j < W; ++j) slope[j] = 1.0f;
-  }
-  template <int W>
-  __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {
-    if (dx) store_grad_pack<W>(dx + i, g, accumulate);
-  }
+// A source that reads a tensor of type X (an activation, or an F32 weight) and adds the gradient to dx:
+// element i at index(i) of both. Contiguous: index(i) = i (TensorSource). Columns: `cols` columns of a
+// row-major matrix whose rows lie `ld` elements apart (one part of a wider tensor, read in place), element i
+// of the (rows, cols) part at (i / cols) ld + i % cols (ColumnsSource); a pack of W never crosses a row
+// (cols % W == 0, which pack_width checks when given cols as the channel length), and the part holds fewer
+// than 2^32 elements.
+struct Contiguous {
+  __device__ __forceinline__ int64_t operator()(int64_t i) const { return i; }
 };
-
-// A source that reads `cols` columns of a row-major matrix whose rows lie `ld` elements apart (one part
-// of a wider tensor, read in place): element i of the (rows, cols) part is x[(i / cols) ld + i % cols],
-// and its gradient goes to the same place of dx. A pack of W never crosses a row (cols % W == 0, which
-// pack_width checks when given cols as the channel length); the part holds fewer than 2^32 elements.
-template <typename X>
-struct ColumnsSource {
-  const X* x;
-  X* dx;  // nullptr: x takes no gradient
+struct Columns {
   uint32_t cols;
   int64_t ld;
-  __device__ __forceinline__ int64_t at(int64_t i) const {
+  __device__ __forceinline__ int64_t operator()(int64_t i) const {
     const uint32_t row = uint32_t(i) / cols;
     return int64_t(row) * ld + (uint32_t(i) - row * cols);
   }
+};
+template <typename X, typename Index>
+struct IndexedSource {
+  const X* x;
+  X* dx;  // nullptr: x takes no gradient
+  Index index{};
   template <int W>
   __device__ __forceinline__ void load(int64_t i, float (&v)[W]) const {
-    const Pack<X, W> p = load_pack<W>(x + at(i));
+    const Pack<X, W> p = load_pack<W>(x + index(i));
     for (int j = 0; j < W; ++j) v[j] = to_float(p.v[j]);
   }
   template <int W>
@@ -180,9 +167,13 @@ struct ColumnsSource {
   }
   template <int W>
   __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {
-    if (dx) store_grad_pack<W>(dx + at(i), g, accumulate);
+    if (dx) store_grad_pack<W>(dx + index(i), g, accumulate);
   }
 };
+template <typename X>
+using TensorSource = IndexedSource<X, Contiguous>;
+template <typename X>
+using ColumnsSource = IndexedSource<X, Columns>;
 
 // Adds a thread block's share `acc` (each thread's part) of a scale's gradient, times grad_scale, to
 // ds[row]: directly when the row is one block (shares == 1); else the block stores its share in
