@@ -39,8 +39,8 @@ void* Workspace::allocate_bytes(std::size_t bytes) {
 }
 
 void Workspace::reset() {
-  if (blocks_.size() > 1) {  // one block for the whole cycle, with 1/16 headroom for a slightly larger one
-    const std::size_t total = in_use_ + in_use_ / 16;
+  if (blocks_.size() > 1) {  // one block for the whole cycle, with headroom for a slightly larger one
+    const std::size_t total = in_use_ + std::min(in_use_ / 16, kMaxHeadroom);
     blocks_.clear();
     add_block(total);
   }

@@ -90,6 +90,27 @@ TEST(Workspace, AlignsAndStopsAllocatingOnceWarm) {
   EXPECT_EQ(ws.system_allocations(), allocations) << "a warm workspace must not allocate for a same-size cycle";
 }
 
+// A cycle that needed several blocks leaves one block of what it used plus 1/16, at most kMaxHeadroom (the
+// headroom is memory held for good: a GPU training step's workspace is gigabytes, what varies between
+// batches megabytes). The large cycle's blocks are never touched: only address space.
+TEST(Workspace, MergesACyclesBlocksWithBoundedHeadroom) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  Workspace small;
+  small.allocate_bytes(kMiB);
+  small.allocate_bytes(8 * kMiB);  // a second block
+  small.reset();
+  EXPECT_EQ(small.capacity(), 9 * kMiB + 9 * kMiB / 16);
+  Workspace large;
+  large.allocate_bytes(64 * kMiB);
+  large.allocate_bytes(1024 * kMiB);  // 1/16 of the cycle would be 68 MiB
+  large.reset();
+  EXPECT_EQ(large.capacity(), 1088 * kMiB + Workspace::kMaxHeadroom);
+  const std::size_t allocations = large.system_allocations();
+  large.allocate_bytes(1088 * kMiB + Workspace::kMaxHeadroom);  // a cycle up to the headroom: no new block
+  large.reset();
+  EXPECT_EQ(large.system_allocations(), allocations);
+}
+
 TEST(ParameterArena, ParametersAreAlignedViewsIntoTwoFlatBuffers) {
   ParameterArena<float> arena;
   ParamId w = arena.add("layer.weight", {3, 5});
