@@ -135,14 +135,15 @@ void* ParameterArena<T>::bf16_copy_for_update() {
 }
 
 template <typename T>
-void ParameterArena<T>::upload_bf16_copy(std::span<const uint16_t> bits) {
-  BERT_CHECK(
-      static_cast<int64_t>(bits.size()) == padded_size_,
-      "upload_bf16_copy: " + std::to_string(bits.size()) + " values for an arena of " + std::to_string(padded_size_));
-  void* copy = bf16_copy_for_update();
-  if (!copy) return;
-  device_->copy_to_device(copy, bits.data(), bits.size_bytes());
-  bf16_copy_updated();
+void ParameterArena<T>::refresh_bf16_copy() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_current_) return;
+    void* copy = bf16_copy_for_update();
+    if (!copy) return;
+    device_->round_to_bf16(static_cast<uint16_t*>(copy), device_values_.as<float>(),
+                           static_cast<std::size_t>(padded_size_));
+    bf16_copy_updated();
+  }
 }
 
 template class ParameterArena<float>;

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -82,10 +81,12 @@ class ParameterArena {
   void* bf16_copy_for_update();
   void bf16_copy_updated() { bf16_current_ = bf16_copy_.data() != nullptr; }
   bool bf16_copy_current() const { return bf16_current_; }
-  // For inference, where no optimizer writes it: the copy from `bits`, values() each rounded to nearest BF16
-  // (its 16-bit pattern, padding included), current until the values change. The caller makes sure the host
-  // values are the device's (download_values first). Nothing unless the arena is on a GPU in BF16.
-  void upload_bf16_copy(std::span<const uint16_t> bits);
+  // Makes the copy current where it is not: the device values each rounded to nearest BF16, in one pass
+  // queued on the device (the bits AdamW writes). Nothing unless the arena is on a GPU in BF16. For
+  // inference, where no optimizer writes it, and before a training step whose copy is stale (the first, or
+  // any under an optimizer that does not keep it), so that no GEMM rounds its weight into the step's
+  // workspace, which would keep that memory for good.
+  void refresh_bf16_copy();
 
  private:
   struct Entry {

@@ -29,6 +29,15 @@ void host_fill_zero(void* p, std::size_t bytes) {
   });
 }
 
+void host_round_to_bf16(uint16_t* dst, const float* src, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, sizeof bits);
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    dst[i] = static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
 }  // namespace
 
 Precision parse_precision(const std::string& name) { return kPrecisionNames.parse(name, "--precision"); }
@@ -99,6 +108,10 @@ void Device::copy_on_device(void* dst, const void* src, std::size_t bytes) const
   if (!is_cuda()) return (void)std::memmove(dst, src, bytes);
   cuda::copy_on_device(*cuda_, dst, src, bytes);
 }
+void Device::round_to_bf16(uint16_t* dst, const float* src, std::size_t n) const {
+  if (!is_cuda()) return host_round_to_bf16(dst, src, n);
+  cuda::round_to_bf16(*cuda_, dst, src, n);
+}
 void Device::synchronize() const {
   if (is_cuda()) cuda::synchronize(*cuda_);
 }
@@ -125,6 +138,7 @@ void Device::fill_zero(void* p, std::size_t bytes) const { host_fill_zero(p, byt
 void Device::copy_to_host(void* host, const void* src, std::size_t bytes) const { std::memcpy(host, src, bytes); }
 void Device::copy_to_device(void* dst, const void* host, std::size_t bytes) const { std::memcpy(dst, host, bytes); }
 void Device::copy_on_device(void* dst, const void* src, std::size_t bytes) const { std::memmove(dst, src, bytes); }
+void Device::round_to_bf16(uint16_t* dst, const float* src, std::size_t n) const { host_round_to_bf16(dst, src, n); }
 void Device::synchronize() const {}
 std::pair<std::size_t, std::size_t> Device::memory_use() const { return {0, 0}; }
 

@@ -68,6 +68,9 @@ class Device {
   void copy_to_host(void* host, const void* on_device, std::size_t bytes) const;  // waits for the copy
   void copy_to_device(void* on_device, const void* host, std::size_t bytes) const;
   void copy_on_device(void* dst, const void* src, std::size_t bytes) const;
+  // dst (n 16-bit patterns) = src (n floats, on this device) each rounded to the nearest BF16, ties to even
+  // (NaN stays NaN); on a GPU queued like the copies on the device.
+  void round_to_bf16(uint16_t* dst, const float* src, std::size_t n) const;
   void synchronize() const;  // waits for all work queued on this device
   // Bytes of device memory in use by this process and in total (0, 0 on the CPU).
   std::pair<std::size_t, std::size_t> memory_use() const;

@@ -4,12 +4,10 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cmath>
 #include <numeric>
 #include <utility>
 
-#include "kernels/gemm.h"
 #include "ops/ops.h"
 #include "sys/error.h"
 
@@ -74,15 +72,7 @@ void Bert::place_on(const Device& device) {
   for (size_t i = 0; i < all.size(); ++i) all[i]->device_clipped = clip_counters_.as<int64_t>() + i;
 }
 
-void Bert::round_weights_for_inference() {
-  if (!params_.on_cuda() || params_.device().precision() != Precision::kBf16 || params_.bf16_copy_current()) return;
-  params_.download_values();
-  const TensorView<float> values = params_.values();
-  std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
-  for (size_t i = 0; i < bits.size(); ++i)
-    bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(round_to_bf16(values[i])) >> 16);
-  params_.upload_bf16_copy(bits);
-}
+void Bert::round_weights_for_inference() { params_.refresh_bf16_copy(); }
 
 void Bert::collect_clip_counts() {
   if (!params_.on_cuda()) return;

@@ -76,8 +76,9 @@ class Bert {
   // ParameterArena). The device must outlive the model.
   void place_on(const Device& device);
   // On a GPU in BF16, for inference: the weights rounded to BF16 once (the arena's BF16 copy, from the
-  // device's values), which the GEMMs then read instead of rounding each weight at each use. Training's
-  // optimizer keeps that copy itself; anything that changes the values makes it stale (it is then not used).
+  // device's values: ParameterArena::refresh_bf16_copy), which the GEMMs then read instead of rounding each
+  // weight at each use. Training's optimizer keeps that copy itself (train::TrainingStep refreshes it before
+  // a step where it is stale); anything that changes the values makes it stale (it is then not used).
   // Nothing to do while the copy is current (bert-eval --int8 asks twice: after place_on and in
   // prepare_integer_inference).
   void round_weights_for_inference();

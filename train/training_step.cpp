@@ -120,6 +120,11 @@ TrainingStep::Outcome TrainingStep::run(Graph<float>& g, Batch& batch, const std
 void TrainingStep::queue(Graph<float>& g, Batch& batch, const std::function<void(Batch&)>& next_batch, double lr,
                          ProgressWindow& window, bool log_buckets) {
   BERT_CHECK(queued_.size() < 2, "TrainingStep::queue: two steps are queued already");
+  // The weights' BF16 copy made current where it is stale (the first step; every step under LAMB, which does
+  // not keep it; a teacher's, which no optimizer updates), so that no GEMM rounds its weight into the step's
+  // workspace: that memory would stay the workspace's for good (ParameterArena::refresh_bf16_copy).
+  p_.model.parameters().refresh_bf16_copy();
+  if (p_.teacher) p_.teacher->parameters().refresh_bf16_copy();
   Queued& q = queued_.emplace_back();
   if (spare_reads_.empty()) {
     q.reads = std::make_unique<Readback>(g.device());

@@ -1,8 +1,10 @@
-// The CUDA device context: stream, cuBLAS handle, shared buffers, memory and copies.
+// The CUDA device context: stream, cuBLAS handle, shared buffers, memory, copies and BF16 rounding.
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -142,6 +144,21 @@ void free(const CudaContext& c, void* p) {
 
 void fill_zero(const CudaContext& c, void* p, std::size_t bytes) {
   BERT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c.stream));
+}
+
+namespace {
+__global__ void round_to_bf16_kernel(uint16_t* dst, const float* src, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+}
+}  // namespace
+
+void round_to_bf16(const CudaContext& c, uint16_t* dst, const float* src, std::size_t n) {
+  if (n == 0) return;
+  const std::size_t blocks = std::min<std::size_t>((n + 255) / 256, std::size_t{132} * 16);
+  round_to_bf16_kernel<<<unsigned(blocks), 256, 0, c.stream>>>(dst, src, n);
+  BERT_CUDA_LAUNCHED();
 }
 
 void copy_to_host(const CudaContext& c, void* host, const void* src, std::size_t bytes) {

@@ -74,6 +74,7 @@ void fill_zero(const CudaContext& c, void* p, std::size_t bytes);
 void copy_to_host(const CudaContext& c, void* host, const void* src, std::size_t bytes);
 void copy_to_device(const CudaContext& c, void* dst, const void* host, std::size_t bytes);
 void copy_on_device(const CudaContext& c, void* dst, const void* src, std::size_t bytes);
+void round_to_bf16(const CudaContext& c, uint16_t* dst, const float* src, std::size_t n);
 void synchronize(const CudaContext& c);
 // Pinned host memory, and copies into it that return without waiting (core/readback.h); an event
 // recorded on the stream and waited for by the host.

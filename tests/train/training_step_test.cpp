@@ -53,6 +53,13 @@ model::BertConfig small_config() {
   return config;
 }
 
+// Which of the model's parameters take weight decay, in arena order (the optimizer's list).
+std::vector<bool> decays_of(const model::Bert& model) {
+  std::vector<bool> decays;
+  for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
+  return decays;
+}
+
 struct StepsRun {
   std::vector<double> losses;
   std::vector<float> weights;
@@ -68,9 +75,7 @@ StepsRun train_steps(Precision precision, bool graphs) {
   model.initialize(3);
   model.set_fused_attention(precision == Precision::kBf16);
   model.place_on(*gpu);
-  std::vector<bool> decays;
-  for (ParamId id = 0; id < model.parameters().size(); ++id) decays.push_back(model.decays(id));
-  Optimizer optimizer({}, model.parameters(), decays);
+  Optimizer optimizer({}, model.parameters(), decays_of(model));
   Rng dropout(11);
   SingleProcess single;
   TrainOptions o;
@@ -131,6 +136,39 @@ TEST(TrainingStepOnTheGpu, RecordedStepsRepeatStepsOpByOpBitForBit) {
     EXPECT_EQ(recorded.losses, op_by_op.losses);
     EXPECT_EQ(recorded.weights, op_by_op.weights);
   }
+}
+
+// In BF16 the first step reads the weights' BF16 copy as every later step does (TrainingStep makes the copy
+// current before a step where it is stale) instead of each GEMM rounding its weight into the step's workspace,
+// which would then keep that memory for good: the first step of a run takes the workspace a later step of
+// the same shape takes.
+TEST(TrainingStepOnTheGpu, FirstBf16StepTakesTheWorkspaceOfLaterSteps) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  const std::unique_ptr<Device> gpu = Device::cuda(0, Precision::kBf16);
+  const model::BertConfig config = small_config();
+  model::Bert model(config);
+  model.initialize(3);
+  model.place_on(*gpu);
+  Optimizer optimizer({}, model.parameters(), decays_of(model));
+  Rng dropout(11);
+  SingleProcess single;
+  TrainOptions o;
+  o.cuda_graphs = false;
+  TrainingStep step(o, {model, optimizer, dropout, single});
+  ProgressWindow window(config);
+  Batch batch = random_batch(8, 32, 5, config.vocab_size, 7);
+  ASSERT_FALSE(model.parameters().bf16_copy_current());
+  Graph<float> first(*gpu), later(*gpu);
+  EXPECT_TRUE(step.run(
+                      first, batch, [](Batch&) {}, 1e-3, window)
+                  .updated);
+  EXPECT_TRUE(model.parameters().bf16_copy_current());
+  EXPECT_TRUE(step.run(
+                      later, batch, [](Batch&) {}, 1e-3, window)
+                  .updated);
+  EXPECT_GT(later.workspace().peak_bytes_in_use(), 0u);
+  EXPECT_EQ(first.workspace().peak_bytes_in_use(), later.workspace().peak_bytes_in_use());
 }
 
 // What an evaluation batch read back: MLM loss and predictions, NSP loss and predictions.
