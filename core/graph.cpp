@@ -52,7 +52,7 @@ void Graph<T>::release_grad(Node& n) {
 
 template <typename T>
 TensorView<T> Graph<T>::value(Var v) const {
-  const Node& n = node(v);
+  const Node& n = readable(v);
   BERT_CHECK(n.dtype == DType::kF32, std::string("value() of a node stored as ") + dtype_name(n.dtype) +
                                          " (read it with to_host(), or through data() in a kernel)");
   return n.value;
@@ -83,7 +83,7 @@ T Graph<T>::item(Var v) const {
 
 template <typename T>
 std::vector<T> Graph<T>::to_host(Var v) const {
-  const Node& n = node(v);
+  const Node& n = readable(v);
   std::vector<T> result(static_cast<size_t>(n.value.numel()));
   if (n.dtype == DType::kF32) {
     device_->copy_to_host(result.data(), n.value.data(), result.size() * sizeof(T));
@@ -106,6 +106,16 @@ const typename Graph<T>::Node& Graph<T>::node(Var v) const {
   BERT_CHECK(v.valid() && v.index < static_cast<int32_t>(nodes_.size()) && v.generation == generation_,
              "stale or invalid Var (index " + std::to_string(v.index) + "): graph was cleared since it was made");
   return nodes_[v.index];
+}
+
+template <typename T>
+const typename Graph<T>::Node& Graph<T>::readable(Var v) const {
+  const Node& n = node(v);
+  BERT_CHECK(n.transient_slot < 0 || transient_takes_[n.transient_slot] == n.transient_take,
+             std::string("the value of a node made by ") + (n.made_by ? n.made_by : "an op") +
+                 " was read after its transient storage (slot " + std::to_string(n.transient_slot) +
+                 ") was taken again: only the op made next may read it");
+  return n;
 }
 
 template <typename T>
@@ -199,6 +209,24 @@ Var Graph<T>::emit(Shape shape, std::span<const Var> inputs, DType dtype, std::s
 }
 
 template <typename T>
+Var Graph<T>::emit_transient(Shape shape, std::initializer_list<Var> inputs, DType dtype, int slot,
+                             std::source_location made_by) {
+  BERT_CHECK(dtype == DType::kF32 || (device_->is_cuda() && std::is_same_v<T, float>),
+             "BF16 and int8 nodes exist only on a CUDA graph");
+  const std::span<const Var> in(inputs.begin(), inputs.size());
+  BERT_CHECK(dtype != DType::kS8 || !any_requires_grad(in), "an int8 node takes no gradient");
+  Node n;
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype, sizeof(T));
+  n.value = TensorView<T>(static_cast<T*>(transient_bytes(slot, bytes)), shape);
+  n.dtype = dtype;
+  n.transient_slot = static_cast<int8_t>(slot);
+  n.transient_take = transient_takes_[slot];
+  n.requires_grad = any_requires_grad(in);
+  if (n.requires_grad) note_consumer(in, static_cast<int32_t>(nodes_.size()));
+  return push_made_by(n, made_by);
+}
+
+template <typename T>
 Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs, std::source_location made_by) {
   Node n;
   n.value = value;
@@ -212,6 +240,8 @@ Var Graph<T>::emit_view(Var x, Shape shape, std::source_location made_by) {
   Node n;
   n.value = node(x).value.reshaped(shape);
   n.dtype = node(x).dtype;
+  n.transient_slot = node(x).transient_slot;
+  n.transient_take = node(x).transient_take;
   n.requires_grad = any_requires_grad({&x, 1});
   n.gradient_of = x.index;
   ++node(x).readers;  // its gradient is x's: a writer x cannot see
@@ -238,6 +268,7 @@ template <typename T>
 void* Graph<T>::transient_bytes(int slot, std::size_t bytes) {
   BERT_CHECK(slot >= 0 && slot < kTransientSlots,
              "transient slot " + std::to_string(slot) + " of " + std::to_string(kTransientSlots));
+  ++transient_takes_[slot];
   DeviceBuffer& b = transients_[slot];
   if (b.bytes() < bytes) {
     b.reset();  // stream-ordered on a GPU: the kernels queued on the old buffer still read it

@@ -78,6 +78,13 @@ class Graph {
            std::source_location made_by = std::source_location::current());
   Var emit(Shape shape, std::span<const Var> inputs, DType dtype,
            std::source_location made_by = std::source_location::current());
+  // A new node whose output lives in transient slot `slot` (transient()) instead of the workspace: for an
+  // output that only the op made next reads, in its forward (the unfused attention's scores, which softmax
+  // turns into the probabilities its backward keeps), so that no layer keeps it until the step ends. Its
+  // value is valid until the slot is next taken; reading it after that throws (value, data, to_host). Its
+  // gradient is an ordinary one.
+  Var emit_transient(Shape shape, std::initializer_list<Var> inputs, DType dtype, int slot,
+                     std::source_location made_by = std::source_location::current());
   // A new node whose output aliases existing storage (a reshape); its gradient is its own buffer.
   Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs,
                  std::source_location made_by = std::source_location::current());
@@ -147,7 +154,7 @@ class Graph {
   // elements and is read through data()).
   TensorView<T> value(Var v) const;
   // The storage of v's value, whatever its dtype.
-  void* data(Var v) const { return node(v).value.data(); }
+  void* data(Var v) const { return readable(v).value.data(); }
   // A parameter's value rounded to BF16 where its arena keeps a current copy (Parameter::device_bf16),
   // else nullptr: what a BF16 GEMM reads instead of rounding the F32 value itself.
   const void* bf16_copy(Var v) const { return node(v).bf16_copy; }
@@ -249,6 +256,8 @@ class Graph {
     int32_t readers = 0;              // nodes made from it that take a gradient, and views of it
     int32_t bias_of = -1;             // set_bias_of: the bias whose gradient its gradient's column sums are
     bool bias_summed = false;         // set_bias_summed
+    int8_t transient_slot = -1;       // emit_transient: the slot holding the value
+    uint32_t transient_take = 0;      // and which take of that slot (transient_takes_) it is
   };
   // A gradient buffer whose node's closure has run: nothing reads or writes it any more this step, so a
   // later gradient of the same size takes it instead of new workspace memory.
@@ -270,6 +279,8 @@ class Graph {
   // Records `consumer` as made from each input (for leaves: the first such node).
   void note_consumer(std::span<const Var> inputs, int32_t consumer);
   const Node& node(Var v) const;
+  // node(v), checked to still hold its value (an emit_transient node whose slot was taken again does not).
+  const Node& readable(Var v) const;
   Node& node(Var v) { return const_cast<Node&>(static_cast<const Graph*>(this)->node(v)); }
   // The node that owns v's gradient buffer (v itself, or what an emit_view chain points at).
   Node& grad_owner(Var v);
@@ -294,6 +305,7 @@ class Graph {
   std::vector<Closure> closures_;  // in recording (topological) order
   std::vector<FreeGrad> free_grads_;  // during backward(); emptied by clear()
   DeviceBuffer transients_[kTransientSlots];  // transient(): kept across clear()
+  uint32_t transient_takes_[kTransientSlots] = {};  // how often each slot was handed out
   std::unique_ptr<Graph> sub_;                // sub_graph()
   bool reuse_grads_ = true;
   uint32_t generation_ = 1;

@@ -461,12 +461,13 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
       std::vector<Var> in = {q, k, v};
       if (mask.valid()) in.push_back(mask);
       context = ops::recompute<float>(g, in, rng, [=](Graph<float>& g, std::span<const Var> in, Rng& rng) {
-        const Var scores = ops::head_scores(g, in[0], in[1], h, inverse_sqrt_d);
+        const Var scores = ops::head_scores(g, in[0], in[1], h, inverse_sqrt_d, /*transient=*/true);
         return ops::head_context(g, ops::softmax_dropout(g, scores, in.size() > 3 ? in[3] : Var{}, p, training, rng),
                                  in[2], h);
       });
     } else {
-      const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d);  // (B, H, T, T)
+      // (B, H, T, T), read by the softmax alone: not kept (ops::head_scores)
+      const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d, /*transient=*/true);
       const Var probs = quantized(g, params_, &l.matmul_a, g.shape(scores), fuse, [&](const ops::QuantizeOutput* qa) {
         return qa ? ops::softmax_dropout(g, scores, mask, p, training, rng, *qa)
                   : ops::softmax_dropout(g, scores, mask, p, training, rng);

@@ -31,7 +31,8 @@ Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double 
 #endif
   }
   (void)t, (void)d;
-  Var probs = softmax_dropout(g, head_scores(g, q, k, heads, alpha), mask, p, training, rng);  // (B, H, T, T)
+  Var probs = softmax_dropout(g, head_scores(g, q, k, heads, alpha, /*transient=*/true), mask, p, training,
+                              rng);  // (B, H, T, T)
   return head_context(g, probs, v, heads);
 }
 
@@ -51,7 +52,8 @@ Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double 
       return cuda_impl::attention(g, q, k, v, mask, heads, alpha, p, training, rng, &probs);
 #endif
   }
-  const Var probabilities = softmax_dropout(g, head_scores(g, q, k, heads, alpha), mask, p, training, rng, probs);
+  const Var probabilities =
+      softmax_dropout(g, head_scores(g, q, k, heads, alpha, /*transient=*/true), mask, p, training, rng, probs);
   return head_context(g, probabilities, v, heads);
 }
 

@@ -19,8 +19,9 @@ Var split_heads(auto& g, Var x, int64_t heads) {
 }  // namespace
 
 template <typename T>
-Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha) {
-  BERT_DISPATCH_CUDA(g, head_scores(g, q, k, heads, alpha))
+Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha, bool transient) {
+  BERT_DISPATCH_CUDA(g, head_scores(g, q, k, heads, alpha, transient))
+  (void)transient;
   BERT_CHECK(g.shape(k) == g.shape(q), "head_scores: k " + g.shape(k).str() + " differs from q " + g.shape(q).str());
   return scaled_matmul(g, split_heads(g, q, heads), split_heads(g, k, heads), alpha, false, true);
 }
@@ -52,8 +53,8 @@ Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, in
 #endif
 }
 
-template Var head_scores<float>(Graph<float>&, Var, Var, int64_t, double);
-template Var head_scores<double>(Graph<double>&, Var, Var, int64_t, double);
+template Var head_scores<float>(Graph<float>&, Var, Var, int64_t, double, bool);
+template Var head_scores<double>(Graph<double>&, Var, Var, int64_t, double, bool);
 template Var head_context<float>(Graph<float>&, Var, Var, int64_t);
 template Var head_context<double>(Graph<double>&, Var, Var, int64_t);
 

@@ -103,7 +103,7 @@ Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, in
   return context;
 }
 
-Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha_d) {
+Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha_d, bool transient) {
   const Geometry s = geometry(g, q, heads, "head_scores");
   BERT_CHECK(g.shape(k) == g.shape(q), "head_scores: k " + g.shape(k).str() + " differs from q " + g.shape(q).str());
   q = as_activation(g, q);
@@ -111,7 +111,9 @@ Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha_d) {
   const DType dtype = g.dtype(q);
   const float alpha = static_cast<float>(alpha_d);
   const int64_t t = s.length, c = s.channels, d = s.head_size;
-  Var scores = g.emit(Shape{s.batch, heads, t, t}, {q, k}, dtype);
+  // Transient scores take slot 0 (ops::feed_forward's GELU output: never in use during attention).
+  const Shape shape{s.batch, heads, t, t};
+  Var scores = transient ? g.emit_transient(shape, {q, k}, dtype, 0) : g.emit(shape, {q, k}, dtype);
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
     // S_bh (T, T) = alpha Q_bh K_bh^T

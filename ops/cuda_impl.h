@@ -77,7 +77,7 @@ bool attention_fits(const Graph<float>& g, int64_t head_size, int64_t length);
 // ops::self_attention where attention runs fused (x (B, T, C), C a multiple of 8).
 Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases,
                    Var mask, int64_t heads, double alpha, double p, bool training, Rng& rng);
-Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha);
+Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha, bool transient);
 Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
                               const Int8AttentionScales& scales, double alpha, const QuantizeOutput& probs_quantizer);
 Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);

@@ -274,9 +274,11 @@ Var self_attention(Graph<T>& g, Var x, const std::array<Var, 3>& weights, const 
 // with C = heads D, head_scores = alpha q_h k_h^T per head, (B, H, T, T), and head_context = probs_h v_h
 // per head written back as (B, T, C). The values of permuting to (B, H, T, D), scaled_matmul or matmul,
 // and permuting back, which the CPU runs; on a GPU batched GEMMs read and write (B, T, C) in place
-// (ops/attention_heads.cu), so no permute moves the heads.
+// (ops/attention_heads.cu), so no permute moves the heads. `transient`: the scores are for the softmax
+// made next and nothing else; on a GPU they then live in the graph's transient memory (Graph::emit_transient),
+// not kept until the step ends (softmax's backward reads its probabilities, not the scores). The CPU keeps them.
 template <typename T>
-Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha);
+Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha, bool transient = false);
 template <typename T>
 Var head_context(Graph<T>& g, Var probs, Var v, int64_t heads);
 

@@ -51,17 +51,22 @@ __global__ void softmax_backward(A* dx, const A* dy, const A* y, int64_t rows, i
 
 // Softmax rows held in registers: one warp a row, lane l holding elements (c 32 + l) 4 + w (w < 4) for c < C,
 // so a row of k <= 128 C elements (k % 4 == 0) is read once and written once, 4 elements an access.
-// Besides the probabilities y the kernel can write a second output `out` (RowOutput): their dropout (keep
-// flags from DropoutDraws, stored for the backward) and/or their fake quantization (a per-tensor scale),
+// Besides the probabilities y the kernel can write a second output `out` (RowOutput): their dropout (draws
+// from DropoutDraws, which the backward makes again) and/or their fake quantization (a per-tensor scale),
 // with the values of the unfused ops in sequence: the probabilities rounded to A, times the dropout's
 // keep scale (or 0), then divided by the scale, rounded half to even and clamped, in float.
-template <typename A>
-struct RowOutput {
-  A* out;         // nullptr: softmax alone
-  uint8_t* keep;  // nullptr: no dropout
+// The dropout after the softmax: its draws (core/rng.h's DropoutDraws, from the stream's element `first` on),
+// made again by the backward from the same counters instead of keeping a flag per probability.
+struct RowDropout {
+  bool on;  // false: no dropout
   uint64_t seed, first;
   uint32_t threshold;
   float keep_scale;
+};
+template <typename A>
+struct RowOutput {
+  A* out;  // nullptr: softmax alone
+  RowDropout drop;
   const float* scale;  // nullptr: no quantizer
   float lo, hi;
   unsigned long long* clipped;  // saturated elements, or nullptr
@@ -76,16 +81,11 @@ unsigned softmax_blocks(int64_t rows) {
   return static_cast<unsigned>((rows + per_block - 1) / per_block);
 }
 
-// The dropout's multiplier of 4 consecutive elements from element i (1 without dropout), and their flags.
-template <typename A>
-__device__ __forceinline__ void row_slopes(const RowOutput<A>& d, int64_t i, float (&slope)[4],
-                                           cuda::Pack<uint8_t, 4>& flags) {
+// The dropout's multiplier of 4 consecutive elements from element i (1 without dropout): keep_scale or 0.
+__device__ __forceinline__ void row_slopes(const RowDropout& d, int64_t i, float (&slope)[4]) {
   bool kept[4] = {true, true, true, true};
-  if (d.keep) cuda::draw_keeps<4>(kept, d.seed, d.first, i, d.threshold);
-  for (int w = 0; w < 4; ++w) {
-    flags.v[w] = kept[w];
-    slope[w] = d.keep ? (kept[w] ? d.keep_scale : 0.0f) : 1.0f;
-  }
+  if (d.on) cuda::draw_keeps<4>(kept, d.seed, d.first, i, d.threshold);
+  for (int w = 0; w < 4; ++w) slope[w] = d.on ? (kept[w] ? d.keep_scale : 0.0f) : 1.0f;
 }
 
 template <int C, typename A, bool kFull>
@@ -145,15 +145,13 @@ __global__ void softmax_rows_forward(A* y, const A* x, const float* mask, int64_
       cuda::store_pack<4>(y + r * k + j, out);
       if (!d.out) continue;
       float slope[4];
-      cuda::Pack<uint8_t, 4> flags;
-      row_slopes(d, r * k + j, slope, flags);
+      row_slopes(d.drop, r * k + j, slope);
       cuda::Pack<A, 4> second;
       for (int w = 0; w < 4; ++w) {
         const float e = cuda::to_float(out.v[w]) * slope[w];
         second.v[w] = cuda::from_float<A>(d.scale ? cuda::fake_quantize_value(e, divide, d.lo, d.hi, clipped) : e);
       }
       cuda::store_pack<4>(d.out + r * k + j, second);
-      if (d.keep) cuda::store_pack<4>(d.keep + r * k + j, flags);
     }
   }
   if (d.clipped) {
@@ -178,8 +176,8 @@ struct RowQuantizeGrad {
 // (straight through), and the scale's gradient adds up dy (q - u) as fake_quantize's does. The rows in
 // registers as above.
 template <int C, typename A, bool kFull>
-__global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint8_t* keep, float keep_scale,
-                                      RowQuantizeGrad q, int64_t rows, int width, bool accumulate) {
+__global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, RowDropout drop, RowQuantizeGrad q, int64_t rows,
+                                      int width, bool accumulate) {
   const int k = kFull ? C * 128 : width;
   constexpr int R = kRowsPerWarp<C>;
   const int64_t first_row = (blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32) * R;
@@ -197,13 +195,13 @@ __global__ void softmax_rows_backward(A* dx, const A* dy, const A* y, const uint
       const int j = (c * 32 + lane) * 4;
       if (r >= rows || j >= k) continue;
       const cuda::Pack<A, 4> py = cuda::load_pack<4>(y + r * k + j), pd = cuda::load_pack<4>(dy + r * k + j);
-      cuda::Pack<uint8_t, 4> flags{};
-      if (keep) flags = cuda::load_pack<4>(keep + r * k + j);
-      float part = 0;  // this pack's share of the scale gradient
+      float slopes[4];
+      row_slopes(drop, r * k + j, slopes);  // the forward's draws again
+      float part = 0;                       // this pack's share of the scale gradient
       for (int w = 0; w < 4; ++w) {
         yv[i][c][w] = cuda::to_float(py.v[w]);
         const float d = cuda::to_float(pd.v[w]);
-        const float slope = keep ? (flags.v[w] ? keep_scale : 0.0f) : 1.0f;
+        const float slope = slopes[w];
         gv[i][c][w] = q.scale ? cuda::fake_quantize_value_grad(yv[i][c][w] * slope, d, slope, divide, q.lo, q.hi, part)
                               : d * slope;
         dot[i] += gv[i][c][w] * yv[i][c][w];
@@ -251,25 +249,25 @@ const float* softmax_mask(Graph<float>& g, Var x, Var mask, int64_t& rows_per_it
 }
 
 // softmax's backward into x's gradient from the probabilities y and the gradient of `out` (y itself, or
-// y's dropout with the keep flags `keep`, and/or its fake quantization q).
-void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const uint8_t* keep, float keep_scale,
-                           RowQuantizeGrad q, int64_t rows, int64_t k, DType dtype) {
+// y's dropout `drop`, and/or its fake quantization q).
+void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const RowDropout& drop, RowQuantizeGrad q,
+                           int64_t rows, int64_t k, DType dtype) {
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
     const auto dx = g.raw_grad_target(x);
     A* dxp = cuda::typed<A>(dx.data);
     const A* dy = cuda::typed<A>(g.grad_data(out));
     const A* yv = static_cast<const A*>(y);
-    const bool ran = with_row_chunks(k, {dxp, dy, yv, keep}, [&](auto chunks) {
+    const bool ran = with_row_chunks(k, {dxp, dy, yv}, [&](auto chunks) {
       constexpr int C = decltype(chunks)::value;
       const unsigned blocks = softmax_blocks<C>(rows);
       if (q.ds && blocks > 1) q.partial = g.scratch<double>(blocks);
       with_full_rows<C>(k, [&](auto full) {
-        softmax_rows_backward<C, A, decltype(full)::value><<<blocks, 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-            dxp, dy, yv, keep, keep_scale, q, rows, int(k), dx.accumulate);
+        softmax_rows_backward<C, A, decltype(full)::value>
+            <<<blocks, 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dxp, dy, yv, drop, q, rows, int(k), dx.accumulate);
       });
     });
-    BERT_CHECK(ran || (!keep && !q.scale), "softmax_dropout: the backward's operands are not 16-byte aligned");
+    BERT_CHECK(ran || (!drop.on && !q.scale), "softmax_dropout: the backward's operands are not 16-byte aligned");
     if (!ran)
       softmax_backward<A><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(dxp, dy, yv, rows, k,
                                                                                         dx.accumulate);
@@ -278,8 +276,9 @@ void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const
 }
 
 // The softmax of x with its dropout (p > 0) and/or its output's quantizer (q) in the same kernels: the
-// probabilities are saved for the backward (a workspace allocation, 64-byte aligned like the output),
-// beside the keep flags. Nullptr where the register kernels do not hold the rows.
+// probabilities are saved for the backward (a workspace allocation, 64-byte aligned like the output); the
+// dropout's draws are made again there (no keep flags kept). Nullptr where the register kernels do not hold
+// the rows.
 Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const QuantizeOutput* q) {
   const Shape xs = g.shape(x);
   const int64_t k = xs.last(), rows = xs.rows(), n = xs.numel();
@@ -289,10 +288,9 @@ Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const Q
   if (!with_row_chunks(k, {g.data(x), mv}, [](auto) {}) || rows > int64_t{UINT32_MAX}) return Var{};
   const DType dtype = g.dtype(x);
   Var y = q ? g.emit(xs, {x, q->scale}, dtype) : g.emit(xs, {x}, dtype);
-  uint8_t* keep = p > 0 ? g.scratch<uint8_t>(n) : nullptr;
-  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
-  const uint64_t seed = p > 0 ? rng->state().seed : 0;
-  const uint64_t first = p > 0 ? DropoutDraws::reserve(*rng, static_cast<uint64_t>(n)) : 0;
+  const RowDropout drop{p > 0, p > 0 ? rng->state().seed : 0,
+                        p > 0 ? DropoutDraws::reserve(*rng, static_cast<uint64_t>(n)) : 0,
+                        p > 0 ? DropoutDraws::threshold(p) : 0u, static_cast<float>(1.0 / (1.0 - p))};
   const cuda::QuantizeLaunch quantize = q ? cuda::fused_launch(g, *q, n) : cuda::QuantizeLaunch{};
   void* probs = nullptr;
   cuda::with_element_type(dtype, [&](auto tag) {
@@ -300,11 +298,7 @@ Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const Q
     A* pv = g.scratch<A>(n);
     probs = pv;
     const RowOutput<A> d{cuda::typed<A>(g.data(y)),
-                         keep,
-                         seed,
-                         first,
-                         p > 0 ? DropoutDraws::threshold(p) : 0u,
-                         keep_scale,
+                         drop,
                          q ? quantize.scale : nullptr,
                          quantize.lo,
                          quantize.hi,
@@ -320,7 +314,7 @@ Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const Q
     BERT_CUDA_LAUNCHED();
   });
   const Var scale = q ? q->scale : Var{};
-  g.on_backward(y, [x, y, scale, quantize, probs, keep, keep_scale, k, rows, dtype](Graph<float>& g) {
+  g.on_backward(y, [x, y, scale, quantize, probs, drop, k, rows, dtype](Graph<float>& g) {
     RowQuantizeGrad back{};
     if (scale.valid()) {
       back = {quantize.scale,
@@ -332,7 +326,7 @@ Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const Q
               cuda::context(g.device()).arrivals};
       if (g.requires_grad(scale)) back.ds = g.grad(scale).data();
     }
-    softmax_backward_into(g, x, y, probs, keep, keep_scale, back, rows, k, dtype);
+    softmax_backward_into(g, x, y, probs, drop, back, rows, k, dtype);
   });
   return y;
 }
@@ -365,7 +359,7 @@ Var softmax(Graph<float>& g, Var x, Var mask) {
     BERT_CUDA_LAUNCHED();
   });
   g.on_backward(y, [x, y, k, rows, dtype](Graph<float>& g) {
-    softmax_backward_into(g, x, y, g.data(y), nullptr, 1.0f, RowQuantizeGrad{}, rows, k, dtype);
+    softmax_backward_into(g, x, y, g.data(y), RowDropout{}, RowQuantizeGrad{}, rows, k, dtype);
   });
   return y;
 }

@@ -53,6 +53,34 @@ TEST(Graph, IsFreedAfterBackward) {
   EXPECT_THROW(g.value(loss), InternalError) << "a handle from before backward() is stale";
 }
 
+// A node made by emit_transient keeps its value in a transient slot, not the workspace: readable (its views
+// too) until the slot is taken again, then refused by name; its gradient is an ordinary one.
+TEST(Graph, TransientNodeIsReadableUntilItsSlotIsTakenAgain) {
+  Graph<float> g;
+  const std::vector<float> host = {1, 2, 3, 4, 5, 6};
+  Tensor<float> x_value(Shape{2, 3}, host), grad(Shape{2, 3});
+  const Var x = g.leaf(x_value.view(), grad.view());
+  const std::size_t before = g.workspace().bytes_in_use();
+  const Var t = g.emit_transient(Shape{2, 3}, {x}, DType::kF32, 1);  // t = x, as an op would make it
+  EXPECT_EQ(g.workspace().bytes_in_use(), before) << "the value is not in the workspace";
+  std::copy(host.begin(), host.end(), g.value(t).data());
+  g.on_backward(t, [x, t](Graph<float>& g) {
+    const TensorView<float> dt = g.grad(t), dx = g.grad(x);
+    for (int64_t i = 0; i < dt.numel(); ++i) dx[i] += dt[i];
+  });
+  const Var view = ops::reshape(g, t, Shape{3, 2});
+  EXPECT_EQ(g.to_host(view), host);
+  const Var y = ops::scale(g, t, 2.0);  // reads t: the op made next
+  (void)g.transient<float>(0, 6);       // another slot: t stays readable
+  EXPECT_EQ(g.to_host(t), host);
+  (void)g.transient<float>(1, 6);  // its slot taken again
+  EXPECT_THROW(g.value(t), InternalError);
+  EXPECT_THROW(g.data(t), InternalError);
+  EXPECT_THROW(g.to_host(view), InternalError);
+  g.backward(ops::sum(g, y));  // its gradient: 2 each
+  for (float v : grad.view()) EXPECT_EQ(v, 2.0f);
+}
+
 // Graph::bias_to_sum hands a linear's bias to the reader of its output only where that reader is the only
 // one: nothing else made from the output, no view of it, and the bias takes a gradient.
 TEST(Graph, BiasToSumGoesToTheOutputsOnlyReader) {

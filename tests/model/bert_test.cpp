@@ -536,8 +536,11 @@ TEST(BertModel, FusedAttentionGivesTheUnfusedQatStep) {
 }
 
 // The unfused attention with its scores and probabilities computed again in the backward (bert-train
-// --attention recompute): the kept step's loss and gradients bit for bit (the same dropout draws) with less
-// kept in the step's workspace; on the CPU and in a GPU's FP32 (a BF16 step keeps them: F32 activations only).
+// --attention recompute): the kept step's loss and gradients bit for bit (the same dropout draws), on the CPU
+// with less kept in the step's workspace. On a GPU the kept step's scores are transient already (ops::
+// head_scores), so at this model's length of 8 it keeps about what the recomputation's own bookkeeping takes;
+// CudaOps.RecomputedAttentionCoreEqualsTheKeptOps holds the sizes at a length where they count. A BF16 step
+// keeps them either way (F32 activations only).
 QatStep recompute_step(const Device& device, bool recompute) {
   return tiny_float_step(device, [&](Bert& model) { model.set_recompute_attention(recompute); });
 }
@@ -558,7 +561,7 @@ TEST(BertModel, RecomputedAttentionGivesTheKeptStepInLessMemory) {
     EXPECT_EQ(again.grads, kept.grads);
     if (bf16)
       EXPECT_EQ(again.workspace_bytes, kept.workspace_bytes);
-    else
+    else if (!device->is_cuda())
       EXPECT_LT(again.workspace_bytes, kept.workspace_bytes);
     std::cout << "[ info ] " << device->name() << ": workspace " << kept.workspace_bytes << " -> "
               << again.workspace_bytes << " bytes with the attention recomputed\n";

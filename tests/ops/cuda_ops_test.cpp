@@ -543,14 +543,18 @@ TEST_F(CudaOps, HeadProductsGiveThePermutedProducts) {
 }
 
 // The unfused attention's core (scores, softmax with dropout and a padding mask, context) recomputed in the
-// backward (ops::recompute, as FP32 and TF32 steps run it): the same bits as the ops kept, values and the
-// gradients of q, k and v, the same draws; the graph keeps the context only. A BF16 step's tensors are refused.
+// backward (ops::recompute, as FP32 and TF32 steps run it with --attention recompute), and with the scores
+// transient (ops::head_scores' `transient`, as the unfused attention runs them): the same bits as the ops
+// kept, values and the gradients of q, k and v, the same draws (the softmax's backward draws the dropout
+// again); the recomputed graph keeps the context only, the transient scores take no workspace. A BF16 step's
+// tensors are refused by the recompute.
 TEST_F(CudaOps, RecomputedAttentionCoreEqualsTheKeptOps) {
   const int64_t b = 3, t = 37, heads = 4, d = 16, c = heads * d;
   std::vector<float> mask(static_cast<size_t>(b * t), 0.0f);
   for (int64_t j = 30; j < t; ++j) mask[static_cast<size_t>(2 * t + j)] = -10000.0f;  // the last item padded
+  bool transient = false;
   const auto core = [&](Graph<float>& g, std::span<const Var> in, Rng& rng) {
-    const Var scores = ops::head_scores(g, in[0], in[1], heads, 0.25);
+    const Var scores = ops::head_scores(g, in[0], in[1], heads, 0.25, transient);
     return ops::head_context(g, ops::softmax_dropout(g, scores, in[3], 0.1, true, rng), in[2], heads);
   };
   auto run = [&](const Device& device, bool recomputed, size_t* kept) {
@@ -575,6 +579,14 @@ TEST_F(CudaOps, RecomputedAttentionCoreEqualsTheKeptOps) {
   for (size_t i = 0; i < 3; ++i) EXPECT_LE(relative_difference(again.grads[i], direct.grads[i]), kExact) << i;
   const size_t square = static_cast<size_t>(b * heads * t * t) * sizeof(float);
   EXPECT_LE(kept_recomputed + 2 * square, kept_direct);  // at least the scores and probabilities not kept
+  transient = true;
+  size_t kept_transient = 0;
+  const Result scores_transient = run(*gpu_, false, &kept_transient);
+  EXPECT_EQ(scores_transient.value, direct.value);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(scores_transient.grads[i], direct.grads[i]) << i;
+  EXPECT_GE(kept_direct, kept_transient + square);
+  EXPECT_LE(kept_recomputed + square, kept_transient);  // the recomputation keeps neither of the two left
+  transient = false;
   size_t unused = 0;
   EXPECT_THROW(run(*gpu_bf16_, true, &unused), std::exception);
 }
