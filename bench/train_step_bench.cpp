@@ -346,6 +346,10 @@ int main(int argc, char** argv) {
           times.push_back(seconds_since(start) / steps);
         }
         const double step = int8 ? 0.0 : median(times);
+        // The training step's memory, taken before the evaluation below runs on the same graph (a quantized
+        // model's evaluation can take more workspace than its training step: reported apart).
+        const std::size_t train_used = device->is_cuda() ? device->memory_use().first : 0;
+        const std::size_t train_workspace = g.workspace().peak_bytes_in_use();
         if (mode == "fp32") fp32_step = step;
         if (mode == "fp32-fused") fused_step = step;
         std::vector<double> eval_times;
@@ -405,8 +409,13 @@ int main(int argc, char** argv) {
                        name.c_str(), (long long)b, mode.c_str(), step, b / step, gflops,
                        3 * b * forward_flops(config, t, p) / 1e9, eval_rate);
         if (device->is_cuda()) {
-          const auto [used, total] = device->memory_use();
-          std::printf("   GPU memory %.2f GiB", used / double(1 << 30));
+          // After the training steps; the step's workspace (activations, saved tensors, gradients) apart: the
+          // rest is the parameters, their gradients, the optimizer's moments, the BF16 copy of the weights and
+          // the CUDA context. Where the evaluation then took more, its total too.
+          constexpr double kGiB = 1 << 30;
+          std::printf("   GPU memory %.2f GiB (step workspace %.2f)", train_used / kGiB, train_workspace / kGiB);
+          if (const std::size_t used = device->memory_use().first; used > train_used + (std::size_t{64} << 20))
+            std::printf(", %.2f GiB after the evaluation", used / kGiB);
           // (A host a whole step ahead also waits here for room in CUDA's launch queue.)
           if (host_queue_s > 0) std::printf("   host queues a step in %.2f ms", 1e3 * host_queue_s);
           if (training_step.graphs().launches() > 0)
