@@ -559,10 +559,11 @@ TEST(BertModel, RecomputedAttentionGivesTheKeptStepInLessMemory) {
     const QatStep again = recompute_step(*device, true), kept = recompute_step(*device, false);
     EXPECT_EQ(again.loss, kept.loss);
     EXPECT_EQ(again.grads, kept.grads);
-    if (bf16)
+    if (bf16) {
       EXPECT_EQ(again.workspace_bytes, kept.workspace_bytes);
-    else if (!device->is_cuda())
+    } else if (!device->is_cuda()) {
       EXPECT_LT(again.workspace_bytes, kept.workspace_bytes);
+    }
     std::cout << "[ info ] " << device->name() << ": workspace " << kept.workspace_bytes << " -> "
               << again.workspace_bytes << " bytes with the attention recomputed\n";
   }
