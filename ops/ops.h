@@ -242,8 +242,8 @@ Var tanh(Graph<T>& g, Var x);
 template <typename T>
 Var softmax(Graph<T>& g, Var x, Var mask = Var{});
 // dropout(softmax(x, mask), p, training, rng): the same values, draws and gradients. On a GPU one kernel
-// each way (rows of up to 1024, a multiple of 4), which saves the probabilities and keep flags once
-// instead of writing and reading the probabilities between two ops.
+// each way (rows of up to 1024, a multiple of 4), which saves the probabilities once instead of writing
+// and reading them between two ops; the backward draws the dropout again (no keep flags kept).
 template <typename T>
 Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng);
 
@@ -374,8 +374,8 @@ Var gelu(Graph<T>& g, Var x, const QuantizeOutput& q);
 template <typename T>
 Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng, const QuantizeOutput& q);
 // fake_quantize(softmax_dropout(x, mask, p, training, rng), q...): the attention probabilities as the
-// products read them. On a GPU one kernel each way (rows as softmax_dropout's): the probabilities and keep
-// flags saved, the quantizer's input recomputed from them in the backward. On the CPU, the ops in sequence.
+// products read them. On a GPU one kernel each way (rows as softmax_dropout's): the probabilities saved, the
+// dropout's draws and the quantizer's input made again in the backward. On the CPU, the ops in sequence.
 template <typename T>
 Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& rng, const QuantizeOutput& q);
 // attention() with the probabilities' quantizer (QAT): per head matmul(fake_quantize(dropout(softmax(alpha
