@@ -3,8 +3,8 @@
 #   bash scripts/test.sh                      # ./build (Release, native, CUDA code when nvcc is present)
 #   BERT_SANITIZERS=1 bash scripts/test.sh    # then the same suite (but the two end-to-end scripts) built
 #                                             # with AddressSanitizer + UndefinedBehaviorSanitizer for AVX2
-#                                             # in ./build-asan: about 18 more minutes on 2 cores
-# The sanitizer pass is not part of CI's run (it doubled its time: 37 minutes on 2 cores); run it before a
+#                                             # in ./build-asan: about 16 more minutes on 2 cores
+# The sanitizer pass is not part of CI's run (it doubled its time); run it before a
 # release and after changes to parsing, file formats, memory layout or the CPU kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
