@@ -525,8 +525,9 @@ int64_t spacing(const std::array<P*, 3>& p) {
 // backward takes the node's gradient (N, 3C): x's as one GEMM of it with the three weights stacked (3C, C)
 // (in place where the weights lie side by side, as the model declares them and as fake_quantize_many
 // makes them, else three copies); the weights' as one GEMM where their gradients lie side by side and C is
-// small, else one batched GEMM where they lie equally spaced, else three; the biases' as one column sum
-// over the three parts where their gradients lie equally spaced too.
+// small, else one batched GEMM where they lie equally spaced (or, fresh, into a transient buffer and then
+// copied), else three; the biases' as one column sum over the three parts where their gradients lie equally
+// spaced too.
 template <typename A>
 Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, int64_t batch,
                    int64_t t, DType dtype) {
@@ -571,15 +572,22 @@ Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const st
     auto w_type = [&](int i) { return g.dtype(w[i]) == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; };
     const int64_t w_size = int64_t(dtype_size(g.dtype(w[0]), sizeof(float)));
     const int64_t dw_byte_stride = weights && same ? spacing(dw_bytes) : 0;
-    const int64_t dw_stride = dw_byte_stride % w_size == 0 ? dw_byte_stride / w_size : 0;
+    int64_t dw_stride = dw_byte_stride % w_size == 0 ? dw_byte_stride / w_size : 0;
+    // Fresh gradients apart (QAT's quantized weights are nodes, their gradients wherever the allocator puts
+    // them: apart in 9 of BERT-base's 12 layers): the products side by side into a transient buffer, then a
+    // copy each. Three products of 96 tiles each left an H200's 132 SMs a quarter idle (3 x 27 us a layer
+    // against 59 us for the batched one); the copies are 1.2 MB each in BF16.
+    const bool apart = weights && same && dw_stride == 0 && !dw[0].accumulate;
+    void* dw_out = dw[0].data;
+    if (apart) dw_out = g.transient<std::byte>(0, size_t(3 * c * c * w_size)), dw_stride = c * c;
     // Side by side and narrow: [dWq; dWk; dWv] (3C, C) (+)= [dQ dK dV]^T x as one product. The batched one
     // gave BERT-mini's 256 x 256 products 12 output tiles on an H200's 132 SMs (40-50 us a layer; the whole
     // step 1.3% faster as one); at BERT-base's 768 the batched product was as fast or faster.
     if (dw_stride == c * c && c < 512) {
-      gemm(g, true, false, 3 * c, c, n, 1.0f, dqkv, 3 * c, 0, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw[0].data, c,
-           0, 1, type, w_type(0));
+      gemm(g, true, false, 3 * c, c, n, 1.0f, dqkv, 3 * c, 0, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw_out, c, 0, 1,
+           type, w_type(0));
     } else if (dw_stride) {
-      gemm(g, true, false, c, c, n, 1.0f, dqkv, 3 * c, c, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw[0].data, c,
+      gemm(g, true, false, c, c, n, 1.0f, dqkv, 3 * c, c, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw_out, c,
            dw_stride, 3, type, w_type(0));
     } else {
       for (int i = 0; i < 3; ++i)
@@ -587,6 +595,10 @@ Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const st
           gemm(g, true, false, c, c, n, 1.0f, dqkv + i * c, 3 * c, 0, xv, c, 0, dw[i].accumulate ? 1.0f : 0.0f,
                dw[i].data, c, 0, 1, type, w_type(i));
     }
+    if (apart)
+      for (int i = 0; i < 3; ++i)
+        cuda::copy_on_device(context, dw[i].data, static_cast<const std::byte*>(dw_out) + i * c * c * w_size,
+                             size_t(c * c * w_size));
     std::array<float*, 3> db{};
     for (int i = 0; i < 3; ++i) db[i] = g.requires_grad(b[i]) ? g.grad(b[i]).data() : nullptr;
     if (const int64_t db_stride = db[0] && db[1] && db[2] ? spacing(db) : 0) {

@@ -762,7 +762,10 @@ TEST_F(CudaOps, SelfAttentionBatchesTheProjectionsOfEquallySpacedParameters) {
 // weights in 64ths, exactly their quantized values, biases in 128ths, upstream gradients in 16ths) make
 // every product's sum exact in either order, so values, weight, bias and scale gradients and saturation
 // counts agree bit for bit; x's gradient too in FP32 (in BF16 the three linears round each partial sum of
-// it to BF16). Also with V's output unread (its part of the projections' gradient zero).
+// it to BF16). Also with V's output unread (its part of the projections' gradient zero), and twice from the
+// same weights (two layers' worth: the first one's quantized weights then take their gradients from the
+// buffers the second one's released, not equally spaced, so the fresh gradients go through the transient
+// product and copies).
 TEST_F(CudaOps, QuantizedProjectionsGiveThreeLinearsAndTheirQuantizers) {
   const int64_t b = 2, t = 40, c = 64, n = b * t;
   auto dyadic = [](int64_t count, uint32_t seed, int range, float denominator) {
@@ -774,100 +777,106 @@ TEST_F(CudaOps, QuantizedProjectionsGiveThreeLinearsAndTheirQuantizers) {
   };
   for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()})
     for (bool reordered : {false, true})
-      for (bool v_read : {true, false}) {
-        const bool bf16 = gpu->precision() == Precision::kBf16;
-        SCOPED_TRACE(gpu->name() + (reordered ? ", weights not equally spaced" : ", weights side by side") +
-                     (v_read ? "" : ", V unread"));
-        struct Run {
-          std::vector<float> y, dx, dw, db, dws, ds;
-          std::vector<int64_t> clipped;
-        };
-        auto run = [&](bool fused) {
-          std::vector<DeviceBuffer> buffers;
-          auto buffer = [&](const std::vector<float>& host) {
-            buffers.emplace_back(*gpu, host.size() * 4);
-            gpu->copy_to_device(buffers.back().data(), host.data(), host.size() * 4);
-            return buffers.back().as<float>();
+      for (bool v_read : {true, false})
+        for (bool twice : {false, true}) {
+          if (twice && (reordered || !v_read)) continue;
+          const bool bf16 = gpu->precision() == Precision::kBf16;
+          SCOPED_TRACE(gpu->name() + (reordered ? ", weights not equally spaced" : ", weights side by side") +
+                       (v_read ? "" : ", V unread") + (twice ? ", twice" : ""));
+          struct Run {
+            std::vector<float> y, dx, dw, db, dws, ds;
+            std::vector<int64_t> clipped;
           };
-          auto zeros = [&](int64_t count) { return buffer(std::vector<float>(size_t(count), 0.0f)); };
-          float* xv = buffer(dyadic(n * c, 1, 8, 8.0f));
-          float* dx = zeros(n * c);
-          float* wv = buffer(dyadic(3 * c * c, 2, 16, 64.0f));
-          float* dw = zeros(3 * c * c);
-          float* ws = buffer(std::vector<float>(size_t(3 * c), 1.0f / 64));  // per channel: w / s within 16
-          float* dws = zeros(3 * c);
-          float* bv = buffer(dyadic(3 * c, 3, 16, 128.0f));
-          float* db = zeros(3 * c);
-          float* sv = buffer({1.0f / 64, 1.0f / 32, 1.0f / 64});  // values past 127 / 64 saturate
-          float* ds = zeros(3);
-          DeviceBuffer counters(*gpu, 8 * 3);
-          gpu->fill_zero(counters.data(), counters.bytes());
-          Graph<float> g(*gpu);
-          const Shape xs{b, t, c}, square{c, c};
-          const Var x = g.leaf(TensorView<float>(xv, xs), TensorView<float>(dx, xs));
-          std::vector<ops::QuantizeInput> weight_inputs;
-          std::array<Var, 3> biases{}, scales{};
-          std::array<ops::QuantizeOutput, 3> quantizers{};
-          for (int i = 0; i < 3; ++i) {
-            const Var w = g.leaf(TensorView<float>(wv + i * c * c, square), TensorView<float>(dw + i * c * c, square));
-            const Var s = g.leaf(TensorView<float>(ws + i * c, Shape{c}), TensorView<float>(dws + i * c, Shape{c}));
-            weight_inputs.push_back({w, ops::QuantizeOutput{s, -127, 127, 0.05}});
-            biases[i] = g.leaf(TensorView<float>(bv + i * c, Shape{c}), TensorView<float>(db + i * c, Shape{c}));
-            scales[i] = g.leaf(TensorView<float>(sv + i, Shape{1}), TensorView<float>(ds + i, Shape{1}));
-            quantizers[i] = ops::QuantizeOutput{scales[i], -128, 127, 0.1 * (i + 1), counters.as<int64_t>() + i};
-          }
-          if (reordered) std::swap(weight_inputs[1], weight_inputs[2]);  // made V, K: not equally spaced
-          std::vector<Var> quantized = ops::fake_quantize_many(g, std::span<const ops::QuantizeInput>(weight_inputs));
-          if (reordered) std::swap(quantized[1], quantized[2]);
-          const std::array<Var, 3> w = {quantized[0], quantized[1], quantized[2]};
-          std::array<Var, 3> ys{};
-          if (fused) {
-            ys = ops::quantized_projections(g, x, w, biases, quantizers);
-          } else {
+          auto run = [&](bool fused) {
+            std::vector<DeviceBuffer> buffers;
+            auto buffer = [&](const std::vector<float>& host) {
+              buffers.emplace_back(*gpu, host.size() * 4);
+              gpu->copy_to_device(buffers.back().data(), host.data(), host.size() * 4);
+              return buffers.back().as<float>();
+            };
+            auto zeros = [&](int64_t count) { return buffer(std::vector<float>(size_t(count), 0.0f)); };
+            float* xv = buffer(dyadic(n * c, 1, 8, 8.0f));
+            float* dx = zeros(n * c);
+            float* wv = buffer(dyadic(3 * c * c, 2, 16, 64.0f));
+            float* dw = zeros(3 * c * c);
+            float* ws = buffer(std::vector<float>(size_t(3 * c), 1.0f / 64));  // per channel: w / s within 16
+            float* dws = zeros(3 * c);
+            float* bv = buffer(dyadic(3 * c, 3, 16, 128.0f));
+            float* db = zeros(3 * c);
+            float* sv = buffer({1.0f / 64, 1.0f / 32, 1.0f / 64});  // values past 127 / 64 saturate
+            float* ds = zeros(3);
+            DeviceBuffer counters(*gpu, 8 * 3);
+            gpu->fill_zero(counters.data(), counters.bytes());
+            Graph<float> g(*gpu);
+            const Shape xs{b, t, c}, square{c, c};
+            const Var x = g.leaf(TensorView<float>(xv, xs), TensorView<float>(dx, xs));
+            std::vector<ops::QuantizeInput> weight_inputs;
+            std::array<Var, 3> biases{}, scales{};
+            std::array<ops::QuantizeOutput, 3> quantizers{};
             for (int i = 0; i < 3; ++i) {
-              const ops::QuantizeOutput& q = quantizers[i];
-              ys[i] = ops::fake_quantize(g, ops::linear(g, x, w[i], biases[i]), q.scale, q.qmin, q.qmax, q.grad_scale,
-                                         q.clipped);
+              const Var w =
+                  g.leaf(TensorView<float>(wv + i * c * c, square), TensorView<float>(dw + i * c * c, square));
+              const Var s = g.leaf(TensorView<float>(ws + i * c, Shape{c}), TensorView<float>(dws + i * c, Shape{c}));
+              weight_inputs.push_back({w, ops::QuantizeOutput{s, -127, 127, 0.05}});
+              biases[i] = g.leaf(TensorView<float>(bv + i * c, Shape{c}), TensorView<float>(db + i * c, Shape{c}));
+              scales[i] = g.leaf(TensorView<float>(sv + i, Shape{1}), TensorView<float>(ds + i, Shape{1}));
+              quantizers[i] = ops::QuantizeOutput{scales[i], -128, 127, 0.1 * (i + 1), counters.as<int64_t>() + i};
             }
-          }
-          Run r;
-          Var loss;
-          for (int i = 0; i < 3; ++i) {
-            const std::vector<float> y = g.to_host(ys[i]);
-            r.y.insert(r.y.end(), y.begin(), y.end());
-            if (i == 2 && !v_read) continue;
-            const std::vector<float> up = dyadic(n * c, 10 + i, 16, 16.0f);
-            const Var term = ops::sum(g, ops::mul(g, ys[i], g.input(std::span<const float>(up), xs)));
-            loss = loss.valid() ? ops::add(g, loss, term) : term;
-          }
-          g.backward(loss);
-          auto host = [&](const float* p, int64_t count) {
-            std::vector<float> v(static_cast<size_t>(count));
-            gpu->copy_to_host(v.data(), p, count * 4);
-            return v;
+            if (reordered) std::swap(weight_inputs[1], weight_inputs[2]);  // made V, K: not equally spaced
+            Run r;
+            Var loss;
+            for (int layer = 0; layer < (twice ? 2 : 1); ++layer) {
+              std::vector<Var> quantized =
+                  ops::fake_quantize_many(g, std::span<const ops::QuantizeInput>(weight_inputs));
+              if (reordered) std::swap(quantized[1], quantized[2]);
+              const std::array<Var, 3> w = {quantized[0], quantized[1], quantized[2]};
+              std::array<Var, 3> ys{};
+              if (fused) {
+                ys = ops::quantized_projections(g, x, w, biases, quantizers);
+              } else {
+                for (int i = 0; i < 3; ++i) {
+                  const ops::QuantizeOutput& q = quantizers[i];
+                  ys[i] = ops::fake_quantize(g, ops::linear(g, x, w[i], biases[i]), q.scale, q.qmin, q.qmax,
+                                             q.grad_scale, q.clipped);
+                }
+              }
+              for (int i = 0; i < 3; ++i) {
+                const std::vector<float> y = g.to_host(ys[i]);
+                r.y.insert(r.y.end(), y.begin(), y.end());
+                if (i == 2 && !v_read) continue;
+                const std::vector<float> up = dyadic(n * c, 10 + 3 * layer + i, 16, 16.0f);
+                const Var term = ops::sum(g, ops::mul(g, ys[i], g.input(std::span<const float>(up), xs)));
+                loss = loss.valid() ? ops::add(g, loss, term) : term;
+              }
+            }
+            g.backward(loss);
+            auto host = [&](const float* p, int64_t count) {
+              std::vector<float> v(static_cast<size_t>(count));
+              gpu->copy_to_host(v.data(), p, count * 4);
+              return v;
+            };
+            r.dx = host(dx, n * c), r.dw = host(dw, 3 * c * c), r.db = host(db, 3 * c), r.dws = host(dws, 3 * c);
+            r.ds = host(ds, 3);
+            r.clipped.resize(3);
+            gpu->copy_to_host(r.clipped.data(), counters.data(), 8 * 3);
+            return r;
           };
-          r.dx = host(dx, n * c), r.dw = host(dw, 3 * c * c), r.db = host(db, 3 * c), r.dws = host(dws, 3 * c);
-          r.ds = host(ds, 3);
-          r.clipped.resize(3);
-          gpu->copy_to_host(r.clipped.data(), counters.data(), 8 * 3);
-          return r;
-        };
-        const Run fused = run(true), plain = run(false);
-        EXPECT_EQ(fused.y, plain.y) << "values";
-        EXPECT_LE(relative_difference(fused.dx, plain.dx), bf16 ? kBf16 : kExact) << "gradient of x";
-        EXPECT_EQ(fused.dw, plain.dw) << "weights' gradients";
-        EXPECT_EQ(fused.db, plain.db) << "biases' gradients";
-        EXPECT_EQ(fused.dws, plain.dws) << "weight scales' gradients";
-        EXPECT_EQ(fused.ds, plain.ds) << "the three quantizers' scale gradients";
-        EXPECT_EQ(fused.clipped, plain.clipped) << "saturation counts";
-        EXPECT_GT(plain.clipped[0] + plain.clipped[2], 0) << "the case saturates";
-        float largest_ds = 0;
-        for (float v : plain.ds) largest_ds = std::max(largest_ds, std::abs(v));
-        EXPECT_GT(largest_ds, 0.0f) << "the scales take gradients";
-        if (!v_read) {
-          EXPECT_EQ(plain.ds[2], 0.0f);
+          const Run fused = run(true), plain = run(false);
+          EXPECT_EQ(fused.y, plain.y) << "values";
+          EXPECT_LE(relative_difference(fused.dx, plain.dx), bf16 ? kBf16 : kExact) << "gradient of x";
+          EXPECT_EQ(fused.dw, plain.dw) << "weights' gradients";
+          EXPECT_EQ(fused.db, plain.db) << "biases' gradients";
+          EXPECT_EQ(fused.dws, plain.dws) << "weight scales' gradients";
+          EXPECT_EQ(fused.ds, plain.ds) << "the three quantizers' scale gradients";
+          EXPECT_EQ(fused.clipped, plain.clipped) << "saturation counts";
+          EXPECT_GT(plain.clipped[0] + plain.clipped[2], 0) << "the case saturates";
+          float largest_ds = 0;
+          for (float v : plain.ds) largest_ds = std::max(largest_ds, std::abs(v));
+          EXPECT_GT(largest_ds, 0.0f) << "the scales take gradients";
+          if (!v_read) {
+            EXPECT_EQ(plain.ds[2], 0.0f);
+          }
         }
-      }
 }
 
 TEST_F(CudaOps, CrossEntropyWithIgnoredRowsAndWeights) {
