@@ -3,6 +3,7 @@
 // random bits as the CPU, so both devices drop the same elements.
 #include <cmath>
 
+#include "ops/cuda/column_sums.cuh"
 #include "ops/cuda/fake_quantize.cuh"
 #include "ops/cuda_impl.h"
 
@@ -213,6 +214,40 @@ struct GeluSource {
   template <int W>
   __device__ __forceinline__ void store_input_grad(int64_t i, const float (&g)[W], bool accumulate) const {
     if (dx) cuda::store_grad_pack<W>(dx + i, g, accumulate);
+  }
+};
+// The quantized GELU's backward as a source of cuda::column_sums (x, dy and dx: rows `ld` apart): dx as
+// fake_quantize_backward over GeluSource writes it (the quantizer's straight-through gradient times GELU's
+// slope, the same arithmetic), summed into the bias gradient of the linear that made x, and the scale
+// gradient's terms into the thread's share (kScaleShares), so that dx is not read again for the bias.
+template <int W, typename A>
+struct GeluQuantizedBackwardRows {
+  using SumsScaleGradient = void;  // (cuda::kScaleShares)
+  const A *x, *dy;
+  A* dx;
+  int64_t ld;
+  const float* scale;  // on the device: the division is made once a thread (setup)
+  float lo, hi;
+  cuda::ScaleDivision divide;  // setup()
+  struct Loaded {
+    cuda::Pack<A, W> x, dy;
+  };
+  __device__ void setup() { divide = cuda::ScaleDivision(*scale); }
+  __device__ Loaded read(unsigned, int64_t r, int64_t col) const {
+    return {cuda::load_pack<W>(x + r * ld + col), cuda::load_pack<W>(dy + r * ld + col)};
+  }
+  __device__ cuda::Pack<A, W> value(unsigned, int64_t r, int64_t col, const Loaded& loaded, double& share) const {
+    float part = 0;  // this pack's share, as fake_quantize_backward sums it
+    cuda::Pack<A, W> out;
+    for (int j = 0; j < W; ++j) {
+      float v, slope;
+      cuda::gelu_value_and_derivative(cuda::to_float(loaded.x.v[j]), v, slope);
+      out.v[j] = cuda::from_float<A>(
+          cuda::fake_quantize_value_grad(v, cuda::to_float(loaded.dy.v[j]), slope, divide, lo, hi, part));
+    }
+    cuda::store_pack<W>(dx + r * ld + col, out);
+    share += part;
+    return out;
   }
 };
 template <typename A>
@@ -480,9 +515,26 @@ Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q) {
   const Var scale = q.scale;
   g.on_backward(y, [x, y, scale, n, dtype, launch](Graph<float>& g) {
     const cuda::FusedBackward b = cuda::fused_backward(g, launch, x, scale);
+    // Where x is a linear's output read by nothing else (the feed-forward block's first product), that
+    // linear's bias gradient is summed here from the dx this pass writes (Graph::bias_to_sum).
+    const Var bias = b.dx.data && !b.dx.accumulate ? g.bias_to_sum(x) : Var{};
     cuda::with_element_type(dtype, [&](auto tag) {
       using A = typename decltype(tag)::type;
       A *dx = cuda::typed<A>(b.dx.data), *dy = cuda::typed<A>(g.grad_data(y)), *xv = cuda::typed<A>(g.data(x));
+      if (bias.valid()) {
+        const int64_t cols = g.shape(x).last(), rows = n / cols;
+        const auto address =
+            reinterpret_cast<uintptr_t>(dx) | reinterpret_cast<uintptr_t>(dy) | reinterpret_cast<uintptr_t>(xv);
+        auto fits = [&](int64_t w) { return cols % w == 0 && address % (w * sizeof(A)) == 0; };
+        cuda::launch_column_sums(
+            g, rows, cols, g.grad(bias).data(), 1, 0, fits,
+            [&]<int W>() {
+              return GeluQuantizedBackwardRows<W, A>{xv, dy, dx, cols, b.launch.scale, b.launch.lo, b.launch.hi};
+            },
+            cuda::ScaleShares{b.launch.scale_grad, b.launch.grad_scale});
+        g.set_bias_summed(x);
+        return;
+      }
       cuda::launch_fake_quantize_backward(g, b.launch, dy, GeluSource<A>{xv, dx},
                                           cuda::pack_width(sizeof(A), sizeof(A), n, {dx, dy, xv}), b.dx.accumulate);
     });

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 
 #include "core/cuda/lt_plans.h"
+#include "ops/cuda/column_sums.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cross_entropy.cuh"
 #include "ops/cuda/gemm.cuh"
@@ -195,133 +196,6 @@ __global__ void convert_padded(A* y, const float* x, int64_t rows, int64_t padde
   }
 }
 
-// dbias (cols) += the column sums of dy (rows, cols; rows ld apart), deterministically. Block (32, 8) of grid
-// (row chunks, column groups, parts) sums `chunk` rows of 32 W columns (thread x: W adjacent columns, W-wide
-// accesses; y: every 8th row, kRowsInFlight of them loaded before the first is added), its 8 lanes added in
-// order into partial[chunk][col]. The last block of a column group to finish (counted in arrivals[group])
-// then adds the group's partials over the chunks in a fixed order (lane y: chunks y, y + 8, ...; the lanes
-// in order) into dbias and resets its counter: one launch instead of a second kernel for the partials (3.5
-// us a call on an H200, most of it latency). The chunks run fastest in the grid, so a group's blocks run
-// together and its last block's sums overlap the next groups' reads. Without counters (more column groups
-// than the context has) the second kernel does it (cuda::add_partial_rows).
-//
-// The rows come from a Source: `read(part, r, col)` loads what row r's W columns need (the loads of
-// kRowsInFlight rows are issued together: one at a time left the kernel waiting on memory), `value(part, r,
-// col, loaded)` gives the W values to add, after writing whatever the source produces. RowsOf reads a
-// matrix; GeluBackwardRows (below) is the feed-forward block's GELU backward, which sums the gradient it
-// writes: the same values in the same order, so the same bits as writing it, then summing it.
-constexpr int64_t kColumnChunk = 64, kMostChunks = 128;  // 8192 rows: 128 chunks, hundreds of blocks
-constexpr int kRowsInFlight = 4;
-template <int W, typename A>
-struct RowsOf {
-  const A* dy;
-  int64_t ld, part_stride;
-  __device__ cuda::Pack<A, W> read(unsigned part, int64_t r, int64_t col) const {
-    return cuda::load_pack<W>(dy + part * part_stride + r * ld + col);
-  }
-  __device__ cuda::Pack<A, W> value(unsigned, int64_t, int64_t, const cuda::Pack<A, W>& loaded) const { return loaded; }
-};
-template <int W, typename Source>
-__global__ void column_sums(float* dbias, float* partial, unsigned int* arrivals, Source source, int64_t rows,
-                            int64_t cols, int64_t chunk, int64_t dbias_part_stride) {
-  __shared__ float lanes[8][32 * W + 1];
-  __shared__ bool last;
-  const unsigned chunks = gridDim.x, group = blockIdx.y, part = blockIdx.z;  // grid z: the parts
-  dbias += part * dbias_part_stride;
-  partial += int64_t(part) * chunks * cols;
-  if (arrivals) arrivals += part * gridDim.y;
-  const int64_t col = (group * 32 + threadIdx.x) * int64_t(W);
-  const bool here = col < cols;
-  float acc[W] = {};
-  if (here) {
-    const int64_t end = min(rows, (blockIdx.x + 1) * chunk);
-    for (int64_t r0 = blockIdx.x * chunk + threadIdx.y; r0 < end; r0 += 8 * kRowsInFlight) {
-      decltype(source.read(0, 0, 0)) loaded[kRowsInFlight];
-#pragma unroll
-      for (int j = 0; j < kRowsInFlight; ++j)
-        if (r0 + 8 * j < end) loaded[j] = source.read(part, r0 + 8 * j, col);
-#pragma unroll
-      for (int j = 0; j < kRowsInFlight; ++j)
-        if (r0 + 8 * j < end) {
-          const auto p = source.value(part, r0 + 8 * j, col, loaded[j]);
-          for (int w = 0; w < W; ++w) acc[w] += cuda::to_float(p.v[w]);
-        }
-    }
-  }
-  for (int w = 0; w < W; ++w) lanes[threadIdx.y][threadIdx.x * W + w] = acc[w];
-  __syncthreads();
-  if (threadIdx.y == 0 && here) {
-    for (int w = 0; w < W; ++w) {
-      float total = 0;
-      for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x * W + w];
-      partial[blockIdx.x * cols + col + w] = total;
-    }
-    __threadfence();  // the partials are visible everywhere before this block counts as arrived
-  }
-  if (!arrivals) return;
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(arrivals + group, 1u) == chunks - 1;
-  __syncthreads();
-  if (!last) return;
-  // Lane y adds chunks y, y + 8, ... in order, their partials loaded eight at a time (loads in flight: one
-  // block reads the whole group's partials, so their latency is its time).
-  for (int w = 0; w < W; ++w) acc[w] = 0;
-  constexpr int kInFlight = 8;
-  if (here)
-    for (unsigned k0 = threadIdx.y; k0 < chunks; k0 += 8 * kInFlight) {
-      cuda::Pack<float, W> p[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j)
-        if (k0 + 8 * j < chunks) p[j] = cuda::load_pack_cg<W>(partial + (k0 + 8 * j) * cols + col);
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j)
-        if (k0 + 8 * j < chunks)
-          for (int w = 0; w < W; ++w) acc[w] += p[j].v[w];
-    }
-  for (int w = 0; w < W; ++w) lanes[threadIdx.y][threadIdx.x * W + w] = acc[w];
-  __syncthreads();
-  if (threadIdx.y == 0 && here)
-    for (int w = 0; w < W; ++w) {
-      float total = 0;
-      for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x * W + w];
-      dbias[col + w] += total;
-    }
-  if (threadIdx.x == 0 && threadIdx.y == 0) arrivals[group] = 0;
-}
-
-// Launches column_sums over `parts` parts of (rows, cols) from the source make_source<W>() gives, W the
-// widest of 4, 2, 1 that `fits(W)`.
-template <typename MakeSource>
-void launch_column_sums(Graph<float>& g, int64_t rows, int64_t cols, float* dbias, int parts, int64_t dbias_part_stride,
-                        auto fits, MakeSource make_source) {
-  // At most kMostChunks chunks: the last block of a column group reads that many partial rows.
-  const int64_t chunk = std::max<int64_t>(kColumnChunk, (rows + kMostChunks - 1) / kMostChunks);
-  const int64_t chunks = (rows + chunk - 1) / chunk;
-  float* partial = g.scratch<float>(parts * chunks * cols);
-  // Packs of 4 where the rows allow (16 bytes of floats, 8 of BF16: 16-byte BF16 packs made groups of 256
-  // columns, too few for the final sums), else 2 elements on an even width (the vocabulary's 30,522), else
-  // one by one.
-  const int w = fits(4) ? 4 : fits(2) ? 2 : 1;
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((cols + 32 * w - 1) / (32 * w)),
-                  static_cast<unsigned>(parts));
-  unsigned int* arrivals = grid.y * grid.z <= CudaContext::kArrivals ? cuda::context(g.device()).arrivals : nullptr;
-  auto launch = [&](auto width) {
-    constexpr int W = decltype(width)::value;
-    column_sums<W><<<grid, dim3(32, 8), 0, cuda::stream(g)>>>(
-        dbias, partial, arrivals, make_source.template operator()<W>(), rows, cols, chunk, dbias_part_stride);
-  };
-  if (w == 4)
-    launch(std::integral_constant<int, 4>{});
-  else if (w == 2)
-    launch(std::integral_constant<int, 2>{});
-  else
-    launch(std::integral_constant<int, 1>{});
-  BERT_CUDA_LAUNCHED();
-  if (arrivals) return;
-  for (int part = 0; part < parts; ++part)
-    cuda::launch_add_partial_rows(g, dbias + part * dbias_part_stride, partial + part * chunks * cols, nullptr, nullptr,
-                                  chunks, cols);
-}
 }  // namespace
 
 void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t rows, int64_t cols, int64_t ld,
@@ -333,8 +207,8 @@ void add_column_sums(Graph<float>& g, const void* dy, DType dy_type, int64_t row
     auto fits = [&](int64_t w) {
       return cols % w == 0 && ld % w == 0 && dy_part_stride % w == 0 && address % (w * sizeof(A)) == 0;
     };
-    launch_column_sums(g, rows, cols, dbias, parts, dbias_part_stride, fits, [&]<int W>() {
-      return RowsOf<W, A>{d, ld, dy_part_stride};
+    cuda::launch_column_sums(g, rows, cols, dbias, parts, dbias_part_stride, fits, [&]<int W>() {
+      return cuda::RowsOf<W, A>{d, ld, dy_part_stride};
     });
   });
 }
@@ -581,7 +455,7 @@ Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
       const auto address =
           reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(act) | reinterpret_cast<uintptr_t>(pre);
       auto fits = [&](int64_t w) { return hidden % w == 0 && address % (w * sizeof(A)) == 0; };
-      launch_column_sums(g, rows, hidden, g.grad(b1).data(), 1, 0, fits, [&]<int W>() {
+      cuda::launch_column_sums(g, rows, hidden, g.grad(b1).data(), 1, 0, fits, [&]<int W>() {
         return GeluBackwardRows<W, A>{d, act, pre, hidden};
       });
     } else {

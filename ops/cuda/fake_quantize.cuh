@@ -33,8 +33,9 @@ namespace bert::cuda {
 // CudaOps tests hold it against the CPU's division at every rounding boundary). Infinite quotients pass
 // through; a scale whose reciprocal is not a normal float divides.
 struct ScaleDivision {
-  float s, r;
-  bool normal;  // r is a normal float
+  float s = 1.0f, r = 1.0f;
+  bool normal = true;         // r is a normal float
+  ScaleDivision() = default;  // by 1 (a kernel argument's placeholder, set on the device)
   __device__ explicit ScaleDivision(float scale)
       : s(scale), r(1.0f / scale), normal(fabsf(r) >= FLT_MIN && fabsf(r) <= FLT_MAX) {}
   // The same division where the reciprocal r = RN(1 / s) was made elsewhere (the host's IEEE division gives

@@ -1390,6 +1390,72 @@ TEST_F(CudaOps, FusedQuantizationEqualsTheOpThenFakeQuantize) {
   }
 }
 
+// The quantized GELU reading a linear's output alone (the QAT feed-forward block's first product) sums that
+// linear's bias gradient in its own backward pass (cuda::column_sums over GeluQuantizedBackwardRows), and
+// says so (Graph::bias_summed); with a second reader of the linear's output (adding nothing: 0 times it)
+// the linear sums it itself. Both the same bits for the output and the gradients of the input, weight and
+// bias (the same arithmetic, the bias's sums in the same order), the scale gradient within kReduction
+// (block shares in another order), in FP32 and BF16 (the path apart is held against the CPU by
+// FusedQuantizationEqualsTheOpThenFakeQuantize and LinearWithAndWithoutBias). Widths of 4, 2 and 1 columns
+// a thread, a partial row chunk, some outputs saturating.
+TEST_F(CudaOps, QuantizedGeluSumsTheBiasGradientOfTheLinearItReads) {
+  struct Run {
+    std::vector<float> y, dx, dw, db, dscale;
+    bool summed_by_gelu = false;
+  };
+  for (const auto& [rows, in, out] : {std::array<int64_t, 3>{150, 40, 128}, std::array<int64_t, 3>{600, 24, 256},
+                                      std::array<int64_t, 3>{150, 40, 30}, std::array<int64_t, 3>{77, 16, 45}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(out) + " wide");
+    const std::vector<float> x = random_values(rows * in, 31, 1.5f), w = random_values(out * in, 32, 0.5f),
+                             b = random_values(out, 33), up = random_values(rows * out, 34);
+    auto run = [&](const Device& device, bool second_reader) {
+      Graph<float> g(device);
+      const float scale_value = 0.025f;  // |gelu| past 127 steps (3.175): some saturate
+      std::vector<DeviceBuffer> buffers;
+      auto leaf = [&](const std::vector<float>& v, Shape shape) {
+        const int64_t bytes = int64_t(v.size()) * 4;
+        buffers.emplace_back(device, bytes);
+        device.copy_to_device(buffers.back().data(), v.data(), bytes);
+        buffers.emplace_back(device, bytes);
+        device.fill_zero(buffers.back().data(), bytes);
+        return g.leaf(TensorView<float>(buffers[buffers.size() - 2].as<float>(), shape),
+                      TensorView<float>(buffers.back().as<float>(), shape));
+      };
+      const Var xv = leaf(x, Shape{rows, in}), wv = leaf(w, Shape{out, in}), bv = leaf(b, Shape{out}),
+                sv = leaf({scale_value}, Shape{1});
+      const ops::QuantizeOutput q{sv, -128, 127, 0.3, nullptr};
+      const Var a = ops::linear(g, xv, wv, bv);
+      Var y = ops::gelu(g, a, q);
+      if (second_reader) y = ops::add(g, y, ops::scale(g, a, 0.0));
+      Run r;
+      r.y = g.to_host(y);
+      // Read while the graph stands (backward clears it): on_final comes once a leaf's gradient is complete.
+      g.backward(ops::sum(g, ops::mul(g, y, g.input(std::span<const float>(up), g.shape(y)))),
+                 [&](TensorView<float>) { r.summed_by_gelu = r.summed_by_gelu || g.bias_summed(a); });
+      auto grad = [&](size_t i, size_t n) {
+        std::vector<float> v(n);
+        device.copy_to_host(v.data(), buffers[2 * i + 1].data(), int64_t(n) * 4);
+        return v;
+      };
+      r.dx = grad(0, x.size()), r.dw = grad(1, w.size()), r.db = grad(2, b.size()), r.dscale = grad(3, 1);
+      return r;
+    };
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = gpu->precision() == Precision::kBf16;
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      const Run summed = run(*gpu, false), apart = run(*gpu, true);
+      EXPECT_TRUE(summed.summed_by_gelu);
+      EXPECT_FALSE(apart.summed_by_gelu);
+      EXPECT_LE(relative_difference(summed.y, apart.y), kExact);
+      EXPECT_LE(relative_difference(summed.dx, apart.dx), kExact);
+      EXPECT_LE(relative_difference(summed.dw, apart.dw), kExact);
+      EXPECT_LE(relative_difference(summed.db, apart.db), kExact);
+      EXPECT_LE(relative_difference(summed.dscale, apart.dscale), kReduction);
+      EXPECT_GT(std::abs(summed.dscale[0]), 0.0f);
+    }
+  }
+}
+
 // Fused attention with the probabilities' quantizer (QAT) against the ops in sequence on the CPU (scores,
 // softmax, dropout, fake_quantize, context): in BF16 the fused kernels (the probabilities normalised by a
 // first pass, quantized inside), in FP32 the GPU's ops in sequence. Inputs BF16 holds exactly and a scale
