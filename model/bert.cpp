@@ -165,6 +165,17 @@ bool per_tensor_int8(std::span<const Quantizer* const> quantizers, const Paramet
     return q->mode == QuantMode::kQuantize && q->qmin == -128 && q->qmax == 127 && params.shape(q->scale).numel() == 1;
   });
 }
+// The scale a quantizer applies in an integer linear's epilogue (ops::Int8OutputPart): its per-tensor scale
+// when it quantizes to [-128, 127], 0 when it is off; false where it cannot run there (calibrating, other
+// ranges or scales).
+bool epilogue_scale(ParameterArena<float>& params, const Quantizer& q, float& scale) {
+  scale = 0.0f;
+  if (q.mode == QuantMode::kFloat) return true;
+  if (q.mode != QuantMode::kQuantize || q.qmin != -128 || q.qmax != 127 || params.shape(q.scale).numel() != 1)
+    return false;
+  scale = params.get(q.scale).value.data()[0];
+  return scale > 0 && std::isnormal(1.0f / scale);
+}
 }  // namespace
 
 int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projections, bool integer_attention) {
@@ -184,11 +195,16 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
     l.device_projections.reset();
     l.projection_scales.clear();
     l.projection_bias.clear();
+    const bool gpu = params_.on_cuda();
+    // The GELU epilogue's table for the output layer's input quantizer (integer_activation_on_gpu), made once.
+    l.gelu_table.reset();
+    if (float scale = 0.0f; gpu && l.intermediate.device_integer_weights && l.output.device_integer_weights &&
+                            epilogue_scale(params_, l.output.input(), scale) && scale > 0)
+      l.gelu_table = std::make_shared<const ops::DeviceGeluTable>(params_.device(), scale);
     // Q, K and V read x through their one input quantizer, so they fuse into one integer linear: on a GPU in
     // every layer whose three have device weights, on the CPU in every layer whose three run integer GEMMs
     // and whose attention products run as integers.
     const std::array<Linear*, 3> projections = {&l.query, &l.key, &l.value};
-    const bool gpu = params_.on_cuda();
     const bool fuse = fuse_projections && (gpu || l.integer_attention) &&
                       std::all_of(projections.begin(), projections.end(), [gpu](const Linear* p) {
                         return gpu ? p->device_integer_weights != nullptr : p->integer_weights != nullptr;
@@ -270,6 +286,7 @@ void Bert::clear_integer_inference() {
     l.integer_attention = false;
     l.integer_projections.reset();
     l.device_projections.reset();
+    l.gelu_table.reset();
   }
   integer_decoder_.reset();
   integer_decoder_scales_.clear();
@@ -327,20 +344,6 @@ std::vector<Var> Bert::quantize_each(Graph<float>& g, Var x, std::initializer_li
   for (size_t i = 0; i < fused.size(); ++i) out[fused_at[i]] = quantized[i];
   return out;
 }
-
-namespace {
-// The scale a quantizer applies in an integer linear's epilogue (ops::Int8OutputPart): its per-tensor scale
-// when it quantizes to [-128, 127], 0 when it is off; false where it cannot run there (calibrating, other
-// ranges or scales).
-bool epilogue_scale(ParameterArena<float>& params, const Quantizer& q, float& scale) {
-  scale = 0.0f;
-  if (q.mode == QuantMode::kFloat) return true;
-  if (q.mode != QuantMode::kQuantize || q.qmin != -128 || q.qmax != 127 || params.shape(q.scale).numel() != 1)
-    return false;
-  scale = params.get(q.scale).value.data()[0];
-  return scale > 0 && std::isnormal(1.0f / scale);
-}
-}  // namespace
 
 ops::Int8AttentionScales Bert::attention_scales(const Layer& l) {
   auto scale_of = [&](const Quantizer& quantizer) { return params_.get(quantizer.scale).value.data()[0]; };
@@ -554,7 +557,7 @@ Var Bert::integer_attention_on_gpu(Graph<float>& g, Layer& l, Var x, Var mask, i
 Var Bert::integer_activation_on_gpu(Graph<float>& g, Layer& l, Var x) {
   // (Unfused quantizers quantize the stored GELU output, which the epilogue does not give in BF16.)
   if (!g.on_cuda() || !fuse_quantizers_ || !l.intermediate.runs_integer(g) || !l.output.runs_integer(g)) return Var{};
-  ops::Int8OutputPart part{l.intermediate.out, 0.0f};
+  ops::Int8OutputPart part{l.intermediate.out, 0.0f, l.gelu_table.get()};
   if (!epilogue_scale(params_, l.output.input(), part.scale) || part.scale == 0.0f) return Var{};
   return ops::int8_linear_quantized(g, x, *l.intermediate.device_integer_weights, l.intermediate.input_scale(params_),
                                     /*gelu=*/true, std::span<const ops::Int8OutputPart>(&part, 1),

@@ -200,6 +200,8 @@ class Bert {
     std::vector<float> projection_scales, projection_bias;
     // The same on a GPU (where the attention products stay in float): Q, K, V as one integer linear.
     std::shared_ptr<const ops::DeviceInt8Weights> device_projections;
+    // On a GPU, the FFN's GELU epilogue table at the output layer's input scale (ops::DeviceGeluTable).
+    std::shared_ptr<const ops::DeviceGeluTable> gelu_table;
   };
   // Q, K and V of x by the GPU's fused integer projections with the attention products' input quantizers
   // applied in its epilogue, where they run in g (else empty: the projections one by one).

@@ -86,6 +86,8 @@ Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, st
 // For DeviceInt8Weights on a GPU where the Hopper int8 GEMM runs: writes the weights' TMA descriptor
 // (128 bytes) into `map` and returns cuTensorMapEncodeTiled; nullptr where it does not run.
 void* int8_weights_tensor_map(const Device& device, const int8_t* weights, int64_t n, int64_t ld, void* map);
+// DeviceGeluTable's entries (65,536 int8) for a quantizer at `scale`, made on the device's stream.
+void int8_gelu_table(const Device& device, int8_t* table, float scale);
 // ops::int8_linear with DeviceInt8Weights and ops::int8_linear_quantized (checked by the caller).
 std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, bool gelu,
                              std::span<const Int8OutputPart> parts, bool integers, DeviceInt8Gemm gemm);

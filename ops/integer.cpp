@@ -150,6 +150,16 @@ DeviceInt8Weights::DeviceInt8Weights(const Device& device, const int8_t* weights
 #endif
 }
 
+DeviceGeluTable::DeviceGeluTable(const Device& device, float scale) : scale_(scale) {
+  BERT_CHECK(device.is_cuda(), "DeviceGeluTable: a GPU's table (the CPU's integer GELU computes its values)");
+  BERT_CHECK(scale > 0 && std::isnormal(1.0f / scale),
+             "DeviceGeluTable: the scale must be positive with a normal reciprocal, got " + std::to_string(scale));
+#if BERT_WITH_CUDA
+  buffer_ = DeviceBuffer(device, 65536);
+  cuda_impl::int8_gelu_table(device, buffer_.as<int8_t>(), scale);
+#endif
+}
+
 namespace {
 // The checks the GPU integer linears share: op names the op in the message.
 void check_device_linear(const Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x,

@@ -186,7 +186,7 @@ CUtensorMap int8_tensor_map(void* encode, const int8_t* p, int64_t rows, int64_t
 
 // The dequantized product of q (rows, w.ld()) and w, finished by e, in one kernel (cuda/int8_wgmma.cuh).
 template <typename A, typename O>
-void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8_t* q, const DeviceInt8Weights& w,
+void launch_wgmma(const Graph<float>& g, cuda::Int8Epilogue e, const int8_t* q, const DeviceInt8Weights& w,
                   int64_t rows, bool gelu) {
   namespace wg = cuda::int8_wgmma;
   BERT_CHECK(rows < (int64_t{1} << 31) && w.ld() < (int64_t{1} << 31), "int8_linear: too large for the TMA kernel");
@@ -200,6 +200,9 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
   // at 16,384 rows): 768 inputs 70.8 -> 65.7 us (Q/K/V), 25.1 -> 22.7 (attention output), 104.8 -> 101.3 (the
   // FFN's first, GELU lookup); 3,072 inputs 62.7 -> 54.4 with one a side, 56.7 with pairs.
   const bool ping_pong = tiles > int64_t{wg::one_tile::kBlocks} * sms;
+  // The ping-pong kernel reads the GELU table's window (held to the table where table_window_exact), the
+  // one-tile kernel the table itself; elsewhere the epilogue computes GELU and its quantizer.
+  if (e.table && ping_pong && !wg::table_window_exact(e.scale[0])) e.table = nullptr;
   const int side = w.ld() >= 8 * wg::kTileK ? 1 : 2;
   auto pick = [&](auto schedule) -> Kernel {
     constexpr int kSide = decltype(schedule)::value;  // warpgroups a ping-pong side, 0: one tile a block
@@ -225,9 +228,11 @@ void launch_wgmma(const Graph<float>& g, const cuda::Int8Epilogue& e, const int8
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
   const Kernel kernel = !ping_pong ? pick(std::integral_constant<int, 0>{}) : side == 1 ? pick(One{}) : pick(Two{});
-  const int shared = !ping_pong  ? wg::one_tile::kSharedBytes<O>
-                     : side == 1 ? wg::ping_pong::kSharedBytes<O, 1>
-                                 : wg::ping_pong::kSharedBytes<O, 2>;
+  const bool window = e.table != nullptr;  // (ping-pong: the GELU table's window beside the stages; int8 out)
+  const int shared = !ping_pong ? wg::one_tile::kSharedBytes<O>
+                     : side == 1
+                         ? (window ? wg::ping_pong::kSharedBytes<int8_t, 1, true> : wg::ping_pong::kSharedBytes<O, 1>)
+                         : (window ? wg::ping_pong::kSharedBytes<int8_t, 2, true> : wg::ping_pong::kSharedBytes<O, 2>);
   BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   // Ping-pong: a block an SM, each taking tiles in turn. Both read 128-row boxes of q.
   static_assert(wg::ping_pong::kTileM == wg::one_tile::kTileM);
@@ -611,11 +616,17 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
     auto run = [&](auto out_tag) {
       using O = typename decltype(out_tag)::type;
       if (gemm == DeviceInt8Gemm::kFastest && weights.tensor_map()) {
-        // BF16 GELU into one quantized part: the epilogue looks the integers up (int8_epilogue_table).
+        // BF16 GELU into one quantized part: the epilogue looks the integers up (int8_epilogue_table), in the
+        // part's table where it has one at its scale (made once), else in one made for this call.
         if (std::is_same_v<A, cuda::bf16> && std::is_same_v<O, int8_t> && gelu && parts.size() == 1) {
-          int8_t* table = g.scratch<int8_t>(65536);
-          BERT_LAUNCH(cuda::int8_epilogue_table, 65536, g, table, e.scale[0], e.reciprocal[0]);
-          e.table = table;
+          const DeviceGeluTable* made = parts[0].gelu_table;
+          if (made && made->scale() == parts[0].scale) {
+            e.table = made->data();
+          } else {
+            int8_t* table = g.scratch<int8_t>(65536);
+            BERT_LAUNCH(cuda::int8_epilogue_table, 65536, g, table, e.scale[0], e.reciprocal[0]);
+            e.table = table;
+          }
         }
         launch_wgmma<A, O>(g, e, q, weights, rows, gelu);
       } else {
@@ -690,6 +701,12 @@ Var int8_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads
       launch(cuda::TypeTag<A>{});
   });
   return y;
+}
+
+void int8_gelu_table(const Device& device, int8_t* table, float scale) {
+  cuda::Int8Epilogue e{};
+  e.set_part(0, 1, nullptr, scale);  // the reciprocal as int8_linear's epilogue forms it
+  BERT_LAUNCH(cuda::int8_epilogue_table, 65536, device, table, e.scale[0], e.reciprocal[0]);
 }
 
 void* int8_weights_tensor_map(const Device& device, const int8_t* weights, int64_t n, int64_t ld, void* map) {

@@ -122,11 +122,26 @@ enum class DeviceInt8Gemm { kFastest, kCublasLt };
 // quantization. Forward only (NoGradGuard).
 Var int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& weights, float scale_x, bool gelu = false,
                 DeviceInt8Gemm gemm = DeviceInt8Gemm::kFastest);
+// The lookup table of a GELU epilogue quantized at `scale` on a GPU: for each BF16 value of a linear's output,
+// the integer int8_linear_quantized's GELU part gives it (the 64 KiB that part's epilogue reads in BF16,
+// cuda::int8_epilogue_table). Made once where a model is prepared for integer inference rather than on every
+// forward; a part uses it where its scale is the table's (else the linear makes its own for that call).
+class DeviceGeluTable {
+ public:
+  DeviceGeluTable(const Device& device, float scale);
+  float scale() const { return scale_; }
+  const int8_t* data() const { return buffer_.as<const int8_t>(); }  // device, 65,536 entries
+
+ private:
+  float scale_;
+  DeviceBuffer buffer_;
+};
 // A part of a GPU integer linear's output columns, quantized in the GEMM's epilogue by the input quantizer of
 // the op that reads it (per tensor, at `scale`, to [-128, 127]; scale 0: the values as int8_linear gives them).
 struct Int8OutputPart {
   int64_t columns = 0;
   float scale = 0.0f;
+  const DeviceGeluTable* gelu_table = nullptr;  // (optional) made at `scale`, for a GELU part in BF16
 };
 // int8_linear on a GPU whose output columns are cut into parts (their columns add up to weights.n()), one
 // node each (.., columns), each quantized in the GEMM's epilogue as its consumer's quantizer would: the

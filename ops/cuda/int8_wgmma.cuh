@@ -117,6 +117,13 @@ template <typename O>
 constexpr int kOutRow = kTileN* int(sizeof(O)) + 16;
 // Each consumer's copy of its tile's weight scales and biases (kTileN of each), for two consumers.
 constexpr int kColumnBytes = 2 * 2 * kTileN * 4;
+// The GELU table's window in shared memory (the ping-pong kernel's with kTable): the entries of BF16 magnitudes 2^-31
+// up to 2^33 (biased exponents 96 to 159), each sign, 16 KiB; a value outside it reads the window's nearest entry, its
+// own where the scale is in [2^-24, 2^24] (table_window_exact): below 2^-31 GELU is under half a step of such a scale
+// (0), from 2^32 up it is the value itself (127) or, negative, -0 (0).
+constexpr int kWindowLow = 96 << 7, kWindowEntries = 64 << 7, kWindowBytes = 2 * kWindowEntries;
+__host__ __device__ constexpr int window_bytes(bool table) { return table ? kWindowBytes : 0; }
+inline bool table_window_exact(float scale) { return scale >= 0x1p-24f && scale <= 0x1p24f; }
 // The most dynamic shared memory a block may have on Hopper (227 KiB).
 constexpr int kMaxShared = 232448;
 
@@ -155,14 +162,15 @@ template <typename O, int kSide>
 constexpr int kStaging = 2 * kSide * 64 * kOutRow<O>;
 constexpr int kMaxStages = 6;
 // As many stages as fit beside the staging, each consumer's columns, the barriers and the alignment slack
-// (int8 outputs 6, BF16 5, float 4 with one warpgroup a side; 5, 4, 2 with two).
-template <typename O, int kSide>
-constexpr int kStages = std::min(kMaxStages,
-                                 (kMaxShared - kStaging<O, kSide> - kSide * kColumnBytes - 2 * kMaxStages * 8 - 1024) /
-                                     kStageBytes);
-template <typename O, int kSide>
-constexpr int kSharedBytes =
-    kStages<O, kSide>* kStageBytes + kStaging<O, kSide> + 1024 + 2 * kStages<O, kSide> * 8 + kSide* kColumnBytes;
+// (int8 outputs 6, BF16 5, float 4 with one warpgroup a side; 5, 4, 2 with two). kTable: the GELU table's
+// window beside them (int8 outputs 5 with one warpgroup a side or two).
+template <typename O, int kSide, bool kTable = false>
+constexpr int kStages = std::min(kMaxStages, (kMaxShared - kStaging<O, kSide> - kSide * kColumnBytes -
+                                              window_bytes(kTable) - 2 * kMaxStages * 8 - 1024) /
+                                                 kStageBytes);
+template <typename O, int kSide, bool kTable = false>
+constexpr int kSharedBytes = kStages<O, kSide, kTable>* kStageBytes + kStaging<O, kSide> + 1024 +
+                             2 * kStages<O, kSide, kTable> * 8 + kSide* kColumnBytes + window_bytes(kTable);
 // setmaxnreg moves registers within the block's pool (a request beyond it waits forever).
 template <int kSide>
 constexpr bool kRegistersFit = kProducerRegisters<kSide> * 128 + kConsumerRegisters<kSide> * 2 * kSide * 128 <=
@@ -170,6 +178,8 @@ constexpr bool kRegistersFit = kProducerRegisters<kSide> * 128 + kConsumerRegist
 static_assert(kRegistersFit<1> && kRegistersFit<2>);
 static_assert(kSharedBytes<float, 1> <= kMaxShared && kStages<float, 1> >= 2);
 static_assert(kSharedBytes<float, 2> <= kMaxShared && kStages<float, 2> >= 2);
+static_assert(kSharedBytes<int8_t, 1, true> <= kMaxShared && kStages<int8_t, 1, true> >= 2);
+static_assert(kSharedBytes<int8_t, 2, true> <= kMaxShared && kStages<int8_t, 2, true> >= 2);
 }  // namespace ping_pong
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -359,12 +369,27 @@ __device__ __forceinline__ void finish_columns(const int (&d)[64], uint8_t* stag
     }
   }
 }
+// The block copies the window of e.table (kWindowBytes) into shared memory, 16 bytes a thread at a time.
+__device__ __forceinline__ void load_window(int8_t* window, const int8_t* table) {
+  constexpr int kPieces = kWindowEntries / 16;  // a sign's
+  for (int i = threadIdx.x; i < 2 * kPieces; i += blockDim.x)
+    reinterpret_cast<uint4*>(window)[i] =
+        reinterpret_cast<const uint4*>(table + (i / kPieces) * 32768 + kWindowLow)[i % kPieces];
+}
+// The window's entry for the BF16 value of 16 bits b: its magnitude clamped to the window's, its sign's half.
+__device__ __forceinline__ int8_t window_entry(const int8_t* window, uint32_t b) {
+  const int magnitude = min(max(int(b & 0x7FFFu), kWindowLow), kWindowLow + kWindowEntries - 1);
+  return window[magnitude + int((b & 0x8000u) >> 2) - kWindowLow];
+}
 // The same through e.table (kTable: one part, GELU, int8 out): two column pairs (eight outputs) at a time, each
 // pair of values rounded to BF16 by one conversion whose two halves index the table, the eight lookups in
-// flight together before their stores (the lookups' latency, not their count, had set the pace). The table is
-// read from global memory, L1-cached (a window of it in shared memory, magnitudes 2^-12 to 2^4, made
-// BERT-base's FFN GEMM 15% slower on an H200).
-__device__ __forceinline__ void finish_table(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
+// flight together before their stores (the lookups' latency, not their count, had set the pace). kWindow: the
+// lookups read the table's window in shared memory (the ping-pong kernel, which loads it once for many
+// tiles): from global memory (L1-cached) a warp's 32 lookups touch about 20 sectors and, beside the
+// products' operand reads, the L1's wavefronts set the kernel's pace (BERT-base's FFN GEMM at batch 128 on
+// an H200, ncu: 93.6 -> 89.4 us). Else `table` is e.table, read from global memory.
+template <bool kWindow>
+__device__ __forceinline__ void finish_table(const int (&d)[64], uint8_t* staging, const int8_t* table,
                                              const float* columns) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
 #pragma unroll
@@ -387,8 +412,13 @@ __device__ __forceinline__ void finish_table(const int (&d)[64], uint8_t* stagin
     for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        got[jj][h][0] = __ldg(e.table + (bits[jj][h] & 0xFFFFu));
-        got[jj][h][1] = __ldg(e.table + (bits[jj][h] >> 16));
+        if constexpr (kWindow) {
+          got[jj][h][0] = window_entry(table, bits[jj][h] & 0xFFFFu);
+          got[jj][h][1] = window_entry(table, bits[jj][h] >> 16);
+        } else {
+          got[jj][h][0] = __ldg(table + (bits[jj][h] & 0xFFFFu));
+          got[jj][h][1] = __ldg(table + (bits[jj][h] >> 16));
+        }
       }
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj)
@@ -403,12 +433,13 @@ __device__ __forceinline__ void finish_table(const int (&d)[64], uint8_t* stagin
       }
   }
 }
-template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable>
+// kTable: the integers from the table (kWindow: its window in shared memory at `table`, else e.table).
+template <typename A, typename O, bool kGelu, bool kQuantize, bool kTable, bool kWindow>
 __device__ __forceinline__ void finish(const int (&d)[64], uint8_t* staging, const Int8Epilogue& e,
-                                       const float* columns, int64_t n0, const TileParts& tp) {
+                                       const float* columns, int64_t n0, const TileParts& tp, const int8_t* table) {
   if constexpr (kTable) {
     static_assert(std::is_same_v<A, bf16> && std::is_same_v<O, int8_t> && kGelu);
-    finish_table(d, staging, e, columns);  // (kTable: one part)
+    finish_table<kWindow>(d, staging, table, columns);  // (kTable: one part)
   } else if (kQuantize && !tp.one_part)
     finish_columns<A, O, kGelu, kQuantize, kTable, true>(d, staging, e, columns, n0, tp);
   else
@@ -499,7 +530,7 @@ __global__ void __launch_bounds__(one_tile::kThreads, one_tile::kBlocks)
   scale_columns(e, columns);
   named_sync(1, kConsumers * 128);  // and the staging over the stages: both consumers done with them
   uint8_t* staging = shared + group * 64 * kOutRow<O>;
-  finish<A, O, kGelu, kQuantize, kTable>(d, staging, e, columns, n0, tp);
+  finish<A, O, kGelu, kQuantize, kTable, false>(d, staging, e, columns, n0, tp, e.table);
   named_sync(2 + group, 128);
   store<O>(staging, e, m0 + row0, m, n0, n, tp);
 #else
@@ -514,12 +545,13 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
                    const Int8Epilogue e, int64_t m, int64_t n, int64_t ld) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace ping_pong;
-  constexpr int S = kStages<O, kSide>, kRows = kTileM / kSide, kSideThreads = kSide * 128;
+  constexpr int S = kStages<O, kSide, kTable>, kRows = kTileM / kSide, kSideThreads = kSide * 128;
   extern __shared__ __align__(1024) uint8_t shared_raw[];
   uint8_t* const shared = aligned_shared(shared_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + S * kStageBytes + kStaging<O, kSide>);
   uint64_t* empty = full + S;
   float* columns_shared = reinterpret_cast<float*>(empty + S);
+  int8_t* const window = reinterpret_cast<int8_t*>(columns_shared) + kSide * kColumnBytes;  // kTable
   // Consumers 0 .. 2 kSide - 1: side group / kSide (the block's even tiles, its odd ones), rows kRows x
   // (group % kSide) of them; the producer after them.
   const int group = threadIdx.x >> 7, side = group / kSide, row0 = group % kSide * kRows;
@@ -529,6 +561,7 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
     for (int s = 0; s < S; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], kSide);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  if constexpr (kTable) load_window(window, e.table);
   __syncthreads();
   if (group == 2 * kSide) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters<kSide>));
@@ -580,7 +613,7 @@ __global__ void __launch_bounds__(ping_pong::kThreads<kSide>, 1)
 #pragma unroll
     for (int r = 0; r < kRows / 64; ++r) {
       named_sync(own, 128);
-      finish<A, O, kGelu, kQuantize, kTable>(d[r], staging, e, columns, n0, tp);
+      finish<A, O, kGelu, kQuantize, kTable, true>(d[r], staging, e, columns, n0, tp, window);
       named_sync(own, 128);
       store<O>(staging, e, m0 + row0 + r * 64, m, n0, n, tp);
     }

@@ -1962,6 +1962,104 @@ TEST_F(CudaOps, Int8LinearQuantizedEqualsTheOpsOneByOne) {
   }
 }
 
+// The GELU table a prepared model makes once (ops::DeviceGeluTable): its entry for every finite BF16 value is
+// the integer ops::gelu with the quantizer fused gives that value; a GELU part handed it gives the integers the
+// linear gives making its own table for the call, bit for bit, with the wgmma GEMM's one-tile and ping-pong
+// schedules (37 and 4,300 rows); where that GEMM runs the part reads it (the same table zeroed: every output
+// 0); a table at another scale is left unused. Outputs of every magnitude at scales from 2^-24 to 2^24 give
+// ops::gelu's integers, the ping-pong kernel's window of the table (34,000 rows) included.
+TEST_F(CudaOps, Int8LinearQuantizedReadsThePreparedGeluTable) {
+  const Device& gpu = *gpu_bf16_;
+  const float s = 0.004f;
+  const ops::DeviceGeluTable table(gpu, s);
+  EXPECT_EQ(table.scale(), s);
+  {
+    std::vector<float> values;
+    std::vector<int> bits;
+    for (int b = 0; b < 65536; ++b) {
+      const uint32_t word = uint32_t(b) << 16;
+      float v;
+      std::memcpy(&v, &word, 4);
+      if (std::isfinite(v)) values.push_back(v), bits.push_back(b);
+    }
+    std::vector<int8_t> entries(65536);
+    gpu.copy_to_host(entries.data(), table.data(), entries.size());
+    Graph<float> g(gpu);
+    NoGradGuard<float> no_grad(g);
+    const Var x = g.input(std::span<const float>(values), Shape{int64_t(values.size())});
+    const Var scale = g.input(std::span<const float>(&s, 1), Shape{1});
+    const std::vector<float> want = g.to_host(ops::gelu(g, x, ops::QuantizeOutput{scale}));
+    int64_t wrong = 0;
+    for (size_t i = 0; i < values.size(); ++i) wrong += entries[bits[i]] != int8_t(std::nearbyint(want[i] / s));
+    EXPECT_EQ(wrong, 0) << "of " << values.size() << " finite BF16 values";
+  }
+  const ops::DeviceGeluTable other(gpu, 2 * s);
+  for (int64_t rows : {37, 4300}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const int64_t k = 200, n = 900;
+    std::vector<float> x = random_values(rows * k, 5);
+    for (float& v : x) v = bf16_representable(v);
+    std::mt19937 gen(11);
+    std::uniform_int_distribution<int> byte(-128, 127);
+    std::uniform_real_distribution<float> uniform(0.001f, 0.01f);
+    std::vector<int8_t> w(static_cast<size_t>(n * k));
+    for (int8_t& v : w) v = static_cast<int8_t>(byte(gen));
+    std::vector<float> scale_w(static_cast<size_t>(n)), bias = random_values(n, 9);
+    for (float& v : scale_w) v = uniform(gen);
+    const ops::DeviceInt8Weights weights(gpu, w.data(), scale_w, bias, n, k);
+    Graph<float> g(gpu);
+    NoGradGuard<float> no_grad(g);
+    const Var xv = g.input(std::span<const float>(x), Shape{rows, k});
+    auto integers = [&](const ops::DeviceGeluTable* t) {
+      const ops::Int8OutputPart part{n, s, t};
+      return g.to_host(ops::int8_linear_quantized(g, xv, weights, 3.0f / 127, true,
+                                                  std::span<const ops::Int8OutputPart>(&part, 1), true)[0]);
+    };
+    const std::vector<float> own = integers(nullptr);
+    EXPECT_GT(std::count_if(own.begin(), own.end(), [](float v) { return v != 0; }), rows * n / 4);
+    EXPECT_EQ(integers(&table), own);
+    EXPECT_EQ(integers(&other), own);
+    if (weights.tensor_map()) {  // (elsewhere cuBLASLt's GEMM and a dequantizing kernel, no table)
+      const ops::DeviceGeluTable zeroed(gpu, s);
+      gpu.fill_zero(const_cast<int8_t*>(zeroed.data()), 65536);
+      EXPECT_EQ(integers(&zeroed), std::vector<float>(own.size(), 0.0f));
+    }
+  }
+  // Outputs of every magnitude (zero weights: each output its bias), at scales from 2^-24 to 2^24: the Hopper
+  // epilogue's window of the table clamps magnitudes outside 2^-31 .. 2^33 to its edges; the integers are
+  // still ops::gelu's with the quantizer fused, of the stored BF16 values.
+  std::vector<float> bias;
+  for (float magnitude : {0.0f, 1e-30f, 1e-12f, 3e-10f, 5e-10f, 1e-6f,  0.01f, 0.3f,  0.75f, 1.0f,
+                          2.5f, 6.0f,   100.0f, 1e5f,   2e9f,   4.3e9f, 9e9f,  1e10f, 1e20f, 1e38f})
+    bias.push_back(magnitude), bias.push_back(-magnitude);
+  bias.resize(48, 0.5f);
+  const int64_t n = int64_t(bias.size()), k = 32;
+  const std::vector<int8_t> zeros(static_cast<size_t>(n * k), 0);
+  const std::vector<float> scale_w(static_cast<size_t>(n), 0.01f);
+  const ops::DeviceInt8Weights weights(gpu, zeros.data(), scale_w, bias, n, k);
+  for (int64_t rows : {37, 34000})  // one tile a block; ping-pong (more than two tiles an SM on an H100 or H200)
+    for (float scale : {0x1p-24f, 0.004f, 3.0f, 0x1p24f}) {
+      SCOPED_TRACE(std::to_string(rows) + " rows, scale " + std::to_string(scale));
+      const std::vector<float> x = random_values(rows * k, 3);
+      Graph<float> g(gpu);
+      NoGradGuard<float> no_grad(g);
+      const Var xv = g.input(std::span<const float>(x), Shape{rows, k});
+      const ops::DeviceGeluTable made(gpu, scale);
+      const ops::Int8OutputPart part{n, scale, &made};
+      const std::vector<float> got = g.to_host(ops::int8_linear_quantized(
+          g, xv, weights, 3.0f / 127, true, std::span<const ops::Int8OutputPart>(&part, 1), true)[0]);
+      std::vector<float> stored;
+      for (int64_t r = 0; r < rows; ++r)
+        for (float b : bias) stored.push_back(bf16_representable(b));
+      const Var sv = g.input(std::span<const float>(stored), Shape{rows, n});
+      const Var sc = g.input(std::span<const float>(&scale, 1), Shape{1});
+      const std::vector<float> want = g.to_host(ops::gelu(g, sv, ops::QuantizeOutput{sc}));
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], std::nearbyint(want[i] / scale)) << "output " << stored[i];
+    }
+}
+
 // INT8 self-attention as int8_attention_integers documents it, on the host: exact integer products, the
 // scores and probabilities rounded to BF16 where `bf16` (as the BF16 fake-quantized model stores them),
 // softmax in float (std::exp), the context rounded as stored. Integers (B, T, H D) in q, k, v.
