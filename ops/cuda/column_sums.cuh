@@ -167,7 +167,10 @@ void launch_column_sums(Graph<float>& g, int64_t rows, int64_t cols, float* dbia
                   static_cast<unsigned>(parts));
   unsigned int* arrivals = grid.y * grid.z <= CudaContext::kArrivals ? context(g.device()).arrivals : nullptr;
   const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
-  double* scale_shares = scale.ds ? g.scratch<double>(blocks) : nullptr;
+  // (A source that sums no scale gradient has no scale shares to add: a ds given with one is a caller's error.)
+  using Source = decltype(make_source.template operator()<1>());
+  BERT_CHECK(kScaleShares<Source> || !scale.ds, "column sums: a scale gradient asked of a source that sums none");
+  double* scale_shares = kScaleShares<Source> && scale.ds ? g.scratch<double>(blocks) : nullptr;
   auto launch = [&](auto width) {
     constexpr int W = decltype(width)::value;
     column_sums<W><<<grid, dim3(32, 8), 0, stream(g)>>>(dbias, partial, arrivals, make_source.template operator()<W>(),
