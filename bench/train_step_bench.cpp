@@ -385,6 +385,9 @@ int main(int argc, char** argv) {
           std::printf("   Q/K/V fused in %lld of %lld layers, attention as integers in %lld",
                       (long long)model.fused_projection_layers(), (long long)config.num_hidden_layers,
                       (long long)model.integer_attention_layers());
+          if (device->is_cuda())
+            std::printf(", residual LayerNorms on integers %lld of %lld", (long long)model.integer_residual_norms(),
+                        (long long)(2 * config.num_hidden_layers));
           if (json)
             std::fprintf(json,
                          "{\"kind\": \"eval\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", "

@@ -232,6 +232,7 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
   }
   try {
     c.modes.push_back(timed_pass("int8", model, make(), max_batches, g, cuda_graphs));
+    c.integer_residual_norms = model.integer_residual_norms();
   } catch (...) {
     model.clear_integer_inference();
     throw;
@@ -249,6 +250,7 @@ Json IntegerComparison::to_json(const std::vector<std::string>& label_names) con
   j["integer_layers"] = integer_layers;
   j["integer_decoder"] = integer_decoder;
   j["integer_attention_layers"] = integer_attention_layers;
+  j["integer_residual_norms"] = integer_residual_norms;
   j["agreement_with_fake_quant"] = agreement();
   j["predictions_compared"] = compared;
   if (!left_out.empty()) j["int8_left_out"] = left_out;

@@ -83,6 +83,7 @@ struct IntegerComparison {
   int64_t integer_layers = 0;
   bool integer_decoder = false;          // the MLM decoder ran integer GEMMs too
   int64_t integer_attention_layers = 0;  // encoder layers whose attention products ran as integers
+  int64_t integer_residual_norms = 0;    // residual LayerNorms that read int8 addends (on a GPU)
   int64_t agreeing = 0, compared = 0;    // int8 predictions equal to the fake-quantized model's
   // Why the int8 pass did not run (a GPU without int8 tensor cores: modes then holds fp32 and fake-quant),
   // or empty.

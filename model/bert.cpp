@@ -350,7 +350,7 @@ ops::Int8AttentionScales Bert::attention_scales(const Layer& l) {
   return {scale_of(l.matmul_q), scale_of(l.matmul_k), scale_of(l.matmul_v), scale_of(l.matmul_a)};
 }
 
-Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool training, Rng& rng,
+Var Bert::attention(Graph<float>& g, Layer& l, Layer* next, Var x, Var mask, int64_t t, bool training, Rng& rng,
                     std::span<const Var> x_read, std::vector<Var>& ffn_inputs, std::span<const Var> weights) {
   const int64_t h = config_.num_attention_heads, d = config_.head_size();
   auto weight = [&](size_t i) { return i < weights.size() ? weights[i] : Var{}; };
@@ -365,9 +365,13 @@ Var Bert::attention(Graph<float>& g, Layer& l, Var x, Var mask, int64_t t, bool 
           : quantize_each(g, x, {projections_quantize ? &l.self_input : nullptr, &l.attention_add_residual});
   // The context (B, T, C), through the output projection, the residual add and LayerNorm.
   auto finish = [&](Var context) {
-    const Var out = l.attention_output.forward_quantized_input(g, params_, context, weight(3));
-    ffn_inputs = residual_norm_quantized(g, l.attention_norm, l.attention_add_input, out, inputs[1], training,
-                                         ffn_readers(g, l));
+    const Var out = integer_sum(g, l, /*output=*/false, nullptr, training)
+                        ? sublayer_integers(g, l.attention_output, context, l.attention_add_input)
+                        : l.attention_output.forward_quantized_input(g, params_, context, weight(3));
+    std::array<Reader, 2> readers = ffn_readers(g, l);
+    readers[1].integers = integer_sum(g, l, /*output=*/true, next, training);  // the FFN's LayerNorm reads it
+    ffn_inputs = residual_norm_quantized(g, l.attention_norm, l.attention_add_input, out, inputs[1],
+                                         l.attention_add_residual, training, readers);
     return ffn_inputs.empty() ? residual_norm(g, l.attention_norm, l.attention_add_input, out, inputs[1], training, rng)
                               : Var{};
   };
@@ -592,6 +596,7 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
   }
 
   std::vector<Var> x_read;  // x as the next attention block's quantizers read it, where its LayerNorm made them
+  integer_sums_ = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
     std::vector<Var> ffn_inputs;
@@ -602,7 +607,8 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
     const std::vector<Var> weights =
         g.on_cuda() && fuse_quantizers_ ? Linear::quantize_weights(g, params_, linears) : std::vector<Var>{};
     auto weight = [&](size_t i) { return i < weights.size() ? weights[i] : Var{}; };
-    const Var a = attention(g, l, x, mask, t, training, rng, x_read, ffn_inputs, weights);
+    Layer* next = i + 1 < layers_.size() ? &layers_[i + 1] : nullptr;
+    const Var a = attention(g, l, next, x, mask, t, training, rng, x_read, ffn_inputs, weights);
     // The quantizers of the GELU's and the dropout's outputs run inside those ops (when fused).
     const std::vector<Var> inputs =
         !ffn_inputs.empty() ? ffn_inputs
@@ -623,11 +629,23 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
                           return ops::gelu(g, l.intermediate.forward_quantized_input(g, params_, inputs[0], weight(4)),
                                            *q);
                         });
-      ff = l.output.forward_quantized_input(g, params_, act, weight(5));
+      ff = integer_sum(g, l, /*output=*/true, next, training)
+               ? sublayer_integers(g, l.output, act, l.output_add_input)
+               : l.output.forward_quantized_input(g, params_, act, weight(5));
     }
-    x_read = i + 1 < layers_.size() ? residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1],
-                                                              training, attention_readers(g, layers_[i + 1]))
-                                    : std::vector<Var>{};
+    x_read.clear();
+    if (next) {
+      std::array<Reader, 2> readers = attention_readers(g, *next);
+      readers[1].integers = integer_sum(g, *next, /*output=*/false, nullptr, training);  // its LayerNorm reads it
+      x_read = residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1], l.output_add_residual,
+                                       training, readers);
+    } else if (g.dtype(ff) == DType::kS8) {  // the last layer's, on integers: the model's output itself
+      const std::vector<Var> out = residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1],
+                                                           l.output_add_residual, training, {});
+      BERT_CHECK(out.size() == 1, "the last layer's LayerNorm on integers made no output");
+      x = out[0];
+      continue;
+    }
     x = x_read.empty() ? residual_norm(g, l.output_norm, l.output_add_input, ff, inputs[1], training, rng) : Var{};
   }
   return x;
@@ -660,25 +678,63 @@ std::array<Bert::Reader, 2> Bert::ffn_readers(const Graph<float>& g, Layer& l) {
 }
 
 std::vector<Var> Bert::residual_norm_quantized(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input,
-                                               Var sublayer, Var residual, bool training,
-                                               const std::array<Reader, 2>& readers) {
+                                               Var sublayer, Var residual, const Quantizer& residual_quantizer,
+                                               bool training, std::span<const Reader> readers) {
+  ops::NormInputs inputs;  // integer addends where integer_sum chose them (sublayer_integers, the LayerNorm before)
+  if (g.dtype(sublayer) == DType::kS8) epilogue_scale(params_, add_input, inputs.a_scale);
+  if (g.dtype(residual) == DType::kS8) epilogue_scale(params_, residual_quantizer, inputs.b_scale);
   // In inference on a GPU, with the quantizers fused as the fake-quantized model fuses them, and an integer
   // layer among the readers (else the float model: its path as it was).
-  if (!g.on_cuda() || g.grad_enabled() || training || !fuse_quantizers_ ||
-      std::none_of(readers.begin(), readers.end(), [](const Reader& r) { return r.integers; }) ||
-      (add_input.mode != QuantMode::kFloat && add_input.mode != QuantMode::kQuantize))
+  if (!(inputs.a_scale > 0) &&
+      (!g.on_cuda() || g.grad_enabled() || training || !fuse_quantizers_ ||
+       std::none_of(readers.begin(), readers.end(), [](const Reader& r) { return r.integers; }) ||
+       (add_input.mode != QuantMode::kFloat && add_input.mode != QuantMode::kQuantize)))
     return {};
-  std::array<ops::NormOutput, 2> outputs;
+  std::vector<ops::NormOutput> outputs(std::max<size_t>(readers.size(), 1));  // none: the output itself
   for (size_t i = 0; i < readers.size(); ++i) {
     if (readers[i].quantizer && !epilogue_scale(params_, *readers[i].quantizer, outputs[i].scale)) return {};
     outputs[i].integers = readers[i].integers;
   }
-  const ops::QuantizeOutput q = add_input.mode == QuantMode::kQuantize
+  const ops::QuantizeOutput q = add_input.mode == QuantMode::kQuantize && !(inputs.a_scale > 0)
                                     ? add_input.fused_output(g, params_, g.shape(sublayer))
                                     : ops::QuantizeOutput{};
-  return ops::add_layer_norm_quantized(g, sublayer, residual, g.param(params_.get(norm.gamma)),
-                                       g.param(params_.get(norm.beta)), norm.eps,
-                                       add_input.mode == QuantMode::kQuantize ? &q : nullptr, outputs);
+  const bool shared = outputs.size() == 2 && outputs[0].integers && outputs[1].integers &&
+                      outputs[0].scale == outputs[1].scale;  // one tensor for both readers
+  std::vector<Var> made = ops::add_layer_norm_quantized(
+      g, sublayer, residual, g.param(params_.get(norm.gamma)), g.param(params_.get(norm.beta)), norm.eps,
+      q.scale.valid() ? &q : nullptr, std::span<const ops::NormOutput>(outputs.data(), shared ? 1 : outputs.size()),
+      inputs);
+  if (shared && !made.empty()) made.push_back(made[0]);
+  if (inputs.a_scale > 0) ++integer_sums_;
+  return made;
+}
+
+bool Bert::integer_sum(const Graph<float>& g, Layer& l, bool output, Layer* next, bool training) {
+  if (!g.on_cuda() || g.grad_enabled() || training || !fuse_quantizers_ ||
+      !ops::add_layer_norm_reads_integers(g, config_.hidden_size))
+    return false;
+  const Linear& sublayer = output ? l.output : l.attention_output;
+  float scale = 0.0f;
+  for (const Quantizer* q : {output ? &l.output_add_input : &l.attention_add_input,
+                             output ? &l.output_add_residual : &l.attention_add_residual})
+    if (!epilogue_scale(params_, *q, scale) || scale == 0.0f) return false;
+  if (!sublayer.runs_integer(g)) return false;
+  // Its readers: the next integer layer (residual_norm_quantized runs only with one) and the next residual
+  // add, each quantizing per tensor; after the last layer, the model's output.
+  if (output && !next) return true;
+  const std::array<Reader, 2> readers = output ? attention_readers(g, *next) : ffn_readers(g, l);
+  if (!readers[0].integers) return false;
+  for (const Reader& r : readers)
+    if (r.quantizer && !epilogue_scale(params_, *r.quantizer, scale)) return false;
+  return true;
+}
+
+Var Bert::sublayer_integers(Graph<float>& g, Linear& sublayer, Var x, const Quantizer& add_input) {
+  ops::Int8OutputPart part{sublayer.out, 0.0f};
+  epilogue_scale(params_, add_input, part.scale);
+  return ops::int8_linear_quantized(g, x, *sublayer.device_integer_weights, sublayer.input_scale(params_),
+                                    /*gelu=*/false, std::span<const ops::Int8OutputPart>(&part, 1),
+                                    /*integers=*/true)[0];
 }
 
 ModelOutputs Bert::forward(Graph<float>& g, const BatchView& in, bool training, Rng& rng, MlmOutputs mlm) {

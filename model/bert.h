@@ -144,6 +144,10 @@ class Bert {
   int64_t integer_attention_layers() const;
   // The layers among those whose Q, K, V projections run as one integer linear.
   int64_t fused_projection_layers() const;
+  // The residual LayerNorms of the last forward that read their addends as integers (on a GPU, after
+  // prepare_integer_inference: the sublayer's output and the residual as their quantizers' int8 integers,
+  // two a layer where every quantizer around the adds is enabled per tensor).
+  int64_t integer_residual_norms() const { return integer_sums_; }
   // The int8 GEMM the integer layers run on a GPU (after prepare_integer_inference there): ours on Hopper's
   // wgmma, or cuBLASLt's (ops::DeviceInt8Gemm); "" where none runs on a GPU.
   std::string device_int8_gemm() const;
@@ -231,7 +235,8 @@ class Bert {
   // them (residual_norm_quantized), those go to ffn_inputs and the returned Var is invalid.
   // weights: the layer's six weights fake-quantized ahead (Q, K, V, attention output, intermediate, output:
   // Linear::quantize_weights), or empty.
-  Var attention(Graph<float>& g, Layer& layer, Var x, Var mask, int64_t t, bool training, Rng& rng,
+  // next: the layer after it (nullptr: the last).
+  Var attention(Graph<float>& g, Layer& layer, Layer* next, Var x, Var mask, int64_t t, bool training, Rng& rng,
                 std::span<const Var> x_read, std::vector<Var>& ffn_inputs, std::span<const Var> weights);
   // norm(add_input(dropout(sublayer)) + residual): a sublayer's residual connection, in one op where the
   // add's input quantizer is off or fake-quantizes with fusion on.
@@ -249,9 +254,23 @@ class Bert {
   std::array<Reader, 2> ffn_readers(const Graph<float>& g, Layer& layer);
   // residual_norm's output as each reader reads it (quantize_each of it, or the integers), made in the
   // LayerNorm's kernel without the output itself (ops::add_layer_norm_quantized), in GPU integer
-  // inference where every reader's quantizer can run there; else empty.
+  // inference where every reader's quantizer can run there; else empty. An int8 sublayer or residual (the
+  // integers of add_input or of residual_quantizer, integer_sum chose them) is read as such; readers
+  // empty (the last layer's, integer_sum): the output itself, one Var. Both readers' integers at one
+  // scale: one tensor, given twice.
   std::vector<Var> residual_norm_quantized(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer,
-                                           Var residual, bool training, const std::array<Reader, 2>& readers);
+                                           Var residual, const Quantizer& residual_quantizer, bool training,
+                                           std::span<const Reader> readers);
+  // Whether a residual LayerNorm reads its addends as integers (GPU integer inference): the sublayer's output
+  // as its add-input quantizer's integers, made in the sublayer's GEMM (sublayer_integers), and the
+  // residual as its quantizer's, made by the LayerNorm before (its second reader's integers): an INT8
+  // residual stream, half the bytes of BF16, the same values. Where the sublayer runs an integer GEMM, both
+  // add quantizers and every reader's quantize per tensor to [-128, 127], and the rows fit
+  // (ops::add_layer_norm_reads_integers). The attention block's LayerNorm, or with `output` the FFN's, whose
+  // readers are `next`'s attention block (nullptr after the last layer: the model's output).
+  bool integer_sum(const Graph<float>& g, Layer& layer, bool output, Layer* next, bool training);
+  // A sublayer's output as the integers of the add's input quantizer (its GEMM's epilogue quantizes it).
+  Var sublayer_integers(Graph<float>& g, Linear& sublayer, Var x, const Quantizer& add_input);
   void pretraining_head(Graph<float>& g, Var hidden, const BatchView& batch, MlmOutputs mlm, ModelOutputs& out);
   void classification_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
                            ModelOutputs& out);
@@ -278,6 +297,7 @@ class Bert {
   bool told_unfused_attention_ = false;  // the log line saying why attention runs unfused, once
   bool exact_sums_ = true;               // set_exact_sums
   bool told_float_attention_ = false;    // the log line saying why integer attention runs in float, once
+  int64_t integer_sums_ = 0;             // integer_residual_norms() (counted by residual_norm_quantized)
 };
 
 }  // namespace bert::model

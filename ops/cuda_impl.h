@@ -49,7 +49,8 @@ Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, d
                            const QuantizeOutput& q);  // p >= 0
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
-                                          const QuantizeOutput* q, std::span<const NormOutput> outputs);
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs,
+                                          const NormInputs& inputs);
 Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature);
 Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
                   int32_t ignore_index);

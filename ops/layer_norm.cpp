@@ -173,7 +173,8 @@ Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, doubl
 }
 
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
-                                          const QuantizeOutput* q, std::span<const NormOutput> outputs) {
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs,
+                                          const NormInputs& inputs) {
   BERT_CHECK(g.on_cuda(), "add_layer_norm_quantized runs on a GPU (INT8 inference there)");
   BERT_CHECK(!g.grad_enabled(), "add_layer_norm_quantized has no gradient: run it under NoGradGuard");
   BERT_CHECK(!outputs.empty() && outputs.size() <= 2, "add_layer_norm_quantized: one or two outputs");
@@ -181,12 +182,28 @@ std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gam
     BERT_CHECK((o.scale == 0 && !o.integers) || (o.scale > 0 && std::isnormal(1.0f / o.scale)),
                "add_layer_norm_quantized: an output needs a scale whose reciprocal is a normal float (0: not "
                "quantized; int8 outputs: quantized)");
+  auto check_addend = [&](Var x, float scale, const char* which) {
+    BERT_CHECK(scale >= 0 && std::isfinite(scale), std::string("add_layer_norm_quantized: addend ") + which +
+                                                       "'s scale must be 0 (values) or a positive float");
+    BERT_CHECK((scale > 0) == (g.dtype(x) == DType::kS8),
+               std::string("add_layer_norm_quantized: addend ") + which +
+                   (scale > 0 ? " has a scale but is not int8" : " is int8 but has no scale (NormInputs)"));
+  };
+  check_addend(a, inputs.a_scale, "a");
+  check_addend(b, inputs.b_scale, "b");
+  BERT_CHECK(!(q && inputs.a_scale > 0),
+             "add_layer_norm_quantized: a given as integers is quantized already (no add-input quantizer)");
 #if BERT_WITH_CUDA
-  return cuda_impl::add_layer_norm_quantized(g, a, b, gamma, beta, eps, q, outputs);
+  return cuda_impl::add_layer_norm_quantized(g, a, b, gamma, beta, eps, q, outputs, inputs);
 #else
   (void)a, (void)b, (void)gamma, (void)beta, (void)eps, (void)q;
   throw InternalError("add_layer_norm_quantized: this build has no CUDA support");
 #endif
+}
+
+bool add_layer_norm_reads_integers(const Graph<float>& g, int64_t width) {
+  // (The row kernels' widths: cuda_impl's with_row_chunks.)
+  return g.on_cuda() && width > 0 && width % 4 == 0 && width <= 1024;
 }
 
 #define BERT_INSTANTIATE(T)                                                                          \

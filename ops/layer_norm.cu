@@ -101,15 +101,27 @@ struct RowOutputs {
 // The outputs an INT8 model's residual LayerNorms make, compiled in: the integers of the next integer
 // layer's input and the residual add's input, fake-quantized (kIntegersFake; kIntegersShared where its
 // quantizer's scale is the integers' own, as calibration gives two quantizers of the same tensor: the
-// quotient worked out once) or as it is (kIntegersValue). kAny: whatever RowOutputs holds, its kinds tested
-// a chunk.
-enum class NormOuts { kAny, kIntegersFake, kIntegersShared, kIntegersValue };
+// quotient worked out once) or as it is (kIntegersValue); both as integers (kIntegersTwo: the next residual
+// LayerNorm reads them), or one output of integers (kIntegersOne: both readers at one scale). kAny: whatever
+// RowOutputs holds, its kinds tested a chunk.
+enum class NormOuts { kAny, kIntegersFake, kIntegersShared, kIntegersValue, kIntegersTwo, kIntegersOne };
 NormOuts norm_outs(const RowOutputs& o) {
-  if (o.count != 2 || !o.integers[0] || !(o.scale[0] > 0) || o.integers[1]) return NormOuts::kAny;
+  if (o.count == 1) return o.integers[0] && o.scale[0] > 0 ? NormOuts::kIntegersOne : NormOuts::kAny;
+  if (o.count != 2 || !o.integers[0] || !(o.scale[0] > 0)) return NormOuts::kAny;
+  if (o.integers[1]) return o.scale[1] > 0 ? NormOuts::kIntegersTwo : NormOuts::kAny;
   if (!(o.scale[1] > 0)) return NormOuts::kIntegersValue;
   return o.scale[1] == o.scale[0] && o.reciprocal[1] == o.reciprocal[0] ? NormOuts::kIntegersShared
                                                                         : NormOuts::kIntegersFake;
 }
+
+// The addends' storage (ops::NormInputs): each in A, or int8 integers at a scale (> 0), integer i standing
+// for from_float<A>(i * scale), the value its quantizer's fake quantization stores (an INT8 model's residual
+// stream: half the bytes of BF16). kIns: both in A (kValues) or both integers (kIntegers) compiled in; kAny:
+// as RowIns says, tested a row.
+enum class NormIns { kValues, kIntegers, kAny };
+struct RowIns {
+  float a_scale = 0.0f, b_scale = 0.0f;  // 0: that addend in A
+};
 
 // A row's loads in the register layout (ops/cuda/rows.cuh): a's packs and, where b is set, b's.
 template <int C, typename A>
@@ -123,6 +135,45 @@ struct RowPacks {
       a[k] = cuda::load_pack<4>(pa + row + j);
       if (pb) b[k] = cuda::load_pack<4>(pb + row + j);
     }
+  }
+  // The same for addends stored as kIns and ins say (NormIns): every load first, then the integers' values.
+  template <NormIns kIns>
+  __device__ __forceinline__ void load_addends(const void* pa, const void* pb, const RowIns& ins, int64_t row, int c,
+                                               int lane) {
+    if constexpr (kIns == NormIns::kValues) {
+      load(static_cast<const A*>(pa), static_cast<const A*>(pb), row, c, lane);
+    } else {
+      const bool int_a = kIns == NormIns::kIntegers || ins.a_scale > 0;
+      const bool int_b = kIns == NormIns::kIntegers || ins.b_scale > 0;
+      uint32_t qa[C], qb[C];  // four integers each
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        const int j = (k * 32 + lane) * 4;
+        if (j >= c) continue;
+        if (int_a)
+          qa[k] = *reinterpret_cast<const uint32_t*>(static_cast<const int8_t*>(pa) + row + j);
+        else
+          a[k] = cuda::load_pack<4>(static_cast<const A*>(pa) + row + j);
+        if (!pb) continue;
+        if (int_b)
+          qb[k] = *reinterpret_cast<const uint32_t*>(static_cast<const int8_t*>(pb) + row + j);
+        else
+          b[k] = cuda::load_pack<4>(static_cast<const A*>(pb) + row + j);
+      }
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        if ((k * 32 + lane) * 4 >= c) continue;
+        if (int_a) a[k] = integer_values(qa[k], ins.a_scale);
+        if (pb && int_b) b[k] = integer_values(qb[k], ins.b_scale);
+      }
+    }
+  }
+  // Four int8 integers (the lowest byte first) as their values at `scale` in A.
+  __device__ __forceinline__ static cuda::Pack<A, 4> integer_values(uint32_t q, float scale) {
+    cuda::Pack<A, 4> v;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) v.v[w] = cuda::from_float<A>(float(int8_t(q >> (8 * w))) * scale);
+    return v;
   }
 };
 
@@ -149,11 +200,11 @@ unsigned resident_row_blocks(const Graph<float>& g, Kernel kernel, int64_t rows,
 // The quantized variants are held to 64 registers (four blocks an SM; a little spilled): with the division
 // chosen once per row they took 84, two blocks an SM (BERT-base's INT8 LayerNorm 57.6 us against 46.1).
 // (0: no minimum.)
-template <int C, typename A, bool kPlain, bool kFull, NormOuts kOuts = NormOuts::kAny>
+template <int C, typename A, bool kPlain, bool kFull, NormOuts kOuts = NormOuts::kAny, NormIns kIns = NormIns::kValues>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
-    layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const A* a, const A* b, const float* gamma,
-                            const float* beta, int64_t rows, int width, float eps, RowDrop drop, RowQuantize<A> q,
-                            RowOutputs outs) {
+    layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const void* a, const void* b,
+                            const float* gamma, const float* beta, int64_t rows, int width, float eps, RowDrop drop,
+                            RowQuantize<A> q, RowOutputs outs, RowIns ins) {
   const int c = kFull ? C * 128 : width;
   __shared__ int64_t shared[32];
   const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
@@ -167,7 +218,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
     float sum = 0;
     const int64_t row = r * c;
     RowPacks<C, A> packs;  // every load first, then the arithmetic
-    packs.load(a, b, row, c, lane);
+    packs.template load_addends<kIns>(a, b, ins, row, c, lane);
     auto &pa = packs.a, &pb = packs.b;
     uint32_t kept_bits = 0;  // this lane's draws of the row, for drop.bits
 #pragma unroll
@@ -219,7 +270,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
           u[w] = cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), outs.scale[0], outs.reciprocal[0]);
         *reinterpret_cast<uint32_t*>(static_cast<int8_t*>(outs.out[0]) + row + j) =
             cuda::int8_quad(u[0], u[1], u[2], u[3]);
-        if constexpr (kOuts == NormOuts::kIntegersShared) {
+        if constexpr (kOuts == NormOuts::kIntegersOne) {
+          continue;
+        } else if constexpr (kOuts == NormOuts::kIntegersTwo) {
+          for (int w = 0; w < 4; ++w)
+            u[w] = cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), outs.scale[1], outs.reciprocal[1]);
+          *reinterpret_cast<uint32_t*>(static_cast<int8_t*>(outs.out[1]) + row + j) =
+              cuda::int8_quad(u[0], u[1], u[2], u[3]);
+        } else if constexpr (kOuts == NormOuts::kIntegersShared) {
           cuda::Pack<A, 4> fake;
           for (int w = 0; w < 4; ++w) fake.v[w] = cuda::from_float<A>(cuda::int8_round(u[w]) * outs.scale[0]);
           cuda::store_pack<4>(static_cast<A*>(outs.out[1]) + row + j, fake);
@@ -497,10 +555,10 @@ namespace {
 // drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`; with q (and b
 // set), the dropped a is fake-quantized.
 // With `outputs` (inference), the output goes to them instead (RowOutputs), emitted into `emitted`; y is then
-// the first of them.
+// the first of them. With `ins`, addends given as their integers (NormInputs).
 Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double dropout_p = 0.0,
                    Rng* rng = nullptr, const QuantizeOutput* q = nullptr, std::span<const NormOutput> outputs = {},
-                   std::vector<Var>* emitted = nullptr) {
+                   std::vector<Var>* emitted = nullptr, const NormInputs& ins = {}) {
   const Shape xs = g.shape(a);
   const int64_t c = xs.last(), rows = xs.rows();
   if (b.valid() && a.index == b.index) return Var{};
@@ -514,7 +572,8 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     drop.threshold = DropoutDraws::threshold(dropout_p);
     drop.keep_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
   }
-  const DType dtype = g.dtype(a);
+  const bool integer_addends = ins.a_scale > 0 || ins.b_scale > 0;
+  const DType dtype = integer_addends ? g.activation_dtype() : g.dtype(a);
   RowOutputs outs;
   for (const NormOutput& o : outputs) {
     const Var made = q           ? g.emit(xs, {a, b, gamma, beta, q->scale}, o.integers ? DType::kS8 : dtype)
@@ -551,24 +610,37 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     with_row_chunks(c, {}, [&](auto chunks) {
       auto launch = [&](auto kernel) {
         kernel<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-            cuda::typed<A>(g.data(y)), sv, mean, rstd, cuda::typed<A>(g.data(a)),
-            b.valid() ? cuda::typed<A>(g.data(b)) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows, int(c),
-            static_cast<float>(eps), drop, quantizer(tag), outs);
+            cuda::typed<A>(g.data(y)), sv, mean, rstd, g.data(a), b.valid() ? g.data(b) : nullptr,
+            g.value(gamma).data(), g.value(beta).data(), rows, int(c), static_cast<float>(eps), drop, quantizer(tag),
+            outs, RowIns{ins.a_scale, ins.b_scale});
       };
       constexpr int kChunks = decltype(chunks)::value;
       with_full_rows<kChunks>(c, [&](auto full) {
         constexpr bool kFull = decltype(full)::value;
-        if (!q && outs.count == 0)
+        const NormOuts kind = norm_outs(outs);
+        const bool both_integers = ins.a_scale > 0 && b.valid() && ins.b_scale > 0;
+        if (integer_addends) {  // (the integer outputs' kernels compiled for full rows only)
+          if constexpr (kFull) {
+            if (both_integers && kind == NormOuts::kIntegersOne)
+              return launch(
+                  layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersOne, NormIns::kIntegers>);
+            if (both_integers && kind == NormOuts::kIntegersTwo)
+              return launch(
+                  layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersTwo, NormIns::kIntegers>);
+          }
+          launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kAny, NormIns::kAny>);
+        } else if (!q && outs.count == 0) {
           launch(layer_norm_rows_forward<kChunks, A, true, kFull>);
-        else if (norm_outs(outs) == NormOuts::kIntegersFake ||
-                 (!kFull && norm_outs(outs) == NormOuts::kIntegersShared))  // (compiled for full rows only)
+        } else if (kind == NormOuts::kIntegersFake ||
+                   (!kFull && kind == NormOuts::kIntegersShared)) {  // (compiled for full rows only)
           launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kIntegersFake>);
-        else if (norm_outs(outs) == NormOuts::kIntegersShared)
+        } else if (kind == NormOuts::kIntegersShared) {
           launch(layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersShared>);
-        else if (norm_outs(outs) == NormOuts::kIntegersValue)
+        } else if (kind == NormOuts::kIntegersValue) {
           launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kIntegersValue>);
-        else
+        } else {
           launch(layer_norm_rows_forward<kChunks, A, false, kFull>);
+        }
       });
     });
     BERT_CUDA_LAUNCHED();
@@ -711,14 +783,24 @@ Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, d
 }
 
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
-                                          const QuantizeOutput* q, std::span<const NormOutput> outputs) {
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs,
+                                          const NormInputs& ins) {
   const Shape xs = g.shape(a);
   BERT_CHECK(g.shape(b) == xs,
              "add_layer_norm_quantized: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
   check_layer_norm(g, xs, gamma, beta, "add_layer_norm_quantized");
-  a = as_activation(g, a), b = as_activation(g, b);
+  if (!(ins.a_scale > 0)) a = as_activation(g, a);
+  if (!(ins.b_scale > 0)) b = as_activation(g, b);
   std::vector<Var> emitted;
-  if (g.dtype(a) == g.dtype(b)) normalize_rows(g, a, b, gamma, beta, eps, 0.0, nullptr, q, outputs, &emitted);
+  if (ins.a_scale > 0 || ins.b_scale > 0) {
+    BERT_CHECK(ops::add_layer_norm_reads_integers(g, xs.last()),
+               "add_layer_norm_quantized: integer addends need rows of a multiple of 4 up to 1,024 columns, got " +
+                   std::to_string(xs.last()));
+    normalize_rows(g, a, b, gamma, beta, eps, 0.0, nullptr, q, outputs, &emitted, ins);
+    BERT_CHECK(!emitted.empty(), "add_layer_norm_quantized: integer addends need 16-byte aligned operands");
+  } else if (g.dtype(a) == g.dtype(b)) {
+    normalize_rows(g, a, b, gamma, beta, eps, 0.0, nullptr, q, outputs, &emitted);
+  }
   return emitted;
 }
 

@@ -435,8 +435,20 @@ struct NormOutput {
 // or their integers for an integer layer (int8_linear reads them), one node each, the output itself never
 // stored. Empty where the row kernels do not apply (rows wider than 1,024 or not a multiple of 4,
 // operands not 16-byte aligned): the caller then runs the ops one by one. Forward only (NoGradGuard).
+// With `inputs`, an addend may come as the integers of its quantizer (DType::kS8 at a scale > 0: an INT8
+// model's residual stream, an integer linear's output and a LayerNorm's integer output), standing for the
+// values it fake-quantizes to, q * scale rounded to the activations' dtype: the same output as those values in
+// that dtype, with half the bytes of BF16 read. a given as integers takes no q (quantized already). Integer
+// addends where the row kernels do not apply: an error (add_layer_norm_reads_integers says where they do).
+struct NormInputs {
+  float a_scale = 0.0f, b_scale = 0.0f;  // 0: that addend in the activations' dtype
+};
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
-                                          const QuantizeOutput* q, std::span<const NormOutput> outputs);
+                                          const QuantizeOutput* q, std::span<const NormOutput> outputs,
+                                          const NormInputs& inputs = {});
+// Whether add_layer_norm_quantized takes integer addends for rows of `width` in g (a GPU; widths a multiple
+// of 4 up to 1,024; those of BERT's presets compiled for them).
+bool add_layer_norm_reads_integers(const Graph<float>& g, int64_t width);
 // Several tensors each fake-quantized by its own quantizer (a layer's weights, per output channel): one
 // output per tensor, in order, the values and gradients of one fake_quantize each. On a GPU one kernel each
 // way for all of them where every tensor is F32 and each channel fits a block (a weight's row up to 4,096:

@@ -385,11 +385,15 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
   const std::string where = e.g.on_cuda() ? e.g.device().name() : std::to_string(num_threads()) + " threads";
   if (c.left_out.empty())
     std::printf(
-        "checkpoint %s (step %lld): %lld linear layers as INT8%s, and the attention products of %lld layers "
+        "checkpoint %s (step %lld): %lld linear layers as INT8%s, and the attention products of %lld layers%s "
         "(%s kernel, %s)\n",
         e.a.checkpoint.c_str(), (long long)e.state.step, (long long)c.integer_layers,
         c.integer_decoder ? ", the MLM decoder among them (dynamic per-row input scales)" : "",
-        (long long)c.integer_attention_layers, c.kernel.c_str(), where.c_str());
+        (long long)c.integer_attention_layers,
+        c.integer_residual_norms
+            ? (", " + std::to_string(c.integer_residual_norms) + " residual LayerNorms on int8 addends").c_str()
+            : "",
+        c.kernel.c_str(), where.c_str());
   else
     std::printf("checkpoint %s (step %lld): FP32 and fake-quantized on %s, INT8 left out (no int8 tensor cores)\n",
                 e.a.checkpoint.c_str(), (long long)e.state.step, where.c_str());

@@ -724,6 +724,13 @@ TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
   EXPECT_EQ(model.integer_attention_layers(), 0);                   // the products fake-quantized in float
   EXPECT_EQ(model.fused_projection_layers(), c.num_hidden_layers);  // Q, K, V as one integer linear
   EXPECT_EQ(eval_logits(model, false, *gpu), fake);
+  // Both residual LayerNorms of each layer read the int8 integers of the sublayer's output and of the
+  // residual (an INT8 residual stream); with the quantizers one by one, none does.
+  EXPECT_EQ(model.integer_residual_norms(), 2 * c.num_hidden_layers);
+  model.set_fused_quantizers(false);
+  EXPECT_LE(largest_relative_difference(eval_logits(model, false, *gpu), fake), 1e-3);
+  EXPECT_EQ(model.integer_residual_norms(), 0);
+  model.set_fused_quantizers(true);
   // The projections one by one: the same logits.
   model.prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false, false);
   EXPECT_EQ(model.fused_projection_layers(), 0);
@@ -774,6 +781,7 @@ TEST(BertModel, IntegerInferenceOnTheGpuGivesTheFakeQuantizedLogits) {
   const std::vector<float> fake_bf16 = eval_logits(*in_bf16, false, *gpu_bf16);
   in_bf16->prepare_integer_inference(false, true, /*integer_attention=*/false);
   EXPECT_EQ(eval_logits(*in_bf16, false, *gpu_bf16), fake_bf16);
+  EXPECT_EQ(in_bf16->integer_residual_norms(), 2 * c.num_hidden_layers);
   in_bf16->prepare_integer_inference(/*integer_decoder=*/false, /*fuse_projections=*/false);
   EXPECT_EQ(eval_logits(*in_bf16, false, *gpu_bf16), fake_bf16);
   // Integer attention in BF16: the scores and probabilities rounded to BF16 as the fake-quantized model

@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/arena.h"
@@ -2314,6 +2315,92 @@ TEST_F(CudaOps, AddLayerNormQuantizedEqualsTheOpsOneByOne) {
   EXPECT_TRUE(ops::add_layer_norm_quantized(g, x, x, gv, gv, 1e-12, nullptr, one).empty());
   const std::array<ops::NormOutput, 1> unquantized_integers = {ops::NormOutput{0.0f, true}};
   EXPECT_THROW(ops::add_layer_norm_quantized(g, x, x, gv, gv, 1e-12, nullptr, unquantized_integers), std::exception);
+}
+
+// Integer addends (an INT8 model's residual stream, ops::NormInputs): a and b given as int8 integers at their
+// scales give, bit for bit in FP32 and BF16, what those integers' values (i * scale, as their quantizers'
+// fake quantization stores them) give in the activations' dtype: one output of integers and two (on rows of
+// 768 the kernels compiled for both addends as integers), integers with a fake-quantized output, the output
+// itself, and a or b alone as integers (the kernel that tests the addends' kinds a row); rows of 100 columns
+// (that kernel for every kind). Mismatched dtypes and scales, an add-input quantizer on integers and rows
+// past the row kernels are refused.
+TEST_F(CudaOps, AddLayerNormQuantizedReadsIntegerAddends) {
+  for (const int64_t c : {int64_t{768}, int64_t{100}}) {
+    SCOPED_TRACE("columns " + std::to_string(c));
+    const int64_t rows = 37, n = rows * c;
+    const float a_scale = 0.013f, b_scale = 0.029f, first = 0.021f, second = 0.017f;
+    std::vector<int8_t> ia(n), ib(n);
+    Rng draws(7);
+    for (int64_t i = 0; i < n; ++i) {
+      ia[i] = static_cast<int8_t>(static_cast<int>(draws.next_below(256)) - 128);
+      ib[i] = static_cast<int8_t>(static_cast<int>(draws.next_below(256)) - 128);
+    }
+    ia[0] = -128, ia[1] = 127, ib[2] = -128, ib[3] = 127;
+    std::vector<float> va(n), vb(n);
+    for (int64_t i = 0; i < n; ++i) va[i] = float(ia[i]) * a_scale, vb[i] = float(ib[i]) * b_scale;
+    const std::vector<float> gamma = random_values(c, 5), beta = random_values(c, 6);
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      SCOPED_TRACE(gpu->precision() == Precision::kBf16 ? "bf16" : "fp32");
+      Graph<float> g(*gpu);
+      NoGradGuard<float> no_grad(g);
+      ASSERT_TRUE(ops::add_layer_norm_reads_integers(g, c));
+      const Var av = g.input(std::span<const float>(va), Shape{rows, c});
+      const Var bv = g.input(std::span<const float>(vb), Shape{rows, c});
+      auto integers = [&](const std::vector<int8_t>& v) {
+        const Var x = g.emit(Shape{rows, c}, {}, DType::kS8);
+        gpu->copy_to_device(g.data(x), v.data(), size_t(n));
+        return x;
+      };
+      const Var a8 = integers(ia), b8 = integers(ib);
+      const Var gv = g.input(std::span<const float>(gamma), Shape{c});
+      const Var betav = g.input(std::span<const float>(beta), Shape{c});
+      using Outs = std::vector<ops::NormOutput>;
+      const std::vector<Outs> kinds = {
+          {{first, true}}, {{first, true}, {second, true}}, {{first, true}, {second, false}}, {{0.0f, false}}};
+      for (const Outs& outs : kinds) {
+        SCOPED_TRACE("outputs " + std::to_string(outs.size()) + ", the last " +
+                     (outs.back().integers    ? "integers"
+                      : outs.back().scale > 0 ? "fake-quantized"
+                                              : "the value"));
+        const std::vector<Var> want = ops::add_layer_norm_quantized(g, av, bv, gv, betav, 1e-12, nullptr, outs);
+        ASSERT_EQ(want.size(), outs.size());
+        for (const auto& [a, b, in] :
+             {std::tuple{a8, b8, ops::NormInputs{a_scale, b_scale}}, std::tuple{a8, bv, ops::NormInputs{a_scale, 0.0f}},
+              std::tuple{av, b8, ops::NormInputs{0.0f, b_scale}}}) {
+          SCOPED_TRACE(std::string(in.a_scale > 0 ? "a" : "") + (in.b_scale > 0 ? "b" : "") + " as integers");
+          const std::vector<Var> made = ops::add_layer_norm_quantized(g, a, b, gv, betav, 1e-12, nullptr, outs, in);
+          ASSERT_EQ(made.size(), outs.size());
+          for (size_t o = 0; o < outs.size(); ++o) {
+            EXPECT_EQ(g.dtype(made[o]), g.dtype(want[o]));
+            EXPECT_EQ(g.to_host(made[o]), g.to_host(want[o]));
+          }
+        }
+      }
+      // Refused: integers without a scale or a scale on values, an add-input quantizer on integers.
+      const std::array<ops::NormOutput, 1> one = {ops::NormOutput{first, true}};
+      EXPECT_THROW(ops::add_layer_norm_quantized(g, a8, bv, gv, betav, 1e-12, nullptr, one), std::exception);
+      EXPECT_THROW(ops::add_layer_norm_quantized(g, av, bv, gv, betav, 1e-12, nullptr, one, {a_scale, 0.0f}),
+                   std::exception);
+      EXPECT_THROW(ops::add_layer_norm_quantized(g, av, b8, gv, betav, 1e-12, nullptr, one, {0.0f, -1.0f}),
+                   std::exception);
+      const float add_scale = 0.011f;
+      const ops::QuantizeOutput q{g.input(std::span<const float>(&add_scale, 1), Shape{1})};
+      EXPECT_THROW(ops::add_layer_norm_quantized(g, a8, b8, gv, betav, 1e-12, &q, one, {a_scale, b_scale}),
+                   std::exception);
+    }
+  }
+  Graph<float> g(*gpu_);
+  NoGradGuard<float> no_grad(g);
+  EXPECT_FALSE(ops::add_layer_norm_reads_integers(g, 1030));
+  EXPECT_FALSE(ops::add_layer_norm_reads_integers(g, 102));
+  const Var wide = g.emit(Shape{2, 1032}, {}, DType::kS8);
+  g.device().fill_zero(g.data(wide), 2 * 1032);
+  const std::vector<float> ones(1032, 1.0f);
+  const Var gv = g.input(std::span<const float>(ones), Shape{1032});
+  const std::array<ops::NormOutput, 1> one = {ops::NormOutput{0.02f, true}};
+  EXPECT_THROW(ops::add_layer_norm_quantized(g, wide, wide, gv, gv, 1e-12, nullptr, one, {0.1f, 0.1f}), std::exception);
+  Graph<float> cpu_graph(Device::cpu());
+  EXPECT_FALSE(ops::add_layer_norm_reads_integers(cpu_graph, 768));
 }
 
 TEST_F(CudaOps, AddMulScaleOnBf16Activations) {
