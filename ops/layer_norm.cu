@@ -123,6 +123,20 @@ struct RowIns {
   float a_scale = 0.0f, b_scale = 0.0f;  // 0: that addend in A
 };
 
+// Four floats rounded to A as from_float<A> rounds each, in BF16 a pair a conversion.
+template <typename A>
+__device__ __forceinline__ cuda::Pack<A, 4> rounded_pack(const float (&x)[4]) {
+  cuda::Pack<A, 4> p;
+  if constexpr (std::is_same_v<A, cuda::bf16>) {
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(p.v);
+    pairs[0] = __floats2bfloat162_rn(x[0], x[1]);
+    pairs[1] = __floats2bfloat162_rn(x[2], x[3]);
+  } else {
+    for (int w = 0; w < 4; ++w) p.v[w] = cuda::from_float<A>(x[w]);
+  }
+  return p;
+}
+
 // A row's loads in the register layout (ops/cuda/rows.cuh): a's packs and, where b is set, b's.
 template <int C, typename A>
 struct RowPacks {
@@ -136,7 +150,8 @@ struct RowPacks {
       if (pb) b[k] = cuda::load_pack<4>(pb + row + j);
     }
   }
-  // The same for addends stored as kIns and ins say (NormIns): every load first, then the integers' values.
+  // The same for addends stored as kIns and ins say (NormIns; kIntegers loads through RowWords instead): every
+  // load first, then the integers' values.
   template <NormIns kIns>
   __device__ __forceinline__ void load_addends(const void* pa, const void* pb, const RowIns& ins, int64_t row, int c,
                                                int lane) {
@@ -170,10 +185,37 @@ struct RowPacks {
   }
   // Four int8 integers (the lowest byte first) as their values at `scale` in A.
   __device__ __forceinline__ static cuda::Pack<A, 4> integer_values(uint32_t q, float scale) {
-    cuda::Pack<A, 4> v;
+    float x[4];
 #pragma unroll
-    for (int w = 0; w < 4; ++w) v.v[w] = cuda::from_float<A>(float(int8_t(q >> (8 * w))) * scale);
-    return v;
+    for (int w = 0; w < 4; ++w) x[w] = float(int8_t(q >> (8 * w))) * scale;
+    return rounded_pack<A>(x);
+  }
+};
+
+// A row's addends as int8 integers (NormIns::kIntegers): four a word, a lane's words in the register layout.
+template <int C>
+struct RowWords {
+  uint32_t a[C], b[C];
+  __device__ __forceinline__ void load(const void* pa, const void* pb, int64_t row, int c, int lane) {
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) continue;
+      a[k] = *reinterpret_cast<const uint32_t*>(static_cast<const int8_t*>(pa) + row + j);
+      b[k] = *reinterpret_cast<const uint32_t*>(static_cast<const int8_t*>(pb) + row + j);
+    }
+  }
+  // Their values at the addends' scales, in A.
+  template <typename A>
+  __device__ __forceinline__ RowPacks<C, A> values(const RowIns& ins, int c, int lane) const {
+    RowPacks<C, A> packs;
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      if ((k * 32 + lane) * 4 >= c) continue;
+      packs.a[k] = RowPacks<C, A>::integer_values(a[k], ins.a_scale);
+      packs.b[k] = RowPacks<C, A>::integer_values(b[k], ins.b_scale);
+    }
+    return packs;
   }
 };
 
@@ -201,24 +243,25 @@ unsigned resident_row_blocks(const Graph<float>& g, Kernel kernel, int64_t rows,
 // chosen once per row they took 84, two blocks an SM (BERT-base's INT8 LayerNorm 57.6 us against 46.1).
 // (0: no minimum.)
 template <int C, typename A, bool kPlain, bool kFull, NormOuts kOuts = NormOuts::kAny, NormIns kIns = NormIns::kValues>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                       ? 0
+                                                       : kIns == NormIns::kIntegers ? 3
+                                                                                    : 4)
     layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const void* a, const void* b,
                             const float* gamma, const float* beta, int64_t rows, int width, float eps, RowDrop drop,
                             RowQuantize<A> q, RowOutputs outs, RowIns ins) {
   const int c = kFull ? C * 128 : width;
   __shared__ int64_t shared[32];
-  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int64_t first = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   int clipped = 0;  // at most 4 C
   const cuda::ScaleDivision divide(!kPlain && q.scale ? *q.scale : 1.0f);
-  // The row, with the quantizer's division known to be the branch-free one (kNormal) or not: chosen once.
-  auto normalize = [&](auto normal_tag) {
+  // Row r from its loaded addends, with the quantizer's division known to be the branch-free one (kNormal) or
+  // not: chosen once.
+  auto normalize = [&](auto normal_tag, int64_t r, RowPacks<C, A> packs) {
     constexpr bool kNormal = decltype(normal_tag)::value;
     float v[C][4];
     float sum = 0;
     const int64_t row = r * c;
-    RowPacks<C, A> packs;  // every load first, then the arithmetic
-    packs.template load_addends<kIns>(a, b, ins, row, c, lane);
     auto &pa = packs.a, &pb = packs.b;
     uint32_t kept_bits = 0;  // this lane's draws of the row, for drop.bits
 #pragma unroll
@@ -240,9 +283,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
         }
       }
       if (b) {
-        cuda::Pack<A, 4> ps;
-        for (int w = 0; w < 4; ++w)
-          ps.v[w] = cuda::from_float<A>(cuda::to_float(pa[k].v[w]) + cuda::to_float(pb[k].v[w]));
+        float added[4];
+        for (int w = 0; w < 4; ++w) added[w] = cuda::to_float(pa[k].v[w]) + cuda::to_float(pb[k].v[w]);
+        const cuda::Pack<A, 4> ps = rounded_pack<A>(added);
         if (sums) cuda::store_pack<4>(sums + row + j, ps);
         for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(ps.v[w]);
       } else {
@@ -250,11 +293,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
       }
     }
     const float mean = cuda::warp_sum(sum) / float(c);
-    float var = 0;
+    float var = 0;  // (v holds the differences from the mean from here on)
 #pragma unroll
     for (int k = 0; k < C; ++k) {
       if ((k * 32 + lane) * 4 >= c) continue;
-      for (int w = 0; w < 4; ++w) var += (v[k][w] - mean) * (v[k][w] - mean);
+      for (int w = 0; w < 4; ++w) v[k][w] -= mean, var += v[k][w] * v[k][w];
     }
     const float rstd = rsqrtf(cuda::warp_sum(var) / float(c) + eps);
 #pragma unroll
@@ -262,8 +305,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
       const int j = (k * 32 + lane) * 4;
       if (j >= c) continue;
       const cuda::Pack<float, 4> gm = cuda::load_pack<4>(gamma + j), bt = cuda::load_pack<4>(beta + j);
-      cuda::Pack<A, 4> out;
-      for (int w = 0; w < 4; ++w) out.v[w] = cuda::from_float<A>((v[k][w] - mean) * rstd * gm.v[w] + bt.v[w]);
+      float normalized[4];
+      for (int w = 0; w < 4; ++w) normalized[w] = v[k][w] * rstd * gm.v[w] + bt.v[w];
+      const cuda::Pack<A, 4> out = rounded_pack<A>(normalized);
       if constexpr (kOuts != NormOuts::kAny) {
         float u[4];
         for (int w = 0; w < 4; ++w)
@@ -324,9 +368,23 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain ? 0 : 4)
     if (lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
     if (drop.bits) drop.bits[r * 32 + lane] = kept_bits;
   };
-  if (r < rows)
-    cuda::with_division(kPlain || divide.normal, normalize);  // no early return: the saturation
-                                                              // count below is a block's sum
+  if constexpr (kIns == NormIns::kIntegers) {
+    // A grid of resident blocks, each warp taking every (grid's warps)-th row from `first`, the next row's
+    // integers loaded while it works on one: their latency hidden, for 2 C registers. (No quantizer of a.)
+    const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
+    RowWords<C> next;
+    if (first < rows) next.load(a, b, first * c, c, lane);
+#pragma unroll 1
+    for (int64_t r = first; r < rows; r += stride) {
+      const RowWords<C> now = next;
+      if (r + stride < rows) next.load(a, b, (r + stride) * c, c, lane);
+      normalize(std::true_type{}, r, now.template values<A>(ins, c, lane));
+    }
+  } else if (first < rows) {  // one row a warp; no early return: the saturation count below is a block's sum
+    RowPacks<C, A> packs;     // every load first, then the arithmetic
+    packs.template load_addends<kIns>(a, b, ins, first * c, c, lane);
+    cuda::with_division(kPlain || divide.normal, [&](auto normal_tag) { normalize(normal_tag, first, packs); });
+  }
   if (!kPlain && q.clipped) {
     const int64_t total = cuda::block_sum(int64_t{clipped}, shared);
     if (threadIdx.x == 0 && total) atomicAdd(q.clipped, static_cast<unsigned long long>(total));
@@ -608,11 +666,13 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     A* sv = b.valid() && g.requires_grad(y) ? g.scratch<A>(rows * c) : nullptr;
     sums = sv;
     with_row_chunks(c, {}, [&](auto chunks) {
-      auto launch = [&](auto kernel) {
-        kernel<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
-            cuda::typed<A>(g.data(y)), sv, mean, rstd, g.data(a), b.valid() ? g.data(b) : nullptr,
-            g.value(gamma).data(), g.value(beta).data(), rows, int(c), static_cast<float>(eps), drop, quantizer(tag),
-            outs, RowIns{ins.a_scale, ins.b_scale});
+      // (Integer addends of both kinds: a grid of resident blocks, which loop over the rows.)
+      auto launch = [&](auto kernel, bool resident = false) {
+        kernel<<<resident ? resident_row_blocks(g, kernel, rows) : row_blocks(rows), 32 * kWarpsPerBlock, 0,
+                 cuda::stream(g)>>>(cuda::typed<A>(g.data(y)), sv, mean, rstd, g.data(a),
+                                    b.valid() ? g.data(b) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
+                                    int(c), static_cast<float>(eps), drop, quantizer(tag), outs,
+                                    RowIns{ins.a_scale, ins.b_scale});
       };
       constexpr int kChunks = decltype(chunks)::value;
       with_full_rows<kChunks>(c, [&](auto full) {
@@ -623,10 +683,10 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
           if constexpr (kFull) {
             if (both_integers && kind == NormOuts::kIntegersOne)
               return launch(
-                  layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersOne, NormIns::kIntegers>);
+                  layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersOne, NormIns::kIntegers>, true);
             if (both_integers && kind == NormOuts::kIntegersTwo)
               return launch(
-                  layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersTwo, NormIns::kIntegers>);
+                  layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersTwo, NormIns::kIntegers>, true);
           }
           launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kAny, NormIns::kAny>);
         } else if (!q && outs.count == 0) {
