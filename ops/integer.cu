@@ -274,7 +274,7 @@ cuda::Int8Epilogue whole_output(void* y, int64_t n, float scale_x, const float* 
 // the same order. Nothing of size T x T exists in memory.
 // The probabilities of 32 keys become an A fragment in registers: the C tiles give lane (g, t) keys 2t, 2t + 1
 // of each 8, the A fragment wants columns 4t .. 4t + 3, so column 4t + i holds key 2t + i (i < 2) or
-// 8 + 2t + i - 2 (16 more for the second half), and V^T keeps its keys in that order (permuted_key).
+// 8 + 2t + i - 2 (16 more for the second half), and V^T keeps its keys in that order.
 namespace attention_int8 {
 constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 32;
 constexpr int kResidentChunks = 4;  // lengths up to 128: every score of a row in registers, made once
@@ -290,12 +290,6 @@ struct Args {
   float context_scale;                  // scale_probs * scale_v
   float out_scale, out_reciprocal;      // O = int8: the consumer's quantizer
 };
-
-// The position of key r (0 .. 31) of a chunk in V^T's rows: see above.
-__host__ __device__ constexpr int permuted_key(int r) {
-  const int w = r & 7;
-  return (r & 16) + 4 * (w >> 1) + 2 * ((r >> 3) & 1) + (w & 1);
-}
 
 constexpr int shared_bytes(int t, int d) {
   const int tp = (t + kChunk - 1) / kChunk * kChunk;
@@ -320,32 +314,50 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
   const int b = blockIdx.z, h = blockIdx.y;
   const int64_t head = int64_t(b) * a.t * a.ld + int64_t(h) * kD;  // the head's first value in q, k, v
   constexpr int kPieces = kD / 16;
-  // Piece i of K: row i / kPieces, channels 16 (i % kPieces); of V: a warp's 32 lanes take 32 consecutive keys
-  // of 16 channels (each byte store of the transpose goes to one row of V^T, 8 words in 8 banks). Rows past
-  // the end are zeros.
-  const int pieces = tp * kPieces;
-  for (int round = 0; round < pieces; round += kLoadRound * 32 * kWarps) {
-    uint4 key[kLoadRound], value[kLoadRound];
+  // Piece i of K: row i / kPieces, channels 16 (i % kPieces), stored as it is. V^T: job i takes 16 channels
+  // (vc) of the four keys whose bytes make one word of V^T's permuted rows (keys kb + 2u, + 1, + 8, + 9 at
+  // kb + 4u, kb a multiple of 16, u < 4: the order above), 16 words made by 4 x 4 byte transposes (byte_perm); a
+  // warp's lanes store consecutive words of one row (from length 128 up: no bank conflicts). There are a
+  // quarter as many jobs as pieces: a round takes kLoadRound pieces and one job a thread, loaded before any
+  // is stored. Keys past the end are zeros.
+  const int pieces = tp * kPieces, jobs = pieces / 4, words = tp / 4;  // words: jobs a channel group
+  for (int round = 0; round * kLoadRound * 32 * kWarps < pieces; ++round) {
+    uint4 key[kLoadRound], value[4];
 #pragma unroll
     for (int j = 0; j < kLoadRound; ++j) {
-      const int i = round + j * 32 * kWarps + threadIdx.x;
+      const int i = (round * kLoadRound + j) * 32 * kWarps + threadIdx.x;
       const int kr = i / kPieces, kc = (i % kPieces) * 16;
-      const int vr = i / (32 * kPieces) * 32 + i % 32, vc = (i / 32) % kPieces * 16;
-      key[j] = value[j] = uint4{0, 0, 0, 0};
+      key[j] = uint4{0, 0, 0, 0};
       if (i < pieces && kr < a.t) key[j] = *reinterpret_cast<const uint4*>(a.k + head + int64_t(kr) * a.ld + kc);
-      if (i < pieces && vr < a.t) value[j] = *reinterpret_cast<const uint4*>(a.v + head + int64_t(vr) * a.ld + vc);
+    }
+    const int job = round * 32 * kWarps + threadIdx.x;
+    const int vc = job / words * 16, kb = job % words / 4 * 16, u = job % 4;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int vr = kb + 2 * u + (e & 1) + 8 * (e >> 1);
+      value[e] = uint4{0, 0, 0, 0};
+      if (job < jobs && vr < a.t) value[e] = *reinterpret_cast<const uint4*>(a.v + head + int64_t(vr) * a.ld + vc);
     }
 #pragma unroll
     for (int j = 0; j < kLoadRound; ++j) {
-      const int i = round + j * 32 * kWarps + threadIdx.x;
+      const int i = (round * kLoadRound + j) * 32 * kWarps + threadIdx.x;
       if (i >= pieces) break;
-      const int kr = i / kPieces, kc = (i % kPieces) * 16;
-      const int vr = i / (32 * kPieces) * 32 + i % 32, vc = (i / 32) % kPieces * 16;
-      *reinterpret_cast<uint4*>(ks + kr * ks_ld + kc) = key[j];
-      const int8_t* bytes = reinterpret_cast<const int8_t*>(&value[j]);
-      const int at = (vr & ~(kChunk - 1)) + permuted_key(vr & (kChunk - 1));
+      *reinterpret_cast<uint4*>(ks + i / kPieces * ks_ld + (i % kPieces) * 16) = key[j];
+    }
+    if (job < jobs) {
+      auto word = [](const uint4& p, int m) { return m == 0 ? p.x : m == 1 ? p.y : m == 2 ? p.z : p.w; };
 #pragma unroll
-      for (int x = 0; x < 16; ++x) vt[(vc + x) * vt_ld + at] = bytes[x];
+      for (int m = 0; m < 4; ++m) {  // channels vc + 4m .. + 3 of the four keys
+        const uint32_t low01 = __byte_perm(word(value[0], m), word(value[1], m), 0x5140);
+        const uint32_t low23 = __byte_perm(word(value[2], m), word(value[3], m), 0x5140);
+        const uint32_t high01 = __byte_perm(word(value[0], m), word(value[1], m), 0x7362);
+        const uint32_t high23 = __byte_perm(word(value[2], m), word(value[3], m), 0x7362);
+        const uint32_t channel[4] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632),
+                                     __byte_perm(high01, high23, 0x5410), __byte_perm(high01, high23, 0x7632)};
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          *reinterpret_cast<uint32_t*>(vt + (vc + 4 * m + x) * vt_ld + kb + 4 * u) = channel[x];
+      }
     }
   }
   if constexpr (kMask)
@@ -508,19 +520,20 @@ __global__ void __launch_bounds__(32 * kWarps, kD == 64 && kResident ? 5 : 0) fo
     O* out = y + (int64_t(b) * a.t + row) * width + int64_t(h) * kD + 2 * t4;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
-      cuda::Pack<O, 2> pair;
+      float v[2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v = __int2float_rn(context[n][2 * half + e]) * a.context_scale;
-        if constexpr (std::is_same_v<O, int8_t>) {
-          const float stored = cuda::to_float(cuda::from_float<A>(v));
-          pair.v[e] = static_cast<int8_t>(
-              cuda::int8_round(cuda::ScaleDivision::normal_quotient(stored, a.out_scale, a.out_reciprocal)));
-        } else {
-          pair.v[e] = cuda::from_float<O>(v);
-        }
+      for (int e = 0; e < 2; ++e) v[e] = __int2float_rn(context[n][2 * half + e]) * a.context_scale;
+      if constexpr (std::is_same_v<O, int8_t>) {  // (a finite context: int8_pair's integers are int8_round's)
+        cuda::round_pair<A>(v[0], v[1]);          // as stored
+        const uint16_t integers =
+            cuda::int8_pair(cuda::ScaleDivision::normal_quotient(v[0], a.out_scale, a.out_reciprocal),
+                            cuda::ScaleDivision::normal_quotient(v[1], a.out_scale, a.out_reciprocal));
+        *reinterpret_cast<uint16_t*>(out + n * 8) = integers;
+      } else {
+        cuda::Pack<O, 2> pair;
+        for (int e = 0; e < 2; ++e) pair.v[e] = cuda::from_float<O>(v[e]);
+        cuda::store_pack<2>(out + n * 8, pair);
       }
-      cuda::store_pack<2>(out + n * 8, pair);
     }
   }
 }
