@@ -150,16 +150,16 @@ struct RowPacks {
       if (pb) b[k] = cuda::load_pack<4>(pb + row + j);
     }
   }
-  // The same for addends stored as kIns and ins say (NormIns; kIntegers loads through RowWords instead): every
-  // load first, then the integers' values.
+  // The same for addends stored as kIns and ins say (NormIns: kValues or kAny; kIntegers loads through RowWords):
+  // every load first, then the integers' values.
   template <NormIns kIns>
   __device__ __forceinline__ void load_addends(const void* pa, const void* pb, const RowIns& ins, int64_t row, int c,
                                                int lane) {
+    static_assert(kIns != NormIns::kIntegers, "integer addends load through RowWords");
     if constexpr (kIns == NormIns::kValues) {
       load(static_cast<const A*>(pa), static_cast<const A*>(pb), row, c, lane);
     } else {
-      const bool int_a = kIns == NormIns::kIntegers || ins.a_scale > 0;
-      const bool int_b = kIns == NormIns::kIntegers || ins.b_scale > 0;
+      const bool int_a = ins.a_scale > 0, int_b = ins.b_scale > 0;
       uint32_t qa[C], qb[C];  // four integers each
 #pragma unroll
       for (int k = 0; k < C; ++k) {
