@@ -577,14 +577,8 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
                  static_cast<int64_t>(in.attention_mask.size()) == b * t &&
                  static_cast<int64_t>(in.token_type_ids.size()) == b * t,
              "batch arrays do not match (B, T) = (" + std::to_string(b) + ", " + std::to_string(t) + ")");
-  // Embeddings: word + position + token type, LayerNorm, dropout.
-  std::vector<int32_t> positions(t), types(in.token_type_ids.begin(), in.token_type_ids.end());
-  std::iota(positions.begin(), positions.end(), 0);
-  Var words = ops::gather_rows(g, g.param(params_.get(word_embeddings_)), in.input_ids, Shape{b, t});
-  Var pos = ops::gather_rows(g, g.param(params_.get(position_embeddings_)), positions, Shape{t});
-  Var type = ops::gather_rows(g, g.param(params_.get(token_type_embeddings_)), types, Shape{b, t});
-  Var x = embedding_norm_.forward(g, params_, ops::add(g, ops::add(g, words, pos), type));
-  x = ops::dropout(g, x, config_.hidden_dropout_prob, training, rng);
+  std::vector<Var> x_read;  // x as the next attention block's quantizers read it, where its LayerNorm made them
+  Var x = embed(g, in, training, rng, x_read);
 
   // Additive padding mask (B, T): 0 for real tokens, -10000 for padding (as the original BERT); none where
   // nothing is padded (adding zeros changes no score; the attention kernels skip reading it).
@@ -595,7 +589,6 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
     mask = g.input(std::span<const float>(mask_values), Shape{b, t});
   }
 
-  std::vector<Var> x_read;  // x as the next attention block's quantizers read it, where its LayerNorm made them
   integer_sums_ = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
@@ -651,6 +644,51 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
   return x;
 }
 
+Var Bert::embed(Graph<float>& g, const BatchView& in, bool training, Rng& rng, std::vector<Var>& read) {
+  const int64_t b = in.batch, t = in.seq_len;
+  // Word + position + token type, LayerNorm, dropout.
+  std::vector<int32_t> positions(t), types(in.token_type_ids.begin(), in.token_type_ids.end());
+  std::iota(positions.begin(), positions.end(), 0);
+  const Var word_table = g.param(params_.get(word_embeddings_));
+  const Var position_table = g.param(params_.get(position_embeddings_));
+  const Var type_table = g.param(params_.get(token_type_embeddings_));
+  const Var gamma = g.param(params_.get(embedding_norm_.gamma)), beta = g.param(params_.get(embedding_norm_.beta));
+  if (g.on_cuda() && !g.grad_enabled() && !training) {  // (no dropout)
+    std::vector<ops::NormOutput> outputs;
+    bool shared = false;
+    if (fuse_quantizers_ && !layers_.empty()) {
+      std::array<Reader, 2> readers = attention_readers(g, layers_[0]);
+      readers[1].integers = integer_sum(g, layers_[0], /*output=*/false, nullptr, training);
+      if (!readers[0].integers || !norm_outputs(readers, outputs, shared)) outputs.clear();
+    }
+    std::vector<Var> made =
+        ops::embedding_layer_norm_quantized(g, word_table, position_table, type_table, in.input_ids, types,
+                                            Shape{b, t}, gamma, beta, embedding_norm_.eps, outputs);
+    if (!made.empty() && outputs.empty()) return made[0];
+    if (!made.empty()) {
+      if (shared) made.push_back(made[0]);
+      read = std::move(made);
+      return Var{};
+    }
+  }
+  const Var words = ops::gather_rows(g, word_table, in.input_ids, Shape{b, t});
+  const Var pos = ops::gather_rows(g, position_table, positions, Shape{t});
+  const Var type = ops::gather_rows(g, type_table, types, Shape{b, t});
+  const Var x = embedding_norm_.forward(g, params_, ops::add(g, ops::add(g, words, pos), type));
+  return ops::dropout(g, x, config_.hidden_dropout_prob, training, rng);
+}
+
+bool Bert::norm_outputs(std::span<const Reader> readers, std::vector<ops::NormOutput>& outputs, bool& shared) {
+  outputs.assign(std::max<size_t>(readers.size(), 1), ops::NormOutput{});  // none: the output itself
+  for (size_t i = 0; i < readers.size(); ++i) {
+    if (readers[i].quantizer && !epilogue_scale(params_, *readers[i].quantizer, outputs[i].scale)) return false;
+    outputs[i].integers = readers[i].integers;
+  }
+  shared = outputs.size() == 2 && outputs[0].integers && outputs[1].integers && outputs[0].scale == outputs[1].scale;
+  if (shared) outputs.resize(1);
+  return true;
+}
+
 Var Bert::residual_norm(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer, Var residual,
                         bool training, Rng& rng) {
   const double p = config_.hidden_dropout_prob;
@@ -690,20 +728,15 @@ std::vector<Var> Bert::residual_norm_quantized(Graph<float>& g, const LayerNorm&
        std::none_of(readers.begin(), readers.end(), [](const Reader& r) { return r.integers; }) ||
        (add_input.mode != QuantMode::kFloat && add_input.mode != QuantMode::kQuantize)))
     return {};
-  std::vector<ops::NormOutput> outputs(std::max<size_t>(readers.size(), 1));  // none: the output itself
-  for (size_t i = 0; i < readers.size(); ++i) {
-    if (readers[i].quantizer && !epilogue_scale(params_, *readers[i].quantizer, outputs[i].scale)) return {};
-    outputs[i].integers = readers[i].integers;
-  }
+  std::vector<ops::NormOutput> outputs;
+  bool shared = false;
+  if (!norm_outputs(readers, outputs, shared)) return {};
   const ops::QuantizeOutput q = add_input.mode == QuantMode::kQuantize && !(inputs.a_scale > 0)
                                     ? add_input.fused_output(g, params_, g.shape(sublayer))
                                     : ops::QuantizeOutput{};
-  const bool shared = outputs.size() == 2 && outputs[0].integers && outputs[1].integers &&
-                      outputs[0].scale == outputs[1].scale;  // one tensor for both readers
-  std::vector<Var> made = ops::add_layer_norm_quantized(
-      g, sublayer, residual, g.param(params_.get(norm.gamma)), g.param(params_.get(norm.beta)), norm.eps,
-      q.scale.valid() ? &q : nullptr, std::span<const ops::NormOutput>(outputs.data(), shared ? 1 : outputs.size()),
-      inputs);
+  std::vector<Var> made = ops::add_layer_norm_quantized(g, sublayer, residual, g.param(params_.get(norm.gamma)),
+                                                        g.param(params_.get(norm.beta)), norm.eps,
+                                                        q.scale.valid() ? &q : nullptr, outputs, inputs);
   if (shared && !made.empty()) made.push_back(made[0]);
   if (inputs.a_scale > 0) ++integer_sums_;
   return made;

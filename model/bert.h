@@ -227,6 +227,11 @@ class Bert {
   // x through each quantizer (nullptr: none), one output each: those that fake-quantize in one op
   // (ops::fake_quantize_each) when fusion is on.
   std::vector<Var> quantize_each(Graph<float>& g, Var x, std::initializer_list<Quantizer*> quantizers);
+  // BERT's embeddings through their LayerNorm and dropout. In inference on a GPU one kernel
+  // (ops::embedding_layer_norm_quantized); where the first layer's readers run there as in
+  // residual_norm_quantized, its output as they read it goes to `read` (the first layer's x_read) and the
+  // returned Var is invalid.
+  Var embed(Graph<float>& g, const BatchView& batch, bool training, Rng& rng, std::vector<Var>& read);
   // The linear layers that carry quantizers, in forward order.
   std::vector<Linear*> quantizable_linears();
   // The attention block of x, through its residual add and LayerNorm. x_read: x as the block's two
@@ -252,6 +257,9 @@ class Bert {
   // FFN's (the intermediate layer's, the residual's) in g.
   std::array<Reader, 2> attention_readers(const Graph<float>& g, Layer& layer);
   std::array<Reader, 2> ffn_readers(const Graph<float>& g, Layer& layer);
+  // The outputs of a LayerNorm that `readers` read (ops::NormOutput, both readers' integers at one scale: one),
+  // and whether that one stands for both; false where a reader's quantizer cannot run in its kernel.
+  bool norm_outputs(std::span<const Reader> readers, std::vector<ops::NormOutput>& outputs, bool& shared);
   // residual_norm's output as each reader reads it (quantize_each of it, or the integers), made in the
   // LayerNorm's kernel without the output itself (ops::add_layer_norm_quantized), in GPU integer
   // inference where every reader's quantizer can run there; else empty. An int8 sublayer or residual (the

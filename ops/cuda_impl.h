@@ -51,6 +51,10 @@ Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
                                           const QuantizeOutput* q, std::span<const NormOutput> outputs,
                                           const NormInputs& inputs);
+std::vector<Var> embedding_layer_norm_quantized(Graph<float>& g, Var words, Var positions, Var types,
+                                                std::span<const int32_t> ids, std::span<const int32_t> type_ids,
+                                                Shape ids_shape, Var gamma, Var beta, double eps,
+                                                std::span<const NormOutput> outputs);
 Var distillation_loss(Graph<float>& g, Var student, Var teacher, double temperature);
 Var cross_entropy(Graph<float>& g, Var logits, std::span<const int32_t> targets, std::span<const float> weights,
                   int32_t ignore_index);

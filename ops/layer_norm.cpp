@@ -201,6 +201,43 @@ std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gam
 #endif
 }
 
+std::vector<Var> embedding_layer_norm_quantized(Graph<float>& g, Var words, Var positions, Var types,
+                                                std::span<const int32_t> ids, std::span<const int32_t> type_ids,
+                                                Shape ids_shape, Var gamma, Var beta, double eps,
+                                                std::span<const NormOutput> outputs) {
+  const char* op = "embedding_layer_norm_quantized";
+  BERT_CHECK(g.on_cuda(), std::string(op) + " runs on a GPU (inference there)");
+  BERT_CHECK(!g.grad_enabled(), std::string(op) + " has no gradient: run it under NoGradGuard");
+  BERT_CHECK(outputs.size() <= 2, std::string(op) + ": at most two outputs");
+  for (const NormOutput& o : outputs)
+    BERT_CHECK((o.scale == 0 && !o.integers) || (o.scale > 0 && std::isnormal(1.0f / o.scale)),
+               std::string(op) + ": an output needs a scale whose reciprocal is a normal float (0: not quantized; "
+                                 "int8 outputs: quantized)");
+  BERT_CHECK((ids_shape.rank() == 1 || ids_shape.rank() == 2) &&
+                 ids_shape.numel() == static_cast<int64_t>(ids.size()) && type_ids.size() == ids.size(),
+             std::string(op) + ": " + std::to_string(ids.size()) + " ids and " + std::to_string(type_ids.size()) +
+                 " token types for ids shape " + ids_shape.str() + " ((T) or (B, T))");
+  const Shape ws = g.shape(words), ps = g.shape(positions), ts = g.shape(types);
+  BERT_CHECK(ws.rank() == 2 && ps.rank() == 2 && ts.rank() == 2 && ps[1] == ws[1] && ts[1] == ws[1],
+             std::string(op) + ": tables " + ws.str() + ", " + ps.str() + ", " + ts.str() + " of different widths");
+  BERT_CHECK(ids_shape.last() <= ps[0], std::string(op) + ": length " + std::to_string(ids_shape.last()) + " > " +
+                                            std::to_string(ps[0]) + " positions");
+  auto check_ids = [&](std::span<const int32_t> v, int64_t rows, const char* what) {
+    for (const int32_t id : v)
+      BERT_CHECK(id >= 0 && id < rows, std::string(op) + ": " + what + " " + std::to_string(id) + " outside table of " +
+                                           std::to_string(rows) + " rows");
+  };
+  check_ids(ids, ws[0], "id");
+  check_ids(type_ids, ts[0], "token type");
+#if BERT_WITH_CUDA
+  return cuda_impl::embedding_layer_norm_quantized(g, words, positions, types, ids, type_ids, ids_shape, gamma, beta,
+                                                   eps, outputs);
+#else
+  (void)gamma, (void)beta, (void)eps;
+  throw InternalError(std::string(op) + ": this build has no CUDA support");
+#endif
+}
+
 bool add_layer_norm_reads_integers(const Graph<float>& g, int64_t width) {
   // (The row kernels' widths: cuda_impl's with_row_chunks.)
   return g.on_cuda() && width > 0 && width % 4 == 0 && width <= 1024;

@@ -117,10 +117,19 @@ NormOuts norm_outs(const RowOutputs& o) {
 // The addends' storage (ops::NormInputs): each in A, or int8 integers at a scale (> 0), integer i standing
 // for from_float<A>(i * scale), the value its quantizer's fake quantization stores (an INT8 model's residual
 // stream: half the bytes of BF16). kIns: both in A (kValues) or both integers (kIntegers) compiled in; kAny:
-// as RowIns says, tested a row.
-enum class NormIns { kValues, kIntegers, kAny };
+// as RowIns says, tested a row; kGathered: BERT's embeddings (RowGather), a and b unused.
+enum class NormIns { kValues, kIntegers, kAny, kGathered };
+// BERT's embeddings as LayerNorm's addends (ops::embedding_layer_norm_quantized): row r's a is its word's row
+// plus its position's (r % seq), b its token type's, each gathered row rounded to A and the sum too, as
+// gather_rows and add store them. F32 tables of the row's width.
+struct RowGather {
+  const float *words = nullptr, *positions = nullptr, *types = nullptr;
+  const int32_t *ids = nullptr, *type_ids = nullptr;
+  int64_t seq = 1;
+};
 struct RowIns {
   float a_scale = 0.0f, b_scale = 0.0f;  // 0: that addend in A
+  RowGather gather;                      // NormIns::kGathered
 };
 
 // Four floats rounded to A as from_float<A> rounds each, in BF16 a pair a conversion.
@@ -155,7 +164,8 @@ struct RowPacks {
   template <NormIns kIns>
   __device__ __forceinline__ void load_addends(const void* pa, const void* pb, const RowIns& ins, int64_t row, int c,
                                                int lane) {
-    static_assert(kIns != NormIns::kIntegers, "integer addends load through RowWords");
+    static_assert(kIns != NormIns::kIntegers && kIns != NormIns::kGathered,
+                  "integer addends load through RowWords, embeddings through gather");
     if constexpr (kIns == NormIns::kValues) {
       load(static_cast<const A*>(pa), static_cast<const A*>(pb), row, c, lane);
     } else {
@@ -181,6 +191,28 @@ struct RowPacks {
         if (int_a) a[k] = integer_values(qa[k], ins.a_scale);
         if (pb && int_b) b[k] = integer_values(qb[k], ins.b_scale);
       }
+    }
+  }
+  // Row r's embeddings (NormIns::kGathered): every load first, then the roundings and the sum.
+  __device__ __forceinline__ void gather(const RowGather& e, int64_t r, int c, int lane) {
+    const float* word = e.words + int64_t(e.ids[r]) * c;
+    const float* position = e.positions + (r % e.seq) * c;
+    const float* type = e.types + int64_t(e.type_ids[r]) * c;
+    cuda::Pack<float, 4> w[C], p[C], t[C];
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      const int j = (k * 32 + lane) * 4;
+      if (j >= c) continue;
+      w[k] = cuda::load_pack<4>(word + j), p[k] = cuda::load_pack<4>(position + j), t[k] = cuda::load_pack<4>(type + j);
+    }
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      if ((k * 32 + lane) * 4 >= c) continue;
+      const cuda::Pack<A, 4> wa = rounded_pack<A>(w[k].v), pa = rounded_pack<A>(p[k].v);
+      float sum[4];
+      for (int v = 0; v < 4; ++v) sum[v] = cuda::to_float(wa.v[v]) + cuda::to_float(pa.v[v]);
+      a[k] = rounded_pack<A>(sum);
+      b[k] = rounded_pack<A>(t[k].v);
     }
   }
   // Four int8 integers (the lowest byte first) as their values at `scale` in A.
@@ -245,6 +277,7 @@ unsigned resident_row_blocks(const Graph<float>& g, Kernel kernel, int64_t rows,
 template <int C, typename A, bool kPlain, bool kFull, NormOuts kOuts = NormOuts::kAny, NormIns kIns = NormIns::kValues>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                       ? 0
                                                        : kIns == NormIns::kIntegers ? 3
+                                                       : kIns == NormIns::kGathered ? 2
                                                                                     : 4)
     layer_norm_rows_forward(A* y, A* sums, float* mean_out, float* rstd_out, const void* a, const void* b,
                             const float* gamma, const float* beta, int64_t rows, int width, float eps, RowDrop drop,
@@ -282,7 +315,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
               cuda::from_float<A>(quantized ? cuda::fake_quantize_value<kNormal>(e, divide, q.lo, q.hi, clipped) : e);
         }
       }
-      if (b) {
+      if (kIns == NormIns::kGathered || b) {
         float added[4];
         for (int w = 0; w < 4; ++w) added[w] = cuda::to_float(pa[k].v[w]) + cuda::to_float(pb[k].v[w]);
         const cuda::Pack<A, 4> ps = rounded_pack<A>(added);
@@ -382,7 +415,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
     }
   } else if (first < rows) {  // one row a warp; no early return: the saturation count below is a block's sum
     RowPacks<C, A> packs;     // every load first, then the arithmetic
-    packs.template load_addends<kIns>(a, b, ins, first * c, c, lane);
+    if constexpr (kIns == NormIns::kGathered)
+      packs.gather(ins.gather, first, c, lane);
+    else
+      packs.template load_addends<kIns>(a, b, ins, first * c, c, lane);
     cuda::with_division(kPlain || divide.normal, [&](auto normal_tag) { normalize(normal_tag, first, packs); });
   }
   if (!kPlain && q.clipped) {
@@ -608,6 +644,15 @@ void layer_norm_backward(Graph<float>& g, Var x, Var gamma, Var beta, Var y, con
 
 namespace {
 
+// Output `o` of an inference LayerNorm, emitted as `made`, added to outs.
+void add_row_output(Graph<float>& g, RowOutputs& outs, Var made, const NormOutput& o) {
+  outs.out[outs.count] = g.data(made);
+  outs.scale[outs.count] = o.scale;
+  outs.reciprocal[outs.count] = o.scale > 0 ? 1.0f / o.scale : 1.0f;
+  outs.integers[outs.count] = o.integers;
+  ++outs.count;
+}
+
 // LayerNorm of a (+ b) with the rows in registers, or Var{} where those kernels do not apply (rows wider
 // than 1024 or not a multiple of 4, operands not 16-byte aligned, a and b one node; nothing done, nothing
 // drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`; with q (and b
@@ -638,11 +683,7 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
                      : b.valid() ? g.emit(xs, {a, b, gamma, beta}, o.integers ? DType::kS8 : dtype)
                                  : g.emit(xs, {a, gamma, beta}, o.integers ? DType::kS8 : dtype);
     emitted->push_back(made);
-    outs.out[outs.count] = g.data(made);
-    outs.scale[outs.count] = o.scale;
-    outs.reciprocal[outs.count] = o.scale > 0 ? 1.0f / o.scale : 1.0f;
-    outs.integers[outs.count] = o.integers;
-    ++outs.count;
+    add_row_output(g, outs, made, o);
   }
   Var y = outs.count  ? emitted->front()
           : q         ? g.emit(xs, {a, b, gamma, beta, q->scale}, dtype)
@@ -861,6 +902,60 @@ std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gam
   } else if (g.dtype(a) == g.dtype(b)) {
     normalize_rows(g, a, b, gamma, beta, eps, 0.0, nullptr, q, outputs, &emitted);
   }
+  return emitted;
+}
+
+std::vector<Var> embedding_layer_norm_quantized(Graph<float>& g, Var words, Var positions, Var types,
+                                                std::span<const int32_t> ids, std::span<const int32_t> type_ids,
+                                                Shape ids_shape, Var gamma, Var beta, double eps,
+                                                std::span<const NormOutput> outputs) {
+  const int64_t c = g.shape(words).last(), rows = ids_shape.numel();
+  check_layer_norm(g, Shape{rows, c}, gamma, beta, "embedding_layer_norm_quantized");
+  for (const Var table : {words, positions, types})
+    if (g.dtype(table) != DType::kF32) return {};
+  if (!with_row_chunks(c, {g.data(words), g.data(positions), g.data(types), g.value(gamma).data(), g.value(beta).data()},
+                       [](auto) {}) ||
+      c % 128 != 0 || rows == 0)  // (compiled for full rows only)
+    return {};
+  RowIns ins;
+  ins.gather.words = static_cast<const float*>(g.data(words));
+  ins.gather.positions = static_cast<const float*>(g.data(positions));
+  ins.gather.types = static_cast<const float*>(g.data(types));
+  ins.gather.ids = g.upload(ids.data(), ids.size());
+  ins.gather.type_ids = g.upload(type_ids.data(), type_ids.size());
+  ins.gather.seq = ids_shape.last();
+  const Shape xs = ids_shape.rank() == 1 ? Shape{ids_shape[0], c} : Shape{ids_shape[0], ids_shape[1], c};
+  const DType dtype = g.activation_dtype();
+  std::vector<Var> emitted;
+  RowOutputs outs;
+  for (const NormOutput& o : outputs) {
+    emitted.push_back(g.emit(xs, {words, positions, types, gamma, beta}, o.integers ? DType::kS8 : dtype));
+    add_row_output(g, outs, emitted.back(), o);
+  }
+  if (outputs.empty()) emitted.push_back(g.emit(xs, {words, positions, types, gamma, beta}, dtype));
+  float* mean = g.scratch<float>(rows);
+  float* rstd = g.scratch<float>(rows);
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    with_row_chunks(c, {}, [&](auto chunks) {
+      constexpr int kChunks = decltype(chunks)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<row_blocks(rows), 32 * kWarpsPerBlock, 0, cuda::stream(g)>>>(
+            cuda::typed<A>(g.data(emitted.front())), nullptr, mean, rstd, nullptr, nullptr, g.value(gamma).data(),
+            g.value(beta).data(), rows, int(c), static_cast<float>(eps), RowDrop{}, RowQuantize<A>{}, outs, ins);
+      };
+      const NormOuts kind = norm_outs(outs);
+      if (outs.count == 0)
+        launch(layer_norm_rows_forward<kChunks, A, true, true, NormOuts::kAny, NormIns::kGathered>);
+      else if (kind == NormOuts::kIntegersOne)
+        launch(layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersOne, NormIns::kGathered>);
+      else if (kind == NormOuts::kIntegersTwo)
+        launch(layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kIntegersTwo, NormIns::kGathered>);
+      else
+        launch(layer_norm_rows_forward<kChunks, A, false, true, NormOuts::kAny, NormIns::kGathered>);
+    });
+    BERT_CUDA_LAUNCHED();
+  });
   return emitted;
 }
 

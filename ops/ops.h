@@ -446,6 +446,17 @@ struct NormInputs {
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
                                           const QuantizeOutput* q, std::span<const NormOutput> outputs,
                                           const NormInputs& inputs = {});
+// Inference on a GPU: BERT's embeddings and their LayerNorm in one kernel, the gathered rows and their sums
+// never stored: layer_norm(add(add(gather_rows(words, ids), gather_rows(positions, 0 .. T - 1)),
+// gather_rows(types, type_ids))) with ids and type_ids of `ids_shape` ((T) or (B, T)), each gathered row and
+// each sum rounded to the activations' dtype as those ops store them, its output made as
+// add_layer_norm_quantized's `outputs` (none: the output itself, in the activations' dtype). The same values
+// as those ops one by one. Empty where the kernel does not apply (tables not F32, rows not a multiple of 128
+// up to 1,024 wide, operands not 16-byte aligned): the caller then runs the ops. Forward only (NoGradGuard).
+std::vector<Var> embedding_layer_norm_quantized(Graph<float>& g, Var words, Var positions, Var types,
+                                                std::span<const int32_t> ids, std::span<const int32_t> type_ids,
+                                                Shape ids_shape, Var gamma, Var beta, double eps,
+                                                std::span<const NormOutput> outputs);
 // Whether add_layer_norm_quantized takes integer addends for rows of `width` in g (a GPU; widths a multiple
 // of 4 up to 1,024; those of BERT's presets compiled for them).
 bool add_layer_norm_reads_integers(const Graph<float>& g, int64_t width);

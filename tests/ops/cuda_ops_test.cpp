@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -2315,6 +2316,93 @@ TEST_F(CudaOps, AddLayerNormQuantizedEqualsTheOpsOneByOne) {
   EXPECT_TRUE(ops::add_layer_norm_quantized(g, x, x, gv, gv, 1e-12, nullptr, one).empty());
   const std::array<ops::NormOutput, 1> unquantized_integers = {ops::NormOutput{0.0f, true}};
   EXPECT_THROW(ops::add_layer_norm_quantized(g, x, x, gv, gv, 1e-12, nullptr, unquantized_integers), std::exception);
+}
+
+// BERT's embeddings and their LayerNorm in one kernel (embedding_layer_norm_quantized, GPU inference) against
+// the ops one by one: gather_rows of the word, position and token-type rows, the two adds, then LayerNorm
+// (the output itself) or add_layer_norm_quantized's outputs (one output of integers, two, integers with a
+// fake-quantized output or with the value), bit for bit in FP32 and BF16, for (B, T) and (T) ids, on rows of
+// 768 and 256. Rows of 100 columns (not a multiple of 128) give nothing; bad ids and shapes are refused.
+TEST_F(CudaOps, EmbeddingLayerNormQuantizedEqualsTheOpsOneByOne) {
+  for (const int64_t c : {int64_t{768}, int64_t{256}}) {
+    SCOPED_TRACE("columns " + std::to_string(c));
+    const int64_t vocab = 53, max_positions = 16, batch = 3, t = 11;
+    const std::vector<float> words = random_values(vocab * c, 3), positions = random_values(max_positions * c, 4),
+                             types = random_values(2 * c, 5);
+    const std::vector<float> gamma = random_values(c, 6), beta = random_values(c, 7);
+    std::vector<int32_t> ids(batch * t), type_ids(batch * t), position_ids(t);
+    Rng draws(9);
+    for (int64_t i = 0; i < batch * t; ++i)
+      ids[i] = static_cast<int32_t>(draws.next_below(vocab)), type_ids[i] = static_cast<int32_t>(i % t >= 5);
+    ids[0] = 0, ids[1] = static_cast<int32_t>(vocab - 1);
+    std::iota(position_ids.begin(), position_ids.end(), 0);
+    const float first = 0.021f, second = 0.017f;
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      SCOPED_TRACE(gpu->precision() == Precision::kBf16 ? "bf16" : "fp32");
+      Graph<float> g(*gpu);
+      NoGradGuard<float> no_grad(g);
+      const Var wv = g.input(std::span<const float>(words), Shape{vocab, c});
+      const Var pv = g.input(std::span<const float>(positions), Shape{max_positions, c});
+      const Var tv = g.input(std::span<const float>(types), Shape{2, c});
+      const Var gv = g.input(std::span<const float>(gamma), Shape{c});
+      const Var betav = g.input(std::span<const float>(beta), Shape{c});
+      for (const Shape ids_shape : {Shape{batch, t}, Shape{t}}) {
+        SCOPED_TRACE("ids " + ids_shape.str());
+        const std::span<const int32_t> id_span(ids.data(), size_t(ids_shape.numel()));
+        const std::span<const int32_t> type_span(type_ids.data(), size_t(ids_shape.numel()));
+        const Var sum = ops::add(g, ops::gather_rows(g, wv, id_span, ids_shape),
+                                 ops::gather_rows(g, pv, position_ids, Shape{t}));
+        const Var type = ops::gather_rows(g, tv, type_span, ids_shape);
+        const Var y = ops::layer_norm(g, ops::add(g, sum, type), gv, betav, 1e-12);
+        const std::vector<Var> plain =
+            ops::embedding_layer_norm_quantized(g, wv, pv, tv, id_span, type_span, ids_shape, gv, betav, 1e-12, {});
+        ASSERT_EQ(plain.size(), 1u);
+        EXPECT_EQ(g.shape(plain[0]), g.shape(y));
+        EXPECT_EQ(g.dtype(plain[0]), g.activation_dtype());
+        EXPECT_EQ(g.to_host(plain[0]), g.to_host(y));
+        using Outs = std::vector<ops::NormOutput>;
+        for (const Outs& outs : {Outs{{first, true}}, Outs{{first, true}, {second, true}},
+                                 Outs{{first, true}, {second, false}}, Outs{{first, true}, {0.0f, false}}}) {
+          SCOPED_TRACE("outputs " + std::to_string(outs.size()) + ", the last " +
+                       (outs.back().integers    ? "integers"
+                        : outs.back().scale > 0 ? "fake-quantized"
+                                                : "the value"));
+          const std::vector<Var> want = ops::add_layer_norm_quantized(g, sum, type, gv, betav, 1e-12, nullptr, outs);
+          const std::vector<Var> made =
+              ops::embedding_layer_norm_quantized(g, wv, pv, tv, id_span, type_span, ids_shape, gv, betav, 1e-12, outs);
+          ASSERT_EQ(made.size(), outs.size());
+          ASSERT_EQ(want.size(), outs.size());
+          for (size_t o = 0; o < outs.size(); ++o) {
+            EXPECT_EQ(g.dtype(made[o]), g.dtype(want[o]));
+            EXPECT_EQ(g.to_host(made[o]), g.to_host(want[o]));
+          }
+        }
+      }
+      // Refused: an id outside the table, a token type outside its table, more positions than the table has,
+      // ids that do not match their shape.
+      std::vector<int32_t> bad = ids;
+      bad[4] = static_cast<int32_t>(vocab);
+      EXPECT_THROW(ops::embedding_layer_norm_quantized(g, wv, pv, tv, bad, type_ids, Shape{batch, t}, gv, betav, 1e-12, {}),
+                   std::exception);
+      EXPECT_THROW(ops::embedding_layer_norm_quantized(g, wv, pv, tv, ids, bad, Shape{batch, t}, gv, betav, 1e-12, {}),
+                   std::exception);
+      const std::vector<int32_t> long_ids(2 * (max_positions + 1), 1);
+      EXPECT_THROW(ops::embedding_layer_norm_quantized(g, wv, pv, tv, long_ids, long_ids, Shape{2, max_positions + 1},
+                                                       gv, betav, 1e-12, {}),
+                   std::exception);
+      EXPECT_THROW(ops::embedding_layer_norm_quantized(g, wv, pv, tv, ids, type_ids, Shape{batch, t + 1}, gv, betav,
+                                                       1e-12, {}),
+                   std::exception);
+    }
+  }
+  Graph<float> g(*gpu_);
+  NoGradGuard<float> no_grad(g);
+  const std::vector<float> narrow = random_values(4 * 100, 3), ones(100, 1.0f);
+  const Var table = g.input(std::span<const float>(narrow), Shape{4, 100});
+  const Var gv = g.input(std::span<const float>(ones), Shape{100});
+  const std::vector<int32_t> ids = {0, 1, 2};
+  EXPECT_TRUE(
+      ops::embedding_layer_norm_quantized(g, table, table, table, ids, ids, Shape{3}, gv, gv, 1e-12, {}).empty());
 }
 
 // Integer addends (an INT8 model's residual stream, ops::NormInputs): a and b given as int8 integers at their
