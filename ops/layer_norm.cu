@@ -146,6 +146,20 @@ __device__ __forceinline__ cuda::Pack<A, 4> rounded_pack(const float (&x)[4]) {
   return p;
 }
 
+// The floats of four A values, as to_float gives each; in BF16 from the pack's two 32-bit words, one shift
+// or mask a value (taken apart a value at a time, each half went to a register of its own first: two
+// instructions a value, about 3.4 of the INT8 LayerNorm's 34 an element).
+template <typename A>
+__device__ __forceinline__ void unpacked(const cuda::Pack<A, 4>& p, float (&x)[4]) {
+  if constexpr (std::is_same_v<A, cuda::bf16>) {
+    const uint2 words = *reinterpret_cast<const uint2*>(p.v);
+    x[0] = __uint_as_float(words.x << 16), x[1] = __uint_as_float(words.x & 0xFFFF0000u);
+    x[2] = __uint_as_float(words.y << 16), x[3] = __uint_as_float(words.y & 0xFFFF0000u);
+  } else {
+    for (int w = 0; w < 4; ++w) x[w] = cuda::to_float(p.v[w]);
+  }
+}
+
 // A row's loads in the register layout (ops/cuda/rows.cuh): a's packs and, where b is set, b's.
 template <int C, typename A>
 struct RowPacks {
@@ -208,9 +222,10 @@ struct RowPacks {
 #pragma unroll
     for (int k = 0; k < C; ++k) {
       if ((k * 32 + lane) * 4 >= c) continue;
-      const cuda::Pack<A, 4> wa = rounded_pack<A>(w[k].v), pa = rounded_pack<A>(p[k].v);
-      float sum[4];
-      for (int v = 0; v < 4; ++v) sum[v] = cuda::to_float(wa.v[v]) + cuda::to_float(pa.v[v]);
+      float word[4], position[4], sum[4];
+      unpacked(rounded_pack<A>(w[k].v), word);
+      unpacked(rounded_pack<A>(p[k].v), position);
+      for (int v = 0; v < 4; ++v) sum[v] = word[v] + position[v];
       a[k] = rounded_pack<A>(sum);
       b[k] = rounded_pack<A>(t[k].v);
     }
@@ -316,14 +331,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
         }
       }
       if (kIns == NormIns::kGathered || b) {
-        float added[4];
-        for (int w = 0; w < 4; ++w) added[w] = cuda::to_float(pa[k].v[w]) + cuda::to_float(pb[k].v[w]);
+        float added[4], other[4];
+        unpacked(pa[k], added);
+        unpacked(pb[k], other);
+        for (int w = 0; w < 4; ++w) added[w] += other[w];
         const cuda::Pack<A, 4> ps = rounded_pack<A>(added);
         if (sums) cuda::store_pack<4>(sums + row + j, ps);
-        for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(ps.v[w]);
+        unpacked(ps, v[k]);
       } else {
-        for (int w = 0; w < 4; ++w) sum += v[k][w] = cuda::to_float(pa[k].v[w]);
+        unpacked(pa[k], v[k]);
       }
+      for (int w = 0; w < 4; ++w) sum += v[k][w];
     }
     const float mean = cuda::warp_sum(sum) / float(c);
     float var = 0;  // (v holds the differences from the mean from here on)
@@ -341,17 +359,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
       float normalized[4];
       for (int w = 0; w < 4; ++w) normalized[w] = v[k][w] * rstd * gm.v[w] + bt.v[w];
       const cuda::Pack<A, 4> out = rounded_pack<A>(normalized);
+      float stored[4];  // out's values
+      unpacked(out, stored);
       if constexpr (kOuts != NormOuts::kAny) {
         float u[4];
         for (int w = 0; w < 4; ++w)
-          u[w] = cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), outs.scale[0], outs.reciprocal[0]);
+          u[w] = cuda::ScaleDivision::normal_quotient(stored[w], outs.scale[0], outs.reciprocal[0]);
         *reinterpret_cast<uint32_t*>(static_cast<int8_t*>(outs.out[0]) + row + j) =
             cuda::int8_quad(u[0], u[1], u[2], u[3]);
         if constexpr (kOuts == NormOuts::kIntegersOne) {
           continue;
         } else if constexpr (kOuts == NormOuts::kIntegersTwo) {
           for (int w = 0; w < 4; ++w)
-            u[w] = cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), outs.scale[1], outs.reciprocal[1]);
+            u[w] = cuda::ScaleDivision::normal_quotient(stored[w], outs.scale[1], outs.reciprocal[1]);
           *reinterpret_cast<uint32_t*>(static_cast<int8_t*>(outs.out[1]) + row + j) =
               cuda::int8_quad(u[0], u[1], u[2], u[3]);
         } else if constexpr (kOuts == NormOuts::kIntegersShared) {
@@ -361,9 +381,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
         } else if constexpr (kOuts == NormOuts::kIntegersFake) {
           cuda::Pack<A, 4> fake;
           for (int w = 0; w < 4; ++w)
-            fake.v[w] = cuda::from_float<A>(cuda::int8_round(cuda::ScaleDivision::normal_quotient(
-                                                cuda::to_float(out.v[w]), outs.scale[1], outs.reciprocal[1])) *
-                                            outs.scale[1]);
+            fake.v[w] = cuda::from_float<A>(
+                cuda::int8_round(cuda::ScaleDivision::normal_quotient(stored[w], outs.scale[1], outs.reciprocal[1])) *
+                outs.scale[1]);
           cuda::store_pack<4>(static_cast<A*>(outs.out[1]) + row + j, fake);
         } else {
           cuda::store_pack<4>(static_cast<A*>(outs.out[1]) + row + j, out);
@@ -381,8 +401,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
             const float s = outs.scale[o] > 0 ? outs.scale[o] : 1.0f;
             float quantized[4];
             for (int w = 0; w < 4; ++w)
-              quantized[w] = cuda::int8_round(
-                  cuda::ScaleDivision::normal_quotient(cuda::to_float(out.v[w]), s, outs.reciprocal[o]));
+              quantized[w] = cuda::int8_round(cuda::ScaleDivision::normal_quotient(stored[w], s, outs.reciprocal[o]));
             if (outs.integers[o]) {
               cuda::Pack<int8_t, 4> integers;
               for (int w = 0; w < 4; ++w) integers.v[w] = static_cast<int8_t>(quantized[w]);

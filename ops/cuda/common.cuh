@@ -39,12 +39,15 @@ __device__ __forceinline__ bf16 from_float<bf16>(float v) {
   return __float2bfloat16_rn(v);
 }
 // v0 and v1 rounded to A and back (to_float(from_float<A>(v)) each); to BF16 by one conversion for both
-// (F2FP: one instruction on a full-rate pipe, where each alone takes a conversion of its own).
+// (F2FP: one instruction on a full-rate pipe, where each alone takes a conversion of its own), and back from
+// the pair's word by one shift or mask each (__low2float and __high2float took each half to a register of
+// its own first: two instructions a value).
 template <typename A>
 __device__ __forceinline__ void round_pair(float& v0, float& v1) {
   if constexpr (std::is_same_v<A, bf16>) {
     const __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
-    v0 = __low2float(p), v1 = __high2float(p);
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(&p);
+    v0 = __uint_as_float(word << 16), v1 = __uint_as_float(word & 0xFFFF0000u);
   }
 }
 template <typename A>
