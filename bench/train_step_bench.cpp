@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "core/op_profile.h"
+#if BERT_WITH_CUDA
+#include "core/cuda/lt_plans.h"
+#endif
 #include "data/loader.h"
 #include "eval/output_reads.h"
 #include "eval/quantized.h"
@@ -471,6 +474,9 @@ int main(int argc, char** argv) {
       }
     }
   }
+#if BERT_WITH_CUDA
+  if (device->is_cuda()) std::printf("%s\n", summarize_tuning(*device->cuda_context()).describe().c_str());
+#endif
   if (json) std::fclose(json);
   return 0;
 }

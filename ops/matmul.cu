@@ -15,22 +15,6 @@ namespace bert::ops::cuda_impl {
 using cuda::bf16;
 using cuda::compute_type;
 
-// cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T on the same memory.
-void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, float beta,
-          void* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaDataType_t ab, cudaDataType_t ct) {
-  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (batch == 1) {
-    BERT_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab, int(ldb), a, ab,
-                                   int(lda), &beta, c, ct, int(ldc), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
-    return;
-  }
-  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab,
-                                               int(ldb), stride_b, a, ab, int(lda), stride_a, &beta, c, ct, int(ldc),
-                                               stride_c, int(batch), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
-}
-
 namespace {
 
 // One column-major cuBLASLt product D (m, n) = alpha op(A) op(B) + beta C (C = D) with an epilogue: A stored
@@ -53,10 +37,14 @@ struct LtProduct {
   void* vector;
   cudaDataType_t vector_type;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0, vector_stride = 0;
+  float alpha = 1.0f;
 };
-// The plan for p's shape: made (descriptors, the heuristic's algorithm) at its first use, then kept
+// Candidates asked of the heuristic for a product (core/cuda/lt_plans.h: the first run tunes among them).
+constexpr int kLtCandidates = LtPlan::kMaxCandidates;
+
+// The plan for p's shape: made (descriptors, the heuristic's candidates) at its first use, then kept
 // by the context.
-const LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const LtProduct& p) {
+LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const LtProduct& p) {
   const LtPlans::Key key = {p.trans_a, p.trans_b, p.m,        p.n,        p.k,        p.lda,
                             p.ldb,     p.ldd,     p.ab,       p.dt,       p.epilogue, p.vector_type,
                             compute,   p.batch,   p.stride_a, p.stride_b, p.stride_d, p.vector_stride};
@@ -96,30 +84,80 @@ const LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const L
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   BERT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
-  cublasLtMatmulHeuristicResult_t heuristic{};
+  std::array<cublasLtMatmulHeuristicResult_t, kLtCandidates> heuristic{};
   int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.d, plan.d, preference, 1, &heuristic, &found);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.d, plan.d, preference,
+                                                               kLtCandidates, heuristic.data(), &found);
   cublasLtMatmulPreferenceDestroy(preference);
   plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
-  plan.algo = heuristic.algo;
+  if (!plan.found) return plan;
+  plan.algo = heuristic[0].algo;
+  const int wanted = c.lt_plans->tune ? LtPlan::kMaxCandidates : 1;
+  for (int i = 0; i < found && plan.candidate_count < wanted; ++i)
+    if (heuristic[i].state == CUBLAS_STATUS_SUCCESS) plan.candidates[plan.candidate_count++] = heuristic[i].algo;
   return plan;
+}
+
+// Bytes of one element of D.
+std::size_t element_bytes(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_16BF:
+    case CUDA_R_16F:
+      return 2;
+    case CUDA_R_32F:
+    case CUDA_R_32I:
+      return 4;
+    default:
+      BERT_CHECK(false, "cuBLASLt product: unexpected output type");
+  }
+  return 0;
 }
 
 bool lt_product(const Graph<float>& g, const LtProduct& p) {
   const CudaContext& c = cuda::context(g.device());
-  const LtPlan& plan = lt_plan(c, compute_type(g, p.ab), p);
+  LtPlan& plan = lt_plan(c, compute_type(g, p.ab), p);
   if (!plan.found) return false;
   BERT_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.vector, sizeof p.vector));
-  const float one = 1.0f;
-  BERT_CUBLAS_CHECK(cublasLtMatmul(reinterpret_cast<cublasLtHandle_t>(c.cublas_lt), plan.desc, &one, p.a, plan.a, p.b,
+  if (plan.candidate_count > 0) {  // its first run outside a recording: the candidates timed (lt_plans.h)
+    // Elements from an operand's first to its last: `rows` x `cols` column-major, batch items `stride` apart.
+    auto extent = [&](int64_t rows, int64_t cols, int64_t ld, int64_t stride, cudaDataType_t type) {
+      return LtExtent{std::size_t((p.batch - 1) * stride + (cols - 1) * ld + rows), int(element_bytes(type))};
+    };
+    tune(c, plan,
+         {double(p.m) * double(p.n) * double(p.k) * double(p.batch), &p.alpha, &p.beta,
+          extent(p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, p.lda, p.stride_a, p.ab),
+          extent(p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, p.ldb, p.stride_b, p.ab),
+          extent(p.m, p.n, p.ldd, p.stride_d, p.dt)});
+  }
+  BERT_CUBLAS_CHECK(cublasLtMatmul(reinterpret_cast<cublasLtHandle_t>(c.cublas_lt), plan.desc, &p.alpha, p.a, plan.a, p.b,
                                    plan.b, &p.beta, p.d, plan.d, p.d, plan.d, &plan.algo, c.cublas_workspace,
                                    c.cublas_workspace_bytes, c.stream));
   return true;
 }
 
 }  // namespace
+
+// cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T on the same memory: a cuBLASLt plan
+// (tuned at its first run, core/cuda/lt_plans.h), or cuBLAS's own choice where cuBLASLt has none.
+void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, float beta,
+          void* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaDataType_t ab, cudaDataType_t ct) {
+  LtProduct p{trans_b, trans_a, n, m, k, b, ldb, a, lda, c, ldc, ab, ct, beta, CUBLASLT_EPILOGUE_DEFAULT, nullptr, ct};
+  p.batch = batch, p.stride_a = stride_b, p.stride_b = stride_a, p.stride_d = stride_c, p.alpha = alpha;
+  if (lt_product(g, p)) return;
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    BERT_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab, int(ldb), a, ab,
+                                   int(lda), &beta, c, ct, int(ldc), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  BERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda::cublas(g), op_b, op_a, int(n), int(m), int(k), &alpha, b, ab,
+                                               int(ldb), stride_b, a, ab, int(lda), stride_a, &beta, c, ct, int(ldc),
+                                               stride_c, int(batch), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
+}
+
 
 // The bias is added in the GEMM's epilogue (cuBLASLt), so y is written once. Column-major view: y^T (out,
 // rows) = W (out, in) x^T, the bias running along y^T's rows (the bias is of the output's type).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -20,6 +21,10 @@
 
 #include "core/arena.h"
 #include "core/device.h"
+#if BERT_WITH_CUDA
+#include "core/cuda/context.h"
+#include "core/cuda/lt_plans.h"
+#endif
 #include "ops/ops.h"
 
 namespace bert {
@@ -276,6 +281,47 @@ TEST_F(CudaOps, LinearWithAndWithoutBias) {
       },
       kGemm, kGemm);
 }
+
+#if BERT_WITH_CUDA
+// Each cuBLASLt product's algorithm is tuned at its first run (core/cuda/lt_plans.h) among the candidates
+// whose result is the heuristic's first choice's bit for bit on that run's operands. A linear at a
+// BERT-base feed-forward shape (its bias in the epilogue, the input's and the weight's gradients: the three
+// kinds of product of a training step), and the batched product of the Q, K and V projections, forward
+// and backward on a device that tunes and on one that keeps the heuristic's choice: the same bits, on the
+// operands tuned on and on others, in each precision.
+TEST_F(CudaOps, GemmTuningKeepsTheHeuristicsBits) {
+  const std::vector<Shape> linear = {Shape{8, 512, 768}, Shape{3072, 768}, Shape{3072}};
+  const Build feed_forward = [](Graph<float>& g, const std::vector<Var>& in) {
+    return ops::linear(g, in[0], in[1], in[2]);
+  };
+  const std::vector<Shape> batched = {Shape{3, 4096, 768}, Shape{3, 768, 768}};
+  const Build projections = [](Graph<float>& g, const std::vector<Var>& in) {
+    return ops::matmul(g, in[0], in[1], false, true);
+  };
+  for (const Precision precision : {Precision::kBf16, Precision::kTf32, Precision::kFp32}) {
+    SCOPED_TRACE(precision_name(precision));
+    const std::unique_ptr<Device> tuned = Device::cuda(0, precision), plain = Device::cuda(0, precision);
+    plain->cuda_context()->lt_plans->tune = false;
+    for (const auto& [shapes, build] : {std::pair{linear, feed_forward}, std::pair{batched, projections}})
+      for (const uint32_t seed : {1u, 2u}) {  // the first run tunes; the second multiplies other operands
+        SCOPED_TRACE(seed);
+        std::vector<std::vector<float>> inputs;
+        for (size_t i = 0; i < shapes.size(); ++i)
+          inputs.push_back(random_values(shapes[i].numel(), seed * 10 + uint32_t(i), 0.5f));
+        const std::vector<bool> differentiable(shapes.size(), true);
+        const Result a = run_on(*tuned, shapes, inputs, differentiable, build, seed + 90);
+        const Result b = run_on(*plain, shapes, inputs, differentiable, build, seed + 90);
+        EXPECT_TRUE(a.value == b.value) << "forward";
+        for (size_t i = 0; i < shapes.size(); ++i) EXPECT_TRUE(a.grads[i] == b.grads[i]) << "gradient of input " << i;
+      }
+    const GemmTuning summary = summarize_tuning(*tuned->cuda_context());
+    EXPECT_GE(summary.tuned, 1);
+    EXPECT_EQ(summarize_tuning(*plain->cuda_context()).tuned, 0);
+    EXPECT_LE(summary.chosen_us, summary.first_us);
+    std::printf("  %s %s\n", precision_name(precision).c_str(), summary.describe().c_str());
+  }
+}
+#endif
 
 TEST_F(CudaOps, AddAndMulWithBroadcasting) {
   const std::vector<std::pair<Shape, Shape>> cases = {{{4, 6, 8}, {4, 6, 8}},    {{4, 6, 8}, {6, 8}},
