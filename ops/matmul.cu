@@ -86,8 +86,8 @@ LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const LtProdu
                                                          &c.cublas_workspace_bytes, sizeof c.cublas_workspace_bytes));
   std::array<cublasLtMatmulHeuristicResult_t, kLtCandidates> heuristic{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.d, plan.d, preference,
-                                                               kLtCandidates, heuristic.data(), &found);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.d, plan.d,
+                                                               preference, kLtCandidates, heuristic.data(), &found);
   cublasLtMatmulPreferenceDestroy(preference);
   plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
   if (!plan.found) return plan;
@@ -130,8 +130,8 @@ bool lt_product(const Graph<float>& g, const LtProduct& p) {
           extent(p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, p.ldb, p.stride_b, p.ab),
           extent(p.m, p.n, p.ldd, p.stride_d, p.dt)});
   }
-  BERT_CUBLAS_CHECK(cublasLtMatmul(reinterpret_cast<cublasLtHandle_t>(c.cublas_lt), plan.desc, &p.alpha, p.a, plan.a, p.b,
-                                   plan.b, &p.beta, p.d, plan.d, p.d, plan.d, &plan.algo, c.cublas_workspace,
+  BERT_CUBLAS_CHECK(cublasLtMatmul(reinterpret_cast<cublasLtHandle_t>(c.cublas_lt), plan.desc, &p.alpha, p.a, plan.a,
+                                   p.b, plan.b, &p.beta, p.d, plan.d, p.d, plan.d, &plan.algo, c.cublas_workspace,
                                    c.cublas_workspace_bytes, c.stream));
   return true;
 }
@@ -157,7 +157,6 @@ void gemm(const Graph<float>& g, bool trans_a, bool trans_b, int64_t m, int64_t 
                                                int(ldb), stride_b, a, ab, int(lda), stride_a, &beta, c, ct, int(ldc),
                                                stride_c, int(batch), compute_type(g, ab), CUBLAS_GEMM_DEFAULT));
 }
-
 
 // The bias is added in the GEMM's epilogue (cuBLASLt), so y is written once. Column-major view: y^T (out,
 // rows) = W (out, in) x^T, the bias running along y^T's rows (the bias is of the output's type).

@@ -1,5 +1,5 @@
-// Tuning cuBLASLt plans (core/cuda/lt_plans.h): the heuristic's candidates run on a product's own
-// operands, the fastest of those with the first candidate's bits kept.
+// Tuning cuBLASLt plans (core/cuda/lt_plans.h): the heuristic's candidates run on random operands of a
+// product's shapes, the fastest of those with the first candidate's arithmetic and bits kept.
 #include "core/cuda/lt_plans.h"
 
 #include <cuda_bf16.h>
@@ -21,7 +21,8 @@ constexpr int kTimedRuns = 8;
 // *differ += how many of the n 16-bit words of x and y differ (16 bits: D's element types are 2 or 4 bytes).
 __global__ void count_differences(const uint16_t* x, const uint16_t* y, std::size_t n, unsigned int* differ) {
   unsigned int local = 0;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
     local += x[i] != y[i];
   if (local) atomicAdd(differ, local);
 }
