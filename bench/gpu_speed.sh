@@ -11,9 +11,10 @@
 # Environment: BENCH_STEPS (10), CONFIGS (the "preset batch seq" triples below), PRECISIONS (fp32 tf32
 # bf16), COMPILED_PRECISIONS (bf16: the compiled runs), COMPILE_MODES (default reduce-overhead), MODES (ours:
 # fp32,fp32-fused,fp32-recompute,qat,qat-fused,qat-separate; fp32-fused is the step with fused attention,
-# bert-train's default in BF16, fp32 the unfused one, its default in FP32 and TF32, fp32-recompute the unfused
+# bert-train's default in BF16 and TF32, fp32 the unfused one, its default in FP32, fp32-recompute the unfused
 # one with the scores and probabilities computed again in the backward, --attention recompute; qat-fused the
-# QAT step with the fused attention, bert-train --qat's default in BF16), WARMUP_SECONDS (2).
+# QAT step with the fused attention, bert-train --qat's default in BF16; qat the QAT step with the unfused
+# attention, the default in FP32 and TF32), WARMUP_SECONDS (2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}

@@ -410,18 +410,21 @@ Var Bert::attention(Graph<float>& g, Layer& l, Layer* next, Var x, Var mask, int
                                        [](const Quantizer* q) { return q->mode == QuantMode::kCalibrate; });
   const bool probs_quantized = l.matmul_a.mode == QuantMode::kQuantize;
   const bool fused_here =
-      fuse_attention_ && fits && !calibrating && (!probs_quantized || ops::fused_quantized_attention(g, d, t));
+      fuse_attention_ && fits && !calibrating &&
+      (!probs_quantized || (fuse_quantized_attention_ && ops::fused_quantized_attention(g, d, t)));
   // Inference of a quantized model with exact sums (the products on the integers behind the values).
   const bool exact_products =
       g.on_cuda() && !g.grad_enabled() && !training && exact_sums_ && per_tensor_int8(matmul_inputs, params_);
-  if (g.on_cuda() && fuse_attention_ && !fused_here && !exact_products && !told_unfused_attention_) {
+  const bool chosen = probs_quantized && !fuse_quantized_attention_;  // not told: the caller's choice
+  if (g.on_cuda() && fuse_attention_ && !fused_here && !exact_products && !chosen && !told_unfused_attention_) {
     told_unfused_attention_ = true;
     spdlog::info("attention runs unfused on the GPU: {}",
                  !fits ? fmt::format("head size {} and length {} are outside the fused kernels (head size 16, 32, "
                                      "64 or 128, length up to 512)",
                                      d, t)
                  : calibrating ? "the attention matmuls' inputs are calibrated, which needs the unfused ops' tensors"
-                               : "the attention probabilities' quantizer runs in the BF16 fused kernels only");
+                               : "the attention probabilities' quantizer runs in the tensor-core fused kernels only "
+                                 "(BF16, TF32)");
   }
   const double p = config_.attention_probs_dropout_prob;
   // Float projections into fused attention: one op from x (ops::self_attention: on a GPU the three

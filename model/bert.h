@@ -163,18 +163,24 @@ class Bert {
   void set_exact_sums(bool on);
   // On a GPU, self-attention as one fused op each way (ops::attention) where its kernels cover the head
   // size and length: the (B, H, T, T) scores and probabilities never reach memory. In QAT the probabilities'
-  // quantizer runs inside the BF16 kernels (Q, K and V are fake-quantized before them); calibrating the
-  // attention matmuls' quantizers, or their QAT in FP32 and TF32, runs the unfused ops. Off unless set; where
-  // it cannot run fused the log says why, once.
-  void set_fused_attention(bool on) { fuse_attention_ = on; }
+  // quantizer runs inside the tensor-core kernels (BF16, TF32; Q, K and V are fake-quantized before them)
+  // unless with_quantizer is false; calibrating the attention matmuls' quantizers, or their QAT in FP32,
+  // runs the unfused ops. Off unless set; where it cannot run fused the log says why, once.
+  void set_fused_attention(bool on, bool with_quantizer = true) {
+    fuse_attention_ = on;
+    fuse_quantized_attention_ = with_quantizer;
+  }
   // Where the attention runs unfused in a step with F32 activations (FP32, TF32, the CPU): its (B, H, T, T)
   // scores and probabilities computed again in the backward instead of kept until the step ends
   // (ops::recompute), for one more pass of the attention's forward. Off unless set (bert-train --attention
   // recompute).
   void set_recompute_attention(bool on) { recompute_attention_ = on; }
-  // Whether the fused kernels are the faster choice in a precision: BF16 (tensor cores, the tiles in
-  // registers); in FP32 and TF32 the unfused ops' cuBLAS products are faster (bert-train --attention auto).
-  static bool fused_attention_is_faster(Precision p) { return p == Precision::kBf16; }
+  // Whether the fused kernels are the faster choice in a precision (bert-train --attention auto): in BF16
+  // and TF32 (tensor cores, the tiles in registers); in FP32 the unfused ops' cuBLAS products are faster.
+  // With the probabilities' quantizer (QAT) in BF16 only: TF32's QAT step runs faster unfused (its fused
+  // forward makes the scores twice, to normalise the probabilities before the quantizer).
+  static bool fused_attention_is_faster(Precision p) { return p == Precision::kBf16 || p == Precision::kTf32; }
+  static bool fused_quantized_attention_is_faster(Precision p) { return p == Precision::kBf16; }
 
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);
@@ -301,6 +307,7 @@ class Bert {
   std::vector<float> integer_decoder_scales_;
   bool fuse_quantizers_ = true;
   bool fuse_attention_ = false;
+  bool fuse_quantized_attention_ = true;  // with fuse_attention_: the probabilities' quantizer inside the kernels
   bool recompute_attention_ = false;
   bool told_unfused_attention_ = false;  // the log line saying why attention runs unfused, once
   bool exact_sums_ = true;               // set_exact_sums

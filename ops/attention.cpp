@@ -37,7 +37,12 @@ Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double 
 }
 
 bool fused_quantized_attention(const Graph<float>& g, int64_t head_size, int64_t length) {
-  return fused_attention(g, head_size, length) && g.activation_dtype() == DType::kBF16;
+#if BERT_WITH_CUDA
+  return g.on_cuda() && cuda_impl::attention_on_tensor_cores(g, head_size, length);
+#else
+  (void)g, (void)head_size, (void)length;
+  return false;
+#endif
 }
 
 template <typename T>

@@ -8,12 +8,13 @@
 // unfused agree element for element.
 //
 // Two sets of kernels, each forward with its two backward kernels:
-// - BF16 (FlashAttention-2 style, in ops/attention_bf16.cu): four warps a block, 16 rows a warp; the
-//   scores, probabilities and their gradients stay in registers as tensor-core fragments (mma.sync,
-//   ops/cuda/mma.cuh) from one product to the next; the forward's softmax is online (running maximum and
-//   sum, the output rescaled).
-// - FP32 and TF32 steps (FP32 FMAs, so they keep their FP32 arithmetic): each block keeps whole rows of
-//   scores in shared memory (lengths up to 512), so the softmax is exact in one pass; 16 x 16 tiles a warp.
+// - BF16 and TF32 steps (FlashAttention-2 style, in ops/attention_flash.cu): four warps a block, 16 rows a
+//   warp; the scores, probabilities and their gradients stay in registers as tensor-core fragments
+//   (mma.sync, ops/cuda/mma.cuh) from one product to the next; the forward's softmax is online (running
+//   maximum and sum, the output rescaled). TF32 steps where a GPU's shared memory holds their FP32 tiles
+//   (head size 128 needs 205 KB a block), else the FP32 kernels below.
+// - FP32 steps (FP32 FMAs, so they keep their FP32 arithmetic): each block keeps whole rows of scores in
+//   shared memory (lengths up to 512), so the softmax is exact in one pass; 16 x 16 tiles a warp.
 //   forward      block = (query tile, b h): S = alpha Q K^T + mask, P = softmax(S), O = dropout(P) V
 //   backward dq  block = (query tile, b h): Di = rowsum(dO * O), dP = dO V^T, dS = P (keep dP - Di),
 //                dQ = alpha dS K
@@ -400,14 +401,25 @@ int rows_that_fit(int padded, size_t limit) {
 
 size_t shared_limit(const Graph<float>& g) { return cuda::context(g.device()).shared_optin; }
 
-// The forward's kernel: out and each row's log-sum-exp from Q, K, V (the BF16 kernels for A = bf16, else
-// the FP32 ones; `passed` as launch_flash_forward's, BF16 only). q.rows set, grid (query tiles, B H).
+// Whether the tensor-core kernels (ops/attention_flash.cu) run for A on g: always for BF16; for FP32
+// operands in a TF32 step where their tiles fit the GPU's shared memory.
+template <int D, typename A>
+bool flash(const Graph<float>& g) {
+  if constexpr (std::is_same_v<A, bf16>) return true;
+  return g.device().precision() == Precision::kTf32 && flash_shared_bytes<float>(D) <= shared_limit(g);
+}
+
+// The forward's kernel: out and each row's log-sum-exp from Q, K, V (the tensor-core kernels where flash()
+// says so, else the FP32 ones; `passed` as launch_flash_forward's, tensor-core kernels only). q.rows set,
+// grid (query tiles, B H).
 template <int D, typename A>
 void forward_kernels(const Graph<float>& g, const Geometry& q, dim3 query_grid, A* out, A* passed, float* lse,
                      const A* qp, const A* kp, const A* vp) {
-  if constexpr (std::is_same_v<A, bf16>) {
+  if (flash<D, A>(g)) {
     launch_flash_forward(g, D, query_grid, out, passed, lse, qp, kp, vp, q);
-  } else {
+    return;
+  }
+  if constexpr (!std::is_same_v<A, bf16>) {
     (void)passed;
     const size_t fwd = forward_bytes<D, A>(q.rows, q.padded);
     allow_shared(attention_forward<D, A>, fwd);
@@ -429,9 +441,10 @@ void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64
                       const AttentionGrads<A>& d, bool keys, const A* qp, const A* kp, const A* vp, const A* op,
                       const A* dop, const float* lse) {
   float* di = g.scratch<float>(size_t(bh * t));
-  if constexpr (std::is_same_v<A, bf16>) {
+  const bool tensor_cores = flash<D, A>(g);
+  if (tensor_cores) {
     launch_flash_backward_query(g, D, query_grid, d.dq, d.accumulate_q, di, qp, kp, vp, op, dop, lse, q);
-  } else {
+  } else if constexpr (!std::is_same_v<A, bf16>) {
     const size_t query_bytes = backward_query_bytes<D, A>(q.rows, q.padded);
     allow_shared(attention_backward_query<D, A>, query_bytes);
     attention_backward_query<D, A><<<query_grid, 32 * (q.rows / 16), query_bytes, cuda::stream(g)>>>(
@@ -440,9 +453,9 @@ void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64
   BERT_CUDA_LAUNCHED();
   if (!keys) return;
   const dim3 key_grid(unsigned((t + kKeyTile - 1) / kKeyTile), unsigned(bh));
-  if constexpr (std::is_same_v<A, bf16>) {
+  if (tensor_cores) {
     launch_flash_backward_key(g, D, key_grid, d.dk, d.accumulate_k, d.dv, d.accumulate_v, qp, kp, vp, dop, lse, di, q);
-  } else {
+  } else if constexpr (!std::is_same_v<A, bf16>) {
     const size_t key_bytes = backward_key_bytes<D, A>();
     allow_shared(attention_backward_key<D, A>, key_bytes);
     attention_backward_key<D, A><<<key_grid, 32 * (kKeyTile / 16), key_bytes, cuda::stream(g)>>>(
@@ -453,19 +466,20 @@ void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64
 
 template <int D, typename A>
 Geometry with_rows(const Graph<float>& g, Geometry q) {
-  q.rows = std::is_same_v<A, bf16> ? kFlashRows : rows_that_fit<D, A>(q.padded, shared_limit(g));
+  q.rows = flash<D, A>(g) ? kFlashRows : rows_that_fit<D, A>(q.padded, shared_limit(g));
   return q;
 }
 
 // The forward and its backward on three (B, T, C) nodes, with the probabilities' quantizer where `probs` is
-// given (BF16 only): its scale is then an input of the output, which takes its gradient.
+// given (tensor-core kernels only): its scale is then an input of the output, which takes its gradient.
 template <int D, typename A>
 Var fused(Graph<float>& g, Var qv, Var kv, Var vv, Geometry geometry, int64_t batch, DType dtype,
           const QuantizeOutput* probs) {
   const int64_t bh = batch * geometry.heads, t = geometry.length;
   Var scale;
   if (probs) {
-    BERT_CHECK((std::is_same_v<A, bf16>), "attention: the probabilities' quantizer runs in the BF16 kernels only");
+    BERT_CHECK((flash<D, A>(g)),
+               "attention: the probabilities' quantizer runs in the BF16 and TF32 tensor-core kernels only");
     const cuda::QuantizeLaunch launch = cuda::fused_launch(g, *probs, bh * t * t);
     scale = probs->scale;
     geometry.probs_scale = launch.scale;
@@ -684,12 +698,21 @@ bool attention_fits(const Graph<float>& g, int64_t head_size, int64_t length) {
   const size_t limit = shared_limit(g);
   auto fits = [&](auto size) {
     constexpr int D = decltype(size)::value;
-    if (dtype == DType::kBF16) return flash_shared_bytes(D) <= limit;
-    return rows_that_fit<D, float>(padded, limit) > 0 && backward_key_bytes<D, float>() <= limit;
+    if (dtype == DType::kBF16) return flash_shared_bytes<bf16>(D) <= limit;
+    return flash<D, float>(g) ||
+           (rows_that_fit<D, float>(padded, limit) > 0 && backward_key_bytes<D, float>() <= limit);
   };
   bool fit = false;
   with_head_size(int(head_size), [&](auto size) { fit = fits(size); });
   return fit;
+}
+
+bool attention_on_tensor_cores(const Graph<float>& g, int64_t head_size, int64_t length) {
+  if (!attention_fits(g, head_size, length)) return false;
+  if (g.activation_dtype() == DType::kBF16) return true;
+  bool tensor_cores = false;
+  with_head_size(int(head_size), [&](auto size) { tensor_cores = flash<decltype(size)::value, float>(g); });
+  return tensor_cores;
 }
 
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,

@@ -74,11 +74,13 @@ std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInp
 std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::array<Var, 3>& weights,
                                          const std::array<Var, 3>& biases,
                                          const std::array<QuantizeOutput, 3>& quantizers);
-// Fused attention (ops::attention, with the probabilities' quantizer where `probs` is given: BF16 only)
-// and whether its kernels cover a head size and length on g's GPU in g's activation dtype.
+// Fused attention (ops::attention, with the probabilities' quantizer where `probs` is given: the tensor-core
+// kernels only), whether its kernels cover a head size and length on g's GPU in g's activation dtype, and
+// whether those are the tensor-core kernels (BF16 steps; TF32 steps where their tiles fit shared memory).
 Var attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
               Rng& rng, const QuantizeOutput* probs = nullptr);
 bool attention_fits(const Graph<float>& g, int64_t head_size, int64_t length);
+bool attention_on_tensor_cores(const Graph<float>& g, int64_t head_size, int64_t length);
 // ops::self_attention where attention runs fused (x (B, T, C), C a multiple of 8).
 Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, const std::array<Var, 3>& biases,
                    Var mask, int64_t heads, double alpha, double p, bool training, Rng& rng);

@@ -403,8 +403,9 @@ Var softmax_dropout(Graph<T>& g, Var x, Var mask, double p, bool training, Rng& 
 template <typename T>
 Var attention(Graph<T>& g, Var q, Var k, Var v, Var mask, int64_t heads, double alpha, double p, bool training,
               Rng& rng, const QuantizeOutput& probs);
-// Whether that runs fused: where attention() does, with BF16 activations (the FP32 and TF32 kernels have no
-// quantizer; the ops in sequence run there).
+// Whether that runs fused: where attention() runs on the tensor-core kernels (BF16 steps, and TF32 steps
+// where their tiles fit the GPU's shared memory; the FP32 kernels have no quantizer, the ops in sequence run
+// there).
 bool fused_quantized_attention(const Graph<float>& g, int64_t head_size, int64_t length);
 // Attention's products on fake-quantized operands as inference with exact sums makes them, on a GPU
 // (forward only): q, k, v (B, T, H x D) fake-quantized at scales.q, .k, .v (per tensor, to [-128, 127]);

@@ -550,8 +550,10 @@ int run(Args& a) {
                     "--save-calibrated");
   model.place_on(*device);
   model.round_weights_for_inference();
-  // Self-attention fused where that is the faster (BF16 on a GPU; a float model's, not the integer engine's).
-  model.set_fused_attention(device->is_cuda() && model::Bert::fused_attention_is_faster(a.precision));
+  // Self-attention fused where that is the faster (BF16 and TF32 on a GPU, with the probabilities' quantizer
+  // in BF16; a float model's, not the integer engine's).
+  model.set_fused_attention(device->is_cuda() && model::Bert::fused_attention_is_faster(a.precision),
+                            model::Bert::fused_quantized_attention_is_faster(a.precision));
   Graph<float> g(*device);
   Evaluation e{a, model, state, g, task_model, Json{}};
   e.report["checkpoint"] = a.checkpoint;

@@ -189,12 +189,12 @@ void add_run_options(CLI::App& app, Args& a) {
                  "tensors); weights, optimizer, losses and quantizer scales stay FP32");
   app.add_option("--attention", a.attention,
                  "self-attention on a GPU: fused (one kernel each way: the (batch, heads, length, length) scores "
-                 "never reach memory; head size 16/32/64/128, length up to 512, not where QAT quantizes the "
-                 "attention matmuls' inputs), unfused (separate ops, their scores and probabilities kept for the "
-                 "backward), recompute (FP32 and TF32: the separate ops, the backward computing the scores and "
-                 "probabilities again instead of keeping them: much less memory than unfused, a few percent "
-                 "slower, faster than fused there; in BF16 as fused), or auto: fused in BF16 (there the faster "
-                 "and smaller), unfused in FP32 and TF32 (there the fastest)")
+                 "never reach memory; head size 16/32/64/128, length up to 512; QAT's probabilities quantized "
+                 "inside the kernels in BF16 and TF32), unfused (separate ops, their scores and probabilities kept "
+                 "for the backward), recompute (FP32 and TF32: the separate ops, the backward computing the scores "
+                 "and probabilities again instead of keeping them: much less memory than unfused, a few percent "
+                 "slower; in BF16 as fused), or auto: fused in BF16 and TF32 (there the faster and smaller; TF32's "
+                 "QAT step unfused, there the faster), unfused in FP32 (there the faster)")
       ->check(CLI::IsMember({"auto", "fused", "unfused", "recompute"}))
       ->capture_default_str();
   app.add_flag("!--no-cuda-graphs", a.o.cuda_graphs,
@@ -220,6 +220,8 @@ void resolve(Args& a, const CLI::App& app) {
   o.fused_attention = a.attention == "fused" ||
                       (a.attention == "auto" && bert::model::Bert::fused_attention_is_faster(o.precision)) ||
                       (a.attention == "recompute" && o.precision == bert::Precision::kBf16);
+  o.fused_quantized_attention =
+      a.attention != "auto" || bert::model::Bert::fused_quantized_attention_is_faster(o.precision);
   o.recompute_attention = a.attention == "recompute" && !o.fused_attention;
   o.schedule = train::parse_schedule(a.schedule);
   o.optimizer.kind = train::parse_optimizer(a.optimizer);

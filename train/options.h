@@ -36,7 +36,8 @@ struct TrainOptions {
   // tf32 or bf16 on a GPU; fp32 or bf16 on the CPU: BF16 products, FP32 tensors; Precision in core/device.h).
   std::string device = "cpu";
   Precision precision = Precision::kFp32;
-  bool fused_attention = false;  // on a GPU: Bert::set_fused_attention (--attention fused; auto in BF16)
+  bool fused_attention = false;  // on a GPU: Bert::set_fused_attention (--attention fused; auto in BF16, TF32)
+  bool fused_quantized_attention = true;  // with it, QAT's too (--attention auto: in BF16 only)
   bool recompute_attention = false;  // Bert::set_recompute_attention (--attention recompute in FP32, TF32)
   // On one GPU, each step recorded and launched as one CUDA graph once its shape has settled
   // (core/step_graph.h; --no-cuda-graphs: op by op).

@@ -178,7 +178,7 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
   // On a GPU the arena gets its device mirror now, so the optimizer's moments live there too; values
   // are loaded or initialised on the host and uploaded in start_state.
   model_.place_on(*device_);
-  model_.set_fused_attention(o.fused_attention);
+  model_.set_fused_attention(o.fused_attention, o.fused_quantized_attention);
   model_.set_recompute_attention(o.recompute_attention);
   ParameterArena<float>& params = model_.parameters();
   std::vector<bool> decays;

@@ -1,6 +1,6 @@
-// What the two kernel sets of the fused attention (ops/attention.cu: FP32 and TF32, and the dispatch;
-// ops/attention_bf16.cu: BF16 on the tensor cores) share: the problem's geometry, the mask and dropout
-// as both read them, the head sizes they are made for, and the BF16 kernels' launches.
+// What the two kernel sets of the fused attention (ops/attention.cu: FP32, and the dispatch;
+// ops/attention_flash.cu: BF16 and TF32 on the tensor cores) share: the problem's geometry, the mask and
+// dropout as both read them, the head sizes they are made for, and the tensor-core kernels' launches.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,7 +35,7 @@ struct Geometry {
   // word j / 32 for key j. The backward reads them instead of drawing again.
   uint32_t* bits;
   int words;
-  // The probabilities' quantizer (the BF16 kernels only): fake_quantize of the dropped-out probabilities
+  // The probabilities' quantizer (the tensor-core kernels only): fake_quantize of the dropped-out probabilities
   // before the product with V, per tensor at *probs_scale to [probs_lo, probs_hi] (nullptr: none), its
   // saturations counted into probs_clipped (or not: nullptr). The backward's LSQ scale gradient goes to
   // probs_grad (nullptr: none) times probs_grad_scale, summed over the key-side grid's blocks in
@@ -82,7 +82,7 @@ void with_head_size(int head_size, F&& f) {
   }
 }
 
-// Rows of every tile of the BF16 kernels: a block's own 64 query rows (or keys) and each streamed tile.
+// Rows of every tile of the tensor-core kernels: a block's own 64 query rows (or keys) and each streamed tile.
 constexpr int kFlashRows = 64;
 
 // A kernel's dynamic shared memory above the default 48 KiB.
@@ -91,24 +91,25 @@ void allow_shared(Kernel kernel, size_t bytes) {
   BERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// The BF16 kernels (ops/attention_bf16.cu), head sizes 16, 32, 64 and 128: the shared memory a block of
-// theirs needs (the larger of forward and backward), and their launches on the graph's stream, grids of
-// (query tiles or key tiles of 64, B H).
+// The tensor-core kernels (ops/attention_flash.cu) for E = cuda::bf16 (BF16 steps) or float (TF32 steps),
+// head sizes 16, 32, 64 and 128: the shared memory a block of theirs needs (the largest of the three kernels),
+// and their launches on the graph's stream, grids of (query tiles or key tiles of 64, B H).
+template <typename E>
 size_t flash_shared_bytes(int head_size);
 // With the probabilities' quantizer (geometry.probs_scale), the forward also writes `passed`: the context
 // of the dropped-out probabilities where the quantizer passes their gradient (inside its range), else 0,
 // which the query-side backward reads in place of `out` for Di (the softmax's row sum of gradient times
 // probability).
-void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* out, cuda::bf16* passed,
-                          float* lse, const cuda::bf16* q, const cuda::bf16* k, const cuda::bf16* v,
-                          const Geometry& geometry);
-void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* dq, bool accumulate,
-                                 float* di, const cuda::bf16* q, const cuda::bf16* k, const cuda::bf16* v,
-                                 const cuda::bf16* out, const cuda::bf16* dout, const float* lse,
+template <typename E>
+void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, E* out, E* passed, float* lse, const E* q,
+                          const E* k, const E* v, const Geometry& geometry);
+template <typename E>
+void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, E* dq, bool accumulate, float* di,
+                                 const E* q, const E* k, const E* v, const E* out, const E* dout, const float* lse,
                                  const Geometry& geometry);
-void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, cuda::bf16* dk, bool accumulate_k,
-                               cuda::bf16* dv, bool accumulate_v, const cuda::bf16* q, const cuda::bf16* k,
-                               const cuda::bf16* v, const cuda::bf16* dout, const float* lse, const float* di,
-                               const Geometry& geometry);
+template <typename E>
+void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, E* dk, bool accumulate_k, E* dv,
+                               bool accumulate_v, const E* q, const E* k, const E* v, const E* dout, const float* lse,
+                               const float* di, const Geometry& geometry);
 
 }  // namespace bert::ops::cuda_impl

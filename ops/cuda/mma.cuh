@@ -1,5 +1,5 @@
-// Warp-level BF16 tensor-core products with the operands in registers (mma.sync m16n8k16, FP32
-// accumulation; sm_80 and later), and the shared-memory loads (ldmatrix) that give their fragments. For
+// Warp-level BF16 (and TF32, further below) tensor-core products with the operands in registers (mma.sync
+// m16n8k16, FP32 accumulation; sm_80 and later), and the shared-memory loads (ldmatrix) that give their fragments. For
 // kernels that keep a tile's results in registers between products (ops/attention.cu's BF16 kernels),
 // where WMMA's opaque fragments would go through shared memory.
 //
@@ -80,6 +80,66 @@ __device__ __forceinline__ void a_from_c(uint32_t (&a)[4], const Accumulator& le
   a[1] = pack(left[2], left[3]);
   a[2] = pack(right[0], right[1]);
   a[3] = pack(right[2], right[3]);
+}
+
+// --- TF32 products (mma.sync m16n8k8, FP32 accumulation; sm_80 and later) on FP32 operands, each rounded to
+// TF32 (10 mantissa bits, to nearest) as its fragment is formed. Fragments (lane l, g = l / 4, t = l % 4):
+//   A (16 x 8, 4 registers): a[0] row g, column t; a[1] row g + 8, column t; a[2], a[3] the same rows,
+//   column t + 4;
+//   B (8 x 8, 2 registers): b0 k row t of column g, b1 k row t + 4; C as above.
+// A C tile feeds the next product as an A fragment over its 8 columns with the k order permuted (slot t
+// is column 2t, slot t + 4 column 2t + 1: a_from_c_tf32), so the B fragment read with it takes its k rows
+// in that order (load_b_permuted_tf32).
+
+// x rounded to TF32 (to nearest, ties away from zero), as the 32-bit register an operand fragment holds.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += a b (16 x 8 by 8 x 8, TF32 operands, FP32 accumulation).
+__device__ __forceinline__ void product_tf32(Accumulator& d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The A fragment of the 16 x 8 tile at row r0, column c0 of a row-major float array (row stride ld, rows
+// 16-byte aligned). ldmatrix's 8 x 8 matrices of 16-bit values are 8 x 4 floats here: register m of lane l
+// holds float l % 4 of row l / 4 of matrix m, which is the fragment's layout.
+__device__ __forceinline__ void load_a_tf32(uint32_t (&a)[4], const float* s, int ld, int r0, int c0) {
+  const int lane = threadIdx.x % 32;
+  load_matrices<false>(a, s + (r0 + lane % 8 + ((lane / 8) % 2) * 8) * ld + c0 + (lane / 16) * 4);
+  for (uint32_t& x : a) x = to_tf32(__uint_as_float(x));
+}
+
+// The B fragments of two adjacent 8-column tiles, columns n0 .. n0 + 15 over k0 .. k0 + 7, element (k, n)
+// at s[n ld + k] (B transposed, as K for Q K^T): b[0], b[1] for columns n0 .. n0 + 7, b[2], b[3] for the next 8.
+__device__ __forceinline__ void load_b_pair_tf32(uint32_t (&b)[4], const float* s, int ld, int k0, int n0) {
+  const int lane = threadIdx.x % 32;
+  load_matrices<false>(b, s + (n0 + lane % 8 + (lane / 16) * 8) * ld + k0 + ((lane / 8) % 2) * 4);
+  for (uint32_t& x : b) x = to_tf32(__uint_as_float(x));
+}
+
+// The A fragment of a C tile's 16 x 8 values in the permuted k order (slot t: column 2t, slot t + 4:
+// column 2t + 1).
+__device__ __forceinline__ void a_from_c_tf32(uint32_t (&a)[4], const Accumulator& c) {
+  a[0] = to_tf32(c[0]);
+  a[1] = to_tf32(c[2]);
+  a[2] = to_tf32(c[1]);
+  a[3] = to_tf32(c[3]);
+}
+
+// The B fragment for an A from a_from_c_tf32: column n0 + g over k rows k0 .. k0 + 7 in the same permuted
+// order, element (k, n) at s[k ld + n] (B row by row, as V for P V).
+__device__ __forceinline__ void load_b_permuted_tf32(uint32_t& b0, uint32_t& b1, const float* s, int ld, int k0,
+                                                     int n0) {
+  const int lane = threadIdx.x % 32;
+  const float* p = s + (k0 + 2 * (lane % 4)) * ld + n0 + lane / 4;
+  b0 = to_tf32(p[0]);
+  b1 = to_tf32(p[ld]);
 }
 
 }  // namespace bert::cuda::mma

@@ -44,6 +44,14 @@ constexpr double kBf16 = 2e-2;
 // probability across a rounding boundary of its quantizer now and then, which moves an output by a step
 // (2^-8) times a value of V. In BF16 the output's rounding comes on top: kBf16 there.
 constexpr double kAttentionQuantized = 1e-4;
+// The fused attention's TF32 kernels against the FP32 CPU: each operand of the products rounded to 10
+// mantissa bits (relative error up to 2^-11), sums in FP32.
+constexpr double kTf32Attention = 5e-3;
+// The same with the probabilities' quantizer: the fused kernels' probabilities (2 to the power of the scaled
+// score less the log-sum-exp) differ from the ops' in their last bits, which now and then moves one across a
+// rounding boundary of the quantizer: an output then moves by a step (2^-8) times a value of V, up to 1% of
+// the largest output.
+constexpr double kTf32AttentionQuantized = 1e-2;
 
 struct Result {
   std::vector<float> value;
@@ -670,6 +678,44 @@ TEST_F(CudaOps, FusedAttentionGivesTheComposedOps) {
               return ops::attention(g, in[0], in[1], in[2], m, c.h, alpha, p, /*training=*/true, rng);
             },
             kGemm, 2 * kGemm, {}, 1.5f);
+      }
+}
+
+// The same on the TF32 tensor-core kernels (a TF32 step): head sizes 16 to 128, lengths 7 to 512, masked,
+// dropout; the probabilities' quantizer runs in them too (fused_quantized_attention).
+TEST_F(CudaOps, FusedAttentionOnTf32TensorCoresGivesTheComposedOps) {
+  struct Case {
+    int64_t b, h, t, d;
+  };
+  const std::unique_ptr<Device> tf32 = Device::cuda(0, Precision::kTf32);
+  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{3, 2, 100, 64}, Case{2, 2, 128, 64},
+                       Case{1, 2, 200, 128}, Case{1, 1, 512, 64}})
+    for (bool masked : {false, true})
+      for (double p : {0.0, 0.1}) {
+        SCOPED_TRACE("B " + std::to_string(c.b) + " H " + std::to_string(c.h) + " T " + std::to_string(c.t) + " D " +
+                     std::to_string(c.d) + (masked ? ", masked" : "") + ", dropout " + std::to_string(p));
+        Graph<float> probe(*tf32), probe_fp32(*gpu_);
+        ASSERT_TRUE(ops::fused_attention(probe, c.d, c.t));
+        ASSERT_TRUE(ops::fused_quantized_attention(probe, c.d, c.t)) << "the tensor-core kernels run in TF32";
+        EXPECT_FALSE(ops::fused_quantized_attention(probe_fp32, c.d, c.t)) << "FP32 keeps its FP32 kernels";
+        std::vector<float> mask(static_cast<size_t>(c.b * c.t), 0.0f);
+        if (masked)
+          for (int64_t i = c.t * 6 / 10; i < c.t; ++i) mask[(c.b - 1) * c.t + i] = -10000.0f;
+        const Shape s{c.b, c.t, c.h * c.d};
+        const Build build = [&](Graph<float>& g, const std::vector<Var>& in) {
+          Rng rng(77);
+          rng.reserve(5);
+          Var m = masked ? g.input(std::span<const float>(mask), Shape{c.b, c.t}) : Var{};
+          return ops::attention(g, in[0], in[1], in[2], m, c.h, 1.0 / std::sqrt(double(c.d)), p, /*training=*/true,
+                                rng);
+        };
+        std::vector<std::vector<float>> inputs;
+        for (uint32_t i = 0; i < 3; ++i) inputs.push_back(random_values(s.numel(), 11 + i, 1.5f));
+        const Result cpu = run_on(Device::cpu(), {s, s, s}, inputs, {true, true, true}, build, 99);
+        const Result r = run_on(*tf32, {s, s, s}, inputs, {true, true, true}, build, 99);
+        EXPECT_LE(relative_difference(r.value, cpu.value), kTf32Attention) << "forward";
+        for (size_t i = 0; i < 3; ++i)
+          EXPECT_LE(relative_difference(r.grads[i], cpu.grads[i]), kTf32Attention) << "gradient of input " << i;
       }
 }
 
@@ -1505,13 +1551,14 @@ TEST_F(CudaOps, QuantizedGeluSumsTheBiasGradientOfTheLinearItReads) {
 }
 
 // Fused attention with the probabilities' quantizer (QAT) against the ops in sequence on the CPU (scores,
-// softmax, dropout, fake_quantize, context): in BF16 the fused kernels (the probabilities normalised by a
-// first pass, quantized inside), in FP32 the GPU's ops in sequence. Inputs BF16 holds exactly and a scale
+// softmax, dropout, fake_quantize, context): in BF16 and TF32 the fused kernels (the probabilities normalised
+// by a first pass, quantized inside), in FP32 the GPU's ops in sequence. Inputs BF16 holds exactly and a scale
 // of 2^-8 (its multiples too), so BF16 rounds only the output and the gradients; some probabilities past 127
 // steps (0.496) saturate. Values, the gradients of Q, K, V and the scale (LSQ), and the saturation count;
 // lengths from 7 (one partial key tile) to 512 (eight tiles), masked and not, dropout in training and
 // evaluation.
 TEST_F(CudaOps, FusedAttentionWithTheProbabilitiesQuantizerGivesTheOps) {
+  const std::unique_ptr<Device> tf32 = Device::cuda(0, Precision::kTf32);
   struct Case {
     int64_t b, h, t, d;
   };
@@ -1569,19 +1616,22 @@ TEST_F(CudaOps, FusedAttentionWithTheProbabilitiesQuantizerGivesTheOps) {
         SCOPED_TRACE("B " + std::to_string(c.b) + " H " + std::to_string(c.h) + " T " + std::to_string(c.t) + " D " +
                      std::to_string(c.d) + (masked ? ", masked" : "") + ", dropout " + std::to_string(p) +
                      (training ? "" : ", evaluation"));
-        Graph<float> probe(*gpu_bf16_), probe_fp32(*gpu_);
+        Graph<float> probe(*gpu_bf16_), probe_tf32(*tf32), probe_fp32(*gpu_);
         ASSERT_TRUE(ops::fused_quantized_attention(probe, c.d, c.t)) << "the BF16 kernels cover this shape";
+        ASSERT_TRUE(ops::fused_quantized_attention(probe_tf32, c.d, c.t)) << "the TF32 kernels cover this shape";
         EXPECT_FALSE(ops::fused_quantized_attention(probe_fp32, c.d, c.t)) << "FP32: the ops in sequence";
         const Run cpu = run(Device::cpu(), c, masked, p, training);
         EXPECT_GT(cpu.clipped, 0);
-        for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
-          const bool bf16 = gpu->precision() == Precision::kBf16;
-          SCOPED_TRACE(bf16 ? "bf16, fused" : "fp32, the ops in sequence");
+        for (const Device* gpu : {gpu_.get(), gpu_bf16_.get(), tf32.get()}) {
+          const Precision precision = gpu->precision();
+          const double tol = precision == Precision::kBf16   ? kBf16
+                             : precision == Precision::kTf32 ? kTf32AttentionQuantized
+                                                             : kAttentionQuantized;
+          SCOPED_TRACE(precision == Precision::kFp32 ? "fp32, the ops in sequence" : precision_name(precision) + ", fused");
           const Run r = run(*gpu, c, masked, p, training);
-          EXPECT_LE(relative_difference(r.y, cpu.y), bf16 ? kBf16 : kAttentionQuantized);
-          for (size_t i = 0; i < 3; ++i)
-            EXPECT_LE(relative_difference(r.dqkv[i], cpu.dqkv[i]), bf16 ? kBf16 : kAttentionQuantized) << "input " << i;
-          EXPECT_LE(relative_difference(r.dscale, cpu.dscale), bf16 ? kBf16 : kAttentionQuantized) << "scale";
+          EXPECT_LE(relative_difference(r.y, cpu.y), tol);
+          for (size_t i = 0; i < 3; ++i) EXPECT_LE(relative_difference(r.dqkv[i], cpu.dqkv[i]), tol) << "input " << i;
+          EXPECT_LE(relative_difference(r.dscale, cpu.dscale), tol) << "scale";
           EXPECT_NEAR(double(r.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped) + 1);
         }
       }

@@ -1,5 +1,8 @@
-// The fused attention's BF16 kernels (ops::attention in a BF16 step; ops/attention.cu has the contract,
-// the FP32 and TF32 kernels and the dispatch): FlashAttention-2 style on the tensor cores.
+// The fused attention's tensor-core kernels, FlashAttention-2 style (ops::attention in BF16 and TF32 steps;
+// ops/attention.cu has the contract, the FP32 kernels and the dispatch). One set of kernels for both
+// element types E: BF16 operands in m16n8k16 products, or FP32 operands rounded to TF32 as their fragments
+// are formed, in m16n8k8 products (ops/cuda/mma.cuh); everything else (softmax, dropout, the quantizer,
+// the pipeline) the same arithmetic in FP32 registers.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -15,7 +18,7 @@ namespace {
 
 using cuda::bf16;
 
-// --- BF16: the tiles in registers between products (mma.sync, ops/cuda/mma.cuh), FlashAttention-2 style.
+// --- The tiles in registers between products (mma.sync, ops/cuda/mma.cuh), FlashAttention-2 style.
 // A block of four warps takes 64 query rows (forward, dQ) or 64 keys (dK, dV), 16 a warp; the other side
 // streams through shared memory 64 rows at a time, copied asynchronously (cp.async) while the previous
 // tile is multiplied. Scores, probabilities and their gradients live only in registers (C fragments),
@@ -24,9 +27,10 @@ using cuda::bf16;
 // rescaled as the maximum grows); the backward recomputes the probabilities from the saved log-sum-exp,
 // exactly normalised, as the FP32 kernels do.
 constexpr float kLog2e = 1.4426950408889634f;
-// Shared row stride: 8 elements past D put the 8 rows an ldmatrix reads in 8 distinct 16-byte bank groups.
-template <int D>
-constexpr int kFlashLd = D + 8;
+// Shared row stride: 16 bytes past D put the 8 rows an ldmatrix reads in 8 distinct 16-byte bank groups
+// (and TF32's B reads of V, rows 2t and columns g, in 32 distinct banks).
+template <int D, typename E>
+constexpr int kFlashLd = D + 16 / int(sizeof(E));
 // Blocks an SM the register budget is set for: the forward and dQ kernels four up to head size 64 (128
 // registers a thread), two beyond; the dK dV kernel, with two accumulators, three up to 64 (at 64 it
 // spills 112 bytes a thread and still takes 5% less time than at two, an H200 at length 128), two beyond.
@@ -34,25 +38,29 @@ template <int D>
 constexpr int kFlashBlocks = D <= 64 ? 4 : 2;
 template <int D>
 constexpr int kFlashKeyBlocks = D <= 64 ? 3 : 2;
+// TF32's tiles take twice the shared memory: at head size 128 a key-side block takes 205 KB, one an SM.
+template <int D, typename E>
+constexpr int kFlashKeyBlocksOf = std::is_same_v<E, float> && D > 64 ? 1 : kFlashKeyBlocks<D>;
 
 // Threads of every BF16 kernel's block: four warps.
 constexpr int kFlashThreads = 128;
 
 // The 64 rows from src (a (B, T, H D) operand, rows `stride` apart) into shared dst, rows from `valid`
 // on as zeros: asynchronous 16-byte copies, part of the caller's next group. A thread copies the same
-// 16 bytes of every (128 / (D / 8))-th row, its addresses advanced by a constant (a thread's copies were
-// the larger part of the forward's instructions with the row and column worked out per copy).
-template <int D>
-__device__ __forceinline__ void copy_rows_async(bf16* dst, const bf16* src, int64_t stride, int valid) {
-  constexpr int kChunks = D / 8, kRowsAPass = kFlashThreads / kChunks;
+// 16 bytes of every (128 / chunks a row)-th row, its addresses advanced by a constant (a thread's copies
+// were the larger part of the forward's instructions with the row and column worked out per copy).
+template <int D, typename E>
+__device__ __forceinline__ void copy_rows_async(E* dst, const E* src, int64_t stride, int valid) {
+  constexpr int kPerChunk = 16 / int(sizeof(E)), kChunks = D / kPerChunk, kRowsAPass = kFlashThreads / kChunks;
   static_assert(kFlashThreads % kChunks == 0 && kFlashRows % kRowsAPass == 0, "whole rows a pass");
-  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * 8;
-  const bf16* from = src + r * stride + c;
-  bf16* to = dst + r * kFlashLd<D> + c;
+  constexpr int ld = kFlashLd<D, E>;
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * kPerChunk;
+  const E* from = src + r * stride + c;
+  E* to = dst + r * ld + c;
 #pragma unroll
   for (int i = 0; i < kFlashRows / kRowsAPass; ++i) {
     const bool row = r + i * kRowsAPass < valid;
-    cuda::mma::copy_async<16>(to + i * kRowsAPass * kFlashLd<D>, row ? from + i * kRowsAPass * stride : src, row);
+    cuda::mma::copy_async<16>(to + i * kRowsAPass * ld, row ? from + i * kRowsAPass * stride : src, row);
   }
 }
 
@@ -66,39 +74,68 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 // s (a warp's 16 x 64 tile, 8 C tiles) = the 16 rows of sa from row r0 times the 64 rows of sb (both
 // row-major over D: s = a b^T).
-template <int D>
-__device__ __forceinline__ void product_tile(float (&s)[8][4], const bf16* sa, int r0, const bf16* sb) {
-  constexpr int ld = kFlashLd<D>;
+template <int D, typename E>
+__device__ __forceinline__ void product_tile(float (&s)[8][4], const E* sa, int r0, const E* sb) {
+  constexpr int ld = kFlashLd<D, E>;
   for (auto& c : s)
     for (float& x : c) x = 0.0f;
+  if constexpr (std::is_same_v<E, float>) {
 #pragma unroll
-  for (int kk = 0; kk < D; kk += 16) {
-    uint32_t a[4];
-    cuda::mma::load_a(a, sa, ld, r0, kk);
+    for (int kk = 0; kk < D; kk += 8) {
+      uint32_t a[4];
+      cuda::mma::load_a_tf32(a, sa, ld, r0, kk);
 #pragma unroll
-    for (int n = 0; n < 8; n += 2) {
-      uint32_t b[4];
-      cuda::mma::load_b_pair<false>(b, sb, ld, kk, n * 8);
-      cuda::mma::product(s[n], a, b[0], b[1]);
-      cuda::mma::product(s[n + 1], a, b[2], b[3]);
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t b[4];
+        cuda::mma::load_b_pair_tf32(b, sb, ld, kk, n * 8);
+        cuda::mma::product_tf32(s[n], a, b[0], b[1]);
+        cuda::mma::product_tf32(s[n + 1], a, b[2], b[3]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t a[4];
+      cuda::mma::load_a(a, sa, ld, r0, kk);
+#pragma unroll
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t b[4];
+        cuda::mma::load_b_pair<false>(b, sb, ld, kk, n * 8);
+        cuda::mma::product(s[n], a, b[0], b[1]);
+        cuda::mma::product(s[n + 1], a, b[2], b[3]);
+      }
     }
   }
 }
 
-// acc (16 x D, D / 8 C tiles) += p (16 x 64, as BF16) times sb (64 rows x D, row-major).
-template <int D>
-__device__ __forceinline__ void accumulate_tile(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* sb) {
-  constexpr int ld = kFlashLd<D>;
+// acc (16 x D, D / 8 C tiles) += p (16 x 64, rounded to E) times sb (64 rows x D, row-major).
+template <int D, typename E>
+__device__ __forceinline__ void accumulate_tile(float (&acc)[D / 8][4], const float (&p)[8][4], const E* sb) {
+  constexpr int ld = kFlashLd<D, E>;
+  if constexpr (std::is_same_v<E, float>) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    uint32_t a[4];
-    cuda::mma::a_from_c(a, p[2 * kk], p[2 * kk + 1]);
+    for (int kk = 0; kk < 8; ++kk) {  // each C tile of p: 8 keys
+      uint32_t a[4];
+      cuda::mma::a_from_c_tf32(a, p[kk]);
 #pragma unroll
-    for (int n = 0; n < D / 8; n += 2) {
-      uint32_t b[4];
-      cuda::mma::load_b_pair<true>(b, sb, ld, kk * 16, n * 8);
-      cuda::mma::product(acc[n], a, b[0], b[1]);
-      cuda::mma::product(acc[n + 1], a, b[2], b[3]);
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t b0, b1;
+        cuda::mma::load_b_permuted_tf32(b0, b1, sb, ld, kk * 8, n * 8);
+        cuda::mma::product_tf32(acc[n], a, b0, b1);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      cuda::mma::a_from_c(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        uint32_t b[4];
+        cuda::mma::load_b_pair<true>(b, sb, ld, kk * 16, n * 8);
+        cuda::mma::product(acc[n], a, b[0], b[1]);
+        cuda::mma::product(acc[n + 1], a, b[2], b[3]);
+      }
     }
   }
 }
@@ -106,7 +143,7 @@ __device__ __forceinline__ void accumulate_tile(float (&acc)[D / 8][4], const fl
 // Element e of C tile n of a warp's tile: row half e / 2 (rows g, g + 8), column n * 8 + 2 t + e % 2.
 __device__ __forceinline__ int tile_column(int n, int e) { return n * 8 + 2 * (threadIdx.x % 4) + e % 2; }
 
-// The two values of a C tile's row as BF16 at p (4-byte aligned), or added to what p holds.
+// The two values of a C tile's row at p (aligned to the pair), or added to what p holds: as BF16, or floats.
 __device__ __forceinline__ void store_pair(bf16* p, float a, float b, bool accumulate) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   if (accumulate) {
@@ -114,6 +151,14 @@ __device__ __forceinline__ void store_pair(bf16* p, float a, float b, bool accum
     v = __floats2bfloat162_rn(__low2float(old) + a, __high2float(old) + b);
   }
   *reinterpret_cast<__nv_bfloat162*>(p) = v;
+}
+__device__ __forceinline__ void store_pair(float* p, float a, float b, bool accumulate) {
+  float2 v{a, b};
+  if (accumulate) {
+    const float2 old = *reinterpret_cast<const float2*>(p);
+    v = float2{old.x + a, old.y + b};
+  }
+  *reinterpret_cast<float2*>(p) = v;
 }
 
 // The quad's four lanes' values combined (each lane holds its own columns of the quad's rows).
@@ -219,8 +264,8 @@ __device__ __forceinline__ void arrive() {
   cuda::mma::wait<1>();
   __syncthreads();
 }
-template <int D, bool kFull>
-__device__ __forceinline__ void refill(bf16* tile, const bf16* src, const Geometry& q, int64_t next) {
+template <int D, bool kFull, typename E>
+__device__ __forceinline__ void refill(E* tile, const E* src, const Geometry& q, int64_t next) {
   __syncthreads();
   if (next < q.padded) copy_rows_async<D>(tile, src + next * q.stride, q.stride, tile_rows<kFull>(q, next));
   cuda::mma::commit();
@@ -300,14 +345,14 @@ __device__ __forceinline__ float quantize_probability(float x, const Geometry& q
 // pass over the K tiles (alternating between sK and sV) finds each row's log-sum-exp; the second computes
 // the probabilities from it as the backward does, and multiplies V by their fake-quantized values (out)
 // and by those the quantizer passes (passed: Di's operand in the backward).
-template <int D, bool kFull, bool kQuant>
+template <int D, bool kFull, bool kQuant, typename E>
 __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
-    flash_forward(bf16* out, bf16* passed, float* lse, const bf16* qp, const bf16* kp, const bf16* vp, Geometry q) {
-  constexpr int ld = kFlashLd<D>;
+    flash_forward(E* out, E* passed, float* lse, const E* qp, const E* kp, const E* vp, Geometry q) {
+  constexpr int ld = kFlashLd<D, E>;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + kFlashRows * ld;
-  bf16* sV = sK + kFlashRows * ld;
+  E* sQ = reinterpret_cast<E*>(smem);
+  E* sK = sQ + kFlashRows * ld;
+  E* sV = sK + kFlashRows * ld;
   const auto [bh, b, q0, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
   const float scale = q.alpha * kLog2e;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running row maximum (base 2); this lane's sum
@@ -320,7 +365,7 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
       copy_rows_async<D>(sV, kp + base + kFlashRows * q.stride, q.stride, tile_rows<kFull>(q, kFlashRows));
     cuda::mma::commit();
     for (int kt = 0; kt < q.padded; kt += kFlashRows) {
-      bf16* tile = kt / kFlashRows % 2 ? sV : sK;
+      E* tile = kt / kFlashRows % 2 ? sV : sK;
       arrive();  // this K (and Q)
       float s[8][4], top[2], rescale[2];
       product_tile<D>(s, sQ, warp * 16, tile);
@@ -387,11 +432,11 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
     const float sum = kQuant ? 1.0f : quad_sum(l[h]);
     if (rows[h] >= q.length) continue;
     const float inv = 1.0f / sum;
-    bf16* row = out + obase + rows[h] * q.out_stride + 2 * t;
+    E* row = out + obase + rows[h] * q.out_stride + 2 * t;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) store_pair(row + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv, false);
     if constexpr (kQuant) {
-      bf16* passed_row = passed + obase + rows[h] * q.out_stride + 2 * t;
+      E* passed_row = passed + obase + rows[h] * q.out_stride + 2 * t;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) store_pair(passed_row + n * 8, o_passed[n][2 * h], o_passed[n][2 * h + 1], false);
       if (t == 0) lse[bh * q.length + rows[h]] = row_lse[h] / kLog2e;
@@ -411,16 +456,16 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
 // V (K) replaced by the next once read. kQuant: dP reaches the probabilities only where their quantizer
 // passes it (dS = P (pass keep dP - Di)), and `op` is the forward's `passed`, so that Di is still the row
 // sum of P times its gradient.
-template <int D, bool kFull, bool kQuant>
+template <int D, bool kFull, bool kQuant, typename E>
 __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
-    flash_backward_query(bf16* dq, bool accumulate, float* di, const bf16* qp, const bf16* kp, const bf16* vp,
-                         const bf16* op, const bf16* dop, const float* lse, Geometry q) {
-  constexpr int ld = kFlashLd<D>;
+    flash_backward_query(E* dq, bool accumulate, float* di, const E* qp, const E* kp, const E* vp,
+                         const E* op, const E* dop, const float* lse, Geometry q) {
+  constexpr int ld = kFlashLd<D, E>;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sdO = sQ + kFlashRows * ld;
-  bf16* sK = sdO + kFlashRows * ld;
-  bf16* sV = sK + kFlashRows * ld;
+  E* sQ = reinterpret_cast<E*>(smem);
+  E* sdO = sQ + kFlashRows * ld;
+  E* sK = sdO + kFlashRows * ld;
+  E* sV = sK + kFlashRows * ld;
   const auto [bh, b, q0, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
   copy_rows_async<D>(sQ, qp + base + q0 * q.stride, q.stride, tile_rows<kFull>(q, q0));
   copy_rows_async<D>(sdO, dop + obase + q0 * q.out_stride, q.out_stride, tile_rows<kFull>(q, q0));
@@ -434,8 +479,8 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
     float s = 0;
     if (rows[h] < q.length)
       for (int c = 8 * t; c < D; c += 32) {
-        const cuda::Pack<bf16, 8> x = cuda::load_pack<8>(op + obase + rows[h] * q.out_stride + c);
-        const cuda::Pack<bf16, 8> y = cuda::load_pack<8>(dop + obase + rows[h] * q.out_stride + c);
+        const cuda::Pack<E, 8> x = cuda::load_pack<8>(op + obase + rows[h] * q.out_stride + c);
+        const cuda::Pack<E, 8> y = cuda::load_pack<8>(dop + obase + rows[h] * q.out_stride + c);
 #pragma unroll
         for (int j = 0; j < 8; ++j) s += cuda::to_float(x.v[j]) * cuda::to_float(y.v[j]);
       }
@@ -485,7 +530,7 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (rows[h] >= q.length) continue;
-    bf16* row = dq + base + rows[h] * q.stride + 2 * t;
+    E* row = dq + base + rows[h] * q.stride + 2 * t;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       store_pair(row + n * 8, q.alpha * acc[n][2 * h], q.alpha * acc[n][2 * h + 1], accumulate);
@@ -494,24 +539,24 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashBlocks<D>)
 
 // One query tile as the key-side kernel reads it: Q and dO rows, and per query its log-sum-exp, Di and the
 // two keep-bit words of the block's keys.
-template <int D>
+template <int D, typename E>
 struct QueryStage {
-  bf16* q;
-  bf16* dout;
+  E* q;
+  E* dout;
   float* lse;
   float* di;
   uint32_t* bits;
-  static constexpr size_t kBytes = size_t(2 * kFlashRows) * kFlashLd<D> * sizeof(bf16) + 4 * kFlashRows * sizeof(float);
+  static constexpr size_t kBytes = size_t(2 * kFlashRows) * kFlashLd<D, E> * sizeof(E) + 4 * kFlashRows * sizeof(float);
   __device__ explicit QueryStage(unsigned char* at)
-      : q(reinterpret_cast<bf16*>(at)),
-        dout(q + kFlashRows * kFlashLd<D>),
-        lse(reinterpret_cast<float*>(dout + kFlashRows * kFlashLd<D>)),
+      : q(reinterpret_cast<E*>(at)),
+        dout(q + kFlashRows * kFlashLd<D, E>),
+        lse(reinterpret_cast<float*>(dout + kFlashRows * kFlashLd<D, E>)),
         di(lse + kFlashRows),
         bits(reinterpret_cast<uint32_t*>(di + kFlashRows)) {}
   // Asynchronous copies of the tile starting at query qt (the caller commits them).
   template <bool kFull>
   __device__ void copy(const Geometry& g, int64_t bh, int64_t base, int64_t obase, int64_t qt, int64_t k0,
-                       const bf16* qp, const bf16* dop, const float* lse_in, const float* di_in) {
+                       const E* qp, const E* dop, const float* lse_in, const float* di_in) {
     const int queries = tile_rows<kFull>(g, qt);
     copy_rows_async<D>(q, qp + base + qt * g.stride, g.stride, queries);
     copy_rows_async<D>(dout, dop + obase + qt * g.out_stride, g.out_stride, queries);
@@ -529,16 +574,16 @@ struct QueryStage {
 // in two stages, the next one copied while this one is multiplied. kQuant: dV from the fake-quantized
 // dropout(P), dS as the query side's, and the quantizer's scale gradient (LSQ: dP times the rounding error
 // inside the range, times the bound outside) summed over the grid.
-template <int D, bool kFull, bool kQuant>
-__global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
-    flash_backward_key(bf16* dk, bool accumulate_k, bf16* dv, bool accumulate_v, const bf16* qp, const bf16* kp,
-                       const bf16* vp, const bf16* dop, const float* lse, const float* di, Geometry q) {
-  constexpr int ld = kFlashLd<D>;
+template <int D, bool kFull, bool kQuant, typename E>
+__global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocksOf<D, E>)
+    flash_backward_key(E* dk, bool accumulate_k, E* dv, bool accumulate_v, const E* qp, const E* kp,
+                       const E* vp, const E* dop, const float* lse, const float* di, Geometry q) {
+  constexpr int ld = kFlashLd<D, E>;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + kFlashRows * ld;
+  E* sK = reinterpret_cast<E*>(smem);
+  E* sV = sK + kFlashRows * ld;
   unsigned char* stages = reinterpret_cast<unsigned char*>(sV + kFlashRows * ld);
-  auto stage = [stages](int i) { return QueryStage<D>(stages + i * QueryStage<D>::kBytes); };
+  auto stage = [stages](int i) { return QueryStage<D, E>(stages + i * QueryStage<D, E>::kBytes); };
   const auto [bh, b, k0, base, obase, warp, g, t, local, keys] = FlashBlock<D>(q);  // the lane's keys: local, keys
   copy_rows_async<D>(sK, kp + base + k0 * q.stride, q.stride, tile_rows<kFull>(q, k0));
   copy_rows_async<D>(sV, vp + base + k0 * q.stride, q.stride, tile_rows<kFull>(q, k0));
@@ -557,7 +602,7 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
       stage(at ^ 1).template copy<kFull>(q, bh, base, obase, qt + kFlashRows, k0, qp, dop, lse, di);
     cuda::mma::commit();
     arrive();  // this stage (and K, V)
-    const QueryStage<D> s_q = stage(at);
+    const QueryStage<D, E> s_q = stage(at);
     const int queries = tile_rows<kFull>(q, qt);
     float s[8][4], dp[8][4];  // S^T and dP^T: the warp's 16 keys by 64 queries
     product_tile<D>(s, sK, warp * 16, s_q.q);
@@ -608,14 +653,19 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocks<D>)
     cuda::add_grid_scale_gradient(scale_part, q.probs_grad, q.probs_grad_scale, q.probs_partial, q.arrivals);
 }
 
-// Shared memory of the BF16 kernels (bytes).
-template <int D>
+// Shared memory of each kernel (bytes): the forward's Q, K, V tiles; the query side's Q, dO, K, V; the key
+// side's K, V and two stages of queries.
+template <int D, typename E>
 constexpr size_t flash_forward_bytes() {
-  return size_t(3 * kFlashRows) * kFlashLd<D> * sizeof(bf16);
+  return size_t(3 * kFlashRows) * kFlashLd<D, E> * sizeof(E);
 }
-template <int D>
-constexpr size_t flash_backward_bytes() {  // either backward kernel (the key side's is the larger)
-  return size_t(2 * kFlashRows) * kFlashLd<D> * sizeof(bf16) + 2 * QueryStage<D>::kBytes;
+template <int D, typename E>
+constexpr size_t flash_query_bytes() {
+  return size_t(4 * kFlashRows) * kFlashLd<D, E> * sizeof(E);
+}
+template <int D, typename E>
+constexpr size_t flash_key_bytes() {
+  return size_t(2 * kFlashRows) * kFlashLd<D, E> * sizeof(E) + 2 * QueryStage<D, E>::kBytes;
 }
 
 // The same with kFull and kQuant (std::bool_constant) as well: whether T is a multiple of the tile (no
@@ -638,50 +688,69 @@ void with_kernel(int head_size, const Geometry& geometry, F&& f) {
 
 }  // namespace
 
+template <typename E>
 size_t flash_shared_bytes(int head_size) {
   size_t bytes = 0;
   with_head_size(head_size, [&](auto size) {
     constexpr int D = decltype(size)::value;
-    bytes = std::max(flash_forward_bytes<D>(), flash_backward_bytes<D>());
+    bytes = std::max({flash_forward_bytes<D, E>(), flash_query_bytes<D, E>(), flash_key_bytes<D, E>()});
   });
   return bytes;
 }
 
-void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, bf16* out, bf16* passed, float* lse,
-                          const bf16* q, const bf16* k, const bf16* v, const Geometry& geometry) {
+template <typename E>
+void launch_flash_forward(const Graph<float>& g, int head_size, dim3 grid, E* out, E* passed, float* lse, const E* q,
+                          const E* k, const E* v, const Geometry& geometry) {
   with_kernel(head_size, geometry, [&](auto size, auto full, auto quant) {
     constexpr int D = decltype(size)::value;
-    const auto kernel = flash_forward<D, decltype(full)::value, decltype(quant)::value>;
-    allow_shared(kernel, flash_forward_bytes<D>());
-    kernel<<<grid, kFlashThreads, flash_forward_bytes<D>(), cuda::stream(g)>>>(out, passed, lse, q, k, v, geometry);
+    constexpr size_t bytes = flash_forward_bytes<D, E>();
+    const auto kernel = flash_forward<D, decltype(full)::value, decltype(quant)::value, E>;
+    allow_shared(kernel, bytes);
+    kernel<<<grid, kFlashThreads, bytes, cuda::stream(g)>>>(out, passed, lse, q, k, v, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
 
-void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, bf16* dq, bool accumulate, float* di,
-                                 const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout,
-                                 const float* lse, const Geometry& geometry) {
+template <typename E>
+void launch_flash_backward_query(const Graph<float>& g, int head_size, dim3 grid, E* dq, bool accumulate, float* di,
+                                 const E* q, const E* k, const E* v, const E* out, const E* dout, const float* lse,
+                                 const Geometry& geometry) {
   with_kernel(head_size, geometry, [&](auto size, auto full, auto quant) {
     constexpr int D = decltype(size)::value;
-    const auto kernel = flash_backward_query<D, decltype(full)::value, decltype(quant)::value>;
-    allow_shared(kernel, flash_backward_bytes<D>());
-    kernel<<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(dq, accumulate, di, q, k, v, out, dout,
-                                                                                lse, geometry);
+    constexpr size_t bytes = flash_query_bytes<D, E>();
+    const auto kernel = flash_backward_query<D, decltype(full)::value, decltype(quant)::value, E>;
+    allow_shared(kernel, bytes);
+    kernel<<<grid, kFlashThreads, bytes, cuda::stream(g)>>>(dq, accumulate, di, q, k, v, out, dout, lse, geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
 
-void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, bf16* dk, bool accumulate_k, bf16* dv,
-                               bool accumulate_v, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                               const float* lse, const float* di, const Geometry& geometry) {
+template <typename E>
+void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, E* dk, bool accumulate_k, E* dv,
+                               bool accumulate_v, const E* q, const E* k, const E* v, const E* dout, const float* lse,
+                               const float* di, const Geometry& geometry) {
   with_kernel(head_size, geometry, [&](auto size, auto full, auto quant) {
     constexpr int D = decltype(size)::value;
-    const auto kernel = flash_backward_key<D, decltype(full)::value, decltype(quant)::value>;
-    allow_shared(kernel, flash_backward_bytes<D>());
-    kernel<<<grid, kFlashThreads, flash_backward_bytes<D>(), cuda::stream(g)>>>(dk, accumulate_k, dv, accumulate_v, q,
-                                                                                k, v, dout, lse, di, geometry);
+    constexpr size_t bytes = flash_key_bytes<D, E>();
+    const auto kernel = flash_backward_key<D, decltype(full)::value, decltype(quant)::value, E>;
+    allow_shared(kernel, bytes);
+    kernel<<<grid, kFlashThreads, bytes, cuda::stream(g)>>>(dk, accumulate_k, dv, accumulate_v, q, k, v, dout, lse, di,
+                                                           geometry);
     BERT_CUDA_LAUNCHED();
   });
 }
+
+// BF16 steps, and TF32 steps (FP32 operands).
+#define BERT_FLASH_KERNELS(E)                                                                                       \
+  template size_t flash_shared_bytes<E>(int);                                                                       \
+  template void launch_flash_forward<E>(const Graph<float>&, int, dim3, E*, E*, float*, const E*, const E*,         \
+                                        const E*, const Geometry&);                                                 \
+  template void launch_flash_backward_query<E>(const Graph<float>&, int, dim3, E*, bool, float*, const E*, const E*, \
+                                               const E*, const E*, const E*, const float*, const Geometry&);        \
+  template void launch_flash_backward_key<E>(const Graph<float>&, int, dim3, E*, bool, E*, bool, const E*, const E*, \
+                                             const E*, const E*, const float*, const float*, const Geometry&);
+BERT_FLASH_KERNELS(bf16)
+BERT_FLASH_KERNELS(float)
+#undef BERT_FLASH_KERNELS
 
 }  // namespace bert::ops::cuda_impl
