@@ -252,7 +252,7 @@ std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len)
       precision_name(o_.precision), double(used) / gib, double(total) / gib, what,
       o_.precision == Precision::kBf16 ? "" : ", or use --precision bf16 (activations in half the memory)",
       o_.fused_attention || o_.recompute_attention ? ""
-      : o_.precision == Precision::kBf16
+      : o_.precision != Precision::kFp32
           ? ", or --attention fused (the attention scores never reach memory)"
           : ", or --attention recompute (the attention scores computed again in the backward instead of kept)");
 }
