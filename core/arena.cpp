@@ -127,6 +127,16 @@ TensorView<T> ParameterArena<T>::device_grads() {
 }
 
 template <typename T>
+TensorView<T> ParameterArena<T>::device_grads(ParamId first, ParamId end) {
+  BERT_CHECK(0 <= first && first <= end && end <= size(), "device_grads(): parameters [" + std::to_string(first) +
+                                                              ", " + std::to_string(end) + ") of " +
+                                                              std::to_string(size()));
+  const int64_t begin = first < size() ? entries_[first].offset : padded_size_;
+  const int64_t stop = end < size() ? entries_[end].offset : padded_size_;
+  return TensorView<T>(device_grads().data() + begin, Shape{stop - begin});
+}
+
+template <typename T>
 void* ParameterArena<T>::bf16_copy_for_update() {
   if (!std::is_same_v<T, float> || !device_->is_cuda() || device_->precision() != Precision::kBf16) return nullptr;
   if (!bf16_copy_.data()) bf16_copy_ = DeviceBuffer(*device_, static_cast<std::size_t>(padded_size_) * 2);

@@ -71,6 +71,9 @@ class ParameterArena {
   // copy stale: its caller may change the values.
   TensorView<T> device_values();
   TensorView<T> device_grads();
+  // The part of device_grads() that holds the gradients of parameters [first, end), their padding
+  // included (end == size(): up to the buffer's end).
+  TensorView<T> device_grads(ParamId first, ParamId end);
 
   // --- the BF16 copy of the device values, for BF16 mixed precision on a GPU: the GEMMs read it instead
   // of rounding every F32 weight at every use. The optimizer writes it beside the values in its own pass:

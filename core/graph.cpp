@@ -24,8 +24,45 @@ Graph<T>::Graph(const Device& device, std::size_t initial_workspace_bytes)
 }
 
 template <typename T>
-T* Graph<T>::allocate(DType dtype, int64_t n) {
-  return static_cast<T*>(workspace_.allocate_bytes(static_cast<std::size_t>(n) * dtype_size(dtype, sizeof(T))));
+void* Graph<T>::allocate_bytes(std::size_t bytes) {
+  if (!in_backward_ && !lent_.empty()) {
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + Workspace::kAlignment - 1) /
+                                Workspace::kAlignment * Workspace::kAlignment;
+    for (Lent& r : lent_) {
+      if (r.given_back || static_cast<std::size_t>(r.end - r.next) < rounded) continue;
+      void* p = r.next;
+      r.next += rounded;
+      return p;
+    }
+  }
+  return workspace_.allocate_bytes(bytes);
+}
+
+template <typename T>
+void Graph<T>::lend(void* memory, std::size_t bytes) {
+  if (!grad_enabled_ || bytes == 0) return;
+  BERT_CHECK(!in_backward_, "lend() during backward");
+  BERT_CHECK(reinterpret_cast<std::uintptr_t>(memory) % Workspace::kAlignment == 0,
+             "lend(): memory not on a " + std::to_string(Workspace::kAlignment) + "-byte boundary");
+  auto* begin = static_cast<std::byte*>(memory);
+  // Leaves made before this call that overlap it are checked when an op takes them (note_consumer).
+  lent_.push_back({begin, begin, begin + bytes, static_cast<int32_t>(nodes_.size()), false});
+}
+
+template <typename T>
+std::size_t Graph<T>::lent_bytes_in_use() const {
+  std::size_t used = 0;
+  for (const Lent& r : lent_) used += static_cast<std::size_t>(r.next - r.begin);
+  return used;
+}
+
+template <typename T>
+void Graph<T>::give_back_lent_above(int32_t index) {
+  for (auto it = lent_.rbegin(); it != lent_.rend(); ++it) {  // the latest first: they are ordered by first_node
+    if (it->given_back || it->first_node <= index) continue;
+    device_->fill_zero(it->begin, static_cast<std::size_t>(it->end - it->begin));
+    it->given_back = true;
+  }
 }
 
 template <typename T>
@@ -168,7 +205,13 @@ void Graph<T>::note_consumer(std::span<const Var> inputs, int32_t consumer) {
   for (Var v : inputs) {
     ++node(v).readers;
     Node& owner = grad_owner(v);
-    if (owner.is_leaf && owner.first_consumer < 0) owner.first_consumer = consumer;
+    if (!owner.is_leaf) continue;
+    if (owner.first_consumer < 0) owner.first_consumer = consumer;
+    const auto* begin = reinterpret_cast<const std::byte*>(owner.grad.data());
+    const std::byte* end = begin + owner.grad.numel() * sizeof(T);
+    for (const Lent& r : lent_)
+      BERT_CHECK(end <= r.begin || begin >= r.end,
+                 "an op takes a parameter whose gradient memory was lent to the forward pass (Graph::lend)");
   }
 }
 
@@ -423,7 +466,9 @@ void Graph<T>::run_closures(const std::function<void(TensorView<T> grad)>& on_fi
     }
   };
   if (profile_) profile_->stop();
+  in_backward_ = true;
   for (auto it = closures_.rbegin(); it != closures_.rend(); ++it) {
+    give_back_lent_above(it->node);  // before anything writes the gradients it held
     report_final_above(it->node);
     // A node whose gradient was never touched contributes nothing: skip its closure.
     if (nodes_[it->node].grad.empty()) continue;
@@ -443,6 +488,7 @@ void Graph<T>::run_closures(const std::function<void(TensorView<T> grad)>& on_fi
       device_->fill_zero(n.grad.data(), n.value.numel() * sizeof(T));
       n.grad_unwritten = false;
     }
+  give_back_lent_above(-1);
   report_final_above(-1);
 }
 
@@ -462,6 +508,9 @@ std::vector<TensorView<T>> Graph<T>::leaf_gradients() const {
 template <typename T>
 void Graph<T>::clear() {
   if (profile_) profile_->stop();
+  give_back_lent_above(-1);  // a forward no backward followed
+  lent_.clear();
+  in_backward_ = false;
   nodes_.clear();
   free_grads_.clear();
   destroy_closures();

@@ -108,10 +108,10 @@ class Graph {
     closures_.push_back(c);
   }
   // Storage on this graph's device, valid until the graph is cleared: for what a forward saves for
-  // its backward.
+  // its backward (in lent memory where there is room: lend()).
   template <typename U>
   U* scratch(std::size_t n) {
-    return workspace_.allocate<U>(n);
+    return static_cast<U*>(allocate_bytes(n * sizeof(U)));
   }
   // Uninitialised host memory valid until the graph is cleared, from the bump allocator of the backward
   // closures' captures: once a step's graph has been built, building it again allocates nothing (for
@@ -228,6 +228,20 @@ class Graph {
   // after that node's closure ran is refused either way (checked).
   void set_reuse_gradients(bool reuse) { reuse_grads_ = reuse; }
 
+  // Lends the forward pass gradient memory that nothing reads or writes until the backward reaches the ops
+  // made before this call: the gradients of parameters that no later op takes (a layer's, once the forward
+  // is past it), whose contents need not be kept. The values and saved tensors of the ops made after this
+  // call go there first, before the workspace; once the backward has run those ops' closures, and before it
+  // runs any closure made earlier, the graph fills all of it with zeros (clear() does so where no backward
+  // came): the gradients start from zero there, so their owner need not zero them first. The memory the
+  // gradients need at the end of a step then holds activations at its middle, where the step's memory
+  // peaks. Checked: an op made later that takes a leaf whose gradient overlaps lent memory throws.
+  // Gradients made by the backward never go there. A no-op while gradients are disabled. `memory` starts
+  // on a Workspace::kAlignment boundary.
+  void lend(void* memory, std::size_t bytes);
+  // Bytes of lent memory the forward has used since the graph was last cleared (for tests and logs).
+  std::size_t lent_bytes_in_use() const;
+
   // The gradient buffers of the leaves that take a gradient (each buffer once): what backward's
   // on_final will report.
   std::vector<TensorView<T>> leaf_gradients() const;
@@ -289,7 +303,22 @@ class Graph {
   Var push_made_by(Node n, const std::source_location& made_by);
   bool any_requires_grad(std::span<const Var> inputs) const;
   // Storage for n elements of `dtype`, as the TensorView<T> a node keeps (whatever the element size).
-  T* allocate(DType dtype, int64_t n);
+  T* allocate(DType dtype, int64_t n) {
+    return static_cast<T*>(allocate_bytes(static_cast<std::size_t>(n) * dtype_size(dtype, sizeof(T))));
+  }
+  // Forward storage: lent memory where a lent range has room (not during backward), else the workspace.
+  void* allocate_bytes(std::size_t bytes);
+  // Memory lent by lend(): bump-allocated from `next`; given back (zero-filled) once the backward has run
+  // the closures of the nodes made after it (index `first_node` on).
+  struct Lent {
+    std::byte* begin;
+    std::byte* next;
+    std::byte* end;
+    int32_t first_node;
+    bool given_back;
+  };
+  // Gives back every lent range whose nodes all lie above `index` (each closure's node, then -1).
+  void give_back_lent_above(int32_t index);
   // backward()'s loop: the closures in reverse, each node's gradient released after its closure.
   void run_closures(const std::function<void(TensorView<T> grad)>& on_final);
   // Storage for an inner node's gradient: a released buffer of the same size, else new memory.
@@ -304,6 +333,8 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<Closure> closures_;  // in recording (topological) order
   std::vector<FreeGrad> free_grads_;  // during backward(); emptied by clear()
+  std::vector<Lent> lent_;            // lend(); emptied by clear()
+  bool in_backward_ = false;          // run_closures() is running: nothing goes into lent memory
   DeviceBuffer transients_[kTransientSlots];  // transient(): kept across clear()
   uint32_t transient_takes_[kTransientSlots] = {};  // how often each slot was handed out
   std::unique_ptr<Graph> sub_;                // sub_graph()

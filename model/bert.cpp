@@ -27,6 +27,7 @@ Bert::Bert(const BertConfig& config) : config_(config) {
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
     Layer l;
+    l.first_param = params_.size();
     l.self_input = Quantizer::activation(params_, p + "attention.self.input_quantizer");
     const std::array<Linear, 3> qkv = Linear::declare_side_by_side(
         params_, {p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"}, c, c, w);
@@ -45,6 +46,7 @@ Bert::Bert(const BertConfig& config) : config_(config) {
     l.attention_add_residual = Quantizer::activation(params_, p + "attention.output.add_residual_quantizer");
     l.output_add_input = Quantizer::activation(params_, p + "output.add_input_quantizer");
     l.output_add_residual = Quantizer::activation(params_, p + "output.add_residual_quantizer");
+    l.end_param = params_.size();
     layers_.push_back(std::move(l));
   }
   for (Layer& l : layers_)  // layers_ is reserved and Bert immovable: the pointers stay valid
@@ -571,6 +573,16 @@ Var Bert::integer_activation_on_gpu(Graph<float>& g, Layer& l, Var x) {
                                     /*integers=*/true)[0];
 }
 
+void Bert::zero_gradients() {
+  if (!lend_gradients_ || !params_.on_cuda() || layers_.empty()) return params_.zero_grad();
+  for (const auto& [first, end] : {std::pair<ParamId, ParamId>{0, layers_.front().first_param},
+                                   std::pair<ParamId, ParamId>{layers_.back().end_param, params_.size()}}) {
+    const TensorView<float> grads = params_.device_grads(first, end);
+    if (grads.numel() > 0)
+      params_.device().fill_zero(grads.data(), static_cast<std::size_t>(grads.numel()) * sizeof(float));
+  }
+}
+
 Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) {
   const int64_t b = in.batch, t = in.seq_len;
   BERT_CHECK(t <= config_.max_position_embeddings, "sequence length " + std::to_string(t) +
@@ -643,6 +655,14 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
       continue;
     }
     x = x_read.empty() ? residual_norm(g, l.output_norm, l.output_add_input, ff, inputs[1], training, rng) : Var{};
+    if (lend_gradients_ && params_.on_cuda()) {  // no later op takes this layer's parameters
+      const TensorView<float> grads = params_.device_grads(l.first_param, l.end_param);
+      const std::size_t bytes = static_cast<std::size_t>(grads.numel()) * sizeof(float);
+      if (training && g.grad_enabled())
+        g.lend(grads.data(), bytes);  // the backward gives them back zeroed
+      else
+        params_.device().fill_zero(grads.data(), bytes);  // as zero_gradients() left them out
+    }
   }
   return x;
 }

@@ -175,6 +175,17 @@ class Bert {
   // (ops::recompute), for one more pass of the attention's forward. Off unless set (bert-train --attention
   // recompute).
   void set_recompute_attention(bool on) { recompute_attention_ = on; }
+  // On a GPU, in a training forward: once the forward is past an encoder layer, that layer's parameter
+  // gradients hold the activations of the layers above it until the backward reaches the layer (Graph::lend),
+  // so the step's memory peak does not hold both; the backward starts them from zero. The same values bit
+  // for bit. Only for a step whose gradients are zeroed (zero_gradients) before its one forward pass: not
+  // with micro-batches accumulating into the gradients (TrainingStep sets it). Off unless set.
+  void set_lend_gradients(bool on) { lend_gradients_ = on; }
+  // Zeroes the parameters' gradients where training runs, before a step's forward pass. With lending on a
+  // GPU (set_lend_gradients) the encoder layers' gradients are left out: every forward then zeroes them
+  // itself (a training forward lends them and its backward fills them with zeros; any other forward fills
+  // them), one pass over them instead of two.
+  void zero_gradients();
   // Whether the fused kernels are the faster choice in a precision (bert-train --attention auto): in BF16
   // and TF32 (tensor cores, the tiles in registers); in FP32 the unfused ops' cuBLAS products are faster.
   // With the probabilities' quantizer (QAT) in BF16 only: TF32's QAT step runs faster unfused (its fused
@@ -212,6 +223,7 @@ class Bert {
     std::shared_ptr<const ops::DeviceInt8Weights> device_projections;
     // On a GPU, the FFN's GELU epilogue table at the output layer's input scale (ops::DeviceGeluTable).
     std::shared_ptr<const ops::DeviceGeluTable> gelu_table;
+    ParamId first_param = 0, end_param = 0;  // the layer's parameters, [first, end) in the arena
   };
   // Q, K and V of x by the GPU's fused integer projections with the attention products' input quantizers
   // applied in its epilogue, where they run in g (else empty: the projections one by one).
@@ -309,6 +321,7 @@ class Bert {
   bool fuse_attention_ = false;
   bool fuse_quantized_attention_ = true;  // with fuse_attention_: the probabilities' quantizer inside the kernels
   bool recompute_attention_ = false;
+  bool lend_gradients_ = false;
   bool told_unfused_attention_ = false;  // the log line saying why attention runs unfused, once
   bool exact_sums_ = true;               // set_exact_sums
   bool told_float_attention_ = false;    // the log line saying why integer attention runs in float, once

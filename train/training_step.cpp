@@ -155,7 +155,7 @@ void TrainingStep::queue(Graph<float>& g, Batch& batch, const std::function<void
     ~Abandon() { graph.abandon(); }
   } abandon{graph_};
   if (record_this_step(g, shapes)) graph_.record(g.device());
-  p_.model.parameters().zero_grad();
+  p_.model.zero_gradients();
   for (const Batch* micro_batch : micro_batches) {
     const Losses l = forward_pass(g, *micro_batch, *q.reads, q.pending);
     // The GPU skips the update where a loss is not finite, as the host would.
@@ -213,7 +213,7 @@ TrainingStep::Outcome TrainingStep::run_synchronous(Queued& q, Graph<float>& g, 
     for (const MicroBatchReads& m : pending) take_reads(m, r, window);
     pending.clear();
   };
-  params.zero_grad();
+  p_.model.zero_gradients();
   for (int64_t micro = 0; micro < o_.accumulation; ++micro) {
     next_batch(batch);
     const Var scaled = forward_pass(g, batch, rb, pending).scaled;

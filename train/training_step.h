@@ -39,7 +39,12 @@ class TrainingStep {
     const std::atomic<bool>* stop = nullptr;  // checked once a step (and agreed on by the ranks)
   };
   // Reads o.accumulation, o.clip_norm and the objective's options (distillation); o must outlive the step.
-  TrainingStep(const TrainOptions& o, Parts parts) : o_(o), p_(parts) {}
+  // With one micro-batch a step on one rank, the model's forward keeps activations in the gradients of the
+  // layers it is past (model::Bert::set_lend_gradients): the gradients are zeroed before each step's one
+  // forward pass, which is all the lending asks.
+  TrainingStep(const TrainOptions& o, Parts parts) : o_(o), p_(parts) {
+    p_.model.set_lend_gradients(o.accumulation == 1 && p_.ranks.size() == 1);
+  }
 
   struct Outcome {
     double loss = 0;        // the logged loss (mean over micro-batches and ranks)

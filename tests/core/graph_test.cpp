@@ -202,6 +202,69 @@ TEST(Graph, GradientBuffersAreReusedOnceTheirClosureRan) {
   EXPECT_LT(capacity[0] + 12 * one, capacity[1]) << capacity[0] << " vs " << capacity[1];
 }
 
+// Graph::lend: once the forward is past a "layer", its parameters' gradient memory holds the activations
+// made after it; the backward fills it with zeros again before the layer's own closures accumulate there.
+// The gradients are bit for bit those of the step without lending, the layer above lives in the lent
+// memory, the workspace holds less, and an op that takes a lent parameter later is refused.
+TEST(Graph, LentGradientMemoryHoldsLaterActivationsAndGivesTheSameGradients) {
+  ParameterArena<float> arena;
+  const ParamId w1 = arena.add("layer.0.weight", {64, 16}), b1 = arena.add("layer.0.bias", {64});
+  const ParamId w2 = arena.add("layer.1.weight", {16, 64}), b2 = arena.add("layer.1.bias", {16});
+  arena.allocate();
+  Rng rng(11);
+  for (float& v : arena.values()) v = static_cast<float>(rng.next_normal() * 0.3);
+  Tensor<float> x = testing::to_float(testing::random_tensor({8, 16}, 12));
+  auto lent_range = [&] {  // layer 0's gradients (its two parameters, padding included)
+    const TensorView<float> grads = arena.grads();
+    return std::pair(grads.data() + arena.offset(w1), grads.data() + arena.offset(w2));
+  };
+  std::vector<float> grads[2];
+  std::size_t workspace[2] = {0, 0};
+  for (bool lend : {false, true}) {
+    Graph<float> g;
+    for (int step = 0; step < 2; ++step) {  // the second step runs in the block the first one measured
+      arena.zero_grad();
+      Var h = ops::gelu(g, ops::linear(g, g.constant(x.view()), g.param(arena.get(w1)), g.param(arena.get(b1))));
+      const auto [begin, end] = lent_range();
+      if (lend) g.lend(begin, static_cast<std::size_t>(end - begin) * sizeof(float));
+      Var y = ops::gelu(g, ops::linear(g, h, g.param(arena.get(w2)), g.param(arena.get(b2))));
+      if (lend) {
+        const auto* in = static_cast<const float*>(g.data(y));
+        EXPECT_TRUE(in >= begin && in < end) << "the layer above lives in the lent gradients";
+        EXPECT_GT(g.lent_bytes_in_use(), 0u);
+      }
+      workspace[lend] = std::max(workspace[lend], g.workspace().bytes_in_use());
+      g.backward(ops::mean(g, ops::scale(g, y, 1.5)));
+    }
+    grads[lend].assign(arena.grads().begin(), arena.grads().end());
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_LT(workspace[1], workspace[0]);
+
+  // A forward with no backward gives the memory back zero-filled at clear().
+  arena.zero_grad();
+  {
+    Graph<float> g;
+    const auto [begin, end] = lent_range();
+    g.lend(begin, static_cast<std::size_t>(end - begin) * sizeof(float));
+    const Var y = ops::gelu(g, ops::scale(g, g.constant(x.view()), 2.0));
+    const auto* in = static_cast<const float*>(g.data(y));
+    ASSERT_TRUE(in >= begin && in < end);
+    g.clear();
+    for (const float* p = begin; p < end; ++p) ASSERT_EQ(*p, 0.0f);
+  }
+  // Taking a lent parameter after the lend is refused.
+  Graph<float> g;
+  const auto [begin, end] = lent_range();
+  g.lend(begin, static_cast<std::size_t>(end - begin) * sizeof(float));
+  try {
+    ops::linear(g, g.constant(x.view()), g.param(arena.get(w1)), g.param(arena.get(b1)));
+    ADD_FAILURE() << "a lent parameter was taken";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("lent"), std::string::npos) << e.what();
+  }
+}
+
 // A closure that reads the gradient of a node whose own closure already ran (its buffer may hold another
 // gradient by then) is refused.
 TEST(Graph, AGradientReadAfterItsClosureRanIsRefused) {

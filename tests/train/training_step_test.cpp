@@ -171,6 +171,60 @@ TEST(TrainingStepOnTheGpu, FirstBf16StepTakesTheWorkspaceOfLaterSteps) {
   EXPECT_EQ(first.workspace().peak_bytes_in_use(), later.workspace().peak_bytes_in_use());
 }
 
+// Steps whose forward keeps activations in the gradients of the layers it is past (model::Bert::
+// set_lend_gradients, on by default for a step of one micro-batch) give the steps without it bit for bit, in
+// less workspace: FP32 and BF16, with and without QAT (the quantizers' scales are parameters of the layers
+// whose gradients are lent), padded rows and dropout, recorded as CUDA graphs from the third step.
+TEST(TrainingStepOnTheGpu, LentGradientsGiveTheSameStepsInLessMemory) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): runs on a machine with an NVIDIA GPU";
+  for (Precision precision : {Precision::kFp32, Precision::kBf16})
+    for (bool qat : {false, true}) {
+      SCOPED_TRACE(std::string(precision_name(precision)) + (qat ? " QAT" : ""));
+      StepsRun run[2];
+      std::size_t workspace[2] = {0, 0};
+      for (bool lend : {false, true}) {
+        const std::unique_ptr<Device> gpu = Device::cuda(0, precision);
+        model::BertConfig config = small_config();
+        config.num_hidden_layers = 3;
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.1;
+        model::Bert model(config);
+        model.initialize(5);
+        model.set_fused_attention(precision == Precision::kBf16);
+        if (qat)
+          for (model::Quantizer* q : model.quantizers()) {
+            q->mode = model::QuantMode::kQuantize;
+            model.parameters().get(q->scale).value.fill(q->is_weight ? 0.002f : 0.05f);
+          }
+        model.place_on(*gpu);
+        Optimizer optimizer({}, model.parameters(), decays_of(model));
+        Rng dropout(13);
+        SingleProcess single;
+        TrainOptions o;
+        TrainingStep step(o, {model, optimizer, dropout, single});
+        model.set_lend_gradients(lend);
+        ProgressWindow window(config);
+        Graph<float> g(*gpu);
+        for (int i = 0; i < 6; ++i) {
+          Batch batch;
+          step.queue(
+              g, batch, [&](Batch& b) { b = random_batch(8, 32, 5, config.vocab_size, 300 + i, i % 3); }, 1e-3,
+              window);
+          if (step.queued() == 2) run[lend].losses.push_back(step.finish(window).loss);
+        }
+        while (step.queued() > 0) run[lend].losses.push_back(step.finish(window).loss);
+        model.parameters().download_values();
+        run[lend].weights.assign(model.parameters().values().begin(), model.parameters().values().end());
+        workspace[lend] = g.workspace().peak_bytes_in_use();
+        EXPECT_EQ(step.graphs().launches(), 4) << "steps 3-6 recorded";
+      }
+      ASSERT_EQ(run[1].losses.size(), 6u);
+      EXPECT_EQ(run[1].losses, run[0].losses);
+      EXPECT_EQ(run[1].weights, run[0].weights);
+      EXPECT_LT(workspace[1], workspace[0]);
+    }
+}
+
 // What an evaluation batch read back: MLM loss and predictions, NSP loss and predictions.
 struct BatchRead {
   float mlm_loss = 0, nsp_loss = 0;
