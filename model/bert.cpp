@@ -477,6 +477,11 @@ Var Bert::attention(Graph<float>& g, Layer& l, Layer* next, Var x, Var mask, int
         return ops::head_context(g, ops::softmax_dropout(g, scores, in.size() > 3 ? in[3] : Var{}, p, training, rng),
                                  in[2], h);
       });
+    } else if (l.matmul_a.mode == QuantMode::kFloat) {
+      // Neither the (B, H, T, T) scores (read by the softmax alone, ops::head_scores) nor the dropped-out
+      // probabilities (formed again for the backward, ops::softmax_dropout_context) kept.
+      const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d, /*transient=*/true);
+      context = ops::softmax_dropout_context(g, scores, mask, v, h, p, training, rng);
     } else {
       // (B, H, T, T), read by the softmax alone: not kept (ops::head_scores)
       const Var scores = ops::head_scores(g, q, k, h, inverse_sqrt_d, /*transient=*/true);

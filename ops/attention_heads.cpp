@@ -34,6 +34,15 @@ Var head_context(Graph<T>& g, Var probs, Var v, int64_t heads) {
   return reshape(g, permute(g, context, {0, 2, 1, 3}), s);
 }
 
+template <typename T>
+Var softmax_dropout_context(Graph<T>& g, Var scores, Var mask, Var v, int64_t heads, double p, bool training,
+                            Rng& rng) {
+  if (training && p > 0 && g.grad_enabled()) {
+    BERT_DISPATCH_CUDA(g, softmax_dropout_context(g, scores, mask, v, heads, p, rng))
+  }
+  return head_context(g, softmax_dropout(g, scores, mask, p, training, rng), v, heads);
+}
+
 Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
                               const Int8AttentionScales& scales, double alpha, const QuantizeOutput& probs_quantizer) {
   const std::string op = "exact_quantized_attention";
@@ -57,5 +66,7 @@ template Var head_scores<float>(Graph<float>&, Var, Var, int64_t, double, bool);
 template Var head_scores<double>(Graph<double>&, Var, Var, int64_t, double, bool);
 template Var head_context<float>(Graph<float>&, Var, Var, int64_t);
 template Var head_context<double>(Graph<double>&, Var, Var, int64_t);
+template Var softmax_dropout_context<float>(Graph<float>&, Var, Var, Var, int64_t, double, bool, Rng&);
+template Var softmax_dropout_context<double>(Graph<double>&, Var, Var, Var, int64_t, double, bool, Rng&);
 
 }  // namespace bert::ops

@@ -140,7 +140,10 @@ Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha_d, bo
   return scores;
 }
 
-Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads) {
+namespace {
+// head_context; with `again` set, probs is not kept (softmax_dropout_again) and the backward forms it again
+// for V's gradient.
+Var head_context_of(Graph<float>& g, Var probs, Var v, int64_t heads, DroppedAgain again) {
   const Geometry s = geometry(g, v, heads, "head_context");
   const int64_t t = s.length, c = s.channels, d = s.head_size;
   BERT_CHECK(g.shape(probs) == Shape({s.batch, heads, t, t}),
@@ -156,7 +159,7 @@ Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads) {
     head_gemm<A>(g, false, false, t, d, t, 1.0f, square(g.data(probs), t, heads), projection(g.data(v), t, c, d), 0.0f,
                  projection(g.data(context), t, c, d), s.batch, heads);
   });
-  g.on_backward(context, [probs, v, context, s, dtype](Graph<float>& g) {
+  g.on_backward(context, [probs, v, context, s, dtype, again](Graph<float>& g) {
     const int64_t t = s.length, c = s.channels, d = s.head_size;
     cuda::with_element_type(dtype, [&](auto tag) {
       using A = typename decltype(tag)::type;
@@ -168,12 +171,27 @@ Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads) {
       }
       if (g.requires_grad(v)) {  // dV_bh (T, D) (+)= P_bh^T dO_bh
         const auto dv = g.raw_grad_target(v);
-        head_gemm<A>(g, true, false, t, d, t, 1.0f, square(g.data(probs), t, s.heads), dout,
-                     dv.accumulate ? 1.0f : 0.0f, projection(dv.data, t, c, d), s.batch, s.heads);
+        const void* p = again ? again(g) : g.data(probs);
+        head_gemm<A>(g, true, false, t, d, t, 1.0f, square(p, t, s.heads), dout, dv.accumulate ? 1.0f : 0.0f,
+                     projection(dv.data, t, c, d), s.batch, s.heads);
       }
     });
   });
   return context;
+}
+}  // namespace
+
+Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads) {
+  return head_context_of(g, probs, v, heads, nullptr);
+}
+
+// The dropped-out probabilities in transient slot 1 (the scores, which the softmax reads, hold slot 0; the
+// feed-forward block's slot 1 is free while attention runs), formed again for dV's product.
+Var softmax_dropout_context(Graph<float>& g, Var scores, Var mask, Var v, int64_t heads, double p, Rng& rng) {
+  DroppedAgain again;
+  const Var probs = softmax_dropout_again(g, scores, mask, p, rng, 1, again);
+  if (!probs.valid()) return head_context(g, softmax_dropout(g, scores, mask, p, rng), v, heads);
+  return head_context_of(g, probs, v, heads, std::move(again));
 }
 
 }  // namespace bert::ops::cuda_impl

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <initializer_list>
 #include <span>
 #include <type_traits>
@@ -41,6 +42,11 @@ Var gelu(Graph<float>& g, Var x);
 Var tanh(Graph<float>& g, Var x);
 Var softmax(Graph<float>& g, Var x, Var mask);
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng);  // training, p > 0
+// softmax_dropout (training, p > 0) whose output lives in transient slot `slot` (Graph::emit_transient): not
+// kept. `again` then forms it there once more, bit for bit, from the probabilities the backward keeps and
+// the dropout's draws made again, and returns where. Var{} where the one-kernel softmax does not run.
+using DroppedAgain = std::function<void*(Graph<float>&)>;
+Var softmax_dropout_again(Graph<float>& g, Var x, Var mask, double p, Rng& rng, int slot, DroppedAgain& again);
 Var layer_norm(Graph<float>& g, Var x, Var gamma, Var beta, double eps);
 Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps);
 // Training, p > 0.
@@ -88,6 +94,8 @@ Var head_scores(Graph<float>& g, Var q, Var k, int64_t heads, double alpha, bool
 Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, int64_t heads,
                               const Int8AttentionScales& scales, double alpha, const QuantizeOutput& probs_quantizer);
 Var head_context(Graph<float>& g, Var probs, Var v, int64_t heads);
+Var softmax_dropout_context(Graph<float>& g, Var scores, Var mask, Var v, int64_t heads, double p,
+                            Rng& rng);  // training, p > 0
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
                            bool gelu);  // checked by the caller
 // For DeviceInt8Weights on a GPU where the Hopper int8 GEMM runs: writes the weights' TMA descriptor

@@ -296,6 +296,13 @@ template <typename T>
 Var head_scores(Graph<T>& g, Var q, Var k, int64_t heads, double alpha, bool transient = false);
 template <typename T>
 Var head_context(Graph<T>& g, Var probs, Var v, int64_t heads);
+// head_context(g, softmax_dropout(g, scores, mask, p, training, rng), v, heads). On a GPU in training with
+// p > 0 the dropped-out probabilities, the products' operand, are not kept until the backward (the softmax
+// keeps the probabilities): they live in the graph's transient memory, and the backward forms them again
+// from the kept probabilities and the dropout's draws made again before V's gradient reads them. The same
+// values and gradients, bit for bit, for one (B, H, T, T) tensor less a layer. The CPU runs the two ops.
+template <typename T>
+Var softmax_dropout_context(Graph<T>& g, Var scores, Var mask, Var v, int64_t heads, double p, bool training, Rng& rng);
 
 // LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta; gamma, beta (C).
 template <typename T>

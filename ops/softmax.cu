@@ -248,6 +248,21 @@ const float* softmax_mask(Graph<float>& g, Var x, Var mask, int64_t& rows_per_it
   return g.value(mask).data();
 }
 
+// The dropped-out probabilities formed again from the saved ones (softmax_dropout_again): each times its
+// factor from the redrawn draws, rounded to A, as softmax_rows_forward computes its second output.
+template <typename A>
+__global__ void dropped_probabilities(A* out, const A* probs, RowDropout drop, int64_t n) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 4; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * 4) {
+    const cuda::Pack<A, 4> p = cuda::load_pack<4>(probs + i);
+    float slope[4];
+    row_slopes(drop, i, slope);
+    cuda::Pack<A, 4> y;
+    for (int w = 0; w < 4; ++w) y.v[w] = cuda::from_float<A>(cuda::to_float(p.v[w]) * slope[w]);
+    cuda::store_pack<4>(out + i, y);
+  }
+}
+
 // softmax's backward into x's gradient from the probabilities y and the gradient of `out` (y itself, or
 // y's dropout `drop`, and/or its fake quantization q).
 void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const RowDropout& drop, RowQuantizeGrad q,
@@ -279,7 +294,10 @@ void softmax_backward_into(Graph<float>& g, Var x, Var out, const void* y, const
 // probabilities are saved for the backward (a workspace allocation, 64-byte aligned like the output); the
 // dropout's draws are made again there (no keep flags kept). Nullptr where the register kernels do not hold
 // the rows.
-Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const QuantizeOutput* q) {
+// With `again` set (dropout, no quantizer), the output goes to transient slot `slot` (Graph::emit_transient)
+// and `again` forms it there once more from the saved probabilities, for a reader's backward.
+Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const QuantizeOutput* q,
+                   DroppedAgain* again = nullptr, int slot = 0) {
   const Shape xs = g.shape(x);
   const int64_t k = xs.last(), rows = xs.rows(), n = xs.numel();
   int64_t rows_per_item = 0;
@@ -287,7 +305,9 @@ Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const Q
   x = as_activation(g, x);
   if (!with_row_chunks(k, {g.data(x), mv}, [](auto) {}) || rows > int64_t{UINT32_MAX}) return Var{};
   const DType dtype = g.dtype(x);
-  Var y = q ? g.emit(xs, {x, q->scale}, dtype) : g.emit(xs, {x}, dtype);
+  Var y = q       ? g.emit(xs, {x, q->scale}, dtype)
+          : again ? g.emit_transient(xs, {x}, dtype, slot)
+                  : g.emit(xs, {x}, dtype);
   const RowDropout drop{p > 0, p > 0 ? rng->state().seed : 0,
                         p > 0 ? DropoutDraws::reserve(*rng, static_cast<uint64_t>(n)) : 0,
                         p > 0 ? DropoutDraws::threshold(p) : 0u, static_cast<float>(1.0 / (1.0 - p))};
@@ -312,6 +332,15 @@ Var softmax_output(Graph<float>& g, Var x, Var mask, double p, Rng* rng, const Q
       });
     });
     BERT_CUDA_LAUNCHED();
+    if (again)
+      *again = [probs = pv, drop, n, slot](Graph<float>& g) -> void* {
+        A* out = g.transient<A>(slot, n);
+        const int64_t packs = n / 4;
+        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((packs + 255) / 256, 65535));
+        dropped_probabilities<A><<<blocks, 256, 0, cuda::stream(g)>>>(out, probs, drop, n);
+        BERT_CUDA_LAUNCHED();
+        return out;
+      };
   });
   const Var scale = q ? q->scale : Var{};
   g.on_backward(y, [x, y, scale, quantize, probs, drop, k, rows, dtype](Graph<float>& g) {
@@ -368,6 +397,10 @@ Var softmax(Graph<float>& g, Var x, Var mask) {
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng) {
   const Var y = softmax_output(g, x, mask, p, &rng, nullptr);
   return y.valid() ? y : dropout(g, softmax(g, x, mask), p, rng);
+}
+
+Var softmax_dropout_again(Graph<float>& g, Var x, Var mask, double p, Rng& rng, int slot, DroppedAgain& again) {
+  return softmax_output(g, x, mask, p, &rng, nullptr, &again, slot);
 }
 
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const QuantizeOutput& q) {

@@ -647,6 +647,56 @@ TEST_F(CudaOps, RecomputedAttentionCoreEqualsTheKeptOps) {
   EXPECT_THROW(run(*gpu_bf16_, true, &unused), std::exception);
 }
 
+// softmax_dropout_context (the dropped-out probabilities in transient memory, formed again in the backward)
+// against head_context over softmax_dropout kept: the same bits, values and the gradients of q, k and v, in
+// FP32 and BF16, masked, with a length the one-kernel softmax holds (36) and one it does not (37: the kept
+// ops run). The transient slot is overwritten with NaNs between the forward and the backward, so a backward
+// that read what the forward left there would not give the kept ops' gradients.
+TEST_F(CudaOps, SoftmaxDropoutContextFormsTheDroppedProbabilitiesAgain) {
+  for (const int64_t t : {36, 37})
+    for (const Device* device : {gpu_.get(), gpu_bf16_.get()}) {
+      SCOPED_TRACE("T " + std::to_string(t) + (device == gpu_bf16_.get() ? ", bf16" : ", fp32"));
+      const int64_t b = 3, heads = 4, d = 16, c = heads * d;
+      std::vector<float> mask(static_cast<size_t>(b * t), 0.0f);
+      for (int64_t j = 30; j < t; ++j) mask[static_cast<size_t>(2 * t + j)] = -10000.0f;  // the last item padded
+      const int64_t square = b * heads * t * t;
+      const std::vector<uint32_t> nans(static_cast<size_t>(square), 0x7FC07FC0u);
+      auto run = [&](bool again, size_t* kept) {
+        return run_on(
+            *device, {Shape{b, t, c}, Shape{b, t, c}, Shape{b, t, c}},
+            {random_values(b * t * c, 71, 0.5f), random_values(b * t * c, 72, 0.5f),
+             random_values(b * t * c, 73, 0.5f)},
+            {true, true, true},
+            [&](Graph<float>& g, const std::vector<Var>& in) {
+              Rng rng(9);
+              rng.reserve(7);
+              const Var m = g.input(std::span<const float>(mask), Shape{b, t});
+              const size_t before = g.workspace().bytes_in_use();
+              const Var scores = ops::head_scores(g, in[0], in[1], heads, 0.25, /*transient=*/true);
+              const Var y =
+                  again ? ops::softmax_dropout_context(g, scores, m, in[2], heads, 0.1, true, rng)
+                        : ops::head_context(g, ops::softmax_dropout(g, scores, m, 0.1, true, rng), in[2], heads);
+              *kept = g.workspace().bytes_in_use() - before;
+              g.device().copy_to_device(g.transient<uint32_t>(1, nans.size()), nans.data(),
+                                        nans.size() * sizeof(uint32_t));
+              return ops::add(g, y, in[0]);
+            },
+            19);
+      };
+      size_t kept_ops = 0, kept_again = 0;
+      const Result ops_kept = run(false, &kept_ops), formed_again = run(true, &kept_again);
+      EXPECT_EQ(formed_again.value, ops_kept.value);
+      for (size_t i = 0; i < 3; ++i) EXPECT_EQ(formed_again.grads[i], ops_kept.grads[i]) << i;
+      const size_t bytes = static_cast<size_t>(square) * (device == gpu_bf16_.get() ? 2 : 4);
+      if (t % 4 == 0) {
+        EXPECT_LE(kept_again + bytes, kept_ops) << "the dropped-out probabilities not kept";
+      } else {
+        EXPECT_EQ(kept_again, kept_ops) << "the kept ops where the one-kernel softmax does not run";
+      }
+      for (const float v : formed_again.value) ASSERT_TRUE(std::isfinite(v));
+    }
+}
+
 // Fused attention (one kernel each way) against the ops it replaces, run on the CPU: head sizes 16 to
 // 128, lengths from 7 (one partial key tile) to 512, with and without a padding mask, and with dropout
 // (the same draws as the unfused dropout, so the values still agree element for element).
