@@ -475,6 +475,24 @@ __device__ __forceinline__ void store_grad_to(A* d, bool accumulate, const float
 // pass (7.5 -> 5.2 us). With partial_da set, the blocks also sum the gradient they write to a (its rows
 // as stored) into partial_da[block][col], a third array of column sums: a linear's bias gradient
 // (Graph::bias_to_sum), added by the second pass with gamma's and beta's.
+// The sum a LayerNorm normalised, four columns from e (a multiple of 4) of its row: a dropped out (its
+// four keep bits, or drawn again where drop.bits is unset) and rounded to A, plus the residual, rounded to
+// A: layer_norm_rows_forward's arithmetic, so the same values.
+template <typename A>
+__device__ __forceinline__ cuda::Pack<A, 4> normalised_sum(cuda::Pack<A, 4> a, const cuda::Pack<A, 4>& residual,
+                                                           const RowDrop& drop, uint32_t kept4, int64_t e) {
+  if (drop.threshold) {
+    float keep[4];
+    drop.scales(keep, drop.bits ? kept4 & 15u : drop.kept(e));
+    for (int w = 0; w < 4; ++w) a.v[w] = cuda::from_float<A>(cuda::to_float(a.v[w]) * keep[w]);
+  }
+  float added[4], other[4];
+  unpacked(a, added);
+  unpacked(residual, other);
+  for (int w = 0; w < 4; ++w) added[w] += other[w];
+  return rounded_pack<A>(added);
+}
+
 template <int C>
 constexpr size_t backward_row_shared(int sums = 2) {
   return size_t(sums * kWarpsPerBlock) * C * 128 * sizeof(float);
@@ -482,8 +500,9 @@ constexpr size_t backward_row_shared(int sums = 2) {
 template <int C, typename A, bool kPlain, bool kFull>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
     layer_norm_rows_backward(InputGrads<A> to, float* partial_gamma, float* partial_beta, float* partial_da,
-                             const A* dy, const A* x, const float* gamma, const float* mean, const float* rstd,
-                             int64_t rows, int width, int64_t per_block, RowDrop drop, RowQuantize<A> q) {
+                             const A* dy, const A* x, const A* residual, const float* gamma, const float* mean,
+                             const float* rstd, int64_t rows, int width, int64_t per_block, RowDrop drop,
+                             RowQuantize<A> q) {
   const int c = kFull ? C * 128 : width;
   extern __shared__ __align__(16) float column_sums[];  // [2 or 3][kWarpsPerBlock][C 128]: dy n, dy, da
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -508,6 +527,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
   // no registers for that and loads the quantizer's input (q.a) with the row instead, so that its loads
   // are in flight through the row's first pass (loaded where the second pass reads it, BERT-base's QAT
   // LayerNorm backward took 39.5 us in BF16; so, 35.4).
+  // With `residual` set (the plain kernel in FP32), x holds the sum's first addend, a: the row LayerNorm
+  // normalised is formed again from a, its dropout and the residual, as the forward formed it. (The
+  // residual's row is loaded with the row it belongs to: loaded ahead with x's and dy's, it spilled.)
   int64_t r = blockIdx.x * per_block + warp;
   RowPacks<C, A> ahead;  // x's row (a) and dy's (b)
   if (kPlain && r < end) ahead.load(x, dy, r * c, c, lane);
@@ -519,7 +541,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
     cuda::Pack<A, 4> qa[C];  // the quantizer's input, the dropout's (quantized only)
     if constexpr (kPlain) {
       row = ahead;
+      cuda::Pack<A, 4> row_residual[C];
+      if (residual)
+#pragma unroll
+        for (int k = 0; k < C; ++k)
+          if ((k * 32 + lane) * 4 < c) row_residual[k] = cuda::load_pack<4>(residual + r * c + (k * 32 + lane) * 4);
       if (r + kWarpsPerBlock < end) ahead.load(x, dy, (r + kWarpsPerBlock) * c, c, lane);
+      if (residual)
+#pragma unroll
+        for (int k = 0; k < C; ++k) {
+          const int j = (k * 32 + lane) * 4;
+          if (j >= c) continue;
+          row.a[k] = normalised_sum(row.a[k], row_residual[k], drop, kept_bits >> (4 * k), r * c + j);
+        }
     } else {
       row.load(x, dy, r * c, c, lane);
       if (quantized)
@@ -723,7 +757,13 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
   void* sums = nullptr;  // a + b, saved for the backward where it runs
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
-    A* sv = b.valid() && g.requires_grad(y) ? g.scratch<A>(rows * c) : nullptr;
+    // The sum a + b, kept for the backward where it is in BF16 or quantized. In FP32 (and TF32) the plain
+    // backward forms it again from a and b, which the graph keeps anyway: a tensor less a LayerNorm,
+    // BERT-base's 8,192 rows 25 MB (its FP32 step 7.56 -> 6.99 GiB, the same speed, one H200). In BF16
+    // forming it again saved 12.6 MB a LayerNorm but read one tensor more in the backward than it wrote less
+    // in the forward: the step 0.9% slower.
+    const bool keep_sum = q || sizeof(A) == 2;
+    A* sv = b.valid() && keep_sum && g.requires_grad(y) ? g.scratch<A>(rows * c) : nullptr;
     sums = sv;
     with_row_chunks(c, {}, [&](auto chunks) {
       // (Integer addends of both kinds: a grid of resident blocks, which loop over the rows.)
@@ -791,7 +831,8 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
       // a's gradient summed into the bias of the linear that made a, where this writes all of it.
       const Var bias = to.da && !to.accumulate_a ? g.bias_to_sum(a) : Var{};
       float* dbias = bias.valid() ? g.grad(bias).data() : nullptr;
-      const A* x = b.valid() ? static_cast<const A*>(sums) : cuda::typed<A>(g.data(a));
+      const A* x = sums ? static_cast<const A*>(sums) : cuda::typed<A>(g.data(a));
+      const A* residual = b.valid() && !sums ? cuda::typed<A>(g.data(b)) : nullptr;
       int64_t blocks = 0;
       float *partial_gamma = nullptr, *partial_beta = nullptr, *partial_da = nullptr;
       with_row_chunks(c, {}, [&](auto width) {
@@ -814,8 +855,8 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
           if (dbias) partial_da = g.scratch<float>(blocks * c);
           if (quantize.ds && blocks > 1) quantize.partial = g.scratch<double>(blocks);
           kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, bytes, cuda::stream(g)>>>(
-              to, partial_gamma, partial_beta, partial_da, cuda::typed<A>(g.grad_data(y)), x, g.value(gamma).data(),
-              mean, rstd, rows, int(c), per_block, drop, quantize);
+              to, partial_gamma, partial_beta, partial_da, cuda::typed<A>(g.grad_data(y)), x, residual,
+              g.value(gamma).data(), mean, rstd, rows, int(c), per_block, drop, quantize);
         };
         with_full_rows<kChunks>(c, [&](auto full) {
           constexpr bool kFull = decltype(full)::value;

@@ -252,8 +252,7 @@ const float* softmax_mask(Graph<float>& g, Var x, Var mask, int64_t& rows_per_it
 // factor from the redrawn draws, rounded to A, as softmax_rows_forward computes its second output.
 template <typename A>
 __global__ void dropped_probabilities(A* out, const A* probs, RowDropout drop, int64_t n) {
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 4; i < n;
-       i += int64_t(gridDim.x) * blockDim.x * 4) {
+  BERT_GRID_STRIDE_PACKS(i, n, 4) {
     const cuda::Pack<A, 4> p = cuda::load_pack<4>(probs + i);
     float slope[4];
     row_slopes(drop, i, slope);

@@ -504,6 +504,35 @@ TEST_F(CudaOps, DropoutAddLayerNormFusedAndNot) {
       kReduction, kReduction);
 }
 
+// dropout_add_layer_norm in FP32 keeps no copy of the sum it normalised: its backward forms the sum again
+// from the addends the graph keeps (and the dropout's kept bits), so what the op adds to the workspace is
+// its output, the rows' statistics and the bits (BF16 keeps the sum). The values it gives are held to the
+// CPU's by DropoutAddLayerNormFusedAndNot.
+TEST_F(CudaOps, DropoutAddLayerNormKeepsNoSumForItsBackwardInFp32) {
+  for (const Shape& x : {Shape{600, 768}, Shape{5, 40, 1024}}) {
+    SCOPED_TRACE(x.str());
+    size_t kept = 0;
+    const Result r = run_on(
+        *gpu_, {x, x, Shape{x.last()}, Shape{x.last()}},
+        {random_values(x.numel(), 31), random_values(x.numel(), 32), random_values(x.last(), 33),
+         random_values(x.last(), 34)},
+        {true, true, true, true},
+        [&](Graph<float>& g, const std::vector<Var>& in) {
+          Rng rng(21);
+          const size_t before = g.workspace().bytes_in_use();
+          const Var y = ops::dropout_add_layer_norm(g, in[0], in[1], in[2], in[3], 1e-12, 0.1, true, rng);
+          kept = g.workspace().bytes_in_use() - before;
+          return y;
+        },
+        23);
+    const size_t output = static_cast<size_t>(x.numel()) * sizeof(float), rows = static_cast<size_t>(x.rows());
+    EXPECT_LT(kept, output + rows * (128 + 8) + 4096) << "a copy of the sum kept (beside the output, the bits, "
+                                                         "mean and rstd)";
+    for (const auto& grad : r.grads)
+      for (const float v : grad) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
 // A linear (or the feed-forward block) read only by dropout_add_layer_norm: its bias gradient is summed in
 // the LayerNorm's backward from the gradient it writes (Graph::bias_to_sum), not by a pass of the linear's
 // own; against the CPU, which sums it in the linear. With a second reader of the linear's output the linear
