@@ -440,8 +440,14 @@ template <int D, typename A>
 void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64_t bh, int64_t t,
                       const AttentionGrads<A>& d, bool keys, const A* qp, const A* kp, const A* vp, const A* op,
                       const A* dop, const float* lse) {
-  float* di = g.scratch<float>(size_t(bh * t));
   const bool tensor_cores = flash<D, A>(g);
+  const size_t fused = tensor_cores && keys ? flash_fused_backward_bytes<A>(D, q) : 0;
+  if (fused && fused <= shared_limit(g)) {
+    launch_flash_backward_fused(g, D, bh, d.dq, d.accumulate_q, d.dk, d.accumulate_k, d.dv, d.accumulate_v, qp, kp, vp,
+                                op, dop, lse, q);
+    return;
+  }
+  float* di = g.scratch<float>(size_t(bh * t));
   if (tensor_cores) {
     launch_flash_backward_query(g, D, query_grid, d.dq, d.accumulate_q, di, qp, kp, vp, op, dop, lse, q);
   } else if constexpr (!std::is_same_v<A, bf16>) {

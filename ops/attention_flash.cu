@@ -49,16 +49,17 @@ constexpr int kFlashThreads = 128;
 // on as zeros: asynchronous 16-byte copies, part of the caller's next group. A thread copies the same
 // 16 bytes of every (128 / chunks a row)-th row, its addresses advanced by a constant (a thread's copies
 // were the larger part of the forward's instructions with the row and column worked out per copy).
-template <int D, typename E>
+// kRows, kThreads: the same for another number of rows and a block of another size.
+template <int D, typename E, int kRows = kFlashRows, int kThreads = kFlashThreads>
 __device__ __forceinline__ void copy_rows_async(E* dst, const E* src, int64_t stride, int valid) {
-  constexpr int kPerChunk = 16 / int(sizeof(E)), kChunks = D / kPerChunk, kRowsAPass = kFlashThreads / kChunks;
-  static_assert(kFlashThreads % kChunks == 0 && kFlashRows % kRowsAPass == 0, "whole rows a pass");
+  constexpr int kPerChunk = 16 / int(sizeof(E)), kChunks = D / kPerChunk, kRowsAPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowsAPass == 0, "whole rows a pass");
   constexpr int ld = kFlashLd<D, E>;
   const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * kPerChunk;
   const E* from = src + r * stride + c;
   E* to = dst + r * ld + c;
 #pragma unroll
-  for (int i = 0; i < kFlashRows / kRowsAPass; ++i) {
+  for (int i = 0; i < kRows / kRowsAPass; ++i) {
     const bool row = r + i * kRowsAPass < valid;
     cuda::mma::copy_async<16>(to + i * kRowsAPass * ld, row ? from + i * kRowsAPass * stride : src, row);
   }
@@ -72,10 +73,11 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// s (a warp's 16 x 64 tile, 8 C tiles) = the 16 rows of sa from row r0 times the 64 rows of sb (both
-// row-major over D: s = a b^T).
-template <int D, typename E>
-__device__ __forceinline__ void product_tile(float (&s)[8][4], const E* sa, int r0, const E* sb) {
+// s (a warp's 16 x 64 tile, 8 C tiles; or 16 x 8N, N C tiles) = the 16 rows of sa from row r0 times the
+// first 8N rows of sb (both row-major over D: s = a b^T).
+template <int D, typename E, int N>
+__device__ __forceinline__ void product_tile(float (&s)[N][4], const E* sa, int r0, const E* sb) {
+  static_assert(N % 2 == 0, "C tiles in pairs");
   constexpr int ld = kFlashLd<D, E>;
   for (auto& c : s)
     for (float& x : c) x = 0.0f;
@@ -85,7 +87,7 @@ __device__ __forceinline__ void product_tile(float (&s)[8][4], const E* sa, int 
       uint32_t a[4];
       cuda::mma::load_a_tf32(a, sa, ld, r0, kk);
 #pragma unroll
-      for (int n = 0; n < 8; n += 2) {
+      for (int n = 0; n < N; n += 2) {
         uint32_t b[4];
         cuda::mma::load_b_pair_tf32(b, sb, ld, kk, n * 8);
         cuda::mma::product_tf32(s[n], a, b[0], b[1]);
@@ -98,7 +100,7 @@ __device__ __forceinline__ void product_tile(float (&s)[8][4], const E* sa, int 
       uint32_t a[4];
       cuda::mma::load_a(a, sa, ld, r0, kk);
 #pragma unroll
-      for (int n = 0; n < 8; n += 2) {
+      for (int n = 0; n < N; n += 2) {
         uint32_t b[4];
         cuda::mma::load_b_pair<false>(b, sb, ld, kk, n * 8);
         cuda::mma::product(s[n], a, b[0], b[1]);
@@ -108,13 +110,13 @@ __device__ __forceinline__ void product_tile(float (&s)[8][4], const E* sa, int 
   }
 }
 
-// acc (16 x D, D / 8 C tiles) += p (16 x 64, rounded to E) times sb (64 rows x D, row-major).
-template <int D, typename E>
-__device__ __forceinline__ void accumulate_tile(float (&acc)[D / 8][4], const float (&p)[8][4], const E* sb) {
+// acc (16 x D, D / 8 C tiles) += p (16 x 64, or 16 x 8N; rounded to E) times sb (64 or 8N rows x D, row-major).
+template <int D, typename E, int N>
+__device__ __forceinline__ void accumulate_tile(float (&acc)[D / 8][4], const float (&p)[N][4], const E* sb) {
   constexpr int ld = kFlashLd<D, E>;
   if constexpr (std::is_same_v<E, float>) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {  // each C tile of p: 8 keys
+    for (int kk = 0; kk < N; ++kk) {  // each C tile of p: 8 keys
       uint32_t a[4];
       cuda::mma::a_from_c_tf32(a, p[kk]);
 #pragma unroll
@@ -126,7 +128,7 @@ __device__ __forceinline__ void accumulate_tile(float (&acc)[D / 8][4], const fl
     }
   } else {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < N / 2; ++kk) {
       uint32_t a[4];
       cuda::mma::a_from_c(a, p[2 * kk], p[2 * kk + 1]);
 #pragma unroll
@@ -653,6 +655,154 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocksOf<D, E>)
     cuda::add_grid_scale_gradient(scale_part, q.probs_grad, q.probs_grad_scale, q.probs_partial, q.arrivals);
 }
 
+// --- The backward in one kernel where T <= 128 (BF16, head sizes up to 64, no probabilities' quantizer): a
+// block a (b, h), kTiles tiles of 64 rows, holds all of that head's Q, K, V and dO in shared memory and makes
+// dQ, dK and dV in one pass, five products where the two kernels above make seven (S and dP are made once,
+// Q, K, V and dO read once). Its warps first own 16 keys each as the key-side kernel's do: S^T and dP^T over
+// the queries kChunk at a time, dK and dV summed in registers, and dS^T (rounded to BF16, as the query side
+// rounds dS for its product) kept in shared memory; then each warp owns 16 queries and sums dQ = alpha dS K
+// from it. Di (the row sums of dO * O) is formed in the block.
+template <int D, int kTiles>
+struct FusedLayout {
+  static constexpr int kRows = kTiles * kFlashRows, kThreads = kTiles * kFlashThreads;
+  static constexpr int kLd = kFlashLd<D, bf16>, kLdS = kRows + 8;  // dS^T's stride: 16 bytes past a row
+  static constexpr int kWords = kRows / 32;                        // keep-bit words a query
+  static constexpr size_t kBytes = (size_t(4 * kRows) * kLd + size_t(kRows) * kLdS) * sizeof(bf16) +
+                                   size_t(kRows) * (2 * sizeof(float) + kWords * sizeof(uint32_t));
+};
+// Queries a step of the key-side phase (two 16 x 32 C tiles in registers: at 64, twice that, the kernel takes 250
+// registers and one block an SM, 0.85x the speed on an H200), and blocks an SM: two at 128 keys (111 KB of
+// shared memory each at head size 64, 128 registers), four at 64.
+constexpr int kFusedChunk = 32;
+template <int kTiles>
+constexpr int kFusedBlocks = kTiles == 1 ? 4 : 2;
+
+template <int D, bool kFull, int kTiles>
+__global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks<kTiles>)
+    flash_backward_fused(bf16* dq, bool accumulate_q, bf16* dk, bool accumulate_k, bf16* dv, bool accumulate_v,
+                         const bf16* qp, const bf16* kp, const bf16* vp, const bf16* op, const bf16* dop,
+                         const float* lse, Geometry q) {
+  using L = FusedLayout<D, kTiles>;
+  constexpr int kRows = L::kRows, kThreads = L::kThreads, ld = L::kLd, lds = L::kLdS, kWords = L::kWords;
+  constexpr int kChunk = kFusedChunk;
+  static_assert(kThreads == 2 * kRows && kRows % kChunk == 0, "two threads a query for Di; whole chunks");
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);
+  bf16* sV = sK + kRows * ld;
+  bf16* sQ = sV + kRows * ld;
+  bf16* sdO = sQ + kRows * ld;
+  bf16* sdS = sdO + kRows * ld;  // dS^T: row j holds key j's scores' gradients, query by query
+  float* s_lse = reinterpret_cast<float*>(sdS + kRows * lds);
+  float* s_di = s_lse + kRows;
+  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_di + kRows);
+  // The lane's keys (phase one) and queries (phase two) are both `local` (the block's first row is 0).
+  const auto [bh, b, first, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
+  const int valid = kFull ? kRows : int(q.length);
+  copy_rows_async<D, bf16, kRows, kThreads>(sK, kp + base, q.stride, valid);
+  copy_rows_async<D, bf16, kRows, kThreads>(sV, vp + base, q.stride, valid);
+  copy_rows_async<D, bf16, kRows, kThreads>(sQ, qp + base, q.stride, valid);
+  copy_rows_async<D, bf16, kRows, kThreads>(sdO, dop + obase, q.out_stride, valid);
+  for (int r = threadIdx.x; r < kRows; r += kThreads) {
+    const bool row = r < q.length;
+    const int64_t at = bh * q.length + (row ? r : 0);
+    cuda::mma::copy_async<4>(s_lse + r, lse + at, row);
+    if (q.dropout) cuda::mma::copy_async<4 * kWords>(s_bits + kWords * r, q.bits + at * kWords, row);
+  }
+  cuda::mma::commit();
+  {  // Di from global memory while the copies run: two threads a query, 8 columns in turn
+    const int r = threadIdx.x / 2;
+    float sum = 0.0f;
+    if (r < q.length)
+      for (int c = 8 * (threadIdx.x % 2); c < D; c += 16) {
+        const cuda::Pack<bf16, 8> x = cuda::load_pack<8>(op + obase + r * q.out_stride + c);
+        const cuda::Pack<bf16, 8> y = cuda::load_pack<8>(dop + obase + r * q.out_stride + c);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += cuda::to_float(x.v[j]) * cuda::to_float(y.v[j]);
+      }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (threadIdx.x % 2 == 0) s_di[r] = sum;
+  }
+  cuda::mma::wait<0>();
+  __syncthreads();
+
+  float key_mask[2];  // base 2
+#pragma unroll
+  for (int h = 0; h < 2; ++h) key_mask[h] = local[h] < q.length ? mask_at(q, b, local[h]) * kLog2e : 0.0f;
+  const float scale = q.alpha * kLog2e;
+  float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
+  constexpr int N = kChunk / 8;
+#pragma unroll 1
+  for (int qt = 0; qt < kRows; qt += kChunk) {
+    float s[N][4], dp[N][4];  // S^T and dP^T: the warp's 16 keys by kChunk queries
+    product_tile<D>(s, sK, warp * 16, sQ + qt * ld);
+    product_tile<D>(dp, sV, warp * 16, sdO + qt * ld);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const int c0 = qt + tile_column(n, 0);
+      const float2 row_lse = *reinterpret_cast<const float2*>(s_lse + c0);
+      const float2 row_di = *reinterpret_cast<const float2*>(s_di + c0);
+      uint32_t words[2] = {0u, 0u};  // queries c0, c0 + 1: the word of the warp's 16 keys
+      if (q.dropout) {
+        words[0] = s_bits[c0 * kWords + warp / 2];
+        words[1] = s_bits[(c0 + 1) * kWords + warp / 2];
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = c0 + e % 2, h = e / 2;
+        float p = 0.0f, ds = 0.0f;
+        if (kFull || (c < q.length && local[h] < q.length)) {
+          const float query_lse = e % 2 ? row_lse.y : row_lse.x, query_di = e % 2 ? row_di.y : row_di.x;
+          const float prob = exp2_approx(fmaf(s[n][e], scale, fmaf(-query_lse, kLog2e, key_mask[h])));
+          const float keep = !q.dropout ? 1.0f : (words[e % 2] >> (local[h] % 32)) & 1u ? q.keep_scale : 0.0f;
+          p = prob * keep;
+          ds = prob * (dp[n][e] * keep - query_di);
+        }
+        s[n][e] = p;
+        dp[n][e] = ds;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<__nv_bfloat162*>(sdS + local[h] * lds + c0) =
+            __floats2bfloat162_rn(dp[n][2 * h], dp[n][2 * h + 1]);
+    }
+    accumulate_tile<D>(acc_v, s, sdO + qt * ld);
+    accumulate_tile<D>(acc_k, dp, sQ + qt * ld);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (local[h] >= q.length) continue;
+    const int64_t at_key = base + local[h] * q.stride + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      store_pair(dk + at_key + n * 8, q.alpha * acc_k[n][2 * h], q.alpha * acc_k[n][2 * h + 1], accumulate_k);
+      store_pair(dv + at_key + n * 8, acc_v[n][2 * h], acc_v[n][2 * h + 1], accumulate_v);
+    }
+  }
+  __syncthreads();  // every warp's dS^T in place
+
+  float acc_q[D / 8][4] = {};  // dQ of the warp's 16 queries: dS (read through its transpose) times K
+#pragma unroll
+  for (int kk = 0; kk < kRows; kk += 16) {
+    uint32_t a[4];
+    cuda::mma::load_a_transposed(a, sdS, lds, warp * 16, kk);
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t k_frag[4];
+      cuda::mma::load_b_pair<true>(k_frag, sK, ld, kk, n * 8);
+      cuda::mma::product(acc_q[n], a, k_frag[0], k_frag[1]);
+      cuda::mma::product(acc_q[n + 1], a, k_frag[2], k_frag[3]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (local[h] >= q.length) continue;
+    bf16* row = dq + base + local[h] * q.stride + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      store_pair(row + n * 8, q.alpha * acc_q[n][2 * h], q.alpha * acc_q[n][2 * h + 1], accumulate_q);
+  }
+}
+
 // Shared memory of each kernel (bytes): the forward's Q, K, V tiles; the query side's Q, dO, K, V; the key
 // side's K, V and two stages of queries.
 template <int D, typename E>
@@ -740,15 +890,71 @@ void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, 
   });
 }
 
+// The one-kernel backward's tiles of 64 rows for a geometry (1 or 2), or 0 where it does not cover it.
+template <typename E>
+int fused_tiles(int head_size, const Geometry& geometry) {
+  if (!std::is_same_v<E, bf16> || geometry.probs_scale || head_size > 64 || geometry.padded > 2 * kFlashRows) return 0;
+  return geometry.padded / kFlashRows;
+}
+
+template <typename E>
+size_t flash_fused_backward_bytes(int head_size, const Geometry& geometry) {
+  const int tiles = fused_tiles<E>(head_size, geometry);
+  size_t bytes = 0;
+  if (tiles)
+    with_head_size(head_size, [&](auto size) {
+      constexpr int D = decltype(size)::value;
+      if constexpr (D <= 64) bytes = tiles == 1 ? FusedLayout<D, 1>::kBytes : FusedLayout<D, 2>::kBytes;
+    });
+  return bytes;
+}
+
+template <typename E>
+void launch_flash_backward_fused(const Graph<float>& g, int head_size, int64_t bh, E* dq, bool accumulate_q, E* dk,
+                                 bool accumulate_k, E* dv, bool accumulate_v, const E* q, const E* k, const E* v,
+                                 const E* out, const E* dout, const float* lse, const Geometry& geometry) {
+  const int tiles = fused_tiles<E>(head_size, geometry);
+  BERT_CHECK(tiles > 0, "fused attention: the one-kernel backward does not cover this geometry");
+  if constexpr (std::is_same_v<E, bf16>) {
+    auto run = [&](auto size, auto full, auto tile_count) {
+      constexpr int D = decltype(size)::value, kTiles = decltype(tile_count)::value;
+      using L = FusedLayout<D, kTiles>;
+      const auto kernel = flash_backward_fused<D, decltype(full)::value, kTiles>;
+      allow_shared(kernel, L::kBytes);
+      kernel<<<dim3(1, unsigned(bh)), L::kThreads, L::kBytes, cuda::stream(g)>>>(
+          dq, accumulate_q, dk, accumulate_k, dv, accumulate_v, q, k, v, out, dout, lse, geometry);
+      BERT_CUDA_LAUNCHED();
+    };
+    with_head_size(head_size, [&](auto size) {
+      if constexpr (decltype(size)::value <= 64) {
+        auto with_tiles = [&](auto full) {
+          if (tiles == 1)
+            run(size, full, std::integral_constant<int, 1>{});
+          else
+            run(size, full, std::integral_constant<int, 2>{});
+        };
+        if (geometry.length % kFlashRows == 0)
+          with_tiles(std::true_type{});
+        else
+          with_tiles(std::false_type{});
+      }
+    });
+  }
+}
+
 // BF16 steps, and TF32 steps (FP32 operands).
-#define BERT_FLASH_KERNELS(E)                                                                                       \
-  template size_t flash_shared_bytes<E>(int);                                                                       \
-  template void launch_flash_forward<E>(const Graph<float>&, int, dim3, E*, E*, float*, const E*, const E*,         \
-                                        const E*, const Geometry&);                                                 \
-  template void launch_flash_backward_query<E>(const Graph<float>&, int, dim3, E*, bool, float*, const E*, const E*, \
-                                               const E*, const E*, const E*, const float*, const Geometry&);        \
-  template void launch_flash_backward_key<E>(const Graph<float>&, int, dim3, E*, bool, E*, bool, const E*, const E*, \
-                                             const E*, const E*, const float*, const float*, const Geometry&);
+#define BERT_FLASH_KERNELS(E)                                                                                         \
+  template size_t flash_shared_bytes<E>(int);                                                                         \
+  template void launch_flash_forward<E>(const Graph<float>&, int, dim3, E*, E*, float*, const E*, const E*, const E*, \
+                                        const Geometry&);                                                             \
+  template void launch_flash_backward_query<E>(const Graph<float>&, int, dim3, E*, bool, float*, const E*, const E*,  \
+                                               const E*, const E*, const E*, const float*, const Geometry&);          \
+  template void launch_flash_backward_key<E>(const Graph<float>&, int, dim3, E*, bool, E*, bool, const E*, const E*,  \
+                                             const E*, const E*, const float*, const float*, const Geometry&);        \
+  template size_t flash_fused_backward_bytes<E>(int, const Geometry&);                                                \
+  template void launch_flash_backward_fused<E>(const Graph<float>&, int, int64_t, E*, bool, E*, bool, E*, bool,       \
+                                               const E*, const E*, const E*, const E*, const E*, const float*,        \
+                                               const Geometry&);
 BERT_FLASH_KERNELS(bf16)
 BERT_FLASH_KERNELS(float)
 #undef BERT_FLASH_KERNELS

@@ -48,6 +48,13 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16* s,
   load_matrices<false>(a, s + (r0 + lane % 16) * ld + c0 + (lane / 16) * 8);
 }
 
+// The same tile of an array stored column by column (element (r, c) at s[c ld + r], as a product's
+// transpose is kept), through ldmatrix's transposing load.
+__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const __nv_bfloat16* s, int ld, int r0, int c0) {
+  const int lane = threadIdx.x % 32;
+  load_matrices<true>(a, s + (c0 + lane % 8 + (lane / 16) * 8) * ld + r0 + ((lane / 8) % 2) * 8);
+}
+
 // The B fragments of two adjacent 8-column tiles, columns n0 .. n0 + 15 over k0 .. k0 + 15: b[0], b[1]
 // for columns n0 .. n0 + 7 and b[2], b[3] for n0 + 8 .. n0 + 15. KMajor: element (k, n) at s[k ld + n]
 // (B stored row by row, as V for P V); otherwise at s[n ld + k] (B transposed, as K for Q K^T).

@@ -726,15 +726,16 @@ TEST_F(CudaOps, SoftmaxDropoutContextFormsTheDroppedProbabilitiesAgain) {
     }
 }
 
-// Fused attention (one kernel each way) against the ops it replaces, run on the CPU: head sizes 16 to
-// 128, lengths from 7 (one partial key tile) to 512, with and without a padding mask, and with dropout
-// (the same draws as the unfused dropout, so the values still agree element for element).
+// Fused attention (one kernel forward, one or two backward) against the ops it replaces, run on the CPU:
+// head sizes 16 to 128, lengths from 7 (one partial key tile) to 512, with and without a padding mask, and
+// with dropout (the same draws as the unfused dropout, so the values still agree element for element). In
+// BF16 the backward is one kernel up to length 128 and head size 64 (7 to 128 here), two beyond (200, 512).
 TEST_F(CudaOps, FusedAttentionGivesTheComposedOps) {
   struct Case {
     int64_t b, h, t, d;
   };
-  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{3, 2, 100, 64}, Case{2, 2, 128, 64},
-                       Case{1, 2, 200, 128}, Case{1, 1, 512, 64}})
+  for (const Case c : {Case{2, 3, 7, 16}, Case{2, 2, 64, 32}, Case{2, 3, 65, 32}, Case{3, 2, 100, 64},
+                       Case{2, 2, 128, 64}, Case{1, 2, 200, 128}, Case{1, 1, 512, 64}})
     for (bool masked : {false, true})
       for (double p : {0.0, 0.1}) {
         SCOPED_TRACE("B " + std::to_string(c.b) + " H " + std::to_string(c.h) + " T " + std::to_string(c.t) + " D " +
