@@ -655,13 +655,14 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocksOf<D, E>)
     cuda::add_grid_scale_gradient(scale_part, q.probs_grad, q.probs_grad_scale, q.probs_partial, q.arrivals);
 }
 
-// --- The backward in one kernel where T <= 128 (BF16, head sizes up to 64, no probabilities' quantizer): a
-// block a (b, h), kTiles tiles of 64 rows, holds all of that head's Q, K, V and dO in shared memory and makes
-// dQ, dK and dV in one pass, five products where the two kernels above make seven (S and dP are made once,
-// Q, K, V and dO read once). Its warps first own 16 keys each as the key-side kernel's do: S^T and dP^T over
-// the queries kChunk at a time, dK and dV summed in registers, and dS^T (rounded to BF16, as the query side
-// rounds dS for its product) kept in shared memory; then each warp owns 16 queries and sums dQ = alpha dS K
-// from it. Di (the row sums of dO * O) is formed in the block.
+// --- The backward in one kernel where T <= 128 (BF16, head sizes up to 64; kQuant: with the probabilities'
+// quantizer, as the key-side kernel applies it): a block a (b, h), kTiles tiles of 64 rows, holds all of that
+// head's Q, K, V and dO in shared memory and makes dQ, dK and dV in one pass, five products where the two
+// kernels above make seven (S and dP made once; Q, K, V and dO read once). Its warps first own 16 keys each
+// as the key-side kernel's do: S^T and dP^T over the queries kChunk at a time, dK and dV summed in
+// registers, and dS^T (rounded to BF16, as the query side rounds dS for its product) kept in shared memory;
+// then each warp owns 16 queries and sums dQ = alpha dS K from it. Di (the row sums of dO * O) is formed in
+// the block from O and the copied dO.
 template <int D, int kTiles>
 struct FusedLayout {
   static constexpr int kRows = kTiles * kFlashRows, kThreads = kTiles * kFlashThreads;
@@ -677,7 +678,7 @@ constexpr int kFusedChunk = 32;
 template <int kTiles>
 constexpr int kFusedBlocks = kTiles == 1 ? 4 : 2;
 
-template <int D, bool kFull, int kTiles>
+template <int D, bool kFull, int kTiles, bool kQuant>
 __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks<kTiles>)
     flash_backward_fused(bf16* dq, bool accumulate_q, bf16* dk, bool accumulate_k, bf16* dv, bool accumulate_v,
                          const bf16* qp, const bf16* kp, const bf16* vp, const bf16* op, const bf16* dop,
@@ -692,43 +693,54 @@ __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks
   bf16* sQ = sV + kRows * ld;
   bf16* sdO = sQ + kRows * ld;
   bf16* sdS = sdO + kRows * ld;  // dS^T: row j holds key j's scores' gradients, query by query
-  float* s_lse = reinterpret_cast<float*>(sdS + kRows * lds);
-  float* s_di = s_lse + kRows;
-  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_di + kRows);
+  float2* s_stats = reinterpret_cast<float2*>(sdS + kRows * lds);   // a query's log-sum-exp (base 2) and Di
+  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_stats + kRows);  // keep bits, word w of query i at w kRows + i
   // The lane's keys (phase one) and queries (phase two) are both `local` (the block's first row is 0).
   const auto [bh, b, first, base, obase, warp, g, t, local, rows] = FlashBlock<D>(q);
+  // Two threads a query: its O (for Di), log-sum-exp and keep bits loaded first, so that they are on their way
+  // while the copies of K, V, Q and dO are issued; Di is then formed with the copied dO.
+  constexpr int kPacks = D / 16;  // packs of 8 columns a thread: every other one of the row's
+  const int r = threadIdx.x / 2, half = threadIdx.x % 2;
+  cuda::Pack<bf16, 8> o[kPacks] = {};  // zeros beyond T
+  float row_lse = 0.0f;
+  uint32_t words[kWords / 2] = {};
+  if (r < q.length) {
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) o[i] = cuda::load_pack<8>(op + obase + r * q.out_stride + 8 * half + 16 * i);
+    row_lse = lse[bh * q.length + r];
+    if (q.dropout)
+#pragma unroll
+      for (int w = 0; w < kWords / 2; ++w) words[w] = q.bits[(bh * q.length + r) * kWords + half * kWords / 2 + w];
+  }
   const int valid = kFull ? kRows : int(q.length);
   copy_rows_async<D, bf16, kRows, kThreads>(sK, kp + base, q.stride, valid);
   copy_rows_async<D, bf16, kRows, kThreads>(sV, vp + base, q.stride, valid);
   copy_rows_async<D, bf16, kRows, kThreads>(sQ, qp + base, q.stride, valid);
   copy_rows_async<D, bf16, kRows, kThreads>(sdO, dop + obase, q.out_stride, valid);
-  for (int r = threadIdx.x; r < kRows; r += kThreads) {
-    const bool row = r < q.length;
-    const int64_t at = bh * q.length + (row ? r : 0);
-    cuda::mma::copy_async<4>(s_lse + r, lse + at, row);
-    if (q.dropout) cuda::mma::copy_async<4 * kWords>(s_bits + kWords * r, q.bits + at * kWords, row);
-  }
   cuda::mma::commit();
-  {  // Di from global memory while the copies run: two threads a query, 8 columns in turn
-    const int r = threadIdx.x / 2;
-    float sum = 0.0f;
-    if (r < q.length)
-      for (int c = 8 * (threadIdx.x % 2); c < D; c += 16) {
-        const cuda::Pack<bf16, 8> x = cuda::load_pack<8>(op + obase + r * q.out_stride + c);
-        const cuda::Pack<bf16, 8> y = cuda::load_pack<8>(dop + obase + r * q.out_stride + c);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sum += cuda::to_float(x.v[j]) * cuda::to_float(y.v[j]);
-      }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    if (threadIdx.x % 2 == 0) s_di[r] = sum;
-  }
+  for (int w = 0; w < kWords / 2; ++w) s_bits[(half * kWords / 2 + w) * kRows + r] = words[w];
   cuda::mma::wait<0>();
+  __syncthreads();
+  {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const cuda::Pack<bf16, 8> y = *reinterpret_cast<const cuda::Pack<bf16, 8>*>(sdO + r * ld + 8 * half + 16 * i);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum += cuda::to_float(o[i].v[j]) * cuda::to_float(y.v[j]);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (half == 0) s_stats[r] = float2{row_lse * kLog2e, sum};
+  }
   __syncthreads();
 
   float key_mask[2];  // base 2
 #pragma unroll
   for (int h = 0; h < 2; ++h) key_mask[h] = local[h] < q.length ? mask_at(q, b, local[h]) * kLog2e : 0.0f;
   const float scale = q.alpha * kLog2e;
+  const cuda::ScaleDivision divide(kQuant ? *q.probs_scale : 1.0f);
+  float scale_part = 0.0f;  // kQuant: this lane's share of the scale gradient
   float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
   constexpr int N = kChunk / 8;
 #pragma unroll 1
@@ -739,23 +751,27 @@ __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       const int c0 = qt + tile_column(n, 0);
-      const float2 row_lse = *reinterpret_cast<const float2*>(s_lse + c0);
-      const float2 row_di = *reinterpret_cast<const float2*>(s_di + c0);
-      uint32_t words[2] = {0u, 0u};  // queries c0, c0 + 1: the word of the warp's 16 keys
-      if (q.dropout) {
-        words[0] = s_bits[c0 * kWords + warp / 2];
-        words[1] = s_bits[(c0 + 1) * kWords + warp / 2];
-      }
+      const float4 stats = *reinterpret_cast<const float4*>(s_stats + c0);  // queries c0, c0 + 1
+      // Queries c0 and c0 + 1: the word of the warp's 16 keys.
+      const uint2 words = q.dropout ? *reinterpret_cast<const uint2*>(s_bits + warp / 2 * kRows + c0) : uint2{};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = c0 + e % 2, h = e / 2;
         float p = 0.0f, ds = 0.0f;
         if (kFull || (c < q.length && local[h] < q.length)) {
-          const float query_lse = e % 2 ? row_lse.y : row_lse.x, query_di = e % 2 ? row_di.y : row_di.x;
-          const float prob = exp2_approx(fmaf(s[n][e], scale, fmaf(-query_lse, kLog2e, key_mask[h])));
-          const float keep = !q.dropout ? 1.0f : (words[e % 2] >> (local[h] % 32)) & 1u ? q.keep_scale : 0.0f;
+          const float query_lse = e % 2 ? stats.z : stats.x, query_di = e % 2 ? stats.w : stats.y;
+          const float prob = exp2_approx(fmaf(s[n][e], scale, key_mask[h] - query_lse));
+          const float keep = !q.dropout                                              ? 1.0f
+                             : ((e % 2 ? words.y : words.x) >> (local[h] % 32)) & 1u ? q.keep_scale
+                                                                                     : 0.0f;
           p = prob * keep;
-          ds = prob * (dp[n][e] * keep - query_di);
+          float gradient = dp[n][e] * keep;
+          if constexpr (kQuant) {  // as the key-side kernel's
+            gradient = cuda::fake_quantize_value_grad(p, dp[n][e], keep, divide, q.probs_lo, q.probs_hi, scale_part);
+            int saturated = 0;  // (counted by the forward)
+            p = cuda::fake_quantize_value(p, divide, q.probs_lo, q.probs_hi, saturated);
+          }
+          ds = prob * (gradient - query_di);
         }
         s[n][e] = p;
         dp[n][e] = ds;
@@ -801,6 +817,8 @@ __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks
     for (int n = 0; n < D / 8; ++n)
       store_pair(row + n * 8, q.alpha * acc_q[n][2 * h], q.alpha * acc_q[n][2 * h + 1], accumulate_q);
   }
+  if (kQuant && q.probs_grad)
+    cuda::add_grid_scale_gradient(scale_part, q.probs_grad, q.probs_grad_scale, q.probs_partial, q.arrivals);
 }
 
 // Shared memory of each kernel (bytes): the forward's Q, K, V tiles; the query side's Q, dO, K, V; the key
@@ -893,7 +911,7 @@ void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, 
 // The one-kernel backward's tiles of 64 rows for a geometry (1 or 2), or 0 where it does not cover it.
 template <typename E>
 int fused_tiles(int head_size, const Geometry& geometry) {
-  if (!std::is_same_v<E, bf16> || geometry.probs_scale || head_size > 64 || geometry.padded > 2 * kFlashRows) return 0;
+  if (!std::is_same_v<E, bf16> || head_size > 64 || geometry.padded > 2 * kFlashRows) return 0;
   return geometry.padded / kFlashRows;
 }
 
@@ -916,10 +934,10 @@ void launch_flash_backward_fused(const Graph<float>& g, int head_size, int64_t b
   const int tiles = fused_tiles<E>(head_size, geometry);
   BERT_CHECK(tiles > 0, "fused attention: the one-kernel backward does not cover this geometry");
   if constexpr (std::is_same_v<E, bf16>) {
-    auto run = [&](auto size, auto full, auto tile_count) {
+    auto run = [&](auto size, auto full, auto tile_count, auto quant) {
       constexpr int D = decltype(size)::value, kTiles = decltype(tile_count)::value;
       using L = FusedLayout<D, kTiles>;
-      const auto kernel = flash_backward_fused<D, decltype(full)::value, kTiles>;
+      const auto kernel = flash_backward_fused<D, decltype(full)::value, kTiles, decltype(quant)::value>;
       allow_shared(kernel, L::kBytes);
       kernel<<<dim3(1, unsigned(bh)), L::kThreads, L::kBytes, cuda::stream(g)>>>(
           dq, accumulate_q, dk, accumulate_k, dv, accumulate_v, q, k, v, out, dout, lse, geometry);
@@ -927,11 +945,17 @@ void launch_flash_backward_fused(const Graph<float>& g, int head_size, int64_t b
     };
     with_head_size(head_size, [&](auto size) {
       if constexpr (decltype(size)::value <= 64) {
+        auto with_quant = [&](auto full, auto tile_count) {
+          if (geometry.probs_scale)
+            run(size, full, tile_count, std::true_type{});
+          else
+            run(size, full, tile_count, std::false_type{});
+        };
         auto with_tiles = [&](auto full) {
           if (tiles == 1)
-            run(size, full, std::integral_constant<int, 1>{});
+            with_quant(full, std::integral_constant<int, 1>{});
           else
-            run(size, full, std::integral_constant<int, 2>{});
+            with_quant(full, std::integral_constant<int, 2>{});
         };
         if (geometry.length % kFlashRows == 0)
           with_tiles(std::true_type{});
