@@ -21,7 +21,8 @@ using cuda::bf16;
 // --- The tiles in registers between products (mma.sync, ops/cuda/mma.cuh), FlashAttention-2 style.
 // A block of four warps takes 64 query rows (forward, dQ) or 64 keys (dK, dV), 16 a warp; the other side
 // streams through shared memory 64 rows at a time, copied asynchronously (cp.async) while the previous
-// tile is multiplied. Scores, probabilities and their gradients live only in registers (C fragments),
+// tile is multiplied (where T <= 128 the backward is one kernel of its own, flash_backward_fused below).
+// Scores, probabilities and their gradients live only in registers (C fragments),
 // where they become the A operand of the next product. Exponentials are taken in base 2 (the scores
 // scaled by log2 e once). The forward's softmax is online (a running row maximum and sum, the output
 // rescaled as the maximum grows); the backward recomputes the probabilities from the saved log-sum-exp,
@@ -42,7 +43,7 @@ constexpr int kFlashKeyBlocks = D <= 64 ? 3 : 2;
 template <int D, typename E>
 constexpr int kFlashKeyBlocksOf = std::is_same_v<E, float> && D > 64 ? 1 : kFlashKeyBlocks<D>;
 
-// Threads of every BF16 kernel's block: four warps.
+// Threads of a block: four warps (the one-kernel backward: four a tile of 64 rows).
 constexpr int kFlashThreads = 128;
 
 // The 64 rows from src (a (B, T, H D) operand, rows `stride` apart) into shared dst, rows from `valid`
