@@ -113,8 +113,8 @@ void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, 
                                const float* di, const Geometry& geometry);
 
 // The backward in one kernel (dQ, dK and dV of a (b, h) in one block, five products where the two kernels make
-// seven): BF16, head sizes up to 64, T <= 128. Its shared memory where it covers
-// the geometry (the caller checks it against the GPU's), else 0; its launch, a block a (b, h) of bh.
+// seven): BF16, head sizes up to 64, T <= 128, with or without the probabilities' quantizer. Its shared memory
+// where it covers the geometry (the caller checks it against the GPU's), else 0; its launch, a block a (b, h).
 template <typename E>
 size_t flash_fused_backward_bytes(int head_size, const Geometry& geometry);
 template <typename E>
