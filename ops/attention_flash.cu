@@ -573,6 +573,42 @@ struct QueryStage {
   }
 };
 
+// One (query, key) element of the key side's tile: from the probability `prob`, whether the dropout kept
+// it, dP and the query's Di: p, dV's operand (the dropped-out probability; kQuant: fake-quantized), and dS. kQuant:
+// through the quantizer (straight through inside its range) and the dropout, its scale gradient's share added to
+// scale_part.
+template <bool kQuant>
+__device__ __forceinline__ void key_side_element(float prob, bool kept, float dp, float di, const Geometry& q,
+                                                 const cuda::ScaleDivision& divide, float& scale_part, float& p,
+                                                 float& ds) {
+  const float keep = !q.dropout ? 1.0f : kept ? q.keep_scale : 0.0f;
+  p = prob * keep;
+  float gradient = dp * keep;
+  if constexpr (kQuant) {
+    gradient = cuda::fake_quantize_value_grad(p, dp, keep, divide, q.probs_lo, q.probs_hi, scale_part);
+    int saturated = 0;  // (counted by the forward)
+    p = cuda::fake_quantize_value(p, divide, q.probs_lo, q.probs_hi, saturated);
+  }
+  ds = prob * (gradient - di);
+}
+
+// dK (times alpha) and dV of the lane's two keys (rows `keys` of T) from the register tiles, where below T.
+template <int D, typename E>
+__device__ __forceinline__ void store_key_gradients(E* dk, bool accumulate_k, E* dv, bool accumulate_v,
+                                                    const float (&acc_k)[D / 8][4], const float (&acc_v)[D / 8][4],
+                                                    const Geometry& q, int64_t base, const int64_t (&keys)[2], int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (keys[h] >= q.length) continue;
+    const int64_t at_key = base + keys[h] * q.stride + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      store_pair(dk + at_key + n * 8, q.alpha * acc_k[n][2 * h], q.alpha * acc_k[n][2 * h + 1], accumulate_k);
+      store_pair(dv + at_key + n * 8, acc_v[n][2 * h], acc_v[n][2 * h + 1], accumulate_v);
+    }
+  }
+}
+
 // dK = alpha dS^T Q and dV = dropout(P)^T dO of the block's 64 keys, over every query tile; the query tiles
 // in two stages, the next one copied while this one is multiplied. kQuant: dV from the fake-quantized
 // dropout(P), dS as the query side's, and the quantizer's scale gradient (LSQ: dP times the rounding error
@@ -624,15 +660,8 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocksOf<D, E>)
           const float query_lse = e % 2 ? row_lse.y : row_lse.x, query_di = e % 2 ? row_di.y : row_di.x;
           const float prob = exp2_approx(fmaf(s[n][e], scale, fmaf(-query_lse, kLog2e, key_mask[h])));
           const uint32_t word = e % 2 ? (local[h] < 32 ? words.z : words.w) : (local[h] < 32 ? words.x : words.y);
-          const float keep = !q.dropout ? 1.0f : (word >> (local[h] % 32)) & 1u ? q.keep_scale : 0.0f;
-          p = prob * keep;
-          float gradient = dp[n][e] * keep;
-          if constexpr (kQuant) {  // through the quantizer (straight through inside its range) and the dropout
-            gradient = cuda::fake_quantize_value_grad(p, dp[n][e], keep, divide, q.probs_lo, q.probs_hi, scale_part);
-            int saturated = 0;  // (counted by the forward)
-            p = cuda::fake_quantize_value(p, divide, q.probs_lo, q.probs_hi, saturated);
-          }
-          ds = prob * (gradient - query_di);
+          key_side_element<kQuant>(prob, (word >> (local[h] % 32)) & 1u, dp[n][e], query_di, q, divide, scale_part, p,
+                                   ds);
         }
         s[n][e] = p;
         dp[n][e] = ds;
@@ -642,16 +671,7 @@ __global__ void __launch_bounds__(kFlashThreads, kFlashKeyBlocksOf<D, E>)
     accumulate_tile<D>(acc_k, dp, s_q.q);
     __syncthreads();  // the stage read by every warp before the next step copies into it
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (keys[h] >= q.length) continue;
-    const int64_t at_key = base + keys[h] * q.stride + 2 * t;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      store_pair(dk + at_key + n * 8, q.alpha * acc_k[n][2 * h], q.alpha * acc_k[n][2 * h + 1], accumulate_k);
-      store_pair(dv + at_key + n * 8, acc_v[n][2 * h], acc_v[n][2 * h + 1], accumulate_v);
-    }
-  }
+  store_key_gradients<D>(dk, accumulate_k, dv, accumulate_v, acc_k, acc_v, q, base, keys, t);
   if (kQuant && q.probs_grad)
     cuda::add_grid_scale_gradient(scale_part, q.probs_grad, q.probs_grad_scale, q.probs_partial, q.arrivals);
 }
@@ -762,17 +782,8 @@ __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks
         if (kFull || (c < q.length && local[h] < q.length)) {
           const float query_lse = e % 2 ? stats.z : stats.x, query_di = e % 2 ? stats.w : stats.y;
           const float prob = exp2_approx(fmaf(s[n][e], scale, key_mask[h] - query_lse));
-          const float keep = !q.dropout                                              ? 1.0f
-                             : ((e % 2 ? words.y : words.x) >> (local[h] % 32)) & 1u ? q.keep_scale
-                                                                                     : 0.0f;
-          p = prob * keep;
-          float gradient = dp[n][e] * keep;
-          if constexpr (kQuant) {  // as the key-side kernel's
-            gradient = cuda::fake_quantize_value_grad(p, dp[n][e], keep, divide, q.probs_lo, q.probs_hi, scale_part);
-            int saturated = 0;  // (counted by the forward)
-            p = cuda::fake_quantize_value(p, divide, q.probs_lo, q.probs_hi, saturated);
-          }
-          ds = prob * (gradient - query_di);
+          key_side_element<kQuant>(prob, ((e % 2 ? words.y : words.x) >> (local[h] % 32)) & 1u, dp[n][e], query_di, q,
+                                   divide, scale_part, p, ds);
         }
         s[n][e] = p;
         dp[n][e] = ds;
@@ -785,16 +796,7 @@ __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks
     accumulate_tile<D>(acc_v, s, sdO + qt * ld);
     accumulate_tile<D>(acc_k, dp, sQ + qt * ld);
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (local[h] >= q.length) continue;
-    const int64_t at_key = base + local[h] * q.stride + 2 * t;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      store_pair(dk + at_key + n * 8, q.alpha * acc_k[n][2 * h], q.alpha * acc_k[n][2 * h + 1], accumulate_k);
-      store_pair(dv + at_key + n * 8, acc_v[n][2 * h], acc_v[n][2 * h + 1], accumulate_v);
-    }
-  }
+  store_key_gradients<D>(dk, accumulate_k, dv, accumulate_v, acc_k, acc_v, q, base, rows, t);  // rows == local
   __syncthreads();  // every warp's dS^T in place
 
   float acc_q[D / 8][4] = {};  // dQ of the warp's 16 queries: dS (read through its transpose) times K
