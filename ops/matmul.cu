@@ -38,6 +38,8 @@ struct LtProduct {
   cudaDataType_t vector_type;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0, vector_stride = 0;
   float alpha = 1.0f;
+  void* aux = nullptr;  // the GELU epilogues' auxiliary matrix (the pre-activation), of D's type, aux_ld apart
+  int64_t aux_ld = 0;
 };
 // Candidates asked of the heuristic for a product (core/cuda/lt_plans.h: the first run tunes among them).
 constexpr int kLtCandidates = LtPlan::kMaxCandidates;
@@ -45,9 +47,9 @@ constexpr int kLtCandidates = LtPlan::kMaxCandidates;
 // The plan for p's shape: made (descriptors, the heuristic's candidates) at its first use, then kept
 // by the context.
 LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const LtProduct& p) {
-  const LtPlans::Key key = {p.trans_a, p.trans_b, p.m,        p.n,        p.k,        p.lda,
-                            p.ldb,     p.ldd,     p.ab,       p.dt,       p.epilogue, p.vector_type,
-                            compute,   p.batch,   p.stride_a, p.stride_b, p.stride_d, p.vector_stride};
+  const LtPlans::Key key = {
+      p.trans_a,  p.trans_b,     p.m,     p.n,     p.k,        p.lda,      p.ldb,      p.ldd,           p.ab,    p.dt,
+      p.epilogue, p.vector_type, compute, p.batch, p.stride_a, p.stride_b, p.stride_d, p.vector_stride, p.aux_ld};
   const auto [it, made] = c.lt_plans->plans.try_emplace(key);
   LtPlan& plan = it->second;
   if (!made) return plan;
@@ -62,6 +64,12 @@ LtPlan& lt_plan(const CudaContext& c, cublasComputeType_t compute, const LtProdu
       cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.vector, sizeof p.vector));
   BERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &p.vector_type,
                                                    sizeof p.vector_type));
+  if (p.aux) {  // the heuristic reads the pointer's alignment
+    BERT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof p.aux));
+    BERT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p.aux_ld, sizeof p.aux_ld));
+  }
   BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, p.ab, uint64_t(p.trans_a ? p.k : p.m),
                                                uint64_t(p.trans_a ? p.m : p.k), p.lda));
   BERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, p.ab, uint64_t(p.trans_b ? p.n : p.k),
@@ -119,6 +127,9 @@ bool lt_product(const Graph<float>& g, const LtProduct& p) {
   if (!plan.found) return false;
   BERT_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.vector, sizeof p.vector));
+  if (p.aux)
+    BERT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof p.aux));
   if (plan.candidate_count > 0) {  // its first run outside a recording: the candidates timed (lt_plans.h)
     // Elements from an operand's first to its last: `rows` x `cols` column-major, batch items `stride` apart.
     auto extent = [&](int64_t rows, int64_t cols, int64_t ld, int64_t stride, cudaDataType_t type) {
@@ -452,13 +463,59 @@ struct GeluBackwardRows {
   }
 };
 
+// BF16 only: act (rows, out) = GELU(x W^T + bias) and pre = x W^T + bias (the pre-activation, kept for the
+// backward), both written by one product (cuBLASLt's GELU_AUX_BIAS epilogue). False where cuBLASLt has no
+// algorithm for it. cuBLASLt's GELU is the tanh form, 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))) (within
+// 5.3e-6 of it on an H200), within 4.7e-4 of erf's (at z near 2.7, where a BF16 step is 1.6e-2), and it
+// takes the FP32 sum before rounding.
+bool gemm_bias_gelu(const Graph<float>& g, int64_t rows, int64_t in, int64_t out, const void* x, const void* w,
+                    const void* bias, void* act, void* pre) {
+  LtProduct p{};
+  p.trans_a = true, p.m = out, p.n = rows, p.k = in, p.a = w, p.lda = in, p.b = x, p.ldb = in, p.d = act, p.ldd = out;
+  p.ab = p.dt = p.vector_type = CUDA_R_16BF;
+  p.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, p.vector = const_cast<void*>(bias);
+  p.aux = pre, p.aux_ld = out;
+  return lt_product(g, p);
+}
+// BF16 only: d (rows, hidden) = (dy (rows, out) W (out, hidden)) GELU'(pre), GELU' of cuBLASLt's tanh form
+// (DGELU epilogue). False where cuBLASLt has no algorithm for it.
+bool gemm_gelu_backward(const Graph<float>& g, int64_t rows, int64_t out, int64_t hidden, const void* dy, const void* w,
+                        const void* pre, void* d) {
+  LtProduct p{};
+  p.m = hidden, p.n = rows, p.k = out, p.a = w, p.lda = hidden, p.b = dy, p.ldb = out, p.d = d, p.ldd = hidden;
+  p.ab = p.dt = p.vector_type = CUDA_R_16BF;
+  p.epilogue = CUBLASLT_EPILOGUE_DGELU, p.aux = const_cast<void*>(pre), p.aux_ld = hidden;
+  return lt_product(g, p);
+}
+
+// dpre = dact gelu'(pre) in place of d, act = gelu(pre) again and, with dbias, dpre's column sums added
+// there, in one pass.
+template <typename A>
+void gelu_backward_pass(Graph<float>& g, A* d, A* act, const A* pre, int64_t rows, int64_t hidden, float* dbias) {
+  const int64_t n = rows * hidden;
+  if (!dbias) {
+    BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu_backward, n, cuda::packs_of_4(n, {d, act, pre}), g, d, act, pre, n);
+    return;
+  }
+  const auto address =
+      reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(act) | reinterpret_cast<uintptr_t>(pre);
+  auto fits = [&](int64_t w) { return hidden % w == 0 && address % (w * sizeof(A)) == 0; };
+  cuda::launch_column_sums(g, rows, hidden, dbias, 1, 0, fits, [&]<int W>() {
+    return GeluBackwardRows<W, A>{d, act, pre, hidden};
+  });
+}
+
 // ops::feed_forward on a GPU, or Var{} where the widths would run padded (linear_typed's copies): the caller
-// then runs the three ops. The first product `pre` is kept (scratch) for the backward; the GELU's output
-// goes to transient slot 0 and the second GEMM reads it there. The backward: dact = dy W2 into slot 1, then
-// one pass turns it into dpre in place, writes gelu(pre) into slot 0 again for dW2 = dy^T act and sums
-// dpre's columns into b1's gradient; then the first linear's other gradients from dpre. The kernels and GEMMs of
-// linear, gelu, linear: the same bits. b2's gradient is dy's column sums, summed by y's reader where it
-// says so (Graph::bias_summed: dropout_add_layer_norm), as linear's.
+// then runs the three ops. The first product `pre` is kept (scratch) for the backward. In FP32 and TF32
+// (and in BF16 where cuBLASLt lacks the epilogue) the GELU's output goes to transient slot 0 and the
+// second GEMM reads it there; the backward: dact = dy W2 into slot 1, then one pass turns it into dpre in
+// place, writes gelu(pre) into slot 0 again for dW2 = dy^T act and sums dpre's columns into b1's gradient.
+// The kernels and GEMMs of linear, gelu, linear: the same bits. In BF16 the first product applies the GELU in
+// its epilogue (gemm_bias_gelu: cuBLASLt's tanh form) and its output is kept (scratch) for dW2; the
+// backward's dact product applies the GELU's derivative in its epilogue (gemm_gelu_backward), and b1's
+// gradient is dpre's column sums. Then the first linear's other gradients from dpre. b2's gradient is dy's
+// column sums, summed by y's reader where it says so (Graph::bias_summed: dropout_add_layer_norm), as
+// linear's.
 template <typename A>
 Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
@@ -474,29 +531,32 @@ Var feed_forward_typed(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2) {
   const A* b2_gemm = gemm_operand<A>(g, b2, out, out, 1);
   const A* xv = cuda::typed<A>(g.data(x));
   A* pre = backward ? g.scratch<A>(n) : g.transient<A>(1, n);
-  A* act = g.transient<A>(0, n);
-  linear_product(g, rows, in, hidden, xv, w1_gemm, b1_gemm, g.value(b1).data(), hidden, pre, hidden, type);
-  BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu, n, cuda::packs_of_4(n, {act, pre}), g, act, pre, n);
+  // BF16 with the GELU in the first product's epilogue: its output kept for the second's weight gradient
+  // (the backward's own product then applies the GELU's derivative). Else computed again there.
+  bool epilogue = std::is_same_v<A, bf16> && b1_gemm;
+  A* act = epilogue && backward ? g.scratch<A>(n) : g.transient<A>(0, n);
+  epilogue = epilogue && gemm_bias_gelu(g, rows, in, hidden, xv, w1_gemm, b1_gemm, act, pre);
+  if (!epilogue) {
+    linear_product(g, rows, in, hidden, xv, w1_gemm, b1_gemm, g.value(b1).data(), hidden, pre, hidden, type);
+    BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu, n, cuda::packs_of_4(n, {act, pre}), g, act, pre, n);
+  }
   linear_product(g, rows, hidden, out, act, w2_gemm, b2_gemm, g.value(b2).data(), out, cuda::typed<A>(g.data(y)), out,
                  type);
   if (g.requires_grad(b2)) g.set_bias_of(y, b2);  // its reader may sum dy's columns
+  const bool kept = epilogue && backward;
+  A* const kept_act = act;
   g.on_backward(y, [=](Graph<float>& g) {
     const A* dy = cuda::typed<A>(g.grad_data(y));
-    A* act = g.transient<A>(0, n);
+    A* act = kept ? kept_act : g.transient<A>(0, n);
     A* d = g.transient<A>(1, n);
-    gemm(g, false, false, rows, hidden, out, 1.0f, dy, out, 0, w2_gemm, hidden, 0, 0.0f, d, hidden, 0, 1, type, type);
-    // dpre = dact gelu'(pre) in place, act = gelu(pre) again, and b1's gradient as dpre's column sums,
-    // in one pass.
     const bool b1_grad = g.requires_grad(b1);
-    if (b1_grad) {
-      const auto address =
-          reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(act) | reinterpret_cast<uintptr_t>(pre);
-      auto fits = [&](int64_t w) { return hidden % w == 0 && address % (w * sizeof(A)) == 0; };
-      cuda::launch_column_sums(g, rows, hidden, g.grad(b1).data(), 1, 0, fits, [&]<int W>() {
-        return GeluBackwardRows<W, A>{d, act, pre, hidden};
-      });
+    // The kept act: dpre = (dy W2) gelu'(pre) in the product's epilogue, then b1's gradient as dpre's column
+    // sums (cuBLASLt's DGELU_BGRAD gives the bias gradient in BF16 only, and took 3x the time on an H200).
+    if (kept && gemm_gelu_backward(g, rows, out, hidden, dy, w2_gemm, pre, d)) {
+      if (b1_grad) add_column_sums(g, d, g.dtype(y), rows, hidden, hidden, g.grad(b1).data());
     } else {
-      BERT_LAUNCH_PACKED_WIDE(A, ffn_gelu_backward, n, cuda::packs_of_4(n, {d, act, pre}), g, d, act, pre, n);
+      gemm(g, false, false, rows, hidden, out, 1.0f, dy, out, 0, w2_gemm, hidden, 0, 0.0f, d, hidden, 0, 1, type, type);
+      gelu_backward_pass(g, d, act, pre, rows, hidden, b1_grad ? g.grad(b1).data() : nullptr);
     }
     // dW (out, in) (+)= dy^T (out, N) x (N, in), in the weight's own type; the bias as the column sums.
     auto weight_grads = [&](Var w, Var b, const A* dz, const A* input, int64_t o, int64_t i, bool bias_done) {

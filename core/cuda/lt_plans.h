@@ -55,10 +55,10 @@ struct LtPlan {
   }
 };
 
-// Plans by what decides them: transposes, sizes, leading dimensions, types, epilogue, batch count and
-// strides (pointers and scalars are set per call).
+// Plans by what decides them: transposes, sizes, leading dimensions, types, epilogue, batch count,
+// strides and the epilogue auxiliary matrix's leading dimension (pointers and scalars are set per call).
 struct LtPlans {
-  using Key = std::array<int64_t, 18>;
+  using Key = std::array<int64_t, 19>;
   std::map<Key, LtPlan> plans;
   bool tune = true;  // false: plans made from now on keep the heuristic's first candidate
 };

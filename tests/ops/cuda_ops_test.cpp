@@ -1243,11 +1243,13 @@ TEST_F(CudaOps, LinearCrossEntropyScoresAreLinearThenCrossEntropyWithoutTheLogit
       std::exception);
 }
 
-// The feed-forward block on a GPU: the CPU's values within the GEMM tolerance, and against linear, gelu,
-// linear on the same GPU the same bits, forward and every gradient, with x's gradient added to (x is also
-// the residual) and written fresh; a width that would run padded takes the three ops. Its forward keeps
-// the first product but not the GELU's output: the workspace holds one (rows, hidden) tensor less.
-TEST_F(CudaOps, FeedForwardIsLinearGeluLinearWithoutKeepingTheGelu) {
+// The feed-forward block on a GPU: the CPU's values within the GEMM tolerance (BF16: kBf16), and against
+// linear, gelu, linear on the same GPU, forward and every gradient, with x's gradient added to (x is also
+// the residual) and written fresh: in FP32 the same bits; in BF16, where the GELU and its derivative run in
+// cuBLASLt's epilogues (the tanh form, of the unrounded sums), within kBf16; a width that would run padded
+// takes the three ops (the same bits). In FP32 its forward keeps the first product but not the GELU's
+// output: the workspace holds one (rows, hidden) tensor less; in BF16 it keeps no more than the three ops.
+TEST_F(CudaOps, FeedForwardIsLinearGeluLinear) {
   struct Case {
     int64_t rows, width, hidden;
   };
@@ -1277,9 +1279,10 @@ TEST_F(CudaOps, FeedForwardIsLinearGeluLinearWithoutKeepingTheGelu) {
         SCOPED_TRACE(gpu->name());
         const Result f = run_on(*gpu, shapes, inputs, differentiable, fused, 7);
         const Result p = run_on(*gpu, shapes, inputs, differentiable, composed, 7);
-        EXPECT_LE(relative_difference(f.value, p.value), kExact) << "forward";
+        const double tolerance = gpu->precision() == Precision::kBf16 && c.hidden != 1030 ? kBf16 : kExact;
+        EXPECT_LE(relative_difference(f.value, p.value), tolerance) << "forward";
         for (size_t i = 0; i < shapes.size(); ++i)
-          EXPECT_LE(relative_difference(f.grads[i], p.grads[i]), kExact) << "gradient of input " << i;
+          EXPECT_LE(relative_difference(f.grads[i], p.grads[i]), tolerance) << "gradient of input " << i;
       }
     }
     for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {  // what the forward keeps for the backward
@@ -1301,10 +1304,12 @@ TEST_F(CudaOps, FeedForwardIsLinearGeluLinearWithoutKeepingTheGelu) {
       };
       const size_t element = gpu->precision() == Precision::kBf16 ? 2 : 4;
       const size_t gelu_output = static_cast<size_t>(c.rows * c.hidden) * element;
-      if (c.hidden != 1030)
-        EXPECT_LE(kept(true) + gelu_output, kept(false));
-      else
+      if (c.hidden == 1030)
         EXPECT_EQ(kept(true), kept(false));  // padded: the three ops
+      else if (gpu->precision() == Precision::kBf16)
+        EXPECT_LE(kept(true), kept(false));
+      else
+        EXPECT_LE(kept(true) + gelu_output, kept(false));
     }
   }
   Graph<float> g(*gpu_);  // bad input: widths that do not chain, a missing bias

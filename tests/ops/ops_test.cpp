@@ -209,7 +209,7 @@ TEST(LinearGelu, MatchesReferenceAndFiniteDifferences) {
 
 // The feed-forward block linear(gelu(linear(x, W1, b1)), W2, b2): a reference loop's values, finite
 // differences through both products and the GELU (on the CPU the op is those three; the GPU's own is held to
-// them by CudaOps.FeedForwardIsLinearGeluLinearWithoutKeepingTheGelu).
+// them by CudaOps.FeedForwardIsLinearGeluLinear).
 TEST(FeedForward, MatchesReferenceAndFiniteDifferences) {
   for (Shape xs : {Shape{5, 4}, Shape{2, 3, 4}}) {
     SCOPED_TRACE(xs.str());
