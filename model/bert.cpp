@@ -627,7 +627,7 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
         !ffn_inputs.empty() ? ffn_inputs
                             : quantize_each(g, a, {l.intermediate.used_input_quantizer(g), &l.output_add_residual});
     Var ff;
-    if (l.intermediate.runs_float() && l.output.runs_float()) {  // the GELU's output not kept on a GPU
+    if (l.intermediate.runs_float() && l.output.runs_float()) {  // one op (ops::feed_forward)
       ff = ops::feed_forward(g, inputs[0], g.param(params_.get(l.intermediate.weight)),
                              g.param(params_.get(l.intermediate.bias)), g.param(params_.get(l.output.weight)),
                              g.param(params_.get(l.output.bias)));
