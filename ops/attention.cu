@@ -770,12 +770,21 @@ std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::arra
     auto part = [p, c](int i, A* dx) {
       return cuda::ColumnsSource<A>{p + i * c, dx, cuda::Columns{uint32_t(c), 3 * c}};
     };
+    // The three quantizers in one launch each way (cuda::QuantizeParts: the same bits as one launch each,
+    // without two launches' starts and tails).
+    using Parts = cuda::QuantizeParts<A, cuda::ColumnsSource<A>>;
+    Parts parts;
+    parts.n = n * c;
+    int width = 8;
     for (int i = 0; i < 3; ++i) {
       out[i] = g.emit(s, {projections, quantizers[i].scale}, dtype);
       A* y = cuda::typed<A>(g.data(out[i]));
-      cuda::launch_fake_quantize_forward(g, launches[i], y, part(i, nullptr),
-                                         cuda::pack_width(sizeof(A), sizeof(A), c, {p + i * c, y}));
+      parts.y[i] = y, parts.source[i] = part(i, nullptr), parts.scale[i] = launches[i].scale;
+      parts.lo[i] = launches[i].lo, parts.hi[i] = launches[i].hi, parts.grad_scale[i] = launches[i].grad_scale;
+      parts.clipped[i] = reinterpret_cast<unsigned long long*>(launches[i].clipped);
+      width = std::min(width, cuda::pack_width(sizeof(A), sizeof(A), c, {p + i * c, y}));
     }
+    cuda::launch_fake_quantize_parts_forward(g, parts, 3, width);
     // One backward for the three outputs, run by the first of their closures to run (the last output's:
     // every output's readers were recorded after it); the others find it done. It writes the projections'
     // gradient whole (each part through its quantizer), so one target serves the three parts.
@@ -790,6 +799,21 @@ std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::arra
         const auto target =
             g.requires_grad(projections) ? g.raw_grad_target(projections) : Graph<float>::RawGradTarget{nullptr, false};
         A* dp = cuda::typed<A>(target.data);
+        Parts back = parts;
+        int back_width = 8;
+        bool together = true;  // every output took a gradient: one launch for the three
+        for (int j = 0; j < 3; ++j) {
+          A* dpart = dp ? dp + j * c : nullptr;
+          together = together && g.has_grad(ys[j]);
+          back.source[j] = part(j, dpart);
+          back.ds[j] = g.requires_grad(scales[j]) ? g.grad(scales[j]).data() : nullptr;
+          back.dy[j] = g.has_grad(ys[j]) ? cuda::typed<A>(g.grad_data(ys[j])) : nullptr;
+          back_width = std::min(back_width, cuda::pack_width(sizeof(A), sizeof(A), c, {back.dy[j], p + j * c, dpart}));
+        }
+        if (together) {
+          cuda::launch_fake_quantize_parts_backward(g, back, 3, back_width, target.accumulate);
+          return;
+        }
         for (int j = 0; j < 3; ++j) {
           A* dpart = dp ? dp + j * c : nullptr;
           if (!g.has_grad(ys[j])) {  // nothing flowed into this output: its part of a fresh gradient is zero
@@ -797,11 +821,10 @@ std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::arra
               BERT_CUDA_CHECK(cudaMemset2DAsync(dpart, 3 * c * sizeof(A), 0, c * sizeof(A), n, cuda::stream(g)));
             continue;
           }
-          cuda::QuantizeLaunch back = launches[j];
-          back.scale_grad = g.requires_grad(scales[j]) ? g.grad(scales[j]).data() : nullptr;
-          const A* dy = cuda::typed<A>(g.grad_data(ys[j]));
-          cuda::launch_fake_quantize_backward(g, back, dy, part(j, dpart),
-                                              cuda::pack_width(sizeof(A), sizeof(A), c, {dy, p + j * c, dpart}),
+          cuda::QuantizeLaunch one = launches[j];
+          one.scale_grad = back.ds[j];
+          cuda::launch_fake_quantize_backward(g, one, back.dy[j], part(j, dpart),
+                                              cuda::pack_width(sizeof(A), sizeof(A), c, {back.dy[j], p + j * c, dpart}),
                                               target.accumulate);
         }
       });

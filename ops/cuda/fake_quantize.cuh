@@ -217,16 +217,14 @@ __device__ inline void add_grid_scale_gradient(double acc, float* ds, double gra
   add_share(acc, ds, grad_scale, partial, arrivals, 0, 1, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
 }
 
-// Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kQuantizeBlock,
-// (b + 1) kQuantizeBlock), each thread W consecutive elements at a time.
+// One block's elements [begin, end) of fake_quantize_forward, W consecutive ones a thread at a time; the
+// block's saturation count added to *clipped (where set).
 template <int W, typename Y, typename Source>
-__global__ void fake_quantize_forward(Y* y, Source source, const float* scale, int64_t per_channel, float lo, float hi,
-                                      unsigned long long* clipped) {
+__device__ __forceinline__ void fake_quantize_forward_block(Y* y, const Source& source, float scale, int64_t begin,
+                                                            int64_t end, float lo, float hi,
+                                                            unsigned long long* clipped) {
   __shared__ int64_t shared[32];
-  const int64_t c = blockIdx.y;
-  const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
-  const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
-  const ScaleDivision divide(scale[c]);
+  const ScaleDivision divide(scale);
   int count = 0;  // at most kQuantizeBlock
   with_division(divide.normal, [&](auto normal) {
     for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
@@ -243,16 +241,13 @@ __global__ void fake_quantize_forward(Y* y, Source source, const float* scale, i
     if (threadIdx.x == 0 && total) atomicAdd(clipped, static_cast<unsigned long long>(total));
   }
 }
-
-// Also sums the scale gradient: each block's share in double, added up by add_scale_gradient.
+// One block's elements [begin, end) of fake_quantize_backward: the input's gradient stored through the
+// source; returns the block's thread's share of the scale gradient.
 template <int W, typename Y, typename Source>
-__global__ void fake_quantize_backward(Source source, const Y* dy, const float* scale, int64_t per_channel, float lo,
-                                       float hi, bool accumulate, float* ds, double grad_scale, double* partial,
-                                       unsigned int* arrivals) {
-  const int64_t c = blockIdx.y;
-  const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
-  const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
-  const ScaleDivision divide(scale[c]);
+__device__ __forceinline__ double fake_quantize_backward_block(const Source& source, const Y* dy, float scale,
+                                                               int64_t begin, int64_t end, float lo, float hi,
+                                                               bool accumulate) {
+  const ScaleDivision divide(scale);
   double acc = 0;
   with_division(divide.normal, [&](auto normal) {
     for (int64_t i = begin + W * threadIdx.x; i < end; i += W * int64_t(blockDim.x)) {
@@ -267,7 +262,65 @@ __global__ void fake_quantize_backward(Source source, const Y* dy, const float* 
       acc += part;
     }
   });
+  return acc;
+}
+
+// Grid (blocks_per_channel, channels): block (b, c) handles channel c's elements [b kQuantizeBlock,
+// (b + 1) kQuantizeBlock), each thread W consecutive elements at a time.
+template <int W, typename Y, typename Source>
+__global__ void fake_quantize_forward(Y* y, Source source, const float* scale, int64_t per_channel, float lo, float hi,
+                                      unsigned long long* clipped) {
+  const int64_t c = blockIdx.y;
+  const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
+  const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
+  fake_quantize_forward_block<W>(y, source, scale[c], begin, end, lo, hi, clipped);
+}
+
+// Also sums the scale gradient: each block's share in double, added up by add_scale_gradient.
+template <int W, typename Y, typename Source>
+__global__ void fake_quantize_backward(Source source, const Y* dy, const float* scale, int64_t per_channel, float lo,
+                                       float hi, bool accumulate, float* ds, double grad_scale, double* partial,
+                                       unsigned int* arrivals) {
+  const int64_t c = blockIdx.y;
+  const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
+  const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
+  const double acc = fake_quantize_backward_block<W>(source, dy, scale[c], begin, end, lo, hi, accumulate);
   if (ds) add_scale_gradient(acc, ds, grad_scale, partial, arrivals);
+}
+
+// Per-tensor quantizers of equally long parts in one launch (grid (blocks of a part, 1, parts)): part z's
+// blocks are those of its own fake_quantize_forward / _backward launch over its n elements, so the values,
+// saturation counts and scale gradients (each part's shares added in order, with its own arrival counter)
+// are the same bits. QAT's Q, K and V quantizers over the three parts of the (N, 3C) projections.
+constexpr int kMostParts = 3;
+template <typename Y, typename Source>
+struct QuantizeParts {
+  int64_t n = 0;  // elements of each part
+  float lo[kMostParts] = {}, hi[kMostParts] = {};
+  Y* y[kMostParts] = {};         // forward: the quantized values
+  const Y* dy[kMostParts] = {};  // backward: their gradients
+  Source source[kMostParts] = {};
+  const float* scale[kMostParts] = {};
+  unsigned long long* clipped[kMostParts] = {};
+  float* ds[kMostParts] = {};  // backward: nullptr where that scale takes no gradient
+  double grad_scale[kMostParts] = {};
+  double* partial[kMostParts] = {};
+};
+template <int W, typename Y, typename Source>
+__global__ void fake_quantize_parts_forward(QuantizeParts<Y, Source> q) {
+  const unsigned part = blockIdx.z;
+  const int64_t begin = blockIdx.x * kQuantizeBlock, end = min(begin + kQuantizeBlock, q.n);
+  fake_quantize_forward_block<W>(q.y[part], q.source[part], *q.scale[part], begin, end, q.lo[part], q.hi[part],
+                                 q.clipped[part]);
+}
+template <int W, typename Y, typename Source>
+__global__ void fake_quantize_parts_backward(QuantizeParts<Y, Source> q, bool accumulate, unsigned int* arrivals) {
+  const unsigned part = blockIdx.z;
+  const int64_t begin = blockIdx.x * kQuantizeBlock, end = min(begin + kQuantizeBlock, q.n);
+  const double acc = fake_quantize_backward_block<W>(q.source[part], q.dy[part], *q.scale[part], begin, end, q.lo[part],
+                                                     q.hi[part], accumulate);
+  if (q.ds[part])
+    add_share(acc, q.ds[part], q.grad_scale[part], q.partial[part], arrivals + part, 0, 1, blockIdx.x, gridDim.x);
 }
 
 // The quantizer's side of a launch: scales (device), range, LSQ gradient scale, saturation counter.
@@ -327,6 +380,34 @@ void launch_fake_quantize_backward(Graph<float>& g, const QuantizeLaunch& q, con
                               : &fake_quantize_backward<1, Y, Source>;
   kernel<<<q.grid(), kThreads, 0, stream(g)>>>(source, dy, q.scale, q.per_channel(), q.lo, q.hi, accumulate,
                                                q.scale_grad, q.grad_scale, partial, context(g.device()).arrivals);
+  BERT_CUDA_LAUNCHED();
+}
+
+// The parts' quantizers in one launch each way (fake_quantize_parts_forward / _backward), `width` elements
+// per access; `parts` of them (at most kMostParts), every one n elements long.
+template <typename Y, typename Source>
+void launch_fake_quantize_parts_forward(const Graph<float>& g, const QuantizeParts<Y, Source>& q, int parts,
+                                        int width) {
+  if (q.n == 0) return;
+  auto* kernel = width == 8   ? &fake_quantize_parts_forward<8, Y, Source>
+                 : width == 4 ? &fake_quantize_parts_forward<4, Y, Source>
+                              : &fake_quantize_parts_forward<1, Y, Source>;
+  const dim3 grid(static_cast<unsigned>((q.n + kQuantizeBlock - 1) / kQuantizeBlock), 1, static_cast<unsigned>(parts));
+  kernel<<<grid, kThreads, 0, stream(g)>>>(q);
+  BERT_CUDA_LAUNCHED();
+}
+template <typename Y, typename Source>
+void launch_fake_quantize_parts_backward(Graph<float>& g, QuantizeParts<Y, Source> q, int parts, int width,
+                                         bool accumulate) {
+  if (q.n == 0) return;
+  BERT_CHECK(parts <= kMostParts && parts <= int(CudaContext::kArrivals), "fake quantization: too many parts");
+  const int64_t blocks = (q.n + kQuantizeBlock - 1) / kQuantizeBlock;
+  for (int p = 0; p < parts; ++p) q.partial[p] = q.ds[p] && blocks > 1 ? g.scratch<double>(blocks) : nullptr;
+  auto* kernel = width == 8   ? &fake_quantize_parts_backward<8, Y, Source>
+                 : width == 4 ? &fake_quantize_parts_backward<4, Y, Source>
+                              : &fake_quantize_parts_backward<1, Y, Source>;
+  kernel<<<dim3(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(parts)), kThreads, 0, stream(g)>>>(
+      q, accumulate, context(g.device()).arrivals);
   BERT_CUDA_LAUNCHED();
 }
 
