@@ -242,7 +242,7 @@ __device__ __forceinline__ void fake_quantize_forward_block(Y* y, const Source& 
   }
 }
 // One block's elements [begin, end) of fake_quantize_backward: the input's gradient stored through the
-// source; returns the block's thread's share of the scale gradient.
+// source; returns this thread's share of the scale gradient.
 template <int W, typename Y, typename Source>
 __device__ __forceinline__ double fake_quantize_backward_block(const Source& source, const Y* dy, float scale,
                                                                int64_t begin, int64_t end, float lo, float hi,
@@ -388,6 +388,7 @@ void launch_fake_quantize_backward(Graph<float>& g, const QuantizeLaunch& q, con
 template <typename Y, typename Source>
 void launch_fake_quantize_parts_forward(const Graph<float>& g, const QuantizeParts<Y, Source>& q, int parts,
                                         int width) {
+  BERT_CHECK(parts >= 1 && parts <= kMostParts, "fake quantization: 1 to 3 parts in one launch");
   if (q.n == 0) return;
   auto* kernel = width == 8   ? &fake_quantize_parts_forward<8, Y, Source>
                  : width == 4 ? &fake_quantize_parts_forward<4, Y, Source>
@@ -399,8 +400,8 @@ void launch_fake_quantize_parts_forward(const Graph<float>& g, const QuantizePar
 template <typename Y, typename Source>
 void launch_fake_quantize_parts_backward(Graph<float>& g, QuantizeParts<Y, Source> q, int parts, int width,
                                          bool accumulate) {
+  BERT_CHECK(parts >= 1 && parts <= kMostParts, "fake quantization: 1 to 3 parts in one launch");
   if (q.n == 0) return;
-  BERT_CHECK(parts <= kMostParts && parts <= int(CudaContext::kArrivals), "fake quantization: too many parts");
   const int64_t blocks = (q.n + kQuantizeBlock - 1) / kQuantizeBlock;
   for (int p = 0; p < parts; ++p) q.partial[p] = q.ds[p] && blocks > 1 ? g.scratch<double>(blocks) : nullptr;
   auto* kernel = width == 8   ? &fake_quantize_parts_backward<8, Y, Source>
