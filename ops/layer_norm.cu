@@ -530,9 +530,12 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
   // With `residual` set (the plain kernel in FP32), x holds the sum's first addend, a: the row LayerNorm
   // normalised is formed again from a, its dropout and the residual, as the forward formed it. (The
   // residual's row is loaded with the row it belongs to: loaded ahead with x's and dy's, it spilled.)
+  // At 1,024 columns the row ahead does not fit in the registers beside the current one (it spilled: BERT-large's
+  // BF16 LayerNorm backward took 24.4 us); there a row's own loads, 16 a lane, keep enough in flight.
+  constexpr bool kAhead = kPlain && C < 8;
   int64_t r = blockIdx.x * per_block + warp;
   RowPacks<C, A> ahead;  // x's row (a) and dy's (b)
-  if (kPlain && r < end) ahead.load(x, dy, r * c, c, lane);
+  if (kAhead && r < end) ahead.load(x, dy, r * c, c, lane);
 #pragma unroll 1
   for (; r < end; r += kWarpsPerBlock) {
     const float m = mean[r], rs = rstd[r];
@@ -540,13 +543,16 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, C <= 4 ? 3 : 2)
     RowPacks<C, A> row;
     cuda::Pack<A, 4> qa[C];  // the quantizer's input, the dropout's (quantized only)
     if constexpr (kPlain) {
-      row = ahead;
+      if constexpr (kAhead)
+        row = ahead;
+      else
+        row.load(x, dy, r * c, c, lane);
       cuda::Pack<A, 4> row_residual[C];
       if (residual)
 #pragma unroll
         for (int k = 0; k < C; ++k)
           if ((k * 32 + lane) * 4 < c) row_residual[k] = cuda::load_pack<4>(residual + r * c + (k * 32 + lane) * 4);
-      if (r + kWarpsPerBlock < end) ahead.load(x, dy, (r + kWarpsPerBlock) * c, c, lane);
+      if (kAhead && r + kWarpsPerBlock < end) ahead.load(x, dy, (r + kWarpsPerBlock) * c, c, lane);
       if (residual)
 #pragma unroll
         for (int k = 0; k < C; ++k) {
