@@ -429,23 +429,27 @@ void forward_kernels(const Graph<float>& g, const Geometry& q, dim3 query_grid, 
 }
 
 // Where the backward's kernels write the gradients of Q, K and V (each added into where accumulate is set).
+// bias_partial: where the one-kernel backward may sum dQ, dK and dV for the projections' biases
+// (launch_flash_backward_fused), or nullptr.
 template <typename A>
 struct AttentionGrads {
   A *dq = nullptr, *dk = nullptr, *dv = nullptr;
   bool accumulate_q = false, accumulate_k = false, accumulate_v = false;
+  float* bias_partial = nullptr;
 };
 
-// The backward's two kernels: dQ, then dK and dV (skipped when `keys` is false).
+// The backward's two kernels: dQ, then dK and dV (skipped when `keys` is false); or the one-kernel backward
+// where it covers the geometry: true then (d.bias_partial holds the column sums where it was set).
 template <int D, typename A>
-void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64_t bh, int64_t t,
+bool backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64_t bh, int64_t t,
                       const AttentionGrads<A>& d, bool keys, const A* qp, const A* kp, const A* vp, const A* op,
                       const A* dop, const float* lse) {
   const bool tensor_cores = flash<D, A>(g);
   const size_t fused = tensor_cores && keys ? flash_fused_backward_bytes<A>(D, q) : 0;
   if (fused && fused <= shared_limit(g)) {
     launch_flash_backward_fused(g, D, bh, d.dq, d.accumulate_q, d.dk, d.accumulate_k, d.dv, d.accumulate_v, qp, kp, vp,
-                                op, dop, lse, q);
-    return;
+                                op, dop, lse, q, d.bias_partial);
+    return true;
   }
   float* di = g.scratch<float>(size_t(bh * t));
   if (tensor_cores) {
@@ -457,7 +461,7 @@ void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64
         d.dq, d.accumulate_q, di, qp, kp, vp, op, dop, lse, q);
   }
   BERT_CUDA_LAUNCHED();
-  if (!keys) return;
+  if (!keys) return false;
   const dim3 key_grid(unsigned((t + kKeyTile - 1) / kKeyTile), unsigned(bh));
   if (tensor_cores) {
     launch_flash_backward_key(g, D, key_grid, d.dk, d.accumulate_k, d.dv, d.accumulate_v, qp, kp, vp, dop, lse, di, q);
@@ -468,6 +472,7 @@ void backward_kernels(Graph<float>& g, const Geometry& q, dim3 query_grid, int64
         d.dk, d.accumulate_k, d.dv, d.accumulate_v, qp, kp, vp, dop, lse, di, q);
   }
   BERT_CUDA_LAUNCHED();
+  return false;
 }
 
 template <int D, typename A>
@@ -620,7 +625,9 @@ Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const st
         cuda::copy_on_device(context, dw[i].data, static_cast<const std::byte*>(dw_out) + i * c * c * w_size,
                              size_t(c * c * w_size));
     std::array<float*, 3> db{};
-    for (int i = 0; i < 3; ++i) db[i] = g.requires_grad(b[i]) ? g.grad(b[i]).data() : nullptr;
+    // (Summed already where the attention's one-kernel backward wrote this gradient: Graph::bias_summed.)
+    for (int i = 0; i < 3; ++i)
+      db[i] = g.requires_grad(b[i]) && !g.bias_summed(projections) ? g.grad(b[i]).data() : nullptr;
     if (const int64_t db_stride = db[0] && db[1] && db[2] ? spacing(db) : 0) {
       add_column_sums(g, dqkv, dtype, n, c, 3 * c, db[0], 3, c, db_stride);
     } else {
@@ -649,9 +656,19 @@ Var projected(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::ar
   g.on_backward(out, [=](Graph<float>& g) {
     const auto target = g.raw_grad_target(projections);
     A* dqkv = cuda::typed<A>(target.data);
-    const AttentionGrads<A> d{dqkv, dqkv + c, dqkv + 2 * c, target.accumulate, target.accumulate, target.accumulate};
-    backward_kernels<D, A>(g, q, query_grid, bh, t, d, true, qkv, qkv + c, qkv + 2 * c, cuda::typed<A>(g.data(out)),
-                           cuda::typed<A>(g.grad_data(out)), lse);
+    AttentionGrads<A> d{dqkv, dqkv + c, dqkv + 2 * c, target.accumulate, target.accumulate, target.accumulate};
+    // The biases' gradients summed by the one-kernel backward as it writes dQ, dK and dV (where it runs and writes
+    // them afresh), so that projections_of's backward does not read them again for that.
+    std::array<float*, 3> db{};
+    for (int i = 0; i < 3; ++i) db[i] = !target.accumulate && g.requires_grad(b[i]) ? g.grad(b[i]).data() : nullptr;
+    if (db[0] || db[1] || db[2]) d.bias_partial = g.scratch<float>(size_t(3 * batch * c));
+    const bool summed = backward_kernels<D, A>(g, q, query_grid, bh, t, d, true, qkv, qkv + c, qkv + 2 * c,
+                                               cuda::typed<A>(g.data(out)), cuda::typed<A>(g.grad_data(out)), lse);
+    if (summed && d.bias_partial) {
+      cuda::launch_add_partial_rows(g, db[0], d.bias_partial, db[1], d.bias_partial + batch * c, batch, c, db[2],
+                                    d.bias_partial + 2 * batch * c);
+      g.set_bias_summed(projections);
+    }
   });
   return out;
 }

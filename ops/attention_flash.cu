@@ -699,11 +699,37 @@ constexpr int kFusedChunk = 32;
 template <int kTiles>
 constexpr int kFusedBlocks = kTiles == 1 ? 4 : 2;
 
+// The column sums of a warp's 16 rows of a C-tile accumulator as they are stored (times `factor`, rounded to
+// BF16; rows at or beyond T count 0) into out[0, D), written by the lanes of quad 0: rows g and g + 8 of the
+// lane, then the warp's eight quads in a fixed order.
+template <int D>
+__device__ __forceinline__ void warp_column_sums(float* out, const float (&acc)[D / 8][4], float factor,
+                                                 const int (&rows)[2], int64_t length) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (rows[h] < length) sum += __bfloat162float(__float2bfloat16_rn(factor * acc[n][2 * h + e]));
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+      if (threadIdx.x % 32 < 4) out[n * 8 + 2 * t + e] = sum;
+    }
+}
+
+// With bias_partial set (dQ, dK and dV side by side in a projections' gradient, written, not added to), the
+// block also sums the three over its T rows as it stores them (the projections' bias gradients, without a
+// pass over dQ, dK and dV of their own): bias_partial[part][b][C] for part 0, 1, 2 (Q, K, V), C = heads D,
+// the block's head's D columns; the caller adds the B rows (cuda::launch_add_partial_rows).
 template <int D, bool kFull, int kTiles, bool kQuant>
 __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks<kTiles>)
     flash_backward_fused(bf16* dq, bool accumulate_q, bf16* dk, bool accumulate_k, bf16* dv, bool accumulate_v,
                          const bf16* qp, const bf16* kp, const bf16* vp, const bf16* op, const bf16* dop,
-                         const float* lse, Geometry q) {
+                         const float* lse, float* bias_partial, Geometry q) {
   using L = FusedLayout<D, kTiles>;
   constexpr int kRows = L::kRows, kThreads = L::kThreads, ld = L::kLd, lds = L::kLdS, kWords = L::kWords;
   constexpr int kChunk = kFusedChunk;
@@ -797,7 +823,14 @@ __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks
     accumulate_tile<D>(acc_k, dp, sQ + qt * ld);
   }
   store_key_gradients<D>(dk, accumulate_k, dv, accumulate_v, acc_k, acc_v, q, base, rows, t);  // rows == local
-  __syncthreads();  // every warp's dS^T in place
+  __syncthreads();  // every warp's dS^T in place, and sV read by every warp (free for the column sums)
+  constexpr int kWarps = kThreads / 32;
+  static_assert(3 * kWarps * D * sizeof(float) <= kRows * ld * sizeof(bf16), "the column sums fit in sV");
+  float* const column_sums = reinterpret_cast<float*>(sV);  // [3][kWarps][D]: Q, K, V
+  if (bias_partial) {
+    warp_column_sums<D>(column_sums + (kWarps + warp) * D, acc_k, q.alpha, local, q.length);
+    warp_column_sums<D>(column_sums + (2 * kWarps + warp) * D, acc_v, 1.0f, local, q.length);
+  }
 
   float acc_q[D / 8][4] = {};  // dQ of the warp's 16 queries: dS (read through its transpose) times K
 #pragma unroll
@@ -819,6 +852,17 @@ __global__ void __launch_bounds__(FusedLayout<D, kTiles>::kThreads, kFusedBlocks
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       store_pair(row + n * 8, q.alpha * acc_q[n][2 * h], q.alpha * acc_q[n][2 * h + 1], accumulate_q);
+  }
+  if (bias_partial) {
+    warp_column_sums<D>(column_sums + warp * D, acc_q, q.alpha, local, q.length);
+    __syncthreads();
+    const int64_t batch = gridDim.y / q.heads, c = q.out_stride;
+    for (int i = threadIdx.x; i < 3 * D; i += kThreads) {
+      const int part = i / D, col = i % D;
+      float total = 0.0f;
+      for (int w = 0; w < kWarps; ++w) total += column_sums[(part * kWarps + w) * D + col];
+      bias_partial[(part * batch + b) * c + (bh % q.heads) * D + col] = total;
+    }
   }
   if (kQuant && q.probs_grad)
     cuda::add_grid_scale_gradient(scale_part, q.probs_grad, q.probs_grad_scale, q.probs_partial, q.arrivals);
@@ -933,7 +977,8 @@ size_t flash_fused_backward_bytes(int head_size, const Geometry& geometry) {
 template <typename E>
 void launch_flash_backward_fused(const Graph<float>& g, int head_size, int64_t bh, E* dq, bool accumulate_q, E* dk,
                                  bool accumulate_k, E* dv, bool accumulate_v, const E* q, const E* k, const E* v,
-                                 const E* out, const E* dout, const float* lse, const Geometry& geometry) {
+                                 const E* out, const E* dout, const float* lse, const Geometry& geometry,
+                                 float* bias_partial) {
   const int tiles = fused_tiles<E>(head_size, geometry);
   BERT_CHECK(tiles > 0, "fused attention: the one-kernel backward does not cover this geometry");
   if constexpr (std::is_same_v<E, bf16>) {
@@ -943,7 +988,7 @@ void launch_flash_backward_fused(const Graph<float>& g, int head_size, int64_t b
       const auto kernel = flash_backward_fused<D, decltype(full)::value, kTiles, decltype(quant)::value>;
       allow_shared(kernel, L::kBytes);
       kernel<<<dim3(1, unsigned(bh)), L::kThreads, L::kBytes, cuda::stream(g)>>>(
-          dq, accumulate_q, dk, accumulate_k, dv, accumulate_v, q, k, v, out, dout, lse, geometry);
+          dq, accumulate_q, dk, accumulate_k, dv, accumulate_v, q, k, v, out, dout, lse, bias_partial, geometry);
       BERT_CUDA_LAUNCHED();
     };
     with_head_size(head_size, [&](auto size) {
@@ -981,7 +1026,7 @@ void launch_flash_backward_fused(const Graph<float>& g, int head_size, int64_t b
   template size_t flash_fused_backward_bytes<E>(int, const Geometry&);                                                \
   template void launch_flash_backward_fused<E>(const Graph<float>&, int, int64_t, E*, bool, E*, bool, E*, bool,       \
                                                const E*, const E*, const E*, const E*, const E*, const float*,        \
-                                               const Geometry&);
+                                               const Geometry&, float*);
 BERT_FLASH_KERNELS(bf16)
 BERT_FLASH_KERNELS(float)
 #undef BERT_FLASH_KERNELS

@@ -115,11 +115,14 @@ void launch_flash_backward_key(const Graph<float>& g, int head_size, dim3 grid, 
 // The backward in one kernel (dQ, dK and dV of a (b, h) in one block, five products where the two kernels make
 // seven): BF16, head sizes up to 64, T <= 128, with or without the probabilities' quantizer. Its shared memory
 // where it covers the geometry (the caller checks it against the GPU's), else 0; its launch, a block a (b, h).
+// bias_partial: nullptr, or 3 B C floats that receive the column sums of dQ, dK and dV (stored, not added to:
+// side by side in a projections' gradient) over each b's rows, [part][b][C] (C = heads x head size).
 template <typename E>
 size_t flash_fused_backward_bytes(int head_size, const Geometry& geometry);
 template <typename E>
 void launch_flash_backward_fused(const Graph<float>& g, int head_size, int64_t bh, E* dq, bool accumulate_q, E* dk,
                                  bool accumulate_k, E* dv, bool accumulate_v, const E* q, const E* k, const E* v,
-                                 const E* out, const E* dout, const float* lse, const Geometry& geometry);
+                                 const E* out, const E* dout, const float* lse, const Geometry& geometry,
+                                 float* bias_partial = nullptr);
 
 }  // namespace bert::ops::cuda_impl
