@@ -374,6 +374,9 @@ Var Bert::attention(Graph<float>& g, Layer& l, Layer* next, Var x, Var mask, int
     readers[1].integers = integer_sum(g, l, /*output=*/true, next, training);  // the FFN's LayerNorm reads it
     ffn_inputs = residual_norm_quantized(g, l.attention_norm, l.attention_add_input, out, inputs[1],
                                          l.attention_add_residual, training, readers);
+    if (ffn_inputs.empty())
+      ffn_inputs = residual_norm_each(g, l.attention_norm, l.attention_add_input, out, inputs[1], training, rng,
+                                      readers);
     return ffn_inputs.empty() ? residual_norm(g, l.attention_norm, l.attention_add_input, out, inputs[1], training, rng)
                               : Var{};
   };
@@ -652,6 +655,8 @@ Var Bert::encode(Graph<float>& g, const BatchView& in, bool training, Rng& rng) 
       readers[1].integers = integer_sum(g, *next, /*output=*/false, nullptr, training);  // its LayerNorm reads it
       x_read = residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1], l.output_add_residual,
                                        training, readers);
+      if (x_read.empty())
+        x_read = residual_norm_each(g, l.output_norm, l.output_add_input, ff, inputs[1], training, rng, readers);
     } else if (g.dtype(ff) == DType::kS8) {  // the last layer's, on integers: the model's output itself
       const std::vector<Var> out = residual_norm_quantized(g, l.output_norm, l.output_add_input, ff, inputs[1],
                                                            l.output_add_residual, training, {});
@@ -728,6 +733,26 @@ Var Bert::residual_norm(Graph<float>& g, const LayerNorm& norm, Quantizer& add_i
   }
   const Var dropped = add_input.apply(g, params_, ops::dropout(g, sublayer, p, training, rng));
   return norm.forward_sum(g, params_, dropped, residual);
+}
+
+std::vector<Var> Bert::residual_norm_each(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer,
+                                          Var residual, bool training, Rng& rng, std::span<const Reader> readers) {
+  if (!g.on_cuda() || !fuse_quantizers_ || readers.empty() ||
+      (add_input.mode != QuantMode::kFloat && add_input.mode != QuantMode::kQuantize))
+    return {};
+  std::vector<ops::QuantizeOutput> outputs;
+  for (const Reader& r : readers) {
+    if (r.integers || !r.quantizer || r.quantizer->mode != QuantMode::kQuantize || r.quantizer->is_weight ||
+        r.quantizer->channels != 1)
+      return {};
+    outputs.push_back(r.quantizer->fused_output(g, params_, g.shape(sublayer)));
+  }
+  const ops::QuantizeOutput q =
+      add_input.mode == QuantMode::kQuantize ? add_input.fused_output(g, params_, g.shape(sublayer)) : ops::QuantizeOutput{};
+  return ops::dropout_add_layer_norm_each(g, sublayer, residual, g.param(params_.get(norm.gamma)),
+                                          g.param(params_.get(norm.beta)), norm.eps, config_.hidden_dropout_prob,
+                                          training, rng, q.scale.valid() ? &q : nullptr,
+                                          std::span<const ops::QuantizeOutput>(outputs));
 }
 
 std::array<Bert::Reader, 2> Bert::attention_readers(const Graph<float>& g, Layer& l) {

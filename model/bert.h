@@ -268,7 +268,7 @@ class Bert {
   // A reader of a LayerNorm's output: its quantizer (nullptr: none) and whether an integer layer reads the
   // integers themselves.
   struct Reader {
-    const Quantizer* quantizer = nullptr;
+    Quantizer* quantizer = nullptr;
     bool integers = false;
   };
   // The readers of the attention block's input (Q, K and V's input quantizer, the residual's) and of the
@@ -287,6 +287,11 @@ class Bert {
   std::vector<Var> residual_norm_quantized(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer,
                                            Var residual, const Quantizer& residual_quantizer, bool training,
                                            std::span<const Reader> readers);
+  // residual_norm's output as each reader's quantizer fake-quantizes it (those of `readers`, in order), made
+  // by the LayerNorm's forward kernel (ops::dropout_add_layer_norm_each), on a GPU with fusion on where every
+  // reader fake-quantizes per tensor (QAT) and the add's input quantizer is off or fake-quantizes; else empty.
+  std::vector<Var> residual_norm_each(Graph<float>& g, const LayerNorm& norm, Quantizer& add_input, Var sublayer,
+                                      Var residual, bool training, Rng& rng, std::span<const Reader> readers);
   // Whether a residual LayerNorm reads its addends as integers (GPU integer inference): the sublayer's output
   // as its add-input quantizer's integers, made in the sublayer's GEMM (sublayer_integers), and the
   // residual as its quantizer's, made by the LayerNorm before (its second reader's integers): an INT8

@@ -53,6 +53,9 @@ Var add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
 Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng);
 Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, Rng& rng,
                            const QuantizeOutput& q);  // p >= 0
+std::vector<Var> dropout_add_layer_norm_each(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p,
+                                             Rng& rng, const QuantizeOutput* q,
+                                             std::span<const QuantizeOutput> outputs);  // p >= 0
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng);
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
                                           const QuantizeOutput* q, std::span<const NormOutput> outputs,
@@ -73,6 +76,18 @@ Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const QuantizeOutput& q);  // p >= 0
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers);
+// fake_quantize_each's backward pass for an op that makes the quantized outputs itself
+// (dropout_add_layer_norm_each): dx (n elements of `dtype`, stored or added to) gains the sum of each
+// quantizer's straight-through gradient at x, and each scale's gradient is added to its ds; up to 4 quantizers.
+struct EachGradient {
+  const float* scale;
+  float lo, hi;
+  const void* dy;  // that output's gradient, or nullptr: none
+  float* ds;       // nullptr: no scale gradient
+  double grad_scale;
+};
+void fake_quantize_each_backward(Graph<float>& g, DType dtype, const void* x, void* dx, bool accumulate, int64_t n,
+                                 std::span<const EachGradient> grads);
 // Empty where the one-launch kernels do not apply (the caller quantizes one by one).
 std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInput> inputs);
 // ops::quantized_projections: invalid Vars where the GPU path does not apply (C not a multiple of 8, a

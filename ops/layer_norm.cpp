@@ -172,6 +172,19 @@ Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, doubl
   return add_layer_norm(g, dropout(g, a, p, training, rng, q), b, gamma, beta, eps);
 }
 
+// With its output's quantizers: on the CPU the ops in sequence (the GPU fuses them).
+template <typename T>
+std::vector<Var> dropout_add_layer_norm_each(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p,
+                                             bool training, Rng& rng, const QuantizeOutput* q,
+                                             std::span<const QuantizeOutput> outputs) {
+  BERT_CHECK(p >= 0.0 && p < 1.0, "dropout probability " + std::to_string(p) + " outside [0, 1)");
+  BERT_CHECK(!outputs.empty() && outputs.size() <= 2, "dropout_add_layer_norm_each: one or two output quantizers");
+  BERT_DISPATCH_CUDA(g, dropout_add_layer_norm_each(g, a, b, gamma, beta, eps, training ? p : 0.0, rng, q, outputs))
+  const Var y = q ? dropout_add_layer_norm(g, a, b, gamma, beta, eps, p, training, rng, *q)
+                  : dropout_add_layer_norm(g, a, b, gamma, beta, eps, p, training, rng);
+  return fake_quantize_each(g, y, outputs);
+}
+
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,
                                           const QuantizeOutput* q, std::span<const NormOutput> outputs,
                                           const NormInputs& inputs) {
@@ -248,7 +261,10 @@ bool add_layer_norm_reads_integers(const Graph<float>& g, int64_t width) {
   template Var add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double);                             \
   template Var dropout_add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool, Rng&); \
   template Var dropout_add_layer_norm<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool, Rng&,  \
-                                         const QuantizeOutput&);
+                                         const QuantizeOutput&);                                  \
+  template std::vector<Var> dropout_add_layer_norm_each<T>(Graph<T>&, Var, Var, Var, Var, double, double, bool,  \
+                                                           Rng&, const QuantizeOutput*,                         \
+                                                           std::span<const QuantizeOutput>);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)
 #undef BERT_INSTANTIATE

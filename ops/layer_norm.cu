@@ -92,20 +92,28 @@ struct RowQuantize {
 // Where LayerNorm's output goes in inference when only quantizers read it (ops::add_layer_norm_quantized):
 // up to two outputs instead of y, each the output rounded to A (as y would store it), then fake-quantized
 // at its scale (q * scale in A) or as int8 (the integers); scale 0: the value itself.
+// In a training step (NormOuts::kQuantizers) the outputs are those of per-tensor quantizers whose scales
+// live on the device (`scales`; scale and reciprocal unused): each the output rounded to A, fake-quantized to
+// [lo, hi] as fake_quantize_each of the stored output, its saturations counted in `clipped` (where set); the
+// output itself goes to y (the quantizers' backward reads it).
 struct RowOutputs {
   int count = 0;  // 0: y
   void* out[2] = {nullptr, nullptr};
   float scale[2] = {0.0f, 0.0f}, reciprocal[2] = {1.0f, 1.0f};
   bool integers[2] = {false, false};
+  const float* scales[2] = {nullptr, nullptr};
+  float lo[2] = {0.0f, 0.0f}, hi[2] = {0.0f, 0.0f};
+  unsigned long long* clipped[2] = {nullptr, nullptr};
 };
 // The outputs an INT8 model's residual LayerNorms make, compiled in: the integers of the next integer
 // layer's input and the residual add's input, fake-quantized (kIntegersFake; kIntegersShared where its
 // quantizer's scale is the integers' own, as calibration gives two quantizers of the same tensor: the
 // quotient worked out once) or as it is (kIntegersValue); both as integers (kIntegersTwo: the next residual
 // LayerNorm reads them), or one output of integers (kIntegersOne: both readers at one scale). kAny: whatever
-// RowOutputs holds, its kinds tested a chunk.
-enum class NormOuts { kAny, kIntegersFake, kIntegersShared, kIntegersValue, kIntegersTwo, kIntegersOne };
+// RowOutputs holds, its kinds tested a chunk. kQuantizers: a training step's (RowOutputs::scales).
+enum class NormOuts { kAny, kIntegersFake, kIntegersShared, kIntegersValue, kIntegersTwo, kIntegersOne, kQuantizers };
 NormOuts norm_outs(const RowOutputs& o) {
+  if (o.count > 0 && o.scales[0]) return NormOuts::kQuantizers;
   if (o.count == 1) return o.integers[0] && o.scale[0] > 0 ? NormOuts::kIntegersOne : NormOuts::kAny;
   if (o.count != 2 || !o.integers[0] || !(o.scale[0] > 0)) return NormOuts::kAny;
   if (o.integers[1]) return o.scale[1] > 0 ? NormOuts::kIntegersTwo : NormOuts::kAny;
@@ -303,6 +311,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
   const int lane = threadIdx.x % 32;
   int clipped = 0;  // at most 4 C
   const cuda::ScaleDivision divide(!kPlain && q.scale ? *q.scale : 1.0f);
+  // A training step's output quantizers (kQuantizers): their divisions and saturation counts.
+  cuda::ScaleDivision out_divide[2];
+  int out_clipped[2] = {0, 0};
+  bool outs_normal = true;
+  if constexpr (kOuts == NormOuts::kQuantizers) {
+#pragma unroll
+    for (int o = 0; o < 2; ++o)
+      if (o < outs.count) out_divide[o] = cuda::ScaleDivision(*outs.scales[o]), outs_normal &= out_divide[o].normal;
+  }
   // Row r from its loaded addends, with the quantizer's division known to be the branch-free one (kNormal) or
   // not: chosen once.
   auto normalize = [&](auto normal_tag, int64_t r, RowPacks<C, A> packs) {
@@ -361,7 +378,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
       const cuda::Pack<A, 4> out = rounded_pack<A>(normalized);
       float stored[4];  // out's values
       unpacked(out, stored);
-      if constexpr (kOuts != NormOuts::kAny) {
+      if constexpr (kOuts == NormOuts::kQuantizers) {
+        cuda::store_pack<4>(y + row + j, out);  // for the quantizers' backward
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+          if (o >= outs.count) break;
+          cuda::Pack<A, 4> fake;
+          for (int w = 0; w < 4; ++w)
+            fake.v[w] = cuda::from_float<A>(
+                cuda::fake_quantize_value<kNormal>(stored[w], out_divide[o], outs.lo[o], outs.hi[o], out_clipped[o]));
+          cuda::store_pack<4>(static_cast<A*>(outs.out[o]) + row + j, fake);
+        }
+        continue;
+      } else if constexpr (kOuts != NormOuts::kAny) {
         float u[4];
         for (int w = 0; w < 4; ++w)
           u[w] = cuda::ScaleDivision::normal_quotient(stored[w], outs.scale[0], outs.reciprocal[0]);
@@ -438,11 +467,20 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
       packs.gather(ins.gather, first, c, lane);
     else
       packs.template load_addends<kIns>(a, b, ins, first * c, c, lane);
-    cuda::with_division(kPlain || divide.normal, [&](auto normal_tag) { normalize(normal_tag, first, packs); });
+    cuda::with_division(kPlain || (divide.normal && outs_normal),
+                        [&](auto normal_tag) { normalize(normal_tag, first, packs); });
   }
   if (!kPlain && q.clipped) {
     const int64_t total = cuda::block_sum(int64_t{clipped}, shared);
     if (threadIdx.x == 0 && total) atomicAdd(q.clipped, static_cast<unsigned long long>(total));
+  }
+  if constexpr (kOuts == NormOuts::kQuantizers) {
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      if (o >= outs.count || !outs.clipped[o]) continue;
+      const int64_t total = cuda::block_sum(int64_t{out_clipped[o]}, shared);
+      if (threadIdx.x == 0 && total) atomicAdd(outs.clipped[o], static_cast<unsigned long long>(total));
+    }
   }
 }
 
@@ -717,10 +755,14 @@ void add_row_output(Graph<float>& g, RowOutputs& outs, Var made, const NormOutpu
 // drawn). With dropout_p > 0 (and b set), a is dropped out first, the draws taken from `rng`; with q (and b
 // set), the dropped a is fake-quantized.
 // With `outputs` (inference), the output goes to them instead (RowOutputs), emitted into `emitted`; y is then
-// the first of them. With `ins`, addends given as their integers (NormInputs).
+// the first of them. With `ins`, addends given as their integers (NormInputs). With `quantizers` (one or two,
+// per tensor; a training step's), the output as each fake-quantizes it goes to `emitted` instead
+// (NormOuts::kQuantizers) as well as to y, the returned node, which only their backward reads (as
+// fake_quantize_each's, into y's gradient).
 Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double dropout_p = 0.0,
                    Rng* rng = nullptr, const QuantizeOutput* q = nullptr, std::span<const NormOutput> outputs = {},
-                   std::vector<Var>* emitted = nullptr, const NormInputs& ins = {}) {
+                   std::vector<Var>* emitted = nullptr, const NormInputs& ins = {},
+                   std::span<const QuantizeOutput> quantizers = {}) {
   const Shape xs = g.shape(a);
   const int64_t c = xs.last(), rows = xs.rows();
   if (b.valid() && a.index == b.index) return Var{};
@@ -744,10 +786,21 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     emitted->push_back(made);
     add_row_output(g, outs, made, o);
   }
-  Var y = outs.count  ? emitted->front()
+  Var y = outs.count && quantizers.empty() ? emitted->front()
           : q         ? g.emit(xs, {a, b, gamma, beta, q->scale}, dtype)
           : b.valid() ? g.emit(xs, {a, b, gamma, beta}, dtype)
                       : g.emit(xs, {a, gamma, beta}, dtype);
+  std::vector<cuda::QuantizeLaunch> out_launches;  // the quantizers' (checked: per tensor, qmin < 0 < qmax)
+  for (const QuantizeOutput& o : quantizers) {
+    out_launches.push_back(cuda::fused_launch(g, o, rows * c));
+    const Var made = g.emit(xs, {y, o.scale}, dtype);  // (made after y: their backward runs before y's)
+    emitted->push_back(made);
+    const cuda::QuantizeLaunch& l = out_launches.back();
+    outs.out[outs.count] = g.data(made);
+    outs.scales[outs.count] = l.scale, outs.lo[outs.count] = l.lo, outs.hi[outs.count] = l.hi;
+    outs.clipped[outs.count] = reinterpret_cast<unsigned long long*>(l.clipped);
+    ++outs.count;
+  }
   const cuda::QuantizeLaunch quantize = q ? cuda::fused_launch(g, *q, rows * c) : cuda::QuantizeLaunch{};
   auto quantizer = [q, quantize](auto tag) {
     RowQuantize<typename decltype(tag)::type> r;
@@ -771,11 +824,12 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     const bool keep_sum = q || sizeof(A) == 2;
     A* sv = b.valid() && keep_sum && g.requires_grad(y) ? g.scratch<A>(rows * c) : nullptr;
     sums = sv;
+    A* yv = cuda::typed<A>(g.data(y));
     with_row_chunks(c, {}, [&](auto chunks) {
       // (Integer addends of both kinds: a grid of resident blocks, which loop over the rows.)
       auto launch = [&](auto kernel, bool resident = false) {
         kernel<<<resident ? resident_row_blocks(g, kernel, rows) : row_blocks(rows), 32 * kWarpsPerBlock, 0,
-                 cuda::stream(g)>>>(cuda::typed<A>(g.data(y)), sv, mean, rstd, g.data(a),
+                 cuda::stream(g)>>>(yv, sv, mean, rstd, g.data(a),
                                     b.valid() ? g.data(b) : nullptr, g.value(gamma).data(), g.value(beta).data(), rows,
                                     int(c), static_cast<float>(eps), drop, quantizer(tag), outs,
                                     RowIns{ins.a_scale, ins.b_scale});
@@ -797,6 +851,8 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
           launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kAny, NormIns::kAny>);
         } else if (!q && outs.count == 0) {
           launch(layer_norm_rows_forward<kChunks, A, true, kFull>);
+        } else if (kind == NormOuts::kQuantizers) {
+          launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kQuantizers>);
         } else if (kind == NormOuts::kIntegersFake ||
                    (!kFull && kind == NormOuts::kIntegersShared)) {  // (compiled for full rows only)
           launch(layer_norm_rows_forward<kChunks, A, false, kFull, NormOuts::kIntegersFake>);
@@ -815,6 +871,7 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
   g.on_backward(y, [a, b, gamma, beta, y, mean, rstd, sums, rows, c, dtype, drop, scale, quantizer](Graph<float>& g) {
     cuda::with_element_type(dtype, [&](auto tag) {
       using A = typename decltype(tag)::type;
+      const A* dy = cuda::typed<A>(g.grad_data(y));
       RowQuantize<A> quantize = quantizer(tag);
       quantize.clipped = nullptr;
       if (scale.valid()) {
@@ -861,7 +918,7 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
           if (dbias) partial_da = g.scratch<float>(blocks * c);
           if (quantize.ds && blocks > 1) quantize.partial = g.scratch<double>(blocks);
           kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, bytes, cuda::stream(g)>>>(
-              to, partial_gamma, partial_beta, partial_da, cuda::typed<A>(g.grad_data(y)), x, residual,
+              to, partial_gamma, partial_beta, partial_da, dy, x, residual,
               g.value(gamma).data(), mean, rstd, rows, int(c), per_block, drop, quantize);
         };
         with_full_rows<kChunks>(c, [&](auto full) {
@@ -877,6 +934,28 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
       if (dbias) g.set_bias_summed(a);
     });
   });
+  if (quantizers.empty()) return y;
+  // The quantized outputs' backward, one for all of them (as fake_quantize_each's), run by the first of their
+  // closures to run (the latest output that received a gradient); the others find it done.
+  const std::vector<Var> quantized_outs = *emitted;
+  const std::vector<QuantizeOutput> out_quantizers(quantizers.begin(), quantizers.end());
+  auto done = std::make_shared<bool>(false);
+  for (const Var out : quantized_outs)
+    g.on_backward(out, [y, quantized_outs, out_quantizers, out_launches, done, rows, c](Graph<float>& g) {
+      if (*done) return;
+      *done = true;
+      std::vector<EachGradient> grads;
+      for (size_t o = 0; o < quantized_outs.size(); ++o) {
+        const bool has = g.has_grad(quantized_outs[o]);
+        grads.push_back({out_launches[o].scale, out_launches[o].lo, out_launches[o].hi,
+                         has ? g.grad_data(quantized_outs[o]) : nullptr,
+                         has && g.requires_grad(out_quantizers[o].scale) ? g.grad(out_quantizers[o].scale).data()
+                                                                         : nullptr,
+                         out_quantizers[o].grad_scale});
+      }
+      const auto dy = g.requires_grad(y) ? g.raw_grad_target(y) : Graph<float>::RawGradTarget{nullptr, false};
+      fake_quantize_each_backward(g, g.dtype(y), g.data(y), dy.data, dy.accumulate, rows * c, grads);
+    });
   return y;
 }
 
@@ -947,6 +1026,23 @@ Var dropout_add_layer_norm(Graph<float>& g, Var a, Var b, Var gamma, Var beta, d
   const Var dropped =
       p > 0 ? dropout(g, a, p, rng, q) : fake_quantize(g, a, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
   return add_layer_norm(g, dropped, b, gamma, beta, eps);
+}
+
+std::vector<Var> dropout_add_layer_norm_each(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps, double p,
+                                             Rng& rng, const QuantizeOutput* q,
+                                             std::span<const QuantizeOutput> outputs) {
+  const Shape xs = g.shape(a);
+  BERT_CHECK(g.shape(b) == xs,
+             "dropout_add_layer_norm_each: the addends " + xs.str() + " and " + g.shape(b).str() + " differ");
+  check_layer_norm(g, xs, gamma, beta, "dropout_add_layer_norm_each");
+  a = as_activation(g, a), b = as_activation(g, b);
+  std::vector<Var> emitted;
+  if (g.dtype(a) == g.dtype(b) && normalize_rows(g, a, b, gamma, beta, eps, p, &rng, q, {}, &emitted, {}, outputs).valid())
+    return emitted;
+  const Var y = q       ? dropout_add_layer_norm(g, a, b, gamma, beta, eps, p, rng, *q)
+                : p > 0 ? dropout_add_layer_norm(g, a, b, gamma, beta, eps, p, rng)
+                        : add_layer_norm(g, a, b, gamma, beta, eps);
+  return fake_quantize_each(g, y, outputs);
 }
 
 std::vector<Var> add_layer_norm_quantized(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double eps,

@@ -431,6 +431,17 @@ Var exact_quantized_attention(Graph<float>& g, Var q, Var k, Var v, Var mask, in
 template <typename T>
 Var dropout_add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p, bool training,
                            Rng& rng, const QuantizeOutput& q);
+// fake_quantize_each(dropout_add_layer_norm(a, b, ..., q), outputs): a residual LayerNorm whose output only
+// quantizers read (QAT: the next layer's input quantizer and the residual add's), one output each (one or
+// two, per tensor); q may be null (the dropped a not quantized). On a GPU, where the row kernels apply, the
+// forward is one kernel: the LayerNorm writes its output (which the quantizers' backward reads) and the
+// quantized outputs from the row in registers, one pass over memory fewer than the two ops; the backward is
+// the two ops' (fake_quantize_each's into the output's gradient, then the LayerNorm's). The same values and
+// gradients as the ops in sequence. Elsewhere, and on the CPU, the ops in sequence.
+template <typename T>
+std::vector<Var> dropout_add_layer_norm_each(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, double p,
+                                             bool training, Rng& rng, const QuantizeOutput* q,
+                                             std::span<const QuantizeOutput> outputs);
 // One output of add_layer_norm_quantized: the LayerNorm's output quantized per tensor at `scale` to
 // [-128, 127] (0: the value itself), as int8 with `integers` (DType::kS8), else q * scale.
 struct NormOutput {

@@ -394,6 +394,38 @@ std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInp
   return out;
 }
 
+namespace {
+// fake_quantize_each's backward kernel over x (n elements of dtype): dx stored or added to (nullptr: none).
+void launch_each_backward(Graph<float>& g, DType dtype, const void* x, void* dx, bool accumulate, int64_t n,
+                          std::span<const EachGradient> grads) {
+  const unsigned blocks =
+      static_cast<unsigned>(std::max<int64_t>(1, (n + cuda::kQuantizeBlock - 1) / cuda::kQuantizeBlock));
+  cuda::with_element_type(dtype, [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    Each<A> e{};
+    e.k = static_cast<int>(grads.size());
+    bool any_scale = false;
+    std::vector<const void*> pointers = {x, dx};
+    for (int q = 0; q < e.k; ++q) {
+      const EachGradient& d = grads[q];
+      e.scale[q] = d.scale, e.lo[q] = d.lo, e.hi[q] = d.hi, e.grad_scale[q] = d.grad_scale;
+      e.dy[q] = static_cast<const A*>(d.dy);
+      e.ds[q] = d.dy ? d.ds : nullptr;
+      any_scale |= e.ds[q] != nullptr;
+      if (e.dy[q]) pointers.push_back(e.dy[q]);
+    }
+    double* partial = any_scale && blocks > 1 ? g.scratch<double>(int64_t(blocks) * e.k) : nullptr;
+    const int width = cuda::pack_width(sizeof(A), sizeof(A), n, pointers);
+    auto* kernel = width == 8   ? &fake_quantize_each_backward<8, A>
+                   : width == 4 ? &fake_quantize_each_backward<4, A>
+                                : &fake_quantize_each_backward<1, A>;
+    kernel<<<blocks, cuda::kThreads, 0, cuda::stream(g)>>>(e, static_cast<A*>(dx), static_cast<const A*>(x), n,
+                                                           accumulate, partial, cuda::context(g.device()).arrivals);
+    BERT_CUDA_LAUNCHED();
+  });
+}
+}  // namespace
+
 // x is read in the activation dtype (an F32 input through a conversion node, as other activation ops).
 std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const QuantizeOutput> quantizers) {
   const int k = static_cast<int>(quantizers.size());
@@ -449,34 +481,27 @@ std::vector<Var> fake_quantize_each(Graph<float>& g, Var x, std::span<const Quan
   // received a gradient); the others find it done.
   auto done = std::make_shared<bool>(false);
   for (Var y : out)
-    g.on_backward(y, [x, n, out, scales, arguments, blocks, done](Graph<float>& g) {
+    g.on_backward(y, [x, n, out, qs, scales, done](Graph<float>& g) {
       if (*done || n == 0) return;
       *done = true;
-      cuda::with_element_type(g.dtype(x), [&](auto tag) {
-        using A = typename decltype(tag)::type;
-        Each<A> e = arguments(g, tag);
-        bool any_scale = false;
-        std::vector<const void*> pointers = {g.data(x)};
-        for (int q = 0; q < e.k; ++q) {
-          e.dy[q] = g.has_grad(out[q]) ? cuda::typed<A>(g.grad_data(out[q])) : nullptr;
-          e.ds[q] = e.dy[q] && g.requires_grad(scales[q]) ? g.grad(scales[q]).data() : nullptr;
-          any_scale |= e.ds[q] != nullptr;
-          if (e.dy[q]) pointers.push_back(e.dy[q]);
-        }
-        const auto dx = g.requires_grad(x) ? g.raw_grad_target(x) : Graph<float>::RawGradTarget{nullptr, false};
-        pointers.push_back(dx.data);
-        double* partial = any_scale && blocks > 1 ? g.scratch<double>(int64_t(blocks) * e.k) : nullptr;
-        const int width = cuda::pack_width(sizeof(A), sizeof(A), n, pointers);
-        auto* kernel = width == 8   ? &fake_quantize_each_backward<8, A>
-                       : width == 4 ? &fake_quantize_each_backward<4, A>
-                                    : &fake_quantize_each_backward<1, A>;
-        kernel<<<blocks, cuda::kThreads, 0, cuda::stream(g)>>>(e, cuda::typed<A>(dx.data), cuda::typed<A>(g.data(x)), n,
-                                                               dx.accumulate, partial,
-                                                               cuda::context(g.device()).arrivals);
-        BERT_CUDA_LAUNCHED();
-      });
+      std::vector<EachGradient> grads;
+      for (size_t q = 0; q < out.size(); ++q) {
+        const bool has = g.has_grad(out[q]);
+        grads.push_back({g.value(scales[q]).data(), static_cast<float>(qs[q].qmin), static_cast<float>(qs[q].qmax),
+                         has ? g.grad_data(out[q]) : nullptr,
+                         has && g.requires_grad(scales[q]) ? g.grad(scales[q]).data() : nullptr, qs[q].grad_scale});
+      }
+      const auto dx = g.requires_grad(x) ? g.raw_grad_target(x) : Graph<float>::RawGradTarget{nullptr, false};
+      launch_each_backward(g, g.dtype(x), g.data(x), dx.data, dx.accumulate, n, grads);
     });
   return out;
+}
+
+void fake_quantize_each_backward(Graph<float>& g, DType dtype, const void* x, void* dx, bool accumulate, int64_t n,
+                                 std::span<const EachGradient> grads) {
+  BERT_CHECK(!grads.empty() && grads.size() <= size_t(kMaxEach),
+             "fake_quantize_each_backward: 1 to " + std::to_string(kMaxEach) + " quantizers");
+  if (n > 0) launch_each_backward(g, dtype, x, dx, accumulate, n, grads);
 }
 
 }  // namespace bert::ops::cuda_impl

@@ -1809,6 +1809,128 @@ TEST_F(CudaOps, DropoutAddLayerNormWithItsQuantizerEqualsTheOpsInSequence) {
   }
 }
 
+// A residual LayerNorm read only by quantizers (QAT: the next layer's input and the residual add's), the
+// quantizers in its forward kernel (dropout_add_layer_norm_each), against dropout_add_layer_norm and
+// fake_quantize_each in sequence on the same GPU: in FP32 and BF16 the same outputs and gradients bit for bit,
+// the scale gradients within kReduction, the same saturation counts; the CPU's outputs within a quantization
+// step in FP32 (a value at a rounding boundary may land a step apart; BF16 rounds the output first, as the
+// model stores it, so against the CPU only the ops in sequence are its reference). Rows of 64 (several a
+// block), 768 (many blocks: the scale gradients' partials) and 45 (the ops in sequence on the GPU too); with
+// and without the add's input quantizer, dropout and without, one output, an output nothing reads, and
+// evaluation.
+TEST_F(CudaOps, DropoutAddLayerNormEachEqualsTheOpsInSequence) {
+  struct Run {
+    std::vector<std::vector<float>> y;
+    std::vector<float> da, db, dgamma, dbeta, dscale;
+    std::vector<int64_t> clipped;
+  };
+  struct Case {
+    Shape shape;
+    double p;
+    bool training, add_quantizer;
+    int outputs;        // 1 or 2
+    bool second_unread;  // the second output takes no gradient
+  };
+  auto run = [](const Device& device, const Case& k, bool fused) {
+    const int64_t n = k.shape.numel(), c = k.shape.last();
+    std::vector<float> a = random_values(n, 41, 1.0f), b = random_values(n, 42, 1.0f);
+    for (float& v : a) v = bf16_representable(v);
+    for (float& v : b) v = bf16_representable(v);
+    std::vector<float> gamma = random_values(c, 43, 0.5f), beta = random_values(c, 44, 0.5f);
+    for (float& v : gamma) v += 1.0f;
+    // Each quantizer saturates some elements: the add's of a (|a| up to 1), the outputs' (ranges 2.5 and 3)
+    // of y (|y| up to about 4).
+    const std::vector<float> scales = {0.01f, 0.02f, 0.024f};
+    Graph<float> g(device);
+    DeviceBuffer av(device, n * 4), ag(device, n * 4), bv(device, n * 4), bg(device, n * 4), gv(device, c * 4),
+        gg(device, c * 4), tv(device, c * 4), tg(device, c * 4), sv(device, 12), sg(device, 12), counters(device, 24);
+    device.copy_to_device(av.data(), a.data(), n * 4);
+    device.copy_to_device(bv.data(), b.data(), n * 4);
+    device.copy_to_device(gv.data(), gamma.data(), c * 4);
+    device.copy_to_device(tv.data(), beta.data(), c * 4);
+    device.copy_to_device(sv.data(), scales.data(), 12);
+    for (DeviceBuffer* d : {&ag, &bg}) device.fill_zero(d->data(), n * 4);
+    for (DeviceBuffer* d : {&gg, &tg}) device.fill_zero(d->data(), c * 4);
+    device.fill_zero(sg.data(), 12);
+    device.fill_zero(counters.data(), 24);
+    const Shape shape = k.shape;
+    Var ain = g.leaf(TensorView<float>(av.as<float>(), shape), TensorView<float>(ag.as<float>(), shape));
+    Var bin = g.leaf(TensorView<float>(bv.as<float>(), shape), TensorView<float>(bg.as<float>(), shape));
+    Var gamma_in = g.leaf(TensorView<float>(gv.as<float>(), Shape{c}), TensorView<float>(gg.as<float>(), Shape{c}));
+    Var beta_in = g.leaf(TensorView<float>(tv.as<float>(), Shape{c}), TensorView<float>(tg.as<float>(), Shape{c}));
+    std::vector<ops::QuantizeOutput> q;
+    for (int i = 0; i < 3; ++i) {
+      Var s = g.leaf(TensorView<float>(sv.as<float>() + i, Shape{1}), TensorView<float>(sg.as<float>() + i, Shape{1}));
+      q.push_back(ops::QuantizeOutput{s, -128, 127, 0.3 + 0.1 * i, counters.as<int64_t>() + i});
+    }
+    const std::span<const ops::QuantizeOutput> outputs(q.data() + 1, size_t(k.outputs));
+    Rng rng(93);
+    rng.reserve(5);
+    std::vector<Var> ys;
+    if (fused) {
+      ys = ops::dropout_add_layer_norm_each(g, ain, bin, gamma_in, beta_in, 1e-12, k.p, k.training, rng,
+                                            k.add_quantizer ? &q[0] : nullptr, outputs);
+    } else {
+      const Var y = k.add_quantizer
+                        ? ops::dropout_add_layer_norm(g, ain, bin, gamma_in, beta_in, 1e-12, k.p, k.training, rng, q[0])
+                        : ops::dropout_add_layer_norm(g, ain, bin, gamma_in, beta_in, 1e-12, k.p, k.training, rng);
+      ys = ops::fake_quantize_each(g, y, outputs);
+    }
+    Run r;
+    Var loss;
+    for (size_t i = 0; i < ys.size(); ++i) {
+      r.y.push_back(g.to_host(ys[i]));
+      if (i == 1 && k.second_unread) continue;
+      const Var term =
+          ops::sum(g, ops::mul(g, ys[i], g.input(std::span<const float>(random_values(n, 45 + int(i))), shape)));
+      loss = loss.valid() ? ops::add(g, loss, term) : term;
+    }
+    g.backward(loss);
+    r.da.resize(n), r.db.resize(n), r.dgamma.resize(c), r.dbeta.resize(c), r.dscale.resize(3), r.clipped.resize(3);
+    device.copy_to_host(r.da.data(), ag.data(), n * 4);
+    device.copy_to_host(r.db.data(), bg.data(), n * 4);
+    device.copy_to_host(r.dgamma.data(), gg.data(), c * 4);
+    device.copy_to_host(r.dbeta.data(), tg.data(), c * 4);
+    device.copy_to_host(r.dscale.data(), sg.data(), 12);
+    device.copy_to_host(r.clipped.data(), counters.data(), 24);
+    return r;
+  };
+  for (const Case& k : {Case{{3, 7, 64}, 0.1, true, true, 2, false}, Case{{600, 768}, 0.1, true, true, 2, false},
+                        Case{{3, 7, 45}, 0.1, true, true, 2, false}, Case{{64, 256}, 0.0, true, false, 2, false},
+                        Case{{64, 256}, 0.1, true, false, 1, false}, Case{{64, 768}, 0.1, true, true, 2, true},
+                        Case{{64, 256}, 0.1, false, true, 2, false}}) {
+    SCOPED_TRACE(k.shape.str() + " p " + std::to_string(k.p) + (k.training ? "" : " evaluation") +
+                 (k.add_quantizer ? " add quantizer" : "") + " outputs " + std::to_string(k.outputs) +
+                 (k.second_unread ? " (the second unread)" : ""));
+    const Run cpu = run(Device::cpu(), k, true);
+    for (const Device* device : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = device == gpu_bf16_.get();
+      SCOPED_TRACE(bf16 ? "BF16" : "FP32");
+      const Run separate = run(*device, k, false), fused = run(*device, k, true);
+      ASSERT_EQ(fused.y.size(), size_t(k.outputs));
+      for (int o = 0; o < k.outputs; ++o) {
+        EXPECT_LE(relative_difference(fused.y[o], separate.y[o]), kExact);
+        if (bf16) continue;
+        const float step = o == 0 ? 0.02f : 0.024f;  // the outputs' scales
+        int64_t apart = 0;
+        for (size_t i = 0; i < cpu.y[o].size(); ++i) {
+          const float d = std::abs(fused.y[o][i] - cpu.y[o][i]);
+          EXPECT_LE(d, 1.001f * step) << "output " << o << " element " << i;
+          apart += d > 0.5f * step;
+        }
+        EXPECT_LE(apart, int64_t(cpu.y[o].size()) / 100) << "output " << o << ": elements a step apart";
+      }
+      EXPECT_LE(relative_difference(fused.da, separate.da), kExact);
+      EXPECT_LE(relative_difference(fused.db, separate.db), kExact);
+      EXPECT_LE(relative_difference(fused.dgamma, separate.dgamma), kExact);
+      EXPECT_LE(relative_difference(fused.dbeta, separate.dbeta), kExact);
+      EXPECT_LE(relative_difference(fused.dscale, separate.dscale), kReduction);
+      EXPECT_EQ(fused.clipped, separate.clipped);
+    }
+    for (int o = 0; o < k.outputs; ++o) EXPECT_GT(cpu.clipped[1 + o], 0) << "output " << o;
+  }
+}
+
 // Several weights fake-quantized per channel in one op (fake_quantize_many: one launch each way on the GPU)
 // against one fake_quantize each on the same device: outputs, input gradients and saturation counts bit
 // for bit, in FP32 and BF16, the scale gradients within kReduction (a warp's sum against a block's); and

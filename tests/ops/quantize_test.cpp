@@ -313,5 +313,64 @@ TEST(FakeQuantize, InnerInputGetsTheLeafsGradientsAndTheScaleSumIsAccurate) {
   EXPECT_NEAR(ds_leaf, grad_scale * reference, 1e-5 * std::abs(grad_scale * reference));
 }
 
+// A residual LayerNorm read only by quantizers (dropout_add_layer_norm_each): on the CPU the ops in sequence,
+// dropout_add_layer_norm (with the add's input quantizer) then fake_quantize_each, with the same draws: the
+// same outputs and gradients (addends, gamma, beta, every scale) bit for bit. (The GPU's one kernel each way is
+// held to the same ops in CudaOps.DropoutAddLayerNormEachEqualsTheOpsInSequence.)
+TEST(DropoutAddLayerNormEach, IsTheOpsInSequenceOnTheCpu) {
+  const Shape shape{6, 24};
+  const Tensor<float> a = testing::to_float(testing::random_tensor({6, 24}, 51, 1.0));
+  const Tensor<float> b = testing::to_float(testing::random_tensor({6, 24}, 52, 1.0));
+  const Tensor<float> gamma = testing::to_float(testing::random_tensor({24}, 53, 0.5));
+  const Tensor<float> beta = testing::to_float(testing::random_tensor({24}, 54, 0.5));
+  Tensor<float> up0 = testing::to_float(testing::random_tensor({6, 24}, 55));
+  Tensor<float> up1 = testing::to_float(testing::random_tensor({6, 24}, 56));
+  struct Run {
+    std::vector<float> y0, y1, grads;
+    int64_t clipped[3] = {0, 0, 0};
+  };
+  auto run = [&](bool fused) {
+    Tensor<float> av = a.clone(), bv = b.clone(), gv = gamma.clone(), tv = beta.clone();
+    for (int64_t i = 0; i < gv.numel(); ++i) gv[i] += 1.0f;
+    Tensor<float> ga(shape), gb(shape), gg({24}), gt({24});
+    // Small enough that each quantizer saturates some elements (|a| and |y| up to about 1 and 3).
+    std::array<Tensor<float>, 3> scales = {Tensor<float>(Shape{1}, {0.005f}), Tensor<float>(Shape{1}, {0.012f}),
+                                           Tensor<float>(Shape{1}, {0.015f})};
+    std::array<Tensor<float>, 3> gs = {Tensor<float>({1}), Tensor<float>({1}), Tensor<float>({1})};
+    Run r;
+    Graph<float> g;
+    std::vector<ops::QuantizeOutput> q;
+    for (int i = 0; i < 3; ++i)
+      q.push_back({g.leaf(scales[i].view(), gs[i].view()), -128, 127, 0.3 + 0.1 * i, &r.clipped[i]});
+    const Var ain = g.leaf(av.view(), ga.view()), bin = g.leaf(bv.view(), gb.view());
+    const Var gamma_in = g.leaf(gv.view(), gg.view()), beta_in = g.leaf(tv.view(), gt.view());
+    const std::span<const ops::QuantizeOutput> outputs(q.data() + 1, 2);
+    Rng rng(17);
+    std::vector<Var> ys;
+    if (fused) {
+      ys = ops::dropout_add_layer_norm_each(g, ain, bin, gamma_in, beta_in, 1e-12, 0.1, true, rng, &q[0], outputs);
+    } else {
+      const Var y = ops::dropout_add_layer_norm(g, ain, bin, gamma_in, beta_in, 1e-12, 0.1, true, rng, q[0]);
+      ys = ops::fake_quantize_each(g, y, outputs);
+    }
+    const TensorView<float> y0 = g.value(ys[0]), y1 = g.value(ys[1]);
+    r.y0.assign(y0.data(), y0.data() + y0.numel());
+    r.y1.assign(y1.data(), y1.data() + y1.numel());
+    g.backward(ops::add(g, ops::sum(g, ops::mul(g, ys[0], g.constant(up0.view()))),
+                        ops::sum(g, ops::mul(g, ys[1], g.constant(up1.view())))));
+    for (const Tensor<float>* t : {&ga, &gb, &gg, &gt, &gs[0], &gs[1], &gs[2]})
+      for (int64_t i = 0; i < t->numel(); ++i) r.grads.push_back((*t)[i]);
+    return r;
+  };
+  const Run fused = run(true), separate = run(false);
+  EXPECT_EQ(fused.y0, separate.y0);
+  EXPECT_EQ(fused.y1, separate.y1);
+  EXPECT_EQ(fused.grads, separate.grads);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(fused.clipped[i], separate.clipped[i]) << "quantizer " << i;
+    EXPECT_GT(fused.clipped[i], 0) << "quantizer " << i << " saturates some elements";
+  }
+}
+
 }  // namespace
 }  // namespace bert
