@@ -1935,8 +1935,9 @@ TEST_F(CudaOps, DropoutAddLayerNormEachEqualsTheOpsInSequence) {
 // against one fake_quantize each on the same device: outputs, input gradients and saturation counts bit
 // for bit, in FP32 and BF16, the scale gradients within kReduction (a warp's sum against a block's); and
 // the CPU's within kReduction (kBf16 for the BF16 run's scale gradients). Rows of 768 (packs of 4) and 45
-// (one at a time), an output nothing reads, an input without a gradient; and a row longer than a block
-// (5,000), where the op quantizes one tensor at a time.
+// (one at a time), an output nothing reads, an input without a gradient, tensors the op reorders (longest
+// rows first: the rows of 96 before those of 45); and a row longer than a block (5,000), where the op
+// quantizes one tensor at a time.
 TEST_F(CudaOps, FakeQuantizeManyEqualsOneFakeQuantizeEach) {
   struct Run {
     std::vector<float> y, dx, dscale;
