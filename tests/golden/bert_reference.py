@@ -1,8 +1,9 @@
 """An independent BERT in plain PyTorch (torch.nn.functional only, no Hugging Face code), for the golden
 fixtures: random parameters under Hugging Face state-dict names, the post-LN encoder, and the heads of
 BertForPreTraining, BertForSequenceClassification and BertForTokenClassification (no dropout unless
-asked for). Every fixture script and the PyTorch side of the speed benchmark (bench/torch_step_bench.py)
-build on this one module, so there is one reference to read.
+asked for), and QatBert: that model with the fake quantizers of `bert-train --qat`. Every fixture script
+and the PyTorch side of the speed benchmark (bench/torch_step_bench.py) build on this one module, so there
+is one reference to read.
 """
 import math
 
@@ -132,3 +133,78 @@ class Bert:
 
     def nsp_logits(self, x):
         return self.lin(self.pooled(x), "cls.seq_relationship")
+
+
+def lsq(x, s, qmin, qmax, grad_scale):
+    """LSQ fake quantization (Esser et al., 2020), as ops/quantize.cpp computes it: clamp(round(x / s), qmin,
+    qmax) * s; x's gradient passes where x / s is inside [qmin, qmax] (straight through), s's is the sum of
+    dy * (round(v) - v, or the bound it was clamped to), times grad_scale. Tensor ops only, so that
+    torch.compile fuses the quantizer into the ops beside it."""
+    s = (s - s * grad_scale).detach() + s * grad_scale
+    v = torch.clamp(x / s, qmin, qmax)
+    return ((v.round() - v).detach() + v) * s
+
+
+class QatBert(Bert):
+    """The reference model with the fake quantizers of `bert-train --qat` (model/bert.cpp): each quantizable
+    linear's input (one for Q, K and V) and weight (per output channel, [-127, 127]), the attention
+    products' four inputs (Q, K and V, the probabilities after their dropout) and both inputs of each
+    residual add; the pooler and the MLM transform quantized, the decoder and NSP classifier not. Scales
+    are parameters (`scales`, trained by the optimizer), set from the largest |x| of one batch by
+    calibrate(). The attention is written out: the probabilities' quantizer has no place in SDPA."""
+
+    def __init__(self, cfg, w, scales, dropout=0.0):
+        super().__init__(cfg, w, dropout)
+        self.scales, self.amax = scales, None
+
+    def q(self, name, x, weight=False):
+        name += "_quantizer.scale"
+        if self.amax is not None:  # calibrating: pass-through, note the largest |x| (per row for weights)
+            a = x.detach().abs().amax(dim=1, keepdim=True) if weight else x.detach().abs().amax().reshape(1)
+            self.amax[name] = torch.maximum(self.amax[name], a) if name in self.amax else a
+            return x
+        n = x.shape[1] if weight else x[0].numel()  # elements a scale sees: a weight row, one example
+        return lsq(x, self.scales[name], -127 if weight else -128, 127, 1.0 / math.sqrt(n * 127))
+
+    def calibrate(self, loss_fn, batch):
+        """Max calibration on `batch`: every scale amax / 127 (the probabilities' bound 1)."""
+        self.amax = {}
+        with torch.no_grad():
+            loss_fn(self, batch)
+        for name, a in self.amax.items():
+            bound = 1.0 if ".matmul_a_" in name else None
+            value = torch.full_like(a, bound) if bound else a.clamp(min=1e-6)
+            self.scales[name] = torch.nn.Parameter((value / 127).to(self.w["bert.embeddings.LayerNorm.weight"].dtype))
+        self.amax = None
+
+    def lin(self, x, name, quantize_input=True):
+        if name == "cls.seq_relationship":
+            return super().lin(x, name)
+        xq = self.q(name + ".input", x) if quantize_input else x
+        return F.linear(xq, self.q(name + ".weight", self.w[name + ".weight"], weight=True), self.w[name + ".bias"])
+
+    def encode(self, input_ids, attention_mask, token_type_ids):
+        B, T = input_ids.shape
+        H = self.cfg["num_attention_heads"]
+        D = self.C // H
+        w = self.w
+        x = (F.embedding(input_ids, w["bert.embeddings.word_embeddings.weight"])
+             + w["bert.embeddings.position_embeddings.weight"][:T]
+             + F.embedding(token_type_ids, w["bert.embeddings.token_type_embeddings.weight"]))
+        x = self.drop(self.norm(x, "bert.embeddings.LayerNorm"))
+        additive = (1.0 - attention_mask.to(x.dtype))[:, None, None, :] * -10000.0
+        for i in range(self.cfg["num_hidden_layers"]):
+            p = f"bert.encoder.layer.{i}."
+            a = p + "attention.self."
+            xq = self.q(a + "input", x)
+            q, k, v = (self.q(a + f"matmul_{n[0]}_input", self.lin(xq, a + n, quantize_input=False)
+                              ).view(B, T, H, D).transpose(1, 2) for n in ("query", "key", "value"))
+            probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1))
+            ctx = (self.q(a + "matmul_a_input", probs) @ v).transpose(1, 2).reshape(B, T, self.C)
+            o = p + "attention.output."
+            h = self.norm(self.q(o + "add_input", self.drop(self.lin(ctx, o + "dense"))) + self.q(o + "add_residual", x),
+                          o + "LayerNorm")
+            ff = self.lin(F.gelu(self.lin(h, p + "intermediate.dense")), p + "output.dense")
+            o = p + "output."
+            x = self.norm(self.q(o + "add_input", self.drop(ff)) + self.q(o + "add_residual", h), o + "LayerNorm")
+        return x
