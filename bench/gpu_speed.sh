@@ -3,11 +3,14 @@
 # batch 64), BERT-mini (batch 256), BERT-large (batch 32) and BERT-base at length 512 (batch 16),
 # vocabulary 30522, FP32, TF32 and BF16 mixed precision, FP32 and QAT steps; seq/s and peak GPU memory.
 # Run on a machine with an NVIDIA GPU, from the repository root, with a bundle made by scripts/gpu_bundle.sh:
-#   bash bench/gpu_speed.sh [ours|torch|compiled|all] > gpu_speed.txt
+#   bash bench/gpu_speed.sh [ours|torch|compiled|all|qat] > gpu_speed.txt
 # PyTorch (bench/torch_step_bench.py) runs the same model three ways: eager as written (explicit
 # attention, AdamW's default), eager with fused attention (scaled_dot_product_attention) and fused AdamW,
 # and that under torch.compile (`compiled`; a minute of compilation per configuration), in its default mode
-# and in reduce-overhead mode (CUDA graphs: no per-kernel launch cost on the host).
+# and in reduce-overhead mode (CUDA graphs: no per-kernel launch cost on the host). `qat`: ours (MODES) beside
+# PyTorch's QAT step in every precision of PRECISIONS (torch_step_bench.py --qat: the quantizers of
+# bert-train --qat, LSQ in tensor ops, the attention written out, fused AdamW) under torch.compile in each
+# of COMPILE_MODES, then its float step at its best (SDPA, fused AdamW, compiled in BF16).
 # Environment: BENCH_STEPS (10), CONFIGS (the "preset batch seq" triples below), PRECISIONS (fp32 tf32
 # bf16), COMPILED_PRECISIONS (bf16: the compiled runs), COMPILE_MODES (default reduce-overhead), MODES (ours:
 # fp32,fp32-fused,fp32-recompute,qat,qat-fused,qat-separate; fp32-fused is the step with fused attention,
@@ -51,6 +54,25 @@ torch_compiled() {
       --compile --compile-mode "$mode"
   done
 }
+torch_qat() {
+  local IFS=' ' mode
+  for mode in ${COMPILE_MODES:-default reduce-overhead}; do
+    python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
+      --vocab 30522 --steps "$steps" --warmup 3 --warmup-seconds "$warmup_seconds" --qat --adamw fused \
+      --compile --compile-mode "$mode"
+  done
+  local best=(--attention sdpa --adamw fused)
+  [ "$precision" = bf16 ] && best+=(--compile --compile-mode reduce-overhead)
+  python3 bench/torch_step_bench.py --device cuda --dtype "$precision" --presets "$1" --batches "$2" --seq "$3" \
+    --vocab 30522 --steps "$steps" --warmup 3 --warmup-seconds "$warmup_seconds" "${best[@]}"
+}
+if [ "$what" = qat ]; then
+  for precision in $precisions; do
+    each_config ours
+    each_config torch_qat
+  done
+  exit 0
+fi
 for precision in $precisions; do
   [ "$what" = ours ] || [ "$what" = all ] && each_config ours
   [ "$what" = torch ] || [ "$what" = all ] && each_config torch_tiers

@@ -9,7 +9,8 @@ evaluation throughput (forward, no grad; timed the same way). Prints one JSON ob
 (strict), bf16 (autocast to bfloat16, FP32 master weights; CPU or GPU) or, on a GPU (--device cuda), tf32
 (TF32 matmuls); --compile for torch.compile. PyTorch at its best on a GPU: --attention sdpa
 (torch.nn.functional.scaled_dot_product_attention, fused attention; no mask argument, nothing is padded, as
-Hugging Face passes none then), --adamw fused and --compile; --seq for the sequence length.
+Hugging Face passes none then), --adamw fused and --compile; --seq for the sequence length. --qat: the step
+of `bert-train --qat` (QatBert: the same quantizers, LSQ, written in tensor ops for torch.compile to fuse).
 
 Run with Debian's Python (python3-torch), e.g.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_step_bench.py --threads 1
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden"))
-from bert_reference import Bert, make_params  # noqa: E402  (the one PyTorch BERT of the project)
+from bert_reference import Bert, QatBert, make_params  # noqa: E402  (the one PyTorch BERT of the project)
 
 PRESETS = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768),
            "large": (24, 1024)}
@@ -108,6 +109,9 @@ def main():
     ap.add_argument("--adamw", default="default", choices=["default", "fused"],
                     help="AdamW as torch picks it (foreach), or its fused CUDA kernel")
     ap.add_argument("--seq", type=int, default=128, help="sequence length (20 masked positions; 80 from 512 on)")
+    ap.add_argument("--qat", action="store_true",
+                    help="the QAT step (QatBert: the quantizers of bert-train --qat, LSQ, scales calibrated by max on "
+                         "the batch; the attention written out)")
     ap.add_argument("--profile", action="store_true",
                     help="after each measurement, --steps more training steps and evaluations under torch.profiler: "
                          "the ops' self time per step, to stderr (the baseline of train-step-bench --profile)")
@@ -121,6 +125,8 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
         torch.backends.cudnn.allow_tf32 = a.dtype == "tf32"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if a.qat and a.attention == "sdpa":
+        sys.exit("--qat: the probabilities' quantizer needs the attention written out; leave --attention explicit")
     if a.dtype == "tf32" and not cuda:
         sys.exit("--dtype tf32 is a GPU format: on the CPU use fp32 or bf16")
     # bf16: autocast to bfloat16 (on the CPU its matmuls run on oneDNN's BF16 kernels: AVX512_BF16 or AMX
@@ -136,16 +142,24 @@ def main():
             cfg = config(name, a.vocab, max(512, t))
             w = make_params(cfg, bert_init=True, requires_grad=False, generator=torch.Generator().manual_seed(1))
             w = {k: torch.nn.Parameter(v.to(dev)) for k, v in w.items()}
-            training, evaluation = model_class(cfg, w, dropout=0.1), model_class(cfg, w)
-            opt = torch.optim.AdamW(w.values(), lr=1e-4, weight_decay=0.01,
-                                    **({"fused": True} if a.adamw == "fused" else {}))
             batch = tuple(x.to(dev) for x in synthetic_batch(b, t, p, a.vocab))
+            scales = {}  # QAT: the quantizers' scales, set by calibrate()
+            if a.qat:
+                training, evaluation = QatBert(cfg, w, scales, dropout=0.1), QatBert(cfg, w, scales)
+                with autocast():
+                    evaluation.calibrate(pretraining_loss, batch)
+            else:
+                training, evaluation = model_class(cfg, w, dropout=0.1), model_class(cfg, w)
+            params = list(w.values()) + list(scales.values())
+            groups = [{"params": list(w.values())}] + (
+                [{"params": list(scales.values()), "weight_decay": 0.0}] if scales else [])  # scales: no decay
+            opt = torch.optim.AdamW(groups, lr=1e-4, weight_decay=0.01, **({"fused": True} if a.adamw == "fused" else {}))
             def train_step(wait=True):
                 opt.zero_grad(set_to_none=True)
                 with autocast():
                     loss = fwd(training, batch)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 if wait:
                     sync()
@@ -200,7 +214,7 @@ def main():
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             print(json.dumps({"preset": name, "batch": b, "seq": t, "device": a.device, "dtype": a.dtype,
-                              "attention": a.attention, "adamw": a.adamw, "compile": a.compile,
+                              "attention": a.attention, "qat": a.qat, "adamw": a.adamw, "compile": a.compile,
                               "compile_mode": a.compile_mode if a.compile else None,
                               "gpu_mem_gib": round(mem, 2), "gpu_used_gib": round(used, 2), "step_s": step, "seq_per_s": b / step,
                               "eval_seq_per_s": b / statistics.median(eval_times), "threads": a.threads,
