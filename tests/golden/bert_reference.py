@@ -91,9 +91,7 @@ class Bert:
     def encode(self, input_ids, attention_mask, token_type_ids):
         """Final hidden states (B, T, C): embeddings, LayerNorm, then post-LN layers with the additive
         -10000 padding mask of the original BERT."""
-        B, T = input_ids.shape
-        H = self.cfg["num_attention_heads"]
-        D = self.C // H
+        T = input_ids.shape[1]
         w = self.w
         x = (F.embedding(input_ids, w["bert.embeddings.word_embeddings.weight"])
              + w["bert.embeddings.position_embeddings.weight"][:T]
@@ -101,14 +99,21 @@ class Bert:
         x = self.drop(self.norm(x, "bert.embeddings.LayerNorm"))
         additive = (1.0 - attention_mask.to(x.dtype))[:, None, None, :] * -10000.0
         for i in range(self.cfg["num_hidden_layers"]):
-            p = f"bert.encoder.layer.{i}."
-            split = lambda t: t.view(B, T, H, D).transpose(1, 2)
-            q, k, v = (split(self.lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
-            ctx = self.attend(q, k, v, additive).transpose(1, 2).reshape(B, T, self.C)
-            a = self.norm(self.drop(self.lin(ctx, p + "attention.output.dense")) + x, p + "attention.output.LayerNorm")
-            ff = self.lin(F.gelu(self.lin(a, p + "intermediate.dense")), p + "output.dense")
-            x = self.norm(self.drop(ff) + a, p + "output.LayerNorm")
+            x = self.layer(x, additive, f"bert.encoder.layer.{i}.")
         return x
+
+    def heads(self, t):
+        """(B, T, C) -> (B, H, T, D)."""
+        H = self.cfg["num_attention_heads"]
+        return t.view(t.shape[0], t.shape[1], H, self.C // H).transpose(1, 2)
+
+    def layer(self, x, additive, p):
+        """One post-LN encoder layer (parameters under prefix p)."""
+        q, k, v = (self.heads(self.lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
+        ctx = self.attend(q, k, v, additive).transpose(1, 2).reshape(x.shape)
+        a = self.norm(self.drop(self.lin(ctx, p + "attention.output.dense")) + x, p + "attention.output.LayerNorm")
+        ff = self.lin(F.gelu(self.lin(a, p + "intermediate.dense")), p + "output.dense")
+        return self.norm(self.drop(ff) + a, p + "output.LayerNorm")
 
     def pooled(self, x):
         """tanh(pooler(hidden state of [CLS])): (B, C)."""
@@ -183,28 +188,36 @@ class QatBert(Bert):
         xq = self.q(name + ".input", x) if quantize_input else x
         return F.linear(xq, self.q(name + ".weight", self.w[name + ".weight"], weight=True), self.w[name + ".bias"])
 
-    def encode(self, input_ids, attention_mask, token_type_ids):
-        B, T = input_ids.shape
-        H = self.cfg["num_attention_heads"]
-        D = self.C // H
-        w = self.w
-        x = (F.embedding(input_ids, w["bert.embeddings.word_embeddings.weight"])
-             + w["bert.embeddings.position_embeddings.weight"][:T]
-             + F.embedding(token_type_ids, w["bert.embeddings.token_type_embeddings.weight"]))
-        x = self.drop(self.norm(x, "bert.embeddings.LayerNorm"))
-        additive = (1.0 - attention_mask.to(x.dtype))[:, None, None, :] * -10000.0
-        for i in range(self.cfg["num_hidden_layers"]):
-            p = f"bert.encoder.layer.{i}."
-            a = p + "attention.self."
-            xq = self.q(a + "input", x)
-            q, k, v = (self.q(a + f"matmul_{n[0]}_input", self.lin(xq, a + n, quantize_input=False)
-                              ).view(B, T, H, D).transpose(1, 2) for n in ("query", "key", "value"))
-            probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + additive, dim=-1))
-            ctx = (self.q(a + "matmul_a_input", probs) @ v).transpose(1, 2).reshape(B, T, self.C)
-            o = p + "attention.output."
-            h = self.norm(self.q(o + "add_input", self.drop(self.lin(ctx, o + "dense"))) + self.q(o + "add_residual", x),
-                          o + "LayerNorm")
-            ff = self.lin(F.gelu(self.lin(h, p + "intermediate.dense")), p + "output.dense")
-            o = p + "output."
-            x = self.norm(self.q(o + "add_input", self.drop(ff)) + self.q(o + "add_residual", h), o + "LayerNorm")
-        return x
+    def layer(self, x, additive, p):
+        a = p + "attention.self."
+        xq = self.q(a + "input", x)
+        q, k, v = (self.heads(self.q(a + f"matmul_{n[0]}_input", self.lin(xq, a + n, quantize_input=False)))
+                   for n in ("query", "key", "value"))
+        probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + additive, dim=-1))
+        ctx = (self.q(a + "matmul_a_input", probs) @ v).transpose(1, 2).reshape(x.shape)
+        o = p + "attention.output."
+        h = self.norm(self.q(o + "add_input", self.drop(self.lin(ctx, o + "dense"))) + self.q(o + "add_residual", x),
+                      o + "LayerNorm")
+        ff = self.lin(F.gelu(self.lin(h, p + "intermediate.dense")), p + "output.dense")
+        o = p + "output."
+        return self.norm(self.q(o + "add_input", self.drop(ff)) + self.q(o + "add_residual", h), o + "LayerNorm")
+
+
+def write_golden(path, config, made_by, params, inputs, expected):
+    """Writes a golden fixture (HDF5, read by tests/model/bert_test.cpp): the config as a JSON attribute,
+    params/<name> and grads/<name> of every tensor of `params`, inputs/<name> as int32, expected/<name>."""
+    import json
+
+    import h5py
+    import numpy as np
+    with h5py.File(path, "w") as f:
+        f.attrs["config"] = json.dumps(config)
+        f.attrs["made_by"] = made_by + ", torch " + torch.__version__ + ", float64"
+        for name, t in params.items():
+            f[f"params/{name}"] = t.detach().numpy()
+            f[f"grads/{name}"] = t.grad.numpy()
+        for name, t in inputs.items():
+            f[f"inputs/{name}"] = t.numpy().astype(np.int32)
+        for name, v in expected.items():
+            f[f"expected/{name}"] = v.detach().numpy() if torch.is_tensor(v) and v.dim() > 0 else (
+                v.item() if torch.is_tensor(v) else v)

@@ -10,16 +10,13 @@ arithmetic could otherwise round the other way. Run once (python3-torch,
 python3-h5py, python3-numpy from Debian):
     /usr/bin/python3 tests/golden/make_qat_golden.py
 """
-import json
 import math
 import os
 
-import h5py
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_reference import QatBert, make_params
+from bert_reference import QatBert, make_params, write_golden
 
 torch.manual_seed(4321)
 torch.set_default_dtype(torch.float64)
@@ -90,21 +87,10 @@ loss = mlm_loss + nsp_loss
 loss.backward()
 
 out = os.path.join(os.path.dirname(__file__), "..", "fixtures", "bert_qat_golden.h5")
-with h5py.File(out, "w") as f:
-    f.attrs["config"] = json.dumps(config)
-    f.attrs["made_by"] = "tests/golden/make_qat_golden.py, torch " + torch.__version__ + ", float64"
-    for name, t in list(params.items()) + list(scales.items()):
-        f[f"params/{name}"] = t.detach().numpy().reshape(-1)
-        f[f"grads/{name}"] = t.grad.numpy().reshape(-1)
-    for name, t in dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                        masked_positions=masked_positions, masked_ids=masked_ids,
-                        next_sentence_labels=next_sentence_labels).items():
-        f[f"inputs/{name}"] = t.numpy().astype(np.int32)
-    f["expected/mlm_logits"] = mlm_logits.detach().numpy()
-    f["expected/nsp_logits"] = nsp_logits.detach().numpy()
-    f["expected/mlm_loss"] = mlm_loss.item()
-    f["expected/nsp_loss"] = nsp_loss.item()
-    f["expected/loss"] = loss.item()
-    f["expected/saturated"] = saturated  # values outside [qmin, qmax] in the forward, all quantizers
+write_golden(out, config, "tests/golden/make_qat_golden.py", {**params, **scales},
+             dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                  masked_positions=masked_positions, masked_ids=masked_ids, next_sentence_labels=next_sentence_labels),
+             dict(mlm_logits=mlm_logits, nsp_logits=nsp_logits, mlm_loss=mlm_loss, nsp_loss=nsp_loss, loss=loss,
+                  saturated=saturated))  # saturated: values outside [qmin, qmax] in the forward, all quantizers
 print(f"wrote {os.path.normpath(out)}: loss {loss.item():.6f} (mlm {mlm_loss.item():.6f}, nsp {nsp_loss.item():.6f}), "
       f"{len(params)} parameters, {len(scales)} scales")
