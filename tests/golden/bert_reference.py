@@ -13,6 +13,13 @@ import torch.nn.functional as F
 PRETRAINING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION = "pretraining", "seq_cls", "token_cls"
 
 
+# The golden fixtures' model (bert_golden.h5, bert_qat_golden.h5): two layers of 16, a 40-token vocabulary.
+GOLDEN_CONFIG = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+                     max_position_embeddings=12, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.02,
+                     pad_token_id=0)
+
+
 def make_params(cfg, head=PRETRAINING, num_labels=0, weight_std=0.3, requires_grad=True, bert_init=False,
                 generator=None):
     """Random parameters (draws from `generator`, else torch's global one, in state-dict order): weights

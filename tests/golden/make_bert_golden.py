@@ -12,14 +12,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-from bert_reference import Bert, make_params, write_golden
+from bert_reference import GOLDEN_CONFIG, Bert, make_params, write_golden
 
 torch.manual_seed(1234)
 torch.set_default_dtype(torch.float64)
 
-config = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
-              max_position_embeddings=12, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12,
-              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.02, pad_token_id=0)
+config = dict(GOLDEN_CONFIG)
 # Parameters with Hugging Face state-dict names; random values large enough to exercise every path.
 params = make_params(config)
 
