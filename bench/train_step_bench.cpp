@@ -123,17 +123,18 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "sequence length (masked positions: 20, or 80 from 512 on, as the demo's shards)")
       ->check(CLI::Range(int64_t{8}, int64_t{512}))
       ->capture_default_str();
-  app.add_option("--modes", modes,
-                 "comma-separated: fp32, fp32-fused (fused attention on a GPU: Bert::set_fused_attention), "
-                 "fp32-recompute (the unfused attention's scores and probabilities computed again in the backward: "
-                 "Bert::set_recompute_attention), qat, qat-fused (QAT with the fused attention: the probabilities' "
-                 "quantizer inside its tensor-core kernels, BF16 and TF32; bert-train --qat's default in BF16; its QAT/FP32 "
-                 "ratio against "
-                 "fp32-fused), qat-separate (QAT with every quantizer as an op of its own, the "
-                 "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; on a GPU the linear "
-                 "layers), int8-separate (int8 with "
-                 "Q, K and V as three integer linears, the baseline of their fused product), int8-decoder (int8 "
-                 "with the MLM decoder as integers too, dynamically quantized)")
+  app.add_option(
+         "--modes", modes,
+         "comma-separated: fp32, fp32-fused (fused attention on a GPU: Bert::set_fused_attention), "
+         "fp32-recompute (the unfused attention's scores and probabilities computed again in the backward: "
+         "Bert::set_recompute_attention), qat, qat-fused (QAT with the fused attention: the probabilities' "
+         "quantizer inside its tensor-core kernels, BF16 and TF32; bert-train --qat's default in BF16; its QAT/FP32 "
+         "ratio against fp32-fused, qat's against fp32, either against the other float mode where only that "
+         "ran), qat-separate (QAT with every quantizer as an op of its own, the "
+         "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; on a GPU the linear "
+         "layers), int8-separate (int8 with "
+         "Q, K and V as three integer linears, the baseline of their fused product), int8-decoder (int8 "
+         "with the MLM decoder as integers too, dynamically quantized)")
       ->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
@@ -407,8 +408,13 @@ int main(int argc, char** argv) {
         const double gflops = 3 * b * forward_flops(config, t, p) / step / 1e9;
         std::printf("%-6s %6lld %-12s %12.3f %10.1f %10.1f %12.1f", name.c_str(), (long long)b, mode.c_str(), step,
                     b / step, gflops, eval_rate);
-        if (const double base = mode == "qat-fused" ? fused_step : fp32_step; qat && base > 0)
-          std::printf("   QAT/FP32 step %.2f", step / base);
+        // The float step a QAT step is set against: the one with the same attention where it ran, else the
+        // other (bert-train's TF32 defaults pair the QAT step's unfused attention with the fused float step).
+        const bool fused_qat = mode == "qat-fused";
+        if (const double same = fused_qat ? fused_step : fp32_step; qat && same > 0)
+          std::printf("   QAT/FP32 step %.2f", step / same);
+        else if (const double other = fused_qat ? fp32_step : fused_step; qat && other > 0)
+          std::printf("   QAT/FP32 step %.2f (against %s)", step / other, fused_qat ? "fp32" : "fp32-fused");
         if (json)
           std::fprintf(json,
                        "{\"kind\": \"step\", \"preset\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", \"step_s\": %.6f, "
