@@ -159,7 +159,8 @@ def lsq(x, s, qmin, qmax, grad_scale):
 
 class QatBert(Bert):
     """The reference model with the fake quantizers of `bert-train --qat` (model/bert.cpp): each quantizable
-    linear's input (one for Q, K and V) and weight (per output channel, [-127, 127]), the attention
+    linear's input (one for Q, K and V) and weight (per output channel, [-127, 127]; one scale a weight where
+    cfg["weight_quantization"] is "per-tensor"), the attention
     products' four inputs (Q, K and V, the probabilities after their dropout) and both inputs of each
     residual add; the pooler and the MLM transform quantized, the decoder and NSP classifier not. Scales
     are parameters (`scales`, trained by the optimizer), set from the largest |x| of one batch by
@@ -168,14 +169,17 @@ class QatBert(Bert):
     def __init__(self, cfg, w, scales, dropout=0.0):
         super().__init__(cfg, w, dropout)
         self.scales, self.amax = scales, None
+        self.per_tensor_weights = cfg.get("weight_quantization") == "per-tensor"
 
     def q(self, name, x, weight=False):
         name += "_quantizer.scale"
         if self.amax is not None:  # calibrating: pass-through, note the largest |x| (per row for weights)
-            a = x.detach().abs().amax(dim=1, keepdim=True) if weight else x.detach().abs().amax().reshape(1)
+            per_row = weight and not self.per_tensor_weights
+            a = x.detach().abs().amax(dim=1, keepdim=True) if per_row else x.detach().abs().amax().reshape(1)
             self.amax[name] = torch.maximum(self.amax[name], a) if name in self.amax else a
             return x
-        n = x.shape[1] if weight else x[0].numel()  # elements a scale sees: a weight row, one example
+        # Elements a scale sees (LSQ's gradient scale): a weight row (the weight), one example.
+        n = (x.numel() if self.per_tensor_weights else x.shape[1]) if weight else x[0].numel()
         return lsq(x, self.scales[name], -127 if weight else -128, 127, 1.0 / math.sqrt(n * 127))
 
     def calibrate(self, loss_fn, batch):

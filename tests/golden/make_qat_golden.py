@@ -58,37 +58,45 @@ class Margins(QatBert):
         return super().q(name, x, weight)
 
 
-scales = {}
-model = Margins(config, params, scales)
-model.calibrate(lambda m, _: forward(m), None)
-calibrated = {k: v.detach().clone() for k, v in scales.items()}
-best = None  # (margin, factors, saturated): the candidate whose inputs stay farthest from a boundary
-for attempt in range(1000):
-    factors = 0.6 + 0.0002 * attempt, 0.85 + 0.00007 * attempt  # activations', weights'
+def make(config, file_name):
+    """Calibrates, searches the scale factors, runs the step and writes the fixture."""
+    scales = {}
+    model = Margins(config, params, scales)
+    model.calibrate(lambda m, _: forward(m), None)
+    calibrated = {k: v.detach().clone() for k, v in scales.items()}
+    best = None  # (margin, factors, saturated): the candidate whose inputs stay farthest from a boundary
+    for attempt in range(1000):
+        factors = 0.6 + 0.0002 * attempt, 0.85 + 0.00007 * attempt  # activations', weights'
+        for name, s in calibrated.items():
+            scales[name] = torch.nn.Parameter(s * (1.0 if ".matmul_a_" in name else
+                                                   factors[1] if "weight_quantizer" in name else factors[0]))
+        model.margin, model.saturated = math.inf, 0
+        with torch.no_grad():
+            forward(model)
+        if model.saturated > 0 and (best is None or model.margin > best[0]):
+            best = model.margin, factors, model.saturated
+    margin, (fa, fw), saturated = best
+    if margin < 1e-4:
+        raise SystemExit(f"no scale factors keep every x / s 1e-4 from a boundary (best {margin:.2e})")
     for name, s in calibrated.items():
-        scales[name] = torch.nn.Parameter(s * (1.0 if ".matmul_a_" in name else
-                                               factors[1] if "weight_quantizer" in name else factors[0]))
-    model.margin, model.saturated = math.inf, 0
-    with torch.no_grad():
-        forward(model)
-    if model.saturated > 0 and (best is None or model.margin > best[0]):
-        best = model.margin, factors, model.saturated
-margin, (fa, fw), saturated = best
-if margin < 1e-4:
-    raise SystemExit(f"no scale factors keep every x / s 1e-4 from a boundary (best {margin:.2e})")
-for name, s in calibrated.items():
-    scales[name] = torch.nn.Parameter(s * (1.0 if ".matmul_a_" in name else fw if "weight_quantizer" in name else fa))
-print(f"activation scales x{fa:.3f}, weight scales x{fw:.4f}: margin {margin:.2e}, {saturated} saturated")
+        scales[name] = torch.nn.Parameter(s * (1.0 if ".matmul_a_" in name else fw if "weight_quantizer" in name else fa))
+    print(f"activation scales x{fa:.3f}, weight scales x{fw:.4f}: margin {margin:.2e}, {saturated} saturated")
 
-mlm_logits, nsp_logits, mlm_loss, nsp_loss = forward(model)
-loss = mlm_loss + nsp_loss
-loss.backward()
+    for t in params.values():  # the gradients of this fixture's step alone
+        t.grad = None
+    mlm_logits, nsp_logits, mlm_loss, nsp_loss = forward(model)
+    loss = mlm_loss + nsp_loss
+    loss.backward()
 
-out = os.path.join(os.path.dirname(__file__), "..", "fixtures", "bert_qat_golden.h5")
-write_golden(out, config, "tests/golden/make_qat_golden.py", {**params, **scales},
-             dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                  masked_positions=masked_positions, masked_ids=masked_ids, next_sentence_labels=next_sentence_labels),
-             dict(mlm_logits=mlm_logits, nsp_logits=nsp_logits, mlm_loss=mlm_loss, nsp_loss=nsp_loss, loss=loss,
-                  saturated=saturated))  # saturated: values outside [qmin, qmax] in the forward, all quantizers
-print(f"wrote {os.path.normpath(out)}: loss {loss.item():.6f} (mlm {mlm_loss.item():.6f}, nsp {nsp_loss.item():.6f}), "
-      f"{len(params)} parameters, {len(scales)} scales")
+    out = os.path.join(os.path.dirname(__file__), "..", "fixtures", file_name)
+    write_golden(out, config, "tests/golden/make_qat_golden.py", {**params, **scales},
+                 dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                      masked_positions=masked_positions, masked_ids=masked_ids, next_sentence_labels=next_sentence_labels),
+                 dict(mlm_logits=mlm_logits, nsp_logits=nsp_logits, mlm_loss=mlm_loss, nsp_loss=nsp_loss, loss=loss,
+                      saturated=saturated))  # saturated: values outside [qmin, qmax] in the forward, all quantizers
+    print(f"wrote {os.path.normpath(out)}: loss {loss.item():.6f} (mlm {mlm_loss.item():.6f}, nsp {nsp_loss.item():.6f}), "
+          f"{len(params)} parameters, {len(scales)} scales")
+
+
+make(config, "bert_qat_golden.h5")
+make(dict(config, weight_quantization="per-tensor"), "bert_qat_per_tensor_golden.h5")
