@@ -123,18 +123,16 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "sequence length (masked positions: 20, or 80 from 512 on, as the demo's shards)")
       ->check(CLI::Range(int64_t{8}, int64_t{512}))
       ->capture_default_str();
-  app.add_option(
-         "--modes", modes,
-         "comma-separated: fp32, fp32-fused (fused attention on a GPU: Bert::set_fused_attention), "
-         "fp32-recompute (the unfused attention's scores and probabilities computed again in the backward: "
-         "Bert::set_recompute_attention), qat, qat-fused (QAT with the fused attention: the probabilities' "
-         "quantizer inside its tensor-core kernels, BF16 and TF32; bert-train --qat's default in BF16; its QAT/FP32 "
-         "ratio against fp32-fused, qat's against fp32, either against the other float mode where only that "
-         "ran), qat-separate (QAT with every quantizer as an op of its own, the "
-         "baseline of the fused quantizers), int8 (evaluation only, integer GEMMs; on a GPU the linear "
-         "layers), int8-separate (int8 with "
-         "Q, K and V as three integer linears, the baseline of their fused product), int8-decoder (int8 "
-         "with the MLM decoder as integers too, dynamically quantized)")
+  app.add_option("--modes", modes,
+                 "comma-separated: fp32, fp32-fused (fused attention on a GPU: Bert::set_fused_attention), "
+                 "fp32-recompute (the unfused attention's scores and probabilities computed again in the backward: "
+                 "Bert::set_recompute_attention), qat, qat-fused (QAT with the fused attention: the probabilities' "
+                 "quantizer inside its tensor-core kernels, BF16 and TF32; bert-train --qat's default in BF16; its "
+                 "QAT/FP32 ratio against fp32-fused, qat's against fp32, either against the other float mode where "
+                 "only that ran), qat-separate (QAT with every quantizer as an op of its own, the baseline of the "
+                 "fused quantizers), int8 (evaluation only, integer GEMMs; on a GPU the linear layers), int8-separate "
+                 "(int8 with Q, K and V as three integer linears, the baseline of their fused product), int8-decoder "
+                 "(int8 with the MLM decoder as integers too, dynamically quantized)")
       ->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON object per measurement to this file (bench/speed.sh)");
   app.add_option("--device", device_spec, "cpu, cuda, cuda:N or auto")->capture_default_str();
