@@ -3,7 +3,9 @@
 // ops/shape), on the CPU the two ops in sequence.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -27,9 +29,19 @@ struct Blocks {
   int64_t end(int64_t b) const { return std::min(begin(b) + kBlock, (channel(b) + 1) * per_channel); }
 };
 
+// a where c, else b, chosen by the bits: both are computed whatever c is. A conditional expression lets
+// the compiler move the arithmetic of the arm it picks under a branch, which it then may not run for every
+// element (floating point can trap), so the loop stays scalar; this keeps the loops below vectorised.
+template <typename T>
+inline T pick(bool c, T a, T b) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  const U mask = U(0) - U(c);
+  return std::bit_cast<T>((std::bit_cast<U>(a) & mask) | (std::bit_cast<U>(b) & ~mask));
+}
+
 // Backward over elements [begin, end) sharing the scale s: dx gets dy where x / s fell inside [lo, hi]
 // (the straight-through estimator; DxMode: kNone, kStore into a fresh buffer, kAdd), and the LSQ scale
-// gradient sum dy * (lo, hi, or round(v) - v) is returned. Branch-free over lanes of kLanes
+// gradient sum dy * (lo, hi, or round(v) - v) is returned. Branch-free (pick) over lanes of kLanes
 // accumulators (a single running sum was a serial chain of dependent adds: 6x the forward's time), the
 // lanes summed in double every kSubBlock elements: the same order on any thread count.
 enum class DxMode { kNone, kStore, kAdd };
@@ -43,10 +55,10 @@ double lsq_backward(const T* x, const T* dy, T* dx, int64_t begin, int64_t end, 
     const int64_t stop = std::min(start + kSubBlock, end);
     T lanes[kLanes] = {};
     auto element = [&](int64_t i, T& lane) {
-      const T v = x[i] / s;
+      const T v = x[i] / s, g = dy[i];
       const bool below = v<lo, above = v> hi;
-      lane += dy[i] * (below ? lo : above ? hi : std::nearbyint(v) - v);
-      const T pass = (below || above) ? T(0) : dy[i];
+      lane += g * pick(below, lo, pick(above, hi, std::nearbyint(v) - v));
+      const T pass = pick(below | above, T(0), g);
       if constexpr (kDx == DxMode::kStore) dx[i] = pass;
       if constexpr (kDx == DxMode::kAdd) dx[i] += pass;
     };
@@ -84,13 +96,16 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
   parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const T s = sv[blocks.channel(b)];
+      const T* x = xv;
+      T* y = yv;
+      const int64_t begin = blocks.begin(b), end = blocks.end(b);  // locals: the loop vectorises
       int64_t count = 0;
-      for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
-        const T v = xv[i] / s;  // divide, as QuantizeLinear does: x * (1/s) can round differently
-        const T q = std::nearbyint(v);
+      for (int64_t i = begin; i < end; ++i) {
+        const T v = x[i] / s;  // divide, as QuantizeLinear does: x * (1/s) can round differently
         // Counted where backward's straight-through mask blocks the gradient (v beyond [qmin, qmax]).
-        count += (v < lo) | (v > hi);
-        yv[i] = std::min(std::max(q, lo), hi) * s;
+        const bool below = v<lo, above = v> hi;
+        count += below | above;
+        y[i] = pick(below, lo, pick(above, hi, std::nearbyint(v))) * s;  // NaN stays NaN
       }
       saturated[b] = count;
     }
