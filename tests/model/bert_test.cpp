@@ -374,7 +374,10 @@ TEST(BertGolden, QatStepMatchesPyTorch) {
 TEST(BertGolden, QatStepOnTheGpuInFp32MatchesPyTorch) {
   if (!Device::cuda_available())
     GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a machine with an NVIDIA GPU";
-  check_golden(*Device::cuda(0, Precision::kFp32), kGoldenTolerance, 0, Golden::kQat);
+  for (Golden which : {Golden::kQat, Golden::kQatPerTensorWeights}) {
+    SCOPED_TRACE(golden_fixture(which));
+    check_golden(*Device::cuda(0, Precision::kFp32), kGoldenTolerance, 0, which);
+  }
 }
 
 // The quantizers fused into the GELU, dropout and permute ops against each quantizer as an op of its own,
