@@ -20,6 +20,11 @@ Quiet::Quiet() {
 }
 Quiet::~Quiet() { H5Eset_auto2(H5E_DEFAULT, old_func_, old_data_); }
 
+bool library_threadsafe() {
+  hbool_t threadsafe = 0;
+  return H5is_library_threadsafe(&threadsafe) >= 0 && threadsafe;
+}
+
 Handle open_read(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) throw UserError(what + " '" + path + "' does not exist");

@@ -53,6 +53,10 @@ class Quiet {
   void* old_data_ = nullptr;
 };
 
+// Whether the HDF5 library serialises its calls across threads (built thread-safe), so that two threads may
+// read and write files at once.
+bool library_threadsafe();
+
 // Opens an existing file read-only; UserError naming it if it is missing or not HDF5 ("what" says
 // what kind of file was expected, e.g. "shard", "checkpoint").
 Handle open_read(const std::string& path, const std::string& what);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/rng.h"
+#include "data/hdf5_io.h"
 #include "sys/error.h"
 
 namespace bert::data {
@@ -79,7 +80,12 @@ void ShardLoader::load_current_shard() {
   const int64_t index = shard_order_[state_.shard];
   if (index == loaded_) return;
   const std::string& path = options_.shards[index];
-  shard_ = read_shard(path);
+  if (index == ahead_index_ && ahead_.valid()) {
+    ahead_index_ = -1;
+    shard_ = ahead_.get();  // (rethrows what the read threw)
+  } else {
+    shard_ = read_shard(path);
+  }
   if (loaded_ >= 0 || seq_len_ > 0) {
     if (shard_.seq_len != seq_len_ || shard_.max_predictions != max_predictions_)
       throw UserError("shard '" + path + "' has sequence length " + std::to_string(shard_.seq_len) + " and " +
@@ -93,6 +99,19 @@ void ShardLoader::load_current_shard() {
   }
   loaded_ = index;
   example_order_ = permutation(shard_.size, (state_.epoch * 1000003 + static_cast<uint64_t>(index)) * 2 + 1);
+  prefetch_next();
+}
+
+void ShardLoader::prefetch_next() {
+  if (!options_.prefetch || !hdf5::library_threadsafe()) return;
+  int64_t next = -1;
+  if (state_.shard + 1 < static_cast<int64_t>(shard_order_.size()))
+    next = shard_order_[state_.shard + 1];
+  else if (options_.repeat)
+    next = permutation(static_cast<int64_t>(options_.shards.size()), (state_.epoch + 1) * 2).front();
+  if (next < 0 || next == loaded_ || (next == ahead_index_ && ahead_.valid())) return;
+  ahead_index_ = next;  // (a read of another shard still running is waited for here, and dropped)
+  ahead_ = std::async(std::launch::async, [path = options_.shards[next]] { return read_shard(path); });
 }
 
 bool ShardLoader::next(Batch& batch) {

@@ -1,9 +1,11 @@
-// ShardLoader: streams batches from many shards, shuffled, with bounded memory (one shard at a time).
-// Order is a pure function of (seed, epoch): shards are visited in a permuted order each epoch and a
-// shard's examples in a permuted order, so State (epoch, shard, example) is all a resumed run needs.
+// ShardLoader: streams batches from many shards, shuffled, with bounded memory (the shard being served and
+// the next one, read in the background). Order is a pure function of (seed, epoch): shards are visited in a
+// permuted order each epoch and a shard's examples in a permuted order, so State (epoch, shard, example) is
+// all a resumed run needs.
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,12 @@ struct LoaderOptions {
   uint64_t seed = 1;
   bool shuffle = true;
   bool repeat = true;  // training: cycle over epochs; evaluation: one pass (last batch may be short)
+  // The next shard in the order (this epoch's next, or the next epoch's first) read on a thread of its own
+  // while the current one is served, so next() does not stop at a shard boundary for the read (a 65,536-
+  // example shard: about 0.2 s of HDF5 decompression, against a BERT-base step of 12 ms on a GPU). The
+  // same batches either way; off, each shard is read when it is reached. Off where the HDF5 library is not
+  // thread-safe (Debian's is).
+  bool prefetch = true;
 };
 
 class ShardLoader {
@@ -45,9 +53,13 @@ class ShardLoader {
   ShardKind kind() const { return kind_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
   const std::optional<ShardMetadata>& metadata() const { return metadata_; }
+  // The shard being read ahead (an index into LoaderOptions::shards), -1 when none is.
+  int64_t reading_ahead() const { return ahead_.valid() ? ahead_index_ : -1; }
 
  private:
   void load_current_shard();
+  // Starts reading the shard after the current one in the background (see LoaderOptions::prefetch).
+  void prefetch_next();
   std::vector<int64_t> permutation(int64_t n, uint64_t stream) const;
 
   LoaderOptions options_;
@@ -60,6 +72,10 @@ class ShardLoader {
   ShardKind kind_ = ShardKind::kPretraining;
   std::vector<std::string> label_names_;
   std::optional<ShardMetadata> metadata_;
+  // The shard being read ahead: its index into options_.shards (-1: none) and the read, whose errors
+  // surface only if that shard is reached.
+  int64_t ahead_index_ = -1;
+  std::future<Shard> ahead_;
 };
 
 // Checks the loader's shards (their recorded metadata, if any) against a model and tokenizer: see

@@ -13,6 +13,7 @@
 
 #include "data/corpus.h"
 #include "data/examples.h"
+#include "data/hdf5_io.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/task_data.h"
@@ -345,6 +346,90 @@ TEST_F(FixtureData, LoaderVisitsEveryExampleOncePerEpochAndResumesExactly) {
   }
   EXPECT_EQ(continued, resumed);
   EXPECT_GT(a.state().epoch, 0u);
+}
+
+// The next shard read on a thread of its own changes nothing the loader gives: the same batches and states
+// across shard and epoch boundaries, for training (repeating) and evaluation (one pass), and a shard that
+// cannot be read fails when it is reached, with the same error, not when it is read ahead.
+TEST_F(FixtureData, ReadingTheNextShardAheadGivesTheSameBatches) {
+  ASSERT_TRUE(hdf5::library_threadsafe()) << "this HDF5 library is not thread-safe: the loader never reads ahead";
+  const std::vector<std::string> paths = expand_shard_paths({dir_->file("shards")});
+  ASSERT_GE(paths.size(), 3u);
+  LoaderOptions o;
+  o.shards = paths;
+  o.batch_size = 48;
+  o.seed = 9;
+  auto loader = [&](bool prefetch, bool repeat) {
+    LoaderOptions l = o;
+    l.prefetch = prefetch;
+    l.repeat = repeat;
+    return std::make_unique<ShardLoader>(l);
+  };
+  for (bool repeat : {true, false}) {
+    SCOPED_TRACE(repeat ? "repeating" : "one pass");
+    const auto ahead = loader(true, repeat), plain = loader(false, repeat);
+    EXPECT_GE(ahead->reading_ahead(), 0);
+    EXPECT_EQ(plain->reading_ahead(), -1);
+    Batch a, b;
+    int64_t rows = 0;
+    for (int step = 0; step < 200; ++step) {  // three epochs of ~3,000 examples when repeating
+      const bool more = ahead->next(a);
+      ASSERT_EQ(more, plain->next(b)) << "step " << step;
+      if (!more) break;
+      rows += a.size;
+      ASSERT_EQ(a.input_ids, b.input_ids) << "step " << step;
+      ASSERT_EQ(a.masked_lm_ids, b.masked_lm_ids) << "step " << step;
+      ASSERT_EQ(a.next_sentence_labels, b.next_sentence_labels) << "step " << step;
+      ASSERT_EQ(ahead->state(), plain->state()) << "step " << step;
+    }
+    if (repeat) {
+      EXPECT_GE(ahead->state().epoch, 2u);
+      EXPECT_GE(ahead->reading_ahead(), 0);
+      // Restored elsewhere (a resumed run) while a shard is being read ahead: that read is not (always) the
+      // shard needed there.
+      for (const ShardLoader::State& state : {ShardLoader::State{0, 1, 0}, ShardLoader::State{5, 3, 17},
+                                              ShardLoader::State{1, 0, 100}, ShardLoader::State{2, 4, 3}}) {
+        ahead->restore(state);
+        plain->restore(state);
+        for (int step = 0; step < 60; ++step) {
+          ahead->next(a), plain->next(b);
+          ASSERT_EQ(a.input_ids, b.input_ids) << "step " << step << " after a restore to epoch " << state.epoch;
+        }
+      }
+    } else {
+      EXPECT_EQ(rows, stats_->examples) << "one pass, then the end";
+    }
+  }
+  // The last shard in file order (no shuffling) cut short: read ahead while the one before it is served.
+  testing::TempDir copy;
+  std::vector<std::string> copied;
+  for (const std::string& p : paths) {
+    copied.push_back(copy.file(std::filesystem::path(p).filename().string()));
+    std::filesystem::copy_file(p, copied.back());
+  }
+  std::filesystem::resize_file(copied.back(), std::filesystem::file_size(copied.back()) / 2);
+  o.shards = copied;
+  o.shuffle = false;
+  auto batches_before_error = [&](bool prefetch) {
+    const auto l = loader(prefetch, true);
+    Batch batch;
+    for (int64_t n = 0;; ++n) {
+      if (prefetch && n == 0) {
+        EXPECT_EQ(l->reading_ahead(), 1);
+      }
+      try {
+        l->next(batch);
+      } catch (const UserError& e) {
+        EXPECT_NE(std::string(e.what()).find(std::filesystem::path(copied.back()).filename().string()),
+                  std::string::npos)
+            << e.what();
+        return n;
+      }
+    }
+  };
+  const int64_t with = batches_before_error(true), without = batches_before_error(false);
+  EXPECT_EQ(with, without);
+  EXPECT_GT(with, 0);
 }
 
 // ---------------------------------------------------------------- bad input
