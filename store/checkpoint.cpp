@@ -51,27 +51,51 @@ void merge_earlier_layout(hid_t root, const std::string& path, const std::string
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, model::Bert& model, const OptimizerMoments* optimizer,
-                     const TrainingState& state) {
+void snapshot_checkpoint(model::Bert& model, const OptimizerMoments* optimizer, const TrainingState& state,
+                         CheckpointSnapshot& s) {
+  ParameterArena<float>& params = model.parameters();
+  const TensorView<float> values = params.values();
+  s.values.assign(values.data(), values.data() + values.numel());
+  s.names.clear(), s.shapes.clear(), s.offsets.clear();
+  for (ParamId id = 0; id < params.size(); ++id) {
+    const Parameter<float> p = params.get(id);
+    s.names.push_back(*p.name);
+    s.shapes.push_back(p.value.shape());
+    s.offsets.push_back(p.value.data() - values.data());
+  }
+  if (optimizer) {
+    s.first.assign(optimizer->first, optimizer->first + values.numel());
+    s.second.assign(optimizer->second, optimizer->second + values.numel());
+    s.optimizer_name = optimizer->name;
+    s.optimizer_steps = optimizer->steps;
+  } else {
+    s.first.clear(), s.second.clear(), s.optimizer_name.clear();
+    s.optimizer_steps = 0;
+  }
+  s.config = model.config().to_json().dump();
+  s.quantizers_enabled = model.enabled_quantizer_names();
+  s.state = state;
+}
+
+void write_checkpoint(const std::string& path, const CheckpointSnapshot& s) {
   hdf5::Quiet quiet;
   AtomicFile file(path);
   {
     hdf5::Handle h = hdf5::create(file.temp_path(), path);
-    ParameterArena<float>& params = model.parameters();
-    float* base = params.values().data();
-    for (ParamId id = 0; id < params.size(); ++id) {
-      Parameter<float> p = params.get(id);
-      const std::vector<hsize_t> dims = dims_of(p.value.shape());
-      hdf5::write_dataset(h.get(), "model/" + *p.name, p.value.data(), dims, path);
-      if (optimizer) {
-        const int64_t offset = p.value.data() - base;
-        hdf5::write_dataset(h.get(), "optimizer/exp_avg/" + *p.name, optimizer->first + offset, dims, path);
-        hdf5::write_dataset(h.get(), "optimizer/exp_avg_sq/" + *p.name, optimizer->second + offset, dims, path);
+    const bool moments = !s.optimizer_name.empty();
+    for (size_t i = 0; i < s.names.size(); ++i) {
+      const std::vector<hsize_t> dims = dims_of(s.shapes[i]);
+      const int64_t offset = s.offsets[i];
+      hdf5::write_dataset(h.get(), "model/" + s.names[i], s.values.data() + offset, dims, path);
+      if (moments) {
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg/" + s.names[i], s.first.data() + offset, dims, path);
+        hdf5::write_dataset(h.get(), "optimizer/exp_avg_sq/" + s.names[i], s.second.data() + offset, dims, path);
       }
     }
+    const TrainingState& state = s.state;
     const hid_t root = h.get();
     hdf5::write_attribute(root, "format", std::string(kFormat));
-    hdf5::write_attribute(root, "config", model.config().to_json().dump());
+    hdf5::write_attribute(root, "config", s.config);
     hdf5::write_attribute(root, "step", state.step);
     hdf5::write_attribute(root, "dropout_rng_seed", static_cast<int64_t>(state.dropout_rng.seed));
     hdf5::write_attribute(root, "dropout_rng_counter", static_cast<int64_t>(state.dropout_rng.counter));
@@ -81,16 +105,23 @@ void save_checkpoint(const std::string& path, model::Bert& model, const Optimize
     hdf5::write_attribute(root, "tokenizer_sha256", state.tokenizer_sha256);
     hdf5::write_attribute(root, "run", state.run.dump());
     Json::Array enabled;
-    for (const std::string& name : model.enabled_quantizer_names()) enabled.emplace_back(name);
+    for (const std::string& name : s.quantizers_enabled) enabled.emplace_back(name);
     hdf5::write_attribute(root, "quantizers_enabled", Json(enabled).dump());
     hdf5::write_attribute(root, "quantization", state.quantization.dump());
-    if (optimizer) {
-      hdf5::write_attribute(root, "optimizer", optimizer->name);
-      hdf5::write_attribute(root, "optimizer_steps", optimizer->steps);
+    if (moments) {
+      hdf5::write_attribute(root, "optimizer", s.optimizer_name);
+      hdf5::write_attribute(root, "optimizer_steps", s.optimizer_steps);
     }
     if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0) throw UserError("cannot write checkpoint '" + path + "' (disk full?)");
   }
   file.commit();
+}
+
+void save_checkpoint(const std::string& path, model::Bert& model, const OptimizerMoments* optimizer,
+                     const TrainingState& state) {
+  CheckpointSnapshot snapshot;
+  snapshot_checkpoint(model, optimizer, state, snapshot);
+  write_checkpoint(path, snapshot);
 }
 
 model::BertConfig read_checkpoint_config(const std::string& path) {

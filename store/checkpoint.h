@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "data/loader.h"
@@ -34,7 +35,29 @@ struct OptimizerMoments {
   float* second = nullptr;
 };
 
-// `optimizer` null: a model-only checkpoint (it cannot resume training).
+// Everything a checkpoint file holds, copied out of the model and the optimizer, so that the file can be
+// written from it on another thread while they change (train::CheckpointWriter).
+struct CheckpointSnapshot {
+  std::vector<std::string> names;  // the parameters', in the arena's order
+  std::vector<Shape> shapes;
+  std::vector<int64_t> offsets;      // of each parameter in `values` (and in the moments)
+  std::vector<float> values;         // the whole arena
+  std::vector<float> first, second;  // the optimizer's moments, laid out as `values`; empty: model only
+  std::string optimizer_name;        // empty: model only
+  int64_t optimizer_steps = 0;
+  std::string config;  // the model config, JSON
+  std::vector<std::string> quantizers_enabled;
+  TrainingState state;
+};
+// The snapshot of `model` (its host values) and `optimizer` (null: a model-only checkpoint, which cannot
+// resume training) with `state`, into `into`, whose buffers are reused: a run that takes one snapshot after
+// another allocates (and the kernel maps) the gigabytes of BERT-base's once.
+void snapshot_checkpoint(model::Bert& model, const OptimizerMoments* optimizer, const TrainingState& state,
+                         CheckpointSnapshot& into);
+// Writes `snapshot` to `path` atomically (a temporary file, flushed to disk, then renamed over `path`): a
+// failed write (UserError naming the path) leaves the previous file as it was.
+void write_checkpoint(const std::string& path, const CheckpointSnapshot& snapshot);
+// write_checkpoint(path, snapshot_checkpoint(model, optimizer, state)).
 void save_checkpoint(const std::string& path, model::Bert& model, const OptimizerMoments* optimizer,
                      const TrainingState& state);
 

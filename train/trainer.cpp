@@ -23,6 +23,7 @@
 #include "sys/sha256.h"
 #include "sys/text_file.h"
 #include "tokenizer/tokenizer_file.h"
+#include "train/checkpoint_writer.h"
 #include "train/gradient_reduction.h"
 #include "train/nccl_communicator.h"
 #include "train/progress.h"
@@ -120,7 +121,9 @@ class TrainingRun {
   void finish(TrainResult& result);
 
  private:
-  void save();
+  // A checkpoint of the step just ended, written in the background (CheckpointWriter); `wait`: written
+  // before returning (the last one of a run).
+  void save(bool wait);
   // A step that went non-finite (`nonfinite` says what): skipped with a warning (--on-nonfinite skip, up
   // to --max-skips in a row), else the run stops with a message naming the last checkpoint.
   void skip_or_stop(const std::string& nonfinite, int64_t& consecutive_skips);
@@ -153,6 +156,7 @@ class TrainingRun {
   std::ofstream metrics_log_;
   int64_t warmup_;
   int64_t last_saved_step_;
+  CheckpointWriter writer_;  // last: destroyed first, so a write in progress ends before the rest goes
 };
 
 TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group)
@@ -228,7 +232,7 @@ void TrainingRun::announce() const {
                          : "");
 }
 
-void TrainingRun::save() {
+void TrainingRun::save(bool wait) {
   last_saved_step_ = state_.step;
   if (!lead_) return;
   state_.loader = loader_.state();
@@ -236,8 +240,10 @@ void TrainingRun::save() {
   model_.parameters().download_values();
   optimizer_->download_moments();
   const store::OptimizerMoments moments = optimizer_->checkpoint_moments();
-  store::save_checkpoint(files_.checkpoint, model_, &moments, state_);
-  keep_numbered_checkpoints(o_.output_dir, files_.checkpoint, state_.step, o_.keep_checkpoints);
+  store::snapshot_checkpoint(model_, &moments, state_, writer_.next());
+  writer_.write(files_.checkpoint, [dir = o_.output_dir, path = files_.checkpoint, step = state_.step,
+                                    keep = o_.keep_checkpoints] { keep_numbered_checkpoints(dir, path, step, keep); });
+  if (wait) writer_.wait();
 }
 
 std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len) const {
@@ -354,7 +360,7 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
   const bool last = step == o_.steps;
   if (lead_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last)
     evaluate_held_out(report(), eval_paths_, loader_, step, result);
-  if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save();
+  if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save(last || stopping);
   if (!stopping) return false;
   if (lead_)
     spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", step, files_.checkpoint);
@@ -363,6 +369,7 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
 }
 
 void TrainingRun::finish(TrainResult& result) {
+  writer_.wait();
   if (!result.stopped_early && lead_) evaluate_held_out(report(), eval_paths_, loader_, state_.step, result);
   const std::string rate =
       ranks().size() > 1

@@ -31,6 +31,7 @@
 #include "tokenizer/load.h"
 #include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
+#include "train/checkpoint_writer.h"
 #include "train/communicator.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
@@ -1015,6 +1016,66 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   std::ofstream(out.file("junk.h5")) << "junk";
   expect_user_error([&] { store::read_checkpoint_config(out.file("junk.h5")); }, "junk.h5' is not an HDF5 file");
   expect_user_error([&] { store::read_checkpoint_config(out.file("none.h5")); }, "none.h5' does not exist");
+}
+
+// Checkpoints written on a thread of their own: the file holds the snapshot taken when the step ended (the
+// model went on changing meanwhile), the same file a synchronous save writes; what runs after a write
+// sees the file in place; a write that fails reports at the next wait, naming the file, and leaves the
+// writer usable.
+TEST_F(FactsCorpus, CheckpointWriterWritesTheSnapshotInTheBackground) {
+  testing::TempDir out;
+  model::BertConfig c = options("").config;
+  c.vocab_size = 100;
+  model::Bert a(c);
+  a.initialize(5);
+  std::vector<bool> decays(a.parameters().size(), true);
+  Optimizer opt({}, a.parameters(), decays);
+  for (float& g : a.parameters().grads()) g = 0.5f;
+  opt.step(1e-3);
+  store::TrainingState state;
+  state.step = 7;
+  state.loader = {1, 2, 3};
+  const store::OptimizerMoments moments = opt.checkpoint_moments();
+  const TensorView<float> values = a.parameters().values();
+  const std::vector<float> at_snapshot(values.begin(), values.end());
+  store::save_checkpoint(out.file("sync.h5"), a, &moments, state);
+
+  CheckpointWriter writer;
+  bool then_saw_the_file = false;
+  store::snapshot_checkpoint(a, &moments, state, writer.next());
+  writer.write(out.file("async.h5"), [&] { then_saw_the_file = std::filesystem::exists(out.file("async.h5")); });
+  EXPECT_TRUE(writer.writing());
+  for (float& v : values) v += 1.0f;  // training goes on while the file is written
+  writer.wait();
+  EXPECT_FALSE(writer.writing());
+  EXPECT_TRUE(then_saw_the_file);
+  auto load = [&](const std::string& name) {
+    model::Bert b(store::read_checkpoint_config(out.file(name)));
+    Optimizer opt_b({}, b.parameters(), decays);
+    store::OptimizerMoments m = opt_b.checkpoint_moments();
+    const store::TrainingState s = store::load_checkpoint(out.file(name), b, &m);
+    EXPECT_EQ(s.step, 7);
+    EXPECT_EQ(s.loader, state.loader);
+    EXPECT_EQ(m.steps, 1);
+    const TensorView<float> v = b.parameters().values();
+    std::vector<float> all(v.begin(), v.end());
+    all.insert(all.end(), opt_b.second_moment().begin(), opt_b.second_moment().end());
+    return all;
+  };
+  const std::vector<float> written = load("async.h5");
+  EXPECT_EQ(written, load("sync.h5"));
+  EXPECT_EQ(std::vector<float>(written.begin(), written.begin() + at_snapshot.size()), at_snapshot);
+
+  // A second write reuses the snapshot's buffers; a write into a missing folder fails at the wait.
+  store::snapshot_checkpoint(a, nullptr, state, writer.next());
+  writer.write(out.file("missing/m.h5"));
+  expect_user_error([&] { writer.wait(); }, "missing/m.h5");
+  store::snapshot_checkpoint(a, nullptr, state, writer.next());
+  writer.write(out.file("model_only.h5"));
+  writer.wait();
+  model::Bert b(store::read_checkpoint_config(out.file("model_only.h5")));
+  store::load_checkpoint(out.file("model_only.h5"), b, nullptr);
+  EXPECT_EQ(b.parameters().values()[0], values[0]) << "the values of the second snapshot";
 }
 
 TEST_F(FactsCorpus, BadTrainingInputsAreRejectedBeforeAnythingIsWritten) {
