@@ -72,32 +72,35 @@ std::vector<int64_t> ShardLoader::permutation(int64_t n, uint64_t stream) const 
 void ShardLoader::restore(State state) {
   state_ = state;
   shard_order_ = permutation(static_cast<int64_t>(options_.shards.size()), state_.epoch * 2);
-  loaded_ = -1;
   if (state_.shard < static_cast<int64_t>(shard_order_.size())) load_current_shard();
 }
 
 void ShardLoader::load_current_shard() {
   const int64_t index = shard_order_[state_.shard];
-  if (index == loaded_) return;
-  const std::string& path = options_.shards[index];
-  if (index == ahead_index_ && ahead_.valid()) {
-    ahead_index_ = -1;
-    shard_ = ahead_.get();  // (rethrows what the read threw)
-  } else {
-    shard_ = read_shard(path);
+  if (index != loaded_) {  // (a shard already in memory, as after a restore to it, is not read again)
+    const std::string& path = options_.shards[index];
+    const bool first = loaded_ < 0 && seq_len_ == 0;
+    loaded_ = -1;
+    if (index == ahead_index_ && ahead_.valid()) {
+      ahead_index_ = -1;
+      shard_ = ahead_.get();  // (rethrows what the read threw)
+    } else {
+      shard_ = read_shard(path);
+    }
+    if (!first) {
+      if (shard_.seq_len != seq_len_ || shard_.max_predictions != max_predictions_)
+        throw UserError("shard '" + path + "' has sequence length " + std::to_string(shard_.seq_len) + " and " +
+                        std::to_string(shard_.max_predictions) + " predictions; the first shard has " +
+                        std::to_string(seq_len_) + " and " + std::to_string(max_predictions_));
+      if (shard_.kind != kind_ || shard_.label_names != label_names_)
+        throw UserError("shard '" + path + "' is a " + shard_kind_name(shard_.kind) + " shard with " +
+                        std::to_string(shard_.label_names.size()) + " labels; the first shard is a " +
+                        shard_kind_name(kind_) + " shard with " + std::to_string(label_names_.size()) +
+                        " (all shards of a run must agree)");
+    }
+    loaded_ = index;
   }
-  if (loaded_ >= 0 || seq_len_ > 0) {
-    if (shard_.seq_len != seq_len_ || shard_.max_predictions != max_predictions_)
-      throw UserError("shard '" + path + "' has sequence length " + std::to_string(shard_.seq_len) + " and " +
-                      std::to_string(shard_.max_predictions) + " predictions; the first shard has " +
-                      std::to_string(seq_len_) + " and " + std::to_string(max_predictions_));
-    if (shard_.kind != kind_ || shard_.label_names != label_names_)
-      throw UserError("shard '" + path + "' is a " + shard_kind_name(shard_.kind) + " shard with " +
-                      std::to_string(shard_.label_names.size()) + " labels; the first shard is a " +
-                      shard_kind_name(kind_) + " shard with " + std::to_string(label_names_.size()) +
-                      " (all shards of a run must agree)");
-  }
-  loaded_ = index;
+  // The examples' order is the epoch's (the same shard comes again in another epoch in another order).
   example_order_ = permutation(shard_.size, (state_.epoch * 1000003 + static_cast<uint64_t>(index)) * 2 + 1);
   prefetch_next();
 }

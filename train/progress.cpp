@@ -64,13 +64,8 @@ void report_progress(const RunReport& run, int64_t step, double lr, double elaps
 }
 
 // Held-out evaluation (pretraining or task metrics) into `result`, logged and appended to metrics.jsonl.
-void evaluate_held_out(const RunReport& run, const std::vector<std::string>& eval_paths,
-                       const data::ShardLoader& train_loader, int64_t step, TrainResult& result) {
-  const TrainOptions& o = run.options;
-  model::Bert& model = run.model;
-  const Device& device = run.device;
-  std::ofstream& metrics_log = run.metrics_log;
-  if (eval_paths.empty()) return;
+data::ShardLoader held_out_loader(const TrainOptions& o, const std::vector<std::string>& eval_paths,
+                                  const data::ShardLoader& train_loader) {
   data::LoaderOptions eo;
   eo.shards = eval_paths;
   eo.batch_size = o.batch_size;
@@ -80,6 +75,15 @@ void evaluate_held_out(const RunReport& run, const std::vector<std::string>& eva
   if (eval_loader.kind() != train_loader.kind() || eval_loader.label_names() != train_loader.label_names())
     throw UserError("--eval: the evaluation shards ('" + eval_paths.front() + "') are " +
                     data::shard_kind_name(eval_loader.kind()) + " shards with other labels than the training ones");
+  return eval_loader;
+}
+
+void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int64_t step, TrainResult& result) {
+  const TrainOptions& o = run.options;
+  model::Bert& model = run.model;
+  const Device& device = run.device;
+  std::ofstream& metrics_log = run.metrics_log;
+  eval_loader.restore({});  // from the start (the shard still in memory is not read again)
   Graph<float> eval_graph(device);
   const model::BertConfig& config = model.config();
   Json line;

@@ -148,7 +148,7 @@ class TrainingRun {
   Communicator& ranks() const { return *ranks_; }
   model::Bert model_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::vector<std::string> eval_paths_;
+  std::optional<data::ShardLoader> eval_loader_;  // the held-out shards' (--eval), on the lead rank
   Rng dropout_rng_;
   store::TrainingState state_;
   std::vector<model::Quantizer*> active_;
@@ -193,7 +193,8 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
                                      config_.max_position_embeddings, o.tokenizer_sha256))
     spdlog::warn("training shards carry no tokenizer metadata (made by another tool?): cannot check they match '{}'",
                  o.tokenizer_path);
-  if (!o.eval_shards.empty()) eval_paths_ = data::expand_shard_paths(o.eval_shards);
+  if (!o.eval_shards.empty() && lead_)
+    eval_loader_.emplace(held_out_loader(o, data::expand_shard_paths(o.eval_shards), loader_));
   // Inputs are checked: only now does anything get written.
   std::error_code ec;
   if (lead_) fs::create_directories(o.output_dir, ec);
@@ -358,8 +359,8 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
     report_progress(report(), step, lr, elapsed, elapsed / (step - first_step + 1), window);
   }
   const bool last = step == o_.steps;
-  if (lead_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last)
-    evaluate_held_out(report(), eval_paths_, loader_, step, result);
+  if (eval_loader_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last)
+    evaluate_held_out(report(), *eval_loader_, step, result);
   if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save(last || stopping);
   if (!stopping) return false;
   if (lead_)
@@ -370,7 +371,7 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
 
 void TrainingRun::finish(TrainResult& result) {
   writer_.wait();
-  if (!result.stopped_early && lead_) evaluate_held_out(report(), eval_paths_, loader_, state_.step, result);
+  if (!result.stopped_early && eval_loader_) evaluate_held_out(report(), *eval_loader_, state_.step, result);
   const std::string rate =
       ranks().size() > 1
           ? fmt::format("{:.1f} sequences/s over the whole run and all {} ranks, {:.1f} per rank",

@@ -432,6 +432,33 @@ TEST_F(FixtureData, ReadingTheNextShardAheadGivesTheSameBatches) {
   EXPECT_GT(with, 0);
 }
 
+// A restore to the shard in memory (a run's held-out evaluations, each from the start; an epoch of one
+// shard) keeps it: the file is not read again (here it is gone by then), and the batches are the first ones.
+TEST_F(FixtureData, ARestoreToTheShardInMemoryDoesNotReadItAgain) {
+  testing::TempDir copy;
+  const std::string only = copy.file("only.hdf5");
+  std::filesystem::copy_file(expand_shard_paths({dir_->file("shards")}).front(), only);
+  LoaderOptions o;
+  o.shards = {only};
+  o.batch_size = 16;
+  o.shuffle = false;
+  o.repeat = false;
+  ShardLoader eval(o);
+  o.shuffle = o.repeat = true;
+  ShardLoader train(o);
+  Batch first, batch;
+  ASSERT_TRUE(eval.next(first));
+  for (int i = 0; i < 3; ++i) eval.next(batch);
+  for (int i = 0; i < 100; ++i) train.next(batch);  // 1,600 examples: epochs of the one shard of 700
+  std::filesystem::remove(only);
+  eval.restore({});
+  ASSERT_TRUE(eval.next(batch));
+  EXPECT_EQ(batch.input_ids, first.input_ids);
+  const uint64_t epoch = train.state().epoch;
+  for (int i = 0; i < 100; ++i) train.next(batch);
+  EXPECT_GT(train.state().epoch, epoch) << "an epoch started over the shard in memory";
+}
+
 // ---------------------------------------------------------------- bad input
 
 using testing::expect_user_error;

@@ -1751,6 +1751,11 @@ TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) 
   relabel.init_from = out.file("seq");
   testing::expect_user_error([&] { train(relabel); }, "head mismatch");
   EXPECT_FALSE(std::filesystem::exists(out.file("z") + "/checkpoint.h5"));
+  // Held-out shards of another kind than the training ones: refused before the first step, nothing written.
+  TrainOptions mixed = finetune("seq", out.file("w"));
+  mixed.eval_shards = {dir_->file("shards")};
+  testing::expect_user_error([&] { train(mixed); }, "--eval: the evaluation shards");
+  EXPECT_FALSE(std::filesystem::exists(out.file("w")));
 }
 
 }  // namespace
