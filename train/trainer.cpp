@@ -122,7 +122,7 @@ class TrainingRun {
 
  private:
   // A checkpoint of the step just ended, written in the background (CheckpointWriter); `wait`: written
-  // before returning (the last one of a run).
+  // before returning (a stop's; the run's last one is waited for in finish()).
   void save(bool wait);
   // A step that went non-finite (`nonfinite` says what): skipped with a warning (--on-nonfinite skip, up
   // to --max-skips in a row), else the run stops with a message naming the last checkpoint.
@@ -361,7 +361,8 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
   const bool last = step == o_.steps;
   if (eval_loader_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last)
     evaluate_held_out(report(), *eval_loader_, step, result);
-  if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save(last || stopping);
+  // The last checkpoint is waited for in finish(), after the final evaluation; a stop's, here.
+  if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save(stopping);
   if (!stopping) return false;
   if (lead_)
     spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", step, files_.checkpoint);
@@ -370,15 +371,18 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
 }
 
 void TrainingRun::finish(TrainResult& result) {
-  writer_.wait();
+  // The final held-out evaluation runs while the last checkpoint is written.
   if (!result.stopped_early && eval_loader_) evaluate_held_out(report(), *eval_loader_, state_.step, result);
+  const auto waiting = std::chrono::steady_clock::now();
+  writer_.wait();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
   const std::string rate =
       ranks().size() > 1
           ? fmt::format("{:.1f} sequences/s over the whole run and all {} ranks, {:.1f} per rank",
                         result.sequences_per_second, ranks().size(), result.sequences_per_second / ranks().size())
           : fmt::format("{:.1f} sequences/s over the whole run", result.sequences_per_second);
-  spdlog::info("done: {} steps in {} ({}); checkpoint '{}'", result.losses.size(), format_duration(result.seconds),
-               rate, files_.checkpoint);
+  spdlog::info("done: {} steps in {} ({}); checkpoint '{}'{}", result.losses.size(), format_duration(result.seconds),
+               rate, files_.checkpoint, waited >= 0.05 ? fmt::format(" (its writing took {:.1f} s more)", waited) : "");
   if (result.graph_steps > 0)
     spdlog::info("{} of the steps ran as one CUDA graph each ({} graph{} made, the others updated in place)",
                  result.graph_steps, result.graph_instantiations, result.graph_instantiations == 1 ? "" : "s");
