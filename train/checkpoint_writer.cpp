@@ -18,6 +18,16 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
+void CheckpointWriter::reserve(int64_t values, bool moments) {
+  wait();
+  pending_ = std::async(std::launch::async, [this, values, moments] {
+    const size_t n = static_cast<size_t>(values);
+    snapshot_.values.resize(n);  // (zeroed: every page touched)
+    snapshot_.first.resize(moments ? n : 0);
+    snapshot_.second.resize(moments ? n : 0);
+  });
+}
+
 store::CheckpointSnapshot& CheckpointWriter::next() {
   wait();
   return snapshot_;

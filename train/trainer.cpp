@@ -210,7 +210,10 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
         Rng(Rng::State{Rng(dropout_rng_.state().seed).bits(0x5EED + ranks().rank()), dropout_rng_.state().counter});
   active_ = configure_scales(o, model_, *optimizer_, state_);
   teacher_ = make_teacher(o, config_, loader_.seq_len(), *device_);
-  if (lead_ && !finished()) metrics_log_.open(files_.metrics, std::ios::app);
+  if (lead_ && !finished()) {
+    metrics_log_.open(files_.metrics, std::ios::app);
+    writer_.reserve(model_.parameters().values().numel(), true);  // (the arena, its padding included)
+  }
 }
 
 void TrainingRun::announce() const {

@@ -1041,6 +1041,7 @@ TEST_F(FactsCorpus, CheckpointWriterWritesTheSnapshotInTheBackground) {
   store::save_checkpoint(out.file("sync.h5"), a, &moments, state);
 
   CheckpointWriter writer;
+  writer.reserve(values.numel(), true);  // the buffers made on the writer's thread, then filled
   bool then_saw_the_file = false;
   store::snapshot_checkpoint(a, &moments, state, writer.next());
   writer.write(out.file("async.h5"), [&] { then_saw_the_file = std::filesystem::exists(out.file("async.h5")); });
