@@ -279,10 +279,15 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
     const T* dy = g.grad(y).data();
     const auto dx = g.grad_target(x);
     parallel_for(n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      // Locals: read through the closure, the pointers could alias the stores and the loops stayed scalar.
+      const T* g = dy;
+      const uint8_t* k = keep;
+      T* d = dx.data;
+      const T scale = keep_scale;
       if (dx.accumulate)
-        for (int64_t i = lo; i < hi; ++i) dx.data[i] += dy[i] * (keep[i] ? keep_scale : T(0));
+        for (int64_t i = lo; i < hi; ++i) d[i] += g[i] * (k[i] ? scale : T(0));
       else
-        for (int64_t i = lo; i < hi; ++i) dx.data[i] = dy[i] * (keep[i] ? keep_scale : T(0));
+        for (int64_t i = lo; i < hi; ++i) d[i] = g[i] * (k[i] ? scale : T(0));
     });
   });
   return y;

@@ -238,17 +238,29 @@ void Optimizer::step(double lr, double grad_scale) {
   parallel_for(spans.back().end, kGrain, [&](int64_t lo, int64_t hi) {
     // The first span that ends after lo, then each one that starts before hi.
     auto s = std::upper_bound(spans.begin(), spans.end(), lo, [](int64_t at, const Span& sp) { return at < sp.end; });
+    // Locals, and the floor in a loop of its own: the update's loop vectorises (with -fno-math-errno for
+    // this file: sqrt's errno branch kept it scalar). The same arithmetic, element by element.
+    float* w = wv;
+    float* m = mv;
+    float* v = vv;
+    const float* g = gv;
+    const float scale = gs, beta1 = b1f, beta2 = b2f, correct1 = c1, correct2 = c2, epsilon = eps;
     for (; s != spans.end() && s->begin < hi; ++s) {
       const float wd = s->wd, lrf = s->lrf, floor_value = s->floor_value;
-      const bool has_floor = s->has_floor;
-      for (int64_t i = std::max(lo, s->begin), end = std::min(hi, s->end); i < end; ++i) {
-        const float gi = gv[i] * gs;
-        mv[i] = b1f * mv[i] + (1 - b1f) * gi;
-        vv[i] = b2f * vv[i] + (1 - b2f) * gi * gi;
-        wv[i] -= lrf * (wd * wv[i]);  // decoupled decay first, as torch.optim.AdamW
-        wv[i] -= lrf * (mv[i] * c1) / (std::sqrt(vv[i] * c2) + eps);
-        if (has_floor && !(wv[i] >= floor_value)) wv[i] = floor_value;
+      const int64_t first = std::max(lo, s->begin), end = std::min(hi, s->end);
+      for (int64_t i = first; i < end; ++i) {
+        const float gi = g[i] * scale;
+        const float mi = beta1 * m[i] + (1 - beta1) * gi;
+        const float vi = beta2 * v[i] + (1 - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float wi = w[i];
+        wi -= lrf * (wd * wi);  // decoupled decay first, as torch.optim.AdamW
+        wi -= lrf * (mi * correct1) / (std::sqrt(vi * correct2) + epsilon);
+        w[i] = wi;
       }
+      if (s->has_floor)
+        for (int64_t i = first; i < end; ++i) w[i] = w[i] >= floor_value ? w[i] : floor_value;
     }
   });
 }
@@ -262,17 +274,27 @@ double learning_rate(int64_t step, int64_t total, int64_t warmup, double peak, S
 }
 
 namespace {
-// Sums of fixed blocks, added in order: the same sum whatever the thread count.
+// Sums of fixed blocks, added in order: the same sum whatever the thread count. Within a block, kLanes
+// running sums (element i into lane i mod kLanes) added at its end: one running sum was a chain of
+// dependent additions, 10x slower (BERT-mini's 11.2M gradients: 16.5 ms against 1.7 on two cores).
 double sum_of_squares(TensorView<float> g) {
   const float* gv = g.data();
   const int64_t n = g.numel();
   constexpr int64_t kBlock = 1 << 15;
+  constexpr int kLanes = 16;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> block_sums(static_cast<std::size_t>(blocks));
   parallel_for(blocks, 2, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
+      const float* x = gv;
+      const int64_t end = std::min(n, (b + 1) * kBlock);
+      double lanes[kLanes] = {};
+      int64_t i = b * kBlock;
+      for (; i + kLanes <= end; i += kLanes)
+        for (int j = 0; j < kLanes; ++j) lanes[j] += double(x[i + j]) * x[i + j];
+      for (int j = 0; i < end; ++i, ++j) lanes[j] += double(x[i]) * x[i];
       double s = 0;
-      for (int64_t i = b * kBlock, end = std::min(n, (b + 1) * kBlock); i < end; ++i) s += double(gv[i]) * gv[i];
+      for (double lane : lanes) s += lane;
       block_sums[static_cast<std::size_t>(b)] = s;
     }
   });
