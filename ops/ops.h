@@ -501,9 +501,10 @@ template <typename T>
 std::array<Var, 3> quantized_projections(Graph<T>& g, Var x, const std::array<Var, 3>& weights,
                                          const std::array<Var, 3>& biases,
                                          const std::array<QuantizeOutput, 3>& quantizers);
-// x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): on a
-// GPU x is read once forward and its gradient written once backward however many quantizers read it
-// (the input of the Q, K and V projections and of a residual add). On the CPU, one fake_quantize each.
+// x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): x is
+// read once forward and its gradient written once backward however many quantizers read it (the input of
+// the Q, K and V projections and of a residual add); on the CPU block by block, bit for bit the values of
+// one fake_quantize each (BERT-mini b32: 15.2 -> 13.0 ms a step for its eight pairs, two cores).
 template <typename T>
 std::vector<Var> fake_quantize_each(Graph<T>& g, Var x, std::span<const QuantizeOutput> quantizers);
 

@@ -1,11 +1,12 @@
-// Fake quantization with the LSQ scale gradient: forward and backward side by side. The ops with their
-// output's quantizer fused in are in their own families (GELU and dropout: ops/elementwise, permute:
-// ops/shape), on the CPU the two ops in sequence.
+// Fake quantization with the LSQ scale gradient: forward and backward side by side; fake_quantize_each, one
+// tensor read by several quantizers. The ops with their output's quantizer fused in are in their own
+// families (GELU and dropout: ops/elementwise, permute: ops/shape), on the CPU the two ops in sequence.
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -72,6 +73,19 @@ double lsq_backward(const T* x, const T* dy, T* dx, int64_t begin, int64_t end, 
   }
   return total;
 }
+// Forward over elements [begin, end) sharing the scale s: y = clamp(round(x / s), lo, hi) * s; returns how
+// many saturated (x / s beyond [lo, hi], where backward's straight-through mask blocks the gradient).
+template <typename T>
+int64_t quantize_block(const T* x, T* y, int64_t begin, int64_t end, T s, T lo, T hi) {
+  int64_t count = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const T v = x[i] / s;  // divide, as QuantizeLinear does: x * (1/s) can round differently
+    const bool below = v<lo, above = v> hi;
+    count += below | above;
+    y[i] = pick(below, lo, pick(above, hi, std::nearbyint(v))) * s;  // NaN stays NaN
+  }
+  return count;
+}
 }  // namespace
 
 template <typename T>
@@ -94,21 +108,8 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
   const int64_t n_blocks = blocks.count(channels);
   std::vector<int64_t> saturated(static_cast<size_t>(n_blocks), 0);
   parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const T s = sv[blocks.channel(b)];
-      const T* x = xv;
-      T* y = yv;
-      const int64_t begin = blocks.begin(b), end = blocks.end(b);  // locals: the loop vectorises
-      int64_t count = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        const T v = x[i] / s;  // divide, as QuantizeLinear does: x * (1/s) can round differently
-        // Counted where backward's straight-through mask blocks the gradient (v beyond [qmin, qmax]).
-        const bool below = v<lo, above = v> hi;
-        count += below | above;
-        y[i] = pick(below, lo, pick(above, hi, std::nearbyint(v))) * s;  // NaN stays NaN
-      }
-      saturated[b] = count;
-    }
+    for (int64_t b = b0; b < b1; ++b)
+      saturated[b] = quantize_block(xv, yv, blocks.begin(b), blocks.end(b), sv[blocks.channel(b)], lo, hi);
   });
   if (clipped)
     for (int64_t c : saturated) *clipped += c;
@@ -143,12 +144,84 @@ Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad
   return y;
 }
 
+// On the CPU, per-tensor quantizers read x block by block, each block once for all of them (it stays in
+// cache between them), and the backward makes x's gradient in one pass: the values of one fake_quantize
+// each, bit for bit (the same blocks, sums in the same order; x's gradient added up in the order their
+// backward passes would have run, the last quantizer's first).
 template <typename T>
 std::vector<Var> fake_quantize_each(Graph<T>& g, Var x, std::span<const QuantizeOutput> quantizers) {
   BERT_DISPATCH_CUDA(g, fake_quantize_each(g, x, quantizers))
-  std::vector<Var> out;
+  bool per_tensor = quantizers.size() > 1;
   for (const QuantizeOutput& q : quantizers)
-    out.push_back(fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped));
+    per_tensor = per_tensor && g.shape(q.scale) == Shape({1}) && q.qmin < 0 && q.qmax > 0;
+  std::vector<Var> out;
+  if (!per_tensor) {
+    for (const QuantizeOutput& q : quantizers)
+      out.push_back(fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped));
+    return out;
+  }
+  const int k = static_cast<int>(quantizers.size());
+  const int64_t n = g.value(x).numel();
+  const Blocks blocks{n, std::max<int64_t>(1, (n + kBlock - 1) / kBlock)};
+  const int64_t n_blocks = blocks.count(1);
+  std::vector<QuantizeOutput> qs(quantizers.begin(), quantizers.end());
+  for (const QuantizeOutput& q : qs) {
+    const T s = g.value(q.scale).data()[0];
+    BERT_CHECK(s > T(0) && std::isfinite(double(s)), "fake_quantize: scale must be positive and finite");
+    out.push_back(g.emit(g.shape(x), {x, q.scale}));
+  }
+  std::vector<int64_t> saturated(static_cast<size_t>(n_blocks * k), 0);
+  const T* xv = g.value(x).data();
+  parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int q = 0; q < k; ++q)
+        saturated[b * k + q] =
+            quantize_block(xv, g.value(out[q]).data(), blocks.begin(b), blocks.end(b), g.value(qs[q].scale).data()[0],
+                           static_cast<T>(qs[q].qmin), static_cast<T>(qs[q].qmax));
+  });
+  for (int q = 0; q < k; ++q)
+    if (qs[q].clipped)
+      for (int64_t b = 0; b < n_blocks; ++b) *qs[q].clipped += saturated[b * k + q];
+  // One backward for all outputs, run by the first of their closures to run; the others find it done.
+  auto done = std::make_shared<bool>(false);
+  for (Var y : out)
+    g.on_backward(y, [x, out, qs, blocks, n_blocks, done](Graph<T>& g) {
+      if (*done) return;
+      *done = true;
+      const int k = static_cast<int>(out.size());
+      const T* xv = g.value(x).data();
+      const bool want_dx = g.requires_grad(x);
+      const auto dx = want_dx ? g.grad_target(x) : typename Graph<T>::GradTarget{nullptr, false};
+      std::vector<int> order;  // the quantizers with a gradient, the last one first
+      for (int q = k - 1; q >= 0; --q)
+        if (g.has_grad(out[q])) order.push_back(q);
+      std::vector<double> partial(static_cast<size_t>(n_blocks * k), 0.0);
+      parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t begin = blocks.begin(b), end = blocks.end(b);
+          bool stored = dx.accumulate;  // x's gradient holds a value to add to
+          for (int q : order) {
+            const T* dy = g.grad(out[q]).data();
+            const T s = g.value(qs[q].scale).data()[0];
+            const T lo = static_cast<T>(qs[q].qmin), hi = static_cast<T>(qs[q].qmax);
+            double& sum = partial[static_cast<size_t>(b * k + q)];
+            if (!want_dx)
+              sum = lsq_backward<DxMode::kNone>(xv, dy, dx.data, begin, end, s, lo, hi);
+            else if (stored)
+              sum = lsq_backward<DxMode::kAdd>(xv, dy, dx.data, begin, end, s, lo, hi);
+            else
+              sum = lsq_backward<DxMode::kStore>(xv, dy, dx.data, begin, end, s, lo, hi);
+            stored = true;
+          }
+        }
+      });
+      for (int q : order) {
+        if (!g.requires_grad(qs[q].scale)) continue;
+        double total = 0;  // in block order, as fake_quantize sums
+        for (int64_t b = 0; b < n_blocks; ++b) total += partial[static_cast<size_t>(b * k + q)];
+        g.grad(qs[q].scale).data()[0] += static_cast<T>(qs[q].grad_scale * total);
+      }
+    });
   return out;
 }
 
