@@ -961,16 +961,31 @@ TEST_F(FactsCorpus, GpuBf16TrainingFollowsTheFp32CurveResumesExactlyAndTrainsQat
   EXPECT_NEAR(qat_bf16.last_eval.mlm_accuracy(), qat_cpu.last_eval.mlm_accuracy(), 0.03);
 }
 
+// A small model one AdamW step from its initialisation, for the checkpoint tests.
+struct SteppedModel {
+  std::unique_ptr<model::Bert> model;
+  std::vector<bool> decays;
+  std::unique_ptr<Optimizer> optimizer;
+};
+SteppedModel stepped_model(model::BertConfig c) {
+  c.vocab_size = 100;
+  SteppedModel s;
+  s.model = std::make_unique<model::Bert>(c);
+  s.model->initialize(5);
+  s.decays.assign(s.model->parameters().size(), true);
+  s.optimizer = std::make_unique<Optimizer>(OptimizerOptions{}, s.model->parameters(), s.decays);
+  for (float& g : s.model->parameters().grads()) g = 0.5f;
+  s.optimizer->step(1e-3);
+  return s;
+}
+
 TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
   testing::TempDir out;
-  model::BertConfig c = options("").config;
-  c.vocab_size = 100;
-  model::Bert a(c);
-  a.initialize(5);
-  std::vector<bool> decays(a.parameters().size(), true);
-  Optimizer opt_a({}, a.parameters(), decays);
-  for (float& g : a.parameters().grads()) g = 0.5f;
-  opt_a.step(1e-3);
+  SteppedModel stepped = stepped_model(options("").config);
+  model::Bert& a = *stepped.model;
+  Optimizer& opt_a = *stepped.optimizer;
+  const model::BertConfig c = a.config();
+  const std::vector<bool>& decays = stepped.decays;
   store::TrainingState state;
   state.step = 42;
   state.dropout_rng = {7, 123456789};
@@ -1024,14 +1039,10 @@ TEST_F(FactsCorpus, CheckpointRoundTripsParametersOptimizerAndState) {
 // writer usable.
 TEST_F(FactsCorpus, CheckpointWriterWritesTheSnapshotInTheBackground) {
   testing::TempDir out;
-  model::BertConfig c = options("").config;
-  c.vocab_size = 100;
-  model::Bert a(c);
-  a.initialize(5);
-  std::vector<bool> decays(a.parameters().size(), true);
-  Optimizer opt({}, a.parameters(), decays);
-  for (float& g : a.parameters().grads()) g = 0.5f;
-  opt.step(1e-3);
+  SteppedModel stepped = stepped_model(options("").config);
+  model::Bert& a = *stepped.model;
+  Optimizer& opt = *stepped.optimizer;
+  const std::vector<bool>& decays = stepped.decays;
   store::TrainingState state;
   state.step = 7;
   state.loader = {1, 2, 3};
