@@ -76,7 +76,9 @@ void add_training_options(CLI::App& app, Args& a) {
       "Guide: docs/training.md (GPUs: --device cuda --precision bf16; CPUs with AMX or AVX512_BF16: "
       "--precision bf16)");
   app.add_option("--train", a.o.train_shards, "training shards (files or folders)")->required()->expected(1, -1);
-  app.add_option("--eval", a.o.eval_shards, "held-out shards for periodic evaluation")->expected(1, -1);
+  app.add_option("--eval", a.o.eval_shards,
+                 "held-out shards for periodic evaluation (opened and checked before the first step, kept in memory)")
+      ->expected(1, -1);
   app.add_option("--tokenizer", a.o.tokenizer_path,
                  "tokenizer the shards were made with: SentencePiece .model or WordPiece vocab.txt "
                  "(default: OUT's copy on --resume, else the one beside --init-from)");
@@ -106,7 +108,9 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--eval-every", a.o.eval_every, "steps between evaluations (0: only at the end)")
       ->capture_default_str();
   app.add_option("--eval-batches", a.o.eval_batches, "batches per evaluation (0: all)")->capture_default_str();
-  app.add_option("--save-every", a.o.save_every, "steps between checkpoints (0: only at the end)")
+  app.add_option("--save-every", a.o.save_every,
+                 "steps between checkpoints (0: only at the end); each is written on a thread of its own while "
+                 "training goes on")
       ->capture_default_str();
 }
 
