@@ -20,12 +20,13 @@ struct BatchView {
   std::span<const int32_t> masked_positions;     // (B, P): 0-padded (the first 0 ends a row's list)
   std::span<const int32_t> masked_ids;           // (B, P): original tokens there
   std::span<const int8_t> next_sentence_labels;  // (B) or empty: 1 = random next
-  // Task heads: (B) sequence labels or (B, T) token labels (kIgnoredLabel where none); or empty.
+  // Task heads: (B) sequence labels, (B, T) token labels (kIgnoredLabel where none) or (B, 2) answer spans
+  // (start, end positions); or empty.
   std::span<const int32_t> labels;
 };
 
 // Owns its arrays: input_ids etc. (B, T); masked_lm_* (B, P); next_sentence_labels (B); for task
-// shards labels (B) or (B, T) and no pretraining arrays.
+// shards labels (B), (B, T) or (B, 2) and no pretraining arrays.
 struct Batch {
   int64_t size = 0, seq_len = 0, max_predictions = 0;
   std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;

@@ -120,7 +120,7 @@ void ShardLoader::prefetch_next() {
 bool ShardLoader::next(Batch& batch) {
   const int64_t l = seq_len_, p = max_predictions_;
   const bool task = kind_ != ShardKind::kPretraining;
-  const int64_t label_width = kind_ == ShardKind::kTokenLabels ? l : 1;
+  const int64_t label_width = data::label_width(kind_, l);
   batch.size = 0;
   batch.seq_len = l;
   batch.max_predictions = p;

@@ -44,6 +44,11 @@ void Shard::append_labeled(std::span<const int32_t> tokens, std::span<const int8
   if (kind == ShardKind::kSequenceLabels) {
     BERT_CHECK(token_labels.size() == 1, "a sequence label shard takes one label per sequence");
     labels.push_back(token_labels[0]);
+  } else if (kind == ShardKind::kSpanLabels) {
+    BERT_CHECK(token_labels.size() == 2 && token_labels[0] <= token_labels[1] && token_labels[0] >= 0 &&
+                   token_labels[1] < static_cast<int32_t>(n),
+               "a span label shard takes a span of the sequence: start <= end");
+    labels.insert(labels.end(), token_labels.begin(), token_labels.end());
   } else {
     BERT_CHECK(token_labels.size() == n, "a token label shard takes one label per token");
     labels.insert(labels.end(), token_labels.begin(), token_labels.end());
@@ -73,8 +78,9 @@ void write_shard(const std::string& path, const Shard& s) {
     hdf5::write_dataset(h.get(), "input_mask", s.input_mask.data(), {n, l}, path, kGzipLevel);
     hdf5::write_dataset(h.get(), "segment_ids", s.segment_ids.data(), {n, l}, path, kGzipLevel);
     if (s.is_task()) {
-      const std::vector<hsize_t> dims =
-          s.kind == ShardKind::kTokenLabels ? std::vector<hsize_t>{n, l} : std::vector<hsize_t>{n};
+      const std::vector<hsize_t> dims = s.kind == ShardKind::kTokenLabels  ? std::vector<hsize_t>{n, l}
+                                        : s.kind == ShardKind::kSpanLabels ? std::vector<hsize_t>{n, 2}
+                                                                           : std::vector<hsize_t>{n};
       hdf5::write_dataset(h.get(), "labels", s.labels.data(), dims, path, kGzipLevel);
       hdf5::write_attribute(h.get(), "task", shard_kind_name(s.kind));
       Json::Array names;
@@ -107,9 +113,11 @@ Shard read_shard(const std::string& path) {
       s.kind = ShardKind::kSequenceLabels;
     else if (task == "token-cls")
       s.kind = ShardKind::kTokenLabels;
+    else if (task == "qa")
+      s.kind = ShardKind::kSpanLabels;
     else
       throw UserError("shard '" + path + "' holds labels but its 'task' attribute is '" + task +
-                      "' (expected seq-cls or token-cls)");
+                      "' (expected seq-cls, token-cls or qa)");
   }
   const std::vector<const char*> required =
       s.is_task() ? std::vector<const char*>{"input_ids", "input_mask", "segment_ids", "labels"}
@@ -138,8 +146,11 @@ Shard read_shard(const std::string& path) {
   expect("input_mask", read("input_mask", s.input_mask, 2), ids);
   expect("segment_ids", read("segment_ids", s.segment_ids, 2), ids);
   if (s.is_task()) {
-    const bool per_token = s.kind == ShardKind::kTokenLabels;
-    expect("labels", read("labels", s.labels, per_token ? 2 : 1), per_token ? ids : std::vector<hsize_t>{ids[0]});
+    const bool per_token = s.kind == ShardKind::kTokenLabels, spans = s.kind == ShardKind::kSpanLabels;
+    expect("labels", read("labels", s.labels, per_token || spans ? 2 : 1),
+           per_token ? ids
+           : spans   ? std::vector<hsize_t>{ids[0], 2}
+                     : std::vector<hsize_t>{ids[0]});
     try {
       const Json names = Json::parse(hdf5::read_string_attribute(h.get(), "label_names").value_or(""));
       for (const Json& name : names.as_array()) s.label_names.push_back(name.as_string());
@@ -148,7 +159,14 @@ Shard read_shard(const std::string& path) {
     }
     if (s.label_names.empty()) throw UserError("shard '" + path + "': 'label_names' is empty");
     const auto num_labels = static_cast<int32_t>(s.label_names.size());
-    for (size_t i = 0; i < s.labels.size(); ++i) {
+    for (size_t i = 0; spans && i < s.labels.size(); i += 2) {
+      const int32_t start = s.labels[i], end = s.labels[i + 1];
+      if (start < 0 || end < start || end >= s.seq_len)
+        throw UserError("shard '" + path + "': labels[" + std::to_string(i / 2) + "] holds the span " +
+                        std::to_string(start) + ".." + std::to_string(end) + ", expected 0 <= start <= end < " +
+                        std::to_string(s.seq_len));
+    }
+    for (size_t i = 0; !spans && i < s.labels.size(); ++i) {
       const int32_t label = s.labels[i];
       if ((label < 0 || label >= num_labels) && !(per_token && label == kIgnoredLabel))
         throw UserError("shard '" + path + "': labels[" + std::to_string(i / s.label_width()) + "] holds " +

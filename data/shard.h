@@ -6,8 +6,10 @@
 //
 // Task shards (fine-tuning) hold input_ids, input_mask and segment_ids as above and, instead of the
 // pretraining datasets, labels int32: [N] for sequence classification, [N, L] for token classification
-// (-100 where no label applies: padding, [CLS]/[SEP], a word's continuation pieces). Root attributes
-// "task" (seq-cls or token-cls) and "label_names" (a JSON array: label i's name) describe them.
+// (-100 where no label applies: padding, [CLS]/[SEP], a word's continuation pieces), [N, 2] for extractive
+// question answering (the answer's first and last token; 0, 0, the [CLS] token, where the window holds no
+// answer). Root attributes "task" (seq-cls, token-cls or qa) and "label_names" (a JSON array: label i's
+// name; for qa "start", "end") describe them.
 #pragma once
 
 #include <cstdint>
@@ -30,10 +32,15 @@ struct ShardMetadata {
   uint64_t seed = 0;
 };
 
-enum class ShardKind { kPretraining, kSequenceLabels, kTokenLabels };
-inline constexpr EnumNames<ShardKind, 3> kShardKindNames{{{{ShardKind::kPretraining, "pretraining"},
+enum class ShardKind { kPretraining, kSequenceLabels, kTokenLabels, kSpanLabels };
+inline constexpr EnumNames<ShardKind, 4> kShardKindNames{{{{ShardKind::kPretraining, "pretraining"},
                                                            {ShardKind::kSequenceLabels, "seq-cls"},
-                                                           {ShardKind::kTokenLabels, "token-cls"}}}};
+                                                           {ShardKind::kTokenLabels, "token-cls"},
+                                                           {ShardKind::kSpanLabels, "qa"}}}};
+// The labels a task example holds: one (seq-cls), one per token (token-cls), or a span's start and end (qa).
+inline int64_t label_width(ShardKind kind, int64_t seq_len) {
+  return kind == ShardKind::kTokenLabels ? seq_len : kind == ShardKind::kSpanLabels ? 2 : 1;
+}
 
 struct Shard {
   ShardKind kind = ShardKind::kPretraining;
@@ -42,22 +49,22 @@ struct Shard {
   int64_t max_predictions = 0;  // P
   std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
-  std::vector<int32_t> labels;            // task shards: (N) or (N, L)
+  std::vector<int32_t> labels;            // task shards: (N), (N, L) or (N, 2)
   std::vector<std::string> label_names;   // task shards: the name of each label id
   std::optional<ShardMetadata> metadata;  // absent in shards written by other tools
 
   Shard() = default;
   Shard(int64_t seq_len, int64_t max_predictions) : seq_len(seq_len), max_predictions(max_predictions) {}
   bool is_task() const { return kind != ShardKind::kPretraining; }
-  int64_t label_width() const { return kind == ShardKind::kTokenLabels ? seq_len : 1; }
+  int64_t label_width() const { return data::label_width(kind, seq_len); }
   void append(const Example& example);  // pads with zeros
-  // Task shards: one sequence (at most seq_len tokens) and its label(s): one label, or one per token.
+  // Task shards: one sequence (at most seq_len tokens) and its label(s): one label, one per token, or a span.
   void append_labeled(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids,
                       std::span<const int32_t> labels);
   void clear();
 };
 
-// "seq-cls" / "token-cls" for task shards, "pretraining" otherwise.
+// "seq-cls" / "token-cls" / "qa" for task shards, "pretraining" otherwise.
 std::string shard_kind_name(ShardKind kind);
 
 // Writes atomically (temporary file, then rename). Throws UserError naming the path on failure.

@@ -1,9 +1,12 @@
 #include "data/task_data.h"
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
+#include <string_view>
 
 #include "sys/error.h"
 #include "sys/json.h"
@@ -52,6 +55,154 @@ std::vector<Line> read_lines(const std::string& path) {
   return lines;
 }
 
+// A context as SQuAD's words: runs of characters between whitespace (' ', tab, CR, LF, U+202F), with the
+// word each character belongs to (a whitespace character: the word before it) and each character's byte
+// offset in the UTF-8 text (one more at the end).
+struct ContextWords {
+  std::vector<std::string> words;
+  std::vector<int64_t> char_word;
+  std::vector<size_t> char_byte;
+};
+
+ContextWords split_context(const std::string& text) {
+  ContextWords c;
+  bool after_space = true;
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    size_t len = lead < 0x80 ? 1 : lead >> 5 == 0x6 ? 2 : lead >> 4 == 0xE ? 3 : lead >> 3 == 0x1E ? 4 : 1;
+    len = std::min(len, text.size() - i);
+    const std::string_view ch(text.data() + i, len);
+    const bool space = ch == " " || ch == "\t" || ch == "\r" || ch == "\n" || ch == "\xE2\x80\xAF";
+    if (!space) {
+      if (after_space) c.words.emplace_back();
+      c.words.back().append(ch);
+    }
+    after_space = space;
+    c.char_byte.push_back(i);
+    c.char_word.push_back(static_cast<int64_t>(c.words.size()) - 1);
+    i += len;
+  }
+  c.char_byte.push_back(text.size());
+  return c;
+}
+
+int64_t count_chars(const std::string& text) {
+  int64_t n = 0;
+  for (char ch : text) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+  return n;
+}
+
+// The first answer of a question-answering line: its text and its first character's index, or none
+// (an empty "answers": unanswerable).
+std::optional<std::pair<std::string, int64_t>> first_answer(const Line& line) {
+  const Json* answers = line.json.find("answers");
+  auto bad = [&] {
+    return UserError(line.where +
+                     ": expected \"answers\": {\"text\": [...], \"answer_start\": [...]} or [{\"text\": ..., "
+                     "\"answer_start\": ...}]");
+  };
+  if (!answers) throw bad();
+  const Json *text = nullptr, *start = nullptr;
+  if (answers->is_object()) {
+    const Json *texts = answers->find("text"), *starts = answers->find("answer_start");
+    if (!texts || !starts || !texts->is_array() || !starts->is_array() ||
+        texts->as_array().size() != starts->as_array().size())
+      throw bad();
+    if (texts->as_array().empty()) return std::nullopt;
+    text = &texts->as_array().front(), start = &starts->as_array().front();
+  } else if (answers->is_array()) {
+    if (answers->as_array().empty()) return std::nullopt;
+    const Json& first = answers->as_array().front();
+    if (!first.is_object()) throw bad();
+    text = first.find("text"), start = first.find("answer_start");
+  } else {
+    throw bad();
+  }
+  if (!text || !start || !text->is_string() || !start->is_number()) throw bad();
+  return std::make_pair(text->as_string(), start->as_int());
+}
+
+void append_question_windows(const Line& line, const tokenizer::Tokenizer& tokenizer, const TaskDataOptions& options,
+                             Shard& shard, TaskDataReport& r) {
+  const tokenizer::SpecialTokens& special = tokenizer.specials();
+  std::vector<int32_t> question = tokenizer.encode(string_field(line, "question"));
+  if (static_cast<int64_t>(question.size()) > options.max_query_len) {
+    question.resize(static_cast<size_t>(options.max_query_len));
+    ++r.truncated;
+  }
+  const int64_t room = options.max_seq_len - static_cast<int64_t>(question.size()) - 3;
+  if (room < 1)
+    throw UserError(line.where + ": --max-seq-len " + std::to_string(options.max_seq_len) +
+                    " leaves no room for the context after the question's " + std::to_string(question.size()) +
+                    " tokens (raise --max-seq-len or lower --max-query-len)");
+  const ContextWords context = split_context(string_field(line, "context"));
+  const auto answer = first_answer(line);
+  int64_t first_word = -1, last_word = -1;
+  if (answer) {
+    const int64_t chars = static_cast<int64_t>(context.char_word.size()), start = answer->second,
+                  length = count_chars(answer->first);
+    if (start < 0 || start + length > chars)
+      throw UserError(line.where + ": answer_start " + std::to_string(start) + " with an answer of " +
+                      std::to_string(length) + " characters is outside the context's " + std::to_string(chars) +
+                      " characters");
+    const size_t from = context.char_byte[start], to = context.char_byte[start + length];
+    const std::string& text = string_field(line, "context");
+    if (length == 0 || text.compare(from, to - from, answer->first) != 0) {
+      ++r.answers_not_found;  // skipped, as BERT's run_squad.py skips them
+      return;
+    }
+    first_word = context.char_word[start], last_word = context.char_word[start + length - 1];
+  } else {
+    ++r.unanswerable;
+  }
+  // Each word's pieces; the answer's span in them.
+  std::vector<int32_t> pieces;
+  std::vector<int64_t> word_start(context.words.size() + 1);
+  for (size_t w = 0; w < context.words.size(); ++w) {
+    word_start[w] = static_cast<int64_t>(pieces.size());
+    std::vector<int32_t> p = tokenizer.encode(context.words[w]);
+    if (p.empty()) p.push_back(special.unk);  // a word the tokenizer drops keeps its place
+    pieces.insert(pieces.end(), p.begin(), p.end());
+  }
+  const auto total = static_cast<int64_t>(pieces.size());
+  word_start[context.words.size()] = total;
+  int64_t answer_first = answer ? word_start[first_word] : -1;
+  int64_t answer_last = answer ? word_start[last_word + 1] - 1 : -1;
+  if (answer) {  // the answer's own pieces where its words hold them ("attic" in "attic."), as run_squad.py
+    const std::vector<int32_t> own = tokenizer.encode(answer->first);
+    const auto n = static_cast<int64_t>(own.size());
+    for (int64_t s = answer_first; n > 0 && s + n - 1 <= answer_last; ++s)
+      if (std::equal(own.begin(), own.end(), pieces.begin() + s)) {
+        answer_first = s, answer_last = s + n - 1;
+        break;
+      }
+  }
+
+  std::vector<int32_t> tokens;
+  std::vector<int8_t> segments;
+  const auto offset = static_cast<int32_t>(question.size() + 2);  // [CLS] question [SEP]
+  for (int64_t begin = 0;;) {
+    const int64_t length = std::min(room, total - begin);
+    tokens.assign(1, special.cls);
+    tokens.insert(tokens.end(), question.begin(), question.end());
+    tokens.push_back(special.sep);
+    segments.assign(tokens.size(), 0);
+    tokens.insert(tokens.end(), pieces.begin() + begin, pieces.begin() + begin + length);
+    tokens.push_back(special.sep);
+    segments.resize(tokens.size(), 1);
+    std::array<int32_t, 2> span = {0, 0};
+    if (answer && answer_first >= begin && answer_last < begin + length)
+      span = {offset + static_cast<int32_t>(answer_first - begin), offset + static_cast<int32_t>(answer_last - begin)};
+    else
+      ++r.windows_without_answer;
+    shard.append_labeled(tokens, segments, span);
+    ++r.windows;
+    if (begin + length >= total) break;
+    begin += std::min(length, options.doc_stride);
+  }
+  ++r.examples;
+}
+
 }  // namespace
 
 std::vector<std::string> read_label_names(const std::string& path) {
@@ -82,6 +233,20 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
   if (options.max_seq_len < 3) throw UserError("--max-seq-len: expected at least 3");
   const bool per_token = options.kind == ShardKind::kTokenLabels;
   const std::vector<Line> lines = read_lines(path);
+  if (options.kind == ShardKind::kSpanLabels) {
+    if (options.doc_stride < 1) throw UserError("--doc-stride: expected at least 1");
+    if (options.max_query_len < 1) throw UserError("--max-query-len: expected at least 1");
+    Shard shard(options.max_seq_len, 0);
+    shard.kind = options.kind;
+    shard.label_names = {"start", "end"};
+    shard.metadata = ShardMetadata{tokenizer.vocab_size(), tokenizer.file_sha256(), options.max_seq_len, 0, 0};
+    TaskDataReport r;
+    for (const Line& line : lines) append_question_windows(line, tokenizer, options, shard, r);
+    if (shard.size == 0)
+      throw UserError("task data '" + path + "': no question's answer was found in its context (answer_start?)");
+    if (report) *report = r;
+    return shard;
+  }
 
   std::vector<std::string> labels = options.labels;
   if (labels.empty()) {

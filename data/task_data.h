@@ -1,10 +1,19 @@
 // Fine-tuning data: JSON lines -> task shards (data/shard.h), one line per example:
 //   sequence classification: {"text": "...", "label": "news"}  (optional "text_b" for sentence pairs)
 //   token classification:    {"tokens": ["The", "jury", "said"], "tags": ["DET", "NOUN", "VERB"]}
+//   question answering:      {"question": "...", "context": "...",
+//                             "answers": {"text": ["..."], "answer_start": [17]}}   (SQuAD's layout, as
+//                             Hugging Face datasets write it; "answers": [{"text", "answer_start"}] too;
+//                             no answers: unanswerable, SQuAD 2.0)
 // Texts become [CLS] A [SEP] (B [SEP]). Each word of a token-classification example is tokenized on its
 // own; its first piece carries the tag and its continuation pieces get the ignore label, as Hugging
-// Face's token-classification recipe aligns labels; [CLS], [SEP] and padding are ignored too. Works with
-// either tokenizer (WordPiece or SentencePiece).
+// Face's token-classification recipe aligns labels; [CLS], [SEP] and padding are ignored too. A question
+// becomes [CLS] question [SEP] context window [SEP], one sequence per window of a long context (BERT's
+// run_squad.py): the context is split at whitespace, each word tokenized on its own, and the first
+// answer's characters (answer_start counts Unicode characters, as Python does) mapped to the first piece
+// of its first word and the last piece of its last word, narrowed to the answer's own pieces where they
+// occur there ("attic" in "attic."); a window without the whole answer, and an
+// unanswerable question, point at [CLS] (0, 0). Works with either tokenizer (WordPiece or SentencePiece).
 #pragma once
 
 #include <cstdint>
@@ -17,21 +26,29 @@
 namespace bert::data {
 
 struct TaskDataOptions {
-  ShardKind kind = ShardKind::kSequenceLabels;  // kSequenceLabels or kTokenLabels
+  ShardKind kind = ShardKind::kSequenceLabels;  // kSequenceLabels, kTokenLabels or kSpanLabels
   int64_t max_seq_len = 128;
+  // Question answering: tokens between the starts of consecutive windows of a long context (BERT's
+  // doc_stride; Hugging Face's run_qa.py passes its doc_stride as the windows' overlap instead), and the
+  // question's tokens kept (the rest cut).
+  int64_t doc_stride = 128;
+  int64_t max_query_len = 64;
   // The label set, in id order. Empty: the distinct labels of the input, sorted.
   std::vector<std::string> labels;
 };
 
 struct TaskDataReport {
   int64_t examples = 0;
-  int64_t truncated = 0;       // examples cut to max_seq_len
+  int64_t truncated = 0;       // examples cut to max_seq_len (question answering: questions cut)
   int64_t labels_dropped = 0;  // token labels lost to truncation
+  // Question answering: sequences written (windows), those of them without the answer (labelled 0, 0),
+  // unanswerable questions, and answers whose text is not the context's at answer_start (skipped).
+  int64_t windows = 0, windows_without_answer = 0, unanswerable = 0, answers_not_found = 0;
 };
 
 // Reads `jsonl_path` and returns the shard (with tokenizer metadata). UserError naming the file and line
 // for malformed JSON, missing fields, a label outside `options.labels`, tokens and tags of different
-// lengths, or an empty input.
+// lengths, an answer_start outside its context, or an empty input.
 Shard make_task_shard(const std::string& jsonl_path, const tokenizer::Tokenizer& tokenizer,
                       const TaskDataOptions& options, TaskDataReport* report = nullptr);
 

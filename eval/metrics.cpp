@@ -73,22 +73,55 @@ Json PretrainingMetrics::to_json() const {
   return j;
 }
 
+TaskMetrics TaskMetrics::for_head(const model::BertConfig& config) {
+  return TaskMetrics(config.num_labels(), config.head == model::Head::kQuestionAnswering);
+}
+
+namespace {
+// The overlap F1 of a predicted and a target span of positions (both inclusive); a span at [CLS] (0, no
+// answer) scores only an exact prediction.
+double span_f1(int32_t start, int32_t end, int32_t target_start, int32_t target_end) {
+  if (target_start == 0 || start == 0) return start == target_start && end == target_end ? 1.0 : 0.0;
+  const int32_t overlap = std::min(end, target_end) - std::max(start, target_start) + 1;
+  if (end < start || overlap <= 0) return 0.0;
+  const double precision = double(overlap) / (end - start + 1),
+               recall = double(overlap) / (target_end - target_start + 1);
+  return 2 * precision * recall / (precision + recall);
+}
+}  // namespace
+
 void TaskMetrics::add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss) {
   const auto n = static_cast<int64_t>(targets.size());
   if (n == 0) return;
+  if (spans) {
+    BERT_CHECK(n % 2 == 0 && predicted.size() == targets.size(), "TaskMetrics: spans come as (start, end) pairs");
+    for (int64_t i = 0; i < n; i += 2) {
+      const bool start = predicted[i] == targets[i], end = predicted[i + 1] == targets[i + 1];
+      start_correct += start, end_correct += end, exact += start && end;
+      span_f1_sum += span_f1(predicted[i], predicted[i + 1], targets[i], targets[i + 1]);
+      ++target_spans[{targets[i], targets[i + 1]}];
+    }
+    examples += n / 2;
+    loss_sum += loss * (n / 2);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) ++confusion[targets[i] * num_labels + predicted[i]];
   examples += n;
   loss_sum += loss * n;
 }
 
 void TaskMetrics::merge(const TaskMetrics& o) {
-  if (num_labels == 0) *this = TaskMetrics(o.num_labels);
+  if (num_labels == 0) *this = TaskMetrics(o.num_labels, o.spans);
   for (size_t i = 0; i < confusion.size(); ++i) confusion[i] += o.confusion[i];
   examples += o.examples;
   loss_sum += o.loss_sum;
+  exact += o.exact, start_correct += o.start_correct, end_correct += o.end_correct;
+  span_f1_sum += o.span_f1_sum;
+  for (const auto& [span, count] : o.target_spans) target_spans[span] += count;
 }
 
 double TaskMetrics::accuracy() const {
+  if (spans) return examples ? double(exact) / examples : 0.0;
   int64_t correct = 0;
   for (int64_t l = 0; l < num_labels; ++l) correct += confusion[l * num_labels + l];
   return examples ? double(correct) / examples : 0.0;
@@ -105,6 +138,7 @@ double TaskMetrics::f1(int64_t label) const {
 }
 
 double TaskMetrics::macro_f1() const {
+  if (spans) return examples ? span_f1_sum / examples : 0.0;
   double sum = 0;
   int64_t present = 0;
   for (int64_t l = 0; l < num_labels; ++l) {
@@ -119,6 +153,7 @@ double TaskMetrics::macro_f1() const {
 
 double TaskMetrics::majority_accuracy() const {
   int64_t best = 0;
+  for (const auto& [span, count] : target_spans) best = std::max(best, count);
   for (int64_t l = 0; l < num_labels; ++l) {
     int64_t count = 0;
     for (int64_t o = 0; o < num_labels; ++o) count += confusion[l * num_labels + o];
@@ -129,6 +164,16 @@ double TaskMetrics::majority_accuracy() const {
 
 Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
   Json j;
+  if (spans) {
+    j["exact_match"] = accuracy();
+    j["token_f1"] = macro_f1();
+    j["start_accuracy"] = examples ? double(start_correct) / examples : 0.0;
+    j["end_accuracy"] = examples ? double(end_correct) / examples : 0.0;
+    j["loss"] = loss();
+    j["examples"] = examples;
+    j["baseline_majority_accuracy"] = majority_accuracy();
+    return j;
+  }
   j["accuracy"] = accuracy();
   j["macro_f1"] = macro_f1();
   j["loss"] = loss();
@@ -163,7 +208,7 @@ Metrics evaluate_into(Metrics metrics, model::Bert& model, data::ShardLoader& lo
 
 TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
                           bool cuda_graphs) {
-  return evaluate_into(TaskMetrics(model.config().num_labels()), model, loader, max_batches, g, cuda_graphs);
+  return evaluate_into(TaskMetrics::for_head(model.config()), model, loader, max_batches, g, cuda_graphs);
 }
 
 PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/graph.h"
@@ -45,27 +47,43 @@ struct PretrainingMetrics {
 };
 
 // For sequence classification each sequence is one example, for token classification each labeled token.
+// Question answering (`spans`): each sequence (a question with a window of its context) is one example; the
+// prediction is its most likely start and its most likely end position, each over all positions (what the
+// argmax of an export's start_logits and end_logits gives), scored against the answer's span: exact match
+// (both ends right), token F1 (the overlap of the two spans in tokens; a span at [CLS], no answer in the
+// window, scores 1 only when predicted exactly), and each end's accuracy. These are per sequence and in
+// tokens, not SQuAD's per-question F1 over normalised words of the best span across windows.
 struct TaskMetrics {
   int64_t num_labels = 0;
   std::vector<int64_t> confusion;  // (num_labels, num_labels): [target * num_labels + predicted]
   int64_t examples = 0;
   double loss_sum = 0;
+  bool spans = false;  // question answering: predictions and targets are (start, end) pairs
+  int64_t exact = 0, start_correct = 0, end_correct = 0;
+  double span_f1_sum = 0;
+  std::map<std::pair<int32_t, int32_t>, int64_t> target_spans;  // for the majority baseline
 
   TaskMetrics() = default;
-  explicit TaskMetrics(int64_t num_labels)
-      : num_labels(num_labels), confusion(static_cast<size_t>(num_labels * num_labels), 0) {}
+  explicit TaskMetrics(int64_t num_labels, bool spans = false)
+      : num_labels(num_labels), confusion(static_cast<size_t>(num_labels * num_labels), 0), spans(spans) {}
+  // The metrics of a model with this head (spans for question answering).
+  static TaskMetrics for_head(const model::BertConfig& config);
   // Adds one forward pass's values, read back (eval::OutputReads::add_to): each example's prediction and
-  // target, their mean loss.
+  // target (question answering: start then end, per sequence), their mean loss.
   void add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss);
   void merge(const TaskMetrics& other);
 
-  double accuracy() const;
+  double accuracy() const;  // question answering: the exact-match rate
   double loss() const { return examples ? loss_sum / examples : 0.0; }
   // F1 of one label (0 when it neither occurs nor is predicted), and the unweighted mean over the
-  // labels that occur among the targets or the predictions.
+  // labels that occur among the targets or the predictions. Question answering: macro_f1() is the mean
+  // token F1 of the spans.
   double f1(int64_t label) const;
   double macro_f1() const;
-  double majority_accuracy() const;  // always predicting the most frequent target label
+  double majority_accuracy() const;  // always predicting the most frequent target label (or span)
+  // What accuracy() and macro_f1() measure, for tables: "accuracy", "macro-F1" or "exact match", "token F1".
+  const char* accuracy_name() const { return spans ? "exact match" : "accuracy"; }
+  const char* f1_name() const { return spans ? "token F1" : "macro-F1"; }
   Json to_json(const std::vector<std::string>& label_names) const;
 };
 

@@ -9,8 +9,9 @@
 
 namespace bert::eval {
 
-// Accuracy and F1 of a task model's export (output logits) on task shards (argmax only: the loss stays 0).
-TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& loader, int64_t num_labels,
+// Accuracy and F1 of a task model's export (output logits; question answering: start_logits and end_logits)
+// on task shards (argmax only: the loss stays 0), as TaskMetrics::for_head(config) counts them.
+TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& loader, const model::BertConfig& config,
                                int64_t max_batches, const std::string& script, const std::string& work_dir);
 
 // MLM and NSP accuracy of an export made with --masked-positions (argmax only: losses stay 0).

@@ -163,7 +163,7 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
   TimedMode r;
   r.mode = mode;
   const bool task = model.config().head != model::Head::kPretraining;
-  if (task) r.task = TaskMetrics(model.config().num_labels());
+  if (task) r.task = TaskMetrics::for_head(model.config());
   Batch batch;
   // As evaluate() scores, pipelined: the MLM loss and top predictions, without the decoder's logits.
   BatchEvaluator evaluator(model, g, cuda_graphs);

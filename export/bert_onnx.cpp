@@ -54,6 +54,9 @@ class BertEmitter {
         linear("classifier", x, /*quantizable=*/false, "logits");
         g_.output("logits", kFloat, {"batch", "sequence", c_.num_labels()});
         break;
+      case model::Head::kQuestionAnswering:
+        answer_head(x);
+        break;
     }
   }
 
@@ -293,6 +296,22 @@ class BertEmitter {
         g_.node("Gather", {x, g_.int64s("bert.pooler.first_token", {0}, {})}, "bert.pooler.first_token_state",
                 [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{1}); });
     return g_.node("Tanh", {linear("bert.pooler.dense", cls)}, "bert.pooler.activation");
+  }
+
+  // BertForQuestionAnswering's outputs: qa_outputs on every token, its two columns as start_logits and
+  // end_logits (batch, sequence), Hugging Face's names.
+  void answer_head(const std::string& x) {
+    const std::string logits = linear("qa_outputs", x, /*quantizable=*/false, "qa_logits");
+    for (const auto& [column, output] : {std::pair{int64_t{0}, "start_logits"}, std::pair{int64_t{1}, "end_logits"}}) {
+      const std::string index = std::string(output) + ".column";
+      if (!emitted_.count(index)) {
+        g_.int64s(index, {column}, {});
+        emitted_.insert(index);
+      }
+      g_.node("Gather", {logits, index}, output,
+              [](onnx::NodeProto& n) { OnnxGraph::attribute(n, "axis", int64_t{2}); });
+      g_.output(output, kFloat, {"batch", "sequence"});
+    }
   }
 
   void nsp_head(const std::string& x) {

@@ -51,14 +51,16 @@ Bert::Bert(const BertConfig& config) : config_(config) {
   }
   for (Layer& l : layers_)  // layers_ is reserved and Bert immovable: the pointers stay valid
     for (Linear* projection : {&l.query, &l.key, &l.value}) projection->shared_input = &l.self_input;
-  if (config_.head != Head::kTokenClassification) pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c, true, w);
+  if (config_.head == Head::kPretraining || config_.head == Head::kSequenceClassification)
+    pooler_ = Linear::declare(params_, "bert.pooler.dense", c, c, true, w);
   if (config_.head == Head::kPretraining) {
     transform_ = Linear::declare(params_, "cls.predictions.transform.dense", c, c, true, w);
     transform_norm_ = LayerNorm::declare(params_, "cls.predictions.transform.LayerNorm", c, eps);
     decoder_bias_ = params_.add("cls.predictions.bias", {config_.vocab_size});
     seq_relationship_ = Linear::declare(params_, "cls.seq_relationship", c, 2, /*quantizable=*/false);
   } else {
-    classifier_ = Linear::declare(params_, "classifier", c, config_.num_labels(), /*quantizable=*/false);
+    const char* name = config_.head == Head::kQuestionAnswering ? "qa_outputs" : "classifier";
+    classifier_ = Linear::declare(params_, name, c, config_.num_labels(), /*quantizable=*/false);
   }
   params_.allocate();
 }
@@ -107,6 +109,7 @@ void Bert::initialize(uint64_t seed) {
 bool Bert::is_head_parameter(const std::string& name) const {
   const bool pooler = name.starts_with("bert.pooler.");  // absent from bare encoders and token classifiers
   if (config_.head == Head::kPretraining) return name.starts_with("cls.") || pooler;
+  if (config_.head == Head::kQuestionAnswering) return name.starts_with("qa_outputs.");
   return name.starts_with("classifier.") || (pooler && config_.head == Head::kSequenceClassification);
 }
 
@@ -828,6 +831,8 @@ ModelOutputs Bert::forward(Graph<float>& g, const BatchView& in, bool training, 
   Var hidden = ops::reshape(g, encode(g, in, training, rng), Shape{in.batch * in.seq_len, config_.hidden_size});
   if (config_.head == Head::kPretraining)
     pretraining_head(g, hidden, in, mlm, out);
+  else if (config_.head == Head::kQuestionAnswering)
+    question_answering_head(g, hidden, in, out);
   else
     classification_head(g, hidden, in, training, rng, out);
   return out;
@@ -933,6 +938,27 @@ void Bert::classification_head(Graph<float>& g, Var hidden, const BatchView& in,
   }
   features = ops::dropout(g, features, config_.head_dropout(), training, rng);
   out.logits = classifier_.forward(g, params_, features);
+  if (labeled) out.loss = ops::cross_entropy<float>(g, out.logits, out.targets);
+}
+
+void Bert::question_answering_head(Graph<float>& g, Var hidden, const BatchView& in, ModelOutputs& out) {
+  const int64_t b = in.batch, t = in.seq_len;
+  const bool labeled = !in.labels.empty();
+  BERT_CHECK(!labeled || static_cast<int64_t>(in.labels.size()) == 2 * b,
+             "labels do not match the batch (" + std::to_string(in.labels.size()) +
+                 " for a question-answering batch of " + std::to_string(b) + ": a start and an end each)");
+  for (int64_t i = 0; i < b; ++i) out.rows.push_back(static_cast<int32_t>(i * t));
+  for (int32_t position : in.labels) {
+    if (position < 0 || position >= t)
+      throw UserError("answer position " + std::to_string(position) + " is outside the sequence of " +
+                      std::to_string(t) + " tokens");
+    out.targets.push_back(position);
+  }
+  // Every token's start and end logits (B T, 2), then each sequence's start row and end row: (2 B, T),
+  // whose cross-entropy over the positions is Hugging Face's (start loss + end loss) / 2.
+  Var logits = classifier_.forward(g, params_, hidden);
+  logits = ops::transpose(g, ops::reshape(g, logits, Shape{b, t, 2}), 1, 2);
+  out.logits = ops::reshape(g, logits, Shape{2 * b, t});
   if (labeled) out.loss = ops::cross_entropy<float>(g, out.logits, out.targets);
 }
 

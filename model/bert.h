@@ -41,7 +41,9 @@ struct ModelOutputs {
   const int32_t* mlm_device_predictions = nullptr;
   // Task heads. Sequence classification: logits (B, num_labels), targets (B). Token classification:
   // logits (N, num_labels) at the N labeled tokens (every real token when the batch has no labels),
-  // rows b * T + position of each, targets (N).
+  // rows b * T + position of each, targets (N). Question answering: logits (2 B, T), each sequence's start
+  // logits then its end logits over its positions; targets (2 B), the answer's start and end positions;
+  // rows b * T.
   Var logits;
   std::vector<int32_t> targets, rows;
   // The training objective: MLM + NSP, or the task's mean cross-entropy; null without labels.
@@ -305,6 +307,7 @@ class Bert {
   void pretraining_head(Graph<float>& g, Var hidden, const BatchView& batch, MlmOutputs mlm, ModelOutputs& out);
   void classification_head(Graph<float>& g, Var hidden, const BatchView& batch, bool training, Rng& rng,
                            ModelOutputs& out);
+  void question_answering_head(Graph<float>& g, Var hidden, const BatchView& batch, ModelOutputs& out);
 
   BertConfig config_;
   ParameterArena<float> params_;
@@ -317,7 +320,7 @@ class Bert {
   LayerNorm transform_norm_;
   ParamId decoder_bias_ = -1;  // cls.predictions.bias; the decoder weight is the word embeddings
   Linear seq_relationship_;
-  Linear classifier_;           // task heads
+  Linear classifier_;           // task heads (question answering: qa_outputs)
   DeviceBuffer clip_counters_;  // one int64 per quantizer, on the GPU
   // The MLM decoder as int8 (prepare_integer_inference(true)), with each vocabulary row's scale; null: float.
   std::shared_ptr<const Int8Weights> integer_decoder_;

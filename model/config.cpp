@@ -16,6 +16,8 @@ std::string head_architecture(Head head) {
       return "BertForSequenceClassification";
     case Head::kTokenClassification:
       return "BertForTokenClassification";
+    case Head::kQuestionAnswering:
+      return "BertForQuestionAnswering";
     default:
       return "BertForPreTraining";
   }
@@ -53,6 +55,9 @@ void BertConfig::validate() const {
   need(initializer_range > 0 && std::isfinite(initializer_range), "initializer_range must be positive");
   need(pad_token_id >= 0 && pad_token_id < vocab_size, "pad_token_id must lie inside the vocabulary");
   if (head != Head::kPretraining) need(num_labels() >= 2, head_architecture(head) + " needs at least 2 labels");
+  if (head == Head::kQuestionAnswering)
+    need(num_labels() == 2,
+         "a BertForQuestionAnswering has 2 outputs (start, end), not " + std::to_string(num_labels()) + " labels");
   need(classifier_dropout < 1, "classifier_dropout must be below 1");
 }
 
@@ -134,13 +139,17 @@ BertConfig BertConfig::from_json(const Json& j) {
       c.head = Head::kSequenceClassification;
     else if (name == "BertForTokenClassification")
       c.head = Head::kTokenClassification;
+    else if (name == "BertForQuestionAnswering")
+      c.head = Head::kQuestionAnswering;
     else if (name != "BertForPreTraining" && name != "BertForMaskedLM" && name != "BertModel" &&
              name != "BertLMHeadModel")
       throw UserError("architecture '" + name +
                       "' is not supported (BertForPreTraining, BertForMaskedLM, BertModel, "
-                      "BertForSequenceClassification or BertForTokenClassification)");
+                      "BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnswering)");
   }
-  if (c.head != Head::kPretraining) {
+  if (c.head == Head::kQuestionAnswering && !j.find("id2label")) {
+    c.labels = {"start", "end"};  // Hugging Face's default num_labels, 2
+  } else if (c.head != Head::kPretraining) {
     const Json* id2label = j.find("id2label");
     if (!id2label || !id2label->is_object())
       throw UserError("model config of a " + head_architecture(c.head) + " needs 'id2label'");

@@ -14,18 +14,21 @@ namespace bert::model {
 // The head on top of the encoder, with its Hugging Face class name (config.json "architectures"):
 // kPretraining = BertForPreTraining (MLM + NSP; BertForMaskedLM and BertModel load as this too),
 // kSequenceClassification = BertForSequenceClassification (pooler + dropout + classifier on [CLS]),
-// kTokenClassification = BertForTokenClassification (dropout + classifier on every token, no pooler).
-enum class Head { kPretraining, kSequenceClassification, kTokenClassification };
+// kTokenClassification = BertForTokenClassification (dropout + classifier on every token, no pooler),
+// kQuestionAnswering = BertForQuestionAnswering (qa_outputs on every token: the answer's start and end
+// logits; no pooler, no dropout before it).
+enum class Head { kPretraining, kSequenceClassification, kTokenClassification, kQuestionAnswering };
 std::string head_architecture(Head head);  // the Hugging Face class name
-inline constexpr EnumNames<Head, 3> kHeadTaskNames{{{{Head::kPretraining, "pretraining"},
+inline constexpr EnumNames<Head, 4> kHeadTaskNames{{{{Head::kPretraining, "pretraining"},
                                                      {Head::kSequenceClassification, "seq-cls"},
-                                                     {Head::kTokenClassification, "token-cls"}}}};
-// The tasks a fine-tuning run takes (--task): the two task heads.
-inline constexpr EnumNames<Head, 2> kTaskNames{
-    {{{Head::kSequenceClassification, "seq-cls", "sequence classification"},
-      {Head::kTokenClassification, "token-cls", "token classification"}}}};
-std::string head_task_name(Head head);     // "pretraining", "seq-cls", "token-cls"
-// "seq-cls" | "token-cls" (UserError naming --task otherwise).
+                                                     {Head::kTokenClassification, "token-cls"},
+                                                     {Head::kQuestionAnswering, "qa"}}}};
+// The tasks a fine-tuning run takes (--task): the task heads.
+inline constexpr EnumNames<Head, 3> kTaskNames{{{{Head::kSequenceClassification, "seq-cls", "sequence classification"},
+                                                 {Head::kTokenClassification, "token-cls", "token classification"},
+                                                 {Head::kQuestionAnswering, "qa", "extractive question answering"}}}};
+std::string head_task_name(Head head);  // "pretraining", "seq-cls", "token-cls", "qa"
+// "seq-cls" | "token-cls" | "qa" (UserError naming --task otherwise).
 Head parse_task(const std::string& name);
 
 // How many scales a weight quantizer has: one per output channel (the default; TensorRT's and
@@ -54,7 +57,8 @@ struct BertConfig {
   double initializer_range = 0.02;
   int64_t pad_token_id = 0;
   Head head = Head::kPretraining;
-  // Task heads: the name of each label (Hugging Face id2label; num_labels is its size).
+  // Task heads: the name of each label (Hugging Face id2label; num_labels is its size). Question
+  // answering: its two outputs, "start" and "end".
   std::vector<std::string> labels;
   // Dropout before a task head's classifier; < 0: hidden_dropout_prob (Hugging Face's null).
   double classifier_dropout = -1;
@@ -70,7 +74,7 @@ struct BertConfig {
   // id2label/label2id.
   Json to_json() const;
   // Unknown fields are ignored (Hugging Face configs carry many); missing ones keep their defaults. An
-  // architecture this engine has no head for (e.g. BertForQuestionAnswering) is a UserError.
+  // architecture this engine has no head for (e.g. BertForMultipleChoice) is a UserError.
   static BertConfig from_json(const Json& json);
   static BertConfig load(const std::string& path);  // UserError naming the file
 };

@@ -52,27 +52,60 @@ void run_split(const std::vector<std::string>& inputs, const std::string& output
 
 // task: JSON lines -> one task shard.
 void run_task(const std::string& input, const std::string& output, const std::string& tokenizer_path,
-              const std::string& task, const std::string& labels_path, int64_t max_seq_len) {
-  TaskDataOptions options;
-  if (task == "seq-cls")
-    options.kind = ShardKind::kSequenceLabels;
-  else if (task == "token-cls")
-    options.kind = ShardKind::kTokenLabels;
-  else
-    throw UserError("--task '" + task + "': expected seq-cls or token-cls");
-  options.max_seq_len = max_seq_len;
-  if (!labels_path.empty()) options.labels = read_label_names(labels_path);
+              const std::string& task, const std::string& labels_path, TaskDataOptions options) {
+  if (task != "seq-cls" && task != "token-cls" && task != "qa")
+    throw UserError("--task '" + task + "': expected seq-cls, token-cls or qa");
+  options.kind = kShardKindNames.parse(task, "--task");
+  if (options.max_seq_len == 0) options.max_seq_len = options.kind == ShardKind::kSpanLabels ? 384 : 128;
+  if (!labels_path.empty()) {
+    if (options.kind == ShardKind::kSpanLabels) throw UserError("--labels: a qa shard has no label set");
+    options.labels = read_label_names(labels_path);
+  }
   const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(tokenizer_path);
   TaskDataReport report;
   const Shard shard = make_task_shard(input, *tokenizer, options, &report);
   write_shard(output, shard);
+  if (options.kind == ShardKind::kSpanLabels) {
+    spdlog::info("task: {} questions -> {} sequences of {} tokens ({} without the answer: [CLS]) -> {}",
+                 report.examples, report.windows, options.max_seq_len, report.windows_without_answer, output);
+    if (report.unanswerable) spdlog::info("task: {} unanswerable question(s)", report.unanswerable);
+    if (report.truncated)
+      spdlog::warn("task: {} question(s) longer than --max-query-len {} were cut", report.truncated,
+                   options.max_query_len);
+    if (report.answers_not_found)
+      spdlog::warn("task: {} question(s) skipped: the answer's text is not the context's at answer_start",
+                   report.answers_not_found);
+    return;
+  }
   spdlog::info("task: {} {} examples, {} labels -> {}", report.examples, task, shard.label_names.size(), output);
   if (report.truncated > 0)
-    spdlog::warn("task: {} example(s) longer than --max-seq-len {} were truncated{}", report.truncated, max_seq_len,
+    spdlog::warn("task: {} example(s) longer than --max-seq-len {} were truncated{}", report.truncated,
+                 options.max_seq_len,
                  report.labels_dropped ? fmt::format(" ({} word labels dropped)", report.labels_dropped) : "");
 }
 
+void inspect_span_shard(const std::string& path, const Shard& s, const tokenizer::Tokenizer* tokenizer, int show) {
+  int64_t tokens = 0, answered = 0;
+  for (int8_t m : s.input_mask) tokens += m;
+  for (int64_t i = 0; i < s.size; ++i) answered += s.labels[2 * i + 1] > 0;
+  std::printf("%s: %lld qa sequences, seq_len %lld, %.1f tokens/sequence, %lld with the answer (%.1f%%)\n",
+              path.c_str(), (long long)s.size, (long long)s.seq_len, double(tokens) / std::max<int64_t>(s.size, 1),
+              (long long)answered, 100.0 * answered / std::max<int64_t>(s.size, 1));
+  auto piece = [&](int32_t id) { return tokenizer ? tokenizer->piece(id) : std::to_string(id); };
+  for (int64_t i = 0; i < std::min<int64_t>(show, s.size); ++i) {
+    std::printf("  example %lld:", (long long)i);
+    for (int64_t j = 0; j < s.seq_len && s.input_mask[i * s.seq_len + j]; ++j)
+      std::printf(" %s", piece(s.input_ids[i * s.seq_len + j]).c_str());
+    const int32_t start = s.labels[2 * i], end = s.labels[2 * i + 1];
+    std::printf("\n    answer (tokens %d..%d):", start, end);
+    if (end == 0) std::printf(" none in this window ([CLS])");
+    for (int32_t j = start; end > 0 && j <= end; ++j) std::printf(" %s", piece(s.input_ids[i * s.seq_len + j]).c_str());
+    std::printf("\n");
+  }
+}
+
 void inspect_task_shard(const std::string& path, const Shard& s, const tokenizer::Tokenizer* tokenizer, int show) {
+  if (s.kind == ShardKind::kSpanLabels) return inspect_span_shard(path, s, tokenizer, show);
   std::vector<int64_t> counts(s.label_names.size(), 0);
   int64_t tokens = 0, ignored = 0;
   for (int32_t label : s.labels) label == kIgnoredLabel ? ++ignored : ++counts[label];
@@ -151,7 +184,11 @@ struct Args {
   ShardBuildOptions sh;
   std::string sh_tokenizer;
   std::string task_input, task_output, task_tokenizer, task_kind, task_labels;
-  int64_t task_seq_len = 128;
+  TaskDataOptions task_options = [] {
+    TaskDataOptions o;
+    o.max_seq_len = 0;  // 128, or 384 for qa
+    return o;
+  }();
   std::vector<std::string> inspect_paths;
   std::string inspect_tokenizer;
   int inspect_show = 1;
@@ -224,9 +261,13 @@ CLI::App* add_shards(CLI::App& app, Args& a) {
 CLI::App* add_task(CLI::App& app, Args& a) {
   CLI::App* task = app.add_subcommand(
       "task",
-      "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\", or "
-      "{\"tokens\": [...], \"tags\": [...]}) -> one HDF5 task shard; a word's first piece carries its tag");
-  task->add_option("--task", a.task_kind, "seq-cls (a label per text) | token-cls (a tag per word)")->required();
+      "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\"; "
+      "{\"tokens\": [...], \"tags\": [...]}; or SQuAD's {\"question\": ..., \"context\": ..., \"answers\": "
+      "{\"text\": [...], \"answer_start\": [...]}}) -> one HDF5 task shard; a word's first piece carries its tag; "
+      "a question and a window of its context make a sequence, labelled with the answer's first and last token");
+  task->add_option("--task", a.task_kind,
+                   "seq-cls (a label per text) | token-cls (a tag per word) | qa (extractive question answering)")
+      ->required();
   task->add_option("--input", a.task_input, "JSON-lines file")->required();
   task->add_option("--tokenizer", a.task_tokenizer,
                    "SentencePiece model (.model), WordPiece vocab.txt, or a Hugging Face model directory")
@@ -235,7 +276,17 @@ CLI::App* add_task(CLI::App& app, Args& a) {
   task->add_option("--labels", a.task_labels,
                    "the label set, in id order: a file with one label per line, or a task shard made before (give "
                    "the training shard when making dev/test); default: the input's distinct labels, sorted");
-  task->add_option("--max-seq-len", a.task_seq_len, "tokens per example (longer ones are truncated, with a warning)")
+  task->add_option("--max-seq-len", a.task_options.max_seq_len,
+                   "tokens per example (longer ones are truncated, with a warning; qa: windows) [default: 128; qa: "
+                   "384, BERT's SQuAD setting]")
+      ->check(CLI::Range(int64_t{3}, int64_t{1} << 20));
+  task->add_option("--doc-stride", a.task_options.doc_stride,
+                   "qa: tokens between the starts of consecutive windows of a long context (BERT's run_squad.py; "
+                   "Hugging Face's run_qa.py means the windows' overlap by its doc_stride)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  task->add_option("--max-query-len", a.task_options.max_query_len, "qa: the question's tokens kept (the rest cut)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   return task;
 }
@@ -261,6 +312,7 @@ Subcommands add_subcommands(CLI::App& app, Args& a) {
       "  bert-data tokenizer --input my.txt --output spm --vocab-size 16000\n"
       "  bert-data shards --input my.txt --tokenizer spm.model --output shards/ --max-seq-len 128\n"
       "  bert-data task --task token-cls --input pos/train.jsonl --tokenizer spm.model --output pos/train.hdf5\n"
+      "  bert-data task --task qa --input squad/train.jsonl --tokenizer vocab.txt --output squad/train.hdf5\n"
       "  bert-data inspect shards/ --tokenizer spm.model\n"
       "Each step has its own --help (e.g. bert-data shards --help). Guide: docs/data.md");
   app.require_subcommand(1);
@@ -309,7 +361,7 @@ int main(int argc, char** argv) {
     if (*sub.shards) run_shards(args);
     if (*sub.task)
       run_task(args.task_input, args.task_output, args.task_tokenizer, args.task_kind, args.task_labels,
-               args.task_seq_len);
+               args.task_options);
     if (*sub.inspect) run_inspect(args.inspect_paths, args.inspect_tokenizer, args.inspect_show);
     return 0;
   });

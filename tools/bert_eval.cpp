@@ -56,7 +56,8 @@ void add_options(CLI::App& app, Args& a) {
   app.description(
       "bert-eval: evaluate a checkpoint. --mlm-accuracy / --nsp-accuracy on shards (with the "
       "most-frequent-token and majority-class baselines), or --fill-mask \"text with [MASK]\". A fine-tuned "
-      "model (sequence or token classification) on task shards reports accuracy, macro-F1 and per-label F1.");
+      "model (sequence or token classification) on task shards reports accuracy, macro-F1 and per-label F1; a "
+      "question-answering one exact match and token F1 of the predicted answer spans.");
   app.footer(
       "Examples:\n"
       "  bert-eval --checkpoint runs/mini --shards heldout/ --mlm-accuracy --nsp-accuracy\n"
@@ -76,7 +77,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--nsp-accuracy", a.nsp, "next-sentence-prediction accuracy and loss");
   app.add_option("--fill-mask", a.fill_text, "text with [MASK] tokens to fill");
   app.add_option("--task", a.task,
-                 "seq-cls | token-cls: the task the model and shards must be (default: the model's head decides)");
+                 "seq-cls | token-cls | qa: the task the model and shards must be (default: the model's head decides)");
   app.add_option("--top-k", a.top_k, "candidates per mask")->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--tokenizer", a.tokenizer_path,
                  "tokenizer: SentencePiece .model or WordPiece vocab.txt (default: the one "
@@ -183,8 +184,10 @@ void check_shards_fit_the_model(const Evaluation& e, data::ShardLoader& loader, 
   const model::BertConfig& config = e.config();
   data::check_loader_compatible(loader, lo.shards.front(), config.vocab_size, config.max_position_embeddings,
                                 e.state.tokenizer_sha256);
+  const bool spans = config.head == model::Head::kQuestionAnswering;  // start, end: whatever their names
   if (e.task_model != (loader.kind() != data::ShardKind::kPretraining) ||
-      (e.task_model && loader.label_names() != config.labels))
+      spans != (loader.kind() == data::ShardKind::kSpanLabels) ||
+      (e.task_model && !spans && loader.label_names() != config.labels))
     throw UserError("--shards: '" + lo.shards.front() + "' holds " + data::shard_kind_name(loader.kind()) +
                     " examples" +
                     (e.task_model ? " with " + std::to_string(loader.label_names().size()) + " labels" : "") +
@@ -223,13 +226,14 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
   const auto results =
       eval::compare_modes(e.model, stats, methods, a.calibration.percentile, make_loader, a.max_batches, e.g);
   Json::Array rows;
+  const eval::TaskMetrics task_kind = eval::TaskMetrics::for_head(e.config());  // for the column names
   if (!a.json && e.task_model)
-    std::printf("%-16s %10s %10s %10s\n", "mode", "accuracy", "macro-F1", "loss");
+    std::printf("%-16s %11s %10s %10s\n", "mode", task_kind.accuracy_name(), task_kind.f1_name(), "loss");
   else if (!a.json)
     std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
   for (const auto& r : results) {
     if (!a.json && e.task_model)
-      std::printf("%-16s %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(), r.task.loss());
+      std::printf("%-16s %11.4f %10.4f %10.4f\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(), r.task.loss());
     else if (!a.json)
       std::printf("%-16s %10.4f %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.metrics.mlm_accuracy(), r.metrics.mlm_loss(),
                   r.metrics.nsp_accuracy(), r.metrics.nsp_loss());
@@ -238,10 +242,10 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
     rows.push_back(row);
   }
   if (!a.json && e.task_model && !results.empty())
-    std::printf("(%lld %s; baseline: majority label %.4f; calibration: %lld batches)\n",
+    std::printf("(%lld %s; baseline: majority %s %.4f; calibration: %lld batches)\n",
                 (long long)results[0].task.examples,
                 e.config().head == model::Head::kTokenClassification ? "tokens" : "sequences",
-                results[0].task.majority_accuracy(), (long long)stats.batches);
+                task_kind.spans ? "span" : "label", results[0].task.majority_accuracy(), (long long)stats.batches);
   else if (!a.json && !results.empty())
     std::printf(
         "(%lld predictions; baselines: most-frequent-token %.4f, NSP majority %.4f; calibration: %lld "
@@ -316,9 +320,16 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, size_t shard_count) 
   const bool tokens = config.head == model::Head::kTokenClassification;
   std::printf("%s %s (step %lld) on %zu shard(s), %s\n", model::head_architecture(config.head).c_str(),
               e.a.checkpoint.c_str(), (long long)e.state.step, shard_count, e.describe_quantization().c_str());
-  std::printf("%-22s %10.4f   (baseline: majority label %.4f) over %lld %s\n", "accuracy", t.accuracy(),
-              t.majority_accuracy(), (long long)t.examples, tokens ? "labeled tokens" : "sequences");
-  std::printf("%-22s %10.4f\n%-22s %10.4f\n", "macro-F1", t.macro_f1(), "loss", t.loss());
+  std::printf("%-22s %10.4f   (baseline: majority %s %.4f) over %lld %s\n", t.accuracy_name(), t.accuracy(),
+              t.spans ? "span" : "label", t.majority_accuracy(), (long long)t.examples,
+              tokens ? "labeled tokens" : "sequences");
+  std::printf("%-22s %10.4f\n%-22s %10.4f\n", t.f1_name(), t.macro_f1(), "loss", t.loss());
+  if (t.spans) {  // each end's accuracy instead of per-label F1
+    const Json j = t.to_json(config.labels);
+    std::printf("%-22s %10.4f\n%-22s %10.4f\n", "start accuracy", j.find("start_accuracy")->as_number(), "end accuracy",
+                j.find("end_accuracy")->as_number());
+    return;
+  }
   std::printf("%-22s %10s %10s\n", "label", "F1", "support");
   for (int64_t l = 0; l < config.num_labels(); ++l) {
     int64_t support = 0;
@@ -358,12 +369,12 @@ void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
   data::ShardLoader onnx_loader(lo);
   const PrivateTempDir work("bert-eval");
   if (e.task_model) {
-    const eval::TaskMetrics o = eval::evaluate_onnx_task(a.onnx_model, onnx_loader, e.config().num_labels(),
-                                                         a.max_batches, a.ort_script, work.path().string());
+    const eval::TaskMetrics o = eval::evaluate_onnx_task(a.onnx_model, onnx_loader, e.config(), a.max_batches,
+                                                         a.ort_script, work.path().string());
     e.report["onnx"] = o.to_json(e.config().labels);
     if (!a.json)
-      std::printf("ONNX Runtime (%s): accuracy %.4f, macro-F1 %.4f over %lld %s\n", a.onnx_model.c_str(), o.accuracy(),
-                  o.macro_f1(), (long long)o.examples,
+      std::printf("ONNX Runtime (%s): %s %.4f, %s %.4f over %lld %s\n", a.onnx_model.c_str(), o.accuracy_name(),
+                  o.accuracy(), o.f1_name(), o.macro_f1(), (long long)o.examples,
                   e.config().head == model::Head::kTokenClassification ? "labeled tokens" : "sequences");
   } else {
     const eval::PretrainingMetrics o =
@@ -398,12 +409,13 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
     std::printf("checkpoint %s (step %lld): FP32 and fake-quantized on %s, INT8 left out (no int8 tensor cores)\n",
                 e.a.checkpoint.c_str(), (long long)e.state.step, where.c_str());
   if (e.task_model)
-    std::printf("%-12s %10s %10s %12s %10s\n", "mode", "accuracy", "macro-F1", "sequences/s", "vs FP32");
+    std::printf("%-12s %11s %10s %12s %10s\n", "mode", eval::TaskMetrics::for_head(e.config()).accuracy_name(),
+                eval::TaskMetrics::for_head(e.config()).f1_name(), "sequences/s", "vs FP32");
   else
     std::printf("%-12s %10s %10s %12s %10s\n", "mode", "MLM acc", "NSP acc", "sequences/s", "vs FP32");
   const double fp32 = c.modes.front().sequences_per_second();
   for (const eval::TimedMode& m : c.modes)
-    std::printf("%-12s %10.4f %10.4f %12.1f %9.2fx\n", m.mode.c_str(),
+    std::printf("%-12s %11.4f %10.4f %12.1f %9.2fx\n", m.mode.c_str(),
                 e.task_model ? m.task.accuracy() : m.metrics.mlm_accuracy(),
                 e.task_model ? m.task.macro_f1() : m.metrics.nsp_accuracy(), m.sequences_per_second(),
                 fp32 > 0 ? m.sequences_per_second() / fp32 : 0.0);

@@ -59,7 +59,8 @@ struct Args {
 void add_training_options(CLI::App& app, Args& a) {
   app.description(
       "bert-train: pretrain BERT with masked-LM and next-sentence prediction on HDF5 shards "
-      "(NVIDIA's layout, e.g. from `bert-data shards`), or fine-tune it for sequence or token classification on "
+      "(NVIDIA's layout, e.g. from `bert-data shards`), or fine-tune it for sequence or token classification or "
+      "extractive question answering on "
       "task shards (`bert-data task`), in FP32 or with quantization-aware training. Writes OUT/config.json, the "
       "tokenizer (OUT/tokenizer.model or "
       "OUT/vocab.txt), "
@@ -91,7 +92,7 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--dropout", a.dropout, "hidden and attention dropout (default: the config's, 0.1)")
       ->check(CLI::Range(0.0, 0.99));
   app.add_option("--task", a.task,
-                 "seq-cls | token-cls: what the run fine-tunes (default: whatever the training shards hold; "
+                 "seq-cls | token-cls | qa: what the run fine-tunes (default: whatever the training shards hold; "
                  "given, it must agree with them)");
   app.add_option("--steps", a.o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch-size", a.o.batch_size, "sequences per micro-batch")->capture_default_str();

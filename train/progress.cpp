@@ -100,8 +100,9 @@ void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int
   } else {
     result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph, o.cuda_graphs);
     const auto& m = result.last_task_eval;
-    spdlog::info("eval step {}: accuracy {:.4f} (majority label {:.4f}), macro-F1 {:.4f}, loss {:.4f} over {} {}", step,
-                 m.accuracy(), m.majority_accuracy(), m.macro_f1(), m.loss(), m.examples,
+    spdlog::info("eval step {}: {} {:.4f} (majority {} {:.4f}), {} {:.4f}, loss {:.4f} over {} {}", step,
+                 m.accuracy_name(), m.accuracy(), m.spans ? "span" : "label", m.majority_accuracy(), m.f1_name(),
+                 m.macro_f1(), m.loss(), m.examples,
                  config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
     line["eval"] = m.to_json(config.labels);
   }

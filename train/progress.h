@@ -28,7 +28,9 @@ std::string format_duration(double seconds);
 class ProgressWindow {
  public:
   explicit ProgressWindow(const model::BertConfig& config)
-      : pretraining_(config.head == model::Head::kPretraining), labels_(config.num_labels()), task_(labels_) {}
+      : pretraining_(config.head == model::Head::kPretraining),
+        empty_task_(eval::TaskMetrics::for_head(config)),
+        task_(empty_task_) {}
   // A micro-batch's metrics, from values read back by the training step.
   void add(const eval::OutputReads& reads) {
     if (pretraining_)
@@ -42,7 +44,7 @@ class ProgressWindow {
   std::string describe() const {
     return pretraining_ ? fmt::format("loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}", loss(),
                                       pretraining_metrics_.mlm_accuracy(), pretraining_metrics_.nsp_accuracy())
-                        : fmt::format("loss {:.4f}  acc {:.4f}", loss(), task_.accuracy());
+                        : fmt::format("loss {:.4f}  {} {:.4f}", loss(), task_.spans ? "EM" : "acc", task_.accuracy());
   }
   void record(Json& line) const {
     line["loss"] = loss();
@@ -52,7 +54,8 @@ class ProgressWindow {
       line["nsp_loss"] = pretraining_metrics_.nsp_loss();
       line["nsp_accuracy"] = pretraining_metrics_.nsp_accuracy();
     } else {
-      line["accuracy"] = task_.accuracy();
+      line["accuracy"] = task_.accuracy();  // question answering: the exact-match rate
+      if (task_.spans) line["token_f1"] = task_.macro_f1();
     }
   }
   // An optimizer step that was applied (skipped steps count only their time).
@@ -68,18 +71,23 @@ class ProgressWindow {
     std::vector<double> v = {double(p.predictions), double(p.mlm_correct), p.mlm_loss_sum,         double(p.sequences),
                              double(p.nsp_correct), p.nsp_loss_sum,        double(task_.examples), task_.loss_sum};
     for (int64_t c : task_.confusion) v.push_back(double(c));
+    const size_t spans = v.size();
+    for (double c : {double(task_.exact), double(task_.start_correct), double(task_.end_correct), task_.span_f1_sum})
+      v.push_back(c);
     ranks.all_reduce_sum(v);
     p.predictions = int64_t(v[0]), p.mlm_correct = int64_t(v[1]), p.mlm_loss_sum = v[2];
     p.sequences = int64_t(v[3]), p.nsp_correct = int64_t(v[4]), p.nsp_loss_sum = v[5];
     task_.examples = int64_t(v[6]), task_.loss_sum = v[7];
     for (size_t i = 0; i < task_.confusion.size(); ++i) task_.confusion[i] = int64_t(v[8 + i]);
+    task_.exact = int64_t(v[spans]), task_.start_correct = int64_t(v[spans + 1]);
+    task_.end_correct = int64_t(v[spans + 2]), task_.span_f1_sum = v[spans + 3];
   }
   int64_t steps() const { return steps_; }
   double mean_grad_norm() const { return steps_ ? grad_norm_sum_ / steps_ : 0.0; }
   double seconds() const { return seconds_; }
   void reset() {
     pretraining_metrics_ = {};
-    task_ = eval::TaskMetrics(labels_);
+    task_ = empty_task_;
     seconds_ = grad_norm_sum_ = 0;
     steps_ = 0;
   }
@@ -88,7 +96,7 @@ class ProgressWindow {
   double seconds_ = 0, grad_norm_sum_ = 0;
   int64_t steps_ = 0;
   bool pretraining_;
-  int64_t labels_;
+  eval::TaskMetrics empty_task_;  // the head's metrics, nothing added
   eval::PretrainingMetrics pretraining_metrics_;
   eval::TaskMetrics task_;
 };

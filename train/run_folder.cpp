@@ -68,6 +68,8 @@ model::Head head_of(data::ShardKind kind) {
       return model::Head::kSequenceClassification;
     case data::ShardKind::kTokenLabels:
       return model::Head::kTokenClassification;
+    case data::ShardKind::kSpanLabels:
+      return model::Head::kQuestionAnswering;
     default:
       return model::Head::kPretraining;
   }
@@ -78,7 +80,8 @@ model::Head head_of(data::ShardKind kind) {
 void adopt_task(model::BertConfig& config, model::Head head, const std::vector<std::string>& labels,
                 const std::string& source) {
   if (config.head == head) {
-    if (head != model::Head::kPretraining && config.labels != labels)
+    // (A question-answering head's two outputs are start and end whatever their names: LABEL_0, LABEL_1.)
+    if (head != model::Head::kPretraining && head != model::Head::kQuestionAnswering && config.labels != labels)
       throw UserError(source + " classifies into [" + label_list(config.labels) + "], the training shards into [" +
                       label_list(labels) + "]: a head mismatch (fine-tune from the encoder of a pretraining model, " +
                       "or make the shards with the model's labels)");

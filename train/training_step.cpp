@@ -45,9 +45,11 @@ std::string describe_weights(ParameterArena<float>& params) {
 // factor that turns its mean over its own predictions (masked tokens, labeled tokens) into its part of
 // the mean over the global batch's. Averaging the ranks' gradients then gives the gradient of the
 // global mean, as one process with the global batch computes it (ranks hold different numbers of masked
-// tokens). 1 for one rank and for sequence classification (one prediction per sequence).
+// tokens). 1 for one rank, for sequence classification (one prediction per sequence) and for question
+// answering (two: the answer's start and end).
 double prediction_share(Communicator& ranks, const model::ModelOutputs& out, model::Head head) {
-  if (ranks.size() == 1 || head == model::Head::kSequenceClassification) return 1.0;
+  if (ranks.size() == 1 || head == model::Head::kSequenceClassification || head == model::Head::kQuestionAnswering)
+    return 1.0;
   const double own =
       static_cast<double>(head == model::Head::kPretraining ? out.mlm_targets.size() : out.targets.size());
   std::vector<double> total = {own};

@@ -775,5 +775,184 @@ TEST_F(FixtureData, BadTaskDataFailsNamingTheFileAndLine) {
   testing::expect_user_error([&] { read_shard(dir.file("bad.hdf5")); }, "labels[0] holds 2, outside [0, 2)");
 }
 
+// ---------------------------------------------------------------- question answering
+
+// Question answering: [CLS] question [SEP] window [SEP]; the windows slide over the context's pieces by
+// doc_stride and cover it; each window that holds the whole answer labels its first and last piece (the
+// answer's own pieces), the others [CLS]. answer_start counts characters, not bytes.
+void check_question_windows(const tokenizer::Tokenizer& tokenizer, const std::string& name) {
+  SCOPED_TRACE(name);
+  testing::TempDir dir;
+  // "Café" and "naïve" put 2-byte characters before the answers: a byte offset would miss them.
+  const std::string context =
+      "The café letter, naïve in tone, was written by Mary Smith in 1905 and found in the attic of the old house "
+      "beside the river.";
+  const std::string first = "Mary Smith", second = "the old house";
+  const auto chars = [](const std::string& text, size_t bytes) {
+    int64_t n = 0;
+    for (size_t i = 0; i < bytes; ++i) n += (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80;
+    return n;
+  };
+  const int64_t first_start = chars(context, context.find(first)), second_start = chars(context, context.find(second));
+  ASSERT_EQ(first_start, static_cast<int64_t>(context.find(first)) - 2) << "two 2-byte characters before it";
+  const std::string lines =
+      R"({"id": "a", "question": "Who wrote the letter?", "context": ")" + context + R"(", "answers": {"text": [")" +
+      first + R"("], "answer_start": [)" + std::to_string(first_start) + "]}}\n" +
+      R"({"question": "Where was it found?", "context": ")" + context + R"(", "answers": [{"text": ")" + second +
+      R"(", "answer_start": )" + std::to_string(second_start) + "}]}\n" +
+      R"({"question": "What colour was the ink?", "context": ")" + context +
+      R"(", "answers": {"text": [], "answer_start": []}})" + "\n";
+  TaskDataOptions o;
+  o.kind = ShardKind::kSpanLabels;
+  o.max_seq_len = 32;
+  o.doc_stride = 5;
+  TaskDataReport report;
+  const Shard s = make_task_shard(write_lines(dir, "qa.jsonl", lines), tokenizer, o, &report);
+  EXPECT_EQ(report.examples, 3);
+  EXPECT_EQ(report.unanswerable, 1);
+  EXPECT_EQ(report.answers_not_found, 0);
+  EXPECT_EQ(report.windows, s.size);
+  EXPECT_EQ(s.label_names, (std::vector<std::string>{"start", "end"}));
+  ASSERT_EQ(s.labels.size(), static_cast<size_t>(2 * s.size));
+
+  // The context's pieces as the windows must hold them: each whitespace word tokenized on its own.
+  std::vector<int32_t> pieces;
+  for (size_t from = 0; from < context.size();) {
+    size_t to = context.find(' ', from);
+    if (to == std::string::npos) to = context.size();
+    const std::vector<int32_t> word = tokenizer.encode(context.substr(from, to - from));
+    pieces.insert(pieces.end(), word.begin(), word.end());
+    from = to + 1;
+  }
+  const std::vector<std::string> questions = {"Who wrote the letter?", "Where was it found?",
+                                              "What colour was the ink?"};
+  const std::vector<std::string> answers = {first, second, ""};
+  int64_t row = 0;
+  for (size_t q = 0; q < questions.size(); ++q) {
+    const std::vector<int32_t> question = tokenizer.encode(questions[q]);
+    const auto offset = static_cast<int64_t>(question.size()) + 2, room = o.max_seq_len - offset - 1;
+    const std::vector<int32_t> answer = answers[q].empty() ? std::vector<int32_t>{} : tokenizer.encode(answers[q]);
+    int64_t labelled = 0;
+    for (int64_t begin = 0;; begin += o.doc_stride, ++row) {
+      ASSERT_LT(row, s.size);
+      const int32_t* ids = s.input_ids.data() + row * s.seq_len;
+      const int8_t* segments = s.segment_ids.data() + row * s.seq_len;
+      const int64_t length = std::min<int64_t>(room, static_cast<int64_t>(pieces.size()) - begin);
+      EXPECT_EQ(ids[0], tokenizer.specials().cls);
+      EXPECT_EQ(std::vector<int32_t>(ids + 1, ids + offset - 1), question);
+      EXPECT_EQ(ids[offset - 1], tokenizer.specials().sep);
+      EXPECT_EQ(std::vector<int32_t>(ids + offset, ids + offset + length),
+                std::vector<int32_t>(pieces.begin() + begin, pieces.begin() + begin + length))
+          << "window " << begin;
+      EXPECT_EQ(ids[offset + length], tokenizer.specials().sep);
+      EXPECT_EQ(segments[offset - 1], 0);
+      EXPECT_EQ(segments[offset], 1);
+      const int32_t start = s.labels[2 * row], end = s.labels[2 * row + 1];
+      // Where the answer's pieces lie whole in this window, the label is that span; elsewhere [CLS].
+      int64_t found = -1;
+      for (int64_t j = 0; !answer.empty() && j + static_cast<int64_t>(answer.size()) <= length && found < 0; ++j)
+        if (std::equal(answer.begin(), answer.end(), ids + offset + j)) found = offset + j;
+      if (found >= 0) {
+        EXPECT_EQ(start, found);
+        EXPECT_EQ(end, found + static_cast<int64_t>(answer.size()) - 1);
+        ++labelled;
+      } else {
+        EXPECT_EQ(start, 0);
+        EXPECT_EQ(end, 0);
+      }
+      if (begin + length >= static_cast<int64_t>(pieces.size())) {
+        ++row;
+        break;
+      }
+    }
+    EXPECT_EQ(labelled > 0, !answers[q].empty()) << questions[q];
+  }
+  EXPECT_EQ(row, s.size);
+  EXPECT_GE(s.size, 9) << "each question needs several windows";
+
+  write_shard(dir.file("qa.hdf5"), s);
+  const Shard back = read_shard(dir.file("qa.hdf5"));
+  EXPECT_EQ(back.kind, ShardKind::kSpanLabels);
+  EXPECT_EQ(back.labels, s.labels);
+  EXPECT_EQ(back.input_ids, s.input_ids);
+  LoaderOptions lo;
+  lo.shards = {dir.file("qa.hdf5")};
+  lo.batch_size = 3;
+  lo.shuffle = false;
+  ShardLoader loader(lo);
+  Batch batch;
+  ASSERT_TRUE(loader.next(batch));
+  EXPECT_EQ(batch.labels, std::vector<int32_t>(s.labels.begin(), s.labels.begin() + 6));
+}
+
+TEST_F(FixtureData, QuestionsBecomeWindowsLabelledWithTheAnswerWithBothTokenizers) {
+  check_question_windows(*tokenizer_, "SentencePiece");
+  const std::unique_ptr<tokenizer::Tokenizer> wordpiece =
+      tokenizer::load_tokenizer(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
+  check_question_windows(*wordpiece, "WordPiece");
+}
+
+// An answer that ends a word ("attic" in "attic.") labels its own pieces, not the punctuation after it.
+TEST(TaskData, AnAnswerInsideAWordLabelsItsOwnPieces) {
+  const std::unique_ptr<tokenizer::Tokenizer> wordpiece =
+      tokenizer::load_tokenizer(std::string(BERT_TEST_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
+  testing::TempDir dir;
+  TaskDataOptions o;
+  o.kind = ShardKind::kSpanLabels;
+  o.max_seq_len = 64;
+  const Shard s = make_task_shard(
+      write_lines(dir, "qa.jsonl",
+                  R"({"question": "Where?", "context": "It was found in the attic.", "answers": {"text": ["attic"], )"
+                  R"("answer_start": [20]}})"
+                  "\n"),
+      *wordpiece, o);
+  ASSERT_EQ(s.size, 1);
+  const std::vector<int32_t> span(s.input_ids.begin() + s.labels[0], s.input_ids.begin() + s.labels[1] + 1);
+  EXPECT_EQ(span, wordpiece->encode("attic"));
+  EXPECT_NE(s.input_ids[s.labels[1] + 1], wordpiece->specials().sep) << "the period follows, outside the span";
+}
+
+TEST_F(FixtureData, BadQuestionDataFailsNamingTheFileAndLine) {
+  testing::TempDir dir;
+  TaskDataOptions o;
+  o.kind = ShardKind::kSpanLabels;
+  o.max_seq_len = 32;
+  auto fails = [&](const std::string& lines, const TaskDataOptions& options, const std::string& fragment) {
+    const std::string path = write_lines(dir, "bad.jsonl", lines);
+    testing::expect_user_error([&] { make_task_shard(path, *tokenizer_, options); }, fragment);
+  };
+  const std::string good = R"({"question": "q", "context": "in the beginning", "answers": [{"text": "the", )"
+                           R"("answer_start": 3}]})"
+                           "\n";
+  fails(good + R"({"question": "q", "context": "abc"})" + "\n", o, "bad.jsonl:2: expected \"answers\"");
+  fails(good + R"({"question": "q", "context": "abc", "answers": [{"text": "c", "answer_start": 3}]})" + "\n", o,
+        "bad.jsonl:2: answer_start 3 with an answer of 1 characters is outside the context's 3 characters");
+  fails(R"({"context": "abc", "answers": []})"
+        "\n",
+        o, "bad.jsonl:1: expected a string field \"question\"");
+  fails(R"({"question": "q", "context": "abc", "answers": [{"text": "x", "answer_start": 0}]})"
+        "\n",
+        o, "no question's answer was found in its context");
+  TaskDataOptions tight = o;
+  tight.max_seq_len = 4;
+  fails(good, tight, "leaves no room for the context");
+  // An answer whose text is not the context's there is skipped and counted.
+  TaskDataReport report;
+  const Shard s = make_task_shard(
+      write_lines(dir, "skip.jsonl",
+                  good + R"({"question": "q", "context": "abc", "answers": [{"text": "x", "answer_start": 0}]})"
+                         "\n"),
+      *tokenizer_, o, &report);
+  EXPECT_EQ(report.answers_not_found, 1);
+  EXPECT_EQ(report.examples, 1);
+  EXPECT_EQ(s.size, 1);
+  // A shard whose span lies outside its sequences, or runs backwards.
+  Shard bad = s;
+  bad.labels[0] = 5, bad.labels[1] = 4;
+  write_shard(dir.file("bad.hdf5"), bad);
+  testing::expect_user_error([&] { read_shard(dir.file("bad.hdf5")); },
+                             "labels[0] holds the span 5..4, expected 0 <= start <= end < 32");
+}
+
 }  // namespace
 }  // namespace bert::data

@@ -358,17 +358,22 @@ TEST(OnnxRuntimeRunner, StreamsEveryFloatOutputOfEveryBatchAsTheJsonRunGivesIt) 
 }
 
 // Task heads: the export's `logits` (sequence classification [B, L]; token classification [B, T, L], of
-// which the real tokens are compared) match our engine, FP32 and Q/DQ (which follows TensorRT's rules).
+// which the real tokens are compared; question answering start_logits and end_logits [B, T]) match our
+// engine, FP32 and Q/DQ (which follows TensorRT's rules).
 TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
-  for (const model::Head head : {model::Head::kSequenceClassification, model::Head::kTokenClassification}) {
+  for (const model::Head head :
+       {model::Head::kSequenceClassification, model::Head::kTokenClassification, model::Head::kQuestionAnswering}) {
     SCOPED_TRACE(model::head_architecture(head));
+    const bool qa = head == model::Head::kQuestionAnswering;
     model::BertConfig c = small_config();
     c.head = head;
-    c.labels = {"a", "b", "c", "d", "e"};
+    c.labels = qa ? std::vector<std::string>{"start", "end"} : std::vector<std::string>{"a", "b", "c", "d", "e"};
+    const int64_t num_labels = c.num_labels();
     model::Bert m(c);
     m.initialize(9);
     const Inputs in = make_inputs(3, 11, 60, 4);
     testing::TempDir dir;
+    std::vector<float> quantized_logits;  // the Q/DQ pass's, ours
     for (bool qdq : {false, true}) {
       SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
       if (qdq) {
@@ -380,8 +385,11 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
       const onnx::ModelProto proto = export_bert(m, options);
       check_onnx(proto);
       EXPECT_TRUE(check_qdq_rules(proto).empty()) << describe(check_qdq_rules(proto));
-      ASSERT_EQ(proto.graph().output_size(), 1);
-      EXPECT_EQ(proto.graph().output(0).name(), "logits");
+      ASSERT_EQ(proto.graph().output_size(), qa ? 2 : 1);
+      EXPECT_EQ(proto.graph().output(0).name(), qa ? "start_logits" : "logits");
+      if (qa) {
+        EXPECT_EQ(proto.graph().output(1).name(), "end_logits");
+      }
       write_onnx(proto, dir.file("task.onnx"));
       BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
       Graph<float> g;
@@ -389,31 +397,52 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
       Rng unused(0);
       const model::ModelOutputs out = m.forward(g, batch, false, unused);
       const std::vector<float> ours(g.value(out.logits).begin(), g.value(out.logits).end());
+      quantized_logits = ours;
       const Json ort = run_ort(dir.file("task.onnx"), in, dir, "", qdq ? "disabled" : "all");
       ASSERT_FALSE(ort.is_null());
-      const auto& data = ort.find("logits")->find("data")->as_array();
       std::vector<float> theirs;
-      for (int32_t row : out.rows)  // seq: b * T, one per sequence; token: every real token
-        for (int64_t k = 0; k < 5; ++k) {
-          const int64_t index = head == model::Head::kSequenceClassification ? (row / in.t) * 5 + k : row * 5 + k;
-          theirs.push_back(static_cast<float>(data[index].as_number()));
-        }
-      EXPECT_EQ(data.size(), head == model::Head::kSequenceClassification ? 15u : 3u * 11 * 5);
+      if (qa) {  // ours (2 B, T): each sequence's start row, then its end row
+        const auto &start = ort.find("start_logits")->find("data")->as_array(),
+                   &end = ort.find("end_logits")->find("data")->as_array();
+        ASSERT_EQ(start.size(), 3u * 11);
+        ASSERT_EQ(end.size(), 3u * 11);
+        for (int64_t i = 0; i < in.b; ++i)
+          for (const auto* part : {&start, &end})
+            for (int64_t j = 0; j < in.t; ++j) theirs.push_back(static_cast<float>((*part)[i * in.t + j].as_number()));
+      } else {
+        const auto& data = ort.find("logits")->find("data")->as_array();
+        for (int32_t row : out.rows)  // seq: b * T, one per sequence; token: every real token
+          for (int64_t k = 0; k < 5; ++k) {
+            const int64_t index = head == model::Head::kSequenceClassification ? (row / in.t) * 5 + k : row * 5 + k;
+            theirs.push_back(static_cast<float>(data[index].as_number()));
+          }
+        EXPECT_EQ(data.size(), head == model::Head::kSequenceClassification ? 15u : 3u * 11 * 5);
+      }
       EXPECT_LT(relative_error(theirs, ours), qdq ? 2e-3 : 1e-4);
     }
     // bert-eval --onnx's path for tasks: the export scored in ONNX Runtime on a task shard gives our
     // engine's accuracy (the fake-quantized model and its Q/DQ export).
     data::Shard shard(in.t, 0);
-    shard.kind =
-        head == model::Head::kTokenClassification ? data::ShardKind::kTokenLabels : data::ShardKind::kSequenceLabels;
+    shard.kind = head == model::Head::kTokenClassification ? data::ShardKind::kTokenLabels
+                 : qa                                      ? data::ShardKind::kSpanLabels
+                                                           : data::ShardKind::kSequenceLabels;
     shard.label_names = c.labels;
     Rng rng(3);
     for (int64_t i = 0; i < in.b; ++i) {
       int64_t n = 0;
       while (n < in.t && in.mask[i * in.t + n]) ++n;
-      std::vector<int32_t> labels(shard.kind == data::ShardKind::kTokenLabels ? n : 1);
-      for (int32_t& l : labels) l = static_cast<int32_t>(rng.next_below(5));
-      if (labels.size() > 1) labels[0] = kIgnoredLabel;
+      std::vector<int32_t> labels(data::label_width(shard.kind, n));
+      for (int32_t& l : labels) l = static_cast<int32_t>(rng.next_below(qa ? n : num_labels));
+      if (qa) {  // the model's own start and end, where in order, so that some predictions are right
+        for (int part = 0; part < 2; ++part) {
+          const float* row = quantized_logits.data() + (2 * i + part) * in.t;
+          labels[part] = static_cast<int32_t>(std::max_element(row, row + in.t) - row);
+        }
+        if (labels[0] > labels[1]) std::swap(labels[0], labels[1]);
+        labels[1] = std::min<int32_t>(labels[1], static_cast<int32_t>(n - 1));
+        labels[0] = std::min(labels[0], labels[1]);
+      }
+      if (shard.kind == data::ShardKind::kTokenLabels) labels[0] = kIgnoredLabel;
       shard.append_labeled(std::span(in.ids).subspan(i * in.t, n), std::span(in.types).subspan(i * in.t, n), labels);
     }
     data::write_shard(dir.file("task.hdf5"), shard);
@@ -425,11 +454,18 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
     Graph<float> g;
     const eval::TaskMetrics ours = eval::evaluate_task(m, engine_loader, 0, g);
     const eval::TaskMetrics theirs =
-        eval::evaluate_onnx_task(dir.file("task.onnx"), ort_loader, 5, 0,
+        eval::evaluate_onnx_task(dir.file("task.onnx"), ort_loader, c, 0,
                                  std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", dir.path().string());
     EXPECT_EQ(theirs.examples, ours.examples);
     EXPECT_GE(ours.examples, 3);
     EXPECT_EQ(theirs.confusion, ours.confusion) << "the same prediction for every labeled example";
+    EXPECT_EQ(theirs.spans, qa);
+    if (qa) {
+      EXPECT_GT(ours.start_correct + ours.end_correct, 0);
+    }
+    EXPECT_EQ(theirs.start_correct, ours.start_correct);
+    EXPECT_EQ(theirs.end_correct, ours.end_correct);
+    EXPECT_EQ(theirs.span_f1_sum, ours.span_f1_sum);
     ExportOptions masked;
     masked.masked_positions = true;
     testing::expect_user_error([&] { export_bert(m, masked); }, "has no masked-LM head");

@@ -1,6 +1,7 @@
 """An independent BERT in plain PyTorch (torch.nn.functional only, no Hugging Face code), for the golden
 fixtures: random parameters under Hugging Face state-dict names, the post-LN encoder, and the heads of
-BertForPreTraining, BertForSequenceClassification and BertForTokenClassification (no dropout unless
+BertForPreTraining, BertForSequenceClassification, BertForTokenClassification and BertForQuestionAnswering
+(no dropout unless
 asked for), and QatBert: that model with the fake quantizers of `bert-train --qat`. Every fixture script
 and the PyTorch side of the speed benchmark (bench/torch_step_bench.py) build on this one module, so there
 is one reference to read.
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 PRETRAINING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION = "pretraining", "seq_cls", "token_cls"
+QUESTION_ANSWERING = "qa"
 
 
 # The golden fixtures' model (bert_golden.h5, bert_qat_golden.h5): two layers of 16, a 40-token vocabulary.
@@ -25,7 +27,7 @@ def make_params(cfg, head=PRETRAINING, num_labels=0, weight_std=0.3, requires_gr
     """Random parameters (draws from `generator`, else torch's global one, in state-dict order): weights
     and embeddings N(0, weight_std), biases N(0, 0.1), LayerNorm gains 1 + N(0, 0.1); with bert_init,
     BERT's initialisation instead (weights N(0, 0.02), biases 0, gains 1). The heads' parameters are those
-    transformers has for `head` (token classification has no pooler)."""
+    transformers has for `head` (token classification and question answering have no pooler)."""
     C, V, I, P = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["max_position_embeddings"]
     params = {}
 
@@ -60,13 +62,15 @@ def make_params(cfg, head=PRETRAINING, num_labels=0, weight_std=0.3, requires_gr
         linear(p + "intermediate.dense", C, I)
         linear(p + "output.dense", I, C)
         norm(p + "output.LayerNorm")
-    if head != TOKEN_CLASSIFICATION:
+    if head in (PRETRAINING, SEQUENCE_CLASSIFICATION):
         linear("bert.pooler.dense", C, C)
     if head == PRETRAINING:
         linear("cls.predictions.transform.dense", C, C)
         norm("cls.predictions.transform.LayerNorm")
         param("cls.predictions.bias", V, kind="bias")
         linear("cls.seq_relationship", C, 2)
+    elif head == QUESTION_ANSWERING:
+        linear("qa_outputs", C, 2)
     else:
         linear("classifier", C, num_labels)
     return params

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/bert_heads_golden.h5: golden values for the task heads, from an independent plain
 PyTorch implementation in float64 (tests/golden/bert_reference.py: torch.nn.functional only, no Hugging Face) of
-BertForSequenceClassification (pooler on [CLS], classifier) and BertForTokenClassification (classifier on
-every token, cross-entropy over the tokens whose label is not -100), as transformers defines them.
+BertForSequenceClassification (pooler on [CLS], classifier), BertForTokenClassification (classifier on
+every token, cross-entropy over the tokens whose label is not -100) and BertForQuestionAnswering (qa_outputs on
+every token, its two columns the start and end logits, the mean of their cross-entropies over the positions),
+as transformers defines them.
 
 Run once (needs python3-torch, python3-h5py, python3-numpy from Debian):
     /usr/bin/python3 tests/golden/make_heads_golden.py
-One group per head (seq_cls/, token_cls/), each with config, params, grads, inputs and expected outputs.
+One group per head (seq_cls/, token_cls/, qa/), each with config, params, grads, inputs and expected outputs
+(qa: labels (B, 2), the answer's start and end; logits (B, T, 2), as qa_outputs gives them).
 """
 import json
 import os
@@ -16,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_reference import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Bert, make_params
+from bert_reference import QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Bert, make_params
 
 torch.set_default_dtype(torch.float64)
 
@@ -33,7 +36,8 @@ token_type_ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 1, 0, 0
 out_path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "bert_heads_golden.h5")
 with h5py.File(out_path, "w") as f:
     f.attrs["made_by"] = "tests/golden/make_heads_golden.py, torch " + torch.__version__ + ", float64"
-    for head, num_labels, seed in ((SEQUENCE_CLASSIFICATION, 3, 4321), (TOKEN_CLASSIFICATION, 5, 8765)):
+    for head, num_labels, seed in ((SEQUENCE_CLASSIFICATION, 3, 4321), (TOKEN_CLASSIFICATION, 5, 8765),
+                                   (QUESTION_ANSWERING, 2, 2468)):
         torch.manual_seed(seed)
         w = make_params(base, head, num_labels)
         model = Bert(base, w)
@@ -43,6 +47,12 @@ with h5py.File(out_path, "w") as f:
             logits = model.lin(model.pooled(x), "classifier")  # (B, labels)
             loss = F.cross_entropy(logits, labels)
             architecture = "BertForSequenceClassification"
+        elif head == QUESTION_ANSWERING:
+            labels = torch.tensor([[6, 7], [5, 5], [0, 0]])  # an answer, a one-token answer, none ([CLS])
+            logits = model.lin(x, "qa_outputs")  # (B, T, 2): every token's start and end logits
+            start_logits, end_logits = logits[..., 0], logits[..., 1]
+            loss = (F.cross_entropy(start_logits, labels[:, 0]) + F.cross_entropy(end_logits, labels[:, 1])) / 2
+            architecture = "BertForQuestionAnswering"
         else:
             labels = torch.tensor([[-100, 1, 4, -100, -100, 0, 2, -100],
                                    [-100, 3, -100, 3, -100, 1, -100, -100],

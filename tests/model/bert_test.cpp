@@ -233,16 +233,19 @@ TEST(BertGolden, OnTheGpuInBf16WithinItsTolerance) {
 }
 
 // The task heads (tests/fixtures/bert_heads_golden.h5, tests/golden/make_heads_golden.py): logits,
-// loss and every gradient of BertForSequenceClassification and BertForTokenClassification.
+// loss and every gradient of BertForSequenceClassification, BertForTokenClassification and
+// BertForQuestionAnswering.
 void check_heads_golden(const Device& device, double tolerance = kGoldenTolerance) {
   const std::string path = testing::fixtures_dir() + "/bert_heads_golden.h5";
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0) << "missing fixture " << path;
-  for (const std::string head : {"seq_cls", "token_cls"}) {
+  for (const std::string head : {"seq_cls", "token_cls", "qa"}) {
     SCOPED_TRACE(head);
     hid_t group = H5Gopen2(f, head.c_str(), H5P_DEFAULT);
     Bert model(BertConfig::from_json(Json::parse(read_string_attribute(group, "config"))));
-    ASSERT_EQ(model.config().head, head == "seq_cls" ? Head::kSequenceClassification : Head::kTokenClassification);
+    ASSERT_EQ(model.config().head, head == "seq_cls"     ? Head::kSequenceClassification
+                                   : head == "token_cls" ? Head::kTokenClassification
+                                                         : Head::kQuestionAnswering);
     ParameterArena<float>& params = model.parameters();
     int model_parameters = 0;
     for (ParamId id = 0; id < params.size(); ++id) {
@@ -263,7 +266,7 @@ void check_heads_golden(const Device& device, double tolerance = kGoldenToleranc
     std::vector<int8_t> mask, types;
     for (int32_t v : read_all<int32_t>(group, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
     for (int32_t v : read_all<int32_t>(group, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
-    const int64_t b = 3, t = 8, n = model.config().num_labels();
+    const int64_t b = 3, t = 8, n = model.config().num_labels(), layers = model.config().num_hidden_layers;
     BatchView batch{b, t, 0, ids, mask, types, {}, {}, {}, labels};
     model.place_on(device);
     Graph<float> g(device);
@@ -276,6 +279,12 @@ void check_heads_golden(const Device& device, double tolerance = kGoldenToleranc
     if (head == "seq_cls") {
       expected_logits = all_logits;
       expected_rows = {0, 8, 16};
+    } else if (head == "qa") {  // the reference's (B, T, 2) as ours: (2 B, T), each sequence's start row, end row
+      for (int64_t i = 0; i < b; ++i)
+        for (int64_t part = 0; part < 2; ++part)
+          for (int64_t j = 0; j < t; ++j) expected_logits.push_back(all_logits[(i * t + j) * 2 + part]);
+      expected_rows = {0, 8, 16};
+      EXPECT_EQ(out.targets, labels);
     } else {
       for (int64_t r = 0; r < b * t; ++r)
         if (labels[r] != kIgnoredLabel) {
@@ -306,8 +315,16 @@ void check_heads_golden(const Device& device, double tolerance = kGoldenToleranc
         scale = std::max(scale, std::abs(expected[i]));
         diff = std::max(diff, std::abs(double(grad[i]) - expected[i]));
       }
-      if (scale < 1e-12) {  // attention key biases: exactly zero in the reference
-        EXPECT_TRUE(params.name(id).ends_with("attention.self.key.bias")) << params.name(id);
+      if (scale < 1e-12) {
+        // Exactly zero in the reference: the attention key biases (a softmax ignores what every key adds
+        // alike), and for question answering the biases that add the same to every position's logits
+        // (qa_outputs' and the last LayerNorm's: the cross-entropy runs over the positions).
+        const std::string& name = params.name(id);
+        EXPECT_TRUE(
+            name.ends_with("attention.self.key.bias") ||
+            (head == "qa" && (name == "qa_outputs.bias" ||
+                              name == "bert.encoder.layer." + std::to_string(layers - 1) + ".output.LayerNorm.bias")))
+            << name;
         EXPECT_LT(diff, zero_gradient_limit) << params.name(id);
         continue;
       }

@@ -515,26 +515,29 @@ TEST(WeightScales, PerTensorModelsRoundTripAndTheOtherLayoutLoadsOnlyUnquantized
 
 TEST(HfExport, TaskModelsRoundTripAndFineTuningStartsFromAPretrainingDirectory) {
   TempDir dir;
-  for (const model::Head head : {model::Head::kSequenceClassification, model::Head::kTokenClassification}) {
+  for (const model::Head head :
+       {model::Head::kSequenceClassification, model::Head::kTokenClassification, model::Head::kQuestionAnswering}) {
     SCOPED_TRACE(model::head_architecture(head));
-    // Fine-tuning from the pretraining checkpoint: the encoder comes from it, the classifier is new
-    // (and, for token classification, there is no pooler).
+    const bool qa = head == model::Head::kQuestionAnswering;
+    // Fine-tuning from the pretraining checkpoint: the encoder comes from it, the classifier (qa_outputs)
+    // is new (and, for token classification and question answering, there is no pooler).
     model::BertConfig c = read_config(kFixtures + "/tiny");
     c.head = head;
-    c.labels = {"neg", "neutral", "pos"};
+    c.labels = qa ? std::vector<std::string>{"start", "end"} : std::vector<std::string>{"neg", "neutral", "pos"};
     model::Bert m(c);
     const ImportReport r = import_model(kFixtures + "/tiny", m, 5);
-    EXPECT_EQ(r.initialized, (std::vector<std::string>{"classifier.weight", "classifier.bias"}));
-    const bool token = head == model::Head::kTokenClassification;
+    EXPECT_EQ(r.initialized, qa ? (std::vector<std::string>{"qa_outputs.weight", "qa_outputs.bias"})
+                                : (std::vector<std::string>{"classifier.weight", "classifier.bias"}));
+    const bool pooler = head == model::Head::kSequenceClassification;
     int unused_pooler = 0;
     for (const std::string& name : r.unexpected) unused_pooler += name.starts_with("bert.pooler.");
-    EXPECT_EQ(unused_pooler, token ? 2 : 0);
+    EXPECT_EQ(unused_pooler, pooler ? 0 : 2);
     // Export: config.json names the architecture and labels as transformers writes them.
     export_model(dir.file("out"), m, Json());
     const Json config = Json::parse(read_text_file(dir.file("out/config.json"), "config"));
     EXPECT_EQ(config.find("architectures")->as_array().front().as_string(), model::head_architecture(head));
-    EXPECT_EQ(config.find("id2label")->find("2")->as_string(), "pos");
-    EXPECT_EQ(config.find("label2id")->find("neg")->as_int(), 0);
+    EXPECT_EQ(config.find("id2label")->find(qa ? "1" : "2")->as_string(), qa ? "end" : "pos");
+    EXPECT_EQ(config.find("label2id")->find(qa ? "start" : "neg")->as_int(), 0);
     model::Bert back(read_config(dir.file("out")));
     EXPECT_EQ(back.config().labels, c.labels);
     EXPECT_TRUE(import_model(dir.file("out"), back).initialized.empty());
@@ -542,9 +545,20 @@ TEST(HfExport, TaskModelsRoundTripAndFineTuningStartsFromAPretrainingDirectory) 
                           m.parameters().values().numel() * sizeof(float)),
               0);
   }
-  // An architecture without a head here is refused by name.
+  // transformers' BertForQuestionAnswering config: id2label LABEL_0, LABEL_1 (or none: num_labels 2).
+  std::ofstream(dir.file("qa.json"))
+      << R"({"architectures": ["BertForQuestionAnswering"], "hidden_size": 32, "id2label": {"0": "LABEL_0", "1": )"
+         R"("LABEL_1"}})";
+  EXPECT_EQ(model::BertConfig::load(dir.file("qa.json")).head, model::Head::kQuestionAnswering);
   std::ofstream(dir.file("qa.json")) << R"({"architectures": ["BertForQuestionAnswering"], "hidden_size": 32})";
-  expect_user_error([&] { model::BertConfig::load(dir.file("qa.json")); }, "BertForQuestionAnswering");
+  EXPECT_EQ(model::BertConfig::load(dir.file("qa.json")).labels, (std::vector<std::string>{"start", "end"}));
+  std::ofstream(dir.file("qa.json"))
+      << R"({"architectures": ["BertForQuestionAnswering"], "hidden_size": 32, "id2label": {"0": "a", "1": "b", )"
+         R"("2": "c"}})";
+  expect_user_error([&] { model::BertConfig::load(dir.file("qa.json")); }, "has 2 outputs (start, end), not 3");
+  // An architecture without a head here is refused by name.
+  std::ofstream(dir.file("qa.json")) << R"({"architectures": ["BertForMultipleChoice"], "hidden_size": 32})";
+  expect_user_error([&] { model::BertConfig::load(dir.file("qa.json")); }, "BertForMultipleChoice");
   std::ofstream(dir.file("nolabels.json")) << R"({"architectures": ["BertForSequenceClassification"]})";
   expect_user_error([&] { model::BertConfig::load(dir.file("nolabels.json")); }, "needs 'id2label'");
 }

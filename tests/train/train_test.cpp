@@ -1499,7 +1499,9 @@ namespace bert::train {
 namespace {
 
 // Task data from the same facts: "the capital of france is" -> paris (sequence classification, 12
-// answers), and each word's role (token classification: COUNTRY, CITY, THING, COLOR, O).
+// answers), each word's role (token classification: COUNTRY, CITY, THING, COLOR, O), and questions
+// about one of three facts in a context (question answering: "capital of peru" -> lima, the context
+// cut into windows of 24 tokens, some without the answer).
 class FactsTasks : public FactsCorpus {
  protected:
   static void SetUpTestSuite() {
@@ -1513,6 +1515,23 @@ class FactsTasks : public FactsCorpus {
     for (const char* split : {"train", "dev"}) {
       std::ofstream seq(dir_->file(std::string("seq-") + split + ".jsonl"));
       std::ofstream tok(dir_->file(std::string("tok-") + split + ".jsonl"));
+      std::ofstream qa(dir_->file(std::string("qa-") + split + ".jsonl"));
+      for (int i = 0; i < (split == std::string("train") ? 600 : 120); ++i) {
+        std::string context, question, answer;
+        size_t answer_start = 0;
+        const auto asked = rng.next_below(3);
+        for (uint64_t f = 0; f < 3; ++f) {
+          const bool capital = rng.next_uniform() < 0.6;
+          const auto& [subject, value] =
+              capital ? capitals[rng.next_below(capitals.size())] : colors[rng.next_below(colors.size())];
+          const std::string fact = std::string(capital ? "capital of " : "color of the ") + subject;
+          context.append(f ? " The " : "The ").append(fact).append(" is ");
+          if (f == asked) question = fact, answer = value, answer_start = context.size();
+          context.append(value).append(" .");
+        }
+        qa << R"({"question": ")" << question << R"(", "context": ")" << context << R"(", "answers": {"text": [")"
+           << answer << R"("], "answer_start": [)" << answer_start << "]}}\n";
+      }
       for (int i = 0; i < (split == std::string("train") ? 600 : 120); ++i) {
         const bool capital = rng.next_uniform() < 0.6;
         const auto& [subject, answer] =
@@ -1530,14 +1549,17 @@ class FactsTasks : public FactsCorpus {
       }
     }
     const auto tokenizer = tokenizer::load_tokenizer(dir_->file("spm.model"));
-    for (const char* task : {"seq", "tok"}) {
+    for (const char* task : {"seq", "tok", "qa"}) {
       data::TaskDataOptions o;
-      o.kind = task == std::string("seq") ? data::ShardKind::kSequenceLabels : data::ShardKind::kTokenLabels;
-      o.max_seq_len = 16;
+      o.kind = task == std::string("seq")   ? data::ShardKind::kSequenceLabels
+               : task == std::string("tok") ? data::ShardKind::kTokenLabels
+                                            : data::ShardKind::kSpanLabels;
+      o.max_seq_len = o.kind == data::ShardKind::kSpanLabels ? 24 : 16;
+      o.doc_stride = 6;
       const data::Shard train_shard =
           data::make_task_shard(dir_->file(std::string(task) + "-train.jsonl"), *tokenizer, o);
       data::write_shard(dir_->file(std::string(task) + "-train.hdf5"), train_shard);
-      o.labels = train_shard.label_names;
+      if (o.kind != data::ShardKind::kSpanLabels) o.labels = train_shard.label_names;
       data::write_shard(dir_->file(std::string(task) + "-dev.hdf5"),
                         data::make_task_shard(dir_->file(std::string(task) + "-dev.jsonl"), *tokenizer, o));
     }
@@ -1579,6 +1601,33 @@ TEST(TaskMetrics, AccuracyF1AndMajorityByHand) {
   EXPECT_DOUBLE_EQ(twice.macro_f1(), m.macro_f1());
 }
 
+TEST(TaskMetrics, SpanExactMatchF1AndMajorityByHand) {
+  eval::TaskMetrics m(2, /*spans=*/true);
+  // Targets (start, end): (5, 8), (5, 8), (0, 0) [no answer], (3, 3); predictions: exact; (6, 9), which
+  // overlaps 3 of 4 tokens each way; (0, 0), exact; (4, 2), backwards.
+  const std::vector<int32_t> targets = {5, 8, 5, 8, 0, 0, 3, 3}, predicted = {5, 8, 6, 9, 0, 0, 4, 2};
+  m.add(predicted, targets, 0.5);
+  EXPECT_EQ(m.examples, 4);
+  EXPECT_DOUBLE_EQ(m.accuracy(), 2.0 / 4);
+  EXPECT_DOUBLE_EQ(m.macro_f1(), (1.0 + 0.75 + 1.0 + 0.0) / 4);  // P = R = 3/4
+  EXPECT_DOUBLE_EQ(m.majority_accuracy(), 2.0 / 4);              // (5, 8)
+  EXPECT_DOUBLE_EQ(m.loss(), 0.5);
+  const Json j = m.to_json({"start", "end"});
+  EXPECT_DOUBLE_EQ(j.find("start_accuracy")->as_number(), 2.0 / 4);
+  EXPECT_DOUBLE_EQ(j.find("end_accuracy")->as_number(), 2.0 / 4);
+  // [CLS] predicted inside a span, or a span predicted where there is none: no partial credit.
+  eval::TaskMetrics cls(2, true);
+  cls.add(std::vector<int32_t>{0, 4, 2, 3}, std::vector<int32_t>{2, 4, 0, 0}, 0.0);
+  EXPECT_DOUBLE_EQ(cls.macro_f1(), 0.0);
+  eval::TaskMetrics twice;
+  twice.merge(m);
+  twice.merge(m);
+  EXPECT_TRUE(twice.spans);
+  EXPECT_EQ(twice.examples, 8);
+  EXPECT_DOUBLE_EQ(twice.macro_f1(), m.macro_f1());
+  EXPECT_DOUBLE_EQ(twice.majority_accuracy(), m.majority_accuracy());
+}
+
 TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEncoder) {
   testing::TempDir out;
   for (const std::string task : {"seq", "tok"}) {
@@ -1601,6 +1650,40 @@ TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEnco
     for (ParamId id = 0; id < m2.parameters().size(); ++id)
       EXPECT_FALSE(m2.parameters().name(id).starts_with("cls.")) << "no pretraining head in a task model";
   }
+}
+
+// Question answering: the span head learns to point at the asked fact's value among three (the context in
+// windows, some without the answer), as a Hugging Face BertForQuestionAnswering; QAT keeps it.
+TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
+  testing::TempDir out;
+  TrainOptions o = finetune("qa", out.file("qa"));
+  o.steps = 1000;  // exact match 0.59 at 1e-2, 0.65 at 3e-3 (majority span, [CLS]: 0.28; one of three values: 0.33)
+  o.learning_rate = 3e-3;
+  const TrainResult r = train(o);
+  const eval::TaskMetrics& m = r.last_task_eval;
+  ASSERT_TRUE(m.spans);
+  ASSERT_GT(m.examples, 0);
+  std::cout << "[ info ] question answering: exact match " << m.accuracy() << " (majority span "
+            << m.majority_accuracy() << "), token F1 " << m.macro_f1() << " over " << m.examples << " windows\n";
+  EXPECT_GT(m.accuracy(), m.majority_accuracy() + 0.25);
+  EXPECT_GE(m.macro_f1(), m.accuracy());
+  EXPECT_LT(r.losses.back(), r.losses.front());
+  const model::BertConfig c = store::read_checkpoint_config(out.file("qa") + "/checkpoint.h5");
+  EXPECT_EQ(c.head, model::Head::kQuestionAnswering);
+  EXPECT_EQ(c.to_json().find("architectures")->as_array().front().as_string(), "BertForQuestionAnswering");
+  model::Bert m2(c);
+  for (ParamId id = 0; id < m2.parameters().size(); ++id) {
+    const std::string& name = m2.parameters().name(id);
+    EXPECT_FALSE(name.starts_with("cls.") || name.starts_with("bert.pooler.") || name.starts_with("classifier."))
+        << name << ": a question-answering model has qa_outputs only";
+  }
+  TrainOptions qat = finetune("qa", out.file("qa-qat"));
+  qat.init_from = out.file("qa");
+  qat.qat = true;
+  qat.steps = 20;
+  qat.learning_rate = 1e-3;
+  const TrainResult q = train(qat);
+  EXPECT_GE(q.last_task_eval.accuracy(), m.accuracy() - 0.05);
 }
 
 TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccuracy) {
