@@ -86,6 +86,8 @@ void write_shard(const std::string& path, const Shard& s) {
       Json::Array names;
       for (const std::string& name : s.label_names) names.emplace_back(name);
       hdf5::write_attribute(h.get(), "label_names", Json(names).dump());
+      if (s.doc_stride > 0) hdf5::write_attribute(h.get(), "doc_stride", s.doc_stride);
+      if (s.max_query_len > 0) hdf5::write_attribute(h.get(), "max_query_len", s.max_query_len);
     } else {
       hdf5::write_dataset(h.get(), "masked_lm_positions", s.masked_lm_positions.data(), {n, p}, path, kGzipLevel);
       hdf5::write_dataset(h.get(), "masked_lm_ids", s.masked_lm_ids.data(), {n, p}, path, kGzipLevel);
@@ -158,6 +160,8 @@ Shard read_shard(const std::string& path) {
       throw UserError("shard '" + path + "': attribute 'label_names' is missing or not a JSON array of strings");
     }
     if (s.label_names.empty()) throw UserError("shard '" + path + "': 'label_names' is empty");
+    s.doc_stride = hdf5::read_int_attribute(h.get(), "doc_stride").value_or(0);
+    s.max_query_len = hdf5::read_int_attribute(h.get(), "max_query_len").value_or(0);
     const auto num_labels = static_cast<int32_t>(s.label_names.size());
     for (size_t i = 0; spans && i < s.labels.size(); i += 2) {
       const int32_t start = s.labels[i], end = s.labels[i + 1];

@@ -9,7 +9,8 @@
 // (-100 where no label applies: padding, [CLS]/[SEP], a word's continuation pieces), [N, 2] for extractive
 // question answering (the answer's first and last token; 0, 0, the [CLS] token, where the window holds no
 // answer). Root attributes "task" (seq-cls, token-cls or qa) and "label_names" (a JSON array: label i's
-// name; for qa "start", "end") describe them.
+// name; for qa "start", "end") describe them; a qa shard made here also records how its windows were cut
+// ("doc_stride", "max_query_len"), so that its questions can be windowed again for scoring answers.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,7 @@ struct Shard {
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
   std::vector<int32_t> labels;            // task shards: (N), (N, L) or (N, 2)
   std::vector<std::string> label_names;   // task shards: the name of each label id
+  int64_t doc_stride = 0, max_query_len = 0;  // qa shards made here (data/task_data.h); 0: not recorded
   std::optional<ShardMetadata> metadata;  // absent in shards written by other tools
 
   Shard() = default;

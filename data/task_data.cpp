@@ -55,11 +55,12 @@ std::vector<Line> read_lines(const std::string& path) {
   return lines;
 }
 
-// A context as SQuAD's words: runs of characters between whitespace (' ', tab, CR, LF, U+202F), with the
-// word each character belongs to (a whitespace character: the word before it) and each character's byte
-// offset in the UTF-8 text (one more at the end).
+// A context as SQuAD's words: runs of characters between whitespace (' ', tab, CR, LF, U+202F), with their
+// byte ranges, the word each character belongs to (a whitespace character: the word before it) and each
+// character's byte offset in the UTF-8 text (one more at the end).
 struct ContextWords {
   std::vector<std::string> words;
+  std::vector<std::pair<size_t, size_t>> spans;
   std::vector<int64_t> char_word;
   std::vector<size_t> char_byte;
 };
@@ -74,8 +75,9 @@ ContextWords split_context(const std::string& text) {
     const std::string_view ch(text.data() + i, len);
     const bool space = ch == " " || ch == "\t" || ch == "\r" || ch == "\n" || ch == "\xE2\x80\xAF";
     if (!space) {
-      if (after_space) c.words.emplace_back();
+      if (after_space) c.words.emplace_back(), c.spans.emplace_back(i, i);
       c.words.back().append(ch);
+      c.spans.back().second = i + len;
     }
     after_space = space;
     c.char_byte.push_back(i);
@@ -92,9 +94,9 @@ int64_t count_chars(const std::string& text) {
   return n;
 }
 
-// The first answer of a question-answering line: its text and its first character's index, or none
-// (an empty "answers": unanswerable).
-std::optional<std::pair<std::string, int64_t>> first_answer(const Line& line) {
+// The answers of a question-answering line: each one's text and first character's index (none: an empty
+// "answers", unanswerable).
+std::vector<std::pair<std::string, int64_t>> read_answers(const Line& line) {
   const Json* answers = line.json.find("answers");
   auto bad = [&] {
     return UserError(line.where +
@@ -102,28 +104,30 @@ std::optional<std::pair<std::string, int64_t>> first_answer(const Line& line) {
                      "\"answer_start\": ...}]");
   };
   if (!answers) throw bad();
-  const Json *text = nullptr, *start = nullptr;
+  std::vector<std::pair<std::string, int64_t>> out;
+  auto add = [&](const Json* text, const Json* start) {
+    if (!text || !start || !text->is_string() || !start->is_number()) throw bad();
+    out.emplace_back(text->as_string(), start->as_int());
+  };
   if (answers->is_object()) {
     const Json *texts = answers->find("text"), *starts = answers->find("answer_start");
     if (!texts || !starts || !texts->is_array() || !starts->is_array() ||
         texts->as_array().size() != starts->as_array().size())
       throw bad();
-    if (texts->as_array().empty()) return std::nullopt;
-    text = &texts->as_array().front(), start = &starts->as_array().front();
+    for (size_t i = 0; i < texts->as_array().size(); ++i) add(&texts->as_array()[i], &starts->as_array()[i]);
   } else if (answers->is_array()) {
-    if (answers->as_array().empty()) return std::nullopt;
-    const Json& first = answers->as_array().front();
-    if (!first.is_object()) throw bad();
-    text = first.find("text"), start = first.find("answer_start");
+    for (const Json& answer : answers->as_array()) {
+      if (!answer.is_object()) throw bad();
+      add(answer.find("text"), answer.find("answer_start"));
+    }
   } else {
     throw bad();
   }
-  if (!text || !start || !text->is_string() || !start->is_number()) throw bad();
-  return std::make_pair(text->as_string(), start->as_int());
+  return out;
 }
 
 void append_question_windows(const Line& line, const tokenizer::Tokenizer& tokenizer, const TaskDataOptions& options,
-                             Shard& shard, TaskDataReport& r) {
+                             Shard& shard, TaskDataReport& r, QuestionWindows* windows) {
   const tokenizer::SpecialTokens& special = tokenizer.specials();
   std::vector<int32_t> question = tokenizer.encode(string_field(line, "question"));
   if (static_cast<int64_t>(question.size()) > options.max_query_len) {
@@ -136,7 +140,8 @@ void append_question_windows(const Line& line, const tokenizer::Tokenizer& token
                     " leaves no room for the context after the question's " + std::to_string(question.size()) +
                     " tokens (raise --max-seq-len or lower --max-query-len)");
   const ContextWords context = split_context(string_field(line, "context"));
-  const auto answer = first_answer(line);
+  const std::vector<std::pair<std::string, int64_t>> answers = read_answers(line);
+  const auto answer = answers.empty() ? std::nullopt : std::optional(answers.front());  // the one trained on
   int64_t first_word = -1, last_word = -1;
   if (answer) {
     const int64_t chars = static_cast<int64_t>(context.char_word.size()), start = answer->second,
@@ -156,13 +161,24 @@ void append_question_windows(const Line& line, const tokenizer::Tokenizer& token
     ++r.unanswerable;
   }
   // Each word's pieces; the answer's span in them.
-  std::vector<int32_t> pieces;
+  std::vector<int32_t> pieces, piece_word;
   std::vector<int64_t> word_start(context.words.size() + 1);
   for (size_t w = 0; w < context.words.size(); ++w) {
     word_start[w] = static_cast<int64_t>(pieces.size());
     std::vector<int32_t> p = tokenizer.encode(context.words[w]);
     if (p.empty()) p.push_back(special.unk);  // a word the tokenizer drops keeps its place
     pieces.insert(pieces.end(), p.begin(), p.end());
+    piece_word.resize(pieces.size(), static_cast<int32_t>(w));
+  }
+  if (windows) {
+    QuestionWindows::Question q;
+    const Json* id = line.json.find("id");
+    q.id = id && id->is_string() ? id->as_string() : line.where;
+    q.context = string_field(line, "context");
+    q.words = context.spans;
+    for (const auto& a : answers) q.answers.push_back(a.first);
+    windows->questions.push_back(std::move(q));
+    windows->seq_len = options.max_seq_len;
   }
   const auto total = static_cast<int64_t>(pieces.size());
   word_start[context.words.size()] = total;
@@ -197,6 +213,13 @@ void append_question_windows(const Line& line, const tokenizer::Tokenizer& token
       ++r.windows_without_answer;
     shard.append_labeled(tokens, segments, span);
     ++r.windows;
+    if (windows) {
+      windows->window_question.push_back(static_cast<int32_t>(windows->questions.size() - 1));
+      windows->token_word.resize(windows->token_word.size() + options.max_seq_len, -1);
+      std::copy_n(piece_word.begin() + begin, length, windows->token_word.end() - options.max_seq_len + offset);
+      windows->tokens.insert(windows->tokens.end(), tokens.begin(), tokens.end());
+      windows->tokens.resize(windows->token_word.size(), 0);
+    }
     if (begin + length >= total) break;
     begin += std::min(length, options.doc_stride);
   }
@@ -228,7 +251,7 @@ std::vector<std::string> read_label_names(const std::string& path) {
 }
 
 Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& tokenizer, const TaskDataOptions& options,
-                      TaskDataReport* report) {
+                      TaskDataReport* report, QuestionWindows* windows) {
   BERT_CHECK(options.kind != ShardKind::kPretraining, "make_task_shard needs a task kind");
   if (options.max_seq_len < 3) throw UserError("--max-seq-len: expected at least 3");
   const bool per_token = options.kind == ShardKind::kTokenLabels;
@@ -239,9 +262,11 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
     Shard shard(options.max_seq_len, 0);
     shard.kind = options.kind;
     shard.label_names = {"start", "end"};
+    shard.doc_stride = options.doc_stride, shard.max_query_len = options.max_query_len;
+    if (windows) *windows = QuestionWindows{};
     shard.metadata = ShardMetadata{tokenizer.vocab_size(), tokenizer.file_sha256(), options.max_seq_len, 0, 0};
     TaskDataReport r;
-    for (const Line& line : lines) append_question_windows(line, tokenizer, options, shard, r);
+    for (const Line& line : lines) append_question_windows(line, tokenizer, options, shard, r, windows);
     if (shard.size == 0)
       throw UserError("task data '" + path + "': no question's answer was found in its context (answer_start?)");
     if (report) *report = r;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/shard.h"
@@ -46,11 +47,30 @@ struct TaskDataReport {
   int64_t windows = 0, windows_without_answer = 0, unanswerable = 0, answers_not_found = 0;
 };
 
+// Question answering: what scoring answers as text needs beyond the shard (eval/squad.h): each question
+// (its id, context, the context's words as byte ranges, every gold answer's text) and, for each window of
+// the shard in order, its question, its tokens and the context word of each of them.
+struct QuestionWindows {
+  struct Question {
+    std::string id;  // the line's "id", else its line number
+    std::string context;
+    std::vector<std::pair<size_t, size_t>> words;  // [begin, end) bytes of each whitespace word
+    std::vector<std::string> answers;              // empty: unanswerable
+  };
+  std::vector<Question> questions;
+  int64_t seq_len = 0;
+  std::vector<int32_t> window_question;  // (windows)
+  std::vector<int32_t> token_word;       // (windows, seq_len): the context word of each token, -1 elsewhere
+  std::vector<int32_t> tokens;           // (windows, seq_len): the shard's input_ids
+};
+
 // Reads `jsonl_path` and returns the shard (with tokenizer metadata). UserError naming the file and line
 // for malformed JSON, missing fields, a label outside `options.labels`, tokens and tags of different
-// lengths, an answer_start outside its context, or an empty input.
+// lengths, an answer_start outside its context, or an empty input. Question answering: `windows`, when
+// given, receives the questions and windows of the shard.
 Shard make_task_shard(const std::string& jsonl_path, const tokenizer::Tokenizer& tokenizer,
-                      const TaskDataOptions& options, TaskDataReport* report = nullptr);
+                      const TaskDataOptions& options, TaskDataReport* report = nullptr,
+                      QuestionWindows* windows = nullptr);
 
 // The label names of a labels file (one per line, blank lines ignored) or of a task shard (.hdf5/.h5).
 std::vector<std::string> read_label_names(const std::string& path);

@@ -36,6 +36,15 @@ OutputReads OutputReads::queue(Readback& rb, const Graph<float>& g, const model:
   return r;
 }
 
+std::vector<float> OutputReads::head_values() const {
+  std::vector<float> out(static_cast<size_t>(head_rows * head_cols));
+  for (size_t i = 0; head_logits && i < out.size(); ++i)
+    out[i] = head_dtype == DType::kF32
+                 ? static_cast<const float*>(head_logits)[i]
+                 : std::bit_cast<float>(uint32_t(static_cast<const uint16_t*>(head_logits)[i]) << 16);
+  return out;
+}
+
 std::vector<int32_t> OutputReads::head_predictions() const {
   if (!head_logits) return {};
   // The first largest value of each row, as ops::row_argmax (BF16 widened to float).

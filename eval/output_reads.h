@@ -29,6 +29,8 @@ struct OutputReads {
   // After the Readback's wait():
   // The head's prediction for each row of its logits (NSP: each sequence; tasks: each example).
   std::vector<int32_t> head_predictions() const;
+  // The head's logits as floats (BF16 widened), (head_rows, head_cols).
+  std::vector<float> head_values() const;
   // Adds the pass's losses and predictions to the metrics.
   void add_to(PretrainingMetrics& metrics) const;
   void add_to(TaskMetrics& metrics) const;

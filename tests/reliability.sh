@@ -80,6 +80,14 @@ expect_error bad-on-nonfinite "--on-nonfinite 'maybe'" "$N" -- "${TRAIN[@]}" --o
 expect_error data-missing-input "nowhere.txt" "$OUT/never-shards" -- "$BIN/bert-data" shards --input "$OUT/nowhere.txt" --tokenizer $VOCAB --output "$OUT/never-shards"
 expect_error data-bad-seq "--max-seq-len" "$OUT/never-shards" -- "$BIN/bert-data" shards --input $CORPUS --tokenizer $VOCAB --output "$OUT/never-shards" --max-seq-len 3
 expect_error data-inspect-corrupt "corrupt.hdf5" "" -- "$BIN/bert-data" inspect "$OUT/corrupt.hdf5"
+# Question answering: an answer outside its context (file and line), a window with no room, labels for qa.
+printf '%s\n' '{"question": "who?", "context": "Mary wrote it.", "answers": {"text": ["Mary"], "answer_start": [0]}}' \
+  '{"question": "what?", "context": "short", "answers": [{"text": "short", "answer_start": 9}]}' > "$OUT/qa.jsonl"
+expect_error qa-answer-outside "qa.jsonl:2: answer_start 9" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task qa --input "$OUT/qa.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5"
+head -1 "$OUT/qa.jsonl" > "$OUT/qa1.jsonl"
+expect_error qa-no-room "leaves no room for the context" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task qa --input "$OUT/qa1.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5" --max-seq-len 5
+expect_error qa-labels "--labels: a qa shard has no label set" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task qa --input "$OUT/qa1.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5" --labels "$OUT/qa1.jsonl"
+expect_error qa-task "--task 'squad': expected seq-cls, token-cls or qa" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task squad --input "$OUT/qa1.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5"
 
 # A small trained model for the evaluation, export and interruption cases.
 "${TRAIN[@]}" --out "$OUT/run" --steps 20 > "$OUT/run.log" 2>&1 || { tail "$OUT/run.log"; exit 1; }
@@ -109,6 +117,10 @@ expect_error export-cache-of-quantized "enabled quantizers (QAT or PTQ)" "$OUT/n
   --checkpoint "$OUT/ptq.h5" --onnx "$OUT/never.onnx" --trt-calib-cache "$OUT/never.cache" --calib-shards "$OUT/shards"
 expect_error eval-int8-of-fp32 "has no enabled quantizers (an FP32 model)" "" -- "$BIN/bert-eval" --checkpoint "$OUT/run" \
   --shards "$OUT/shards" --int8
+expect_error eval-qa-data-of-pretraining "is a BertForPreTraining, not a question-answering model" "" -- "$BIN/bert-eval" \
+  --checkpoint "$OUT/run" --shards "$OUT/shards" --qa-data "$OUT/qa1.jsonl"
+expect_error eval-predictions-alone "--predictions needs --qa-data" "$OUT/never.json" -- "$BIN/bert-eval" \
+  --checkpoint "$OUT/run" --shards "$OUT/shards" --predictions "$OUT/never.json"
 # INT8 on a GPU where none is visible: the device's error, before any work.
 if ! echo "$devices" | grep -q '^cuda:'; then
   expect_error eval-int8-on-gpu "--device cuda: " "" -- "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" \

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "data/loader.h"
@@ -13,6 +14,7 @@
 #include "eval/metrics.h"
 #include "eval/onnx_runtime.h"
 #include "eval/quantized.h"
+#include "eval/squad.h"
 #include "kernels/gemm.h"
 #include "ort/runner.h"
 #include "quant/quantize.h"
@@ -50,6 +52,8 @@ struct Args {
   std::string device_spec = "auto";
   Precision precision = Precision::kFp32;
   std::string weights;  // --weights: the weight quantizers' scales for PTQ (empty: the model's)
+  std::string qa_data, predictions_out;  // question answering scored as SQuAD scores it
+  eval::AnswerOptions answers;
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -87,6 +91,19 @@ void add_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--max-batches", a.max_batches, "stop after this many batches (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--qa-data", a.qa_data,
+                 "question answering: the JSON-lines file --shards (one shard) was made from; each question's answer "
+                 "is then chosen from all its windows and scored as SQuAD scores it (exact match and F1 over "
+                 "normalised words, the best over its gold answers)");
+  app.add_option("--predictions", a.predictions_out,
+                 "with --qa-data: write each question's answer as JSON {\"id\": \"text\"} (the input of SQuAD's "
+                 "evaluate script)");
+  app.add_option("--n-best", a.answers.n_best, "with --qa-data: the largest start and end logits paired per window")
+      ->check(CLI::Range(int64_t{1}, int64_t{512}))
+      ->capture_default_str();
+  app.add_option("--max-answer-tokens", a.answers.max_answer_tokens, "with --qa-data: the longest answer, in tokens")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
   app.add_flag("--compare", a.compare,
                "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
   app.add_flag("--sensitivity", a.sensitivity,
@@ -310,10 +327,51 @@ void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const
   }
 }
 
-// A task model's metrics on the shards: accuracy, macro-F1, loss and per-label F1.
-void task_metrics(Evaluation& e, data::ShardLoader& loader, size_t shard_count) {
+// --qa-data: the questions of the one shard, windowed again as the shard was (its recorded settings), and
+// checked to give exactly its sequences and labels.
+data::QuestionWindows question_windows(const Evaluation& e, const std::vector<std::string>& shards,
+                                       const tokenizer::Tokenizer& tokenizer) {
+  const Args& a = e.a;
+  if (shards.size() != 1)
+    throw UserError("--qa-data: give the one shard made from '" + a.qa_data + "' as --shards (found " +
+                    std::to_string(shards.size()) + ")");
+  const data::Shard shard = data::read_shard(shards.front());
+  if (shard.doc_stride <= 0 || shard.max_query_len <= 0)
+    throw UserError("--qa-data: shard '" + shards.front() +
+                    "' does not record how its windows were cut (make it again with bert-data task --task qa)");
+  data::TaskDataOptions o;
+  o.kind = data::ShardKind::kSpanLabels;
+  o.max_seq_len = shard.seq_len, o.doc_stride = shard.doc_stride, o.max_query_len = shard.max_query_len;
+  data::QuestionWindows windows;
+  const data::Shard again = data::make_task_shard(a.qa_data, tokenizer, o, nullptr, &windows);
+  if (again.input_ids != shard.input_ids || again.labels != shard.labels)
+    throw UserError("--qa-data '" + a.qa_data + "' does not give the sequences of '" + shards.front() +
+                    "' (made from another file, or with another tokenizer)");
+  return windows;
+}
+
+// A task model's metrics on the shards: accuracy, macro-F1, loss and per-label F1; for question answering
+// with --qa-data also SQuAD's exact match and F1 over the questions.
+void task_metrics(Evaluation& e, data::ShardLoader& loader, const std::vector<std::string>& shards) {
   const model::BertConfig& config = e.config();
-  const eval::TaskMetrics t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g, e.a.cuda_graphs);
+  const size_t shard_count = shards.size();
+  eval::TaskMetrics t;
+  std::optional<eval::AnswerScores> answers;
+  if (!e.a.qa_data.empty()) {
+    const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(e.a.tokenizer_path);
+    const data::QuestionWindows windows = question_windows(e, shards, *tokenizer);
+    eval::AnswerEvaluation r = eval::evaluate_answers(e.model, loader, windows, tokenizer.get(), e.a.max_batches, e.g,
+                                                      e.a.cuda_graphs, e.a.answers);
+    t = std::move(r.windows);
+    answers = std::move(r.answers);
+    e.report["answers"] = answers->to_json();
+    if (!e.a.predictions_out.empty()) {
+      write_text_file(e.a.predictions_out, answers->predictions_json().dump(2) + "\n");
+      spdlog::info("{} answers -> {}", answers->predictions.size(), e.a.predictions_out);
+    }
+  } else {
+    t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g, e.a.cuda_graphs);
+  }
   e.report["task"] = model::head_task_name(config.head);
   e.report["metrics"] = t.to_json(config.labels);
   if (e.a.json) return;
@@ -328,6 +386,19 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, size_t shard_count) 
     const Json j = t.to_json(config.labels);
     std::printf("%-22s %10.4f\n%-22s %10.4f\n", "start accuracy", j.find("start_accuracy")->as_number(), "end accuracy",
                 j.find("end_accuracy")->as_number());
+    if (!answers) {
+      std::printf("(per window and in tokens; --qa-data scores each question's answer text as SQuAD does)\n");
+      return;
+    }
+    std::printf(
+        "questions (SQuAD's scoring of the answer texts; %lld questions%s):\n", (long long)answers->questions,
+        answers->unscored ? (", " + std::to_string(answers->unscored) + " not scored: --max-batches").c_str() : "");
+    std::printf("%-22s %10.4f\n%-22s %10.4f\n", "exact match", answers->exact_match(), "F1", answers->f1());
+    if (answers->unanswerable)
+      std::printf("  answerable %lld: exact match %.4f, F1 %.4f; unanswerable %lld\n", (long long)answers->answerable,
+                  answers->answerable ? answers->answerable_exact_sum / answers->answerable : 0.0,
+                  answers->answerable ? answers->answerable_f1_sum / answers->answerable : 0.0,
+                  (long long)answers->unanswerable);
     return;
   }
   std::printf("%-22s %10s %10s\n", "label", "F1", "support");
@@ -475,7 +546,7 @@ void evaluate_shards(Evaluation& e) {
   } else if (a.int8) {
     integer_metrics(e, make_loader);
   } else if (e.task_model) {
-    task_metrics(e, loader, lo.shards.size());
+    task_metrics(e, loader, lo.shards);
   }
   const bool pretraining = !a.compare && !a.sensitivity && !a.int8 && !e.task_model;
   eval::PretrainingMetrics m;
@@ -554,6 +625,15 @@ int run(Args& a) {
                     ": it has no MLM/NSP head (--mlm-accuracy, --nsp-accuracy, --fill-mask); evaluate it on task "
                     "shards (--shards) for its task metrics");
   if (!a.shards.empty() && !a.mlm && !a.nsp && !task_model) a.mlm = a.nsp = true;
+  if (!a.qa_data.empty() && config.head != model::Head::kQuestionAnswering)
+    throw UserError("--qa-data: '" + a.checkpoint + "' is a " + model::head_architecture(config.head) +
+                    ", not a question-answering model");
+  if (!a.qa_data.empty() && (a.compare || a.sensitivity || a.int8 || a.shards.empty()))
+    throw UserError(
+        "--qa-data scores the model's own evaluation of --shards: leave out --compare, --sensitivity and "
+        "--int8 (a QAT checkpoint is scored fake-quantized)");
+  if (!a.predictions_out.empty() && a.qa_data.empty())
+    throw UserError("--predictions needs --qa-data (the questions and their contexts)");
   model::Bert model(config);
   const store::TrainingState state = store::load_model(source, model);
   if (a.int8 && a.save_calibrated.empty() && model.enabled_quantizers().empty())
