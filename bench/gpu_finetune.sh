@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tuning with QAT on real tasks, on a GPU: BERT-mini pretrained on the demo data (bench/gpu_pretrain.sh,
-# STEPS steps), then fine-tuned on Brown part-of-speech tagging (token classification, 12 tags) and Brown
-# genre classification (sequence classification, 15 genres; scripts/brown_tasks.py, split by document):
+# STEPS steps), then fine-tuned on Brown part-of-speech tagging (token classification, 12 tags), Brown
+# genre classification (sequence classification, 15 genres) and Brown cloze questions (extractive question
+# answering: a sentence's proper name to find in the rest of its passage, scored per question as SQuAD
+# scores it; scripts/brown_tasks.py, split by document):
 # FP32 fine-tuning, FP32 vs PTQ (each calibrator) on the test split, QAT, QAT + distillation from the FP32
 # model, FP32 continued as long as QAT (the fair baseline), and the Q/DQ export of each QAT model scored in
 # ONNX Runtime. Prepare here, run there from the repository root:
@@ -10,7 +12,7 @@
 #   python3 scripts/brown_tasks.py && tar -C cache -cJf cache-gpu/tasks.tar.xz tasks
 #   bash bench/gpu_finetune.sh [RESULTS_DIR]                   # there (carry gpu-bundle.tar.xz and cache-gpu)
 # Environment: STEPS (pretraining, default 6000), EPOCHS (fine-tuning, 3), QAT_EPOCHS (1), LR (1e-4),
-# QAT_LR (2e-5), ORT_BATCHES (batches of 64 scored in ONNX Runtime, 40), TASKS ("pos genre"), CALIBRATORS
+# QAT_LR (2e-5), ORT_BATCHES (batches of 64 scored in ONNX Runtime, 40), TASKS ("pos genre qa"), CALIBRATORS
 # (the PTQ calibrators compared, max,percentile,entropy,mse), PRESET and
 # PRECISION (mini, tf32: passed on to gpu_pretrain.sh with PRETRAIN_LR as its LR; e.g. PRESET=base
 # PRECISION=bf16 for BERT-base in BF16 mixed precision), VARIANTS (what follows the FP32 fine-tuning:
@@ -34,16 +36,20 @@ pretrained=runs/mini-gpu
 D=cache/data
 epochs=${EPOCHS:-3}
 qat_epochs=${QAT_EPOCHS:-1}
-for task in ${TASKS:-pos genre}; do
-  kind=token-cls
-  [ "$task" = genre ] && kind=seq-cls
+for task in ${TASKS:-pos genre qa}; do
   src=cache/tasks/brown-$task
   shards=cache/tasks/shards-$task
+  case $task in
+    genre) task_data=(--task seq-cls --labels "$src/labels.txt" --max-seq-len 128) ;;
+    qa) task_data=(--task qa --max-seq-len 256 --doc-stride 128) ;;
+    *) task_data=(--task token-cls --labels "$src/labels.txt" --max-seq-len 128) ;;
+  esac
+  answers=()  # question answering: each test question scored as SQuAD scores it
+  [ "$task" = qa ] && answers=(--qa-data "$src/test.jsonl")
   mkdir -p "$shards"
   for split in train dev test; do
-    [ -f "$shards/$split.hdf5" ] || run bert-data task --task $kind --input "$src/$split.jsonl" \
-      --tokenizer $D/spm.model --labels "$src/labels.txt" --max-seq-len 128 --output "$shards/$split.hdf5" \
-      2>&1 | tee -a "$results/$task-data.log"
+    [ -f "$shards/$split.hdf5" ] || run bert-data task "${task_data[@]}" --input "$src/$split.jsonl" \
+      --tokenizer $D/spm.model --output "$shards/$split.hdf5" 2>&1 | tee -a "$results/$task-data.log"
   done
   examples=$(wc -l < "$src/train.jsonl")
   steps=$(( examples * epochs / 32 ))
@@ -58,6 +64,8 @@ for task in ${TASKS:-pos genre}; do
     --calibrators ${CALIBRATORS:-max,percentile,entropy,mse} --calib-shards "$shards/train.hdf5" --calib-batches 16 \
     --json-out "$results/$task-compare-fp32.json" \
     | tee "$results/$task-compare-fp32.txt"
+  [ "$task" = qa ] && run bert-eval --device cuda --checkpoint $r-fp32 --shards "$shards/test.hdf5" "${answers[@]}" \
+    --json-out "$results/$task-test-fp32.json" > "$results/$task-test-fp32.txt"
   # QAT (percentile calibration, learned scales), QAT + distillation, and FP32 trained as long again.
   for variant in ${VARIANTS-qat qat-distill fp32-more}; do
     extra=()
@@ -67,7 +75,7 @@ for task in ${TASKS:-pos genre}; do
     esac
     run bert-train "${common[@]}" --init-from $r-fp32 --out $r-$variant --steps $qat_steps --lr ${QAT_LR:-2e-5} \
       "${extra[@]}" 2>&1 | tee "$results/$task-$variant.log" | grep -E "eval|done|saturated"
-    run bert-eval --device cuda --checkpoint $r-$variant --shards "$shards/test.hdf5" \
+    run bert-eval --device cuda --checkpoint $r-$variant --shards "$shards/test.hdf5" "${answers[@]}" \
       --json-out "$results/$task-test-$variant.json" > "$results/$task-test-$variant.txt"
     head -4 "$results/$task-test-$variant.txt"
   done
@@ -77,7 +85,8 @@ for task in ${TASKS:-pos genre}; do
     run bert-export --checkpoint $r-$variant --onnx $r-$variant/model.onnx --qdq 2>&1 | tail -1
     run bert-eval --device cuda --checkpoint $r-$variant --shards "$shards/test.hdf5" --batch-size 64 \
       --max-batches ${ORT_BATCHES:-40} --onnx $r-$variant/model.onnx --ort-script $ort_script \
-      --json-out "$results/$task-onnx-$variant.json" | grep -E "^accuracy|ONNX Runtime" | tee "$results/$task-onnx-$variant.txt"
+      --json-out "$results/$task-onnx-$variant.json" | grep -E "^accuracy|^exact match|ONNX Runtime" \
+      | tee "$results/$task-onnx-$variant.txt"
   done
 done
 tar -C "$(dirname "$results")" -czf "$results.tar.gz" "$(basename "$results")"  # one file to fetch

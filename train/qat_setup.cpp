@@ -76,7 +76,7 @@ std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::Be
   if (config.head != student.head)
     throw UserError(named + "has another head (" + model::head_architecture(config.head) + ", the student " +
                     model::head_architecture(student.head) + "); distil from a model fine-tuned for this task");
-  if (config.labels != student.labels)
+  if (config.labels != student.labels && config.head != model::Head::kQuestionAnswering)  // (start, end: any names)
     throw UserError(named + "has other labels (" + std::to_string(config.num_labels()) + ": " +
                     label_list(config.labels) + "; the student " + std::to_string(student.num_labels()) + ": " +
                     label_list(student.labels) + ")");

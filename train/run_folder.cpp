@@ -81,6 +81,7 @@ void adopt_task(model::BertConfig& config, model::Head head, const std::vector<s
                 const std::string& source) {
   if (config.head == head) {
     // (A question-answering head's two outputs are start and end whatever their names: LABEL_0, LABEL_1.)
+    if (head == model::Head::kQuestionAnswering) config.labels = labels;
     if (head != model::Head::kPretraining && head != model::Head::kQuestionAnswering && config.labels != labels)
       throw UserError(source + " classifies into [" + label_list(config.labels) + "], the training shards into [" +
                       label_list(labels) + "]: a head mismatch (fine-tune from the encoder of a pretraining model, " +
