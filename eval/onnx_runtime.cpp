@@ -1,5 +1,7 @@
 #include "eval/onnx_runtime.h"
 
+#include <optional>
+
 #include "ort/runner.h"
 
 namespace bert::eval {
@@ -34,25 +36,50 @@ PretrainingMetrics evaluate_onnx(const std::string& onnx_path, data::ShardLoader
 }
 
 TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& loader, const model::BertConfig& config,
-                               int64_t max_batches, const std::string& script, const std::string& work_dir) {
+                               int64_t max_batches, const std::string& script, const std::string& work_dir,
+                               const QuestionScoring* questions, AnswerScores* answers) {
   const std::vector<Batch> batches = ort::take_batches(loader, max_batches);
-  const Json results = ort::run_onnx_runtime(script, "--argmax", onnx_path, ort::batch_feeds(batches, false), work_dir);
+  TaskMetrics m = TaskMetrics::for_head(config);
+  // Questions to score need the logits themselves; otherwise the runner sends back their argmax only.
+  const bool raw = m.spans && questions;
+  const Json results =
+      ort::run_onnx_runtime(script, raw ? "" : "--argmax", onnx_path, ort::batch_feeds(batches, false), work_dir);
   const bool per_token = loader.kind() == data::ShardKind::kTokenLabels;
   const int64_t num_labels = config.num_labels();
-  TaskMetrics m = TaskMetrics::for_head(config);
+  std::optional<AnswerCollector> collector;
+  if (raw) {
+    QuestionScoring from_the_start = *questions;  // this pass reads the shard from its first batch
+    from_the_start.first_window = 0;
+    collector.emplace(from_the_start);
+  }
   for (size_t b = 0; b < batches.size(); ++b) {
     const Batch& bt = batches[b];
     if (m.spans) {  // each sequence's most likely start and end: the argmax of start_logits and end_logits
       const Json &r = results.as_array().at(b), *start = r.find("start_logits"), *end = r.find("end_logits");
-      if (!start || !end || start->find("dims")->as_array().size() != 1 || end->find("dims")->as_array().size() != 1)
+      const size_t rank = raw ? 2 : 1;
+      if (!start || !end || start->find("dims")->as_array().size() != rank ||
+          end->find("dims")->as_array().size() != rank)
         throw UserError("'" + onnx_path +
                         "' has no [B, T] outputs 'start_logits' and 'end_logits': not an export of a "
                         "question-answering model");
       std::vector<int32_t> predicted;
+      std::vector<float> rows;  // (2 B, T): each sequence's start logits, then its end logits
       for (int64_t i = 0; i < bt.size; ++i)
-        for (const Json* output : {start, end})
-          predicted.push_back(static_cast<int32_t>(output->find("data")->as_array().at(i).as_int()));
+        for (const Json* output : {start, end}) {
+          const Json::Array& data = output->find("data")->as_array();
+          if (!raw) {
+            predicted.push_back(static_cast<int32_t>(data.at(i).as_int()));
+            continue;
+          }
+          int32_t best = 0;  // the first largest, as the runner's --argmax and OutputReads
+          for (int64_t j = 0; j < bt.seq_len; ++j) {
+            rows.push_back(static_cast<float>(data.at(i * bt.seq_len + j).as_number()));
+            if (rows.back() > rows[rows.size() - 1 - j + best]) best = static_cast<int32_t>(j);
+          }
+          predicted.push_back(best);
+        }
       m.add(predicted, std::span<const int32_t>(bt.labels.data(), 2 * bt.size), 0.0);
+      if (collector) collector->add(rows, bt.seq_len);
       continue;
     }
     const Json* output = results.as_array().at(b).find("logits");
@@ -69,6 +96,7 @@ TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& 
       ++m.examples;
     }
   }
+  if (collector && answers) *answers = collector->finish();
   return m;
 }
 

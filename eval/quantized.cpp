@@ -36,13 +36,18 @@ double accuracy_of(model::Bert& model, const LoaderFactory& make, int64_t max_ba
 }
 
 ModeResult score(const std::string& mode, model::Bert& model, const LoaderFactory& make, int64_t max_batches,
-                 Graph<float>& g) {
+                 Graph<float>& g, const QuestionScoring* questions) {
   data::ShardLoader loader = make();
-  ModeResult r{mode, {}, {}};
-  if (model.config().head == model::Head::kPretraining)
+  ModeResult r{mode, {}, {}, {}};
+  if (model.config().head == model::Head::kPretraining) {
     r.metrics = evaluate(model, loader, max_batches, g);
-  else
+  } else if (questions) {
+    AnswerEvaluation a = evaluate_answers(model, loader, *questions, max_batches, g);
+    r.task = std::move(a.windows);
+    r.answers = std::move(a.answers);
+  } else {
     r.task = evaluate_task(model, loader, max_batches, g);
+  }
   return r;
 }
 
@@ -55,21 +60,22 @@ double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t m
 
 std::vector<ModeResult> compare_modes(model::Bert& model, const quant::CalibrationStatistics& stats,
                                       const std::vector<quant::Method>& methods, double percentile,
-                                      const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+                                      const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
+                                      const QuestionScoring* questions) {
   const SavedModes saved(model);
   const bool came_quantized = std::any_of(saved.modes.begin(), saved.modes.end(),
                                           [](const auto& p) { return p.second == model::QuantMode::kQuantize; });
   std::vector<ModeResult> results;
   quant::disable_all(model);
-  results.push_back(score("fp32", model, make, max_batches, g));
+  results.push_back(score("fp32", model, make, max_batches, g, questions));
   for (quant::Method m : methods) {
     quant::apply_calibration(model, stats, m, percentile);
-    results.push_back(score("ptq-" + quant::method_name(m), model, make, max_batches, g));
+    results.push_back(score("ptq-" + quant::method_name(m), model, make, max_batches, g, questions));
     saved.restore(model);
     quant::disable_all(model);
   }
   saved.restore(model);
-  if (came_quantized) results.push_back(score("qat", model, make, max_batches, g));
+  if (came_quantized) results.push_back(score("qat", model, make, max_batches, g, questions));
   return results;
 }
 
@@ -159,11 +165,14 @@ Json SensitivityReport::to_json() const {
 namespace {
 
 TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoader loader, int64_t max_batches,
-                     Graph<float>& g, bool cuda_graphs) {
+                     Graph<float>& g, bool cuda_graphs, const QuestionScoring* questions) {
   TimedMode r;
   r.mode = mode;
   const bool task = model.config().head != model::Head::kPretraining;
   if (task) r.task = TaskMetrics::for_head(model.config());
+  // Question answering: the head's logits kept, the answers chosen after the timed passes.
+  std::vector<float> answer_logits;
+  int64_t answer_length = 0;
   Batch batch;
   // As evaluate() scores, pipelined: the MLM loss and top predictions, without the decoder's logits.
   BatchEvaluator evaluator(model, g, cuda_graphs);
@@ -175,6 +184,11 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
       out.add_to(r.task);
     else
       out.add_to(r.metrics);
+    if (task && questions) {
+      const std::vector<float> values = out.head_values();
+      answer_logits.insert(answer_logits.end(), values.begin(), values.end());
+      answer_length = out.head_cols;
+    }
   };
   // The first batch is scored alone and not timed: it grows the workspace and wakes the threads, which
   // would otherwise count against whichever mode runs first.
@@ -193,6 +207,11 @@ TimedMode timed_pass(const std::string& mode, model::Bert& model, data::ShardLoa
   if (const OutputReads* out = evaluator.finish()) take(*out);
   g.clear();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
+  if (task && questions) {
+    AnswerCollector answers(*questions);
+    if (answer_length > 0) answers.add(answer_logits, answer_length);
+    r.answers = answers.finish();
+  }
   return r;
 }
 
@@ -207,16 +226,16 @@ std::string integer_inference_left_out(const Device& device) {
 }
 
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
-                                  bool integer_decoder, bool cuda_graphs) {
+                                  bool integer_decoder, bool cuda_graphs, const QuestionScoring* questions) {
   const std::vector<model::Quantizer*> enabled = model.enabled_quantizers();
   if (enabled.empty())
     throw UserError("INT8 inference needs a quantized model (a QAT checkpoint, or one saved with --save-calibrated)");
   IntegerComparison c;
   c.kernel = int8_kernel_name(Int8Kernel::kAuto);  // on a GPU: named once its layers are prepared (below)
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kFloat;
-  c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g, cuda_graphs));
+  c.modes.push_back(timed_pass("fp32", model, make(), max_batches, g, cuda_graphs, questions));
   for (model::Quantizer* q : enabled) q->mode = model::QuantMode::kQuantize;
-  c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g, cuda_graphs));
+  c.modes.push_back(timed_pass("fake-quant", model, make(), max_batches, g, cuda_graphs, questions));
   c.left_out = integer_inference_left_out(g.device());
   if (!c.left_out.empty()) {
     c.kernel.clear();
@@ -231,7 +250,7 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
     throw UserError("no linear layer has both its input and weight quantizers enabled: nothing runs as INT8");
   }
   try {
-    c.modes.push_back(timed_pass("int8", model, make(), max_batches, g, cuda_graphs));
+    c.modes.push_back(timed_pass("int8", model, make(), max_batches, g, cuda_graphs, questions));
     c.integer_residual_norms = model.integer_residual_norms();
   } catch (...) {
     model.clear_integer_inference();
@@ -262,6 +281,7 @@ Json IntegerComparison::to_json(const std::vector<std::string>& label_names) con
     row["sequences_warmup"] = m.warmup_sequences;
     row["seconds"] = m.seconds;
     row["sequences_per_second"] = m.sequences_per_second();
+    if (m.answers) row["answers"] = m.answers->to_json();
     rows.push_back(row);
   }
   j["modes"] = rows;

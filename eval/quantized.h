@@ -3,10 +3,12 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "eval/metrics.h"
+#include "eval/squad.h"
 #include "quant/quantize.h"
 
 namespace bert::eval {
@@ -17,7 +19,8 @@ using LoaderFactory = std::function<data::ShardLoader()>;
 struct ModeResult {
   std::string mode;            // "fp32", "ptq-max", "ptq-percentile", ..., "qat"
   PretrainingMetrics metrics;  // pretraining models
-  TaskMetrics task;            // task models (sequence or token classification)
+  TaskMetrics task;            // task models (sequence or token classification, question answering)
+  std::optional<AnswerScores> answers;  // question answering with questions to score
 };
 
 // The accuracy the comparisons rank by: MLM accuracy for pretraining models, the task's accuracy
@@ -25,10 +28,12 @@ struct ModeResult {
 double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
 
 // FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model
-// came with quantizers enabled (a QAT checkpoint), that state. Leaves the model as it came.
+// came with quantizers enabled (a QAT checkpoint), that state; with `questions` (question answering) each
+// mode's answers scored too. Leaves the model as it came.
 std::vector<ModeResult> compare_modes(model::Bert& model, const quant::CalibrationStatistics& stats,
                                       const std::vector<quant::Method>& methods, double percentile,
-                                      const LoaderFactory& eval_loader, int64_t max_batches, Graph<float>& g);
+                                      const LoaderFactory& eval_loader, int64_t max_batches, Graph<float>& g,
+                                      const QuestionScoring* questions = nullptr);
 
 struct SensitivityRow {
   std::string name;
@@ -66,7 +71,8 @@ struct TimedMode {
   std::string mode;  // "fp32", "fake-quant", "int8"
   PretrainingMetrics metrics;
   TaskMetrics task;
-  int64_t warmup_sequences = 0;  // the first batch: scored, not timed
+  std::optional<AnswerScores> answers;  // question answering with questions to score
+  int64_t warmup_sequences = 0;         // the first batch: scored, not timed
   int64_t sequences = 0;         // timed
   double seconds = 0;
   std::vector<int32_t> predictions;
@@ -94,7 +100,8 @@ struct IntegerComparison {
 // Why INT8 inference cannot run on `device` (a GPU without int8 tensor cores), or empty where it can.
 std::string integer_inference_left_out(const Device& device);
 IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& eval_loader, int64_t max_batches,
-                                  Graph<float>& g, bool integer_decoder = false, bool cuda_graphs = true);
+                                  Graph<float>& g, bool integer_decoder = false, bool cuda_graphs = true,
+                                  const QuestionScoring* questions = nullptr);
 
 // The model's size: every parameter (quantizer scales aside) in FP32, and deployed with the weights of
 // the enabled weight quantizers stored as INT8.

@@ -135,6 +135,11 @@ void AnswerCollector::add(std::span<const float> rows, int64_t t) {
   }
 }
 
+AnswerCollector::AnswerCollector(const QuestionScoring& scoring)
+    : AnswerCollector(scoring.windows, scoring.options, scoring.tokenizer) {
+  skip(scoring.first_window);
+}
+
 std::string AnswerCollector::answer_text(const data::QuestionWindows::Question& question, const Best& best) const {
   const size_t from = question.words[best.first_word].first, to = question.words[best.last_word].second;
   const std::string words = question.context.substr(from, to - from);
@@ -181,13 +186,12 @@ AnswerScores AnswerCollector::finish() const {
   return r;
 }
 
-AnswerEvaluation evaluate_answers(model::Bert& model, data::ShardLoader& loader, const data::QuestionWindows& windows,
-                                  const tokenizer::Tokenizer* tokenizer, int64_t max_batches, Graph<float>& g,
-                                  bool cuda_graphs, AnswerOptions options) {
+AnswerEvaluation evaluate_answers(model::Bert& model, data::ShardLoader& loader, const QuestionScoring& scoring,
+                                  int64_t max_batches, Graph<float>& g, bool cuda_graphs) {
   BERT_CHECK(model.config().head == model::Head::kQuestionAnswering,
              "evaluate_answers needs a question-answering model");
   AnswerEvaluation r{TaskMetrics::for_head(model.config()), {}};
-  AnswerCollector answers(windows, options, tokenizer);
+  AnswerCollector answers(scoring);
   BatchEvaluator evaluator(model, g, cuda_graphs);
   auto take = [&](const OutputReads& reads) {
     reads.add_to(r.windows);

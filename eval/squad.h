@@ -56,6 +56,16 @@ struct AnswerScores {
   Json predictions_json() const;  // {"id": "answer text", ...}: the input of SQuAD's evaluate script
 };
 
+// What scoring questions needs beside a pass over their shard: its questions and windows, the tokenizer
+// that narrows answers (or none), the choice's options, and the first window the pass reads (a pass that
+// starts later, after batches held for calibration, leaves the questions with windows before it unscored).
+struct QuestionScoring {
+  const data::QuestionWindows& windows;
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  AnswerOptions options = {};
+  int64_t first_window = 0;
+};
+
 // Collects the start and end logits of the windows of `windows`, in its order, and chooses and scores
 // each question's answer.
 class AnswerCollector {
@@ -63,10 +73,13 @@ class AnswerCollector {
   // `tokenizer` (the shard's, or none: whole words) narrows answers to their pieces' text.
   AnswerCollector(const data::QuestionWindows& windows, AnswerOptions options = {},
                   const tokenizer::Tokenizer* tokenizer = nullptr);
+  explicit AnswerCollector(const QuestionScoring& scoring);  // skips to its first window
   // The next windows' logits: `rows` (2 n, T), each window's start logits then its end logits (the
   // question-answering head's ModelOutputs::logits). UserError past the last window or for another T.
   void add(std::span<const float> rows, int64_t t);
   int64_t windows_added() const { return next_window_; }
+  // Passes over the next `n` windows (not evaluated: their questions are not scored).
+  void skip(int64_t n) { next_window_ += n; }
   AnswerScores finish() const;
 
  private:
@@ -86,14 +99,13 @@ class AnswerCollector {
   int64_t next_window_ = 0;
 };
 
-// evaluate_task over the loader (the shard made from the questions of `windows`, in order, not shuffled)
-// with each question's answer chosen and scored.
+// evaluate_task over the loader (the shard made from the questions, in order, not shuffled, at the
+// scoring's first window) with each question's answer chosen and scored.
 struct AnswerEvaluation {
   TaskMetrics windows;  // per window, as evaluate_task
   AnswerScores answers;
 };
-AnswerEvaluation evaluate_answers(model::Bert& model, data::ShardLoader& loader, const data::QuestionWindows& windows,
-                                  const tokenizer::Tokenizer* tokenizer, int64_t max_batches, Graph<float>& g,
-                                  bool cuda_graphs = true, AnswerOptions options = {});
+AnswerEvaluation evaluate_answers(model::Bert& model, data::ShardLoader& loader, const QuestionScoring& scoring,
+                                  int64_t max_batches, Graph<float>& g, bool cuda_graphs = true);
 
 }  // namespace bert::eval

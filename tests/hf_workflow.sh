@@ -97,6 +97,7 @@ print(f"question answering after QAT: exact match {qat['answers']['exact_match']
 assert qat["answers"]["questions"] == len(answers) == 60
 assert qat["answers"]["exact_match"] > 0.6, "one of three facts: 300 steps should answer most questions"
 assert abs(qat["onnx"]["exact_match"] - qat["metrics"]["exact_match"]) < 0.02, "the Q/DQ export disagrees"
+assert abs(qat["onnx"]["answers"]["f1"] - qat["answers"]["f1"]) < 0.02, "the Q/DQ export answers otherwise"
 assert back["answers"] == qat["answers"], "the Hugging Face export answers otherwise"
 PY
 echo "Hugging Face workflow passed"

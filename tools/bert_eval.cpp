@@ -187,6 +187,7 @@ struct Evaluation {
   Graph<float>& g;
   bool task_model;
   Json report;
+  const eval::QuestionScoring* questions = nullptr;  // --qa-data: each question's answer scored too
   const model::BertConfig& config() const { return model.config(); }
   std::string describe_quantization() {
     const int quantized = static_cast<int>(model.enabled_quantizers().size());
@@ -240,22 +241,26 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
   std::vector<quant::Method> methods;
   std::stringstream list(a.calibrators);
   for (std::string m; std::getline(list, m, ',');) methods.push_back(quant::parse_method(m));
-  const auto results =
-      eval::compare_modes(e.model, stats, methods, a.calibration.percentile, make_loader, a.max_batches, e.g);
+  const auto results = eval::compare_modes(e.model, stats, methods, a.calibration.percentile, make_loader,
+                                           a.max_batches, e.g, e.questions);
   Json::Array rows;
   const eval::TaskMetrics task_kind = eval::TaskMetrics::for_head(e.config());  // for the column names
   if (!a.json && e.task_model)
-    std::printf("%-16s %11s %10s %10s\n", "mode", task_kind.accuracy_name(), task_kind.f1_name(), "loss");
+    std::printf("%-16s %11s %10s %10s%s\n", "mode", task_kind.accuracy_name(), task_kind.f1_name(), "loss",
+                e.questions ? "   question EM   question F1" : "");
   else if (!a.json)
     std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
   for (const auto& r : results) {
     if (!a.json && e.task_model)
-      std::printf("%-16s %11.4f %10.4f %10.4f\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(), r.task.loss());
+      std::printf(
+          "%-16s %11.4f %10.4f %10.4f%s\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(), r.task.loss(),
+          r.answers ? fmt::format(" {:13.4f} {:13.4f}", r.answers->exact_match(), r.answers->f1()).c_str() : "");
     else if (!a.json)
       std::printf("%-16s %10.4f %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.metrics.mlm_accuracy(), r.metrics.mlm_loss(),
                   r.metrics.nsp_accuracy(), r.metrics.nsp_loss());
     Json row = e.task_model ? r.task.to_json(e.config().labels) : r.metrics.to_json();
     row["mode"] = r.mode;
+    if (r.answers) row["answers"] = r.answers->to_json();
     rows.push_back(row);
   }
   if (!a.json && e.task_model && !results.empty())
@@ -357,11 +362,9 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, const std::vector<st
   const size_t shard_count = shards.size();
   eval::TaskMetrics t;
   std::optional<eval::AnswerScores> answers;
-  if (!e.a.qa_data.empty()) {
-    const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(e.a.tokenizer_path);
-    const data::QuestionWindows windows = question_windows(e, shards, *tokenizer);
-    eval::AnswerEvaluation r = eval::evaluate_answers(e.model, loader, windows, tokenizer.get(), e.a.max_batches, e.g,
-                                                      e.a.cuda_graphs, e.a.answers);
+  if (e.questions) {
+    eval::AnswerEvaluation r =
+        eval::evaluate_answers(e.model, loader, *e.questions, e.a.max_batches, e.g, e.a.cuda_graphs);
     t = std::move(r.windows);
     answers = std::move(r.answers);
     e.report["answers"] = answers->to_json();
@@ -440,13 +443,18 @@ void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
   data::ShardLoader onnx_loader(lo);
   const PrivateTempDir work("bert-eval");
   if (e.task_model) {
+    eval::AnswerScores answers;
     const eval::TaskMetrics o = eval::evaluate_onnx_task(a.onnx_model, onnx_loader, e.config(), a.max_batches,
-                                                         a.ort_script, work.path().string());
+                                                         a.ort_script, work.path().string(), e.questions, &answers);
     e.report["onnx"] = o.to_json(e.config().labels);
+    if (e.questions) e.report["onnx"]["answers"] = answers.to_json();
     if (!a.json)
       std::printf("ONNX Runtime (%s): %s %.4f, %s %.4f over %lld %s\n", a.onnx_model.c_str(), o.accuracy_name(),
                   o.accuracy(), o.f1_name(), o.macro_f1(), (long long)o.examples,
                   e.config().head == model::Head::kTokenClassification ? "labeled tokens" : "sequences");
+    if (!a.json && e.questions)
+      std::printf("ONNX Runtime (%s): questions exact match %.4f, F1 %.4f over %lld questions\n", a.onnx_model.c_str(),
+                  answers.exact_match(), answers.f1(), (long long)answers.questions);
   } else {
     const eval::PretrainingMetrics o =
         eval::evaluate_onnx(a.onnx_model, onnx_loader, a.max_batches, a.ort_script, work.path().string());
@@ -460,7 +468,7 @@ void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
 // --int8: FP32, fake-quantized and integer inference side by side, timed, with their agreement.
 void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
   const eval::IntegerComparison c =
-      eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder, e.a.cuda_graphs);
+      eval::compare_integer(e.model, make_loader, e.a.max_batches, e.g, e.a.int8_decoder, e.a.cuda_graphs, e.questions);
   e.report["int8"] = c.to_json(e.config().labels);
   if (!c.left_out.empty()) spdlog::warn("--int8: {}", c.left_out);
   if (e.a.json) return;
@@ -480,16 +488,18 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
     std::printf("checkpoint %s (step %lld): FP32 and fake-quantized on %s, INT8 left out (no int8 tensor cores)\n",
                 e.a.checkpoint.c_str(), (long long)e.state.step, where.c_str());
   if (e.task_model)
-    std::printf("%-12s %11s %10s %12s %10s\n", "mode", eval::TaskMetrics::for_head(e.config()).accuracy_name(),
-                eval::TaskMetrics::for_head(e.config()).f1_name(), "sequences/s", "vs FP32");
+    std::printf("%-12s %11s %10s %12s %10s%s\n", "mode", eval::TaskMetrics::for_head(e.config()).accuracy_name(),
+                eval::TaskMetrics::for_head(e.config()).f1_name(), "sequences/s", "vs FP32",
+                e.questions ? "   question EM   question F1" : "");
   else
     std::printf("%-12s %10s %10s %12s %10s\n", "mode", "MLM acc", "NSP acc", "sequences/s", "vs FP32");
   const double fp32 = c.modes.front().sequences_per_second();
   for (const eval::TimedMode& m : c.modes)
-    std::printf("%-12s %11.4f %10.4f %12.1f %9.2fx\n", m.mode.c_str(),
+    std::printf("%-12s %11.4f %10.4f %12.1f %9.2fx%s\n", m.mode.c_str(),
                 e.task_model ? m.task.accuracy() : m.metrics.mlm_accuracy(),
                 e.task_model ? m.task.macro_f1() : m.metrics.nsp_accuracy(), m.sequences_per_second(),
-                fp32 > 0 ? m.sequences_per_second() / fp32 : 0.0);
+                fp32 > 0 ? m.sequences_per_second() / fp32 : 0.0,
+                m.answers ? fmt::format(" {:13.4f} {:13.4f}", m.answers->exact_match(), m.answers->f1()).c_str() : "");
   if (!c.left_out.empty()) return;
   const eval::TimedMode& first = c.modes.front();
   std::printf(
@@ -508,6 +518,16 @@ void evaluate_shards(Evaluation& e) {
   lo.repeat = false;
   data::ShardLoader loader(lo);
   check_shards_fit_the_model(e, loader, lo);
+  // --qa-data: the questions behind the shard, for scoring each one's answer in every pass below.
+  std::unique_ptr<tokenizer::Tokenizer> qa_tokenizer;
+  std::optional<data::QuestionWindows> qa_windows;
+  std::optional<eval::QuestionScoring> questions;
+  if (!a.qa_data.empty()) {
+    qa_tokenizer = tokenizer::load_tokenizer(a.tokenizer_path);
+    qa_windows = question_windows(e, lo.shards, *qa_tokenizer);
+    questions.emplace(eval::QuestionScoring{*qa_windows, qa_tokenizer.get(), a.answers, 0});
+    e.questions = &*questions;
+  }
   // Without --calib-shards, calibration reads the first --calib-batches batches of --shards, and the
   // comparisons score only the batches after them: a calibrator never sees the data it is scored on.
   const int64_t held_for_calibration =
@@ -517,6 +537,11 @@ void evaluate_shards(Evaluation& e) {
         "calibrating on the first {} batches of --shards and scoring the rest (--calib-shards to calibrate on "
         "other data)",
         held_for_calibration);
+  if (questions) {
+    questions->first_window = held_for_calibration * lo.batch_size;  // the passes that skip those batches
+    if (held_for_calibration > 0)
+      spdlog::info("--qa-data: the questions with windows in those batches are not scored in the comparison");
+  }
   auto make_loader = [lo, held_for_calibration] {
     data::ShardLoader l(lo);
     Batch skipped;
@@ -546,6 +571,7 @@ void evaluate_shards(Evaluation& e) {
   } else if (a.int8) {
     integer_metrics(e, make_loader);
   } else if (e.task_model) {
+    if (questions) questions->first_window = 0;
     task_metrics(e, loader, lo.shards);
   }
   const bool pretraining = !a.compare && !a.sensitivity && !a.int8 && !e.task_model;
@@ -628,10 +654,7 @@ int run(Args& a) {
   if (!a.qa_data.empty() && config.head != model::Head::kQuestionAnswering)
     throw UserError("--qa-data: '" + a.checkpoint + "' is a " + model::head_architecture(config.head) +
                     ", not a question-answering model");
-  if (!a.qa_data.empty() && (a.compare || a.sensitivity || a.int8 || a.shards.empty()))
-    throw UserError(
-        "--qa-data scores the model's own evaluation of --shards: leave out --compare, --sensitivity and "
-        "--int8 (a QAT checkpoint is scored fake-quantized)");
+  if (!a.qa_data.empty() && a.shards.empty()) throw UserError("--qa-data needs --shards: the shard made from it");
   if (!a.predictions_out.empty() && a.qa_data.empty())
     throw UserError("--predictions needs --qa-data (the questions and their contexts)");
   model::Bert model(config);

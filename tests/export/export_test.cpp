@@ -16,6 +16,7 @@
 
 #include "data/shard.h"
 #include "eval/onnx_runtime.h"
+#include "eval/squad.h"
 #include "export/bert_onnx.h"
 #include "export/export_checkpoint.h"
 #include "export/fusion_report.h"
@@ -462,6 +463,34 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
     EXPECT_EQ(theirs.spans, qa);
     if (qa) {
       EXPECT_GT(ours.start_correct + ours.end_correct, 0);
+      // Each window a question of its own whose context words are its tokens after [CLS] (word j - 1 at
+      // token j, every word "w<j>"): the answers chosen from the export's logits are the engine's.
+      data::QuestionWindows windows;
+      windows.seq_len = in.t;
+      for (int64_t i = 0; i < in.b; ++i) {
+        data::QuestionWindows::Question q{"q" + std::to_string(i), "", {}, {"w1"}};
+        windows.window_question.push_back(static_cast<int32_t>(i));
+        windows.token_word.push_back(-1);
+        for (int64_t j = 1; j < in.t; ++j) {
+          if (j > 1) q.context.push_back(' ');
+          const size_t from = q.context.size();
+          q.context.append("w").append(std::to_string(j - 1));
+          q.words.emplace_back(from, q.context.size());
+          windows.token_word.push_back(static_cast<int32_t>(j - 1));
+        }
+        windows.questions.push_back(std::move(q));
+      }
+      const eval::QuestionScoring scoring{windows};
+      data::ShardLoader engine_again(lo), ort_again(lo);
+      const eval::AnswerEvaluation engine = eval::evaluate_answers(m, engine_again, scoring, 0, g);
+      eval::AnswerScores exported;
+      const eval::TaskMetrics per_window = eval::evaluate_onnx_task(
+          dir.file("task.onnx"), ort_again, c, 0, std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js",
+          dir.path().string(), &scoring, &exported);
+      ASSERT_EQ(engine.answers.questions, in.b);
+      EXPECT_EQ(exported.predictions, engine.answers.predictions);
+      EXPECT_EQ(per_window.start_correct, ours.start_correct) << "the logits' own argmax, as the runner's";
+      EXPECT_EQ(per_window.end_correct, ours.end_correct);
     }
     EXPECT_EQ(theirs.start_correct, ours.start_correct);
     EXPECT_EQ(theirs.end_correct, ours.end_correct);

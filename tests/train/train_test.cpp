@@ -22,6 +22,7 @@
 #include "data/task_data.h"
 #include "eval/fill_mask.h"
 #include "eval/quantized.h"
+#include "eval/squad.h"
 #include "kernels/gemm.h"
 #include "ops/ops.h"
 #include "store/checkpoint.h"
@@ -1686,6 +1687,40 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
   const TrainResult q = train(qat);
   for (double loss : q.losses) EXPECT_TRUE(std::isfinite(loss));
   EXPECT_GE(q.last_task_eval.accuracy(), m.accuracy() - 0.05);
+
+  // Each dev question's answer, chosen from all its windows: the QAT model fake-quantized, and INT8 with
+  // integer GEMMs, which must answer alike.
+  model::Bert quantized(store::read_checkpoint_config(out.file("qa-qat") + "/checkpoint.h5"));
+  store::load_checkpoint(out.file("qa-qat") + "/checkpoint.h5", quantized, nullptr);
+  const auto tokenizer = tokenizer::load_tokenizer(dir_->file("spm.model"));
+  const data::Shard dev = data::read_shard(dir_->file("qa-dev.hdf5"));
+  data::TaskDataOptions windowing;
+  windowing.kind = data::ShardKind::kSpanLabels;
+  windowing.max_seq_len = dev.seq_len, windowing.doc_stride = dev.doc_stride,
+  windowing.max_query_len = dev.max_query_len;
+  data::QuestionWindows windows;
+  EXPECT_EQ(data::make_task_shard(dir_->file("qa-dev.jsonl"), *tokenizer, windowing, nullptr, &windows).input_ids,
+            dev.input_ids);
+  const eval::QuestionScoring scoring{windows, tokenizer.get()};
+  data::LoaderOptions lo;
+  lo.shards = {dir_->file("qa-dev.hdf5")};
+  lo.batch_size = 32;
+  lo.shuffle = lo.repeat = false;
+  const eval::LoaderFactory make = [&] { return data::ShardLoader(lo); };
+  Graph<float> g;
+  const eval::IntegerComparison modes = eval::compare_integer(quantized, make, 0, g, false, true, &scoring);
+  ASSERT_EQ(modes.modes.size(), 3u);
+  for (const eval::TimedMode& mode : modes.modes) ASSERT_TRUE(mode.answers.has_value()) << mode.mode;
+  const eval::AnswerScores &fake = *modes.modes[1].answers, &integer = *modes.modes[2].answers;
+  std::cout << "[ info ] dev questions: exact match " << fake.exact_match() << ", F1 " << fake.f1() << " over "
+            << fake.questions << " (per window " << modes.modes[1].task.accuracy() << ")\n";
+  EXPECT_EQ(fake.questions, 120);
+  EXPECT_EQ(fake.unscored, 0);
+  EXPECT_GT(fake.exact_match(), 0.55) << "one of three values by chance: 0.33 (0.69 here)";
+  EXPECT_EQ(integer.predictions, fake.predictions);
+  data::ShardLoader loader(lo);
+  const eval::AnswerEvaluation plain = eval::evaluate_answers(quantized, loader, scoring, 0, g);
+  EXPECT_EQ(plain.answers.predictions, fake.predictions) << "the timed pass and the plain one answer alike";
 }
 
 TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccuracy) {
