@@ -162,7 +162,7 @@ Var Graph<T>::push(Node n) {
 }
 
 template <typename T>
-Var Graph<T>::push_made_by(Node n, const std::source_location& made_by) {
+Var Graph<T>::push_made_by(Node n, const SourceLocation& made_by) {
   n.made_by = made_by.function_name();
   if (profile_) profile_->start_forward(n.made_by, n.value.shape());
   return push(n);
@@ -229,17 +229,17 @@ Var Graph<T>::bias_to_sum(Var y) {
 }
 
 template <typename T>
-Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, std::source_location made_by) {
+Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, SourceLocation made_by) {
   return emit(shape, inputs, DType::kF32, made_by);
 }
 
 template <typename T>
-Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype, std::source_location made_by) {
+Var Graph<T>::emit(Shape shape, std::initializer_list<Var> inputs, DType dtype, SourceLocation made_by) {
   return emit(shape, std::span<const Var>(inputs.begin(), inputs.size()), dtype, made_by);
 }
 
 template <typename T>
-Var Graph<T>::emit(Shape shape, std::span<const Var> inputs, DType dtype, std::source_location made_by) {
+Var Graph<T>::emit(Shape shape, std::span<const Var> inputs, DType dtype, SourceLocation made_by) {
   BERT_CHECK(dtype == DType::kF32 || (device_->is_cuda() && std::is_same_v<T, float>),
              "BF16 and int8 nodes exist only on a CUDA graph");
   BERT_CHECK(dtype != DType::kS8 || !any_requires_grad(inputs), "an int8 node takes no gradient");
@@ -253,7 +253,7 @@ Var Graph<T>::emit(Shape shape, std::span<const Var> inputs, DType dtype, std::s
 
 template <typename T>
 Var Graph<T>::emit_transient(Shape shape, std::initializer_list<Var> inputs, DType dtype, int slot,
-                             std::source_location made_by) {
+                             SourceLocation made_by) {
   BERT_CHECK(dtype == DType::kF32 || (device_->is_cuda() && std::is_same_v<T, float>),
              "BF16 and int8 nodes exist only on a CUDA graph");
   const std::span<const Var> in(inputs.begin(), inputs.size());
@@ -270,7 +270,7 @@ Var Graph<T>::emit_transient(Shape shape, std::initializer_list<Var> inputs, DTy
 }
 
 template <typename T>
-Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs, std::source_location made_by) {
+Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs, SourceLocation made_by) {
   Node n;
   n.value = value;
   n.requires_grad = any_requires_grad({inputs.begin(), inputs.size()});
@@ -279,7 +279,7 @@ Var Graph<T>::emit_alias(TensorView<T> value, std::initializer_list<Var> inputs,
 }
 
 template <typename T>
-Var Graph<T>::emit_view(Var x, Shape shape, std::source_location made_by) {
+Var Graph<T>::emit_view(Var x, Shape shape, SourceLocation made_by) {
   Node n;
   n.value = node(x).value.reshaped(shape);
   n.dtype = node(x).dtype;

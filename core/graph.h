@@ -15,11 +15,11 @@
 #include <initializer_list>
 #include <memory>
 #include <new>
-#include <source_location>
 #include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include "core/source_location.h"
 
 #include "core/arena.h"
 #include "core/device.h"
@@ -71,26 +71,24 @@ class Graph {
   // --- used by op implementations
   // A new node whose output lives in the workspace (uninitialised); it requires a gradient when
   // gradients are enabled and any input requires one. `made_by` names the op (for an OpProfile).
-  Var emit(Shape shape, std::initializer_list<Var> inputs,
-           std::source_location made_by = std::source_location::current());
+  Var emit(Shape shape, std::initializer_list<Var> inputs, SourceLocation made_by = SourceLocation::current());
   // The same with the output stored as `dtype` (kBF16: 2 bytes per element).
   Var emit(Shape shape, std::initializer_list<Var> inputs, DType dtype,
-           std::source_location made_by = std::source_location::current());
-  Var emit(Shape shape, std::span<const Var> inputs, DType dtype,
-           std::source_location made_by = std::source_location::current());
+           SourceLocation made_by = SourceLocation::current());
+  Var emit(Shape shape, std::span<const Var> inputs, DType dtype, SourceLocation made_by = SourceLocation::current());
   // A new node whose output lives in transient slot `slot` (transient()) instead of the workspace: for an
   // output that only the op made next reads, in its forward (the unfused attention's scores, which softmax
   // turns into the probabilities its backward keeps), so that no layer keeps it until the step ends. Its
   // value is valid until the slot is next taken; reading it after that throws (value, data, to_host). Its
   // gradient is an ordinary one.
   Var emit_transient(Shape shape, std::initializer_list<Var> inputs, DType dtype, int slot,
-                     std::source_location made_by = std::source_location::current());
+                     SourceLocation made_by = SourceLocation::current());
   // A new node whose output aliases existing storage (a reshape); its gradient is its own buffer.
   Var emit_alias(TensorView<T> value, std::initializer_list<Var> inputs,
-                 std::source_location made_by = std::source_location::current());
+                 SourceLocation made_by = SourceLocation::current());
   // A node whose value AND gradient are x's under another shape (a reshape that needs no backward:
   // gradients flowing into it land in x's gradient directly).
-  Var emit_view(Var x, Shape shape, std::source_location made_by = std::source_location::current());
+  Var emit_view(Var x, Shape shape, SourceLocation made_by = SourceLocation::current());
   // Records how to propagate out's gradient to its inputs: `fn(graph)`, any callable (an op's lambda).
   // A no-op unless out requires a gradient. The callable is moved into the graph's host closure memory,
   // a bump allocator like the workspace: once a step's graph has been built, building it again
@@ -262,7 +260,7 @@ class Graph {
     int32_t gradient_of = -1;       // emit_view: the node whose gradient this one shares
     int32_t first_consumer = -1;    // leaves: the first node made from it (its last writer in backward)
     bool reported_final = false;    // leaves: handed to backward's on_final; no closure may write it after
-    const char* made_by = nullptr;  // the op's function (std::source_location), for an OpProfile
+    const char* made_by = nullptr;  // the op's function (SourceLocation), for an OpProfile
     const void* bf16_copy = nullptr;  // parameters: Parameter::device_bf16
     bool owns_grad = false;           // inner nodes: `grad` came from allocate_grad (not passed through)
     bool grad_released = false;       // its closure has run and its gradient buffer went back for reuse
@@ -300,7 +298,7 @@ class Graph {
   Node& grad_owner(Var v);
   Var push(Node n);
   // A node made by an op: starts timing that op's forward when profiling.
-  Var push_made_by(Node n, const std::source_location& made_by);
+  Var push_made_by(Node n, const SourceLocation& made_by);
   bool any_requires_grad(std::span<const Var> inputs) const;
   // Storage for n elements of `dtype`, as the TensorView<T> a node keeps (whatever the element size).
   T* allocate(DType dtype, int64_t n) {

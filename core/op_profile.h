@@ -4,7 +4,7 @@
 //     after making its output; what the model does between two ops counts to the earlier one),
 //   - each op's backward closure,
 // and the caller may time phases outside the graph (the optimizer step) with add(). Ops are named by
-// the function that made the node (std::source_location), so every op is covered without code in it.
+// the function that made the node (core/source_location.h), so every op is covered without code in it.
 // For finding the ops that stop scaling with threads, or that a baseline runs faster. On a GPU the host
 // does not wait for the kernels, so there it times the host's side: the cost of queuing each op.
 #pragma once
@@ -34,7 +34,7 @@ class OpProfile {
   };
 
   // From now on, time goes to the forward of the op named by `function` (a function signature, as
-  // std::source_location::function_name gives it; the pointer must stay valid: a string literal) whose
+  // SourceLocation::function_name gives it; the pointer must stay valid: a string literal) whose
   // output has shape `out`.
   void start_forward(const char* function, const Shape& out);
   // From now on, time goes nowhere (closes the running forward).

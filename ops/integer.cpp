@@ -2,9 +2,9 @@
 // products of two activations, and integer self-attention, all on kernels/int8_gemm. Forward only.
 #include <algorithm>
 #include <cmath>
-#include <source_location>
 #include <string>
 #include <vector>
+#include "core/source_location.h"
 
 #include "kernels/gemm.h"
 #include "kernels/int8_gemm.h"
@@ -28,7 +28,7 @@ void check_inference(const Graph<float>& g, const std::string& op) {
 // The checks every integer linear makes, then its output (.., out). op: the public op's name, for
 // errors; made_by: the same, for an OpProfile.
 Var emit_integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias,
-                        const std::string& op, std::source_location made_by) {
+                        const std::string& op, SourceLocation made_by) {
   check_inference(g, op);
   const Shape& xs = g.shape(x);
   BERT_CHECK(xs.rank() >= 1 && xs[-1] == weights.k(),
@@ -40,7 +40,7 @@ Var emit_integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, std:
 }
 
 Var integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
-                   Var bias, Int8Finish finish, const char* op, std::source_location made_by) {
+                   Var bias, Int8Finish finish, const char* op, SourceLocation made_by) {
   Var y = emit_integer_linear(g, x, weights, scale_w, bias, op, made_by);
   BERT_CHECK(scale_x > 0, std::string(op) + ": the input scale must be positive");
   const int64_t rows = g.shape(x).rows();
@@ -56,13 +56,13 @@ Var integer_linear(Graph<float>& g, Var x, const Int8Weights& weights, float sca
 Var int8_linear(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                 Var bias) {
   return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kNone, "int8_linear",
-                        std::source_location::current());
+                        SourceLocation::current());
 }
 
 Var int8_linear_gelu(Graph<float>& g, Var x, const Int8Weights& weights, float scale_x, std::span<const float> scale_w,
                      Var bias) {
   return integer_linear(g, x, weights, scale_x, scale_w, bias, Int8Finish::kGelu, "int8_linear_gelu",
-                        std::source_location::current());
+                        SourceLocation::current());
 }
 
 Var exact_quantized_linear(Graph<float>& g, Var x, float scale_x, Var weight, std::span<const float> scale_w, Var bias,
@@ -219,7 +219,7 @@ std::vector<Var> int8_linear_quantized(Graph<float>& g, Var x, const DeviceInt8W
 }
 
 Var int8_linear_dynamic(Graph<float>& g, Var x, const Int8Weights& weights, std::span<const float> scale_w, Var bias) {
-  Var y = emit_integer_linear(g, x, weights, scale_w, bias, "int8_linear_dynamic", std::source_location::current());
+  Var y = emit_integer_linear(g, x, weights, scale_w, bias, "int8_linear_dynamic", SourceLocation::current());
   const int64_t rows = g.shape(x).rows();
   uint8_t* quantized = g.scratch<uint8_t>(rows * int8_row_bytes(weights.k()));
   float* row_scales = g.scratch<float>(rows);

@@ -2,9 +2,9 @@
 // quantizer, which the CPU composes): forward and backward side by side; the GPU twin is ops/layer_norm.cu.
 #include <algorithm>
 #include <cmath>
-#include <source_location>
 #include <string>
 #include <vector>
+#include "core/source_location.h"
 
 #include "kernels/vector_math.h"
 #include "ops/cuda_impl.h"
@@ -36,7 +36,7 @@ T lane_sum(int64_t n, Term term) {
 // normalised). The sums are stored only where a gradient will need them. op, made_by: the public op.
 template <typename T>
 Var normalize(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, const std::string& op,
-              std::source_location made_by) {
+              SourceLocation made_by) {
   const Shape& xs = g.shape(a);
   const int64_t c = xs.last(), rows = xs.rows();
   if (b.valid())
@@ -144,13 +144,13 @@ Var normalize(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps, const 
 template <typename T>
 Var layer_norm(Graph<T>& g, Var x, Var gamma, Var beta, double eps) {
   BERT_DISPATCH_CUDA(g, layer_norm(g, x, gamma, beta, eps))
-  return normalize(g, x, Var{}, gamma, beta, eps, "layer_norm", std::source_location::current());
+  return normalize(g, x, Var{}, gamma, beta, eps, "layer_norm", SourceLocation::current());
 }
 
 template <typename T>
 Var add_layer_norm(Graph<T>& g, Var a, Var b, Var gamma, Var beta, double eps) {
   BERT_DISPATCH_CUDA(g, add_layer_norm(g, a, b, gamma, beta, eps))
-  return normalize(g, a, b, gamma, beta, eps, "add_layer_norm", std::source_location::current());
+  return normalize(g, a, b, gamma, beta, eps, "add_layer_norm", SourceLocation::current());
 }
 
 // The CPU composes the two ops (dropout's pass is cheap there against the LayerNorm's).

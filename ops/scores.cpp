@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <source_location>
 #include <string>
 #include <vector>
+#include "core/source_location.h"
 
 #include "kernels/gemm.h"
 #include "kernels/int8_gemm.h"

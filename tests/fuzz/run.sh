@@ -9,10 +9,11 @@ cd "$(dirname "$0")/../.."
 SECONDS_EACH=${1:?usage: run.sh SECONDS [target...]}
 shift
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(json safetensors shard checkpoint text vocab)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(json safetensors shard checkpoint text vocab task)
 B=build-fuzz
 F=${FUZZ_FINDINGS:-$B/findings}  # where crash/leak/timeout inputs and logs go
-CC=clang CXX=clang++ cmake -S . -B $B -DBERT_FUZZ=ON -DBERT_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+CC=clang CXX=clang++ cmake -S . -B $B -DBERT_FUZZ=ON -DBERT_SANITIZE=address,undefined -DBERT_CUDA=OFF -DBERT_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
 cmake --build $B -j2 --target $(printf 'fuzz_%s ' "${TARGETS[@]}") > $B/fuzz-build.log 2>&1 || { tail -20 $B/fuzz-build.log; exit 1; }
 fuzz_one() {
   local t=$1

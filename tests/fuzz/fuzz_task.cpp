@@ -1,0 +1,40 @@
+// Fine-tuning data: JSON lines made into task shards of each kind (data/task_data.h), questions windowed
+// with the fixture vocabulary; every span labelled lies in its window's context, every window's words are
+// the context's.
+#include <memory>
+
+#include "data/task_data.h"
+#include "tests/fuzz/fuzz_target.h"
+#include "tokenizer/wordpiece.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace bert;
+  static const std::unique_ptr<tokenizer::Tokenizer> vocab =
+      tokenizer::load_wordpiece(std::string(BERT_FUZZ_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
+  fuzz::InputFile file(data, size, ".jsonl");
+  for (const data::ShardKind kind :
+       {data::ShardKind::kSequenceLabels, data::ShardKind::kTokenLabels, data::ShardKind::kSpanLabels}) {
+    fuzz::expect_clean([&] {
+      data::TaskDataOptions o;
+      o.kind = kind;
+      o.max_seq_len = 24;
+      o.doc_stride = 5;
+      o.max_query_len = 8;
+      data::QuestionWindows windows;
+      const data::Shard s = data::make_task_shard(file.path(), *vocab, o, nullptr, &windows);
+      if (kind != data::ShardKind::kSpanLabels) return;
+      if (windows.window_question.size() != static_cast<size_t>(s.size)) __builtin_trap();
+      for (int64_t i = 0; i < s.size; ++i) {
+        const int32_t start = s.labels[2 * i], end = s.labels[2 * i + 1];
+        const int32_t* word = windows.token_word.data() + i * s.seq_len;
+        if (end > 0 && (word[start] < 0 || word[end] < 0)) __builtin_trap();  // an answer outside the context
+        const auto& q = windows.questions.at(windows.window_question[i]);
+        for (int64_t j = 0; j < s.seq_len; ++j)
+          if (word[j] >= 0 &&
+              (static_cast<size_t>(word[j]) >= q.words.size() || q.words[word[j]].second > q.context.size()))
+            __builtin_trap();
+      }
+    });
+  }
+  return 0;
+}
