@@ -186,6 +186,25 @@ AnswerScores AnswerCollector::finish() const {
   return r;
 }
 
+data::QuestionWindows windows_of_shard(const std::string& jsonl, const std::string& shard_path,
+                                       const tokenizer::Tokenizer& tokenizer, const std::string& flag) {
+  const data::Shard shard = data::read_shard(shard_path);
+  if (shard.kind != data::ShardKind::kSpanLabels)
+    throw UserError(flag + ": '" + shard_path + "' is not a question-answering shard");
+  if (shard.doc_stride <= 0 || shard.max_query_len <= 0)
+    throw UserError(flag + ": shard '" + shard_path +
+                    "' does not record how its windows were cut (make it again with bert-data task --task qa)");
+  data::TaskDataOptions o;
+  o.kind = data::ShardKind::kSpanLabels;
+  o.max_seq_len = shard.seq_len, o.doc_stride = shard.doc_stride, o.max_query_len = shard.max_query_len;
+  data::QuestionWindows windows;
+  const data::Shard again = data::make_task_shard(jsonl, tokenizer, o, nullptr, &windows);
+  if (again.input_ids != shard.input_ids || again.labels != shard.labels)
+    throw UserError(flag + " '" + jsonl + "' does not give the sequences of '" + shard_path +
+                    "' (made from another file, or with another tokenizer)");
+  return windows;
+}
+
 AnswerEvaluation evaluate_answers(model::Bert& model, data::ShardLoader& loader, const QuestionScoring& scoring,
                                   int64_t max_batches, Graph<float>& g, bool cuda_graphs) {
   BERT_CHECK(model.config().head == model::Head::kQuestionAnswering,

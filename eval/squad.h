@@ -56,6 +56,12 @@ struct AnswerScores {
   Json predictions_json() const;  // {"id": "answer text", ...}: the input of SQuAD's evaluate script
 };
 
+// The questions of `jsonl`, windowed again as the question-answering shard at `shard_path` was (the
+// settings it records) and checked to give exactly its sequences and labels. UserError naming `flag` and
+// the files otherwise (another file or tokenizer, or a shard that records no settings).
+data::QuestionWindows windows_of_shard(const std::string& jsonl, const std::string& shard_path,
+                                       const tokenizer::Tokenizer& tokenizer, const std::string& flag);
+
 // What scoring questions needs beside a pass over their shard: its questions and windows, the tokenizer
 // that narrows answers (or none), the choice's options, and the first window the pass reads (a pass that
 // starts later, after batches held for calibration, leaves the questions with windows before it unscored).

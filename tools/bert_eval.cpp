@@ -332,27 +332,13 @@ void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const
   }
 }
 
-// --qa-data: the questions of the one shard, windowed again as the shard was (its recorded settings), and
-// checked to give exactly its sequences and labels.
+// --qa-data: the questions of the one shard, windowed again as the shard was and checked against it.
 data::QuestionWindows question_windows(const Evaluation& e, const std::vector<std::string>& shards,
                                        const tokenizer::Tokenizer& tokenizer) {
-  const Args& a = e.a;
   if (shards.size() != 1)
-    throw UserError("--qa-data: give the one shard made from '" + a.qa_data + "' as --shards (found " +
+    throw UserError("--qa-data: give the one shard made from '" + e.a.qa_data + "' as --shards (found " +
                     std::to_string(shards.size()) + ")");
-  const data::Shard shard = data::read_shard(shards.front());
-  if (shard.doc_stride <= 0 || shard.max_query_len <= 0)
-    throw UserError("--qa-data: shard '" + shards.front() +
-                    "' does not record how its windows were cut (make it again with bert-data task --task qa)");
-  data::TaskDataOptions o;
-  o.kind = data::ShardKind::kSpanLabels;
-  o.max_seq_len = shard.seq_len, o.doc_stride = shard.doc_stride, o.max_query_len = shard.max_query_len;
-  data::QuestionWindows windows;
-  const data::Shard again = data::make_task_shard(a.qa_data, tokenizer, o, nullptr, &windows);
-  if (again.input_ids != shard.input_ids || again.labels != shard.labels)
-    throw UserError("--qa-data '" + a.qa_data + "' does not give the sequences of '" + shards.front() +
-                    "' (made from another file, or with another tokenizer)");
-  return windows;
+  return eval::windows_of_shard(e.a.qa_data, shards.front(), tokenizer, "--qa-data");
 }
 
 // A task model's metrics on the shards: accuracy, macro-F1, loss and per-label F1; for question answering

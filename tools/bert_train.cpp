@@ -4,7 +4,10 @@
 
 #include <csignal>
 #include <filesystem>
+#include <memory>
+#include <optional>
 
+#include "eval/squad.h"
 #include "store/checkpoint.h"
 #include "store/model_source.h"
 #include "sys/error.h"
@@ -52,6 +55,11 @@ struct Args {
               scales = "learned", weights = "per-channel", attention = "auto";
   int threads = 0, nproc = 1;
   double dropout = -1;
+  std::string eval_qa_data;
+  // Loaded by resolve(): the tokenizer, and with --eval-qa-data the held-out questions o.eval_questions names.
+  std::unique_ptr<bert::tokenizer::Tokenizer> tokenizer;
+  std::optional<bert::data::QuestionWindows> eval_windows;
+  std::optional<bert::eval::QuestionScoring> eval_questions;
   Args() { o.device = "auto"; }
 };
 
@@ -80,6 +88,9 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--eval", a.o.eval_shards,
                  "held-out shards for periodic evaluation (opened and checked before the first step, kept in memory)")
       ->expected(1, -1);
+  app.add_option("--eval-qa-data", a.eval_qa_data,
+                 "question answering: the JSON-lines file the one --eval shard was made from; each held-out "
+                 "evaluation then also scores every question's answer as SQuAD does (exact match, F1)");
   app.add_option("--tokenizer", a.o.tokenizer_path,
                  "tokenizer the shards were made with: SentencePiece .model or WordPiece vocab.txt "
                  "(default: OUT's copy on --resume, else the one beside --init-from)");
@@ -248,9 +259,18 @@ void resolve(Args& a, const CLI::App& app) {
   if (o.tokenizer_path.empty() && !o.init_from.empty()) o.tokenizer_path = store::find_model(o.init_from).tokenizer;
   if (o.tokenizer_path.empty())
     throw UserError("--tokenizer: a tokenizer is required (the one the shards were made with)");
-  const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(o.tokenizer_path);
-  o.tokenizer_vocab_size = tokenizer->vocab_size();
-  o.tokenizer_sha256 = tokenizer->file_sha256();
+  a.tokenizer = tokenizer::load_tokenizer(o.tokenizer_path);
+  o.tokenizer_vocab_size = a.tokenizer->vocab_size();
+  o.tokenizer_sha256 = a.tokenizer->file_sha256();
+  if (!a.eval_qa_data.empty()) {  // the held-out questions, windowed again and checked against the shard
+    const std::vector<std::string> eval_paths = data::expand_shard_paths(o.eval_shards);
+    if (eval_paths.size() != 1)
+      throw UserError("--eval-qa-data: give the one shard made from '" + a.eval_qa_data + "' as --eval (found " +
+                      std::to_string(eval_paths.size()) + ")");
+    a.eval_windows = eval::windows_of_shard(a.eval_qa_data, eval_paths.front(), *a.tokenizer, "--eval-qa-data");
+    a.eval_questions.emplace(eval::QuestionScoring{*a.eval_windows, a.tokenizer.get()});
+    o.eval_questions = &*a.eval_questions;
+  }
 }
 
 int run(Args& a, const CLI::App& app, int argc, char** argv) {

@@ -14,11 +14,18 @@
 #include "train/optimizer.h"
 #include "train/process_group.h"
 
+namespace bert::eval {
+struct QuestionScoring;
+}
+
 namespace bert::train {
 
 struct TrainOptions {
   std::vector<std::string> train_shards;  // files or folders
   std::vector<std::string> eval_shards;   // optional held-out shards
+  // Question answering: the held-out shard's questions (eval/squad.h), owned by the caller; each held-out
+  // evaluation then also scores every question's answer as SQuAD does. Null: per window only.
+  const eval::QuestionScoring* eval_questions = nullptr;
   std::string output_dir;                 // config.json, tokenizer.model, checkpoint.h5, metrics.jsonl
   // The tokenizer the shards were made with: its file (copied into output_dir), vocabulary size and
   // SHA-256. Filled by the caller (e.g. from tokenizer::load_tokenizer), so this library never links the

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "eval/squad.h"
+
 namespace bert::train {
 
 std::string format_duration(double seconds) {
@@ -98,13 +100,26 @@ void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int
         m.nsp_majority_accuracy(), m.predictions);
     line["eval"] = m.to_json();
   } else {
-    result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph, o.cuda_graphs);
+    if (o.eval_questions) {
+      eval::AnswerEvaluation r =
+          eval::evaluate_answers(model, eval_loader, *o.eval_questions, o.eval_batches, eval_graph, o.cuda_graphs);
+      result.last_task_eval = std::move(r.windows);
+      result.last_answers = std::move(r.answers);
+    } else {
+      result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph, o.cuda_graphs);
+    }
     const auto& m = result.last_task_eval;
     spdlog::info("eval step {}: {} {:.4f} (majority {} {:.4f}), {} {:.4f}, loss {:.4f} over {} {}", step,
                  m.accuracy_name(), m.accuracy(), m.spans ? "span" : "label", m.majority_accuracy(), m.f1_name(),
                  m.macro_f1(), m.loss(), m.examples,
                  config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
     line["eval"] = m.to_json(config.labels);
+    if (o.eval_questions) {
+      const eval::AnswerScores& a = *result.last_answers;
+      spdlog::info("eval step {}: questions: exact match {:.4f}, F1 {:.4f} over {}{}", step, a.exact_match(), a.f1(),
+                   a.questions, a.unscored ? fmt::format(" ({} not reached: --eval-batches)", a.unscored) : "");
+      line["eval"]["answers"] = a.to_json();
+    }
   }
   metrics_log << line.dump() << "\n" << std::flush;
 }

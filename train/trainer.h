@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "eval/metrics.h"
+#include "eval/squad.h"
 #include "sys/json.h"
 #include "train/communicator.h"
 #include "train/options.h"
@@ -24,6 +26,7 @@ struct TrainResult {
   int64_t skipped_steps = 0;  // updates dropped for a non-finite loss or gradient (--on-nonfinite skip)
   eval::PretrainingMetrics last_eval;
   eval::TaskMetrics last_task_eval;  // fine-tuning runs
+  std::optional<eval::AnswerScores> last_answers;  // question answering with TrainOptions::eval_questions
   std::vector<double> losses;        // per optimizer step, from this run's first step
   // One GPU: steps recorded and launched as CUDA graphs (TrainOptions::cuda_graphs), and how many of them
   // made a new executable graph rather than updating the last one.
