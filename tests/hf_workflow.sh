@@ -77,7 +77,7 @@ for split in train dev; do
     --max-seq-len 48 --doc-stride 16
 done
 run "$BIN/bert-train" --train "$OUT/qa-train.hdf5" --init-from "$HF" --out "$OUT/qa" --steps 300 --batch-size 32 \
-  --lr 2e-3 --dropout 0 --log-every 100
+  --lr 2e-3 --dropout 0 --log-every 100 --eval "$OUT/qa-dev.hdf5" --eval-qa-data "$OUT/qa-dev.jsonl" --eval-batches 0
 run "$BIN/bert-train" --train "$OUT/qa-train.hdf5" --init-from "$OUT/qa" --qat --out "$OUT/qa-qat" --steps 40 \
   --batch-size 32 --lr 2e-4 --dropout 0 --calib-batches 4 --log-every 20
 run "$BIN/bert-export" --checkpoint "$OUT/qa-qat" --onnx "$OUT/qa.onnx" --qdq --hf "$OUT/qa-hf"
@@ -90,6 +90,9 @@ python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
 qat, back = (json.load(open(f"{out}/{n}.json")) for n in ("qa-qat", "qa-hf"))
+held_out = [json.loads(line) for line in open(f"{out}/qa/metrics.jsonl") if '"eval"' in line][-1]["eval"]
+assert held_out["answers"]["questions"] == 60, "bert-train --eval-qa-data did not score the dev questions"
+print(f"question answering during training: exact match {held_out['answers']['exact_match']:.4f} at the end")
 answers = json.load(open(f"{out}/qa-answers.json"))
 print(f"question answering after QAT: exact match {qat['answers']['exact_match']:.4f}, F1 {qat['answers']['f1']:.4f} "
       f"over {qat['answers']['questions']} questions; per window {qat['metrics']['exact_match']:.4f}, "
