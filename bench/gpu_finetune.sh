@@ -62,7 +62,7 @@ for task in ${TASKS:-pos genre qa}; do
     2>&1 | tee "$results/$task-fp32.log" | grep -E "eval|done"
   run bert-eval --device cuda --checkpoint $r-fp32 --shards "$shards/test.hdf5" --compare \
     --calibrators ${CALIBRATORS:-max,percentile,entropy,mse} --calib-shards "$shards/train.hdf5" --calib-batches 16 \
-    --json-out "$results/$task-compare-fp32.json" \
+    "${answers[@]}" --json-out "$results/$task-compare-fp32.json" \
     | tee "$results/$task-compare-fp32.txt"
   [ "$task" = qa ] && run bert-eval --device cuda --checkpoint $r-fp32 --shards "$shards/test.hdf5" "${answers[@]}" \
     --json-out "$results/$task-test-fp32.json" > "$results/$task-test-fp32.txt"
@@ -84,7 +84,7 @@ for task in ${TASKS:-pos genre qa}; do
     [[ $variant == qat* ]] || continue
     run bert-export --checkpoint $r-$variant --onnx $r-$variant/model.onnx --qdq 2>&1 | tail -1
     run bert-eval --device cuda --checkpoint $r-$variant --shards "$shards/test.hdf5" --batch-size 64 \
-      --max-batches ${ORT_BATCHES:-40} --onnx $r-$variant/model.onnx --ort-script $ort_script \
+      --max-batches ${ORT_BATCHES:-40} --onnx $r-$variant/model.onnx --ort-script $ort_script "${answers[@]}" \
       --json-out "$results/$task-onnx-$variant.json" | grep -E "^accuracy|^exact match|ONNX Runtime" \
       | tee "$results/$task-onnx-$variant.txt"
   done

@@ -30,9 +30,10 @@ struct SavedModes {
   }
 };
 
-double accuracy_of(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g) {
+double score_of(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
+                const QuestionScoring* questions) {
   data::ShardLoader loader = make();
-  return primary_accuracy(model, loader, max_batches, g);
+  return ranking_score(model, loader, max_batches, g, questions);
 }
 
 ModeResult score(const std::string& mode, model::Bert& model, const LoaderFactory& make, int64_t max_batches,
@@ -58,6 +59,18 @@ double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t m
   return evaluate_task(model, loader, max_batches, g).accuracy();
 }
 
+double ranking_score(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
+                     const QuestionScoring* questions) {
+  if (!questions || model.config().head != model::Head::kQuestionAnswering)
+    return primary_accuracy(model, loader, max_batches, g);
+  return evaluate_answers(model, loader, *questions, max_batches, g).answers.f1();
+}
+
+std::string ranking_metric(const model::Bert& model, const QuestionScoring* questions) {
+  if (model.config().head == model::Head::kPretraining) return "MLM accuracy";
+  return questions && model.config().head == model::Head::kQuestionAnswering ? "question F1" : "task accuracy";
+}
+
 std::vector<ModeResult> compare_modes(model::Bert& model, const quant::CalibrationStatistics& stats,
                                       const std::vector<quant::Method>& methods, double percentile,
                                       const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
@@ -81,25 +94,27 @@ std::vector<ModeResult> compare_modes(model::Bert& model, const quant::Calibrati
 
 SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatistics& stats, quant::Method method,
                               double percentile, const LoaderFactory& make, int64_t max_batches, double max_drop,
-                              Graph<float>& g, const std::function<void(const std::string&)>& progress) {
+                              Graph<float>& g, const std::function<void(const std::string&)>& progress,
+                              const QuestionScoring* questions) {
   const SavedModes saved(model);
   SensitivityReport report;
+  report.metric = ranking_metric(model, questions);
   quant::disable_all(model);
-  report.fp32 = accuracy_of(model, make, max_batches, g);
+  report.fp32 = score_of(model, make, max_batches, g, questions);
   quant::apply_calibration(model, stats, method, percentile);  // scales for every chosen quantizer
   const std::vector<model::Quantizer*>& chosen = stats.quantizers;
   auto set_all = [&](model::QuantMode mode) {
     for (model::Quantizer* q : chosen) q->mode = mode;
   };
-  report.all_quantized = accuracy_of(model, make, max_batches, g);
+  report.all_quantized = score_of(model, make, max_batches, g, questions);
   for (model::Quantizer* q : chosen) {
     SensitivityRow row{q->name};
     set_all(model::QuantMode::kFloat);
     q->mode = model::QuantMode::kQuantize;
-    row.only_this = accuracy_of(model, make, max_batches, g);
+    row.only_this = score_of(model, make, max_batches, g, questions);
     set_all(model::QuantMode::kQuantize);
     q->mode = model::QuantMode::kFloat;
-    row.all_but_this = accuracy_of(model, make, max_batches, g);
+    row.all_but_this = score_of(model, make, max_batches, g, questions);
     report.rows.push_back(row);
     if (progress) progress(q->name);
   }
@@ -117,7 +132,7 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
     report.keep_float.push_back(row.name);
     for (model::Quantizer* q : chosen)
       if (q->name == row.name) q->mode = model::QuantMode::kFloat;
-    report.planned = accuracy_of(model, make, max_batches, g);
+    report.planned = score_of(model, make, max_batches, g, questions);
   }
   saved.restore(model);
   return report;
@@ -126,7 +141,7 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
 std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, const quant::CalibrationStatistics& stats,
                                                           quant::Method method, double percentile,
                                                           const LoaderFactory& make, int64_t max_batches, size_t top,
-                                                          Graph<float>& g) {
+                                                          Graph<float>& g, const QuestionScoring* questions) {
   const SavedModes saved(model);
   quant::apply_calibration(model, stats, method, percentile);
   std::vector<SensitivityRow> rows;
@@ -134,7 +149,7 @@ std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, co
     if (q->is_weight) continue;
     for (model::Quantizer* other : stats.quantizers) other->mode = model::QuantMode::kFloat;
     q->mode = model::QuantMode::kQuantize;
-    rows.push_back({q->name, accuracy_of(model, make, max_batches, g), 0.0});
+    rows.push_back({q->name, score_of(model, make, max_batches, g, questions), 0.0});
   }
   std::stable_sort(rows.begin(), rows.end(),
                    [](const SensitivityRow& a, const SensitivityRow& b) { return a.only_this < b.only_this; });
@@ -154,6 +169,7 @@ Json SensitivityReport::to_json() const {
   }
   for (const std::string& name : keep_float) kept.emplace_back(name);
   Json s;
+  s["metric"] = metric;
   s["fp32"] = fp32;
   s["all_quantized"] = all_quantized;
   s["rows"] = row_list;

@@ -26,6 +26,12 @@ struct ModeResult {
 // The accuracy the comparisons rank by: MLM accuracy for pretraining models, the task's accuracy
 // (per sequence or per labeled token) for task models.
 double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
+// What sensitivity() and harmful_activation_quantizers() rank by: primary_accuracy, or with `questions` (question
+// answering) the questions' F1 as SQuAD scores it, best span over each question's windows.
+double ranking_score(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
+                     const QuestionScoring* questions);
+// Its name, for reports and plans: "MLM accuracy", "task accuracy" or "question F1".
+std::string ranking_metric(const model::Bert& model, const QuestionScoring* questions);
 
 // FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model
 // came with quantizers enabled (a QAT checkpoint), that state; with `questions` (question answering) each
@@ -37,33 +43,36 @@ std::vector<ModeResult> compare_modes(model::Bert& model, const quant::Calibrati
 
 struct SensitivityRow {
   std::string name;
-  double only_this = 0;     // primary_accuracy with only this quantizer enabled
-  double all_but_this = 0;  // primary_accuracy with every chosen quantizer but this one
+  double only_this = 0;     // ranking_score with only this quantizer enabled
+  double all_but_this = 0;  // ranking_score with every chosen quantizer but this one
 };
 
 struct SensitivityReport {
+  std::string metric;  // ranking_metric: what every number below is
   double fp32 = 0, all_quantized = 0;
   std::vector<SensitivityRow> rows;     // most sensitive first (largest drop with only it enabled)
   std::vector<std::string> keep_float;  // the plan: kept in float to stay within max_drop of FP32
-  double planned = 0;                   // primary_accuracy with the plan applied
+  double planned = 0;                   // ranking_score with the plan applied
   Json to_json() const;
 };
 
-// For each quantizer of the calibration set: accuracy with only it, and with all but it, enabled
-// (scales from `method`). The plan greedily keeps in float the quantizer whose removal recovers the
-// most accuracy, until all-quantized accuracy is within max_drop (absolute) of FP32.
+// For each quantizer of the calibration set: ranking_score (accuracy, or question F1 with `questions`) with
+// only it, and with all but it, enabled (scales from `method`). The plan greedily keeps in float the quantizer
+// whose removal recovers the most, until the all-quantized score is within max_drop (absolute) of FP32's.
 SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatistics& stats, quant::Method method,
                               double percentile, const LoaderFactory& eval_loader, int64_t max_batches, double max_drop,
-                              Graph<float>& g, const std::function<void(const std::string&)>& progress = {});
+                              Graph<float>& g, const std::function<void(const std::string&)>& progress = {},
+                              const QuestionScoring* questions = nullptr);
 
 // The quantizers behind a PTQ row's loss: each chosen activation quantizer enabled alone with its
-// `method` scale (everything else in float), least accurate first, the first `top` of them (only_this
+// `method` scale (everything else in float), lowest ranking_score first, the first `top` of them (only_this
 // filled; all_but_this left 0). Weight quantizers are left out: they take max |w| under every method, so
 // a loss one calibrator has and another has not is in the activations. Leaves the model as it came.
 std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, const quant::CalibrationStatistics& stats,
                                                           quant::Method method, double percentile,
                                                           const LoaderFactory& eval_loader, int64_t max_batches,
-                                                          size_t top, Graph<float>& g);
+                                                          size_t top, Graph<float>& g,
+                                                          const QuestionScoring* questions = nullptr);
 
 // One pass over the evaluation shards in one mode, timed, with every prediction kept (MLM rows then NSP,
 // or the task's rows) for comparing modes prediction by prediction.

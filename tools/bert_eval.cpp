@@ -107,7 +107,8 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--compare", a.compare,
                "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
   app.add_flag("--sensitivity", a.sensitivity,
-               "per-quantizer sensitivity (MLM accuracy with only it / all but it quantized)");
+               "per-quantizer sensitivity: MLM accuracy (a task's accuracy; question F1 with --qa-data) with "
+               "only it / all but it quantized, and a plan of quantizers to keep in float");
   app.add_option("--calibrators", a.calibrators, "PTQ methods for --compare")->capture_default_str();
   bert::tools::add_enum_option(app, "--calibrator", a.calibration.method, bert::quant::kMethodNames,
                                "method for --sensitivity");
@@ -130,7 +131,8 @@ void add_options(CLI::App& app, Args& a) {
                  "weight); a quantized checkpoint keeps its own")
       ->check(CLI::IsMember(bert::model::kWeightScalesNames.names()));
   app.add_option("--plan", a.plan_path, "plan file: quantizers kept in float for PTQ");
-  app.add_option("--max-drop", a.max_drop, "--sensitivity: largest MLM accuracy drop the plan may leave (absolute)")
+  app.add_option("--max-drop", a.max_drop,
+                 "--sensitivity: largest drop from FP32 the plan may leave (absolute, of the ranked metric)")
       ->capture_default_str();
   app.add_option("--plan-out", a.plan_out, "--sensitivity: write the plan here");
   app.add_option("--flag-drop", a.flag_drop,
@@ -274,8 +276,10 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
         "batches)\n",
         (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
         results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
-  // Rows that lose more than --flag-drop: flagged, and a PTQ row's loss traced to its activation quantizers.
+  // Rows that lose more than --flag-drop (of eval::ranking_metric: question F1 where questions are scored):
+  // flagged, and a PTQ row's loss traced to its activation quantizers.
   auto accuracy = [&](const eval::ModeResult& r) {
+    if (r.answers) return r.answers->f1();
     return e.task_model ? r.task.accuracy() : r.metrics.mlm_accuracy();
   };
   const double fp32 = results.empty() ? 0.0 : accuracy(results[0]);
@@ -291,8 +295,9 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
     const quant::Method method = quant::parse_method(mode.substr(4));
     spdlog::info("{}: scoring each activation quantizer alone to find the loss", mode);
     Json::Array named;
-    for (const eval::SensitivityRow& q : eval::harmful_activation_quantizers(
-             e.model, stats, method, a.calibration.percentile, make_loader, a.max_batches, a.flag_names, e.g)) {
+    for (const eval::SensitivityRow& q :
+         eval::harmful_activation_quantizers(e.model, stats, method, a.calibration.percentile, make_loader,
+                                             a.max_batches, a.flag_names, e.g, e.questions)) {
       if (!a.json)
         std::printf("    %-64s %10.4f (%+.2f points)\n", q.name.c_str(), q.only_this, 100 * (q.only_this - fp32));
       Json j;
@@ -308,25 +313,26 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
 // --sensitivity: accuracy with each quantizer alone and with all but it, and a plan (--plan-out).
 void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const eval::LoaderFactory& make_loader) {
   const Args& a = e.a;
-  const auto r = eval::sensitivity(e.model, stats, a.calibration.method, a.calibration.percentile,
-                                   make_loader, a.max_batches, a.max_drop, e.g,
-                                   [](const std::string& name) { spdlog::info("sensitivity: {}", name); });
+  const auto r = eval::sensitivity(
+      e.model, stats, a.calibration.method, a.calibration.percentile, make_loader, a.max_batches, a.max_drop, e.g,
+      [](const std::string& name) { spdlog::info("sensitivity: {}", name); }, e.questions);
   if (!a.json) {
-    std::printf("FP32 %s accuracy %.4f; all %zu quantizers (%s) %.4f\n", e.task_model ? "task" : "MLM", r.fp32,
-                r.rows.size(), quant::method_name(a.calibration.method).c_str(), r.all_quantized);
+    std::printf("FP32 %s %.4f; all %zu quantizers (%s) %.4f\n", r.metric.c_str(), r.fp32, r.rows.size(),
+                quant::method_name(a.calibration.method).c_str(), r.all_quantized);
     std::printf("%-64s %10s %12s\n", "quantizer (most sensitive first)", "only this", "all but this");
     for (const auto& row : r.rows)
       std::printf("%-64s %10.4f %12.4f\n", row.name.c_str(), row.only_this, row.all_but_this);
-    std::printf("plan: keep %zu in float -> accuracy %.4f (FP32 %.4f, allowed drop %.4f)\n", r.keep_float.size(),
-                r.planned, r.fp32, a.max_drop);
+    std::printf("plan: keep %zu in float -> %s %.4f (FP32 %.4f, allowed drop %.4f)\n", r.keep_float.size(),
+                r.metric.c_str(), r.planned, r.fp32, a.max_drop);
   }
   e.report["sensitivity"] = r.to_json();
   if (!a.plan_out.empty()) {
     Json details;
     details["calibrator"] = quant::method_name(a.calibration.method);
-    details["max_mlm_accuracy_drop"] = a.max_drop;
-    details["fp32_mlm_accuracy"] = r.fp32;
-    details["planned_mlm_accuracy"] = r.planned;
+    details["metric"] = r.metric;
+    details["max_drop"] = a.max_drop;
+    details["fp32"] = r.fp32;
+    details["planned"] = r.planned;
     quant::write_plan(a.plan_out, r.keep_float, details);
     if (!a.json) std::printf("plan written to %s\n", a.plan_out.c_str());
   }

@@ -1721,6 +1721,40 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
   data::ShardLoader loader(lo);
   const eval::AnswerEvaluation plain = eval::evaluate_answers(quantized, loader, scoring, 0, g);
   EXPECT_EQ(plain.answers.predictions, fake.predictions) << "the timed pass and the plain one answer alike";
+
+  // Sensitivity ranked by the questions' F1 (bert-eval --sensitivity --qa-data): the FP32 model's score is
+  // evaluate_answers' F1, each row's a question F1 too, and the plan holds its bar in that metric.
+  model::Bert fp32(c);
+  store::load_checkpoint(out.file("qa") + "/checkpoint.h5", fp32, nullptr);
+  data::ShardLoader fp32_loader(lo);
+  const double fp32_f1 = eval::evaluate_answers(fp32, fp32_loader, scoring, 0, g).answers.f1();
+  data::ShardLoader window_loader(lo), task_loader(lo);
+  EXPECT_DOUBLE_EQ(eval::ranking_score(fp32, window_loader, 0, g, nullptr),
+                   eval::evaluate_task(fp32, task_loader, 0, g).accuracy())
+      << "without questions: the per-window exact match";
+  EXPECT_EQ(eval::ranking_metric(fp32, nullptr), "task accuracy");
+  data::ShardLoader calibration_loader(lo);
+  quant::CalibrationOptions co;
+  co.batches = 2;
+  const quant::CalibrationStatistics stats = quant::collect_statistics(fp32, calibration_loader, co, g);
+  quant::disable_all(fp32);
+  const eval::SensitivityReport report =
+      eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, 0.02, g, {}, &scoring);
+  EXPECT_EQ(report.metric, "question F1");
+  EXPECT_DOUBLE_EQ(report.fp32, fp32_f1);
+  ASSERT_EQ(report.rows.size(), stats.quantizers.size());
+  for (size_t i = 1; i < report.rows.size(); ++i) EXPECT_LE(report.rows[i - 1].only_this, report.rows[i].only_this);
+  EXPECT_LE(report.fp32 - report.planned, 0.02) << "the plan keeps question F1 within --max-drop";
+  EXPECT_EQ(report.keep_float.empty(), report.fp32 - report.all_quantized <= 0.02);
+  std::cout << "[ info ] sensitivity by question F1: FP32 " << report.fp32 << ", all quantized " << report.all_quantized
+            << ", least F1 with one quantizer " << report.rows.front().only_this << " (" << report.rows.front().name
+            << "), plan keeps " << report.keep_float.size() << "\n";
+  const Json j = report.to_json();
+  EXPECT_EQ(j.find("metric")->as_string(), "question F1");
+  const eval::SensitivityReport strict =
+      eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, -1.0, g, {}, &scoring);
+  EXPECT_EQ(strict.keep_float.size(), stats.quantizers.size()) << "an impossible bar keeps everything in float";
+  EXPECT_DOUBLE_EQ(strict.planned, fp32_f1) << "everything in float answers as the FP32 model";
 }
 
 TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccuracy) {
