@@ -76,6 +76,6 @@ echo "[gpu-bundle] $(du -sh "$out" | cut -f1) in $out (programs: ${programs[*]};
 if [ "${PACK:-0}" = 1 ]; then
   # One stream with a window wider than the bundle: each program carries the same CUDA kernels (tens of MB),
   # which then pack once (threaded xz splits the stream into blocks that each hold them again: 130 MB).
-  tar -cf - "$out" | xz -T1 --lzma2=preset=6,dict=384MiB > "$out.tar.xz.partial" && mv "$out.tar.xz.partial" "$out.tar.xz"
+  tar -C "$(dirname "$out")" -cf - "$(basename "$out")" | xz -T1 --lzma2=preset=6,dict=384MiB > "$out.tar.xz.partial" && mv "$out.tar.xz.partial" "$out.tar.xz"
   echo "[gpu-bundle] packed: $(du -sh "$out.tar.xz" | cut -f1) in $out.tar.xz"
 fi
