@@ -6,12 +6,26 @@
 
 #include "eval/output_reads.h"
 #include "sys/error.h"
+#include "sys/utf8.h"
+#include "tokenizer/unicode.h"
 
 namespace bert::eval {
 
 namespace {
 
-bool ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+// Python's str.isspace(): category Zs (BERT's whitespace holds them) and the control characters of
+// bidirectional classes WS, B and S.
+bool python_space(char32_t c) {
+  return tokenizer::unicode::is_whitespace(c) || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F) || c == 0x85 ||
+         c == 0x2028 || c == 0x2029;
+}
+// A word character of Python's re (\w: letters, digits and the underscore, in Unicode), approximated by the
+// tables at hand: ASCII letters, digits and "_", and beyond ASCII whatever is neither space, punctuation nor a
+// control character (symbols such as U+00A9 count as word characters here, not in re).
+bool python_word(char32_t c) {
+  if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  return !python_space(c) && !tokenizer::unicode::is_punctuation(c) && !tokenizer::unicode::is_control(c);
+}
 
 std::vector<std::string> answer_words(std::string_view text) {
   std::vector<std::string> words;
@@ -27,26 +41,39 @@ std::vector<std::string> answer_words(std::string_view text) {
 }  // namespace
 
 std::string normalize_answer(std::string_view text) {
-  // Lower case, then no punctuation (Python's string.punctuation), then no articles, then single spaces.
-  static constexpr std::string_view kPunctuation = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
-  std::string kept;
-  for (char c : text) {
-    if (kPunctuation.find(c) != std::string_view::npos) continue;
-    kept.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
-  }
-  std::string out;
+  // lower(), then no string.punctuation (ASCII), then re.sub(r"\b(a|an|the)\b", " "), then split() and
+  // join with single spaces, as the script does them.
+  static constexpr std::u32string_view kPunctuation = U"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+  std::u32string kept;
+  for (char32_t c : tokenizer::unicode::to_lower(utf8::decode(text)))
+    if (kPunctuation.find(c) == std::u32string_view::npos) kept.push_back(c);
+  // \b: between a word character and another (or the ends).
+  auto word_at = [&](size_t i) { return i < kept.size() && python_word(kept[i]); };
+  std::u32string spaced;
   for (size_t i = 0; i < kept.size();) {
-    while (i < kept.size() && ascii_space(kept[i])) ++i;
+    size_t article = 0;
+    if (i == 0 || !word_at(i - 1))
+      for (std::u32string_view a : {std::u32string_view(U"a"), std::u32string_view(U"an"), std::u32string_view(U"the")})
+        if (kept.compare(i, a.size(), a) == 0 && !word_at(i + a.size())) article = a.size();
+    if (article) {
+      spaced.push_back(U' ');
+      i += article;
+    } else {
+      spaced.push_back(kept[i++]);
+    }
+  }
+  std::u32string out;
+  for (size_t i = 0; i < spaced.size();) {
+    while (i < spaced.size() && python_space(spaced[i])) ++i;
     size_t end = i;
-    while (end < kept.size() && !ascii_space(kept[end])) ++end;
-    const std::string_view word(kept.data() + i, end - i);
-    if (!word.empty() && word != "a" && word != "an" && word != "the") {
-      if (!out.empty()) out.push_back(' ');
-      out.append(word);
+    while (end < spaced.size() && !python_space(spaced[end])) ++end;
+    if (end > i) {
+      if (!out.empty()) out.push_back(U' ');
+      out.append(spaced, i, end - i);
     }
     i = end;
   }
-  return out;
+  return utf8::encode(out);
 }
 
 double answer_exact_match(std::string_view prediction, std::string_view gold) {

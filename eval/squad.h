@@ -31,7 +31,8 @@
 
 namespace bert::eval {
 
-// SQuAD's normalize_answer (ASCII letters lowered; other characters kept as they are).
+// SQuAD's normalize_answer on UTF-8 text: lower-cased as Python lowers (tokenizer::unicode::to_lower), ASCII
+// punctuation dropped, the articles a, an and the dropped where they are whole words, single spaces.
 std::string normalize_answer(std::string_view text);
 // SQuAD's per-answer scores of a prediction against one gold answer.
 double answer_exact_match(std::string_view prediction, std::string_view gold);

@@ -24,6 +24,16 @@ TEST(SquadScoring, NormalisationExactMatchAndF1AsSquadsScript) {
   EXPECT_EQ(answer_f1("dog", "cat"), 0.0);
   EXPECT_EQ(answer_f1("", ""), 1.0) << "no answer, rightly";
   EXPECT_EQ(answer_f1("the", "x"), 0.0) << "an answer that normalises to nothing is empty";
+  // Beyond ASCII, as the script's Python gives them (its outputs pasted here): str.lower() of every letter,
+  // str.split()'s whitespace, re's word boundaries around non-ASCII punctuation; only ASCII punctuation goes.
+  EXPECT_EQ(normalize_answer("\u00dcber DIE Stra\u00dfe"), "\u00fcber die stra\u00dfe");
+  EXPECT_EQ(normalize_answer("\u03a3\u039f\u03a6\u038a\u0391"), "\u03c3\u03bf\u03c6\u03af\u03b1");
+  EXPECT_EQ(normalize_answer("\u0130stanbul"), "i\u0307stanbul") << "one letter lowers to two code points";
+  EXPECT_EQ(normalize_answer("the\u00a0cat\u2003sat"), "cat sat");
+  EXPECT_EQ(normalize_answer("an\u2028answer"), "answer");
+  EXPECT_EQ(normalize_answer("\u00abThe\u00bb end"), "\u00ab \u00bb end");
+  EXPECT_EQ(normalize_answer("\u00dcn\u00efcode, the END\u2026"), "\u00fcn\u00efcode end\u2026");
+  EXPECT_EQ(answer_exact_match("STRA\u00dfE", "stra\u00dfe"), 1.0);
 }
 
 // Two windows of one question, a second question unanswerable (so the set is SQuAD 2.0's).
