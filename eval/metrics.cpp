@@ -1,6 +1,7 @@
 #include "eval/metrics.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "eval/output_reads.h"
 
@@ -151,6 +152,25 @@ double TaskMetrics::macro_f1() const {
   return present ? sum / present : 0.0;
 }
 
+double TaskMetrics::mcc() const {
+  if (spans || examples == 0) return 0.0;
+  // (c s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2) (s^2 - sum_k t_k^2)), c the correct predictions, s all
+  // of them, t_k and p_k how often label k is the target and the prediction. In doubles: s^2 reaches 2^63
+  // at 3e9 examples.
+  double correct = 0, s = 0, pt = 0, pp = 0, tt = 0;
+  for (int64_t k = 0; k < num_labels; ++k) {
+    double t = 0, p = 0;
+    for (int64_t o = 0; o < num_labels; ++o) {
+      t += double(confusion[k * num_labels + o]);
+      p += double(confusion[o * num_labels + k]);
+    }
+    correct += double(confusion[k * num_labels + k]);
+    s += t, pt += p * t, pp += p * p, tt += t * t;
+  }
+  const double denominator = (s * s - pp) * (s * s - tt);
+  return denominator > 0 ? (correct * s - pt) / std::sqrt(denominator) : 0.0;
+}
+
 double TaskMetrics::majority_accuracy() const {
   int64_t best = 0;
   for (const auto& [span, count] : target_spans) best = std::max(best, count);
@@ -176,6 +196,7 @@ Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
   }
   j["accuracy"] = accuracy();
   j["macro_f1"] = macro_f1();
+  j["mcc"] = mcc();
   j["loss"] = loss();
   j["examples"] = examples;
   j["baseline_majority_accuracy"] = majority_accuracy();

@@ -1,7 +1,7 @@
 // Pretraining metrics: masked-LM accuracy and loss over the real (non-padding) predictions, NSP
 // accuracy and loss over all sequences, and the baselines printed beside them (the most-frequent-token
 // accuracy and the NSP majority class), plus evaluation over shards. Task metrics (classification of
-// sequences or tokens): accuracy, loss, per-label precision/recall/F1 and their macro average, and the
+// sequences or tokens): accuracy, loss, per-label F1 and their macro average, Matthews correlation, and the
 // majority-label baseline.
 #pragma once
 
@@ -80,6 +80,10 @@ struct TaskMetrics {
   // token F1 of the spans.
   double f1(int64_t label) const;
   double macro_f1() const;
+  // Matthews correlation coefficient over the confusion matrix (GLUE's CoLA metric; for more than two
+  // labels the multiclass form scikit-learn's matthews_corrcoef computes): 1 for perfect predictions, 0 for
+  // chance or a constant prediction, -1 at worst. Not for question answering (0).
+  double mcc() const;
   double majority_accuracy() const;  // always predicting the most frequent target label (or span)
   // What accuracy() and macro_f1() measure, for tables: "accuracy", "macro-F1" or "exact match", "token F1".
   const char* accuracy_name() const { return spans ? "exact match" : "accuracy"; }

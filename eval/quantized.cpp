@@ -31,9 +31,9 @@ struct SavedModes {
 };
 
 double score_of(model::Bert& model, const LoaderFactory& make, int64_t max_batches, Graph<float>& g,
-                const QuestionScoring* questions) {
+                const Ranking& ranking) {
   data::ShardLoader loader = make();
-  return ranking_score(model, loader, max_batches, g, questions);
+  return ranking_score(model, loader, max_batches, g, ranking);
 }
 
 ModeResult score(const std::string& mode, model::Bert& model, const LoaderFactory& make, int64_t max_batches,
@@ -54,21 +54,53 @@ ModeResult score(const std::string& mode, model::Bert& model, const LoaderFactor
 
 }  // namespace
 
-double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g) {
-  if (model.config().head == model::Head::kPretraining) return evaluate(model, loader, max_batches, g).mlm_accuracy();
-  return evaluate_task(model, loader, max_batches, g).accuracy();
+double task_score(const TaskMetrics& metrics, TaskScore score) {
+  switch (score) {
+    case TaskScore::kMacroF1:
+      return metrics.macro_f1();
+    case TaskScore::kMcc:
+      return metrics.mcc();
+    case TaskScore::kAccuracy:
+      break;
+  }
+  return metrics.accuracy();
+}
+
+void check_ranking(model::Head head, TaskScore score, bool questions) {
+  if (score == TaskScore::kAccuracy) return;
+  const std::string flag = "--rank-by " + kTaskScoreNames.name(score);
+  if (head == model::Head::kPretraining)
+    throw UserError(flag + ": a pretraining model is ranked by its MLM accuracy (--rank-by accuracy)");
+  if (head == model::Head::kQuestionAnswering && questions)
+    throw UserError(flag + ": with --qa-data the ranking is the questions' F1, as SQuAD scores them");
+  if (head == model::Head::kQuestionAnswering && score == TaskScore::kMcc)
+    throw UserError(flag +
+                    ": question answering has no Matthews correlation (accuracy ranks by exact match, "
+                    "macro-f1 by token F1)");
 }
 
 double ranking_score(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
-                     const QuestionScoring* questions) {
-  if (!questions || model.config().head != model::Head::kQuestionAnswering)
-    return primary_accuracy(model, loader, max_batches, g);
-  return evaluate_answers(model, loader, *questions, max_batches, g).answers.f1();
+                     const Ranking& ranking) {
+  const model::Head head = model.config().head;
+  if (head == model::Head::kPretraining) return evaluate(model, loader, max_batches, g).mlm_accuracy();
+  if (ranking.questions && head == model::Head::kQuestionAnswering)
+    return evaluate_answers(model, loader, *ranking.questions, max_batches, g).answers.f1();
+  return task_score(evaluate_task(model, loader, max_batches, g), ranking.score);
 }
 
-std::string ranking_metric(const model::Bert& model, const QuestionScoring* questions) {
-  if (model.config().head == model::Head::kPretraining) return "MLM accuracy";
-  return questions && model.config().head == model::Head::kQuestionAnswering ? "question F1" : "task accuracy";
+std::string ranking_metric(const model::Bert& model, const Ranking& ranking) {
+  const model::Head head = model.config().head;
+  if (head == model::Head::kPretraining) return "MLM accuracy";
+  if (ranking.questions && head == model::Head::kQuestionAnswering) return "question F1";
+  switch (ranking.score) {
+    case TaskScore::kMacroF1:
+      return head == model::Head::kQuestionAnswering ? "task token F1" : "task macro-F1";
+    case TaskScore::kMcc:
+      return "task MCC";
+    case TaskScore::kAccuracy:
+      break;
+  }
+  return "task accuracy";
 }
 
 std::vector<ModeResult> compare_modes(model::Bert& model, const quant::CalibrationStatistics& stats,
@@ -95,26 +127,26 @@ std::vector<ModeResult> compare_modes(model::Bert& model, const quant::Calibrati
 SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatistics& stats, quant::Method method,
                               double percentile, const LoaderFactory& make, int64_t max_batches, double max_drop,
                               Graph<float>& g, const std::function<void(const std::string&)>& progress,
-                              const QuestionScoring* questions) {
+                              const Ranking& ranking) {
   const SavedModes saved(model);
   SensitivityReport report;
-  report.metric = ranking_metric(model, questions);
+  report.metric = ranking_metric(model, ranking);
   quant::disable_all(model);
-  report.fp32 = score_of(model, make, max_batches, g, questions);
+  report.fp32 = score_of(model, make, max_batches, g, ranking);
   quant::apply_calibration(model, stats, method, percentile);  // scales for every chosen quantizer
   const std::vector<model::Quantizer*>& chosen = stats.quantizers;
   auto set_all = [&](model::QuantMode mode) {
     for (model::Quantizer* q : chosen) q->mode = mode;
   };
-  report.all_quantized = score_of(model, make, max_batches, g, questions);
+  report.all_quantized = score_of(model, make, max_batches, g, ranking);
   for (model::Quantizer* q : chosen) {
     SensitivityRow row{q->name};
     set_all(model::QuantMode::kFloat);
     q->mode = model::QuantMode::kQuantize;
-    row.only_this = score_of(model, make, max_batches, g, questions);
+    row.only_this = score_of(model, make, max_batches, g, ranking);
     set_all(model::QuantMode::kQuantize);
     q->mode = model::QuantMode::kFloat;
-    row.all_but_this = score_of(model, make, max_batches, g, questions);
+    row.all_but_this = score_of(model, make, max_batches, g, ranking);
     report.rows.push_back(row);
     if (progress) progress(q->name);
   }
@@ -132,7 +164,7 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
     report.keep_float.push_back(row.name);
     for (model::Quantizer* q : chosen)
       if (q->name == row.name) q->mode = model::QuantMode::kFloat;
-    report.planned = score_of(model, make, max_batches, g, questions);
+    report.planned = score_of(model, make, max_batches, g, ranking);
   }
   saved.restore(model);
   return report;
@@ -141,7 +173,7 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
 std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, const quant::CalibrationStatistics& stats,
                                                           quant::Method method, double percentile,
                                                           const LoaderFactory& make, int64_t max_batches, size_t top,
-                                                          Graph<float>& g, const QuestionScoring* questions) {
+                                                          Graph<float>& g, const Ranking& ranking) {
   const SavedModes saved(model);
   quant::apply_calibration(model, stats, method, percentile);
   std::vector<SensitivityRow> rows;
@@ -149,7 +181,7 @@ std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, co
     if (q->is_weight) continue;
     for (model::Quantizer* other : stats.quantizers) other->mode = model::QuantMode::kFloat;
     q->mode = model::QuantMode::kQuantize;
-    rows.push_back({q->name, score_of(model, make, max_batches, g, questions), 0.0});
+    rows.push_back({q->name, score_of(model, make, max_batches, g, ranking), 0.0});
   }
   std::stable_sort(rows.begin(), rows.end(),
                    [](const SensitivityRow& a, const SensitivityRow& b) { return a.only_this < b.only_this; });

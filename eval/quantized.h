@@ -23,15 +23,29 @@ struct ModeResult {
   std::optional<AnswerScores> answers;  // question answering with questions to score
 };
 
-// The accuracy the comparisons rank by: MLM accuracy for pretraining models, the task's accuracy
-// (per sequence or per labeled token) for task models.
-double primary_accuracy(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g);
-// What sensitivity() and harmful_activation_quantizers() rank by: primary_accuracy, or with `questions` (question
-// answering) the questions' F1 as SQuAD scores it, best span over each question's windows.
+// Which of a task's metrics the comparisons rank by (bert-eval --rank-by): its accuracy, its macro-F1
+// (question answering: the windows' token F1) or, for classification, its Matthews correlation (GLUE's
+// CoLA metric, for labels far from balanced).
+enum class TaskScore { kAccuracy, kMacroF1, kMcc };
+inline constexpr EnumNames<TaskScore, 3> kTaskScoreNames{{{{TaskScore::kAccuracy, "accuracy"},
+                                                           {TaskScore::kMacroF1, "macro-f1"},
+                                                           {TaskScore::kMcc, "mcc", "Matthews correlation"}}}};
+double task_score(const TaskMetrics& metrics, TaskScore score);
+struct Ranking {
+  TaskScore score = TaskScore::kAccuracy;  // task models; a pretraining model ranks by MLM accuracy
+  // Question answering: the questions' F1 as SQuAD scores it, best span over each question's windows
+  // (`score` then unused).
+  const QuestionScoring* questions = nullptr;
+};
+// UserError naming --rank-by where `score` does not apply: a pretraining model ranks by MLM accuracy only,
+// question answering has no Matthews correlation, and with questions scored (`questions`) it ranks by
+// their F1.
+void check_ranking(model::Head head, TaskScore score, bool questions);
+// What sensitivity() and harmful_activation_quantizers() rank by.
 double ranking_score(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
-                     const QuestionScoring* questions);
-// Its name, for reports and plans: "MLM accuracy", "task accuracy" or "question F1".
-std::string ranking_metric(const model::Bert& model, const QuestionScoring* questions);
+                     const Ranking& ranking = {});
+// Its name, for reports and plans: "MLM accuracy", "task accuracy", "task macro-F1", "task MCC", "question F1".
+std::string ranking_metric(const model::Bert& model, const Ranking& ranking = {});
 
 // FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model
 // came with quantizers enabled (a QAT checkpoint), that state; with `questions` (question answering) each
@@ -56,13 +70,13 @@ struct SensitivityReport {
   Json to_json() const;
 };
 
-// For each quantizer of the calibration set: ranking_score (accuracy, or question F1 with `questions`) with
+// For each quantizer of the calibration set: ranking_score (by default accuracy, or question F1) with
 // only it, and with all but it, enabled (scales from `method`). The plan greedily keeps in float the quantizer
 // whose removal recovers the most, until the all-quantized score is within max_drop (absolute) of FP32's.
 SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatistics& stats, quant::Method method,
                               double percentile, const LoaderFactory& eval_loader, int64_t max_batches, double max_drop,
                               Graph<float>& g, const std::function<void(const std::string&)>& progress = {},
-                              const QuestionScoring* questions = nullptr);
+                              const Ranking& ranking = {});
 
 // The quantizers behind a PTQ row's loss: each chosen activation quantizer enabled alone with its
 // `method` scale (everything else in float), lowest ranking_score first, the first `top` of them (only_this
@@ -71,8 +85,7 @@ SensitivityReport sensitivity(model::Bert& model, const quant::CalibrationStatis
 std::vector<SensitivityRow> harmful_activation_quantizers(model::Bert& model, const quant::CalibrationStatistics& stats,
                                                           quant::Method method, double percentile,
                                                           const LoaderFactory& eval_loader, int64_t max_batches,
-                                                          size_t top, Graph<float>& g,
-                                                          const QuestionScoring* questions = nullptr);
+                                                          size_t top, Graph<float>& g, const Ranking& ranking = {});
 
 // One pass over the evaluation shards in one mode, timed, with every prediction kept (MLM rows then NSP,
 // or the task's rows) for comparing modes prediction by prediction.

@@ -121,6 +121,11 @@ expect_error eval-qa-data-of-pretraining "is a BertForPreTraining, not a questio
   --checkpoint "$OUT/run" --shards "$OUT/shards" --qa-data "$OUT/qa1.jsonl"
 expect_error eval-predictions-alone "--predictions needs --qa-data" "$OUT/never.json" -- "$BIN/bert-eval" \
   --checkpoint "$OUT/run" --shards "$OUT/shards" --predictions "$OUT/never.json"
+expect_error eval-rank-by-of-pretraining "--rank-by mcc: a pretraining model is ranked by its MLM accuracy" \
+  "$OUT/never.json" -- "$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --sensitivity --rank-by mcc \
+  --plan-out "$OUT/never.json"
+expect_error eval-rank-by-alone "--rank-by macro-f1 goes with --sensitivity or --compare" "" -- "$BIN/bert-eval" \
+  --checkpoint "$OUT/run" --shards "$OUT/shards" --rank-by macro-f1
 # INT8 on a GPU where none is visible: the device's error, before any work.
 if ! echo "$devices" | grep -q '^cuda:'; then
   expect_error eval-int8-on-gpu "--device cuda: " "" -- "$BIN/bert-eval" --checkpoint "$OUT/ptq.h5" \

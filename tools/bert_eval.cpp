@@ -47,6 +47,7 @@ struct Args {
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
   double max_drop = 0.005, flag_drop = 0.005;
+  eval::TaskScore rank_by = eval::TaskScore::kAccuracy;
   size_t flag_names = 3;
   std::string save_calibrated, onnx_model, ort_script = ort::default_ort_script(), json_out;
   std::string device_spec = "auto";
@@ -107,8 +108,12 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--compare", a.compare,
                "FP32 vs PTQ (each of --calibrators) vs the checkpoint's QAT state, side by side");
   app.add_flag("--sensitivity", a.sensitivity,
-               "per-quantizer sensitivity: MLM accuracy (a task's accuracy; question F1 with --qa-data) with "
-               "only it / all but it quantized, and a plan of quantizers to keep in float");
+               "per-quantizer sensitivity: MLM accuracy (a task's --rank-by metric; question F1 with --qa-data) "
+               "with only it / all but it quantized, and a plan of quantizers to keep in float");
+  bert::tools::add_enum_option(app, "--rank-by", a.rank_by, bert::eval::kTaskScoreNames,
+                               "a task model's metric that --sensitivity ranks by and --flag-drop measures: accuracy, "
+                               "macro-f1 (question answering: token F1) or mcc (Matthews correlation, for labels far "
+                               "from balanced, as GLUE scores CoLA)");
   app.add_option("--calibrators", a.calibrators, "PTQ methods for --compare")->capture_default_str();
   bert::tools::add_enum_option(app, "--calibrator", a.calibration.method, bert::quant::kMethodNames,
                                "method for --sensitivity");
@@ -136,7 +141,8 @@ void add_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--plan-out", a.plan_out, "--sensitivity: write the plan here");
   app.add_option("--flag-drop", a.flag_drop,
-                 "--compare: flag a row whose accuracy is this much below FP32 (absolute; 0.005 = 0.5 point) and, "
+                 "--compare: flag a row whose accuracy (--rank-by) is this much below FP32 (absolute; 0.005 = 0.5 "
+                 "point) and, "
                  "for a PTQ row, name the activation quantizers behind it (each alone under that calibrator)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
@@ -191,6 +197,7 @@ struct Evaluation {
   Json report;
   const eval::QuestionScoring* questions = nullptr;  // --qa-data: each question's answer scored too
   const model::BertConfig& config() const { return model.config(); }
+  eval::Ranking ranking() const { return {a.rank_by, questions}; }
   std::string describe_quantization() {
     const int quantized = static_cast<int>(model.enabled_quantizers().size());
     const std::string products = !g.device().is_cuda() && g.device().precision() == Precision::kBf16
@@ -247,15 +254,18 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
                                            a.max_batches, e.g, e.questions);
   Json::Array rows;
   const eval::TaskMetrics task_kind = eval::TaskMetrics::for_head(e.config());  // for the column names
+  const bool labels = e.task_model && !task_kind.spans;  // classification: a Matthews correlation column
   if (!a.json && e.task_model)
-    std::printf("%-16s %11s %10s %10s%s\n", "mode", task_kind.accuracy_name(), task_kind.f1_name(), "loss",
+    std::printf("%-16s %11s %10s%s %10s%s\n", "mode", task_kind.accuracy_name(), task_kind.f1_name(),
+                labels ? fmt::format(" {:>10}", "MCC").c_str() : "", "loss",
                 e.questions ? "   question EM   question F1" : "");
   else if (!a.json)
     std::printf("%-16s %10s %10s %10s %10s\n", "mode", "MLM acc", "MLM loss", "NSP acc", "NSP loss");
   for (const auto& r : results) {
     if (!a.json && e.task_model)
       std::printf(
-          "%-16s %11.4f %10.4f %10.4f%s\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(), r.task.loss(),
+          "%-16s %11.4f %10.4f%s %10.4f%s\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(),
+          labels ? fmt::format(" {:10.4f}", r.task.mcc()).c_str() : "", r.task.loss(),
           r.answers ? fmt::format(" {:13.4f} {:13.4f}", r.answers->exact_match(), r.answers->f1()).c_str() : "");
     else if (!a.json)
       std::printf("%-16s %10.4f %10.4f %10.4f %10.4f\n", r.mode.c_str(), r.metrics.mlm_accuracy(), r.metrics.mlm_loss(),
@@ -276,11 +286,11 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
         "batches)\n",
         (long long)results[0].metrics.predictions, results[0].metrics.most_frequent_token_accuracy(),
         results[0].metrics.nsp_majority_accuracy(), (long long)stats.batches);
-  // Rows that lose more than --flag-drop (of eval::ranking_metric: question F1 where questions are scored):
-  // flagged, and a PTQ row's loss traced to its activation quantizers.
+  // Rows that lose more than --flag-drop (of eval::ranking_metric: question F1 where questions are scored,
+  // else --rank-by): flagged, and a PTQ row's loss traced to its activation quantizers.
   auto accuracy = [&](const eval::ModeResult& r) {
     if (r.answers) return r.answers->f1();
-    return e.task_model ? r.task.accuracy() : r.metrics.mlm_accuracy();
+    return e.task_model ? eval::task_score(r.task, a.rank_by) : r.metrics.mlm_accuracy();
   };
   const double fp32 = results.empty() ? 0.0 : accuracy(results[0]);
   for (size_t i = 1; i < results.size(); ++i) {
@@ -297,7 +307,7 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
     Json::Array named;
     for (const eval::SensitivityRow& q :
          eval::harmful_activation_quantizers(e.model, stats, method, a.calibration.percentile, make_loader,
-                                             a.max_batches, a.flag_names, e.g, e.questions)) {
+                                             a.max_batches, a.flag_names, e.g, e.ranking())) {
       if (!a.json)
         std::printf("    %-64s %10.4f (%+.2f points)\n", q.name.c_str(), q.only_this, 100 * (q.only_this - fp32));
       Json j;
@@ -315,7 +325,7 @@ void sensitivity(Evaluation& e, const quant::CalibrationStatistics& stats, const
   const Args& a = e.a;
   const auto r = eval::sensitivity(
       e.model, stats, a.calibration.method, a.calibration.percentile, make_loader, a.max_batches, a.max_drop, e.g,
-      [](const std::string& name) { spdlog::info("sensitivity: {}", name); }, e.questions);
+      [](const std::string& name) { spdlog::info("sensitivity: {}", name); }, e.ranking());
   if (!a.json) {
     std::printf("FP32 %s %.4f; all %zu quantizers (%s) %.4f\n", r.metric.c_str(), r.fp32, r.rows.size(),
                 quant::method_name(a.calibration.method).c_str(), r.all_quantized);
@@ -376,7 +386,9 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, const std::vector<st
   std::printf("%-22s %10.4f   (baseline: majority %s %.4f) over %lld %s\n", t.accuracy_name(), t.accuracy(),
               t.spans ? "span" : "label", t.majority_accuracy(), (long long)t.examples,
               tokens ? "labeled tokens" : "sequences");
-  std::printf("%-22s %10.4f\n%-22s %10.4f\n", t.f1_name(), t.macro_f1(), "loss", t.loss());
+  std::printf("%-22s %10.4f\n", t.f1_name(), t.macro_f1());
+  if (!t.spans) std::printf("%-22s %10.4f\n", "Matthews correlation", t.mcc());
+  std::printf("%-22s %10.4f\n", "loss", t.loss());
   if (t.spans) {  // each end's accuracy instead of per-label F1
     const Json j = t.to_json(config.labels);
     std::printf("%-22s %10.4f\n%-22s %10.4f\n", "start accuracy", j.find("start_accuracy")->as_number(), "end accuracy",
@@ -647,6 +659,9 @@ int run(Args& a) {
     throw UserError("--qa-data: '" + a.checkpoint + "' is a " + model::head_architecture(config.head) +
                     ", not a question-answering model");
   if (!a.qa_data.empty() && a.shards.empty()) throw UserError("--qa-data needs --shards: the shard made from it");
+  if (a.rank_by != eval::TaskScore::kAccuracy && !a.compare && !a.sensitivity)
+    throw UserError("--rank-by " + eval::kTaskScoreNames.name(a.rank_by) + " goes with --sensitivity or --compare");
+  eval::check_ranking(config.head, a.rank_by, !a.qa_data.empty());
   if (!a.predictions_out.empty() && a.qa_data.empty())
     throw UserError("--predictions needs --qa-data (the questions and their contexts)");
   model::Bert model(config);

@@ -109,9 +109,9 @@ void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int
       result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph, o.cuda_graphs);
     }
     const auto& m = result.last_task_eval;
-    spdlog::info("eval step {}: {} {:.4f} (majority {} {:.4f}), {} {:.4f}, loss {:.4f} over {} {}", step,
+    spdlog::info("eval step {}: {} {:.4f} (majority {} {:.4f}), {} {:.4f}{}, loss {:.4f} over {} {}", step,
                  m.accuracy_name(), m.accuracy(), m.spans ? "span" : "label", m.majority_accuracy(), m.f1_name(),
-                 m.macro_f1(), m.loss(), m.examples,
+                 m.macro_f1(), m.spans ? "" : fmt::format(", MCC {:.4f}", m.mcc()), m.loss(), m.examples,
                  config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
     line["eval"] = m.to_json(config.labels);
     if (o.eval_questions) {

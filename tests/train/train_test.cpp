@@ -1595,11 +1595,32 @@ TEST(TaskMetrics, AccuracyF1AndMajorityByHand) {
   EXPECT_DOUBLE_EQ(m.f1(3), 0.0);
   EXPECT_DOUBLE_EQ(m.macro_f1(), (0.8 + 0.5 + 2.0 / 3) / 3);
   EXPECT_DOUBLE_EQ(m.majority_accuracy(), 0.5);
+  // Matthews correlation as the correlation of the one-hot targets and predictions (numpy):
+  // 0.5222329678670935 = 12 / sqrt(528).
+  EXPECT_NEAR(m.mcc(), 0.5222329678670935, 1e-15);
+  EXPECT_NEAR(m.to_json({}).find("mcc")->as_number(), 0.5222329678670935, 1e-15);
   eval::TaskMetrics twice;
   twice.merge(m);
   twice.merge(m);
   EXPECT_EQ(twice.examples, 12);
   EXPECT_DOUBLE_EQ(twice.macro_f1(), m.macro_f1());
+  EXPECT_NEAR(twice.mcc(), m.mcc(), 1e-15);
+}
+
+TEST(TaskMetrics, MatthewsCorrelationOfTwoLabels) {
+  auto of = [](std::vector<int32_t> targets, std::vector<int32_t> predicted) {
+    eval::TaskMetrics m(2);
+    m.add(predicted, targets, 0.0);
+    return m.mcc();
+  };
+  // TP 4, TN 1, FP 2, FN 1: (TP TN - FP FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) = 2 / sqrt(180).
+  EXPECT_NEAR(of({1, 1, 1, 1, 0, 0, 1, 0}, {1, 1, 0, 1, 0, 1, 1, 1}), 0.14907119849998599, 1e-15);
+  EXPECT_DOUBLE_EQ(of({1, 0, 1, 0}, {1, 0, 1, 0}), 1.0);
+  EXPECT_DOUBLE_EQ(of({1, 0, 1, 0}, {0, 1, 0, 1}), -1.0);
+  EXPECT_DOUBLE_EQ(of({1, 0, 1, 1}, {1, 1, 1, 1}), 0.0);  // one label always predicted: 0, not NaN
+  EXPECT_DOUBLE_EQ(of({1, 1}, {1, 1}), 0.0);              // one label only
+  EXPECT_DOUBLE_EQ(eval::TaskMetrics(2).mcc(), 0.0);      // nothing scored
+  EXPECT_DOUBLE_EQ(eval::TaskMetrics(2, /*spans=*/true).mcc(), 0.0);
 }
 
 TEST(TaskMetrics, SpanExactMatchF1AndMajorityByHand) {
@@ -1642,6 +1663,7 @@ TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEnco
     // between 0.68 and 0.84 at learning rate 1e-2 (200 to 1,000 steps, two dropout streams), five
     // to seven times the majority's 0.12.
     EXPECT_GT(m.accuracy(), task == "seq" ? 0.6 : 0.9);
+    EXPECT_GT(m.mcc(), task == "seq" ? 0.55 : 0.85) << "Matthews correlation: 0 for the majority's answer";
     EXPECT_LT(r.losses.back(), r.losses.front());
     // The checkpoint is a Hugging Face task model: its config names the head and the labels.
     const model::BertConfig c = store::read_checkpoint_config(out.file(task) + "/checkpoint.h5");
@@ -1650,7 +1672,58 @@ TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEnco
     model::Bert m2(c);
     for (ParamId id = 0; id < m2.parameters().size(); ++id)
       EXPECT_FALSE(m2.parameters().name(id).starts_with("cls.")) << "no pretraining head in a task model";
+    if (task != "seq") continue;
+    // Sensitivity ranked by the Matthews correlation (bert-eval --sensitivity --rank-by mcc): every score is
+    // the dev set's MCC, and the plan holds its bar in that metric.
+    store::load_checkpoint(out.file(task) + "/checkpoint.h5", m2, nullptr);
+    data::LoaderOptions lo;
+    lo.shards = {dir_->file("seq-dev.hdf5")};
+    lo.batch_size = 32;
+    lo.shuffle = lo.repeat = false;
+    const eval::LoaderFactory make = [&] { return data::ShardLoader(lo); };
+    Graph<float> g;
+    data::ShardLoader loader(lo), scored(lo);
+    const double mcc = eval::evaluate_task(m2, loader, 0, g).mcc();
+    EXPECT_DOUBLE_EQ(mcc, m.mcc()) << "the training run's last evaluation is this checkpoint's";
+    EXPECT_DOUBLE_EQ(eval::ranking_score(m2, scored, 0, g, {eval::TaskScore::kMcc}), mcc);
+    data::ShardLoader calibration_loader(lo);
+    quant::CalibrationOptions co;
+    co.batches = 2;
+    const quant::CalibrationStatistics stats = quant::collect_statistics(m2, calibration_loader, co, g);
+    quant::disable_all(m2);
+    const eval::SensitivityReport strict =
+        eval::sensitivity(m2, stats, quant::Method::kMax, 99.99, make, 0, -1.0, g, {}, {eval::TaskScore::kMcc});
+    EXPECT_EQ(strict.metric, "task MCC");
+    EXPECT_DOUBLE_EQ(strict.fp32, mcc);
+    ASSERT_EQ(strict.rows.size(), stats.quantizers.size());
+    for (size_t i = 1; i < strict.rows.size(); ++i) EXPECT_LE(strict.rows[i - 1].only_this, strict.rows[i].only_this);
+    EXPECT_EQ(strict.keep_float.size(), stats.quantizers.size()) << "an impossible bar keeps everything in float";
+    EXPECT_DOUBLE_EQ(strict.planned, mcc) << "everything in float is the FP32 model";
   }
+}
+
+// --rank-by: what each head can be ranked by.
+TEST(Ranking, RankByFitsTheHead) {
+  using eval::TaskScore;
+  using model::Head;
+  for (TaskScore s : {TaskScore::kAccuracy, TaskScore::kMacroF1, TaskScore::kMcc}) {
+    EXPECT_NO_THROW(eval::check_ranking(Head::kSequenceClassification, s, false));
+    EXPECT_NO_THROW(eval::check_ranking(Head::kTokenClassification, s, false));
+  }
+  for (Head h : {Head::kPretraining, Head::kSequenceClassification, Head::kQuestionAnswering})
+    EXPECT_NO_THROW(eval::check_ranking(h, TaskScore::kAccuracy, h == Head::kQuestionAnswering));
+  EXPECT_NO_THROW(eval::check_ranking(Head::kQuestionAnswering, TaskScore::kMacroF1, false));
+  testing::expect_user_error([] { eval::check_ranking(Head::kPretraining, TaskScore::kMcc, false); },
+                             "--rank-by mcc: a pretraining model is ranked by its MLM accuracy");
+  testing::expect_user_error([] { eval::check_ranking(Head::kQuestionAnswering, TaskScore::kMcc, false); },
+                             "--rank-by mcc: question answering has no Matthews correlation");
+  testing::expect_user_error([] { eval::check_ranking(Head::kQuestionAnswering, TaskScore::kMacroF1, true); },
+                             "--rank-by macro-f1: with --qa-data");
+  eval::TaskMetrics m(2);
+  m.add(std::vector<int32_t>{1, 1, 0, 1}, std::vector<int32_t>{1, 0, 0, 1}, 0.0);
+  EXPECT_DOUBLE_EQ(eval::task_score(m, TaskScore::kAccuracy), m.accuracy());
+  EXPECT_DOUBLE_EQ(eval::task_score(m, TaskScore::kMacroF1), m.macro_f1());
+  EXPECT_DOUBLE_EQ(eval::task_score(m, TaskScore::kMcc), m.mcc());
 }
 
 // Question answering: the span head learns to point at the asked fact's value among three (the context in
@@ -1728,18 +1801,21 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
   store::load_checkpoint(out.file("qa") + "/checkpoint.h5", fp32, nullptr);
   data::ShardLoader fp32_loader(lo);
   const double fp32_f1 = eval::evaluate_answers(fp32, fp32_loader, scoring, 0, g).answers.f1();
-  data::ShardLoader window_loader(lo), task_loader(lo);
-  EXPECT_DOUBLE_EQ(eval::ranking_score(fp32, window_loader, 0, g, nullptr),
-                   eval::evaluate_task(fp32, task_loader, 0, g).accuracy())
+  data::ShardLoader window_loader(lo), task_loader(lo), token_f1_loader(lo);
+  const eval::TaskMetrics per_window = eval::evaluate_task(fp32, task_loader, 0, g);
+  EXPECT_DOUBLE_EQ(eval::ranking_score(fp32, window_loader, 0, g), per_window.accuracy())
       << "without questions: the per-window exact match";
-  EXPECT_EQ(eval::ranking_metric(fp32, nullptr), "task accuracy");
+  EXPECT_EQ(eval::ranking_metric(fp32), "task accuracy");
+  EXPECT_DOUBLE_EQ(eval::ranking_score(fp32, token_f1_loader, 0, g, {eval::TaskScore::kMacroF1}),
+                   per_window.macro_f1());
+  EXPECT_EQ(eval::ranking_metric(fp32, {eval::TaskScore::kMacroF1}), "task token F1");
   data::ShardLoader calibration_loader(lo);
   quant::CalibrationOptions co;
   co.batches = 2;
   const quant::CalibrationStatistics stats = quant::collect_statistics(fp32, calibration_loader, co, g);
   quant::disable_all(fp32);
   const eval::SensitivityReport report =
-      eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, 0.02, g, {}, &scoring);
+      eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, 0.02, g, {}, {.questions = &scoring});
   EXPECT_EQ(report.metric, "question F1");
   EXPECT_DOUBLE_EQ(report.fp32, fp32_f1);
   ASSERT_EQ(report.rows.size(), stats.quantizers.size());
@@ -1752,7 +1828,7 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
   const Json j = report.to_json();
   EXPECT_EQ(j.find("metric")->as_string(), "question F1");
   const eval::SensitivityReport strict =
-      eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, -1.0, g, {}, &scoring);
+      eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, -1.0, g, {}, {.questions = &scoring});
   EXPECT_EQ(strict.keep_float.size(), stats.quantizers.size()) << "an impossible bar keeps everything in float";
   EXPECT_DOUBLE_EQ(strict.planned, fp32_f1) << "everything in float answers as the FP32 model";
 }
