@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -27,12 +29,63 @@ const std::string& string_field(const Line& line, const char* key) {
   return v->as_string();
 }
 
-const Json::Array& array_field(const Line& line, const char* key) {
+// A classification field, named by a flag (`flag`): the flag is named where the field is missing.
+std::string missing(const Line& line, const std::string& key, const char* flag) {
+  return line.json.find(key) || !flag ? "" : std::string(" (") + flag + " names the field to read)";
+}
+const std::string& string_field(const Line& line, const std::string& key, const char* flag) {
   const Json* v = line.json.find(key);
-  if (!v || !v->is_array()) throw UserError(line.where + ": expected an array field \"" + key + "\"");
+  if (!v || !v->is_string())
+    throw UserError(line.where + ": expected a string field \"" + key + "\"" + missing(line, key, flag));
+  return v->as_string();
+}
+
+// A label as a string: a string as it is, an integer (a dataset's class id) or a boolean as its JSON text.
+bool is_label(const Json& v) {
+  return v.is_string() || v.is_bool() ||
+         (v.is_number() && std::isfinite(v.as_number()) && v.as_number() == std::trunc(v.as_number()) &&
+          std::fabs(v.as_number()) < 1e15);
+}
+std::string label_text(const Json& v) {
+  if (v.is_string()) return v.as_string();
+  if (v.is_bool()) return v.as_bool() ? "true" : "false";
+  return std::to_string(static_cast<int64_t>(v.as_number()));
+}
+std::string label_field(const Line& line, const std::string& key, const char* flag) {
+  const Json* v = line.json.find(key);
+  if (!v || !is_label(*v))
+    throw UserError(line.where + ": expected a label field \"" + key + "\" (a string, an integer or a boolean" +
+                    (v && v->is_number() ? "; a fractional number is a regression target, which is not a class" : "") +
+                    ")" + missing(line, key, flag));
+  return label_text(*v);
+}
+
+// An array field whose items are strings (items_are_labels: labels, is_label).
+const Json::Array& array_field(const Line& line, const std::string& key, const char* flag,
+                               bool items_are_labels = false) {
+  const Json* v = line.json.find(key);
+  if (!v || !v->is_array())
+    throw UserError(line.where + ": expected an array field \"" + key + "\"" + missing(line, key, flag));
   for (const Json& item : v->as_array())
-    if (!item.is_string()) throw UserError(line.where + ": \"" + key + "\" must hold strings");
+    if (items_are_labels ? !is_label(item) : !item.is_string())
+      throw UserError(line.where + ": \"" + key + "\" must hold " +
+                      (items_are_labels ? "labels (strings, integers or booleans)" : "strings"));
   return v->as_array();
+}
+
+// Labels in id order: sorted, as numbers where every one is an integer written as such ("7", "-1"; not "07").
+std::vector<std::string> sorted_labels(const std::set<std::string>& seen) {
+  std::vector<std::pair<int64_t, std::string>> numbers;
+  for (const std::string& l : seen) {
+    int64_t n = 0;
+    const auto [end, error] = std::from_chars(l.data(), l.data() + l.size(), n);
+    if (error != std::errc{} || end != l.data() + l.size() || std::to_string(n) != l) return {seen.begin(), seen.end()};
+    numbers.emplace_back(n, l);
+  }
+  std::sort(numbers.begin(), numbers.end());
+  std::vector<std::string> labels;
+  for (auto& [n, l] : numbers) labels.push_back(std::move(l));
+  return labels;
 }
 
 std::vector<Line> read_lines(const std::string& path) {
@@ -273,16 +326,17 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
     return shard;
   }
 
+  const TaskFields& f = options.fields;
   std::vector<std::string> labels = options.labels;
   if (labels.empty()) {
     std::set<std::string> seen;
     for (const Line& line : lines) {
       if (per_token)
-        for (const Json& tag : array_field(line, "tags")) seen.insert(tag.as_string());
+        for (const Json& tag : array_field(line, f.tags, "--tags-field", true)) seen.insert(label_text(tag));
       else
-        seen.insert(string_field(line, "label"));
+        seen.insert(label_field(line, f.label, "--label-field"));
     }
-    labels.assign(seen.begin(), seen.end());
+    labels = sorted_labels(seen);
     if (labels.size() < 2)
       throw UserError("task data '" + path + "' has fewer than 2 distinct labels: nothing to classify");
   }
@@ -291,8 +345,10 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
   auto label_id = [&](const Line& line, const std::string& name) {
     auto it = label_ids.find(name);
     if (it == label_ids.end())
-      throw UserError(line.where + ": label '" + name + "' is not one of the " + std::to_string(labels.size()) +
-                      " labels (--labels)");
+      throw UserError(
+          line.where + ": label '" + name + "' is not one of the " + std::to_string(labels.size()) +
+          " labels (--labels)" +
+          (name == "-1" ? "; -1 marks the unlabelled examples of a Hugging Face dataset's test split" : ""));
     return it->second;
   };
 
@@ -310,13 +366,13 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
     token_labels.assign(1, kIgnoredLabel);
     bool truncated = false;
     if (per_token) {
-      const Json::Array& words = array_field(line, "tokens");
-      const Json::Array& tags = array_field(line, "tags");
+      const Json::Array& words = array_field(line, f.tokens, "--tokens-field");
+      const Json::Array& tags = array_field(line, f.tags, "--tags-field", true);
       if (words.size() != tags.size())
-        throw UserError(line.where + ": " + std::to_string(words.size()) + " tokens but " +
-                        std::to_string(tags.size()) + " tags");
+        throw UserError(line.where + ": " + std::to_string(words.size()) + " tokens (\"" + f.tokens + "\") but " +
+                        std::to_string(tags.size()) + " tags (\"" + f.tags + "\")");
       for (size_t w = 0; w < words.size(); ++w) {
-        const int32_t tag = label_id(line, tags[w].as_string());
+        const int32_t tag = label_id(line, label_text(tags[w]));
         std::vector<int32_t> pieces = tokenizer.encode(words[w].as_string());
         if (pieces.empty()) pieces.push_back(special.unk);  // a word the tokenizer drops still carries its tag
         if (tokens.size() + pieces.size() + 1 > limit) {
@@ -333,9 +389,10 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
       token_labels.push_back(kIgnoredLabel);
       segments.assign(tokens.size(), 0);
     } else {
-      std::vector<int32_t> a = tokenizer.encode(string_field(line, "text")), b;
-      const bool pair = line.json.find("text_b") != nullptr;
-      if (pair) b = tokenizer.encode(string_field(line, "text_b"));
+      std::vector<int32_t> a = tokenizer.encode(string_field(line, f.text, "--text-fields")), b;
+      const Json* second = f.text_b.empty() ? nullptr : line.json.find(f.text_b);
+      const bool pair = second && !second->is_null();
+      if (pair) b = tokenizer.encode(string_field(line, f.text_b, "--text-fields"));
       const size_t room = limit - (pair ? 3 : 2);
       while (a.size() + b.size() > room) {  // longest first, as BERT's and Hugging Face's truncation
         truncated = true;
@@ -349,7 +406,7 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
         tokens.push_back(special.sep);
         segments.resize(tokens.size(), 1);
       }
-      token_labels.assign(1, label_id(line, string_field(line, "label")));
+      token_labels.assign(1, label_id(line, label_field(line, f.label, "--label-field")));
     }
     r.truncated += truncated;
     shard.append_labeled(tokens, segments, token_labels);

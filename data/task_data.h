@@ -1,6 +1,9 @@
 // Fine-tuning data: JSON lines -> task shards (data/shard.h), one line per example:
 //   sequence classification: {"text": "...", "label": "news"}  (optional "text_b" for sentence pairs)
 //   token classification:    {"tokens": ["The", "jury", "said"], "tags": ["DET", "NOUN", "VERB"]}
+// The classification fields may have other names (TaskFields: Hugging Face datasets' GLUE exports have
+// "sentence1", "sentence2"; CoNLL-2003's "ner_tags"), and a label or tag may be a string, an integer (a
+// dataset's class id: "label": 1) or a boolean; integers and booleans name the label by their JSON text.
 //   question answering:      {"question": "...", "context": "...",
 //                             "answers": {"text": ["..."], "answer_start": [17]}}   (SQuAD's layout, as
 //                             Hugging Face datasets write it; "answers": [{"text", "answer_start"}] too;
@@ -26,6 +29,13 @@
 
 namespace bert::data {
 
+// The JSON fields a classification example is read from (question answering: SQuAD's, fixed).
+struct TaskFields {
+  std::string text = "text", text_b = "text_b";  // seq-cls: the text, and the optional pair (absent or null: none)
+  std::string label = "label";                   // seq-cls
+  std::string tokens = "tokens", tags = "tags";  // token-cls
+};
+
 struct TaskDataOptions {
   ShardKind kind = ShardKind::kSequenceLabels;  // kSequenceLabels, kTokenLabels or kSpanLabels
   int64_t max_seq_len = 128;
@@ -34,8 +44,10 @@ struct TaskDataOptions {
   // question's tokens kept (the rest cut).
   int64_t doc_stride = 128;
   int64_t max_query_len = 64;
-  // The label set, in id order. Empty: the distinct labels of the input, sorted.
+  // The label set, in id order. Empty: the distinct labels of the input, sorted (as numbers where every
+  // label is an integer, so that a dataset's class ids 0..K-1 keep their ids).
   std::vector<std::string> labels;
+  TaskFields fields;
 };
 
 struct TaskDataReport {
@@ -65,7 +77,8 @@ struct QuestionWindows {
 };
 
 // Reads `jsonl_path` and returns the shard (with tokenizer metadata). UserError naming the file and line
-// for malformed JSON, missing fields, a label outside `options.labels`, tokens and tags of different
+// for malformed JSON, missing fields (by their TaskFields names), a label outside `options.labels` (-1 noted
+// as an unlabelled test split's), tokens and tags of different
 // lengths, an answer_start outside its context, or an empty input. Question answering: `windows`, when
 // given, receives the questions and windows of the shard.
 Shard make_task_shard(const std::string& jsonl_path, const tokenizer::Tokenizer& tokenizer,

@@ -57,6 +57,18 @@ void run_task(const std::string& input, const std::string& output, const std::st
     throw UserError("--task '" + task + "': expected seq-cls, token-cls or qa");
   options.kind = kShardKindNames.parse(task, "--task");
   if (options.max_seq_len == 0) options.max_seq_len = options.kind == ShardKind::kSpanLabels ? 384 : 128;
+  const TaskFields& f = options.fields;
+  const TaskFields defaults;
+  const bool sequence_fields = f.text != defaults.text || f.text_b != defaults.text_b || f.label != defaults.label;
+  const bool token_fields = f.tokens != defaults.tokens || f.tags != defaults.tags;
+  if (options.kind == ShardKind::kSpanLabels && (sequence_fields || token_fields))
+    throw UserError(
+        "--text-fields, --label-field, --tokens-field, --tags-field: a qa shard reads SQuAD's fields "
+        "(question, context, answers)");
+  if (options.kind == ShardKind::kSequenceLabels && token_fields)
+    throw UserError("--tokens-field, --tags-field: for --task token-cls (seq-cls reads --text-fields, --label-field)");
+  if (options.kind == ShardKind::kTokenLabels && sequence_fields)
+    throw UserError("--text-fields, --label-field: for --task seq-cls (token-cls reads --tokens-field, --tags-field)");
   if (!labels_path.empty()) {
     if (options.kind == ShardKind::kSpanLabels) throw UserError("--labels: a qa shard has no label set");
     options.labels = read_label_names(labels_path);
@@ -264,7 +276,10 @@ CLI::App* add_task(CLI::App& app, Args& a) {
       "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\"; "
       "{\"tokens\": [...], \"tags\": [...]}; or SQuAD's {\"question\": ..., \"context\": ..., \"answers\": "
       "{\"text\": [...], \"answer_start\": [...]}}) -> one HDF5 task shard; a word's first piece carries its tag; "
-      "a question and a window of its context make a sequence, labelled with the answer's first and last token");
+      "a question and a window of its context make a sequence, labelled with the answer's first and last token. "
+      "Labels and tags may be strings, integers (a dataset's class ids) or booleans; the classification fields "
+      "may have other names (--text-fields, --label-field, --tokens-field, --tags-field), so that Hugging Face "
+      "datasets' JSON lines (Dataset.to_json) read as they are");
   task->add_option("--task", a.task_kind,
                    "seq-cls (a label per text) | token-cls (a tag per word) | qa (extractive question answering)")
       ->required();
@@ -275,7 +290,28 @@ CLI::App* add_task(CLI::App& app, Args& a) {
   task->add_option("--output", a.task_output, "output shard (.hdf5)")->required();
   task->add_option("--labels", a.task_labels,
                    "the label set, in id order: a file with one label per line, or a task shard made before (give "
-                   "the training shard when making dev/test); default: the input's distinct labels, sorted");
+                   "the training shard when making dev/test); default: the input's distinct labels, sorted (as numbers "
+                   "where all are integers: class ids 0..K-1 keep their ids)");
+  task->add_option_function<std::string>(
+      "--text-fields",
+      [&a](const std::string& names) {
+        const size_t comma = names.find(',');
+        a.task_options.fields.text = names.substr(0, comma);
+        a.task_options.fields.text_b = comma == std::string::npos ? "" : names.substr(comma + 1);
+        if (a.task_options.fields.text.empty() || a.task_options.fields.text_b.find(',') != std::string::npos ||
+            (comma != std::string::npos && a.task_options.fields.text_b.empty()))
+          throw CLI::ValidationError("--text-fields", "'" + names + "': expected FIELD or FIELD,PAIR_FIELD");
+      },
+      "seq-cls: the text's JSON field and, after a comma, the optional pair's (absent or null in a line: no "
+      "pair), e.g. sentence1,sentence2 (GLUE's MRPC, RTE, STS-B), question1,question2 (QQP), premise,hypothesis "
+      "(MNLI), sentence (SST-2, CoLA) [default: text,text_b]");
+  task->add_option("--label-field", a.task_options.fields.label, "seq-cls: the label's JSON field")
+      ->capture_default_str();
+  task->add_option("--tokens-field", a.task_options.fields.tokens, "token-cls: the words' JSON field")
+      ->capture_default_str();
+  task->add_option("--tags-field", a.task_options.fields.tags,
+                   "token-cls: the tags' JSON field, e.g. ner_tags (CoNLL-2003), pos_tags")
+      ->capture_default_str();
   task->add_option("--max-seq-len", a.task_options.max_seq_len,
                    "tokens per example (longer ones are truncated, with a warning; qa: windows) [default: 128; qa: "
                    "384, BERT's SQuAD setting]")

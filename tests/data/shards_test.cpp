@@ -752,8 +752,9 @@ TEST_F(FixtureData, BadTaskDataFailsNamingTheFileAndLine) {
     testing::expect_user_error([&] { make_task_shard(path, *tokenizer_, o); }, fragment);
   };
   fails("{\"text\": \"a\", \"label\": \"x\"}\n{not json\n", seq, "bad.jsonl:2: not a JSON object");
-  fails("{\"text\": \"a\"}\n", seq, "bad.jsonl:1: expected a string field \"label\"");
-  fails("{\"tokens\": [\"a\", \"b\"], \"tags\": [\"X\"]}\n", tok, "bad.jsonl:1: 2 tokens but 1 tags");
+  fails("{\"text\": \"a\"}\n", seq, "bad.jsonl:1: expected a label field \"label\"");
+  fails("{\"tokens\": [\"a\", \"b\"], \"tags\": [\"X\"]}\n", tok,
+        "bad.jsonl:1: 2 tokens (\"tokens\") but 1 tags (\"tags\")");
   fails("{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": \"x\"}\n", seq,
         "fewer than 2 distinct labels");
   fails("", seq, "holds no examples");
@@ -773,6 +774,77 @@ TEST_F(FixtureData, BadTaskDataFailsNamingTheFileAndLine) {
   s.append_labeled(tokens, segments, label);
   write_shard(dir.file("bad.hdf5"), s);
   testing::expect_user_error([&] { read_shard(dir.file("bad.hdf5")); }, "labels[0] holds 2, outside [0, 2)");
+}
+
+// Hugging Face datasets' JSON lines (Dataset.to_json) read as they are: other field names, integer class ids
+// (in numeric order: 10 after 2), booleans, a null pair; the same sequences as the project's own field names.
+TEST_F(FixtureData, HuggingFaceDatasetsJsonLinesReadAsTheyAre) {
+  testing::TempDir dir;
+  const std::string glue = write_lines(
+      dir, "glue.jsonl",
+      R"({"sentence1": "In the beginning God created the heaven", "sentence2": "and the earth", "label": 2, "idx": 0})"
+      "\n"
+      R"({"sentence1": "Blessed are the meek", "sentence2": null, "label": 10, "idx": 1})"
+      "\n"
+      R"({"sentence1": "Jesus wept", "sentence2": "and the earth", "label": 0, "idx": 2})"
+      "\n");
+  const std::string ours =
+      write_lines(dir, "ours.jsonl",
+                  R"({"text": "In the beginning God created the heaven", "text_b": "and the earth", "label": "2"})"
+                  "\n"
+                  R"({"text": "Blessed are the meek", "label": "10"})"
+                  "\n"
+                  R"({"text": "Jesus wept", "text_b": "and the earth", "label": "0"})"
+                  "\n");
+  TaskDataOptions hf;
+  hf.fields.text = "sentence1", hf.fields.text_b = "sentence2";
+  const Shard a = make_task_shard(glue, *tokenizer_, hf);
+  const Shard b = make_task_shard(ours, *tokenizer_, TaskDataOptions{});
+  EXPECT_EQ(a.label_names, (std::vector<std::string>{"0", "2", "10"})) << "class ids in numeric order";
+  EXPECT_EQ(a.labels, (std::vector<int32_t>{1, 2, 0}));
+  EXPECT_EQ(a.label_names, b.label_names);
+  EXPECT_EQ(a.labels, b.labels);
+  EXPECT_EQ(a.input_ids, b.input_ids);
+  EXPECT_EQ(a.segment_ids, b.segment_ids);
+  int64_t pair = 0;
+  for (int64_t j = 0; j < a.seq_len; ++j) pair += a.segment_ids[a.seq_len + j];
+  EXPECT_EQ(pair, 0) << "a null second sentence: no pair";
+
+  // Booleans (BoolQ's "answer") name their labels "false" and "true"; labels that are not all integers sort
+  // as strings.
+  hf.fields = TaskFields{};
+  hf.fields.text = "question", hf.fields.label = "answer";
+  const Shard booleans = make_task_shard(write_lines(dir, "boolq.jsonl",
+                                                     "{\"question\": \"is the earth void\", \"answer\": true}\n"
+                                                     "{\"question\": \"is the light good\", \"answer\": false}\n"),
+                                         *tokenizer_, hf);
+  EXPECT_EQ(booleans.label_names, (std::vector<std::string>{"false", "true"}));
+  EXPECT_EQ(booleans.labels, (std::vector<int32_t>{1, 0}));
+
+  // CoNLL-2003: integer tags under "ner_tags".
+  TaskDataOptions conll;
+  conll.kind = ShardKind::kTokenLabels;
+  conll.fields.tags = "ner_tags";
+  const Shard tags = make_task_shard(
+      write_lines(dir, "conll.jsonl",
+                  "{\"id\": \"0\", \"tokens\": [\"God\", \"said\"], \"ner_tags\": [1, 0]}\n"
+                  "{\"id\": \"1\", \"tokens\": [\"Moses\", \"saw\", \"Aaron\"], \"ner_tags\": [1, 0, 12]}\n"),
+      *tokenizer_, conll);
+  EXPECT_EQ(tags.label_names, (std::vector<std::string>{"0", "1", "12"}));
+  EXPECT_EQ(tags.labels[1], 1) << "God: its first piece carries B-PER's id";
+
+  auto fails = [&](const std::string& lines, const TaskDataOptions& o, const std::string& fragment) {
+    const std::string path = write_lines(dir, "bad.jsonl", lines);
+    testing::expect_user_error([&] { make_task_shard(path, *tokenizer_, o); }, fragment);
+  };
+  TaskDataOptions sentence;
+  sentence.fields.text = "sentence";
+  fails("{\"sentence\": \"a\", \"label\": 0.5}\n", sentence, "a fractional number is a regression target");
+  sentence.labels = {"0", "1"};
+  fails("{\"text\": \"a\", \"label\": 0}\n", sentence, "bad.jsonl:1: expected a string field \"sentence\"");
+  fails("{\"sentence\": \"a\", \"label\": -1}\n", sentence,
+        "unlabelled examples of a Hugging Face dataset's test split");
+  fails("{\"tokens\": [\"a\"], \"ner_tags\": [[1]]}\n", conll, "\"ner_tags\" must hold labels");
 }
 
 // ---------------------------------------------------------------- question answering
