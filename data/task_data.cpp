@@ -51,13 +51,21 @@ std::string label_text(const Json& v) {
   if (v.is_bool()) return v.as_bool() ? "true" : "false";
   return std::to_string(static_cast<int64_t>(v.as_number()));
 }
-std::string label_field(const Line& line, const std::string& key, const char* flag) {
+const Json& label_field(const Line& line, const std::string& key, const char* flag) {
   const Json* v = line.json.find(key);
   if (!v || !is_label(*v))
     throw UserError(line.where + ": expected a label field \"" + key + "\" (a string, an integer or a boolean" +
                     (v && v->is_number() ? "; a fractional number is a regression target, which is not a class" : "") +
                     ")" + missing(line, key, flag));
-  return label_text(*v);
+  return *v;
+}
+
+// Whether `label` is an integer written as such ("7", "-1"; not "07"), and which.
+std::optional<int64_t> integer_label(const std::string& label) {
+  int64_t n = 0;
+  const auto [end, error] = std::from_chars(label.data(), label.data() + label.size(), n);
+  if (error != std::errc{} || end != label.data() + label.size() || std::to_string(n) != label) return std::nullopt;
+  return n;
 }
 
 // An array field whose items are strings (items_are_labels: labels, is_label).
@@ -77,10 +85,9 @@ const Json::Array& array_field(const Line& line, const std::string& key, const c
 std::vector<std::string> sorted_labels(const std::set<std::string>& seen) {
   std::vector<std::pair<int64_t, std::string>> numbers;
   for (const std::string& l : seen) {
-    int64_t n = 0;
-    const auto [end, error] = std::from_chars(l.data(), l.data() + l.size(), n);
-    if (error != std::errc{} || end != l.data() + l.size() || std::to_string(n) != l) return {seen.begin(), seen.end()};
-    numbers.emplace_back(n, l);
+    const std::optional<int64_t> n = integer_label(l);
+    if (!n) return {seen.begin(), seen.end()};
+    numbers.emplace_back(*n, l);
   }
   std::sort(numbers.begin(), numbers.end());
   std::vector<std::string> labels;
@@ -334,7 +341,7 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
       if (per_token)
         for (const Json& tag : array_field(line, f.tags, "--tags-field", true)) seen.insert(label_text(tag));
       else
-        seen.insert(label_field(line, f.label, "--label-field"));
+        seen.insert(label_text(label_field(line, f.label, "--label-field")));
     }
     labels = sorted_labels(seen);
     if (labels.size() < 2)
@@ -342,14 +349,18 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
   }
   std::map<std::string, int32_t> label_ids;
   for (size_t i = 0; i < labels.size(); ++i) label_ids[labels[i]] = static_cast<int32_t>(i);
-  auto label_id = [&](const Line& line, const std::string& name) {
-    auto it = label_ids.find(name);
-    if (it == label_ids.end())
-      throw UserError(
-          line.where + ": label '" + name + "' is not one of the " + std::to_string(labels.size()) +
-          " labels (--labels)" +
-          (name == "-1" ? "; -1 marks the unlabelled examples of a Hugging Face dataset's test split" : ""));
-    return it->second;
+  // A label set of names, none of them an integer: a JSON integer k is then the k-th name (a Hugging Face
+  // dataset's ClassLabel: class ids in the data, their names in --labels).
+  const bool named_classes =
+      std::none_of(labels.begin(), labels.end(), [](const std::string& l) { return integer_label(l).has_value(); });
+  auto label_id = [&](const Line& line, const Json& value) {
+    const std::string name = label_text(value);
+    if (auto it = label_ids.find(name); it != label_ids.end()) return it->second;
+    if (named_classes && value.is_number() && value.as_number() >= 0 && value.as_number() < double(labels.size()))
+      return static_cast<int32_t>(value.as_number());
+    throw UserError(line.where + ": label '" + name + "' is not one of the " + std::to_string(labels.size()) +
+                    " labels (--labels)" +
+                    (name == "-1" ? "; -1 marks the unlabelled examples of a Hugging Face dataset's test split" : ""));
   };
 
   const tokenizer::SpecialTokens& special = tokenizer.specials();
@@ -372,7 +383,7 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
         throw UserError(line.where + ": " + std::to_string(words.size()) + " tokens (\"" + f.tokens + "\") but " +
                         std::to_string(tags.size()) + " tags (\"" + f.tags + "\")");
       for (size_t w = 0; w < words.size(); ++w) {
-        const int32_t tag = label_id(line, label_text(tags[w]));
+        const int32_t tag = label_id(line, tags[w]);
         std::vector<int32_t> pieces = tokenizer.encode(words[w].as_string());
         if (pieces.empty()) pieces.push_back(special.unk);  // a word the tokenizer drops still carries its tag
         if (tokens.size() + pieces.size() + 1 > limit) {

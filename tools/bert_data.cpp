@@ -291,7 +291,8 @@ CLI::App* add_task(CLI::App& app, Args& a) {
   task->add_option("--labels", a.task_labels,
                    "the label set, in id order: a file with one label per line, or a task shard made before (give "
                    "the training shard when making dev/test); default: the input's distinct labels, sorted (as numbers "
-                   "where all are integers: class ids 0..K-1 keep their ids)");
+                   "where all are integers: class ids 0..K-1 keep their ids); where no name is an integer, an "
+                   "integer label k in the input (a dataset's class id) is the k-th name");
   task->add_option_function<std::string>(
       "--text-fields",
       [&a](const std::string& names) {

@@ -810,6 +810,30 @@ TEST_F(FixtureData, HuggingFaceDatasetsJsonLinesReadAsTheyAre) {
   for (int64_t j = 0; j < a.seq_len; ++j) pair += a.segment_ids[a.seq_len + j];
   EXPECT_EQ(pair, 0) << "a null second sentence: no pair";
 
+  // Class ids with their names given (--labels, as a Hugging Face ClassLabel lists them): integer k is the
+  // k-th name; a name in the data is still read by name. Where a name is itself an integer, only names count.
+  TaskDataOptions named = hf;
+  named.labels = {"not_equivalent", "equivalent"};
+  const std::string mixed = write_lines(dir, "named.jsonl",
+                                        R"({"sentence1": "a", "sentence2": "b", "label": 1})"
+                                        "\n"
+                                        R"({"sentence1": "a", "sentence2": "b", "label": "not_equivalent"})"
+                                        "\n"
+                                        R"({"sentence1": "a", "sentence2": "b", "label": 0})"
+                                        "\n");
+  EXPECT_EQ(make_task_shard(mixed, *tokenizer_, named).labels, (std::vector<int32_t>{1, 0, 0}));
+  named.labels = {"0", "7"};
+  testing::expect_user_error([&] { make_task_shard(mixed, *tokenizer_, named); }, "label '1' is not one of the 2");
+  named.labels = {"no", "yes"};
+  testing::expect_user_error(
+      [&] {
+        make_task_shard(write_lines(dir, "two.jsonl",
+                                    R"({"sentence1": "a", "label": 2})"
+                                    "\n"),
+                        *tokenizer_, named);
+      },
+      "label '2' is not one of the 2");
+
   // Booleans (BoolQ's "answer") name their labels "false" and "true"; labels that are not all integers sort
   // as strings.
   hf.fields = TaskFields{};
