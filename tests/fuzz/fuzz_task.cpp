@@ -3,6 +3,7 @@
 // the context's.
 #include <memory>
 
+#include "core/batch.h"
 #include "data/task_data.h"
 #include "tests/fuzz/fuzz_target.h"
 #include "tokenizer/wordpiece.h"
@@ -22,7 +23,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       o.max_query_len = 8;
       data::QuestionWindows windows;
       const data::Shard s = data::make_task_shard(file.path(), *vocab, o, nullptr, &windows);
-      if (kind != data::ShardKind::kSpanLabels) return;
+      if (kind != data::ShardKind::kSpanLabels) {
+        // Every label one of the set's (tokens: or ignored); again with a set of names, which integer labels
+        // (class ids) index.
+        auto check_labels = [](const data::Shard& shard) {
+          for (const int32_t label : shard.labels)
+            if ((label < 0 || static_cast<size_t>(label) >= shard.label_names.size()) && label != kIgnoredLabel)
+              __builtin_trap();
+        };
+        check_labels(s);
+        o.labels = {"no", "yes", "maybe"};
+        check_labels(data::make_task_shard(file.path(), *vocab, o));
+        return;
+      }
       if (windows.window_question.size() != static_cast<size_t>(s.size)) __builtin_trap();
       for (int64_t i = 0; i < s.size; ++i) {
         const int32_t start = s.labels[2 * i], end = s.labels[2 * i + 1];
