@@ -3,7 +3,7 @@
 # import tests/fixtures/hf/tiny -> shards with its vocab.txt (whole-word masking on ##) -> QAT 300 steps
 # -> Q/DQ ONNX (checked by bert-export: ONNX checker + TensorRT rules) and a Hugging Face directory ->
 # ONNX Runtime and the re-imported directory score what the QAT checkpoint scores; then the same for
-# question answering fine-tuned from the imported encoder.
+# question answering fine-tuned from the imported encoder, and sentence pairs in GLUE's JSON layout.
 # Usage: tests/hf_workflow.sh BIN_DIR OUT_DIR
 set -euo pipefail
 BIN=$1 OUT=$2
@@ -102,5 +102,42 @@ assert qat["answers"]["exact_match"] > 0.6, "one of three facts: 300 steps shoul
 assert abs(qat["onnx"]["exact_match"] - qat["metrics"]["exact_match"]) < 0.02, "the Q/DQ export disagrees"
 assert abs(qat["onnx"]["answers"]["f1"] - qat["answers"]["f1"]) < 0.02, "the Q/DQ export answers otherwise"
 assert back["answers"] == qat["answers"], "the Hugging Face export answers otherwise"
+PY
+
+# Sentence pairs as Hugging Face datasets write GLUE (Dataset.to_json): other field names, integer class ids
+# named by --labels, a null second sentence; the label is the second sentence's, so the pair must reach the
+# model. Fine-tuned, scored (Matthews correlation), exported with the names as id2label.
+python3 - "$OUT" <<'PY'
+import json, random, sys
+random.seed(7)
+facts = ["The capital of france is paris.", "The color of the sky is blue.", "The capital of peru is lima.",
+         "The color of the snow is white."]
+for split, n in (("train", 400), ("dev", 80)):
+    with open(f"{sys.argv[1]}/pairs-{split}.jsonl", "w") as f:
+        for i in range(n):
+            second = random.choice(["it is so", "it is not so", None])
+            f.write(json.dumps({"sentence1": random.choice(facts), "sentence2": second,
+                                "label": int(second == "it is so"), "idx": i}) + "\n")
+PY
+printf 'not_so\nso\n' > "$OUT/pairs-labels.txt"
+for split in train dev; do
+  run "$BIN/bert-data" task --task seq-cls --input "$OUT/pairs-$split.jsonl" --tokenizer "$HF" \
+    --output "$OUT/pairs-$split.hdf5" --max-seq-len 32 --text-fields sentence1,sentence2 --labels "$OUT/pairs-labels.txt"
+done
+run "$BIN/bert-train" --train "$OUT/pairs-train.hdf5" --init-from "$HF" --out "$OUT/pairs" --steps 150 --batch-size 32 \
+  --lr 2e-3 --dropout 0 --log-every 50 --eval "$OUT/pairs-dev.hdf5" --eval-batches 0
+run "$BIN/bert-export" --checkpoint "$OUT/pairs" --hf "$OUT/pairs-hf"
+run "$BIN/bert-eval" --checkpoint "$OUT/pairs" --shards "$OUT/pairs-dev.hdf5" --compare --calibrators max \
+  --calib-shards "$OUT/pairs-train.hdf5" --calib-batches 2 --rank-by mcc --json-out "$OUT/pairs.json"
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+rows = {r["mode"]: r for r in json.load(open(f"{out}/pairs.json"))["compare"]}
+config = json.load(open(f"{out}/pairs-hf/config.json"))
+fp32 = rows["fp32"]
+print(f"sentence pairs (GLUE's layout): accuracy {fp32['accuracy']:.4f}, MCC {fp32['mcc']:.4f}, "
+      f"PTQ max MCC {rows['ptq-max']['mcc']:.4f}")
+assert config["id2label"] == {"0": "not_so", "1": "so"}, config["id2label"]
+assert fp32["accuracy"] > 0.9 and fp32["mcc"] > 0.8, "the second sentence decides the label"
 PY
 echo "Hugging Face workflow passed"
