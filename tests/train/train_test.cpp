@@ -1570,6 +1570,15 @@ class FactsTasks : public FactsCorpus {
     train(pretrain);
   }
 
+  // The task's dev shard in order, once, 32 sequences a batch.
+  static data::LoaderOptions dev(const std::string& task) {
+    data::LoaderOptions lo;
+    lo.shards = {dir_->file(task + "-dev.hdf5")};
+    lo.batch_size = 32;
+    lo.shuffle = lo.repeat = false;
+    return lo;
+  }
+
   static TrainOptions finetune(const std::string& task, const std::string& out) {
     TrainOptions o = options(out);
     o.train_shards = {dir_->file(task + "-train.hdf5")};
@@ -1676,10 +1685,7 @@ TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEnco
     // Sensitivity ranked by the Matthews correlation (bert-eval --sensitivity --rank-by mcc): every score is
     // the dev set's MCC, and the plan holds its bar in that metric.
     store::load_checkpoint(out.file(task) + "/checkpoint.h5", m2, nullptr);
-    data::LoaderOptions lo;
-    lo.shards = {dir_->file("seq-dev.hdf5")};
-    lo.batch_size = 32;
-    lo.shuffle = lo.repeat = false;
+    const data::LoaderOptions lo = dev("seq");
     const eval::LoaderFactory make = [&] { return data::ShardLoader(lo); };
     Graph<float> g;
     data::ShardLoader loader(lo), scored(lo);
@@ -1775,10 +1781,7 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
   // integer GEMMs, which must answer alike.
   model::Bert quantized(store::read_checkpoint_config(out.file("qa-qat") + "/checkpoint.h5"));
   store::load_checkpoint(out.file("qa-qat") + "/checkpoint.h5", quantized, nullptr);
-  data::LoaderOptions lo;
-  lo.shards = {dir_->file("qa-dev.hdf5")};
-  lo.batch_size = 32;
-  lo.shuffle = lo.repeat = false;
+  const data::LoaderOptions lo = dev("qa");
   const eval::LoaderFactory make = [&] { return data::ShardLoader(lo); };
   Graph<float> g;
   const eval::IntegerComparison modes = eval::compare_integer(quantized, make, 0, g, false, true, &scoring);
