@@ -124,6 +124,8 @@ expect_error eval-predictions-alone "--predictions needs --qa-data" "$OUT/never.
 expect_error eval-rank-by-of-pretraining "--rank-by mcc: a pretraining model is ranked by its MLM accuracy" \
   "$OUT/never.json" -- "$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --sensitivity --rank-by mcc \
   --plan-out "$OUT/never.json"
+expect_error train-keep-best-without-eval "--keep-best loss needs --eval" "$N" -- "${T[@]}" "${SH[@]}" "${TOK[@]}" \
+  "${CFG[@]}" --out "$N" --steps 5 --keep-best loss
 expect_error eval-rank-by-alone "--rank-by macro-f1 goes with --sensitivity or --compare" "" -- "$BIN/bert-eval" \
   --checkpoint "$OUT/run" --shards "$OUT/shards" --rank-by macro-f1
 # INT8 on a GPU where none is visible: the device's error, before any work.

@@ -180,6 +180,15 @@ void add_run_options(CLI::App& app, Args& a) {
          "--keep-checkpoints", a.o.keep_checkpoints,
          "checkpoints kept: 1 keeps checkpoint.h5 only; K > 1 also keeps checkpoint-<step>.h5 of the last K saves")
       ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--keep-best",
+         [&a](const std::string& metric) {
+           a.o.keep_best = bert::train::kBestMetricNames.parse(metric, "--keep-best");
+         },
+         "keep the model of the best held-out evaluation (--eval) by this metric: accuracy (MLM accuracy, a task's "
+         "accuracy, per-window exact match), macro-f1, mcc (Matthews correlation), loss (the lowest) or question-f1 "
+         "(--eval-qa-data): OUT/checkpoint-best.h5 and OUT/best.json (metric, value, step), kept over --resume")
+      ->check(CLI::IsMember(bert::train::kBestMetricNames.names()));
   app.add_option("--on-nonfinite", a.on_nonfinite,
                  "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")
       ->capture_default_str();

@@ -45,6 +45,10 @@ void TrainOptions::validate() const {
   if (stop_at_step < 0) fail("--stop-at: expected a step number (0: off)");
   if (!(bucket_mb > 0)) fail("--bucket-mb " + std::to_string(bucket_mb) + ": expected a positive size");
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
+  if (keep_best && eval_shards.empty())
+    fail("--keep-best " + kBestMetricNames.name(*keep_best) + " needs --eval: the held-out shards it ranks by");
+  if (keep_best == BestMetric::kQuestionF1 && !eval_questions)
+    fail("--keep-best question-f1 needs --eval-qa-data: the questions behind the held-out shard");
   if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");
   optimizer.validate();
   config.validate();

@@ -99,6 +99,14 @@ struct TrainOptions {
   // Checkpoints kept: 1 keeps only checkpoint.h5; K > 1 also keeps checkpoint-<step>.h5 for the last K
   // saves (hard links to the same data where the file system allows).
   int64_t keep_checkpoints = 1;
+  // Keep the model of the best held-out evaluation by this metric (--keep-best; needs eval_shards):
+  // output_dir/checkpoint-best.h5 (the model alone, the run folder's config and tokenizer beside it) and
+  // best.json (the metric, its value and the step), written when an evaluation beats every one before it
+  // (the loss: lower). kAccuracy: MLM accuracy, a task's accuracy or a window's exact match; kMacroF1: a
+  // task's macro-F1 (question answering: token F1); kMcc: a classification's Matthews correlation;
+  // kLoss: the held-out loss; kQuestionF1: the questions' F1 (eval_questions).
+  enum class BestMetric { kAccuracy, kMacroF1, kMcc, kLoss, kQuestionF1 };
+  std::optional<BestMetric> keep_best;
   // A non-finite loss or gradient: "stop" (UserError naming the step and the tensor; the last
   // checkpoint stays as it was) or "skip" (drop that step's update and go on; after
   // max_consecutive_skips skipped steps in a row the run stops as with "stop").
@@ -112,6 +120,12 @@ struct TrainOptions {
 
 inline constexpr EnumNames<TrainOptions::OnNonFinite, 2> kOnNonFiniteNames{
     {{{TrainOptions::OnNonFinite::kStop, "stop"}, {TrainOptions::OnNonFinite::kSkip, "skip"}}}};
+inline constexpr EnumNames<TrainOptions::BestMetric, 5> kBestMetricNames{
+    {{{TrainOptions::BestMetric::kAccuracy, "accuracy"},
+      {TrainOptions::BestMetric::kMacroF1, "macro-f1"},
+      {TrainOptions::BestMetric::kMcc, "mcc"},
+      {TrainOptions::BestMetric::kLoss, "loss"},
+      {TrainOptions::BestMetric::kQuestionF1, "question-f1"}}}};
 inline constexpr EnumNames<TrainOptions::ScaleTraining, 3> kScaleTrainingNames{
     {{{TrainOptions::ScaleTraining::kLearned, "learned"},
       {TrainOptions::ScaleTraining::kLsq, "lsq"},

@@ -80,6 +80,43 @@ data::ShardLoader held_out_loader(const TrainOptions& o, const std::vector<std::
   return eval_loader;
 }
 
+void check_best_metric(TrainOptions::BestMetric metric, model::Head head) {
+  using Metric = TrainOptions::BestMetric;
+  const std::string flag = "--keep-best " + kBestMetricNames.name(metric);
+  if (head == model::Head::kPretraining && metric != Metric::kAccuracy && metric != Metric::kLoss)
+    throw UserError(flag + ": a pretraining run is ranked by its MLM accuracy or its loss");
+  if (head == model::Head::kQuestionAnswering && metric == Metric::kMcc)
+    throw UserError(flag + ": question answering has no Matthews correlation");
+  if (head != model::Head::kQuestionAnswering && metric == Metric::kQuestionF1)
+    throw UserError(flag + ": for question answering (a " + model::head_architecture(head) + " has no questions)");
+}
+
+double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& result, model::Head head) {
+  using Metric = TrainOptions::BestMetric;
+  if (head == model::Head::kPretraining) {
+    const eval::PretrainingMetrics& m = result.last_eval;
+    return metric == Metric::kLoss ? m.mlm_loss() + m.nsp_loss() : m.mlm_accuracy();
+  }
+  const eval::TaskMetrics& m = result.last_task_eval;
+  switch (metric) {
+    case Metric::kMacroF1:
+      return m.macro_f1();
+    case Metric::kMcc:
+      return m.mcc();
+    case Metric::kLoss:
+      return m.loss();
+    case Metric::kQuestionF1:
+      return result.last_answers ? result.last_answers->f1() : 0.0;
+    case Metric::kAccuracy:
+      break;
+  }
+  return m.accuracy();
+}
+
+bool beats(TrainOptions::BestMetric metric, double value, double best) {
+  return metric == TrainOptions::BestMetric::kLoss ? value < best : value > best;
+}
+
 void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int64_t step, TrainResult& result) {
   const TrainOptions& o = run.options;
   model::Bert& model = run.model;

@@ -127,4 +127,12 @@ data::ShardLoader held_out_loader(const TrainOptions& o, const std::vector<std::
 // batches of it, or all), logged and appended to metrics.jsonl.
 void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int64_t step, TrainResult& result);
 
+// --keep-best: UserError naming the flag where `metric` does not apply to `head` (a pretraining model has
+// accuracy and loss; question answering no Matthews correlation; question-f1 is question answering's).
+void check_best_metric(TrainOptions::BestMetric metric, model::Head head);
+// The metric's value in the held-out evaluation `result` last made, and whether `value` beats `best`
+// (higher is better, the loss lower).
+double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& result, model::Head head);
+bool beats(TrainOptions::BestMetric metric, double value, double best);
+
 }  // namespace bert::train

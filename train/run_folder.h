@@ -21,9 +21,12 @@ namespace bert::train {
 // Where a run keeps its files (the tokenizer's copy: tokenizer::copy_tokenizer).
 struct RunFiles {
   std::string checkpoint, metrics;
+  std::string best_checkpoint, best_record;  // --keep-best: checkpoint-best.h5, best.json
   explicit RunFiles(const TrainOptions& o)
       : checkpoint((std::filesystem::path(o.output_dir) / "checkpoint.h5").string()),
-        metrics((std::filesystem::path(o.output_dir) / "metrics.jsonl").string()) {}
+        metrics((std::filesystem::path(o.output_dir) / "metrics.jsonl").string()),
+        best_checkpoint((std::filesystem::path(o.output_dir) / "checkpoint-best.h5").string()),
+        best_record((std::filesystem::path(o.output_dir) / "best.json").string()) {}
 };
 
 // Keeps metrics.jsonl lines up to `step` (used on resume: later lines belong to the interrupted run).

@@ -124,6 +124,9 @@ class TrainingRun {
   // A checkpoint of the step just ended, written in the background (CheckpointWriter); `wait`: written
   // before returning (a stop's; the run's last one is waited for in finish()).
   void save(bool wait);
+  // --keep-best, after a held-out evaluation: where it beats every one before, the model alone to
+  // checkpoint-best.h5 (in the background, as save's) and its record to best.json.
+  void keep_if_best(TrainResult& result);
   // A step that went non-finite (`nonfinite` says what): skipped with a warning (--on-nonfinite skip, up
   // to --max-skips in a row), else the run stops with a message naming the last checkpoint.
   void skip_or_stop(const std::string& nonfinite, int64_t& consecutive_skips);
@@ -156,6 +159,11 @@ class TrainingRun {
   std::ofstream metrics_log_;
   int64_t warmup_;
   int64_t last_saved_step_;
+  struct Best {
+    double value = 0;
+    int64_t step = 0;
+  };
+  std::optional<Best> best_;  // --keep-best: the best evaluation so far (on --resume, best.json's)
   CheckpointWriter writer_;  // last: destroyed first, so a write in progress ends before the rest goes
 };
 
@@ -209,6 +217,20 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
     dropout_rng_ =
         Rng(Rng::State{Rng(dropout_rng_.state().seed).bits(0x5EED + ranks().rank()), dropout_rng_.state().counter});
   active_ = configure_scales(o, model_, *optimizer_, state_);
+  if (o.keep_best) {
+    check_best_metric(*o.keep_best, config_.head);
+    std::error_code exists;
+    if (o.resume && fs::is_regular_file(files_.best_record, exists)) {
+      const Json record = Json::parse(read_text_file(files_.best_record, "best-model record"));
+      const Json *metric = record.find("metric"), *value = record.find("value"), *step = record.find("step");
+      if (metric && metric->is_string() && metric->as_string() == kBestMetricNames.name(*o.keep_best) && value &&
+          value->is_number() && step && step->is_number())
+        best_ = Best{value->as_number(), static_cast<int64_t>(step->as_number())};
+      else
+        spdlog::warn("--keep-best {}: '{}' records another metric; the best model is chosen again from here",
+                     kBestMetricNames.name(*o.keep_best), files_.best_record);
+    }
+  }
   teacher_ = make_teacher(o, config_, loader_.seq_len(), *device_);
   if (lead_ && !finished()) {
     metrics_log_.open(files_.metrics, std::ios::app);
@@ -248,6 +270,26 @@ void TrainingRun::save(bool wait) {
   writer_.write(files_.checkpoint, [dir = o_.output_dir, path = files_.checkpoint, step = state_.step,
                                     keep = o_.keep_checkpoints] { keep_numbered_checkpoints(dir, path, step, keep); });
   if (wait) writer_.wait();
+}
+
+void TrainingRun::keep_if_best(TrainResult& result) {
+  if (!o_.keep_best || !lead_) return;
+  const TrainOptions::BestMetric metric = *o_.keep_best;
+  const double value = best_metric_value(metric, result, config_.head);
+  if (best_ && !beats(metric, value, best_->value)) return;
+  const std::string name = kBestMetricNames.name(metric);
+  spdlog::info("eval step {}: the best {} so far, {:.4f}{} -> '{}'", state_.step, name, value,
+               best_ ? fmt::format(" (was {:.4f} at step {})", best_->value, best_->step) : "", files_.best_checkpoint);
+  best_ = Best{value, state_.step};
+  model_.parameters().download_values();
+  store::snapshot_checkpoint(model_, nullptr, state_, writer_.next());
+  Json record;
+  record["metric"] = name;
+  record["value"] = value;
+  record["step"] = state_.step;
+  record["checkpoint"] = "checkpoint-best.h5";
+  writer_.write(files_.best_checkpoint,
+                [path = files_.best_record, text = record.dump(2) + "\n"] { write_text_file(path, text); });
 }
 
 std::string TrainingRun::out_of_memory(const std::string& what, int64_t seq_len) const {
@@ -362,8 +404,10 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
     report_progress(report(), step, lr, elapsed, elapsed / (step - first_step + 1), window);
   }
   const bool last = step == o_.steps;
-  if (eval_loader_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last)
+  if (eval_loader_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last) {
     evaluate_held_out(report(), *eval_loader_, step, result);
+    keep_if_best(result);
+  }
   // The last checkpoint is waited for in finish(), after the final evaluation; a stop's, here.
   if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save(stopping);
   if (!stopping) return false;
@@ -375,7 +419,11 @@ bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
 
 void TrainingRun::finish(TrainResult& result) {
   // The final held-out evaluation runs while the last checkpoint is written.
-  if (!result.stopped_early && eval_loader_) evaluate_held_out(report(), *eval_loader_, state_.step, result);
+  if (!result.stopped_early && eval_loader_) {
+    evaluate_held_out(report(), *eval_loader_, state_.step, result);
+    keep_if_best(result);
+  }
+  if (best_) result.best_step = best_->step, result.best_value = best_->value;
   const auto waiting = std::chrono::steady_clock::now();
   writer_.wait();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
@@ -386,6 +434,9 @@ void TrainingRun::finish(TrainResult& result) {
           : fmt::format("{:.1f} sequences/s over the whole run", result.sequences_per_second);
   spdlog::info("done: {} steps in {} ({}); checkpoint '{}'{}", result.losses.size(), format_duration(result.seconds),
                rate, files_.checkpoint, waited >= 0.05 ? fmt::format(" (its writing took {:.1f} s more)", waited) : "");
+  if (best_ && lead_)
+    spdlog::info("best {} {:.4f} at step {}: '{}'", kBestMetricNames.name(*o_.keep_best), best_->value, best_->step,
+                 files_.best_checkpoint);
   if (result.graph_steps > 0)
     spdlog::info("{} of the steps ran as one CUDA graph each ({} graph{} made, the others updated in place)",
                  result.graph_steps, result.graph_instantiations, result.graph_instantiations == 1 ? "" : "s");

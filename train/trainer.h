@@ -28,6 +28,9 @@ struct TrainResult {
   eval::TaskMetrics last_task_eval;  // fine-tuning runs
   std::optional<eval::AnswerScores> last_answers;  // question answering with TrainOptions::eval_questions
   std::vector<double> losses;        // per optimizer step, from this run's first step
+  // --keep-best: the best held-out evaluation's step and value (over the resumed run's too), 0 without.
+  int64_t best_step = 0;
+  double best_value = 0;
   // One GPU: steps recorded and launched as CUDA graphs (TrainOptions::cuda_graphs), and how many of them
   // made a new executable graph rather than updating the last one.
   int64_t graph_steps = 0, graph_instantiations = 0;

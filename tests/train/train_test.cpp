@@ -27,6 +27,7 @@
 #include "ops/ops.h"
 #include "store/checkpoint.h"
 #include "sys/error.h"
+#include "sys/text_file.h"
 #include "tests/common/expect_user_error.h"
 #include "tests/common/temp_dir.h"
 #include "tokenizer/load.h"
@@ -1834,6 +1835,84 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
       eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, -1.0, g, {}, {.questions = &scoring});
   EXPECT_EQ(strict.keep_float.size(), stats.quantizers.size()) << "an impossible bar keeps everything in float";
   EXPECT_DOUBLE_EQ(strict.planned, fp32_f1) << "everything in float answers as the FP32 model";
+}
+
+// --keep-best: checkpoint-best.h5 holds the model of the best held-out evaluation (the first of equal ones;
+// the loss: the lowest), best.json says which, and a resumed run keeps the same one.
+TEST_F(FactsTasks, KeepBestKeepsTheBestHeldOutModelOverResume) {
+  testing::TempDir out;
+  auto evaluations = [](const std::string& dir, const char* key) {
+    std::vector<std::pair<int64_t, double>> evals;
+    std::ifstream log(dir + "/metrics.jsonl");
+    for (std::string line; std::getline(log, line);) {
+      const Json j = Json::parse(line);
+      if (const Json* e = j.find("eval")) evals.emplace_back(j.find("step")->as_int(), e->find(key)->as_number());
+    }
+    return evals;
+  };
+  for (const auto metric : {TrainOptions::BestMetric::kAccuracy, TrainOptions::BestMetric::kLoss}) {
+    const bool loss = metric == TrainOptions::BestMetric::kLoss;
+    SCOPED_TRACE(loss ? "loss" : "accuracy");
+    const std::string dir = out.file(loss ? "loss" : "accuracy");
+    TrainOptions o = finetune("seq", dir);
+    o.steps = 200;
+    o.eval_every = 20;
+    o.eval_batches = 0;
+    o.keep_best = metric;
+    const TrainResult r = train(o);
+    const auto evals = evaluations(dir, loss ? "loss" : "accuracy");
+    ASSERT_EQ(evals.size(), 10u) << "every 20 steps, the last at the end";
+    auto best = evals.front();
+    for (const auto& e : evals)
+      if (loss ? e.second < best.second : e.second > best.second) best = e;
+    EXPECT_EQ(r.best_step, best.first);
+    EXPECT_DOUBLE_EQ(r.best_value, best.second);
+    const Json record = Json::parse(read_text_file(dir + "/best.json", "record"));
+    EXPECT_EQ(record.find("metric")->as_string(), loss ? "loss" : "accuracy");
+    EXPECT_EQ(record.find("step")->as_int(), best.first);
+    EXPECT_DOUBLE_EQ(record.find("value")->as_number(), best.second);
+    // The kept model scores what its evaluation scored.
+    model::Bert kept(store::read_checkpoint_config(dir + "/checkpoint-best.h5"));
+    const store::TrainingState state = store::load_checkpoint(dir + "/checkpoint-best.h5", kept, nullptr);
+    EXPECT_EQ(state.step, best.first);
+    Graph<float> g;
+    data::ShardLoader loader(dev("seq"));
+    const eval::TaskMetrics m = eval::evaluate_task(kept, loader, 0, g);
+    if (loss)
+      EXPECT_NEAR(m.loss(), best.second, 1e-6 * best.second) << "(the mean loss summed in another order)";
+    else
+      EXPECT_DOUBLE_EQ(m.accuracy(), best.second);
+    std::cout << "[ info ] best " << (loss ? "loss " : "accuracy ") << best.second << " at step " << best.first
+              << " (the last evaluation, step " << evals.back().first << ": " << evals.back().second << ")\n";
+    if (loss) continue;
+    // Interrupted at step 50 and resumed: the same best model, chosen over both parts.
+    TrainOptions first = o;
+    first.output_dir = out.file("resumed");
+    first.stop_at_step = 50;
+    train(first);
+    TrainOptions second = o;
+    second.output_dir = out.file("resumed");
+    second.resume = true;
+    second.init_from.clear();
+    const TrainResult resumed = train(second);
+    EXPECT_EQ(resumed.best_step, r.best_step);
+    EXPECT_DOUBLE_EQ(resumed.best_value, r.best_value);
+    EXPECT_EQ(read_text_file(out.file("resumed") + "/best.json", "record"),
+              read_text_file(dir + "/best.json", "record"));
+  }
+  // What --keep-best needs: held-out shards, a metric of the head, questions for question-f1.
+  TrainOptions none = finetune("seq", out.file("none"));
+  none.eval_shards.clear();
+  none.keep_best = TrainOptions::BestMetric::kAccuracy;
+  testing::expect_user_error([&] { train(none); }, "--keep-best accuracy needs --eval");
+  TrainOptions questions = finetune("seq", out.file("questions"));
+  questions.keep_best = TrainOptions::BestMetric::kQuestionF1;
+  testing::expect_user_error([&] { train(questions); }, "--keep-best question-f1 needs --eval-qa-data");
+  TrainOptions pretraining = options(out.file("pretraining"));
+  pretraining.eval_shards = pretraining.train_shards;
+  pretraining.keep_best = TrainOptions::BestMetric::kMcc;
+  testing::expect_user_error([&] { train(pretraining); }, "--keep-best mcc: a pretraining run is ranked by");
+  EXPECT_FALSE(std::filesystem::exists(out.file("pretraining") + "/checkpoint.h5"));
 }
 
 TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccuracy) {
