@@ -189,6 +189,11 @@ void add_run_options(CLI::App& app, Args& a) {
          "accuracy, per-window exact match), macro-f1, mcc (Matthews correlation), loss (the lowest) or question-f1 "
          "(--eval-qa-data): OUT/checkpoint-best.h5 and OUT/best.json (metric, value, step), kept over --resume")
       ->check(CLI::IsMember(bert::train::kBestMetricNames.names()));
+  app.add_option("--patience", a.o.patience,
+                 "with --keep-best: stop (with a checkpoint) after this many held-out evaluations in a row that do "
+                 "not beat the best (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--on-nonfinite", a.on_nonfinite,
                  "a NaN/Inf loss or gradient: stop (the last checkpoint stays intact) or skip the step's update")
       ->capture_default_str();

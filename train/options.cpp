@@ -47,6 +47,10 @@ void TrainOptions::validate() const {
   if (keep_checkpoints < 1) fail("--keep-checkpoints " + std::to_string(keep_checkpoints) + ": expected at least 1");
   if (keep_best && eval_shards.empty())
     fail("--keep-best " + kBestMetricNames.name(*keep_best) + " needs --eval: the held-out shards it ranks by");
+  if (patience < 0) fail("--patience " + std::to_string(patience) + ": expected a number of evaluations (0: off)");
+  if (patience > 0 && !keep_best)
+    fail("--patience counts the evaluations that do not beat the best: give --keep-best METRIC with it");
+  if (patience > 0 && eval_every <= 0) fail("--patience needs evaluations during the run: --eval-every N > 0");
   if (keep_best == BestMetric::kQuestionF1 && !eval_questions)
     fail("--keep-best question-f1 needs --eval-qa-data: the questions behind the held-out shard");
   if (max_consecutive_skips < 1) fail("--max-skips: expected at least 1");

@@ -107,6 +107,10 @@ struct TrainOptions {
   // kLoss: the held-out loss; kQuestionF1: the questions' F1 (eval_questions).
   enum class BestMetric { kAccuracy, kMacroF1, kMcc, kLoss, kQuestionF1 };
   std::optional<BestMetric> keep_best;
+  // Early stopping (--patience N, with keep_best and eval_every): the run stops, with a checkpoint, after N
+  // held-out evaluations in a row that do not beat the best (counted from the best's step, so a resumed run
+  // stops where an uninterrupted one does). 0: off.
+  int64_t patience = 0;
   // A non-finite loss or gradient: "stop" (UserError naming the step and the tensor; the last
   // checkpoint stays as it was) or "skip" (drop that step's update and go on; after
   // max_consecutive_skips skipped steps in a row the run stops as with "stop").

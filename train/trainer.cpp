@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <utility>
 
@@ -398,20 +399,33 @@ TrainResult TrainingRun::run_steps() {
 bool TrainingRun::after_step(int64_t first_step, double lr, bool stop_requested,
                              std::chrono::steady_clock::time_point start, ProgressWindow& window, TrainResult& result) {
   const int64_t step = state_.step;
-  const bool stopping = stop_requested || (o_.stop_at_step > 0 && step == o_.stop_at_step);
+  bool stopping = stop_requested || (o_.stop_at_step > 0 && step == o_.stop_at_step);
   if ((step % o_.log_every == 0 || step == o_.steps || stopping) && window.steps() > 0) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report_progress(report(), step, lr, elapsed, elapsed / (step - first_step + 1), window);
   }
   const bool last = step == o_.steps;
-  if (eval_loader_ && o_.eval_every > 0 && step % o_.eval_every == 0 && !last) {
+  const bool evaluating = o_.eval_every > 0 && step % o_.eval_every == 0 && !last;
+  if (eval_loader_ && evaluating) {
     evaluate_held_out(report(), *eval_loader_, step, result);
     keep_if_best(result);
+  }
+  // --patience: the lead's count, agreed on by every rank.
+  bool patience_spent = false;
+  if (o_.patience > 0 && evaluating) {
+    double spent = lead_ && best_ && step - best_->step >= o_.patience * o_.eval_every ? 1.0 : 0.0;
+    ranks().all_reduce_sum(std::span<double>(&spent, 1));
+    patience_spent = spent > 0;
+    if (patience_spent && lead_)
+      spdlog::info("step {}: no better held-out {} in {} evaluations (the best, {:.4f} at step {}: '{}'); stopping",
+                   step, kBestMetricNames.name(*o_.keep_best), o_.patience, best_->value, best_->step,
+                   files_.best_checkpoint);
+    stopping = stopping || patience_spent;
   }
   // The last checkpoint is waited for in finish(), after the final evaluation; a stop's, here.
   if ((o_.save_every > 0 && step % o_.save_every == 0) || last || stopping) save(stopping);
   if (!stopping) return false;
-  if (lead_)
+  if (lead_ && !patience_spent)
     spdlog::warn("stopped at step {}: checkpoint written to '{}'; continue with --resume", step, files_.checkpoint);
   result.stopped_early = true;
   return true;

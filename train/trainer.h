@@ -20,7 +20,7 @@ namespace bert::train {
 
 struct TrainResult {
   int64_t steps_done = 0;
-  bool stopped_early = false;                    // stop was requested; a checkpoint was written
+  bool stopped_early = false;                    // a stop (a signal, --stop-at, --patience); a checkpoint was written
   std::vector<std::string> saturated_channels;   // QAT: quant::fully_saturated_channels at the end
   double seconds = 0, sequences_per_second = 0;  // sequences of every rank (the global rate)
   int64_t skipped_steps = 0;  // updates dropped for a non-finite loss or gradient (--on-nonfinite skip)

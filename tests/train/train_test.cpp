@@ -1915,6 +1915,38 @@ TEST_F(FactsTasks, KeepBestKeepsTheBestHeldOutModelOverResume) {
   EXPECT_FALSE(std::filesystem::exists(out.file("pretraining") + "/checkpoint.h5"));
 }
 
+// --patience: tagging reaches accuracy 1 early, after which no evaluation can beat it: the run stops, with a
+// checkpoint, --patience evaluations after the best one; two ranks stop together (the lead's count).
+TEST_F(FactsTasks, PatienceStopsAfterEvaluationsThatDoNotBeatTheBest) {
+  testing::TempDir out;
+  TrainOptions o = finetune("tok", out.file("tok"));
+  o.steps = 600;
+  o.eval_every = 20;
+  o.eval_batches = 0;
+  o.keep_best = TrainOptions::BestMetric::kAccuracy;
+  o.patience = 2;
+  const TrainResult r = train(o);
+  EXPECT_TRUE(r.stopped_early);
+  EXPECT_LT(r.steps_done, o.steps) << "tagging reaches accuracy 1 within 100 steps (60 here)";
+  EXPECT_EQ(r.steps_done - r.best_step, o.patience * o.eval_every);
+  model::Bert last(store::read_checkpoint_config(out.file("tok") + "/checkpoint.h5"));
+  EXPECT_EQ(store::load_checkpoint(out.file("tok") + "/checkpoint.h5", last, nullptr).step, r.steps_done);
+  std::cout << "[ info ] best accuracy " << r.best_value << " at step " << r.best_step << ", stopped at step "
+            << r.steps_done << "\n";
+  TrainOptions two = o;
+  two.output_dir = out.file("two");
+  two.batch_size = o.batch_size / 2;
+  const std::vector<TrainResult> ranks = train_ranks(two, 2);
+  for (const TrainResult& rank : ranks) {
+    EXPECT_TRUE(rank.stopped_early);
+    EXPECT_EQ(rank.steps_done, ranks[0].steps_done) << "the ranks stop together";
+  }
+  EXPECT_EQ(ranks[0].steps_done - ranks[0].best_step, o.patience * o.eval_every);
+  TrainOptions alone = o;
+  alone.keep_best.reset();
+  testing::expect_user_error([&] { train(alone); }, "--patience counts the evaluations that do not beat the best");
+}
+
 TEST_F(FactsTasks, FineTuningResumesExactlyAndQatWithDistillationKeepsTheAccuracy) {
   testing::TempDir out;
   TrainOptions full = finetune("tok", out.file("full"));
