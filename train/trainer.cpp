@@ -112,6 +112,14 @@ class TrainingRun {
  public:
   TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group);
   bool finished() const { return state_.step >= o_.steps; }
+  // --patience was spent when the run stopped (a resumed run: nothing more to do), or "".
+  std::string patience_spent() const {
+    if (o_.patience <= 0 || !best_ || state_.step - best_->step < o_.patience * o_.eval_every) return "";
+    return fmt::format(
+        "the run stopped at step {} after {} evaluations without a better {} than step {}'s (--patience "
+        "0, or a larger one, goes on)",
+        state_.step, o_.patience, kBestMetricNames.name(*o_.keep_best), best_->step);
+  }
   int64_t step() const { return state_.step; }
   void announce() const;
   TrainResult run_steps();
@@ -468,8 +476,11 @@ void TrainingRun::finish(TrainResult& result) {
 
 TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group) {
   TrainingRun run(o, stop, group);
-  if (run.finished()) {
-    spdlog::info("nothing to do: the checkpoint is at step {} of {}", run.step(), o.steps);
+  if (run.finished() || !run.patience_spent().empty()) {
+    if (run.finished())
+      spdlog::info("nothing to do: the checkpoint is at step {} of {}", run.step(), o.steps);
+    else
+      spdlog::info("nothing to do: {}", run.patience_spent());
     TrainResult done;
     done.steps_done = run.step();
     return done;

@@ -1933,6 +1933,10 @@ TEST_F(FactsTasks, PatienceStopsAfterEvaluationsThatDoNotBeatTheBest) {
   EXPECT_EQ(store::load_checkpoint(out.file("tok") + "/checkpoint.h5", last, nullptr).step, r.steps_done);
   std::cout << "[ info ] best accuracy " << r.best_value << " at step " << r.best_step << ", stopped at step "
             << r.steps_done << "\n";
+  TrainOptions again = o;  // resumed after the stop: nothing more to do
+  again.resume = true;
+  again.init_from.clear();
+  EXPECT_EQ(train(again).steps_done, r.steps_done);
   TrainOptions two = o;
   two.output_dir = out.file("two");
   two.batch_size = o.batch_size / 2;
