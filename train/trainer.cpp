@@ -112,14 +112,8 @@ class TrainingRun {
  public:
   TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group);
   bool finished() const { return state_.step >= o_.steps; }
-  // --patience was spent when the run stopped (a resumed run: nothing more to do), or "".
-  std::string patience_spent() const {
-    if (o_.patience <= 0 || !best_ || state_.step - best_->step < o_.patience * o_.eval_every) return "";
-    return fmt::format(
-        "the run stopped at step {} after {} evaluations without a better {} than step {}'s (--patience "
-        "0, or a larger one, goes on)",
-        state_.step, o_.patience, kBestMetricNames.name(*o_.keep_best), best_->step);
-  }
+  // A resumed run that --patience had stopped (nothing more to do), agreed on by every rank.
+  bool patience_spent() const { return patience_spent_; }
   int64_t step() const { return state_.step; }
   void announce() const;
   TrainResult run_steps();
@@ -172,7 +166,8 @@ class TrainingRun {
     double value = 0;
     int64_t step = 0;
   };
-  std::optional<Best> best_;  // --keep-best: the best evaluation so far (on --resume, best.json's)
+  std::optional<Best> best_;  // --keep-best, on the lead: the best evaluation so far (on --resume, best.json's)
+  bool patience_spent_ = false;
   CheckpointWriter writer_;  // last: destroyed first, so a write in progress ends before the rest goes
 };
 
@@ -229,7 +224,7 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
   if (o.keep_best) {
     check_best_metric(*o.keep_best, config_.head);
     std::error_code exists;
-    if (o.resume && fs::is_regular_file(files_.best_record, exists)) {
+    if (lead_ && o.resume && fs::is_regular_file(files_.best_record, exists)) {
       const Json record = Json::parse(read_text_file(files_.best_record, "best-model record"));
       const Json *metric = record.find("metric"), *value = record.find("value"), *step = record.find("step");
       if (metric && metric->is_string() && metric->as_string() == kBestMetricNames.name(*o.keep_best) && value &&
@@ -238,6 +233,16 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
       else
         spdlog::warn("--keep-best {}: '{}' records another metric; the best model is chosen again from here",
                      kBestMetricNames.name(*o.keep_best), files_.best_record);
+    }
+    if (o.patience > 0 && o.resume) {  // stopped by --patience already?
+      double spent = lead_ && best_ && state_.step - best_->step >= o.patience * o.eval_every ? 1.0 : 0.0;
+      ranks().all_reduce_sum(std::span<double>(&spent, 1));
+      patience_spent_ = spent > 0;
+      if (patience_spent_ && lead_)
+        spdlog::info(
+            "nothing to do: the run stopped at step {} after {} evaluations without a better {} than step {}'s "
+            "(--patience 0, or a larger one, goes on)",
+            state_.step, o.patience, kBestMetricNames.name(*o.keep_best), best_->step);
     }
   }
   teacher_ = make_teacher(o, config_, loader_.seq_len(), *device_);
@@ -476,11 +481,8 @@ void TrainingRun::finish(TrainResult& result) {
 
 TrainResult train(const TrainOptions& o, const std::atomic<bool>* stop, Communicator* group) {
   TrainingRun run(o, stop, group);
-  if (run.finished() || !run.patience_spent().empty()) {
-    if (run.finished())
-      spdlog::info("nothing to do: the checkpoint is at step {} of {}", run.step(), o.steps);
-    else
-      spdlog::info("nothing to do: {}", run.patience_spent());
+  if (run.finished() || run.patience_spent()) {
+    if (run.finished()) spdlog::info("nothing to do: the checkpoint is at step {} of {}", run.step(), o.steps);
     TrainResult done;
     done.steps_done = run.step();
     return done;

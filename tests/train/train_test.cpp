@@ -1946,6 +1946,9 @@ TEST_F(FactsTasks, PatienceStopsAfterEvaluationsThatDoNotBeatTheBest) {
     EXPECT_EQ(rank.steps_done, ranks[0].steps_done) << "the ranks stop together";
   }
   EXPECT_EQ(ranks[0].steps_done - ranks[0].best_step, o.patience * o.eval_every);
+  two.resume = true;  // resumed after the stop, every rank finds nothing to do (the lead's record, agreed on)
+  two.init_from.clear();
+  for (const TrainResult& rank : train_ranks(two, 2)) EXPECT_EQ(rank.steps_done, ranks[0].steps_done);
   TrainOptions alone = o;
   alone.keep_best.reset();
   testing::expect_user_error([&] { train(alone); }, "--patience counts the evaluations that do not beat the best");
