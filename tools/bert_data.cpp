@@ -304,7 +304,7 @@ CLI::App* add_task(CLI::App& app, Args& a) {
           throw CLI::ValidationError("--text-fields", "'" + names + "': expected FIELD or FIELD,PAIR_FIELD");
       },
       "seq-cls: the text's JSON field and, after a comma, the optional pair's (absent or null in a line: no "
-      "pair), e.g. sentence1,sentence2 (GLUE's MRPC, RTE, STS-B), question1,question2 (QQP), premise,hypothesis "
+      "pair), e.g. sentence1,sentence2 (GLUE's MRPC, RTE), question1,question2 (QQP), premise,hypothesis "
       "(MNLI), sentence (SST-2, CoLA) [default: text,text_b]");
   task->add_option("--label-field", a.task_options.fields.label, "seq-cls: the label's JSON field")
       ->capture_default_str();
