@@ -23,17 +23,11 @@ struct Line {
   Json json;
 };
 
-const std::string& string_field(const Line& line, const char* key) {
-  const Json* v = line.json.find(key);
-  if (!v || !v->is_string()) throw UserError(line.where + ": expected a string field \"" + key + "\"");
-  return v->as_string();
-}
-
-// A classification field, named by a flag (`flag`): the flag is named where the field is missing.
+// A classification field is named by a flag (`flag`, or none): the flag is named where the field is missing.
 std::string missing(const Line& line, const std::string& key, const char* flag) {
   return line.json.find(key) || !flag ? "" : std::string(" (") + flag + " names the field to read)";
 }
-const std::string& string_field(const Line& line, const std::string& key, const char* flag) {
+const std::string& string_field(const Line& line, const std::string& key, const char* flag = nullptr) {
   const Json* v = line.json.find(key);
   if (!v || !v->is_string())
     throw UserError(line.where + ": expected a string field \"" + key + "\"" + missing(line, key, flag));
