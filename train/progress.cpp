@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "eval/quantized.h"
 #include "eval/squad.h"
 
 namespace bert::train {
@@ -98,19 +99,11 @@ double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& res
     return metric == Metric::kLoss ? m.mlm_loss() + m.nsp_loss() : m.mlm_accuracy();
   }
   const eval::TaskMetrics& m = result.last_task_eval;
-  switch (metric) {
-    case Metric::kMacroF1:
-      return m.macro_f1();
-    case Metric::kMcc:
-      return m.mcc();
-    case Metric::kLoss:
-      return m.loss();
-    case Metric::kQuestionF1:
-      return result.last_answers ? result.last_answers->f1() : 0.0;
-    case Metric::kAccuracy:
-      break;
-  }
-  return m.accuracy();
+  if (metric == Metric::kLoss) return m.loss();
+  if (metric == Metric::kQuestionF1) return result.last_answers ? result.last_answers->f1() : 0.0;
+  return eval::task_score(m, metric == Metric::kMacroF1 ? eval::TaskScore::kMacroF1
+                             : metric == Metric::kMcc   ? eval::TaskScore::kMcc
+                                                        : eval::TaskScore::kAccuracy);
 }
 
 bool beats(TrainOptions::BestMetric metric, double value, double best) {

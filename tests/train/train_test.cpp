@@ -1580,6 +1580,16 @@ class FactsTasks : public FactsCorpus {
     return lo;
   }
 
+  // Two batches of `lo` calibrated (every quantizer of the default set), the quantizers then left off.
+  static quant::CalibrationStatistics calibrated(model::Bert& m, const data::LoaderOptions& lo, Graph<float>& g) {
+    data::ShardLoader loader(lo);
+    quant::CalibrationOptions co;
+    co.batches = 2;
+    quant::CalibrationStatistics stats = quant::collect_statistics(m, loader, co, g);
+    quant::disable_all(m);
+    return stats;
+  }
+
   static TrainOptions finetune(const std::string& task, const std::string& out) {
     TrainOptions o = options(out);
     o.train_shards = {dir_->file(task + "-train.hdf5")};
@@ -1693,11 +1703,7 @@ TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEnco
     const double mcc = eval::evaluate_task(m2, loader, 0, g).mcc();
     EXPECT_DOUBLE_EQ(mcc, m.mcc()) << "the training run's last evaluation is this checkpoint's";
     EXPECT_DOUBLE_EQ(eval::ranking_score(m2, scored, 0, g, {eval::TaskScore::kMcc}), mcc);
-    data::ShardLoader calibration_loader(lo);
-    quant::CalibrationOptions co;
-    co.batches = 2;
-    const quant::CalibrationStatistics stats = quant::collect_statistics(m2, calibration_loader, co, g);
-    quant::disable_all(m2);
+    const quant::CalibrationStatistics stats = calibrated(m2, lo, g);
     const eval::SensitivityReport strict =
         eval::sensitivity(m2, stats, quant::Method::kMax, 99.99, make, 0, -1.0, g, {}, {eval::TaskScore::kMcc});
     EXPECT_EQ(strict.metric, "task MCC");
@@ -1813,11 +1819,7 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
   EXPECT_DOUBLE_EQ(eval::ranking_score(fp32, token_f1_loader, 0, g, {eval::TaskScore::kMacroF1}),
                    per_window.macro_f1());
   EXPECT_EQ(eval::ranking_metric(fp32, {eval::TaskScore::kMacroF1}), "task token F1");
-  data::ShardLoader calibration_loader(lo);
-  quant::CalibrationOptions co;
-  co.batches = 2;
-  const quant::CalibrationStatistics stats = quant::collect_statistics(fp32, calibration_loader, co, g);
-  quant::disable_all(fp32);
+  const quant::CalibrationStatistics stats = calibrated(fp32, lo, g);
   const eval::SensitivityReport report =
       eval::sensitivity(fp32, stats, quant::Method::kMax, 99.99, make, 0, 0.02, g, {}, {.questions = &scoring});
   EXPECT_EQ(report.metric, "question F1");
