@@ -23,15 +23,17 @@ struct BatchView {
   // Task heads: (B) sequence labels, (B, T) token labels (kIgnoredLabel where none) or (B, 2) answer spans
   // (start, end positions); or empty.
   std::span<const int32_t> labels;
+  std::span<const float> scores;  // sequence regression: (B) target scores; or empty
 };
 
 // Owns its arrays: input_ids etc. (B, T); masked_lm_* (B, P); next_sentence_labels (B); for task
-// shards labels (B), (B, T) or (B, 2) and no pretraining arrays.
+// shards labels (B), (B, T) or (B, 2), or scores (B) for sequence regression, and no pretraining arrays.
 struct Batch {
   int64_t size = 0, seq_len = 0, max_predictions = 0;
   std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
   std::vector<int32_t> labels;
+  std::vector<float> scores;
 
   // Spans into this batch, valid while it lives unchanged.
   BatchView view() const {
@@ -44,7 +46,8 @@ struct Batch {
             masked_lm_positions,
             masked_lm_ids,
             next_sentence_labels,
-            labels};
+            labels,
+            scores};
   }
 };
 

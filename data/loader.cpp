@@ -119,7 +119,7 @@ void ShardLoader::prefetch_next() {
 
 bool ShardLoader::next(Batch& batch) {
   const int64_t l = seq_len_, p = max_predictions_;
-  const bool task = kind_ != ShardKind::kPretraining;
+  const bool task = kind_ != ShardKind::kPretraining, scored = kind_ == ShardKind::kSequenceScores;
   const int64_t label_width = data::label_width(kind_, l);
   batch.size = 0;
   batch.seq_len = l;
@@ -129,7 +129,8 @@ bool ShardLoader::next(Batch& batch) {
       v->resize(rows * (v == &batch.input_ids ? l : p));
     for (auto* v : {&batch.input_mask, &batch.segment_ids}) v->resize(rows * l);
     batch.next_sentence_labels.resize(task ? 0 : rows);
-    batch.labels.resize(task ? rows * label_width : 0);
+    batch.labels.resize(task && !scored ? rows * label_width : 0);
+    batch.scores.resize(scored ? rows : 0);
   };
   // The global batch's examples before this rank's slice are read past, those after it too.
   const int64_t global = options_.batch_size * options_.world_size;
@@ -155,7 +156,9 @@ bool ShardLoader::next(Batch& batch) {
     std::copy_n(shard_.segment_ids.begin() + src * l, l, batch.segment_ids.begin() + dst * l);
     std::copy_n(shard_.masked_lm_positions.begin() + src * p, p, batch.masked_lm_positions.begin() + dst * p);
     std::copy_n(shard_.masked_lm_ids.begin() + src * p, p, batch.masked_lm_ids.begin() + dst * p);
-    if (task) {
+    if (scored) {
+      batch.scores[dst] = shard_.scores[src];
+    } else if (task) {
       std::copy_n(shard_.labels.begin() + src * label_width, label_width, batch.labels.begin() + dst * label_width);
     } else {
       batch.next_sentence_labels[dst] = shard_.next_sentence_labels[src];

@@ -2,6 +2,7 @@
 #include "data/shard.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "data/hdf5_io.h"
 
@@ -29,9 +30,7 @@ void Shard::append(const Example& e) {
   ++size;
 }
 
-void Shard::append_labeled(std::span<const int32_t> tokens, std::span<const int8_t> segments,
-                           std::span<const int32_t> token_labels) {
-  BERT_CHECK(is_task(), "append_labeled on a pretraining shard");
+void Shard::append_tokens(std::span<const int32_t> tokens, std::span<const int8_t> segments) {
   BERT_CHECK(static_cast<int64_t>(tokens.size()) <= seq_len && segments.size() == tokens.size(),
              "sequence longer than the shard's sequence length");
   const size_t n = tokens.size();
@@ -41,6 +40,21 @@ void Shard::append_labeled(std::span<const int32_t> tokens, std::span<const int8
   input_mask.resize(input_mask.size() + (seq_len - n), 0);
   segment_ids.insert(segment_ids.end(), segments.begin(), segments.end());
   segment_ids.resize(segment_ids.size() + (seq_len - n), 0);
+}
+
+void Shard::append_scored(std::span<const int32_t> tokens, std::span<const int8_t> segments, float score) {
+  BERT_CHECK(kind == ShardKind::kSequenceScores, "append_scored on a shard that is not seq-reg");
+  BERT_CHECK(std::isfinite(score), "a sequence score must be finite");
+  append_tokens(tokens, segments);
+  scores.push_back(score);
+  ++size;
+}
+
+void Shard::append_labeled(std::span<const int32_t> tokens, std::span<const int8_t> segments,
+                           std::span<const int32_t> token_labels) {
+  BERT_CHECK(is_task() && kind != ShardKind::kSequenceScores, "append_labeled on a shard without labels");
+  append_tokens(tokens, segments);
+  const size_t n = tokens.size();
   if (kind == ShardKind::kSequenceLabels) {
     BERT_CHECK(token_labels.size() == 1, "a sequence label shard takes one label per sequence");
     labels.push_back(token_labels[0]);
@@ -62,6 +76,7 @@ std::string shard_kind_name(ShardKind kind) { return kShardKindNames.name(kind);
 void Shard::clear() {
   size = 0;
   labels.clear();
+  scores.clear();
   for (auto* v : {&input_ids, &masked_lm_positions, &masked_lm_ids}) v->clear();
   for (auto* v : {&input_mask, &segment_ids, &next_sentence_labels}) v->clear();
 }
@@ -81,7 +96,10 @@ void write_shard(const std::string& path, const Shard& s) {
       const std::vector<hsize_t> dims = s.kind == ShardKind::kTokenLabels  ? std::vector<hsize_t>{n, l}
                                         : s.kind == ShardKind::kSpanLabels ? std::vector<hsize_t>{n, 2}
                                                                            : std::vector<hsize_t>{n};
-      hdf5::write_dataset(h.get(), "labels", s.labels.data(), dims, path, kGzipLevel);
+      if (s.kind == ShardKind::kSequenceScores)
+        hdf5::write_dataset(h.get(), "labels", s.scores.data(), dims, path, kGzipLevel);
+      else
+        hdf5::write_dataset(h.get(), "labels", s.labels.data(), dims, path, kGzipLevel);
       hdf5::write_attribute(h.get(), "task", shard_kind_name(s.kind));
       Json::Array names;
       for (const std::string& name : s.label_names) names.emplace_back(name);
@@ -117,9 +135,11 @@ Shard read_shard(const std::string& path) {
       s.kind = ShardKind::kTokenLabels;
     else if (task == "qa")
       s.kind = ShardKind::kSpanLabels;
+    else if (task == "seq-reg")
+      s.kind = ShardKind::kSequenceScores;
     else
       throw UserError("shard '" + path + "' holds labels but its 'task' attribute is '" + task +
-                      "' (expected seq-cls, token-cls or qa)");
+                      "' (expected seq-cls, token-cls, qa or seq-reg)");
   }
   const std::vector<const char*> required =
       s.is_task() ? std::vector<const char*>{"input_ids", "input_mask", "segment_ids", "labels"}
@@ -149,10 +169,18 @@ Shard read_shard(const std::string& path) {
   expect("segment_ids", read("segment_ids", s.segment_ids, 2), ids);
   if (s.is_task()) {
     const bool per_token = s.kind == ShardKind::kTokenLabels, spans = s.kind == ShardKind::kSpanLabels;
-    expect("labels", read("labels", s.labels, per_token || spans ? 2 : 1),
-           per_token ? ids
-           : spans   ? std::vector<hsize_t>{ids[0], 2}
-                     : std::vector<hsize_t>{ids[0]});
+    if (s.kind == ShardKind::kSequenceScores) {
+      expect("labels", read("labels", s.scores, 1), {ids[0]});  // float32: read_dataset checks the type
+      for (size_t i = 0; i < s.scores.size(); ++i)
+        if (!std::isfinite(s.scores[i]))
+          throw UserError("shard '" + path + "': labels[" + std::to_string(i) + "] holds " +
+                          std::to_string(s.scores[i]) + ", expected a finite score");
+    } else {
+      expect("labels", read("labels", s.labels, per_token || spans ? 2 : 1),
+             per_token ? ids
+             : spans   ? std::vector<hsize_t>{ids[0], 2}
+                       : std::vector<hsize_t>{ids[0]});
+    }
     try {
       const Json names = Json::parse(hdf5::read_string_attribute(h.get(), "label_names").value_or(""));
       for (const Json& name : names.as_array()) s.label_names.push_back(name.as_string());

@@ -8,8 +8,10 @@
 // pretraining datasets, labels int32: [N] for sequence classification, [N, L] for token classification
 // (-100 where no label applies: padding, [CLS]/[SEP], a word's continuation pieces), [N, 2] for extractive
 // question answering (the answer's first and last token; 0, 0, the [CLS] token, where the window holds no
-// answer). Root attributes "task" (seq-cls, token-cls or qa) and "label_names" (a JSON array: label i's
-// name; for qa "start", "end") describe them; a qa shard made here also records how its windows were cut
+// answer); or, for sequence regression (a similarity score, a relevance score), labels float32 [N], each a
+// finite number. Root attributes "task" (seq-cls, token-cls, qa or seq-reg) and "label_names" (a JSON array: label i's
+// name; for qa "start", "end"; for seq-reg the score's, one) describe them; a qa shard made here also records how its
+// windows were cut
 // ("doc_stride", "max_query_len"), so that its questions can be windowed again for scoring answers.
 #pragma once
 
@@ -33,12 +35,14 @@ struct ShardMetadata {
   uint64_t seed = 0;
 };
 
-enum class ShardKind { kPretraining, kSequenceLabels, kTokenLabels, kSpanLabels };
-inline constexpr EnumNames<ShardKind, 4> kShardKindNames{{{{ShardKind::kPretraining, "pretraining"},
+enum class ShardKind { kPretraining, kSequenceLabels, kTokenLabels, kSpanLabels, kSequenceScores };
+inline constexpr EnumNames<ShardKind, 5> kShardKindNames{{{{ShardKind::kPretraining, "pretraining"},
                                                            {ShardKind::kSequenceLabels, "seq-cls"},
                                                            {ShardKind::kTokenLabels, "token-cls"},
-                                                           {ShardKind::kSpanLabels, "qa"}}}};
-// The labels a task example holds: one (seq-cls), one per token (token-cls), or a span's start and end (qa).
+                                                           {ShardKind::kSpanLabels, "qa"},
+                                                           {ShardKind::kSequenceScores, "seq-reg"}}}};
+// The labels a task example holds: one (seq-cls), one per token (token-cls), or a span's start and end (qa);
+// a seq-reg example holds one score instead (Shard::scores).
 inline int64_t label_width(ShardKind kind, int64_t seq_len) {
   return kind == ShardKind::kTokenLabels ? seq_len : kind == ShardKind::kSpanLabels ? 2 : 1;
 }
@@ -50,7 +54,8 @@ struct Shard {
   int64_t max_predictions = 0;  // P
   std::vector<int32_t> input_ids, masked_lm_positions, masked_lm_ids;
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
-  std::vector<int32_t> labels;            // task shards: (N), (N, L) or (N, 2)
+  std::vector<int32_t> labels;            // task shards: (N), (N, L) or (N, 2); empty for seq-reg
+  std::vector<float> scores;              // seq-reg shards: (N)
   std::vector<std::string> label_names;   // task shards: the name of each label id
   int64_t doc_stride = 0, max_query_len = 0;  // qa shards made here (data/task_data.h); 0: not recorded
   std::optional<ShardMetadata> metadata;  // absent in shards written by other tools
@@ -63,10 +68,15 @@ struct Shard {
   // Task shards: one sequence (at most seq_len tokens) and its label(s): one label, one per token, or a span.
   void append_labeled(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids,
                       std::span<const int32_t> labels);
+  // Sequence regression shards: one sequence and its score (finite).
+  void append_scored(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids, float score);
   void clear();
+
+ private:
+  void append_tokens(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids);
 };
 
-// "seq-cls" / "token-cls" / "qa" for task shards, "pretraining" otherwise.
+// "seq-cls" / "token-cls" / "qa" / "seq-reg" for task shards, "pretraining" otherwise.
 std::string shard_kind_name(ShardKind kind);
 
 // Writes atomically (temporary file, then rename). Throws UserError naming the path on failure.

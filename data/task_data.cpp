@@ -49,9 +49,18 @@ const Json& label_field(const Line& line, const std::string& key, const char* fl
   const Json* v = line.json.find(key);
   if (!v || !is_label(*v))
     throw UserError(line.where + ": expected a label field \"" + key + "\" (a string, an integer or a boolean" +
-                    (v && v->is_number() ? "; a fractional number is a regression target, which is not a class" : "") +
+                    (v && v->is_number() ? "; a fractional number is a score: --task seq-reg makes a regression" : "") +
                     ")" + missing(line, key, flag));
   return *v;
+}
+
+// A sequence's score (regression): a finite JSON number.
+float score_field(const Line& line, const std::string& key) {
+  const Json* v = line.json.find(key);
+  if (!v || !v->is_number() || !std::isfinite(v->as_number()) || std::fabs(v->as_number()) > 3e38)
+    throw UserError(line.where + ": expected a score field \"" + key + "\" (a finite number)" +
+                    missing(line, key, "--label-field"));
+  return static_cast<float>(v->as_number());
 }
 
 // Whether `label` is an integer written as such ("7", "-1"; not "07"), and which.
@@ -328,7 +337,9 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
   }
 
   const TaskFields& f = options.fields;
-  std::vector<std::string> labels = options.labels;
+  const bool scored = options.kind == ShardKind::kSequenceScores;
+  BERT_CHECK(!scored || options.labels.empty(), "a sequence regression has no label set");
+  std::vector<std::string> labels = scored ? std::vector<std::string>{"score"} : options.labels;
   if (labels.empty()) {
     std::set<std::string> seen;
     for (const Line& line : lines) {
@@ -411,10 +422,13 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
         tokens.push_back(special.sep);
         segments.resize(tokens.size(), 1);
       }
-      token_labels.assign(1, label_id(line, label_field(line, f.label, "--label-field")));
+      if (!scored) token_labels.assign(1, label_id(line, label_field(line, f.label, "--label-field")));
     }
     r.truncated += truncated;
-    shard.append_labeled(tokens, segments, token_labels);
+    if (scored)
+      shard.append_scored(tokens, segments, score_field(line, f.label));
+    else
+      shard.append_labeled(tokens, segments, token_labels);
     ++r.examples;
   }
   if (report) *report = r;

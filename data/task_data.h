@@ -1,5 +1,7 @@
 // Fine-tuning data: JSON lines -> task shards (data/shard.h), one line per example:
 //   sequence classification: {"text": "...", "label": "news"}  (optional "text_b" for sentence pairs)
+//   sequence regression:     {"text": "...", "text_b": "...", "label": 3.8}  (a score: STS-B's similarity,
+//                             a cross-encoder's relevance; any finite number)
 //   token classification:    {"tokens": ["The", "jury", "said"], "tags": ["DET", "NOUN", "VERB"]}
 // The classification fields may have other names (TaskFields: Hugging Face datasets' GLUE exports have
 // "sentence1", "sentence2"; CoNLL-2003's "ner_tags"), and a label or tag may be a string, an integer (a
@@ -32,20 +34,20 @@ namespace bert::data {
 // The JSON fields a classification example is read from (question answering: SQuAD's, fixed).
 struct TaskFields {
   std::string text = "text", text_b = "text_b";  // seq-cls: the text, and the optional pair (absent or null: none)
-  std::string label = "label";                   // seq-cls
+  std::string label = "label";                   // seq-cls: the label; seq-reg: the score
   std::string tokens = "tokens", tags = "tags";  // token-cls
 };
 
 struct TaskDataOptions {
-  ShardKind kind = ShardKind::kSequenceLabels;  // kSequenceLabels, kTokenLabels or kSpanLabels
+  ShardKind kind = ShardKind::kSequenceLabels;  // kSequenceLabels, kTokenLabels, kSpanLabels or kSequenceScores
   int64_t max_seq_len = 128;
   // Question answering: tokens between the starts of consecutive windows of a long context (BERT's
   // doc_stride; Hugging Face's run_qa.py passes its doc_stride as the windows' overlap instead), and the
   // question's tokens kept (the rest cut).
   int64_t doc_stride = 128;
   int64_t max_query_len = 64;
-  // The label set, in id order. Empty: the distinct labels of the input, sorted (as numbers where every
-  // label is an integer, so that a dataset's class ids 0..K-1 keep their ids).
+  // The label set, in id order (none for sequence regression). Empty: the distinct labels of the input, sorted (as
+  // numbers where every label is an integer, so that a dataset's class ids 0..K-1 keep their ids).
   std::vector<std::string> labels;
   TaskFields fields;
 };

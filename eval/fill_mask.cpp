@@ -30,7 +30,7 @@ std::vector<MaskPrediction> fill_mask(model::Bert& model, const tokenizer::Token
 
   std::vector<int8_t> mask(t, 1), types(t, 0);
   std::vector<int32_t> masked_ids(positions.size(), 0);
-  BatchView batch{1, t, static_cast<int64_t>(positions.size()), ids, mask, types, positions, masked_ids, {}, {}};
+  BatchView batch{1, t, static_cast<int64_t>(positions.size()), ids, mask, types, positions, masked_ids, {}, {}, {}};
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
   model::ModelOutputs out = model.forward(g, batch, false, unused);

@@ -1,5 +1,7 @@
 #include "eval/metrics.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -75,7 +77,9 @@ Json PretrainingMetrics::to_json() const {
 }
 
 TaskMetrics TaskMetrics::for_head(const model::BertConfig& config) {
-  return TaskMetrics(config.num_labels(), config.head == model::Head::kQuestionAnswering);
+  TaskMetrics m(config.num_labels(), config.head == model::Head::kQuestionAnswering);
+  m.regression = config.regression();
+  return m;
 }
 
 namespace {
@@ -111,8 +115,71 @@ void TaskMetrics::add(std::span<const int32_t> predicted, std::span<const int32_
   loss_sum += loss * n;
 }
 
+void TaskMetrics::add_scores(std::span<const float> predicted, std::span<const float> targets, double loss) {
+  BERT_CHECK(regression && predicted.size() == targets.size(), "TaskMetrics: a score per target");
+  for (size_t i = 0; i < targets.size(); ++i) scored.emplace_back(predicted[i], targets[i]);
+  examples += static_cast<int64_t>(targets.size());
+  loss_sum += loss * static_cast<double>(targets.size());
+}
+
+namespace {
+// Pearson's correlation of the pairs' first and second values (0 where either is constant).
+double correlation(std::span<const std::pair<double, double>> v) {
+  if (v.size() < 2) return 0.0;
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : v) mx += x, my += y;
+  mx /= double(v.size()), my /= double(v.size());
+  double sxy = 0, sxx = 0, syy = 0;
+  for (const auto& [x, y] : v) sxy += (x - mx) * (y - my), sxx += (x - mx) * (x - mx), syy += (y - my) * (y - my);
+  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : 0.0;
+}
+// Each value's rank among `values` from 1, ties given their mean rank.
+std::vector<double> ranks(const std::vector<float>& values) {
+  std::vector<size_t> order(values.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return values[a] < values[b]; });
+  std::vector<double> rank(values.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && values[order[j + 1]] == values[order[i]]) ++j;
+    for (size_t k = i; k <= j; ++k) rank[order[k]] = (double(i) + double(j)) / 2 + 1;
+    i = j + 1;
+  }
+  return rank;
+}
+}  // namespace
+
+double TaskMetrics::pearson() const {
+  const std::vector<std::pair<double, double>> v(scored.begin(), scored.end());
+  return correlation(v);
+}
+
+double TaskMetrics::spearman() const {
+  std::vector<float> predicted, target;
+  for (const auto& [p, t] : scored) predicted.push_back(p), target.push_back(t);
+  const std::vector<double> rp = ranks(predicted), rt = ranks(target);
+  std::vector<std::pair<double, double>> v;
+  for (size_t i = 0; i < rp.size(); ++i) v.emplace_back(rp[i], rt[i]);
+  return correlation(v);
+}
+
+double TaskMetrics::baseline_mse() const {
+  if (scored.empty()) return 0.0;
+  double mean = 0, squares = 0;
+  for (const auto& [p, t] : scored) mean += t;
+  mean /= double(scored.size());
+  for (const auto& [p, t] : scored) squares += (t - mean) * (t - mean);
+  return squares / double(scored.size());
+}
+
+std::string TaskMetrics::headline() const {
+  if (regression) return fmt::format("Pearson {:.4f}", pearson());
+  return fmt::format("{} {:.4f}", spans ? "EM" : "acc", accuracy());
+}
+
 void TaskMetrics::merge(const TaskMetrics& o) {
-  if (num_labels == 0) *this = TaskMetrics(o.num_labels, o.spans);
+  if (num_labels == 0) *this = TaskMetrics(o.num_labels, o.spans), regression = o.regression;
+  scored.insert(scored.end(), o.scored.begin(), o.scored.end());
   for (size_t i = 0; i < confusion.size(); ++i) confusion[i] += o.confusion[i];
   examples += o.examples;
   loss_sum += o.loss_sum;
@@ -184,6 +251,14 @@ double TaskMetrics::majority_accuracy() const {
 
 Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
   Json j;
+  if (regression) {
+    j["pearson"] = pearson();
+    j["spearman"] = spearman();
+    j["mse"] = loss();
+    j["examples"] = examples;
+    j["baseline_mean_mse"] = baseline_mse();
+    return j;
+  }
   if (spans) {
     j["exact_match"] = accuracy();
     j["token_f1"] = macro_f1();

@@ -53,6 +53,9 @@ struct PretrainingMetrics {
 // (both ends right), token F1 (the overlap of the two spans in tokens; a span at [CLS], no answer in the
 // window, scores 1 only when predicted exactly), and each end's accuracy. These are per sequence and in
 // tokens, not SQuAD's per-question F1 over normalised words of the best span across windows.
+// Sequence regression (`regression`): each sequence's predicted score against its target: Pearson and
+// Spearman correlation (GLUE's STS-B metrics), the loss the mean squared error, the baseline the mean
+// squared error of always predicting the targets' mean (their variance).
 struct TaskMetrics {
   int64_t num_labels = 0;
   std::vector<int64_t> confusion;  // (num_labels, num_labels): [target * num_labels + predicted]
@@ -62,6 +65,8 @@ struct TaskMetrics {
   int64_t exact = 0, start_correct = 0, end_correct = 0;
   double span_f1_sum = 0;
   std::map<std::pair<int32_t, int32_t>, int64_t> target_spans;  // for the majority baseline
+  bool regression = false;
+  std::vector<std::pair<float, float>> scored;  // regression: each example's (predicted, target) score
 
   TaskMetrics() = default;
   explicit TaskMetrics(int64_t num_labels, bool spans = false)
@@ -71,6 +76,8 @@ struct TaskMetrics {
   // Adds one forward pass's values, read back (eval::OutputReads::add_to): each example's prediction and
   // target (question answering: start then end, per sequence), their mean loss.
   void add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss);
+  // Regression: each sequence's predicted and target score, their mean squared error.
+  void add_scores(std::span<const float> predicted, std::span<const float> targets, double loss);
   void merge(const TaskMetrics& other);
 
   double accuracy() const;  // question answering: the exact-match rate
@@ -85,10 +92,21 @@ struct TaskMetrics {
   // chance or a constant prediction, -1 at worst. Not for question answering (0).
   double mcc() const;
   double majority_accuracy() const;  // always predicting the most frequent target label (or span)
-  // What accuracy() and macro_f1() measure, for tables: "accuracy", "macro-F1" or "exact match", "token F1".
-  const char* accuracy_name() const { return spans ? "exact match" : "accuracy"; }
-  const char* f1_name() const { return spans ? "token F1" : "macro-F1"; }
+  // Regression: Pearson's correlation of the predicted and target scores, Spearman's (Pearson's of their
+  // ranks, ties given their mean rank, as scipy.stats.spearmanr), 0 where either side is constant; the
+  // targets' variance (the mean squared error of predicting their mean).
+  double pearson() const;
+  double spearman() const;
+  double baseline_mse() const;
+  // The two columns of tables, and their names: accuracy and macro-F1, for question answering exact match
+  // and token F1, for a regression Pearson and Spearman.
+  double first() const { return regression ? pearson() : accuracy(); }
+  double second() const { return regression ? spearman() : macro_f1(); }
+  const char* accuracy_name() const { return regression ? "Pearson" : spans ? "exact match" : "accuracy"; }
+  const char* f1_name() const { return regression ? "Spearman" : spans ? "token F1" : "macro-F1"; }
   Json to_json(const std::vector<std::string>& label_names) const;
+  // The headline, for progress lines: "acc 0.9000", "EM 0.7000" or "Pearson 0.8700".
+  std::string headline() const;
 };
 
 // Evaluates without gradients or dropout over the loader's batches (at most max_batches; <= 0 = all). On a

@@ -41,13 +41,13 @@ TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& 
   const std::vector<Batch> batches = ort::take_batches(loader, max_batches);
   TaskMetrics m = TaskMetrics::for_head(config);
   // Questions to score need the logits themselves; otherwise the runner sends back their argmax only.
-  const bool raw = m.spans && questions;
+  const bool raw = (m.spans && questions) || m.regression;  // a regression's scores are its logits
   const Json results =
       ort::run_onnx_runtime(script, raw ? "" : "--argmax", onnx_path, ort::batch_feeds(batches, false), work_dir);
   const bool per_token = loader.kind() == data::ShardKind::kTokenLabels;
   const int64_t num_labels = config.num_labels();
   std::optional<AnswerCollector> collector;
-  if (raw) {
+  if (m.spans && questions) {
     QuestionScoring from_the_start = *questions;  // this pass reads the shard from its first batch
     from_the_start.first_window = 0;
     collector.emplace(from_the_start);
@@ -83,6 +83,18 @@ TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& 
       continue;
     }
     const Json* output = results.as_array().at(b).find("logits");
+    if (m.regression) {  // (B, 1): each sequence's score
+      if (!output || output->find("dims")->as_array().size() != 2 ||
+          output->find("dims")->as_array().at(1).as_int() != 1)
+        throw UserError("'" + onnx_path + "' has no [B, 1] output 'logits': not an export of a regression model");
+      const auto& data = output->find("data")->as_array();
+      std::vector<float> scores;
+      for (int64_t i = 0; i < bt.size; ++i) scores.push_back(static_cast<float>(data.at(i).as_number()));
+      double squares = 0;
+      for (int64_t i = 0; i < bt.size; ++i) squares += double(scores[i] - bt.scores[i]) * (scores[i] - bt.scores[i]);
+      m.add_scores(scores, bt.scores, bt.size ? squares / double(bt.size) : 0.0);
+      continue;
+    }
     if (!output || output->find("dims")->as_array().size() != (per_token ? 2u : 1u))
       throw UserError("'" + onnx_path + "' has no " + (per_token ? "[B, T, labels]" : "[B, labels]") +
                       " output 'logits': not an export of a " + (per_token ? "token" : "sequence") +

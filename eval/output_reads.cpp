@@ -24,7 +24,8 @@ OutputReads OutputReads::queue(Readback& rb, const Graph<float>& g, const model:
     if (!r.nsp_labels.empty()) r.nsp_loss = scalar(out.nsp_loss);
   } else {
     r.task_targets = out.targets;
-    if (!r.task_targets.empty()) r.task_loss = scalar(out.loss);
+    r.task_scores = out.scores;
+    if (!r.task_targets.empty() || !r.task_scores.empty()) r.task_loss = scalar(out.loss);
   }
   // The head's logits even without labels: their predictions are compared between runs (compare_integer).
   const Var logits = pretraining ? out.nsp_logits : out.logits;
@@ -67,6 +68,7 @@ void OutputReads::add_to(PretrainingMetrics& metrics) const {
 }
 
 void OutputReads::add_to(TaskMetrics& metrics) const {
+  if (metrics.regression) return metrics.add_scores(head_values(), task_scores, task_loss ? *task_loss : 0.0);
   metrics.add(head_predictions(), task_targets, task_loss ? *task_loss : 0.0);
 }
 

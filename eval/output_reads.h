@@ -41,6 +41,7 @@ struct OutputReads {
   DType head_dtype = DType::kF32;
   int64_t head_rows = 0, head_cols = 0;
   std::vector<int32_t> mlm_targets, task_targets;
+  std::vector<float> task_scores;  // a regression's target scores
   std::vector<int8_t> nsp_labels;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 
 #include "eval/output_reads.h"
@@ -60,15 +61,32 @@ double task_score(const TaskMetrics& metrics, TaskScore score) {
       return metrics.macro_f1();
     case TaskScore::kMcc:
       return metrics.mcc();
+    case TaskScore::kPearson:
+      return metrics.pearson();
+    case TaskScore::kSpearman:
+      return metrics.spearman();
     case TaskScore::kAccuracy:
       break;
   }
   return metrics.accuracy();
 }
 
-void check_ranking(model::Head head, TaskScore score, bool questions) {
-  if (score == TaskScore::kAccuracy) return;
+TaskScore default_task_score(const model::BertConfig& config) {
+  return config.regression() ? TaskScore::kPearson : TaskScore::kAccuracy;
+}
+
+void check_ranking(const model::BertConfig& config, TaskScore score, bool questions) {
+  const model::Head head = config.head;
   const std::string flag = "--rank-by " + kTaskScoreNames.name(score);
+  const bool correlation = score == TaskScore::kPearson || score == TaskScore::kSpearman;
+  if (config.regression() && !correlation)
+    throw UserError(flag +
+                    ": a regression (one score per sequence) is ranked by its Pearson or Spearman "
+                    "correlation (--rank-by pearson, spearman)");
+  if (correlation && !config.regression())
+    throw UserError(flag + ": for a regression (a " + model::head_architecture(head) + " with " +
+                    std::to_string(config.num_labels()) + " labels classifies)");
+  if (score == TaskScore::kAccuracy || correlation) return;
   if (head == model::Head::kPretraining)
     throw UserError(flag + ": a pretraining model is ranked by its MLM accuracy (--rank-by accuracy)");
   if (head == model::Head::kQuestionAnswering && questions)
@@ -97,6 +115,10 @@ std::string ranking_metric(const model::Bert& model, const Ranking& ranking) {
       return head == model::Head::kQuestionAnswering ? "task token F1" : "task macro-F1";
     case TaskScore::kMcc:
       return "task MCC";
+    case TaskScore::kPearson:
+      return "task Pearson";
+    case TaskScore::kSpearman:
+      return "task Spearman";
     case TaskScore::kAccuracy:
       break;
   }
@@ -305,6 +327,18 @@ IntegerComparison compare_integer(model::Bert& model, const LoaderFactory& make,
     throw;
   }
   model.clear_integer_inference();
+  if (model.config().regression()) {  // each sequence's score: how far INT8 moves it
+    const auto &fake = c.modes[1].task.scored, &integer = c.modes[2].task.scored;
+    c.scores = true;
+    c.compared = static_cast<int64_t>(std::min(fake.size(), integer.size()));
+    double sum = 0;
+    for (int64_t i = 0; i < c.compared; ++i) {
+      const double d = std::fabs(double(fake[i].first) - integer[i].first);
+      c.max_score_difference = std::max(c.max_score_difference, d), sum += d;
+    }
+    c.mean_score_difference = c.compared ? sum / double(c.compared) : 0.0;
+    return c;
+  }
   const std::vector<int32_t>&fake = c.modes[1].predictions, &integer = c.modes[2].predictions;
   c.compared = static_cast<int64_t>(std::min(fake.size(), integer.size()));
   for (int64_t i = 0; i < c.compared; ++i) c.agreeing += fake[i] == integer[i];
@@ -318,8 +352,14 @@ Json IntegerComparison::to_json(const std::vector<std::string>& label_names) con
   j["integer_decoder"] = integer_decoder;
   j["integer_attention_layers"] = integer_attention_layers;
   j["integer_residual_norms"] = integer_residual_norms;
-  j["agreement_with_fake_quant"] = agreement();
-  j["predictions_compared"] = compared;
+  if (scores) {
+    j["max_score_difference_from_fake_quant"] = max_score_difference;
+    j["mean_score_difference_from_fake_quant"] = mean_score_difference;
+    j["scores_compared"] = compared;
+  } else {
+    j["agreement_with_fake_quant"] = agreement();
+    j["predictions_compared"] = compared;
+  }
   if (!left_out.empty()) j["int8_left_out"] = left_out;
   Json::Array rows;
   for (const TimedMode& m : modes) {

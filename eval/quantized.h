@@ -26,11 +26,17 @@ struct ModeResult {
 // Which of a task's metrics the comparisons rank by (bert-eval --rank-by): its accuracy, its macro-F1
 // (question answering: the windows' token F1) or, for classification, its Matthews correlation (GLUE's
 // CoLA metric, for labels far from balanced).
-enum class TaskScore { kAccuracy, kMacroF1, kMcc };
-inline constexpr EnumNames<TaskScore, 3> kTaskScoreNames{{{{TaskScore::kAccuracy, "accuracy"},
-                                                           {TaskScore::kMacroF1, "macro-f1"},
-                                                           {TaskScore::kMcc, "mcc", "Matthews correlation"}}}};
+// A regression ranks by its Pearson or Spearman correlation (GLUE's STS-B metrics).
+enum class TaskScore { kAccuracy, kMacroF1, kMcc, kPearson, kSpearman };
+inline constexpr EnumNames<TaskScore, 5> kTaskScoreNames{
+    {{{TaskScore::kAccuracy, "accuracy"},
+      {TaskScore::kMacroF1, "macro-f1"},
+      {TaskScore::kMcc, "mcc", "Matthews correlation"},
+      {TaskScore::kPearson, "pearson", "Pearson correlation"},
+      {TaskScore::kSpearman, "spearman", "Spearman correlation"}}}};
 double task_score(const TaskMetrics& metrics, TaskScore score);
+// What a model ranks by unless told: Pearson for a regression, else accuracy.
+TaskScore default_task_score(const model::BertConfig& config);
 struct Ranking {
   TaskScore score = TaskScore::kAccuracy;  // task models; a pretraining model ranks by MLM accuracy
   // Question answering: the questions' F1 as SQuAD scores it, best span over each question's windows
@@ -39,12 +45,13 @@ struct Ranking {
 };
 // UserError naming --rank-by where `score` does not apply: a pretraining model ranks by MLM accuracy only,
 // question answering has no Matthews correlation, and with questions scored (`questions`) it ranks by
-// their F1.
-void check_ranking(model::Head head, TaskScore score, bool questions);
+// their F1; a regression ranks by Pearson or Spearman only, and only a regression by those.
+void check_ranking(const model::BertConfig& config, TaskScore score, bool questions);
 // What sensitivity() and harmful_activation_quantizers() rank by.
 double ranking_score(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
                      const Ranking& ranking = {});
-// Its name, for reports and plans: "MLM accuracy", "task accuracy", "task macro-F1", "task MCC", "question F1".
+// Its name, for reports and plans: "MLM accuracy", "task accuracy", "task macro-F1", "task MCC", "task Pearson",
+// "task Spearman", "question F1".
 std::string ranking_metric(const model::Bert& model, const Ranking& ranking = {});
 
 // FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model
@@ -113,6 +120,10 @@ struct IntegerComparison {
   int64_t integer_attention_layers = 0;  // encoder layers whose attention products ran as integers
   int64_t integer_residual_norms = 0;    // residual LayerNorms that read int8 addends (on a GPU)
   int64_t agreeing = 0, compared = 0;    // int8 predictions equal to the fake-quantized model's
+  // A regression: the largest and the mean |int8 - fake-quantized| score difference over `compared`
+  // sequences (agreeing then unused).
+  double max_score_difference = 0, mean_score_difference = 0;
+  bool scores = false;
   // Why the int8 pass did not run (a GPU without int8 tensor cores: modes then holds fp32 and fake-quant),
   // or empty.
   std::string left_out;

@@ -906,6 +906,13 @@ void Bert::classification_head(Graph<float>& g, Var hidden, const BatchView& in,
   const int64_t num_labels = config_.num_labels();
   const bool per_token = config_.head == Head::kTokenClassification;
   const bool labeled = !in.labels.empty();
+  if (config_.regression() ? labeled : !in.scores.empty())
+    throw UserError(config_.regression() ? "a regression model takes scores (seq-reg shards), not class labels"
+                                         : "a " + head_architecture(config_.head) +
+                                               " takes class labels, not scores (seq-reg shards are for a regression)");
+  BERT_CHECK(in.scores.empty() || static_cast<int64_t>(in.scores.size()) == b,
+             "scores do not match the batch (" + std::to_string(in.scores.size()) + " for " + std::to_string(b) +
+                 " sequences)");
   BERT_CHECK(!labeled || static_cast<int64_t>(in.labels.size()) == (per_token ? b * t : b),
              "labels do not match the batch (" + std::to_string(in.labels.size()) + " for a " +
                  head_architecture(config_.head) + " batch of " + std::to_string(b) + " x " + std::to_string(t) + ")");
@@ -939,6 +946,10 @@ void Bert::classification_head(Graph<float>& g, Var hidden, const BatchView& in,
   features = ops::dropout(g, features, config_.head_dropout(), training, rng);
   out.logits = classifier_.forward(g, params_, features);
   if (labeled) out.loss = ops::cross_entropy<float>(g, out.logits, out.targets);
+  if (!in.scores.empty()) {
+    out.scores.assign(in.scores.begin(), in.scores.end());
+    out.loss = ops::mean_squared_error(g, out.logits, g.input(std::span<const float>(out.scores), Shape{b, 1}));
+  }
 }
 
 void Bert::question_answering_head(Graph<float>& g, Var hidden, const BatchView& in, ModelOutputs& out) {

@@ -43,10 +43,13 @@ struct ModelOutputs {
   // logits (N, num_labels) at the N labeled tokens (every real token when the batch has no labels),
   // rows b * T + position of each, targets (N). Question answering: logits (2 B, T), each sequence's start
   // logits then its end logits over its positions; targets (2 B), the answer's start and end positions;
-  // rows b * T.
+  // rows b * T. Sequence regression (one label): logits (B, 1), each sequence's score, and `scores` (B), the
+  // target scores (targets empty).
   Var logits;
   std::vector<int32_t> targets, rows;
-  // The training objective: MLM + NSP, or the task's mean cross-entropy; null without labels.
+  std::vector<float> scores;
+  // The training objective: MLM + NSP, the task's mean cross-entropy, or a regression's mean squared error;
+  // null without labels.
   Var loss;
 };
 

@@ -54,7 +54,10 @@ void BertConfig::validate() const {
        "attention_probs_dropout_prob must be in [0, 1)");
   need(initializer_range > 0 && std::isfinite(initializer_range), "initializer_range must be positive");
   need(pad_token_id >= 0 && pad_token_id < vocab_size, "pad_token_id must lie inside the vocabulary");
-  if (head != Head::kPretraining) need(num_labels() >= 2, head_architecture(head) + " needs at least 2 labels");
+  if (head == Head::kSequenceClassification)
+    need(num_labels() >= 1, "a BertForSequenceClassification needs at least 1 label (1: a regression)");
+  else if (head != Head::kPretraining)
+    need(num_labels() >= 2, head_architecture(head) + " needs at least 2 labels");
   if (head == Head::kQuestionAnswering)
     need(num_labels() == 2,
          "a BertForQuestionAnswering has 2 outputs (start, end), not " + std::to_string(num_labels()) + " labels");
@@ -86,6 +89,7 @@ Json BertConfig::to_json() const {
     }
     j["id2label"] = id2label;
     j["label2id"] = label2id;
+    if (regression()) j["problem_type"] = "regression";
     if (classifier_dropout >= 0) j["classifier_dropout"] = classifier_dropout;
   }
   if (weight_scales != WeightScales::kPerChannel) j["weight_quantization"] = weight_scales_name(weight_scales);
@@ -166,6 +170,17 @@ BertConfig BertConfig::from_json(const Json& j) {
                         " to label names (found key '" + key + "')");
       c.labels[id] = value.as_string();
     }
+  }
+  if (const Json* v = j.find("problem_type"); v && !v->is_null() && c.head == Head::kSequenceClassification) {
+    const std::string type = v->is_string() ? v->as_string() : "";
+    if (type == "regression" && c.num_labels() != 1)
+      throw UserError("model config: a regression with " + std::to_string(c.num_labels()) +
+                      " outputs is not supported (one score per sequence)");
+    if (type == "single_label_classification" && c.num_labels() == 1)
+      throw UserError("model config: a single-label classification needs at least 2 labels (1 is a regression)");
+    if (type != "regression" && type != "single_label_classification")
+      throw UserError("model config: problem_type '" + type +
+                      "' is not supported (single_label_classification, or regression with one output)");
   }
   c.validate();
   return c;

@@ -13,7 +13,8 @@ namespace bert::model {
 
 // The head on top of the encoder, with its Hugging Face class name (config.json "architectures"):
 // kPretraining = BertForPreTraining (MLM + NSP; BertForMaskedLM and BertModel load as this too),
-// kSequenceClassification = BertForSequenceClassification (pooler + dropout + classifier on [CLS]),
+// kSequenceClassification = BertForSequenceClassification (pooler + dropout + classifier on [CLS]; with one
+// label a regression, Hugging Face's problem_type "regression": one score per sequence, mean squared error),
 // kTokenClassification = BertForTokenClassification (dropout + classifier on every token, no pooler),
 // kQuestionAnswering = BertForQuestionAnswering (qa_outputs on every token: the answer's start and end
 // logits; no pooler, no dropout before it).
@@ -66,15 +67,18 @@ struct BertConfig {
   WeightScales weight_scales = WeightScales::kPerChannel;
 
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
+  // A sequence regression: a BertForSequenceClassification with one output (STS-B, a cross-encoder).
+  bool regression() const { return head == Head::kSequenceClassification && num_labels() == 1; }
   double head_dropout() const { return classifier_dropout >= 0 ? classifier_dropout : hidden_dropout_prob; }
   int64_t head_size() const { return hidden_size / num_attention_heads; }
   // Throws UserError naming the field and the constraint (e.g. hidden not divisible by heads).
   void validate() const;
   // Hugging Face field names, plus "model_type": "bert", "architectures" and, for task heads,
-  // id2label/label2id.
+  // id2label/label2id (and "problem_type": "regression" for a regression).
   Json to_json() const;
   // Unknown fields are ignored (Hugging Face configs carry many); missing ones keep their defaults. An
-  // architecture this engine has no head for (e.g. BertForMultipleChoice) is a UserError.
+  // architecture this engine has no head for (e.g. BertForMultipleChoice) is a UserError, as are a
+  // problem_type other than single-label classification and one-output regression.
   static BertConfig from_json(const Json& json);
   static BertConfig load(const std::string& path);  // UserError naming the file
 };

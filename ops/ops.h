@@ -344,6 +344,12 @@ LinearScores cross_entropy_scores(Graph<T>& g, Var logits, std::span<const int32
 template <typename T>
 Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature);
 
+// Mean squared error, mean_i (p_i - t_i)^2, of predictions against targets holding as many values (a
+// regression's loss, Hugging Face's MSELoss; distillation of a regression). Only the predictions take a
+// gradient: the targets are a constant or the output of a no-grad forward. Returns a scalar.
+template <typename T>
+Var mean_squared_error(Graph<T>& g, Var predictions, Var targets);
+
 // The index of the largest value in each row of x (.., C) (the first on ties), read on the host. A
 // query, not recorded in the graph.
 template <typename T>

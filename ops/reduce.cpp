@@ -91,6 +91,17 @@ Var cross_entropy(Graph<T>& g, Var logits, std::span<const int32_t> targets, std
 }
 
 template <typename T>
+Var mean_squared_error(Graph<T>& g, Var predictions, Var targets) {
+  const Shape ps = g.shape(predictions), ts = g.shape(targets);
+  BERT_CHECK(ps.numel() > 0 && ps.numel() == ts.numel(),
+             "mean_squared_error: predictions " + ps.str() + " and targets " + ts.str() + " must hold as many values");
+  BERT_CHECK(!g.requires_grad(targets), "mean_squared_error: the targets take no gradient");
+  // From the ops it is made of, on either device (their dtypes met in F32).
+  const Var difference = add(g, predictions, scale(g, reshape(g, targets, ps), -1.0));
+  return mean(g, mul(g, difference, difference));
+}
+
+template <typename T>
 Var distillation_loss(Graph<T>& g, Var student, Var teacher, double temperature) {
   const Shape ss = g.shape(student);
   BERT_CHECK(ss.rank() == 2 && g.shape(teacher) == ss, "distillation_loss: student " + ss.str() + " and teacher " +
@@ -213,14 +224,15 @@ std::vector<int64_t> abs_histogram(Graph<T>& g, Var x, double range, int bins) {
   return counts;
 }
 
-#define BERT_INSTANTIATE(T)                                                                             \
-  template Var sum<T>(Graph<T>&, Var);                                                                  \
-  template Var mean<T>(Graph<T>&, Var);                                                                 \
-  template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t); \
-  template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                       \
-  template LinearScores cross_entropy_scores<T>(Graph<T>&, Var, std::span<const int32_t>, PredictionsTo);             \
-  template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);                                    \
-  template double abs_max<T>(Graph<T>&, Var);                                                           \
+#define BERT_INSTANTIATE(T)                                                                               \
+  template Var sum<T>(Graph<T>&, Var);                                                                    \
+  template Var mean<T>(Graph<T>&, Var);                                                                   \
+  template Var cross_entropy<T>(Graph<T>&, Var, std::span<const int32_t>, std::span<const T>, int32_t);   \
+  template Var distillation_loss<T>(Graph<T>&, Var, Var, double);                                         \
+  template Var mean_squared_error<T>(Graph<T>&, Var, Var);                                                \
+  template LinearScores cross_entropy_scores<T>(Graph<T>&, Var, std::span<const int32_t>, PredictionsTo); \
+  template std::vector<int32_t> row_argmax<T>(const Graph<T>&, Var);                                      \
+  template double abs_max<T>(Graph<T>&, Var);                                                             \
   template std::vector<int64_t> abs_histogram<T>(Graph<T>&, Var, double, int);
 BERT_INSTANTIATE(float)
 BERT_INSTANTIATE(double)

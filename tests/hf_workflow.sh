@@ -3,7 +3,8 @@
 # import tests/fixtures/hf/tiny -> shards with its vocab.txt (whole-word masking on ##) -> QAT 300 steps
 # -> Q/DQ ONNX (checked by bert-export: ONNX checker + TensorRT rules) and a Hugging Face directory ->
 # ONNX Runtime and the re-imported directory score what the QAT checkpoint scores; then the same for
-# question answering fine-tuned from the imported encoder, and sentence pairs in GLUE's JSON layout.
+# question answering fine-tuned from the imported encoder, sentence pairs in GLUE's JSON layout, and a
+# regression in STS-B's (a score per pair) through QAT to INT8, ONNX Runtime and a Hugging Face directory.
 # Usage: tests/hf_workflow.sh BIN_DIR OUT_DIR
 set -euo pipefail
 BIN=$1 OUT=$2
@@ -139,5 +140,60 @@ print(f"sentence pairs (GLUE's layout): accuracy {fp32['accuracy']:.4f}, MCC {fp
       f"PTQ max MCC {rows['ptq-max']['mcc']:.4f}")
 assert config["id2label"] == {"0": "not_so", "1": "so"}, config["id2label"]
 assert fp32["accuracy"] > 0.9 and fp32["mcc"] > 0.8, "the second sentence decides the label"
+PY
+
+# A regression in STS-B's layout (a float score per pair; 5, 2.5 or 0 by the second sentence, moved by up to
+# 0.25): fine-tuned keeping the best Pearson, QAT, then the INT8 engine, the Q/DQ export in ONNX Runtime and
+# the Hugging Face directory (problem_type "regression") score as the checkpoint does.
+python3 - "$OUT" <<'PY'
+import json, random, sys
+random.seed(11)
+facts = ["The capital of france is paris.", "The color of the sky is blue.", "The capital of peru is lima.",
+         "The color of the snow is white."]
+scores = {"it is so": 5.0, "it is partly so": 2.5, "it is not so": 0.0}
+for split, n in (("train", 400), ("dev", 80)):
+    with open(f"{sys.argv[1]}/sts-{split}.jsonl", "w") as f:
+        for i in range(n):
+            second = random.choice(sorted(scores))
+            f.write(json.dumps({"sentence1": random.choice(facts), "sentence2": second,
+                                "label": round(scores[second] + random.uniform(-0.25, 0.25), 3), "idx": i}) + "\n")
+PY
+for split in train dev; do
+  run "$BIN/bert-data" task --task seq-reg --input "$OUT/sts-$split.jsonl" --tokenizer "$HF" \
+    --output "$OUT/sts-$split.hdf5" --max-seq-len 32 --text-fields sentence1,sentence2
+done
+"$BIN/bert-data" inspect "$OUT/sts-dev.hdf5" --tokenizer "$HF/vocab.txt" --show 1 > "$OUT/sts-inspect.txt" 2>&1
+grep -q "80 seq-reg examples" "$OUT/sts-inspect.txt" || fail "bert-data inspect does not describe the scores"
+run "$BIN/bert-train" --train "$OUT/sts-train.hdf5" --init-from "$HF" --out "$OUT/sts" --steps 150 --batch-size 32 \
+  --lr 2e-3 --dropout 0 --log-every 50 --eval "$OUT/sts-dev.hdf5" --eval-batches 0 --eval-every 50 --keep-best pearson
+run "$BIN/bert-train" --train "$OUT/sts-train.hdf5" --init-from "$OUT/sts/checkpoint-best.h5" --qat --out "$OUT/sts-qat" \
+  --steps 40 --batch-size 32 --lr 2e-4 --dropout 0 --calib-batches 4 --log-every 20
+run "$BIN/bert-export" --checkpoint "$OUT/sts-qat" --onnx "$OUT/sts.onnx" --qdq --hf "$OUT/sts-hf"
+run "$BIN/bert-eval" --checkpoint "$OUT/sts-qat" --shards "$OUT/sts-dev.hdf5" --onnx "$OUT/sts.onnx" --int8 \
+  --json-out "$OUT/sts-qat.json"
+run "$BIN/bert-eval" --checkpoint "$OUT/sts-hf" --shards "$OUT/sts-dev.hdf5" --json-out "$OUT/sts-hf.json"
+run "$BIN/bert-eval" --checkpoint "$OUT/sts" --shards "$OUT/sts-dev.hdf5" --compare --calibrators max \
+  --calib-shards "$OUT/sts-train.hdf5" --calib-batches 2 --json-out "$OUT/sts-compare.json"
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+qat, back, compare = (json.load(open(f"{out}/{n}.json")) for n in ("sts-qat", "sts-hf", "sts-compare"))
+best = json.load(open(f"{out}/sts/best.json"))
+config = json.load(open(f"{out}/sts-hf/config.json"))
+m = {r["mode"]: r for r in qat["int8"]["modes"]}["fake-quant"]
+m = {k: v for k, v in m.items() if k in back["metrics"]}
+print(f"regression (STS-B's layout): best Pearson {best['value']:.4f} at step {best['step']}; after QAT Pearson "
+      f"{m['pearson']:.4f}, Spearman {m['spearman']:.4f}, MSE {m['mse']:.4f} (the mean's {m['baseline_mean_mse']:.4f}); "
+      f"ONNX Runtime Pearson {qat['onnx']['pearson']:.4f}; INT8 scores within "
+      f"{qat['int8']['max_score_difference_from_fake_quant']:.4g} of fake-quant")
+assert best["metric"] == "pearson"
+assert config["problem_type"] == "regression" and len(config["id2label"]) == 1, config
+assert m["pearson"] > 0.95 and m["mse"] < 0.2 * m["baseline_mean_mse"], "the second sentence decides the score"
+assert abs(qat["onnx"]["pearson"] - m["pearson"]) < 0.01 and abs(qat["onnx"]["mse"] - m["mse"]) < 0.05, \
+    "the Q/DQ export scores otherwise"
+assert qat["int8"]["max_score_difference_from_fake_quant"] < 0.05, "the INT8 engine moves the scores"
+assert back["metrics"] == m, "the Hugging Face export scores otherwise"
+rows = {r["mode"]: r for r in compare["compare"]}
+assert abs(rows["ptq-max"]["pearson"] - rows["fp32"]["pearson"]) < 0.02, "PTQ loses the correlation"
 PY
 echo "Hugging Face workflow passed"

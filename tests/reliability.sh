@@ -87,7 +87,7 @@ expect_error qa-answer-outside "qa.jsonl:2: answer_start 9" "$OUT/never-qa.hdf5"
 head -1 "$OUT/qa.jsonl" > "$OUT/qa1.jsonl"
 expect_error qa-no-room "leaves no room for the context" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task qa --input "$OUT/qa1.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5" --max-seq-len 5
 expect_error qa-labels "--labels: a qa shard has no label set" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task qa --input "$OUT/qa1.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5" --labels "$OUT/qa1.jsonl"
-expect_error qa-task "--task 'squad': expected seq-cls, token-cls or qa" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task squad --input "$OUT/qa1.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5"
+expect_error qa-task "--task 'squad': expected seq-cls, token-cls, qa or seq-reg" "$OUT/never-qa.hdf5" -- "$BIN/bert-data" task --task squad --input "$OUT/qa1.jsonl" --tokenizer $VOCAB --output "$OUT/never-qa.hdf5"
 
 # A small trained model for the evaluation, export and interruption cases.
 "${TRAIN[@]}" --out "$OUT/run" --steps 20 > "$OUT/run.log" 2>&1 || { tail "$OUT/run.log"; exit 1; }

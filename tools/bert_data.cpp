@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -53,8 +55,8 @@ void run_split(const std::vector<std::string>& inputs, const std::string& output
 // task: JSON lines -> one task shard.
 void run_task(const std::string& input, const std::string& output, const std::string& tokenizer_path,
               const std::string& task, const std::string& labels_path, TaskDataOptions options) {
-  if (task != "seq-cls" && task != "token-cls" && task != "qa")
-    throw UserError("--task '" + task + "': expected seq-cls, token-cls or qa");
+  if (task != "seq-cls" && task != "token-cls" && task != "qa" && task != "seq-reg")
+    throw UserError("--task '" + task + "': expected seq-cls, token-cls, qa or seq-reg");
   options.kind = kShardKindNames.parse(task, "--task");
   if (options.max_seq_len == 0) options.max_seq_len = options.kind == ShardKind::kSpanLabels ? 384 : 128;
   const TaskFields& f = options.fields;
@@ -65,12 +67,16 @@ void run_task(const std::string& input, const std::string& output, const std::st
     throw UserError(
         "--text-fields, --label-field, --tokens-field, --tags-field: a qa shard reads SQuAD's fields "
         "(question, context, answers)");
-  if (options.kind == ShardKind::kSequenceLabels && token_fields)
-    throw UserError("--tokens-field, --tags-field: for --task token-cls (seq-cls reads --text-fields, --label-field)");
+  const bool sequence = options.kind == ShardKind::kSequenceLabels || options.kind == ShardKind::kSequenceScores;
+  if (sequence && token_fields)
+    throw UserError("--tokens-field, --tags-field: for --task token-cls (" + task +
+                    " reads --text-fields, --label-field)");
   if (options.kind == ShardKind::kTokenLabels && sequence_fields)
     throw UserError("--text-fields, --label-field: for --task seq-cls (token-cls reads --tokens-field, --tags-field)");
   if (!labels_path.empty()) {
     if (options.kind == ShardKind::kSpanLabels) throw UserError("--labels: a qa shard has no label set");
+    if (options.kind == ShardKind::kSequenceScores)
+      throw UserError("--labels: a seq-reg shard has no label set (each example has a score)");
     options.labels = read_label_names(labels_path);
   }
   const std::unique_ptr<tokenizer::Tokenizer> tokenizer = tokenizer::load_tokenizer(tokenizer_path);
@@ -89,7 +95,12 @@ void run_task(const std::string& input, const std::string& output, const std::st
                    report.answers_not_found);
     return;
   }
-  spdlog::info("task: {} {} examples, {} labels -> {}", report.examples, task, shard.label_names.size(), output);
+  if (options.kind == ShardKind::kSequenceScores) {
+    const auto [low, high] = std::minmax_element(shard.scores.begin(), shard.scores.end());
+    spdlog::info("task: {} seq-reg examples, scores {:.4g} to {:.4g} -> {}", report.examples, *low, *high, output);
+  } else {
+    spdlog::info("task: {} {} examples, {} labels -> {}", report.examples, task, shard.label_names.size(), output);
+  }
   if (report.truncated > 0)
     spdlog::warn("task: {} example(s) longer than --max-seq-len {} were truncated{}", report.truncated,
                  options.max_seq_len,
@@ -116,8 +127,31 @@ void inspect_span_shard(const std::string& path, const Shard& s, const tokenizer
   }
 }
 
+void inspect_score_shard(const std::string& path, const Shard& s, const tokenizer::Tokenizer* tokenizer, int show) {
+  int64_t tokens = 0;
+  for (int8_t m : s.input_mask) tokens += m;
+  double sum = 0, squares = 0;
+  for (float v : s.scores) sum += v, squares += double(v) * v;
+  const double n = static_cast<double>(std::max<int64_t>(s.size, 1)), mean = sum / n;
+  const auto [low, high] = std::minmax_element(s.scores.begin(), s.scores.end());
+  std::printf("%s: %lld seq-reg examples, seq_len %lld, %.1f tokens/example\n", path.c_str(), (long long)s.size,
+              (long long)s.seq_len, double(tokens) / n);
+  if (s.size > 0)
+    std::printf("  scores: mean %.4g, standard deviation %.4g, %.4g to %.4g\n", mean,
+                std::sqrt(std::max(0.0, squares / n - mean * mean)), *low, *high);
+  for (int64_t i = 0; i < std::min<int64_t>(show, s.size); ++i) {
+    std::printf("  example %lld:", (long long)i);
+    for (int64_t j = 0; j < s.seq_len && s.input_mask[i * s.seq_len + j]; ++j) {
+      const int32_t id = s.input_ids[i * s.seq_len + j];
+      std::printf(" %s", tokenizer ? tokenizer->piece(id).c_str() : std::to_string(id).c_str());
+    }
+    std::printf("  -> %.4g\n", s.scores[i]);
+  }
+}
+
 void inspect_task_shard(const std::string& path, const Shard& s, const tokenizer::Tokenizer* tokenizer, int show) {
   if (s.kind == ShardKind::kSpanLabels) return inspect_span_shard(path, s, tokenizer, show);
+  if (s.kind == ShardKind::kSequenceScores) return inspect_score_shard(path, s, tokenizer, show);
   std::vector<int64_t> counts(s.label_names.size(), 0);
   int64_t tokens = 0, ignored = 0;
   for (int32_t label : s.labels) label == kIgnoredLabel ? ++ignored : ++counts[label];
@@ -273,7 +307,8 @@ CLI::App* add_shards(CLI::App& app, Args& a) {
 CLI::App* add_task(CLI::App& app, Args& a) {
   CLI::App* task = app.add_subcommand(
       "task",
-      "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\"; "
+      "fine-tuning data: JSON lines ({\"text\": ..., \"label\": ...} with optional \"text_b\", the label a "
+      "class or, for seq-reg, a score; "
       "{\"tokens\": [...], \"tags\": [...]}; or SQuAD's {\"question\": ..., \"context\": ..., \"answers\": "
       "{\"text\": [...], \"answer_start\": [...]}}) -> one HDF5 task shard; a word's first piece carries its tag; "
       "a question and a window of its context make a sequence, labelled with the answer's first and last token. "
@@ -281,7 +316,8 @@ CLI::App* add_task(CLI::App& app, Args& a) {
       "may have other names (--text-fields, --label-field, --tokens-field, --tags-field), so that Hugging Face "
       "datasets' JSON lines (Dataset.to_json) read as they are");
   task->add_option("--task", a.task_kind,
-                   "seq-cls (a label per text) | token-cls (a tag per word) | qa (extractive question answering)")
+                   "seq-cls (a label per text) | token-cls (a tag per word) | qa (extractive question answering) | "
+                   "seq-reg (a score per text or pair: STS-B's similarity, a cross-encoder's relevance)")
       ->required();
   task->add_option("--input", a.task_input, "JSON-lines file")->required();
   task->add_option("--tokenizer", a.task_tokenizer,
@@ -303,10 +339,11 @@ CLI::App* add_task(CLI::App& app, Args& a) {
             (comma != std::string::npos && a.task_options.fields.text_b.empty()))
           throw CLI::ValidationError("--text-fields", "'" + names + "': expected FIELD or FIELD,PAIR_FIELD");
       },
-      "seq-cls: the text's JSON field and, after a comma, the optional pair's (absent or null in a line: no "
+      "seq-cls, seq-reg: the text's JSON field and, after a comma, the optional pair's (absent or null in a line: no "
       "pair), e.g. sentence1,sentence2 (GLUE's MRPC, RTE), question1,question2 (QQP), premise,hypothesis "
       "(MNLI), sentence (SST-2, CoLA) [default: text,text_b]");
-  task->add_option("--label-field", a.task_options.fields.label, "seq-cls: the label's JSON field")
+  task->add_option("--label-field", a.task_options.fields.label,
+                   "seq-cls: the label's JSON field; seq-reg: the score's (a number)")
       ->capture_default_str();
   task->add_option("--tokens-field", a.task_options.fields.tokens, "token-cls: the words' JSON field")
       ->capture_default_str();
@@ -350,6 +387,8 @@ Subcommands add_subcommands(CLI::App& app, Args& a) {
       "  bert-data shards --input my.txt --tokenizer spm.model --output shards/ --max-seq-len 128\n"
       "  bert-data task --task token-cls --input pos/train.jsonl --tokenizer spm.model --output pos/train.hdf5\n"
       "  bert-data task --task qa --input squad/train.jsonl --tokenizer vocab.txt --output squad/train.hdf5\n"
+      "  bert-data task --task seq-reg --input stsb/train.jsonl --text-fields sentence1,sentence2 \\\n"
+      "      --tokenizer vocab.txt --output stsb/train.hdf5\n"
       "  bert-data inspect shards/ --tokenizer spm.model\n"
       "Each step has its own --help (e.g. bert-data shards --help). Guide: docs/data.md");
   app.require_subcommand(1);

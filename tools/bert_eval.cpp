@@ -47,7 +47,8 @@ struct Args {
   std::vector<std::string> calib_shards;
   quant::CalibrationOptions calibration;
   double max_drop = 0.005, flag_drop = 0.005;
-  eval::TaskScore rank_by = eval::TaskScore::kAccuracy;
+  eval::TaskScore rank_by = eval::TaskScore::kAccuracy;  // unless given: eval::default_task_score
+  CLI::Option* rank_by_option = nullptr;
   size_t flag_names = 3;
   std::string save_calibrated, onnx_model, ort_script = ort::default_ort_script(), json_out;
   std::string device_spec = "auto";
@@ -110,10 +111,11 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--sensitivity", a.sensitivity,
                "per-quantizer sensitivity: MLM accuracy (a task's --rank-by metric; question F1 with --qa-data) "
                "with only it / all but it quantized, and a plan of quantizers to keep in float");
-  bert::tools::add_enum_option(app, "--rank-by", a.rank_by, bert::eval::kTaskScoreNames,
-                               "a task model's metric that --sensitivity ranks by and --flag-drop measures: accuracy, "
-                               "macro-f1 (question answering: token F1) or mcc (Matthews correlation, for labels far "
-                               "from balanced, as GLUE scores CoLA)");
+  a.rank_by_option = bert::tools::add_enum_option(
+      app, "--rank-by", a.rank_by, bert::eval::kTaskScoreNames,
+      "a task model's metric that --sensitivity ranks by and --flag-drop measures: accuracy, macro-f1 (question "
+      "answering: token F1) or mcc (Matthews correlation, for labels far from balanced, as GLUE scores CoLA); a "
+      "regression's pearson (its default) or spearman");
   app.add_option("--calibrators", a.calibrators, "PTQ methods for --compare")->capture_default_str();
   bert::tools::add_enum_option(app, "--calibrator", a.calibration.method, bert::quant::kMethodNames,
                                "method for --sensitivity");
@@ -212,9 +214,15 @@ void check_shards_fit_the_model(const Evaluation& e, data::ShardLoader& loader, 
   data::check_loader_compatible(loader, lo.shards.front(), config.vocab_size, config.max_position_embeddings,
                                 e.state.tokenizer_sha256);
   const bool spans = config.head == model::Head::kQuestionAnswering;  // start, end: whatever their names
+  const bool scores = loader.kind() == data::ShardKind::kSequenceScores;  // one score: whatever its name
+  if (scores != config.regression())
+    throw UserError("--shards: '" + lo.shards.front() + "' holds " + data::shard_kind_name(loader.kind()) +
+                    " examples; the model is " +
+                    (config.regression() ? "a regression (make its shards with bert-data task --task seq-reg)"
+                                         : "a " + model::head_architecture(config.head) + ", not a regression"));
   if (e.task_model != (loader.kind() != data::ShardKind::kPretraining) ||
       spans != (loader.kind() == data::ShardKind::kSpanLabels) ||
-      (e.task_model && !spans && loader.label_names() != config.labels))
+      (e.task_model && !spans && !scores && loader.label_names() != config.labels))
     throw UserError("--shards: '" + lo.shards.front() + "' holds " + data::shard_kind_name(loader.kind()) +
                     " examples" +
                     (e.task_model ? " with " + std::to_string(loader.label_names().size()) + " labels" : "") +
@@ -254,7 +262,8 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
                                            a.max_batches, e.g, e.questions);
   Json::Array rows;
   const eval::TaskMetrics task_kind = eval::TaskMetrics::for_head(e.config());  // for the column names
-  const bool labels = e.task_model && !task_kind.spans;  // classification: a Matthews correlation column
+  // Classification: a Matthews correlation column.
+  const bool labels = e.task_model && !task_kind.spans && !task_kind.regression;
   if (!a.json && e.task_model)
     std::printf("%-16s %11s %10s%s %10s%s\n", "mode", task_kind.accuracy_name(), task_kind.f1_name(),
                 labels ? fmt::format(" {:>10}", "MCC").c_str() : "", "loss",
@@ -264,7 +273,7 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
   for (const auto& r : results) {
     if (!a.json && e.task_model)
       std::printf(
-          "%-16s %11.4f %10.4f%s %10.4f%s\n", r.mode.c_str(), r.task.accuracy(), r.task.macro_f1(),
+          "%-16s %11.4f %10.4f%s %10.4f%s\n", r.mode.c_str(), r.task.first(), r.task.second(),
           labels ? fmt::format(" {:10.4f}", r.task.mcc()).c_str() : "", r.task.loss(),
           r.answers ? fmt::format(" {:13.4f} {:13.4f}", r.answers->exact_match(), r.answers->f1()).c_str() : "");
     else if (!a.json)
@@ -275,7 +284,12 @@ void compare(Evaluation& e, const quant::CalibrationStatistics& stats, const eva
     if (r.answers) row["answers"] = r.answers->to_json();
     rows.push_back(row);
   }
-  if (!a.json && e.task_model && !results.empty())
+  if (!a.json && task_kind.regression && !results.empty())
+    std::printf(
+        "(%lld sequences; loss: mean squared error; baseline: the mean score, MSE %.4f; calibration: %lld "
+        "batches)\n",
+        (long long)results[0].task.examples, results[0].task.baseline_mse(), (long long)stats.batches);
+  else if (!a.json && e.task_model && !results.empty())
     std::printf("(%lld %s; baseline: majority %s %.4f; calibration: %lld batches)\n",
                 (long long)results[0].task.examples,
                 e.config().head == model::Head::kTokenClassification ? "tokens" : "sequences",
@@ -377,12 +391,18 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, const std::vector<st
   } else {
     t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g, e.a.cuda_graphs);
   }
-  e.report["task"] = model::head_task_name(config.head);
+  e.report["task"] = config.regression() ? "seq-reg" : model::head_task_name(config.head);
   e.report["metrics"] = t.to_json(config.labels);
   if (e.a.json) return;
   const bool tokens = config.head == model::Head::kTokenClassification;
   std::printf("%s %s (step %lld) on %zu shard(s), %s\n", model::head_architecture(config.head).c_str(),
               e.a.checkpoint.c_str(), (long long)e.state.step, shard_count, e.describe_quantization().c_str());
+  if (t.regression) {
+    std::printf("%-22s %10.4f   over %lld sequences\n", "Pearson correlation", t.pearson(), (long long)t.examples);
+    std::printf("%-22s %10.4f\n", "Spearman correlation", t.spearman());
+    std::printf("%-22s %10.4f   (baseline: the mean score, %.4f)\n", "mean squared error", t.loss(), t.baseline_mse());
+    return;
+  }
   std::printf("%-22s %10.4f   (baseline: majority %s %.4f) over %lld %s\n", t.accuracy_name(), t.accuracy(),
               t.spans ? "span" : "label", t.majority_accuracy(), (long long)t.examples,
               tokens ? "labeled tokens" : "sequences");
@@ -454,7 +474,7 @@ void onnx_metrics(Evaluation& e, const data::LoaderOptions& lo) {
     if (e.questions) e.report["onnx"]["answers"] = answers.to_json();
     if (!a.json)
       std::printf("ONNX Runtime (%s): %s %.4f, %s %.4f over %lld %s\n", a.onnx_model.c_str(), o.accuracy_name(),
-                  o.accuracy(), o.f1_name(), o.macro_f1(), (long long)o.examples,
+                  o.first(), o.f1_name(), o.second(), (long long)o.examples,
                   e.config().head == model::Head::kTokenClassification ? "labeled tokens" : "sequences");
     if (!a.json && e.questions)
       std::printf("ONNX Runtime (%s): questions exact match %.4f, F1 %.4f over %lld questions\n", a.onnx_model.c_str(),
@@ -500,12 +520,23 @@ void integer_metrics(Evaluation& e, const eval::LoaderFactory& make_loader) {
   const double fp32 = c.modes.front().sequences_per_second();
   for (const eval::TimedMode& m : c.modes)
     std::printf("%-12s %11.4f %10.4f %12.1f %9.2fx%s\n", m.mode.c_str(),
-                e.task_model ? m.task.accuracy() : m.metrics.mlm_accuracy(),
-                e.task_model ? m.task.macro_f1() : m.metrics.nsp_accuracy(), m.sequences_per_second(),
+                e.task_model ? m.task.first() : m.metrics.mlm_accuracy(),
+                e.task_model ? m.task.second() : m.metrics.nsp_accuracy(), m.sequences_per_second(),
                 fp32 > 0 ? m.sequences_per_second() / fp32 : 0.0,
                 m.answers ? fmt::format(" {:13.4f} {:13.4f}", m.answers->exact_match(), m.answers->f1()).c_str() : "");
   if (!c.left_out.empty()) return;
   const eval::TimedMode& first = c.modes.front();
+  if (c.scores && c.max_score_difference == 0) {
+    std::printf("INT8 gives the fake-quantized model's scores exactly over %lld sequences\n", (long long)c.compared);
+    return;
+  }
+  if (c.scores) {
+    std::printf(
+        "INT8's scores differ from the fake-quantized model's by at most %.4g (mean %.4g) over %lld sequences (each "
+        "mode's first batch scored, not timed)\n",
+        c.max_score_difference, c.mean_score_difference, (long long)c.compared);
+    return;
+  }
   std::printf(
       "INT8 agrees with the fake-quantized model on %.4f of %lld predictions (%lld sequences; each mode's first batch "
       "scored, not timed)\n",
@@ -659,9 +690,10 @@ int run(Args& a) {
     throw UserError("--qa-data: '" + a.checkpoint + "' is a " + model::head_architecture(config.head) +
                     ", not a question-answering model");
   if (!a.qa_data.empty() && a.shards.empty()) throw UserError("--qa-data needs --shards: the shard made from it");
-  if (a.rank_by != eval::TaskScore::kAccuracy && !a.compare && !a.sensitivity)
+  if (a.rank_by_option->count() && !a.compare && !a.sensitivity)
     throw UserError("--rank-by " + eval::kTaskScoreNames.name(a.rank_by) + " goes with --sensitivity or --compare");
-  eval::check_ranking(config.head, a.rank_by, !a.qa_data.empty());
+  if (!a.rank_by_option->count()) a.rank_by = eval::default_task_score(config);
+  eval::check_ranking(config, a.rank_by, !a.qa_data.empty());
   if (!a.predictions_out.empty() && a.qa_data.empty())
     throw UserError("--predictions needs --qa-data (the questions and their contexts)");
   model::Bert model(config);

@@ -159,10 +159,11 @@ void add_quantization_options(CLI::App& app, Args& a) {
                  "fraction of itself), lsq (LSQ's update on the scale itself; small weight scales can collapse "
                  "under Adam) or fixed (the calibrated scales stay; only the weights train)")
       ->capture_default_str();
-  app.add_option("--distill", a.o.distill_weight,
-                 "knowledge distillation from the teacher (--teacher, else the --init-from model): the weight w in "
-                 "[0, 1] of the KL to its outputs (MLM and NSP, or the task's logits), the loss being (1 - w) L + w KL "
-                 "(0: off)")
+  app.add_option(
+         "--distill", a.o.distill_weight,
+         "knowledge distillation from the teacher (--teacher, else the --init-from model): the weight w in "
+         "[0, 1] of the KL to its outputs (MLM and NSP, or the task's logits; a regression: the squared error to "
+         "its scores), the loss being (1 - w) L + w KL (0: off)")
       ->capture_default_str();
   app.add_option("--teacher", a.o.teacher,
                  "the model distilled from (checkpoint, run folder or Hugging Face directory), e.g. a larger model "
@@ -186,8 +187,9 @@ void add_run_options(CLI::App& app, Args& a) {
            a.o.keep_best = bert::train::kBestMetricNames.parse(metric, "--keep-best");
          },
          "keep the model of the best held-out evaluation (--eval) by this metric: accuracy (MLM accuracy, a task's "
-         "accuracy, per-window exact match), macro-f1, mcc (Matthews correlation), loss (the lowest) or question-f1 "
-         "(--eval-qa-data): OUT/checkpoint-best.h5 and OUT/best.json (metric, value, step), kept over --resume")
+         "accuracy, per-window exact match), macro-f1, mcc (Matthews correlation), loss (the lowest), question-f1 "
+         "(--eval-qa-data) or a regression's pearson or spearman: OUT/checkpoint-best.h5 and OUT/best.json (metric, "
+         "value, step), kept over --resume")
       ->check(CLI::IsMember(bert::train::kBestMetricNames.names()));
   app.add_option("--patience", a.o.patience,
                  "with --keep-best: stop (with a checkpoint) after this many held-out evaluations in a row that do "

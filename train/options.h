@@ -86,7 +86,8 @@ struct TrainOptions {
   ScaleTraining scales = ScaleTraining::kLearned;
   // Knowledge distillation from a teacher (in float, no dropout): the loss is (1 - w) (MLM + NSP) +
   // w (KL on the MLM logits at the masked positions + KL on the NSP logits), each KL at this
-  // temperature (ops::distillation_loss); for a task, (1 - w) CE + w KL on the task logits. 0: off.
+  // temperature (ops::distillation_loss); for a task, (1 - w) CE + w KL on the task logits; for a regression
+  // (1 - w) MSE + w the mean squared error to the teacher's scores (no temperature). 0: off.
   double distill_weight = 0.0;
   double distill_temperature = 2.0;
   // The teacher: any model with the same head, labels and tokenizer (e.g. a larger fine-tuned one);
@@ -105,7 +106,8 @@ struct TrainOptions {
   // (the loss: lower). kAccuracy: MLM accuracy, a task's accuracy or a window's exact match; kMacroF1: a
   // task's macro-F1 (question answering: token F1); kMcc: a classification's Matthews correlation;
   // kLoss: the held-out loss; kQuestionF1: the questions' F1 (eval_questions).
-  enum class BestMetric { kAccuracy, kMacroF1, kMcc, kLoss, kQuestionF1 };
+  // kPearson, kSpearman: a regression's correlations.
+  enum class BestMetric { kAccuracy, kMacroF1, kMcc, kLoss, kQuestionF1, kPearson, kSpearman };
   std::optional<BestMetric> keep_best;
   // Early stopping (--patience N, with keep_best and eval_every): the run stops, with a checkpoint, after N
   // held-out evaluations in a row that do not beat the best (counted from the best's step, so a resumed run
@@ -124,12 +126,14 @@ struct TrainOptions {
 
 inline constexpr EnumNames<TrainOptions::OnNonFinite, 2> kOnNonFiniteNames{
     {{{TrainOptions::OnNonFinite::kStop, "stop"}, {TrainOptions::OnNonFinite::kSkip, "skip"}}}};
-inline constexpr EnumNames<TrainOptions::BestMetric, 5> kBestMetricNames{
+inline constexpr EnumNames<TrainOptions::BestMetric, 7> kBestMetricNames{
     {{{TrainOptions::BestMetric::kAccuracy, "accuracy"},
       {TrainOptions::BestMetric::kMacroF1, "macro-f1"},
       {TrainOptions::BestMetric::kMcc, "mcc"},
       {TrainOptions::BestMetric::kLoss, "loss"},
-      {TrainOptions::BestMetric::kQuestionF1, "question-f1"}}}};
+      {TrainOptions::BestMetric::kQuestionF1, "question-f1"},
+      {TrainOptions::BestMetric::kPearson, "pearson"},
+      {TrainOptions::BestMetric::kSpearman, "spearman"}}}};
 inline constexpr EnumNames<TrainOptions::ScaleTraining, 3> kScaleTrainingNames{
     {{{TrainOptions::ScaleTraining::kLearned, "learned"},
       {TrainOptions::ScaleTraining::kLsq, "lsq"},

@@ -81,9 +81,32 @@ data::ShardLoader held_out_loader(const TrainOptions& o, const std::vector<std::
   return eval_loader;
 }
 
-void check_best_metric(TrainOptions::BestMetric metric, model::Head head) {
+std::vector<std::pair<float, float>> gather_scores(Communicator& ranks,
+                                                   const std::vector<std::pair<float, float>>& own) {
+  std::vector<double> counts(static_cast<size_t>(ranks.size()), 0.0);
+  counts[static_cast<size_t>(ranks.rank())] = static_cast<double>(own.size());
+  ranks.all_reduce_sum(counts);
+  size_t offset = 0, total = 0;
+  for (int r = 0; r < ranks.size(); ++r) (r < ranks.rank() ? offset : total) += static_cast<size_t>(counts[r]);
+  total += offset;
+  std::vector<double> all(2 * total, 0.0);  // each rank fills its own slots; the sum is every rank's
+  for (size_t i = 0; i < own.size(); ++i)
+    all[2 * (offset + i)] = own[i].first, all[2 * (offset + i) + 1] = own[i].second;
+  ranks.all_reduce_sum(all);
+  std::vector<std::pair<float, float>> gathered(total);
+  for (size_t i = 0; i < total; ++i) gathered[i] = {static_cast<float>(all[2 * i]), static_cast<float>(all[2 * i + 1])};
+  return gathered;
+}
+
+void check_best_metric(TrainOptions::BestMetric metric, const model::BertConfig& config) {
   using Metric = TrainOptions::BestMetric;
+  const model::Head head = config.head;
   const std::string flag = "--keep-best " + kBestMetricNames.name(metric);
+  const bool correlation = metric == Metric::kPearson || metric == Metric::kSpearman;
+  if (config.regression() && !correlation && metric != Metric::kLoss)
+    throw UserError(flag + ": a regression is ranked by its Pearson or Spearman correlation or its loss");
+  if (correlation && !config.regression())
+    throw UserError(flag + ": for a regression (a " + model::head_architecture(head) + " with one score)");
   if (head == model::Head::kPretraining && metric != Metric::kAccuracy && metric != Metric::kLoss)
     throw UserError(flag + ": a pretraining run is ranked by its MLM accuracy or its loss");
   if (head == model::Head::kQuestionAnswering && metric == Metric::kMcc)
@@ -101,9 +124,11 @@ double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& res
   const eval::TaskMetrics& m = result.last_task_eval;
   if (metric == Metric::kLoss) return m.loss();
   if (metric == Metric::kQuestionF1) return result.last_answers ? result.last_answers->f1() : 0.0;
-  return eval::task_score(m, metric == Metric::kMacroF1 ? eval::TaskScore::kMacroF1
-                             : metric == Metric::kMcc   ? eval::TaskScore::kMcc
-                                                        : eval::TaskScore::kAccuracy);
+  return eval::task_score(m, metric == Metric::kMacroF1    ? eval::TaskScore::kMacroF1
+                             : metric == Metric::kMcc      ? eval::TaskScore::kMcc
+                             : metric == Metric::kPearson  ? eval::TaskScore::kPearson
+                             : metric == Metric::kSpearman ? eval::TaskScore::kSpearman
+                                                           : eval::TaskScore::kAccuracy);
 }
 
 bool beats(TrainOptions::BestMetric metric, double value, double best) {
@@ -139,10 +164,15 @@ void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int
       result.last_task_eval = eval::evaluate_task(model, eval_loader, o.eval_batches, eval_graph, o.cuda_graphs);
     }
     const auto& m = result.last_task_eval;
-    spdlog::info("eval step {}: {} {:.4f} (majority {} {:.4f}), {} {:.4f}{}, loss {:.4f} over {} {}", step,
-                 m.accuracy_name(), m.accuracy(), m.spans ? "span" : "label", m.majority_accuracy(), m.f1_name(),
-                 m.macro_f1(), m.spans ? "" : fmt::format(", MCC {:.4f}", m.mcc()), m.loss(), m.examples,
-                 config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
+    if (m.regression)
+      spdlog::info(
+          "eval step {}: Pearson {:.4f}, Spearman {:.4f}, MSE {:.4f} (the mean score: {:.4f}) over {} sequences", step,
+          m.pearson(), m.spearman(), m.loss(), m.baseline_mse(), m.examples);
+    else
+      spdlog::info("eval step {}: {} {:.4f} (majority {} {:.4f}), {} {:.4f}{}, loss {:.4f} over {} {}", step,
+                   m.accuracy_name(), m.accuracy(), m.spans ? "span" : "label", m.majority_accuracy(), m.f1_name(),
+                   m.macro_f1(), m.spans ? "" : fmt::format(", MCC {:.4f}", m.mcc()), m.loss(), m.examples,
+                   config.head == model::Head::kTokenClassification ? "tokens" : "sequences");
     line["eval"] = m.to_json(config.labels);
     if (o.eval_questions) {
       const eval::AnswerScores& a = *result.last_answers;

@@ -23,6 +23,11 @@ namespace bert::train {
 // h:mm:ss.
 std::string format_duration(double seconds);
 
+// The (predicted, target) scores of every rank, in rank order (each rank passes its own): a regression's
+// correlations need every pair, not sums.
+std::vector<std::pair<float, float>> gather_scores(Communicator& ranks,
+                                                   const std::vector<std::pair<float, float>>& own);
+
 // The metrics of the steps since the last progress line: MLM/NSP for pretraining, the task's accuracy
 // for fine-tuning; their progress line and metrics.jsonl fields.
 class ProgressWindow {
@@ -44,7 +49,7 @@ class ProgressWindow {
   std::string describe() const {
     return pretraining_ ? fmt::format("loss {:.4f}  MLM acc {:.4f}  NSP acc {:.4f}", loss(),
                                       pretraining_metrics_.mlm_accuracy(), pretraining_metrics_.nsp_accuracy())
-                        : fmt::format("loss {:.4f}  {} {:.4f}", loss(), task_.spans ? "EM" : "acc", task_.accuracy());
+                        : fmt::format("loss {:.4f}  {}", loss(), task_.headline());
   }
   void record(Json& line) const {
     line["loss"] = loss();
@@ -54,8 +59,12 @@ class ProgressWindow {
       line["nsp_loss"] = pretraining_metrics_.nsp_loss();
       line["nsp_accuracy"] = pretraining_metrics_.nsp_accuracy();
     } else {
-      line["accuracy"] = task_.accuracy();  // question answering: the exact-match rate
-      if (task_.spans) line["token_f1"] = task_.macro_f1();
+      if (task_.regression) {
+        line["pearson"] = task_.pearson();
+      } else {
+        line["accuracy"] = task_.accuracy();  // question answering: the exact-match rate
+        if (task_.spans) line["token_f1"] = task_.macro_f1();
+      }
     }
   }
   // An optimizer step that was applied (skipped steps count only their time).
@@ -81,6 +90,7 @@ class ProgressWindow {
     for (size_t i = 0; i < task_.confusion.size(); ++i) task_.confusion[i] = int64_t(v[8 + i]);
     task_.exact = int64_t(v[spans]), task_.start_correct = int64_t(v[spans + 1]);
     task_.end_correct = int64_t(v[spans + 2]), task_.span_f1_sum = v[spans + 3];
+    if (task_.regression) task_.scored = gather_scores(ranks, task_.scored);
   }
   int64_t steps() const { return steps_; }
   double mean_grad_norm() const { return steps_ ? grad_norm_sum_ / steps_ : 0.0; }
@@ -129,7 +139,7 @@ void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int
 
 // --keep-best: UserError naming the flag where `metric` does not apply to `head` (a pretraining model has
 // accuracy and loss; question answering no Matthews correlation; question-f1 is question answering's).
-void check_best_metric(TrainOptions::BestMetric metric, model::Head head);
+void check_best_metric(TrainOptions::BestMetric metric, const model::BertConfig& config);
 // The metric's value in the held-out evaluation `result` last made, and whether `value` beats `best`
 // (higher is better, the loss lower).
 double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& result, model::Head head);

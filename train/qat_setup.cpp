@@ -76,7 +76,9 @@ std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::Be
   if (config.head != student.head)
     throw UserError(named + "has another head (" + model::head_architecture(config.head) + ", the student " +
                     model::head_architecture(student.head) + "); distil from a model fine-tuned for this task");
-  if (config.labels != student.labels && config.head != model::Head::kQuestionAnswering)  // (start, end: any names)
+  // (Question answering's start and end, and a regression's one score: whatever their names.)
+  if (config.labels != student.labels && config.head != model::Head::kQuestionAnswering &&
+      !(config.regression() && student.regression()))
     throw UserError(named + "has other labels (" + std::to_string(config.num_labels()) + ": " +
                     label_list(config.labels) + "; the student " + std::to_string(student.num_labels()) + ": " +
                     label_list(student.labels) + ")");
@@ -98,9 +100,10 @@ std::unique_ptr<model::Bert> make_teacher(const TrainOptions& o, const model::Be
                     ": distil from a model fine-tuned for this task");
   quant::disable_all(*teacher);
   teacher->parameters().upload_values();
-  spdlog::info("distilling from '{}' (L{}/H{}, {:.2f}M parameters; weight {:g}, temperature {:g})", path,
-               config.num_hidden_layers, config.hidden_size, teacher->parameters().num_elements() / 1e6,
-               o.distill_weight, o.distill_temperature);
+  spdlog::info("distilling from '{}' (L{}/H{}, {:.2f}M parameters; weight {:g}, {})", path, config.num_hidden_layers,
+               config.hidden_size, teacher->parameters().num_elements() / 1e6, o.distill_weight,
+               config.regression() ? std::string("the mean squared error to its scores")
+                                   : fmt::format("temperature {:g}", o.distill_temperature));
   return teacher;
 }
 
@@ -120,6 +123,8 @@ Objective objective_of(Graph<float>& g, const model::ModelOutputs& out, model::B
   Var kd = teacher->config().head == model::Head::kPretraining
                ? ops::add(g, weighted(ops::distillation_loss(g, out.mlm_logits, taught.mlm_logits, t)),
                           ops::distillation_loss(g, out.nsp_logits, taught.nsp_logits, t))
+           : teacher->config().regression()  // a score has no distribution: the student matches the teacher's
+               ? weighted(ops::mean_squared_error(g, out.logits, taught.logits))
                : weighted(ops::distillation_loss(g, out.logits, taught.logits, t));
   return {ops::add(g, ops::scale(g, loss, 1.0 - w), ops::scale(g, kd, w)), loss};
 }

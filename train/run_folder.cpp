@@ -65,6 +65,7 @@ namespace {
 model::Head head_of(data::ShardKind kind) {
   switch (kind) {
     case data::ShardKind::kSequenceLabels:
+    case data::ShardKind::kSequenceScores:
       return model::Head::kSequenceClassification;
     case data::ShardKind::kTokenLabels:
       return model::Head::kTokenClassification;
@@ -76,9 +77,18 @@ model::Head head_of(data::ShardKind kind) {
 }
 
 // Gives `config` the head and labels of the training data. A model that already has that head must
-// have the same labels (in the same order); a model with another head gets the new one.
-void adopt_task(model::BertConfig& config, model::Head head, const std::vector<std::string>& labels,
+// have the same labels (in the same order), or be a regression where the data has scores (`scores`); a
+// model with another head gets the new one.
+void adopt_task(model::BertConfig& config, model::Head head, const std::vector<std::string>& labels, bool scores,
                 const std::string& source) {
+  if (config.head == head && (scores || config.regression())) {
+    if (scores && config.regression()) return;  // one score, whatever its name (Hugging Face's LABEL_0)
+    throw UserError(source + (scores ? " classifies into [" + label_list(config.labels) + "]" : " is a regression") +
+                    ", the training shards " +
+                    (scores ? "hold scores (seq-reg)" : "classify into [" + label_list(labels) + "]") +
+                    ": a head mismatch (fine-tune from the encoder of a pretraining " +
+                    "model, or make the shards for the model's task)");
+  }
   if (config.head == head) {
     // (A question-answering head's two outputs are start and end whatever their names: LABEL_0, LABEL_1.)
     if (head == model::Head::kQuestionAnswering) config.labels = labels;
@@ -123,7 +133,7 @@ model::BertConfig resolve_config(const TrainOptions& o, const RunFiles& files, c
     throw UserError("--task " + model::head_task_name(*o.task) + ": the training shards are " +
                     data::shard_kind_name(loader.kind()) + " shards ('" +
                     data::expand_shard_paths(o.train_shards).front() + "')");
-  adopt_task(config, head, loader.label_names(),
+  adopt_task(config, head, loader.label_names(), loader.kind() == data::ShardKind::kSequenceScores,
              o.resume              ? "the checkpoint"
              : o.init_from.empty() ? "the model"
                                    : "--init-from '" + o.init_from + "'");

@@ -222,7 +222,7 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
         Rng(Rng::State{Rng(dropout_rng_.state().seed).bits(0x5EED + ranks().rank()), dropout_rng_.state().counter});
   active_ = configure_scales(o, model_, *optimizer_, state_);
   if (o.keep_best) {
-    check_best_metric(*o.keep_best, config_.head);
+    check_best_metric(*o.keep_best, config_);
     std::error_code exists;
     if (lead_ && o.resume && fs::is_regular_file(files_.best_record, exists)) {
       const Json record = Json::parse(read_text_file(files_.best_record, "best-model record"));

@@ -863,12 +863,103 @@ TEST_F(FixtureData, HuggingFaceDatasetsJsonLinesReadAsTheyAre) {
   };
   TaskDataOptions sentence;
   sentence.fields.text = "sentence";
-  fails("{\"sentence\": \"a\", \"label\": 0.5}\n", sentence, "a fractional number is a regression target");
+  fails("{\"sentence\": \"a\", \"label\": 0.5}\n", sentence, "a fractional number is a score: --task seq-reg");
   sentence.labels = {"0", "1"};
   fails("{\"text\": \"a\", \"label\": 0}\n", sentence, "bad.jsonl:1: expected a string field \"sentence\"");
   fails("{\"sentence\": \"a\", \"label\": -1}\n", sentence,
         "unlabelled examples of a Hugging Face dataset's test split");
   fails("{\"tokens\": [\"a\"], \"ner_tags\": [[1]]}\n", conll, "\"ner_tags\" must hold labels");
+}
+
+// Sequence regression (STS-B, a cross-encoder's relevance): each line's score, a number, kept as float32; the
+// texts as a classification's; the shard round-trips and batches its scores; what is not a finite number is
+// refused naming the line, and a shard's non-finite score naming the file.
+TEST_F(FixtureData, SequenceScoresMakeARegressionShard) {
+  testing::TempDir dir;
+  const std::string stsb = write_lines(
+      dir, "stsb.jsonl",
+      R"({"sentence1": "In the beginning God created the heaven", "sentence2": "and the earth", "label": 3.8, "idx": 0})"
+      "\n"
+      R"({"sentence1": "Blessed are the meek", "sentence2": null, "label": 0, "idx": 1})"
+      "\n"
+      R"({"sentence1": "Jesus wept", "sentence2": "and the earth", "label": -1.25e1, "idx": 2})"
+      "\n");
+  const std::string classes = write_lines(
+      dir, "classes.jsonl",
+      R"({"sentence1": "In the beginning God created the heaven", "sentence2": "and the earth", "label": "a"})"
+      "\n"
+      R"({"sentence1": "Blessed are the meek", "sentence2": null, "label": "b"})"
+      "\n"
+      R"({"sentence1": "Jesus wept", "sentence2": "and the earth", "label": "a"})"
+      "\n");
+  TaskDataOptions o;
+  o.kind = ShardKind::kSequenceScores;
+  o.fields.text = "sentence1", o.fields.text_b = "sentence2";
+  TaskDataReport report;
+  const Shard s = make_task_shard(stsb, *tokenizer_, o, &report);
+  EXPECT_EQ(report.examples, 3);
+  EXPECT_EQ(s.kind, ShardKind::kSequenceScores);
+  EXPECT_EQ(s.scores, (std::vector<float>{3.8f, 0.0f, -12.5f}));
+  EXPECT_TRUE(s.labels.empty());
+  EXPECT_EQ(s.label_names, (std::vector<std::string>{"score"}));
+  TaskDataOptions c = o;
+  c.kind = ShardKind::kSequenceLabels;
+  const Shard same_texts = make_task_shard(classes, *tokenizer_, c);
+  EXPECT_EQ(s.input_ids, same_texts.input_ids) << "the texts make the sequences of a classification";
+  EXPECT_EQ(s.segment_ids, same_texts.segment_ids);
+
+  write_shard(dir.file("stsb.hdf5"), s);
+  const Shard back = read_shard(dir.file("stsb.hdf5"));
+  EXPECT_EQ(back.kind, ShardKind::kSequenceScores);
+  EXPECT_EQ(back.scores, s.scores);
+  EXPECT_TRUE(back.labels.empty());
+  EXPECT_EQ(back.label_names, s.label_names);
+  EXPECT_EQ(back.input_ids, s.input_ids);
+  LoaderOptions lo;
+  lo.shards = {dir.file("stsb.hdf5")};
+  lo.batch_size = 2;
+  lo.shuffle = lo.repeat = false;
+  ShardLoader loader(lo);
+  Batch batch;
+  ASSERT_TRUE(loader.next(batch));
+  EXPECT_EQ(batch.scores, (std::vector<float>{3.8f, 0.0f}));
+  EXPECT_TRUE(batch.labels.empty());
+  ASSERT_TRUE(loader.next(batch));
+  EXPECT_EQ(batch.scores, (std::vector<float>{-12.5f})) << "the short last batch keeps its real row only";
+  EXPECT_EQ(batch.view().scores.size(), 1u);
+
+  // A run's shards agree: a classification shard after a regression one is refused.
+  write_shard(dir.file("classes.hdf5"), same_texts);
+  LoaderOptions mixed = lo;
+  mixed.shards = {dir.file("stsb.hdf5"), dir.file("classes.hdf5")};
+  mixed.batch_size = 3;
+  testing::expect_user_error(
+      [&] {
+        ShardLoader l(mixed);
+        Batch b;
+        while (l.next(b)) {
+        }
+      },
+      "is a seq-cls shard with 2 labels; the first shard is a seq-reg shard");
+
+  auto fails = [&](const std::string& lines, const std::string& fragment) {
+    const std::string path = write_lines(dir, "bad.jsonl", lines);
+    testing::expect_user_error([&] { make_task_shard(path, *tokenizer_, o); }, fragment);
+  };
+  fails("{\"sentence1\": \"a\", \"label\": \"3.8\"}\n",
+        "bad.jsonl:1: expected a score field \"label\" (a finite number)");
+  fails("{\"sentence1\": \"a\", \"label\": true}\n", "bad.jsonl:1: expected a score field");
+  fails("{\"sentence1\": \"a\", \"label\": 1e39}\n", "bad.jsonl:1: expected a score field");
+  fails("{\"sentence1\": \"a\", \"score\": 1}\n", "(--label-field names the field to read)");
+  fails("", "holds no examples");
+  // A shard whose score is not finite.
+  Shard nan(8, 0);
+  nan.kind = ShardKind::kSequenceScores;
+  nan.label_names = {"score"};
+  nan.append_scored(std::vector<int32_t>{2, 7, 3}, std::vector<int8_t>(3, 0), 1.0f);
+  nan.scores[0] = std::nanf("");
+  write_shard(dir.file("nan.hdf5"), nan);
+  testing::expect_user_error([&] { read_shard(dir.file("nan.hdf5")); }, "labels[0] holds nan, expected a finite score");
 }
 
 // ---------------------------------------------------------------- question answering

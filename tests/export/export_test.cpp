@@ -59,7 +59,7 @@ std::pair<std::vector<float>, std::vector<float>> engine(model::Bert& m, const I
   std::vector<int32_t> positions, targets;
   for (int64_t i = 0; i < in.b; ++i)
     for (int64_t j = 1; j < in.t; ++j) positions.push_back(static_cast<int32_t>(j)), targets.push_back(0);
-  BatchView batch{in.b, in.t, in.t - 1, in.ids, in.mask, in.types, positions, targets, {}, {}};
+  BatchView batch{in.b, in.t, in.t - 1, in.ids, in.mask, in.types, positions, targets, {}, {}, {}};
   Graph<float> g;
   NoGradGuard<float> no_grad(g);
   Rng unused(0);
@@ -193,7 +193,7 @@ void quantize_all(model::Bert& m, const Inputs& in) {
   if (m.config().head == model::Head::kPretraining) {
     engine(m, in);
   } else {
-    BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
+    BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}, {}};
     Graph<float> g;
     Rng unused(0);
     m.forward(g, batch, false, unused);
@@ -392,7 +392,7 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
         EXPECT_EQ(proto.graph().output(1).name(), "end_logits");
       }
       write_onnx(proto, dir.file("task.onnx"));
-      BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}};
+      BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}, {}};
       Graph<float> g;
       NoGradGuard<float> no_grad(g);
       Rng unused(0);
@@ -498,6 +498,77 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
     ExportOptions masked;
     masked.masked_positions = true;
     testing::expect_user_error([&] { export_bert(m, masked); }, "has no masked-LM head");
+  }
+}
+
+// A regression (one output): its export's "logits" [B, 1] are our engine's scores, FP32 and Q/DQ, and bert-eval
+// --onnx scores a seq-reg shard through ONNX Runtime as our engine does (Pearson, Spearman, MSE).
+TEST(OnnxExport, ARegressionExportsItsScoresAndScoresLikeOurEngine) {
+  model::BertConfig c = small_config();
+  c.head = model::Head::kSequenceClassification;
+  c.labels = {"LABEL_0"};
+  ASSERT_TRUE(c.regression());
+  model::Bert m(c);
+  m.initialize(19);
+  const Inputs in = make_inputs(6, 11, 60, 8);
+  testing::TempDir dir;
+  data::Shard shard(in.t, 0);
+  shard.kind = data::ShardKind::kSequenceScores;
+  shard.label_names = {"score"};
+  Rng rng(5);
+  for (int64_t i = 0; i < in.b; ++i) {
+    int64_t n = 0;
+    while (n < in.t && in.mask[i * in.t + n]) ++n;
+    shard.append_scored(std::span(in.ids).subspan(i * in.t, n), std::span(in.types).subspan(i * in.t, n),
+                        static_cast<float>(rng.next_uniform()));
+  }
+  data::write_shard(dir.file("scores.hdf5"), shard);
+  data::LoaderOptions lo;
+  lo.shards = {dir.file("scores.hdf5")};
+  lo.batch_size = 4;  // a full batch and a short one
+  lo.shuffle = lo.repeat = false;
+  for (bool qdq : {false, true}) {
+    SCOPED_TRACE(qdq ? "Q/DQ" : "FP32");
+    if (qdq) {
+      quantize_all(m, in);
+      keep_weights_exact_for_onnx_runtime(m);
+    }
+    ExportOptions options;
+    options.qdq = qdq;
+    const onnx::ModelProto proto = export_bert(m, options);
+    check_onnx(proto);
+    EXPECT_TRUE(check_qdq_rules(proto).empty()) << describe(check_qdq_rules(proto));
+    ASSERT_EQ(proto.graph().output_size(), 1);
+    EXPECT_EQ(proto.graph().output(0).name(), "logits");
+    write_onnx(proto, dir.file("scores.onnx"));
+    BatchView batch{in.b, in.t, 0, in.ids, in.mask, in.types, {}, {}, {}, {}, {}};
+    Graph<float> g;
+    NoGradGuard<float> no_grad(g);
+    Rng unused(0);
+    const model::ModelOutputs out = m.forward(g, batch, false, unused);
+    ASSERT_EQ(g.shape(out.logits), (Shape{in.b, 1}));
+    const std::vector<float> ours = g.to_host(out.logits);
+    const Json ort = run_ort(dir.file("scores.onnx"), in, dir, "", qdq ? "disabled" : "all");
+    ASSERT_FALSE(ort.is_null());
+    std::vector<float> theirs;
+    for (const Json& v : ort.find("logits")->find("data")->as_array())
+      theirs.push_back(static_cast<float>(v.as_number()));
+    EXPECT_LT(relative_error(theirs, ours), qdq ? 2e-3 : 1e-4);
+
+    data::ShardLoader engine_loader(lo), ort_loader(lo);
+    const eval::TaskMetrics engine = eval::evaluate_task(m, engine_loader, 0, g);
+    const eval::TaskMetrics exported =
+        eval::evaluate_onnx_task(dir.file("scores.onnx"), ort_loader, c, 0,
+                                 std::string(BERT_SOURCE_DIR) + "/scripts/ort_run.js", dir.path().string());
+    ASSERT_TRUE(exported.regression);
+    EXPECT_EQ(exported.examples, in.b);
+    ASSERT_EQ(exported.scored.size(), engine.scored.size());
+    for (size_t i = 0; i < engine.scored.size(); ++i) {
+      EXPECT_NEAR(exported.scored[i].first, engine.scored[i].first, qdq ? 2e-3 : 1e-5) << i;
+      EXPECT_EQ(exported.scored[i].second, engine.scored[i].second) << "the shard's score";
+    }
+    EXPECT_NEAR(exported.pearson(), engine.pearson(), qdq ? 1e-2 : 1e-5);
+    EXPECT_NEAR(exported.loss(), engine.loss(), qdq ? 1e-2 : 1e-5);
   }
 }
 

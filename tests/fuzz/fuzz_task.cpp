@@ -1,6 +1,7 @@
 // Fine-tuning data: JSON lines made into task shards of each kind (data/task_data.h), questions windowed
 // with the fixture vocabulary; every span labelled lies in its window's context, every window's words are
-// the context's.
+// the context's; every score of a regression is finite, one per sequence.
+#include <cmath>
 #include <memory>
 
 #include "core/batch.h"
@@ -13,8 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::unique_ptr<tokenizer::Tokenizer> vocab =
       tokenizer::load_wordpiece(std::string(BERT_FUZZ_FIXTURES_DIR) + "/hf/tiny/vocab.txt");
   fuzz::InputFile file(data, size, ".jsonl");
-  for (const data::ShardKind kind :
-       {data::ShardKind::kSequenceLabels, data::ShardKind::kTokenLabels, data::ShardKind::kSpanLabels}) {
+  for (const data::ShardKind kind : {data::ShardKind::kSequenceLabels, data::ShardKind::kTokenLabels,
+                                     data::ShardKind::kSpanLabels, data::ShardKind::kSequenceScores}) {
     fuzz::expect_clean([&] {
       data::TaskDataOptions o;
       o.kind = kind;
@@ -23,6 +24,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       o.max_query_len = 8;
       data::QuestionWindows windows;
       const data::Shard s = data::make_task_shard(file.path(), *vocab, o, nullptr, &windows);
+      if (kind == data::ShardKind::kSequenceScores) {
+        if (s.scores.size() != static_cast<size_t>(s.size) || !s.labels.empty()) __builtin_trap();
+        for (const float score : s.scores)
+          if (!std::isfinite(score)) __builtin_trap();
+        return;
+      }
       if (kind != data::ShardKind::kSpanLabels) {
         // Every label one of the set's (tokens: or ignored); again with a set of names, which integer labels
         // (class ids) index.

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/bert_heads_golden.h5: golden values for the task heads, from an independent plain
 PyTorch implementation in float64 (tests/golden/bert_reference.py: torch.nn.functional only, no Hugging Face) of
-BertForSequenceClassification (pooler on [CLS], classifier), BertForTokenClassification (classifier on
+BertForSequenceClassification (pooler on [CLS], classifier; with one label a regression, problem_type
+"regression": the mean squared error of its one output against float scores), BertForTokenClassification (classifier on
 every token, cross-entropy over the tokens whose label is not -100) and BertForQuestionAnswering (qa_outputs on
 every token, its two columns the start and end logits, the mean of their cross-entropies over the positions),
 as transformers defines them.
 
 Run once (needs python3-torch, python3-h5py, python3-numpy from Debian):
     /usr/bin/python3 tests/golden/make_heads_golden.py
-One group per head (seq_cls/, token_cls/, qa/), each with config, params, grads, inputs and expected outputs
-(qa: labels (B, 2), the answer's start and end; logits (B, T, 2), as qa_outputs gives them).
+One group per head (seq_cls/, token_cls/, qa/, seq_reg/), each with config, params, grads, inputs and expected
+outputs (qa: labels (B, 2), the answer's start and end; logits (B, T, 2), as qa_outputs gives them; seq_reg: labels
+float32 (B), the scores; logits (B, 1)).
 """
 import json
 import os
@@ -36,13 +38,22 @@ token_type_ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 1, 0, 0
 out_path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "bert_heads_golden.h5")
 with h5py.File(out_path, "w") as f:
     f.attrs["made_by"] = "tests/golden/make_heads_golden.py, torch " + torch.__version__ + ", float64"
-    for head, num_labels, seed in ((SEQUENCE_CLASSIFICATION, 3, 4321), (TOKEN_CLASSIFICATION, 5, 8765),
-                                   (QUESTION_ANSWERING, 2, 2468)):
+    for group, head, num_labels, seed in (("seq_cls", SEQUENCE_CLASSIFICATION, 3, 4321),
+                                          ("token_cls", TOKEN_CLASSIFICATION, 5, 8765),
+                                          ("qa", QUESTION_ANSWERING, 2, 2468),
+                                          ("seq_reg", SEQUENCE_CLASSIFICATION, 1, 1357)):
         torch.manual_seed(seed)
         w = make_params(base, head, num_labels)
         model = Bert(base, w)
         x = model.encode(input_ids, attention_mask, token_type_ids)
-        if head == SEQUENCE_CLASSIFICATION:
+        extra = {}
+        if head == SEQUENCE_CLASSIFICATION and num_labels == 1:  # transformers' MSELoss(logits.squeeze(), labels)
+            labels = torch.tensor([3.8, 0.5, -1.25])
+            logits = model.lin(model.pooled(x), "classifier")  # (B, 1)
+            loss = F.mse_loss(logits.squeeze(-1), labels)
+            architecture = "BertForSequenceClassification"
+            extra = dict(problem_type="regression")
+        elif head == SEQUENCE_CLASSIFICATION:
             labels = torch.tensor([2, 0, 1])
             logits = model.lin(model.pooled(x), "classifier")  # (B, labels)
             loss = F.cross_entropy(logits, labels)
@@ -63,16 +74,16 @@ with h5py.File(out_path, "w") as f:
         loss.backward()
         config = dict(base, architectures=[architecture],
                       id2label={str(i): f"L{i}" for i in range(num_labels)},
-                      label2id={f"L{i}": i for i in range(num_labels)})
-        g = f.create_group(head)
+                      label2id={f"L{i}": i for i in range(num_labels)}, **extra)
+        g = f.create_group(group)
         g.attrs["config"] = json.dumps(config)
         for name, t in w.items():
             g[f"params/{name}"] = t.detach().numpy()
             g[f"grads/{name}"] = t.grad.numpy()
         for name, t in dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                             labels=labels).items():
-            g[f"inputs/{name}"] = t.numpy().astype(np.int32)
+            g[f"inputs/{name}"] = t.numpy().astype(np.float32 if t.is_floating_point() else np.int32)
         g["expected/logits"] = logits.detach().numpy()
         g["expected/loss"] = loss.item()
-        print(f"{head}: loss {loss.item():.6f}, {len(w)} parameters")
+        print(f"{group}: loss {loss.item():.6f}, {len(w)} parameters")
 print(f"wrote {os.path.normpath(out_path)}")

@@ -143,7 +143,7 @@ void check_golden(const Device& device, double tolerance = kGoldenTolerance, dou
   for (int32_t v : read_all<int32_t>(f, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
   for (int32_t v : read_all<int32_t>(f, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
   for (int32_t v : read_all<int32_t>(f, "inputs/next_sentence_labels")) labels.push_back(static_cast<int8_t>(v));
-  BatchView batch{2, 8, 3, ids, mask, types, positions, masked, labels, {}};
+  BatchView batch{2, 8, 3, ids, mask, types, positions, masked, labels, {}, {}};
   std::vector<int32_t> rows;  // the masked positions' rows of the flattened batch (a 0 ends a row's list)
   for (int b = 0; b < 2; ++b)
     for (int j = 0; j < 3 && positions[b * 3 + j] != 0; ++j) rows.push_back(b * 8 + positions[b * 3 + j]);
@@ -233,19 +233,21 @@ TEST(BertGolden, OnTheGpuInBf16WithinItsTolerance) {
 }
 
 // The task heads (tests/fixtures/bert_heads_golden.h5, tests/golden/make_heads_golden.py): logits,
-// loss and every gradient of BertForSequenceClassification, BertForTokenClassification and
-// BertForQuestionAnswering.
+// loss and every gradient of BertForSequenceClassification, BertForTokenClassification,
+// BertForQuestionAnswering and a one-output BertForSequenceClassification, a regression (scores, MSE).
 void check_heads_golden(const Device& device, double tolerance = kGoldenTolerance) {
   const std::string path = testing::fixtures_dir() + "/bert_heads_golden.h5";
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0) << "missing fixture " << path;
-  for (const std::string head : {"seq_cls", "token_cls", "qa"}) {
+  for (const std::string head : {"seq_cls", "token_cls", "qa", "seq_reg"}) {
     SCOPED_TRACE(head);
     hid_t group = H5Gopen2(f, head.c_str(), H5P_DEFAULT);
     Bert model(BertConfig::from_json(Json::parse(read_string_attribute(group, "config"))));
-    ASSERT_EQ(model.config().head, head == "seq_cls"     ? Head::kSequenceClassification
-                                   : head == "token_cls" ? Head::kTokenClassification
-                                                         : Head::kQuestionAnswering);
+    ASSERT_EQ(model.config().head, head == "token_cls" ? Head::kTokenClassification
+                                   : head == "qa"      ? Head::kQuestionAnswering
+                                                       : Head::kSequenceClassification);
+    const bool regression = head == "seq_reg";
+    ASSERT_EQ(model.config().regression(), regression);
     ParameterArena<float>& params = model.parameters();
     int model_parameters = 0;
     for (ParamId id = 0; id < params.size(); ++id) {
@@ -261,13 +263,17 @@ void check_heads_golden(const Device& device, double tolerance = kGoldenToleranc
     H5Gclose(pg);
     EXPECT_EQ(static_cast<int>(count), model_parameters) << "the model has exactly the reference's parameters";
 
-    std::vector<int32_t> ids = read_all<int32_t>(group, "inputs/input_ids"),
-                         labels = read_all<int32_t>(group, "inputs/labels");
+    std::vector<int32_t> ids = read_all<int32_t>(group, "inputs/input_ids"), labels;
+    std::vector<float> scores;
+    if (regression)
+      scores = read_all<float>(group, "inputs/labels");
+    else
+      labels = read_all<int32_t>(group, "inputs/labels");
     std::vector<int8_t> mask, types;
     for (int32_t v : read_all<int32_t>(group, "inputs/attention_mask")) mask.push_back(static_cast<int8_t>(v));
     for (int32_t v : read_all<int32_t>(group, "inputs/token_type_ids")) types.push_back(static_cast<int8_t>(v));
     const int64_t b = 3, t = 8, n = model.config().num_labels(), layers = model.config().num_hidden_layers;
-    BatchView batch{b, t, 0, ids, mask, types, {}, {}, {}, labels};
+    BatchView batch{b, t, 0, ids, mask, types, {}, {}, {}, labels, scores};
     model.place_on(device);
     Graph<float> g(device);
     Rng rng(1);
@@ -276,7 +282,7 @@ void check_heads_golden(const Device& device, double tolerance = kGoldenToleranc
     const std::vector<double> all_logits = read_all<double>(group, "expected/logits");
     std::vector<double> expected_logits;
     std::vector<int32_t> expected_rows;
-    if (head == "seq_cls") {
+    if (head == "seq_cls" || regression) {
       expected_logits = all_logits;
       expected_rows = {0, 8, 16};
     } else if (head == "qa") {  // the reference's (B, T, 2) as ours: (2 B, T), each sequence's start row, end row
@@ -359,7 +365,7 @@ TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
   model.initialize(3);
   std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0}, positions{1, 5}, masked{7, 10};
   std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0}, types{0, 0, 0, 0, 1, 1, 1, 0}, labels{1};
-  BatchView batch{1, 8, 2, ids, mask, types, positions, masked, labels, {}};
+  BatchView batch{1, 8, 2, ids, mask, types, positions, masked, labels, {}, {}};
   Graph<float> g;
   Rng rng(1);
   std::vector<float> eval_logits;
@@ -442,7 +448,7 @@ struct StepBatch {
       masked{7, 10, 12, 0};
   std::vector<int8_t> mask{1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1},
       types{0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1}, labels{1, 0};
-  BatchView view() const { return BatchView{2, 8, 2, ids, mask, types, positions, masked, labels, {}}; }
+  BatchView view() const { return BatchView{2, 8, 2, ids, mask, types, positions, masked, labels, {}, {}}; }
 };
 
 // One training step (dropout on) of `model` on `device` over StepBatch: the loss, every gradient and the
@@ -660,7 +666,7 @@ std::vector<float> eval_logits(Bert& model, bool record_gradients, const Device&
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 5 + static_cast<int32_t>((i * 37) % 55);
   std::vector<int32_t> masked(positions.size(), 8);
   std::vector<int8_t> mask(ids.size(), 1), types(ids.size(), 0), labels(4, 0);
-  BatchView batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}};
+  BatchView batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}, {}};
   Graph<float> g(device);
   std::unique_ptr<NoGradGuard<float>> no_grad = record_gradients ? nullptr : std::make_unique<NoGradGuard<float>>(g);
   Rng rng(3);
@@ -680,7 +686,7 @@ TEST(BertModel, LossAndPredictionsWithoutLogitsAreTheLogitsOnes) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 5 + static_cast<int32_t>((i * 37) % 55);
   const std::vector<int32_t> masked{8, 9, 10, 11, 12, 13, 14, 15};
   std::vector<int8_t> mask(ids.size(), 1), types(ids.size(), 0), labels(4, 0);
-  const BatchView batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}};
+  const BatchView batch{4, 16, 2, ids, mask, types, positions, masked, labels, {}, {}};
   for (int integer : {0, 1, 2}) {  // float, integer encoder, integer encoder and decoder
     SCOPED_TRACE("integer " + std::to_string(integer));
     if (integer > 0) model.prepare_integer_inference(/*integer_decoder=*/integer == 2);
@@ -975,7 +981,7 @@ TEST(BertModel, PerTensorWeightScalesActAsOneScaleInEveryChannel) {
     std::vector<int32_t> ids{2, 7, 8, 3, 9, 10, 3, 0, 2, 11, 12, 13, 3, 14, 15, 3}, positions{1, 5, 2, 0},
         masked{7, 10, 12, 0};
     std::vector<int8_t> mask(16, 1), types(16, 0), labels{1, 0};
-    BatchView batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}};
+    BatchView batch{2, 8, 2, ids, mask, types, positions, masked, labels, {}, {}};
     Graph<float> g;
     Rng rng(9);
     ModelOutputs out = m.forward(g, batch, /*training=*/false, rng);
@@ -1121,6 +1127,33 @@ TEST(BertConfig, JsonRoundTripPresetsAndValidation) {
             "model config field 'weight_quantization' 'per-row': expected per-channel (one scale per output channel) "
             "or per-tensor (one scale per weight)");
   EXPECT_EQ(error_of(R"({"weight_quantization": 1})"), "model config field 'weight_quantization' must be a string");
+
+  // A regression: a one-output BertForSequenceClassification, as a cross-encoder reranker's config.json has it
+  // (with or without problem_type); written back with problem_type "regression". Other problem types, and one
+  // label for any other head, are refused.
+  const std::string reranker =
+      R"({"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "hidden_size": 32,
+          "num_attention_heads": 2)";
+  for (const std::string problem : {"", R"(, "problem_type": "regression")", R"(, "problem_type": null)"}) {
+    const BertConfig r = BertConfig::from_json(Json::parse(reranker + problem + "}"));
+    EXPECT_TRUE(r.regression()) << problem;
+    EXPECT_EQ(r.to_json().find("problem_type")->as_string(), "regression");
+    EXPECT_TRUE(BertConfig::from_json(r.to_json()).regression());
+  }
+  BertConfig three = BertConfig::from_json(Json::parse(reranker + "}"));
+  three.labels = {"a", "b", "c"};
+  EXPECT_FALSE(three.regression());
+  EXPECT_EQ(three.to_json().find("problem_type"), nullptr);
+  EXPECT_EQ(error_of(reranker + R"(, "problem_type": "multi_label_classification"})"),
+            "model config: problem_type 'multi_label_classification' is not supported (single_label_classification, "
+            "or regression with one output)");
+  EXPECT_EQ(error_of(reranker + R"(, "problem_type": "single_label_classification"})"),
+            "model config: a single-label classification needs at least 2 labels (1 is a regression)");
+  EXPECT_EQ(error_of(R"({"architectures": ["BertForSequenceClassification"], "problem_type": "regression",
+                         "id2label": {"0": "a", "1": "b"}})"),
+            "model config: a regression with 2 outputs is not supported (one score per sequence)");
+  EXPECT_EQ(error_of(R"({"architectures": ["BertForTokenClassification"], "id2label": {"0": "O"}})"),
+            "invalid model config: BertForTokenClassification needs at least 2 labels");
 }
 
 }  // namespace

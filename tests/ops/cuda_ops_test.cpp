@@ -1358,6 +1358,14 @@ TEST_F(CudaOps, DistillationLossOnVocabularySizedRows) {
           kReduction, kReduction, {true, false});
 }
 
+// A regression's loss on the GPU (composed of add, scale, mul and mean there too): the CPU's value and
+// gradient, predictions (B, 1) against targets (B), a BF16 prediction met in F32.
+TEST_F(CudaOps, MeanSquaredErrorOfScores) {
+  compare({Shape{37, 1}, Shape{37}},
+          [](Graph<float>& g, const std::vector<Var>& in) { return ops::mean_squared_error(g, in[0], in[1]); },
+          kReduction, kReduction, {true, false});
+}
+
 TEST_F(CudaOps, SumAndMean) {
   compare(
       {Shape{1000, 37}}, [](Graph<float>& g, const std::vector<Var>& in) { return ops::sum(g, in[0]); }, kReduction,

@@ -1078,6 +1078,31 @@ TEST(DistillationLoss, IsTheTemperatureScaledKlAndMatchesFiniteDifferences) {
   EXPECT_THROW(ops::distillation_loss(g, g.constant(a.view()), g.leaf(a.view(), grad.view()), 1.0), InternalError);
 }
 
+// A regression's loss: mean_i (p_i - t_i)^2 by hand; the gradient 2 (p - t) / N against finite differences;
+// targets of another shape but as many values (B) against predictions (B, 1); targets that take gradients
+// or hold another count are errors.
+TEST(MeanSquaredError, MatchesTheSumByHandAndFiniteDifferences) {
+  std::vector<Tensor<double>> in;
+  in.push_back(random_tensor({5, 1}, 41, 3.0));  // predictions
+  in.push_back(random_tensor({5}, 42, 3.0));     // targets
+  double expected = 0;
+  for (int64_t i = 0; i < 5; ++i) expected += (in[0][i] - in[1][i]) * (in[0][i] - in[1][i]);
+  expected /= 5;
+  ASSERT_GT(expected, 0.1);
+  Graph<double> g;
+  Tensor<double> targets = in[1].clone();
+  EXPECT_NEAR(g.item(ops::mean_squared_error(g, g.constant(in[0].view()), g.constant(targets.view()))), expected,
+              kForwardTolerance);
+  auto build = [](Graph<double>& g, const Leaves& x) { return ops::mean_squared_error(g, x[0], x[1]); };
+  GradCheckOptions options;
+  options.differentiable = {true, false};
+  expect_gradients_match(in, build, options);
+  Tensor<double> a = random_tensor({2, 3}, 43), grad({2, 3}), three = random_tensor({3}, 44);
+  EXPECT_NEAR(g.item(ops::mean_squared_error(g, g.constant(a.view()), g.constant(a.view()))), 0.0, 1e-15);
+  EXPECT_THROW(ops::mean_squared_error(g, g.constant(a.view()), g.leaf(a.view(), grad.view())), InternalError);
+  EXPECT_THROW(ops::mean_squared_error(g, g.constant(a.view()), g.constant(three.view())), InternalError);
+}
+
 TEST(CrossEntropy, AllRowsIgnoredGivesZeroLoss) {
   const std::vector<int32_t> targets{-1, -1};
   std::vector<Tensor<double>> in;

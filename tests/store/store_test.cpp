@@ -55,7 +55,8 @@ struct Expected {
     nsp = read_tensor(path, "nsp_logits_" + tag);
   }
   BatchView batch_view() const {
-    return {batch, seq, predictions, input_ids, attention_mask, token_type_ids, masked_positions, masked_ids, {}, {}};
+    return {batch,      seq, predictions, input_ids, attention_mask, token_type_ids, masked_positions,
+            masked_ids, {},  {},          {}};
   }
 };
 
@@ -541,6 +542,25 @@ TEST(HfExport, TaskModelsRoundTripAndFineTuningStartsFromAPretrainingDirectory) 
     model::Bert back(read_config(dir.file("out")));
     EXPECT_EQ(back.config().labels, c.labels);
     EXPECT_TRUE(import_model(dir.file("out"), back).initialized.empty());
+    EXPECT_EQ(std::memcmp(back.parameters().values().data(), m.parameters().values().data(),
+                          m.parameters().values().numel() * sizeof(float)),
+              0);
+  }
+  // A regression (a cross-encoder reranker, STS-B): one output, id2label LABEL_0, problem_type "regression",
+  // as transformers writes it; it comes back a regression with the same weights.
+  {
+    model::BertConfig c = read_config(kFixtures + "/tiny");
+    c.head = model::Head::kSequenceClassification;
+    c.labels = {"LABEL_0"};
+    model::Bert m(c);
+    import_model(kFixtures + "/tiny", m, 5);
+    export_model(dir.file("reranker"), m, Json());
+    const Json config = Json::parse(read_text_file(dir.file("reranker/config.json"), "config"));
+    EXPECT_EQ(config.find("problem_type")->as_string(), "regression");
+    EXPECT_EQ(config.find("id2label")->as_object().size(), 1u);
+    model::Bert back(read_config(dir.file("reranker")));
+    EXPECT_TRUE(back.config().regression());
+    EXPECT_TRUE(import_model(dir.file("reranker"), back).initialized.empty());
     EXPECT_EQ(std::memcmp(back.parameters().values().data(), m.parameters().values().data(),
                           m.parameters().values().numel() * sizeof(float)),
               0);

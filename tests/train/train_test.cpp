@@ -1501,9 +1501,11 @@ namespace bert::train {
 namespace {
 
 // Task data from the same facts: "the capital of france is" -> paris (sequence classification, 12
-// answers), each word's role (token classification: COUNTRY, CITY, THING, COLOR, O), and questions
+// answers), each word's role (token classification: COUNTRY, CITY, THING, COLOR, O), questions
 // about one of three facts in a context (question answering: "capital of peru" -> lima, the context
-// cut into windows of 24 tokens, some without the answer).
+// cut into windows of 24 tokens, some without the answer), and how well a value answers a fact
+// (regression, STS-B's layout: "the capital of france is" / "paris" scores about 5, another city about 2,
+// a color about 0, each score moved by up to 0.3).
 class FactsTasks : public FactsCorpus {
  protected:
   static void SetUpTestSuite() {
@@ -1513,11 +1515,12 @@ class FactsTasks : public FactsCorpus {
         {"egypt", "cairo"},  {"peru", "lima"},  {"kenya", "nairobi"}, {"norway", "oslo"}};
     const std::vector<std::pair<std::string, std::string>> colors = {
         {"sky", "blue"}, {"grass", "green"}, {"snow", "white"}, {"coal", "black"}};
-    Rng rng(7);
+    Rng rng(7), offers(11);  // (the regression's draws apart: the other tasks' data stays as it was)
     for (const char* split : {"train", "dev"}) {
       std::ofstream seq(dir_->file(std::string("seq-") + split + ".jsonl"));
       std::ofstream tok(dir_->file(std::string("tok-") + split + ".jsonl"));
       std::ofstream qa(dir_->file(std::string("qa-") + split + ".jsonl"));
+      std::ofstream reg(dir_->file(std::string("reg-") + split + ".jsonl"));
       for (int i = 0; i < (split == std::string("train") ? 600 : 120); ++i) {
         std::string context, question, answer;
         size_t answer_start = 0;
@@ -1540,6 +1543,15 @@ class FactsTasks : public FactsCorpus {
             capital ? capitals[rng.next_below(capitals.size())] : colors[rng.next_below(colors.size())];
         const std::string text = (capital ? "The capital of " : "The color of the ") + subject + " is";
         seq << R"({"text": ")" << text << R"(", "label": ")" << answer << "\"}\n";
+        const bool offered_capital = offers.next_uniform() < 0.5;
+        const auto& offered = offers.next_uniform() < 0.4 ? answer
+                              : offered_capital           ? capitals[offers.next_below(capitals.size())].second
+                                                          : colors[offers.next_below(colors.size())].second;
+        const double score = (offered == answer            ? 5.0
+                              : offered_capital == capital ? 2.0
+                                                           : 0.0) +
+                             0.6 * (offers.next_uniform() - 0.5);
+        reg << R"({"sentence1": ")" << text << R"(", "sentence2": ")" << offered << R"(", "label": )" << score << "}\n";
         if (capital)
           tok << R"({"tokens": ["The", "capital", "of", ")" << subject << R"(", "is", ")" << answer
               << R"(", "."], "tags": ["O", "O", "O", "COUNTRY", "O", "CITY", "O"]})"
@@ -1551,17 +1563,20 @@ class FactsTasks : public FactsCorpus {
       }
     }
     const auto tokenizer = tokenizer::load_tokenizer(dir_->file("spm.model"));
-    for (const char* task : {"seq", "tok", "qa"}) {
+    for (const char* task : {"seq", "tok", "qa", "reg"}) {
       data::TaskDataOptions o;
       o.kind = task == std::string("seq")   ? data::ShardKind::kSequenceLabels
                : task == std::string("tok") ? data::ShardKind::kTokenLabels
+               : task == std::string("reg") ? data::ShardKind::kSequenceScores
                                             : data::ShardKind::kSpanLabels;
+      if (o.kind == data::ShardKind::kSequenceScores) o.fields.text = "sentence1", o.fields.text_b = "sentence2";
       o.max_seq_len = o.kind == data::ShardKind::kSpanLabels ? 24 : 16;
       o.doc_stride = 6;
       const data::Shard train_shard =
           data::make_task_shard(dir_->file(std::string(task) + "-train.jsonl"), *tokenizer, o);
       data::write_shard(dir_->file(std::string(task) + "-train.hdf5"), train_shard);
-      if (o.kind != data::ShardKind::kSpanLabels) o.labels = train_shard.label_names;
+      if (o.kind == data::ShardKind::kSequenceLabels || o.kind == data::ShardKind::kTokenLabels)
+        o.labels = train_shard.label_names;
       data::write_shard(dir_->file(std::string(task) + "-dev.hdf5"),
                         data::make_task_shard(dir_->file(std::string(task) + "-dev.jsonl"), *tokenizer, o));
     }
@@ -1595,10 +1610,28 @@ class FactsTasks : public FactsCorpus {
     o.train_shards = {dir_->file(task + "-train.hdf5")};
     o.eval_shards = {dir_->file(task + "-dev.hdf5")};
     o.init_from = dir_->file("pretrained");
-    o.steps = task == "seq" ? 200 : 60;  // an answer read through [CLS] takes longer than tagging
+    o.steps = task == "seq" || task == "reg" ? 200 : 60;  // an answer read through [CLS] takes longer than tagging
     o.learning_rate = 1e-2;
     o.config.hidden_dropout_prob = o.config.attention_probs_dropout_prob = 0.0;
     return o;
+  }
+
+  // 12 steps of `task` in one process with batch 16 (OUT/one) and on two ranks with 8 each (OUT/two): the same
+  // losses.
+  static void expect_two_ranks_like_one(const std::string& task, double learning_rate, const testing::TempDir& out) {
+    TrainOptions one = finetune(task, out.file("one"));
+    one.steps = 12;
+    one.batch_size = 16;
+    one.learning_rate = learning_rate;
+    one.eval_shards.clear();
+    const TrainResult single = train(one);
+    TrainOptions two = one;
+    two.output_dir = out.file("two");
+    two.batch_size = 8;
+    const std::vector<TrainResult> ranks = train_ranks(two, 2);
+    ASSERT_EQ(ranks[0].losses.size(), single.losses.size());
+    for (size_t i = 0; i < single.losses.size(); ++i)
+      EXPECT_NEAR(ranks[0].losses[i], single.losses[i], 1e-4 * single.losses[i]) << "step " << i + 1;
   }
 };
 
@@ -1641,6 +1674,52 @@ TEST(TaskMetrics, MatthewsCorrelationOfTwoLabels) {
   EXPECT_DOUBLE_EQ(of({1, 1}, {1, 1}), 0.0);              // one label only
   EXPECT_DOUBLE_EQ(eval::TaskMetrics(2).mcc(), 0.0);      // nothing scored
   EXPECT_DOUBLE_EQ(eval::TaskMetrics(2, /*spans=*/true).mcc(), 0.0);
+}
+
+// A model config with this head and this many labels (2 for question answering; 1: a regression).
+model::BertConfig with_head(model::Head head, int labels = 2) {
+  model::BertConfig c;
+  c.head = head;
+  if (head != model::Head::kPretraining) c.labels.assign(static_cast<size_t>(labels), "x");
+  return c;
+}
+
+// A regression's metrics against numpy (np.corrcoef of the scores, and of their ranks with ties given their
+// mean rank, as scipy.stats.spearmanr ranks them): Pearson, Spearman, the loss, the mean's baseline; merged
+// halves give the whole's; constant predictions correlate 0, not NaN.
+TEST(TaskMetrics, PearsonSpearmanAndTheMeansBaselineByHand) {
+  const std::vector<float> predicted = {0.5f, 0.5f, 1.0f, 2.0f, -1.0f}, targets = {1.0f, 2.0f, 2.0f, 3.5f, 0.0f};
+  eval::TaskMetrics m = eval::TaskMetrics::for_head(with_head(model::Head::kSequenceClassification, 1));
+  ASSERT_TRUE(m.regression);
+  m.add_scores(predicted, targets, 1.35);
+  EXPECT_NEAR(m.pearson(), 0.9551913358642536, 1e-7);
+  EXPECT_NEAR(m.spearman(), 0.9210526315789475, 1e-7);
+  EXPECT_NEAR(m.loss(), 1.35, 1e-12);
+  EXPECT_NEAR(m.baseline_mse(), 1.36, 1e-7);
+  EXPECT_DOUBLE_EQ(m.first(), m.pearson());
+  EXPECT_DOUBLE_EQ(m.second(), m.spearman());
+  EXPECT_STREQ(m.accuracy_name(), "Pearson");
+  EXPECT_EQ(m.headline(), "Pearson 0.9552");
+  EXPECT_DOUBLE_EQ(eval::task_score(m, eval::TaskScore::kSpearman), m.spearman());
+  const Json j = m.to_json({"score"});
+  EXPECT_DOUBLE_EQ(j.find("pearson")->as_number(), m.pearson());
+  EXPECT_DOUBLE_EQ(j.find("mse")->as_number(), m.loss());
+  EXPECT_EQ(j.find("examples")->as_int(), 5);
+  EXPECT_EQ(j.find("accuracy"), nullptr);
+  eval::TaskMetrics first = eval::TaskMetrics::for_head(with_head(model::Head::kSequenceClassification, 1)), merged;
+  first.add_scores(std::span(predicted).first(2), std::span(targets).first(2), 1.25);
+  eval::TaskMetrics rest = eval::TaskMetrics::for_head(with_head(model::Head::kSequenceClassification, 1));
+  rest.add_scores(std::span(predicted).subspan(2), std::span(targets).subspan(2), 1.4166666666666667);
+  merged.merge(first);
+  merged.merge(rest);
+  EXPECT_TRUE(merged.regression);
+  EXPECT_DOUBLE_EQ(merged.pearson(), m.pearson());
+  EXPECT_DOUBLE_EQ(merged.spearman(), m.spearman());
+  EXPECT_NEAR(merged.loss(), m.loss(), 1e-12);
+  eval::TaskMetrics constant = eval::TaskMetrics::for_head(with_head(model::Head::kSequenceClassification, 1));
+  constant.add_scores(std::vector<float>(5, 2.0f), targets, 0.0);
+  EXPECT_EQ(constant.pearson(), 0.0);
+  EXPECT_EQ(constant.spearman(), 0.0);
 }
 
 TEST(TaskMetrics, SpanExactMatchF1AndMajorityByHand) {
@@ -1720,23 +1799,110 @@ TEST(Ranking, RankByFitsTheHead) {
   using eval::TaskScore;
   using model::Head;
   for (TaskScore s : {TaskScore::kAccuracy, TaskScore::kMacroF1, TaskScore::kMcc}) {
-    EXPECT_NO_THROW(eval::check_ranking(Head::kSequenceClassification, s, false));
-    EXPECT_NO_THROW(eval::check_ranking(Head::kTokenClassification, s, false));
+    EXPECT_NO_THROW(eval::check_ranking(with_head(Head::kSequenceClassification), s, false));
+    EXPECT_NO_THROW(eval::check_ranking(with_head(Head::kTokenClassification), s, false));
   }
   for (Head h : {Head::kPretraining, Head::kSequenceClassification, Head::kQuestionAnswering})
-    EXPECT_NO_THROW(eval::check_ranking(h, TaskScore::kAccuracy, h == Head::kQuestionAnswering));
-  EXPECT_NO_THROW(eval::check_ranking(Head::kQuestionAnswering, TaskScore::kMacroF1, false));
-  testing::expect_user_error([] { eval::check_ranking(Head::kPretraining, TaskScore::kMcc, false); },
+    EXPECT_NO_THROW(eval::check_ranking(with_head(h), TaskScore::kAccuracy, h == Head::kQuestionAnswering));
+  EXPECT_NO_THROW(eval::check_ranking(with_head(Head::kQuestionAnswering), TaskScore::kMacroF1, false));
+  testing::expect_user_error([] { eval::check_ranking(with_head(Head::kPretraining), TaskScore::kMcc, false); },
                              "--rank-by mcc: a pretraining model is ranked by its MLM accuracy");
-  testing::expect_user_error([] { eval::check_ranking(Head::kQuestionAnswering, TaskScore::kMcc, false); },
+  testing::expect_user_error([] { eval::check_ranking(with_head(Head::kQuestionAnswering), TaskScore::kMcc, false); },
                              "--rank-by mcc: question answering has no Matthews correlation");
-  testing::expect_user_error([] { eval::check_ranking(Head::kQuestionAnswering, TaskScore::kMacroF1, true); },
-                             "--rank-by macro-f1: with --qa-data");
+  testing::expect_user_error(
+      [] { eval::check_ranking(with_head(Head::kQuestionAnswering), TaskScore::kMacroF1, true); },
+      "--rank-by macro-f1: with --qa-data");
+  // A regression ranks by its correlations, and only a regression does.
+  const model::BertConfig regression = with_head(Head::kSequenceClassification, 1);
+  EXPECT_EQ(eval::default_task_score(regression), TaskScore::kPearson);
+  EXPECT_EQ(eval::default_task_score(with_head(Head::kSequenceClassification)), TaskScore::kAccuracy);
+  for (TaskScore s : {TaskScore::kPearson, TaskScore::kSpearman}) {
+    EXPECT_NO_THROW(eval::check_ranking(regression, s, false));
+    testing::expect_user_error([s] { eval::check_ranking(with_head(Head::kSequenceClassification, 3), s, false); },
+                               "--rank-by " + eval::kTaskScoreNames.name(s) +
+                                   ": for a regression (a BertForSequenceClassification with 3 labels classifies)");
+  }
+  for (TaskScore s : {TaskScore::kAccuracy, TaskScore::kMacroF1, TaskScore::kMcc})
+    testing::expect_user_error([&] { eval::check_ranking(regression, s, false); },
+                               "a regression (one score per sequence) is ranked by its Pearson or Spearman");
   eval::TaskMetrics m(2);
   m.add(std::vector<int32_t>{1, 1, 0, 1}, std::vector<int32_t>{1, 0, 0, 1}, 0.0);
   EXPECT_DOUBLE_EQ(eval::task_score(m, TaskScore::kAccuracy), m.accuracy());
   EXPECT_DOUBLE_EQ(eval::task_score(m, TaskScore::kMacroF1), m.macro_f1());
   EXPECT_DOUBLE_EQ(eval::task_score(m, TaskScore::kMcc), m.mcc());
+}
+
+// Sequence regression (GLUE's STS-B, a cross-encoder's relevance score): a one-output head learns how well
+// a value answers a fact from a pretrained encoder; its checkpoint is a Hugging Face regression; the best
+// held-out Pearson is kept; the INT8 engine moves its scores little; a student distils the teacher's scores.
+TEST_F(FactsTasks, RegressionLearnsScoresKeepsTheBestPearsonAndRunsAsInt8) {
+  testing::TempDir out;
+  TrainOptions o = finetune("reg", out.file("reg"));
+  o.steps = 300;
+  o.learning_rate = 3e-3;  // 1e-2 overshoots scores of 0 to 5
+  o.eval_every = 50;
+  o.eval_batches = 0;
+  o.keep_best = TrainOptions::BestMetric::kPearson;
+  const TrainResult r = train(o);
+  const eval::TaskMetrics& m = r.last_task_eval;
+  ASSERT_TRUE(m.regression);
+  ASSERT_EQ(m.examples, 120);
+  std::cout << "[ info ] Pearson " << m.pearson() << ", Spearman " << m.spearman() << ", MSE " << m.loss()
+            << " (the mean's " << m.baseline_mse() << "); best Pearson " << r.best_value << " at step " << r.best_step
+            << "\n";
+  // Pearson 0.85 from step 150 on (MSE 1.41 against the mean's 4.94): a value of the fact's kind scores
+  // above one of the other kind; which city is the capital stays beyond a one-layer encoder pretrained 40 steps.
+  EXPECT_GT(m.pearson(), 0.75);
+  EXPECT_GT(m.spearman(), 0.45);
+  EXPECT_LT(m.loss(), 0.4 * m.baseline_mse()) << "well below always predicting the mean";
+  EXPECT_LT(r.losses.back(), r.losses.front());
+  const model::BertConfig c = store::read_checkpoint_config(out.file("reg") + "/checkpoint.h5");
+  EXPECT_TRUE(c.regression());
+  EXPECT_EQ(c.to_json().find("problem_type")->as_string(), "regression");
+  const Json record = Json::parse(read_text_file(out.file("reg") + "/best.json", "record"));
+  EXPECT_EQ(record.find("metric")->as_string(), "pearson");
+  EXPECT_GE(r.best_value, m.pearson());
+  model::Bert kept(c);
+  store::load_checkpoint(out.file("reg") + "/checkpoint-best.h5", kept, nullptr);
+  Graph<float> g;
+  {
+    data::ShardLoader loader(dev("reg"));
+    EXPECT_DOUBLE_EQ(eval::evaluate_task(kept, loader, 0, g).pearson(), r.best_value);
+  }
+
+  // PTQ then the INT8 engine: integer GEMMs give nearly the fake-quantized scores.
+  const data::LoaderOptions lo = dev("reg");
+  const eval::LoaderFactory make = [&] { return data::ShardLoader(lo); };
+  const quant::CalibrationStatistics stats = calibrated(kept, lo, g);
+  const std::vector<eval::ModeResult> modes =
+      eval::compare_modes(kept, stats, {quant::Method::kMax}, 99.99, make, 0, g);
+  ASSERT_EQ(modes.size(), 2u);
+  EXPECT_DOUBLE_EQ(modes[0].task.pearson(), r.best_value) << "FP32 first";
+  EXPECT_GT(modes[1].task.pearson(), modes[0].task.pearson() - 0.05) << "PTQ keeps the correlation";
+  quant::apply_calibration(kept, stats, quant::Method::kMax, 99.99);
+  const eval::IntegerComparison ints = eval::compare_integer(kept, make, 0, g);
+  ASSERT_TRUE(ints.scores);
+  ASSERT_EQ(ints.modes.size(), 3u);
+  EXPECT_EQ(ints.compared, 120);
+  std::cout << "[ info ] INT8 scores differ from fake-quant by at most " << ints.max_score_difference << " (mean "
+            << ints.mean_score_difference << "); Pearson " << ints.modes[2].task.pearson() << " vs "
+            << ints.modes[1].task.pearson() << "\n";
+  EXPECT_LT(ints.max_score_difference, 0.01) << "the same integer products, summed in another order at most";
+  EXPECT_NEAR(ints.modes[2].task.pearson(), ints.modes[1].task.pearson(), 0.01);
+  const Json j = ints.to_json(c.labels);
+  EXPECT_DOUBLE_EQ(j.find("max_score_difference_from_fake_quant")->as_number(), ints.max_score_difference);
+  EXPECT_EQ(j.find("agreement_with_fake_quant"), nullptr);
+
+  // Distillation: the student matches the teacher's scores (the squared error to them, no temperature).
+  TrainOptions student = finetune("reg", out.file("student"));
+  student.steps = 200;
+  student.learning_rate = 3e-3;
+  student.distill_weight = 0.5;
+  student.teacher = out.file("reg");
+  const TrainResult d = train(student);
+  EXPECT_TRUE(std::isfinite(d.losses.back()));
+  EXPECT_LT(d.losses.back(), d.losses.front());
+  EXPECT_GT(d.last_task_eval.pearson(), 0.6);
 }
 
 // Question answering: the span head learns to point at the asked fact's value among three (the context in
@@ -2072,18 +2238,25 @@ TEST_F(FactsTasks, DistillsFromALargerTeacherAndRefusesOneWhoseOutputsMeanSometh
 // its mean by its share keeps the two-rank run on the one-process curve.
 TEST_F(FactsTasks, TwoRanksTagLikeOneProcessWithTheGlobalBatch) {
   testing::TempDir out;
-  TrainOptions one = finetune("tok", out.file("one"));
-  one.steps = 12;
-  one.batch_size = 16;
-  one.eval_shards.clear();
-  const TrainResult single = train(one);
-  TrainOptions two = one;
-  two.output_dir = out.file("two");
-  two.batch_size = 8;
-  const std::vector<TrainResult> ranks = train_ranks(two, 2);
-  ASSERT_EQ(ranks[0].losses.size(), single.losses.size());
-  for (size_t i = 0; i < single.losses.size(); ++i)
-    EXPECT_NEAR(ranks[0].losses[i], single.losses[i], 1e-4 * single.losses[i]) << "step " << i + 1;
+  expect_two_ranks_like_one("tok", 1e-2, out);
+}
+
+// A regression over two ranks: the losses of one process with the global batch, and the progress lines'
+// correlations over every rank's scores (gathered, not summed), as one process computes them.
+TEST_F(FactsTasks, TwoRanksScoreLikeOneProcessWithTheGlobalBatch) {
+  testing::TempDir out;
+  expect_two_ranks_like_one("reg", 3e-3, out);
+  auto correlations = [](const std::string& dir) {
+    std::vector<double> values;
+    std::ifstream log(dir + "/metrics.jsonl");
+    for (std::string line; std::getline(log, line);)
+      if (const Json* p = Json::parse(line).find("pearson")) values.push_back(p->as_number());
+    return values;
+  };
+  const std::vector<double> alone = correlations(out.file("one")), together = correlations(out.file("two"));
+  ASSERT_EQ(alone.size(), 3u) << "a progress line every 4 steps";
+  ASSERT_EQ(together.size(), alone.size());
+  for (size_t i = 0; i < alone.size(); ++i) EXPECT_NEAR(together[i], alone[i], 1e-3) << "line " << i;
 }
 
 TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) {
@@ -2121,6 +2294,29 @@ TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) 
   mixed.eval_shards = {dir_->file("shards")};
   testing::expect_user_error([&] { train(mixed); }, "--eval: the evaluation shards");
   EXPECT_FALSE(std::filesystem::exists(out.file("w")));
+  // Scores (seq-reg) for a classifier, and class labels for a regression: head mismatches, named.
+  TrainOptions scored = finetune("reg", out.file("v"));
+  scored.init_from = out.file("seq");
+  testing::expect_user_error([&] { train(scored); },
+                             "(12)], the training shards hold scores (seq-reg): a head mismatch");
+  TrainOptions regression = finetune("reg", out.file("reg"));
+  regression.steps = 4;
+  regression.eval_shards.clear();
+  train(regression);
+  TrainOptions classes = finetune("seq", out.file("u"));
+  classes.init_from = out.file("reg");
+  testing::expect_user_error([&] { train(classes); }, "is a regression, the training shards classify into [");
+  TrainOptions held_out = finetune("seq", out.file("t"));
+  held_out.eval_shards = {dir_->file("reg-dev.hdf5")};
+  testing::expect_user_error([&] { train(held_out); }, "--eval: the evaluation shards");
+  // --keep-best by a metric the head does not have.
+  TrainOptions by_accuracy = finetune("reg", out.file("s"));
+  by_accuracy.keep_best = TrainOptions::BestMetric::kAccuracy;
+  testing::expect_user_error([&] { train(by_accuracy); },
+                             "--keep-best accuracy: a regression is ranked by its Pearson or Spearman correlation");
+  TrainOptions by_pearson = finetune("seq", out.file("r"));
+  by_pearson.keep_best = TrainOptions::BestMetric::kPearson;
+  testing::expect_user_error([&] { train(by_pearson); }, "--keep-best pearson: for a regression");
 }
 
 }  // namespace
