@@ -25,7 +25,11 @@ std::string head_architecture(Head head) {
 
 std::string head_task_name(Head head) { return kHeadTaskNames.name(head); }
 
-Head parse_task(const std::string& name) { return kTaskNames.parse(name, "--task"); }
+std::string parse_task(const std::string& name) {
+  if (name != "seq-cls" && name != "token-cls" && name != "qa" && name != "seq-reg")
+    throw UserError("--task '" + name + "': expected seq-cls, token-cls, qa or seq-reg");
+  return name;
+}
 
 std::string weight_scales_name(WeightScales w) { return kWeightScalesNames.name(w); }
 

@@ -24,13 +24,10 @@ inline constexpr EnumNames<Head, 4> kHeadTaskNames{{{{Head::kPretraining, "pretr
                                                      {Head::kSequenceClassification, "seq-cls"},
                                                      {Head::kTokenClassification, "token-cls"},
                                                      {Head::kQuestionAnswering, "qa"}}}};
-// The tasks a fine-tuning run takes (--task): the task heads.
-inline constexpr EnumNames<Head, 3> kTaskNames{{{{Head::kSequenceClassification, "seq-cls", "sequence classification"},
-                                                 {Head::kTokenClassification, "token-cls", "token classification"},
-                                                 {Head::kQuestionAnswering, "qa", "extractive question answering"}}}};
 std::string head_task_name(Head head);  // "pretraining", "seq-cls", "token-cls", "qa"
-// "seq-cls" | "token-cls" | "qa" (UserError naming --task otherwise).
-Head parse_task(const std::string& name);
+// A task given to --task, by the names of bert-data task's shards: "seq-cls" | "token-cls" | "qa" | "seq-reg"
+// (a regression); UserError naming --task otherwise.
+std::string parse_task(const std::string& name);
 
 // How many scales a weight quantizer has: one per output channel (the default; TensorRT's and
 // pytorch-quantization's default for weights) or one for the whole weight (config.json
@@ -69,6 +66,8 @@ struct BertConfig {
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
   // A sequence regression: a BertForSequenceClassification with one output (STS-B, a cross-encoder).
   bool regression() const { return head == Head::kSequenceClassification && num_labels() == 1; }
+  // What the model does, by the names of its task shards: head_task_name, or "seq-reg" for a regression.
+  std::string task() const { return regression() ? "seq-reg" : head_task_name(head); }
   double head_dropout() const { return classifier_dropout >= 0 ? classifier_dropout : hidden_dropout_prob; }
   int64_t head_size() const { return hidden_size / num_attention_heads; }
   // Throws UserError naming the field and the constraint (e.g. hidden not divisible by heads).

@@ -82,8 +82,9 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--mlm-accuracy", a.mlm, "masked-LM accuracy and loss");
   app.add_flag("--nsp-accuracy", a.nsp, "next-sentence-prediction accuracy and loss");
   app.add_option("--fill-mask", a.fill_text, "text with [MASK] tokens to fill");
-  app.add_option("--task", a.task,
-                 "seq-cls | token-cls | qa: the task the model and shards must be (default: the model's head decides)");
+  app.add_option(
+      "--task", a.task,
+      "seq-cls | token-cls | qa | seq-reg: the task the model and shards must be (default: the model's head decides)");
   app.add_option("--top-k", a.top_k, "candidates per mask")->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--tokenizer", a.tokenizer_path,
                  "tokenizer: SentencePiece .model or WordPiece vocab.txt (default: the one "
@@ -391,7 +392,7 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, const std::vector<st
   } else {
     t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g, e.a.cuda_graphs);
   }
-  e.report["task"] = config.regression() ? "seq-reg" : model::head_task_name(config.head);
+  e.report["task"] = config.task();
   e.report["metrics"] = t.to_json(config.labels);
   if (e.a.json) return;
   const bool tokens = config.head == model::Head::kTokenClassification;
@@ -679,8 +680,9 @@ int run(Args& a) {
   model::BertConfig config = store::read_model_config(source);
   if (!a.weights.empty()) config.weight_scales = model::parse_weight_scales(a.weights);
   const bool task_model = config.head != model::Head::kPretraining;
-  if (!a.task.empty() && model::parse_task(a.task) != config.head)
-    throw UserError("--task " + a.task + ": '" + a.checkpoint + "' is a " + model::head_architecture(config.head));
+  if (!a.task.empty() && model::parse_task(a.task) != config.task())
+    throw UserError("--task " + a.task + ": '" + a.checkpoint + "' is a " + model::head_architecture(config.head) +
+                    (config.regression() ? " regression (seq-reg)" : " (" + config.task() + ")"));
   if (task_model && (a.mlm || a.nsp || !a.fill_text.empty()))
     throw UserError("'" + a.checkpoint + "' is a " + model::head_architecture(config.head) +
                     ": it has no MLM/NSP head (--mlm-accuracy, --nsp-accuracy, --fill-mask); evaluate it on task "

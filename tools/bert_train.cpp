@@ -102,9 +102,10 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--config", a.config_path, "model config.json (Hugging Face BertConfig fields), instead of --preset");
   app.add_option("--dropout", a.dropout, "hidden and attention dropout (default: the config's, 0.1)")
       ->check(CLI::Range(0.0, 0.99));
-  app.add_option("--task", a.task,
-                 "seq-cls | token-cls | qa: what the run fine-tunes (default: whatever the training shards hold; "
-                 "given, it must agree with them)");
+  app.add_option(
+      "--task", a.task,
+      "seq-cls | token-cls | qa | seq-reg: what the run fine-tunes (default: whatever the training shards hold; "
+      "given, it must agree with them)");
   app.add_option("--steps", a.o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch-size", a.o.batch_size, "sequences per micro-batch")->capture_default_str();
   app.add_option("--accumulate", a.o.accumulation, "micro-batches per optimizer step")->capture_default_str();

@@ -82,7 +82,7 @@ Json TrainOptions::to_json() const {
   j["keep_checkpoints"] = keep_checkpoints;
   j["bucket_mb"] = bucket_mb;
   j["on_nonfinite"] = on_nonfinite == OnNonFinite::kSkip ? "skip" : "stop";
-  j["task"] = model::head_task_name(config.head);
+  j["task"] = config.task();
   j["qat"] = qat;
   if (qat) {
     j["calibrator"] = quant::method_name(calibration.method);

@@ -37,7 +37,7 @@ struct TrainOptions {
   // What the run trains: the training shards decide (pretraining shards: MLM + NSP; task shards: their
   // head and labels); when set, it must agree with them. Fine-tuning starts from --init-from (any head,
   // or a Hugging Face directory): the encoder is loaded, a head it lacks is initialised.
-  std::optional<model::Head> task;
+  std::optional<std::string> task;  // "seq-cls", "token-cls", "qa" or "seq-reg" (model::parse_task)
 
   // Where training runs: auto (a GPU when one is present), cpu, cuda or cuda:N; and the precision (fp32,
   // tf32 or bf16 on a GPU; fp32 or bf16 on the CPU: BF16 products, FP32 tensors; Precision in core/device.h).

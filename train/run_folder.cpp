@@ -129,10 +129,9 @@ model::BertConfig resolve_config(const TrainOptions& o, const RunFiles& files, c
                       ", the tokenizer " + std::to_string(o.tokenizer_vocab_size));
   }
   const model::Head head = head_of(loader.kind());
-  if (o.task && *o.task != head)
-    throw UserError("--task " + model::head_task_name(*o.task) + ": the training shards are " +
-                    data::shard_kind_name(loader.kind()) + " shards ('" +
-                    data::expand_shard_paths(o.train_shards).front() + "')");
+  if (o.task && *o.task != data::shard_kind_name(loader.kind()))
+    throw UserError("--task " + *o.task + ": the training shards are " + data::shard_kind_name(loader.kind()) +
+                    " shards ('" + data::expand_shard_paths(o.train_shards).front() + "')");
   adopt_task(config, head, loader.label_names(), loader.kind() == data::ShardKind::kSequenceScores,
              o.resume              ? "the checkpoint"
              : o.init_from.empty() ? "the model"

@@ -2266,7 +2266,7 @@ TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) 
   // The same head, another label set: refused (a fresh classifier would silently drop the trained one).
   TrainOptions other = finetune("tok", out.file("x"));
   other.init_from = out.file("seq");
-  other.task = model::Head::kSequenceClassification;
+  other.task = "seq-cls";
   testing::expect_user_error([&] { train(other); }, "--task seq-cls");
   // A seq-cls model continued on token data of the other head gets a fresh classifier: allowed.
   // Pretraining shards for a task model: refused.
@@ -2309,6 +2309,13 @@ TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) 
   TrainOptions held_out = finetune("seq", out.file("t"));
   held_out.eval_shards = {dir_->file("reg-dev.hdf5")};
   testing::expect_user_error([&] { train(held_out); }, "--eval: the evaluation shards");
+  // --task names the shards' task: seq-reg for scores, and seq-cls is not it.
+  TrainOptions as_classes = finetune("reg", out.file("q"));
+  as_classes.task = "seq-cls";
+  testing::expect_user_error([&] { train(as_classes); }, "--task seq-cls: the training shards are seq-reg shards");
+  EXPECT_EQ(model::parse_task("seq-reg"), "seq-reg");
+  testing::expect_user_error([] { model::parse_task("regression"); },
+                             "--task 'regression': expected seq-cls, token-cls, qa or seq-reg");
   // --keep-best by a metric the head does not have.
   TrainOptions by_accuracy = finetune("reg", out.file("s"));
   by_accuracy.keep_best = TrainOptions::BestMetric::kAccuracy;
