@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "eval/output_reads.h"
+#include "eval/predictions.h"
 
 namespace bert::eval {
 
@@ -291,20 +292,24 @@ Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
 namespace {
 template <typename Metrics>
 Metrics evaluate_into(Metrics metrics, model::Bert& model, data::ShardLoader& loader, int64_t max_batches,
-                      Graph<float>& g, bool cuda_graphs) {
+                      Graph<float>& g, bool cuda_graphs, ExamplePredictions* predictions = nullptr) {
   BatchEvaluator evaluator(model, g, cuda_graphs);
   Batch batch;
+  auto take = [&](const OutputReads& r) {
+    r.add_to(metrics);
+    if (predictions) predictions->add(r);
+  };
   for (int64_t n = 0; (max_batches <= 0 || n < max_batches) && loader.next(batch); ++n)
-    if (const OutputReads* r = evaluator.queue(batch.view())) r->add_to(metrics);
-  if (const OutputReads* r = evaluator.finish()) r->add_to(metrics);
+    if (const OutputReads* r = evaluator.queue(batch.view())) take(*r);
+  if (const OutputReads* r = evaluator.finish()) take(*r);
   g.clear();
   return metrics;
 }
 }  // namespace
 
 TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
-                          bool cuda_graphs) {
-  return evaluate_into(TaskMetrics::for_head(model.config()), model, loader, max_batches, g, cuda_graphs);
+                          bool cuda_graphs, ExamplePredictions* predictions) {
+  return evaluate_into(TaskMetrics::for_head(model.config()), model, loader, max_batches, g, cuda_graphs, predictions);
 }
 
 PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,

@@ -112,8 +112,10 @@ struct TaskMetrics {
 // Evaluates without gradients or dropout over the loader's batches (at most max_batches; <= 0 = all). On a
 // GPU, batches of repeating shapes run as one CUDA graph each unless !cuda_graphs (core/step_graph.h; the
 // same values as op by op).
+// With `predictions`, each example's prediction is added to it too (eval/predictions.h).
+class ExamplePredictions;
 TaskMetrics evaluate_task(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
-                          bool cuda_graphs = true);
+                          bool cuda_graphs = true, ExamplePredictions* predictions = nullptr);
 PretrainingMetrics evaluate(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
                             bool cuda_graphs = true);
 

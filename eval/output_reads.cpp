@@ -11,6 +11,7 @@ namespace bert::eval {
 OutputReads OutputReads::queue(Readback& rb, const Graph<float>& g, const model::ModelOutputs& out, const BatchView& b,
                                model::Head head) {
   OutputReads r;
+  r.batch = b.batch, r.seq_len = b.seq_len;
   auto scalar = [&](Var v) { return rb.read<float>(g.data(v), 1); };  // losses are F32 nodes
   const bool pretraining = head == model::Head::kPretraining;
   if (pretraining) {
@@ -25,6 +26,7 @@ OutputReads OutputReads::queue(Readback& rb, const Graph<float>& g, const model:
   } else {
     r.task_targets = out.targets;
     r.task_scores = out.scores;
+    r.task_rows = out.rows;
     if (!r.task_targets.empty() || !r.task_scores.empty()) r.task_loss = scalar(out.loss);
   }
   // The head's logits even without labels: their predictions are compared between runs (compare_integer).

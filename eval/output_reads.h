@@ -42,6 +42,9 @@ struct OutputReads {
   int64_t head_rows = 0, head_cols = 0;
   std::vector<int32_t> mlm_targets, task_targets;
   std::vector<float> task_scores;  // a regression's target scores
+  // The task head's rows (model::ModelOutputs::rows: b * T + position), the batch's sequences and length.
+  std::vector<int32_t> task_rows;
+  int64_t batch = 0, seq_len = 0;
   std::vector<int8_t> nsp_labels;
 };
 

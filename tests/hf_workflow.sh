@@ -171,7 +171,8 @@ run "$BIN/bert-train" --train "$OUT/sts-train.hdf5" --init-from "$OUT/sts/checkp
 run "$BIN/bert-export" --checkpoint "$OUT/sts-qat" --onnx "$OUT/sts.onnx" --qdq --hf "$OUT/sts-hf"
 run "$BIN/bert-eval" --checkpoint "$OUT/sts-qat" --shards "$OUT/sts-dev.hdf5" --onnx "$OUT/sts.onnx" --int8 \
   --json-out "$OUT/sts-qat.json"
-run "$BIN/bert-eval" --checkpoint "$OUT/sts-hf" --shards "$OUT/sts-dev.hdf5" --json-out "$OUT/sts-hf.json"
+run "$BIN/bert-eval" --checkpoint "$OUT/sts-hf" --shards "$OUT/sts-dev.hdf5" --json-out "$OUT/sts-hf.json" \
+  --predictions "$OUT/sts-scores.jsonl"
 run "$BIN/bert-eval" --checkpoint "$OUT/sts" --shards "$OUT/sts-dev.hdf5" --compare --calibrators max \
   --calib-shards "$OUT/sts-train.hdf5" --calib-batches 2 --json-out "$OUT/sts-compare.json"
 python3 - "$OUT" <<'PY'
@@ -195,5 +196,14 @@ assert qat["int8"]["max_score_difference_from_fake_quant"] < 0.05, "the INT8 eng
 assert back["metrics"] == m, "the Hugging Face export scores otherwise"
 rows = {r["mode"]: r for r in compare["compare"]}
 assert abs(rows["ptq-max"]["pearson"] - rows["fp32"]["pearson"]) < 0.02, "PTQ loses the correlation"
+lines = [json.loads(line) for line in open(f"{out}/sts-scores.jsonl")]
+assert [line["index"] for line in lines] == list(range(80)), "--predictions: a line per sequence, in order"
+targets = [json.loads(line)["label"] for line in open(f"{out}/sts-dev.jsonl")]
+assert all(abs(line["target"] - t) < 1e-6 for line, t in zip(lines, targets)), "the targets are the input's scores"
+def pearson(x, y):
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    return sxy / (sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y)) ** 0.5
+assert abs(pearson([l["score"] for l in lines], targets) - back["metrics"]["pearson"]) < 1e-5
 PY
 echo "Hugging Face workflow passed"

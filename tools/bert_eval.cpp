@@ -13,6 +13,7 @@
 #include "eval/fill_mask.h"
 #include "eval/metrics.h"
 #include "eval/onnx_runtime.h"
+#include "eval/predictions.h"
 #include "eval/quantized.h"
 #include "eval/squad.h"
 #include "kernels/gemm.h"
@@ -99,8 +100,10 @@ void add_options(CLI::App& app, Args& a) {
                  "is then chosen from all its windows and scored as SQuAD scores it (exact match and F1 over "
                  "normalised words, the best over its gold answers)");
   app.add_option("--predictions", a.predictions_out,
-                 "with --qa-data: write each question's answer as JSON {\"id\": \"text\"} (the input of SQuAD's "
-                 "evaluate script)");
+                 "a task model: write each example's prediction as JSON lines, in the shards' order (\"label\", "
+                 "\"target\" and \"logits\"; a regression's \"score\" and \"target\"; the labeled tokens' \"tags\" "
+                 "and \"targets\"; a window's \"start\" and \"end\"); with --qa-data each question's answer as "
+                 "JSON {\"id\": \"text\"} (the input of SQuAD's evaluate script)");
   app.add_option("--n-best", a.answers.n_best, "with --qa-data: the largest start and end logits paired per window")
       ->check(CLI::Range(int64_t{1}, int64_t{512}))
       ->capture_default_str();
@@ -389,6 +392,11 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, const std::vector<st
       write_text_file(e.a.predictions_out, answers->predictions_json().dump(2) + "\n");
       spdlog::info("{} answers -> {}", answers->predictions.size(), e.a.predictions_out);
     }
+  } else if (!e.a.predictions_out.empty()) {
+    eval::ExamplePredictions predictions(config);
+    t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g, e.a.cuda_graphs, &predictions);
+    write_text_file(e.a.predictions_out, predictions.jsonl());
+    spdlog::info("{} predictions -> {}", predictions.examples().size(), e.a.predictions_out);
   } else {
     t = eval::evaluate_task(e.model, loader, e.a.max_batches, e.g, e.a.cuda_graphs);
   }
@@ -696,8 +704,15 @@ int run(Args& a) {
     throw UserError("--rank-by " + eval::kTaskScoreNames.name(a.rank_by) + " goes with --sensitivity or --compare");
   if (!a.rank_by_option->count()) a.rank_by = eval::default_task_score(config);
   eval::check_ranking(config, a.rank_by, !a.qa_data.empty());
-  if (!a.predictions_out.empty() && a.qa_data.empty())
-    throw UserError("--predictions needs --qa-data (the questions and their contexts)");
+  if (!a.predictions_out.empty() && !task_model)
+    throw UserError("--predictions: '" + a.checkpoint +
+                    "' is a pretraining model; a task model's predictions are "
+                    "written (fill-mask: --fill-mask)");
+  if (!a.predictions_out.empty() && (a.compare || a.sensitivity || a.int8))
+    throw UserError(
+        "--predictions writes the evaluation of the model as it is: leave out --compare, --sensitivity "
+        "and --int8");
+  if (!a.predictions_out.empty() && a.shards.empty()) throw UserError("--predictions needs --shards");
   model::Bert model(config);
   const store::TrainingState state = store::load_model(source, model);
   if (a.int8 && a.save_calibrated.empty() && model.enabled_quantizers().empty())

@@ -21,6 +21,7 @@
 #include "data/examples.h"
 #include "data/task_data.h"
 #include "eval/fill_mask.h"
+#include "eval/predictions.h"
 #include "eval/quantized.h"
 #include "eval/squad.h"
 #include "kernels/gemm.h"
@@ -1771,6 +1772,34 @@ TEST_F(FactsTasks, SequenceAndTokenClassifiersLearnTheirTasksFromAPretrainedEnco
     model::Bert m2(c);
     for (ParamId id = 0; id < m2.parameters().size(); ++id)
       EXPECT_FALSE(m2.parameters().name(id).starts_with("cls.")) << "no pretraining head in a task model";
+    // bert-eval --predictions: a line per dev sequence, in order, whose predictions are the metrics' (the
+    // labels right as often as the accuracy says; a tag per labeled token).
+    store::load_checkpoint(out.file(task) + "/checkpoint.h5", m2, nullptr);
+    {
+      Graph<float> g;
+      data::ShardLoader loader(dev(task));
+      eval::ExamplePredictions predictions(c);
+      const eval::TaskMetrics scored = eval::evaluate_task(m2, loader, 0, g, true, &predictions);
+      EXPECT_DOUBLE_EQ(scored.accuracy(), m.accuracy());
+      ASSERT_EQ(predictions.examples().size(), 120u);
+      int64_t right = 0, counted = 0;
+      for (size_t i = 0; i < predictions.examples().size(); ++i) {
+        const Json& line = predictions.examples()[i];
+        EXPECT_EQ(line.find("index")->as_int(), static_cast<int64_t>(i));
+        if (task == "seq") {
+          right += line.find("label")->as_string() == line.find("target")->as_string(), ++counted;
+          EXPECT_EQ(line.find("logits")->as_array().size(), 12u);
+          continue;
+        }
+        const Json::Array &tags = line.find("tags")->as_array(), &targets = line.find("targets")->as_array();
+        ASSERT_EQ(tags.size(), targets.size());
+        EXPECT_GE(tags.size(), 7u) << "a tag for every word";
+        for (size_t w = 0; w < tags.size(); ++w) right += tags[w].as_string() == targets[w].as_string(), ++counted;
+      }
+      EXPECT_EQ(counted, scored.examples);
+      EXPECT_DOUBLE_EQ(double(right) / double(counted), scored.accuracy());
+      EXPECT_EQ(predictions.jsonl().substr(0, 11), "{\"index\":0,");
+    }
     if (task != "seq") continue;
     // Sensitivity ranked by the Matthews correlation (bert-eval --sensitivity --rank-by mcc): every score is
     // the dev set's MCC, and the plan holds its bar in that metric.
@@ -1868,6 +1897,19 @@ TEST_F(FactsTasks, RegressionLearnsScoresKeepsTheBestPearsonAndRunsAsInt8) {
   {
     data::ShardLoader loader(dev("reg"));
     EXPECT_DOUBLE_EQ(eval::evaluate_task(kept, loader, 0, g).pearson(), r.best_value);
+    // bert-eval --predictions: each sequence's score and target, which give the same Pearson.
+    data::ShardLoader again(dev("reg"));
+    eval::ExamplePredictions predictions(c);
+    eval::evaluate_task(kept, again, 0, g, true, &predictions);
+    ASSERT_EQ(predictions.examples().size(), 120u);
+    eval::TaskMetrics from_lines = eval::TaskMetrics::for_head(c);
+    std::vector<float> scores, targets;
+    for (const Json& line : predictions.examples()) {
+      scores.push_back(static_cast<float>(line.find("score")->as_number()));
+      targets.push_back(static_cast<float>(line.find("target")->as_number()));
+    }
+    from_lines.add_scores(scores, targets, 0.0);
+    EXPECT_NEAR(from_lines.pearson(), r.best_value, 1e-6) << "(the scores as their shortest decimals)";
   }
 
   // PTQ then the INT8 engine: integer GEMMs give nearly the fake-quantized scores.
@@ -1970,6 +2012,20 @@ TEST_F(FactsTasks, QuestionAnsweringLearnsToPointAtTheAnswerAndQatKeepsIt) {
   data::ShardLoader loader(lo);
   const eval::AnswerEvaluation plain = eval::evaluate_answers(quantized, loader, scoring, 0, g);
   EXPECT_EQ(plain.answers.predictions, fake.predictions) << "the timed pass and the plain one answer alike";
+  // bert-eval --predictions without --qa-data: each window's most likely start and end, as counted.
+  {
+    data::ShardLoader windows(lo);
+    eval::ExamplePredictions predictions(quantized.config());
+    const eval::TaskMetrics per_window = eval::evaluate_task(quantized, windows, 0, g, true, &predictions);
+    ASSERT_EQ(static_cast<int64_t>(predictions.examples().size()), per_window.examples);
+    int64_t starts = 0, ends = 0;
+    for (const Json& line : predictions.examples()) {
+      starts += line.find("start")->as_int() == line.find("target_start")->as_int();
+      ends += line.find("end")->as_int() == line.find("target_end")->as_int();
+    }
+    EXPECT_EQ(starts, per_window.start_correct);
+    EXPECT_EQ(ends, per_window.end_correct);
+  }
 
   // Sensitivity ranked by the questions' F1 (bert-eval --sensitivity --qa-data): the FP32 model's score is
   // evaluate_answers' F1, each row's a question F1 too, and the plan holds its bar in that metric.
