@@ -207,6 +207,7 @@ void Graph<T>::note_consumer(std::span<const Var> inputs, int32_t consumer) {
     Node& owner = grad_owner(v);
     if (!owner.is_leaf) continue;
     if (owner.first_consumer < 0) owner.first_consumer = consumer;
+    if (!owner.grad.data()) continue;  // a leaf without gradient memory (a constant) borrows none
     const auto* begin = reinterpret_cast<const std::byte*>(owner.grad.data());
     const std::byte* end = begin + owner.grad.numel() * sizeof(T);
     for (const Lent& r : lent_)

@@ -2305,8 +2305,10 @@ TEST_F(FactsTasks, TwoRanksScoreLikeOneProcessWithTheGlobalBatch) {
   auto correlations = [](const std::string& dir) {
     std::vector<double> values;
     std::ifstream log(dir + "/metrics.jsonl");
-    for (std::string line; std::getline(log, line);)
-      if (const Json* p = Json::parse(line).find("pearson")) values.push_back(p->as_number());
+    for (std::string line; std::getline(log, line);) {
+      const Json record = Json::parse(line);
+      if (const Json* p = record.find("pearson")) values.push_back(p->as_number());
+    }
     return values;
   };
   const std::vector<double> alone = correlations(out.file("one")), together = correlations(out.file("two"));
