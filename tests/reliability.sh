@@ -119,8 +119,8 @@ expect_error eval-int8-of-fp32 "has no enabled quantizers (an FP32 model)" "" --
   --shards "$OUT/shards" --int8
 expect_error eval-qa-data-of-pretraining "is a BertForPreTraining, not a question-answering model" "" -- "$BIN/bert-eval" \
   --checkpoint "$OUT/run" --shards "$OUT/shards" --qa-data "$OUT/qa1.jsonl"
-expect_error eval-predictions-alone "--predictions needs --qa-data" "$OUT/never.json" -- "$BIN/bert-eval" \
-  --checkpoint "$OUT/run" --shards "$OUT/shards" --predictions "$OUT/never.json"
+expect_error eval-predictions-of-pretraining "is a pretraining model; a task model's predictions are written" \
+  "$OUT/never.json" -- "$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --predictions "$OUT/never.json"
 expect_error eval-rank-by-of-pretraining "--rank-by mcc: a pretraining model is ranked by its MLM accuracy" \
   "$OUT/never.json" -- "$BIN/bert-eval" --checkpoint "$OUT/run" --shards "$OUT/shards" --sensitivity --rank-by mcc \
   --plan-out "$OUT/never.json"
