@@ -24,6 +24,9 @@ struct BatchView {
   // (start, end positions); or empty.
   std::span<const int32_t> labels;
   std::span<const float> scores;  // sequence regression: (B) target scores; or empty
+  // Sequence regression: (B) each sequence's group (a query whose passages are ranked), unique over the
+  // loader's shards; or empty.
+  std::span<const int64_t> groups = {};
 };
 
 // Owns its arrays: input_ids etc. (B, T); masked_lm_* (B, P); next_sentence_labels (B); for task
@@ -34,6 +37,7 @@ struct Batch {
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
   std::vector<int32_t> labels;
   std::vector<float> scores;
+  std::vector<int64_t> groups;
 
   // Spans into this batch, valid while it lives unchanged.
   BatchView view() const {
@@ -47,7 +51,8 @@ struct Batch {
             masked_lm_ids,
             next_sentence_labels,
             labels,
-            scores};
+            scores,
+            groups};
   }
 };
 

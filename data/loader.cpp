@@ -58,6 +58,7 @@ ShardLoader::ShardLoader(LoaderOptions options) : options_(std::move(options)) {
   metadata_ = shard_.metadata;
   kind_ = shard_.kind;
   label_names_ = shard_.label_names;
+  grouped_ = !shard_.groups.empty();
 }
 
 std::vector<int64_t> ShardLoader::permutation(int64_t n, uint64_t stream) const {
@@ -92,6 +93,9 @@ void ShardLoader::load_current_shard() {
         throw UserError("shard '" + path + "' has sequence length " + std::to_string(shard_.seq_len) + " and " +
                         std::to_string(shard_.max_predictions) + " predictions; the first shard has " +
                         std::to_string(seq_len_) + " and " + std::to_string(max_predictions_));
+      if (!shard_.groups.empty() != grouped_)
+        throw UserError("shard '" + path + "' " + (grouped_ ? "has no groups" : "has groups") + "; the first shard " +
+                        (grouped_ ? "has" : "has none") + " (all shards of a run must agree)");
       if (shard_.kind != kind_ || shard_.label_names != label_names_)
         throw UserError("shard '" + path + "' is a " + shard_kind_name(shard_.kind) + " shard with " +
                         std::to_string(shard_.label_names.size()) + " labels; the first shard is a " +
@@ -131,6 +135,7 @@ bool ShardLoader::next(Batch& batch) {
     batch.next_sentence_labels.resize(task ? 0 : rows);
     batch.labels.resize(task && !scored ? rows * label_width : 0);
     batch.scores.resize(scored ? rows : 0);
+    batch.groups.resize(grouped_ ? rows : 0);
   };
   // The global batch's examples before this rank's slice are read past, those after it too.
   const int64_t global = options_.batch_size * options_.world_size;
@@ -158,6 +163,7 @@ bool ShardLoader::next(Batch& batch) {
     std::copy_n(shard_.masked_lm_ids.begin() + src * p, p, batch.masked_lm_ids.begin() + dst * p);
     if (scored) {
       batch.scores[dst] = shard_.scores[src];
+      if (grouped_) batch.groups[dst] = (loaded_ << 32) | shard_.groups[src];  // groups are numbered per shard
     } else if (task) {
       std::copy_n(shard_.labels.begin() + src * label_width, label_width, batch.labels.begin() + dst * label_width);
     } else {

@@ -71,6 +71,7 @@ class ShardLoader {
   int64_t seq_len_ = 0, max_predictions_ = 0;
   ShardKind kind_ = ShardKind::kPretraining;
   std::vector<std::string> label_names_;
+  bool grouped_ = false;  // seq-reg shards with groups
   std::optional<ShardMetadata> metadata_;
   // The shard being read ahead: its index into options_.shards (-1: none) and the read, whose errors
   // surface only if that shard is reached.

@@ -42,11 +42,15 @@ void Shard::append_tokens(std::span<const int32_t> tokens, std::span<const int8_
   segment_ids.resize(segment_ids.size() + (seq_len - n), 0);
 }
 
-void Shard::append_scored(std::span<const int32_t> tokens, std::span<const int8_t> segments, float score) {
+void Shard::append_scored(std::span<const int32_t> tokens, std::span<const int8_t> segments, float score,
+                          int32_t group) {
   BERT_CHECK(kind == ShardKind::kSequenceScores, "append_scored on a shard that is not seq-reg");
   BERT_CHECK(std::isfinite(score), "a sequence score must be finite");
+  BERT_CHECK(group >= 0 ? groups.size() == scores.size() : groups.empty(),
+             "a shard's examples all have a group or none");
   append_tokens(tokens, segments);
   scores.push_back(score);
+  if (group >= 0) groups.push_back(group);
   ++size;
 }
 
@@ -77,6 +81,7 @@ void Shard::clear() {
   size = 0;
   labels.clear();
   scores.clear();
+  groups.clear();
   for (auto* v : {&input_ids, &masked_lm_positions, &masked_lm_ids}) v->clear();
   for (auto* v : {&input_mask, &segment_ids, &next_sentence_labels}) v->clear();
 }
@@ -96,10 +101,12 @@ void write_shard(const std::string& path, const Shard& s) {
       const std::vector<hsize_t> dims = s.kind == ShardKind::kTokenLabels  ? std::vector<hsize_t>{n, l}
                                         : s.kind == ShardKind::kSpanLabels ? std::vector<hsize_t>{n, 2}
                                                                            : std::vector<hsize_t>{n};
-      if (s.kind == ShardKind::kSequenceScores)
+      if (s.kind == ShardKind::kSequenceScores) {
         hdf5::write_dataset(h.get(), "labels", s.scores.data(), dims, path, kGzipLevel);
-      else
+        if (!s.groups.empty()) hdf5::write_dataset(h.get(), "groups", s.groups.data(), dims, path, kGzipLevel);
+      } else {
         hdf5::write_dataset(h.get(), "labels", s.labels.data(), dims, path, kGzipLevel);
+      }
       hdf5::write_attribute(h.get(), "task", shard_kind_name(s.kind));
       Json::Array names;
       for (const std::string& name : s.label_names) names.emplace_back(name);
@@ -175,6 +182,13 @@ Shard read_shard(const std::string& path) {
         if (!std::isfinite(s.scores[i]))
           throw UserError("shard '" + path + "': labels[" + std::to_string(i) + "] holds " +
                           std::to_string(s.scores[i]) + ", expected a finite score");
+      if (hdf5::exists(h.get(), "groups")) {
+        expect("groups", read("groups", s.groups, 1), {ids[0]});
+        for (size_t i = 0; i < s.groups.size(); ++i)
+          if (s.groups[i] < 0)
+            throw UserError("shard '" + path + "': groups[" + std::to_string(i) + "] holds " +
+                            std::to_string(s.groups[i]) + ", expected a group number >= 0");
+      }
     } else {
       expect("labels", read("labels", s.labels, per_token || spans ? 2 : 1),
              per_token ? ids

@@ -9,9 +9,10 @@
 // (-100 where no label applies: padding, [CLS]/[SEP], a word's continuation pieces), [N, 2] for extractive
 // question answering (the answer's first and last token; 0, 0, the [CLS] token, where the window holds no
 // answer); or, for sequence regression (a similarity score, a relevance score), labels float32 [N], each a
-// finite number. Root attributes "task" (seq-cls, token-cls, qa or seq-reg) and "label_names" (a JSON array: label i's
-// name; for qa "start", "end"; for seq-reg the score's, one) describe them; a qa shard made here also records how its
-// windows were cut
+// finite number, and optionally groups int32 [N] (each example's group, a query whose passages a reranker ranks,
+// numbered from 0 in the shard). Root attributes "task" (seq-cls, token-cls, qa or seq-reg) and "label_names" (a JSON
+// array: label i's name; for qa "start", "end"; for seq-reg the score's, one) describe them; a qa shard made here also
+// records how its windows were cut
 // ("doc_stride", "max_query_len"), so that its questions can be windowed again for scoring answers.
 #pragma once
 
@@ -56,6 +57,7 @@ struct Shard {
   std::vector<int8_t> input_mask, segment_ids, next_sentence_labels;
   std::vector<int32_t> labels;            // task shards: (N), (N, L) or (N, 2); empty for seq-reg
   std::vector<float> scores;              // seq-reg shards: (N)
+  std::vector<int32_t> groups;            // seq-reg shards: (N) each example's group, or empty
   std::vector<std::string> label_names;   // task shards: the name of each label id
   int64_t doc_stride = 0, max_query_len = 0;  // qa shards made here (data/task_data.h); 0: not recorded
   std::optional<ShardMetadata> metadata;  // absent in shards written by other tools
@@ -68,8 +70,10 @@ struct Shard {
   // Task shards: one sequence (at most seq_len tokens) and its label(s): one label, one per token, or a span.
   void append_labeled(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids,
                       std::span<const int32_t> labels);
-  // Sequence regression shards: one sequence and its score (finite).
-  void append_scored(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids, float score);
+  // Sequence regression shards: one sequence and its score (finite), and its group (>= 0) or -1 for none (a
+  // shard's examples all have one or none do).
+  void append_scored(std::span<const int32_t> tokens, std::span<const int8_t> segment_ids, float score,
+                     int32_t group = -1);
   void clear();
 
  private:

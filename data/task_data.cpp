@@ -339,6 +339,7 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
   const TaskFields& f = options.fields;
   const bool scored = options.kind == ShardKind::kSequenceScores;
   BERT_CHECK(!scored || options.labels.empty(), "a sequence regression has no label set");
+  BERT_CHECK(scored || f.group.empty(), "groups are a sequence regression's");
   std::vector<std::string> labels = scored ? std::vector<std::string>{"score"} : options.labels;
   if (labels.empty()) {
     std::set<std::string> seen;
@@ -377,6 +378,15 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
   const auto limit = static_cast<size_t>(options.max_seq_len);
   std::vector<int32_t> tokens, token_labels;
   std::vector<int8_t> segments;
+  std::map<std::string, int32_t> group_ids;
+  auto group_of = [&](const Line& line) {
+    if (f.group.empty()) return -1;
+    const Json* v = line.json.find(f.group);
+    if (!v || !(v->is_string() || is_label(*v)) || v->is_bool())
+      throw UserError(line.where + ": expected a group field \"" + f.group +
+                      "\" (a string or an integer: the query the example belongs to) (--group-field)");
+    return group_ids.emplace(label_text(*v), static_cast<int32_t>(group_ids.size())).first->second;
+  };
   for (const Line& line : lines) {
     tokens.assign(1, special.cls);
     token_labels.assign(1, kIgnoredLabel);
@@ -426,7 +436,7 @@ Shard make_task_shard(const std::string& path, const tokenizer::Tokenizer& token
     }
     r.truncated += truncated;
     if (scored)
-      shard.append_scored(tokens, segments, score_field(line, f.label));
+      shard.append_scored(tokens, segments, score_field(line, f.label), group_of(line));
     else
       shard.append_labeled(tokens, segments, token_labels);
     ++r.examples;

@@ -35,6 +35,9 @@ namespace bert::data {
 struct TaskFields {
   std::string text = "text", text_b = "text_b";  // seq-cls: the text, and the optional pair (absent or null: none)
   std::string label = "label";                   // seq-cls: the label; seq-reg: the score
+  // seq-reg: each example's group (a query, whose passages a reranker ranks: a string or an integer); empty:
+  // none. Groups are numbered in the order they first occur.
+  std::string group;
   std::string tokens = "tokens", tags = "tags";  // token-cls
 };
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 
 #include "eval/output_reads.h"
 #include "eval/predictions.h"
@@ -116,8 +118,13 @@ void TaskMetrics::add(std::span<const int32_t> predicted, std::span<const int32_
   loss_sum += loss * n;
 }
 
-void TaskMetrics::add_scores(std::span<const float> predicted, std::span<const float> targets, double loss) {
+void TaskMetrics::add_scores(std::span<const float> predicted, std::span<const float> targets, double loss,
+                             std::span<const int64_t> example_groups) {
   BERT_CHECK(regression && predicted.size() == targets.size(), "TaskMetrics: a score per target");
+  BERT_CHECK(example_groups.empty() ? groups.empty()
+                                    : example_groups.size() == targets.size() && groups.size() == scored.size(),
+             "TaskMetrics: every scored example has a group, or none does");
+  groups.insert(groups.end(), example_groups.begin(), example_groups.end());
   for (size_t i = 0; i < targets.size(); ++i) scored.emplace_back(predicted[i], targets[i]);
   examples += static_cast<int64_t>(targets.size());
   loss_sum += loss * static_cast<double>(targets.size());
@@ -173,6 +180,63 @@ double TaskMetrics::baseline_mse() const {
   return squares / double(scored.size());
 }
 
+namespace {
+// Each group's (predicted, target) scores, in the order they came.
+std::map<int64_t, std::vector<std::pair<float, float>>> by_group(const TaskMetrics& m) {
+  std::map<int64_t, std::vector<std::pair<float, float>>> groups;
+  for (size_t i = 0; i < m.groups.size() && i < m.scored.size(); ++i) groups[m.groups[i]].push_back(m.scored[i]);
+  return groups;
+}
+// A group's targets in the order of its predicted scores, highest first (stable: ties keep their order).
+std::vector<double> ranked_targets(std::vector<std::pair<float, float>> group) {
+  std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<double> targets;
+  for (const auto& [predicted, target] : group) targets.push_back(target);
+  return targets;
+}
+}  // namespace
+
+double TaskMetrics::mrr(int k) const {
+  double sum = 0;
+  int64_t counted = 0;
+  for (const auto& [id, group] : by_group(*this)) {
+    const std::vector<double> targets = ranked_targets(group);
+    if (std::none_of(targets.begin(), targets.end(), [](double t) { return t > 0; })) continue;
+    ++counted;
+    for (size_t r = 0; r < targets.size() && r < static_cast<size_t>(k); ++r)
+      if (targets[r] > 0) {
+        sum += 1.0 / double(r + 1);
+        break;
+      }
+  }
+  return counted ? sum / double(counted) : 0.0;
+}
+
+double TaskMetrics::ndcg(int k) const {
+  double sum = 0;
+  int64_t counted = 0;
+  for (const auto& [id, group] : by_group(*this)) {
+    const std::vector<double> targets = ranked_targets(group);
+    std::vector<double> ideal = targets;
+    std::sort(ideal.begin(), ideal.end(), std::greater<>());
+    double dcg = 0, best = 0;
+    for (size_t r = 0; r < targets.size() && r < static_cast<size_t>(k); ++r) {
+      dcg += std::max(targets[r], 0.0) / std::log2(double(r + 2));
+      best += std::max(ideal[r], 0.0) / std::log2(double(r + 2));
+    }
+    if (!(best > 0)) continue;
+    sum += dcg / best, ++counted;
+  }
+  return counted ? sum / double(counted) : 0.0;
+}
+
+int64_t TaskMetrics::ranked_groups() const {
+  int64_t counted = 0;
+  for (const auto& [id, group] : by_group(*this))
+    counted += std::any_of(group.begin(), group.end(), [](const auto& p) { return p.second > 0; });
+  return counted;
+}
+
 std::string TaskMetrics::headline() const {
   if (regression) return fmt::format("Pearson {:.4f}", pearson());
   return fmt::format("{} {:.4f}", spans ? "EM" : "acc", accuracy());
@@ -181,6 +245,7 @@ std::string TaskMetrics::headline() const {
 void TaskMetrics::merge(const TaskMetrics& o) {
   if (num_labels == 0) *this = TaskMetrics(o.num_labels, o.spans), regression = o.regression;
   scored.insert(scored.end(), o.scored.begin(), o.scored.end());
+  groups.insert(groups.end(), o.groups.begin(), o.groups.end());
   for (size_t i = 0; i < confusion.size(); ++i) confusion[i] += o.confusion[i];
   examples += o.examples;
   loss_sum += o.loss_sum;
@@ -258,6 +323,11 @@ Json TaskMetrics::to_json(const std::vector<std::string>& label_names) const {
     j["mse"] = loss();
     j["examples"] = examples;
     j["baseline_mean_mse"] = baseline_mse();
+    if (!groups.empty()) {
+      j["mrr_at_10"] = mrr();
+      j["ndcg_at_10"] = ndcg();
+      j["ranked_groups"] = ranked_groups();
+    }
     return j;
   }
   if (spans) {

@@ -55,7 +55,8 @@ struct PretrainingMetrics {
 // tokens, not SQuAD's per-question F1 over normalised words of the best span across windows.
 // Sequence regression (`regression`): each sequence's predicted score against its target: Pearson and
 // Spearman correlation (GLUE's STS-B metrics), the loss the mean squared error, the baseline the mean
-// squared error of always predicting the targets' mean (their variance).
+// squared error of always predicting the targets' mean (their variance); with groups (queries whose passages
+// are ranked by their scores: a cross-encoder reranker's evaluation) also MRR@10 and NDCG@10.
 struct TaskMetrics {
   int64_t num_labels = 0;
   std::vector<int64_t> confusion;  // (num_labels, num_labels): [target * num_labels + predicted]
@@ -67,6 +68,7 @@ struct TaskMetrics {
   std::map<std::pair<int32_t, int32_t>, int64_t> target_spans;  // for the majority baseline
   bool regression = false;
   std::vector<std::pair<float, float>> scored;  // regression: each example's (predicted, target) score
+  std::vector<int64_t> groups;                  // regression: each scored example's group, or empty
 
   TaskMetrics() = default;
   explicit TaskMetrics(int64_t num_labels, bool spans = false)
@@ -76,8 +78,10 @@ struct TaskMetrics {
   // Adds one forward pass's values, read back (eval::OutputReads::add_to): each example's prediction and
   // target (question answering: start then end, per sequence), their mean loss.
   void add(std::span<const int32_t> predicted, std::span<const int32_t> targets, double loss);
-  // Regression: each sequence's predicted and target score, their mean squared error.
-  void add_scores(std::span<const float> predicted, std::span<const float> targets, double loss);
+  // Regression: each sequence's predicted and target score, their mean squared error, and each one's group
+  // (empty: none; examples come with groups always or never).
+  void add_scores(std::span<const float> predicted, std::span<const float> targets, double loss,
+                  std::span<const int64_t> groups = {});
   void merge(const TaskMetrics& other);
 
   double accuracy() const;  // question answering: the exact-match rate
@@ -98,6 +102,14 @@ struct TaskMetrics {
   double pearson() const;
   double spearman() const;
   double baseline_mse() const;
+  // Regression with groups: each group's examples ranked by their predicted scores, highest first (ties in
+  // the order they came), and scored against their targets (relevant: a target above 0). MRR@k: the mean
+  // over the groups with a relevant example of 1 / the rank of the first one in the top k (0 below it);
+  // NDCG@k: the mean over the groups with a relevant example of DCG@k / the ideal DCG@k, gains the targets
+  // (negative ones 0), discounts log2(rank + 1), as trec_eval's ndcg_cut. ranked_groups(): those groups.
+  double mrr(int k = 10) const;
+  double ndcg(int k = 10) const;
+  int64_t ranked_groups() const;
   // The two columns of tables, and their names: accuracy and macro-F1, for question answering exact match
   // and token F1, for a regression Pearson and Spearman.
   double first() const { return regression ? pearson() : accuracy(); }

@@ -92,7 +92,7 @@ TaskMetrics evaluate_onnx_task(const std::string& onnx_path, data::ShardLoader& 
       for (int64_t i = 0; i < bt.size; ++i) scores.push_back(static_cast<float>(data.at(i).as_number()));
       double squares = 0;
       for (int64_t i = 0; i < bt.size; ++i) squares += double(scores[i] - bt.scores[i]) * (scores[i] - bt.scores[i]);
-      m.add_scores(scores, bt.scores, bt.size ? squares / double(bt.size) : 0.0);
+      m.add_scores(scores, bt.scores, bt.size ? squares / double(bt.size) : 0.0, bt.groups);
       continue;
     }
     if (!output || output->find("dims")->as_array().size() != (per_token ? 2u : 1u))

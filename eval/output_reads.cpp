@@ -26,6 +26,7 @@ OutputReads OutputReads::queue(Readback& rb, const Graph<float>& g, const model:
   } else {
     r.task_targets = out.targets;
     r.task_scores = out.scores;
+    r.task_groups.assign(b.groups.begin(), b.groups.end());
     r.task_rows = out.rows;
     if (!r.task_targets.empty() || !r.task_scores.empty()) r.task_loss = scalar(out.loss);
   }
@@ -70,7 +71,8 @@ void OutputReads::add_to(PretrainingMetrics& metrics) const {
 }
 
 void OutputReads::add_to(TaskMetrics& metrics) const {
-  if (metrics.regression) return metrics.add_scores(head_values(), task_scores, task_loss ? *task_loss : 0.0);
+  if (metrics.regression)
+    return metrics.add_scores(head_values(), task_scores, task_loss ? *task_loss : 0.0, task_groups);
   metrics.add(head_predictions(), task_targets, task_loss ? *task_loss : 0.0);
 }
 

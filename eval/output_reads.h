@@ -41,7 +41,8 @@ struct OutputReads {
   DType head_dtype = DType::kF32;
   int64_t head_rows = 0, head_cols = 0;
   std::vector<int32_t> mlm_targets, task_targets;
-  std::vector<float> task_scores;  // a regression's target scores
+  std::vector<float> task_scores;    // a regression's target scores
+  std::vector<int64_t> task_groups;  // and their groups (or none)
   // The task head's rows (model::ModelOutputs::rows: b * T + position), the batch's sequences and length.
   std::vector<int32_t> task_rows;
   int64_t batch = 0, seq_len = 0;

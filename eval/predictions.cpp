@@ -25,6 +25,7 @@ void ExamplePredictions::add(const OutputReads& r) {
       j["index"] = sequences_ + i;
       j["score"] = shortest(values[i]);
       if (i < static_cast<int64_t>(r.task_scores.size())) j["target"] = shortest(r.task_scores[i]);
+      if (i < static_cast<int64_t>(r.task_groups.size())) j["group"] = r.task_groups[i];
       examples_.push_back(std::move(j));
     }
   } else if (config_.head == model::Head::kSequenceClassification) {

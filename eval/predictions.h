@@ -3,7 +3,8 @@
 // compute metrics of their own (a reranker's MRR over its queries), compare two runs example by example,
 // or read what the model got wrong. Each object has "index" (the sequence's position in the pass) and:
 //   sequence classification: "label" (the predicted name), "target" (the shard's), "logits";
-//   regression:              "score", "target";
+//   regression:              "score", "target" (and "group": the loader's group number, where the shards
+//                            have groups);
 //   token classification:    "tags" and "targets", the labeled tokens' (each word's first piece) in order;
 //   question answering:      "start", "end" (the most likely positions), "target_start", "target_end".
 #pragma once

@@ -71,6 +71,8 @@ void run_task(const std::string& input, const std::string& output, const std::st
   if (sequence && token_fields)
     throw UserError("--tokens-field, --tags-field: for --task token-cls (" + task +
                     " reads --text-fields, --label-field)");
+  if (!f.group.empty() && options.kind != ShardKind::kSequenceScores)
+    throw UserError("--group-field: for --task seq-reg (the queries whose passages a reranker's scores rank)");
   if (options.kind == ShardKind::kTokenLabels && sequence_fields)
     throw UserError("--text-fields, --label-field: for --task seq-cls (token-cls reads --tokens-field, --tags-field)");
   if (!labels_path.empty()) {
@@ -97,7 +99,11 @@ void run_task(const std::string& input, const std::string& output, const std::st
   }
   if (options.kind == ShardKind::kSequenceScores) {
     const auto [low, high] = std::minmax_element(shard.scores.begin(), shard.scores.end());
-    spdlog::info("task: {} seq-reg examples, scores {:.4g} to {:.4g} -> {}", report.examples, *low, *high, output);
+    spdlog::info("task: {} seq-reg examples, scores {:.4g} to {:.4g}{} -> {}", report.examples, *low, *high,
+                 shard.groups.empty()
+                     ? ""
+                     : fmt::format(", {} groups", *std::max_element(shard.groups.begin(), shard.groups.end()) + 1),
+                 output);
   } else {
     spdlog::info("task: {} {} examples, {} labels -> {}", report.examples, task, shard.label_names.size(), output);
   }
@@ -139,6 +145,9 @@ void inspect_score_shard(const std::string& path, const Shard& s, const tokenize
   if (s.size > 0)
     std::printf("  scores: mean %.4g, standard deviation %.4g, %.4g to %.4g\n", mean,
                 std::sqrt(std::max(0.0, squares / n - mean * mean)), *low, *high);
+  if (!s.groups.empty())
+    std::printf("  groups: %d (the examples ranked together)\n",
+                *std::max_element(s.groups.begin(), s.groups.end()) + 1);
   for (int64_t i = 0; i < std::min<int64_t>(show, s.size); ++i) {
     std::printf("  example %lld:", (long long)i);
     for (int64_t j = 0; j < s.seq_len && s.input_mask[i * s.seq_len + j]; ++j) {
@@ -345,6 +354,9 @@ CLI::App* add_task(CLI::App& app, Args& a) {
   task->add_option("--label-field", a.task_options.fields.label,
                    "seq-cls: the label's JSON field; seq-reg: the score's (a number)")
       ->capture_default_str();
+  task->add_option("--group-field", a.task_options.fields.group,
+                   "seq-reg: the JSON field of each example's group, a query whose passages are ranked by their "
+                   "scores (a string or an integer): bert-eval then reports MRR@10 and NDCG@10 over the groups");
   task->add_option("--tokens-field", a.task_options.fields.tokens, "token-cls: the words' JSON field")
       ->capture_default_str();
   task->add_option("--tags-field", a.task_options.fields.tags,

@@ -410,6 +410,9 @@ void task_metrics(Evaluation& e, data::ShardLoader& loader, const std::vector<st
     std::printf("%-22s %10.4f   over %lld sequences\n", "Pearson correlation", t.pearson(), (long long)t.examples);
     std::printf("%-22s %10.4f\n", "Spearman correlation", t.spearman());
     std::printf("%-22s %10.4f   (baseline: the mean score, %.4f)\n", "mean squared error", t.loss(), t.baseline_mse());
+    if (!t.groups.empty())
+      std::printf("%-22s %10.4f   over %lld groups with a relevant example (a target above 0)\n%-22s %10.4f\n",
+                  "MRR@10", t.mrr(), (long long)t.ranked_groups(), "NDCG@10", t.ndcg());
     return;
   }
   std::printf("%-22s %10.4f   (baseline: majority %s %.4f) over %lld %s\n", t.accuracy_name(), t.accuracy(),

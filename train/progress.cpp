@@ -81,21 +81,17 @@ data::ShardLoader held_out_loader(const TrainOptions& o, const std::vector<std::
   return eval_loader;
 }
 
-std::vector<std::pair<float, float>> gather_scores(Communicator& ranks,
-                                                   const std::vector<std::pair<float, float>>& own) {
+std::vector<double> gather(Communicator& ranks, const std::vector<double>& own) {
   std::vector<double> counts(static_cast<size_t>(ranks.size()), 0.0);
   counts[static_cast<size_t>(ranks.rank())] = static_cast<double>(own.size());
   ranks.all_reduce_sum(counts);
   size_t offset = 0, total = 0;
   for (int r = 0; r < ranks.size(); ++r) (r < ranks.rank() ? offset : total) += static_cast<size_t>(counts[r]);
   total += offset;
-  std::vector<double> all(2 * total, 0.0);  // each rank fills its own slots; the sum is every rank's
-  for (size_t i = 0; i < own.size(); ++i)
-    all[2 * (offset + i)] = own[i].first, all[2 * (offset + i) + 1] = own[i].second;
+  std::vector<double> all(total, 0.0);  // each rank fills its own slots; the sum is every rank's
+  std::copy(own.begin(), own.end(), all.begin() + static_cast<std::ptrdiff_t>(offset));
   ranks.all_reduce_sum(all);
-  std::vector<std::pair<float, float>> gathered(total);
-  for (size_t i = 0; i < total; ++i) gathered[i] = {static_cast<float>(all[2 * i]), static_cast<float>(all[2 * i + 1])};
-  return gathered;
+  return all;
 }
 
 void check_best_metric(TrainOptions::BestMetric metric, const model::BertConfig& config) {
@@ -166,8 +162,11 @@ void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int
     const auto& m = result.last_task_eval;
     if (m.regression)
       spdlog::info(
-          "eval step {}: Pearson {:.4f}, Spearman {:.4f}, MSE {:.4f} (the mean score: {:.4f}) over {} sequences", step,
-          m.pearson(), m.spearman(), m.loss(), m.baseline_mse(), m.examples);
+          "eval step {}: Pearson {:.4f}, Spearman {:.4f}, MSE {:.4f} (the mean score: {:.4f}) over {} sequences{}",
+          step, m.pearson(), m.spearman(), m.loss(), m.baseline_mse(), m.examples,
+          m.groups.empty()
+              ? ""
+              : fmt::format("; MRR@10 {:.4f}, NDCG@10 {:.4f} over {} groups", m.mrr(), m.ndcg(), m.ranked_groups()));
     else
       spdlog::info("eval step {}: {} {:.4f} (majority {} {:.4f}), {} {:.4f}{}, loss {:.4f} over {} {}", step,
                    m.accuracy_name(), m.accuracy(), m.spans ? "span" : "label", m.majority_accuracy(), m.f1_name(),

@@ -23,10 +23,9 @@ namespace bert::train {
 // h:mm:ss.
 std::string format_duration(double seconds);
 
-// The (predicted, target) scores of every rank, in rank order (each rank passes its own): a regression's
-// correlations need every pair, not sums.
-std::vector<std::pair<float, float>> gather_scores(Communicator& ranks,
-                                                   const std::vector<std::pair<float, float>>& own);
+// Every rank's values, in rank order (each rank passes its own): a regression's correlations and rankings
+// need every score, not sums.
+std::vector<double> gather(Communicator& ranks, const std::vector<double>& own);
 
 // The metrics of the steps since the last progress line: MLM/NSP for pretraining, the task's accuracy
 // for fine-tuning; their progress line and metrics.jsonl fields.
@@ -61,6 +60,7 @@ class ProgressWindow {
     } else {
       if (task_.regression) {
         line["pearson"] = task_.pearson();
+        if (!task_.groups.empty()) line["ndcg_at_10"] = task_.ndcg();
       } else {
         line["accuracy"] = task_.accuracy();  // question answering: the exact-match rate
         if (task_.spans) line["token_f1"] = task_.macro_f1();
@@ -90,7 +90,18 @@ class ProgressWindow {
     for (size_t i = 0; i < task_.confusion.size(); ++i) task_.confusion[i] = int64_t(v[8 + i]);
     task_.exact = int64_t(v[spans]), task_.start_correct = int64_t(v[spans + 1]);
     task_.end_correct = int64_t(v[spans + 2]), task_.span_f1_sum = v[spans + 3];
-    if (task_.regression) task_.scored = gather_scores(ranks, task_.scored);
+    if (task_.regression) {  // (group numbers lie below 2^53: exact as doubles)
+      std::vector<double> own;
+      for (size_t i = 0; i < task_.scored.size(); ++i)
+        own.insert(own.end(), {task_.scored[i].first, task_.scored[i].second,
+                               task_.groups.empty() ? -1.0 : double(task_.groups[i])});
+      const std::vector<double> all = gather(ranks, own);
+      task_.scored.clear(), task_.groups.clear();
+      for (size_t i = 0; i + 2 < all.size(); i += 3) {
+        task_.scored.emplace_back(static_cast<float>(all[i]), static_cast<float>(all[i + 1]));
+        if (all[i + 2] >= 0) task_.groups.push_back(static_cast<int64_t>(all[i + 2]));
+      }
+    }
   }
   int64_t steps() const { return steps_; }
   double mean_grad_norm() const { return steps_ ? grad_norm_sum_ / steps_ : 0.0; }

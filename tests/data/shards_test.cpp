@@ -952,6 +952,47 @@ TEST_F(FixtureData, SequenceScoresMakeARegressionShard) {
   fails("{\"sentence1\": \"a\", \"label\": 1e39}\n", "bad.jsonl:1: expected a score field");
   fails("{\"sentence1\": \"a\", \"score\": 1}\n", "(--label-field names the field to read)");
   fails("", "holds no examples");
+  // Groups (--group-field: the queries a reranker's scores rank), numbered as they first occur; the loader
+  // keeps them apart across shards.
+  TaskDataOptions grouped = o;
+  grouped.fields.group = "qid";
+  const std::string ranked = write_lines(dir, "ranked.jsonl",
+                                         R"({"sentence1": "q one", "sentence2": "a", "label": 1, "qid": "q7"})"
+                                         "\n"
+                                         R"({"sentence1": "q two", "sentence2": "b", "label": 0, "qid": 12})"
+                                         "\n"
+                                         R"({"sentence1": "q one", "sentence2": "c", "label": 0, "qid": "q7"})"
+                                         "\n");
+  const Shard g = make_task_shard(ranked, *tokenizer_, grouped);
+  EXPECT_EQ(g.groups, (std::vector<int32_t>{0, 1, 0}));
+  write_shard(dir.file("ranked.hdf5"), g);
+  write_shard(dir.file("ranked2.hdf5"), g);
+  EXPECT_EQ(read_shard(dir.file("ranked.hdf5")).groups, g.groups);
+  EXPECT_TRUE(read_shard(dir.file("stsb.hdf5")).groups.empty()) << "a shard without groups has none";
+  LoaderOptions two = lo;
+  two.shards = {dir.file("ranked.hdf5"), dir.file("ranked2.hdf5")};
+  two.batch_size = 6;
+  ShardLoader both(two);
+  Batch all;
+  ASSERT_TRUE(both.next(all));
+  ASSERT_EQ(all.groups.size(), 6u);
+  EXPECT_EQ(all.groups[0], all.groups[2]);
+  EXPECT_NE(all.groups[0], all.groups[1]);
+  EXPECT_EQ(std::set<int64_t>(all.groups.begin(), all.groups.end()).size(), 4u) << "each shard's groups apart";
+  EXPECT_EQ(all.view().groups.size(), 6u);
+  LoaderOptions half = two;
+  half.shards = {dir.file("ranked.hdf5"), dir.file("stsb.hdf5")};
+  testing::expect_user_error(
+      [&] {
+        ShardLoader l(half);
+        Batch b;
+        while (l.next(b)) {
+        }
+      },
+      "stsb.hdf5' has no groups; the first shard has (all shards of a run must agree)");
+  const std::string no_group = write_lines(dir, "nogroup.jsonl", "{\"sentence1\": \"a\", \"label\": 1}\n");
+  testing::expect_user_error([&] { make_task_shard(no_group, *tokenizer_, grouped); },
+                             "nogroup.jsonl:1: expected a group field \"qid\"");
   // A shard whose score is not finite.
   Shard nan(8, 0);
   nan.kind = ShardKind::kSequenceScores;

@@ -1570,7 +1570,8 @@ class FactsTasks : public FactsCorpus {
                : task == std::string("tok") ? data::ShardKind::kTokenLabels
                : task == std::string("reg") ? data::ShardKind::kSequenceScores
                                             : data::ShardKind::kSpanLabels;
-      if (o.kind == data::ShardKind::kSequenceScores) o.fields.text = "sentence1", o.fields.text_b = "sentence2";
+      if (o.kind == data::ShardKind::kSequenceScores)  // each fact a query whose offered values are ranked
+        o.fields.text = "sentence1", o.fields.text_b = "sentence2", o.fields.group = "sentence1";
       o.max_seq_len = o.kind == data::ShardKind::kSpanLabels ? 24 : 16;
       o.doc_stride = 6;
       const data::Shard train_shard =
@@ -1721,6 +1722,34 @@ TEST(TaskMetrics, PearsonSpearmanAndTheMeansBaselineByHand) {
   constant.add_scores(std::vector<float>(5, 2.0f), targets, 0.0);
   EXPECT_EQ(constant.pearson(), 0.0);
   EXPECT_EQ(constant.spearman(), 0.0);
+}
+
+// A reranker's ranking metrics by hand (numpy's arithmetic): group 1 ranks its relevant passages 2nd and
+// 3rd (RR 1/2; DCG 3/log2(3) + 1/2 against the ideal 3 + 1/log2(3): NDCG 0.6590018); group 2's tie keeps its
+// order, the relevant one first (RR 1, NDCG 1); group 3 has nothing relevant (not counted); group 4's
+// relevant passage is 11th, past the cut (RR 0, NDCG 0).
+TEST(TaskMetrics, MrrAndNdcgOfGroupsByHand) {
+  eval::TaskMetrics m = eval::TaskMetrics::for_head(with_head(model::Head::kSequenceClassification, 1));
+  std::vector<float> predicted = {0.9f, 0.8f, 0.1f, 0.2f, 0.2f, 0.5f, 0.4f}, targets = {0, 3, 1, 2, 0, 0, 0};
+  std::vector<int64_t> groups = {1, 1, 1, 2, 2, 3, 3};
+  for (int i = 0; i < 11; ++i) {
+    predicted.push_back(1.0f - 0.01f * float(i));
+    targets.push_back(i == 10 ? 2.0f : 0.0f);
+    groups.push_back(4);
+  }
+  m.add_scores(std::span(predicted).first(5), std::span(targets).first(5), 0.0, std::span(groups).first(5));
+  m.add_scores(std::span(predicted).subspan(5), std::span(targets).subspan(5), 0.0, std::span(groups).subspan(5));
+  EXPECT_EQ(m.ranked_groups(), 3);
+  EXPECT_NEAR(m.mrr(), 0.5, 1e-12);
+  EXPECT_NEAR(m.ndcg(), 0.5530006016008044, 1e-9);
+  EXPECT_NEAR(m.mrr(20), (0.5 + 1 + 1.0 / 11) / 3, 1e-12) << "a deeper cut reaches group 4's";
+  const Json j = m.to_json({"score"});
+  EXPECT_DOUBLE_EQ(j.find("mrr_at_10")->as_number(), m.mrr());
+  EXPECT_EQ(j.find("ranked_groups")->as_int(), 3);
+  eval::TaskMetrics ungrouped = eval::TaskMetrics::for_head(with_head(model::Head::kSequenceClassification, 1));
+  ungrouped.add_scores(predicted, targets, 0.0);
+  EXPECT_EQ(ungrouped.to_json({"score"}).find("mrr_at_10"), nullptr);
+  EXPECT_THROW(ungrouped.add_scores(predicted, targets, 0.0, groups), InternalError) << "groups always or never";
 }
 
 TEST(TaskMetrics, SpanExactMatchF1AndMajorityByHand) {
@@ -1884,6 +1913,10 @@ TEST_F(FactsTasks, RegressionLearnsScoresKeepsTheBestPearsonAndRunsAsInt8) {
   EXPECT_GT(m.pearson(), 0.75);
   EXPECT_GT(m.spearman(), 0.45);
   EXPECT_LT(m.loss(), 0.4 * m.baseline_mse()) << "well below always predicting the mean";
+  // Ranked as a reranker ranks, each fact a query of its offered values.
+  std::cout << "[ info ] MRR@10 " << m.mrr() << ", NDCG@10 " << m.ndcg() << " over " << m.ranked_groups() << " facts\n";
+  EXPECT_EQ(m.ranked_groups(), 12) << "every fact asked in the dev set";
+  EXPECT_GT(m.ndcg(), 0.8);
   EXPECT_LT(r.losses.back(), r.losses.front());
   const model::BertConfig c = store::read_checkpoint_config(out.file("reg") + "/checkpoint.h5");
   EXPECT_TRUE(c.regression());
@@ -2308,11 +2341,12 @@ TEST_F(FactsTasks, TwoRanksScoreLikeOneProcessWithTheGlobalBatch) {
     for (std::string line; std::getline(log, line);) {
       const Json record = Json::parse(line);
       if (const Json* p = record.find("pearson")) values.push_back(p->as_number());
+      if (const Json* n = record.find("ndcg_at_10")) values.push_back(n->as_number());
     }
     return values;
   };
   const std::vector<double> alone = correlations(out.file("one")), together = correlations(out.file("two"));
-  ASSERT_EQ(alone.size(), 3u) << "a progress line every 4 steps";
+  ASSERT_EQ(alone.size(), 6u) << "a progress line every 4 steps: Pearson and NDCG@10 (the facts' rankings)";
   ASSERT_EQ(together.size(), alone.size());
   for (size_t i = 0; i < alone.size(); ++i) EXPECT_NEAR(together[i], alone[i], 1e-3) << "line " << i;
 }
