@@ -1,6 +1,7 @@
 // Fine-tuning data: JSON lines made into task shards of each kind (data/task_data.h), questions windowed
 // with the fixture vocabulary; every span labelled lies in its window's context, every window's words are
-// the context's; every score of a regression is finite, one per sequence.
+// the context's; every score of a regression is finite, one per sequence, and its groups (by "qid") number
+// each sequence from 0 in order of first occurrence.
 #include <cmath>
 #include <memory>
 
@@ -28,6 +29,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (s.scores.size() != static_cast<size_t>(s.size) || !s.labels.empty()) __builtin_trap();
         for (const float score : s.scores)
           if (!std::isfinite(score)) __builtin_trap();
+        o.fields.group = "qid";
+        const data::Shard grouped = data::make_task_shard(file.path(), *vocab, o);
+        if (grouped.groups.size() != static_cast<size_t>(grouped.size)) __builtin_trap();
+        int32_t next = 0;  // numbered as they first occur
+        for (const int32_t g : grouped.groups) {
+          if (g < 0 || g > next) __builtin_trap();
+          if (g == next) ++next;
+        }
         return;
       }
       if (kind != data::ShardKind::kSpanLabels) {
