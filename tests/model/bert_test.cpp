@@ -99,6 +99,10 @@ constexpr double kBf16GradientTolerance = 1e-1;
 // within 4.7e-4 of erf's, of the unrounded FP32 sums). Measured on an H200: gradients 1.14e-1 (the sequence
 // classifier's; 5.4e-2 the token classifier's).
 constexpr double kGpuBf16HeadsGradientTolerance = 1.5e-1;
+// The regression head in BF16 on the GPU: its three examples' score gradients (-1.92, 0.34, 1.19) cancel to
+// -0.40 in every parameter's gradient summed over them, so each example's BF16 rounding weighs some five times
+// more against the sum. Measured on an H200: 2.4e-1 (the last LayerNorm's weight; 1.5e-1 its output bias).
+constexpr double kGpuBf16RegressionGradientTolerance = 3.5e-1;
 // BF16 products on the CPU (operands rounded, FP32 sums, FP32 tensors). Measured (AMD EPYC, AVX512_BF16):
 // MLM logits 7.7e-3, NSP logits 4.1e-2 (two small logits of a pooled [CLS]), gradients 8.8e-2 (layer 0's
 // query and key, through the softmax's backward as above).
@@ -235,7 +239,8 @@ TEST(BertGolden, OnTheGpuInBf16WithinItsTolerance) {
 // The task heads (tests/fixtures/bert_heads_golden.h5, tests/golden/make_heads_golden.py): logits,
 // loss and every gradient of BertForSequenceClassification, BertForTokenClassification,
 // BertForQuestionAnswering and a one-output BertForSequenceClassification, a regression (scores, MSE).
-void check_heads_golden(const Device& device, double tolerance = kGoldenTolerance) {
+void check_heads_golden(const Device& device, double head_tolerance = kGoldenTolerance,
+                        double regression_tolerance = kGoldenTolerance) {
   const std::string path = testing::fixtures_dir() + "/bert_heads_golden.h5";
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0) << "missing fixture " << path;
@@ -248,6 +253,7 @@ void check_heads_golden(const Device& device, double tolerance = kGoldenToleranc
                                                        : Head::kSequenceClassification);
     const bool regression = head == "seq_reg";
     ASSERT_EQ(model.config().regression(), regression);
+    const double tolerance = regression ? regression_tolerance : head_tolerance;
     ParameterArena<float>& params = model.parameters();
     int model_parameters = 0;
     for (ParamId id = 0; id < params.size(); ++id) {
@@ -354,7 +360,8 @@ TEST(BertGolden, TaskHeadsOnTheGpuInFp32) {
 TEST(BertGolden, TaskHeadsOnTheGpuInBf16WithinItsTolerance) {
   if (!Device::cuda_available())
     GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): the GPU golden test runs on a machine with an NVIDIA GPU";
-  check_heads_golden(*Device::cuda(0, Precision::kBf16), kGpuBf16HeadsGradientTolerance);
+  check_heads_golden(*Device::cuda(0, Precision::kBf16), kGpuBf16HeadsGradientTolerance,
+                     kGpuBf16RegressionGradientTolerance);
 }
 
 TEST(BertModel, EvaluationWithoutGradientsGivesTheSameLogitsAndRecordsNothing) {
