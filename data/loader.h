@@ -52,6 +52,7 @@ class ShardLoader {
   int64_t max_predictions() const { return max_predictions_; }
   ShardKind kind() const { return kind_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
+  bool grouped() const { return grouped_; }  // seq-reg shards whose examples have groups
   const std::optional<ShardMetadata>& metadata() const { return metadata_; }
   // The shard being read ahead (an index into LoaderOptions::shards), -1 when none is.
   int64_t reading_ahead() const { return ahead_.valid() ? ahead_index_ : -1; }

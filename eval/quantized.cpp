@@ -65,6 +65,10 @@ double task_score(const TaskMetrics& metrics, TaskScore score) {
       return metrics.pearson();
     case TaskScore::kSpearman:
       return metrics.spearman();
+    case TaskScore::kMrr:
+      return metrics.mrr();
+    case TaskScore::kNdcg:
+      return metrics.ndcg();
     case TaskScore::kAccuracy:
       break;
   }
@@ -78,11 +82,11 @@ TaskScore default_task_score(const model::BertConfig& config) {
 void check_ranking(const model::BertConfig& config, TaskScore score, bool questions) {
   const model::Head head = config.head;
   const std::string flag = "--rank-by " + kTaskScoreNames.name(score);
-  const bool correlation = score == TaskScore::kPearson || score == TaskScore::kSpearman;
+  const bool correlation = score == TaskScore::kPearson || score == TaskScore::kSpearman || ranks_groups(score);
   if (config.regression() && !correlation)
     throw UserError(flag +
                     ": a regression (one score per sequence) is ranked by its Pearson or Spearman "
-                    "correlation (--rank-by pearson, spearman)");
+                    "correlation, or its groups' MRR or NDCG (--rank-by pearson, spearman, mrr, ndcg)");
   if (correlation && !config.regression())
     throw UserError(flag + ": for a regression (a " + model::head_architecture(head) + " with " +
                     std::to_string(config.num_labels()) + " labels classifies)");
@@ -95,6 +99,12 @@ void check_ranking(const model::BertConfig& config, TaskScore score, bool questi
     throw UserError(flag +
                     ": question answering has no Matthews correlation (accuracy ranks by exact match, "
                     "macro-f1 by token F1)");
+}
+
+void check_groups(TaskScore score, bool grouped, const std::string& flag, const std::string& shard) {
+  if (ranks_groups(score) && !grouped)
+    throw UserError(flag + ": ranks each group's examples (a query's passages), but '" + shard +
+                    "' has no groups (make the seq-reg shards with bert-data's --group-field)");
 }
 
 double ranking_score(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
@@ -119,6 +129,10 @@ std::string ranking_metric(const model::Bert& model, const Ranking& ranking) {
       return "task Pearson";
     case TaskScore::kSpearman:
       return "task Spearman";
+    case TaskScore::kMrr:
+      return "task MRR@10";
+    case TaskScore::kNdcg:
+      return "task NDCG@10";
     case TaskScore::kAccuracy:
       break;
   }

@@ -26,14 +26,16 @@ struct ModeResult {
 // Which of a task's metrics the comparisons rank by (bert-eval --rank-by): its accuracy, its macro-F1
 // (question answering: the windows' token F1) or, for classification, its Matthews correlation (GLUE's
 // CoLA metric, for labels far from balanced).
-// A regression ranks by its Pearson or Spearman correlation (GLUE's STS-B metrics).
-enum class TaskScore { kAccuracy, kMacroF1, kMcc, kPearson, kSpearman };
-inline constexpr EnumNames<TaskScore, 5> kTaskScoreNames{
-    {{{TaskScore::kAccuracy, "accuracy"},
-      {TaskScore::kMacroF1, "macro-f1"},
-      {TaskScore::kMcc, "mcc", "Matthews correlation"},
-      {TaskScore::kPearson, "pearson", "Pearson correlation"},
-      {TaskScore::kSpearman, "spearman", "Spearman correlation"}}}};
+// A regression ranks by its Pearson or Spearman correlation (GLUE's STS-B metrics), or, where its examples
+// come in groups (a reranker's queries and their passages), by the groups' MRR@10 or NDCG@10.
+enum class TaskScore { kAccuracy, kMacroF1, kMcc, kPearson, kSpearman, kMrr, kNdcg };
+inline constexpr EnumNames<TaskScore, 7> kTaskScoreNames{{{{TaskScore::kAccuracy, "accuracy"},
+                                                           {TaskScore::kMacroF1, "macro-f1"},
+                                                           {TaskScore::kMcc, "mcc", "Matthews correlation"},
+                                                           {TaskScore::kPearson, "pearson", "Pearson correlation"},
+                                                           {TaskScore::kSpearman, "spearman", "Spearman correlation"},
+                                                           {TaskScore::kMrr, "mrr", "MRR@10 over the groups"},
+                                                           {TaskScore::kNdcg, "ndcg", "NDCG@10 over the groups"}}}};
 double task_score(const TaskMetrics& metrics, TaskScore score);
 // What a model ranks by unless told: Pearson for a regression, else accuracy.
 TaskScore default_task_score(const model::BertConfig& config);
@@ -43,15 +45,19 @@ struct Ranking {
   // (`score` then unused).
   const QuestionScoring* questions = nullptr;
 };
+// Whether `score` ranks a regression's groups (MRR@10, NDCG@10): it needs shards with groups.
+inline bool ranks_groups(TaskScore score) { return score == TaskScore::kMrr || score == TaskScore::kNdcg; }
 // UserError naming --rank-by where `score` does not apply: a pretraining model ranks by MLM accuracy only,
 // question answering has no Matthews correlation, and with questions scored (`questions`) it ranks by
-// their F1; a regression ranks by Pearson or Spearman only, and only a regression by those.
+// their F1; a regression ranks by Pearson, Spearman, MRR or NDCG only, and only a regression by those.
 void check_ranking(const model::BertConfig& config, TaskScore score, bool questions);
+// UserError naming `flag` and `shard` where `score` ranks groups (ranks_groups) and the shards have none.
+void check_groups(TaskScore score, bool grouped, const std::string& flag, const std::string& shard);
 // What sensitivity() and harmful_activation_quantizers() rank by.
 double ranking_score(model::Bert& model, data::ShardLoader& loader, int64_t max_batches, Graph<float>& g,
                      const Ranking& ranking = {});
 // Its name, for reports and plans: "MLM accuracy", "task accuracy", "task macro-F1", "task MCC", "task Pearson",
-// "task Spearman", "question F1".
+// "task Spearman", "task MRR@10", "task NDCG@10", "question F1".
 std::string ranking_metric(const model::Bert& model, const Ranking& ranking = {});
 
 // FP32 first, then PTQ with each method from one calibration pass (statistics), then, when the model

@@ -180,6 +180,16 @@ run "$BIN/bert-eval" --checkpoint "$OUT/sts-qat" --shards "$OUT/sts-ranked.hdf5"
   --json-out "$OUT/sts-ranked.json"
 run "$BIN/bert-eval" --checkpoint "$OUT/sts" --shards "$OUT/sts-dev.hdf5" --compare --calibrators max \
   --calib-shards "$OUT/sts-train.hdf5" --calib-batches 2 --json-out "$OUT/sts-compare.json"
+# Per-quantizer sensitivity ranked as a reranker's (--rank-by ndcg); MRR or NDCG asked of shards without
+# groups is refused, naming the shard.
+run "$BIN/bert-eval" --checkpoint "$OUT/sts" --shards "$OUT/sts-ranked.hdf5" --json-out "$OUT/sts-ranked-fp32.json"
+run "$BIN/bert-eval" --checkpoint "$OUT/sts" --shards "$OUT/sts-ranked.hdf5" --sensitivity --rank-by ndcg \
+  --calib-shards "$OUT/sts-train.hdf5" --calib-batches 2 --json-out "$OUT/sts-sensitivity.json"
+if "$BIN/bert-eval" --checkpoint "$OUT/sts" --shards "$OUT/sts-dev.hdf5" --compare --rank-by mrr \
+  --calib-shards "$OUT/sts-train.hdf5" --calib-batches 2 > "$OUT/sts-mrr-error.txt" 2>&1; then
+  fail "--rank-by mrr ran on shards without groups"
+fi
+grep -q "sts-dev.hdf5' has no groups" "$OUT/sts-mrr-error.txt" || { cat "$OUT/sts-mrr-error.txt"; fail "--rank-by mrr without groups: no clear error"; }
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -210,6 +220,11 @@ def pearson(x, y):
     sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
     return sxy / (sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y)) ** 0.5
 assert abs(pearson([l["score"] for l in lines], targets) - back["metrics"]["pearson"]) < 1e-5
+sensitivity, fp32_ranked = (json.load(open(f"{out}/{n}.json")) for n in ("sts-sensitivity", "sts-ranked-fp32"))
+sensitivity = sensitivity["sensitivity"]
+assert sensitivity["metric"] == "task NDCG@10", sensitivity["metric"]
+assert abs(sensitivity["fp32"] - fp32_ranked["metrics"]["ndcg_at_10"]) < 1e-12, "--rank-by ndcg ranks by another number"
+print(f"sensitivity by NDCG@10: FP32 {sensitivity['fp32']:.4f}, all quantized {sensitivity['all_quantized']:.4f}")
 r = ranked["metrics"]
 print(f"ranked as a reranker (4 facts, 20 answers each): MRR@10 {r['mrr_at_10']:.4f}, NDCG@10 {r['ndcg_at_10']:.4f}; "
       f"ONNX Runtime {ranked['onnx']['mrr_at_10']:.4f}, {ranked['onnx']['ndcg_at_10']:.4f}")

@@ -119,7 +119,8 @@ void add_options(CLI::App& app, Args& a) {
       app, "--rank-by", a.rank_by, bert::eval::kTaskScoreNames,
       "a task model's metric that --sensitivity ranks by and --flag-drop measures: accuracy, macro-f1 (question "
       "answering: token F1) or mcc (Matthews correlation, for labels far from balanced, as GLUE scores CoLA); a "
-      "regression's pearson (its default) or spearman");
+      "regression's pearson (its default) or spearman, or with groups (a reranker's queries) mrr or ndcg (MRR@10, "
+      "NDCG@10)");
   app.add_option("--calibrators", a.calibrators, "PTQ methods for --compare")->capture_default_str();
   bert::tools::add_enum_option(app, "--calibrator", a.calibration.method, bert::quant::kMethodNames,
                                "method for --sensitivity");
@@ -233,6 +234,9 @@ void check_shards_fit_the_model(const Evaluation& e, data::ShardLoader& loader, 
                     "; the model is a " + model::head_architecture(config.head) +
                     (e.task_model ? " with " + std::to_string(config.num_labels()) + " labels" : "") +
                     " (make the shards with the model's labels: bert-data task --labels <its training shard>)");
+  if (e.a.compare || e.a.sensitivity)
+    eval::check_groups(e.a.rank_by, loader.grouped(), "--rank-by " + eval::kTaskScoreNames.name(e.a.rank_by),
+                       lo.shards.front());
 }
 
 // --save-calibrated: PTQ scales from `stats`, saved as a checkpoint with its tokenizer beside it.

@@ -189,7 +189,8 @@ void add_run_options(CLI::App& app, Args& a) {
          },
          "keep the model of the best held-out evaluation (--eval) by this metric: accuracy (MLM accuracy, a task's "
          "accuracy, per-window exact match), macro-f1, mcc (Matthews correlation), loss (the lowest), question-f1 "
-         "(--eval-qa-data) or a regression's pearson or spearman: OUT/checkpoint-best.h5 and OUT/best.json (metric, "
+         "(--eval-qa-data), a regression's pearson or spearman, or with groups its mrr or ndcg (MRR@10, NDCG@10): "
+         "OUT/checkpoint-best.h5 and OUT/best.json (metric, "
          "value, step), kept over --resume")
       ->check(CLI::IsMember(bert::train::kBestMetricNames.names()));
   app.add_option("--patience", a.o.patience,

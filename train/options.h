@@ -107,7 +107,7 @@ struct TrainOptions {
   // task's macro-F1 (question answering: token F1); kMcc: a classification's Matthews correlation;
   // kLoss: the held-out loss; kQuestionF1: the questions' F1 (eval_questions).
   // kPearson, kSpearman: a regression's correlations.
-  enum class BestMetric { kAccuracy, kMacroF1, kMcc, kLoss, kQuestionF1, kPearson, kSpearman };
+  enum class BestMetric { kAccuracy, kMacroF1, kMcc, kLoss, kQuestionF1, kPearson, kSpearman, kMrr, kNdcg };
   std::optional<BestMetric> keep_best;
   // Early stopping (--patience N, with keep_best and eval_every): the run stops, with a checkpoint, after N
   // held-out evaluations in a row that do not beat the best (counted from the best's step, so a resumed run
@@ -126,14 +126,16 @@ struct TrainOptions {
 
 inline constexpr EnumNames<TrainOptions::OnNonFinite, 2> kOnNonFiniteNames{
     {{{TrainOptions::OnNonFinite::kStop, "stop"}, {TrainOptions::OnNonFinite::kSkip, "skip"}}}};
-inline constexpr EnumNames<TrainOptions::BestMetric, 7> kBestMetricNames{
+inline constexpr EnumNames<TrainOptions::BestMetric, 9> kBestMetricNames{
     {{{TrainOptions::BestMetric::kAccuracy, "accuracy"},
       {TrainOptions::BestMetric::kMacroF1, "macro-f1"},
       {TrainOptions::BestMetric::kMcc, "mcc"},
       {TrainOptions::BestMetric::kLoss, "loss"},
       {TrainOptions::BestMetric::kQuestionF1, "question-f1"},
       {TrainOptions::BestMetric::kPearson, "pearson"},
-      {TrainOptions::BestMetric::kSpearman, "spearman"}}}};
+      {TrainOptions::BestMetric::kSpearman, "spearman"},
+      {TrainOptions::BestMetric::kMrr, "mrr"},
+      {TrainOptions::BestMetric::kNdcg, "ndcg"}}}};
 inline constexpr EnumNames<TrainOptions::ScaleTraining, 3> kScaleTrainingNames{
     {{{TrainOptions::ScaleTraining::kLearned, "learned"},
       {TrainOptions::ScaleTraining::kLsq, "lsq"},

@@ -98,9 +98,12 @@ void check_best_metric(TrainOptions::BestMetric metric, const model::BertConfig&
   using Metric = TrainOptions::BestMetric;
   const model::Head head = config.head;
   const std::string flag = "--keep-best " + kBestMetricNames.name(metric);
-  const bool correlation = metric == Metric::kPearson || metric == Metric::kSpearman;
+  const bool correlation =
+      metric == Metric::kPearson || metric == Metric::kSpearman || metric == Metric::kMrr || metric == Metric::kNdcg;
   if (config.regression() && !correlation && metric != Metric::kLoss)
-    throw UserError(flag + ": a regression is ranked by its Pearson or Spearman correlation or its loss");
+    throw UserError(flag +
+                    ": a regression is ranked by its Pearson or Spearman correlation, its groups' MRR or NDCG, "
+                    "or its loss");
   if (correlation && !config.regression())
     throw UserError(flag + ": for a regression (a " + model::head_architecture(head) + " with one score)");
   if (head == model::Head::kPretraining && metric != Metric::kAccuracy && metric != Metric::kLoss)
@@ -124,6 +127,8 @@ double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& res
                              : metric == Metric::kMcc      ? eval::TaskScore::kMcc
                              : metric == Metric::kPearson  ? eval::TaskScore::kPearson
                              : metric == Metric::kSpearman ? eval::TaskScore::kSpearman
+                             : metric == Metric::kMrr      ? eval::TaskScore::kMrr
+                             : metric == Metric::kNdcg     ? eval::TaskScore::kNdcg
                                                            : eval::TaskScore::kAccuracy);
 }
 

@@ -1883,6 +1883,26 @@ TEST(Ranking, RankByFitsTheHead) {
   for (TaskScore s : {TaskScore::kAccuracy, TaskScore::kMacroF1, TaskScore::kMcc})
     testing::expect_user_error([&] { eval::check_ranking(regression, s, false); },
                                "a regression (one score per sequence) is ranked by its Pearson or Spearman");
+  // A reranker's groups rank it by MRR@10 or NDCG@10: a regression's scores, and only where the shards have groups.
+  for (TaskScore s : {TaskScore::kMrr, TaskScore::kNdcg}) {
+    EXPECT_NO_THROW(eval::check_ranking(regression, s, false));
+    testing::expect_user_error([s] { eval::check_ranking(with_head(Head::kSequenceClassification, 3), s, false); },
+                               "--rank-by " + eval::kTaskScoreNames.name(s) + ": for a regression");
+    EXPECT_NO_THROW(eval::check_groups(s, true, "--rank-by x", "dev.hdf5"));
+    testing::expect_user_error([s] { eval::check_groups(s, false, "--rank-by x", "dev.hdf5"); },
+                               "--rank-by x: ranks each group's examples (a query's passages), but 'dev.hdf5' has no "
+                               "groups (make the seq-reg shards with bert-data's --group-field)");
+  }
+  EXPECT_NO_THROW(eval::check_groups(TaskScore::kPearson, false, "--rank-by pearson", "dev.hdf5"));
+  EXPECT_EQ(eval::kTaskScoreNames.parse("ndcg", "--rank-by"), TaskScore::kNdcg);
+  eval::TaskMetrics ranked = eval::TaskMetrics::for_head(regression);
+  // Group 0 ranks its relevant passage second (RR 1/2), group 1 first (RR 1).
+  ranked.add_scores(std::vector<float>{0.9f, 0.5f, 0.7f, 0.1f}, std::vector<float>{0, 1, 1, 0}, 0.0,
+                    std::vector<int64_t>{0, 0, 1, 1});
+  EXPECT_DOUBLE_EQ(eval::task_score(ranked, TaskScore::kMrr), 0.75);
+  EXPECT_DOUBLE_EQ(eval::task_score(ranked, TaskScore::kMrr), ranked.mrr());
+  EXPECT_DOUBLE_EQ(eval::task_score(ranked, TaskScore::kNdcg), ranked.ndcg());
+  EXPECT_NE(ranked.mrr(), ranked.pearson());
   eval::TaskMetrics m(2);
   m.add(std::vector<int32_t>{1, 1, 0, 1}, std::vector<int32_t>{1, 0, 0, 1}, 0.0);
   EXPECT_DOUBLE_EQ(eval::task_score(m, TaskScore::kAccuracy), m.accuracy());
@@ -2416,6 +2436,49 @@ TEST_F(FactsTasks, HeadMismatchesAndPretrainingDataForATaskModelAreClearErrors) 
   TrainOptions by_pearson = finetune("seq", out.file("r"));
   by_pearson.keep_best = TrainOptions::BestMetric::kPearson;
   testing::expect_user_error([&] { train(by_pearson); }, "--keep-best pearson: for a regression");
+  TrainOptions by_mrr = finetune("seq", out.file("p"));
+  by_mrr.keep_best = TrainOptions::BestMetric::kMrr;
+  testing::expect_user_error([&] { train(by_mrr); }, "--keep-best mrr: for a regression");
+  // MRR or NDCG ranks the held-out groups: held-out scores without groups are refused before the first step.
+  data::Shard ungrouped = data::read_shard(dir_->file("reg-dev.hdf5"));
+  ASSERT_FALSE(ungrouped.groups.empty());
+  ungrouped.groups.clear();
+  data::write_shard(out.file("ungrouped.hdf5"), ungrouped);
+  TrainOptions by_ndcg = finetune("reg", out.file("o"));
+  by_ndcg.keep_best = TrainOptions::BestMetric::kNdcg;
+  by_ndcg.eval_every = 2;
+  by_ndcg.eval_shards = {out.file("ungrouped.hdf5")};
+  testing::expect_user_error([&] { train(by_ndcg); },
+                             "--keep-best ndcg: ranks each group's examples (a query's "
+                             "passages), but '" +
+                                 out.file("ungrouped.hdf5") + "' has no groups");
+  EXPECT_FALSE(std::filesystem::exists(out.file("o") + "/checkpoint.h5"));
+}
+
+// --keep-best mrr: a reranker keeps the model whose held-out queries rank their relevant passages highest.
+TEST_F(FactsTasks, KeepBestByMrrKeepsTheBestRankingModel) {
+  testing::TempDir out;
+  TrainOptions o = finetune("reg", out.file("mrr"));
+  o.steps = 40;
+  o.learning_rate = 3e-3;
+  o.eval_every = 10;
+  o.eval_batches = 0;
+  o.keep_best = TrainOptions::BestMetric::kMrr;
+  const TrainResult r = train(o);
+  const Json record = Json::parse(read_text_file(out.file("mrr") + "/best.json", "record"));
+  EXPECT_EQ(record.find("metric")->as_string(), "mrr");
+  EXPECT_DOUBLE_EQ(record.find("value")->as_number(), r.best_value);
+  EXPECT_GE(r.best_value, r.last_task_eval.mrr()) << "the best of the evaluations, the last among them";
+  EXPECT_GT(r.best_value, 0.0);
+  // The kept model ranks the held-out groups with the recorded MRR@10.
+  const model::BertConfig c = store::read_checkpoint_config(out.file("mrr") + "/checkpoint-best.h5");
+  model::Bert kept(c);
+  store::load_checkpoint(out.file("mrr") + "/checkpoint-best.h5", kept, nullptr);
+  Graph<float> g;
+  data::ShardLoader loader(dev("reg"));
+  const eval::TaskMetrics m = eval::evaluate_task(kept, loader, 0, g);
+  EXPECT_EQ(m.ranked_groups(), 12);
+  EXPECT_DOUBLE_EQ(m.mrr(), r.best_value);
 }
 
 }  // namespace
