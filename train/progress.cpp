@@ -114,6 +114,29 @@ void check_best_metric(TrainOptions::BestMetric metric, const model::BertConfig&
     throw UserError(flag + ": for question answering (a " + model::head_architecture(head) + " has no questions)");
 }
 
+eval::TaskScore task_score_of(TrainOptions::BestMetric metric) {
+  using Metric = TrainOptions::BestMetric;
+  switch (metric) {
+    case Metric::kMacroF1:
+      return eval::TaskScore::kMacroF1;
+    case Metric::kMcc:
+      return eval::TaskScore::kMcc;
+    case Metric::kPearson:
+      return eval::TaskScore::kPearson;
+    case Metric::kSpearman:
+      return eval::TaskScore::kSpearman;
+    case Metric::kMrr:
+      return eval::TaskScore::kMrr;
+    case Metric::kNdcg:
+      return eval::TaskScore::kNdcg;
+    case Metric::kAccuracy:
+    case Metric::kLoss:
+    case Metric::kQuestionF1:
+      break;
+  }
+  return eval::TaskScore::kAccuracy;
+}
+
 double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& result, model::Head head) {
   using Metric = TrainOptions::BestMetric;
   if (head == model::Head::kPretraining) {
@@ -123,13 +146,7 @@ double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& res
   const eval::TaskMetrics& m = result.last_task_eval;
   if (metric == Metric::kLoss) return m.loss();
   if (metric == Metric::kQuestionF1) return result.last_answers ? result.last_answers->f1() : 0.0;
-  return eval::task_score(m, metric == Metric::kMacroF1    ? eval::TaskScore::kMacroF1
-                             : metric == Metric::kMcc      ? eval::TaskScore::kMcc
-                             : metric == Metric::kPearson  ? eval::TaskScore::kPearson
-                             : metric == Metric::kSpearman ? eval::TaskScore::kSpearman
-                             : metric == Metric::kMrr      ? eval::TaskScore::kMrr
-                             : metric == Metric::kNdcg     ? eval::TaskScore::kNdcg
-                                                           : eval::TaskScore::kAccuracy);
+  return eval::task_score(m, task_score_of(metric));
 }
 
 bool beats(TrainOptions::BestMetric metric, double value, double best) {

@@ -14,6 +14,7 @@
 #include "data/loader.h"
 #include "eval/metrics.h"
 #include "eval/output_reads.h"
+#include "eval/quantized.h"
 #include "model/bert.h"
 #include "train/communicator.h"
 #include "train/trainer.h"
@@ -151,6 +152,9 @@ void evaluate_held_out(const RunReport& run, data::ShardLoader& eval_loader, int
 // --keep-best: UserError naming the flag where `metric` does not apply to `head` (a pretraining model has
 // accuracy and loss; question answering no Matthews correlation; question-f1 is question answering's).
 void check_best_metric(TrainOptions::BestMetric metric, const model::BertConfig& config);
+// The task score a metric of a task model's held-out evaluation is (accuracy for loss and question-f1,
+// which are not task scores).
+eval::TaskScore task_score_of(TrainOptions::BestMetric metric);
 // The metric's value in the held-out evaluation `result` last made, and whether `value` beats `best`
 // (higher is better, the loss lower).
 double best_metric_value(TrainOptions::BestMetric metric, const TrainResult& result, model::Head head);

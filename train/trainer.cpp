@@ -13,7 +13,6 @@
 #include <sstream>
 #include <utility>
 
-#include "eval/quantized.h"
 #include "kernels/gemm.h"
 #include "ops/ops.h"
 #include "store/checkpoint.h"
@@ -224,9 +223,8 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
   active_ = configure_scales(o, model_, *optimizer_, state_);
   if (o.keep_best) {
     check_best_metric(*o.keep_best, config_);
-    if (eval_loader_ &&
-        (*o.keep_best == TrainOptions::BestMetric::kMrr || *o.keep_best == TrainOptions::BestMetric::kNdcg))
-      eval::check_groups(eval::TaskScore::kMrr, eval_loader_->grouped(),
+    if (eval_loader_)
+      eval::check_groups(task_score_of(*o.keep_best), eval_loader_->grouped(),
                          "--keep-best " + kBestMetricNames.name(*o.keep_best), o.eval_shards.front());
     std::error_code exists;
     if (lead_ && o.resume && fs::is_regular_file(files_.best_record, exists)) {
