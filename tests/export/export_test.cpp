@@ -434,14 +434,12 @@ TEST(OnnxExport, TaskHeadsExportTheirLogitsAndMatchOurEngine) {
       while (n < in.t && in.mask[i * in.t + n]) ++n;
       std::vector<int32_t> labels(data::label_width(shard.kind, n));
       for (int32_t& l : labels) l = static_cast<int32_t>(rng.next_below(qa ? n : num_labels));
-      if (qa) {  // the model's own start and end, where in order, so that some predictions are right
+      if (qa) {  // the model's own start over the real tokens, and its end where not before it: every start right
         for (int part = 0; part < 2; ++part) {
           const float* row = quantized_logits.data() + (2 * i + part) * in.t;
-          labels[part] = static_cast<int32_t>(std::max_element(row, row + in.t) - row);
+          labels[part] = static_cast<int32_t>(std::max_element(row, row + n) - row);
         }
-        if (labels[0] > labels[1]) std::swap(labels[0], labels[1]);
-        labels[1] = std::min<int32_t>(labels[1], static_cast<int32_t>(n - 1));
-        labels[0] = std::min(labels[0], labels[1]);
+        labels[1] = std::max(labels[0], labels[1]);
       }
       if (shard.kind == data::ShardKind::kTokenLabels) labels[0] = kIgnoredLabel;
       shard.append_labeled(std::span(in.ids).subspan(i * in.t, n), std::span(in.types).subspan(i * in.t, n), labels);
