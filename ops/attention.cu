@@ -605,10 +605,13 @@ Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const st
     const bool apart = weights && same && dw_stride == 0 && !dw[0].accumulate;
     void* dw_out = dw[0].data;
     if (apart) dw_out = g.transient<std::byte>(0, size_t(3 * c * c * w_size)), dw_stride = c * c;
-    // Side by side and narrow: [dWq; dWk; dWv] (3C, C) (+)= [dQ dK dV]^T x as one product. The batched one
-    // gave BERT-mini's 256 x 256 products 12 output tiles on an H200's 132 SMs (40-50 us a layer; the whole
-    // step 1.3% faster as one); at BERT-base's 768 the batched product was as fast or faster.
-    if (dw_stride == c * c && c < 512) {
+    // Side by side: [dWq; dWk; dWv] (3C, C) (+)= [dQ dK dV]^T x as one product where it is narrow or of FP32
+    // operands. The batched one gave BERT-mini's 256 x 256 products 12 output tiles on an H200's 132 SMs
+    // (40-50 us a layer; the whole step 1.3% faster as one); at BERT-base's 768 the batched product was as
+    // fast in BF16 (41.5 us against 41.6 on an H200), but of FP32 operands cuBLASLt's batched kernels split
+    // no sums: 1,310 us in FP32 and 179 in TF32 against 598 and 163 for the one product (8,192 rows), and
+    // the FP32 QAT step took 8% longer.
+    if (dw_stride == c * c && (c < 512 || type == CUDA_R_32F)) {
       gemm(g, true, false, 3 * c, c, n, 1.0f, dqkv, 3 * c, 0, xv, c, 0, dw[0].accumulate ? 1.0f : 0.0f, dw_out, c, 0, 1,
            type, w_type(0));
     } else if (dw_stride) {
