@@ -550,9 +550,9 @@ int64_t spacing(const std::array<P*, 3>& p) {
 // backward takes the node's gradient (N, 3C): x's as one GEMM of it with the three weights stacked (3C, C)
 // (in place where the weights lie side by side, as the model declares them and as fake_quantize_many
 // makes them, else three copies); the weights' as one GEMM where their gradients lie side by side (or,
-// fresh, into a transient buffer and then copied) and C is small or the operands FP32, else one batched GEMM
-// where they lie equally spaced, else three; the biases' as one column sum over the three parts where their gradients lie equally
-// spaced too.
+// fresh, into a transient buffer and then copied) and C is small or the operands FP32, else one batched
+// GEMM where they lie equally spaced, else three; the biases' as one column sum over the three parts where
+// their gradients lie equally spaced too.
 template <typename A>
 Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, int64_t batch,
                    int64_t t, DType dtype) {
