@@ -1664,7 +1664,8 @@ TEST_F(CudaOps, FusedAttentionWithTheProbabilitiesQuantizerGivesTheOps) {
     std::array<std::vector<float>, 3> dqkv;
     int64_t clipped = 0;
   };
-  auto run = [](const Device& device, const Case& c, bool masked, double p, bool training) {
+  auto run = [](const Device& device, const Case& c, bool masked, double p, bool training,
+                float scale_value = 1.0f / 256) {
     const Shape s{c.b, c.t, c.h * c.d};
     const int64_t n = s.numel();
     Graph<float> g(device);
@@ -1683,7 +1684,7 @@ TEST_F(CudaOps, FusedAttentionWithTheProbabilitiesQuantizerGivesTheOps) {
       for (float& v : x) v = bf16_representable(v);
       qkv[i] = leaf(x, s);
     }
-    const Var scale = leaf({1.0f / 256}, Shape{1});
+    const Var scale = leaf({scale_value}, Shape{1});
     DeviceBuffer counter(device, 8);
     device.fill_zero(counter.data(), 8);
     std::vector<float> mask(static_cast<size_t>(c.b * c.t), 0.0f);
@@ -1732,6 +1733,29 @@ TEST_F(CudaOps, FusedAttentionWithTheProbabilitiesQuantizerGivesTheOps) {
           EXPECT_NEAR(double(r.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped) + 1);
         }
       }
+  // A scale whose reciprocal is no normal float (2^-129: 1 / s overflows) takes the kernels' IEEE division
+  // (cuda::with_division's other branch; through the reciprocal, a probability of 0, dropped or masked,
+  // would give 0 times infinity, NaN): every other probability saturates, as on the CPU.
+  for (const Case c : {Case{2, 2, 128, 64}, Case{1, 2, 200, 64}}) {
+    SCOPED_TRACE("T " + std::to_string(c.t) + ", scale 2^-129");
+    const float tiny = std::ldexp(1.0f, -129);
+    const Run cpu = run(Device::cpu(), c, true, 0.1, true, tiny);
+    EXPECT_GT(cpu.clipped, 0);
+    for (const Device* gpu : {gpu_bf16_.get(), tf32.get()}) {
+      SCOPED_TRACE(precision_name(gpu->precision()));
+      const Run r = run(*gpu, c, true, 0.1, true, tiny);
+      auto finite = [](const std::vector<float>& v) {
+        return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+      };
+      EXPECT_TRUE(finite(r.y));
+      EXPECT_LE(relative_difference(r.y, cpu.y), kBf16);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(finite(r.dqkv[i])) << "input " << i;
+        EXPECT_LE(relative_difference(r.dqkv[i], cpu.dqkv[i]), kBf16) << "input " << i;
+      }
+      EXPECT_NEAR(double(r.clipped), double(cpu.clipped), 0.01 * double(cpu.clipped) + 1);
+    }
+  }
 }
 
 // dropout_add_layer_norm with the residual add's input quantizer (LayerNorm(q(dropout(a)) + b)) against
