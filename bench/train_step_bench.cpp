@@ -130,7 +130,11 @@ int main(int argc, char** argv) {
                  "quantizer inside its tensor-core kernels, BF16 and TF32; bert-train --qat's default in BF16; its "
                  "QAT/FP32 ratio against fp32-fused, qat's against fp32, either against the other float mode where "
                  "only that ran), qat-separate (QAT with every quantizer as an op of its own, the baseline of the "
-                 "fused quantizers), int8 (evaluation only, integer GEMMs; on a GPU the linear layers), int8-separate "
+                 "fused quantizers), qat-float and qat-fused-float (qat and qat-fused with the linears' forward "
+                 "products as float GEMMs on the fake-quantized values, Bert::set_integer_training; qat and "
+                 "qat-fused take bert-train --qat-products auto: Bert::integer_training_is_faster), qat-integer and "
+                 "qat-fused-integer (the products on the integers in any precision), int8 (evaluation only, integer "
+                 "GEMMs; on a GPU the linear layers), int8-separate "
                  "(int8 with Q, K and V as three integer linears, the baseline of their fused product), int8-decoder "
                  "(int8 with the MLM decoder as integers too, dynamically quantized)")
       ->capture_default_str();
@@ -171,11 +175,12 @@ int main(int argc, char** argv) {
   std::stringstream mode_list(modes);
   for (std::string m; std::getline(mode_list, m, ',');) {
     if (m != "fp32" && m != "fp32-fused" && m != "fp32-recompute" && m != "qat" && m != "qat-fused" &&
+        m != "qat-float" && m != "qat-fused-float" && m != "qat-integer" && m != "qat-fused-integer" &&
         m != "qat-separate" && m != "int8" && m != "int8-separate" && m != "int8-decoder") {
       std::fprintf(
           stderr,
-          "error: --modes: unknown mode '%s' (expected fp32, fp32-fused, fp32-recompute, qat, qat-fused, qat-separate, "
-          "int8, int8-separate or int8-decoder)\n",
+          "error: --modes: unknown mode '%s' (expected fp32, fp32-fused, fp32-recompute, qat, qat-float, qat-integer, "
+          "qat-fused, qat-fused-float, qat-fused-integer, qat-separate, int8, int8-separate or int8-decoder)\n",
           m.c_str());
       return 2;
     }
@@ -238,8 +243,9 @@ int main(int argc, char** argv) {
       const BatchView input = batch.view();
       double fp32_step = 0, fused_step = 0;  // the float steps QAT's are set against
       double fp32_eval = 0;
-      for (const std::string mode : {"fp32", "fp32-fused", "fp32-recompute", "qat", "qat-fused", "qat-separate", "int8",
-                                     "int8-separate", "int8-decoder"}) {
+      for (const std::string mode :
+           {"fp32", "fp32-fused", "fp32-recompute", "qat", "qat-float", "qat-integer", "qat-fused", "qat-fused-float",
+            "qat-fused-integer", "qat-separate", "int8", "int8-separate", "int8-decoder"}) {
         if (!wanted_modes.contains(mode)) continue;
         const bool qat = mode.starts_with("qat"), int8 = mode.starts_with("int8");
         if (const std::string why = int8 ? eval::integer_inference_left_out(*device) : ""; !why.empty()) {
@@ -248,7 +254,11 @@ int main(int argc, char** argv) {
         }
         model::Bert model(config);
         model.initialize(1);
-        model.set_fused_attention(mode == "fp32-fused" || mode == "qat-fused");
+        const bool fused_qat = mode.starts_with("qat-fused");
+        model.set_fused_attention(mode == "fp32-fused" || fused_qat);
+        model.set_integer_training(mode.ends_with("-integer") ||
+                                   (!mode.ends_with("-float") &&
+                                    model::Bert::integer_training_is_faster(device->precision(), config.hidden_size)));
         model.set_recompute_attention(mode == "fp32-recompute");
         model.place_on(*device);
         std::vector<bool> decays;
@@ -408,7 +418,6 @@ int main(int argc, char** argv) {
                     b / step, gflops, eval_rate);
         // The float step a QAT step is set against: the one with the same attention where it ran, else the
         // other (bert-train's TF32 defaults pair the QAT step's unfused attention with the fused float step).
-        const bool fused_qat = mode == "qat-fused";
         if (const double same = fused_qat ? fused_step : fp32_step; qat && same > 0)
           std::printf("   QAT/FP32 step %.2f", step / same);
         else if (const double other = fused_qat ? fp32_step : fused_step; qat && other > 0)

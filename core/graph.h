@@ -196,6 +196,10 @@ class Graph {
   Var bias_to_sum(Var y);
   void set_bias_summed(Var y) { node(y).bias_summed = true; }
   bool bias_summed(Var y) const { return node(y).bias_summed; }
+  // The int8 integers behind y's fake-quantized values (y's shape, in y's memory space), written beside them
+  // by the op that quantized y where asked (ops::QuantizeOutput::integers), or nullptr.
+  void set_integers(Var y, const int8_t* q) { node(y).integers = q; }
+  const int8_t* integers(Var y) const { return node(y).integers; }
 
   // --- modes and lifetime
   bool grad_enabled() const { return grad_enabled_; }
@@ -268,6 +272,7 @@ class Graph {
     int32_t readers = 0;              // nodes made from it that take a gradient, and views of it
     int32_t bias_of = -1;             // set_bias_of: the bias whose gradient its gradient's column sums are
     bool bias_summed = false;         // set_bias_summed
+    const int8_t* integers = nullptr;  // set_integers
     int8_t transient_slot = -1;       // emit_transient: the slot holding the value
     uint32_t transient_take = 0;      // and which take of that slot (transient_takes_) it is
   };

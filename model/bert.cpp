@@ -63,6 +63,7 @@ Bert::Bert(const BertConfig& config) : config_(config) {
     classifier_ = Linear::declare(params_, name, c, config_.num_labels(), /*quantizable=*/false);
   }
   params_.allocate();
+  set_integer_training(true);
 }
 
 void Bert::place_on(const Device& device) {
@@ -264,6 +265,15 @@ int64_t Bert::prepare_integer_inference(bool integer_decoder, bool fuse_projecti
 void Bert::set_exact_sums(bool on) {
   exact_sums_ = on;
   for (Linear* l : quantizable_linears()) l->exact_sums = on;
+}
+
+void Bert::set_integer_training(bool on) {
+  for (Linear* l : quantizable_linears()) l->integer_training = on;
+  // The encoder's linears' input quantizers write the integers they multiply.
+  for (Layer& l : layers_)
+    for (Quantizer* q : {&l.self_input, &l.attention_output.input_quantizer, &l.intermediate.input_quantizer,
+                         &l.output.input_quantizer})
+      q->integers_read = on;
 }
 
 int64_t Bert::integer_attention_layers() const {
@@ -537,8 +547,16 @@ std::vector<Var> Bert::quantized_projections_on_gpu(Graph<float>& g, Layer& l, V
     quantizers[i] = products[i]->fused_output(g, params_, shape);
     biases[i] = g.param(params_.get(projections[i]->bias));
   }
-  const std::array<Var, 3> out =
-      ops::quantized_projections(g, x, {weights[0], weights[1], weights[2]}, biases, quantizers);
+  // The forward products on the integers behind x and the weights (Linear::trains_on_integers).
+  ops::ProjectionScales scales;
+  const bool integers = std::all_of(projections.begin(), projections.end(),
+                                    [&](const Linear* p) { return p->trains_on_integers(g, params_); });
+  if (integers) {
+    scales.input = g.param(params_.get(l.query.input().scale));
+    for (size_t i = 0; i < 3; ++i) scales.weights[i] = g.param(params_.get(projections[i]->weight_quantizer.scale));
+  }
+  const std::array<Var, 3> out = ops::quantized_projections(g, x, {weights[0], weights[1], weights[2]}, biases,
+                                                            quantizers, integers ? &scales : nullptr);
   return {out.begin(), out.end()};
 }
 

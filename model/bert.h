@@ -166,6 +166,10 @@ class Bert {
   // to [-128, 127]): off, they sum the fake-quantized floats as training does (the baseline the exact sums
   // are tested against).
   void set_exact_sums(bool on);
+  // In quantization-aware training on a GPU, the quantized linears' forward products on the integers behind
+  // their fake-quantized inputs and weights (Linear::integer_training, ops::quantized_linear: on Hopper the
+  // int8 tensor cores, exact sums; on by default); off, float GEMMs on the fake-quantized values.
+  void set_integer_training(bool on);
   // On a GPU, self-attention as one fused op each way (ops::attention) where its kernels cover the head
   // size and length: the (B, H, T, T) scores and probabilities never reach memory. In QAT the probabilities'
   // quantizer runs inside the tensor-core kernels (BF16, TF32; Q, K and V are fake-quantized before them)
@@ -197,6 +201,12 @@ class Bert {
   // forward makes the scores twice, to normalise the probabilities before the quantizer).
   static bool fused_attention_is_faster(Precision p) { return p == Precision::kBf16 || p == Precision::kTf32; }
   static bool fused_quantized_attention_is_faster(Precision p) { return p == Precision::kBf16; }
+  // Whether QAT's integer forward products (set_integer_training) are the faster choice for a model of this
+  // hidden size (bert-train --qat-products auto): in FP32 and TF32, and in BF16 from BERT-base's 768 (its QAT
+  // step 3% faster on an H200; BERT-mini's 256, 1% slower: its products are too small to gain).
+  static bool integer_training_is_faster(Precision p, int64_t hidden_size) {
+    return p != Precision::kBf16 || hidden_size >= 768;
+  }
 
   // Final hidden states (B, T, C).
   Var encode(Graph<float>& g, const BatchView& batch, bool training, Rng& dropout_rng);

@@ -60,6 +60,9 @@ Var Linear::forward_quantized_input(Graph<float>& g, ParameterArena<float>& para
   if (sums_exactly(g, params))
     return ops::exact_quantized_linear(g, x, params.get(input().scale).value.data()[0], w, weight_scales(params),
                                        g.param(params.get(bias)));
+  if (trains_on_integers(g, params))
+    return ops::quantized_linear(g, x, w, g.param(params.get(bias)), g.param(params.get(input().scale)),
+                                 g.param(params.get(weight_quantizer.scale)));
   return ops::linear(g, x, w, g.param(params.get(bias)));
 }
 
@@ -91,6 +94,7 @@ std::vector<Var> Linear::quantize_weights(Graph<float>& g, ParameterArena<float>
   for (Linear* l : layers) {
     const Var w = g.param(params.get(l->weight));
     inputs.push_back({w, l->weight_quantizer.weight_output(g, params, g.shape(w))});
+    inputs.back().q.integers = l->trains_on_integers(g, params);  // for ops::quantized_linear
   }
   return ops::fake_quantize_many(g, std::span<const ops::QuantizeInput>(inputs));
 }
@@ -136,6 +140,14 @@ bool Linear::sums_exactly(const Graph<float>& g, ParameterArena<float>& params) 
   return quantizable && exact_sums && !g.grad_enabled() && in.mode == QuantMode::kQuantize &&
          weight_quantizer.mode == QuantMode::kQuantize && in.qmin >= -128 && in.qmax <= 127 &&
          weight_quantizer.qmin >= -128 && weight_quantizer.qmax <= 127 && params.get(in.scale).value.numel() == 1;
+}
+
+bool Linear::trains_on_integers(const Graph<float>& g, ParameterArena<float>& params) const {
+  const Quantizer& in = input();
+  return quantizable && integer_training && g.on_cuda() && g.grad_enabled() && in.mode == QuantMode::kQuantize &&
+         weight_quantizer.mode == QuantMode::kQuantize && in.qmin >= -128 && in.qmax <= 127 &&
+         weight_quantizer.qmin >= -128 && weight_quantizer.qmax <= 127 && params.get(in.scale).value.numel() == 1 &&
+         params.get(weight_quantizer.scale).value.numel() == out;
 }
 
 bool Linear::runs_integer(const Graph<float>& g) const {

@@ -105,6 +105,12 @@ struct Linear {
   // fake-quantized floats as they are.
   bool exact_sums = true;
   bool sums_exactly(const Graph<float>& g, ParameterArena<float>& params) const;
+  // Quantization-aware training on a GPU: the forward product on the integers behind the fake-quantized input
+  // and weight (ops::quantized_linear: int8 tensor cores, exact sums) where both quantizers are enabled at
+  // 8 bits, the input's per tensor and the weight's per output channel; off, ops::linear on the fake-quantized
+  // floats. The backward is the same either way.
+  bool integer_training = true;
+  bool trains_on_integers(const Graph<float>& g, ParameterArena<float>& params) const;
 
  private:
   Var integer_forward(Graph<float>& g, ParameterArena<float>& params, Var x, bool gelu = false) const;

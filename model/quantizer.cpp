@@ -38,7 +38,7 @@ Var Quantizer::apply(Graph<float>& g, ParameterArena<float>& params, Var x) {
       const Shape s = g.shape(x);
       if (!is_weight) {
         const ops::QuantizeOutput q = fused_output(g, params, s);
-        return ops::fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+        return ops::fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped, q.integers);
       }
       const ops::QuantizeOutput q = weight_output(g, params, s);
       return ops::fake_quantize(g, x, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
@@ -77,6 +77,7 @@ ops::QuantizeOutput Quantizer::fused_output(Graph<float>& g, ParameterArena<floa
   q.qmax = qmax;
   q.grad_scale = 1.0 / std::sqrt(static_cast<double>(per_scale) * qmax);
   q.clipped = counter(g);
+  q.integers = integers_read && g.on_cuda() && g.grad_enabled();
   seen += shape.numel();
   return q;
 }

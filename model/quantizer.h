@@ -39,6 +39,9 @@ struct Quantizer {
   ParamId scale = -1;  // (channels): 1 for per-tensor activations, out for per-channel weights
   int64_t channels = 1;
   bool is_weight = false;  // weights: per output channel, narrow range [-127, 127]
+  // A quantized linear reading this (activation) quantizer's output multiplies the integers behind it
+  // (Linear::trains_on_integers): on a GPU training step the op that quantizes writes them too.
+  bool integers_read = false;
   int qmin = -128, qmax = 127;
   // |x| never exceeds this when it is known (> 0; the attention probabilities: 1). Calibration never
   // clips such a tensor: every method gives it amax = bound (quant::calibrated_amax).

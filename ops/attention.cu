@@ -555,7 +555,7 @@ int64_t spacing(const std::array<P*, 3>& p) {
 // their gradients lie equally spaced too.
 template <typename A>
 Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const std::array<Var, 3>& b, int64_t batch,
-                   int64_t t, DType dtype) {
+                   int64_t t, DType dtype, const ProjectionScales* integers = nullptr) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
   const int64_t c = g.shape(x)[-1], n = batch * t;
   std::array<const A*, 3> wp{}, bp{};
@@ -564,7 +564,17 @@ Var projections_of(Graph<float>& g, Var x, const std::array<Var, 3>& w, const st
   A* qkv = cuda::typed<A>(g.data(projections));
   const A* xv = cuda::typed<A>(g.data(x));
   const int64_t w_stride = spacing(wp), b_stride = spacing(bp);
-  if (!(w_stride && b_stride && gemm_bias(g, n, c, c, xv, wp[0], bp[0], qkv, 3 * c, type, 3, w_stride, b_stride, c)))
+  // QAT's forward on the integers behind x and the weights (quantized_linear_product), else float GEMMs.
+  bool done = false;
+  if (integers) {
+    std::array<QuantizedWeights<A>, 3> parts;
+    for (int i = 0; i < 3; ++i)
+      parts[i] = {wp[i], g.value(integers->weights[i]).data(), g.value(b[i]).data(), c, g.integers(w[i])};
+    done =
+        quantized_linear_product<A>(g, xv, g.integers(x), g.value(integers->input).data(), std::span(parts), qkv, n, c);
+  }
+  if (!done &&
+      !(w_stride && b_stride && gemm_bias(g, n, c, c, xv, wp[0], bp[0], qkv, 3 * c, type, 3, w_stride, b_stride, c)))
     for (int i = 0; i < 3; ++i)
       linear_product(g, n, c, c, xv, wp[i], bp[i], g.value(b[i]).data(), c, qkv + i * c, 3 * c, type);
   g.on_backward(projections, [=](Graph<float>& g) {
@@ -774,7 +784,8 @@ Var self_attention(Graph<float>& g, Var x, const std::array<Var, 3>& weights, co
 
 std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::array<Var, 3>& weights,
                                          const std::array<Var, 3>& biases,
-                                         const std::array<QuantizeOutput, 3>& quantizers) {
+                                         const std::array<QuantizeOutput, 3>& quantizers,
+                                         const ProjectionScales* integers) {
   const Shape s = g.shape(x);
   const int64_t c = s[-1], n = s.numel() / c;
   if (c % 8 != 0 || n * c >= (int64_t{1} << 32)) return {};
@@ -785,7 +796,7 @@ std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::arra
   std::array<Var, 3> out;
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
-    const Var projections = projections_of<A>(g, x, weights, biases, n, 1, dtype);
+    const Var projections = projections_of<A>(g, x, weights, biases, n, 1, dtype, integers);
     const A* p = cuda::typed<A>(g.data(projections));
     auto part = [p, c](int i, A* dx) {
       return cuda::ColumnsSource<A>{p + i * c, dx, cuda::Columns{uint32_t(c), 3 * c}};

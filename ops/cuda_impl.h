@@ -32,6 +32,25 @@ inline Var as_activation(Graph<float>& g, Var x) { return to_dtype(g, x, g.activ
 Var matmul(Graph<float>& g, Var a, Var b, bool trans_a, bool trans_b, double alpha = 1.0);
 Var linear(Graph<float>& g, Var x, Var weight, Var bias);
 Var feed_forward(Graph<float>& g, Var x, Var w1, Var b1, Var w2, Var b2);
+// ops::quantized_linear (checked by the caller), and its forward product: y (rows, out) = the integers behind
+// x (rows, in) and the weight (out, in) at the device scales *scale_x and scales[c], summed exactly on the int8
+// tensor cores, then fma(sum, scale_x * scales[c], bias[c]) in A; the weight may come in parts (their rows
+// stacked: the Q, K and V projections as one product), each with its scales and bias (null: none). The
+// integers are the ones given (Graph::integers, written by the quantizers) where they are, else made from the
+// values. False (nothing run) where that GEMM does not (not Hopper, in not a multiple of 16, unaligned
+// operands).
+Var quantized_linear(Graph<float>& g, Var x, Var weight, Var bias, Var scale_x, Var scale_w);
+template <typename A>
+struct QuantizedWeights {
+  const A* w;           // (rows, in) fake-quantized values
+  const float* scales;  // rows values, device
+  const float* bias;    // rows values, device, or null
+  int64_t rows;
+  const int8_t* integers = nullptr;  // w's integers (rows, in), or null
+};
+template <typename A>
+bool quantized_linear_product(Graph<float>& g, const A* x, const int8_t* x_integers, const float* scale_x,
+                              std::span<const QuantizedWeights<A>> parts, A* y, int64_t rows, int64_t in);
 Var add(Graph<float>& g, Var a, Var b);
 Var mul(Graph<float>& g, Var a, Var b);
 Var scale(Graph<float>& g, Var x, double alpha);
@@ -71,7 +90,8 @@ LinearScores cross_entropy_scores(Graph<float>& g, Var logits, std::span<const i
 LinearScores linear_cross_entropy_scores(Graph<float>& g, Var x, Var weight, Var bias, std::span<const int32_t> targets,
                                          PredictionsTo to);
 Var sum(Graph<float>& g, Var x);
-Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped);
+Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped,
+                  bool integers = false);
 Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q);
 Var dropout(Graph<float>& g, Var x, double p, Rng& rng, const QuantizeOutput& q);  // training, p > 0
 Var softmax_dropout(Graph<float>& g, Var x, Var mask, double p, Rng& rng, const QuantizeOutput& q);  // p >= 0
@@ -94,7 +114,8 @@ std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInp
 // part of 2^32 elements or more); the caller then runs the ops one by one.
 std::array<Var, 3> quantized_projections(Graph<float>& g, Var x, const std::array<Var, 3>& weights,
                                          const std::array<Var, 3>& biases,
-                                         const std::array<QuantizeOutput, 3>& quantizers);
+                                         const std::array<QuantizeOutput, 3>& quantizers,
+                                         const ProjectionScales* integers);
 // Fused attention (ops::attention, with the probabilities' quantizer where `probs` is given: the tensor-core
 // kernels only), whether its kernels cover a head size and length on g's GPU in g's activation dtype, and
 // whether those are the tensor-core kernels (BF16 steps; TF32 steps where their tiles fit shared memory).

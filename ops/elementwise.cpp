@@ -297,7 +297,7 @@ Var dropout(Graph<T>& g, Var x, double p, bool training, Rng& rng) {
 template <typename T>
 Var gelu(Graph<T>& g, Var x, const QuantizeOutput& q) {
   BERT_DISPATCH_CUDA(g, gelu(g, x, q))
-  return fake_quantize(g, gelu(g, x), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+  return fake_quantize(g, gelu(g, x), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped, q.integers);
 }
 
 template <typename T>

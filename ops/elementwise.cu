@@ -504,8 +504,9 @@ Var gelu(Graph<float>& g, Var x, const QuantizeOutput& q) {
   x = as_activation(g, x);
   const DType dtype = g.dtype(x);
   const int64_t n = g.shape(x).numel();
-  const cuda::QuantizeLaunch launch = cuda::fused_launch(g, q, n);
+  cuda::QuantizeLaunch launch = cuda::fused_launch(g, q, n);
   Var y = g.emit(g.shape(x), {x, q.scale}, dtype);
+  cuda::add_integers(g, q, y, launch);
   cuda::with_element_type(dtype, [&](auto tag) {
     using A = typename decltype(tag)::type;
     A *yv = cuda::typed<A>(g.data(y)), *xv = cuda::typed<A>(g.data(x));

@@ -65,6 +65,7 @@ __device__ __forceinline__ float sum_value(float sum) { return sum; }
 // width multiples of 4).
 template <int W, typename A, typename O, typename S, bool kGelu, bool kQuantize>
 __global__ void dequantize_rows(const cuda::Int8Epilogue e, const S* sums, int64_t rows, int64_t n, int64_t ld_sums) {
+  const float scale_x = e.input_scale();
   BERT_GRID_STRIDE_PACKS(i, rows * n, W) {
     const int64_t r = i / n, c = i - r * n;
     const int p = e.part(c);
@@ -72,7 +73,7 @@ __global__ void dequantize_rows(const cuda::Int8Epilogue e, const S* sums, int64
     const cuda::Pack<S, W> s = cuda::load_pack<W>(sums + r * ld_sums + c);
     cuda::Pack<O, W> out;
     for (int j = 0; j < W; ++j) {
-      const float v = fmaf(sum_value(s.v[j]), __fmul_rn(e.scale_x, e.scale_w[c + j]), e.bias[c + j]);
+      const float v = fmaf(sum_value(s.v[j]), __fmul_rn(scale_x, e.scale_w[c + j]), e.bias[c + j]);
       out.v[j] = cuda::int8_epilogue_value<A, O, kGelu, kQuantize>(v, scale, reciprocal);
     }
     cuda::store_pack<W>(static_cast<O*>(cuda::Int8Epilogue::pick(p, e.out)) + r * e.width(p) + (c - e.begin(p)), out);
@@ -184,14 +185,25 @@ CUtensorMap int8_tensor_map(void* encode, const int8_t* p, int64_t rows, int64_t
   return map;
 }
 
-// The dequantized product of q (rows, w.ld()) and w, finished by e, in one kernel (cuda/int8_wgmma.cuh).
+// The weights operand of the wgmma GEMM: n rows of ld bytes (int8, ld a multiple of 16), their TMA descriptor,
+// and the driver's cuTensorMapEncodeTiled for the activations'.
+struct WgmmaWeights {
+  const CUtensorMap* map;
+  void* encode;
+  int64_t n, ld;
+};
+WgmmaWeights wgmma_weights(const DeviceInt8Weights& w) {
+  return {static_cast<const CUtensorMap*>(w.tensor_map()), w.encode_tensor_map(), w.n(), w.ld()};
+}
+
+// The dequantized product of q (rows, w.ld) and w, finished by e, in one kernel (cuda/int8_wgmma.cuh).
 template <typename A, typename O>
-void launch_wgmma(const Graph<float>& g, cuda::Int8Epilogue e, const int8_t* q, const DeviceInt8Weights& w,
-                  int64_t rows, bool gelu) {
+void launch_wgmma(const Graph<float>& g, cuda::Int8Epilogue e, const int8_t* q, const WgmmaWeights& w, int64_t rows,
+                  bool gelu) {
   namespace wg = cuda::int8_wgmma;
-  BERT_CHECK(rows < (int64_t{1} << 31) && w.ld() < (int64_t{1} << 31), "int8_linear: too large for the TMA kernel");
+  BERT_CHECK(rows < (int64_t{1} << 31) && w.ld < (int64_t{1} << 31), "int8_linear: too large for the TMA kernel");
   using Kernel = void (*)(const CUtensorMap, const CUtensorMap, const cuda::Int8Epilogue, int64_t, int64_t, int64_t);
-  const int64_t column_tiles = (w.n() + wg::kTileN - 1) / wg::kTileN;
+  const int64_t column_tiles = (w.n + wg::kTileN - 1) / wg::kTileN;
   const int64_t tiles = (rows + wg::one_tile::kTileM - 1) / wg::one_tile::kTileM * column_tiles;
   BERT_CHECK(tiles < (int64_t{1} << 31), "int8_linear: " + std::to_string(rows) + " rows exceed the GPU kernel's grid");
   const int sms = cuda::context(g.device()).sm_count;
@@ -203,7 +215,7 @@ void launch_wgmma(const Graph<float>& g, cuda::Int8Epilogue e, const int8_t* q, 
   // The ping-pong kernel reads the GELU table's window (held to the table where table_window_exact), the
   // one-tile kernel the table itself; elsewhere the epilogue computes GELU and its quantizer.
   if (e.table && ping_pong && !wg::table_window_exact(e.scale[0])) e.table = nullptr;
-  const int side = w.ld() >= 8 * wg::kTileK ? 1 : 2;
+  const int side = w.ld >= 8 * wg::kTileK ? 1 : 2;
   auto pick = [&](auto schedule) -> Kernel {
     constexpr int kSide = decltype(schedule)::value;  // warpgroups a ping-pong side, 0: one tile a block
     auto kernel = [](auto gelu, auto quantize, auto table) -> Kernel {
@@ -240,9 +252,8 @@ void launch_wgmma(const Graph<float>& g, cuda::Int8Epilogue e, const int8_t* q, 
   const int threads = !ping_pong  ? wg::one_tile::kThreads
                       : side == 1 ? wg::ping_pong::kThreads<1>
                                   : wg::ping_pong::kThreads<2>;
-  const CUtensorMap q_map = int8_tensor_map(w.encode_tensor_map(), q, rows, w.ld(), wg::one_tile::kTileM);
-  kernel<<<grid, threads, shared, cuda::stream(g)>>>(q_map, *static_cast<const CUtensorMap*>(w.tensor_map()), e, rows,
-                                                     w.n(), w.ld());
+  const CUtensorMap q_map = int8_tensor_map(w.encode, q, rows, w.ld, wg::one_tile::kTileM);
+  kernel<<<grid, threads, shared, cuda::stream(g)>>>(q_map, *w.map, e, rows, w.n, w.ld);
   BERT_CUDA_LAUNCHED();
 }
 
@@ -641,7 +652,7 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
             e.table = table;
           }
         }
-        launch_wgmma<A, O>(g, e, q, weights, rows, gelu);
+        launch_wgmma<A, O>(g, e, q, wgmma_weights(weights), rows, gelu);
       } else {
         const int64_t ld_sums = (n + 3) / 4 * 4;  // 16-byte aligned rows
         int32_t* sums = g.scratch<int32_t>(rows * ld_sums);
@@ -656,6 +667,90 @@ std::vector<Var> int8_linear(Graph<float>& g, Var x, const DeviceInt8Weights& we
   });
   return outputs;
 }
+
+namespace {
+
+// q (count) int8 = the integers behind fake-quantized values x (rows of k, k a multiple of 16): round(x / scale)
+// half to even, clamped to [-128, 127] (int8_of, the fake quantizer's division), row r at scales[r * scale_step]
+// in device memory (scale_step 0: one scale for all). x is some integer times the scale rounded to x's type,
+// within 2^-9 of it relatively in BF16, so the quotient rounds back to that integer: exactly the quantizer's.
+// 16 values a thread (one 16-byte store).
+template <typename A>
+__global__ void integers_behind(int8_t* q, const A* x, int64_t count, int64_t k, const float* scales, int scale_step) {
+  BERT_GRID_STRIDE_PACKS(i, count, 16) {
+    const cuda::ScaleDivision divide(scales[(i / k) * scale_step]);
+    const cuda::Pack<A, 16> in = cuda::load_pack<16>(x + i);
+    cuda::Pack<int8_t, 16> out;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) out.v[j] = static_cast<int8_t>(cuda::int8_of(cuda::to_float(in.v[j]), divide));
+    cuda::store_pack<16>(q + i, out);
+  }
+}
+
+// The driver's cuTensorMapEncodeTiled, or nullptr where the driver has none.
+void* tensor_map_encoder() {
+  void* encode = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  BERT_CUDA_CHECK(
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault, &found));
+  return found == cudaDriverEntryPointSuccess ? encode : nullptr;
+}
+
+}  // namespace
+
+template <typename A>
+bool quantized_linear_product(Graph<float>& g, const A* x, const int8_t* x_integers, const float* scale_x,
+                              std::span<const QuantizedWeights<A>> parts, A* y, int64_t rows, int64_t in) {
+  namespace wg = cuda::int8_wgmma;
+  constexpr uintptr_t kPack = 16 * sizeof(A);  // integers_behind's loads
+  auto aligned = [&](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
+  int64_t out = 0;
+  bool fits = wgmma_runs(g.device()) && in % 16 == 0 && rows > 0 && !parts.empty() &&
+              (x_integers ? aligned(x_integers, 16) : aligned(x, kPack)) && aligned(y, 16) &&
+              rows < (int64_t{1} << 31) && in < (int64_t{1} << 31);
+  for (const QuantizedWeights<A>& p : parts)
+    fits = fits && (p.integers ? aligned(p.integers, 16) : aligned(p.w, kPack)), out += p.rows;
+  void* encode = fits ? tensor_map_encoder() : nullptr;
+  if (!encode) return false;
+  const CudaContext& context = cuda::context(g.device());
+  // The integers the quantizers did not write, made here from the values: they live while this op's forward
+  // runs (Graph::transient), the GEMM reading them in stream order.
+  const int8_t* qx = x_integers;
+  if (!qx) {
+    int8_t* made = g.transient<int8_t>(0, std::size_t(rows * in));
+    BERT_LAUNCH(integers_behind<A>, rows * in / 16, g, made, x, rows * in, in, scale_x, 0);
+    qx = made;
+  }
+  // Each part's weight scales and biases side by side where there are several (the GEMM's one weight).
+  const bool one = parts.size() == 1;
+  const int8_t* qw = one ? parts[0].integers : nullptr;
+  int8_t* stacked = qw ? nullptr : g.transient<int8_t>(1, std::size_t(out * in));
+  float* scales = one ? nullptr : g.scratch<float>(std::size_t(out));
+  float* biases = one && parts[0].bias ? nullptr : g.scratch<float>(std::size_t(out));
+  int64_t at = 0;
+  for (const QuantizedWeights<A>& p : parts) {
+    if (stacked && p.integers)
+      cuda::copy_on_device(context, stacked + at * in, p.integers, std::size_t(p.rows * in));
+    else if (stacked)
+      BERT_LAUNCH(integers_behind<A>, p.rows * in / 16, g, stacked + at * in, p.w, p.rows * in, in, p.scales, 1);
+    const std::size_t bytes = std::size_t(p.rows) * sizeof(float);
+    if (scales) cuda::copy_on_device(context, scales + at, p.scales, bytes);
+    if (biases && p.bias) cuda::copy_on_device(context, biases + at, p.bias, bytes);
+    if (biases && !p.bias) cuda::fill_zero(context, biases + at, bytes);
+    at += p.rows;
+  }
+  cuda::Int8Epilogue e = whole_output(y, out, 1.0f, one ? parts[0].scales : scales, biases ? biases : parts[0].bias);
+  e.scale_x_at = scale_x;
+  if (!qw) qw = stacked;
+  const CUtensorMap w_map = int8_tensor_map(encode, qw, out, in, wg::kTileN);
+  launch_wgmma<A, A>(g, e, qx, WgmmaWeights{&w_map, encode, out, in}, rows, /*gelu=*/false);
+  return true;
+}
+template bool quantized_linear_product<float>(Graph<float>&, const float*, const int8_t*, const float*,
+                                              std::span<const QuantizedWeights<float>>, float*, int64_t, int64_t);
+template bool quantized_linear_product<cuda::bf16>(Graph<float>&, const cuda::bf16*, const int8_t*, const float*,
+                                                   std::span<const QuantizedWeights<cuda::bf16>>, cuda::bf16*, int64_t,
+                                                   int64_t);
 
 bool int8_attention_fits(const Graph<float>& g, int64_t head_size, int64_t length) {
   if ((head_size != 32 && head_size != 64 && head_size != 128) || length < 1 || length > 512) return false;
@@ -724,11 +819,8 @@ void int8_gelu_table(const Device& device, int8_t* table, float scale) {
 
 void* int8_weights_tensor_map(const Device& device, const int8_t* weights, int64_t n, int64_t ld, void* map) {
   if (!wgmma_runs(device)) return nullptr;
-  void* encode = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  BERT_CUDA_CHECK(
-      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault, &found));
-  if (found != cudaDriverEntryPointSuccess || !encode) return nullptr;  // cuBLASLt's GEMM then
+  void* encode = tensor_map_encoder();
+  if (!encode) return nullptr;  // cuBLASLt's GEMM then
   static_assert(sizeof(CUtensorMap) == 128);
   const CUtensorMap m = int8_tensor_map(encode, weights, n, ld, cuda::int8_wgmma::kTileN);
   std::memcpy(map, &m, sizeof m);

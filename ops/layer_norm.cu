@@ -104,6 +104,7 @@ struct RowOutputs {
   const float* scales[2] = {nullptr, nullptr};
   float lo[2] = {0.0f, 0.0f}, hi[2] = {0.0f, 0.0f};
   unsigned long long* clipped[2] = {nullptr, nullptr};
+  int8_t* quantized_integers[2] = {nullptr, nullptr};  // kQuantizers: the integers behind out[o] too, where set
 };
 // The outputs an INT8 model's residual LayerNorms make, compiled in: the integers of the next integer
 // layer's input and the residual add's input, fake-quantized (kIntegersFake; kIntegersShared where its
@@ -384,9 +385,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kPlain                   
         for (int o = 0; o < 2; ++o) {
           if (o >= outs.count) break;
           cuda::Pack<A, 4> fake;
-          for (int w = 0; w < 4; ++w)
-            fake.v[w] = cuda::from_float<A>(
-                cuda::fake_quantize_value<kNormal>(stored[w], out_divide[o], outs.lo[o], outs.hi[o], out_clipped[o]));
+          if (int8_t* integers = outs.quantized_integers[o]) {  // (QuantizeOutput::integers)
+            float u[4];
+            for (int w = 0; w < 4; ++w) {
+              u[w] = cuda::fake_quantize_integer<kNormal>(stored[w], out_divide[o], outs.lo[o], outs.hi[o],
+                                                          out_clipped[o]);
+              fake.v[w] = cuda::from_float<A>(u[w] * out_divide[o].s);
+            }
+            *reinterpret_cast<uint32_t*>(integers + row + j) = cuda::int8_quad(u[0], u[1], u[2], u[3]);
+          } else {
+            for (int w = 0; w < 4; ++w)
+              fake.v[w] = cuda::from_float<A>(
+                  cuda::fake_quantize_value<kNormal>(stored[w], out_divide[o], outs.lo[o], outs.hi[o], out_clipped[o]));
+          }
           cuda::store_pack<4>(static_cast<A*>(outs.out[o]) + row + j, fake);
         }
         continue;
@@ -799,6 +810,11 @@ Var normalize_rows(Graph<float>& g, Var a, Var b, Var gamma, Var beta, double ep
     outs.out[outs.count] = g.data(made);
     outs.scales[outs.count] = l.scale, outs.lo[outs.count] = l.lo, outs.hi[outs.count] = l.hi;
     outs.clipped[outs.count] = reinterpret_cast<unsigned long long*>(l.clipped);
+    if (o.integers && o.qmin >= -128 && o.qmax <= 127) {
+      int8_t* integers = g.scratch<int8_t>(std::size_t(rows * c));
+      g.set_integers(made, integers);
+      outs.quantized_integers[outs.count] = integers;
+    }
     ++outs.count;
   }
   const cuda::QuantizeLaunch quantize = q ? cuda::fused_launch(g, *q, rows * c) : cuda::QuantizeLaunch{};

@@ -201,6 +201,21 @@ Var linear(Graph<T>& g, Var x, Var weight, Var bias) {
   return y;
 }
 
+Var quantized_linear(Graph<float>& g, Var x, Var weight, Var bias, Var scale_x, Var scale_w) {
+  const LinearDims d = linear_dims(g, x, weight, bias, "quantized_linear");
+  BERT_CHECK(g.shape(scale_x).numel() == 1 && g.shape(scale_w).numel() == d.out && g.dtype(scale_x) == DType::kF32 &&
+                 g.dtype(scale_w) == DType::kF32,
+             "quantized_linear: one F32 input scale and " + std::to_string(d.out) + " F32 weight scales expected, " +
+                 g.shape(scale_x).str() + " and " + g.shape(scale_w).str() + " given");
+#if BERT_WITH_CUDA
+  if (g.on_cuda()) {
+    if (bias.valid()) BERT_CHECK(g.dtype(bias) == DType::kF32, "quantized_linear: a BF16 bias is not supported");
+    return cuda_impl::quantized_linear(g, x, weight, bias, scale_x, scale_w);
+  }
+#endif
+  return linear(g, x, weight, bias);
+}
+
 template <typename T>
 Var linear_gelu(Graph<T>& g, Var x, Var weight, Var bias) {
   if (g.on_cuda()) return gelu(g, linear(g, x, weight, bias));

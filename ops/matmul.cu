@@ -356,8 +356,11 @@ int64_t padded_width(int64_t rows, int64_t out) {
   return out % kAlign != 0 && rows * out >= (int64_t{1} << 20) ? (out + kAlign - 1) / kAlign * kAlign : out;
 }
 
+// scale_x, scale_w (device memory): x and weight hold a fake quantizer's values at them (ops::quantized_linear),
+// and the forward sums their integers where the int8 GEMM runs.
 template <typename A>
-Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
+Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias, const float* scale_x = nullptr,
+                 const float* scale_w = nullptr) {
   constexpr cudaDataType_t type = cuda::cuda_data_type<A>();
   const Shape xs = g.shape(x), ws = g.shape(weight);
   const int64_t rows = xs.rows(), in = ws[1], out = ws[0];
@@ -373,8 +376,12 @@ Var linear_typed(Graph<float>& g, Var x, Var weight, Var bias) {
   A* yv = cuda::typed<A>(g.data(y));
   A* y_gemm = ld == out ? yv : g.scratch<A>(rows * ld);
   const A* xv = cuda::typed<A>(g.data(x));
-  linear_product(g, rows, in, ld, xv, w_gemm, bias_gemm, bias.valid() ? g.value(bias).data() : nullptr, out, y_gemm, ld,
-                 type);
+  const float* bias_values = bias.valid() ? g.value(bias).data() : nullptr;
+  const QuantizedWeights<A> quantized{w_gemm, scale_w, bias_values, out, g.integers(weight)};
+  const bool integers =
+      scale_x && ld == out &&
+      quantized_linear_product<A>(g, xv, g.integers(x), scale_x, std::span(&quantized, 1), yv, rows, in);
+  if (!integers) linear_product(g, rows, in, ld, xv, w_gemm, bias_gemm, bias_values, out, y_gemm, ld, type);
   if (ld != out)
     BERT_CUDA_CHECK(cudaMemcpy2DAsync(yv, out * sizeof(A), y_gemm, ld * sizeof(A), out * sizeof(A), rows,
                                       cudaMemcpyDeviceToDevice, cuda::stream(g)));
@@ -662,6 +669,13 @@ Var linear(Graph<float>& g, Var x, Var weight, Var bias) {
   if (g.dtype(x) == DType::kBF16) return linear_typed<bf16>(g, x, weight, bias);
   weight = to_dtype(g, weight, DType::kF32);
   return linear_typed<float>(g, x, weight, bias);
+}
+
+Var quantized_linear(Graph<float>& g, Var x, Var weight, Var bias, Var scale_x, Var scale_w) {
+  x = as_activation(g, x);
+  const float *sx = g.value(scale_x).data(), *sw = g.value(scale_w).data();
+  if (g.dtype(x) == DType::kBF16) return linear_typed<bf16>(g, x, weight, bias, sx, sw);
+  return linear_typed<float>(g, x, to_dtype(g, weight, DType::kF32), bias, sx, sw);
 }
 
 // As linear for each product; where the widths would run padded, the three ops.

@@ -34,6 +34,17 @@ Var scaled_matmul(Graph<T>& g, Var a, Var b, double alpha, bool trans_a = false,
 template <typename T>
 Var linear(Graph<T>& g, Var x, Var weight, Var bias);
 
+// linear(x, weight, bias) in quantization-aware training, where x holds the values of an 8-bit per-tensor fake
+// quantizer at scale_x (one F32 value) and weight those of a per-output-channel one at scale_w (out values): the
+// quantizers' own scale parameters, read where they are. On a GPU where the Hopper int8 GEMM runs (compute
+// capability 9.0, inputs a multiple of 16) the forward recovers the integers behind x and weight (each value is
+// an integer times its scale, rounded: dividing gives it back exactly), sums their products exactly on the
+// int8 tensor cores and writes fma(sum, scale_x * scale_w[c], bias[c]) in the activations' dtype: linear's
+// values up to float rounding (the integer engine's). The backward is linear's on x and weight as they are;
+// the straight-through and scale gradients come from the quantizer ops that made them (this op gives the
+// scales none). Elsewhere it is linear.
+Var quantized_linear(Graph<float>& g, Var x, Var weight, Var bias, Var scale_x, Var scale_w);
+
 // gelu(linear(x, weight, bias)) in one op: the GELU is applied to each block of the product as the GEMM
 // finishes it, while the block is in cache, instead of in a pass over memory of its own; when nothing needs
 // a gradient it overwrites the product (one tensor, not two). The same values and gradients as the two ops.
@@ -382,10 +393,10 @@ namespace bert::ops {
 //   ds = grad_scale * sum dy * (round(x/s) - x/s inside, qmin below, qmax above).
 // Scales must be positive. If `clipped` is given, the number of elements that saturated is ADDED to
 // it: a host counter for a CPU graph, a counter in device memory for a GPU graph (so counting never
-// waits for the GPU).
+// waits for the GPU). `integers`: as QuantizeOutput::integers (per tensor).
 template <typename T>
 Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale = 1.0,
-                  int64_t* clipped = nullptr);
+                  int64_t* clipped = nullptr, bool integers = false);
 
 // A per-tensor fake quantization of an op's output, fused into the op (the arguments of fake_quantize).
 struct QuantizeOutput {
@@ -393,6 +404,10 @@ struct QuantizeOutput {
   int qmin = -128, qmax = 127;
   double grad_scale = 1.0;
   int64_t* clipped = nullptr;
+  // On a GPU, where the range fits int8: also write the integers behind the values (Graph::integers), for a
+  // reader that multiplies them (ops::quantized_linear then need not divide them back out). Ops that write
+  // none ignore it.
+  bool integers = false;
 };
 // fake_quantize(op(x), q...) for the elementwise ops that most often feed a quantizer. On a GPU each is
 // one pass over memory each way: the op's unquantized output is never stored, and backward recomputes
@@ -502,11 +517,18 @@ std::vector<Var> fake_quantize_many(Graph<T>& g, std::span<const QuantizeInput> 
 // self_attention()'s do (one batched GEMM each way where the weights and their gradients lie equally spaced,
 // x's gradient one GEMM with the weights stacked, the bias gradients one column sum) into one (B, T, 3C)
 // tensor, which each quantizer reads in place: fewer, larger products than three linears. On the CPU, and
-// where C is not a multiple of 8, the ops one by one.
+// where C is not a multiple of 8, the ops one by one. With `integers` (x holding its input quantizer's values at
+// integers->input, weight i its quantizer's at integers->weights[i], per output channel) the forward products
+// sum the integers behind them, as quantized_linear does, as one product of the stacked weights.
+struct ProjectionScales {
+  Var input;
+  std::array<Var, 3> weights;
+};
 template <typename T>
 std::array<Var, 3> quantized_projections(Graph<T>& g, Var x, const std::array<Var, 3>& weights,
                                          const std::array<Var, 3>& biases,
-                                         const std::array<QuantizeOutput, 3>& quantizers);
+                                         const std::array<QuantizeOutput, 3>& quantizers,
+                                         const ProjectionScales* integers = nullptr);
 // x fake-quantized by each of several per-tensor quantizers (one output per quantizer, in order): x is
 // read once forward and its gradient written once backward however many quantizers read it (the input of
 // the Q, K and V projections and of a residual add); on the CPU block by block, bit for bit the values of

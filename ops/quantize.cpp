@@ -89,8 +89,10 @@ int64_t quantize_block(const T* x, T* y, int64_t begin, int64_t end, T s, T lo, 
 }  // namespace
 
 template <typename T>
-Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
-  BERT_DISPATCH_CUDA(g, fake_quantize(g, x, scale, qmin, qmax, grad_scale, clipped))
+Var fake_quantize(Graph<T>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped,
+                  bool integers) {
+  BERT_DISPATCH_CUDA(g, fake_quantize(g, x, scale, qmin, qmax, grad_scale, clipped, integers))
+  (void)integers;  // (the CPU writes none)
   const int64_t n = g.value(x).numel();
   const int64_t channels = g.value(scale).numel();
   BERT_CHECK(g.shape(scale).rank() == 1 && channels >= 1 && n % channels == 0,
@@ -242,7 +244,8 @@ std::vector<Var> fake_quantize_many(Graph<T>& g, std::span<const QuantizeInput> 
 template <typename T>
 std::array<Var, 3> quantized_projections(Graph<T>& g, Var x, const std::array<Var, 3>& weights,
                                          const std::array<Var, 3>& biases,
-                                         const std::array<QuantizeOutput, 3>& quantizers) {
+                                         const std::array<QuantizeOutput, 3>& quantizers,
+                                         const ProjectionScales* integers) {
   const Shape s = g.shape(x);
   BERT_CHECK(s.rank() >= 2, "quantized_projections: x " + s.str() + " is not (B, T, C)");
   for (int i = 0; i < 3; ++i)
@@ -250,27 +253,41 @@ std::array<Var, 3> quantized_projections(Graph<T>& g, Var x, const std::array<Va
                "quantized_projections: projection " + std::to_string(i) + " has weight " + g.shape(weights[i]).str() +
                    " and bias " + g.shape(biases[i]).str() +
                    " (expected (C, C) and (C) for C = " + std::to_string(s[-1]) + ")");
+  if (integers) {
+    BERT_CHECK(g.shape(integers->input).numel() == 1,
+               "quantized_projections: one input scale expected, " + g.shape(integers->input).str() + " given");
+    for (int i = 0; i < 3; ++i)
+      BERT_CHECK(g.shape(integers->weights[i]).numel() == s[-1],
+                 "quantized_projections: weight " + std::to_string(i) + " has scales " +
+                     g.shape(integers->weights[i]).str() + " (one per output channel expected)");
+  }
   if constexpr (std::is_same_v<T, float>) {
 #if BERT_WITH_CUDA
     if (g.on_cuda())
-      if (std::array<Var, 3> out = cuda_impl::quantized_projections(g, x, weights, biases, quantizers); out[0].valid())
+      if (std::array<Var, 3> out = cuda_impl::quantized_projections(g, x, weights, biases, quantizers, integers);
+          out[0].valid())
         return out;
 #endif
   }
   std::array<Var, 3> out;
   for (int i = 0; i < 3; ++i) {
     const QuantizeOutput& q = quantizers[i];
-    out[i] = fake_quantize(g, linear(g, x, weights[i], biases[i]), q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
+    Var y;
+    if constexpr (std::is_same_v<T, float>)
+      if (integers) y = quantized_linear(g, x, weights[i], biases[i], integers->input, integers->weights[i]);
+    if (!y.valid()) y = linear(g, x, weights[i], biases[i]);
+    out[i] = fake_quantize(g, y, q.scale, q.qmin, q.qmax, q.grad_scale, q.clipped);
   }
   return out;
 }
 
 #define BERT_INSTANTIATE_QUANTIZE(T)                                                                \
-  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*);                   \
+  template Var fake_quantize<T>(Graph<T>&, Var, Var, int, int, double, int64_t*, bool);             \
   template std::vector<Var> fake_quantize_each<T>(Graph<T>&, Var, std::span<const QuantizeOutput>); \
   template std::vector<Var> fake_quantize_many<T>(Graph<T>&, std::span<const QuantizeInput>);       \
-  template std::array<Var, 3> quantized_projections<T>(                                             \
-      Graph<T>&, Var, const std::array<Var, 3>&, const std::array<Var, 3>&, const std::array<QuantizeOutput, 3>&);
+  template std::array<Var, 3> quantized_projections<T>(Graph<T>&, Var, const std::array<Var, 3>&,   \
+                                                       const std::array<Var, 3>&,                   \
+                                                       const std::array<QuantizeOutput, 3>&, const ProjectionScales*);
 BERT_INSTANTIATE_QUANTIZE(float)
 BERT_INSTANTIATE_QUANTIZE(double)
 #undef BERT_INSTANTIATE_QUANTIZE

@@ -14,17 +14,22 @@ namespace bert::ops::cuda_impl {
 
 // The output in the activation dtype (BF16 in mixed precision: q s rounded to 8 mantissa bits, which
 // for |q| <= 256 is q times s rounded once); x, often an F32 weight, in its own.
-Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped) {
+Var fake_quantize(Graph<float>& g, Var x, Var scale, int qmin, int qmax, double grad_scale, int64_t* clipped,
+                  bool integers) {
   const int64_t n = g.shape(x).numel();
   const int64_t channels = g.value(scale).numel();
   BERT_CHECK(g.shape(scale).rank() == 1 && channels >= 1 && n % channels == 0,
              "fake_quantize: scale " + g.shape(scale).str() + " does not divide x " + g.shape(x).str());
   BERT_CHECK(qmin < 0 && qmax > 0, "fake_quantize: need qmin < 0 < qmax");
   BERT_CHECK(channels <= 65535, "fake_quantize on a GPU: at most 65535 channels");
-  const cuda::QuantizeLaunch q{g.value(scale).data(),    nullptr,    n,      channels, static_cast<float>(qmin),
-                               static_cast<float>(qmax), grad_scale, clipped};
+  cuda::QuantizeLaunch q{g.value(scale).data(),    nullptr,    n,      channels, static_cast<float>(qmin),
+                         static_cast<float>(qmax), grad_scale, clipped};
   const DType in_type = g.dtype(x), out_type = g.activation_dtype();
   Var y = g.emit(g.shape(x), {x, scale}, out_type);
+  if (integers && channels == 1 && qmin >= -128 && qmax <= 127) {
+    q.integers = g.scratch<int8_t>(std::size_t(n));
+    g.set_integers(y, q.integers);
+  }
   cuda::with_element_type(out_type, [&](auto out_tag) {
     cuda::with_element_type(in_type, [&](auto in_tag) {
       using Y = typename decltype(out_tag)::type;
@@ -192,6 +197,7 @@ struct Many {
   unsigned first[kMaxMany + 1];  // tensor t's channels are in blocks first[t] .. first[t + 1] - 1
   const float* x[kMaxMany];
   Y* y[kMaxMany];
+  int8_t* integers[kMaxMany];  // nullptr: none written (QuantizeOutput::integers)
   const float* scale[kMaxMany];
   int64_t channels[kMaxMany], per_channel[kMaxMany];
   float lo[kMaxMany], hi[kMaxMany];
@@ -238,6 +244,7 @@ __global__ void __launch_bounds__(cuda::kThreads) fake_quantize_many_forward(Man
     const int64_t per = pick(m.per_channel, b.t), begin = b.channel * per, end = begin + per;
     const float* x = pick(m.x, b.t);
     Y* y = pick(m.y, b.t);
+    int8_t* integers = pick(m.integers, b.t);
     const float lo = pick(m.lo, b.t), hi = pick(m.hi, b.t);
     const cuda::ScaleDivision divide(pick(m.scale, b.t)[b.channel]);
     cuda::with_division(divide.normal, [&](auto normal) {
@@ -250,9 +257,19 @@ __global__ void __launch_bounds__(cuda::kThreads) fake_quantize_many_forward(Man
         for (int u = 0; u < kManyPacks; ++u) {
           if (i0 + u * 32 * W >= end) break;
           cuda::Pack<Y, W> out;
-          for (int j = 0; j < W; ++j)
-            out.v[j] = cuda::from_float<Y>(
-                cuda::fake_quantize_value<decltype(normal)::value>(in[u].v[j], divide, lo, hi, count));
+          if (integers) {  // (the same for the whole block)
+            cuda::Pack<int8_t, W> q;
+            for (int j = 0; j < W; ++j) {
+              const float v = cuda::fake_quantize_integer<decltype(normal)::value>(in[u].v[j], divide, lo, hi, count);
+              q.v[j] = static_cast<int8_t>(v);
+              out.v[j] = cuda::from_float<Y>(v * divide.s);
+            }
+            cuda::store_pack<W>(integers + i0 + u * 32 * W, q);
+          } else {
+            for (int j = 0; j < W; ++j)
+              out.v[j] = cuda::from_float<Y>(
+                  cuda::fake_quantize_value<decltype(normal)::value>(in[u].v[j], divide, lo, hi, count));
+          }
           cuda::store_pack<W>(y + i0 + u * 32 * W, out);
         }
       }
@@ -327,6 +344,8 @@ std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInp
     out.push_back(g.emit(g.shape(in.x), {in.x, in.q.scale}, out_type));
     pointers.push_back(g.data(in.x));
     pointers.push_back(g.data(out.back()));
+    if (in.q.integers && in.q.qmin >= -128 && in.q.qmax <= 127)
+      g.set_integers(out.back(), g.scratch<int8_t>(std::size_t(g.shape(in.x).numel())));
     const int64_t per = g.shape(in.x).numel() / g.value(in.q.scale).numel();
     width_elements = width_elements ? std::gcd(width_elements, per) : per;
   }
@@ -361,6 +380,7 @@ std::vector<Var> fake_quantize_many(Graph<float>& g, std::span<const QuantizeInp
       m.channels[t] = channels;
       m.x[t] = g.value(in.x).data();
       m.y[t] = cuda::typed<Y>(g.data(out[t]));
+      m.integers[t] = const_cast<int8_t*>(g.integers(out[t]));
       m.scale[t] = g.value(in.q.scale).data();
       m.per_channel[t] = g.shape(in.x).numel() / channels;
       m.lo[t] = static_cast<float>(in.q.qmin), m.hi[t] = static_cast<float>(in.q.qmax);

@@ -52,7 +52,7 @@ int launch_ranks(int argc, char** argv, int nproc, const std::string& output_dir
 struct Args {
   bert::train::TrainOptions o;
   std::string preset = "tiny", config_path, task, schedule = "linear", optimizer = "adamw", on_nonfinite = "stop",
-              scales = "learned", weights = "per-channel", attention = "auto";
+              scales = "learned", weights = "per-channel", attention = "auto", qat_products = "auto";
   int threads = 0, nproc = 1;
   double dropout = -1;
   std::string eval_qa_data;
@@ -231,6 +231,14 @@ void add_run_options(CLI::App& app, Args& a) {
                  "QAT step unfused, there the faster), unfused in FP32 (there the faster)")
       ->check(CLI::IsMember({"auto", "fused", "unfused", "recompute"}))
       ->capture_default_str();
+  app.add_option("--qat-products", a.qat_products,
+                 "QAT on a GPU: integer (each quantized linear's forward product sums the integers behind its "
+                 "fake-quantized input and weight exactly, on the int8 tensor cores of an H100 or H200, as the "
+                 "INT8 engine does; the backward as before), float (float GEMMs on the fake-quantized values, "
+                 "as on other GPUs and the CPU), or auto: integer in FP32 and TF32, and in BF16 from hidden "
+                 "size 768 (BERT-base; there the faster), else float")
+      ->check(CLI::IsMember({"auto", "integer", "float"}))
+      ->capture_default_str();
   app.add_flag("!--no-cuda-graphs", a.o.cuda_graphs,
                "on one GPU, launch each step's kernels op by op instead of recording the step and launching it "
                "as one CUDA graph (the default once two steps of a shape have run: the GPU then waits less "
@@ -257,6 +265,7 @@ void resolve(Args& a, const CLI::App& app) {
   o.fused_quantized_attention =
       a.attention != "auto" || bert::model::Bert::fused_quantized_attention_is_faster(o.precision);
   o.recompute_attention = a.attention == "recompute" && !o.fused_attention;
+  if (a.qat_products != "auto") o.integer_qat_products = a.qat_products == "integer";
   o.schedule = train::parse_schedule(a.schedule);
   o.optimizer.kind = train::parse_optimizer(a.optimizer);
   o.on_nonfinite = train::parse_on_nonfinite(a.on_nonfinite);

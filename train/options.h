@@ -46,6 +46,10 @@ struct TrainOptions {
   bool fused_attention = false;  // on a GPU: Bert::set_fused_attention (--attention fused; auto in BF16, TF32)
   bool fused_quantized_attention = true;  // with it, QAT's too (--attention auto: in BF16 only)
   bool recompute_attention = false;  // Bert::set_recompute_attention (--attention recompute in FP32, TF32)
+  // QAT on a GPU: the quantized linears' forward products on the integers behind their fake-quantized operands
+  // (Bert::set_integer_training; --qat-products integer), else float GEMMs (float); unset (auto): where
+  // Bert::integer_training_is_faster.
+  std::optional<bool> integer_qat_products;
   // On one GPU, each step recorded and launched as one CUDA graph once its shape has settled
   // (core/step_graph.h; --no-cuda-graphs: op by op).
   bool cuda_graphs = true;

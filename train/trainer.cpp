@@ -196,6 +196,8 @@ TrainingRun::TrainingRun(const TrainOptions& o, const std::atomic<bool>* stop, C
   model_.place_on(*device_);
   model_.set_fused_attention(o.fused_attention, o.fused_quantized_attention);
   model_.set_recompute_attention(o.recompute_attention);
+  model_.set_integer_training(o.integer_qat_products.value_or(
+      model::Bert::integer_training_is_faster(o.precision, model_.config().hidden_size)));
   ParameterArena<float>& params = model_.parameters();
   std::vector<bool> decays;
   for (ParamId id = 0; id < params.size(); ++id) decays.push_back(model_.decays(id));

@@ -119,6 +119,14 @@ __device__ __forceinline__ float fake_quantize_value(float v, const ScaleDivisio
   clipped += (u < lo) | (u > hi);
   return fminf(fmaxf(rintf(u), lo), hi) * divide.s;
 }
+// The integer behind fake_quantize_value (which is it times divide.s), counted the same way.
+template <bool kNormal = false>
+__device__ __forceinline__ float fake_quantize_integer(float v, const ScaleDivision& divide, float lo, float hi,
+                                                       int& clipped) {
+  const float u = quotient<kNormal>(v, divide);
+  clipped += (u < lo) | (u > hi);
+  return fminf(fmaxf(rintf(u), lo), hi);
+}
 // Its backward for the gradient d of the quantized value, v's derivative `slope` in its input: the
 // input's gradient (straight through inside the range, 0 outside), and `part` gains the scale's
 // gradient term (LSQ: the rounding error inside the range, the bound outside).
@@ -222,7 +230,7 @@ __device__ inline void add_grid_scale_gradient(double acc, float* ds, double gra
 template <int W, typename Y, typename Source>
 __device__ __forceinline__ void fake_quantize_forward_block(Y* y, const Source& source, float scale, int64_t begin,
                                                             int64_t end, float lo, float hi,
-                                                            unsigned long long* clipped) {
+                                                            unsigned long long* clipped, int8_t* integers = nullptr) {
   __shared__ int64_t shared[32];
   const ScaleDivision divide(scale);
   int count = 0;  // at most kQuantizeBlock
@@ -231,8 +239,18 @@ __device__ __forceinline__ void fake_quantize_forward_block(Y* y, const Source& 
       float v[W];
       source.template load<W>(i, v);
       Pack<Y, W> out;
-      for (int j = 0; j < W; ++j)
-        out.v[j] = from_float<Y>(fake_quantize_value<decltype(normal)::value>(v[j], divide, lo, hi, count));
+      if (integers) {  // (the same for every thread)
+        Pack<int8_t, W> q;
+        for (int j = 0; j < W; ++j) {
+          const float u = fake_quantize_integer<decltype(normal)::value>(v[j], divide, lo, hi, count);
+          q.v[j] = static_cast<int8_t>(u);
+          out.v[j] = from_float<Y>(u * divide.s);
+        }
+        store_pack<W>(integers + i, q);
+      } else {
+        for (int j = 0; j < W; ++j)
+          out.v[j] = from_float<Y>(fake_quantize_value<decltype(normal)::value>(v[j], divide, lo, hi, count));
+      }
       store_pack<W>(y + i, out);
     }
   });
@@ -269,11 +287,11 @@ __device__ __forceinline__ double fake_quantize_backward_block(const Source& sou
 // (b + 1) kQuantizeBlock), each thread W consecutive elements at a time.
 template <int W, typename Y, typename Source>
 __global__ void fake_quantize_forward(Y* y, Source source, const float* scale, int64_t per_channel, float lo, float hi,
-                                      unsigned long long* clipped) {
+                                      unsigned long long* clipped, int8_t* integers) {
   const int64_t c = blockIdx.y;
   const int64_t begin = c * per_channel + blockIdx.x * kQuantizeBlock;
   const int64_t end = min(begin + kQuantizeBlock, (c + 1) * per_channel);
-  fake_quantize_forward_block<W>(y, source, scale[c], begin, end, lo, hi, clipped);
+  fake_quantize_forward_block<W>(y, source, scale[c], begin, end, lo, hi, clipped, integers);
 }
 
 // Also sums the scale gradient: each block's share in double, added up by add_scale_gradient.
@@ -331,6 +349,7 @@ struct QuantizeLaunch {
   float lo, hi;
   double grad_scale;
   int64_t* clipped;  // device counter, or nullptr
+  int8_t* integers = nullptr;  // forward: also the integers behind the values (QuantizeOutput::integers), or nullptr
   int64_t per_channel() const { return n / channels; }
   int64_t blocks_per_channel() const {
     const int64_t per = per_channel();
@@ -364,7 +383,7 @@ void launch_fake_quantize_forward(const Graph<float>& g, const QuantizeLaunch& q
                  : width == 4 ? &fake_quantize_forward<4, Y, Source>
                               : &fake_quantize_forward<1, Y, Source>;
   kernel<<<q.grid(), kThreads, 0, stream(g)>>>(y, source, q.scale, q.per_channel(), q.lo, q.hi,
-                                               reinterpret_cast<unsigned long long*>(q.clipped));
+                                               reinterpret_cast<unsigned long long*>(q.clipped), q.integers);
   BERT_CUDA_LAUNCHED();
 }
 
@@ -419,6 +438,13 @@ inline QuantizeLaunch fused_launch(Graph<float>& g, const ops::QuantizeOutput& q
   BERT_CHECK(q.qmin < 0 && q.qmax > 0, "fake_quantize: need qmin < 0 < qmax");
   return {g.value(q.scale).data(),    nullptr,      n,        1, static_cast<float>(q.qmin),
           static_cast<float>(q.qmax), q.grad_scale, q.clipped};
+}
+// Where q asks for them (QuantizeOutput::integers) and its range fits int8: memory for the integers behind
+// y's n values, which launch writes (Graph::integers gives them to y's reader).
+inline void add_integers(Graph<float>& g, const ops::QuantizeOutput& q, Var y, QuantizeLaunch& launch) {
+  if (!q.integers || q.qmin < -128 || q.qmax > 127) return;
+  launch.integers = g.scratch<int8_t>(std::size_t(g.shape(y).numel()));
+  g.set_integers(y, launch.integers);
 }
 
 // In a fused op's backward: the launch with the scale's gradient (when it takes one), and x's target.

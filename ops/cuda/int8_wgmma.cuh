@@ -58,6 +58,10 @@ struct Int8Epilogue {
   // value of the linear's output, indexed by its 16 bits (int8_epilogue_table), or nullptr. The output
   // is rounded to BF16 before GELU, so the epilogue's arithmetic after that rounding is a lookup.
   const int8_t* table = nullptr;
+  // Where set, the input's scale is read here in device memory instead of scale_x: a training step's
+  // learned scale (ops::quantized_linear), which changes without the host.
+  const float* scale_x_at = nullptr;
+  __device__ __forceinline__ float input_scale() const { return scale_x_at ? *scale_x_at : scale_x; }
   template <typename V>
   __host__ __device__ __forceinline__ static V pick(int p, const V (&v)[3]) {
     return p == 0 ? v[0] : p == 1 ? v[1] : v[2];
@@ -310,7 +314,7 @@ __device__ __forceinline__ void fetch_columns(const Int8Epilogue& e, float* colu
 }
 __device__ __forceinline__ void scale_columns(const Int8Epilogue& e, float* columns) {
   float& own = columns[column_slot(threadIdx.x & 127)];
-  own = __fmul_rn(e.scale_x, own);
+  own = __fmul_rn(e.input_scale(), own);
 }
 
 // How a tile's outputs are finished: decided once for the tile (the usual case: inside n, in one part, no

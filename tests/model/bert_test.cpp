@@ -534,6 +534,28 @@ TEST(BertModel, FusedQuantizersGiveTheSameQatStepAsSeparateOnes) {
   }
 }
 
+// QAT's linears on a GPU with their forward products on the integers behind the fake-quantized values
+// (Bert::set_integer_training, the default; on an H100 or H200 the int8 tensor cores) against float GEMMs on
+// those values: the same step up to float rounding of the products, which now and then moves a later
+// quantizer's input across a rounding boundary (a step of that quantizer). Elsewhere the two are the same ops.
+TEST(BertModel, IntegerProductsGiveTheQatStepOfFloatProductsOnTheGpu) {
+  if (!Device::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU (or a CPU-only build): this test runs on a machine with an NVIDIA GPU";
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    std::unique_ptr<Device> gpu = Device::cuda(0, precision);
+    auto step = [&](bool integers) {
+      std::unique_ptr<Bert> quantized = quantized_tiny(0.0015f);
+      quantized->set_integer_training(integers);
+      return training_step(*quantized, *gpu);
+    };
+    const QatStep integers = step(true), floats = step(false);
+    expect_same_loss_and_gradients(integers, floats, precision == Precision::kFp32 ? 3e-2 : 5e-2,
+                                   "integer vs float products");
+    EXPECT_EQ(integers.seen, floats.seen);
+  }
+}
+
 // backward() hands a node's gradient buffer on once the node's closure has run: the same step (float and
 // QAT, fused attention on a GPU) gives the same loss and gradients, bit for bit, in less workspace memory.
 void check_reused_gradients(const Device& device, const char* what, bool quantized, bool fused_attention) {

@@ -2210,6 +2210,161 @@ TEST_F(CudaOps, Int8LinearEqualsTheCpuEngineBitForBit) {
                std::exception);
 }
 
+// quantized_linear, QAT's linear on a GPU, on fake-quantized x (per tensor) and weight (per output channel):
+// where the Hopper int8 GEMM runs, its forward is the integer engine's value fma(float(exact sum), scale_x *
+// scale_w[c], bias[c]) bit for bit (in BF16 that rounded to BF16) and in FP32 within kGemm of linear's on the
+// same floats; elsewhere (inputs not a multiple of 16, other GPUs) linear's own. Its gradients are linear's,
+// bit for bit, in FP32 and BF16. Odd rows and outputs, 1,024 inputs (eight slices of K), 4,400 rows of 1,024
+// outputs (the ping-pong kernel), no bias.
+TEST_F(CudaOps, QuantizedLinearSumsTheIntegersAndBackpropagatesAsLinear) {
+  const std::vector<int8_t> probe(256, 1);
+  const std::vector<float> probe_scales(16, 1.0f);
+  const bool wgmma = ops::DeviceInt8Weights(*gpu_, probe.data(), probe_scales, {}, 16, 16).tensor_map() != nullptr;
+  std::cout << "[ info ] the Hopper int8 GEMM " << (wgmma ? "runs" : "does not run") << " here\n";
+  struct Size {
+    int64_t rows, in, out;
+  };
+  for (const Size& size : {Size{37, 48, 45}, Size{300, 768, 200}, Size{4200, 1024, 296}, Size{4400, 256, 1024},
+                           Size{130, 3072, 768}, Size{9, 40, 21}}) {
+    SCOPED_TRACE(std::to_string(size.rows) + "x" + std::to_string(size.in) + "x" + std::to_string(size.out));
+    const float scale_x = 3.0f / 127;  // |x| past 3 saturates
+    std::mt19937 gen(7);
+    std::uniform_real_distribution<float> uniform(0.001f, 0.01f);
+    std::vector<float> scale_w(static_cast<size_t>(size.out));
+    for (float& v : scale_w) v = uniform(gen);
+    std::vector<float> x = random_values(size.rows * size.in, 5), w = random_values(size.out * size.in, 6, 0.3f);
+    std::vector<int32_t> qx(x.size()), qw(w.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      qx[i] = int32_t(std::clamp(std::nearbyint(x[i] / scale_x), -128.0f, 127.0f));
+      x[i] = float(qx[i]) * scale_x;
+    }
+    for (size_t i = 0; i < w.size(); ++i) {
+      const float s = scale_w[i / size.in];
+      qw[i] = int32_t(std::clamp(std::nearbyint(w[i] / s), -127.0f, 127.0f));
+      w[i] = float(qw[i]) * s;
+    }
+    const std::vector<float> bias = random_values(size.out, 9);
+    // The integer engine's values.
+    std::vector<float> engine(static_cast<size_t>(size.rows * size.out)), engine_no_bias(engine.size());
+    for (int64_t r = 0; r < size.rows; ++r)
+      for (int64_t c = 0; c < size.out; ++c) {
+        int32_t sum = 0;
+        for (int64_t i = 0; i < size.in; ++i) sum += qx[r * size.in + i] * qw[c * size.in + i];
+        engine[r * size.out + c] = std::fma(float(sum), scale_x * scale_w[c], bias[c]);
+        engine_no_bias[r * size.out + c] = std::fma(float(sum), scale_x * scale_w[c], 0.0f);
+      }
+    const bool integers = wgmma && size.in % 16 == 0;
+    for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+      const bool bf16 = gpu->precision() == Precision::kBf16;
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      for (bool with_bias : {true, false}) {
+        SCOPED_TRACE(with_bias ? "bias" : "no bias");
+        auto run = [&](bool quantized) {
+          return run_on(
+              *gpu, {Shape{size.rows, size.in}, Shape{size.out, size.in}, Shape{size.out}, Shape{1}, Shape{size.out}},
+              {x, w, bias, {scale_x}, scale_w}, {true, true, with_bias, false, false},
+              [&](Graph<float>& g, const std::vector<Var>& in) {
+                const Var b = with_bias ? in[2] : Var{};
+                return quantized ? ops::quantized_linear(g, in[0], in[1], b, in[3], in[4])
+                                 : ops::linear(g, in[0], in[1], b);
+              },
+              99);
+        };
+        const Result q = run(true), plain = run(false);
+        for (size_t i = 0; i < 3; ++i) EXPECT_EQ(q.grads[i], plain.grads[i]) << "gradient of input " << i;
+        if (!integers) {
+          EXPECT_EQ(q.value, plain.value) << "linear itself";
+          continue;
+        }
+        std::vector<float> expected = with_bias ? engine : engine_no_bias;
+        if (bf16)
+          for (float& v : expected) v = bf16_representable(v);
+        EXPECT_EQ(q.value, expected) << "the integer engine's values";
+        if (!bf16) {
+          EXPECT_LE(relative_difference(q.value, plain.value), kGemm) << "linear's, up to float rounding";
+        }
+      }
+    }
+  }
+  // One input scale and one weight scale per output channel.
+  Graph<float> g(*gpu_);
+  const std::vector<float> x(6, 1.0f), w(12, 0.5f), s(4, 0.5f);
+  const Var xv = g.input(std::span<const float>(x), Shape{2, 3}), wv = g.input(std::span<const float>(w), Shape{4, 3});
+  EXPECT_THROW(ops::quantized_linear(g, xv, wv, Var{}, g.input(std::span<const float>(s), Shape{4}),
+                                     g.input(std::span<const float>(s), Shape{4})),
+               std::exception);
+  EXPECT_THROW(ops::quantized_linear(g, xv, wv, Var{}, g.input(std::span<const float>(s).first(1), Shape{1}),
+                                     g.input(std::span<const float>(s).first(3), Shape{3})),
+               std::exception);
+}
+
+// The integers a quantizer writes beside its values where asked (QuantizeOutput::integers, Graph::integers):
+// the fake-quantized values are those integers times the scale, in FP32 and BF16, from fake_quantize, the
+// quantized GELU, a LayerNorm's two quantized outputs and fake_quantize_many (per output channel); none
+// where not asked; quantized_linear reading them gives, bit for bit, what it gives dividing them back out.
+TEST_F(CudaOps, QuantizersWriteTheIntegersBehindTheirValuesWhereAsked) {
+  const int64_t rows = 64, c = 256, out = 48;
+  const std::vector<float> x = random_values(rows * c, 3), w = random_values(out * c, 4, 0.05f),
+                           gamma = random_values(c, 5), beta = random_values(c, 6), bias = random_values(out, 7);
+  std::vector<float> w_scales(static_cast<size_t>(out));
+  for (int64_t i = 0; i < out; ++i) w_scales[i] = 0.0004f + 0.00001f * float(i);  // some weights saturate
+  for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
+    const bool bf16 = gpu->precision() == Precision::kBf16;
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    Graph<float> g(*gpu);
+    NoGradGuard<float> no_grad(g);
+    const Var xv = g.input(std::span<const float>(x), Shape{rows, c});
+    const std::vector<float> one{0.02f};
+    const Var scale = g.input(std::span<const float>(one), Shape{1});
+    const ops::QuantizeOutput q{scale, -128, 127, 1.0, nullptr, /*integers=*/true};
+    const ops::QuantizeOutput q_none{scale, -128, 127, 1.0, nullptr, /*integers=*/false};
+    Rng rng(1);
+    const std::vector<Var> norms = ops::dropout_add_layer_norm_each(
+        g, xv, xv, g.input(std::span<const float>(gamma), Shape{c}), g.input(std::span<const float>(beta), Shape{c}),
+        1e-12, 0.0, false, rng, nullptr, std::vector<ops::QuantizeOutput>{q, q_none});
+    const Var w_scale = g.input(std::span<const float>(w_scales), Shape{out});
+    ops::QuantizeInput weight{g.input(std::span<const float>(w), Shape{out, c}),
+                              {w_scale, -127, 127, 1.0, nullptr, true}};
+    const Var wq = ops::fake_quantize_many(g, std::span<const ops::QuantizeInput>(&weight, 1))[0];
+    struct Made {
+      const char* what;
+      Var y;
+      const float* scales;
+      int64_t per_scale;
+    };
+    const std::vector<Made> made = {
+        {"fake_quantize", ops::fake_quantize(g, xv, scale, -128, 127, 1.0, nullptr, true), one.data(), rows * c},
+        {"gelu", ops::gelu(g, xv, q), one.data(), rows * c},
+        {"layer norm", norms[0], one.data(), rows * c},
+        {"fake_quantize_many", wq, w_scales.data(), c}};
+    for (const Made& m : made) {
+      SCOPED_TRACE(m.what);
+      ASSERT_NE(g.integers(m.y), nullptr);
+      const std::vector<float> values = g.to_host(m.y);
+      std::vector<int8_t> integers(values.size());
+      gpu->copy_to_host(integers.data(), g.integers(m.y), integers.size());
+      int64_t saturated = 0, apart = 0;
+      for (size_t i = 0; i < values.size(); ++i) {
+        const float v = float(integers[i]) * m.scales[i / m.per_scale];
+        apart += values[i] != (bf16 ? bf16_representable(v) : v);
+        saturated += integers[i] == 127 || integers[i] <= -127;
+      }
+      EXPECT_EQ(apart, 0) << "values that are not their integers times the scale";
+      EXPECT_GT(saturated, 0) << "the scale saturates some values";
+    }
+    EXPECT_EQ(g.integers(norms[1]), nullptr) << "an output that asked for none";
+    EXPECT_EQ(g.integers(ops::fake_quantize(g, xv, scale, -128, 127)), nullptr);
+    // quantized_linear on the integers and on the same values without them (a copy the scale op makes).
+    for (const Made& m : {made[0], made[1], made[2]}) {
+      SCOPED_TRACE(m.what);
+      const Var b = g.input(std::span<const float>(bias), Shape{out});
+      const Var with = ops::quantized_linear(g, m.y, wq, b, scale, w_scale);
+      const Var without = ops::quantized_linear(g, ops::scale(g, m.y, 1.0), ops::scale(g, wq, 1.0), b, scale, w_scale);
+      EXPECT_EQ(g.to_host(with), g.to_host(without));
+    }
+  }
+}
+
 // The consumers' quantizers in the integer linear's epilogue (int8_linear_quantized) against the ops one by
 // one on the GPU: int8_linear's output (stored in the activations' dtype), each part of its columns
 // fake-quantized by ops::fake_quantize, or with GELU by ops::gelu with the quantizer fused (which
