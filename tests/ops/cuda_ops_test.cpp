@@ -2305,8 +2305,8 @@ TEST_F(CudaOps, QuantizedLinearSumsTheIntegersAndBackpropagatesAsLinear) {
 TEST_F(CudaOps, QuantizersWriteTheIntegersBehindTheirValuesWhereAsked) {
   const int64_t rows = 64, c = 256, out = 48;
   const std::vector<float> x = random_values(rows * c, 3), x2 = random_values(rows * c, 8),
-                           w = random_values(out * c, 4, 0.05f),
-                           gamma = random_values(c, 5), beta = random_values(c, 6), bias = random_values(out, 7);
+                           w = random_values(out * c, 4, 0.05f), gamma = random_values(c, 5),
+                           beta = random_values(c, 6), bias = random_values(out, 7);
   std::vector<float> w_scales(static_cast<size_t>(out));
   for (int64_t i = 0; i < out; ++i) w_scales[i] = 0.0004f + 0.00001f * float(i);  // some weights saturate
   for (const Device* gpu : {gpu_.get(), gpu_bf16_.get()}) {
@@ -2321,8 +2321,9 @@ TEST_F(CudaOps, QuantizersWriteTheIntegersBehindTheirValuesWhereAsked) {
     const ops::QuantizeOutput q_none{scale, -128, 127, 1.0, nullptr, /*integers=*/false};
     Rng rng(1);
     const std::vector<Var> norms = ops::dropout_add_layer_norm_each(
-        g, xv, g.input(std::span<const float>(x2), Shape{rows, c}), g.input(std::span<const float>(gamma), Shape{c}), g.input(std::span<const float>(beta), Shape{c}),
-        1e-12, 0.0, false, rng, nullptr, std::vector<ops::QuantizeOutput>{q, q_none});
+        g, xv, g.input(std::span<const float>(x2), Shape{rows, c}), g.input(std::span<const float>(gamma), Shape{c}),
+        g.input(std::span<const float>(beta), Shape{c}), 1e-12, 0.0, false, rng, nullptr,
+        std::vector<ops::QuantizeOutput>{q, q_none});
     const Var w_scale = g.input(std::span<const float>(w_scales), Shape{out});
     ops::QuantizeInput weight{g.input(std::span<const float>(w), Shape{out, c}),
                               {w_scale, -127, 127, 1.0, nullptr, true}};
