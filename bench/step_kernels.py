@@ -41,8 +41,10 @@ def short_name(name):
     return "".join(out)[:150]
 
 
-TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}  # to microseconds
-BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+# ncu's units (it writes "ns" and "byte" for these metrics; the long and scaled forms where it chooses them).
+TIME_UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6,
+              "second": 1e6}  # to microseconds
+BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 MEMORY = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 
 
@@ -61,9 +63,11 @@ def kernels(path):
             continue
         k = by_id.setdefault(r["ID"], [r["Kernel Name"], None, 0.0, 0])
         value = float(r["Metric Value"].replace(",", ""))
-        unit = r.get("Metric Unit", "")
+        unit = r.get("Metric Unit") or ("ns" if metric == "gpu__time_duration.sum" else "byte")
         if metric == "gpu__time_duration.sum":
-            k[1] = value * TIME_UNITS.get(unit or "nsecond", 1e-3)
+            if unit not in TIME_UNITS:
+                sys.exit(f"{path}: {metric} in unknown unit {unit!r}")
+            k[1] = value * TIME_UNITS[unit]
         else:
             if unit not in BYTE_UNITS:
                 sys.exit(f"{path}: {metric} in unknown unit {unit!r}")

@@ -142,11 +142,24 @@ __global__ void __launch_bounds__(256, kColumnSumsMinBlocks<Source>)
 
 // ds += grad_scale times the sum of column_sums' n block shares of a scale gradient, in block order
 // (each thread's blocks in order, then block_sum's fixed tree), as fake_quantize's kernels add theirs.
+// A thread's shares are loaded kInFlight at a time before any is added (the same order of additions): one
+// at a time, a BF16 BERT-base GELU's 3,072 shares took 8 us, twelve dependent trips to memory a thread.
 template <typename Share>
 __global__ void add_scale_shares(float* ds, const Share* shares, int64_t n, double grad_scale) {
+  constexpr int kInFlight = 16;
   __shared__ Share shared[32];
   Share total = 0;
-  for (int64_t b = threadIdx.x; b < n; b += blockDim.x) total += shares[b];
+  for (int64_t b0 = threadIdx.x; b0 < n; b0 += int64_t(kInFlight) * blockDim.x) {
+    Share loaded[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const int64_t b = b0 + int64_t(j) * blockDim.x;
+      loaded[j] = b < n ? shares[b] : Share(0);
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j)
+      if (b0 + int64_t(j) * blockDim.x < n) total += loaded[j];
+  }
   total = block_sum(total, shared);
   if (threadIdx.x == 0) *ds += static_cast<float>(grad_scale * total);
 }
